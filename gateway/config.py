@@ -1,0 +1,280 @@
+"""The one loader: TOML file + environment -> frozen dataclasses.
+
+This is the only module that reads files or ``os.environ``. Every key of the
+schema is checked: an unknown key, a missing or wrong-typed value, a model that
+names an unknown upstream, a duplicate model name or a base_url that is not
+http(s) raises :class:`ConfigError`, whose text names the file and the key.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+UPSTREAM_KINDS = ("openai", "vllm", "sglang", "llamacpp", "ollama")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(Exception):
+    """Bad configuration; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    name: str
+    base_url: str
+    kind: str = "openai"
+    api_key_env: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    pool_size: int = 1024
+    connect_timeout: float = 5.0
+    header_timeout: float = 600.0
+    idle_timeout: float = 300.0
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.base_url).netloc
+
+
+@dataclass(frozen=True)
+class ModelRoute:
+    name: str
+    upstream: UpstreamConfig
+    upstream_model: str
+    max_concurrency: int = 0  # 0: unlimited
+    display_name: str = ""
+    created_at: str = "2025-01-01T00:00:00Z"
+    context_window: int = 0  # 0: unknown
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    prefix: str = "/llm"
+    ping_interval: float = 10.0
+    max_body_bytes: int = 32 * 1024 * 1024
+    shutdown_grace: float = 30.0
+    write_timeout: float = 60.0
+    log_level: str = "info"
+    api_keys_env: str | None = None
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    keep_billing_header: bool = False
+    signing_key_env: str | None = None
+    signing_key: bytes = field(default=b"", repr=False)
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerConfig
+    upstreams: Mapping[str, UpstreamConfig]
+    models: Mapping[str, ModelRoute]
+    source: str = "<built-in default>"
+
+
+DEFAULT_TOML = """
+[server]
+host = "127.0.0.1"
+port = 8080
+prefix = "/llm"
+
+[upstreams.local-vllm]
+base_url = "http://127.0.0.1:8000/v1"
+kind = "vllm"
+
+[upstreams.local-ollama]
+base_url = "http://127.0.0.1:11434/v1"
+kind = "ollama"
+
+[[models]]
+name = "reasoning"
+upstream = "local-vllm"
+upstream_model = "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"
+
+[[models]]
+name = "qwen2.5:3b-instruct"
+upstream = "local-ollama"
+upstream_model = "qwen2.5:3b-instruct"
+"""
+
+# key -> (type(s), required)
+_SERVER_KEYS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "host": ((str,), False),
+    "port": ((int,), False),
+    "prefix": ((str,), False),
+    "ping_interval": ((int, float), False),
+    "max_body_bytes": ((int,), False),
+    "shutdown_grace": ((int, float), False),
+    "write_timeout": ((int, float), False),
+    "log_level": ((str,), False),
+    "api_keys_env": ((str,), False),
+    "keep_billing_header": ((bool,), False),
+    "signing_key_env": ((str,), False),
+}
+_UPSTREAM_KEYS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "base_url": ((str,), True),
+    "kind": ((str,), False),
+    "api_key_env": ((str,), False),
+    "pool_size": ((int,), False),
+    "connect_timeout": ((int, float), False),
+    "header_timeout": ((int, float), False),
+    "idle_timeout": ((int, float), False),
+}
+_MODEL_KEYS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "name": ((str,), True),
+    "upstream": ((str,), True),
+    "upstream_model": ((str,), True),
+    "max_concurrency": ((int,), False),
+    "display_name": ((str,), False),
+    "created_at": ((str,), False),
+    "context_window": ((int,), False),
+}
+_TOP_KEYS = ("server", "upstreams", "models")
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
+
+
+def _check_table(
+    src: str, where: str, table: Any, schema: Mapping[str, tuple[tuple[type, ...], bool]]
+) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{src}: {where}: must be a table")
+    for key in table:
+        if key not in schema:
+            raise ConfigError(f"{src}: {where}.{key}: unknown key")
+    for key, (types, required) in schema.items():
+        if key not in table:
+            if required:
+                raise ConfigError(f"{src}: {where}.{key}: missing (required)")
+            continue
+        value = table[key]
+        # bool is an int subclass; only accept it where bool is asked for
+        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        if not ok:
+            want = " or ".join(_TYPE_NAMES[t] for t in types)
+            raise ConfigError(f"{src}: {where}.{key}: must be {want}, got {value!r}")
+    return table
+
+
+def _positive(src: str, where: str, value: float, *, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{src}: {where}: must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def _env(env: Mapping[str, str], src: str, where: str, name: str) -> str:
+    value = env.get(name)
+    if not value:
+        raise ConfigError(f"{src}: {where}: environment variable {name} is not set")
+    return value
+
+
+def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise ConfigError(f"{src}: {key}: unknown key")
+
+    srv = dict(_check_table(src, "server", data.get("server", {}), _SERVER_KEYS))
+    prefix = srv.get("prefix", "/llm")
+    if prefix and (not prefix.startswith("/") or prefix.endswith("/")):
+        raise ConfigError(f"{src}: server.prefix: must start with '/' and not end with '/' "
+                          f"(or be empty), got {prefix!r}")
+    port = srv.get("port", 8080)
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{src}: server.port: must be 0..65535, got {port}")
+    for key in ("ping_interval", "shutdown_grace", "write_timeout", "max_body_bytes"):
+        if key in srv:
+            _positive(src, f"server.{key}", srv[key])
+    if srv.get("log_level", "info") not in LOG_LEVELS:
+        raise ConfigError(f"{src}: server.log_level: must be one of {', '.join(LOG_LEVELS)}")
+    api_keys: tuple[str, ...] = ()
+    if "api_keys_env" in srv:
+        raw = _env(env, src, "server.api_keys_env", srv["api_keys_env"])
+        api_keys = tuple(k.strip() for k in raw.split(",") if k.strip())
+    if "signing_key_env" in srv:
+        signing_key = _env(env, src, "server.signing_key_env", srv["signing_key_env"]).encode()
+    else:
+        signing_key = secrets.token_bytes(32)
+    server = ServerConfig(
+        **{k: (float(v) if isinstance(v, int) and k in ("ping_interval", "shutdown_grace",
+                                                          "write_timeout") else v)
+           for k, v in srv.items()},
+        api_keys=api_keys,
+        signing_key=signing_key,
+    )
+
+    raw_ups = data.get("upstreams", {})
+    if not isinstance(raw_ups, dict):
+        raise ConfigError(f"{src}: upstreams: must be a table of tables")
+    upstreams: dict[str, UpstreamConfig] = {}
+    for name, table in raw_ups.items():
+        where = f"upstreams.{name}"
+        up = dict(_check_table(src, where, table, _UPSTREAM_KEYS))
+        parts = urlsplit(up["base_url"])
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"{src}: {where}.base_url: must be an http(s) URL, "
+                              f"got {up['base_url']!r}")
+        up["base_url"] = up["base_url"].rstrip("/")
+        if up.get("kind", "openai") not in UPSTREAM_KINDS:
+            raise ConfigError(f"{src}: {where}.kind: must be one of {', '.join(UPSTREAM_KINDS)}")
+        for key in ("pool_size", "connect_timeout", "header_timeout", "idle_timeout"):
+            if key in up:
+                _positive(src, f"{where}.{key}", up[key])
+                if key != "pool_size":
+                    up[key] = float(up[key])
+        api_key = _env(env, src, f"{where}.api_key_env", up["api_key_env"]) \
+            if "api_key_env" in up else None
+        upstreams[name] = UpstreamConfig(name=name, api_key=api_key, **up)
+
+    raw_models = data.get("models", [])
+    if not isinstance(raw_models, list):
+        raise ConfigError(f"{src}: models: must be an array of tables ([[models]])")
+    models: dict[str, ModelRoute] = {}
+    for i, table in enumerate(raw_models):
+        where = f"models[{i}]"
+        m = dict(_check_table(src, where, table, _MODEL_KEYS))
+        if not m["name"]:
+            raise ConfigError(f"{src}: {where}.name: must not be empty")
+        if m["name"] in models:
+            raise ConfigError(f"{src}: {where}.name: duplicate model name {m['name']!r}")
+        if m["upstream"] not in upstreams:
+            raise ConfigError(f"{src}: {where}.upstream: unknown upstream {m['upstream']!r}")
+        for key in ("max_concurrency", "context_window"):
+            if key in m:
+                _positive(src, f"{where}.{key}", m[key], allow_zero=True)
+        upstream = upstreams[m.pop("upstream")]
+        m.setdefault("display_name", m["name"])
+        models[m["name"]] = ModelRoute(upstream=upstream, **m)
+    if not models:
+        raise ConfigError(f"{src}: models: at least one [[models]] entry is required")
+    return Config(server=server, upstreams=upstreams, models=models, source=src)
+
+
+def load(path: str | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Load the config from ``path``, ``$GATEWAY_CONFIG``, or the built-in default."""
+    env = os.environ if env is None else env
+    path = path or env.get("GATEWAY_CONFIG") or None
+    if path is None:
+        return parse(tomllib.loads(DEFAULT_TOML), "<built-in default>", env)
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse(data, path, env)
+
+
+def with_overrides(cfg: Config, *, host: str | None, port: int | None) -> Config:
+    from dataclasses import replace
+
+    server = cfg.server
+    if host is not None:
+        server = replace(server, host=host)
+    if port is not None:
+        server = replace(server, port=port)
+    return replace(cfg, server=server)

@@ -1,0 +1,1 @@
+"""The Anthropic Messages surface: validation, translation both ways, streaming."""

@@ -1,0 +1,95 @@
+"""The tables both reply paths share: stop reasons, usage, ids, thinking signatures.
+
+Buffered replies (``from_chat``) and streams (``stream.StreamTranslator``) read
+the same functions here, so a finish_reason maps to the same stop_reason on
+both paths.
+
+Upstreams report a matched stop string in different fields: vLLM in
+``choices[0].stop_reason`` (a string; an int is a stop *token id*), SGLang in
+``matched_stop``, llama.cpp in ``stopping_word`` on its native routes. A
+reported string counts only if it is one of the sequences the client asked for.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+FINISH_TO_STOP: Mapping[str, str] = {
+    "stop": "end_turn",
+    "eos": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "content_filter": "refusal",
+}
+
+_MATCHED_STOP_FIELDS = ("stop_reason", "matched_stop", "stopping_word")
+
+_B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_SAFE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+def _b62(n: int) -> str:
+    return "".join(secrets.choice(_B62) for _ in range(n))
+
+
+def new_message_id() -> str:
+    return "msg_" + _b62(24)
+
+
+def new_tool_use_id() -> str:
+    return "toolu_" + _b62(24)
+
+
+def tool_use_id(upstream_id: Any) -> str:
+    """Keep an upstream tool-call id when it is a safe token, else make one."""
+    if isinstance(upstream_id, str) and _SAFE_ID.fullmatch(upstream_id):
+        return upstream_id
+    return new_tool_use_id()
+
+
+def matched_stop_sequence(choice: Mapping[str, Any], stop_sequences: Sequence[str]) -> str | None:
+    if not stop_sequences:
+        return None
+    for key in _MATCHED_STOP_FIELDS:
+        value = choice.get(key)
+        if isinstance(value, str) and value in stop_sequences:
+            return value
+    return None
+
+
+def stop_reason(
+    finish_reason: str | None, matched: str | None, has_tool_calls: bool
+) -> str | None:
+    """Anthropic stop_reason for an OpenAI finish_reason (None if there was none)."""
+    if finish_reason is None:
+        return None
+    if has_tool_calls and finish_reason in ("stop", "tool_calls", "function_call"):
+        return "tool_use"
+    if matched is not None and finish_reason == "stop":
+        return "stop_sequence"
+    return FINISH_TO_STOP.get(finish_reason, "end_turn")
+
+
+def usage_tokens(usage: Any) -> tuple[int, int] | None:
+    """(input_tokens, output_tokens) from an OpenAI usage object, if it has one."""
+    if not isinstance(usage, Mapping):
+        return None
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens")
+    return (
+        prompt if isinstance(prompt, int) and prompt >= 0 else 0,
+        completion if isinstance(completion, int) and completion >= 0 else 0,
+    )
+
+
+def thinking_signature(key: bytes, thinking: str) -> str:
+    """The gateway's own signature of a thinking block: HMAC-SHA256, base64."""
+    digest = hmac.new(key, thinking.encode("utf-8"), hashlib.sha256).digest()
+    return base64.b64encode(digest).decode("ascii")

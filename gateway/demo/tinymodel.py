@@ -1,0 +1,346 @@
+"""Generate a tiny llama-architecture GGUF whose every reply is a known text.
+
+No weights can be downloaded here, so the demo and the test suite make their own model. It is a
+real two-layer llama (attention + SwiGLU with random weights) that llama.cpp loads and runs, but
+the layers' contributions to the residual stream are scaled almost to nothing and the output head
+is wired so that the next token depends only on the current one:
+
+* each token of the canned reply owns one embedding dimension ("state"); every other token shares
+  state 0;
+* the output head gives the successor of each state a logit of about 80 (RMS norm turns a one-hot
+  over 64 dims into 8, times a weight of 10), and every other token about 0.
+
+So sampling is deterministic at any usual temperature / top-p / seed, and:
+
+* a prompt ending in ``<think>`` (the template's default generation prompt) continues with
+  ``REASONING</think>`` ``\\n\\n`` ``ANSWER<|im_end|>``;
+* a prompt ending in ``</think>`` (``enable_thinking: false``) continues with
+  ``\\n\\nANSWER<|im_end|>``;
+* a prompt ending in anything else continues with ``ANSWER<|im_end|>``.
+
+The tokenizer is llama.cpp's byte-level BPE ("gpt2"): the 256 byte tokens, ChatML specials,
+``<think>``/``</think>``, one token per word-piece of the canned texts and one merge
+(``\\n\\n``, because the loader wants at least one). With no merges reaching the word-pieces, a
+prompt tokenizes to one token per UTF-8 byte plus one per special token, so the model only ever
+*emits* the word-pieces. ``<|im_end|>`` is the end-of-generation token and counts as a completion
+token in llama.cpp's usage.
+
+The chat template is ChatML with Qwen3-style thinking (``<think>`` opened by the generation prompt,
+``<think></think>`` when ``enable_thinking`` is false); llama.cpp's jinja mode recognises the open
+``<think>`` and splits the reply into ``reasoning_content`` and ``content``.
+
+gguf and numpy (the optional ``demo`` extra) are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Bump whenever the bytes written change, so cached copies are rebuilt.
+GENERATOR_VERSION = 1
+MODEL_NAME = "llm-gateway-tiny-demo"
+
+REASONING_TEXT = "The user sent a message, so I will reply with the one sentence that I know."
+ANSWER_TEXT = (
+    "Hello! I am the tiny demo model of llm-gateway, and every reply you get from me "
+    "is exactly this sentence."
+)
+
+_SEED = 7
+_N_LAYER = 2
+_N_EMBD = 64
+_N_HEAD = 4
+_N_FF = 128
+_N_CTX_TRAIN = 4096
+_HEAD_DIM = _N_EMBD // _N_HEAD
+_LOGIT_WEIGHT = 10.0
+_RESIDUAL_SCALE = 0.001  # the layers run, but barely move the residual stream
+
+# gguf token type numbers (gguf.TokenType), kept here so expectations need no gguf import.
+_NORMAL, _CONTROL, _USER_DEFINED = 1, 3, 4
+
+_BOS = "<|endoftext|>"
+_IM_START = "<|im_start|>"
+_IM_END = "<|im_end|>"
+_THINK_OPEN = "<think>"
+_THINK_CLOSE = "</think>"
+_SPECIALS = (
+    (_BOS, _CONTROL),
+    (_IM_START, _CONTROL),
+    (_IM_END, _CONTROL),
+    # user-defined, not control: llama.cpp must print them so its reasoning parser sees them
+    (_THINK_OPEN, _USER_DEFINED),
+    (_THINK_CLOSE, _USER_DEFINED),
+)
+_PARAGRAPH = "\n\n"
+
+CHAT_TEMPLATE = """\
+{%- macro text_of(content) -%}
+{%- if content is string -%}{{- content -}}
+{%- elif content -%}{%- for part in content -%}
+{%- if part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}
+{%- endfor -%}{%- endif -%}
+{%- endmacro -%}
+{%- set tools_first = tools is defined and tools -%}
+{%- if tools_first -%}
+{{- '<|im_start|>system\\n' -}}
+{%- if messages and messages[0]['role'] == 'system' -%}
+{{- text_of(messages[0]['content']) + '\\n\\n' -}}
+{%- endif -%}
+{{- 'You may call these tools:\\n<tools>' -}}
+{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}
+{{- '\\n</tools><|im_end|>\\n' -}}
+{%- endif -%}
+{%- for message in messages -%}
+{%- if not (tools_first and loop.first and message['role'] == 'system') -%}
+{{- '<|im_start|>' + message['role'] + '\\n' -}}
+{%- if message['role'] == 'assistant' -%}
+{%- if message['reasoning_content'] is defined and message['reasoning_content'] -%}
+{{- '<think>\\n' + message['reasoning_content'] + '\\n</think>\\n\\n' -}}
+{%- endif -%}
+{{- text_of(message['content']) -}}
+{%- if message['tool_calls'] is defined and message['tool_calls'] -%}
+{%- for call in message['tool_calls'] -%}
+{{- '\\n<tool_call>\\n{"name": "' + call['function']['name'] + '", "arguments": ' -}}
+{%- if call['function']['arguments'] is string -%}{{- call['function']['arguments'] -}}
+{%- else -%}{{- call['function']['arguments'] | tojson -}}{%- endif -%}
+{{- '}\\n</tool_call>' -}}
+{%- endfor -%}
+{%- endif -%}
+{%- elif message['role'] == 'tool' -%}
+{{- '<tool_response>\\n' + text_of(message['content']) + '\\n</tool_response>' -}}
+{%- else -%}
+{{- text_of(message['content']) -}}
+{%- endif -%}
+{{- '<|im_end|>\\n' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{- '<|im_start|>assistant\\n' -}}
+{%- if enable_thinking is defined and enable_thinking is false -%}
+{{- '<think></think>' -}}
+{%- else -%}
+{{- '<think>' -}}
+{%- endif -%}
+{%- endif -%}
+"""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything about the model except the float weights (no numpy, no gguf needed)."""
+
+    tokens: list[str]
+    types: list[int]
+    ids: dict[str, int]
+    reasoning: list[str]
+    answer: list[str]
+    edges: list[tuple[int, int]]  # (token, its only successor)
+    default_next: int  # successor of every token outside the chain
+
+
+def _byte_alphabet() -> dict[int, str]:
+    """The byte-level BPE's reversible byte -> printable character map (GPT-2's scheme)."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {b: chr(b) for b in printable}
+    spare = 0x100
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(spare)
+            spare += 1
+    return table
+
+
+_ALPHABET = _byte_alphabet()
+
+
+def _spell(text: str) -> str:
+    """How a normal token is written in the vocabulary: its UTF-8 bytes through the alphabet."""
+    return "".join(_ALPHABET[b] for b in text.encode("utf-8"))
+
+
+def _word_pieces(text: str, taken: set[str]) -> list[str]:
+    """Cut text into whitespace-led words, each distinct from every piece in `taken`.
+
+    A token must have exactly one successor, so a word seen before is joined to the next one until
+    the result is new; a one-byte piece would be a byte token, so it is joined too.
+    """
+    words = re.findall(r"\s*\S+", text)
+    pieces: list[str] = []
+    while words:
+        piece = words.pop(0)
+        while (piece in taken or len(piece.encode()) == 1) and words:
+            piece += words.pop(0)
+        if piece in taken or len(piece.encode()) == 1:
+            if not pieces:
+                raise ValueError(f"no unique piece can be made of {text!r}")
+            taken.discard(pieces[-1])
+            piece = pieces.pop() + piece
+        taken.add(piece)
+        pieces.append(piece)
+    return pieces
+
+
+def _plan() -> _Plan:
+    tokens = [_ALPHABET[b] for b in range(256)]
+    types = [_NORMAL] * 256
+    ids: dict[str, int] = {}
+    for text, kind in _SPECIALS:
+        ids[text] = len(tokens)
+        tokens.append(text)
+        types.append(kind)
+    taken = {_PARAGRAPH}
+    reasoning = _word_pieces(REASONING_TEXT, taken)
+    answer = _word_pieces(ANSWER_TEXT, taken)
+    for piece in [_PARAGRAPH, *reasoning, *answer]:
+        ids[piece] = len(tokens)
+        tokens.append(_spell(piece))
+        types.append(_NORMAL)
+    chain = [
+        ids[_THINK_OPEN],
+        *(ids[p] for p in reasoning),
+        ids[_THINK_CLOSE],
+        ids[_PARAGRAPH],
+        *(ids[p] for p in answer),
+        ids[_IM_END],
+    ]
+    edges = list(itertools.pairwise(chain))
+    return _Plan(tokens, types, ids, reasoning, answer, edges, ids[answer[0]])
+
+
+def expectations() -> dict[str, Any]:
+    """What the model answers, computed without building it (stable for a GENERATOR_VERSION)."""
+    plan = _plan()
+    n_reason, n_answer = len(plan.reasoning), len(plan.answer)
+    return {
+        "generator_version": GENERATOR_VERSION,
+        "model_name": MODEL_NAME,
+        "n_vocab": len(plan.tokens),
+        "n_ctx_train": _N_CTX_TRAIN,
+        "reasoning": "".join(plan.reasoning),
+        "answer": "".join(plan.answer),
+        "reasoning_pieces": list(plan.reasoning),
+        "answer_pieces": list(plan.answer),
+        # completion_tokens of a whole reply; the closing <|im_end|> is counted by llama.cpp
+        "completion_tokens_thinking": n_reason + 1 + 1 + n_answer + 1,  # + </think> + \n\n
+        "completion_tokens_nothink": 1 + n_answer + 1,  # \n\n + answer
+        "completion_tokens_plain": n_answer + 1,
+        "eos_token": _IM_END,
+    }
+
+
+def _weights(plan: _Plan) -> dict[str, Any]:
+    import numpy as np
+
+    rng = np.random.default_rng(_SEED)
+    n_vocab = len(plan.tokens)
+    state: dict[int, int] = {}
+    for token, _ in plan.edges:
+        state.setdefault(token, len(state) + 1)
+    if len(state) >= _N_EMBD:
+        raise ValueError(f"{len(state)} chain states need n_embd > {_N_EMBD}")
+
+    embed = rng.normal(0.0, 0.01, (n_vocab, _N_EMBD))
+    embed[np.arange(n_vocab), [state.get(t, 0) for t in range(n_vocab)]] += 1.0
+    head = np.zeros((n_vocab, _N_EMBD))
+    for token, successor in plan.edges:
+        head[successor, state[token]] = _LOGIT_WEIGHT
+    head[plan.default_next, 0] = _LOGIT_WEIGHT
+
+    def rand(rows: int, cols: int, scale: float = 1.0) -> Any:
+        return (rng.normal(0.0, 1.0 / np.sqrt(cols), (rows, cols)) * scale).astype(np.float32)
+
+    ones = np.ones(_N_EMBD, dtype=np.float32)
+    out: dict[str, Any] = {
+        "token_embd.weight": embed.astype(np.float32),
+        "output_norm.weight": ones,
+        "output.weight": head.astype(np.float32),
+    }
+    for layer in range(_N_LAYER):
+        blk = f"blk.{layer}."
+        out[blk + "attn_norm.weight"] = ones
+        out[blk + "attn_q.weight"] = rand(_N_EMBD, _N_EMBD)
+        out[blk + "attn_k.weight"] = rand(_N_EMBD, _N_EMBD)
+        out[blk + "attn_v.weight"] = rand(_N_EMBD, _N_EMBD)
+        out[blk + "attn_output.weight"] = rand(_N_EMBD, _N_EMBD, _RESIDUAL_SCALE)
+        out[blk + "ffn_norm.weight"] = ones
+        out[blk + "ffn_gate.weight"] = rand(_N_FF, _N_EMBD)
+        out[blk + "ffn_up.weight"] = rand(_N_FF, _N_EMBD)
+        out[blk + "ffn_down.weight"] = rand(_N_EMBD, _N_FF, _RESIDUAL_SCALE)
+    return out
+
+
+def build_tiny_model(path: str) -> dict[str, Any]:
+    """Write the model to `path` (same bytes every time) and return its expectations."""
+    import gguf
+
+    plan = _plan()
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_name(MODEL_NAME)
+    writer.add_context_length(_N_CTX_TRAIN)
+    writer.add_embedding_length(_N_EMBD)
+    writer.add_block_count(_N_LAYER)
+    writer.add_feed_forward_length(_N_FF)
+    writer.add_head_count(_N_HEAD)
+    writer.add_head_count_kv(_N_HEAD)
+    writer.add_rope_dimension_count(_HEAD_DIM)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_vocab_size(len(plan.tokens))
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(plan.tokens)
+    writer.add_token_types(plan.types)
+    newline = _ALPHABET[ord("\n")]
+    writer.add_token_merges([f"{newline} {newline}"])
+    writer.add_bos_token_id(plan.ids[_BOS])
+    writer.add_eos_token_id(plan.ids[_IM_END])
+    writer.add_pad_token_id(plan.ids[_BOS])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    for name, array in _weights(plan).items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return expectations()
+
+
+def default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "llm-gateway")
+
+
+def ensure_model(cache_dir: str | None = None) -> tuple[str, dict[str, Any]]:
+    """Return (path, expectations) of the model, building it once into `cache_dir`.
+
+    The file name carries GENERATOR_VERSION, so a changed generator never serves a stale file;
+    the file is written under a temporary name and renamed, so a concurrent or interrupted build
+    never leaves a half-written model under the real name.
+    """
+    folder = Path(cache_dir or default_cache_dir())
+    target = folder / f"tiny-demo-v{GENERATOR_VERSION}.gguf"
+    if target.is_file():
+        return str(target), expectations()
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tiny-demo-", suffix=".part", dir=folder)
+    os.close(fd)
+    try:
+        expect = build_tiny_model(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp made it private
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return str(target), expect
+

@@ -12,13 +12,52 @@ Exception tree::
      └── UpstreamError           whatever the upstream said, mapped and scrubbed
           ├── UpstreamUnavailable  529: refused / reset before response headers
           ├── UpstreamTimeout      504: no headers, or no chunk, within the timeout
-          └── StreamProcessingError 500: the upstream stream could not be understood
+          └── StreamProcessingError 500: the upstream reply could not be understood
 
-Raise them anywhere; :func:`render_anthropic`, :func:`render_openai` and
+Raise them anywhere; :func:`anthropic_body`, :func:`openai_body` and
 :func:`sse_error_event` turn them into bytes. Nothing else builds error bodies.
-Upstream text reaches a client only through :func:`scrub`: a 5xx message is
-replaced whole, a 4xx message loses traceback lines, file paths and anything
-naming an upstream host, and is capped at 500 characters.
+
+Protocol facts relied on:
+
+* Anthropic's envelope is ``{"type":"error","error":{"type":T,"message":M}}``
+  with an optional top-level ``request_id``; T follows the HTTP status
+  (:data:`STATUS_TYPES`). The SDKs and Claude Code retry 408, 409, 429 and
+  every 5xx, and honour ``retry-after`` and ``x-should-retry``.
+* Upstream text reaches a client only through :func:`scrub`: a 5xx message is
+  replaced whole; a 4xx message loses traceback lines, file paths, URLs, IP
+  addresses and the upstream's host names, and is capped at 500 characters.
+* An upstream 503 means "busy": it is answered as 529 ``overloaded_error``.
+  A 401/403/404 from the upstream is the gateway's own misconfiguration (its
+  key or its ``upstream_model``), so the client gets a 500 it should not retry.
+* Claude Code acts on exactly two context-overflow wordings (see
+  :func:`context_overflow_message`); the upstreams' own wordings are rewritten
+  into them. Wordings recognised (checked against the servers' sources):
+
+  - vLLM <= 0.10: "This model's maximum context length is M tokens. However,
+    you requested T tokens (P in the messages, C in the completion)." and
+    "... However, your request has P input tokens." and "'max_tokens' or
+    'max_completion_tokens' is too large: C. This model's maximum context
+    length is M tokens and your request has P input tokens (C > M - P)."
+  - vLLM renderer (0.11-0.17): "You passed P input tokens and requested C
+    output tokens. However, the model's context length is only M tokens, ..."
+    and the same with "input characters" (then only a bound on P is known).
+  - vLLM >= 0.18: "This model's maximum context length is M tokens. However,
+    you requested C output tokens and your prompt contains [at least ]P input
+    tokens, for a total of [at least ]T tokens." (or "... contains N
+    characters (more than X characters, which is the upper bound for Y input
+    tokens)"), and "max_tokens=C cannot be greater than
+    max_model_len=max_total_tokens=M".
+  - vLLM engine: "The decoder prompt (length P) is longer than the maximum
+    model length of M."
+  - SGLang: "The input (P tokens) is longer than the model's context length
+    (M tokens)." and "Requested token count exceeds the model's maximum
+    context length of M tokens. You requested a total of T tokens: P tokens
+    from the input messages and C tokens for the completion." and (scheduler)
+    "Input length (P tokens) exceeds the maximum allowed length (X tokens)".
+  - llama.cpp: ``{"error":{"code":400,"message":"request (P tokens) exceeds
+    the available context size (M tokens), try increasing it","type":
+    "exceed_context_size_error","n_prompt_tokens":P,"n_ctx":M}}``, and the
+    older "input (P tokens) is larger than the max context size (M tokens)".
 """
 
 from __future__ import annotations
@@ -45,9 +84,23 @@ STATUS_TYPES: Mapping[int, str] = {
     504: "timeout_error",
     529: "overloaded_error",
 }
+_ANTHROPIC_TYPES = frozenset(STATUS_TYPES.values())
 _RETRY_AFTER_STATUSES = frozenset({429, 529})
 _INTERNAL = "Internal server error"
 _MAX_MESSAGE = 500
+# What a client reads when the upstream's own words scrub down to nothing.
+_FALLBACK_MESSAGES: Mapping[str, str] = {
+    "invalid_request_error": "Invalid request",
+    "authentication_error": "Authentication failed",
+    "billing_error": "Payment required",
+    "permission_error": "Permission denied",
+    "not_found_error": "Not found",
+    "timeout_error": "Request timed out",
+    "conflict_error": "Conflict",
+    "request_too_large": "Request too large",
+    "rate_limit_error": "Rate limited",
+    "overloaded_error": "Overloaded",
+}
 
 
 def error_type_for(status: int) -> str:
@@ -62,6 +115,7 @@ class GatewayError(Exception):
 
     status: int = 500
     default_message: str = _INTERNAL
+    should_retry: bool | None = None
 
     def __init__(
         self,
@@ -70,6 +124,7 @@ class GatewayError(Exception):
         status: int | None = None,
         error_type: str | None = None,
         retry_after: int | None = None,
+        should_retry: bool | None = None,
     ) -> None:
         if status is not None:
             self.status = status
@@ -78,6 +133,8 @@ class GatewayError(Exception):
         if retry_after is None and self.status in _RETRY_AFTER_STATUSES:
             retry_after = 1
         self.retry_after = retry_after
+        if should_retry is not None:
+            self.should_retry = should_retry
         super().__init__(self.message)
 
     @property
@@ -85,6 +142,9 @@ class GatewayError(Exception):
         headers: dict[str, str] = {}
         if self.retry_after is not None:
             headers["retry-after"] = str(self.retry_after)
+        if self.should_retry is not None:
+            # Overrides the SDKs' status-based retry rule (a 5xx is retried otherwise).
+            headers["x-should-retry"] = "true" if self.should_retry else "false"
         return headers
 
     def __repr__(self) -> str:
@@ -117,6 +177,7 @@ class RequestTooLarge(GatewayError):
 class NotSupported(GatewayError):
     status = 501
     default_message = "Not supported by this upstream"
+    should_retry = False
 
 
 class Overloaded(GatewayError):
@@ -145,54 +206,127 @@ class StreamProcessingError(UpstreamError):
 
 # --- scrubbing ---------------------------------------------------------------------
 
-_TRACE_LINE = re.compile(r"Traceback|^\s*File \"|^\s+at \S+ \(", re.MULTILINE)
+_TRACEBACK_START = re.compile(r"Traceback \(most recent call last\)")
+_TRACE_LINE = re.compile(r"Traceback|^\s*File \"|^\s+at \S+ \(|^\s+at \S+:\d+")
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'<>]+")
-_PATH = re.compile(r"(?<![\w.])/(?:[\w.@+-]+/)+[\w.@+-]+")
+_PATH = re.compile(r"(?<![\w.])/(?:[\w.@+-]+/)+[\w.@+-]+|\b[A-Za-z]:\\[^\s\"'<>]+")
 _IP_PORT = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b|\[[0-9a-fA-F:]+\](?::\d+)?")
+_REDACTED = "[redacted]"
+
+
+def _drop_traceback(message: str) -> list[str]:
+    """Lines of ``message`` without any traceback.
+
+    A Python traceback is its header line, then indented frame and source lines;
+    the exception line that ends it (not indented) is kept: it is the message.
+    """
+    kept: list[str] = []
+    in_trace = False
+    for line in message.splitlines():
+        if _TRACEBACK_START.search(line):
+            in_trace = True
+            continue
+        if in_trace and (not line.strip() or line[:1].isspace()):
+            continue
+        in_trace = False
+        if not _TRACE_LINE.search(line):
+            kept.append(line)
+    return kept
 
 
 def scrub(status: int, message: str, hosts: Iterable[str] = ()) -> str:
     """Make upstream text safe for a client. One function for every path."""
     if status >= 500:
         return _INTERNAL
-    lines = [ln for ln in message.splitlines() if not _TRACE_LINE.search(ln)]
-    text = "\n".join(lines).strip()
-    text = _URL.sub("[redacted]", text)
+    text = "\n".join(_drop_traceback(message)).strip()
+    text = _URL.sub(_REDACTED, text)
     for host in hosts:
         if host:
-            text = text.replace(host, "[redacted]")
-    text = _IP_PORT.sub("[redacted]", text)
-    text = _PATH.sub("[redacted]", text)
+            text = re.sub(re.escape(host), _REDACTED, text, flags=re.IGNORECASE)
+    text = _IP_PORT.sub(_REDACTED, text)
+    text = _PATH.sub(_REDACTED, text)
     if len(text) > _MAX_MESSAGE:
         text = text[: _MAX_MESSAGE - 3] + "..."
-    return text or error_type_for(status)
+    return text or _FALLBACK_MESSAGES.get(error_type_for(status), "Invalid request")
 
 
-# --- upstream error bodies -----------------------------------------------------------
+# --- context-length rewrites ------------------------------------------------------
 
-# vLLM: "This model's maximum context length is 4096 tokens. However, you requested 5000
-#        tokens (4000 in the messages, 1000 in the completion)."
-_VLLM_CTX = re.compile(
-    r"maximum context length is (\d+) tokens.*?requested (\d+) tokens \((\d+) in the messages,"
-    r" (\d+) in the completion\)",
-    re.S,
+
+# Named groups: ctx (the window), prompt, completion; max_input when only a bound
+# on the prompt is known (it was measured in characters, or the tokenizer stopped
+# at the limit), so the prompt is at least max_input + 1 tokens.
+_CONTEXT_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(p)
+    for p in (
+        # vLLM <= 0.10, prompt + completion.
+        r"maximum context length is (?P<ctx>\d+) tokens\. However, you requested \d+ tokens"
+        r" \((?P<prompt>\d+) in the messages, (?P<completion>\d+) in the completion\)",
+        # vLLM <= 0.10: the prompt alone ("However, your request has P input tokens"), or
+        # max_tokens too large for it ("... and your request has P input tokens (C > M - P)").
+        r"maximum context length is (?P<ctx>\d+) tokens(?:\. However,| and) your request has"
+        r" (?P<prompt>\d+) input tokens(?: \((?P<completion>\d+) > \d+ - \d+\))?",
+        # vLLM >= 0.18, the prompt measured in characters before tokenizing.
+        r"maximum context length is (?P<ctx>\d+) tokens\. However, you requested"
+        r" (?P<completion>\d+) output tokens and your prompt contains (?:at least )?\d+"
+        r" characters \(more than \d+ characters, which is the upper bound for"
+        r" (?P<max_input>\d+) input tokens\)",
+        # vLLM >= 0.18, tokens ("at least P" when the tokenizer stopped at the limit).
+        r"maximum context length is (?P<ctx>\d+) tokens\. However, you requested"
+        r" (?P<completion>\d+) output tokens and your prompt contains (?:at least )?"
+        r"(?P<prompt>\d+) input tokens",
+        # vLLM renderer (0.11-0.17), characters, then tokens.
+        r"You passed \d+ input characters and requested (?P<completion>\d+) output tokens\."
+        r" However, the model's context length is only (?P<ctx>\d+) tokens, resulting in a"
+        r" maximum input length of (?P<max_input>\d+) tokens",
+        r"You passed (?P<prompt>\d+) input tokens and requested (?P<completion>\d+) output"
+        r" tokens\. However, the model's context length is only (?P<ctx>\d+) tokens",
+        # vLLM >= 0.16: max_tokens alone exceeds the window, checked before the prompt is
+        # counted. No prompt count: it is reported as 0, so that Claude Code retries with
+        # a max_tokens that fits the window (it asks for M - P - 1000); a real overflow,
+        # if there is one, then comes back with real numbers.
+        r"(?:max_tokens|max_completion_tokens)=(?P<completion>\d+)\s*cannot be greater than"
+        r" max_model_len(?:=max_total_tokens)?=(?P<ctx>\d+)",
+        # vLLM engine.
+        r"prompt \(length (?P<prompt>\d+)\) (?:plus the number of requested output tokens"
+        r" \(at least 1\) )?is longer than the maximum model length of (?P<ctx>\d+)",
+        # SGLang, prompt + completion; prompt alone; the scheduler's input limit.
+        r"maximum context length of (?P<ctx>\d+) tokens\. You requested a total of \d+ tokens:"
+        r" (?P<prompt>\d+) tokens from the input messages and (?P<completion>\d+) tokens for"
+        r" the completion",
+        r"The input \((?P<prompt>\d+) tokens\) is longer than the model's context length"
+        r" \((?P<ctx>\d+) tokens\)",
+        r"Input length \((?P<prompt>\d+) tokens\) exceeds the maximum allowed length"
+        r" \((?P<ctx>\d+) tokens\)",
+        # llama.cpp, current and older (its JSON fields are preferred when present).
+        r"request \((?P<prompt>\d+) tokens\) exceeds the available context size"
+        r" \((?P<ctx>\d+) tokens\)",
+        r"input \((?P<prompt>\d+) tokens\) is larger than the max context size"
+        r" \((?P<ctx>\d+) tokens\)",
+    )
 )
-# vLLM (newer): "... maximum context length is 4096 tokens. However, your request has 5000
-#        input tokens." and "... and your request has 3500 input tokens (1000 > 4096 - 3500)"
-_VLLM_CTX_INPUT = re.compile(
-    r"maximum context length is (\d+) tokens.*?request has (\d+) input tokens"
-    r"(?: \((\d+) > \d+ - \d+\))?",
-    re.S,
-)
-# SGLang: "The input (5000 tokens) is longer than the model's context length (4096 tokens)."
-_SGLANG_INPUT = re.compile(r"input \((\d+) tokens\) is longer than the model's context length \((\d+)")
-# SGLang: "...maximum context length of 4096 tokens. You requested a total of 5000 tokens:
-#          4000 tokens from the input messages and 1000 tokens for the completion."
-_SGLANG_TOTAL = re.compile(
-    r"maximum context length of (\d+) tokens.*?(\d+) tokens from the input messages and (\d+)"
-    r" tokens for the completion",
-    re.S,
-)
+
+
+def _numbers(m: re.Match[str]) -> tuple[int, int, int | None]:
+    """(context, prompt, completion or None) from a context-pattern match."""
+    found = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+    if "prompt" in found:
+        prompt = found["prompt"]
+    elif "max_input" in found:
+        prompt = found["max_input"] + 1
+    else:
+        prompt = 0
+    return found["ctx"], prompt, found.get("completion")
+
+
+def _llamacpp_numbers(body: Mapping[str, Any] | None) -> tuple[int, int] | None:
+    err = body.get("error") if body is not None else None
+    if not isinstance(err, Mapping) or err.get("type") != "exceed_context_size_error":
+        return None
+    prompt, ctx = err.get("n_prompt_tokens"), err.get("n_ctx")
+    if isinstance(prompt, int) and isinstance(ctx, int) and prompt >= 0 and ctx > 0:
+        return ctx, prompt
+    return None
 
 
 def context_overflow_message(
@@ -200,53 +334,72 @@ def context_overflow_message(
 ) -> str | None:
     """Claude Code's two wordings for a context overflow, or None if this is not one.
 
-    ``prompt is too long: P tokens > M maximum`` when the prompt alone does not fit,
-    ``input length and `max_tokens` exceed context limit: P + C > M`` otherwise.
+    ``prompt is too long: P tokens > M maximum`` when the prompt alone does not fit
+    (P >= M: not one output token would fit), ``input length and `max_tokens`
+    exceed context limit: P + C > M`` otherwise. ``max_tokens`` (what the gateway
+    sent upstream) stands in for C when the upstream does not state it.
     """
-    prompt = ctx = completion = None
-    if m := _VLLM_CTX.search(text):
-        ctx, prompt, completion = int(m[1]), int(m[3]), int(m[4])
-    elif m := _VLLM_CTX_INPUT.search(text):
-        ctx, prompt = int(m[1]), int(m[2])
-        completion = int(m[3]) if m[3] else max_tokens
-    elif m := _SGLANG_TOTAL.search(text):
-        ctx, prompt, completion = int(m[1]), int(m[2]), int(m[3])
-    elif m := _SGLANG_INPUT.search(text):
-        prompt, ctx = int(m[1]), int(m[2])
-    elif body is not None:
-        # llama.cpp: {"error":{"type":"exceed_context_size_error","n_prompt_tokens":P,"n_ctx":M}}
-        err = body.get("error") if isinstance(body.get("error"), Mapping) else body
-        if isinstance(err, Mapping) and err.get("type") == "exceed_context_size_error":
-            p, c = err.get("n_prompt_tokens"), err.get("n_ctx")
-            if isinstance(p, int) and isinstance(c, int):
-                prompt, ctx = p, c
-                completion = max_tokens
-    if prompt is None or ctx is None:
+    ctx = prompt = completion = None
+    if numbers := _llamacpp_numbers(body):
+        ctx, prompt = numbers
+    else:
+        for pattern in _CONTEXT_PATTERNS:
+            if m := pattern.search(text):
+                ctx, prompt, completion = _numbers(m)
+                break
+    if ctx is None or prompt is None:
         return None
-    if prompt >= ctx or completion is None:
+    if prompt >= ctx:
         return f"prompt is too long: {prompt} tokens > {ctx} maximum"
+    if completion is None:
+        completion = max_tokens
+    if completion is None or prompt + completion <= ctx:
+        return None  # numbers that do not show an overflow: say nothing rather than guess
     return (
         "input length and `max_tokens` exceed context limit: "
         f"{prompt} + {completion} > {ctx}, decrease input length or `max_tokens` and try again"
     )
 
 
+# --- upstream error bodies -----------------------------------------------------------
+
+
 def _message_of(body: Any) -> tuple[str, str | None]:
-    """(message, anthropic error.type or None) from any upstream error body."""
-    if isinstance(body, Mapping):
-        err = body.get("error")
-        if isinstance(err, Mapping):
-            msg = err.get("message")
-            etype = err.get("type") if body.get("type") == "error" else None
-            return (msg if isinstance(msg, str) else ""), (
-                etype if isinstance(etype, str) else None
-            )
-        if isinstance(err, str):
-            return err, None
-        for key in ("message", "detail"):
-            if isinstance(body.get(key), str):
-                return body[key], None
+    """(message, Anthropic error.type or None) from any upstream error body."""
+    if not isinstance(body, Mapping):
+        return "", None
+    err = body.get("error")
+    if isinstance(err, Mapping):
+        msg = err.get("message")
+        etype = err.get("type") if body.get("type") == "error" else None
+        return (msg if isinstance(msg, str) else ""), (
+            etype if isinstance(etype, str) and etype in _ANTHROPIC_TYPES else None
+        )
+    if isinstance(err, str):
+        return err, None
+    for key in ("message", "detail"):
+        value = body.get(key)
+        if isinstance(value, str):
+            return value, None
+        if isinstance(value, list):  # FastAPI validation: [{"loc": [...], "msg": "..."}]
+            msgs = [d["msg"] for d in value if isinstance(d, Mapping) and "msg" in d]
+            msgs = [m for m in msgs if isinstance(m, str)]
+            if msgs:
+                return "; ".join(msgs), None
     return "", None
+
+
+def _status_code_of(payload: Mapping[str, Any]) -> int | None:
+    for holder in (payload.get("error"), payload):
+        if not isinstance(holder, Mapping):
+            continue
+        for key in ("code", "status", "status_code"):
+            value = holder.get(key)
+            if isinstance(value, str) and value.isdigit():
+                value = int(value)
+            if isinstance(value, int) and not isinstance(value, bool) and 400 <= value <= 599:
+                return value
+    return None
 
 
 def from_upstream(
@@ -264,41 +417,34 @@ def from_upstream(
     if body is not None:
         text, anthropic_type = _message_of(body)
     else:
-        text, anthropic_type = raw[:4096].decode("utf-8", "replace"), None
-    if status in (400, 413, 422) or (status >= 500 and "context" in text):
-        overflow = context_overflow_message(body if isinstance(body, Mapping) else None,
-                                            text, max_tokens)
+        text, anthropic_type = raw[:8192].decode("utf-8", "replace"), None
+        if text.lstrip().startswith("<"):  # an HTML error page from a proxy: no words worth keeping
+            text = ""
+    if status not in (401, 403, 404, 429, 503, 529):
+        overflow = context_overflow_message(
+            body if isinstance(body, Mapping) else None, text, max_tokens
+        )
         if overflow is not None:
-            return UpstreamError(overflow, status=400)
+            return UpstreamError(overflow, status=400, error_type="invalid_request_error")
     if status in (503, 529):
         return UpstreamError("Overloaded", status=529)
-    if status == 429:
-        return UpstreamError(scrub(429, text, hosts) or "Rate limited", status=429)
     if status in (401, 403, 404):
         # The gateway's own credentials or upstream_model are wrong: not the client's to fix.
-        return UpstreamError(status=500)
+        return UpstreamError(status=500, should_retry=False)
     if status >= 500:
         return UpstreamError(status=504 if status == 504 else 500)
     if status not in STATUS_TYPES:
         status = 400
-    return UpstreamError(scrub(status, text, hosts), status=status,
-                         error_type=anthropic_type if anthropic_type else None)
+    return UpstreamError(scrub(status, text, hosts), status=status, error_type=anthropic_type)
 
 
 def from_inband(payload: Any, *, hosts: Iterable[str] = ()) -> UpstreamError:
-    """An error object inside an upstream SSE stream; no code counts as 5xx."""
-    err = payload.get("error") if isinstance(payload, Mapping) else None
-    code = None
-    if isinstance(err, Mapping):
-        for key in ("code", "status", "status_code"):
-            value = err.get(key)
-            if isinstance(value, int) and 400 <= value <= 599:
-                code = value
-                break
-            if isinstance(value, str) and value.isdigit() and 400 <= int(value) <= 599:
-                code = int(value)
-                break
-    status = code or 500
+    """An error object inside an upstream 200 reply or SSE stream; no code counts as 5xx.
+
+    Shapes: ``{"error": {"message", "code"?, ...}}`` (vLLM, llama.cpp, Ollama) and
+    ``{"object": "error", "message", "code"}`` (SGLang, older vLLM).
+    """
+    status = (_status_code_of(payload) if isinstance(payload, Mapping) else None) or 500
     return from_upstream(status, jsonutil.dumpb(payload), hosts=hosts)
 
 

@@ -1,0 +1,95 @@
+"""CLI: arguments -> config -> logging -> serve until SIGTERM/SIGINT, then drain.
+
+    python -m gateway --config FILE [--host H] [--port P]
+    python -m gateway                  # the built-in default config
+    python -m gateway --check-config   # validate and exit (0, or 2 with one line)
+    llm-gateway --demo                 # + an embedded llama.cpp upstream serving `demo`
+
+Exit status: 0 after a clean shutdown, 2 for a bad config or bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+
+import structlog
+from aiohttp import web
+
+from gateway import __version__, config, log
+from gateway.app import build_app
+from gateway.appkeys import STATE
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="llm-gateway", description=(
+        "Anthropic Messages API gateway in front of OpenAI-compatible upstreams."))
+    ap.add_argument("--config", help="TOML config file (default: $GATEWAY_CONFIG, else built-in)")
+    ap.add_argument("--host", help="listen address (overrides server.host)")
+    ap.add_argument("--port", type=int, help="listen port (overrides server.port)")
+    ap.add_argument("--check-config", action="store_true", help="validate the config and exit")
+    ap.add_argument("--demo", action="store_true",
+                    help="start an embedded llama.cpp upstream serving a tiny model as `demo`")
+    ap.add_argument("--version", action="version", version=f"llm-gateway {__version__}")
+    return ap.parse_args(argv)
+
+
+async def _serve(cfg: config.Config) -> None:
+    logger = structlog.get_logger("gateway")
+    app = build_app(cfg)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.server.host, cfg.server.port, backlog=2048)
+    await site.start()
+    logger.info("listening", host=cfg.server.host, port=cfg.server.port,
+                prefix=cfg.server.prefix, models=sorted(cfg.models), config=cfg.source)
+    if not cfg.server.api_keys:
+        logger.warning("auth_disabled", detail="no API keys configured (server.api_keys_env); "
+                       "every client is accepted")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    state = app[STATE]
+    state.draining = True
+    logger.info("draining", grace_s=cfg.server.shutdown_grace,
+                in_flight=sum(state.in_flight.values()))
+    deadline = loop.time() + cfg.server.shutdown_grace
+    while sum(state.in_flight.values()) and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    for handle in list(state.streams):
+        handle.drain()  # type: ignore[attr-defined]
+    while sum(state.in_flight.values()) and loop.time() < deadline + 2.0:
+        await asyncio.sleep(0.02)
+    await runner.cleanup()
+    logger.info("stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    try:
+        cfg = config.load(args.config, os.environ)
+        cfg = config.with_overrides(cfg, host=args.host, port=args.port)
+    except config.ConfigError as exc:
+        print(f"llm-gateway: config error: {exc}", file=sys.stderr)
+        return 2
+    if args.check_config:
+        print(f"llm-gateway: config ok: {cfg.source} ({len(cfg.models)} models)")
+        return 0
+    log.configure(cfg.server.log_level)
+    if args.demo:
+        from gateway.demo.run import run_demo
+
+        return run_demo(cfg, _serve, explicit_config=bool(args.config
+                                                          or os.environ.get("GATEWAY_CONFIG")))
+    asyncio.run(_serve(cfg))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""build_app(config): the one aiohttp application.
+
+Routes (every API route under ``server.prefix``)::
+
+    POST {prefix}/v1/messages                Anthropic Messages (any query string)
+    POST {prefix}/v1/messages/count_tokens   Anthropic token counting
+    GET  {prefix}/v1/models[/{model_id}]     configured models (Anthropic or OpenAI shape)
+    POST {prefix}/v1/chat/completions        OpenAI pass-through
+    HEAD {prefix}                            Claude Code's pre-connect probe: 200, empty
+    GET  /metrics  /health  /ready
+
+Upstream sessions are owned by a cleanup_ctx: opened at startup, closed at
+shutdown. ``state.ready`` turns true once they are open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.aiohttp import make_aiohttp_handler
+
+from gateway import chat, models
+from gateway.appkeys import CONFIG, METRICS, STATE, UPSTREAMS, AppState
+from gateway.config import Config
+from gateway.messages import handler as messages
+from gateway.metrics import Metrics
+from gateway.middleware import gateway_middleware
+from gateway.upstream import UpstreamClient
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _ready(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if state.ready and not state.draining:
+        return web.json_response({"status": "ready"})
+    return web.json_response({"status": "draining" if state.draining else "starting"}, status=503)
+
+
+async def _head_ok(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def _upstreams_ctx(app: web.Application) -> AsyncIterator[None]:
+    clients = app[UPSTREAMS]
+    for client in clients.values():
+        await client.start()
+    app[STATE].ready = True
+    yield
+    app[STATE].ready = False
+    await asyncio.gather(*(c.close() for c in clients.values()))
+
+
+async def _loop_lag_ctx(app: web.Application) -> AsyncIterator[None]:
+    gauge = app[METRICS].loop_lag
+    loop = asyncio.get_running_loop()
+
+    async def probe() -> None:
+        while True:
+            t = loop.time()
+            await asyncio.sleep(0.5)
+            gauge.set(max(0.0, loop.time() - t - 0.5))
+
+    task = asyncio.create_task(probe())
+    yield
+    task.cancel()
+
+
+def default_registry() -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=True)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+def build_app(config: Config, registry: CollectorRegistry | None = None) -> web.Application:
+    registry = registry if registry is not None else default_registry()
+    app = web.Application(middlewares=[gateway_middleware],
+                          client_max_size=config.server.max_body_bytes)
+    app[CONFIG] = config
+    metrics = Metrics(registry)
+    app[METRICS] = metrics
+    app[UPSTREAMS] = {name: UpstreamClient(cfg) for name, cfg in config.upstreams.items()}
+    app[STATE] = AppState(api_keys=tuple(k.encode() for k in config.server.api_keys))
+    for route in config.models.values():
+        metrics.model_info.labels(route.name, route.upstream.name, route.upstream_model).set(1)
+
+    p = config.server.prefix
+    r = app.router
+    r.add_post(f"{p}/v1/messages", messages.create_message, name="messages")
+    r.add_post(f"{p}/v1/messages/count_tokens", messages.count_tokens, name="count_tokens")
+    r.add_get(f"{p}/v1/models", models.list_models, name="models", allow_head=False)
+    r.add_get(f"{p}/v1/models/{{model_id}}", models.get_model, name="models_get",
+              allow_head=False)
+    r.add_post(f"{p}/v1/chat/completions", chat.chat_completions, name="chat")
+    r.add_route("HEAD", p or "/", _head_ok, name="root")
+    if p:
+        r.add_route("HEAD", p + "/", _head_ok)
+    r.add_get("/metrics", make_aiohttp_handler(registry, disable_compression=True),
+              name="metrics", allow_head=False)
+    r.add_get("/health", _health, name="health", allow_head=False)
+    r.add_get("/ready", _ready, name="ready", allow_head=False)
+    app.cleanup_ctx.append(_upstreams_ctx)
+    app.cleanup_ctx.append(_loop_lag_ctx)
+    return app

@@ -1,0 +1,124 @@
+"""The OpenAI chat-completions pass-through: ``POST {prefix}/v1/chat/completions``.
+
+The client's body goes upstream with ``model`` replaced by the route's
+``upstream_model``; nothing else of the client's request (headers included)
+is forwarded. Replies come back byte for byte except ``model``, which is set
+back to the alias. The rewrite is a byte replace of the compact
+``"model":"<upstream_model>"`` pair (a JSON string cannot contain that
+sequence unescaped, so text is never touched); a reply in another spelling is
+re-encoded. Streams are relayed event by event, ``[DONE]`` kept, each write
+awaited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+from gateway import errors, jsonutil, routing
+from gateway.appkeys import CONFIG, METRICS
+from gateway.sse import SSEDecoder
+from gateway.writer import ClientGone, StreamWriter
+
+_PING = b": ping\n\n"
+
+
+class _ModelRewriter:
+    __slots__ = ("_alias", "_compact", "_needle")
+
+    def __init__(self, upstream_model: str, alias: str) -> None:
+        self._alias = alias
+        self._needle = b'"model":' + jsonutil.dumpb(upstream_model)
+        self._compact = b'"model":' + jsonutil.dumpb(alias)
+
+    def __call__(self, payload: bytes) -> bytes:
+        if self._needle in payload:
+            return payload.replace(self._needle, self._compact, 1)
+        if b'"model"' not in payload:
+            return payload
+        try:
+            obj = jsonutil.loads(payload)
+        except ValueError:
+            return payload
+        if isinstance(obj, dict) and "model" in obj:
+            obj["model"] = self._alias
+            return jsonutil.dumpb(obj)
+        return payload
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    t0 = time.perf_counter()
+    raw = await request.read()
+    try:
+        body = jsonutil.loads(raw)
+    except ValueError:
+        raise errors.InvalidRequest("", "request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise errors.InvalidRequest("", "request body must be a JSON object")
+    if not isinstance(body.get("model"), str):
+        raise errors.InvalidRequest("model", "required, a string")
+    route = routing.resolve(request, body["model"], openai=True)
+    stream = body.get("stream") is True
+    request["stream"] = stream
+    body["model"] = route.upstream_model
+    payload = jsonutil.dumpb(body)
+    metrics = request.app[METRICS]
+    metrics.overhead.labels("chat").observe(time.perf_counter() - t0)
+    client = routing.client_for(request, route)
+    rewrite = _ModelRewriter(route.upstream_model, route.name)
+    with routing.admitted(request, route):
+        up = await routing.send(request, route, client, "/chat/completions", payload,
+                                stream=stream)
+        async with up:
+            if not stream:
+                data = await up.read()
+                return web.Response(body=rewrite(data), status=200,
+                                    content_type="application/json",
+                                    headers={"request-id": request["request_id"]})
+            return await _relay(request, route, up, rewrite)
+
+
+async def _relay(request, route, up, rewrite) -> web.StreamResponse:  # type: ignore[no-untyped-def]
+    server = request.app[CONFIG].server
+    metrics = request.app[METRICS]
+    writer = await StreamWriter.open(request, content_type="text/event-stream",
+                                     write_timeout=server.write_timeout,
+                                     ping_interval=server.ping_interval, ping_frame=_PING)
+    decoder = SSEDecoder()
+    reason = "completed"
+    gauge = metrics.in_flight.labels("chat", route.name)
+    gauge.inc()
+    try:
+        async for chunk in up.chunks():
+            out = [b"data: " + rewrite(p) + b"\n\n" for p in decoder.feed(chunk)]
+            if out:
+                await writer.write(b"".join(out))
+        tail = decoder.flush()
+        if tail:
+            await writer.write(b"".join(b"data: " + rewrite(p) + b"\n\n" for p in tail))
+    except (ClientGone, asyncio.CancelledError):
+        reason = "client_disconnect"
+        raise
+    except errors.UpstreamTimeout as err:
+        reason = "idle_timeout"
+        await _inband_error(writer, err)
+    except errors.GatewayError as err:
+        reason = "upstream_error"
+        await _inband_error(writer, err)
+    except ValueError:  # an SSE event over the size guard
+        reason = "malformed_chunk"
+        await _inband_error(writer, errors.StreamProcessingError())
+    finally:
+        gauge.dec()
+        metrics.terminations.labels("chat", route.name, reason).inc()
+    await writer.close()
+    return writer.response
+
+
+async def _inband_error(writer: StreamWriter, err: errors.GatewayError) -> None:
+    try:
+        await writer.write(b"data: " + errors.openai_body(err) + b"\n\n")
+    except ClientGone:
+        pass

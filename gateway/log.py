@@ -1,0 +1,39 @@
+"""structlog pipeline, configured once: JSON lines on stderr.
+
+Per-request context (request id, route, model) is bound with contextvars by the
+middleware, so every line of a request carries it. Event names are fixed
+strings with key/value pairs; prompt text, completions and keys are never
+logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+           "error": logging.ERROR}
+
+
+def configure(level: str = "info") -> None:
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    # aiohttp's own access log is replaced by ours; its error logger still reports bugs.
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(message)s")
+    logging.getLogger("aiohttp.access").disabled = True
+
+
+def get(name: str) -> structlog.typing.FilteringBoundLogger:
+    return structlog.get_logger(name)  # type: ignore[no-any-return]

@@ -1,0 +1,206 @@
+"""``POST {prefix}/v1/messages`` (buffered and streamed) and ``/v1/messages/count_tokens``.
+
+The I/O shell around the pure modules: parse -> validate -> route -> to_chat
+-> upstream -> from_chat (buffered) or SSE decoder -> StreamTranslator ->
+writer (streamed). Before the first byte reaches the client a failure is a
+JSON error response with its real status (raised, rendered by the
+middleware); after it, the translator ends the stream itself with the
+failure envelope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from aiohttp import web
+
+from gateway import errors, jsonutil, routing
+from gateway.appkeys import CONFIG, METRICS, STATE
+from gateway.config import ModelRoute
+from gateway.messages import tokens
+from gateway.messages.from_chat import from_chat
+from gateway.messages.stream import StreamTranslator
+from gateway.messages.tables import new_message_id
+from gateway.messages.to_chat import to_chat
+from gateway.messages.validate import validate_messages
+from gateway.sse import SSEDecoder
+from gateway.upstream import UpstreamClient, UpstreamResponse
+from gateway.writer import ClientGone, StreamWriter
+
+
+async def _read_json(request: web.Request) -> Any:
+    raw = await request.read()
+    try:
+        return jsonutil.loads(raw)
+    except ValueError:
+        raise errors.InvalidRequest("", "request body is not valid JSON") from None
+
+
+async def create_message(request: web.Request) -> web.StreamResponse:
+    t0 = time.perf_counter()
+    app = request.app
+    server = app[CONFIG].server
+    metrics = app[METRICS]
+    req = validate_messages(await _read_json(request))
+    route = routing.resolve(request, req["model"])
+    stream = req.get("stream") is True
+    request["stream"] = stream
+    chat_req = to_chat(req, route, keep_billing_header=server.keep_billing_header,
+                       on_drop=metrics.drop_field)
+    payload = jsonutil.dumpb(chat_req)
+    client = routing.client_for(request, route)
+    metrics.overhead.labels("messages").observe(time.perf_counter() - t0)
+    with routing.admitted(request, route):
+        up = await routing.send(request, route, client, "/chat/completions", payload,
+                                stream=stream, max_tokens=req.get("max_tokens"))
+        async with up:
+            if stream:
+                return await _stream(request, route, client, req, up, t0,
+                                     tokens.estimate(chat_req))
+            raw = await up.read()
+        t1 = time.perf_counter()
+        try:
+            completion = jsonutil.loads(raw)
+        except ValueError:
+            raise errors.StreamProcessingError() from None
+        message = from_chat(
+            completion, model=req["model"], stop_sequences=_stops(req),
+            signing_key=server.signing_key,
+            on_bad_tool_args=metrics.tool_arg_errors.labels(route.name).inc,
+        )
+        body = jsonutil.dumpb(message)
+        metrics.overhead.labels("messages").observe(time.perf_counter() - t1)
+    _count_reply(request, route, message["stop_reason"], message["usage"]["input_tokens"],
+                 message["usage"]["output_tokens"])
+    return web.Response(body=body, content_type="application/json",
+                        headers={"request-id": request["request_id"]})
+
+
+def _stops(req: dict[str, Any]) -> tuple[str, ...]:
+    stops = req.get("stop_sequences")
+    if isinstance(stops, str):
+        return (stops,)
+    return tuple(stops or ())
+
+
+def _count_reply(request: web.Request, route: ModelRoute, stop_reason: str | None,
+                 input_tokens: int, output_tokens: int) -> None:
+    metrics = request.app[METRICS]
+    if stop_reason:
+        metrics.stop_reasons.labels(route.name, stop_reason).inc()
+    metrics.tokens.labels(route.name, "input").inc(input_tokens)
+    metrics.tokens.labels(route.name, "output").inc(output_tokens)
+
+
+class _DrainHandle:
+    """Lets a draining server end this stream with the failure envelope."""
+
+    __slots__ = ("task", "draining")
+
+    def __init__(self) -> None:
+        self.task = asyncio.current_task()
+        self.draining = False
+
+    def drain(self) -> None:
+        self.draining = True
+        if self.task is not None:
+            self.task.cancel("draining")
+
+
+async def _stream(request: web.Request, route: ModelRoute, client: UpstreamClient,
+                  req: dict[str, Any], up: UpstreamResponse, t0: float,
+                  input_estimate: int) -> web.StreamResponse:
+    app = request.app
+    server = app[CONFIG].server
+    metrics = app[METRICS]
+    translator = StreamTranslator(
+        model=req["model"], message_id=new_message_id(), signing_key=server.signing_key,
+        stop_sequences=_stops(req), input_tokens=input_estimate, hosts=client.hosts,
+    )
+    writer = await StreamWriter.open(request, content_type="text/event-stream; charset=utf-8",
+                                     write_timeout=server.write_timeout,
+                                     ping_interval=server.ping_interval)
+    decoder = SSEDecoder()
+    handle = _DrainHandle()
+    state = app[STATE]
+    state.streams.add(handle)
+    gauge = metrics.in_flight.labels("messages", route.name)
+    gauge.inc()
+    inter_chunk = metrics.inter_chunk.labels(route.name)
+    loop = asyncio.get_running_loop()
+    first_token_at = last_chunk_at = 0.0
+    reason: str | None = None
+    try:
+        try:
+            async for chunk in up.chunks():
+                now = loop.time()
+                if last_chunk_at:
+                    inter_chunk.observe(now - last_chunk_at)
+                last_chunk_at = now
+                out = []
+                for data in decoder.feed(chunk):
+                    out.append(translator.feed(data))
+                    if translator.done:
+                        break
+                if out:
+                    if not first_token_at and translator.output_started:
+                        first_token_at = now
+                        metrics.ttft.labels("messages", route.name).observe(
+                            time.perf_counter() - t0)
+                    await writer.write(b"".join(out))
+                if translator.done:
+                    up.release_if_complete()
+                    break
+            else:
+                tail = b"".join(translator.feed(d) for d in decoder.flush()
+                                if not translator.done)
+                await writer.write(tail + translator.eof())
+        except ValueError:  # an SSE event past the decoder's size guard
+            await writer.write(translator.fail(errors.StreamProcessingError(),
+                                               reason="malformed_chunk"))
+        except errors.UpstreamTimeout as err:
+            await writer.write(translator.fail(err, reason="idle_timeout"))
+        except errors.GatewayError as err:
+            await writer.write(translator.fail(err, reason="upstream_error"))
+        except asyncio.CancelledError:
+            if not handle.draining:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            await writer.write(translator.fail(
+                errors.Overloaded("Overloaded: the gateway is shutting down"), reason="draining"))
+        reason = translator.termination or "gateway_error"
+    except (ClientGone, asyncio.CancelledError):
+        reason = "client_disconnect"
+        raise
+    finally:
+        state.streams.discard(handle)
+        gauge.dec()
+        metrics.terminations.labels("messages", route.name, reason or "client_disconnect").inc()
+        if translator.dropped_tool_deltas:
+            metrics.tool_arg_errors.labels(route.name).inc(translator.dropped_tool_deltas)
+        if first_token_at and translator.output_tokens > 1:
+            metrics.tpot.labels(route.name).observe(
+                (last_chunk_at - first_token_at) / (translator.output_tokens - 1))
+        _count_reply(request, route, translator.stop_reason, translator.input_tokens,
+                     translator.output_tokens)
+    await writer.close()
+    return writer.response
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    app = request.app
+    metrics = app[METRICS]
+    req = validate_messages(await _read_json(request), count_tokens=True)
+    route = routing.resolve(request, req["model"])
+    chat_req = to_chat(req, route, keep_billing_header=app[CONFIG].server.keep_billing_header,
+                       count_tokens=True, on_drop=metrics.drop_field)
+    client = routing.client_for(request, route)
+    with routing.admitted(request, route):
+        count, exact = await tokens.count(request, route, client, chat_req)
+    headers = {"request-id": request["request_id"]}
+    if not exact:
+        headers["x-token-count-estimated"] = "true"
+    return web.Response(body=jsonutil.dumpb({"input_tokens": count}),
+                        content_type="application/json", headers=headers)

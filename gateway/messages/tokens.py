@@ -1,0 +1,74 @@
+"""Token counting for ``count_tokens`` and the stream's first usage estimate.
+
+Exact counts use the upstream's own tokenizer and chat template:
+
+* vLLM: ``POST /tokenize`` with the chat ``messages`` (and tools) -> ``count``;
+* llama.cpp: ``POST /apply-template`` -> ``prompt``, then ``POST /tokenize``
+  -> ``tokens`` (two round trips: the template is only applied server-side).
+
+Other kinds (Ollama, SGLang, plain OpenAI) have no chat-aware tokenizer route;
+they get an estimate of one token per four bytes of the translated request,
+flagged by the ``x-token-count-estimated: true`` response header and a log line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from gateway import errors, jsonutil, routing
+from gateway.config import ModelRoute
+from gateway.upstream import UpstreamClient
+
+_log = structlog.get_logger("gateway.tokens")
+_TEMPLATE_KEYS = ("tools", "chat_template_kwargs")
+
+
+def estimate(chat_req: dict[str, Any]) -> int:
+    """A rough prompt size: four bytes of message JSON per token."""
+    size = len(jsonutil.dumpb(chat_req.get("messages", ())))
+    if chat_req.get("tools"):
+        size += len(jsonutil.dumpb(chat_req["tools"]))
+    return max(1, size // 4)
+
+
+async def _post_json(request: web.Request, route: ModelRoute, client: UpstreamClient, path: str,
+                     body: dict[str, Any]) -> Any:
+    up = await routing.send(request, route, client, path, jsonutil.dumpb(body), stream=False,
+                            at_root=True)
+    async with up:
+        raw = await up.read()
+    try:
+        return jsonutil.loads(raw)
+    except ValueError:
+        raise errors.UpstreamError(status=500) from None
+
+
+async def count(request: web.Request, route: ModelRoute, client: UpstreamClient,
+                chat_req: dict[str, Any]) -> tuple[int, bool]:
+    """(input_tokens, exact?) for a translated request."""
+    kind = route.upstream.kind
+    extras = {k: chat_req[k] for k in _TEMPLATE_KEYS if k in chat_req}
+    if kind == "vllm":
+        body = {"model": route.upstream_model, "messages": chat_req["messages"],
+                "add_generation_prompt": chat_req.get("add_generation_prompt", True), **extras}
+        reply = await _post_json(request, route, client, "/tokenize", body)
+        if isinstance(reply, dict) and isinstance(reply.get("count"), int):
+            return reply["count"], True
+        raise errors.UpstreamError(status=500)
+    if kind == "llamacpp":
+        body = {"messages": chat_req["messages"], **extras}
+        templ = await _post_json(request, route, client, "/apply-template", body)
+        prompt = templ.get("prompt") if isinstance(templ, dict) else None
+        if not isinstance(prompt, str):
+            raise errors.UpstreamError(status=500)
+        toks = await _post_json(request, route, client, "/tokenize",
+                                {"content": prompt, "add_special": True, "parse_special": True})
+        if isinstance(toks, dict) and isinstance(toks.get("tokens"), list):
+            return len(toks["tokens"]), True
+        raise errors.UpstreamError(status=500)
+    n = estimate(chat_req)
+    _log.info("token_count_estimated", model=route.name, kind=kind)
+    return n, False

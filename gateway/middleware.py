@@ -1,0 +1,138 @@
+"""Request id, auth, body limit, draining, error rendering, access log and metrics.
+
+Errors are raised anywhere and rendered here, once: Anthropic's envelope on
+the Anthropic routes, OpenAI's shape on the pass-through. An unexpected
+exception is logged with its traceback and answered as a bare 500
+``Internal server error``; no ``str(exc)`` ever reaches a client.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+from aiohttp import web
+
+from gateway import errors
+from gateway.appkeys import CONFIG, METRICS, STATE
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_APIS = {"messages": "messages", "count_tokens": "count_tokens", "chat": "chat",
+         "models": "models", "models_get": "models"}
+_log = structlog.get_logger("gateway.access")
+
+
+def _request_id(request: web.Request) -> str:
+    incoming = request.headers.get("x-request-id")
+    if incoming and _SANE_ID.fullmatch(incoming):
+        return incoming
+    return "req_" + "".join(secrets.choice(_B62) for _ in range(24))
+
+
+def _route_name(request: web.Request) -> str:
+    route = request.match_info.route
+    return route.name or "unknown"
+
+
+def _credential(request: web.Request) -> bytes | None:
+    key = request.headers.get("x-api-key")
+    if key is None:
+        auth = request.headers.get("authorization", "")
+        if auth[:7].lower() == "bearer ":
+            key = auth[7:].strip()
+    return key.encode("utf-8", "surrogateescape") if key else None
+
+
+def _authorized(keys: tuple[bytes, ...], presented: bytes | None) -> bool:
+    if presented is None:
+        return False
+    ok = False
+    for key in keys:  # no early exit: every key is compared
+        ok |= hmac.compare_digest(key, presented)
+    return ok
+
+
+def render_error(request: web.Request, err: errors.GatewayError, request_id: str) -> web.Response:
+    if request.get("api") == "chat" or request.get("error_shape") == "openai":
+        return web.Response(status=errors.openai_status(err), body=errors.openai_body(err),
+                            content_type="application/json", headers=err.headers)
+    return web.Response(status=err.status, body=errors.anthropic_body(err, request_id),
+                        content_type="application/json", headers=err.headers)
+
+
+def _from_http_exception(exc: web.HTTPException) -> errors.GatewayError:
+    if exc.status == 413:
+        return errors.RequestTooLarge()
+    if exc.status == 404:
+        return errors.NotFound("Not found")
+    if exc.status == 405:
+        return errors.GatewayError("Method not allowed", status=405,
+                                   error_type="invalid_request_error")
+    return errors.GatewayError(exc.reason, status=exc.status)
+
+
+@web.middleware
+async def gateway_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    start = time.perf_counter()
+    request_id = _request_id(request)
+    route = _route_name(request)
+    api = _APIS.get(route)
+    request["api"] = api
+    request["request_id"] = request_id
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(request_id=request_id)
+    app = request.app
+    metrics = app[METRICS]
+    status = 500
+    response: web.StreamResponse | None = None
+    try:
+        if api is not None:
+            server = app[CONFIG].server
+            if server.api_keys and not _authorized(app[STATE].api_keys, _credential(request)):
+                metrics.rejected.labels(api, "auth").inc()
+                raise errors.AuthenticationFailed()
+            if app[STATE].draining:
+                metrics.rejected.labels(api, "draining").inc()
+                raise errors.Overloaded("Overloaded: the gateway is shutting down")
+            length = request.content_length
+            if length is not None and length > server.max_body_bytes:
+                metrics.rejected.labels(api, "body_too_large").inc()
+                raise errors.RequestTooLarge(
+                    f"Request exceeds the maximum size of {server.max_body_bytes} bytes")
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            raise _from_http_exception(exc) from None
+        status = response.status
+    except errors.GatewayError as err:
+        response = render_error(request, err, request_id)
+        status = response.status
+    except web.HTTPException:
+        raise
+    except Exception:
+        _log.exception("unhandled_error", route=route)
+        response = render_error(request, errors.GatewayError(), request_id)
+        status = 500
+    finally:
+        duration = time.perf_counter() - start
+        model = request.get("model", "")
+        stream = "true" if request.get("stream") else "false"
+        if api is not None:
+            metrics.requests.labels(api, model, str(status), stream).inc()
+            metrics.request_duration.labels(api, model, stream).observe(duration)
+        if route not in ("health", "ready", "metrics"):
+            _log.info("access", method=request.method, route=route, model=model or None,
+                      upstream=request.get("upstream"), status=status,
+                      duration_ms=round(duration * 1000, 3), stream=request.get("stream", False))
+    if not response.prepared:
+        response.headers["request-id"] = request_id
+    return response

@@ -1,0 +1,83 @@
+"""``GET {prefix}/v1/models`` and ``/v1/models/{id}``: the configured model aliases.
+
+A request with an ``anthropic-version`` header gets Anthropic's list shape
+(``data`` of ``{type:"model", id, display_name, created_at}``; ``lifecycle``
+too, which the Python SDK's strict validation requires; ``has_more``,
+``first_id``, ``last_id``; ``limit``/``after_id``/``before_id`` honoured so the
+SDK auto-pager terminates). Any other request gets OpenAI's list shape.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from aiohttp import web
+
+from gateway import errors, jsonutil
+from gateway.appkeys import CONFIG
+from gateway.config import ModelRoute
+
+
+def _anthropic(route: ModelRoute) -> dict[str, object]:
+    return {"type": "model", "id": route.name, "display_name": route.display_name or route.name,
+            "created_at": route.created_at, "lifecycle": "active"}
+
+
+def _openai(route: ModelRoute) -> dict[str, object]:
+    try:
+        created = int(datetime.fromisoformat(route.created_at.replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        created = 0
+    return {"id": route.name, "object": "model", "created": created, "owned_by": route.upstream.name}
+
+
+def _json(body: object) -> web.Response:
+    return web.Response(body=jsonutil.dumpb(body), content_type="application/json")
+
+
+def _limit(request: web.Request) -> int:
+    raw = request.query.get("limit", "20")
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise errors.InvalidRequest("limit", "must be an integer") from None
+    if not 1 <= limit <= 1000:
+        raise errors.InvalidRequest("limit", "must be between 1 and 1000")
+    return limit
+
+
+async def list_models(request: web.Request) -> web.Response:
+    routes = list(request.app[CONFIG].models.values())
+    if "anthropic-version" not in request.headers:
+        return _json({"object": "list", "data": [_openai(r) for r in routes]})
+    limit = _limit(request)
+    ids = [r.name for r in routes]
+    after, before = request.query.get("after_id"), request.query.get("before_id")
+    if before is not None:
+        end = ids.index(before) if before in ids else 0
+        start = max(0, end - limit)
+        page = routes[start:end]
+        has_more = start > 0
+    else:
+        start = ids.index(after) + 1 if after in ids else (len(ids) if after else 0)
+        page = routes[start:start + limit]
+        has_more = start + limit < len(routes)
+    return _json({
+        "data": [_anthropic(r) for r in page],
+        "has_more": has_more,
+        "first_id": page[0].name if page else None,
+        "last_id": page[-1].name if page else None,
+    })
+
+
+async def get_model(request: web.Request) -> web.Response:
+    model_id = request.match_info["model_id"]
+    route = request.app[CONFIG].models.get(model_id)
+    if route is None:
+        if "anthropic-version" not in request.headers:
+            request["error_shape"] = "openai"
+            raise errors.NotFound(f"The model `{model_id}` does not exist")
+        raise errors.NotFound(f"model: {model_id}")
+    if "anthropic-version" not in request.headers:
+        return _json(_openai(route))
+    return _json(_anthropic(route))

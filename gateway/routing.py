@@ -1,0 +1,79 @@
+"""Model routing and the per-model concurrency gate shared by every API."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from aiohttp import web
+
+from gateway import errors
+from gateway.appkeys import CONFIG, METRICS, STATE, UPSTREAMS
+from gateway.config import ModelRoute
+from gateway.upstream import UpstreamClient, UpstreamResponse
+
+
+def resolve(request: web.Request, model: object, *, openai: bool = False) -> ModelRoute:
+    """The route for a client's model name; unknown -> 404 naming the model."""
+    routes = request.app[CONFIG].models
+    route = routes.get(model) if isinstance(model, str) else None
+    if route is None:
+        request.app[METRICS].rejected.labels(request["api"], "unknown_model").inc()
+        if openai:
+            raise errors.NotFound(f"The model `{model}` does not exist")
+        raise errors.NotFound(f"model: {model}")
+    request["model"] = route.name
+    request["upstream"] = route.upstream.name
+    return route
+
+
+def client_for(request: web.Request, route: ModelRoute) -> UpstreamClient:
+    return request.app[UPSTREAMS][route.upstream.name]
+
+
+@contextmanager
+def admitted(request: web.Request, route: ModelRoute) -> Iterator[None]:
+    """Count the request against the model's max_concurrency; past it, 529 with retry-after."""
+    state = request.app[STATE]
+    now = state.in_flight.get(route.name, 0)
+    if route.max_concurrency and now >= route.max_concurrency:
+        request.app[METRICS].rejected.labels(request["api"], "overloaded").inc()
+        raise errors.Overloaded(retry_after=1)
+    state.in_flight[route.name] = now + 1
+    try:
+        yield
+    finally:
+        state.in_flight[route.name] -= 1
+
+
+async def send(
+    request: web.Request,
+    route: ModelRoute,
+    client: UpstreamClient,
+    path: str,
+    payload: bytes,
+    *,
+    stream: bool,
+    max_tokens: int | None = None,
+    at_root: bool = False,
+) -> UpstreamResponse:
+    """Call the upstream, counting the outcome per model and upstream."""
+    metrics = request.app[METRICS]
+    t = time.perf_counter()
+    try:
+        up = await client.request(path, payload, stream=stream, max_tokens=max_tokens,
+                                  at_root=at_root)
+    except errors.UpstreamTimeout:
+        metrics.upstream_requests.labels(route.name, client.name, "timeout").inc()
+        raise
+    except errors.UpstreamUnavailable:
+        metrics.upstream_requests.labels(route.name, client.name, "connect_error").inc()
+        raise
+    except errors.GatewayError as err:
+        metrics.upstream_requests.labels(route.name, client.name,
+                                         str(getattr(err, "upstream_status", err.status))).inc()
+        raise
+    metrics.upstream_requests.labels(route.name, client.name, str(up.status)).inc()
+    metrics.upstream_headers.labels(route.name, client.name).observe(time.perf_counter() - t)
+    return up

@@ -1,0 +1,99 @@
+"""The only code that writes a stream to the client.
+
+SSE headers (no caching, no proxy buffering, never compressed), one
+``await resp.write()`` per batch of events (that await *is* the backpressure:
+aiohttp drains past its high-water mark and waits while the transport is
+paused), a write timeout for a client that stopped reading, and a ping while
+the upstream is silent. A failed write means the client is gone:
+:class:`ClientGone` is raised and the caller closes the upstream response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+PING = b'event: ping\ndata: {"type":"ping"}\n\n'
+
+
+class ClientGone(Exception):
+    """The client disconnected or stopped reading."""
+
+
+class StreamWriter:
+    __slots__ = ("_resp", "_transport", "_write_timeout", "_ping_interval", "_last_write",
+                 "_pinger", "_loop", "_ping_frame")
+
+    def __init__(self, resp: web.StreamResponse, *, write_timeout: float,
+                 ping_interval: float | None, ping_frame: bytes = PING) -> None:
+        self._resp = resp
+        self._write_timeout = write_timeout
+        self._ping_interval = ping_interval
+        self._ping_frame = ping_frame
+        self._loop = asyncio.get_running_loop()
+        self._last_write = self._loop.time()
+        self._pinger: asyncio.Task[None] | None = None
+        self._transport = None
+
+    @classmethod
+    async def open(cls, request: web.Request, *, content_type: str, write_timeout: float,
+                   ping_interval: float | None, ping_frame: bytes = PING) -> StreamWriter:
+        resp = web.StreamResponse(
+            status=200,
+            headers={
+                "Content-Type": content_type,
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+                "request-id": request["request_id"],
+            },
+        )
+        try:
+            await resp.prepare(request)
+        except (ConnectionError, RuntimeError) as exc:
+            raise ClientGone() from exc
+        self = cls(resp, write_timeout=write_timeout, ping_interval=ping_interval,
+                   ping_frame=ping_frame)
+        self._transport = request.transport  # type: ignore[assignment]
+        if ping_interval:
+            self._pinger = asyncio.create_task(self._ping_loop())
+        return self
+
+    @property
+    def response(self) -> web.StreamResponse:
+        return self._resp
+
+    async def write(self, data: bytes) -> None:
+        self._last_write = self._loop.time()
+        transport = self._transport
+        try:
+            if transport is not None and transport.get_write_buffer_size() == 0:
+                await self._resp.write(data)  # will not block: nothing queued
+            else:
+                async with asyncio.timeout(self._write_timeout):
+                    await self._resp.write(data)
+        except (ConnectionError, RuntimeError, TimeoutError) as exc:
+            raise ClientGone() from exc
+
+    async def _ping_loop(self) -> None:
+        interval = self._ping_interval
+        assert interval
+        try:
+            while True:
+                delay = self._last_write + interval - self._loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                    continue
+                await self.write(self._ping_frame)
+        except ClientGone:
+            return
+
+    async def close(self) -> None:
+        """Stop pinging and end the response (best effort if the client is gone)."""
+        if self._pinger is not None:
+            self._pinger.cancel()
+            self._pinger = None
+        try:
+            await self._resp.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass

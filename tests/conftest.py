@@ -1,0 +1,73 @@
+"""Shared fixtures: the scripted stub upstream and real gateway processes."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.procs import REPO, Proc, free_port, start_gateway, wait_http
+
+
+@pytest.fixture(scope="session")
+def stub_url() -> Iterator[str]:
+    """A scripted OpenAI-compatible upstream process; yields its /v1 base URL."""
+    port = free_port()
+    proc = Proc([sys.executable, str(REPO / "tests" / "stub_upstream.py"), str(port)])
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", proc=proc.popen)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.stop()
+
+
+STUB_MODELS = ("ok", "reasoning", "tools", "length", "status:500:traceback", "status:503",
+               "status:429", "status:400:context", "status:400", "status:404", "hang-headers",
+               "hang-mid", "cut-mid", "malformed", "inband-error", "eof-no-finish", "slow:50")
+
+
+def stub_config(stub_url: str, *, extra_server: str = "", extra_upstream: str = "",
+                models: tuple[str, ...] = STUB_MODELS) -> str:
+    """A gateway config routing alias ``m-<scenario>`` to each stub scenario."""
+    text = f"""
+[server]
+host = "127.0.0.1"
+port = 8080
+prefix = "/llm"
+{extra_server}
+
+[upstreams.stub]
+base_url = "{stub_url}"
+connect_timeout = 2
+header_timeout = 3
+idle_timeout = 3
+{extra_upstream}
+"""
+    for name in models:
+        text += f'\n[[models]]\nname = "m-{name}"\nupstream = "stub"\nupstream_model = "{name}"\n'
+    return text
+
+
+@pytest.fixture
+def gateway_factory(tmp_path: Path) -> Iterator[Callable[..., tuple[Proc, str]]]:
+    """Start real gateway processes from config text; all are stopped at teardown."""
+    started: list[Proc] = []
+
+    def start(config_text: str, **kwargs: object) -> tuple[Proc, str]:
+        proc, url = start_gateway(config_text, tmp_path, **kwargs)  # type: ignore[arg-type]
+        started.append(proc)
+        return proc, url
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+@pytest.fixture
+def stub_gateway(stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]]
+                 ) -> tuple[Proc, str]:
+    """A gateway in front of the stub; yields (process, base URL including the /llm prefix)."""
+    proc, url = gateway_factory(stub_config(stub_url))
+    return proc, url + "/llm"

@@ -1,0 +1,89 @@
+"""Start and stop real processes for end-to-end tests (loopback only, by PID)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float = 15.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} did not answer within {timeout}s")
+
+
+class Proc:
+    """A child process whose stderr goes to a file we can read back."""
+
+    def __init__(self, args: list[str], *, env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> None:
+        self.log = tempfile.NamedTemporaryFile(prefix="proc-", suffix=".log", delete=False)
+        full_env = {**os.environ, **(env or {})}
+        full_env.setdefault("PYTHONUNBUFFERED", "1")
+        self.popen = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
+                                      env=full_env, cwd=str(cwd or REPO))
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        return self.popen.wait(timeout)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        if self.popen.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.popen.wait(5)
+        self.log.close()
+        return self.popen.returncode
+
+
+def start_gateway(config_text: str, tmp_path: Path, *, env: dict[str, str] | None = None,
+                  extra_args: tuple[str, ...] = ()) -> tuple[Proc, str]:
+    """Write the config, start ``python -m gateway`` and wait for /health. -> (proc, base url)"""
+    port = free_port()
+    cfg = tmp_path / f"gateway-{port}.toml"
+    cfg.write_text(config_text)
+    proc = Proc([sys.executable, "-m", "gateway", "--config", str(cfg), "--port", str(port),
+                 *extra_args], env=env)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", proc=proc.popen)
+    except Exception:
+        proc.stop()
+        raise RuntimeError("gateway did not start:\n" + proc.output()) from None
+    return proc, f"http://127.0.0.1:{port}"

@@ -1,0 +1,193 @@
+"""A scripted OpenAI-compatible upstream for end-to-end tests (run as a real process).
+
+    python tests/stub_upstream.py PORT
+
+The scenario is picked by the request's ``model`` (the gateway sends the
+route's ``upstream_model``), so one stub serves many gateway routes:
+
+    ok              a short text reply (buffered or streamed, vLLM-shaped chunks)
+    reasoning       reasoning_content, then content
+    tools           one tool call with split arguments
+    length          finish_reason "length"
+    status:N[:K]    HTTP N with body K: traceback | context | plain (default plain)
+    hang-headers    never answers (until the client goes away)
+    hang-mid        two chunks, then silence
+    cut-mid         two chunks, then the connection is cut
+    malformed       a chunk that is not JSON
+    inband-error    an in-band {"error": ...} chunk
+    eof-no-finish   chunks without finish_reason, then EOF
+    slow:MS         a content chunk every MS milliseconds, 50 chunks
+
+``GET /_requests`` returns every request seen (method, path, headers, body);
+``DELETE /_requests`` clears it; ``GET /_stats`` counts streams open now and
+streams whose client went away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from aiohttp import web
+
+CREATED = 1700000000
+TEXT = ["Hello", " from", " the", " stub", "."]
+TRACEBACK = ('Traceback (most recent call last):\n  File "/opt/vllm/entrypoints/openai/'
+             'serving_chat.py", line 42, in create\nRuntimeError: CUDA out of memory at '
+             'http://10.1.2.3:8000/v1')
+CONTEXT = ("This model's maximum context length is 4096 tokens. However, you requested 5000 "
+           "tokens (4000 in the messages, 1000 in the completion). Please reduce the length "
+           "of the messages or completion.")
+
+
+def chunk(model: str, delta: dict, finish: str | None = None, usage: dict | None = None,
+          choices: bool = True) -> bytes:
+    body: dict = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": CREATED,
+                  "model": model}
+    body["choices"] = ([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+                       if choices else [])
+    if usage is not None:
+        body["usage"] = usage
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+def completion(model: str, message: dict, finish: str, usage: dict) -> dict:
+    return {"id": "chatcmpl-stub", "object": "chat.completion", "created": CREATED,
+            "model": model, "choices": [{"index": 0, "message": message, "logprobs": None,
+                                         "finish_reason": finish}], "usage": usage}
+
+
+USAGE = {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}
+
+
+def script(model: str) -> tuple[list[bytes], dict]:
+    """(stream frames, buffered body) for a scenario."""
+    role = chunk(model, {"role": "assistant", "content": ""})
+    if model == "reasoning":
+        frames = [role] + [chunk(model, {"reasoning_content": t}) for t in ["Let me", " think."]]
+        frames += [chunk(model, {"content": t}) for t in TEXT]
+        frames += [chunk(model, {}, "stop"), chunk(model, {}, usage=USAGE, choices=False)]
+        body = completion(model, {"role": "assistant", "content": "".join(TEXT),
+                                  "reasoning_content": "Let me think."}, "stop", USAGE)
+        return frames + [b"data: [DONE]\n\n"], body
+    if model == "tools":
+        call = {"index": 0, "id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": ""}}
+        frames = [role, chunk(model, {"tool_calls": [call]})]
+        frames += [chunk(model, {"tool_calls": [{"index": 0, "function": {"arguments": a}}]})
+                   for a in ['{"city": ', '"Paris"}']]
+        frames += [chunk(model, {}, "tool_calls", usage=USAGE)]
+        body = completion(model, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            "tool_calls", USAGE)
+        return frames + [b"data: [DONE]\n\n"], body
+    finish = "length" if model == "length" else "stop"
+    frames = [role] + [chunk(model, {"content": t}) for t in TEXT]
+    frames += [chunk(model, {}, finish), chunk(model, {}, usage=USAGE, choices=False)]
+    body = completion(model, {"role": "assistant", "content": "".join(TEXT)}, finish, USAGE)
+    return frames + [b"data: [DONE]\n\n"], body
+
+
+class Stub:
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.open_streams = 0
+        self.client_gone = 0
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        self.requests.append({"method": request.method, "path": request.path_qs,
+                              "headers": dict(request.headers), "body": body,
+                              "raw": raw.decode("utf-8", "replace")})
+        model = body.get("model", "ok") if isinstance(body, dict) else "ok"
+        stream = isinstance(body, dict) and body.get("stream") is True
+        if model.startswith("status:"):
+            parts = model.split(":")
+            code = int(parts[1])
+            kind = parts[2] if len(parts) > 2 else "plain"
+            if kind == "traceback":
+                return web.Response(status=code, text=TRACEBACK)
+            if kind == "context":
+                return web.json_response({"object": "error", "message": CONTEXT,
+                                          "type": "BadRequestError", "param": None,
+                                          "code": code}, status=code)
+            return web.json_response({"object": "error", "message": f"stub says {code}",
+                                      "type": "Error", "param": None, "code": code},
+                                     status=code)
+        if model == "hang-headers":
+            await asyncio.sleep(3600)
+        frames, buffered = script(model if model in ("reasoning", "tools", "length") else "ok")
+        frames = [f.replace(b'"model":"ok"', b'"model":' + json.dumps(model).encode())
+                  for f in frames]
+        if not stream:
+            buffered["model"] = model
+            return web.json_response(buffered)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        self.open_streams += 1
+        try:
+            if model == "malformed":
+                frames = frames[:2] + [b"data: {not json\n\n"] + frames[2:]
+            elif model == "inband-error":
+                frames = frames[:2] + [b'data: {"error":{"message":"boom at http://10.0.0.9/x",'
+                                       b'"type":"InternalServerError","code":500}}\n\n']
+            elif model == "eof-no-finish":
+                frames = frames[:3]
+            elif model.startswith("slow:"):
+                delay = int(model.split(":")[1]) / 1000
+                frames = [frames[0]] + [chunk(model, {"content": f"t{i} "}) for i in range(50)]
+                for f in frames:
+                    await resp.write(f)
+                    await asyncio.sleep(delay)
+                frames = [chunk(model, {}, "stop", usage=USAGE), b"data: [DONE]\n\n"]
+            for i, f in enumerate(frames):
+                if model in ("hang-mid", "cut-mid") and i == 2:
+                    if model == "cut-mid":
+                        assert request.transport is not None
+                        request.transport.abort()
+                        return resp
+                    await asyncio.sleep(3600)
+                await resp.write(f)
+            await resp.write_eof()
+        except (asyncio.CancelledError, ConnectionError):
+            self.client_gone += 1
+            raise
+        finally:
+            self.open_streams -= 1
+        return resp
+
+    async def get_requests(self, request: web.Request) -> web.Response:
+        return web.json_response(self.requests)
+
+    async def clear_requests(self, request: web.Request) -> web.Response:
+        self.requests.clear()
+        return web.json_response({})
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return web.json_response({"open_streams": self.open_streams,
+                                  "client_gone": self.client_gone})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+
+def make_app() -> web.Application:
+    stub = Stub()
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", stub.chat)
+    app.router.add_get("/_requests", stub.get_requests)
+    app.router.add_delete("/_requests", stub.clear_requests)
+    app.router.add_get("/_stats", stub.stats)
+    app.router.add_get("/health", stub.health)
+    return app
+
+
+if __name__ == "__main__":
+    web.run_app(make_app(), host="127.0.0.1", port=int(sys.argv[1]), print=None,
+                handler_cancellation=True, access_log=None)

@@ -1,0 +1,512 @@
+"""OpenAI chat-completion stream chunks in, Anthropic Messages stream events out.
+
+Pure: no I/O, no awaits, no logging. The caller decodes the upstream body with
+``gateway.sse.SSEDecoder``, feeds each ``data:`` payload here and writes what comes back.
+
+Upstream facts relied on (vLLM, SGLang, llama.cpp llama-server, Ollama ``/v1``):
+
+- A chunk is ``{"choices":[{"index":0,"delta":{...},"finish_reason":null|str}], ...}``; the
+  delta may carry ``content``, ``reasoning_content`` (vLLM, SGLang, llama.cpp) or
+  ``reasoning`` (Ollama, newer vLLM) and ``tool_calls``. Absent and ``null`` mean the same.
+- ``usage`` (``prompt_tokens``/``completion_tokens``) arrives on a chunk of its own after the
+  finish chunk (``choices: []``, with ``stream_options.include_usage``), on the finish chunk
+  itself (llama.cpp), or on every chunk (vLLM ``continuous_usage_stats``).
+- A tool call is named (``id``, ``function.name``) in its first delta; later deltas carry only
+  ``index`` and ``function.arguments`` pieces. Ollama reuses ``index: 0`` for every call, each
+  with a new ``id``, so a new ``id`` at a used index is a new call.
+- ``[DONE]`` ends the body; an in-band failure is ``{"error": {...}}`` (or vLLM's bare
+  ``{"object": "error", ...}``), with a numeric ``code`` or without one.
+
+Anthropic facts relied on (see protocol.md section 3): ``message_start`` first; blocks one at a
+time with indexes 0, 1, 2...; empty-shell starts; every block closed by ``content_block_stop``;
+one ``message_delta`` (usage carries only ``output_tokens``), then ``message_stop``.
+
+Gateway decisions:
+
+- ``message_start.usage.output_tokens`` is 0: no token is out yet, and on a failure path no
+  ``message_delta`` follows to correct a made-up provisional figure.
+- ``message_delta.usage.output_tokens`` is the upstream's ``completion_tokens``; an upstream
+  that never reports usage gets the number of content-bearing chunks (about one token each).
+- A thinking block always ends with one ``signature_delta`` (HMAC of the text streamed in it),
+  on the failure path too: a signature over partial thinking is still the gateway's own.
+- A tool block that received no argument bytes gets ``{}`` so its input parses.
+- Parallel calls: the first named call streams; later ones are buffered and sent whole, in
+  upstream index order, as soon as the streaming call's block closes (a text or thinking delta,
+  or the end). Argument pieces for a call with no id/name yet, or for a call whose block is
+  already closed, are dropped and counted in ``dropped_tool_deltas``.
+- ``finish_reason: tool_calls`` with no tool block delivered is reported as ``end_turn``.
+- The failure envelope: ``message_start`` if not yet sent, ``content_block_stop`` for the open
+  block (buffered calls are discarded), one ``error`` event, ``message_stop``.
+
+Transitions (``State``; every ``_on_*`` method names the states it accepts and raises
+``IllegalTransition`` otherwise)::
+
+    method          PRE_START          BLOCK_OPEN                     FINISHED/ERRORED
+    _on_chunk       -> BLOCK_OPEN      BLOCK_OPEN                     raise
+    _on_text etc.   raise              BLOCK_OPEN                     raise
+    _on_done        -> ERRORED         -> FINISHED (finish seen)      raise
+                                       -> ERRORED (truncated)
+    _on_eof         -> ERRORED         as _on_done                    raise (eof() returns b"")
+    _on_failure     -> ERRORED         -> ERRORED                     raise (fail() returns b"")
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from gateway import errors, jsonutil
+from gateway.messages import tables
+from gateway.sse import encode_event
+
+__all__ = ["IllegalTransition", "State", "StreamTranslator"]
+
+
+class State(enum.Enum):
+    PRE_START = "pre_start"
+    BLOCK_OPEN = "block_open"
+    FINISHED = "finished"
+    ERRORED = "errored"
+
+
+class IllegalTransition(RuntimeError):
+    """A translator method was called in a state that does not accept it (a caller bug)."""
+
+
+class _Malformed(Exception):
+    """A chunk is JSON but not the shape of a chat-completion chunk."""
+
+
+_PRE_START = State.PRE_START
+_BLOCK_OPEN = State.BLOCK_OPEN
+_LIVE = (State.PRE_START, State.BLOCK_OPEN)
+_OPEN_ONLY = (State.BLOCK_OPEN,)
+
+# block kinds
+_NONE, _TEXT, _THINKING, _TOOL = 0, 1, 2, 3
+# tool call states
+_PENDING, _STREAMING, _CLOSED = 0, 1, 2
+
+_DONE = b"[DONE]"
+_CBS = b'event: content_block_start\ndata: {"type":"content_block_start","index":'
+_TEXT_SHELL = b',"content_block":{"type":"text","text":""}}\n\n'
+_THINKING_SHELL = b',"content_block":{"type":"thinking","thinking":""}}\n\n'
+_CBD = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
+_TEXT_DELTA = b',"delta":{"type":"text_delta","text":'
+_THINKING_DELTA = b',"delta":{"type":"thinking_delta","thinking":'
+_SIGNATURE_DELTA = b',"delta":{"type":"signature_delta","signature":'
+_JSON_DELTA = b',"delta":{"type":"input_json_delta","partial_json":'
+_DELTA_END = b"}}\n\n"
+_CB_STOP = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":%d}\n\n'
+_MESSAGE_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+_EMPTY_INPUT = b'"{}"'
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _clean(text: str) -> str:
+    # A lone UTF-16 surrogate (from a "\udXXX" escape) cannot be written as UTF-8.
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def _jstr(text: str) -> bytes:
+    try:
+        return jsonutil.dumpb(text)
+    except UnicodeEncodeError:
+        return jsonutil.dumpb(_clean(text))
+
+
+class _Call:
+    """One upstream tool call, by arrival."""
+
+    __slots__ = ("id", "index", "name", "pieces", "sent", "seq", "state")
+
+    def __init__(self, index: int, seq: int) -> None:
+        self.index = index
+        self.seq = seq
+        self.id: str | None = None
+        self.name: str | None = None
+        self.pieces: list[str] = []  # arguments buffered while another call streams
+        self.sent = False  # any argument bytes went out
+        self.state = _PENDING
+
+
+class StreamTranslator:
+    """One per streamed request; see the module docstring for the transition table."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        message_id: str,
+        signing_key: bytes,
+        stop_sequences: Sequence[str] = (),
+        input_tokens: int = 0,
+        hosts: Sequence[str] = (),
+    ) -> None:
+        self.state = State.PRE_START
+        self._model = model
+        self._message_id = message_id
+        self._key = signing_key
+        self._stop_sequences = stop_sequences
+        self._hosts = hosts
+        # results, read by the caller for metrics and logs
+        self.termination: str | None = None
+        self.stop_reason: str | None = None
+        self.input_tokens = input_tokens
+        self.output_tokens = 0
+        self.dropped_tool_deltas = 0
+        self.started = False
+        self.error: errors.GatewayError | None = None  # what the failure envelope carried
+        # upstream facts so far
+        self._finish: str | None = None
+        self._matched: str | None = None
+        self._usage_seen = False
+        self._content_chunks = 0
+        # the open block
+        self._kind = _NONE
+        self._index = -1
+        self._next_index = 0
+        self._head = b""  # delta frame prefix of the open block, up to the delta body
+        self._thinking: list[str] = []
+        self._tool: _Call | None = None  # the call streaming into the open block
+        self._calls: dict[int, _Call] = {}  # latest call per upstream index
+        self._all: list[_Call] = []
+        self._has_tools = False
+
+    def __repr__(self) -> str:
+        return (
+            f"<StreamTranslator state={self.state.name} block={self._index}"
+            f" kind={('none', 'text', 'thinking', 'tool_use')[self._kind]}"
+            f" termination={self.termination}>"
+        )
+
+    @property
+    def done(self) -> bool:
+        return self.state is State.FINISHED or self.state is State.ERRORED
+
+    # --- public entry points ------------------------------------------------------------
+
+    def feed(self, payload: bytes) -> bytes:
+        """One upstream ``data:`` payload -> the Anthropic SSE bytes it produces."""
+        if payload == _DONE or payload.strip() == _DONE:
+            return self._on_done()
+        try:
+            chunk = jsonutil.loads(payload)
+        except ValueError:
+            return self._on_failure(errors.StreamProcessingError(), "malformed_chunk")
+        if type(chunk) is not dict:
+            return self._on_failure(errors.StreamProcessingError(), "malformed_chunk")
+        if chunk.get("error") is not None:
+            return self._on_failure(errors.from_inband(chunk, hosts=self._hosts), "upstream_error")
+        if chunk.get("object") == "error":
+            return self._on_failure(
+                errors.from_inband({"error": chunk}, hosts=self._hosts), "upstream_error"
+            )
+        out: list[bytes] = []
+        try:
+            self._on_chunk(chunk, out)
+        except _Malformed:
+            self._fail_into(out, errors.StreamProcessingError(), "malformed_chunk")
+        return b"".join(out)
+
+    def eof(self) -> bytes:
+        """The upstream body ended (after the decoder's flush was fed)."""
+        if self.done:
+            return b""
+        return self._on_eof()
+
+    def fail(self, err: errors.GatewayError, reason: str = "upstream_error") -> bytes:
+        """End the stream with ``err`` (its message must already be client-safe)."""
+        if self.done:
+            return b""
+        return self._on_failure(err, reason)
+
+    # --- transitions --------------------------------------------------------------------
+
+    def _expect(self, accepted: tuple[State, ...], what: str) -> None:
+        if self.state not in accepted:
+            raise IllegalTransition(f"{what} in state {self.state.name}")
+
+    def _on_done(self) -> bytes:
+        self._expect(_LIVE, "[DONE]")
+        out: list[bytes] = []
+        self._end(out)
+        return b"".join(out)
+
+    def _on_eof(self) -> bytes:
+        self._expect(_LIVE, "eof")
+        out: list[bytes] = []
+        self._end(out)
+        return b"".join(out)
+
+    def _on_failure(self, err: errors.GatewayError, reason: str) -> bytes:
+        self._expect(_LIVE, "failure")
+        out: list[bytes] = []
+        self._fail_into(out, err, reason)
+        return b"".join(out)
+
+    def _on_chunk(self, chunk: dict[str, Any], out: list[bytes]) -> None:
+        self._expect(_LIVE, "chunk")
+        usage = chunk.get("usage")
+        if usage is not None:
+            counts = tables.usage_tokens(usage)
+            if counts is not None:
+                self._usage_seen = True
+                if counts[0]:
+                    self.input_tokens = counts[0]
+                self.output_tokens = counts[1]
+        if self.state is _PRE_START:
+            self._start(out)
+        choices = chunk.get("choices")
+        if not choices:
+            return
+        if type(choices) is not list:
+            raise _Malformed
+        for choice in choices:
+            if type(choice) is not dict:
+                raise _Malformed
+            if choice.get("index", 0) == 0:  # the gateway never asks for n > 1
+                self._on_choice(choice, out)
+
+    def _on_choice(self, choice: dict[str, Any], out: list[bytes]) -> None:
+        delta = choice.get("delta")
+        if delta:
+            if type(delta) is not dict:
+                raise _Malformed
+            # newer vLLM may send the same text in both fields: take one
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            content = delta.get("content")
+            calls = delta.get("tool_calls")
+            if reasoning or content:
+                self._content_chunks += 1
+            if reasoning:
+                if type(reasoning) is not str:
+                    raise _Malformed
+                self._on_thinking(reasoning, out)
+            if content:
+                if type(content) is not str:
+                    raise _Malformed
+                self._on_text(content, out)
+            if calls:
+                if type(calls) is not list:
+                    raise _Malformed
+                self._content_chunks += 1
+                for call in calls:
+                    self._on_tool_delta(call, out)
+        finish = choice.get("finish_reason")
+        if finish is not None:
+            if type(finish) is not str:
+                raise _Malformed
+            self._finish = finish
+            self._matched = tables.matched_stop_sequence(choice, self._stop_sequences)
+
+    def _on_text(self, text: str, out: list[bytes]) -> None:
+        self._expect(_OPEN_ONLY, "text delta")
+        if self._kind != _TEXT:
+            self._close_block(out, flush=True)
+            self._open(_TEXT, _TEXT_SHELL, _TEXT_DELTA, out)
+        out.append(self._head + _jstr(text) + _DELTA_END)
+
+    def _on_thinking(self, text: str, out: list[bytes]) -> None:
+        self._expect(_OPEN_ONLY, "thinking delta")
+        if self._kind != _THINKING:
+            self._close_block(out, flush=True)
+            self._open(_THINKING, _THINKING_SHELL, _THINKING_DELTA, out)
+        try:
+            body = jsonutil.dumpb(text)
+        except UnicodeEncodeError:
+            text = _clean(text)
+            body = jsonutil.dumpb(text)
+        self._thinking.append(text)
+        out.append(self._head + body + _DELTA_END)
+
+    def _on_tool_delta(self, delta: Any, out: list[bytes]) -> None:
+        self._expect(_OPEN_ONLY, "tool call delta")
+        if type(delta) is not dict:
+            raise _Malformed
+        index = delta.get("index")
+        upstream_id = delta.get("id")
+        function = delta.get("function")
+        if function is None:
+            function = {}
+        elif type(function) is not dict:
+            raise _Malformed
+        name = function.get("name")
+        args = function.get("arguments")
+        if (
+            (upstream_id is not None and type(upstream_id) is not str)
+            or (name is not None and type(name) is not str)
+            or (args is not None and type(args) is not str)
+        ):
+            raise _Malformed
+        call = self._find_call(index, upstream_id)
+        if call is None:
+            if not upstream_id and not name:
+                if args:
+                    self.dropped_tool_deltas += 1
+                return
+            call = _Call(len(self._all) if type(index) is not int else index, len(self._all))
+            self._calls[call.index] = call
+            self._all.append(call)
+        if upstream_id and call.id is None:
+            call.id = upstream_id
+        if name and call.name is None:
+            call.name = name
+        if call.state == _STREAMING:
+            if args:
+                call.sent = True
+                out.append(self._head + _jstr(args) + _DELTA_END)
+            return
+        if call.state == _CLOSED:
+            if args:
+                self.dropped_tool_deltas += 1
+            return
+        if args:
+            call.pieces.append(args)
+        if call.name is not None and self._tool is None:
+            self._close_block(out, flush=True)
+            self._open_tool(call, out)
+            if call.pieces:
+                call.sent = True
+                out.append(self._head + _jstr("".join(call.pieces)) + _DELTA_END)
+                call.pieces = []
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _find_call(self, index: Any, upstream_id: Any) -> _Call | None:
+        if type(index) is int:
+            call = self._calls.get(index)
+            if call is not None and upstream_id and call.id and call.id != upstream_id:
+                return None  # Ollama: a new call at a reused index
+            return call
+        if index is not None:
+            raise _Malformed
+        if upstream_id:
+            for call in self._all:
+                if call.id == upstream_id:
+                    return call
+            return None
+        return self._all[-1] if self._all else None
+
+    def _start(self, out: list[bytes]) -> None:
+        message = {
+            "type": "message_start",
+            "message": {
+                "id": self._message_id,
+                "type": "message",
+                "role": "assistant",
+                "model": self._model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
+            },
+        }
+        out.append(encode_event("message_start", jsonutil.dumpb(message)))
+        self.started = True
+        self.state = _BLOCK_OPEN
+
+    def _open(self, kind: int, shell: bytes, delta: bytes, out: list[bytes]) -> None:
+        index = self._next_index
+        self._next_index = index + 1
+        number = b"%d" % index
+        out.append(_CBS + number + shell)
+        self._kind = kind
+        self._index = index
+        self._head = _CBD + number + delta
+
+    def _open_tool(self, call: _Call, out: list[bytes]) -> None:
+        shell = (
+            b',"content_block":{"type":"tool_use","id":'
+            + _jstr(tables.tool_use_id(call.id))
+            + b',"name":'
+            + _jstr(call.name or "")
+            + b',"input":{}}}\n\n'
+        )
+        self._open(_TOOL, shell, _JSON_DELTA, out)
+        call.state = _STREAMING
+        self._tool = call
+        self._has_tools = True
+
+    def _close_block(self, out: list[bytes], *, flush: bool) -> None:
+        kind = self._kind
+        if kind == _NONE:
+            return
+        if kind == _THINKING:
+            signature = tables.thinking_signature(self._key, "".join(self._thinking))
+            out.append(
+                _CBD + b"%d" % self._index + _SIGNATURE_DELTA + _jstr(signature) + _DELTA_END
+            )
+            self._thinking = []
+        elif kind == _TOOL:
+            self._finish_tool(out)
+        out.append(_CB_STOP % self._index)
+        self._kind = _NONE
+        if kind == _TOOL and flush:
+            self._flush_buffered(out)
+
+    def _finish_tool(self, out: list[bytes]) -> None:
+        call = self._tool
+        if call is not None:
+            if not call.sent:
+                out.append(self._head + _EMPTY_INPUT + _DELTA_END)
+            call.state = _CLOSED
+            self._tool = None
+
+    def _flush_buffered(self, out: list[bytes]) -> None:
+        waiting = [c for c in self._all if c.state == _PENDING and c.name is not None]
+        waiting.sort(key=lambda c: (c.index, c.seq))
+        for call in waiting:
+            self._open_tool(call, out)
+            if call.pieces:
+                call.sent = True
+                out.append(self._head + _jstr("".join(call.pieces)) + _DELTA_END)
+                call.pieces = []
+            self._finish_tool(out)
+            out.append(_CB_STOP % self._index)
+            self._kind = _NONE
+
+    def _end(self, out: list[bytes]) -> None:
+        """[DONE] or EOF: complete if a finish_reason came, else the stream was truncated."""
+        if self._finish is None:
+            self._fail_into(out, errors.UpstreamError(status=500), "upstream_truncated")
+            return
+        self._close_block(out, flush=True)
+        self._flush_buffered(out)
+        for call in self._all:
+            if call.state == _PENDING:  # never named: its arguments cannot be delivered
+                self.dropped_tool_deltas += len(call.pieces)
+        finish = self._finish
+        if finish in ("tool_calls", "function_call") and not self._has_tools:
+            finish = "stop"
+        stop = tables.stop_reason(finish, self._matched, self._has_tools)
+        self.stop_reason = stop
+        if not self._usage_seen:
+            self.output_tokens = self._content_chunks
+        body = {
+            "type": "message_delta",
+            "delta": {
+                "stop_reason": stop,
+                "stop_sequence": self._matched if stop == "stop_sequence" else None,
+            },
+            "usage": {"output_tokens": self.output_tokens},
+        }
+        out.append(encode_event("message_delta", jsonutil.dumpb(body)))
+        out.append(_MESSAGE_STOP)
+        self.state = State.FINISHED
+        self.termination = "completed"
+
+    def _fail_into(self, out: list[bytes], err: errors.GatewayError, reason: str) -> None:
+        if self.state is _PRE_START:
+            self._start(out)
+        self._close_block(out, flush=False)
+        out.append(errors.sse_error_event(err))
+        out.append(_MESSAGE_STOP)
+        self.state = State.ERRORED
+        self.termination = reason
+        self.error = err
+        if not self._usage_seen:
+            self.output_tokens = self._content_chunks

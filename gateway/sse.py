@@ -1,0 +1,117 @@
+"""Server-sent events: an incremental decoder for upstream bodies and the encoder for ours.
+
+Protocol facts relied on (WHATWG "server-sent events" parsing, which is also how the
+Anthropic SDKs and OpenAI-compatible servers read and write SSE):
+
+- A line ends with LF, CRLF or a lone CR. A CRLF may be split across two reads.
+- A blank line dispatches the event. Several ``data:`` lines are joined with LF.
+- ``field: value``: one optional space after the colon is dropped; a line with no colon
+  is a field with an empty value. Lines starting with ``:`` are comments (keepalives).
+- Only ``data`` matters to the gateway; ``event``, ``id`` and ``retry`` are ignored
+  (OpenAI-compatible upstreams send bare ``data:`` events).
+- An event whose data is empty is never useful (clients skip it), so it is not returned.
+
+The decoder works per line with ``bytes.split``/``bytes.find`` (no per-byte Python loop)
+and keeps only the unfinished line and the current event's data lines, so memory per
+stream is bounded by ``max_event_bytes``: a single line or event larger than that raises
+``ValueError`` (an upstream that never sends a line end must not grow us without limit).
+
+Our own output is always ``event: NAME\\ndata: <one-line JSON>\\n\\n`` (LF only), the form
+every Anthropic client accepts.
+"""
+
+from __future__ import annotations
+
+__all__ = ["DONE_FRAME", "PING", "SSEDecoder", "encode_data", "encode_event"]
+
+_LF = b"\n"
+_CR = b"\r"
+_DATA = b"data"
+
+
+class SSEDecoder:
+    """Bytes in (any split), complete events' ``data`` payloads out."""
+
+    __slots__ = ("_data", "_line", "_max", "_size", "_skip_lf")
+
+    def __init__(self, max_event_bytes: int = 8 * 1024 * 1024) -> None:
+        self._max = max_event_bytes
+        self._line = b""  # the unfinished last line
+        self._data: list[bytes] = []  # data lines of the event being read
+        self._size = 0  # bytes in self._data (plus joins)
+        self._skip_lf = False  # the previous chunk ended with CR: a leading LF is its pair
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        if not chunk:
+            return []
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[:1] == _LF:
+                chunk = chunk[1:]
+        if _CR in chunk:
+            # A trailing CR ends its line now; remember it so a LF that opens the next
+            # chunk is not read as a second (blank) line.
+            self._skip_lf = chunk[-1:] == _CR
+            chunk = chunk.replace(b"\r\n", _LF).replace(_CR, _LF)
+        parts = chunk.split(_LF)
+        if len(parts) == 1:
+            self._line += chunk
+            if len(self._line) > self._max:
+                raise ValueError("SSE line exceeds the size limit")
+            return []
+        parts[0] = self._line + parts[0]
+        self._line = parts.pop()
+        if len(self._line) > self._max:
+            raise ValueError("SSE line exceeds the size limit")
+        out: list[bytes] = []
+        for line in parts:
+            self._line_in(line, out)
+        return out
+
+    def flush(self) -> list[bytes]:
+        """End of body: an unterminated last line and event still count."""
+        out: list[bytes] = []
+        if self._line:
+            line, self._line = self._line, b""
+            self._line_in(line, out)
+        self._line_in(b"", out)
+        self._skip_lf = False
+        return out
+
+    def _line_in(self, line: bytes, out: list[bytes]) -> None:
+        if not line:
+            if self._data:
+                payload = self._data[0] if len(self._data) == 1 else _LF.join(self._data)
+                self._data = []
+                self._size = 0
+                if payload:
+                    out.append(payload)
+            return
+        colon = line.find(b":")
+        if colon == 0:
+            return  # comment
+        if colon < 0:
+            field, value = line, b""
+        else:
+            field = line[:colon]
+            value = line[colon + 2 :] if line[colon + 1 : colon + 2] == b" " else line[colon + 1 :]
+        if field != _DATA:
+            return
+        self._size += len(value) + 1
+        if self._size > self._max:
+            raise ValueError("SSE event exceeds the size limit")
+        self._data.append(value)
+
+
+def encode_event(name: str, data_json: bytes) -> bytes:
+    """One Anthropic event frame; ``data_json`` must be one line of JSON."""
+    return b"event: " + name.encode("ascii") + b"\ndata: " + data_json + b"\n\n"
+
+
+def encode_data(data: bytes) -> bytes:
+    """One unnamed ``data:`` frame, as OpenAI-compatible streams are written."""
+    return b"data: " + data + b"\n\n"
+
+
+PING = b'event: ping\ndata: {"type":"ping"}\n\n'
+DONE_FRAME = b"data: [DONE]\n\n"

@@ -51,6 +51,7 @@ class LlamaServer:
         ctx_size: int = 2048,
         parallel: int = 2,
         threads: int = 1,
+        alias: str | None = None,
         extra_args: Sequence[str] = (),
         log_path: str | None = None,
     ) -> None:
@@ -60,6 +61,7 @@ class LlamaServer:
         self.ctx_size = ctx_size
         self.parallel = parallel
         self.threads = threads
+        self.alias = alias  # the "model" llama.cpp puts in replies (default: the file path)
         self.extra_args = tuple(extra_args)
         self.log_path = log_path
         self.root_url: str | None = None  # "http://127.0.0.1:PORT", once started
@@ -86,6 +88,8 @@ class LlamaServer:
             "--parallel", str(self.parallel),
             "--threads", str(self.threads),
         ]  # fmt: skip
+        if self.alias:
+            argv += ["--alias", self.alias]
         for assignment in self.extra_args:
             argv += ["--set", assignment]
         return argv
@@ -197,8 +201,8 @@ def _coerce(current: Any, text: str) -> Any:
         return int(text)
     if isinstance(current, float):
         return float(text)
-    if isinstance(current, list):
-        return [item for item in text.split(",") if item]
+    if isinstance(current, (list, set)):
+        return type(current)(item for item in text.split(",") if item)
     if hasattr(current, "name"):  # a Cython enum: accept its member name
         return type(current)[text] if not text.lstrip("-").isdigit() else type(current)(int(text))
     return text
@@ -227,6 +231,8 @@ def _params(args: argparse.Namespace) -> Any:
     params.cpuparams.n_threads = args.threads
     params.cpuparams_batch.n_threads = args.threads
     params.n_threads_http = max(2, args.parallel + 1)
+    if args.alias:
+        params.model_alias = {args.alias}
     # --jinja: the model's own template, so <think> is split into reasoning_content
     params.use_jinja = True
     params.reasoning_format = xllamacpp.common_reasoning_format.COMMON_REASONING_FORMAT_DEEPSEEK
@@ -245,6 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--ctx-size", type=int, default=2048)
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--alias")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     args = ap.parse_args(argv)
 

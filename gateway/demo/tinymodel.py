@@ -343,4 +343,3 @@ def ensure_model(cache_dir: str | None = None) -> tuple[str, dict[str, Any]]:
             os.unlink(tmp)
         raise
     return str(target), expect
-

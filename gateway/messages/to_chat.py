@@ -1,0 +1,353 @@
+"""Pure translation: a validated Anthropic Messages request -> an OpenAI chat request.
+
+Protocol facts relied on:
+
+- OpenAI chat wants tool results as ``role: "tool"`` messages carrying ``tool_call_id``,
+  right after the assistant turn that called them and before any other user content.
+- Anthropic merges consecutive turns of the same role; chat templates usually reject them,
+  so they are merged here too.
+- A final assistant turn is a prefill. vLLM/SGLang continue it with
+  ``continue_final_message: true``, which vLLM refuses together with
+  ``add_generation_prompt: true`` (its default).
+- Chat templates (Qwen3, DeepSeek, GLM, ...) read the reasoning switch from
+  ``chat_template_kwargs`` as ``enable_thinking`` or ``thinking``; prior reasoning goes
+  back as the assistant message's ``reasoning_content``.
+- Templates expand ``tool_reference`` parts only at the start of a tool message, so each
+  run of references and each run of other parts is its own tool message.
+- vLLM and SGLang accept ``stream_options.continuous_usage_stats`` (usage on every chunk,
+  so the first one carries the prompt's token count); other servers may refuse it.
+- Claude Code's first system block, ``x-anthropic-billing-header: cc_version=...;``,
+  changes on every request and would defeat the upstream's prefix cache at the head of
+  the prompt, so it is dropped unless the config keeps it.
+
+Only an allow-list reaches the upstream: the translated fields plus ``temperature``,
+``top_p``, ``top_k``, ``chat_template_kwargs`` and ``continue_final_message``. Every other
+top-level field is reported through ``on_drop`` and never sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from gateway import jsonutil
+from gateway.messages.validate import is_custom_tool
+
+if TYPE_CHECKING:
+    from gateway.config import ModelRoute
+
+__all__ = ["BILLING_HEADER_PREFIX", "to_chat"]
+
+BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
+
+# THE allow-list: every top-level field read here; anything else is dropped and counted.
+_TRANSLATED = frozenset({
+    "model", "max_tokens", "messages", "system", "stream", "stop_sequences", "tools",
+    "tool_choice", "thinking", "output_config",
+    "temperature", "top_p", "top_k", "chat_template_kwargs", "continue_final_message",
+})
+_AS_IS = ("temperature", "top_p", "top_k")
+# A token count generates nothing: these would only be dropped.
+_NOT_COUNTED = frozenset({"max_tokens", "stream", "stop_sequences"})
+_TRANSLATED_FOR_COUNT = _TRANSLATED - _NOT_COUNTED
+
+# THE tool_choice table.
+_TOOL_CHOICE: Mapping[str, str] = {"auto": "auto", "any": "required", "none": "none"}
+_EFFORT: Mapping[str, str] = {"xhigh": "max"}
+_CONTINUOUS_USAGE_KINDS = frozenset({"vllm", "sglang"})
+
+Message = dict[str, Any]
+Part = dict[str, Any]
+
+
+def to_chat(
+    req: Mapping[str, Any],
+    route: ModelRoute,
+    *,
+    keep_billing_header: bool = False,
+    count_tokens: bool = False,
+    on_drop: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """The OpenAI chat-completions body for ``route`` (``req`` must be validated)."""
+    out: dict[str, Any] = {
+        "model": route.upstream_model,
+        "messages": _messages(req, keep_billing_header),
+    }
+    if not count_tokens:
+        out["max_tokens"] = req["max_tokens"]
+        stops = req.get("stop_sequences")
+        if stops:
+            out["stop"] = [stops] if isinstance(stops, str) else list(stops)
+        if req.get("stream"):
+            out["stream"] = True
+            options = {"include_usage": True}
+            if route.upstream.kind in _CONTINUOUS_USAGE_KINDS:
+                options["continuous_usage_stats"] = True
+            out["stream_options"] = options
+    _tools(req, out, on_drop)
+    for key in _AS_IS:
+        if req.get(key) is not None:
+            out[key] = req[key]
+    _template_kwargs(req, out)
+    _output_config(req, out)
+    _prefill(req, out)
+    if on_drop is not None:
+        handled = _TRANSLATED_FOR_COUNT if count_tokens else _TRANSLATED
+        for key in req:
+            if key not in handled:
+                on_drop(key)
+    return out
+
+
+# --- messages -----------------------------------------------------------------------
+
+
+def _messages(req: Mapping[str, Any], keep_billing_header: bool) -> list[Message]:
+    out: list[Message] = []
+    _add_system(out, req.get("system"), keep_billing_header)
+    turns = req["messages"]
+    i, n = 0, len(turns)
+    while i < n:
+        role = turns[i]["role"]
+        j = i + 1
+        while j < n and turns[j]["role"] == role:
+            j += 1
+        group = turns[i:j]
+        if role == "system":
+            for turn in group:
+                _add_system(out, turn["content"], keep_billing_header)
+        elif role == "user":
+            out.extend(_user(group))
+        else:
+            out.append(_assistant(group))
+        i = j
+    return out
+
+
+def _add_system(out: list[Message], content: Any, keep_billing_header: bool) -> None:
+    """Append a system message, or extend the one just before it (templates want one)."""
+    if content is None:
+        return
+    if isinstance(content, str):
+        text = content
+    else:
+        text = "\n".join(
+            b["text"] for b in content
+            if keep_billing_header or not b["text"].startswith(BILLING_HEADER_PREFIX)
+        )
+    if not text.strip():
+        return
+    if out and out[-1]["role"] == "system":
+        out[-1]["content"] += "\n" + text
+    else:
+        out.append({"role": "system", "content": text})
+
+
+def _collapse(parts: list[Part]) -> str | list[Part]:
+    """Plain text when every part is text (templates handle strings best), else parts."""
+    if all(p["type"] == "text" for p in parts):
+        return "\n".join(p["text"] for p in parts)
+    return parts
+
+
+def _text_part(text: str) -> Part:
+    return {"type": "text", "text": text}
+
+
+def _image_part(source: Mapping[str, Any]) -> Part:
+    if source["type"] == "url":
+        url = source["url"]
+    else:
+        url = f"data:{source['media_type']};base64,{source['data']}"
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _document_parts(block: Mapping[str, Any]) -> list[Part]:
+    header = "\n\n".join(
+        block[key] for key in ("title", "context") if isinstance(block.get(key), str) and block[key]
+    )
+    source = block["source"]
+    body = source["data"] if source["type"] == "text" else source["content"]
+    if isinstance(body, str):
+        return [_text_part(f"{header}\n\n{body}" if header else body)]
+    parts = [_text_part(header)] if header else []
+    for item in body:
+        if item["type"] == "text":
+            parts.append(_text_part(item["text"]))
+        else:
+            parts.append(_image_part(item["source"]))
+    return parts
+
+
+def _search_result_text(block: Mapping[str, Any]) -> str:
+    body = "\n".join(item["text"] for item in block["content"])
+    return f"{block['title']}\n{block['source']}\n\n{body}"
+
+
+def _parts(block: Mapping[str, Any]) -> list[Part]:
+    """Content parts for a user (or tool_result) block other than tool_result itself."""
+    kind = block["type"]
+    if kind == "text":
+        return [_text_part(block["text"])]
+    if kind == "image":
+        return [_image_part(block["source"])]
+    if kind == "document":
+        return _document_parts(block)
+    return [_text_part(_search_result_text(block))]  # search_result
+
+
+def _tool_messages(block: Mapping[str, Any]) -> list[Message]:
+    call_id = block["tool_use_id"] if block.get("tool_use_id") is not None else block["id"]
+    content = block.get("content")
+    if not content:
+        return [{"role": "tool", "tool_call_id": call_id, "content": ""}]
+    if isinstance(content, str):
+        return [{"role": "tool", "tool_call_id": call_id, "content": content}]
+    # is_error is deliberately not rendered: the content goes upstream unchanged.
+    messages: list[Message] = []
+    run: list[Part] = []
+    run_is_ref = False
+    for item in content:
+        is_ref = item["type"] == "tool_reference"
+        if run and is_ref != run_is_ref:
+            messages.append(_tool_message(call_id, run, run_is_ref))
+            run = []
+        run_is_ref = is_ref
+        if is_ref:
+            run.append({"type": "tool_reference", "name": item.get("tool_name", item.get("name"))})
+        else:
+            run.extend(_parts(item))
+    messages.append(_tool_message(call_id, run, run_is_ref))
+    return messages
+
+
+def _tool_message(call_id: str, parts: list[Part], is_ref: bool) -> Message:
+    content = parts if is_ref else _collapse(parts)
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+def _user(group: list[Mapping[str, Any]]) -> list[Message]:
+    out: list[Message] = []
+    parts: list[Part] = []
+    for turn in group:
+        content = turn["content"]
+        if isinstance(content, str):
+            parts.append(_text_part(content))
+            continue
+        for block in content:
+            if block["type"] == "tool_result":
+                out.extend(_tool_messages(block))
+            else:
+                parts.extend(_parts(block))
+    if parts:
+        out.append({"role": "user", "content": _collapse(parts)})
+    return out
+
+
+def _assistant(group: list[Mapping[str, Any]]) -> Message:
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for turn in group:
+        content = turn["content"]
+        if isinstance(content, str):
+            texts.append(content)
+            continue
+        for block in content:
+            kind = block["type"]
+            if kind == "text":
+                texts.append(block["text"])
+            elif kind == "thinking":
+                if block["thinking"]:
+                    reasoning.append(block["thinking"])
+            else:  # tool_use
+                arguments = jsonutil.dumps(block["input"])
+                calls.append({
+                    "id": block["id"],
+                    "type": "function",
+                    "function": {"name": block["name"], "arguments": arguments},
+                })
+    message: Message = {
+        "role": "assistant",
+        "content": "\n".join(texts) if texts else (None if calls else ""),
+    }
+    if reasoning:
+        message["reasoning_content"] = "\n".join(reasoning)
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+# --- request options ----------------------------------------------------------------
+
+
+def _tools(
+    req: Mapping[str, Any], out: dict[str, Any], on_drop: Callable[[str], None] | None
+) -> None:
+    functions: list[dict[str, Any]] = []
+    for tool in req.get("tools") or ():
+        if not is_custom_tool(tool):
+            if on_drop is not None:
+                on_drop("server_tool")
+            continue
+        schema = tool["input_schema"]
+        fn: dict[str, Any] = {"name": tool["name"]}
+        if tool.get("description") is not None:
+            fn["description"] = tool["description"]
+        fn["parameters"] = schema if "type" in schema else {"type": "object", **schema}
+        if tool.get("defer_loading") is not None:
+            fn["defer_loading"] = tool["defer_loading"]
+        functions.append({"type": "function", "function": fn})
+    if not functions:
+        return  # an empty tools list is refused by some servers
+    out["tools"] = functions
+    choice = req.get("tool_choice")
+    if choice is None:
+        return
+    kind = choice["type"]
+    if kind == "tool":
+        out["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
+    else:
+        out["tool_choice"] = _TOOL_CHOICE[kind]
+    if choice.get("disable_parallel_tool_use") is True and kind != "none":
+        out["parallel_tool_calls"] = False
+
+
+def _template_kwargs(req: Mapping[str, Any], out: dict[str, Any]) -> None:
+    kwargs: dict[str, Any] = {}
+    thinking = req.get("thinking")
+    if thinking is not None:
+        on = thinking["type"] != "disabled"
+        kwargs["thinking"] = on
+        kwargs["enable_thinking"] = on
+    client = req.get("chat_template_kwargs")
+    if client:
+        kwargs.update(client)  # the client's own values win
+    if kwargs:
+        out["chat_template_kwargs"] = kwargs
+
+
+def _output_config(req: Mapping[str, Any], out: dict[str, Any]) -> None:
+    config = req.get("output_config")
+    if not config:
+        return
+    effort = config.get("effort")
+    if effort is not None:
+        out["reasoning_effort"] = _EFFORT.get(effort, effort)
+    fmt = config.get("format")
+    if fmt is not None:
+        out["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "response", "schema": fmt["schema"]},
+        }
+
+
+def _prefill(req: Mapping[str, Any], out: dict[str, Any]) -> None:
+    cont = req.get("continue_final_message")
+    if cont is None:
+        cont = req["messages"][-1]["role"] == "assistant"
+        if not cont:
+            return
+    out["continue_final_message"] = cont
+    if cont:
+        out["add_generation_prompt"] = False

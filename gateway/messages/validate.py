@@ -1,0 +1,220 @@
+"""Strict validation of an Anthropic Messages (or count_tokens) request body.
+
+Protocol facts relied on (Anthropic Messages API, SDK 2.14 types, ../shared/protocol.md):
+
+- ``model`` is a string; ``max_tokens`` a positive integer (JSON ``true`` is not an
+  integer). Turns and content blocks are checked in :mod:`.validate_content`.
+- Custom tool names match ``^[a-zA-Z0-9_-]{1,128}$`` and are unique. Anthropic-defined
+  (server) tools carry a versioned ``type`` such as ``web_search_20250305``; they are
+  accepted here and dropped by the translation.
+- ``tool_choice`` is ``auto`` / ``any`` / ``none`` / ``{type:"tool", name}``; a named tool
+  must be one of the forwarded custom tools.
+- ``thinking``: ``enabled`` needs ``budget_tokens`` >= 1024 and below ``max_tokens``;
+  ``disabled`` takes neither ``budget_tokens`` nor ``display``; ``adaptive`` (and the
+  newer ``between_tools``) takes no ``budget_tokens``; this gateway only renders
+  ``display: "summarized"``. ``output_config.effort`` is one of minimal / low / medium /
+  high / xhigh / max; ``output_config.format`` is ``{type:"json_schema", schema}``.
+- A count_tokens body carries no ``max_tokens``, ``stream``, ``stop_sequences`` or
+  ``metadata``; they are tolerated there, unchecked, and never translated.
+
+Optional fields given as JSON ``null`` count as absent. Unknown top-level fields are
+accepted (the translation drops and counts them).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.messages.validate_content import (
+    check_depth,
+    check_list,
+    check_messages,
+    check_obj,
+    check_str,
+    check_system,
+    fail,
+    is_int,
+    is_number,
+)
+
+__all__ = ["is_custom_tool", "validate_messages"]
+
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
+# Anthropic-defined tools are versioned by date: web_search_20250305, bash_20250124, ...
+_SERVER_TOOL_TYPE = re.compile(r"[a-z][a-z0-9_]*_[0-9]{8}")
+_UNVERSIONED_SERVER_TOOLS = frozenset({"mcp_toolset"})
+_EFFORTS = ("minimal", "low", "medium", "high", "xhigh", "max")
+_THINKING_TYPES = ("enabled", "disabled", "adaptive", "between_tools")
+_TOOL_CHOICE_TYPES = ("auto", "any", "none", "tool")
+
+
+def is_custom_tool(tool: Mapping[str, Any]) -> bool:
+    """A client-executed tool (forwarded), as opposed to an Anthropic server tool."""
+    kind = tool.get("type")
+    return kind is None or kind == "custom"
+
+
+def _tools(tools: Any) -> set[str]:
+    names: set[str] = set()
+    if tools is None:
+        return names
+    for i, tool in enumerate(check_list(tools, "tools")):
+        path = f"tools.{i}"
+        check_obj(tool, path)
+        if not is_custom_tool(tool):
+            kind = tool["type"]
+            if not isinstance(kind, str) or not (
+                _SERVER_TOOL_TYPE.fullmatch(kind) or kind in _UNVERSIONED_SERVER_TOOLS
+            ):
+                raise fail(f"{path}.type", "unknown tool type")
+            continue
+        name = tool.get("name")
+        if name is None:
+            raise fail(f"{path}.name", "Field required")
+        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+            raise fail(f"{path}.name", "String should match pattern '^[a-zA-Z0-9_-]{1,128}$'")
+        if name in names:
+            raise fail(f"{path}.name", f"Tool names must be unique: '{name}'")
+        names.add(name)
+        check_str(tool, "description", path, required=False)
+        if "input_schema" not in tool:
+            raise fail(f"{path}.input_schema", "Field required")
+        check_obj(tool["input_schema"], f"{path}.input_schema")
+        check_depth(tool["input_schema"], f"{path}.input_schema")
+        if tool.get("defer_loading") is not None and not isinstance(tool["defer_loading"], bool):
+            raise fail(f"{path}.defer_loading", "Input should be a valid boolean")
+    return names
+
+
+def _tool_choice(choice: Any, tool_names: set[str]) -> None:
+    if choice is None:
+        return
+    check_obj(choice, "tool_choice")
+    kind = choice.get("type")
+    if kind not in _TOOL_CHOICE_TYPES:
+        raise fail("tool_choice.type", "Input should be 'auto', 'any', 'none' or 'tool'")
+    dptu = choice.get("disable_parallel_tool_use")
+    if dptu is not None and not isinstance(dptu, bool):
+        raise fail("tool_choice.disable_parallel_tool_use", "Input should be a valid boolean")
+    if kind == "tool":
+        check_str(choice, "name", "tool_choice")
+        if choice["name"] not in tool_names:
+            raise fail("tool_choice.name", f"Tool '{choice['name']}' not found in tools")
+
+
+def _thinking_config(thinking: Any, max_tokens: Any) -> None:
+    if thinking is None:
+        return
+    check_obj(thinking, "thinking")
+    kind = thinking.get("type")
+    if kind not in _THINKING_TYPES:
+        raise fail("thinking.type", "Input should be 'enabled', 'disabled' or 'adaptive'")
+    budget = thinking.get("budget_tokens")
+    display = thinking.get("display")
+    if kind == "enabled":
+        if budget is None:
+            raise fail("thinking.budget_tokens", "Field required")
+        if not is_int(budget):
+            raise fail("thinking.budget_tokens", "Input should be a valid integer")
+        if budget < 1024:
+            raise fail("thinking.budget_tokens", "Input should be greater than or equal to 1024")
+        if is_int(max_tokens) and budget >= max_tokens:
+            raise fail("thinking.budget_tokens",
+                        "`max_tokens` must be greater than `thinking.budget_tokens`")
+    elif budget is not None:
+        raise fail("thinking.budget_tokens", f"not allowed when thinking.type is '{kind}'")
+    if display is not None:
+        if kind == "disabled":
+            raise fail("thinking.display", "not allowed when thinking.type is 'disabled'")
+        if display != "summarized":
+            raise fail("thinking.display", "Input should be 'summarized'")
+
+
+def _output_config(config: Any) -> None:
+    if config is None:
+        return
+    check_obj(config, "output_config")
+    effort = config.get("effort")
+    if effort is not None and effort not in _EFFORTS:
+        raise fail("output_config.effort", "Input should be " + ", ".join(map(repr, _EFFORTS)))
+    fmt = config.get("format")
+    if fmt is None:
+        return
+    check_obj(fmt, "output_config.format")
+    if fmt.get("type") != "json_schema":
+        raise fail("output_config.format.type", "Input should be 'json_schema'")
+    check_obj(fmt.get("schema"), "output_config.format.schema")
+    check_depth(fmt["schema"], "output_config.format.schema")
+
+
+def _sampling(body: Mapping[str, Any]) -> None:
+    for key in ("temperature", "top_p"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if not is_number(value):
+            raise fail(key, "Input should be a valid number")
+        if value < 0 or (key == "top_p" and value > 1):
+            raise fail(key, "Input should be between 0 and 1" if key == "top_p"
+                        else "Input should be greater than or equal to 0")
+    top_k = body.get("top_k")
+    if top_k is not None:
+        if not is_int(top_k):
+            raise fail("top_k", "Input should be a valid integer")
+        if top_k < 0:
+            raise fail("top_k", "Input should be greater than or equal to 0")
+
+
+def _generation_fields(body: Mapping[str, Any]) -> None:
+    """The fields a count_tokens request does not carry."""
+    max_tokens = body.get("max_tokens")
+    if max_tokens is None:
+        raise fail("max_tokens", "Field required")
+    if not is_int(max_tokens):
+        raise fail("max_tokens", "Input should be a valid integer")
+    if max_tokens < 1:
+        raise fail("max_tokens", "Input should be greater than or equal to 1")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise fail("stream", "Input should be a valid boolean")
+    stops = body.get("stop_sequences")
+    if stops is not None and not isinstance(stops, str):
+        for i, stop in enumerate(check_list(stops, "stop_sequences")):
+            if not isinstance(stop, str):
+                raise fail(f"stop_sequences.{i}", "Input should be a valid string")
+    metadata = body.get("metadata")
+    if metadata is not None:
+        check_str(check_obj(metadata, "metadata"), "user_id", "metadata", required=False)
+
+
+def validate_messages(body: object, *, count_tokens: bool = False) -> dict[str, Any]:
+    """Return ``body`` if it is a valid Messages request, else raise InvalidRequest.
+
+    The model is only checked to be a string; routing answers 404 for unknown names.
+    With ``count_tokens`` the generation-only fields are neither required nor checked.
+    """
+    if not isinstance(body, dict):
+        raise fail("", "request body must be a JSON object")
+    if body.get("model") is None:
+        raise fail("model", "Field required")
+    if not isinstance(body["model"], str):
+        raise fail("model", "Input should be a valid string")
+    if "messages" not in body:
+        raise fail("messages", "Field required")
+    if not count_tokens:
+        _generation_fields(body)
+    check_messages(body["messages"])
+    check_system(body.get("system"))
+    _tool_choice(body.get("tool_choice"), _tools(body.get("tools")))
+    _thinking_config(body.get("thinking"), None if count_tokens else body.get("max_tokens"))
+    _output_config(body.get("output_config"))
+    _sampling(body)
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None:
+        check_obj(kwargs, "chat_template_kwargs")
+    cfm = body.get("continue_final_message")
+    if cfm is not None and not isinstance(cfm, bool):
+        raise fail("continue_final_message", "Input should be a valid boolean")
+    return body

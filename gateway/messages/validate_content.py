@@ -1,0 +1,297 @@
+"""Validation of message turns and content blocks (part of :mod:`.validate`).
+
+Protocol facts relied on (Anthropic Messages API, SDK 2.14 types, ../shared/protocol.md):
+
+- ``messages`` is a non-empty list of ``{role, content}`` turns; ``content`` is a string
+  or a non-empty list of typed blocks. Roles are ``user``, ``assistant`` and ``system``.
+- A ``system`` turn (sent by current SDKs and Claude Code) holds text only; so does the
+  top-level ``system`` field (a string or a list of text blocks).
+- User blocks: ``text``, ``image``, ``document``, ``search_result``, ``tool_result``.
+  Assistant blocks: ``text``, ``tool_use``, ``thinking`` (signature optional).
+  ``redacted_thinking`` is encrypted Anthropic reasoning that no other model can read, and
+  server-tool blocks were never produced by this gateway, so both are refused.
+- ``tool_result`` names its call in ``tool_use_id`` (older clients: ``id``); its content is
+  a string or a list of text / image / document / search_result / tool_reference blocks.
+  The SDK names a reference's tool ``tool_name``; the short ``name`` is accepted too.
+- Base64 images are jpeg, png, gif or webp; a URL image passes through. Documents with a
+  PDF or file source cannot be read by an OpenAI-compatible upstream: refused by name.
+
+The primitives here raise :class:`gateway.errors.InvalidRequest` whose path names the
+field (``messages.2.content.0.source.data``). Paths are built per block as short
+f-strings; nothing is copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gateway.errors import InvalidRequest
+
+__all__ = [
+    "check_depth", "check_list", "check_messages", "check_obj", "check_str", "check_system",
+    "fail", "is_int", "is_number",
+]
+
+_IMAGE_MEDIA_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+MAX_DEPTH = 64
+
+_REFUSED_IN_ASSISTANT = {
+    "redacted_thinking": "redacted_thinking blocks cannot be replayed to this model",
+    "image": "image blocks are only allowed in user turns",
+    "document": "document blocks are only allowed in user turns",
+    "tool_result": "tool_result blocks are only allowed in user turns",
+    "search_result": "search_result blocks are only allowed in user turns",
+}
+
+
+def fail(path: str, why: str) -> InvalidRequest:
+    return InvalidRequest(path, why)
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_str(obj: Mapping[str, Any], key: str, path: str, *, required: bool = True) -> None:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise fail(f"{path}.{key}", "Field required")
+        return
+    if not isinstance(value, str):
+        raise fail(f"{path}.{key}", "Input should be a valid string")
+
+
+def check_obj(value: Any, path: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise fail(path, "Input should be a valid dictionary")
+    return value
+
+
+def check_list(value: Any, path: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise fail(path, "Input should be a valid list")
+    return value
+
+
+def check_depth(value: Any, path: str) -> None:
+    """Refuse nesting deeper than MAX_DEPTH (the upstream body nests it further)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise fail(path, f"nesting deeper than {MAX_DEPTH} levels")
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, (dict, list)))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item if isinstance(v, (dict, list)))
+
+
+def _block_type(block: Any, path: str) -> str:
+    check_obj(block, path)
+    kind = block.get("type")
+    if kind is None:
+        raise fail(f"{path}.type", "Field required")
+    if not isinstance(kind, str):
+        raise fail(f"{path}.type", "Input should be a valid string")
+    return kind
+
+
+# --- content blocks -----------------------------------------------------------------
+
+
+def _text(block: Mapping[str, Any], path: str) -> None:
+    check_str(block, "text", path)
+
+
+def _image(block: Mapping[str, Any], path: str) -> None:
+    source = check_obj(block.get("source"), f"{path}.source")
+    path = f"{path}.source"
+    kind = source.get("type")
+    if kind == "base64":
+        media = source.get("media_type")
+        if media not in _IMAGE_MEDIA_TYPES:
+            raise fail(f"{path}.media_type",
+                        "Input should be 'image/jpeg', 'image/png', 'image/gif' or 'image/webp'")
+        data = source.get("data")
+        if not isinstance(data, str) or not data:
+            raise fail(f"{path}.data", "image source needs base64 data")
+    elif kind == "url":
+        url = source.get("url")
+        if not isinstance(url, str) or not url:
+            raise fail(f"{path}.url", "image source needs a url")
+    elif kind == "file":
+        raise fail(f"{path}.type", "file image sources are not supported by this model")
+    elif kind is None:
+        raise fail(f"{path}.type", "Field required")
+    else:
+        raise fail(f"{path}.type", "Input should be 'base64' or 'url'")
+
+
+def _document(block: Mapping[str, Any], path: str) -> None:
+    check_str(block, "title", path, required=False)
+    check_str(block, "context", path, required=False)
+    source = check_obj(block.get("source"), f"{path}.source")
+    path = f"{path}.source"
+    kind = source.get("type")
+    if kind == "text":
+        check_str(source, "data", path)
+    elif kind == "content":
+        content = source.get("content")
+        if isinstance(content, str):
+            return
+        for j, item in enumerate(check_list(content, f"{path}.content")):
+            item_path = f"{path}.content.{j}"
+            item_kind = _block_type(item, item_path)
+            if item_kind == "text":
+                _text(item, item_path)
+            elif item_kind == "image":
+                _image(item, item_path)
+            else:
+                raise fail(f"{item_path}.type", "document content holds only text and images")
+    elif kind == "base64" or kind == "url":
+        raise fail(f"{path}.type", "PDF documents are not supported by this model")
+    elif kind == "file":
+        raise fail(f"{path}.type", "file document sources are not supported by this model")
+    elif kind is None:
+        raise fail(f"{path}.type", "Field required")
+    else:
+        raise fail(f"{path}.type", "Input should be 'text' or 'content'")
+
+
+def _search_result(block: Mapping[str, Any], path: str) -> None:
+    check_str(block, "source", path)
+    check_str(block, "title", path)
+    for j, item in enumerate(check_list(block.get("content"), f"{path}.content")):
+        item_path = f"{path}.content.{j}"
+        if _block_type(item, item_path) != "text":
+            raise fail(f"{item_path}.type", "search_result content holds only text blocks")
+        _text(item, item_path)
+
+
+def _tool_reference(block: Mapping[str, Any], path: str) -> None:
+    # The SDK spells it tool_name; the short form `name` is accepted too.
+    name = block.get("tool_name", block.get("name"))
+    if name is None:
+        raise fail(f"{path}.tool_name", "Field required")
+    if not isinstance(name, str) or not name:
+        raise fail(f"{path}.tool_name", "Input should be a non-empty string")
+
+
+_TOOL_RESULT_CONTENT: Mapping[str, Callable[[Mapping[str, Any], str], None]] = {
+    "text": _text,
+    "image": _image,
+    "document": _document,
+    "search_result": _search_result,
+    "tool_reference": _tool_reference,
+}
+
+
+def _tool_result(block: Mapping[str, Any], path: str) -> None:
+    if block.get("tool_use_id") is None and block.get("id") is None:
+        raise fail(f"{path}.tool_use_id", "Field required")
+    key = "tool_use_id" if block.get("tool_use_id") is not None else "id"
+    if not isinstance(block[key], str) or not block[key]:
+        raise fail(f"{path}.{key}", "Input should be a non-empty string")
+    if block.get("is_error") is not None and not isinstance(block["is_error"], bool):
+        raise fail(f"{path}.is_error", "Input should be a valid boolean")
+    content = block.get("content")
+    if content is None or isinstance(content, str):
+        return
+    for j, item in enumerate(check_list(content, f"{path}.content")):
+        item_path = f"{path}.content.{j}"
+        check = _TOOL_RESULT_CONTENT.get(_block_type(item, item_path))
+        if check is None:
+            raise fail(f"{item_path}.type", f"'{item['type']}' blocks are not allowed in "
+                        "tool_result content (text, image, document, search_result, "
+                        "tool_reference)")
+        check(item, item_path)
+
+
+def _tool_use(block: Mapping[str, Any], path: str) -> None:
+    for key in ("id", "name"):
+        value = block.get(key)
+        if value is None:
+            raise fail(f"{path}.{key}", "Field required")
+        if not isinstance(value, str) or not value:
+            raise fail(f"{path}.{key}", "Input should be a non-empty string")
+    if "input" not in block:
+        raise fail(f"{path}.input", "Field required")
+    check_obj(block["input"], f"{path}.input")
+    check_depth(block["input"], f"{path}.input")
+
+
+def _thinking(block: Mapping[str, Any], path: str) -> None:
+    check_str(block, "thinking", path)
+    check_str(block, "signature", path, required=False)
+
+
+_USER_BLOCKS: Mapping[str, Callable[[Mapping[str, Any], str], None]] = {
+    "text": _text,
+    "image": _image,
+    "document": _document,
+    "search_result": _search_result,
+    "tool_result": _tool_result,
+}
+_ASSISTANT_BLOCKS: Mapping[str, Callable[[Mapping[str, Any], str], None]] = {
+    "text": _text,
+    "tool_use": _tool_use,
+    "thinking": _thinking,
+}
+_SYSTEM_BLOCKS: Mapping[str, Callable[[Mapping[str, Any], str], None]] = {"text": _text}
+
+
+def _refusal(role: str, kind: str) -> str:
+    if role == "assistant" and kind in _REFUSED_IN_ASSISTANT:
+        return _REFUSED_IN_ASSISTANT[kind]
+    if role == "system":
+        return "system turns hold only text blocks"
+    return f"'{kind}' blocks are not supported in {role} turns"
+
+
+def check_messages(messages: Any) -> None:
+    for i, msg in enumerate(check_list(messages, "messages")):
+        path = f"messages.{i}"
+        check_obj(msg, path)
+        role = msg.get("role")
+        if role == "user":
+            allowed = _USER_BLOCKS
+        elif role == "assistant":
+            allowed = _ASSISTANT_BLOCKS
+        elif role == "system":
+            allowed = _SYSTEM_BLOCKS
+        elif role is None:
+            raise fail(f"{path}.role", "Field required")
+        else:
+            raise fail(f"{path}.role", "Input should be 'user', 'assistant' or 'system'")
+        content = msg.get("content")
+        if isinstance(content, str):
+            continue
+        if content is None:
+            raise fail(f"{path}.content", "Field required")
+        if not check_list(content, f"{path}.content"):
+            raise fail(f"{path}.content", "List should have at least 1 item")
+        for j, block in enumerate(content):
+            block_path = f"{path}.content.{j}"
+            kind = _block_type(block, block_path)
+            check = allowed.get(kind)
+            if check is None:
+                raise fail(f"{block_path}.type", _refusal(role, kind))
+            check(block, block_path)
+    if not messages:
+        raise fail("messages", "List should have at least 1 item")
+
+
+def check_system(system: Any) -> None:
+    if system is None or isinstance(system, str):
+        return
+    for j, block in enumerate(check_list(system, "system")):
+        path = f"system.{j}"
+        if _block_type(block, path) != "text":
+            raise fail(f"{path}.type", "system holds only text blocks")
+        _text(block, path)

@@ -52,6 +52,10 @@ def chunk(model: str, delta: dict, finish: str | None = None, usage: dict | None
     return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 
+def _compact(obj: object) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
 def completion(model: str, message: dict, finish: str, usage: dict) -> dict:
     return {"id": "chatcmpl-stub", "object": "chat.completion", "created": CREATED,
             "model": model, "choices": [{"index": 0, "message": message, "logprobs": None,
@@ -127,7 +131,7 @@ class Stub:
                   for f in frames]
         if not stream:
             buffered["model"] = model
-            return web.json_response(buffered)
+            return web.json_response(buffered, dumps=_compact)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         self.open_streams += 1

@@ -1,0 +1,155 @@
+"""Config loading: every bad config exits 2 with one line naming the file and the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway import config
+
+GOOD = """
+[server]
+host = "127.0.0.1"
+port = 8080
+prefix = "/llm"
+
+[upstreams.local-vllm]
+base_url = "http://127.0.0.1:8000/v1"
+
+[[models]]
+name = "reasoning"
+upstream = "local-vllm"
+upstream_model = "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"
+"""
+
+MODEL = '\n[[models]]\nname = "{name}"\nupstream = "{up}"\nupstream_model = "x"\n'
+
+# (case id, config text, env, text the one-line error must contain)
+BAD = [
+    ("unknown top-level key", GOOD + "\n[extra]\na = 1\n", {}, "extra: unknown key"),
+    ("unknown server key", GOOD.replace('prefix = "/llm"', 'prefix = "/llm"\nprot = 1'), {},
+     "server.prot: unknown key"),
+    ("unknown upstream key",
+     GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
+                  'base_url = "http://127.0.0.1:8000/v1"\nbase_ur1 = "x"'), {},
+     "upstreams.local-vllm.base_ur1: unknown key"),
+    ("unknown model key", GOOD + 'temperature = 0.5\n', {}, "models[0].temperature: unknown key"),
+    ("port wrong type", GOOD.replace("port = 8080", 'port = "8080"'), {},
+     "server.port: must be an integer"),
+    ("port bool", GOOD.replace("port = 8080", "port = true"), {}, "server.port: must be an integer"),
+    ("port out of range", GOOD.replace("port = 8080", "port = 70000"), {}, "server.port"),
+    ("prefix without slash", GOOD.replace('prefix = "/llm"', 'prefix = "llm"'), {},
+     "server.prefix"),
+    ("missing base_url", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"', ""), {},
+     "upstreams.local-vllm.base_url: missing"),
+    ("base_url not http", GOOD.replace("http://127.0.0.1:8000/v1", "ftp://h/v1"), {},
+     "upstreams.local-vllm.base_url: must be an http(s) URL"),
+    ("base_url no host", GOOD.replace("http://127.0.0.1:8000/v1", "http:///v1"), {},
+     "upstreams.local-vllm.base_url"),
+    ("model missing upstream_model",
+     GOOD.replace('upstream_model = "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"', ""), {},
+     "models[0].upstream_model: missing"),
+    ("model unknown upstream", GOOD + MODEL.format(name="b", up="nope"), {},
+     "models[1].upstream: unknown upstream 'nope'"),
+    ("duplicate model name", GOOD + MODEL.format(name="reasoning", up="local-vllm"), {},
+     "models[1].name: duplicate model name 'reasoning'"),
+    ("model name wrong type", GOOD.replace('name = "reasoning"', "name = 3"), {},
+     "models[0].name: must be a string"),
+    ("bad kind", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
+                              'base_url = "http://127.0.0.1:8000/v1"\nkind = "tgi"'), {},
+     "upstreams.local-vllm.kind"),
+    ("negative timeout", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
+                                      'base_url = "http://127.0.0.1:8000/v1"\nidle_timeout = -1'),
+     {}, "upstreams.local-vllm.idle_timeout: must be > 0"),
+    ("timeout wrong type", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
+                                        'base_url = "http://127.0.0.1:8000/v1"\n'
+                                        'connect_timeout = "5s"'),
+     {}, "upstreams.local-vllm.connect_timeout: must be an integer or a number"),
+    ("api_key_env unset", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
+                                       'base_url = "http://127.0.0.1:8000/v1"\n'
+                                       'api_key_env = "NO_SUCH_VAR_X"'),
+     {}, "upstreams.local-vllm.api_key_env: environment variable NO_SUCH_VAR_X is not set"),
+    ("api_keys_env unset", GOOD.replace('prefix = "/llm"', 'prefix = "/llm"\n'
+                                        'api_keys_env = "NO_SUCH_KEYS"'),
+     {}, "server.api_keys_env: environment variable NO_SUCH_KEYS is not set"),
+    ("no models", GOOD.split("[[models]]")[0], {}, "models: at least one"),
+    ("models not an array", GOOD.split("[[models]]")[0] + "\n[models]\nname = 'x'\n", {},
+     "models: must be an array"),
+    ("not TOML", "[server\nport = 1", {}, "not valid TOML"),
+    ("bad log level", GOOD.replace('prefix = "/llm"', 'prefix = "/llm"\nlog_level = "loud"'), {},
+     "server.log_level"),
+    ("negative max_concurrency", GOOD + "max_concurrency = -1\n", {},
+     "models[0].max_concurrency: must be >= 0"),
+]
+
+
+@pytest.mark.parametrize("text,env,expected", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_bad_config_names_the_key(tmp_path: Path, text: str, env: dict[str, str],
+                                  expected: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(config.ConfigError) as info:
+        config.load(str(path), env)
+    message = str(info.value)
+    assert message.startswith(str(path) + ": ")
+    assert expected in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("case", [BAD[0], BAD[9], BAD[13]], ids=lambda c: c[0])
+def test_bad_config_exits_2_with_one_line(tmp_path: Path, case: tuple) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(case[1])
+    proc = subprocess.run([sys.executable, "-m", "gateway", "--config", str(path)],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert str(path) in lines[0] and case[3] in lines[0]
+
+
+def test_missing_file_exits_2(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "gateway", "--check-config", "--config",
+                           str(tmp_path / "nope.toml")], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 2
+    assert "nope.toml: cannot read" in proc.stderr
+
+
+def test_check_config_ok_and_env_var(tmp_path: Path) -> None:
+    path = tmp_path / "good.toml"
+    path.write_text(GOOD)
+    proc = subprocess.run([sys.executable, "-m", "gateway", "--check-config"],
+                          capture_output=True, text=True, timeout=30,
+                          env={"GATEWAY_CONFIG": str(path), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert str(path) in proc.stdout
+
+
+def test_builtin_default_matches_design() -> None:
+    cfg = config.load(None, {})
+    assert (cfg.server.host, cfg.server.port, cfg.server.prefix) == ("127.0.0.1", 8080, "/llm")
+    assert cfg.models["reasoning"].upstream.base_url == "http://127.0.0.1:8000/v1"
+    assert cfg.models["qwen2.5:3b-instruct"].upstream.base_url == "http://127.0.0.1:11434/v1"
+
+
+def test_values_are_loaded(tmp_path: Path) -> None:
+    text = GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
+                        'base_url = "http://127.0.0.1:8000/v1/"\napi_key_env = "UPKEY"\n'
+                        "pool_size = 7\nconnect_timeout = 1\nheader_timeout = 2.5\n"
+                        "idle_timeout = 9")
+    text = text.replace('prefix = "/llm"', 'prefix = "/llm"\napi_keys_env = "KEYS"')
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    cfg = config.load(str(path), {"UPKEY": "sk-up", "KEYS": "a, b,,c"})
+    up = cfg.upstreams["local-vllm"]
+    assert up.base_url == "http://127.0.0.1:8000/v1"
+    assert (up.api_key, up.pool_size, up.connect_timeout, up.header_timeout, up.idle_timeout) == (
+        "sk-up", 7, 1.0, 2.5, 9.0)
+    assert cfg.server.api_keys == ("a", "b", "c")
+    assert "sk-up" not in repr(cfg)
+    over = config.with_overrides(cfg, host="0.0.0.0", port=9)
+    assert (over.server.host, over.server.port) == ("0.0.0.0", 9)

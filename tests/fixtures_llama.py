@@ -26,7 +26,7 @@ __all__ = ["llama_server", "llama_unified", "llama_upstream", "tiny_model"]
 
 # the small-context server used to provoke a mid-stream overflow; per request it needs
 # max_tokens * 2 > UNIFIED_CTX_SIZE with both generations running at once
-UNIFIED_CTX_SIZE = 512
+UNIFIED_CTX_SIZE = 256
 
 
 def _require(*modules: str) -> None:
@@ -46,7 +46,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str,
 
 def _serve(model_path: str, **kwargs: Any) -> Iterator[LlamaServer]:
     _require("xllamacpp")
-    server = LlamaServer(model_path, threads=1, **kwargs)
+    server = LlamaServer(model_path, threads=1, alias="demo", **kwargs)
     server.start(timeout=60)
     try:
         yield server

@@ -100,6 +100,7 @@ def test_buffered_reply_is_the_known_text(
     assert message["content"] == expect["answer"]
     assert message.get("reasoning_content") == (expect["reasoning"] if with_reasoning else None)
     assert reply["usage"]["completion_tokens"] == expect[count_key]
+    assert reply["model"] == "demo"  # the server's alias
     prompt_tokens = HI_PROMPT_TOKENS + (0 if with_reasoning else 1)  # + "</think>"
     assert reply["usage"]["prompt_tokens"] == prompt_tokens
 
@@ -223,14 +224,14 @@ def test_context_overflow_is_a_400_before_any_byte(llama_server, stream):
 
 
 def test_concurrent_overflow_of_shared_context_errors_mid_stream(llama_unified):
-    """Two slots sharing a 512-token KV cache, each asked for 400 tokens: both streams break."""
+    """Two slots sharing a 256-token KV cache, each asked for 200 tokens: both streams break."""
     results: list[bytes] = []
 
     def run(i: int) -> None:
         body = {
             "model": "demo",
             "stream": True,
-            "max_tokens": 400,
+            "max_tokens": 200,
             "ignore_eos": True,  # keep generating past <|im_end|>
             "messages": [{"role": "user", "content": f"hello {i}"}],
         }
@@ -256,7 +257,7 @@ def test_concurrent_overflow_of_shared_context_errors_mid_stream(llama_unified):
         }
         assert "[DONE]" not in payloads
         assert len(payloads) > 2  # content was already streamed
-        assert 400 * 2 > UNIFIED_CTX_SIZE
+        assert 200 * 2 > UNIFIED_CTX_SIZE
 
 
 # --- the routes count_tokens relies on ------------------------------------------------------

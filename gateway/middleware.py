@@ -78,6 +78,12 @@ def _from_http_exception(exc: web.HTTPException) -> errors.GatewayError:
     return errors.GatewayError(exc.reason, status=exc.status)
 
 
+def _prepared(request: web.Request) -> web.StreamResponse | None:
+    """A stream already started: its status is sent, so no error response can follow."""
+    resp = request.get("stream_response")
+    return resp if resp is not None and resp.prepared else None
+
+
 @web.middleware
 async def gateway_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     start = time.perf_counter()
@@ -114,14 +120,14 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             raise _from_http_exception(exc) from None
         status = response.status
     except errors.GatewayError as err:
-        response = render_error(request, err, request_id)
+        response = _prepared(request) or render_error(request, err, request_id)
         status = response.status
     except web.HTTPException:
         raise
     except Exception:
         _log.exception("unhandled_error", route=route)
-        response = render_error(request, errors.GatewayError(), request_id)
-        status = 500
+        response = _prepared(request) or render_error(request, errors.GatewayError(), request_id)
+        status = response.status
     finally:
         duration = time.perf_counter() - start
         model = request.get("model", "")

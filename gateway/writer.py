@@ -48,6 +48,7 @@ class StreamWriter:
                 "request-id": request["request_id"],
             },
         )
+        request["stream_response"] = resp  # the middleware must not render errors after this
         try:
             await resp.prepare(request)
         except (ConnectionError, RuntimeError) as exc:

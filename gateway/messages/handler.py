@@ -14,6 +14,7 @@ import asyncio
 import time
 from typing import Any
 
+import structlog
 from aiohttp import web
 
 from gateway import errors, jsonutil, routing
@@ -28,6 +29,8 @@ from gateway.messages.validate import validate_messages
 from gateway.sse import SSEDecoder
 from gateway.upstream import UpstreamClient, UpstreamResponse
 from gateway.writer import ClientGone, StreamWriter
+
+_log = structlog.get_logger("gateway.messages")
 
 
 async def _read_json(request: web.Request) -> Any:
@@ -145,7 +148,7 @@ async def _stream(request: web.Request, route: ModelRoute, client: UpstreamClien
                     if translator.done:
                         break
                 if out:
-                    if not first_token_at and translator.output_started:
+                    if not first_token_at and translator.started:
                         first_token_at = now
                         metrics.ttft.labels("messages", route.name).observe(
                             time.perf_counter() - t0)
@@ -170,6 +173,11 @@ async def _stream(request: web.Request, route: ModelRoute, client: UpstreamClien
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             await writer.write(translator.fail(
                 errors.Overloaded("Overloaded: the gateway is shutting down"), reason="draining"))
+        except ClientGone:
+            raise
+        except Exception:  # a bug of ours: still end the stream well-formed
+            _log.exception("stream_translation_failed", model=route.name)
+            await writer.write(translator.fail(errors.GatewayError(), reason="gateway_error"))
         reason = translator.termination or "gateway_error"
     except (ClientGone, asyncio.CancelledError):
         reason = "client_disconnect"

@@ -103,31 +103,38 @@ def to_chat(
 
 
 def _messages(req: Mapping[str, Any], keep_billing_header: bool) -> list[Message]:
-    out: list[Message] = []
-    _add_system(out, req.get("system"), keep_billing_header)
-    turns = req["messages"]
-    i, n = 0, len(turns)
-    while i < n:
-        role = turns[i]["role"]
-        j = i + 1
-        while j < n and turns[j]["role"] == role:
-            j += 1
-        group = turns[i:j]
+    # Group consecutive turns of one role; a system turn left blank (or holding only the
+    # billing header) is skipped first, so the turns around it still merge.
+    groups: list[tuple[str, list[Any]]] = []
+    top = _system_text(req.get("system"), keep_billing_header)
+    if top is not None:
+        groups.append(("system", [top]))
+    for turn in req["messages"]:
+        role = turn["role"]
+        item: Any = turn
         if role == "system":
-            for turn in group:
-                _add_system(out, turn["content"], keep_billing_header)
+            item = _system_text(turn["content"], keep_billing_header)
+            if item is None:
+                continue
+        if groups and groups[-1][0] == role:
+            groups[-1][1].append(item)
+        else:
+            groups.append((role, [item]))
+    out: list[Message] = []
+    for role, group in groups:
+        if role == "system":
+            out.append({"role": "system", "content": "\n".join(group)})
         elif role == "user":
             out.extend(_user(group))
         else:
             out.append(_assistant(group))
-        i = j
     return out
 
 
-def _add_system(out: list[Message], content: Any, keep_billing_header: bool) -> None:
-    """Append a system message, or extend the one just before it (templates want one)."""
+def _system_text(content: Any, keep_billing_header: bool) -> str | None:
+    """The text of a system prompt or turn; None when there is nothing to send."""
     if content is None:
-        return
+        return None
     if isinstance(content, str):
         text = content
     else:
@@ -135,12 +142,7 @@ def _add_system(out: list[Message], content: Any, keep_billing_header: bool) -> 
             b["text"] for b in content
             if keep_billing_header or not b["text"].startswith(BILLING_HEADER_PREFIX)
         )
-    if not text.strip():
-        return
-    if out and out[-1]["role"] == "system":
-        out[-1]["content"] += "\n" + text
-    else:
-        out.append({"role": "system", "content": text})
+    return text if text.strip() else None
 
 
 def _collapse(parts: list[Part]) -> str | list[Part]:

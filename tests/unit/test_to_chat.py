@@ -1,0 +1,141 @@
+"""Anthropic request -> OpenAI chat request, driven by the golden pairs.
+
+Each directory under tests/golden/requests/ holds ``anthropic.json`` (what the client
+sent) and ``openai.json`` (exactly what the upstream must receive). Optional files:
+``route.json`` (``kind``: the upstream kind, default vllm; ``keep_billing_header``;
+``count_tokens``) and ``dropped.json`` (the names reported through ``on_drop``; absent
+means none may be reported).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway import jsonutil
+from gateway.config import ModelRoute, UpstreamConfig
+from gateway.messages.to_chat import to_chat
+from gateway.messages.validate import validate_messages
+
+GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "requests"
+CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "anthropic.json").is_file())
+
+
+def _route(kind: str = "vllm") -> ModelRoute:
+    upstream = UpstreamConfig(name="u", base_url="http://127.0.0.1:9/v1", kind=kind)
+    return ModelRoute(name="m", upstream=upstream, upstream_model="org/model")
+
+
+def _load(case: str, name: str, default: Any = None) -> Any:
+    path = GOLDEN / case / name
+    return json.loads(path.read_text("utf-8")) if path.is_file() else default
+
+
+def _translate(case: str) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
+    req = _load(case, "anthropic.json")
+    opts = _load(case, "route.json", {})
+    count = opts.get("count_tokens", False)
+    pristine = copy.deepcopy(req)
+    dropped: list[str] = []
+    body = to_chat(
+        validate_messages(req, count_tokens=count),
+        _route(opts.get("kind", "vllm")),
+        keep_billing_header=opts.get("keep_billing_header", False),
+        count_tokens=count,
+        on_drop=dropped.append,
+    )
+    return body, dropped, {"request": req, "pristine": pristine}
+
+
+def test_there_is_a_golden_case_per_rule() -> None:
+    assert len(CASES) >= 40
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_golden_request(case: str) -> None:
+    body, dropped, _ = _translate(case)
+    # Compare what goes on the wire: the body must survive the one JSON encoder.
+    assert jsonutil.loads(jsonutil.dumpb(body)) == _load(case, "openai.json")
+    assert sorted(dropped) == sorted(_load(case, "dropped.json", []))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_translation_does_not_touch_the_request(case: str) -> None:
+    _, _, seen = _translate(case)
+    assert seen["request"] == seen["pristine"]
+
+
+def test_on_drop_is_optional() -> None:
+    req = {"model": "m", "max_tokens": 5, "metadata": {}, "messages": [{"role": "user", "content": "x"}],
+           "tools": [{"type": "web_search_20250305", "name": "web_search"}]}
+    assert to_chat(validate_messages(req), _route()) == {
+        "model": "org/model", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+
+
+def test_server_tool_drop_reported_once_per_tool() -> None:
+    """Each dropped server tool is one 'server_tool' report; top-level names come once."""
+    tools = [{"type": "web_search_20250305", "name": "web_search"},
+             {"type": "web_fetch_20250910", "name": "web_fetch"}]
+    req = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+           "tools": tools, "seed": 1}
+    dropped: list[str] = []
+    to_chat(validate_messages(req), _route(), on_drop=dropped.append)
+    assert sorted(dropped) == ["seed", "server_tool", "server_tool"]
+
+
+def test_tool_reference_short_name_form() -> None:
+    """The SDK sends tool_name; a bare `name` (as in some docs) is read the same way."""
+    req = {"model": "m", "max_tokens": 5, "messages": [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "s", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                                      "content": [{"type": "tool_reference", "name": "Read"}]}]}]}
+    body = to_chat(validate_messages(req), _route())
+    assert body["messages"][-1] == {"role": "tool", "tool_call_id": "t",
+                                    "content": [{"type": "tool_reference", "name": "Read"}]}
+
+
+def test_client_continue_final_message_true_turns_off_generation_prompt() -> None:
+    """vLLM refuses continue_final_message together with its default add_generation_prompt."""
+    req = {"model": "m", "max_tokens": 5, "continue_final_message": True,
+           "messages": [{"role": "user", "content": "x"}]}
+    body = to_chat(validate_messages(req), _route())
+    assert body["continue_final_message"] is True
+    assert body["add_generation_prompt"] is False
+
+
+def test_prefill_after_tool_turn_is_still_a_prefill() -> None:
+    req = {"model": "m", "max_tokens": 5, "messages": [
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "text", "text": "A"}]},
+        {"role": "user", "content": "y"}, {"role": "assistant", "content": "B"}]}
+    body = to_chat(validate_messages(req), _route())
+    assert (body["continue_final_message"], body["add_generation_prompt"]) == (True, False)
+    assert body["messages"][-1] == {"role": "assistant", "content": "B"}
+
+
+def test_system_turns_do_not_rewrite_earlier_turns() -> None:
+    """A mid-conversation system turn only appends: the prefix of the previous request's
+    upstream messages is unchanged (the upstream's prefix cache stays valid)."""
+    first = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}]
+    later = [*first, {"role": "system", "content": "note"}, {"role": "user", "content": "q2"}]
+    base = {"model": "m", "max_tokens": 5, "system": "S"}
+    before = to_chat(validate_messages({**base, "messages": [*first, {"role": "user", "content": "q2"}]}),
+                     _route())["messages"]
+    after = to_chat(validate_messages({**base, "messages": later}), _route())["messages"]
+    assert after[: len(before) - 1] == before[:-1]
+    assert after[len(before) - 1] == {"role": "system", "content": "note"}
+
+
+def test_count_tokens_tolerates_unchecked_generation_fields() -> None:
+    """count_tokens bodies are not expected to carry these; junk values must not crash."""
+    req = {"model": "m", "messages": [{"role": "user", "content": "x"}],
+           "max_tokens": "lots", "stream": "yes", "stop_sequences": 5, "metadata": [], "service_tier": 1}
+    dropped: list[str] = []
+    body = to_chat(validate_messages(req, count_tokens=True), _route(), count_tokens=True,
+                   on_drop=dropped.append)
+    assert body == {"model": "org/model", "messages": [{"role": "user", "content": "x"}]}
+    assert sorted(dropped) == ["max_tokens", "metadata", "service_tier", "stop_sequences", "stream"]

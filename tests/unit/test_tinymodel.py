@@ -1,0 +1,221 @@
+"""The tiny model generator: deterministic bytes, consistent expectations, a safe cache.
+
+The model's behaviour in llama.cpp is checked in tests/e2e/test_llama_upstream.py; here the
+wiring is checked by reading the written GGUF back and following the output head by hand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.demo import tinymodel
+from gateway.demo.tinymodel import (
+    ANSWER_TEXT,
+    REASONING_TEXT,
+    build_tiny_model,
+    ensure_model,
+    expectations,
+)
+
+needs_gguf = pytest.mark.skipif(
+    importlib.util.find_spec("gguf") is None or importlib.util.find_spec("numpy") is None,
+    reason="gguf/numpy (the demo extra) not installed",
+)
+
+
+def _sha(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# --- pure parts (no gguf, no numpy) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "taken", "pieces"),
+    [
+        ("Hi there you.", set(), ["Hi", " there", " you."]),
+        # a word seen before is glued to the next one, so every token has one successor
+        ("so I will, so I can", set(), ["so", " I", " will,", " so", " I can"]),
+        # a one-byte word would be a byte token: glued to the next one
+        ("I go, I stay.", set(), ["I go,", " I", " stay."]),
+        ("a b a c", set(), ["a b", " a", " c"]),
+        (" the cat", {" the"}, [" the cat"]),
+        # a leftover that cannot be made unique is glued back onto the previous piece
+        ("one two two", set(), ["one", " two two"]),
+        ("xx yy xx", {" xx"}, ["xx", " yy xx"]),
+    ],
+)
+def test_word_pieces_are_unique_and_never_one_byte(text, taken, pieces):
+    got = tinymodel._word_pieces(text, set(taken))
+    assert got == pieces
+    assert "".join(got) == text
+
+
+def test_word_pieces_refuses_what_cannot_be_unique():
+    with pytest.raises(ValueError, match="no unique piece"):
+        tinymodel._word_pieces("a", set())
+
+
+def test_expectations_describe_the_canned_texts():
+    expect = expectations()
+    assert expect["reasoning"] == REASONING_TEXT == "".join(expect["reasoning_pieces"])
+    assert expect["answer"] == ANSWER_TEXT == "".join(expect["answer_pieces"])
+    n_r, n_a = len(expect["reasoning_pieces"]), len(expect["answer_pieces"])
+    # reasoning, </think>, "\n\n", answer, <|im_end|>
+    assert expect["completion_tokens_thinking"] == n_r + 2 + n_a + 1
+    assert expect["completion_tokens_nothink"] == 1 + n_a + 1
+    assert expect["completion_tokens_plain"] == n_a + 1
+    assert expect["eos_token"] == "<|im_end|>"
+    pieces = expect["reasoning_pieces"] + expect["answer_pieces"]
+    assert len(set(pieces)) == len(pieces)
+
+
+def test_chain_visits_every_piece_once_and_ends_at_eos():
+    plan = tinymodel._plan()
+    successor = dict(plan.edges)
+    assert len(successor) == len(plan.edges)  # one successor per token
+    token = plan.ids["<think>"]
+    walk = []
+    while token in successor:
+        token = successor[token]
+        walk.append(token)
+    spelled = [plan.tokens[t] for t in walk]
+    assert spelled[-1] == "<|im_end|>"
+    text = "".join(bytes(_unspell(s)).decode() if s not in plan.ids else s for s in spelled)
+    assert text == f"{REASONING_TEXT}</think>\n\n{ANSWER_TEXT}<|im_end|>"
+    assert plan.default_next == plan.ids[plan.answer[0]]
+
+
+def _unspell(spelled: str) -> list[int]:
+    back = {c: b for b, c in tinymodel._ALPHABET.items()}
+    return [back[c] for c in spelled]
+
+
+def test_byte_alphabet_is_a_bijection_onto_printables():
+    table = tinymodel._ALPHABET
+    assert sorted(table) == list(range(256))
+    assert len(set(table.values())) == 256
+    assert all(c.isprintable() and not c.isspace() for c in table.values())
+    assert table[ord("A")] == "A"
+    assert tinymodel._spell(" hi\n") == "\u0120hi\u010a"
+
+
+def test_module_imports_without_the_demo_extra():
+    code = (
+        "import sys; sys.modules['gguf'] = None; sys.modules['numpy'] = None; "
+        "sys.modules['xllamacpp'] = None; "
+        "import gateway.demo.tinymodel as t, gateway.demo.llama; "
+        "print(t.expectations()['answer'])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=_repo()
+    )
+    assert out.stdout.strip() == ANSWER_TEXT
+
+
+def _repo() -> str:
+    return str(Path(__file__).resolve().parents[2])
+
+
+# --- the written file -----------------------------------------------------------------------
+
+
+@needs_gguf
+def test_build_is_deterministic_and_returns_expectations(tmp_path):
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    assert build_tiny_model(str(a)) == expectations()
+    build_tiny_model(str(b))
+    assert _sha(a) == _sha(b)
+    assert a.stat().st_size < 1_000_000
+
+
+@needs_gguf
+def test_gguf_metadata_and_head_wiring(tmp_path):
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "m.gguf"
+    build_tiny_model(str(path))
+    reader = gguf.GGUFReader(str(path))
+
+    def field(name):
+        f = reader.fields[name]
+        return f.contents() if hasattr(f, "contents") else f.parts[f.data[0]]
+
+    plan = tinymodel._plan()
+    assert field("general.architecture") == "llama"
+    assert field("tokenizer.chat_template") == tinymodel.CHAT_TEMPLATE
+    assert field("tokenizer.ggml.model") == "gpt2"
+    assert field("tokenizer.ggml.tokens") == plan.tokens
+    assert int(field("tokenizer.ggml.eos_token_id")) == plan.ids["<|im_end|>"]
+
+    tensors = {t.name: np.asarray(t.data) for t in reader.tensors}
+    embed, head = tensors["token_embd.weight"], tensors["output.weight"]
+    successor = dict(plan.edges)
+    for token in range(len(plan.tokens)):
+        h = embed[token] / np.sqrt(np.mean(embed[token] ** 2))  # RMS norm, weight 1
+        logits = head @ h
+        best, runner_up = np.sort(logits)[-1], np.sort(logits)[-2]
+        assert int(np.argmax(logits)) == successor.get(token, plan.default_next)
+        assert best - runner_up > 50  # deterministic under any usual sampling
+
+
+# --- the cache ------------------------------------------------------------------------------
+
+
+@needs_gguf
+def test_ensure_model_builds_once(tmp_path, monkeypatch):
+    path, expect = ensure_model(str(tmp_path))
+    assert expect == expectations()
+    assert Path(path).parent == tmp_path
+    assert f"v{tinymodel.GENERATOR_VERSION}" in Path(path).name
+    assert oct(os.stat(path).st_mode & 0o777) == "0o644"
+
+    def boom(_path):
+        raise AssertionError("rebuilt a cached model")
+
+    monkeypatch.setattr(tinymodel, "build_tiny_model", boom)
+    assert ensure_model(str(tmp_path)) == (path, expect)
+    assert [p.name for p in tmp_path.iterdir()] == [Path(path).name]
+
+
+def test_ensure_model_leaves_no_partial_file(tmp_path, monkeypatch):
+    def half_written(path):
+        Path(path).write_bytes(b"GGUF partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tinymodel, "build_tiny_model", half_written)
+    with pytest.raises(OSError, match="disk full"):
+        ensure_model(str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"XDG_CACHE_HOME": "/x/cache", "HOME": "/h"}, "/x/cache/llm-gateway"),
+        ({"XDG_CACHE_HOME": "", "HOME": "/h"}, "/h/.cache/llm-gateway"),
+        ({"HOME": "/h"}, "/h/.cache/llm-gateway"),
+    ],
+)
+def test_default_cache_dir(monkeypatch, env, expected):
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert tinymodel.default_cache_dir() == expected
+
+
+def test_ensure_model_uses_the_default_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    built = []
+    monkeypatch.setattr(tinymodel, "build_tiny_model", lambda p: built.append(p) or expectations())
+    path, _ = ensure_model()
+    assert Path(path).parent == tmp_path / "llm-gateway"
+    assert len(built) == 1 and Path(built[0]).parent == tmp_path / "llm-gateway"

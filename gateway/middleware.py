@@ -129,6 +129,9 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         response = _prepared(request) or render_error(request, errors.GatewayError(), request_id)
         status = response.status
     finally:
+        if response is None:  # cancelled: the client went away
+            prepared = _prepared(request)
+            status = prepared.status if prepared is not None else 499
         duration = time.perf_counter() - start
         model = request.get("model", "")
         stream = "true" if request.get("stream") else "false"

@@ -1,0 +1,288 @@
+"""Buffered replies: OpenAI chat completion -> Anthropic Message.
+
+Every directory under tests/golden/responses/ is one rule of issue 4: the
+upstream's reply (``openai.json``, in the shape vLLM, SGLang, llama.cpp or
+Ollama send), the client's request facts (``request.json``: the model name it
+sent and its ``stop_sequences``) and the exact Message the client must get
+(``anthropic.json``; key order included). A bug fix adds a case directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+
+from gateway import errors, jsonutil
+from gateway.messages.from_chat import from_chat
+
+CASES = Path(__file__).resolve().parent.parent / "golden" / "responses"
+KEY = b"test-key"
+MESSAGE_ID = "msg_01GoldenResponse0000000A"
+
+# Field names of OpenAI's chat completion that Anthropic's Message never uses.
+OPENAI_FIELDS = frozenset(
+    {
+        "choices", "finish_reason", "object", "created", "prompt_tokens",
+        "completion_tokens", "total_tokens", "prompt_tokens_details", "logprobs",
+        "system_fingerprint", "message", "index", "tool_calls", "function",
+        "arguments", "reasoning_content", "reasoning", "refusal", "matched_stop",
+        "timings", "service_tier", "prompt_logprobs", "kv_transfer_params", "annotations",
+        "audio", "function_call", "token_ids", "prompt_token_ids",
+    }
+)  # fmt: skip
+
+
+def _case_dirs() -> list[Path]:
+    return sorted(p for p in CASES.iterdir() if (p / "openai.json").is_file())
+
+
+def _load(path: Path) -> Any:
+    return jsonutil.loads(path.read_bytes())
+
+
+def _run(case: Path, **kwargs: Any) -> dict[str, Any]:
+    request_file = case / "request.json"
+    request = _load(request_file) if request_file.is_file() else {}
+    return from_chat(
+        _load(case / "openai.json"),
+        model=request.get("model", "claude-test"),
+        stop_sequences=request.get("stop_sequences", ()),
+        signing_key=KEY,
+        message_id=MESSAGE_ID,
+        **kwargs,
+    )
+
+
+def _keys(value: Any) -> Iterator[str]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from _keys(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _keys(item)
+
+
+def test_there_is_a_case_per_rule() -> None:
+    assert len(_case_dirs()) >= 20
+
+
+@pytest.mark.parametrize("case", _case_dirs(), ids=lambda p: p.name)
+def test_golden_response(case: Path) -> None:
+    produced = _run(case)
+    expected = _load(case / "anthropic.json")
+    # Encoded, so that key order counts too (id, type, role, model, content, ...).
+    assert jsonutil.dumps(produced) == jsonutil.dumps(expected)
+
+
+@pytest.mark.parametrize("case", _case_dirs(), ids=lambda p: p.name)
+def test_no_openai_field_name_anywhere(case: Path) -> None:
+    produced = _run(case)
+    assert not set(_keys(produced)) & OPENAI_FIELDS
+    body = jsonutil.dumps(produced)
+    for name in OPENAI_FIELDS:
+        assert f'"{name}":' not in body, name
+
+
+@pytest.mark.parametrize("case", _case_dirs(), ids=lambda p: p.name)
+def test_strict_sdk_validation_accepts_it(case: Path) -> None:
+    """The Python SDK's strict mode: every required field present and typed."""
+    produced = _run(case)
+    message = anthropic.types.Message.model_validate(produced, strict=True)
+    assert message.stop_reason is not None
+    assert set(produced["usage"]) == {"input_tokens", "output_tokens"}
+    assert produced["content"], "never an empty content array"
+
+
+def _completion(message: dict[str, Any], finish: Any = "stop", **choice: Any) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": "upstream/internal-name",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish}
+            | choice
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    }
+
+
+def test_thinking_signature_is_an_hmac_of_the_text_under_the_key() -> None:
+    reasoning = "Think first."
+    out = from_chat(
+        _completion({"content": "ok", "reasoning_content": reasoning}),
+        model="m", signing_key=b"another-key",
+    )
+    digest = hmac.new(b"another-key", reasoning.encode(), hashlib.sha256).digest()
+    assert out["content"][0] == {
+        "type": "thinking",
+        "thinking": reasoning,
+        "signature": base64.b64encode(digest).decode(),
+    }
+
+
+def test_reasoning_content_wins_when_both_fields_are_sent() -> None:
+    out = from_chat(
+        _completion({"content": "ok", "reasoning_content": "a", "reasoning": "a"}),
+        model="m", signing_key=KEY,
+    )
+    assert [b["type"] for b in out["content"]] == ["thinking", "text"]
+    assert out["content"][0]["thinking"] == "a"
+
+
+def test_message_id_is_generated_when_not_injected() -> None:
+    out = from_chat(_completion({"content": "ok"}), model="m", signing_key=KEY)
+    assert re.fullmatch(r"msg_[0-9A-Za-z]{24}", out["id"])
+
+
+def test_model_is_the_clients_name_not_the_upstreams() -> None:
+    out = from_chat(_completion({"content": "ok"}), model="reasoning", signing_key=KEY)
+    assert out["model"] == "reasoning"
+
+
+@pytest.mark.parametrize("upstream_id", [None, "", "call 1", "id/with/slash", "x" * 129, 7])
+def test_unsafe_tool_call_ids_are_replaced(upstream_id: Any) -> None:
+    call = {"type": "function", "function": {"name": "f", "arguments": "{}"}}
+    if upstream_id is not None:
+        call["id"] = upstream_id
+    out = from_chat(
+        _completion({"content": None, "tool_calls": [call]}, "tool_calls"),
+        model="m", signing_key=KEY,
+    )
+    assert re.fullmatch(r"toolu_[0-9A-Za-z]{24}", out["content"][0]["id"])
+
+
+def test_repeated_tool_call_ids_are_made_unique() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    out = from_chat(
+        _completion({"content": None, "tool_calls": [call, call]}, "tool_calls"),
+        model="m", signing_key=KEY,
+    )
+    ids = [block["id"] for block in out["content"]]
+    assert ids[0] == "call_1"
+    assert len(set(ids)) == 2
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected", "bad"),
+    [
+        ('{"a": 1}', {"a": 1}, 0),
+        ("", {}, 0),
+        ("{}", {}, 0),
+        ({"a": 1}, {"a": 1}, 0),  # a server that sends the object itself
+        ('{"a": ', {}, 1),  # truncated
+        ("[1, 2]", {}, 1),  # not an object
+        ('"just text"', {}, 1),
+        ("NaN", {}, 1),
+    ],
+)
+def test_tool_arguments(arguments: Any, expected: dict[str, Any], bad: int) -> None:
+    count = []
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    out = from_chat(
+        _completion({"content": None, "tool_calls": [call]}, "tool_calls"),
+        model="m", signing_key=KEY, on_bad_tool_args=lambda: count.append(1),
+    )
+    assert out["content"] == [{"type": "tool_use", "id": "call_1", "name": "f", "input": expected}]
+    assert len(count) == bad
+
+
+def test_unparseable_golden_case_reports_bad_arguments_once() -> None:
+    count: list[int] = []
+    _run(CASES / "tool-args-unparseable", on_bad_tool_args=lambda: count.append(1))
+    assert count == [1]
+
+
+@pytest.mark.parametrize(
+    ("message", "finish", "stop_reason"),
+    [
+        ({"content": "ok"}, None, "end_turn"),  # a finished reply never has a null stop_reason
+        ({"content": "ok"}, "eos", "end_turn"),
+        ({"content": "ok"}, "some_new_reason", "end_turn"),
+        (
+            {"tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{}"}}]},
+            None,
+            "tool_use",
+        ),
+        ({"function_call": {"name": "f", "arguments": "{}"}}, "function_call", "tool_use"),
+    ],
+)
+def test_stop_reason_edges(message: dict[str, Any], finish: Any, stop_reason: str) -> None:
+    out = from_chat(_completion(message, finish), model="m", signing_key=KEY)
+    assert out["stop_reason"] == stop_reason
+    assert out["stop_sequence"] is None
+
+
+def test_stop_sequence_reported_only_when_requested() -> None:
+    completion = _completion({"content": "a"}, "stop", stop_reason="END")
+    asked = from_chat(completion, model="m", signing_key=KEY, stop_sequences=["END"])
+    assert (asked["stop_reason"], asked["stop_sequence"]) == ("stop_sequence", "END")
+    not_asked = from_chat(completion, model="m", signing_key=KEY)
+    assert (not_asked["stop_reason"], not_asked["stop_sequence"]) == ("end_turn", None)
+
+
+def test_content_parts_and_refusal_become_text() -> None:
+    parts = _completion({"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})
+    assert from_chat(parts, model="m", signing_key=KEY)["content"] == [
+        {"type": "text", "text": "ab"}
+    ]
+    refusal = _completion({"content": None, "refusal": "I can't."})
+    assert from_chat(refusal, model="m", signing_key=KEY)["content"] == [
+        {"type": "text", "text": "I can't."}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "error_type", "message"),
+    [
+        (
+            {"error": {"message": "messages: field required", "type": "BadRequestError",
+                       "code": 400}},
+            400, "invalid_request_error", "messages: field required",
+        ),
+        (
+            {"object": "error", "type": "BadRequestError", "code": 400, "param": None,
+             "message": "The input (5000 tokens) is longer than the model's context length "
+                        "(4096 tokens)."},
+            400, "invalid_request_error", "prompt is too long: 5000 tokens > 4096 maximum",
+        ),
+        ({"error": {"message": "CUDA out of memory at /opt/x.py"}}, 500, "api_error",
+         "Internal server error"),
+        ({"error": "boom"}, 500, "api_error", "Internal server error"),
+    ],
+)  # fmt: skip
+def test_inband_error_object_raises(
+    payload: dict[str, Any], status: int, error_type: str, message: str
+) -> None:
+    with pytest.raises(errors.UpstreamError) as caught:
+        from_chat(payload, model="m", signing_key=KEY)
+    err = caught.value
+    assert (err.status, err.error_type, err.message) == (status, error_type, message)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {},
+        {"choices": []},
+        {"choices": None},
+        {"choices": ["x"]},
+        {"choices": [{"index": 0, "finish_reason": "stop"}]},  # no message
+        {"choices": [{"message": "text"}]},
+        ["not", "an", "object"],
+        "text",
+    ],
+)
+def test_not_a_completion_is_a_500(payload: Any) -> None:
+    with pytest.raises(errors.StreamProcessingError) as caught:
+        from_chat(payload, model="m", signing_key=KEY)
+    assert caught.value.status == 500
+    assert caught.value.error_type == "api_error"

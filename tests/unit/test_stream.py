@@ -1,0 +1,280 @@
+"""StreamTranslator: golden stream pairs plus the state machine's transition rules.
+
+Each ``tests/golden/streams/<case>/`` holds ``upstream.sse`` (raw upstream body bytes),
+``expected.sse`` (the exact Anthropic bytes the client must get) and ``meta.json``:
+``model``, ``stop_sequences``, ``input_tokens`` (the estimate), optionally ``message_id``,
+``signing_key``, ``hosts``, ``fail`` (``{"error": <errors class name>, "reason": ...}``: the
+caller's ``fail()`` instead of ``eof()`` at the end of the body) and ``expect`` (translator
+attributes after the stream). A bug fix adds a case directory. To add a recording, drop in
+``upstream.sse`` and ``meta.json``, run with ``GOLDEN_WRITE=1`` once to write
+``expected.sse``, and review that file by hand before committing it.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Any
+
+import pytest
+
+from gateway import errors, jsonutil
+from gateway.messages import tables
+from gateway.messages.stream import IllegalTransition, State, StreamTranslator
+from gateway.sse import SSEDecoder
+from tests.anthropic_stream_check import check_stream
+
+GOLDEN = pathlib.Path(__file__).resolve().parent.parent / "golden" / "streams"
+CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "upstream.sse").exists())
+
+
+def _translator(meta: dict[str, Any]) -> StreamTranslator:
+    return StreamTranslator(
+        model=meta["model"],
+        message_id=meta.get("message_id", "msg_golden01"),
+        signing_key=meta.get("signing_key", "golden-key").encode(),
+        stop_sequences=meta.get("stop_sequences", ()),
+        input_tokens=meta.get("input_tokens", 0),
+        hosts=meta.get("hosts", ()),
+    )
+
+
+def run_case(
+    upstream: bytes, meta: dict[str, Any], step: int = 0
+) -> tuple[bytes, StreamTranslator]:
+    """Drive decoder + translator as the handler does; ``step`` > 0 splits the body."""
+    translator = _translator(meta)
+    decoder = SSEDecoder()
+    out: list[bytes] = []
+    reads = [upstream[i : i + step] for i in range(0, len(upstream), step)] if step else [upstream]
+    for read in [*reads, None]:
+        payloads = decoder.feed(read) if read is not None else decoder.flush()
+        for payload in payloads:
+            out.append(translator.feed(payload))
+            if translator.done:
+                break
+        if translator.done:
+            break
+    if not translator.done:
+        fail = meta.get("fail")
+        if fail:
+            err = getattr(errors, fail["error"])()
+            out.append(translator.fail(err, reason=fail["reason"]))
+        else:
+            out.append(translator.eof())
+    return b"".join(out), translator
+
+
+def _load(case: str) -> tuple[bytes, dict[str, Any]]:
+    d = GOLDEN / case
+    return (d / "upstream.sse").read_bytes(), jsonutil.loads((d / "meta.json").read_bytes())
+
+
+def test_enough_golden_cases() -> None:
+    assert len(CASES) >= 30
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_golden(case: str) -> None:
+    upstream, meta = _load(case)
+    got, translator = run_case(upstream, meta)
+    expected_path = GOLDEN / case / "expected.sse"
+    if os.environ.get("GOLDEN_WRITE") == "1" and not expected_path.exists():
+        expected_path.write_bytes(got)
+    assert got == expected_path.read_bytes()
+    check_stream(got)
+    assert translator.done and translator.started
+    for attr, value in meta.get("expect", {}).items():
+        assert getattr(translator, attr) == value, attr
+    # the terminal state is idempotent
+    assert translator.eof() == b""
+    assert translator.fail(errors.UpstreamTimeout()) == b""
+
+
+@pytest.mark.parametrize("step", [1, 3, 17])
+@pytest.mark.parametrize("case", CASES)
+def test_golden_split_reads(case: str, step: int) -> None:
+    """The output does not depend on how the upstream body was cut into reads."""
+    upstream, meta = _load(case)
+    got, _ = run_case(upstream, meta, step)
+    assert got == (GOLDEN / case / "expected.sse").read_bytes()
+
+
+# --- hand-written expectations for the decisions the goldens rely on -----------------------
+
+KEY = b"k"
+
+
+def _t(**kw: Any) -> StreamTranslator:
+    return StreamTranslator(model="m", message_id="msg_1", signing_key=KEY, **kw)
+
+
+def _chunk(delta: dict[str, Any] | None = None, finish: str | None = None, **extra: Any) -> bytes:
+    body: dict[str, Any] = {
+        "choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}]
+    }
+    body.update(extra)
+    return jsonutil.dumpb(body)
+
+
+def test_text_stream_exact_bytes() -> None:
+    t = _t(input_tokens=7)
+    out = t.feed(_chunk({"content": "Hi"})) + t.feed(_chunk({}, "stop")) + t.feed(b"[DONE]")
+    assert out == (
+        b"event: message_start\ndata: "
+        b'{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant",'
+        b'"model":"m","content":[],"stop_reason":null,"stop_sequence":null,'
+        b'"usage":{"input_tokens":7,"output_tokens":0}}}\n\n'
+        b"event: content_block_start\ndata: "
+        b'{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}\n\n'
+        b"event: content_block_delta\ndata: "
+        b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}\n\n'
+        b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
+        b"event: message_delta\ndata: "
+        b'{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},'
+        b'"usage":{"output_tokens":1}}\n\n'
+        b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+    )
+
+
+def test_thinking_signature_is_the_shared_table_over_the_whole_text() -> None:
+    t = _t()
+    t.feed(_chunk({"reasoning_content": "ab"}))
+    t.feed(_chunk({"reasoning": "c"}))
+    out = t.feed(_chunk({"content": "x"}))
+    sig = tables.thinking_signature(KEY, "abc")
+    assert (b'"delta":{"type":"signature_delta","signature":' + jsonutil.dumpb(sig) + b"}}") in out
+    assert out.index(b"signature_delta") < out.index(b"content_block_stop")
+
+
+def test_failure_envelope_closes_thinking_with_signature() -> None:
+    t = _t()
+    out = t.feed(_chunk({"reasoning_content": "partial"}))
+    out += t.fail(errors.UpstreamTimeout(), reason="idle_timeout")
+    events = check_stream(out)
+    assert [e["type"] for e in events[-4:]] == [
+        "content_block_delta", "content_block_stop", "error", "message_stop",
+    ]  # fmt: skip
+    assert events[-4]["delta"]["signature"] == tables.thinking_signature(KEY, "partial")
+    assert events[-2]["error"] == {"type": "timeout_error", "message": "Upstream request timed out"}
+    assert t.state is State.ERRORED and t.termination == "idle_timeout"
+    assert isinstance(t.error, errors.UpstreamTimeout)
+
+
+def test_inband_error_is_scrubbed_with_hosts() -> None:
+    t = _t(hosts=["gpu-7.internal"])
+    out = t.feed(b'{"error":{"message":"bad thing on gpu-7.internal","code":400}}')
+    events = check_stream(out)
+    assert events[-2]["error"] == {
+        "type": "invalid_request_error",
+        "message": "bad thing on [redacted]",
+    }
+
+
+def test_message_start_takes_prompt_tokens_from_first_chunk_only() -> None:
+    t = _t(input_tokens=3)
+    first = t.feed(_chunk({"content": "a"}, usage={"prompt_tokens": 50, "completion_tokens": 1}))
+    assert b'"usage":{"input_tokens":50,"output_tokens":0}' in first
+    t2 = _t(input_tokens=3)
+    assert b'"input_tokens":3,' in t2.feed(_chunk({"content": "a"}))
+    t2.feed(_chunk({}, "stop", usage={"prompt_tokens": 60, "completion_tokens": 2}))
+    t2.feed(b"[DONE]")
+    assert (t2.input_tokens, t2.output_tokens) == (60, 2)
+
+
+def test_unsafe_upstream_tool_id_is_replaced() -> None:
+    t = _t()
+    tc = {"index": 0, "id": "call with spaces", "function": {"name": "f", "arguments": "{}"}}
+    out = t.feed(_chunk({"tool_calls": [tc]})) + t.feed(_chunk({}, "tool_calls")) + t.eof()
+    block = check_stream(out)[1]["content_block"]
+    assert block["id"].startswith("toolu_") and len(block["id"]) == 30
+
+
+def test_lone_surrogate_becomes_replacement_character() -> None:
+    t = _t()
+    out = t.feed(b'{"choices":[{"index":0,"delta":{"content":"a\\ud83d"}}]}')
+    assert "a\ufffd".encode() in out
+    out += t.feed(b'{"choices":[{"delta":{"reasoning_content":"\\udc00x"}}]}')
+    out += t.feed(_chunk({}, "stop")) + t.eof()
+    check_stream(out)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"[1, 2]",
+        b'{"choices": {"index": 0}}',
+        b'{"choices": [{"index": 0, "delta": {"content": 5}}]}',
+        b'{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": "0"}]}}]}',
+        b'{"choices": [{"index": 0, "finish_reason": 1}]}',
+        b"NaN",
+    ],
+)
+def test_wrong_shapes_are_stream_processing_errors(payload: bytes) -> None:
+    t = _t()
+    out = t.feed(_chunk({"content": "ok"}))
+    events = check_stream(out + t.feed(payload))
+    assert events[-2]["error"] == {"type": "api_error", "message": "Stream processing error"}
+    assert t.termination == "malformed_chunk"
+
+
+def test_other_choices_are_ignored() -> None:
+    t = _t()
+    out = t.feed(jsonutil.dumpb({"choices": [{"index": 1, "delta": {"content": "no"}}]}))
+    assert b"content_block_start" not in out and t.state is State.BLOCK_OPEN
+
+
+# --- transitions ------------------------------------------------------------------------
+
+
+def _in_state(state: State) -> StreamTranslator:
+    t = _t()
+    if state is State.BLOCK_OPEN:
+        t.feed(_chunk({"content": "x"}))
+    elif state is State.FINISHED:
+        t.feed(_chunk({"content": "x"}, "stop"))
+        t.feed(b"[DONE]")
+    elif state is State.ERRORED:
+        t.feed(b"{")
+    assert t.state is state
+    return t
+
+
+HANDLERS = {
+    "_on_chunk": (lambda t: t._on_chunk({"choices": []}, []), {State.PRE_START, State.BLOCK_OPEN}),
+    "_on_done": (lambda t: t._on_done(), {State.PRE_START, State.BLOCK_OPEN}),
+    "_on_eof": (lambda t: t._on_eof(), {State.PRE_START, State.BLOCK_OPEN}),
+    "_on_failure": (
+        lambda t: t._on_failure(errors.StreamProcessingError(), "x"),
+        {State.PRE_START, State.BLOCK_OPEN},
+    ),
+    "_on_text": (lambda t: t._on_text("a", []), {State.BLOCK_OPEN}),
+    "_on_thinking": (lambda t: t._on_thinking("a", []), {State.BLOCK_OPEN}),
+    "_on_tool_delta": (lambda t: t._on_tool_delta({"index": 0}, []), {State.BLOCK_OPEN}),
+    "feed": (lambda t: t.feed(_chunk({"content": "y"})), {State.PRE_START, State.BLOCK_OPEN}),
+}
+
+
+@pytest.mark.parametrize("state", list(State))
+@pytest.mark.parametrize("name", sorted(HANDLERS))
+def test_handler_accepts_only_its_states(name: str, state: State) -> None:
+    call, accepted = HANDLERS[name]
+    t = _in_state(state)
+    if state in accepted:
+        call(t)
+    else:
+        with pytest.raises(IllegalTransition, match=state.name):
+            call(t)
+
+
+@pytest.mark.parametrize("state", list(State))
+def test_repr_shows_state(state: State) -> None:
+    assert f"state={state.name}" in repr(_in_state(state))
+
+
+def test_terminal_entry_points_are_idempotent() -> None:
+    for state in (State.FINISHED, State.ERRORED):
+        t = _in_state(state)
+        assert t.eof() == b"" and t.fail(errors.UpstreamTimeout()) == b"" and t.done
+        with pytest.raises(IllegalTransition):
+            t.feed(b"[DONE]")

@@ -41,11 +41,25 @@ __all__ = ["BILLING_HEADER_PREFIX", "to_chat"]
 BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
 
 # THE allow-list: every top-level field read here; anything else is dropped and counted.
-_TRANSLATED = frozenset({
-    "model", "max_tokens", "messages", "system", "stream", "stop_sequences", "tools",
-    "tool_choice", "thinking", "output_config",
-    "temperature", "top_p", "top_k", "chat_template_kwargs", "continue_final_message",
-})
+_TRANSLATED = frozenset(
+    {
+        "model",
+        "max_tokens",
+        "messages",
+        "system",
+        "stream",
+        "stop_sequences",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "output_config",
+        "temperature",
+        "top_p",
+        "top_k",
+        "chat_template_kwargs",
+        "continue_final_message",
+    }
+)
 _AS_IS = ("temperature", "top_p", "top_k")
 # A token count generates nothing: these would only be dropped.
 _NOT_COUNTED = frozenset({"max_tokens", "stream", "stop_sequences"})
@@ -139,7 +153,8 @@ def _system_text(content: Any, keep_billing_header: bool) -> str | None:
         text = content
     else:
         text = "\n".join(
-            b["text"] for b in content
+            b["text"]
+            for b in content
             if keep_billing_header or not b["text"].startswith(BILLING_HEADER_PREFIX)
         )
     return text if text.strip() else None
@@ -264,11 +279,13 @@ def _assistant(group: list[Mapping[str, Any]]) -> Message:
                     reasoning.append(block["thinking"])
             else:  # tool_use
                 arguments = jsonutil.dumps(block["input"])
-                calls.append({
-                    "id": block["id"],
-                    "type": "function",
-                    "function": {"name": block["name"], "arguments": arguments},
-                })
+                calls.append(
+                    {
+                        "id": block["id"],
+                        "type": "function",
+                        "function": {"name": block["name"], "arguments": arguments},
+                    }
+                )
     message: Message = {
         "role": "assistant",
         "content": "\n".join(texts) if texts else (None if calls else ""),

@@ -121,8 +121,10 @@ def _thinking_config(thinking: Any, max_tokens: Any) -> None:
         if budget < 1024:
             raise fail("thinking.budget_tokens", "Input should be greater than or equal to 1024")
         if is_int(max_tokens) and budget >= max_tokens:
-            raise fail("thinking.budget_tokens",
-                        "`max_tokens` must be greater than `thinking.budget_tokens`")
+            raise fail(
+                "thinking.budget_tokens",
+                "`max_tokens` must be greater than `thinking.budget_tokens`",
+            )
     elif budget is not None:
         raise fail("thinking.budget_tokens", f"not allowed when thinking.type is '{kind}'")
     if display is not None:
@@ -157,8 +159,12 @@ def _sampling(body: Mapping[str, Any]) -> None:
         if not is_number(value):
             raise fail(key, "Input should be a valid number")
         if value < 0 or (key == "top_p" and value > 1):
-            raise fail(key, "Input should be between 0 and 1" if key == "top_p"
-                        else "Input should be greater than or equal to 0")
+            raise fail(
+                key,
+                "Input should be between 0 and 1"
+                if key == "top_p"
+                else "Input should be greater than or equal to 0",
+            )
     top_k = body.get("top_k")
     if top_k is not None:
         if not is_int(top_k):

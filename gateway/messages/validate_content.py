@@ -29,8 +29,15 @@ from typing import Any
 from gateway.errors import InvalidRequest
 
 __all__ = [
-    "check_depth", "check_list", "check_messages", "check_obj", "check_str", "check_system",
-    "fail", "is_int", "is_number",
+    "check_depth",
+    "check_list",
+    "check_messages",
+    "check_obj",
+    "check_str",
+    "check_system",
+    "fail",
+    "is_int",
+    "is_number",
 ]
 
 _IMAGE_MEDIA_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
@@ -116,8 +123,10 @@ def _image(block: Mapping[str, Any], path: str) -> None:
     if kind == "base64":
         media = source.get("media_type")
         if media not in _IMAGE_MEDIA_TYPES:
-            raise fail(f"{path}.media_type",
-                        "Input should be 'image/jpeg', 'image/png', 'image/gif' or 'image/webp'")
+            raise fail(
+                f"{path}.media_type",
+                "Input should be 'image/jpeg', 'image/png', 'image/gif' or 'image/webp'",
+            )
         data = source.get("data")
         if not isinstance(data, str) or not data:
             raise fail(f"{path}.data", "image source needs base64 data")
@@ -207,9 +216,12 @@ def _tool_result(block: Mapping[str, Any], path: str) -> None:
         item_path = f"{path}.content.{j}"
         check = _TOOL_RESULT_CONTENT.get(_block_type(item, item_path))
         if check is None:
-            raise fail(f"{item_path}.type", f"'{item['type']}' blocks are not allowed in "
-                        "tool_result content (text, image, document, search_result, "
-                        "tool_reference)")
+            raise fail(
+                f"{item_path}.type",
+                f"'{item['type']}' blocks are not allowed in "
+                "tool_result content (text, image, document, search_result, "
+                "tool_reference)",
+            )
         check(item, item_path)
 
 

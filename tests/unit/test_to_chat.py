@@ -70,18 +70,33 @@ def test_translation_does_not_touch_the_request(case: str) -> None:
 
 
 def test_on_drop_is_optional() -> None:
-    req = {"model": "m", "max_tokens": 5, "metadata": {}, "messages": [{"role": "user", "content": "x"}],
-           "tools": [{"type": "web_search_20250305", "name": "web_search"}]}
+    req = {
+        "model": "m",
+        "max_tokens": 5,
+        "metadata": {},
+        "messages": [{"role": "user", "content": "x"}],
+        "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+    }
     assert to_chat(validate_messages(req), _route()) == {
-        "model": "org/model", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+        "model": "org/model",
+        "max_tokens": 5,
+        "messages": [{"role": "user", "content": "x"}],
+    }
 
 
 def test_server_tool_drop_reported_once_per_tool() -> None:
     """Each dropped server tool is one 'server_tool' report; top-level names come once."""
-    tools = [{"type": "web_search_20250305", "name": "web_search"},
-             {"type": "web_fetch_20250910", "name": "web_fetch"}]
-    req = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
-           "tools": tools, "seed": 1}
+    tools = [
+        {"type": "web_search_20250305", "name": "web_search"},
+        {"type": "web_fetch_20250910", "name": "web_fetch"},
+    ]
+    req = {
+        "model": "m",
+        "max_tokens": 5,
+        "messages": [{"role": "user", "content": "x"}],
+        "tools": tools,
+        "seed": 1,
+    }
     dropped: list[str] = []
     to_chat(validate_messages(req), _route(), on_drop=dropped.append)
     assert sorted(dropped) == ["seed", "server_tool", "server_tool"]
@@ -89,29 +104,59 @@ def test_server_tool_drop_reported_once_per_tool() -> None:
 
 def test_tool_reference_short_name_form() -> None:
     """The SDK sends tool_name; a bare `name` (as in some docs) is read the same way."""
-    req = {"model": "m", "max_tokens": 5, "messages": [
-        {"role": "user", "content": "x"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "s", "input": {}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
-                                      "content": [{"type": "tool_reference", "name": "Read"}]}]}]}
+    req = {
+        "model": "m",
+        "max_tokens": 5,
+        "messages": [
+            {"role": "user", "content": "x"},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t", "name": "s", "input": {}}],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t",
+                        "content": [{"type": "tool_reference", "name": "Read"}],
+                    }
+                ],
+            },
+        ],
+    }
     body = to_chat(validate_messages(req), _route())
-    assert body["messages"][-1] == {"role": "tool", "tool_call_id": "t",
-                                    "content": [{"type": "tool_reference", "name": "Read"}]}
+    assert body["messages"][-1] == {
+        "role": "tool",
+        "tool_call_id": "t",
+        "content": [{"type": "tool_reference", "name": "Read"}],
+    }
 
 
 def test_client_continue_final_message_true_turns_off_generation_prompt() -> None:
     """vLLM refuses continue_final_message together with its default add_generation_prompt."""
-    req = {"model": "m", "max_tokens": 5, "continue_final_message": True,
-           "messages": [{"role": "user", "content": "x"}]}
+    req = {
+        "model": "m",
+        "max_tokens": 5,
+        "continue_final_message": True,
+        "messages": [{"role": "user", "content": "x"}],
+    }
     body = to_chat(validate_messages(req), _route())
     assert body["continue_final_message"] is True
     assert body["add_generation_prompt"] is False
 
 
 def test_prefill_after_tool_turn_is_still_a_prefill() -> None:
-    req = {"model": "m", "max_tokens": 5, "messages": [
-        {"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "text", "text": "A"}]},
-        {"role": "user", "content": "y"}, {"role": "assistant", "content": "B"}]}
+    req = {
+        "model": "m",
+        "max_tokens": 5,
+        "messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": [{"type": "text", "text": "A"}]},
+            {"role": "user", "content": "y"},
+            {"role": "assistant", "content": "B"},
+        ],
+    }
     body = to_chat(validate_messages(req), _route())
     assert (body["continue_final_message"], body["add_generation_prompt"]) == (True, False)
     assert body["messages"][-1] == {"role": "assistant", "content": "B"}
@@ -123,8 +168,10 @@ def test_system_turns_do_not_rewrite_earlier_turns() -> None:
     first = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}]
     later = [*first, {"role": "system", "content": "note"}, {"role": "user", "content": "q2"}]
     base = {"model": "m", "max_tokens": 5, "system": "S"}
-    before = to_chat(validate_messages({**base, "messages": [*first, {"role": "user", "content": "q2"}]}),
-                     _route())["messages"]
+    before = to_chat(
+        validate_messages({**base, "messages": [*first, {"role": "user", "content": "q2"}]}),
+        _route(),
+    )["messages"]
     after = to_chat(validate_messages({**base, "messages": later}), _route())["messages"]
     assert after[: len(before) - 1] == before[:-1]
     assert after[len(before) - 1] == {"role": "system", "content": "note"}
@@ -132,10 +179,21 @@ def test_system_turns_do_not_rewrite_earlier_turns() -> None:
 
 def test_count_tokens_tolerates_unchecked_generation_fields() -> None:
     """count_tokens bodies are not expected to carry these; junk values must not crash."""
-    req = {"model": "m", "messages": [{"role": "user", "content": "x"}],
-           "max_tokens": "lots", "stream": "yes", "stop_sequences": 5, "metadata": [], "service_tier": 1}
+    req = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": "lots",
+        "stream": "yes",
+        "stop_sequences": 5,
+        "metadata": [],
+        "service_tier": 1,
+    }
     dropped: list[str] = []
-    body = to_chat(validate_messages(req, count_tokens=True), _route(), count_tokens=True,
-                   on_drop=dropped.append)
+    body = to_chat(
+        validate_messages(req, count_tokens=True),
+        _route(),
+        count_tokens=True,
+        on_drop=dropped.append,
+    )
     assert body == {"model": "org/model", "messages": [{"role": "user", "content": "x"}]}
     assert sorted(dropped) == ["max_tokens", "metadata", "service_tier", "stop_sequences", "stream"]

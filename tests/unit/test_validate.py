@@ -16,8 +16,11 @@ from gateway.errors import InvalidRequest, anthropic_body
 from gateway.messages.validate import validate_messages
 
 DEL = object()
-BASE: dict[str, Any] = {"model": "m", "max_tokens": 1024,
-                        "messages": [{"role": "user", "content": "hi"}]}
+BASE: dict[str, Any] = {
+    "model": "m",
+    "max_tokens": 1024,
+    "messages": [{"role": "user", "content": "hi"}],
+}
 TOOL = {"name": "get_weather", "input_schema": {"type": "object"}}
 PNG = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
 
@@ -37,14 +40,23 @@ def _user(*blocks: Any) -> dict[str, Any]:
 
 
 def _assistant(*blocks: Any) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": "q"},
-                         {"role": "assistant", "content": list(blocks)}]}
+    return {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": list(blocks)},
+        ]
+    }
 
 
 def _tool_result(**fields: Any) -> dict[str, Any]:
     call = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
-    return {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": [call]},
-                         {"role": "user", "content": [{"type": "tool_result", **fields}]}]}
+    return {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": [call]},
+            {"role": "user", "content": [{"type": "tool_result", **fields}]},
+        ]
+    }
 
 
 def _deep(levels: int) -> dict[str, Any]:
@@ -80,128 +92,345 @@ REFUSED: list[tuple[str, dict[str, Any], str, str | None]] = [
     ("role-missing", {"messages": [{"content": "hi"}]}, "messages.0.role", "required"),
     ("role-tool", {"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role", None),
     ("content-missing", {"messages": [{"role": "user"}]}, "messages.0.content", "required"),
-    ("content-empty-list", {"messages": [{"role": "user", "content": []}]}, "messages.0.content",
-     "at least 1"),
-    ("content-number", {"messages": [{"role": "user", "content": 5}]}, "messages.0.content", "list"),
+    (
+        "content-empty-list",
+        {"messages": [{"role": "user", "content": []}]},
+        "messages.0.content",
+        "at least 1",
+    ),
+    (
+        "content-number",
+        {"messages": [{"role": "user", "content": 5}]},
+        "messages.0.content",
+        "list",
+    ),
     ("block-not-object", _user("hi"), M0, "dictionary"),
     ("block-type-missing", _user({"text": "hi"}), f"{M0}.type", "required"),
     ("text-not-string", _user({"type": "text", "text": 3}), f"{M0}.text", "string"),
     ("text-missing", _user({"type": "text"}), f"{M0}.text", "required"),
     ("user-thinking-block", _user({"type": "thinking", "thinking": "x"}), f"{M0}.type", "user"),
-    ("user-tool-use-block", _user({"type": "tool_use", "id": "t", "name": "f", "input": {}}),
-     f"{M0}.type", None),
+    (
+        "user-tool-use-block",
+        _user({"type": "tool_use", "id": "t", "name": "f", "input": {}}),
+        f"{M0}.type",
+        None,
+    ),
     ("user-unknown-block", _user({"type": "audio"}), f"{M0}.type", None),
-    ("system-turn-image", {"messages": [{"role": "user", "content": "q"}, {
-        "role": "system", "content": [{"type": "image", "source": PNG}]}]},
-     "messages.1.content.0.type", "text"),
-    ("system-turn-empty-list", {"messages": [{"role": "system", "content": []}]},
-     "messages.0.content", None),
+    (
+        "system-turn-image",
+        {
+            "messages": [
+                {"role": "user", "content": "q"},
+                {"role": "system", "content": [{"type": "image", "source": PNG}]},
+            ]
+        },
+        "messages.1.content.0.type",
+        "text",
+    ),
+    (
+        "system-turn-empty-list",
+        {"messages": [{"role": "system", "content": []}]},
+        "messages.0.content",
+        None,
+    ),
     ("top-system-image", {"system": [{"type": "image", "source": PNG}]}, "system.0.type", "text"),
     ("top-system-number", {"system": 5}, "system", "list"),
     ("top-system-block-no-text", {"system": [{"type": "text"}]}, "system.0.text", "required"),
     ("assistant-image", _assistant({"type": "image", "source": PNG}), f"{A0}.type", "user"),
-    ("assistant-tool-result", _assistant({"type": "tool_result", "tool_use_id": "t"}),
-     f"{A0}.type", "user"),
-    ("assistant-search-result", _assistant({"type": "search_result", "source": "s", "title": "t",
-                                            "content": []}), f"{A0}.type", "user"),
-    ("assistant-redacted-thinking", _assistant({"type": "redacted_thinking", "data": "xx"}),
-     f"{A0}.type", "redacted_thinking"),
-    ("assistant-server-tool-use", _assistant({"type": "server_tool_use", "id": "s", "name": "web_search",
-                                              "input": {}}), f"{A0}.type", None),
-    ("thinking-text-missing", _assistant({"type": "thinking", "signature": "s"}), f"{A0}.thinking",
-     "required"),
-    ("thinking-signature-number", _assistant({"type": "thinking", "thinking": "t", "signature": 1}),
-     f"{A0}.signature", "string"),
-    ("tool-use-id-missing", _assistant({"type": "tool_use", "name": "f", "input": {}}), f"{A0}.id",
-     "required"),
-    ("tool-use-name-empty", _assistant({"type": "tool_use", "id": "t", "name": "", "input": {}}),
-     f"{A0}.name", None),
-    ("tool-use-input-list", _assistant({"type": "tool_use", "id": "t", "name": "f", "input": []}),
-     f"{A0}.input", "dictionary"),
-    ("tool-use-input-missing", _assistant({"type": "tool_use", "id": "t", "name": "f"}), f"{A0}.input",
-     "required"),
-    ("tool-use-input-too-deep", _assistant({"type": "tool_use", "id": "t", "name": "f",
-                                            "input": _deep(100)}), f"{A0}.input", "nesting"),
+    (
+        "assistant-tool-result",
+        _assistant({"type": "tool_result", "tool_use_id": "t"}),
+        f"{A0}.type",
+        "user",
+    ),
+    (
+        "assistant-search-result",
+        _assistant({"type": "search_result", "source": "s", "title": "t", "content": []}),
+        f"{A0}.type",
+        "user",
+    ),
+    (
+        "assistant-redacted-thinking",
+        _assistant({"type": "redacted_thinking", "data": "xx"}),
+        f"{A0}.type",
+        "redacted_thinking",
+    ),
+    (
+        "assistant-server-tool-use",
+        _assistant({"type": "server_tool_use", "id": "s", "name": "web_search", "input": {}}),
+        f"{A0}.type",
+        None,
+    ),
+    (
+        "thinking-text-missing",
+        _assistant({"type": "thinking", "signature": "s"}),
+        f"{A0}.thinking",
+        "required",
+    ),
+    (
+        "thinking-signature-number",
+        _assistant({"type": "thinking", "thinking": "t", "signature": 1}),
+        f"{A0}.signature",
+        "string",
+    ),
+    (
+        "tool-use-id-missing",
+        _assistant({"type": "tool_use", "name": "f", "input": {}}),
+        f"{A0}.id",
+        "required",
+    ),
+    (
+        "tool-use-name-empty",
+        _assistant({"type": "tool_use", "id": "t", "name": "", "input": {}}),
+        f"{A0}.name",
+        None,
+    ),
+    (
+        "tool-use-input-list",
+        _assistant({"type": "tool_use", "id": "t", "name": "f", "input": []}),
+        f"{A0}.input",
+        "dictionary",
+    ),
+    (
+        "tool-use-input-missing",
+        _assistant({"type": "tool_use", "id": "t", "name": "f"}),
+        f"{A0}.input",
+        "required",
+    ),
+    (
+        "tool-use-input-too-deep",
+        _assistant({"type": "tool_use", "id": "t", "name": "f", "input": _deep(100)}),
+        f"{A0}.input",
+        "nesting",
+    ),
     ("tool-result-no-id", _tool_result(content="x"), f"{TR}.tool_use_id", "required"),
     ("tool-result-id-number", _tool_result(tool_use_id=5), f"{TR}.tool_use_id", None),
-    ("tool-result-is-error-string", _tool_result(tool_use_id="toolu_1", is_error="yes"),
-     f"{TR}.is_error", "boolean"),
-    ("tool-result-content-number", _tool_result(tool_use_id="toolu_1", content=3), f"{TR}.content",
-     "list"),
-    ("tool-result-holds-tool-use", _tool_result(tool_use_id="toolu_1", content=[
-        {"type": "tool_use", "id": "x", "name": "f", "input": {}}]), f"{TR}.content.0.type",
-     "tool_result"),
-    ("tool-result-holds-thinking", _tool_result(tool_use_id="toolu_1", content=[
-        {"type": "thinking", "thinking": "x"}]), f"{TR}.content.0.type", None),
-    ("tool-reference-no-name", _tool_result(tool_use_id="toolu_1", content=[
-        {"type": "tool_reference"}]), f"{TR}.content.0.tool_name", "required"),
-    ("tool-result-image-no-data", _tool_result(tool_use_id="toolu_1", content=[
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png"}}]),
-     f"{TR}.content.0.source.data", "data"),
-    ("image-no-data", _user({"type": "image", "source": {"type": "base64", "media_type": "image/png"}}),
-     f"{M0}.source.data", "data"),
-    ("image-empty-data", _user({"type": "image", "source": {**PNG, "data": ""}}), f"{M0}.source.data",
-     None),
-    ("image-bmp", _user({"type": "image", "source": {**PNG, "media_type": "image/bmp"}}),
-     f"{M0}.source.media_type", "image/png"),
-    ("image-file-source", _user({"type": "image", "source": {"type": "file", "file_id": "f"}}),
-     f"{M0}.source.type", "file"),
-    ("image-source-untyped", _user({"type": "image", "source": {"data": "xx"}}), f"{M0}.source.type",
-     "required"),
+    (
+        "tool-result-is-error-string",
+        _tool_result(tool_use_id="toolu_1", is_error="yes"),
+        f"{TR}.is_error",
+        "boolean",
+    ),
+    (
+        "tool-result-content-number",
+        _tool_result(tool_use_id="toolu_1", content=3),
+        f"{TR}.content",
+        "list",
+    ),
+    (
+        "tool-result-holds-tool-use",
+        _tool_result(
+            tool_use_id="toolu_1",
+            content=[{"type": "tool_use", "id": "x", "name": "f", "input": {}}],
+        ),
+        f"{TR}.content.0.type",
+        "tool_result",
+    ),
+    (
+        "tool-result-holds-thinking",
+        _tool_result(tool_use_id="toolu_1", content=[{"type": "thinking", "thinking": "x"}]),
+        f"{TR}.content.0.type",
+        None,
+    ),
+    (
+        "tool-reference-no-name",
+        _tool_result(tool_use_id="toolu_1", content=[{"type": "tool_reference"}]),
+        f"{TR}.content.0.tool_name",
+        "required",
+    ),
+    (
+        "tool-result-image-no-data",
+        _tool_result(
+            tool_use_id="toolu_1",
+            content=[{"type": "image", "source": {"type": "base64", "media_type": "image/png"}}],
+        ),
+        f"{TR}.content.0.source.data",
+        "data",
+    ),
+    (
+        "image-no-data",
+        _user({"type": "image", "source": {"type": "base64", "media_type": "image/png"}}),
+        f"{M0}.source.data",
+        "data",
+    ),
+    (
+        "image-empty-data",
+        _user({"type": "image", "source": {**PNG, "data": ""}}),
+        f"{M0}.source.data",
+        None,
+    ),
+    (
+        "image-bmp",
+        _user({"type": "image", "source": {**PNG, "media_type": "image/bmp"}}),
+        f"{M0}.source.media_type",
+        "image/png",
+    ),
+    (
+        "image-file-source",
+        _user({"type": "image", "source": {"type": "file", "file_id": "f"}}),
+        f"{M0}.source.type",
+        "file",
+    ),
+    (
+        "image-source-untyped",
+        _user({"type": "image", "source": {"data": "xx"}}),
+        f"{M0}.source.type",
+        "required",
+    ),
     ("image-source-missing", _user({"type": "image"}), f"{M0}.source", "dictionary"),
-    ("image-url-missing", _user({"type": "image", "source": {"type": "url"}}), f"{M0}.source.url",
-     None),
-    ("document-pdf", _doc({"type": "base64", "media_type": "application/pdf", "data": "JVBE"}),
-     f"{M0}.source.type", "PDF"),
-    ("document-pdf-url", _doc({"type": "url", "url": "https://e.x/a.pdf"}), f"{M0}.source.type", "PDF"),
+    (
+        "image-url-missing",
+        _user({"type": "image", "source": {"type": "url"}}),
+        f"{M0}.source.url",
+        None,
+    ),
+    (
+        "document-pdf",
+        _doc({"type": "base64", "media_type": "application/pdf", "data": "JVBE"}),
+        f"{M0}.source.type",
+        "PDF",
+    ),
+    (
+        "document-pdf-url",
+        _doc({"type": "url", "url": "https://e.x/a.pdf"}),
+        f"{M0}.source.type",
+        "PDF",
+    ),
     ("document-file", _doc({"type": "file", "file_id": "file_1"}), f"{M0}.source.type", "file"),
-    ("document-text-no-data", _doc({"type": "text", "media_type": "text/plain"}), f"{M0}.source.data",
-     "required"),
-    ("document-content-tool-use", _doc({"type": "content", "content": [
-        {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}), f"{M0}.source.content.0.type",
-     None),
-    ("search-result-no-title", _user({"type": "search_result", "source": "s", "content": []}),
-     f"{M0}.title", "required"),
-    ("search-result-image-content", _user({"type": "search_result", "source": "s", "title": "t",
-                                           "content": [{"type": "image", "source": PNG}]}),
-     f"{M0}.content.0.type", "text"),
-    ("thinking-enabled-no-budget", {"thinking": {"type": "enabled"}}, "thinking.budget_tokens",
-     "required"),
-    ("thinking-budget-1023", {"thinking": {"type": "enabled", "budget_tokens": 1023}},
-     "thinking.budget_tokens", "1024"),
-    ("thinking-budget-not-below-max", {"max_tokens": 2048, "thinking": {
-        "type": "enabled", "budget_tokens": 2048}}, "thinking.budget_tokens", "max_tokens"),
-    ("thinking-disabled-budget", {"thinking": {"type": "disabled", "budget_tokens": 2000}},
-     "thinking.budget_tokens", "disabled"),
-    ("thinking-disabled-display", {"thinking": {"type": "disabled", "display": "summarized"}},
-     "thinking.display", "disabled"),
-    ("thinking-adaptive-budget", {"thinking": {"type": "adaptive", "budget_tokens": 2000}},
-     "thinking.budget_tokens", "adaptive"),
-    ("thinking-display-omitted", {"thinking": {"type": "adaptive", "display": "omitted"}},
-     "thinking.display", "summarized"),
+    (
+        "document-text-no-data",
+        _doc({"type": "text", "media_type": "text/plain"}),
+        f"{M0}.source.data",
+        "required",
+    ),
+    (
+        "document-content-tool-use",
+        _doc(
+            {
+                "type": "content",
+                "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+            }
+        ),
+        f"{M0}.source.content.0.type",
+        None,
+    ),
+    (
+        "search-result-no-title",
+        _user({"type": "search_result", "source": "s", "content": []}),
+        f"{M0}.title",
+        "required",
+    ),
+    (
+        "search-result-image-content",
+        _user(
+            {
+                "type": "search_result",
+                "source": "s",
+                "title": "t",
+                "content": [{"type": "image", "source": PNG}],
+            }
+        ),
+        f"{M0}.content.0.type",
+        "text",
+    ),
+    (
+        "thinking-enabled-no-budget",
+        {"thinking": {"type": "enabled"}},
+        "thinking.budget_tokens",
+        "required",
+    ),
+    (
+        "thinking-budget-1023",
+        {"thinking": {"type": "enabled", "budget_tokens": 1023}},
+        "thinking.budget_tokens",
+        "1024",
+    ),
+    (
+        "thinking-budget-not-below-max",
+        {"max_tokens": 2048, "thinking": {"type": "enabled", "budget_tokens": 2048}},
+        "thinking.budget_tokens",
+        "max_tokens",
+    ),
+    (
+        "thinking-disabled-budget",
+        {"thinking": {"type": "disabled", "budget_tokens": 2000}},
+        "thinking.budget_tokens",
+        "disabled",
+    ),
+    (
+        "thinking-disabled-display",
+        {"thinking": {"type": "disabled", "display": "summarized"}},
+        "thinking.display",
+        "disabled",
+    ),
+    (
+        "thinking-adaptive-budget",
+        {"thinking": {"type": "adaptive", "budget_tokens": 2000}},
+        "thinking.budget_tokens",
+        "adaptive",
+    ),
+    (
+        "thinking-display-omitted",
+        {"thinking": {"type": "adaptive", "display": "omitted"}},
+        "thinking.display",
+        "summarized",
+    ),
     ("thinking-type-unknown", {"thinking": {"type": "on"}}, "thinking.type", None),
     ("thinking-not-object", {"thinking": True}, "thinking", "dictionary"),
     ("effort-unknown", {"output_config": {"effort": "extreme"}}, "output_config.effort", "xhigh"),
     ("output-config-list", {"output_config": []}, "output_config", "dictionary"),
-    ("format-type-json-object", {"output_config": {"format": {"type": "json_object"}}},
-     "output_config.format.type", "json_schema"),
-    ("format-schema-missing", {"output_config": {"format": {"type": "json_schema"}}},
-     "output_config.format.schema", None),
-    ("tool-choice-required", {"tools": [TOOL], "tool_choice": {"type": "required"}}, "tool_choice.type",
-     None),
+    (
+        "format-type-json-object",
+        {"output_config": {"format": {"type": "json_object"}}},
+        "output_config.format.type",
+        "json_schema",
+    ),
+    (
+        "format-schema-missing",
+        {"output_config": {"format": {"type": "json_schema"}}},
+        "output_config.format.schema",
+        None,
+    ),
+    (
+        "tool-choice-required",
+        {"tools": [TOOL], "tool_choice": {"type": "required"}},
+        "tool_choice.type",
+        None,
+    ),
     ("tool-choice-string", {"tools": [TOOL], "tool_choice": "auto"}, "tool_choice", "dictionary"),
-    ("tool-choice-unknown-tool", {"tools": [TOOL], "tool_choice": {"type": "tool", "name": "nope"}},
-     "tool_choice.name", "nope"),
-    ("tool-choice-no-tools", {"tool_choice": {"type": "tool", "name": "get_weather"}},
-     "tool_choice.name", None),
-    ("tool-choice-server-tool", {"tools": [TOOL, {"type": "web_search_20250305", "name": "web_search"}],
-                                 "tool_choice": {"type": "tool", "name": "web_search"}},
-     "tool_choice.name", "web_search"),
-    ("tool-choice-tool-no-name", {"tools": [TOOL], "tool_choice": {"type": "tool"}}, "tool_choice.name",
-     "required"),
-    ("disable-parallel-string", {"tools": [TOOL], "tool_choice": {
-        "type": "auto", "disable_parallel_tool_use": "true"}}, "tool_choice.disable_parallel_tool_use",
-     "boolean"),
+    (
+        "tool-choice-unknown-tool",
+        {"tools": [TOOL], "tool_choice": {"type": "tool", "name": "nope"}},
+        "tool_choice.name",
+        "nope",
+    ),
+    (
+        "tool-choice-no-tools",
+        {"tool_choice": {"type": "tool", "name": "get_weather"}},
+        "tool_choice.name",
+        None,
+    ),
+    (
+        "tool-choice-server-tool",
+        {
+            "tools": [TOOL, {"type": "web_search_20250305", "name": "web_search"}],
+            "tool_choice": {"type": "tool", "name": "web_search"},
+        },
+        "tool_choice.name",
+        "web_search",
+    ),
+    (
+        "tool-choice-tool-no-name",
+        {"tools": [TOOL], "tool_choice": {"type": "tool"}},
+        "tool_choice.name",
+        "required",
+    ),
+    (
+        "disable-parallel-string",
+        {"tools": [TOOL], "tool_choice": {"type": "auto", "disable_parallel_tool_use": "true"}},
+        "tool_choice.disable_parallel_tool_use",
+        "boolean",
+    ),
     ("stop-sequences-number-item", {"stop_sequences": ["a", 1]}, "stop_sequences.1", "string"),
     ("stop-sequences-number", {"stop_sequences": 5}, "stop_sequences", "list"),
     ("temperature-string", {"temperature": "0.5"}, "temperature", "number"),
@@ -220,65 +449,156 @@ REFUSED: list[tuple[str, dict[str, Any], str, str | None]] = [
     ("tool-name-too-long", {"tools": [{**TOOL, "name": "a" * 129}]}, "tools.0.name", "pattern"),
     ("tool-name-duplicate", {"tools": [TOOL, TOOL]}, "tools.1.name", "unique"),
     ("tool-schema-missing", {"tools": [{"name": "f"}]}, "tools.0.input_schema", "required"),
-    ("tool-schema-list", {"tools": [{"name": "f", "input_schema": []}]}, "tools.0.input_schema",
-     "dictionary"),
-    ("tool-schema-too-deep", {"tools": [{"name": "f", "input_schema": _deep(80)}]},
-     "tools.0.input_schema", "nesting"),
-    ("tool-description-number", {"tools": [{**TOOL, "description": 1}]}, "tools.0.description",
-     "string"),
+    (
+        "tool-schema-list",
+        {"tools": [{"name": "f", "input_schema": []}]},
+        "tools.0.input_schema",
+        "dictionary",
+    ),
+    (
+        "tool-schema-too-deep",
+        {"tools": [{"name": "f", "input_schema": _deep(80)}]},
+        "tools.0.input_schema",
+        "nesting",
+    ),
+    (
+        "tool-description-number",
+        {"tools": [{**TOOL, "description": 1}]},
+        "tools.0.description",
+        "string",
+    ),
     ("tool-type-function", {"tools": [{**TOOL, "type": "function"}]}, "tools.0.type", "unknown"),
-    ("tool-defer-loading-string", {"tools": [{**TOOL, "defer_loading": "yes"}]},
-     "tools.0.defer_loading", "boolean"),
-    ("chat-template-kwargs-list", {"chat_template_kwargs": ["x"]}, "chat_template_kwargs",
-     "dictionary"),
-    ("continue-final-message-string", {"continue_final_message": "yes"}, "continue_final_message",
-     "boolean"),
+    (
+        "tool-defer-loading-string",
+        {"tools": [{**TOOL, "defer_loading": "yes"}]},
+        "tools.0.defer_loading",
+        "boolean",
+    ),
+    (
+        "chat-template-kwargs-list",
+        {"chat_template_kwargs": ["x"]},
+        "chat_template_kwargs",
+        "dictionary",
+    ),
+    (
+        "continue-final-message-string",
+        {"continue_final_message": "yes"},
+        "continue_final_message",
+        "boolean",
+    ),
 ]
 
 ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ("unknown-model-name", {"model": "not-configured-anywhere"}),
-    ("unknown-top-level-fields", {"service_tier": "auto", "context_management": {"edits": []},
-                                  "container": "c", "speed": "fast", "cache_control": {"type": "ephemeral"}}),
+    (
+        "unknown-top-level-fields",
+        {
+            "service_tier": "auto",
+            "context_management": {"edits": []},
+            "container": "c",
+            "speed": "fast",
+            "cache_control": {"type": "ephemeral"},
+        },
+    ),
     ("max-tokens-one", {"max_tokens": 1}),
-    ("thinking-with-signature", _assistant({"type": "thinking", "thinking": "t", "signature": "c2ln"})),
+    (
+        "thinking-with-signature",
+        _assistant({"type": "thinking", "thinking": "t", "signature": "c2ln"}),
+    ),
     ("thinking-without-signature", _assistant({"type": "thinking", "thinking": "t"})),
-    ("system-turn-text", {"messages": [{"role": "user", "content": "q"},
-                                       {"role": "system", "content": [{"type": "text", "text": "s"}]}]}),
-    ("system-turn-string-first", {"messages": [{"role": "system", "content": "s"},
-                                               {"role": "user", "content": "q"}]}),
+    (
+        "system-turn-text",
+        {
+            "messages": [
+                {"role": "user", "content": "q"},
+                {"role": "system", "content": [{"type": "text", "text": "s"}]},
+            ]
+        },
+    ),
+    (
+        "system-turn-string-first",
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]},
+    ),
     ("tool-result-legacy-id", _tool_result(id="toolu_1", content="ok")),
-    ("tool-result-error-blocks", _tool_result(tool_use_id="toolu_1", is_error=True, content=[
-        {"type": "text", "text": "boom"}, {"type": "tool_reference", "tool_name": "Read"},
-        {"type": "search_result", "source": "s", "title": "t", "content": []},
-        {"type": "document", "source": {"type": "text", "data": "d"}}, {"type": "image", "source": PNG}])),
+    (
+        "tool-result-error-blocks",
+        _tool_result(
+            tool_use_id="toolu_1",
+            is_error=True,
+            content=[
+                {"type": "text", "text": "boom"},
+                {"type": "tool_reference", "tool_name": "Read"},
+                {"type": "search_result", "source": "s", "title": "t", "content": []},
+                {"type": "document", "source": {"type": "text", "data": "d"}},
+                {"type": "image", "source": PNG},
+            ],
+        ),
+    ),
     ("image-url", _user({"type": "image", "source": {"type": "url", "url": "https://e.x/a.png"}})),
     ("document-content-string", _doc({"type": "content", "content": "text"})),
-    ("thinking-enabled-summarized", {"thinking": {"type": "enabled", "budget_tokens": 1024,
-                                                  "display": "summarized"}, "max_tokens": 2048}),
+    (
+        "thinking-enabled-summarized",
+        {
+            "thinking": {"type": "enabled", "budget_tokens": 1024, "display": "summarized"},
+            "max_tokens": 2048,
+        },
+    ),
     ("thinking-adaptive", {"thinking": {"type": "adaptive"}}),
     ("thinking-between-tools", {"thinking": {"type": "between_tools"}}),
     ("thinking-disabled", {"thinking": {"type": "disabled"}}),
     ("effort-minimal", {"output_config": {"effort": "minimal"}}),
-    ("effort-max-with-format", {"output_config": {"effort": "max", "format": {
-        "type": "json_schema", "schema": {"type": "object"}}}}),
-    ("server-tools", {"tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 8},
-                                {"type": "mcp_toolset", "mcp_server_name": "x"}]}),
+    (
+        "effort-max-with-format",
+        {
+            "output_config": {
+                "effort": "max",
+                "format": {"type": "json_schema", "schema": {"type": "object"}},
+            }
+        },
+    ),
+    (
+        "server-tools",
+        {
+            "tools": [
+                {"type": "web_search_20250305", "name": "web_search", "max_uses": 8},
+                {"type": "mcp_toolset", "mcp_server_name": "x"},
+            ]
+        },
+    ),
     ("tool-name-128", {"tools": [{**TOOL, "name": "A-z_0" + "x" * 123}]}),
     ("tools-empty", {"tools": []}),
-    ("tool-choice-any-parallel-off", {"tools": [TOOL], "tool_choice": {
-        "type": "any", "disable_parallel_tool_use": True}}),
+    (
+        "tool-choice-any-parallel-off",
+        {"tools": [TOOL], "tool_choice": {"type": "any", "disable_parallel_tool_use": True}},
+    ),
     ("stop-sequences-string", {"stop_sequences": "END"}),
-    ("nulls-are-absent", {"system": None, "tools": None, "tool_choice": None, "thinking": None,
-                          "temperature": None, "top_p": None, "top_k": None, "stream": None,
-                          "stop_sequences": None, "metadata": None, "output_config": None}),
+    (
+        "nulls-are-absent",
+        {
+            "system": None,
+            "tools": None,
+            "tool_choice": None,
+            "thinking": None,
+            "temperature": None,
+            "top_p": None,
+            "top_k": None,
+            "stream": None,
+            "stop_sequences": None,
+            "metadata": None,
+            "output_config": None,
+        },
+    ),
     ("sampling", {"temperature": 1, "top_p": 0.5, "top_k": 0}),
-    ("allow-listed-extras", {"chat_template_kwargs": {"enable_thinking": False},
-                             "continue_final_message": True}),
+    (
+        "allow-listed-extras",
+        {"chat_template_kwargs": {"enable_thinking": False}, "continue_final_message": True},
+    ),
 ]
 
 
-@pytest.mark.parametrize(("fragment", "path", "word"), [r[1:] for r in REFUSED],
-                         ids=[r[0] for r in REFUSED])
+@pytest.mark.parametrize(
+    ("fragment", "path", "word"), [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED]
+)
 def test_refused(fragment: dict[str, Any], path: str, word: str | None) -> None:
     with pytest.raises(InvalidRequest) as info:
         validate_messages(_body(fragment))
@@ -310,8 +630,9 @@ def test_body_must_be_an_object(body: Any) -> None:
 
 def test_refusal_renders_as_anthropic_error_envelope() -> None:
     with pytest.raises(InvalidRequest) as info:
-        validate_messages(_body(_user({"type": "image", "source": {"type": "base64",
-                                                                  "media_type": "image/png"}})))
+        validate_messages(
+            _body(_user({"type": "image", "source": {"type": "base64", "media_type": "image/png"}}))
+        )
     assert jsonutil.loads(anthropic_body(info.value))["error"] == {
         "type": "invalid_request_error",
         "message": "messages.0.content.0.source.data: image source needs base64 data",
@@ -319,8 +640,11 @@ def test_refusal_renders_as_anthropic_error_envelope() -> None:
 
 
 def test_count_tokens_needs_no_max_tokens() -> None:
-    body = {"model": "m", "messages": [{"role": "user", "content": "x"}],
-            "thinking": {"type": "enabled", "budget_tokens": 4096}}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x"}],
+        "thinking": {"type": "enabled", "budget_tokens": 4096},
+    }
     assert validate_messages(body, count_tokens=True) is body
     with pytest.raises(InvalidRequest) as info:
         validate_messages(body)
@@ -335,9 +659,17 @@ def test_count_tokens_still_checks_messages() -> None:
 
 def test_first_error_in_document_order_is_reported() -> None:
     """The path is deterministic: the earliest bad field in messages wins."""
-    body = _body({"messages": [{"role": "user", "content": [{"type": "text", "text": "ok"},
-                                                            {"type": "text", "text": 1}]},
-                               {"role": "bogus", "content": "x"}]})
+    body = _body(
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "ok"}, {"type": "text", "text": 1}],
+                },
+                {"role": "bogus", "content": "x"},
+            ]
+        }
+    )
     with pytest.raises(InvalidRequest) as info:
         validate_messages(body)
     assert info.value.path == "messages.0.content.1.text"

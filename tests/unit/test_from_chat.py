@@ -119,7 +119,8 @@ def test_thinking_signature_is_an_hmac_of_the_text_under_the_key() -> None:
     reasoning = "Think first."
     out = from_chat(
         _completion({"content": "ok", "reasoning_content": reasoning}),
-        model="m", signing_key=b"another-key",
+        model="m",
+        signing_key=b"another-key",
     )
     digest = hmac.new(b"another-key", reasoning.encode(), hashlib.sha256).digest()
     assert out["content"][0] == {
@@ -132,7 +133,8 @@ def test_thinking_signature_is_an_hmac_of_the_text_under_the_key() -> None:
 def test_reasoning_content_wins_when_both_fields_are_sent() -> None:
     out = from_chat(
         _completion({"content": "ok", "reasoning_content": "a", "reasoning": "a"}),
-        model="m", signing_key=KEY,
+        model="m",
+        signing_key=KEY,
     )
     assert [b["type"] for b in out["content"]] == ["thinking", "text"]
     assert out["content"][0]["thinking"] == "a"
@@ -155,7 +157,8 @@ def test_unsafe_tool_call_ids_are_replaced(upstream_id: Any) -> None:
         call["id"] = upstream_id
     out = from_chat(
         _completion({"content": None, "tool_calls": [call]}, "tool_calls"),
-        model="m", signing_key=KEY,
+        model="m",
+        signing_key=KEY,
     )
     assert re.fullmatch(r"toolu_[0-9A-Za-z]{24}", out["content"][0]["id"])
 
@@ -164,7 +167,8 @@ def test_repeated_tool_call_ids_are_made_unique() -> None:
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     out = from_chat(
         _completion({"content": None, "tool_calls": [call, call]}, "tool_calls"),
-        model="m", signing_key=KEY,
+        model="m",
+        signing_key=KEY,
     )
     ids = [block["id"] for block in out["content"]]
     assert ids[0] == "call_1"
@@ -189,7 +193,9 @@ def test_tool_arguments(arguments: Any, expected: dict[str, Any], bad: int) -> N
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}
     out = from_chat(
         _completion({"content": None, "tool_calls": [call]}, "tool_calls"),
-        model="m", signing_key=KEY, on_bad_tool_args=lambda: count.append(1),
+        model="m",
+        signing_key=KEY,
+        on_bad_tool_args=lambda: count.append(1),
     )
     assert out["content"] == [{"type": "tool_use", "id": "call_1", "name": "f", "input": expected}]
     assert len(count) == bad

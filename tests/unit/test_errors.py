@@ -1,0 +1,439 @@
+"""The one error model: status -> error.type, scrubbing, upstream mapping, rendering.
+
+Each table row is one fact a client depends on: the SDKs pick their exception
+class from the status, Claude Code retries on 429/5xx/529 and shrinks
+``max_tokens`` on the exact context-limit wording, and nothing an upstream
+leaks (tracebacks, paths, hosts) may reach the client.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from gateway import errors, jsonutil
+
+HOSTS = ("gpu-node-7.internal", "vllm")
+
+
+def _body(payload: Any) -> bytes:
+    return payload if isinstance(payload, bytes) else jsonutil.dumpb(payload)
+
+
+def _vllm(message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
+
+
+def _sglang(message: str) -> dict[str, Any]:
+    return {"object": "error", "message": message, "type": "BadRequestError", "param": None,
+            "code": 400}  # fmt: skip
+
+
+# --- the status -> error.type table ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "error_type"),
+    [
+        (400, "invalid_request_error"),
+        (401, "authentication_error"),
+        (402, "billing_error"),
+        (403, "permission_error"),
+        (404, "not_found_error"),
+        (413, "request_too_large"),
+        (429, "rate_limit_error"),
+        (500, "api_error"),
+        (504, "timeout_error"),
+        (529, "overloaded_error"),
+        (502, "api_error"),  # other 5xx
+        (507, "api_error"),
+        (418, "invalid_request_error"),  # other 4xx
+    ],
+)
+def test_status_to_error_type(status: int, error_type: str) -> None:
+    assert errors.error_type_for(status) == error_type
+    assert errors.GatewayError("x", status=status).error_type == error_type
+
+
+@pytest.mark.parametrize(
+    ("err", "status", "error_type", "headers"),
+    [
+        (errors.InvalidRequest("messages.0.role", "must be user or assistant"), 400,
+         "invalid_request_error", {}),
+        (errors.AuthenticationFailed(), 401, "authentication_error", {}),
+        (errors.NotFound("model: nope"), 404, "not_found_error", {}),
+        (errors.RequestTooLarge(), 413, "request_too_large", {}),
+        (errors.NotSupported(), 501, "not_supported", {"x-should-retry": "false"}),
+        (errors.Overloaded(), 529, "overloaded_error", {"retry-after": "1"}),
+        (errors.GatewayError("slow down", status=429), 429, "rate_limit_error",
+         {"retry-after": "1"}),
+        (errors.GatewayError("slow down", status=429, retry_after=7), 429, "rate_limit_error",
+         {"retry-after": "7"}),
+        (errors.UpstreamUnavailable(), 529, "overloaded_error", {"retry-after": "1"}),
+        (errors.UpstreamTimeout(), 504, "timeout_error", {}),
+        (errors.StreamProcessingError(), 500, "api_error", {}),
+        (errors.GatewayError(), 500, "api_error", {}),
+    ],
+)  # fmt: skip
+def test_exception_tree(
+    err: errors.GatewayError, status: int, error_type: str, headers: dict[str, str]
+) -> None:
+    assert (err.status, err.error_type, err.headers) == (status, error_type, headers)
+
+
+def test_invalid_request_names_the_field_path() -> None:
+    err = errors.InvalidRequest("messages.0.role", "must be user or assistant")
+    assert err.message == "messages.0.role: must be user or assistant"
+    assert err.path == "messages.0.role"
+    assert errors.InvalidRequest("", "body is not JSON").message == "body is not JSON"
+
+
+# --- upstream status/body -> client status, type, message -----------------------------
+
+ERROR_TABLE = [
+    # (case id, upstream status, upstream body, client status, error.type, message)
+    ("vllm-400-kept", 400, _vllm("temperature: Input should be less than or equal to 2"),
+     400, "invalid_request_error", "temperature: Input should be less than or equal to 2"),
+    ("sglang-400-kept", 400, _sglang("top_k must be -1 or at least 1"),
+     400, "invalid_request_error", "top_k must be -1 or at least 1"),
+    ("ollama-400-kept", 400,
+     {"error": {"message": "invalid tool", "type": "invalid_request_error", "param": None,
+                "code": None}},
+     400, "invalid_request_error", "invalid tool"),
+    ("plain-text-400", 400, b"bad request: missing messages",
+     400, "invalid_request_error", "bad request: missing messages"),
+    ("empty-400", 400, b"", 400, "invalid_request_error", "Invalid request"),
+    ("fastapi-422", 422,
+     {"detail": [{"loc": ["body", "messages"], "msg": "Field required", "type": "missing"},
+                 {"loc": ["body", "model"], "msg": "Input should be a string"}]},
+     400, "invalid_request_error", "Field required; Input should be a string"),
+    ("unknown-4xx-is-400", 418, _vllm("teapot"), 400, "invalid_request_error", "teapot"),
+    ("402-billing", 402, {"error": {"message": "Insufficient credits"}},
+     402, "billing_error", "Insufficient credits"),
+    ("413-html-page", 413, b"<html><head><title>413 Request Entity Too Large</title></head>"
+     b"<body><center><h1>413</h1></center><hr><center>nginx/1.25.3</center></body></html>",
+     413, "request_too_large", "Request too large"),
+    ("429", 429, {"error": {"message": "Too many requests in queue"}},
+     429, "rate_limit_error", "Too many requests in queue"),
+    ("401-is-gateway-config", 401, {"error": {"message": "Invalid API key sk-abc"}},
+     500, "api_error", "Internal server error"),
+    ("403-is-gateway-config", 403, b"Forbidden", 500, "api_error", "Internal server error"),
+    ("404-is-gateway-config", 404,
+     {"error": {"message": "The model `Qwen/Qwen3-32B` does not exist.", "type": "NotFoundError",
+                "code": 404}},
+     500, "api_error", "Internal server error"),
+    ("500-with-traceback", 500,
+     {"error": {"message": "Traceback (most recent call last):\n  File \"/opt/vllm/x.py\","
+                           " line 3\nRuntimeError: CUDA error"}},
+     500, "api_error", "Internal server error"),
+    ("502-bad-gateway", 502, b"<html>502 Bad Gateway</html>", 500, "api_error",
+     "Internal server error"),
+    ("503-is-overloaded", 503, {"error": {"message": "Service Unavailable"}},
+     529, "overloaded_error", "Overloaded"),
+    ("529-is-overloaded", 529, b"", 529, "overloaded_error", "Overloaded"),
+    ("504-is-timeout", 504, b"upstream timed out", 504, "timeout_error", "Internal server error"),
+    ("anthropic-shape-4xx-keeps-type", 400,
+     {"type": "error", "error": {"type": "permission_error", "message": "model not allowed"}},
+     400, "permission_error", "model not allowed"),
+    ("anthropic-shape-unknown-type", 400,
+     {"type": "error", "error": {"type": "made_up_error", "message": "odd"}},
+     400, "invalid_request_error", "odd"),
+    ("anthropic-shape-5xx-loses-type", 500,
+     {"type": "error", "error": {"type": "invalid_request_error", "message": "at /srv/app"}},
+     500, "api_error", "Internal server error"),
+    ("openai-type-not-kept", 400,
+     {"error": {"message": "nope", "type": "authentication_error"}},  # not Anthropic's envelope
+     400, "invalid_request_error", "nope"),
+    ("host-scrubbed", 400, _vllm("cannot reach http://gpu-node-7.internal:8000/v1/models"),
+     400, "invalid_request_error", "cannot reach [redacted]"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("upstream_status", "body", "status", "error_type", "message"),
+    [row[1:] for row in ERROR_TABLE],
+    ids=[row[0] for row in ERROR_TABLE],
+)
+def test_from_upstream(
+    upstream_status: int, body: Any, status: int, error_type: str, message: str
+) -> None:
+    err = errors.from_upstream(upstream_status, _body(body), hosts=HOSTS)
+    assert isinstance(err, errors.UpstreamError)
+    assert (err.status, err.error_type, err.message) == (status, error_type, message)
+
+
+@pytest.mark.parametrize(
+    ("upstream_status", "headers"),
+    [
+        (429, {"retry-after": "1"}),
+        (503, {"retry-after": "1"}),
+        (529, {"retry-after": "1"}),
+        (401, {"x-should-retry": "false"}),  # retrying cannot fix the gateway's config
+        (404, {"x-should-retry": "false"}),
+        (400, {}),
+        (500, {}),
+    ],
+)
+def test_from_upstream_headers(upstream_status: int, headers: dict[str, str]) -> None:
+    assert errors.from_upstream(upstream_status, b"{}").headers == headers
+
+
+# --- context-length rewrites (the two forms Claude Code acts on) -------------------------
+
+TOO_LONG = "prompt is too long: {} tokens > {} maximum"
+EXCEED = ("input length and `max_tokens` exceed context limit: {} + {} > {}, decrease input"
+          " length or `max_tokens` and try again")  # fmt: skip
+
+CONTEXT_TABLE = [
+    # (case id, status, body, max_tokens sent upstream, expected message)
+    ("vllm-legacy-total", 400, _vllm(
+        "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens "
+        "(4000 in the messages, 1000 in the completion). Please reduce the length of the messages "
+        "or completion."), None, EXCEED.format(4000, 1000, 4096)),
+    ("vllm-legacy-total-prompt-alone", 400, _vllm(
+        "This model's maximum context length is 4096 tokens. However, you requested 9000 tokens "
+        "(5000 in the messages, 4000 in the completion). Please reduce the length of the messages "
+        "or completion."), None, TOO_LONG.format(5000, 4096)),
+    ("vllm-legacy-input", 400, _sglang(
+        "This model's maximum context length is 4096 tokens. However, your request has 5000 input "
+        "tokens. Please reduce the length of the input messages."), 1000,
+     TOO_LONG.format(5000, 4096)),
+    ("vllm-legacy-max-tokens", 400, _vllm(
+        "'max_tokens' or 'max_completion_tokens' is too large: 8000. This model's maximum context "
+        "length is 4096 tokens and your request has 2778 input tokens (8000 > 4096 - 2778). None"),
+     None, EXCEED.format(2778, 8000, 4096)),
+    ("vllm-renderer-tokens", 400, _vllm(
+        "You passed 3000 input tokens and requested 2000 output tokens. However, the model's "
+        "context length is only 4096 tokens, resulting in a maximum input length of 2096 tokens. "
+        "Please reduce the length of the input prompt."), None, EXCEED.format(3000, 2000, 4096)),
+    ("vllm-renderer-characters", 400, _vllm(
+        "You passed 90000 input characters and requested 2000 output tokens. However, the model's "
+        "context length is only 4096 tokens, resulting in a maximum input length of 2096 tokens "
+        "(at most 50304 characters). Please reduce the length of the input prompt."), None,
+     EXCEED.format(2097, 2000, 4096)),
+    ("vllm-0.18-at-least", 400, _vllm(
+        "This model's maximum context length is 32768 tokens. However, you requested 8192 output "
+        "tokens and your prompt contains at least 24577 input tokens, for a total of at least "
+        "32769 tokens. Please reduce the length of the input prompt or the number of requested "
+        "output tokens. (parameter=input_tokens, value=24577)"), None,
+     EXCEED.format(24577, 8192, 32768)),
+    ("vllm-0.18-prompt-alone", 400, _vllm(
+        "This model's maximum context length is 32768 tokens. However, you requested 0 output "
+        "tokens and your prompt contains at least 32769 input tokens, for a total of at least "
+        "32769 tokens. Please reduce the length of the input prompt or the number of requested "
+        "output tokens."), None, TOO_LONG.format(32769, 32768)),
+    ("vllm-0.18-characters", 400, _vllm(
+        "This model's maximum context length is 65536 tokens. However, you requested 32000 output "
+        "tokens and your prompt contains 900000 characters (more than 134144 characters, which is "
+        "the upper bound for 33536 input tokens). Please reduce the length of the input prompt or "
+        "the number of requested output tokens."), None, EXCEED.format(33537, 32000, 65536)),
+    ("vllm-max-tokens-over-window", 400, _vllm(
+        "max_tokens=32000cannot be greater than max_model_len=max_total_tokens=16384. Please "
+        "request fewer output tokens. (parameter=max_tokens, value=32000)"), 32000,
+     EXCEED.format(0, 32000, 16384)),
+    ("vllm-engine-decoder-prompt", 400, _vllm(
+        "The decoder prompt (length 5000) is longer than the maximum model length of 4096. Make "
+        "sure that `max_model_len` is no smaller than the number of text tokens."), 1000,
+     TOO_LONG.format(5000, 4096)),
+    ("sglang-total", 400, _sglang(
+        "Requested token count exceeds the model's maximum context length of 262144 tokens. You "
+        "requested a total of 267042 tokens: 201506 tokens from the input messages and 65536 "
+        "tokens for the completion. Please reduce the number of tokens in the input messages or "
+        "the completion to fit within the limit."), None, EXCEED.format(201506, 65536, 262144)),
+    ("sglang-input", 400, _sglang(
+        "The input (5000 tokens) is longer than the model's context length (4096 tokens)."), 1000,
+     TOO_LONG.format(5000, 4096)),
+    ("sglang-scheduler", 400, _sglang(
+        "Input length (5000 tokens) exceeds the maximum allowed length (4095 tokens). Use a "
+        "shorter input or enable --allow-auto-truncate."), None, TOO_LONG.format(5000, 4095)),
+    ("llamacpp-json", 400, {"error": {
+        "code": 400, "message": "request (5584 tokens) exceeds the available context size (4096 "
+        "tokens), try increasing it", "type": "exceed_context_size_error", "n_prompt_tokens": 5584,
+        "n_ctx": 4096}}, 1000, TOO_LONG.format(5584, 4096)),
+    ("llamacpp-fields-win-over-text", 400, {"error": {
+        "code": 400, "message": "Context size has been exceeded.",
+        "type": "exceed_context_size_error", "n_prompt_tokens": 3500, "n_ctx": 4096}}, 1000,
+     EXCEED.format(3500, 1000, 4096)),
+    ("llamacpp-message-only", 400, b"request (5584 tokens) exceeds the available context size "
+     b"(4096 tokens), try increasing it", None, TOO_LONG.format(5584, 4096)),
+    ("llamacpp-old", 400, {"error": {"code": 400, "message": "input (5000 tokens) is larger than "
+     "the max context size (4096 tokens). skipping", "type": "invalid_request_error"}}, None,
+     TOO_LONG.format(5000, 4096)),
+    ("context-error-with-5xx-status", 500, _sglang(
+        "The input (5000 tokens) is longer than the model's context length (4096 tokens)."), None,
+     TOO_LONG.format(5000, 4096)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("upstream_status", "body", "max_tokens", "message"),
+    [row[1:] for row in CONTEXT_TABLE],
+    ids=[row[0] for row in CONTEXT_TABLE],
+)
+def test_context_length_rewrites(
+    upstream_status: int, body: Any, max_tokens: int | None, message: str
+) -> None:
+    err = errors.from_upstream(upstream_status, _body(body), max_tokens=max_tokens)
+    assert (err.status, err.error_type, err.message) == (400, "invalid_request_error", message)
+    assert not err.headers  # a 400: no retry-after
+
+
+@pytest.mark.parametrize(
+    ("upstream_status", "body", "status", "message"),
+    [
+        # llama.cpp's in-generation overflow without the prompt filling the window and no
+        # max_tokens known: no numbers that show an overflow, so the words pass (scrubbed).
+        (400, {"error": {"code": 400, "message": "Context size has been exceeded.",
+                         "type": "exceed_context_size_error", "n_prompt_tokens": 3500,
+                         "n_ctx": 4096}}, 400, "Context size has been exceeded."),
+        # A rate limit is never read as a context error.
+        (429, _vllm("The input (5000 tokens) is longer than the model's context length "
+                    "(4096 tokens)."), 429, None),
+        (503, _sglang("The input (5000 tokens) is longer than the model's context length "
+                      "(4096 tokens)."), 529, "Overloaded"),
+    ],
+)  # fmt: skip
+def test_not_rewritten(upstream_status: int, body: Any, status: int, message: str | None) -> None:
+    err = errors.from_upstream(upstream_status, _body(body))
+    assert err.status == status
+    assert "prompt is too long" not in err.message
+    assert "exceed context limit" not in err.message
+    if message is not None:
+        assert err.message == message
+
+
+def test_claude_code_regexes_match_the_rewrites() -> None:
+    """The two patterns Claude Code 2.1.197 greps for (protocol §4.6)."""
+    too_long = re.compile(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", re.I)
+    exceed = re.compile(
+        r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)"
+    )
+    first = too_long.search(TOO_LONG.format(5000, 4096))
+    second = exceed.search(EXCEED.format(1, 2, 3))
+    assert first is not None and first.groups() == ("5000", "4096")
+    assert second is not None and second.groups() == ("1", "2", "3")
+
+
+# --- in-band errors (a 200 reply or an SSE payload holding an error) ----------------------
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "error_type", "message"),
+    [
+        ({"error": {"message": "bad tool schema", "code": 400}}, 400, "invalid_request_error",
+         "bad tool schema"),
+        ({"error": {"message": "bad tool schema", "code": "400"}}, 400, "invalid_request_error",
+         "bad tool schema"),
+        ({"error": {"message": "slow down", "status_code": 429}}, 429, "rate_limit_error",
+         "slow down"),
+        (_sglang("top_p must be in (0, 1]"), 400, "invalid_request_error",
+         "top_p must be in (0, 1]"),
+        ({"error": {"message": "engine died at /opt/vllm/engine.py", "type": "server_error"}},
+         500, "api_error", "Internal server error"),
+        ({"error": {"message": "x", "code": "context_length_exceeded"}}, 500, "api_error",
+         "Internal server error"),
+        ({"error": {"message": "x", "code": True}}, 500, "api_error", "Internal server error"),
+        ({"error": {"message": "busy", "code": 503}}, 529, "overloaded_error", "Overloaded"),
+        ({"error": {"code": 400, "message": "request (5584 tokens) exceeds the available context "
+                    "size (4096 tokens), try increasing it", "type": "exceed_context_size_error",
+                    "n_prompt_tokens": 5584, "n_ctx": 4096}},
+         400, "invalid_request_error", TOO_LONG.format(5584, 4096)),
+        ("not an object", 500, "api_error", "Internal server error"),
+    ],
+)  # fmt: skip
+def test_from_inband(payload: Any, status: int, error_type: str, message: str) -> None:
+    err = errors.from_inband(payload, hosts=HOSTS)
+    assert (err.status, err.error_type, err.message) == (status, error_type, message)
+
+
+# --- scrubbing ---------------------------------------------------------------------------
+
+SCRUB_TABLE = [
+    # (case id, status, message, expected)
+    ("5xx-replaced-whole", 500, "a harmless sentence", "Internal server error"),
+    ("5xx-any", 503, "x", "Internal server error"),
+    ("python-traceback", 400,
+     "Invalid request\nTraceback (most recent call last):\n"
+     "  File \"/usr/lib/python3.11/site-packages/vllm/entrypoints/serving.py\", line 9, in f\n"
+     "    raise ValueError(\"no\")\n"
+     "ValueError: no",
+     "Invalid request\nValueError: no"),
+    ("file-line-alone", 400, "bad input\n  File \"/srv/app/main.py\", line 3, in <module>",
+     "bad input"),
+    ("js-stack", 400, "TypeError: x is undefined\n    at handler (/srv/app/server.js:10:5)\n"
+     "    at next (node:internal/process:1:1)", "TypeError: x is undefined"),
+    ("url", 400, "see http://10.1.2.3:8000/v1/chat/completions for details",
+     "see [redacted] for details"),
+    ("https-url", 400, "fetch https://example.org/x?y=1 failed", "fetch [redacted] failed"),
+    ("host-name", 400, "connect to gpu-node-7.internal refused", "connect to [redacted] refused"),
+    ("host-name-any-case", 400, "upstream VLLM said no", "upstream [redacted] said no"),
+    ("ipv4-port", 400, "peer 192.168.0.12:8000 closed", "peer [redacted] closed"),
+    ("ipv6", 400, "peer [fe80::1]:8000 closed", "peer [redacted] closed"),
+    ("posix-path", 400, "cannot open /models/qwen/tokenizer.json", "cannot open [redacted]"),
+    ("windows-path", 400, "cannot open C:\\models\\tok.json now", "cannot open [redacted] now"),
+    ("relative-kept", 400, "use input/output pairs", "use input/output pairs"),
+    ("plain-kept", 400, "messages.0.content: Field required", "messages.0.content: Field required"),
+    ("empty-after-scrub", 400, "Traceback (most recent call last):\n  File \"/x.py\"",
+     "Invalid request"),
+    ("empty-429", 429, "", "Rate limited"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "expected"),
+    [row[1:] for row in SCRUB_TABLE],
+    ids=[row[0] for row in SCRUB_TABLE],
+)
+def test_scrub(status: int, message: str, expected: str) -> None:
+    assert errors.scrub(status, message, hosts=HOSTS) == expected
+
+
+def test_scrub_caps_at_500_characters() -> None:
+    capped = errors.scrub(400, "word " * 200)
+    assert len(capped) == 500
+    assert capped.endswith("...")
+    assert errors.scrub(400, "x" * 500) == "x" * 500
+
+
+# --- rendering ------------------------------------------------------------------------------
+
+
+def test_anthropic_body() -> None:
+    err = errors.NotFound("model: nope")
+    assert errors.anthropic_body(err) == (
+        b'{"type":"error","error":{"type":"not_found_error","message":"model: nope"}}'
+    )
+    assert errors.anthropic_body(err, "req_1") == (
+        b'{"type":"error","error":{"type":"not_found_error","message":"model: nope"},'
+        b'"request_id":"req_1"}'
+    )
+
+
+def test_sse_error_event() -> None:
+    assert errors.sse_error_event(errors.Overloaded()) == (
+        b"event: error\n"
+        b'data: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}\n\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("err", "status", "body"),
+    [
+        (errors.Overloaded(), 503,
+         {"error": {"message": "Overloaded", "type": "server_error", "param": None, "code": 503}}),
+        (errors.InvalidRequest("model", "required"), 400,
+         {"error": {"message": "model: required", "type": "invalid_request_error", "param": None,
+                    "code": 400}}),
+        (errors.GatewayError("slow", status=429), 429,
+         {"error": {"message": "slow", "type": "rate_limit_exceeded", "param": None,
+                    "code": 429}}),
+        (errors.UpstreamTimeout(), 504,
+         {"error": {"message": "Upstream request timed out", "type": "server_error",
+                    "param": None, "code": 504}}),
+    ],
+)  # fmt: skip
+def test_openai_rendering(err: errors.GatewayError, status: int, body: dict[str, Any]) -> None:
+    assert errors.openai_status(err) == status
+    assert jsonutil.loads(errors.openai_body(err)) == body

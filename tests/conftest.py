@@ -71,3 +71,33 @@ def stub_gateway(stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]]
     """A gateway in front of the stub; yields (process, base URL including the /llm prefix)."""
     proc, url = gateway_factory(stub_config(stub_url))
     return proc, url + "/llm"
+
+
+from tests.fixtures_llama import *  # noqa: E402,F403  (real llama.cpp upstream fixtures)
+
+
+def llama_config(base_url: str, *, name: str = "demo", extra_server: str = "") -> str:
+    return f"""
+[server]
+host = "127.0.0.1"
+port = 8080
+prefix = "/llm"
+{extra_server}
+
+[upstreams.llama]
+base_url = "{base_url}"
+kind = "llamacpp"
+
+[[models]]
+name = "{name}"
+upstream = "llama"
+upstream_model = "demo"
+"""
+
+
+@pytest.fixture
+def llama_gateway(llama_server: str, gateway_factory: Callable[..., tuple[Proc, str]]
+                  ) -> tuple[Proc, str]:
+    """A gateway process routed to the real llama.cpp server; (process, base URL with /llm)."""
+    proc, url = gateway_factory(llama_config(llama_server))
+    return proc, url + "/llm"

@@ -278,3 +278,65 @@ def test_terminal_entry_points_are_idempotent() -> None:
         assert t.eof() == b"" and t.fail(errors.UpstreamTimeout()) == b"" and t.done
         with pytest.raises(IllegalTransition):
             t.feed(b"[DONE]")
+
+
+# --- the checker rejects what clients reject ----------------------------------------------
+
+_GOOD = (GOLDEN / "thinking_text_tool" / "expected.sse").read_bytes()
+_ERR = (GOLDEN / "inband_error_during_thinking" / "expected.sse").read_bytes()
+
+
+def _frames(raw: bytes) -> list[bytes]:
+    return [f + b"\n\n" for f in raw[:-2].split(b"\n\n")]
+
+
+def _drop(raw: bytes, needle: bytes, nth: int = 0) -> bytes:
+    frames = _frames(raw)
+    hits = [i for i, f in enumerate(frames) if needle in f]
+    del frames[hits[nth]]
+    return b"".join(frames)
+
+
+BROKEN = {
+    "no trailing blank line": _GOOD[:-1],
+    "name differs from type": _GOOD.replace(b"event: message_stop", b"event: message_end", 1),
+    "no message_start": _drop(_GOOD, b"message_start"),
+    "no message_stop": _drop(_GOOD, b"message_stop"),
+    "no message_delta": _drop(_GOOD, b"message_delta"),
+    "block never closed": _drop(_GOOD, b"content_block_stop", 1),
+    "thinking without signature": _drop(_GOOD, b"signature_delta"),
+    "signature key in thinking shell": _GOOD.replace(
+        b'"thinking":""}', b'"thinking":"","signature":""}', 1
+    ),
+    "text shell without text": _GOOD.replace(b'{"type":"text","text":""}', b'{"type":"text"}', 1),
+    "index gap": _GOOD.replace(b'"index":1,', b'"index":2,'),
+    "tool json incomplete": _GOOD.replace(b'"partial_json":"is\\"}"', b'"partial_json":"is\\""', 1),
+    "usage with input_tokens in message_delta": _GOOD.replace(
+        b'"usage":{"output_tokens":89}', b'"usage":{"input_tokens":1,"output_tokens":89}'
+    ),
+    "message_start key order": _GOOD.replace(
+        b'"type":"message","role":"assistant"', b'"role":"assistant","type":"message"', 1
+    ),
+    "event after message_stop": _GOOD
+    + b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn",'
+    b'"stop_sequence":null},"usage":{"output_tokens":1}}\n\n',
+    "error stream: two errors": _ERR.replace(
+        b"event: message_stop", _frames(_ERR)[-2] + b"event: message_stop", 1
+    ),
+    "error stream: open block": _drop(_ERR, b"content_block_stop"),
+    "error stream: no message_stop": _drop(_ERR, b"message_stop"),
+}
+
+
+def test_checker_accepts_good_streams_with_pings() -> None:
+    ping = b'event: ping\ndata: {"type":"ping"}\n\n'
+    frames = _frames(_GOOD)
+    check_stream(ping + b"".join(f + ping for f in frames))
+    check_stream(_ERR)
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_checker_rejects(name: str) -> None:
+    assert BROKEN[name] != _GOOD
+    with pytest.raises(AssertionError):
+        check_stream(BROKEN[name])

@@ -1,0 +1,148 @@
+"""Every failure path of /v1/messages through the real gateway process (scripted stub upstream).
+
+After the first byte: a well-formed stream ending message_start.. content_block_stop.. one
+`error` event.. message_stop, which the Python SDK raises as APIStatusError with the right
+type. Before it: a JSON error with the real status, which the SDK maps to its error class.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+import anthropic
+import pytest
+
+from tests.anthropic_stream_check import check_stream
+
+pytestmark = pytest.mark.e2e
+
+
+def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
+
+
+def _body(model: str, stream: bool) -> dict[str, Any]:
+    return {"model": model, "max_tokens": 50, "stream": stream,
+            "messages": [{"role": "user", "content": "hi"}]}
+
+
+# scenario -> error.type of the in-band error event
+MIDSTREAM = [
+    ("inband-error", "api_error"),
+    ("malformed", "api_error"),
+    ("cut-mid", "api_error"),
+    ("hang-mid", "timeout_error"),
+    ("eof-no-finish", "api_error"),
+]
+
+
+@pytest.mark.parametrize("scenario,error_type", MIDSTREAM)
+def test_midstream_failure_ends_with_the_envelope(stub_gateway, scenario, error_type) -> None:
+    _, base = stub_gateway
+    status, headers, raw = _post(base + "/v1/messages", _body(f"m-{scenario}", True))
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    events = check_stream(raw)
+    errors = [e for e in events if e["type"] == "error"]
+    assert len(errors) == 1 and errors[0]["error"]["type"] == error_type
+    assert events[-1] == {"type": "message_stop"}
+    text = raw.decode()
+    for leak in ("10.0.0.9", "http://", "Traceback", "not json"):
+        assert leak not in text
+    client = anthropic.Anthropic(base_url=base, api_key="k", max_retries=0)
+    with pytest.raises(anthropic.APIStatusError) as info:
+        with client.messages.stream(model=f"m-{scenario}", max_tokens=50,
+                                    messages=[{"role": "user", "content": "hi"}]) as s:
+            s.get_final_message()
+    assert info.value.type == error_type
+
+
+# scenario -> (status, error.type, SDK class, needs retry-after)
+BEFORE_FIRST_BYTE = [
+    ("status:503", 529, "overloaded_error", anthropic.InternalServerError, True),
+    ("status:429", 429, "rate_limit_error", anthropic.RateLimitError, True),
+    ("status:500:traceback", 500, "api_error", anthropic.InternalServerError, False),
+    ("status:400", 400, "invalid_request_error", anthropic.BadRequestError, False),
+    ("status:404", 500, "api_error", anthropic.InternalServerError, False),
+    ("hang-headers", 504, "timeout_error", anthropic.InternalServerError, False),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "stream"])
+@pytest.mark.parametrize("scenario,status,error_type,sdk_error,retry_after", BEFORE_FIRST_BYTE)
+def test_failure_before_first_byte_is_a_json_error(stub_gateway, scenario, status, error_type,
+                                                   sdk_error, retry_after, stream) -> None:
+    _, base = stub_gateway
+    got, headers, raw = _post(base + "/v1/messages", _body(f"m-{scenario}", stream))
+    assert got == status
+    assert headers["content-type"].startswith("application/json")
+    body = json.loads(raw)
+    assert body["type"] == "error" and body["error"]["type"] == error_type
+    assert ("retry-after" in headers) == retry_after
+    for leak in ("Traceback", "File ", "/opt/", "10.1.2.3", "http://", "127.0.0.1"):
+        assert leak not in raw.decode()
+    client = anthropic.Anthropic(base_url=base, api_key="k", max_retries=0)
+    with pytest.raises(sdk_error):
+        client.messages.create(**_body(f"m-{scenario}", False))
+
+
+def test_context_error_uses_claude_code_wording(stub_gateway) -> None:
+    _, base = stub_gateway
+    status, _, raw = _post(base + "/v1/messages", _body("m-status:400:context", True))
+    assert status == 400
+    assert json.loads(raw)["error"]["message"].startswith(
+        "input length and `max_tokens` exceed context limit: 4000 + 1000 > 4096")
+
+
+def test_upstream_down_is_529(gateway_factory) -> None:
+    from tests.conftest import stub_config
+    from tests.procs import free_port
+
+    _, url = gateway_factory(stub_config(f"http://127.0.0.1:{free_port()}/v1", models=("ok",)))
+    status, headers, raw = _post(url + "/llm/v1/messages", _body("m-ok", True))
+    assert status == 529 and headers.get("retry-after")
+    assert json.loads(raw)["error"]["type"] == "overloaded_error"
+    assert "127.0.0.1" not in raw.decode()
+
+
+def test_good_streams_pass_the_checker_and_the_sdk(stub_gateway) -> None:
+    _, base = stub_gateway
+    client = anthropic.Anthropic(base_url=base, api_key="k", max_retries=0)
+    for model, kinds, stop in (("m-ok", ["text"], "end_turn"),
+                               ("m-reasoning", ["thinking", "text"], "end_turn"),
+                               ("m-tools", ["tool_use"], "tool_use"),
+                               ("m-length", ["text"], "max_tokens")):
+        _, _, raw = _post(base + "/v1/messages", _body(model, True))
+        check_stream(raw)
+        with client.messages.stream(model=model, max_tokens=50,
+                                    messages=[{"role": "user", "content": "hi"}]) as s:
+            final = s.get_final_message()
+        assert [b.type for b in final.content] == kinds
+        assert final.stop_reason == stop
+        if model == "m-tools":
+            assert final.content[0].input == {"city": "Paris"}
+
+
+def test_unknown_model_is_404_naming_it(stub_gateway) -> None:
+    _, base = stub_gateway
+    status, _, raw = _post(base + "/v1/messages", _body("no-such-model", False))
+    assert status == 404
+    assert json.loads(raw)["error"] == {"type": "not_found_error",
+                                        "message": "model: no-such-model"}
+
+
+def test_invalid_request_names_the_field(stub_gateway) -> None:
+    _, base = stub_gateway
+    body = _body("m-ok", False)
+    body["messages"] = [{"role": "user", "content": []}]
+    status, _, raw = _post(base + "/v1/messages?beta=true", body)
+    assert status == 400
+    err = json.loads(raw)["error"]
+    assert err["type"] == "invalid_request_error" and err["message"].startswith("messages.0.content")

@@ -1,0 +1,67 @@
+"""The official TypeScript SDK (@anthropic-ai/sdk, installed by .ci/run into tests/clients)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import stub_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.clients]
+
+CLIENTS = Path(__file__).resolve().parent.parent / "clients"
+
+
+def _node_ready() -> None:
+    if shutil.which("node") and (CLIENTS / "node_modules" / "@anthropic-ai" / "sdk").is_dir():
+        return
+    message = "TypeScript SDK not installed: (cd tests/clients && npm install)"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def run_ts(base: str, model: str, mode: str = "ok") -> dict:
+    _node_ready()
+    proc = subprocess.run(["node", str(CLIENTS / "ts_sdk.mjs"), base, model, mode],
+                          capture_output=True, text=True, timeout=60, cwd=CLIENTS)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert lines, proc.stdout + proc.stderr
+    return json.loads(lines[-1])
+
+
+@pytest.mark.llamacpp
+def test_ts_sdk_against_real_upstream(llama_gateway, tiny_model) -> None:
+    _, base = llama_gateway
+    _, expect = tiny_model
+    out = run_ts(base, "demo")
+    assert "fatal" not in out, out
+    assert out["finalText"] == expect["answer"]
+    for reply in (out["stream"], out["created"]):
+        assert [b["type"] for b in reply["content"]] == ["thinking", "text"]
+        assert reply["content"][0]["thinking"] == expect["reasoning"]
+        assert reply["content"][1]["text"] == expect["answer"]
+        assert reply["stop_reason"] == "end_turn"
+        assert reply["usage"]["output_tokens"] == expect["completion_tokens_thinking"]
+    assert out["created"]["kind"] == "object"
+    assert out["models"] == ["demo"]
+    assert out["count"] == out["created"]["usage"]["input_tokens"]
+
+
+@pytest.mark.parametrize("scenario,error_type", [
+    ("inband-error", "api_error"),
+    ("malformed", "api_error"),
+    ("cut-mid", "api_error"),
+    ("eof-no-finish", "api_error"),
+])
+def test_ts_sdk_raises_on_failure_envelopes(stub_url, gateway_factory, scenario,
+                                            error_type) -> None:
+    _, url = gateway_factory(stub_config(stub_url, models=(scenario,)))
+    out = run_ts(url + "/llm", f"m-{scenario}", "stream-error")
+    assert out["error"] is not None, out
+    assert out["error"]["type"] == error_type, out

@@ -148,7 +148,7 @@ async def _stream(request: web.Request, route: ModelRoute, client: UpstreamClien
                     if translator.done:
                         break
                 if out:
-                    if not first_token_at and translator.started:
+                    if not first_token_at and translator.output_started:
                         first_token_at = now
                         metrics.ttft.labels("messages", route.name).observe(
                             time.perf_counter() - t0)

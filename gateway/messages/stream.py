@@ -184,6 +184,11 @@ class StreamTranslator:
         )
 
     @property
+    def output_started(self) -> bool:
+        """A content block has been opened: the first token is on its way (TTFT)."""
+        return self._next_index > 0
+
+    @property
     def done(self) -> bool:
         return self.state is State.FINISHED or self.state is State.ERRORED
 

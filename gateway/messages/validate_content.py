@@ -122,7 +122,7 @@ def _image(block: Mapping[str, Any], path: str) -> None:
     kind = source.get("type")
     if kind == "base64":
         media = source.get("media_type")
-        if media not in _IMAGE_MEDIA_TYPES:
+        if not isinstance(media, str) or media not in _IMAGE_MEDIA_TYPES:
             raise fail(
                 f"{path}.media_type",
                 "Input should be 'image/jpeg', 'image/png', 'image/gif' or 'image/webp'",

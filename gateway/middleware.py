@@ -122,6 +122,7 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
     except errors.GatewayError as err:
         response = _prepared(request) or render_error(request, err, request_id)
         status = response.status
+        request["error"] = (err.error_type, err.message if err.status < 500 else None)
     except web.HTTPException:
         raise
     except Exception:
@@ -139,9 +140,13 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             metrics.requests.labels(api, model, str(status), stream).inc()
             metrics.request_duration.labels(api, model, stream).observe(duration)
         if route not in ("health", "ready", "metrics"):
+            error = request.get("error")
             _log.info("access", method=request.method, route=route, model=model or None,
                       upstream=request.get("upstream"), status=status,
-                      duration_ms=round(duration * 1000, 3), stream=request.get("stream", False))
+                      duration_ms=round(duration * 1000, 3), stream=request.get("stream", False),
+                      query=request.query_string or None,
+                      error_type=error[0] if error else None,
+                      error=error[1] if error else None)
     if not response.prepared:
         response.headers["request-id"] = request_id
     return response

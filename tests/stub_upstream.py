@@ -126,6 +126,8 @@ class Stub:
                                      status=code)
         if model == "hang-headers":
             await asyncio.sleep(3600)
+        if model.startswith("cc-tool:"):
+            return await self.tool_round_trip(request, body, model, stream)
         frames, buffered = script(model if model in ("reasoning", "tools", "length") else "ok")
         frames = [f.replace(b'"model":"ok"', b'"model":' + json.dumps(model).encode())
                   for f in frames]
@@ -164,6 +166,42 @@ class Stub:
             raise
         finally:
             self.open_streams -= 1
+        return resp
+
+    async def tool_round_trip(self, request: web.Request, body: dict, model: str,
+                              stream: bool) -> web.StreamResponse:
+        """Ask for the `Read` tool on the file named in the model; then answer with its text."""
+        path = model.split(":", 1)[1]
+        last = body["messages"][-1]
+        if last.get("role") == "tool":
+            text = last["content"] if isinstance(last["content"], str) else json.dumps(
+                last["content"])
+            words = ["The file says: ", text.strip().replace("\n", " ")[:200]]
+            frames = [chunk(model, {"role": "assistant", "content": ""})]
+            frames += [chunk(model, {"content": w}) for w in words]
+            frames += [chunk(model, {}, "stop", usage=USAGE), b"data: [DONE]\n\n"]
+            message = {"role": "assistant", "content": "".join(words)}
+            finish = "stop"
+        else:
+            args = json.dumps({"file_path": path})
+            call = {"index": 0, "id": "call_read_1", "type": "function",
+                    "function": {"name": "Read", "arguments": ""}}
+            frames = [chunk(model, {"role": "assistant", "content": ""}),
+                      chunk(model, {"tool_calls": [call]})]
+            frames += [chunk(model, {"tool_calls": [{"index": 0, "function": {"arguments": a}}]})
+                       for a in (args[:10], args[10:])]
+            frames += [chunk(model, {}, "tool_calls", usage=USAGE), b"data: [DONE]\n\n"]
+            message = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_read_1", "type": "function",
+                 "function": {"name": "Read", "arguments": args}}]}
+            finish = "tool_calls"
+        if not stream:
+            return web.json_response(completion(model, message, finish, USAGE), dumps=_compact)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for f in frames:
+            await resp.write(f)
+        await resp.write_eof()
         return resp
 
     async def get_requests(self, request: web.Request) -> web.Response:

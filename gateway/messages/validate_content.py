@@ -88,15 +88,19 @@ def check_list(value: Any, path: str) -> list[Any]:
 
 def check_depth(value: Any, path: str) -> None:
     """Refuse nesting deeper than MAX_DEPTH (the upstream body nests it further)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
+    # Level by level: one list per level, no per-node tuples (schemas run to ~65 KB).
+    level = [value]
+    depth = 0
+    while level:
+        depth += 1
         if depth > MAX_DEPTH:
             raise fail(path, f"nesting deeper than {MAX_DEPTH} levels")
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, (dict, list)))
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item if isinstance(v, (dict, list)))
+        below: list[Any] = []
+        for item in level:
+            for child in item.values() if isinstance(item, dict) else item:
+                if isinstance(child, (dict, list)):
+                    below.append(child)
+        level = below
 
 
 def _block_type(block: Any, path: str) -> str:

@@ -130,8 +130,13 @@ def _thinking_config(thinking: Any, max_tokens: Any) -> None:
     if display is not None:
         if kind == "disabled":
             raise fail("thinking.display", "not allowed when thinking.type is 'disabled'")
-        if display != "summarized":
-            raise fail("thinking.display", "Input should be 'summarized'")
+        # The issue allowed only "summarized"; the real API and its SDKs also take
+        # "omitted" (Claude Code sends it) and "updates", and today's API wins.
+        if display not in _DISPLAYS:
+            raise fail("thinking.display", "Input should be 'summarized', 'omitted' or 'updates'")
+
+
+_DISPLAYS = frozenset({"summarized", "omitted", "updates"})
 
 
 def _output_config(config: Any) -> None:

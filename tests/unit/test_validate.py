@@ -370,10 +370,10 @@ REFUSED: list[tuple[str, dict[str, Any], str, str | None]] = [
         "adaptive",
     ),
     (
-        "thinking-display-omitted",
-        {"thinking": {"type": "adaptive", "display": "omitted"}},
+        "thinking-display-unknown",
+        {"thinking": {"type": "adaptive", "display": "full"}},
         "thinking.display",
-        "summarized",
+        "omitted",
     ),
     ("thinking-type-unknown", {"thinking": {"type": "on"}}, "thinking.type", None),
     ("thinking-not-object", {"thinking": True}, "thinking", "dictionary"),
@@ -544,6 +544,8 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     ("thinking-adaptive", {"thinking": {"type": "adaptive"}}),
+    # Claude Code 2.1.3xx sends display "omitted"; the real API accepts it
+    ("thinking-adaptive-omitted", {"thinking": {"type": "adaptive", "display": "omitted"}}),
     ("thinking-between-tools", {"thinking": {"type": "between_tools"}}),
     ("thinking-disabled", {"thinking": {"type": "disabled"}}),
     ("effort-minimal", {"output_config": {"effort": "minimal"}}),

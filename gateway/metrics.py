@@ -1,8 +1,19 @@
 """Every metric, defined once against an injected registry.
 
-Label values come from config (model alias, upstream name), from fixed enums
-(api, reason, stop_reason, field) or from HTTP status codes the gateway itself
-chose - never from client input, so cardinality stays bounded.
+Naming follows Prometheus practice: the ``llm_gateway_`` prefix, base units in
+the name (``_seconds``), ``_total`` on counters, ``_info`` on constant-1
+metadata series. Label values come from config (model alias, upstream name,
+upstream model), from the fixed enums below (api, reason, stop_reason, field)
+or from HTTP status codes - never from client input, so cardinality stays
+bounded by the config.
+
+Series whose label values are known in advance are created at zero (the
+fixed-enum ones here, the per-model ones in :meth:`Metrics.add_model`): a
+counter that first appears already incremented hides that increment from
+``rate()``, and a missing series shows as "no data" instead of 0.
+
+The process collectors (``process_resident_memory_bytes`` and friends) are
+registered by the app next to these, on the same registry.
 """
 
 from __future__ import annotations
@@ -11,69 +22,119 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from gateway import __version__
 
+PREFIX = "llm_gateway_"
 APIS = ("messages", "count_tokens", "chat", "models")
+STREAM_APIS = ("messages", "chat")
 TERMINATIONS = (
     "completed", "client_disconnect", "upstream_error", "upstream_truncated", "malformed_chunk",
     "idle_timeout", "draining", "gateway_error",
 )
+# why a request was refused before any upstream call
+REJECTIONS = ("auth", "draining", "body_too_large", "unknown_model", "overloaded")
+# request fields the gateway knows and does not forward; anything else counts as "other"
 DROPPED_FIELDS = (
     "metadata", "service_tier", "context_management", "container", "response_format", "seed",
     "min_p", "mcp_servers", "cache_control", "inference_geo", "speed", "diagnostics",
     "server_tool", "other",
 )
-_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-_FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-_TTFT = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
+TOKEN_TYPES = ("input", "output")
+
+# end-to-end request time: sub-second buffered errors up to long reasoning streams
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0,
+            300.0, 600.0)
+# time to first token: edges at the usual interactive SLOs (0.5 s, 1 s, 2 s, 5 s)
+_TTFT = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
+# per-token decode time and chunk gaps: ~1 ms (tiny models) to seconds (stalls)
+_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5,
+          5.0, 10.0)
+# the gateway's own work: tens of microseconds to a few milliseconds
+_OVERHEAD = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+             0.25, 1.0)
 
 
 class Metrics:
+    """The gateway's metrics on ``registry``; attribute names are what the handlers use."""
+
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        p = "llm_gateway_"
+        p = PREFIX
         r = registry
-        self.requests = Counter(p + "requests_total", "Requests answered, by API, model and status",
-                                ["api", "model", "code", "stream"], registry=r)
-        self.request_duration = Histogram(p + "request_duration_seconds",
-                                          "Time from request to last byte",
-                                          ["api", "model", "stream"], buckets=_LATENCY, registry=r)
-        self.ttft = Histogram(p + "time_to_first_token_seconds",
-                              "Time from request to the first content token sent",
-                              ["api", "model"], buckets=_TTFT, registry=r)
-        self.inter_chunk = Histogram(p + "inter_chunk_latency_seconds",
-                                     "Gap between upstream stream chunks", ["model"],
-                                     buckets=_FAST, registry=r)
-        self.tpot = Histogram(p + "time_per_output_token_seconds",
-                              "Decode time per output token after the first", ["model"],
-                              buckets=_FAST, registry=r)
-        self.overhead = Histogram(p + "overhead_seconds",
-                                  "Gateway's own CPU-bound time per request (parse, validate, "
-                                  "translate)", ["api"], buckets=_FAST, registry=r)
-        self.upstream_requests = Counter(p + "upstream_requests_total",
-                                         "Upstream calls by outcome (HTTP code, connect_error, "
-                                         "timeout)", ["model", "upstream", "code"], registry=r)
-        self.upstream_headers = Histogram(p + "upstream_response_headers_seconds",
-                                          "Time until the upstream's response headers",
-                                          ["model", "upstream"], buckets=_LATENCY, registry=r)
-        self.tokens = Counter(p + "tokens_total", "Tokens reported by upstreams",
-                              ["model", "type"], registry=r)
-        self.terminations = Counter(p + "stream_terminations_total", "How streams ended",
-                                    ["api", "model", "reason"], registry=r)
-        self.stop_reasons = Counter(p + "stop_reasons_total", "Anthropic stop_reason of replies",
-                                    ["model", "stop_reason"], registry=r)
-        self.in_flight = Gauge(p + "streams_in_flight", "Streams being relayed now",
-                               ["api", "model"], registry=r)
-        self.rejected = Counter(p + "rejected_total", "Requests refused before any upstream call",
-                                ["api", "reason"], registry=r)
-        self.dropped_fields = Counter(p + "dropped_fields_total",
-                                      "Request fields not forwarded upstream", ["field"], registry=r)
-        self.tool_arg_errors = Counter(p + "tool_argument_errors_total",
-                                       "Tool-call arguments that were not valid JSON or had no call",
-                                       ["model"], registry=r)
-        self.loop_lag = Gauge(p + "event_loop_lag_seconds", "Event loop scheduling lag", registry=r)
-        self.build_info = Info(p + "build", "Gateway build", registry=r)
+        self.requests = Counter(
+            p + "requests_total", "Requests answered, by API, model alias, HTTP status and stream",
+            ["api", "model", "code", "stream"], registry=r)
+        self.request_duration = Histogram(
+            p + "request_duration_seconds", "Time from request arrival to the last byte sent",
+            ["api", "model", "stream"], buckets=_LATENCY, registry=r)
+        self.ttft = Histogram(
+            p + "time_to_first_token_seconds",
+            "Time from request arrival to the first content token sent to the client",
+            ["api", "model"], buckets=_TTFT, registry=r)
+        self.inter_chunk = Histogram(
+            p + "inter_chunk_latency_seconds", "Gap between consecutive upstream stream chunks",
+            ["model"], buckets=_TOKEN, registry=r)
+        self.tpot = Histogram(
+            p + "time_per_output_token_seconds",
+            "Mean decode time per output token after the first, per stream",
+            ["model"], buckets=_TOKEN, registry=r)
+        self.overhead = Histogram(
+            p + "overhead_seconds",
+            "Gateway's own time per request: parse, validate and translate, excluding upstream",
+            ["api"], buckets=_OVERHEAD, registry=r)
+        self.upstream_requests = Counter(
+            p + "upstream_requests_total",
+            "Upstream calls by outcome: HTTP status, connect_error or timeout before headers",
+            ["model", "upstream", "code"], registry=r)
+        self.upstream_headers = Histogram(
+            p + "upstream_response_headers_seconds",
+            "Time from sending the upstream request to its response headers",
+            ["model", "upstream"], buckets=_LATENCY, registry=r)
+        self.tokens = Counter(
+            p + "tokens_total", "Tokens reported in upstream usage, by type input or output",
+            ["model", "type"], registry=r)
+        self.terminations = Counter(
+            p + "stream_terminations_total", "Streams ended, by how they ended",
+            ["api", "model", "reason"], registry=r)
+        self.stop_reasons = Counter(
+            p + "stop_reasons_total", "Anthropic stop_reason of finished replies",
+            ["model", "stop_reason"], registry=r)
+        self.in_flight = Gauge(
+            p + "streams_in_flight", "Streams being relayed to clients now",
+            ["api", "model"], registry=r)
+        self.rejected = Counter(
+            p + "rejected_total", "Requests refused before any upstream call, by reason",
+            ["api", "reason"], registry=r)
+        self.dropped_fields = Counter(
+            p + "dropped_fields_total", "Client request fields not forwarded upstream",
+            ["field"], registry=r)
+        self.tool_arg_errors = Counter(
+            p + "tool_argument_errors_total",
+            "Tool-call arguments that were not valid JSON or belonged to no known call",
+            ["model"], registry=r)
+        self.loop_lag = Gauge(
+            p + "event_loop_lag_seconds", "How late the event loop ran a timer, last probe",
+            registry=r)
+        self.build_info = Info(p + "build", "Gateway build; constant 1", registry=r)
         self.build_info.info({"version": __version__})
-        self.model_info = Gauge(p + "model_info", "Configured model routes",
-                                ["model", "upstream", "upstream_model"], registry=r)
+        self.model_info = Gauge(
+            p + "model_info", "Configured model routes; constant 1",
+            ["model", "upstream", "upstream_model"], registry=r)
+        for api in APIS:
+            for reason in REJECTIONS:
+                self.rejected.labels(api, reason)
+        for name in DROPPED_FIELDS:
+            self.dropped_fields.labels(name)
+
+    def add_model(self, model: str, upstream: str, upstream_model: str) -> None:
+        """Publish a configured route and create its per-model series at zero."""
+        self.model_info.labels(model, upstream, upstream_model).set(1)
+        for kind in TOKEN_TYPES:
+            self.tokens.labels(model, kind)
+        for api in STREAM_APIS:
+            self.in_flight.labels(api, model)
+            for reason in TERMINATIONS:
+                self.terminations.labels(api, model, reason)
+        self.tool_arg_errors.labels(model)
 
     def drop_field(self, name: str) -> None:
+        """Count a dropped request field; unknown names (client input) count as ``other``."""
         self.dropped_fields.labels(name if name in DROPPED_FIELDS else "other").inc()

@@ -32,7 +32,8 @@ def _post(url: str, body: dict[str, Any], timeout: float = 60) -> tuple[int, byt
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+        with exc:
+            return exc.code, exc.read()
 
 
 def _client(base: str, **kw: Any) -> anthropic.Anthropic:

@@ -26,7 +26,8 @@ def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
     except urllib.error.HTTPError as exc:
-        return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
+        with exc:
+            return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
 
 
 def _body(model: str, stream: bool) -> dict[str, Any]:

@@ -29,7 +29,8 @@ def post(url: str, body: Any, headers: dict[str, str] | None = None,
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
     except urllib.error.HTTPError as exc:
-        return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
+        with exc:
+            return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
 
 
 def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
@@ -38,7 +39,8 @@ def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str,
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
     except urllib.error.HTTPError as exc:
-        return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
+        with exc:
+            return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
 
 
 def stub_requests(stub_url: str) -> list[dict[str, Any]]:
@@ -47,7 +49,8 @@ def stub_requests(stub_url: str) -> list[dict[str, Any]]:
 
 def clear_stub(stub_url: str) -> None:
     req = urllib.request.Request(stub_url.removesuffix("/v1") + "/_requests", method="DELETE")
-    urllib.request.urlopen(req, timeout=5).read()
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        resp.read()
 
 
 CHAT = {"model": "m-ok", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}

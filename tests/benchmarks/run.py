@@ -1,0 +1,615 @@
+"""The benchmark: the gateway against a direct upstream, a lean floor and a bare relay.
+
+    python -m tests.benchmarks.run [--quick | --tiny] [--json out.json]
+
+Everything is measured in one run, the targets taking turns (the order rotates each
+repetition) so a noisy neighbour hurts them alike; figures are medians over the
+repetitions. CPU is the process's own CPU time (every thread's ``/proc/PID/task/*/schedstat``,
+nanoseconds) read before and after a load, so it does not depend on how busy the machine
+was; memory is RSS from ``/proc/PID/status``. With two or more cores the measured server
+runs on core 1, the stub upstream and this driver on core 0 (``taskset``).
+
+Targets: ``gateway`` (a real ``python -m gateway`` process with everything on: API keys,
+metrics, info logs, validation), ``floor`` (tests/benchmarks/lean_floor.py, Anthropic),
+``relay`` (tests/benchmarks/bare_relay.py, OpenAI pass-through) and ``direct`` (the driver
+calling the stub itself: what "added" latency is measured against).
+
+Every process started here is ended here, by PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from gateway import jsonutil
+from tests.benchmarks import driver
+
+REPO = Path(__file__).resolve().parents[2]
+HOST = "127.0.0.1"
+API_KEY = "bench-key-0123456789"
+PREFIX = "/llm"
+
+# per mode: reps; buffered requests per concurrency; TTFT requests (256 chunks 1 ms apart:
+# the first chunk alone, so time to first token is not time to translate all); bulk streams;
+# paced streams x chunks x ms; slow streams x chunks x ms; abandoned streams
+MODES: dict[str, dict[str, Any]] = {
+    "full": {"reps": 3, "buffered": {1: 800, 16: 3000, 64: 3000}, "ttft": 15,
+             "bulk": (8, 80, 256), "paced": (32, 256, 10), "slow": (1000, 200, 100),
+             "abandon": 200},
+    "quick": {"reps": 2, "buffered": {1: 300, 16: 1000, 64: 1000}, "ttft": 8,
+              "bulk": (8, 30, 256), "paced": (16, 128, 10), "slow": (300, 50, 100),
+              "abandon": 100},
+    "tiny": {"reps": 1, "buffered": {1: 20, 16: 48, 64: 64}, "ttft": 3,
+             "bulk": (4, 8, 256), "paced": (4, 16, 10), "slow": (20, 10, 50),
+             "abandon": 10},
+}
+
+
+# --- processes ------------------------------------------------------------------------
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    """A child process (optionally pinned to a core), ended by PID."""
+
+    def __init__(self, name: str, args: list[str], *, core: int | None, logdir: Path,
+                 env: dict[str, str] | None = None, health: str) -> None:
+        self.name = name
+        self.log_path = logdir / f"{name}.log"
+        self.log = open(self.log_path, "wb")  # closed in stop()
+        prefix = ["taskset", "-c", str(core)] if core is not None else []
+        t0 = time.perf_counter()
+        self.popen = subprocess.Popen(prefix + args, stdout=self.log, stderr=subprocess.STDOUT,
+                                      cwd=str(REPO), env={**os.environ, **(env or {})})
+        _PROCS.append(self)
+        self._wait_health(health)
+        self.startup = time.perf_counter() - t0
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def _wait_health(self, url: str) -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: {self.log_path.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(url, timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.01)
+        raise RuntimeError(f"{self.name} did not answer {url}")
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(8)
+            except subprocess.TimeoutExpired:
+                os.kill(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(5)
+        self.log.close()
+        if self in _PROCS:
+            _PROCS.remove(self)
+
+
+_PROCS: list[Proc] = []
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of every thread of ``pid`` (ns precision where schedstat exists)."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                total += int(fh.read().split()[0])
+        return total / 1e9
+    except (OSError, ValueError, IndexError):
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return jsonutil.loads(resp.read())
+
+
+# --- the setup ------------------------------------------------------------------------
+
+def _models(mode: dict[str, Any]) -> list[str]:
+    names = ["bench:16:0", "bench:256:0", "bench:256:1"]
+    for key in ("paced", "slow"):
+        _, n, ms = mode[key]
+        names.append(f"bench:{n}:{ms}")
+    names.append("bench:1000:100")  # the abandoned streams: long enough to be cut
+    return sorted(set(names))
+
+
+def _gateway_config(stub: str, models: list[str]) -> str:
+    text = f"""
+[server]
+host = "{HOST}"
+prefix = "{PREFIX}"
+log_level = "info"
+api_keys_env = "BENCH_GATEWAY_KEYS"
+shutdown_grace = 2
+
+[upstreams.stub]
+base_url = "{stub}"
+kind = "vllm"
+"""
+    for m in models:
+        text += f'\n[[models]]\nname = "{m}"\nupstream = "stub"\nupstream_model = "{m}"\n'
+    return text
+
+
+class Bench:
+    def __init__(self, mode_name: str) -> None:
+        self.mode_name = mode_name
+        self.mode = MODES[mode_name]
+        self.tmp = Path(tempfile.mkdtemp(prefix="llm-gateway-bench-"))
+        self.pin = (os.cpu_count() or 1) >= 2 and bool(_which("taskset"))
+        self.server_core = 1 if self.pin else None
+        self.client_core = 0 if self.pin else None
+        if self.pin:
+            os.sched_setaffinity(0, {0})
+        self.stub_port = _free_port()
+        self.stub = Proc("stub", [sys.executable, "-m", "tests.benchmarks.stub_fast",
+                                  str(self.stub_port)], core=self.client_core, logdir=self.tmp,
+                         health=f"http://{HOST}:{self.stub_port}/health")
+        self.stub_url = f"http://{HOST}:{self.stub_port}/v1"
+        self.models = _models(self.mode)
+        self.cfg = self.tmp / "gateway.toml"
+        self.cfg.write_text(_gateway_config(self.stub_url, self.models))
+        self.servers: dict[str, tuple[Proc, int]] = {}
+
+    # server processes, started on demand, restarted for clean memory figures
+    def start(self, name: str) -> Proc:
+        port = _free_port()
+        if name == "gateway":
+            args = [sys.executable, "-m", "gateway", "--config", str(self.cfg), "--port",
+                    str(port)]
+            env = {"BENCH_GATEWAY_KEYS": API_KEY}
+        else:
+            module = {"floor": "lean_floor", "relay": "bare_relay"}[name]
+            args = [sys.executable, "-m", f"tests.benchmarks.{module}", str(port),
+                    self.stub_url]
+            env = {}
+        proc = Proc(name, args, core=self.server_core, logdir=self.tmp, env=env,
+                    health=f"http://{HOST}:{port}/health")
+        self.servers[name] = (proc, port)
+        return proc
+
+    def restart(self, name: str) -> Proc:
+        if name in self.servers:
+            self.servers.pop(name)[0].stop()
+        return self.start(name)
+
+    def close(self) -> None:
+        for proc in list(_PROCS):
+            proc.stop()
+
+    def stub_stats(self) -> dict[str, int]:
+        return _get_json(f"http://{HOST}:{self.stub_port}/_stats")  # type: ignore[no-any-return]
+
+    # requests ------------------------------------------------------------------------
+
+    def request(self, target: str, api: str, model: str, stream: bool) -> tuple[int, bytes]:
+        """(port, raw request bytes) for ``target`` speaking ``api``."""
+        if api == "anthropic":
+            body = {"model": model, "max_tokens": 1024, "stream": stream,
+                    "system": "You are a concise assistant.",
+                    "messages": [{"role": "user", "content": "Say hello to the benchmark."}]}
+        else:
+            body = {"model": model, "max_tokens": 1024, "stream": stream,
+                    "messages": [{"role": "system", "content": "You are a concise assistant."},
+                                 {"role": "user", "content": "Say hello to the benchmark."}]}
+            if stream:
+                body["stream_options"] = {"include_usage": True}
+        if target == "direct":
+            if api == "anthropic":  # the same conversation as the stub is sent it
+                body = {"model": model, "max_tokens": 1024, "stream": stream, "messages": [
+                    {"role": "system", "content": body["system"]},
+                    {"role": "user", "content": "Say hello to the benchmark."}]}
+                if stream:
+                    body["stream_options"] = {"include_usage": True}
+            return self.stub_port, driver.build_request(HOST, self.stub_port,
+                                                        "/v1/chat/completions",
+                                                        jsonutil.dumpb(body))
+        port = self.servers[target][1]
+        if target == "gateway":
+            path = PREFIX + ("/v1/messages" if api == "anthropic" else "/v1/chat/completions")
+            headers = ({"x-api-key": API_KEY, "anthropic-version": "2023-06-01"}
+                       if api == "anthropic" else {"Authorization": f"Bearer {API_KEY}"})
+        else:
+            path = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
+            headers = {}
+        return port, driver.build_request(HOST, port, path, jsonutil.dumpb(body), headers)
+
+    def pid(self, target: str) -> int | None:
+        return self.servers[target][0].pid if target in self.servers else None
+
+
+def _which(cmd: str) -> str | None:
+    from shutil import which
+
+    return which(cmd)
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def _med(values: list[float]) -> float:
+    values = [v for v in values if v == v]
+    return statistics.median(values) if values else float("nan")
+
+
+def _markers(api: str) -> tuple[bytes, bytes]:
+    return (b"content_block_delta", b"message_stop") if api == "anthropic" \
+        else (b"reasoning_content", b"[DONE]")
+
+
+# --- scenarios ------------------------------------------------------------------------
+
+async def _measured(bench: Bench, target: str, coro: Any) -> tuple[driver.LoadResult, float]:
+    pid = bench.pid(target)
+    before = cpu_seconds(pid) if pid else 0.0
+    res = await coro
+    after = cpu_seconds(pid) if pid else 0.0
+    return res, after - before
+
+
+def _rotations(targets: list[str], reps: int) -> list[list[str]]:
+    return [targets[i % len(targets):] + targets[: i % len(targets)] for i in range(reps)]
+
+
+async def buffered(bench: Bench, api: str, floor: str) -> dict[str, Any]:
+    targets = ["direct", "gateway", floor]
+    out: dict[str, Any] = {}
+    for conc, count in bench.mode["buffered"].items():
+        runs: dict[str, list[dict[str, float]]] = {t: [] for t in targets}
+        for order in _rotations(targets, bench.mode["reps"]):
+            for target in order:
+                port, raw = bench.request(target, api, "bench:16:0", False)
+                await driver.closed_loop(HOST, port, raw, concurrency=conc,
+                                         requests=max(conc, count // 10))  # warm-up
+                res, cpu = await _measured(bench, target, driver.closed_loop(
+                    HOST, port, raw, concurrency=conc, requests=count))
+                lat = [r.latency for r in res.results]
+                runs[target].append({
+                    "rps": len(res.results) / res.wall, "p50_ms": _pct(lat, 0.5) * 1e3,
+                    "p99_ms": _pct(lat, 0.99) * 1e3, "ok": res.ok / len(res.results),
+                    "cpu_us": cpu / len(res.results) * 1e6 if target != "direct" else 0.0})
+        row = {t: {k: _med([r[k] for r in rs]) for k in rs[0]} for t, rs in runs.items()}
+        for t in targets[1:]:
+            row[t]["added_p50_ms"] = row[t]["p50_ms"] - row["direct"]["p50_ms"]
+            row[t]["added_p99_ms"] = row[t]["p99_ms"] - row["direct"]["p99_ms"]
+        row["cpu_ratio"] = row["gateway"]["cpu_us"] / row[floor]["cpu_us"]
+        out[f"c{conc}"] = row
+    return out
+
+
+async def streamed(bench: Bench, api: str, floor: str) -> dict[str, Any]:
+    marker, terminal = _markers(api)
+    mode = bench.mode
+    out: dict[str, Any] = {}
+    # 1) latency at concurrency 1, 256 chunks 1 ms apart: TTFT and time to last byte
+    targets = ["direct", "gateway", floor]
+    runs: dict[str, list[dict[str, float]]] = {t: [] for t in targets}
+    for order in _rotations(targets, mode["reps"]):
+        for target in order:
+            port, raw = bench.request(target, api, "bench:256:1", True)
+            await driver.closed_loop(HOST, port, raw, concurrency=1, requests=2,
+                                     marker=marker, terminal=terminal)
+            res = await driver.closed_loop(HOST, port, raw, concurrency=1,
+                                           requests=mode["ttft"], marker=marker,
+                                           terminal=terminal)
+            runs[target].append({
+                "ttft_ms": _med([r.ttft for r in res.results]) * 1e3,
+                "ttlb_ms": _med([r.latency for r in res.results]) * 1e3,
+                "ok": res.ok / len(res.results)})
+    row = {t: {k: _med([r[k] for r in rs]) for k in rs[0]} for t, rs in runs.items()}
+    for t in targets[1:]:
+        row[t]["added_ttft_ms"] = row[t]["ttft_ms"] - row["direct"]["ttft_ms"]
+        row[t]["added_ttlb_ms"] = row[t]["ttlb_ms"] - row["direct"]["ttlb_ms"]
+    out["latency_c1"] = row
+    # 2) bulk: every chunk at once, concurrency C: chunks/s and CPU per 1,000 chunks
+    conc, count, n = mode["bulk"]
+    runs = {t: [] for t in targets}
+    for order in _rotations(targets, mode["reps"]):
+        for target in order:
+            port, raw = bench.request(target, api, f"bench:{n}:0", True)
+            res, cpu = await _measured(bench, target, driver.closed_loop(
+                HOST, port, raw, concurrency=conc, requests=count, marker=marker,
+                terminal=terminal))
+            chunks = n * len(res.results)
+            runs[target].append({"chunks_per_s": chunks / res.wall,
+                                 "cpu_s_per_1k_chunks": cpu / chunks * 1000,
+                                 "ok": res.ok / len(res.results)})
+    row = {t: {k: _med([r[k] for r in rs]) for k in rs[0]} for t, rs in runs.items()}
+    row["cpu_ratio"] = (row["gateway"]["cpu_s_per_1k_chunks"]
+                        / row[floor]["cpu_s_per_1k_chunks"])
+    out["bulk"] = row
+    # 3) paced: chunks one by one, CPU per 1,000 chunks
+    streams, n, ms = mode["paced"]
+    targets = ["gateway", floor]
+    runs = {t: [] for t in targets}
+    for order in _rotations(targets, mode["reps"]):
+        for target in order:
+            port, raw = bench.request(target, api, f"bench:{n}:{ms}", True)
+            res, cpu = await _measured(bench, target, driver.streams_at_once(
+                HOST, port, raw, count=streams, marker=marker, terminal=terminal,
+                within=n * ms / 1000 * 3 + 10))
+            chunks = n * streams
+            runs[target].append({"cpu_s_per_1k_chunks": cpu / chunks * 1000,
+                                 "ok": res.ok / streams})
+    row = {t: {k: _med([r[k] for r in rs]) for k in rs[0]} for t, rs in runs.items()}
+    row["cpu_ratio"] = (row["gateway"]["cpu_s_per_1k_chunks"]
+                        / row[floor]["cpu_s_per_1k_chunks"])
+    out["paced"] = row
+    return out
+
+
+async def slow_streams(bench: Bench, api: str, floor: str) -> dict[str, Any]:
+    """Many concurrent slow streams against freshly started servers (clean memory)."""
+    marker, terminal = _markers(api)
+    count, n, ms = bench.mode["slow"]
+    expected = (n - 1) * ms / 1000
+    out: dict[str, Any] = {"streams": count, "chunks": n, "interval_ms": ms}
+    for target in ("gateway", floor):
+        proc = bench.restart(target)
+        port, raw = bench.request(target, api, f"bench:{n}:{ms}", True)
+        warm_port, warm = bench.request(target, api, "bench:16:0", True)
+        await driver.closed_loop(HOST, warm_port, warm, concurrency=4, requests=16,
+                                 marker=marker, terminal=terminal)
+        await asyncio.sleep(0.2)
+        base_rss = rss_bytes(proc.pid)
+        peaks = [base_rss]
+        stop = asyncio.Event()
+        sampler = asyncio.create_task(_sample_rss(proc.pid, stop, peaks))
+        res, cpu = await _measured(bench, target, driver.streams_at_once(
+            HOST, port, raw, count=count, marker=marker, terminal=terminal,
+            within=expected + 15))
+        stop.set()
+        await sampler
+        peak = max(peaks)
+        await asyncio.sleep(0.5)
+        late = [r.latency - expected for r in res.results]
+        out[target] = {
+            "completed": res.ok, "completed_ratio": res.ok / count,
+            "on_time_ratio": sum(1 for r in res.results if r.complete
+                                 and r.latency - expected < 1.0) / count,
+            "late_p50_ms": _pct(late, 0.5) * 1e3, "late_max_ms": max(late or [0.0]) * 1e3,
+            "kb_per_stream": (peak - base_rss) / count / 1024,
+            "peak_rss_mb": peak / 2**20,
+            "cpu_s_per_1k_chunks": cpu / (count * n) * 1000,
+            "upstream_open_after": bench.stub_stats()["open"],
+        }
+        out[target]["abandoned_open_after"] = await _abandon(bench, target, api)
+    return out
+
+
+async def _sample_rss(pid: int, stop: asyncio.Event, peaks: list[int]) -> None:
+    while not stop.is_set():
+        peaks.append(rss_bytes(pid))
+        await asyncio.sleep(0.25)
+
+
+async def _abandon(bench: Bench, target: str, api: str) -> int:
+    """Open long streams, hang up after a second: the upstream streams must all close."""
+    count = bench.mode["abandon"]
+    port, raw = bench.request(target, api, "bench:1000:100", True)
+    marker, terminal = _markers(api)
+    await driver.streams_at_once(HOST, port, raw, count=count, marker=marker,
+                                 terminal=terminal, within=1.0)
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        if bench.stub_stats()["open"] == 0:
+            break
+    return bench.stub_stats()["open"]
+
+
+def startup(bench: Bench) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in ("gateway", "floor", "relay"):
+        times, rss = [], []
+        for _ in range(1 if bench.mode_name == "tiny" else 3):
+            proc = bench.restart(name)
+            times.append(proc.startup)
+            time.sleep(0.3)
+            rss.append(rss_bytes(proc.pid) / 2**20)
+        out[name] = {"startup_s": _med(times), "idle_rss_mb": _med(rss)}
+    return out
+
+
+# --- targets and the table ------------------------------------------------------------
+
+def check_targets(r: dict[str, Any]) -> list[dict[str, Any]]:
+    a, o = r["anthropic"], r["openai"]
+    rows = [
+        ("buffered Anthropic CPU/request vs floor (c16)", a["buffered"]["c16"]["cpu_ratio"], 1.3),
+        ("pass-through CPU/request vs relay (c16)", o["buffered"]["c16"]["cpu_ratio"], 1.2),
+        ("added p50 latency, buffered, c1 (ms)",
+         a["buffered"]["c1"]["gateway"]["added_p50_ms"], 0.35),
+        ("added TTFT, stream, c1 (ms)",
+         a["stream"]["latency_c1"]["gateway"]["added_ttft_ms"], 1.0),
+        ("paced stream CPU/1k chunks vs floor", a["stream"]["paced"]["cpu_ratio"], 1.3),
+        ("slow streams: KB per stream", a["slow"]["gateway"]["kb_per_stream"], 48),
+        ("slow streams: not completed", r["anthropic"]["slow"]["streams"]
+         - a["slow"]["gateway"]["completed"], 0),
+        ("slow streams: upstream streams left open",
+         a["slow"]["gateway"]["upstream_open_after"] + o["slow"]["gateway"]["upstream_open_after"]
+         + a["slow"]["gateway"]["abandoned_open_after"]
+         + o["slow"]["gateway"]["abandoned_open_after"], 0),
+        ("idle RSS (MB)", r["startup"]["gateway"]["idle_rss_mb"], 60),
+        ("start-up (s)", r["startup"]["gateway"]["startup_s"], 1.0),
+    ]
+    return [{"target": name, "value": value, "limit": limit, "holds": value <= limit}
+            for name, value, limit in rows]
+
+
+def _f(v: float, nd: int = 2) -> str:
+    if v != v:
+        return "-"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.{nd}f}"
+
+
+def table(r: dict[str, Any]) -> str:
+    lines = ["| figure | gateway | floor/relay | direct | gateway ÷ floor |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+
+    def add(label: str, g: float | str, f: float | str, d: float | None = None,
+            ratio: bool = True) -> None:
+        gs = g if isinstance(g, str) else _f(g)
+        fs = f if isinstance(f, str) else _f(f)
+        rs = _f(g / f) if ratio and not isinstance(g, str) and not isinstance(f, str) and f \
+            else ""
+        lines.append(f"| {label} | {gs} | {fs} | {_f(d) if d is not None else ''} | {rs} |")
+
+    for api, floor in (("anthropic", "floor"), ("openai", "relay")):
+        x = r[api]
+        tag = "Anthropic" if api == "anthropic" else "OpenAI pass-through"
+        for c, row in x["buffered"].items():
+            add(f"{tag} buffered {c}: requests/s", row["gateway"]["rps"], row[floor]["rps"],
+                row["direct"]["rps"])
+            add(f"{tag} buffered {c}: CPU µs/request", row["gateway"]["cpu_us"],
+                row[floor]["cpu_us"])
+            add(f"{tag} buffered {c}: added p50 / p99 ms",
+                f"{_f(row['gateway']['added_p50_ms'])} / {_f(row['gateway']['added_p99_ms'])}",
+                f"{_f(row[floor]['added_p50_ms'])} / {_f(row[floor]['added_p99_ms'])}")
+        lat = x["stream"]["latency_c1"]
+        add(f"{tag} stream c1: added TTFT ms", lat["gateway"]["added_ttft_ms"],
+            lat[floor]["added_ttft_ms"], ratio=False)
+        add(f"{tag} stream c1: added last byte ms", lat["gateway"]["added_ttlb_ms"],
+            lat[floor]["added_ttlb_ms"], ratio=False)
+        b = x["stream"]["bulk"]
+        add(f"{tag} stream bulk: chunks/s", b["gateway"]["chunks_per_s"],
+            b[floor]["chunks_per_s"], b["direct"]["chunks_per_s"])
+        add(f"{tag} stream bulk: CPU s/1k chunks", b["gateway"]["cpu_s_per_1k_chunks"],
+            b[floor]["cpu_s_per_1k_chunks"])
+        p = x["stream"]["paced"]
+        add(f"{tag} stream paced: CPU s/1k chunks", p["gateway"]["cpu_s_per_1k_chunks"],
+            p[floor]["cpu_s_per_1k_chunks"])
+        s = x["slow"]
+        label = f"{tag} {s['streams']} slow streams"
+        add(f"{label}: completed", s["gateway"]["completed"], s[floor]["completed"],
+            ratio=False)
+        add(f"{label}: on time (<1 s late)", s["gateway"]["on_time_ratio"],
+            s[floor]["on_time_ratio"], ratio=False)
+        add(f"{label}: KB/stream", s["gateway"]["kb_per_stream"], s[floor]["kb_per_stream"])
+        add(f"{label}: CPU s/1k chunks", s["gateway"]["cpu_s_per_1k_chunks"],
+            s[floor]["cpu_s_per_1k_chunks"])
+        add(f"{label}: upstream open after / after hang-up",
+            f"{s['gateway']['upstream_open_after']} / {s['gateway']['abandoned_open_after']}",
+            f"{s[floor]['upstream_open_after']} / {s[floor]['abandoned_open_after']}")
+    st = r["startup"]
+    lines.append(f"| idle RSS MB (relay) | {_f(st['gateway']['idle_rss_mb'])} | "
+                 f"{_f(st['floor']['idle_rss_mb'])} ({_f(st['relay']['idle_rss_mb'])}) | | |")
+    lines.append(f"| start-up s (relay) | {_f(st['gateway']['startup_s'])} | "
+                 f"{_f(st['floor']['startup_s'])} ({_f(st['relay']['startup_s'])}) | | |")
+    lines.append("")
+    lines.append("| target | value | limit | holds |")
+    lines.append("| --- | ---: | ---: | :---: |")
+    for t in r["targets"]:
+        lines.append(f"| {t['target']} | {_f(t['value'])} | {t['limit']} | "
+                     f"{'yes' if t['holds'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+# --- main -----------------------------------------------------------------------------
+
+async def _run_all(bench: Bench) -> dict[str, Any]:
+    r: dict[str, Any] = {}
+    for api, floor in (("anthropic", "floor"), ("openai", "relay")):
+        if "gateway" not in bench.servers:
+            bench.start("gateway")
+        if floor not in bench.servers:
+            bench.start(floor)
+        r[api] = {"buffered": await buffered(bench, api, floor),
+                  "stream": await streamed(bench, api, floor),
+                  "slow": await slow_streams(bench, api, floor)}
+    return r
+
+
+def run(mode_name: str = "full") -> dict[str, Any]:
+    t0 = time.perf_counter()
+    bench = Bench(mode_name)
+    try:
+        result: dict[str, Any] = {
+            "mode": mode_name,
+            "machine": {"cpus": os.cpu_count(), "pinned": bench.pin,
+                        "loadavg_before": os.getloadavg(),
+                        "python": sys.version.split()[0]},
+        }
+        result["startup"] = startup(bench)
+        result.update(asyncio.run(_run_all(bench)))
+        gw_log = bench.servers["gateway"][0].log_path
+        result["machine"]["loadavg_after"] = os.getloadavg()
+        result["targets"] = check_targets(result)
+        result["elapsed_s"] = time.perf_counter() - t0
+        bench.close()
+        errors = [ln for ln in gw_log.read_text(errors="replace").splitlines()
+                  if '"level":"error"' in ln or "Traceback" in ln]
+        result["gateway_error_lines"] = len(errors)
+        return result
+    finally:
+        bench.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.benchmarks.run")
+    group = ap.add_mutually_exclusive_group()
+    group.add_argument("--quick", action="store_true", help="fewer, shorter runs (< 2 min)")
+    group.add_argument("--tiny", action="store_true", help="seconds: proves it runs (tests)")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
+    result = run(mode)
+    print(table(result))
+    print(f"\nmode {mode}, {result['elapsed_s']:.0f} s, cpus {result['machine']['cpus']}, "
+          f"pinned {result['machine']['pinned']}, load average before/after "
+          f"{result['machine']['loadavg_before'][0]:.2f}/"
+          f"{result['machine']['loadavg_after'][0]:.2f}, gateway error log lines "
+          f"{result['gateway_error_lines']}")
+    if args.json:
+        Path(args.json).write_text(jsonutil.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

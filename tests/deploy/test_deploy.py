@@ -1,0 +1,682 @@
+"""The deployment files under deploy/, each checked without a Docker engine or a cluster.
+
+- The example config is accepted by the real loader, as it is and with its commented knob lines
+  switched on, and documents every knob of gateway/config.py's schema tables; README.md's
+  configuration table lists exactly the same knobs.
+- The systemd unit passes ``systemd-analyze verify`` and ``systemd-analyze security
+  --offline=yes`` holds its exposure score at or below ``SYSTEMD_EXPOSURE_MAX``.
+- The Dockerfile passes hadolint and has the lines that matter (multi-stage, non-root user,
+  exec-form entrypoint, HEALTHCHECK on /health that works against a real gateway).
+- The compose stack and the Kubernetes manifests agree with each other and with the gateway's
+  config; built-in Kubernetes kinds are validated against the official JSON schemas
+  (kubernetes-validate, strict: unknown fields fail).
+
+Tools (systemd-analyze, hadolint, kubernetes-validate) that are missing skip the test locally
+and fail it under CI (the ``CI`` environment variable is set there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway import config
+from tests.procs import REPO, Proc, free_port, wait_http
+
+try:
+    import yaml
+except ImportError:  # PyYAML comes with the test extra; CI must not skip for want of it
+    if os.environ.get("CI"):
+        raise
+    pytest.skip("PyYAML is not installed", allow_module_level=True)
+
+DEPLOY = REPO / "deploy"
+EXAMPLE = DEPLOY / "gateway.example.toml"
+UNIT = DEPLOY / "systemd" / "llm-gateway.service"
+DOCKERFILE = DEPLOY / "Dockerfile"
+DOCKERIGNORE = DEPLOY / "Dockerfile.dockerignore"
+COMPOSE = DEPLOY / "compose.yaml"
+PROMETHEUS = DEPLOY / "prometheus.yml"
+K8S = DEPLOY / "kubernetes"
+
+# `systemd-analyze security --offline=yes` on systemd 252 scores the unit 1.2; what remains is
+# network access (the gateway's job), AF_UNIX, the host's root directory and @resources.
+SYSTEMD_EXPOSURE_MAX = 1.5
+K8S_VERSION = "1.30.0"
+# The drain finishes streams within shutdown_grace, then waits up to this long for the ends.
+DRAIN_TAIL_S = 2.0
+UNIT_BINARY = "/opt/llm-gateway/bin/llm-gateway"
+UNIT_CONFIG = "/etc/llm-gateway/gateway.toml"
+
+
+def _need(ok: object, why: str) -> None:
+    """A missing tool: skip locally, fail under CI (where .ci/run must have installed it)."""
+    if not ok:
+        if os.environ.get("CI"):
+            pytest.fail(f"{why} (CI must install it)")
+        pytest.skip(why)
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    _need(path, f"{name} is not installed")
+    assert path
+    return path
+
+
+# ---------------------------------------------------------------- (a) the config knobs
+
+_SCHEMAS = {"server": config._SERVER_KEYS, "upstreams": config._UPSTREAM_KEYS,
+            "models": config._MODEL_KEYS}
+
+
+def _schema_knobs() -> set[str]:
+    return ({f"server.{k}" for k in config._SERVER_KEYS}
+            | {f"upstreams.<name>.{k}" for k in config._UPSTREAM_KEYS}
+            | {f"models[].{k}" for k in config._MODEL_KEYS})
+
+
+# a commented-out knob: "# key = value" (prose comments never have this shape)
+_COMMENTED_KNOB = re.compile(r"^#\s?([A-Za-z_][A-Za-z0-9_]*\s*=\s*\S.*)$")
+
+
+def _switch_on(text: str) -> str:
+    return "\n".join(
+        m.group(1) if (m := _COMMENTED_KNOB.match(line)) else line for line in text.splitlines())
+
+
+def _knobs_in(data: dict[str, Any]) -> set[str]:
+    knobs = {f"server.{k}" for k in data.get("server", {})}
+    for table in data.get("upstreams", {}).values():
+        knobs |= {f"upstreams.<name>.{k}" for k in table}
+    for table in data.get("models", []):
+        knobs |= {f"models[].{k}" for k in table}
+    return knobs
+
+
+def _env_names(data: dict[str, Any]) -> set[str]:
+    """Every environment variable a config names (the *_env keys)."""
+    tables = [data.get("server", {}), *data.get("upstreams", {}).values()]
+    return {v for t in tables for k, v in t.items() if k.endswith("_env")}
+
+
+def _parse_with_env(text: str, src: str) -> config.Config:
+    data = tomllib.loads(text)
+    return config.parse(data, src, {name: "test-secret" for name in _env_names(data)})
+
+
+def test_example_config_passes_check_config_as_it_is() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env.update(PYTHONPATH=str(REPO))
+    run = subprocess.run([sys.executable, "-m", "gateway", "--check-config", "--config",
+                          str(EXAMPLE)], env=env, cwd=REPO, capture_output=True, text=True,
+                         timeout=30)
+    assert run.returncode == 0, run.stderr
+    assert "config ok" in run.stdout
+
+
+def test_example_config_with_every_commented_knob_switched_on_loads() -> None:
+    text = _switch_on(EXAMPLE.read_text())
+    data = tomllib.loads(text)
+    assert _env_names(data) == {"GATEWAY_API_KEYS", "GATEWAY_SIGNING_KEY", "VLLM_API_KEY"}
+    cfg = _parse_with_env(text, str(EXAMPLE))
+    assert cfg.server.api_keys == ("test-secret",)
+    assert cfg.upstreams["local-vllm"].api_key == "test-secret"
+
+
+def test_example_config_shows_every_knob_of_the_schema() -> None:
+    shown = _knobs_in(tomllib.loads(_switch_on(EXAMPLE.read_text())))
+    schema = _schema_knobs()
+    assert not schema - shown, f"knobs missing from {EXAMPLE.name}: {sorted(schema - shown)}"
+    assert not shown - schema, f"knobs unknown to gateway/config.py: {sorted(shown - schema)}"
+
+
+def test_example_config_comments_every_knob() -> None:
+    """The first time each knob appears, a comment line stands right above it."""
+    section, seen, uncommented = "", set(), []
+    lines = EXAMPLE.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("["):
+            section = ("models[]" if line.startswith("[[models]]")
+                       else "upstreams.<name>" if line.startswith("[upstreams.") else "server")
+            continue
+        m = re.match(r"^(?:#\s?)?([A-Za-z_][A-Za-z0-9_]*)\s*=", line)
+        if not m or not section:
+            continue
+        knob = f"{section}.{m.group(1)}"
+        if knob in seen:
+            continue
+        seen.add(knob)
+        above = lines[i - 1]
+        if not above.startswith("#") or _COMMENTED_KNOB.match(above):
+            uncommented.append(knob)
+    assert seen == _schema_knobs()
+    assert not uncommented, f"knobs without a comment above them: {uncommented}"
+
+
+def test_example_config_shows_the_real_defaults() -> None:
+    """Server and upstream tuning values in the example are the dataclasses' defaults."""
+    data = tomllib.loads(EXAMPLE.read_text())
+    server_defaults = {f.name: f.default for f in fields(config.ServerConfig)}
+    for key, value in data["server"].items():
+        assert value == server_defaults[key], f"server.{key}"
+    upstream_defaults = {f.name: f.default for f in fields(config.UpstreamConfig)}
+    first = next(iter(data["upstreams"].values()))
+    for key in ("pool_size", "connect_timeout", "header_timeout", "idle_timeout"):
+        assert first[key] == upstream_defaults[key], f"upstreams.<name>.{key}"
+
+
+def _readme_knobs() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    start = text.index("\n## Configuration\n")
+    end = text.find("\n## ", start + 1)
+    section = text[start:end if end != -1 else None]
+    return re.findall(r"^\|\s*`([^`]+)`\s*\|", section, flags=re.M)
+
+
+def test_readme_config_table_lists_exactly_the_schema_knobs() -> None:
+    listed = _readme_knobs()
+    assert len(listed) == len(set(listed)), "a knob is listed twice"
+    schema, readme = _schema_knobs(), set(listed)
+    assert not schema - readme, f"knobs missing from README.md: {sorted(schema - readme)}"
+    assert not readme - schema, f"README.md lists unknown knobs: {sorted(readme - schema)}"
+
+
+# ---------------------------------------------------------------- (b) systemd
+
+
+def _unit_entries(text: str) -> list[tuple[str, str, str]]:
+    """(section, key, value) in order; keys may repeat, as systemd allows."""
+    section, out = "", []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, _, value = line.partition("=")
+        out.append((section, key.strip(), value.strip()))
+    return out
+
+
+def _unit_value(key: str) -> str:
+    values = [v for _, k, v in _unit_entries(UNIT.read_text()) if k == key]
+    assert values, f"{key}= missing from {UNIT.name}"
+    return values[-1]
+
+
+def _seconds(value: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(s|sec|min|m)?", value)
+    assert m, value
+    return float(m.group(1)) * (60 if m.group(2) in ("min", "m") else 1)
+
+
+def _testable_unit(tmp_path: Path, text: str | None = None) -> Path:
+    """A copy whose binary exists here (verify checks that ExecStart is executable)."""
+    text = UNIT.read_text() if text is None else text
+    text = text.replace(UNIT_BINARY, f"{sys.executable} -m gateway")
+    path = tmp_path / UNIT.name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(("key", "want"), [
+    ("ExecStart", f"{UNIT_BINARY} --config {UNIT_CONFIG}"),
+    ("DynamicUser", "yes"),
+    ("Restart", "on-failure"),
+    ("RestartPreventExitStatus", "2"),
+    ("KillSignal", "SIGTERM"),
+    ("NoNewPrivileges", "yes"),
+    ("ProtectSystem", "strict"),
+    ("ProtectHome", "yes"),
+    ("PrivateTmp", "yes"),
+    ("CapabilityBoundingSet", ""),
+    ("AmbientCapabilities", ""),
+    ("WantedBy", "multi-user.target"),
+])
+def test_unit_setting(key: str, want: str) -> None:
+    assert _unit_value(key) == want
+
+
+def test_unit_stop_timeout_outlasts_the_drain() -> None:
+    grace = tomllib.loads(EXAMPLE.read_text())["server"]["shutdown_grace"]
+    assert _seconds(_unit_value("TimeoutStopSec")) > grace + DRAIN_TAIL_S
+
+
+def test_unit_command_lines_are_accepted_by_the_cli() -> None:
+    """ExecStartPre (--check-config) runs as written, against the example config."""
+    argv = shlex.split(_unit_value("ExecStartPre"))
+    assert argv[0] == UNIT_BINARY
+    argv = [sys.executable, "-m", "gateway",
+            *(str(EXAMPLE) if a == UNIT_CONFIG else a for a in argv[1:])]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    run = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stderr
+
+
+@pytest.mark.parametrize(("mutation", "clean"), [
+    (None, True),
+    (("ProtectHome=yes", "ProtectHome=maybe"), False),
+    (("Type=exec", "Tipe=exec"), False),
+])
+def test_unit_systemd_analyze_verify(tmp_path: Path, mutation: tuple[str, str] | None,
+                                     clean: bool) -> None:
+    """verify exits 0 even for ignored lines, so its output must be empty too."""
+    tool = _tool("systemd-analyze")
+    text = UNIT.read_text()
+    if mutation:
+        assert mutation[0] in text
+        text = text.replace(*mutation)
+    run = subprocess.run([tool, "verify", str(_testable_unit(tmp_path, text))],
+                         capture_output=True, text=True, timeout=30)
+    output = (run.stdout + run.stderr).strip()
+    if clean:
+        assert run.returncode == 0 and not output, output
+    else:
+        assert run.returncode != 0 or output
+
+
+def test_unit_security_exposure_is_held(tmp_path: Path) -> None:
+    tool = _tool("systemd-analyze")
+    run = subprocess.run([tool, "security", "--offline=yes", "--no-pager",
+                          str(_testable_unit(tmp_path))],
+                         capture_output=True, text=True, timeout=30)
+    m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", run.stdout)
+    assert m, run.stdout + run.stderr
+    assert float(m.group(1)) <= SYSTEMD_EXPOSURE_MAX, run.stdout
+
+
+# ---------------------------------------------------------------- (c) Dockerfile
+
+
+def _instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    out, buf = [], ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not buf and (not line or line.startswith("#")):
+            continue
+        if line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            buf += line[:-1] + " "
+            continue
+        buf += line
+        word, _, rest = buf.partition(" ")
+        out.append((word.upper(), rest.strip()))
+        buf = ""
+    return out
+
+
+def _final_stage() -> list[tuple[str, str]]:
+    ins = _instructions(DOCKERFILE.read_text())
+    last_from = max(i for i, (word, _) in enumerate(ins) if word == "FROM")
+    return ins[last_from:]
+
+
+def _one(stage: list[tuple[str, str]], word: str) -> str:
+    found = [args for w, args in stage if w == word]
+    assert len(found) == 1, f"{word}: {found}"
+    return found[0]
+
+
+def test_dockerfile_is_multi_stage_on_slim_python_311() -> None:
+    ins = _instructions(DOCKERFILE.read_text())
+    froms = [args for word, args in ins if word == "FROM"]
+    assert len(froms) >= 2
+    assert re.search(r"\bAS build$", froms[0], flags=re.I), froms[0]
+    args = dict(a.split("=", 1) for w, a in ins if w == "ARG" and "=" in a)
+    for image in froms:
+        base = image.split()[0]
+        base = args.get(base.strip("${}"), base) if base.startswith("$") else base
+        assert re.fullmatch(r"python:3\.11-slim(-\w+)?", base), base
+    assert any(w == "COPY" and a.startswith("--from=build ") for w, a in _final_stage())
+
+
+def test_dockerfile_final_stage_runs_unprivileged() -> None:
+    user = _one(_final_stage(), "USER").split(":")[0]
+    assert user not in ("root", "0") and user.isdigit(), "a numeric non-root USER"
+    # The Kubernetes pod runs with the same uid.
+    pod = _k8s_doc("Deployment")["spec"]["template"]["spec"]["securityContext"]
+    assert pod["runAsUser"] == int(user) and pod["runAsNonRoot"] is True
+
+
+def test_dockerfile_entrypoint_is_exec_form() -> None:
+    assert json.loads(_one(_final_stage(), "ENTRYPOINT")) == ["llm-gateway"]
+    cmd = json.loads(_one(_final_stage(), "CMD"))
+    assert cmd[:2] == ["--config", UNIT_CONFIG] and "--host" in cmd
+
+
+def _healthcheck_command() -> list[str]:
+    args = _one(_final_stage(), "HEALTHCHECK")
+    _, _, cmd = args.partition("CMD ")
+    argv = json.loads(cmd)  # exec form: no shell in a slim image is assumed
+    assert argv[0] == "python" and "curl" not in argv
+    assert "/health'" in argv[-1]
+    return argv
+
+
+def test_dockerfile_exposes_the_port_the_healthcheck_asks() -> None:
+    port = _one(_final_stage(), "EXPOSE")
+    assert port == "8080"
+    assert f"127.0.0.1:{port}/health" in _healthcheck_command()[-1]
+
+
+def test_dockerfile_healthcheck_and_probes_against_a_real_gateway(tmp_path: Path) -> None:
+    """The image's CMD starts a gateway whose /health the HEALTHCHECK accepts; /ready too."""
+    port = free_port()
+    cmd = json.loads(_one(_final_stage(), "CMD"))
+    cmd = [str(EXAMPLE) if a == UNIT_CONFIG else "127.0.0.1" if a == "0.0.0.0" else a
+           for a in cmd]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    proc = Proc([sys.executable, "-m", "gateway", *cmd, "--port", str(port)], env=env)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/ready", proc=proc.popen)
+        check = [sys.executable, *_healthcheck_command()[1:]]
+        ok = subprocess.run([a.replace(":8080/", f":{port}/") for a in check], timeout=10)
+        assert ok.returncode == 0
+        dead = subprocess.run([a.replace(":8080/", f":{free_port()}/") for a in check],
+                              capture_output=True, timeout=10)
+        assert dead.returncode != 0
+    finally:
+        assert proc.stop() == 0, proc.output()
+
+
+def _dockerignore_regex(pattern: str) -> re.Pattern[str]:
+    """Docker's pattern syntax: `*` and `?` stay within a path segment, `**` crosses them."""
+    out, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] in "*?":
+            out, i = out + ("[^/]*" if pattern[i] == "*" else "[^/]"), i + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return re.compile(out + r"\Z")
+
+
+def _ignored(path: str, patterns: list[str]) -> bool:
+    """Docker's rule: the last matching pattern wins; a pattern matches a path or a parent."""
+    parts = path.split("/")
+    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    ignored = False
+    for pattern in patterns:
+        rx = _dockerignore_regex(pattern.lstrip("!").strip("/"))
+        if any(rx.match(p) for p in prefixes):
+            ignored = not pattern.startswith("!")
+    return ignored
+
+
+def test_dockerignore_sends_what_the_build_copies_and_nothing_else() -> None:
+    patterns = [ln.strip() for ln in DOCKERIGNORE.read_text().splitlines()
+                if ln.strip() and not ln.startswith("#")]
+    sources = []
+    for word, args in _instructions(DOCKERFILE.read_text()):
+        if word == "COPY" and not args.startswith("--from"):
+            sources += args.split()[:-1]
+    assert sources
+    for src in sources:
+        assert (REPO / src).exists(), src
+        probe = f"{src.rstrip('/')}/config.py" if (REPO / src).is_dir() else src
+        assert not _ignored(probe, patterns), f"{probe} is copied but ignored"
+    for path in ("tests/unit/test_config.py", ".git/HEAD", "tests/clients/node_modules/x.js",
+                 "gateway/__pycache__/app.cpython-311.pyc", "deploy/compose.yaml"):
+        assert _ignored(path, patterns), f"{path} reaches the build context"
+
+
+def test_dockerfile_hadolint(tmp_path: Path) -> None:
+    tool = _tool("hadolint")
+    run = subprocess.run([tool, "--no-color", str(DOCKERFILE)], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    # The linter is alive: a shell-form entrypoint (SIGTERM would hit a shell) is reported.
+    bad = tmp_path / "Dockerfile"
+    bad.write_text(DOCKERFILE.read_text().replace('ENTRYPOINT ["llm-gateway"]',
+                                                  "ENTRYPOINT llm-gateway"))
+    run = subprocess.run([tool, "--no-color", str(bad)], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=60)
+    assert "DL3025" in run.stdout
+
+
+# ---------------------------------------------------------------- (d) compose
+
+
+def _compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def _compose_gateway_config() -> tuple[dict[str, Any], config.Config]:
+    text = _compose()["configs"]["gateway-toml"]["content"]
+    return tomllib.loads(text), _parse_with_env(text, "compose.yaml")
+
+
+def test_compose_services_and_healthchecks() -> None:
+    services = _compose()["services"]
+    assert {"gateway", "llamacpp", "vllm", "prometheus", "grafana"} <= set(services)
+    for name, svc in services.items():
+        test = svc.get("healthcheck", {}).get("test")
+        assert isinstance(test, list) and test[0] == "CMD", f"{name}: exec-form healthcheck"
+        assert svc.get("restart") == "unless-stopped", name
+
+
+def test_compose_depends_on_names_services_that_start_with_it() -> None:
+    services = _compose()["services"]
+    want = {("gateway", "llamacpp"): "service_healthy",
+            ("prometheus", "gateway"): "service_started",
+            ("grafana", "prometheus"): "service_healthy"}
+    got = {(name, dep): spec["condition"] for name, svc in services.items()
+           for dep, spec in svc.get("depends_on", {}).items()}
+    assert got == want
+    for name, dep in got:
+        # a service outside the default profile cannot be a dependency of one inside it
+        assert set(services[dep].get("profiles", [])) <= set(services[name].get("profiles", []))
+
+
+def test_compose_gateway_builds_this_repo_and_drains() -> None:
+    gw = _compose()["services"]["gateway"]
+    context = (COMPOSE.parent / gw["build"]["context"]).resolve()
+    assert context == REPO and (context / gw["build"]["dockerfile"]) == DOCKERFILE
+    assert gw["healthcheck"]["test"][1:] == _healthcheck_command()
+    _, cfg = _compose_gateway_config()
+    assert _seconds(gw["stop_grace_period"]) > cfg.server.shutdown_grace + DRAIN_TAIL_S
+    assert gw["stop_signal"] == "SIGTERM"
+
+
+def test_compose_gateway_config_loads_and_points_at_compose_services() -> None:
+    data, cfg = _compose_gateway_config()
+    services = _compose()["services"]
+    assert cfg.server.host == "0.0.0.0"
+    assert f"{cfg.server.port}:{cfg.server.port}" in services["gateway"]["ports"][0]
+    for up in cfg.upstreams.values():
+        host = up.host.split(":")[0]
+        assert host in services, f"{up.name}: {host} is not a compose service"
+    # every key variable the config names is given to the container
+    assert _env_names(data) <= set(services["gateway"]["environment"])
+    assert services["vllm"]["profiles"] == ["gpu"]
+    gpus = services["vllm"]["deploy"]["resources"]["reservations"]["devices"]
+    assert gpus[0]["capabilities"] == ["gpu"]
+
+
+def test_compose_prometheus_scrapes_the_gateway_metrics() -> None:
+    prom = _compose()["services"]["prometheus"]
+    assert f"./{PROMETHEUS.name}:/etc/prometheus/prometheus.yml:ro" in prom["volumes"]
+    _, cfg = _compose_gateway_config()
+    jobs = {j["job_name"]: j for j in yaml.safe_load(PROMETHEUS.read_text())["scrape_configs"]}
+    gw = jobs["llm-gateway"]
+    assert gw.get("metrics_path", "/metrics") == "/metrics"
+    assert [f"gateway:{cfg.server.port}"] == gw["static_configs"][0]["targets"]
+    services = _compose()["services"]
+    for job in jobs.values():
+        for target in job["static_configs"][0]["targets"]:
+            assert target.split(":")[0] in services, target
+
+
+def test_compose_grafana_is_provisioned_from_the_grafana_folder() -> None:
+    volumes = _compose()["services"]["grafana"]["volumes"]
+    mounts = dict(v.rsplit(":", 1)[0].split(":", 1) for v in volumes if v.endswith(":ro"))
+    assert mounts["../grafana/provisioning"] == "/etc/grafana/provisioning"
+    dashboards_at = mounts["../grafana/dashboards"]
+    # The grafana/ folder's own provisioning must read the dashboards where compose puts them
+    # and reach Prometheus by its compose name.
+    providers = sorted((REPO / "grafana" / "provisioning" / "dashboards").glob("*.y*ml"))
+    datasources = sorted((REPO / "grafana" / "provisioning" / "datasources").glob("*.y*ml"))
+    _need(providers and datasources, "grafana/provisioning is not written yet")
+    for path in providers:
+        for provider in yaml.safe_load(path.read_text())["providers"]:
+            assert provider["options"]["path"].startswith(dashboards_at), path
+    urls = [ds.get("url", "") for p in datasources
+            for ds in yaml.safe_load(p.read_text())["datasources"] if ds["type"] == "prometheus"]
+    assert urls and all(u.rstrip("/") == "http://prometheus:9090" for u in urls), urls
+    # Grafana's $__rate_interval is right only when it knows the real scrape interval.
+    scrape = yaml.safe_load(PROMETHEUS.read_text())["global"]["scrape_interval"]
+    for p in datasources:
+        for ds in yaml.safe_load(p.read_text())["datasources"]:
+            if ds["type"] == "prometheus" and "timeInterval" in ds.get("jsonData", {}):
+                assert ds["jsonData"]["timeInterval"] == scrape, p
+
+
+# ---------------------------------------------------------------- (e) Kubernetes
+
+
+def _k8s_docs() -> list[tuple[Path, dict[str, Any]]]:
+    return [(path, doc) for path in sorted(K8S.glob("*.yaml"))
+            for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def _k8s_doc(kind: str) -> dict[str, Any]:
+    found = [doc for _, doc in _k8s_docs() if doc["kind"] == kind]
+    assert len(found) == 1, kind
+    return found[0]
+
+
+def _k8s_gateway_config() -> tuple[dict[str, Any], config.Config]:
+    text = _k8s_doc("ConfigMap")["data"]["gateway.toml"]
+    return tomllib.loads(text), _parse_with_env(text, "configmap.yaml")
+
+
+def _validator() -> Any:
+    try:
+        import kubernetes_validate
+    except ImportError:
+        kubernetes_validate = None
+    _need(kubernetes_validate, "kubernetes-validate is not installed")
+    return kubernetes_validate
+
+
+_BUILT_IN = ("ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler",
+             "PodDisruptionBudget")
+
+
+@pytest.mark.parametrize("kind", _BUILT_IN)
+def test_k8s_manifest_matches_the_official_schema(kind: str) -> None:
+    kv = _validator()
+    kv.validate(_k8s_doc(kind), K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize(("kind", "path", "bad"), [
+    ("Deployment", ("spec", "replica"), 2),  # a misspelled field
+    ("Deployment", ("spec", "replicas"), "two"),
+    ("Service", ("spec", "ports"), [{"name": "http", "port": "http"}]),
+    ("HorizontalPodAutoscaler", ("spec", "minReplicas"), "2"),
+])
+def test_k8s_schema_validation_rejects_broken_manifests(kind: str, path: tuple[str, ...],
+                                                        bad: object) -> None:
+    kv = _validator()
+    doc = json.loads(json.dumps(_k8s_doc(kind)))
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = bad
+    with pytest.raises(kv.ValidationError):
+        kv.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_k8s_every_manifest_is_known_and_in_the_kustomization() -> None:
+    kinds = sorted(doc["kind"] for path, doc in _k8s_docs() if path.name != "kustomization.yaml")
+    assert kinds == sorted((*_BUILT_IN, "ServiceMonitor"))
+    listed = yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]
+    on_disk = sorted(p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted(listed) == on_disk
+
+
+def _container() -> dict[str, Any]:
+    containers = _k8s_doc("Deployment")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def test_k8s_probes_ask_ready_and_health_on_the_named_port() -> None:
+    c = _container()
+    port_names = {p["name"]: p["containerPort"] for p in c["ports"]}
+    _, cfg = _k8s_gateway_config()
+    assert port_names == {"http": cfg.server.port}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+
+
+def test_k8s_termination_grace_outlasts_prestop_and_drain() -> None:
+    pod = _k8s_doc("Deployment")["spec"]["template"]["spec"]
+    sleep = _container()["lifecycle"]["preStop"]["exec"]["command"]
+    assert sleep[0] == "sleep"
+    _, cfg = _k8s_gateway_config()
+    assert pod["terminationGracePeriodSeconds"] > (int(sleep[1]) + cfg.server.shutdown_grace
+                                                   + DRAIN_TAIL_S)
+
+
+def test_k8s_container_resources_and_security() -> None:
+    c = _container()
+    assert {"cpu", "memory"} <= set(c["resources"]["requests"])
+    assert "memory" in c["resources"]["limits"]
+    sc = c["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"]
+
+
+def test_k8s_config_comes_from_the_configmap_and_keys_from_the_secret() -> None:
+    c = _container()
+    pod = _k8s_doc("Deployment")["spec"]["template"]["spec"]
+    cm = _k8s_doc("ConfigMap")
+    assert c["args"] == ["--config", UNIT_CONFIG]
+    mount = next(m for m in c["volumeMounts"] if UNIT_CONFIG.startswith(m["mountPath"] + "/"))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["configMap"]["name"] == cm["metadata"]["name"]
+    assert UNIT_CONFIG.rsplit("/", 1)[1] in cm["data"]
+    data, cfg = _k8s_gateway_config()
+    assert cfg.server.host == "0.0.0.0"
+    from_secret = {e["name"] for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})}
+    assert _env_names(data) == from_secret == {"GATEWAY_API_KEYS", "GATEWAY_SIGNING_KEY"}
+
+
+def test_k8s_service_hpa_pdb_and_servicemonitor_select_the_pods() -> None:
+    pod_labels = _k8s_doc("Deployment")["spec"]["template"]["metadata"]["labels"]
+    svc = _k8s_doc("Service")
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert svc["spec"]["ports"][0]["targetPort"] == "http"
+    pdb = _k8s_doc("PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    hpa = _k8s_doc("HorizontalPodAutoscaler")["spec"]
+    deployment = _k8s_doc("Deployment")
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                     "name": deployment["metadata"]["name"]}
+    assert 2 <= hpa["minReplicas"] <= hpa["maxReplicas"]
+    # ServiceMonitor is a CRD: no official schema, so its shape is checked here.
+    sm = _k8s_doc("ServiceMonitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    port_names = {p["name"] for p in svc["spec"]["ports"]}
+    assert [(e["port"], e["path"]) for e in sm["spec"]["endpoints"]] == [("http", "/metrics")]
+    assert sm["spec"]["endpoints"][0]["port"] in port_names

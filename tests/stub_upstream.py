@@ -17,10 +17,13 @@ route's ``upstream_model``), so one stub serves many gateway routes:
     inband-error    an in-band {"error": ...} chunk
     eof-no-finish   chunks without finish_reason, then EOF
     slow:MS         a content chunk every MS milliseconds, 50 chunks
+    prefill:MS      response headers at once, then MS milliseconds of silence, then a reply
+    big:N           N chunks of 1,000 characters each, as fast as the reader takes them
 
 ``GET /_requests`` returns every request seen (method, path, headers, body);
-``DELETE /_requests`` clears it; ``GET /_stats`` counts streams open now and
-streams whose client went away.
+``DELETE /_requests`` clears it; ``GET /_stats`` counts streams open now, streams
+whose client went away, chat requests in progress (``active``) and chat requests
+cancelled because the gateway closed the connection (``cancelled``).
 """
 
 from __future__ import annotations
@@ -99,6 +102,21 @@ class Stub:
         self.requests: list[dict] = []
         self.open_streams = 0
         self.client_gone = 0
+        self.active = 0  # chat requests being handled now
+        self.cancelled = 0  # chat requests whose client (the gateway) went away
+
+    @web.middleware
+    async def track(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
+        if not request.path.endswith("/chat/completions"):
+            return await handler(request)
+        self.active += 1
+        try:
+            return await handler(request)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.active -= 1
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
@@ -152,6 +170,12 @@ class Stub:
                     await resp.write(f)
                     await asyncio.sleep(delay)
                 frames = [chunk(model, {}, "stop", usage=USAGE), b"data: [DONE]\n\n"]
+            if model.startswith("prefill:"):
+                await asyncio.sleep(int(model.split(":")[1]) / 1000)
+            if model.startswith("big:"):
+                piece = chunk(model, {"content": "x" * 1000})
+                for _ in range(int(model.split(":")[1])):
+                    await resp.write(piece)
             for i, f in enumerate(frames):
                 if model in ("hang-mid", "cut-mid") and i == 2:
                     if model == "cut-mid":
@@ -213,7 +237,8 @@ class Stub:
 
     async def stats(self, request: web.Request) -> web.Response:
         return web.json_response({"open_streams": self.open_streams,
-                                  "client_gone": self.client_gone})
+                                  "client_gone": self.client_gone, "active": self.active,
+                                  "cancelled": self.cancelled})
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -221,7 +246,7 @@ class Stub:
 
 def make_app() -> web.Application:
     stub = Stub()
-    app = web.Application()
+    app = web.Application(middlewares=[stub.track])
     app.router.add_post("/v1/chat/completions", stub.chat)
     app.router.add_get("/_requests", stub.get_requests)
     app.router.add_delete("/_requests", stub.clear_requests)

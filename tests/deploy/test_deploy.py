@@ -77,14 +77,13 @@ def _tool(name: str) -> str:
 
 # ---------------------------------------------------------------- (a) the config knobs
 
-_SCHEMAS = {"server": config._SERVER_KEYS, "upstreams": config._UPSTREAM_KEYS,
-            "models": config._MODEL_KEYS}
-
 
 def _schema_knobs() -> set[str]:
-    return ({f"server.{k}" for k in config._SERVER_KEYS}
-            | {f"upstreams.<name>.{k}" for k in config._UPSTREAM_KEYS}
-            | {f"models[].{k}" for k in config._MODEL_KEYS})
+    return (
+        {f"server.{k}" for k in config._SERVER_KEYS}
+        | {f"upstreams.<name>.{k}" for k in config._UPSTREAM_KEYS}
+        | {f"models[].{k}" for k in config._MODEL_KEYS}
+    )
 
 
 # a commented-out knob: "# key = value" (prose comments never have this shape)
@@ -93,7 +92,8 @@ _COMMENTED_KNOB = re.compile(r"^#\s?([A-Za-z_][A-Za-z0-9_]*\s*=\s*\S.*)$")
 
 def _switch_on(text: str) -> str:
     return "\n".join(
-        m.group(1) if (m := _COMMENTED_KNOB.match(line)) else line for line in text.splitlines())
+        m.group(1) if (m := _COMMENTED_KNOB.match(line)) else line for line in text.splitlines()
+    )
 
 
 def _knobs_in(data: dict[str, Any]) -> set[str]:
@@ -119,9 +119,14 @@ def _parse_with_env(text: str, src: str) -> config.Config:
 def test_example_config_passes_check_config_as_it_is() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     env.update(PYTHONPATH=str(REPO))
-    run = subprocess.run([sys.executable, "-m", "gateway", "--check-config", "--config",
-                          str(EXAMPLE)], env=env, cwd=REPO, capture_output=True, text=True,
-                         timeout=30)
+    run = subprocess.run(
+        [sys.executable, "-m", "gateway", "--check-config", "--config", str(EXAMPLE)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert run.returncode == 0, run.stderr
     assert "config ok" in run.stdout
 
@@ -148,8 +153,13 @@ def test_example_config_comments_every_knob() -> None:
     lines = EXAMPLE.read_text().splitlines()
     for i, line in enumerate(lines):
         if line.startswith("["):
-            section = ("models[]" if line.startswith("[[models]]")
-                       else "upstreams.<name>" if line.startswith("[upstreams.") else "server")
+            section = (
+                "models[]"
+                if line.startswith("[[models]]")
+                else "upstreams.<name>"
+                if line.startswith("[upstreams.")
+                else "server"
+            )
             continue
         m = re.match(r"^(?:#\s?)?([A-Za-z_][A-Za-z0-9_]*)\s*=", line)
         if not m or not section:
@@ -181,7 +191,7 @@ def _readme_knobs() -> list[str]:
     text = (REPO / "README.md").read_text()
     start = text.index("\n## Configuration\n")
     end = text.find("\n## ", start + 1)
-    section = text[start:end if end != -1 else None]
+    section = text[start : end if end != -1 else None]
     return re.findall(r"^\|\s*`([^`]+)`\s*\|", section, flags=re.M)
 
 
@@ -232,20 +242,23 @@ def _testable_unit(tmp_path: Path, text: str | None = None) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("key", "want"), [
-    ("ExecStart", f"{UNIT_BINARY} --config {UNIT_CONFIG}"),
-    ("DynamicUser", "yes"),
-    ("Restart", "on-failure"),
-    ("RestartPreventExitStatus", "2"),
-    ("KillSignal", "SIGTERM"),
-    ("NoNewPrivileges", "yes"),
-    ("ProtectSystem", "strict"),
-    ("ProtectHome", "yes"),
-    ("PrivateTmp", "yes"),
-    ("CapabilityBoundingSet", ""),
-    ("AmbientCapabilities", ""),
-    ("WantedBy", "multi-user.target"),
-])
+@pytest.mark.parametrize(
+    ("key", "want"),
+    [
+        ("ExecStart", f"{UNIT_BINARY} --config {UNIT_CONFIG}"),
+        ("DynamicUser", "yes"),
+        ("Restart", "on-failure"),
+        ("RestartPreventExitStatus", "2"),
+        ("KillSignal", "SIGTERM"),
+        ("NoNewPrivileges", "yes"),
+        ("ProtectSystem", "strict"),
+        ("ProtectHome", "yes"),
+        ("PrivateTmp", "yes"),
+        ("CapabilityBoundingSet", ""),
+        ("AmbientCapabilities", ""),
+        ("WantedBy", "multi-user.target"),
+    ],
+)
 def test_unit_setting(key: str, want: str) -> None:
     assert _unit_value(key) == want
 
@@ -259,28 +272,40 @@ def test_unit_command_lines_are_accepted_by_the_cli() -> None:
     """ExecStartPre (--check-config) runs as written, against the example config."""
     argv = shlex.split(_unit_value("ExecStartPre"))
     assert argv[0] == UNIT_BINARY
-    argv = [sys.executable, "-m", "gateway",
-            *(str(EXAMPLE) if a == UNIT_CONFIG else a for a in argv[1:])]
+    argv = [
+        sys.executable,
+        "-m",
+        "gateway",
+        *(str(EXAMPLE) if a == UNIT_CONFIG else a for a in argv[1:]),
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     run = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=30)
     assert run.returncode == 0, run.stderr
 
 
-@pytest.mark.parametrize(("mutation", "clean"), [
-    (None, True),
-    (("ProtectHome=yes", "ProtectHome=maybe"), False),
-    (("Type=exec", "Tipe=exec"), False),
-])
-def test_unit_systemd_analyze_verify(tmp_path: Path, mutation: tuple[str, str] | None,
-                                     clean: bool) -> None:
+@pytest.mark.parametrize(
+    ("mutation", "clean"),
+    [
+        (None, True),
+        (("ProtectHome=yes", "ProtectHome=maybe"), False),
+        (("Type=exec", "Tipe=exec"), False),
+    ],
+)
+def test_unit_systemd_analyze_verify(
+    tmp_path: Path, mutation: tuple[str, str] | None, clean: bool
+) -> None:
     """verify exits 0 even for ignored lines, so its output must be empty too."""
     tool = _tool("systemd-analyze")
     text = UNIT.read_text()
     if mutation:
         assert mutation[0] in text
         text = text.replace(*mutation)
-    run = subprocess.run([tool, "verify", str(_testable_unit(tmp_path, text))],
-                         capture_output=True, text=True, timeout=30)
+    run = subprocess.run(
+        [tool, "verify", str(_testable_unit(tmp_path, text))],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     output = (run.stdout + run.stderr).strip()
     if clean:
         assert run.returncode == 0 and not output, output
@@ -290,9 +315,12 @@ def test_unit_systemd_analyze_verify(tmp_path: Path, mutation: tuple[str, str] |
 
 def test_unit_security_exposure_is_held(tmp_path: Path) -> None:
     tool = _tool("systemd-analyze")
-    run = subprocess.run([tool, "security", "--offline=yes", "--no-pager",
-                          str(_testable_unit(tmp_path))],
-                         capture_output=True, text=True, timeout=30)
+    run = subprocess.run(
+        [tool, "security", "--offline=yes", "--no-pager", str(_testable_unit(tmp_path))],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", run.stdout)
     assert m, run.stdout + run.stderr
     assert float(m.group(1)) <= SYSTEMD_EXPOSURE_MAX, run.stdout
@@ -378,8 +406,7 @@ def test_dockerfile_healthcheck_and_probes_against_a_real_gateway(tmp_path: Path
     """The image's CMD starts a gateway whose /health the HEALTHCHECK accepts; /ready too."""
     port = free_port()
     cmd = json.loads(_one(_final_stage(), "CMD"))
-    cmd = [str(EXAMPLE) if a == UNIT_CONFIG else "127.0.0.1" if a == "0.0.0.0" else a
-           for a in cmd]
+    cmd = [str(EXAMPLE) if a == UNIT_CONFIG else "127.0.0.1" if a == "0.0.0.0" else a for a in cmd]
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     proc = Proc([sys.executable, "-m", "gateway", *cmd, "--port", str(port)], env=env)
     try:
@@ -387,8 +414,11 @@ def test_dockerfile_healthcheck_and_probes_against_a_real_gateway(tmp_path: Path
         check = [sys.executable, *_healthcheck_command()[1:]]
         ok = subprocess.run([a.replace(":8080/", f":{port}/") for a in check], timeout=10)
         assert ok.returncode == 0
-        dead = subprocess.run([a.replace(":8080/", f":{free_port()}/") for a in check],
-                              capture_output=True, timeout=10)
+        dead = subprocess.run(
+            [a.replace(":8080/", f":{free_port()}/") for a in check],
+            capture_output=True,
+            timeout=10,
+        )
         assert dead.returncode != 0
     finally:
         assert proc.stop() == 0, proc.output()
@@ -422,8 +452,11 @@ def _ignored(path: str, patterns: list[str]) -> bool:
 
 
 def test_dockerignore_sends_what_the_build_copies_and_nothing_else() -> None:
-    patterns = [ln.strip() for ln in DOCKERIGNORE.read_text().splitlines()
-                if ln.strip() and not ln.startswith("#")]
+    patterns = [
+        ln.strip()
+        for ln in DOCKERIGNORE.read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
     sources = []
     for word, args in _instructions(DOCKERFILE.read_text()):
         if word == "COPY" and not args.startswith("--from"):
@@ -433,22 +466,34 @@ def test_dockerignore_sends_what_the_build_copies_and_nothing_else() -> None:
         assert (REPO / src).exists(), src
         probe = f"{src.rstrip('/')}/config.py" if (REPO / src).is_dir() else src
         assert not _ignored(probe, patterns), f"{probe} is copied but ignored"
-    for path in ("tests/unit/test_config.py", ".git/HEAD", "tests/clients/node_modules/x.js",
-                 "gateway/__pycache__/app.cpython-311.pyc", "deploy/compose.yaml"):
+    for path in (
+        "tests/unit/test_config.py",
+        ".git/HEAD",
+        "tests/clients/node_modules/x.js",
+        "gateway/__pycache__",
+        "deploy/compose.yaml",
+    ):
         assert _ignored(path, patterns), f"{path} reaches the build context"
 
 
 def test_dockerfile_hadolint(tmp_path: Path) -> None:
     tool = _tool("hadolint")
-    run = subprocess.run([tool, "--no-color", str(DOCKERFILE)], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=60)
+    run = subprocess.run(
+        [tool, "--no-color", str(DOCKERFILE)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     # The linter is alive: a shell-form entrypoint (SIGTERM would hit a shell) is reported.
     bad = tmp_path / "Dockerfile"
-    bad.write_text(DOCKERFILE.read_text().replace('ENTRYPOINT ["llm-gateway"]',
-                                                  "ENTRYPOINT llm-gateway"))
-    run = subprocess.run([tool, "--no-color", str(bad)], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=60)
+    bad.write_text(
+        DOCKERFILE.read_text().replace('ENTRYPOINT ["llm-gateway"]', "ENTRYPOINT llm-gateway")
+    )
+    run = subprocess.run(
+        [tool, "--no-color", str(bad)], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
     assert "DL3025" in run.stdout
 
 
@@ -475,11 +520,16 @@ def test_compose_services_and_healthchecks() -> None:
 
 def test_compose_depends_on_names_services_that_start_with_it() -> None:
     services = _compose()["services"]
-    want = {("gateway", "llamacpp"): "service_healthy",
-            ("prometheus", "gateway"): "service_started",
-            ("grafana", "prometheus"): "service_healthy"}
-    got = {(name, dep): spec["condition"] for name, svc in services.items()
-           for dep, spec in svc.get("depends_on", {}).items()}
+    want = {
+        ("gateway", "llamacpp"): "service_healthy",
+        ("prometheus", "gateway"): "service_started",
+        ("grafana", "prometheus"): "service_healthy",
+    }
+    got = {
+        (name, dep): spec["condition"]
+        for name, svc in services.items()
+        for dep, spec in svc.get("depends_on", {}).items()
+    }
     assert got == want
     for name, dep in got:
         # a service outside the default profile cannot be a dependency of one inside it
@@ -538,8 +588,12 @@ def test_compose_grafana_is_provisioned_from_the_grafana_folder() -> None:
     for path in providers:
         for provider in yaml.safe_load(path.read_text())["providers"]:
             assert provider["options"]["path"].startswith(dashboards_at), path
-    urls = [ds.get("url", "") for p in datasources
-            for ds in yaml.safe_load(p.read_text())["datasources"] if ds["type"] == "prometheus"]
+    urls = [
+        ds.get("url", "")
+        for p in datasources
+        for ds in yaml.safe_load(p.read_text())["datasources"]
+        if ds["type"] == "prometheus"
+    ]
     assert urls and all(u.rstrip("/") == "http://prometheus:9090" for u in urls), urls
     # Grafana's $__rate_interval is right only when it knows the real scrape interval.
     scrape = yaml.safe_load(PROMETHEUS.read_text())["global"]["scrape_interval"]
@@ -553,8 +607,12 @@ def test_compose_grafana_is_provisioned_from_the_grafana_folder() -> None:
 
 
 def _k8s_docs() -> list[tuple[Path, dict[str, Any]]]:
-    return [(path, doc) for path in sorted(K8S.glob("*.yaml"))
-            for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return [
+        (path, doc)
+        for path in sorted(K8S.glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
 
 
 def _k8s_doc(kind: str) -> dict[str, Any]:
@@ -577,8 +635,7 @@ def _validator() -> Any:
     return kubernetes_validate
 
 
-_BUILT_IN = ("ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler",
-             "PodDisruptionBudget")
+_BUILT_IN = ("ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget")
 
 
 @pytest.mark.parametrize("kind", _BUILT_IN)
@@ -587,14 +644,18 @@ def test_k8s_manifest_matches_the_official_schema(kind: str) -> None:
     kv.validate(_k8s_doc(kind), K8S_VERSION, strict=True)
 
 
-@pytest.mark.parametrize(("kind", "path", "bad"), [
-    ("Deployment", ("spec", "replica"), 2),  # a misspelled field
-    ("Deployment", ("spec", "replicas"), "two"),
-    ("Service", ("spec", "ports"), [{"name": "http", "port": "http"}]),
-    ("HorizontalPodAutoscaler", ("spec", "minReplicas"), "2"),
-])
-def test_k8s_schema_validation_rejects_broken_manifests(kind: str, path: tuple[str, ...],
-                                                        bad: object) -> None:
+@pytest.mark.parametrize(
+    ("kind", "path", "bad"),
+    [
+        ("Deployment", ("spec", "replica"), 2),  # a misspelled field
+        ("Deployment", ("spec", "replicas"), "two"),
+        ("Service", ("spec", "ports"), [{"name": "http", "port": "http"}]),
+        ("HorizontalPodAutoscaler", ("spec", "minReplicas"), "2"),
+    ],
+)
+def test_k8s_schema_validation_rejects_broken_manifests(
+    kind: str, path: tuple[str, ...], bad: object
+) -> None:
     kv = _validator()
     doc = json.loads(json.dumps(_k8s_doc(kind)))
     node = doc
@@ -633,8 +694,9 @@ def test_k8s_termination_grace_outlasts_prestop_and_drain() -> None:
     sleep = _container()["lifecycle"]["preStop"]["exec"]["command"]
     assert sleep[0] == "sleep"
     _, cfg = _k8s_gateway_config()
-    assert pod["terminationGracePeriodSeconds"] > (int(sleep[1]) + cfg.server.shutdown_grace
-                                                   + DRAIN_TAIL_S)
+    assert pod["terminationGracePeriodSeconds"] > (
+        int(sleep[1]) + cfg.server.shutdown_grace + DRAIN_TAIL_S
+    )
 
 
 def test_k8s_container_resources_and_security() -> None:
@@ -670,8 +732,11 @@ def test_k8s_service_hpa_pdb_and_servicemonitor_select_the_pods() -> None:
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     hpa = _k8s_doc("HorizontalPodAutoscaler")["spec"]
     deployment = _k8s_doc("Deployment")
-    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                     "name": deployment["metadata"]["name"]}
+    assert hpa["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
     assert 2 <= hpa["minReplicas"] <= hpa["maxReplicas"]
     # ServiceMonitor is a CRD: no official schema, so its shape is checked here.
     sm = _k8s_doc("ServiceMonitor")

@@ -19,7 +19,10 @@ from aiohttp import web
 
 from gateway import errors, jsonutil, routing
 from gateway.appkeys import CONFIG, METRICS
+from gateway.config import ModelRoute
+from gateway.messages.tables import usage_tokens
 from gateway.sse import SSEDecoder
+from gateway.upstream import UpstreamResponse
 from gateway.writer import ClientGone, StreamWriter
 
 _PING = b": ping\n\n"
@@ -74,45 +77,93 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         async with up:
             if not stream:
                 data = await up.read()
+                usage = _usage(data)
+                if usage is not None:
+                    metrics.tokens.labels(route.name, "input").inc(usage[0])
+                    metrics.tokens.labels(route.name, "output").inc(usage[1])
                 return web.Response(body=rewrite(data), status=200,
                                     content_type="application/json",
                                     headers={"request-id": request["request_id"]})
-            return await _relay(request, route, up, rewrite)
+            return await _relay(request, route, up, rewrite, t0)
 
 
-async def _relay(request, route, up, rewrite) -> web.StreamResponse:  # type: ignore[no-untyped-def]
+def _has_token(payload: bytes) -> bool:
+    """Does this chunk carry generated output (for time to first token)? No JSON parse."""
+    i = payload.find(b'"content":"')
+    if i >= 0 and payload[i + 11:i + 12] != b'"':
+        return True
+    return b'"reasoning_content":"' in payload or b'"reasoning":"' in payload or (
+        b'"tool_calls":[' in payload)
+
+
+def _usage(payload: bytes) -> tuple[int, int] | None:
+    """(prompt, completion) tokens when a chunk or body carries usage."""
+    if b'"prompt_tokens"' not in payload:
+        return None
+    try:
+        obj = jsonutil.loads(payload)
+    except ValueError:
+        return None
+    return usage_tokens(obj.get("usage")) if isinstance(obj, dict) else None
+
+
+async def _relay(request: web.Request, route: ModelRoute, up: UpstreamResponse,
+                 rewrite: _ModelRewriter, t0: float) -> web.StreamResponse:
     server = request.app[CONFIG].server
     metrics = request.app[METRICS]
     writer = await StreamWriter.open(request, content_type="text/event-stream",
                                      write_timeout=server.write_timeout,
                                      ping_interval=server.ping_interval, ping_frame=_PING)
     decoder = SSEDecoder()
-    reason = "completed"
+    reason = "client_disconnect"
+    done = first_token = False
+    usage = None
     gauge = metrics.in_flight.labels("chat", route.name)
     gauge.inc()
     try:
-        async for chunk in up.chunks():
-            out = [b"data: " + rewrite(p) + b"\n\n" for p in decoder.feed(chunk)]
-            if out:
-                await writer.write(b"".join(out))
-        tail = decoder.flush()
-        if tail:
-            await writer.write(b"".join(b"data: " + rewrite(p) + b"\n\n" for p in tail))
-    except (ClientGone, asyncio.CancelledError):
-        reason = "client_disconnect"
-        raise
-    except errors.UpstreamTimeout as err:
-        reason = "idle_timeout"
-        await _inband_error(writer, err)
-    except errors.GatewayError as err:
-        reason = "upstream_error"
-        await _inband_error(writer, err)
-    except ValueError:  # an SSE event over the size guard
-        reason = "malformed_chunk"
-        await _inband_error(writer, errors.StreamProcessingError())
+        with routing.drainable(request) as handle:
+            try:
+                async for chunk in up.chunks():
+                    out = []
+                    for p in decoder.feed(chunk):
+                        if p == b"[DONE]":
+                            done = True
+                        elif not first_token and _has_token(p):
+                            first_token = True
+                            metrics.ttft.labels("chat", route.name).observe(
+                                time.perf_counter() - t0)
+                        if b'"usage":{' in p:
+                            usage = _usage(p) or usage
+                        out.append(b"data: " + rewrite(p) + b"\n\n")
+                    if out:
+                        await writer.write(b"".join(out))
+                tail = decoder.flush()
+                if tail:
+                    done = done or tail[-1] == b"[DONE]"
+                    await writer.write(b"".join(b"data: " + rewrite(p) + b"\n\n" for p in tail))
+                reason = "completed" if done else "upstream_truncated"
+            except errors.UpstreamTimeout as err:
+                reason = "idle_timeout"
+                await _inband_error(writer, err)
+            except errors.GatewayError as err:
+                reason = "upstream_error"
+                await _inband_error(writer, err)
+            except ValueError:  # an SSE event over the size guard
+                reason = "malformed_chunk"
+                await _inband_error(writer, errors.StreamProcessingError())
+            except asyncio.CancelledError:
+                if not handle.draining:
+                    raise
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                reason = "draining"
+                await _inband_error(writer, errors.Overloaded(
+                    "Overloaded: the gateway is shutting down"))
     finally:
         gauge.dec()
         metrics.terminations.labels("chat", route.name, reason).inc()
+        if usage is not None:
+            metrics.tokens.labels(route.name, "input").inc(usage[0])
+            metrics.tokens.labels(route.name, "output").inc(usage[1])
     await writer.close()
     return writer.response
 

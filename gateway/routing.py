@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -77,3 +78,30 @@ async def send(
     metrics.upstream_requests.labels(route.name, client.name, str(up.status)).inc()
     metrics.upstream_headers.labels(route.name, client.name).observe(time.perf_counter() - t)
     return up
+
+
+class DrainHandle:
+    """Lets a draining server end a stream with the failure envelope (see __main__)."""
+
+    __slots__ = ("draining", "task")
+
+    def __init__(self) -> None:
+        self.task = asyncio.current_task()
+        self.draining = False
+
+    def drain(self) -> None:
+        self.draining = True
+        if self.task is not None:
+            self.task.cancel("draining")
+
+
+@contextmanager
+def drainable(request: web.Request) -> Iterator[DrainHandle]:
+    """Register the current stream so a SIGTERM drain can end it after the grace period."""
+    handle = DrainHandle()
+    streams = request.app[STATE].streams
+    streams.add(handle)
+    try:
+        yield handle
+    finally:
+        streams.discard(handle)

@@ -18,7 +18,7 @@ import structlog
 from aiohttp import web
 
 from gateway import errors, jsonutil, routing
-from gateway.appkeys import CONFIG, METRICS, STATE
+from gateway.appkeys import CONFIG, METRICS
 from gateway.config import ModelRoute
 from gateway.messages import tokens
 from gateway.messages.from_chat import from_chat
@@ -27,7 +27,7 @@ from gateway.messages.tables import new_message_id
 from gateway.messages.to_chat import to_chat
 from gateway.messages.validate import validate_messages
 from gateway.sse import SSEDecoder
-from gateway.upstream import UpstreamClient, UpstreamResponse
+from gateway.upstream import UpstreamResponse
 from gateway.writer import ClientGone, StreamWriter
 
 _log = structlog.get_logger("gateway.messages")
@@ -54,14 +54,17 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                        on_drop=metrics.drop_field)
     payload = jsonutil.dumpb(chat_req)
     client = routing.client_for(request, route)
-    metrics.overhead.labels("messages").observe(time.perf_counter() - t0)
+    overhead = time.perf_counter() - t0
     with routing.admitted(request, route):
         up = await routing.send(request, route, client, "/chat/completions", payload,
                                 stream=stream, max_tokens=req.get("max_tokens"))
         async with up:
             if stream:
-                return await _stream(request, route, client, req, up, t0,
-                                     tokens.estimate(chat_req))
+                translator = StreamTranslator(
+                    model=req["model"], message_id=new_message_id(),
+                    signing_key=server.signing_key, stop_sequences=_stops(req),
+                    input_tokens=tokens.estimate(chat_req), hosts=client.hosts)
+                return await _stream(request, route, up, translator, t0, overhead)
             raw = await up.read()
         t1 = time.perf_counter()
         try:
@@ -74,7 +77,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
             on_bad_tool_args=metrics.tool_arg_errors.labels(route.name).inc,
         )
         body = jsonutil.dumpb(message)
-        metrics.overhead.labels("messages").observe(time.perf_counter() - t1)
+        metrics.overhead.labels("messages").observe(overhead + time.perf_counter() - t1)
     _count_reply(request, route, message["stop_reason"], message["usage"]["input_tokens"],
                  message["usage"]["output_tokens"])
     return web.Response(body=body, content_type="application/json",
@@ -97,104 +100,100 @@ def _count_reply(request: web.Request, route: ModelRoute, stop_reason: str | Non
     metrics.tokens.labels(route.name, "output").inc(output_tokens)
 
 
-class _DrainHandle:
-    """Lets a draining server end this stream with the failure envelope."""
-
-    __slots__ = ("task", "draining")
-
-    def __init__(self) -> None:
-        self.task = asyncio.current_task()
-        self.draining = False
-
-    def drain(self) -> None:
-        self.draining = True
-        if self.task is not None:
-            self.task.cancel("draining")
-
-
-async def _stream(request: web.Request, route: ModelRoute, client: UpstreamClient,
-                  req: dict[str, Any], up: UpstreamResponse, t0: float,
-                  input_estimate: int) -> web.StreamResponse:
+async def _stream(request: web.Request, route: ModelRoute, up: UpstreamResponse,
+                  translator: StreamTranslator, t0: float, overhead: float
+                  ) -> web.StreamResponse:
+    """Relay one upstream stream through the translator; every path ends it well-formed."""
     app = request.app
     server = app[CONFIG].server
     metrics = app[METRICS]
-    translator = StreamTranslator(
-        model=req["model"], message_id=new_message_id(), signing_key=server.signing_key,
-        stop_sequences=_stops(req), input_tokens=input_estimate, hosts=client.hosts,
-    )
     writer = await StreamWriter.open(request, content_type="text/event-stream; charset=utf-8",
                                      write_timeout=server.write_timeout,
                                      ping_interval=server.ping_interval)
-    decoder = SSEDecoder()
-    handle = _DrainHandle()
-    state = app[STATE]
-    state.streams.add(handle)
     gauge = metrics.in_flight.labels("messages", route.name)
     gauge.inc()
-    inter_chunk = metrics.inter_chunk.labels(route.name)
-    loop = asyncio.get_running_loop()
-    first_token_at = last_chunk_at = 0.0
-    reason: str | None = None
+    timing = _Timing(overhead)
     try:
-        try:
-            async for chunk in up.chunks():
-                now = loop.time()
-                if last_chunk_at:
-                    inter_chunk.observe(now - last_chunk_at)
-                last_chunk_at = now
-                out = []
-                for data in decoder.feed(chunk):
-                    out.append(translator.feed(data))
-                    if translator.done:
-                        break
-                if out:
-                    if not first_token_at and translator.output_started:
-                        first_token_at = now
-                        metrics.ttft.labels("messages", route.name).observe(
-                            time.perf_counter() - t0)
-                    await writer.write(b"".join(out))
-                if translator.done:
-                    up.release_if_complete()
-                    break
-            else:
-                tail = b"".join(translator.feed(d) for d in decoder.flush()
-                                if not translator.done)
-                await writer.write(tail + translator.eof())
-        except ValueError:  # an SSE event past the decoder's size guard
-            await writer.write(translator.fail(errors.StreamProcessingError(),
-                                               reason="malformed_chunk"))
-        except errors.UpstreamTimeout as err:
-            await writer.write(translator.fail(err, reason="idle_timeout"))
-        except errors.GatewayError as err:
-            await writer.write(translator.fail(err, reason="upstream_error"))
-        except asyncio.CancelledError:
-            if not handle.draining:
+        with routing.drainable(request) as handle:
+            try:
+                await _pump(up, translator, writer, metrics, route, t0, timing)
+            except ValueError:  # an SSE event past the decoder's size guard
+                await writer.write(translator.fail(errors.StreamProcessingError(),
+                                                   reason="malformed_chunk"))
+            except errors.UpstreamTimeout as err:
+                await writer.write(translator.fail(err, reason="idle_timeout"))
+            except errors.GatewayError as err:
+                await writer.write(translator.fail(err, reason="upstream_error"))
+            except asyncio.CancelledError:
+                if not handle.draining:
+                    raise
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                await writer.write(translator.fail(
+                    errors.Overloaded("Overloaded: the gateway is shutting down"),
+                    reason="draining"))
+            except ClientGone:
                 raise
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            await writer.write(translator.fail(
-                errors.Overloaded("Overloaded: the gateway is shutting down"), reason="draining"))
-        except ClientGone:
-            raise
-        except Exception:  # a bug of ours: still end the stream well-formed
-            _log.exception("stream_translation_failed", model=route.name)
-            await writer.write(translator.fail(errors.GatewayError(), reason="gateway_error"))
-        reason = translator.termination or "gateway_error"
+            except Exception:  # a bug of ours: still end the stream well-formed
+                _log.exception("stream_translation_failed", model=route.name)
+                await writer.write(translator.fail(errors.GatewayError(),
+                                                   reason="gateway_error"))
     except (ClientGone, asyncio.CancelledError):
-        reason = "client_disconnect"
+        translator.termination = None  # the client left: nothing more reached it
         raise
     finally:
-        state.streams.discard(handle)
         gauge.dec()
-        metrics.terminations.labels("messages", route.name, reason or "client_disconnect").inc()
+        metrics.terminations.labels("messages", route.name,
+                                    translator.termination or "client_disconnect").inc()
+        metrics.overhead.labels("messages").observe(timing.translate)
         if translator.dropped_tool_deltas:
             metrics.tool_arg_errors.labels(route.name).inc(translator.dropped_tool_deltas)
-        if first_token_at and translator.output_tokens > 1:
+        if timing.first_token and translator.output_tokens > 1:
             metrics.tpot.labels(route.name).observe(
-                (last_chunk_at - first_token_at) / (translator.output_tokens - 1))
+                (timing.last_chunk - timing.first_token) / (translator.output_tokens - 1))
         _count_reply(request, route, translator.stop_reason, translator.input_tokens,
                      translator.output_tokens)
     await writer.close()
     return writer.response
+
+
+class _Timing:
+    __slots__ = ("first_token", "last_chunk", "translate")
+
+    def __init__(self, overhead: float) -> None:
+        self.translate = overhead  # gateway's own CPU-bound time: setup + per-chunk work
+        self.first_token = 0.0
+        self.last_chunk = 0.0
+
+
+async def _pump(up: UpstreamResponse, translator: StreamTranslator, writer: StreamWriter,
+                metrics: Any, route: ModelRoute, t0: float, timing: _Timing) -> None:
+    """The hot path: per upstream read, one decode, one translation, one write."""
+    decoder = SSEDecoder()
+    inter_chunk = metrics.inter_chunk.labels(route.name)
+    clock = time.perf_counter
+    feed = translator.feed
+    for_chunk = decoder.feed
+    async for chunk in up.chunks():
+        now = clock()
+        if timing.last_chunk:
+            inter_chunk.observe(now - timing.last_chunk)
+        timing.last_chunk = now
+        out = []
+        for data in for_chunk(chunk):
+            out.append(feed(data))
+            if translator.done:
+                break
+        timing.translate += clock() - now
+        if out:
+            if not timing.first_token and translator.output_started:
+                timing.first_token = now
+                metrics.ttft.labels("messages", route.name).observe(now - t0)
+            await writer.write(b"".join(out))
+        if translator.done:
+            up.release_if_complete()
+            return
+    tail = [feed(d) for d in decoder.flush() if not translator.done]
+    await writer.write(b"".join(tail) + translator.eof())
 
 
 async def count_tokens(request: web.Request) -> web.Response:

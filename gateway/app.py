@@ -89,7 +89,7 @@ def build_app(config: Config, registry: CollectorRegistry | None = None) -> web.
     app[UPSTREAMS] = {name: UpstreamClient(cfg) for name, cfg in config.upstreams.items()}
     app[STATE] = AppState(api_keys=tuple(k.encode() for k in config.server.api_keys))
     for route in config.models.values():
-        metrics.model_info.labels(route.name, route.upstream.name, route.upstream_model).set(1)
+        metrics.add_model(route.name, route.upstream.name, route.upstream_model)
 
     p = config.server.prefix
     r = app.router

@@ -24,3 +24,14 @@ CONFIG = web.AppKey("config", Config)
 METRICS = web.AppKey("metrics", Metrics)
 UPSTREAMS = web.AppKey("upstreams", dict[str, UpstreamClient])
 STATE = web.AppKey("state", AppState)
+
+
+# per-request state, set by the middleware and the handlers
+API = web.RequestKey("api", str)  # messages | count_tokens | chat | models, or "" for others
+REQUEST_ID = web.RequestKey("request_id", str)
+MODEL = web.RequestKey("model", str)  # the routed alias (config value, safe as a label)
+UPSTREAM = web.RequestKey("upstream", str)
+STREAM = web.RequestKey("stream", bool)
+STREAM_RESPONSE = web.RequestKey("stream_response", web.StreamResponse)
+ERROR = web.RequestKey("error", tuple)  # (error.type, client-safe message or None)
+OPENAI_ERRORS = web.RequestKey("openai_errors", bool)  # render errors in OpenAI's shape

@@ -18,7 +18,7 @@ import time
 from aiohttp import web
 
 from gateway import errors, jsonutil, routing
-from gateway.appkeys import CONFIG, METRICS
+from gateway.appkeys import CONFIG, METRICS, REQUEST_ID, STREAM
 from gateway.config import ModelRoute
 from gateway.messages.tables import usage_tokens
 from gateway.sse import SSEDecoder
@@ -64,7 +64,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise errors.InvalidRequest("model", "required, a string")
     route = routing.resolve(request, body["model"], openai=True)
     stream = body.get("stream") is True
-    request["stream"] = stream
+    request[STREAM] = stream
     body["model"] = route.upstream_model
     payload = jsonutil.dumpb(body)
     metrics = request.app[METRICS]
@@ -83,7 +83,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                     metrics.tokens.labels(route.name, "output").inc(usage[1])
                 return web.Response(body=rewrite(data), status=200,
                                     content_type="application/json",
-                                    headers={"request-id": request["request_id"]})
+                                    headers={"request-id": request[REQUEST_ID]})
             return await _relay(request, route, up, rewrite, t0)
 
 

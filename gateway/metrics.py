@@ -30,7 +30,8 @@ TERMINATIONS = (
     "idle_timeout", "draining", "gateway_error",
 )
 # why a request was refused before any upstream call
-REJECTIONS = ("auth", "draining", "body_too_large", "unknown_model", "overloaded")
+REJECTIONS = ("auth", "draining", "body_too_large", "unknown_model", "overloaded",
+              "invalid_request")
 # request fields the gateway knows and does not forward; anything else counts as "other"
 DROPPED_FIELDS = (
     "metadata", "service_tier", "context_management", "container", "response_format", "seed",

@@ -18,7 +18,19 @@ import structlog
 from aiohttp import web
 
 from gateway import errors
-from gateway.appkeys import CONFIG, METRICS, STATE
+from gateway.appkeys import (
+    API,
+    CONFIG,
+    ERROR,
+    METRICS,
+    MODEL,
+    OPENAI_ERRORS,
+    REQUEST_ID,
+    STATE,
+    STREAM,
+    STREAM_RESPONSE,
+    UPSTREAM,
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -60,7 +72,7 @@ def _authorized(keys: tuple[bytes, ...], presented: bytes | None) -> bool:
 
 
 def render_error(request: web.Request, err: errors.GatewayError, request_id: str) -> web.Response:
-    if request.get("api") == "chat" or request.get("error_shape") == "openai":
+    if request.get(API) == "chat" or request.get(OPENAI_ERRORS, False):
         return web.Response(status=errors.openai_status(err), body=errors.openai_body(err),
                             content_type="application/json", headers=err.headers)
     return web.Response(status=err.status, body=errors.anthropic_body(err, request_id),
@@ -80,7 +92,7 @@ def _from_http_exception(exc: web.HTTPException) -> errors.GatewayError:
 
 def _prepared(request: web.Request) -> web.StreamResponse | None:
     """A stream already started: its status is sent, so no error response can follow."""
-    resp = request.get("stream_response")
+    resp = request.get(STREAM_RESPONSE)
     return resp if resp is not None and resp.prepared else None
 
 
@@ -90,8 +102,8 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
     request_id = _request_id(request)
     route = _route_name(request)
     api = _APIS.get(route)
-    request["api"] = api
-    request["request_id"] = request_id
+    request[API] = api or ""
+    request[REQUEST_ID] = request_id
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(request_id=request_id)
     app = request.app
@@ -122,7 +134,9 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
     except errors.GatewayError as err:
         response = _prepared(request) or render_error(request, err, request_id)
         status = response.status
-        request["error"] = (err.error_type, err.message if err.status < 500 else None)
+        request[ERROR] = (err.error_type, err.message if err.status < 500 else None)
+        if api is not None and err.status == 400 and not isinstance(err, errors.UpstreamError):
+            metrics.rejected.labels(api, "invalid_request").inc()
     except web.HTTPException:
         raise
     except Exception:
@@ -134,16 +148,16 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             prepared = _prepared(request)
             status = prepared.status if prepared is not None else 499
         duration = time.perf_counter() - start
-        model = request.get("model", "")
-        stream = "true" if request.get("stream") else "false"
+        model = request.get(MODEL, "")
+        stream = "true" if request.get(STREAM) else "false"
         if api is not None:
             metrics.requests.labels(api, model, str(status), stream).inc()
             metrics.request_duration.labels(api, model, stream).observe(duration)
         if route not in ("health", "ready", "metrics"):
-            error = request.get("error")
+            error = request.get(ERROR)
             _log.info("access", method=request.method, route=route, model=model or None,
-                      upstream=request.get("upstream"), status=status,
-                      duration_ms=round(duration * 1000, 3), stream=request.get("stream", False),
+                      upstream=request.get(UPSTREAM), status=status,
+                      duration_ms=round(duration * 1000, 3), stream=request.get(STREAM, False),
                       query=request.query_string or None,
                       error_type=error[0] if error else None,
                       error=error[1] if error else None)

@@ -14,7 +14,7 @@ from datetime import datetime
 from aiohttp import web
 
 from gateway import errors, jsonutil
-from gateway.appkeys import CONFIG
+from gateway.appkeys import CONFIG, OPENAI_ERRORS
 from gateway.config import ModelRoute
 
 
@@ -28,7 +28,8 @@ def _openai(route: ModelRoute) -> dict[str, object]:
         created = int(datetime.fromisoformat(route.created_at.replace("Z", "+00:00")).timestamp())
     except ValueError:
         created = 0
-    return {"id": route.name, "object": "model", "created": created, "owned_by": route.upstream.name}
+    return {"id": route.name, "object": "model", "created": created,
+            "owned_by": route.upstream.name}
 
 
 def _json(body: object) -> web.Response:
@@ -75,7 +76,7 @@ async def get_model(request: web.Request) -> web.Response:
     route = request.app[CONFIG].models.get(model_id)
     if route is None:
         if "anthropic-version" not in request.headers:
-            request["error_shape"] = "openai"
+            request[OPENAI_ERRORS] = True
             raise errors.NotFound(f"The model `{model_id}` does not exist")
         raise errors.NotFound(f"model: {model_id}")
     if "anthropic-version" not in request.headers:

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from aiohttp import web
 
 from gateway import errors
-from gateway.appkeys import CONFIG, METRICS, STATE, UPSTREAMS
+from gateway.appkeys import API, CONFIG, METRICS, MODEL, STATE, UPSTREAM, UPSTREAMS
 from gateway.config import ModelRoute
 from gateway.upstream import UpstreamClient, UpstreamResponse
 
@@ -20,12 +20,12 @@ def resolve(request: web.Request, model: object, *, openai: bool = False) -> Mod
     routes = request.app[CONFIG].models
     route = routes.get(model) if isinstance(model, str) else None
     if route is None:
-        request.app[METRICS].rejected.labels(request["api"], "unknown_model").inc()
+        request.app[METRICS].rejected.labels(request[API], "unknown_model").inc()
         if openai:
             raise errors.NotFound(f"The model `{model}` does not exist")
         raise errors.NotFound(f"model: {model}")
-    request["model"] = route.name
-    request["upstream"] = route.upstream.name
+    request[MODEL] = route.name
+    request[UPSTREAM] = route.upstream.name
     return route
 
 
@@ -39,7 +39,7 @@ def admitted(request: web.Request, route: ModelRoute) -> Iterator[None]:
     state = request.app[STATE]
     now = state.in_flight.get(route.name, 0)
     if route.max_concurrency and now >= route.max_concurrency:
-        request.app[METRICS].rejected.labels(request["api"], "overloaded").inc()
+        request.app[METRICS].rejected.labels(request[API], "overloaded").inc()
         raise errors.Overloaded(retry_after=1)
     state.in_flight[route.name] = now + 1
     try:

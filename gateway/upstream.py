@@ -40,7 +40,7 @@ _CONNECT_ERRORS = (
 class UpstreamResponse:
     """A live upstream response; read it with :meth:`chunks` or :meth:`read`."""
 
-    __slots__ = ("_client", "_resp", "_done")
+    __slots__ = ("_client", "_done", "_resp")
 
     def __init__(self, client: UpstreamClient, resp: aiohttp.ClientResponse) -> None:
         self._client = client
@@ -124,7 +124,8 @@ class UpstreamClient:
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
-            limit=self.cfg.pool_size, limit_per_host=0, ttl_dns_cache=300, enable_cleanup_closed=True
+            limit=self.cfg.pool_size, limit_per_host=0, ttl_dns_cache=300,
+            enable_cleanup_closed=True,
         )
         self._session = aiohttp.ClientSession(
             connector=connector,

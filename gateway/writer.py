@@ -14,6 +14,8 @@ import asyncio
 
 from aiohttp import web
 
+from gateway.appkeys import REQUEST_ID, STREAM_RESPONSE
+
 PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 
 
@@ -22,8 +24,16 @@ class ClientGone(Exception):
 
 
 class StreamWriter:
-    __slots__ = ("_resp", "_transport", "_write_timeout", "_ping_interval", "_last_write",
-                 "_pinger", "_loop", "_ping_frame")
+    __slots__ = (
+        "_last_write",
+        "_loop",
+        "_ping_frame",
+        "_ping_interval",
+        "_pinger",
+        "_resp",
+        "_transport",
+        "_write_timeout",
+    )
 
     def __init__(self, resp: web.StreamResponse, *, write_timeout: float,
                  ping_interval: float | None, ping_frame: bytes = PING) -> None:
@@ -45,10 +55,10 @@ class StreamWriter:
                 "Content-Type": content_type,
                 "Cache-Control": "no-cache",
                 "X-Accel-Buffering": "no",
-                "request-id": request["request_id"],
+                "request-id": request[REQUEST_ID],
             },
         )
-        request["stream_response"] = resp  # the middleware must not render errors after this
+        request[STREAM_RESPONSE] = resp  # the middleware must not render errors after this
         try:
             await resp.prepare(request)
         except (ConnectionError, RuntimeError) as exc:

@@ -18,7 +18,7 @@ import structlog
 from aiohttp import web
 
 from gateway import errors, jsonutil, routing
-from gateway.appkeys import CONFIG, METRICS
+from gateway.appkeys import CONFIG, METRICS, REQUEST_ID, STREAM
 from gateway.config import ModelRoute
 from gateway.messages import tokens
 from gateway.messages.from_chat import from_chat
@@ -49,7 +49,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     req = validate_messages(await _read_json(request))
     route = routing.resolve(request, req["model"])
     stream = req.get("stream") is True
-    request["stream"] = stream
+    request[STREAM] = stream
     chat_req = to_chat(req, route, keep_billing_header=server.keep_billing_header,
                        on_drop=metrics.drop_field)
     payload = jsonutil.dumpb(chat_req)
@@ -81,7 +81,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     _count_reply(request, route, message["stop_reason"], message["usage"]["input_tokens"],
                  message["usage"]["output_tokens"])
     return web.Response(body=body, content_type="application/json",
-                        headers={"request-id": request["request_id"]})
+                        headers={"request-id": request[REQUEST_ID]})
 
 
 def _stops(req: dict[str, Any]) -> tuple[str, ...]:
@@ -206,7 +206,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     client = routing.client_for(request, route)
     with routing.admitted(request, route):
         count, exact = await tokens.count(request, route, client, chat_req)
-    headers = {"request-id": request["request_id"]}
+    headers = {"request-id": request[REQUEST_ID]}
     if not exact:
         headers["x-token-count-estimated"] = "true"
     return web.Response(body=jsonutil.dumpb({"input_tokens": count}),

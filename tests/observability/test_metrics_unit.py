@@ -28,8 +28,6 @@ from tests.stub_upstream import USAGE, make_app
 
 SCENARIOS = ("ok", "length", "tools", "malformed", "inband-error", "cut-mid", "eof-no-finish",
              "hang-mid", "hang-headers", "status:500", "status:429", "slow:50", "slow:2")
-# the handlers keep per-request state under string keys (aiohttp 3.14 suggests web.RequestKey)
-pytestmark = pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
 
 HI = [{"role": "user", "content": "hi"}]
 MESSAGES = "/llm/v1/messages"

@@ -72,7 +72,7 @@ class Proc:
     def __init__(self, name: str, args: list[str], *, core: int | None, logdir: Path,
                  env: dict[str, str] | None = None, health: str) -> None:
         self.name = name
-        self.log_path = logdir / f"{name}.log"
+        self.log_path = logdir / f"{name}-{len(list(logdir.glob(name + '-*.log')))}.log"
         self.log = open(self.log_path, "wb")  # closed in stop()
         prefix = ["taskset", "-c", str(core)] if core is not None else []
         t0 = time.perf_counter()
@@ -276,9 +276,10 @@ def _med(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def _markers(api: str) -> tuple[bytes, bytes]:
+def _markers(api: str, target: str = "gateway") -> tuple[bytes, bytes]:
+    """(first-token marker, terminal event) of what ``target`` answers (direct: OpenAI)."""
     return (b"content_block_delta", b"message_stop") if api == "anthropic" \
-        else (b"reasoning_content", b"[DONE]")
+        and target != "direct" else (b"reasoning_content", b"[DONE]")
 
 
 # --- scenarios ------------------------------------------------------------------------
@@ -322,7 +323,6 @@ async def buffered(bench: Bench, api: str, floor: str) -> dict[str, Any]:
 
 
 async def streamed(bench: Bench, api: str, floor: str) -> dict[str, Any]:
-    marker, terminal = _markers(api)
     mode = bench.mode
     out: dict[str, Any] = {}
     # 1) latency at concurrency 1, 256 chunks 1 ms apart: TTFT and time to last byte
@@ -331,6 +331,7 @@ async def streamed(bench: Bench, api: str, floor: str) -> dict[str, Any]:
     for order in _rotations(targets, mode["reps"]):
         for target in order:
             port, raw = bench.request(target, api, "bench:256:1", True)
+            marker, terminal = _markers(api, target)
             await driver.closed_loop(HOST, port, raw, concurrency=1, requests=2,
                                      marker=marker, terminal=terminal)
             res = await driver.closed_loop(HOST, port, raw, concurrency=1,
@@ -351,6 +352,7 @@ async def streamed(bench: Bench, api: str, floor: str) -> dict[str, Any]:
     for order in _rotations(targets, mode["reps"]):
         for target in order:
             port, raw = bench.request(target, api, f"bench:{n}:0", True)
+            marker, terminal = _markers(api, target)
             res, cpu = await _measured(bench, target, driver.closed_loop(
                 HOST, port, raw, concurrency=conc, requests=count, marker=marker,
                 terminal=terminal))
@@ -369,6 +371,7 @@ async def streamed(bench: Bench, api: str, floor: str) -> dict[str, Any]:
     for order in _rotations(targets, mode["reps"]):
         for target in order:
             port, raw = bench.request(target, api, f"bench:{n}:{ms}", True)
+            marker, terminal = _markers(api, target)
             res, cpu = await _measured(bench, target, driver.streams_at_once(
                 HOST, port, raw, count=streams, marker=marker, terminal=terminal,
                 within=n * ms / 1000 * 3 + 10))
@@ -578,14 +581,15 @@ def run(mode_name: str = "full") -> dict[str, Any]:
         }
         result["startup"] = startup(bench)
         result.update(asyncio.run(_run_all(bench)))
-        gw_log = bench.servers["gateway"][0].log_path
         result["machine"]["loadavg_after"] = os.getloadavg()
         result["targets"] = check_targets(result)
         result["elapsed_s"] = time.perf_counter() - t0
         bench.close()
-        errors = [ln for ln in gw_log.read_text(errors="replace").splitlines()
-                  if '"level":"error"' in ln or "Traceback" in ln]
-        result["gateway_error_lines"] = len(errors)
+        # every gateway log of the run: an error line is a bug the load found
+        result["gateway_error_lines"] = sum(
+            1 for log in bench.tmp.glob("gateway-*.log")
+            for ln in log.read_text(errors="replace").splitlines()
+            if '"level": "error"' in ln or '"level":"error"' in ln)
         return result
     finally:
         bench.close()

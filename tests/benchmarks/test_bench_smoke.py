@@ -1,0 +1,69 @@
+"""The benchmark runs end to end in its tiny mode and reports every figure.
+
+Proves the harness works (processes start, loads run, every figure is a number, every
+process is ended); it asserts nothing about speed: timings on a shared machine are not
+test material.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from tests.benchmarks.run import REPO
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+_SERVER_FIGURES = {
+    "buffered": ("rps", "p50_ms", "p99_ms", "cpu_us", "added_p50_ms", "added_p99_ms"),
+    "latency_c1": ("ttft_ms", "ttlb_ms", "added_ttft_ms", "added_ttlb_ms"),
+    "bulk": ("chunks_per_s", "cpu_s_per_1k_chunks"),
+    "paced": ("cpu_s_per_1k_chunks",),
+    "slow": ("completed", "on_time_ratio", "kb_per_stream", "cpu_s_per_1k_chunks",
+             "upstream_open_after", "abandoned_open_after"),
+}
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+def test_tiny_run_reports_every_figure(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "tests.benchmarks.run", "--tiny", "--json",
+                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=80)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "| target | value | limit | holds |" in proc.stdout
+    r = json.loads(out.read_text())
+    for api, floor in (("anthropic", "floor"), ("openai", "relay")):
+        for conc in ("c1", "c16", "c64"):
+            row = r[api]["buffered"][conc]
+            for target in ("gateway", floor):
+                for key in _SERVER_FIGURES["buffered"]:
+                    assert _number(row[target][key]), (api, conc, target, key)
+                assert row[target]["ok"] == 1.0, (api, conc, target)
+            assert _number(row["direct"]["rps"]) and _number(row["cpu_ratio"])
+        stream = r[api]["stream"]
+        for part in ("latency_c1", "bulk", "paced"):
+            for key in _SERVER_FIGURES[part]:
+                assert _number(stream[part]["gateway"][key]), (api, part, key)
+                assert _number(stream[part][floor][key]), (api, part, key)
+            assert stream[part]["gateway"]["ok"] == 1.0, (api, part)
+        slow = r[api]["slow"]
+        for target in ("gateway", floor):
+            for key in _SERVER_FIGURES["slow"]:
+                assert _number(slow[target][key]), (api, target, key)
+            # correctness, not speed: every stream ends well-formed, none left upstream
+            assert slow[target]["completed"] == slow["streams"], (api, target)
+            assert slow[target]["upstream_open_after"] == 0, (api, target)
+            assert slow[target]["abandoned_open_after"] == 0, (api, target)
+    for name in ("gateway", "floor", "relay"):
+        assert _number(r["startup"][name]["startup_s"])
+        assert _number(r["startup"][name]["idle_rss_mb"])
+    assert {t["target"] for t in r["targets"]} and all(_number(t["value"]) for t in r["targets"])
+    assert isinstance(r["gateway_error_lines"], int)

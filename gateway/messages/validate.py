@@ -132,7 +132,7 @@ def _thinking_config(thinking: Any, max_tokens: Any) -> None:
             raise fail("thinking.display", "not allowed when thinking.type is 'disabled'")
         # The issue allowed only "summarized"; the real API and its SDKs also take
         # "omitted" (Claude Code sends it) and "updates", and today's API wins.
-        if display not in _DISPLAYS:
+        if not isinstance(display, str) or display not in _DISPLAYS:
             raise fail("thinking.display", "Input should be 'summarized', 'omitted' or 'updates'")
 
 

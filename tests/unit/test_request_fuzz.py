@@ -22,13 +22,16 @@ from gateway.config import ModelRoute, UpstreamConfig
 from gateway.errors import InvalidRequest
 from gateway.messages.to_chat import to_chat
 from gateway.messages.validate import validate_messages
+from tests.fuzzing import EXAMPLES
 
 ROUTE = ModelRoute(
     name="m",
     upstream=UpstreamConfig(name="u", base_url="http://127.0.0.1:9/v1", kind="vllm"),
     upstream_model="org/model",
 )
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 scalars = (
     st.none()

@@ -4,6 +4,7 @@
     python -m gateway                  # the built-in default config
     python -m gateway --check-config   # validate and exit (0, or 2 with one line)
     llm-gateway --demo                 # + an embedded llama.cpp upstream serving `demo`
+    llm-gateway --workers N ...        # N processes on one port (SO_REUSEPORT)
 
 Exit status: 0 after a clean shutdown, 2 for a bad config or bad arguments.
 """
@@ -31,6 +32,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--host", help="listen address (overrides server.host)")
     ap.add_argument("--port", type=int, help="listen port (overrides server.port)")
     ap.add_argument("--check-config", action="store_true", help="validate the config and exit")
+    ap.add_argument("--workers", type=int, default=1, metavar="N",
+                    help="run N worker processes on one port (SO_REUSEPORT); default 1")
     ap.add_argument("--demo", action="store_true",
                     help="start an embedded llama.cpp upstream serving a tiny model as `demo`")
     ap.add_argument("--version", action="version", version=f"llm-gateway {__version__}")
@@ -43,7 +46,8 @@ async def _serve(cfg: config.Config) -> None:
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=1.0)
     await runner.setup()
-    site = web.TCPSite(runner, cfg.server.host, cfg.server.port, backlog=2048)
+    site = web.TCPSite(runner, cfg.server.host, cfg.server.port, backlog=2048,
+                       reuse_port=cfg.reuse_port or None)
     await site.start()
     logger.info("listening", host=cfg.server.host, port=cfg.server.port,
                 prefix=cfg.server.prefix, models=sorted(cfg.models), config=cfg.source)
@@ -82,6 +86,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llm-gateway: config ok: {cfg.source} ({len(cfg.models)} models)")
         return 0
     log.configure(cfg.server.log_level)
+    if args.workers < 1:
+        print("llm-gateway: --workers must be >= 1", file=sys.stderr)
+        return 2
+    if args.workers > 1:
+        if args.demo or cfg.server.port == 0:
+            print("llm-gateway: --workers needs a fixed port and cannot run --demo",
+                  file=sys.stderr)
+            return 2
+        from gateway.workers import strip_workers_flag, supervise
+
+        return supervise(strip_workers_flag(sys.argv[1:] if argv is None else argv),
+                         args.workers, cfg.metrics_dir)
     if args.demo:
         from gateway.demo.run import run_demo
 

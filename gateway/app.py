@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.aiohttp import make_aiohttp_handler
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway import chat, models
 from gateway.appkeys import CONFIG, METRICS, STATE, UPSTREAMS, AppState
@@ -79,12 +80,28 @@ def default_registry() -> CollectorRegistry:
     return registry
 
 
+def _registries(config: Config, registry: CollectorRegistry | None
+                ) -> tuple[CollectorRegistry, CollectorRegistry, CollectorRegistry | None]:
+    """(where metrics are defined, what /metrics serves, where build info goes).
+
+    With --workers (prometheus multiprocess mode) every worker writes its values to files in
+    ``metrics_dir`` and /metrics serves all workers' sums, whichever worker answers; this
+    worker's own process collectors (RSS, CPU) are served beside them.
+    """
+    if config.metrics_dir is None:
+        reg = registry if registry is not None else default_registry()
+        return reg, reg, None
+    exposed = default_registry()
+    MultiProcessCollector(exposed, path=config.metrics_dir)
+    return CollectorRegistry(), exposed, exposed
+
+
 def build_app(config: Config, registry: CollectorRegistry | None = None) -> web.Application:
-    registry = registry if registry is not None else default_registry()
+    defined, exposed, info = _registries(config, registry)
     app = web.Application(middlewares=[gateway_middleware],
                           client_max_size=config.server.max_body_bytes)
     app[CONFIG] = config
-    metrics = Metrics(registry)
+    metrics = Metrics(defined, info_registry=info)
     app[METRICS] = metrics
     app[UPSTREAMS] = {name: UpstreamClient(cfg) for name, cfg in config.upstreams.items()}
     app[STATE] = AppState(api_keys=tuple(k.encode() for k in config.server.api_keys))
@@ -102,7 +119,7 @@ def build_app(config: Config, registry: CollectorRegistry | None = None) -> web.
     r.add_route("HEAD", p or "/", _head_ok, name="root")
     if p:
         r.add_route("HEAD", p + "/", _head_ok)
-    r.add_get("/metrics", make_aiohttp_handler(registry, disable_compression=True),
+    r.add_get("/metrics", make_aiohttp_handler(exposed, disable_compression=True),
               name="metrics", allow_head=False)
     r.add_get("/health", _health, name="health", allow_head=False)
     r.add_get("/ready", _ready, name="ready", allow_head=False)

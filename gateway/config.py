@@ -75,6 +75,10 @@ class Config:
     upstreams: Mapping[str, UpstreamConfig]
     models: Mapping[str, ModelRoute]
     source: str = "<built-in default>"
+    # set by --workers in each worker process (not TOML knobs): prometheus multiprocess
+    # directory and SO_REUSEPORT on the listening socket
+    metrics_dir: str | None = None
+    reuse_port: bool = False
 
 
 DEFAULT_TOML = """
@@ -256,7 +260,19 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
 def load(path: str | None = None, env: Mapping[str, str] | None = None) -> Config:
     """Load the config from ``path``, ``$GATEWAY_CONFIG``, or the built-in default."""
     env = os.environ if env is None else env
-    path = path or env.get("GATEWAY_CONFIG") or None
+    cfg = _load(path or env.get("GATEWAY_CONFIG") or None, env)
+    metrics_dir = env.get("PROMETHEUS_MULTIPROC_DIR") or None
+    if metrics_dir or env.get(WORKER_ENV):
+        from dataclasses import replace
+
+        cfg = replace(cfg, metrics_dir=metrics_dir, reuse_port=bool(env.get(WORKER_ENV)))
+    return cfg
+
+
+WORKER_ENV = "LLM_GATEWAY_WORKER"  # set by the --workers supervisor in each worker's env
+
+
+def _load(path: str | None, env: Mapping[str, str]) -> Config:
     if path is None:
         return parse(tomllib.loads(DEFAULT_TOML), "<built-in default>", env)
     try:

@@ -9,18 +9,28 @@ logged.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import structlog
 
+_PID = 0
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "error": logging.ERROR}
 
 
+def _add_pid(_logger: object, _name: str, event: dict[str, object]) -> dict[str, object]:
+    event["pid"] = _PID  # tells --workers processes apart
+    return event
+
+
 def configure(level: str = "info") -> None:
+    global _PID
+    _PID = os.getpid()
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            _add_pid,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,

@@ -56,7 +56,8 @@ _OVERHEAD = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025
 class Metrics:
     """The gateway's metrics on ``registry``; attribute names are what the handlers use."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry,
+                 info_registry: CollectorRegistry | None = None) -> None:
         self.registry = registry
         p = PREFIX
         r = registry
@@ -98,9 +99,11 @@ class Metrics:
         self.stop_reasons = Counter(
             p + "stop_reasons_total", "Anthropic stop_reason of finished replies",
             ["model", "stop_reason"], registry=r)
+        # multiprocess_mode only matters with --workers (prometheus multiprocess mode):
+        # live workers' values are summed (in flight) or maxed (lag, constant-1 info)
         self.in_flight = Gauge(
             p + "streams_in_flight", "Streams being relayed to clients now",
-            ["api", "model"], registry=r)
+            ["api", "model"], registry=r, multiprocess_mode="livesum")
         self.rejected = Counter(
             p + "rejected_total", "Requests refused before any upstream call, by reason",
             ["api", "reason"], registry=r)
@@ -113,12 +116,15 @@ class Metrics:
             ["model"], registry=r)
         self.loop_lag = Gauge(
             p + "event_loop_lag_seconds", "How late the event loop ran a timer, last probe",
-            registry=r)
-        self.build_info = Info(p + "build", "Gateway build; constant 1", registry=r)
+            registry=r, multiprocess_mode="livemax")
+        # Info metrics have no multiprocess storage: with --workers, build info goes on the
+        # exposition registry itself (info_registry), which every worker serves alike.
+        self.build_info = Info(p + "build", "Gateway build; constant 1",
+                               registry=info_registry if info_registry is not None else r)
         self.build_info.info({"version": __version__})
         self.model_info = Gauge(
             p + "model_info", "Configured model routes; constant 1",
-            ["model", "upstream", "upstream_model"], registry=r)
+            ["model", "upstream", "upstream_model"], registry=r, multiprocess_mode="max")
         for api in APIS:
             for reason in REJECTIONS:
                 self.rejected.labels(api, reason)

@@ -1,0 +1,56 @@
+"""``--workers N``: several processes on one port, metrics summed across them, clean drain."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.conftest import stub_config
+from tests.procs import Proc, free_port, wait_http
+
+pytestmark = pytest.mark.e2e
+
+
+def _metric_lines(url: str, name: str) -> list[str]:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return [ln for ln in text.splitlines() if ln.startswith(name)]
+
+
+def test_two_workers_share_a_port_and_sum_metrics(stub_url, tmp_path) -> None:
+    port = free_port()
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text(stub_config(stub_url, models=("ok",)))
+    proc = Proc([sys.executable, "-m", "gateway", "--config", str(cfg), "--port", str(port),
+                 "--workers", "2"])
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(base + "/health", proc=proc.popen)
+        time.sleep(1.0)  # let both workers bind
+        pids = set()
+        n = 40
+        for _ in range(n):  # new connection each time: the kernel spreads them
+            req = urllib.request.Request(
+                base + "/llm/v1/messages", method="POST",
+                data=json.dumps({"model": "m-ok", "max_tokens": 5,
+                                 "messages": [{"role": "user", "content": "hi"}]}).encode(),
+                headers={"content-type": "application/json", "connection": "close"})
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                assert resp.status == 200
+        for line in proc.output().splitlines():
+            if '"event": "access"' in line:
+                pids.add(json.loads(line).get("pid"))
+        total = [ln for ln in _metric_lines(base, "llm_gateway_requests_total{")
+                 if 'code="200"' in ln and 'api="messages"' in ln]
+        assert sum(float(ln.rsplit(" ", 1)[1]) for ln in total) == n  # all workers summed
+        assert _metric_lines(base, "llm_gateway_build_info{")
+        assert len(pids) == 2, f"requests were served by {pids}"
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        proc.stop()

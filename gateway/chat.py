@@ -42,7 +42,7 @@ class _ModelRewriter:
         if b'"model"' not in payload:
             return payload
         try:
-            obj = jsonutil.loads(payload)
+            obj = jsonutil.loads_upstream(payload)
         except ValueError:
             return payload
         if isinstance(obj, dict) and "model" in obj:
@@ -101,7 +101,7 @@ def _usage(payload: bytes) -> tuple[int, int] | None:
     if b'"prompt_tokens"' not in payload:
         return None
     try:
-        obj = jsonutil.loads(payload)
+        obj = jsonutil.loads_upstream(payload)
     except ValueError:
         return None
     return usage_tokens(obj.get("usage")) if isinstance(obj, dict) else None

@@ -2,8 +2,8 @@
 
 ujson with its flags pinned so that golden bytes are stable: non-ASCII is
 written as UTF-8 (``ensure_ascii=False``), ``/`` is not escaped, and NaN or
-Infinity are refused both ways (they are not JSON, and strict clients choke on
-them). ujson accepts ``NaN``/``Infinity`` literals and overflowing numbers
+Infinity are refused both ways for client input (they are not JSON, and strict
+clients choke on them); :func:`loads_upstream` skips that re-check on the hot path. ujson accepts ``NaN``/``Infinity`` literals and overflowing numbers
 such as ``1e400`` when decoding; :func:`loads` re-checks with the standard
 library only when the raw text could hold one of those, so the common path
 stays a single ujson call.
@@ -17,7 +17,7 @@ from typing import Any
 
 import ujson
 
-__all__ = ["JSONError", "dumpb", "dumps", "loads"]
+__all__ = ["JSONError", "dumpb", "dumps", "loads", "loads_upstream"]
 
 JSONError = ValueError
 
@@ -55,3 +55,15 @@ def loads(data: bytes | str) -> Any:
     if _SUSPECT.search(raw):
         json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
     return value
+
+
+def loads_upstream(data: bytes | str) -> Any:
+    """Decode an upstream payload (hot path: one per stream chunk).
+
+    No NaN/Infinity re-check: the gateway only copies strings and integers out of
+    upstream JSON, and anything it re-encodes goes through ``allow_nan=False``.
+    """
+    try:
+        return ujson.loads(data)
+    except (ValueError, OverflowError) as exc:
+        raise ValueError(str(exc)) from None

@@ -14,9 +14,15 @@ import sys
 
 import structlog
 
+from gateway import jsonutil
+
 _PID = 0
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "error": logging.ERROR}
+
+
+def _dumpb(obj: object, **_: object) -> bytes:
+    return jsonutil.dumpb(obj)
 
 
 def _add_pid(_logger: object, _name: str, event: dict[str, object]) -> dict[str, object]:
@@ -34,10 +40,10 @@ def configure(level: str = "info") -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(),
+            structlog.processors.JSONRenderer(serializer=_dumpb),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.BytesLoggerFactory(file=sys.stderr.buffer),
         cache_logger_on_first_use=True,
     )
     # aiohttp's own access log is replaced by ours; its error logger still reports bugs.

@@ -18,6 +18,8 @@ registered by the app next to these, on the same registry.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from gateway import __version__
@@ -53,6 +55,30 @@ _OVERHEAD = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025
              0.25, 1.0)
 
 
+class _Memo:
+    """A metric whose ``labels()`` children are cached by label values.
+
+    prometheus-client validates and locks on every ``labels()`` call (several us); the
+    gateway asks for the same few children on every request. Label values are bounded
+    (config values, fixed enums, status codes), so the cache is too.
+    """
+
+    __slots__ = ("_children", "metric")
+
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def labels(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.metric.labels(*values)
+        return child
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.metric, name)
+
+
 class Metrics:
     """The gateway's metrics on ``registry``; attribute names are what the handlers use."""
 
@@ -61,70 +87,70 @@ class Metrics:
         self.registry = registry
         p = PREFIX
         r = registry
-        self.requests = Counter(
+        self.requests = _Memo(Counter(
             p + "requests_total", "Requests answered, by API, model alias, HTTP status and stream",
-            ["api", "model", "code", "stream"], registry=r)
-        self.request_duration = Histogram(
+            ["api", "model", "code", "stream"], registry=r))
+        self.request_duration = _Memo(Histogram(
             p + "request_duration_seconds", "Time from request arrival to the last byte sent",
-            ["api", "model", "stream"], buckets=_LATENCY, registry=r)
-        self.ttft = Histogram(
+            ["api", "model", "stream"], buckets=_LATENCY, registry=r))
+        self.ttft = _Memo(Histogram(
             p + "time_to_first_token_seconds",
             "Time from request arrival to the first content token sent to the client",
-            ["api", "model"], buckets=_TTFT, registry=r)
-        self.inter_chunk = Histogram(
+            ["api", "model"], buckets=_TTFT, registry=r))
+        self.inter_chunk = _Memo(Histogram(
             p + "inter_chunk_latency_seconds", "Gap between consecutive upstream stream chunks",
-            ["model"], buckets=_TOKEN, registry=r)
-        self.tpot = Histogram(
+            ["model"], buckets=_TOKEN, registry=r))
+        self.tpot = _Memo(Histogram(
             p + "time_per_output_token_seconds",
             "Mean decode time per output token after the first, per stream",
-            ["model"], buckets=_TOKEN, registry=r)
-        self.overhead = Histogram(
+            ["model"], buckets=_TOKEN, registry=r))
+        self.overhead = _Memo(Histogram(
             p + "overhead_seconds",
             "Gateway's own time per request: parse, validate and translate, excluding upstream",
-            ["api"], buckets=_OVERHEAD, registry=r)
-        self.upstream_requests = Counter(
+            ["api"], buckets=_OVERHEAD, registry=r))
+        self.upstream_requests = _Memo(Counter(
             p + "upstream_requests_total",
             "Upstream calls by outcome: HTTP status, connect_error or timeout before headers",
-            ["model", "upstream", "code"], registry=r)
-        self.upstream_headers = Histogram(
+            ["model", "upstream", "code"], registry=r))
+        self.upstream_headers = _Memo(Histogram(
             p + "upstream_response_headers_seconds",
             "Time from sending the upstream request to its response headers",
-            ["model", "upstream"], buckets=_LATENCY, registry=r)
-        self.tokens = Counter(
+            ["model", "upstream"], buckets=_LATENCY, registry=r))
+        self.tokens = _Memo(Counter(
             p + "tokens_total", "Tokens reported in upstream usage, by type input or output",
-            ["model", "type"], registry=r)
-        self.terminations = Counter(
+            ["model", "type"], registry=r))
+        self.terminations = _Memo(Counter(
             p + "stream_terminations_total", "Streams ended, by how they ended",
-            ["api", "model", "reason"], registry=r)
-        self.stop_reasons = Counter(
+            ["api", "model", "reason"], registry=r))
+        self.stop_reasons = _Memo(Counter(
             p + "stop_reasons_total", "Anthropic stop_reason of finished replies",
-            ["model", "stop_reason"], registry=r)
+            ["model", "stop_reason"], registry=r))
         # multiprocess_mode only matters with --workers (prometheus multiprocess mode):
         # live workers' values are summed (in flight) or maxed (lag, constant-1 info)
-        self.in_flight = Gauge(
+        self.in_flight = _Memo(Gauge(
             p + "streams_in_flight", "Streams being relayed to clients now",
-            ["api", "model"], registry=r, multiprocess_mode="livesum")
-        self.rejected = Counter(
+            ["api", "model"], registry=r, multiprocess_mode="livesum"))
+        self.rejected = _Memo(Counter(
             p + "rejected_total", "Requests refused before any upstream call, by reason",
-            ["api", "reason"], registry=r)
-        self.dropped_fields = Counter(
+            ["api", "reason"], registry=r))
+        self.dropped_fields = _Memo(Counter(
             p + "dropped_fields_total", "Client request fields not forwarded upstream",
-            ["field"], registry=r)
-        self.tool_arg_errors = Counter(
+            ["field"], registry=r))
+        self.tool_arg_errors = _Memo(Counter(
             p + "tool_argument_errors_total",
             "Tool-call arguments that were not valid JSON or belonged to no known call",
-            ["model"], registry=r)
-        self.loop_lag = Gauge(
+            ["model"], registry=r))
+        self.loop_lag = _Memo(Gauge(
             p + "event_loop_lag_seconds", "How late the event loop ran a timer, last probe",
-            registry=r, multiprocess_mode="livemax")
+            registry=r, multiprocess_mode="livemax"))
         # Info metrics have no multiprocess storage: with --workers, build info goes on the
         # exposition registry itself (info_registry), which every worker serves alike.
         self.build_info = Info(p + "build", "Gateway build; constant 1",
                                registry=info_registry if info_registry is not None else r)
         self.build_info.info({"version": __version__})
-        self.model_info = Gauge(
+        self.model_info = _Memo(Gauge(
             p + "model_info", "Configured model routes; constant 1",
-            ["model", "upstream", "upstream_model"], registry=r, multiprocess_mode="max")
+            ["model", "upstream", "upstream_model"], registry=r, multiprocess_mode="max"))
         for api in APIS:
             for reason in REJECTIONS:
                 self.rejected.labels(api, reason)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hmac
 import re
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 
@@ -18,6 +17,7 @@ import structlog
 from aiohttp import web
 
 from gateway import errors
+from gateway.messages.tables import b62
 from gateway.appkeys import (
     API,
     CONFIG,
@@ -35,7 +35,6 @@ from gateway.appkeys import (
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-_B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _APIS = {"messages": "messages", "count_tokens": "count_tokens", "chat": "chat",
          "models": "models", "models_get": "models"}
 _log = structlog.get_logger("gateway.access")
@@ -45,7 +44,7 @@ def _request_id(request: web.Request) -> str:
     incoming = request.headers.get("x-request-id")
     if incoming and _SANE_ID.fullmatch(incoming):
         return incoming
-    return "req_" + "".join(secrets.choice(_B62) for _ in range(24))
+    return "req_" + b62(24)
 
 
 def _route_name(request: web.Request) -> str:

@@ -120,6 +120,7 @@ class UpstreamClient:
         self._stream_timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=cfg.connect_timeout, sock_read=cfg.idle_timeout
         )
+        self._headers_first = cfg.header_timeout < cfg.idle_timeout
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -157,9 +158,13 @@ class UpstreamClient:
         """Send and wait for a 2xx response's headers; anything else raises a GatewayError."""
         timeout = self._stream_timeout if stream else self._buffered_timeout
         url = (self._root if at_root else self._url) + path
+        # sock_read already bounds the wait for headers (header_timeout for buffered
+        # calls, idle_timeout for streams); an outer timer is only needed when a
+        # stream's header_timeout is the shorter of the two.
+        outer = self.cfg.header_timeout if stream and self._headers_first else None
         for attempt in (0, 1):
             try:
-                async with asyncio.timeout(self.cfg.header_timeout):
+                async with asyncio.timeout(outer):
                     resp = await self.session.request(
                         method, url, data=body if method == "POST" else None,
                         headers=self._headers, timeout=timeout, allow_redirects=False,

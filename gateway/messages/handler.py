@@ -68,7 +68,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
             raw = await up.read()
         t1 = time.perf_counter()
         try:
-            completion = jsonutil.loads(raw)
+            completion = jsonutil.loads_upstream(raw)
         except ValueError:
             raise errors.StreamProcessingError() from None
         message = from_chat(

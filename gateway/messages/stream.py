@@ -199,7 +199,7 @@ class StreamTranslator:
         if payload == _DONE or payload.strip() == _DONE:
             return self._on_done()
         try:
-            chunk = jsonutil.loads(payload)
+            chunk = jsonutil.loads_upstream(payload)
         except ValueError:
             return self._on_failure(errors.StreamProcessingError(), "malformed_chunk")
         if type(chunk) is not dict:

@@ -35,16 +35,22 @@ _B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _SAFE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
-def _b62(n: int) -> str:
-    return "".join(secrets.choice(_B62) for _ in range(n))
+# Random bytes mapped onto base62 with one translate() call (a ~1 us id, where 24
+# secrets.choice calls cost ~30 us). 256 % 62 leaves a small bias, harmless for ids.
+_TO_B62 = bytes(ord(_B62[b % 62]) for b in range(256))
+
+
+def b62(n: int) -> str:
+    """n random base62 characters."""
+    return secrets.token_bytes(n).translate(_TO_B62).decode("ascii")
 
 
 def new_message_id() -> str:
-    return "msg_" + _b62(24)
+    return "msg_" + b62(24)
 
 
 def new_tool_use_id() -> str:
-    return "toolu_" + _b62(24)
+    return "toolu_" + b62(24)
 
 
 def tool_use_id(upstream_id: Any) -> str:

@@ -41,7 +41,7 @@ async def _post_json(request: web.Request, route: ModelRoute, client: UpstreamCl
     async with up:
         raw = await up.read()
     try:
-        return jsonutil.loads(raw)
+        return jsonutil.loads_upstream(raw)
     except ValueError:
         raise errors.UpstreamError(status=500) from None
 

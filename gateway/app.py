@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from gateway import chat, models
+from gateway import chat, log, models
 from gateway.appkeys import CONFIG, METRICS, STATE, UPSTREAMS, AppState
 from gateway.config import Config
 from gateway.messages import handler as messages
@@ -62,14 +62,17 @@ async def _loop_lag_ctx(app: web.Application) -> AsyncIterator[None]:
     loop = asyncio.get_running_loop()
 
     async def probe() -> None:
+        # one timer for two jobs: event-loop lag, and flushing buffered log lines
         while True:
             t = loop.time()
-            await asyncio.sleep(0.5)
-            gauge.set(max(0.0, loop.time() - t - 0.5))
+            await asyncio.sleep(log.FLUSH_INTERVAL)
+            gauge.set(max(0.0, loop.time() - t - log.FLUSH_INTERVAL))
+            log.flush()
 
     task = asyncio.create_task(probe())
     yield
     task.cancel()
+    log.flush()
 
 
 def default_registry() -> CollectorRegistry:

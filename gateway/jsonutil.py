@@ -3,7 +3,8 @@
 ujson with its flags pinned so that golden bytes are stable: non-ASCII is
 written as UTF-8 (``ensure_ascii=False``), ``/`` is not escaped, and NaN or
 Infinity are refused both ways for client input (they are not JSON, and strict
-clients choke on them); :func:`loads_upstream` skips that re-check on the hot path. ujson accepts ``NaN``/``Infinity`` literals and overflowing numbers
+clients choke on them); :func:`loads_upstream` skips that re-check on the hot
+path. ujson accepts ``NaN``/``Infinity`` literals and overflowing numbers
 such as ``1e400`` when decoding; :func:`loads` re-checks with the standard
 library only when the raw text could hold one of those, so the common path
 stays a single ujson call.

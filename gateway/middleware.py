@@ -17,7 +17,6 @@ import structlog
 from aiohttp import web
 
 from gateway import errors
-from gateway.messages.tables import b62
 from gateway.appkeys import (
     API,
     CONFIG,
@@ -31,6 +30,7 @@ from gateway.appkeys import (
     STREAM_RESPONSE,
     UPSTREAM,
 )
+from gateway.messages.tables import b62
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -89,10 +89,12 @@ def usage_tokens(usage: Any) -> tuple[int, int] | None:
         return None
     prompt = usage.get("prompt_tokens")
     completion = usage.get("completion_tokens")
-    return (
-        prompt if isinstance(prompt, int) and prompt >= 0 else 0,
-        completion if isinstance(completion, int) and completion >= 0 else 0,
-    )
+    return _count(prompt), _count(completion)
+
+
+def _count(value: Any) -> int:
+    # bool is an int subclass: `true` is not a token count
+    return value if type(value) is int and value >= 0 else 0
 
 
 def thinking_signature(key: bytes, thinking: str) -> str:

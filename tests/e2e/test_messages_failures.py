@@ -146,4 +146,5 @@ def test_invalid_request_names_the_field(stub_gateway) -> None:
     status, _, raw = _post(base + "/v1/messages?beta=true", body)
     assert status == 400
     err = json.loads(raw)["error"]
-    assert err["type"] == "invalid_request_error" and err["message"].startswith("messages.0.content")
+    assert err["type"] == "invalid_request_error"
+    assert err["message"].startswith("messages.0.content")

@@ -8,6 +8,7 @@ client's own credentials never reach the upstream.
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from typing import Any
 
@@ -156,7 +157,8 @@ def test_models_lists_in_both_shapes(stub_gateway) -> None:
     _, _, body = get(base + "/v1/models")
     openai = json.loads(body)
     assert openai["object"] == "list"
-    assert {"id": "m-ok", "object": "model", "owned_by": "stub"}.items() <= openai["data"][0].items()
+    first = openai["data"][0]
+    assert {"id": "m-ok", "object": "model", "owned_by": "stub"}.items() <= first.items()
     _, _, body = get(base + "/v1/models?limit=2", {"anthropic-version": "2023-06-01"})
     page = json.loads(body)
     assert [m["type"] for m in page["data"]] == ["model", "model"]
@@ -175,7 +177,7 @@ def test_models_lists_in_both_shapes(stub_gateway) -> None:
 
 
 def test_health_and_ready(stub_gateway) -> None:
-    proc, base = stub_gateway
+    _, base = stub_gateway
     root = base.removesuffix("/llm")
     assert get(root + "/health")[0] == 200
     assert get(root + "/ready")[0] == 200
@@ -186,9 +188,14 @@ def test_health_and_ready(stub_gateway) -> None:
 def test_access_log_is_json_with_request_fields(stub_gateway) -> None:
     proc, base = stub_gateway
     post(base + "/v1/chat/completions", CHAT, {"x-request-id": "log-check-1"})
-    lines = [json.loads(ln) for ln in proc.output().splitlines() if ln.startswith("{")]
-    access = [ln for ln in lines if ln.get("event") == "access"
-              and ln.get("request_id") == "log-check-1"]
+    deadline = time.monotonic() + 3  # log lines are flushed every 0.5 s
+    while True:
+        lines = [json.loads(ln) for ln in proc.output().splitlines() if ln.startswith("{")]
+        access = [ln for ln in lines if ln.get("event") == "access"
+                  and ln.get("request_id") == "log-check-1"]
+        if access or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert len(access) == 1
     line = access[0]
     assert (line["method"], line["route"], line["model"], line["upstream"], line["status"]) == (

@@ -214,7 +214,7 @@ def test_sigterm_drains_then_ends_streams_with_the_envelope(stub_url, gateway_fa
             results[model] = await resp.read()
 
     async def scenario() -> tuple[int, int]:
-        tasks = [asyncio.create_task(stream("m-slow:200")), asyncio.create_task(stream("m-slow:20"))]
+        tasks = [asyncio.create_task(stream(m)) for m in ("m-slow:200", "m-slow:20")]
         await asyncio.sleep(0.5)
         os.kill(proc.pid, signal.SIGTERM)
         await asyncio.sleep(0.3)

@@ -42,15 +42,15 @@ def test_two_workers_share_a_port_and_sum_metrics(stub_url, tmp_path) -> None:
                 headers={"content-type": "application/json", "connection": "close"})
             with urllib.request.urlopen(req, timeout=10) as resp:
                 assert resp.status == 200
-        for line in proc.output().splitlines():
-            if line.startswith("{") and json.loads(line).get("event") == "access":
-                pids.add(json.loads(line)["pid"])
         total = [ln for ln in _metric_lines(base, "llm_gateway_requests_total{")
                  if 'code="200"' in ln and 'api="messages"' in ln]
         assert sum(float(ln.rsplit(" ", 1)[1]) for ln in total) == n  # all workers summed
         assert _metric_lines(base, "llm_gateway_build_info{")
-        assert len(pids) == 2, f"requests were served by {pids}"
         proc.signal(signal.SIGTERM)
         assert proc.wait(20) == 0
+        for line in proc.output().splitlines():  # log lines are all flushed at exit
+            if line.startswith("{") and json.loads(line).get("event") == "access":
+                pids.add(json.loads(line)["pid"])
+        assert len(pids) == 2, f"requests were served by {pids}"
     finally:
         proc.stop()

@@ -77,7 +77,7 @@ def script(model: str) -> tuple[list[bytes], dict]:
         frames += [chunk(model, {}, "stop"), chunk(model, {}, usage=USAGE, choices=False)]
         body = completion(model, {"role": "assistant", "content": "".join(TEXT),
                                   "reasoning_content": "Let me think."}, "stop", USAGE)
-        return frames + [b"data: [DONE]\n\n"], body
+        return [*frames, b"data: [DONE]\n\n"], body
     if model == "tools":
         call = {"index": 0, "id": "call_1", "type": "function",
                 "function": {"name": "get_weather", "arguments": ""}}
@@ -89,12 +89,12 @@ def script(model: str) -> tuple[list[bytes], dict]:
             {"id": "call_1", "type": "function",
              "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
             "tool_calls", USAGE)
-        return frames + [b"data: [DONE]\n\n"], body
+        return [*frames, b"data: [DONE]\n\n"], body
     finish = "length" if model == "length" else "stop"
     frames = [role] + [chunk(model, {"content": t}) for t in TEXT]
     frames += [chunk(model, {}, finish), chunk(model, {}, usage=USAGE, choices=False)]
     body = completion(model, {"role": "assistant", "content": "".join(TEXT)}, finish, USAGE)
-    return frames + [b"data: [DONE]\n\n"], body
+    return [*frames, b"data: [DONE]\n\n"], body
 
 
 class Stub:
@@ -157,10 +157,9 @@ class Stub:
         self.open_streams += 1
         try:
             if model == "malformed":
-                frames = frames[:2] + [b"data: {not json\n\n"] + frames[2:]
+                frames = [*frames[:2], b"data: {not json\n\n", *frames[2:]]
             elif model == "inband-error":
-                frames = frames[:2] + [b'data: {"error":{"message":"boom at http://10.0.0.9/x",'
-                                       b'"type":"InternalServerError","code":500}}\n\n']
+                frames = [*frames[:2], b'data: {"error":{"message":"boom at http://10.0.0.9/x",' b'"type":"InternalServerError","code":500}}\n\n']
             elif model == "eof-no-finish":
                 frames = frames[:3]
             elif model.startswith("slow:"):

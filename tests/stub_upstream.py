@@ -65,6 +65,8 @@ def completion(model: str, message: dict, finish: str, usage: dict) -> dict:
                                          "finish_reason": finish}], "usage": usage}
 
 
+INBAND_ERROR = (b'data: {"error":{"message":"boom at http://10.0.0.9/x",'
+                b'"type":"InternalServerError","code":500}}\n\n')
 USAGE = {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}
 
 
@@ -159,7 +161,7 @@ class Stub:
             if model == "malformed":
                 frames = [*frames[:2], b"data: {not json\n\n", *frames[2:]]
             elif model == "inband-error":
-                frames = [*frames[:2], b'data: {"error":{"message":"boom at http://10.0.0.9/x",' b'"type":"InternalServerError","code":500}}\n\n']
+                frames = [*frames[:2], INBAND_ERROR]
             elif model == "eof-no-finish":
                 frames = frames[:3]
             elif model.startswith("slow:"):

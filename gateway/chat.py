@@ -13,6 +13,7 @@ awaited.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 from aiohttp import web
@@ -20,7 +21,6 @@ from aiohttp import web
 from gateway import errors, jsonutil, routing
 from gateway.appkeys import CONFIG, METRICS, REQUEST_ID, STREAM
 from gateway.config import ModelRoute
-from gateway.messages.tables import usage_tokens
 from gateway.sse import SSEDecoder
 from gateway.upstream import UpstreamResponse
 from gateway.writer import ClientGone, StreamWriter
@@ -96,15 +96,24 @@ def _has_token(payload: bytes) -> bool:
         b'"tool_calls":[' in payload)
 
 
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+
 def _usage(payload: bytes) -> tuple[int, int] | None:
-    """(prompt, completion) tokens when a chunk or body carries usage."""
-    if b'"prompt_tokens"' not in payload:
+    """(prompt, completion) tokens when a chunk or body carries usage.
+
+    A regex instead of a JSON parse of the whole body: an unescaped
+    ``"prompt_tokens":`` cannot occur inside a JSON string, so a match is the field.
+    """
+    at = payload.rfind(b'"usage"')
+    if at < 0:
         return None
-    try:
-        obj = jsonutil.loads_upstream(payload)
-    except ValueError:
+    prompt = _PROMPT.search(payload, at)
+    completion = _COMPLETION.search(payload, at)
+    if prompt is None and completion is None:
         return None
-    return usage_tokens(obj.get("usage")) if isinstance(obj, dict) else None
+    return (int(prompt[1]) if prompt else 0, int(completion[1]) if completion else 0)
 
 
 async def _relay(request: web.Request, route: ModelRoute, up: UpstreamResponse,
@@ -132,7 +141,7 @@ async def _relay(request: web.Request, route: ModelRoute, up: UpstreamResponse,
                             first_token = True
                             metrics.ttft.labels("chat", route.name).observe(
                                 time.perf_counter() - t0)
-                        if b'"usage":{' in p:
+                        if b'"prompt_tokens"' in p:
                             usage = _usage(p) or usage
                         out.append(b"data: " + rewrite(p) + b"\n\n")
                     if out:

@@ -263,3 +263,24 @@ def test_thousand_concurrent_streams(stub_url, gateway_factory) -> None:
     _wait_for(lambda: _metric(base, "llm_gateway_streams_in_flight") == 0, 5)
     _wait_for(lambda: _stats(stub_url)["open_streams"] == 0 and _stats(stub_url)["active"] == 0, 5)
     assert _metric(base, "llm_gateway_stream_terminations_total", reason="completed") >= n
+
+
+def test_client_that_stops_reading_is_dropped_after_write_timeout(stub_url,
+                                                                  gateway_factory) -> None:
+    cfg = stub_config(stub_url, models=("big:200000",), extra_server="write_timeout = 1")
+    _, url = gateway_factory(cfg)
+    base = url + "/llm"
+    before = _stats(stub_url)
+    host, port, raw = _request_bytes(base, "m-big:200000")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, port))
+    try:
+        sock.sendall(raw)
+        sock.recv(1024)  # headers, then never read again
+        took = _wait_for(lambda: _stats(stub_url)["cancelled"] > before["cancelled"], 15)
+    finally:
+        sock.close()
+    assert took < 10  # socket buffers fill, then 1 s of write timeout; the upstream is closed
+    _wait_for(lambda: _metric(base, "llm_gateway_stream_terminations_total",
+                              reason="client_disconnect") >= 1, 3)

@@ -1,0 +1,114 @@
+"""What the upstream actually receives for an Anthropic request, through the real gateway."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+import anthropic
+import pytest
+
+from tests.anthropic_stream_check import check_stream
+from tests.conftest import stub_config
+
+pytestmark = pytest.mark.e2e
+
+
+def _requests(stub_url: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(stub_url.removesuffix("/v1") + "/_requests", timeout=5) as r:
+        return json.loads(r.read())
+
+
+def _clear(stub_url: str) -> None:
+    req = urllib.request.Request(stub_url.removesuffix("/v1") + "/_requests", method="DELETE")
+    with urllib.request.urlopen(req, timeout=5) as r:
+        r.read()
+
+
+CLAUDE_CODE_LIKE = {
+    "model": "m-tools",
+    "max_tokens": 2048,
+    "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.0.abc;"},
+               {"type": "text", "text": "You are a coding agent.",
+                "cache_control": {"type": "ephemeral"}}],
+    "messages": [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "system", "content": "Available agent types: none."},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "Need the tool.", "signature": "c2ln"},
+            {"type": "tool_use", "id": "toolu_01", "name": "get_weather",
+             "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_01", "content": "Sunny, 21 C"},
+            {"type": "text", "text": "Thanks; summarise.",
+             "cache_control": {"type": "ephemeral"}}]},
+    ],
+    "tools": [{"name": "get_weather", "description": "Weather for a city",
+               "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                                "required": ["city"]}},
+              {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}],
+    "tool_choice": {"type": "auto", "disable_parallel_tool_use": True},
+    "thinking": {"type": "adaptive", "display": "omitted"},
+    "output_config": {"effort": "high"},
+    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+    "metadata": {"user_id": json.dumps({"device_id": "d", "session_id": "s"})},
+    "stop_sequences": ["\n\nHuman:"],
+    "temperature": 0.5,
+    "service_tier": "auto",
+    "stream": True,
+}
+
+
+def test_claude_code_shaped_request_is_translated(stub_url, gateway_factory) -> None:
+    _, url = gateway_factory(stub_config(stub_url, models=("tools",)))
+    _clear(stub_url)
+    req = urllib.request.Request(url + "/llm/v1/messages?beta=true",
+                                 data=json.dumps(CLAUDE_CODE_LIKE).encode(), method="POST",
+                                 headers={"content-type": "application/json",
+                                          "anthropic-version": "2023-06-01",
+                                          "anthropic-beta": "claude-code-20250219,x-unknown-1",
+                                          "x-api-key": "client-key"})
+    with urllib.request.urlopen(req, timeout=20) as resp:
+        check_stream(resp.read())
+    (seen,) = _requests(stub_url)
+    body = seen["body"]
+    assert body["model"] == "tools"  # the route's upstream_model
+    assert body["max_tokens"] == 2048 and body["temperature"] == 0.5
+    assert body["stop"] == ["\n\nHuman:"]
+    assert body["stream"] is True and body["stream_options"]["include_usage"] is True
+    for dropped in ("metadata", "context_management", "service_tier", "output_config",
+                    "thinking", "system", "stop_sequences"):
+        assert dropped not in body, dropped
+    assert body["reasoning_effort"] == "high"
+    assert body["chat_template_kwargs"]["enable_thinking"] is True
+    assert body["parallel_tool_calls"] is False and body["tool_choice"] == "auto"
+    assert [t["function"]["name"] for t in body["tools"]] == ["get_weather"]  # server tool gone
+    roles = [m["role"] for m in body["messages"]]
+    assert roles == ["system", "user", "system", "assistant", "tool", "user"]
+    assert body["messages"][0]["content"] == "You are a coding agent."  # billing line dropped
+    assistant = body["messages"][3]
+    assert assistant["content"] is None and assistant["reasoning_content"] == "Need the tool."
+    call = assistant["tool_calls"][0]
+    assert call["id"] == "toolu_01" and json.loads(call["function"]["arguments"]) == {
+        "city": "Paris"}
+    assert body["messages"][4] == {"role": "tool", "tool_call_id": "toolu_01",
+                                   "content": "Sunny, 21 C"}
+    assert body["messages"][5] == {"role": "user", "content": "Thanks; summarise."}
+    assert "cache_control" not in seen["raw"] and "client-key" not in json.dumps(seen)
+
+
+def test_prefill_and_sdk_request_reach_upstream(stub_url, gateway_factory) -> None:
+    _, url = gateway_factory(stub_config(stub_url, models=("ok",)))
+    _clear(stub_url)
+    client = anthropic.Anthropic(base_url=url + "/llm", api_key="k", max_retries=0)
+    msg = client.messages.create(
+        model="m-ok", max_tokens=30, extra_body={"top_k": 5},
+        messages=[{"role": "user", "content": "Say hi"},
+                  {"role": "assistant", "content": "Hi"}])
+    assert msg.content[0].text == "Hello from the stub."
+    (seen,) = _requests(stub_url)
+    body = seen["body"]
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+    assert body["top_k"] == 5 and body.get("stream", False) is False
+    assert body["messages"][-1] == {"role": "assistant", "content": "Hi"}

@@ -74,7 +74,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
         message = from_chat(
             completion, model=req["model"], stop_sequences=_stops(req),
             signing_key=server.signing_key,
-            on_bad_tool_args=metrics.tool_arg_errors.labels(route.name).inc,
+            on_bad_tool_args=lambda: _bad_tool_args(metrics, route.name, 1),
         )
         body = jsonutil.dumpb(message)
         metrics.overhead.labels("messages").observe(overhead + time.perf_counter() - t1)
@@ -82,6 +82,12 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                  message["usage"]["output_tokens"])
     return web.Response(body=body, content_type="application/json",
                         headers={"request-id": request[REQUEST_ID]})
+
+
+def _bad_tool_args(metrics: Any, model: str, count: int) -> None:
+    """Tool-call arguments that were not JSON, or deltas for no known call: warn and count."""
+    _log.warning("tool_arguments_dropped", model=model, count=count)
+    metrics.tool_arg_errors.labels(model).inc(count)
 
 
 def _stops(req: dict[str, Any]) -> tuple[str, ...]:
@@ -146,7 +152,7 @@ async def _stream(request: web.Request, route: ModelRoute, up: UpstreamResponse,
                                     translator.termination or "client_disconnect").inc()
         metrics.overhead.labels("messages").observe(timing.translate)
         if translator.dropped_tool_deltas:
-            metrics.tool_arg_errors.labels(route.name).inc(translator.dropped_tool_deltas)
+            _bad_tool_args(metrics, route.name, translator.dropped_tool_deltas)
         if timing.first_token and translator.output_tokens > 1:
             metrics.tpot.labels(route.name).observe(
                 (timing.last_chunk - timing.first_token) / (translator.output_tokens - 1))

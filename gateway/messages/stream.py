@@ -53,12 +53,11 @@ Transitions (``State``; every ``_on_*`` method names the states it accepts and r
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from gateway import errors, jsonutil
-from gateway.messages import tables
+from gateway.messages import frames, tables
 from gateway.sse import encode_event
 
 __all__ = ["IllegalTransition", "State", "StreamTranslator"]
@@ -88,35 +87,6 @@ _OPEN_ONLY = (State.BLOCK_OPEN,)
 _NONE, _TEXT, _THINKING, _TOOL = 0, 1, 2, 3
 # tool call states
 _PENDING, _STREAMING, _CLOSED = 0, 1, 2
-
-_DONE = b"[DONE]"
-_CBS = b'event: content_block_start\ndata: {"type":"content_block_start","index":'
-_TEXT_SHELL = b',"content_block":{"type":"text","text":""}}\n\n'
-_THINKING_SHELL = b',"content_block":{"type":"thinking","thinking":""}}\n\n'
-_CBD = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
-_TEXT_DELTA = b',"delta":{"type":"text_delta","text":'
-_THINKING_DELTA = b',"delta":{"type":"thinking_delta","thinking":'
-_SIGNATURE_DELTA = b',"delta":{"type":"signature_delta","signature":'
-_JSON_DELTA = b',"delta":{"type":"input_json_delta","partial_json":'
-_DELTA_END = b"}}\n\n"
-_CB_STOP = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":%d}\n\n'
-_MESSAGE_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
-_EMPTY_INPUT = b'"{}"'
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _clean(text: str) -> str:
-    # A lone UTF-16 surrogate (from a "\udXXX" escape) cannot be written as UTF-8.
-    return _SURROGATE.sub("\ufffd", text)
-
-
-def _jstr(text: str) -> bytes:
-    try:
-        return jsonutil.dumpb(text)
-    except UnicodeEncodeError:
-        return jsonutil.dumpb(_clean(text))
-
 
 class _Call:
     """One upstream tool call, by arrival."""
@@ -196,7 +166,7 @@ class StreamTranslator:
 
     def feed(self, payload: bytes) -> bytes:
         """One upstream ``data:`` payload -> the Anthropic SSE bytes it produces."""
-        if payload == _DONE or payload.strip() == _DONE:
+        if payload == frames.DONE or payload.strip() == frames.DONE:
             return self._on_done()
         try:
             chunk = jsonutil.loads_upstream(payload)
@@ -312,21 +282,21 @@ class StreamTranslator:
         self._expect(_OPEN_ONLY, "text delta")
         if self._kind != _TEXT:
             self._close_block(out, flush=True)
-            self._open(_TEXT, _TEXT_SHELL, _TEXT_DELTA, out)
-        out.append(self._head + _jstr(text) + _DELTA_END)
+            self._open(_TEXT, frames.TEXT_SHELL, frames.TEXT_DELTA, out)
+        out.append(self._head + frames.jstr(text) + frames.DELTA_END)
 
     def _on_thinking(self, text: str, out: list[bytes]) -> None:
         self._expect(_OPEN_ONLY, "thinking delta")
         if self._kind != _THINKING:
             self._close_block(out, flush=True)
-            self._open(_THINKING, _THINKING_SHELL, _THINKING_DELTA, out)
+            self._open(_THINKING, frames.THINKING_SHELL, frames.THINKING_DELTA, out)
         try:
             body = jsonutil.dumpb(text)
         except UnicodeEncodeError:
-            text = _clean(text)
+            text = frames.clean(text)
             body = jsonutil.dumpb(text)
         self._thinking.append(text)
-        out.append(self._head + body + _DELTA_END)
+        out.append(self._head + body + frames.DELTA_END)
 
     def _on_tool_delta(self, delta: Any, out: list[bytes]) -> None:
         self._expect(_OPEN_ONLY, "tool call delta")
@@ -363,7 +333,7 @@ class StreamTranslator:
         if call.state == _STREAMING:
             if args:
                 call.sent = True
-                out.append(self._head + _jstr(args) + _DELTA_END)
+                out.append(self._head + frames.jstr(args) + frames.DELTA_END)
             return
         if call.state == _CLOSED:
             if args:
@@ -376,7 +346,7 @@ class StreamTranslator:
             self._open_tool(call, out)
             if call.pieces:
                 call.sent = True
-                out.append(self._head + _jstr("".join(call.pieces)) + _DELTA_END)
+                out.append(self._head + frames.jstr("".join(call.pieces)) + frames.DELTA_END)
                 call.pieces = []
 
     # --- helpers ------------------------------------------------------------------------
@@ -418,20 +388,20 @@ class StreamTranslator:
         index = self._next_index
         self._next_index = index + 1
         number = b"%d" % index
-        out.append(_CBS + number + shell)
+        out.append(frames.CBS + number + shell)
         self._kind = kind
         self._index = index
-        self._head = _CBD + number + delta
+        self._head = frames.CBD + number + delta
 
     def _open_tool(self, call: _Call, out: list[bytes]) -> None:
         shell = (
             b',"content_block":{"type":"tool_use","id":'
-            + _jstr(tables.tool_use_id(call.id))
+            + frames.jstr(tables.tool_use_id(call.id))
             + b',"name":'
-            + _jstr(call.name or "")
+            + frames.jstr(call.name or "")
             + b',"input":{}}}\n\n'
         )
-        self._open(_TOOL, shell, _JSON_DELTA, out)
+        self._open(_TOOL, shell, frames.JSON_DELTA, out)
         call.state = _STREAMING
         self._tool = call
         self._has_tools = True
@@ -443,12 +413,13 @@ class StreamTranslator:
         if kind == _THINKING:
             signature = tables.thinking_signature(self._key, "".join(self._thinking))
             out.append(
-                _CBD + b"%d" % self._index + _SIGNATURE_DELTA + _jstr(signature) + _DELTA_END
+                frames.CBD + b"%d" % self._index + frames.SIGNATURE_DELTA
+                + frames.jstr(signature) + frames.DELTA_END
             )
             self._thinking = []
         elif kind == _TOOL:
             self._finish_tool(out)
-        out.append(_CB_STOP % self._index)
+        out.append(frames.CB_STOP % self._index)
         self._kind = _NONE
         if kind == _TOOL and flush:
             self._flush_buffered(out)
@@ -457,7 +428,7 @@ class StreamTranslator:
         call = self._tool
         if call is not None:
             if not call.sent:
-                out.append(self._head + _EMPTY_INPUT + _DELTA_END)
+                out.append(self._head + frames.EMPTY_INPUT + frames.DELTA_END)
             call.state = _CLOSED
             self._tool = None
 
@@ -468,10 +439,10 @@ class StreamTranslator:
             self._open_tool(call, out)
             if call.pieces:
                 call.sent = True
-                out.append(self._head + _jstr("".join(call.pieces)) + _DELTA_END)
+                out.append(self._head + frames.jstr("".join(call.pieces)) + frames.DELTA_END)
                 call.pieces = []
             self._finish_tool(out)
-            out.append(_CB_STOP % self._index)
+            out.append(frames.CB_STOP % self._index)
             self._kind = _NONE
 
     def _end(self, out: list[bytes]) -> None:
@@ -500,7 +471,7 @@ class StreamTranslator:
             "usage": {"output_tokens": self.output_tokens},
         }
         out.append(encode_event("message_delta", jsonutil.dumpb(body)))
-        out.append(_MESSAGE_STOP)
+        out.append(frames.MESSAGE_STOP)
         self.state = State.FINISHED
         self.termination = "completed"
 
@@ -509,7 +480,7 @@ class StreamTranslator:
             self._start(out)
         self._close_block(out, flush=False)
         out.append(errors.sse_error_event(err))
-        out.append(_MESSAGE_STOP)
+        out.append(frames.MESSAGE_STOP)
         self.state = State.ERRORED
         self.termination = reason
         self.error = err

@@ -229,6 +229,14 @@ class Stub:
         await resp.write_eof()
         return resp
 
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize with chat messages: {"count", "max_model_len", "tokens"}."""
+        body = await request.json()
+        self.requests.append({"method": "POST", "path": request.path, "body": body,
+                              "headers": dict(request.headers), "raw": ""})
+        n = len(json.dumps(body.get("messages", []))) // 3
+        return web.json_response({"count": n, "max_model_len": 4096, "tokens": list(range(n))})
+
     async def get_requests(self, request: web.Request) -> web.Response:
         return web.json_response(self.requests)
 
@@ -249,6 +257,7 @@ def make_app() -> web.Application:
     stub = Stub()
     app = web.Application(middlewares=[stub.track])
     app.router.add_post("/v1/chat/completions", stub.chat)
+    app.router.add_post("/tokenize", stub.tokenize)
     app.router.add_get("/_requests", stub.get_requests)
     app.router.add_delete("/_requests", stub.clear_requests)
     app.router.add_get("/_stats", stub.stats)

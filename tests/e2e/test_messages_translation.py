@@ -112,3 +112,32 @@ def test_prefill_and_sdk_request_reach_upstream(stub_url, gateway_factory) -> No
     assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
     assert body["top_k"] == 5 and body.get("stream", False) is False
     assert body["messages"][-1] == {"role": "assistant", "content": "Hi"}
+
+
+def test_count_tokens_uses_the_vllm_tokenizer_route(stub_url, gateway_factory) -> None:
+    cfg = stub_config(stub_url, models=("ok",)).replace(
+        "idle_timeout = 3", 'idle_timeout = 3\nkind = "vllm"')
+    _, url = gateway_factory(cfg)
+    _clear(stub_url)
+    client = anthropic.Anthropic(base_url=url + "/llm", api_key="k", max_retries=0,
+                                 _strict_response_validation=True)
+    messages = [{"role": "user", "content": "count me, please"}]
+    raw = client.messages.with_raw_response.count_tokens(model="m-ok", messages=messages,
+                                                         system="Be brief.")
+    counted = raw.parse()
+    assert raw.headers.get("x-token-count-estimated") is None
+    (seen,) = _requests(stub_url)
+    assert seen["path"] == "/tokenize" and seen["body"]["model"] == "ok"
+    sent = seen["body"]["messages"]
+    assert sent == [{"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "count me, please"}]
+    assert counted.input_tokens == len(json.dumps(sent)) // 3
+
+
+def test_count_tokens_estimates_without_a_tokenizer(stub_gateway) -> None:
+    _, base = stub_gateway
+    client = anthropic.Anthropic(base_url=base, api_key="k", max_retries=0)
+    raw = client.messages.with_raw_response.count_tokens(
+        model="m-ok", messages=[{"role": "user", "content": "x" * 400}])
+    assert raw.headers["x-token-count-estimated"] == "true"
+    assert 100 <= raw.parse().input_tokens <= 120

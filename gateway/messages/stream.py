@@ -10,7 +10,9 @@ Upstream facts relied on (vLLM, SGLang, llama.cpp llama-server, Ollama ``/v1``):
   ``reasoning`` (Ollama, newer vLLM) and ``tool_calls``. Absent and ``null`` mean the same.
 - ``usage`` (``prompt_tokens``/``completion_tokens``) arrives on a chunk of its own after the
   finish chunk (``choices: []``, with ``stream_options.include_usage``), on the finish chunk
-  itself (llama.cpp), or on every chunk (vLLM ``continuous_usage_stats``).
+  itself (llama.cpp), or on every chunk (vLLM ``continuous_usage_stats``). llama.cpp asked
+  for ``return_progress`` puts the prompt's token count in ``prompt_progress.total`` of its
+  first chunk.
 - A tool call is named (``id``, ``function.name``) in its first delta; later deltas carry only
   ``index`` and ``function.arguments`` pieces. Ollama reuses ``index: 0`` for every call, each
   with a new ``id``, so a new ``id`` at a used index is a new call.
@@ -234,6 +236,9 @@ class StreamTranslator:
                     self.input_tokens = counts[0]
                 self.output_tokens = counts[1]
         if self.state is _PRE_START:
+            progress = chunk.get("prompt_progress")  # llama.cpp with return_progress
+            if type(progress) is dict and type(progress.get("total")) is int:
+                self.input_tokens = progress["total"]
             self._start(out)
         choices = chunk.get("choices")
         if not choices:

@@ -16,6 +16,8 @@ Protocol facts relied on:
   run of references and each run of other parts is its own tool message.
 - vLLM and SGLang accept ``stream_options.continuous_usage_stats`` (usage on every chunk,
   so the first one carries the prompt's token count); other servers may refuse it.
+  llama.cpp instead takes ``return_progress: true``: its first chunks carry
+  ``prompt_progress.total``, the prompt's token count.
 - Claude Code's first system block, ``x-anthropic-billing-header: cc_version=...;``,
   changes on every request and would defeat the upstream's prefix cache at the head of
   the prompt, so it is dropped unless the config keeps it.
@@ -98,6 +100,8 @@ def to_chat(
             if route.upstream.kind in _CONTINUOUS_USAGE_KINDS:
                 options["continuous_usage_stats"] = True
             out["stream_options"] = options
+            if route.upstream.kind == "llamacpp":
+                out["return_progress"] = True
     _tools(req, out, on_drop)
     for key in _AS_IS:
         if req.get(key) is not None:

@@ -135,6 +135,11 @@ def test_raw_stream_is_well_formed_with_exact_texts(llama_gateway, tiny_model) -
     assert thinking == tiny_model[1]["reasoning"] and text == tiny_model[1]["answer"]
     delta = next(e for e in events if e["type"] == "message_delta")
     assert delta["usage"] == {"output_tokens": tiny_model[1]["completion_tokens_thinking"]}
+    # the real prompt count already in message_start (llama.cpp's prompt_progress)
+    _, buffered = _post(base + "/v1/messages", {"model": "demo", "max_tokens": 200,
+                                                "messages": HI})
+    assert events[0]["message"]["usage"]["input_tokens"] == json.loads(
+        buffered)["usage"]["input_tokens"]
 
 
 def test_stream_hits_max_tokens(llama_gateway) -> None:

@@ -168,6 +168,7 @@ async def _relay(request: web.Request, route: ModelRoute, up: UpstreamResponse,
                 await _inband_error(writer, errors.Overloaded(
                     "Overloaded: the gateway is shutting down"))
     finally:
+        writer.stop_pinging()
         gauge.dec()
         metrics.terminations.labels("chat", route.name, reason).inc()
         if usage is not None:

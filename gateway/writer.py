@@ -99,11 +99,15 @@ class StreamWriter:
         except ClientGone:
             return
 
-    async def close(self) -> None:
-        """Stop pinging and end the response (best effort if the client is gone)."""
+    def stop_pinging(self) -> None:
+        """Cancel the ping timer; every path out of a stream calls this (also on errors)."""
         if self._pinger is not None:
             self._pinger.cancel()
             self._pinger = None
+
+    async def close(self) -> None:
+        """Stop pinging and end the response (best effort if the client is gone)."""
+        self.stop_pinging()
         try:
             await self._resp.write_eof()
         except (ConnectionError, RuntimeError):

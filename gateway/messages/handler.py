@@ -147,6 +147,7 @@ async def _stream(request: web.Request, route: ModelRoute, up: UpstreamResponse,
         translator.termination = None  # the client left: nothing more reached it
         raise
     finally:
+        writer.stop_pinging()
         gauge.dec()
         metrics.terminations.labels("messages", route.name,
                                     translator.termination or "client_disconnect").inc()

@@ -103,8 +103,18 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_demo(cfg, _serve, explicit_config=bool(args.config
                                                           or os.environ.get("GATEWAY_CONFIG")))
-    asyncio.run(_serve(cfg))
+    _run(_serve(cfg))
     return 0
+
+
+def _run(main: object) -> None:
+    """asyncio.run on uvloop when it is installed (less CPU per request and per chunk)."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)  # type: ignore[arg-type]
+        return
+    uvloop.run(main)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                 translator = StreamTranslator(
                     model=req["model"], message_id=new_message_id(),
                     signing_key=server.signing_key, stop_sequences=_stops(req),
-                    input_tokens=tokens.estimate(chat_req), hosts=client.hosts)
+                    input_tokens=max(1, len(payload) // 4), hosts=client.hosts)
                 return await _stream(request, route, up, translator, t0, overhead)
             raw = await up.read()
         t1 = time.perf_counter()

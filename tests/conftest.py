@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from tests import sdk
 from tests.procs import REPO, Proc, free_port, start_gateway, wait_http
+
+
+@pytest.fixture(autouse=True)
+def _close_sdk_clients() -> Iterator[None]:
+    yield
+    sdk.close_all()
 
 
 @pytest.fixture(scope="session")

@@ -21,9 +21,10 @@ from gateway import errors, jsonutil, routing
 from gateway.appkeys import CONFIG, METRICS, REQUEST_ID, STREAM
 from gateway.config import ModelRoute
 from gateway.messages import tokens
+from gateway.messages.aggregate import aggregate
 from gateway.messages.from_chat import from_chat
 from gateway.messages.stream import StreamTranslator
-from gateway.messages.tables import new_message_id
+from gateway.messages.tables import LOCAL_STOP_KINDS, new_message_id
 from gateway.messages.to_chat import to_chat
 from gateway.messages.validate import validate_messages
 from gateway.sse import SSEDecoder
@@ -50,38 +51,76 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     route = routing.resolve(request, req["model"])
     stream = req.get("stream") is True
     request[STREAM] = stream
-    chat_req = to_chat(req, route, keep_billing_header=server.keep_billing_header,
+    stops = _stops(req)
+    # An upstream that cannot say which stop string matched is streamed even for a
+    # buffered reply: the gateway matches the stop sequences itself and cuts it there.
+    match_stops = bool(stops) and route.upstream.kind in LOCAL_STOP_KINDS
+    upstream_stream = stream or match_stops
+    chat_req = to_chat(req if upstream_stream == stream else {**req, "stream": True}, route,
+                       keep_billing_header=server.keep_billing_header,
                        on_drop=metrics.drop_field)
     payload = jsonutil.dumpb(chat_req)
     client = routing.client_for(request, route)
     overhead = time.perf_counter() - t0
     with routing.admitted(request, route):
         up = await routing.send(request, route, client, "/chat/completions", payload,
-                                stream=stream, max_tokens=req.get("max_tokens"))
+                                stream=upstream_stream, max_tokens=req.get("max_tokens"))
         async with up:
-            if stream:
+            if upstream_stream:
                 translator = StreamTranslator(
                     model=req["model"], message_id=new_message_id(),
-                    signing_key=server.signing_key, stop_sequences=_stops(req),
-                    input_tokens=max(1, len(payload) // 4), hosts=client.hosts)
-                return await _stream(request, route, up, translator, t0, overhead)
-            raw = await up.read()
+                    signing_key=server.signing_key, stop_sequences=stops,
+                    match_stops=match_stops, input_tokens=max(1, len(payload) // 4),
+                    hosts=client.hosts)
+                if stream:
+                    return await _stream(request, route, up, translator, t0, overhead)
+                events = await _collect(up, translator)
+            else:
+                raw = await up.read()
         t1 = time.perf_counter()
-        try:
-            completion = jsonutil.loads_upstream(raw)
-        except ValueError:
-            raise errors.StreamProcessingError() from None
-        message = from_chat(
-            completion, model=req["model"], stop_sequences=_stops(req),
-            signing_key=server.signing_key,
-            on_bad_tool_args=lambda: _bad_tool_args(metrics, route.name, 1),
-        )
+        if upstream_stream:
+            message = aggregate(events)
+        else:
+            try:
+                completion = jsonutil.loads_upstream(raw)
+            except ValueError:
+                raise errors.StreamProcessingError() from None
+            message = from_chat(
+                completion, model=req["model"], stop_sequences=stops,
+                signing_key=server.signing_key,
+                on_bad_tool_args=lambda: _bad_tool_args(metrics, route.name, 1),
+            )
         body = jsonutil.dumpb(message)
         metrics.overhead.labels("messages").observe(overhead + time.perf_counter() - t1)
     _count_reply(request, route, message["stop_reason"], message["usage"]["input_tokens"],
                  message["usage"]["output_tokens"])
     return web.Response(body=body, content_type="application/json",
                         headers={"request-id": request[REQUEST_ID]})
+
+
+async def _collect(up: UpstreamResponse, translator: StreamTranslator) -> bytes:
+    """Translate a whole upstream stream for a buffered reply; a failure raises."""
+    decoder = SSEDecoder()
+    out: list[bytes] = []
+    try:
+        async for chunk in up.chunks():
+            for data in decoder.feed(chunk):
+                out.append(translator.feed(data))
+                if translator.done:
+                    break
+            if translator.done:
+                up.release_if_complete()
+                break
+        else:
+            out.extend(translator.feed(d) for d in decoder.flush() if not translator.done)
+            out.append(translator.eof())
+    except ValueError:  # an SSE event past the decoder's size guard
+        raise errors.StreamProcessingError() from None
+    if translator.error is not None:
+        raise translator.error
+    if translator.dropped_tool_deltas:
+        _log.warning("tool_arguments_dropped", count=translator.dropped_tool_deltas)
+    return b"".join(out)
 
 
 def _bad_tool_args(metrics: Any, model: str, count: int) -> None:

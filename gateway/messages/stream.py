@@ -37,6 +37,10 @@ Gateway decisions:
   or the end). Argument pieces for a call with no id/name yet, or for a call whose block is
   already closed, are dropped and counted in ``dropped_tool_deltas``.
 - ``finish_reason: tool_calls`` with no tool block delivered is reported as ``end_turn``.
+- ``match_stops`` (upstreams that cannot say which stop string matched, see
+  ``tables.LOCAL_STOP_KINDS``): ``stop`` is not sent upstream; text is scanned for the
+  stop sequences, a tail that may begin one is held back until it resolves, and a hit
+  ends the message right there with ``stop_sequence`` (the caller then closes the upstream).
 - The failure envelope: ``message_start`` if not yet sent, ``content_block_stop`` for the open
   block (buffered calls are discarded), one ``error`` event, ``message_stop``.
 
@@ -46,6 +50,7 @@ Transitions (``State``; every ``_on_*`` method names the states it accepts and r
     method          PRE_START          BLOCK_OPEN                     FINISHED/ERRORED
     _on_chunk       -> BLOCK_OPEN      BLOCK_OPEN                     raise
     _on_text etc.   raise              BLOCK_OPEN                     raise
+                                       -> FINISHED (_on_text: a stop sequence matched)
     _on_done        -> ERRORED         -> FINISHED (finish seen)      raise
                                        -> ERRORED (truncated)
     _on_eof         -> ERRORED         as _on_done                    raise (eof() returns b"")
@@ -115,6 +120,7 @@ class StreamTranslator:
         message_id: str,
         signing_key: bytes,
         stop_sequences: Sequence[str] = (),
+        match_stops: bool = False,
         input_tokens: int = 0,
         hosts: Sequence[str] = (),
     ) -> None:
@@ -123,6 +129,10 @@ class StreamTranslator:
         self._message_id = message_id
         self._key = signing_key
         self._stop_sequences = stop_sequences
+        # the upstream cannot say which stop string matched (llama.cpp, Ollama): the gateway
+        # matches text itself and holds back a tail that may be the start of one
+        self._match_stops = match_stops and bool(stop_sequences)
+        self._held = ""
         self._hosts = hosts
         # results, read by the caller for metrics and logs
         self.termination: str | None = None
@@ -270,6 +280,8 @@ class StreamTranslator:
                 if type(content) is not str:
                     raise _Malformed
                 self._on_text(content, out)
+                if self.state is not _BLOCK_OPEN:  # a stop sequence ended the message
+                    return
             if calls:
                 if type(calls) is not list:
                     raise _Malformed
@@ -288,7 +300,35 @@ class StreamTranslator:
         if self._kind != _TEXT:
             self._close_block(out, flush=True)
             self._open(_TEXT, frames.TEXT_SHELL, frames.TEXT_DELTA, out)
+        if self._match_stops:
+            text, hit = self._scan_stops(text)
+            if text:
+                out.append(self._head + frames.jstr(text) + frames.DELTA_END)
+            if hit is not None:  # a stop sequence: the message ends here
+                self._finish, self._matched = "stop", hit
+                self._end(out)
+            return
         out.append(self._head + frames.jstr(text) + frames.DELTA_END)
+
+    def _scan_stops(self, text: str) -> tuple[str, str | None]:
+        """(text that can go out now, the stop sequence hit or None)."""
+        buf = self._held + text
+        hit_at, hit = len(buf), None
+        for stop in self._stop_sequences:
+            at = buf.find(stop)
+            if 0 <= at < hit_at:
+                hit_at, hit = at, stop
+        if hit is not None:
+            self._held = ""
+            return buf[:hit_at], hit
+        keep = 0  # the longest tail of buf that begins some stop sequence
+        for stop in self._stop_sequences:
+            for k in range(min(len(stop) - 1, len(buf)), keep, -1):
+                if buf.endswith(stop[:k]):
+                    keep = k
+                    break
+        self._held = buf[len(buf) - keep:] if keep else ""
+        return buf[:len(buf) - keep], None
 
     def _on_thinking(self, text: str, out: list[bytes]) -> None:
         self._expect(_OPEN_ONLY, "thinking delta")
@@ -415,7 +455,10 @@ class StreamTranslator:
         kind = self._kind
         if kind == _NONE:
             return
-        if kind == _THINKING:
+        if kind == _TEXT and self._held:  # no stop sequence after all
+            out.append(self._head + frames.jstr(self._held) + frames.DELTA_END)
+            self._held = ""
+        elif kind == _THINKING:
             signature = tables.thinking_signature(self._key, "".join(self._thinking))
             out.append(
                 frames.CBD + b"%d" % self._index + frames.SIGNATURE_DELTA

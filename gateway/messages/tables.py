@@ -31,6 +31,12 @@ FINISH_TO_STOP: Mapping[str, str] = {
 
 _MATCHED_STOP_FIELDS = ("stop_reason", "matched_stop", "stopping_word")
 
+# Upstreams whose OpenAI routes never say which stop string ended a generation
+# (llama.cpp only in a server-wide debug field, Ollama not at all). For them the
+# gateway does not forward ``stop``: it matches the sequences in the streamed text
+# itself, ends the message there and closes the upstream request.
+LOCAL_STOP_KINDS = frozenset({"llamacpp", "ollama"})
+
 _B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _SAFE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 

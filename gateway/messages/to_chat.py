@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gateway import jsonutil
+from gateway.messages.tables import LOCAL_STOP_KINDS
 from gateway.messages.validate import is_custom_tool
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def to_chat(
     if not count_tokens:
         out["max_tokens"] = req["max_tokens"]
         stops = req.get("stop_sequences")
-        if stops:
+        if stops and route.upstream.kind not in LOCAL_STOP_KINDS:
             out["stop"] = [stops] if isinstance(stops, str) else list(stops)
         if req.get("stream"):
             out["stream"] = True

@@ -15,6 +15,7 @@ from typing import Any
 import anthropic
 import pytest
 
+from tests import sdk
 from tests.anthropic_stream_check import check_stream
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llamacpp]
@@ -37,7 +38,7 @@ def _post(url: str, body: dict[str, Any], timeout: float = 60) -> tuple[int, byt
 
 
 def _client(base: str, **kw: Any) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=base, api_key="test-key", max_retries=0,
+    return sdk.client(base, api_key="test-key", max_retries=0,
                                _strict_response_validation=True, **kw)
 
 
@@ -90,7 +91,7 @@ def test_python_sdk_strict_create_stream_count_models(llama_gateway, tiny_model)
     created = client.messages.create(model="demo", max_tokens=200, messages=HI)
     # Strict validation cannot take a stream's thinking block start: by the gateway's
     # protocol decision it carries no `signature` key (sent later as a signature_delta).
-    lenient = anthropic.Anthropic(base_url=base, api_key="test-key", max_retries=0)
+    lenient = sdk.client(base, api_key="test-key", max_retries=0)
     with lenient.messages.stream(model="demo", max_tokens=200, messages=HI) as stream:
         final = stream.get_final_message()
     for msg in (created, final):
@@ -144,7 +145,7 @@ def test_raw_stream_is_well_formed_with_exact_texts(llama_gateway, tiny_model) -
 
 def test_stream_hits_max_tokens(llama_gateway) -> None:
     _, base = llama_gateway
-    client = anthropic.Anthropic(base_url=base, api_key="k", max_retries=0)
+    client = sdk.client(base, api_key="k", max_retries=0)
     with client.messages.stream(model="demo", max_tokens=4, messages=HI) as stream:
         final = stream.get_final_message()
     assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 4
@@ -193,3 +194,32 @@ def test_midstream_context_overflow_ends_with_failure_envelope(
             assert errs[0]["error"]["type"] == "api_error"
             assert events[-1]["type"] == "message_stop"
     assert errored >= 1, [r[-300:] for r in results]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "stream"])
+def test_stop_sequence_is_reported_with_its_string(llama_gateway, tiny_model, stream) -> None:
+    """llama.cpp never says which stop string matched: the gateway matches it itself."""
+    _, base = llama_gateway
+    answer = tiny_model[1]["answer"]
+    cut = answer.index(" demo model")
+    client = sdk.client(base, api_key="k", max_retries=0)
+    kwargs = {"model": "demo", "max_tokens": 200, "messages": HI,
+              "stop_sequences": ["never-appears", " demo model"],
+              "thinking": {"type": "disabled"}}
+    if stream:
+        with client.messages.stream(**kwargs) as s:
+            msg = s.get_final_message()
+    else:
+        msg = _client(base).messages.create(**kwargs)
+    assert msg.stop_reason == "stop_sequence" and msg.stop_sequence == " demo model"
+    assert msg.content[-1].text == answer[:cut]
+    assert 0 < msg.usage.output_tokens < tiny_model[1]["completion_tokens_nothink"]
+
+
+def test_stop_sequence_that_never_matches_changes_nothing(llama_gateway, tiny_model) -> None:
+    _, base = llama_gateway
+    msg = _client(base).messages.create(model="demo", max_tokens=200, messages=HI,
+                                        stop_sequences=["demo!"],
+                                        thinking={"type": "disabled"})
+    assert msg.stop_reason == "end_turn" and msg.stop_sequence is None
+    assert msg.content[0].text == tiny_model[1]["answer"]

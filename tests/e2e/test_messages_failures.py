@@ -14,6 +14,7 @@ from typing import Any
 import anthropic
 import pytest
 
+from tests import sdk
 from tests.anthropic_stream_check import check_stream
 
 pytestmark = pytest.mark.e2e
@@ -57,7 +58,7 @@ def test_midstream_failure_ends_with_the_envelope(stub_gateway, scenario, error_
     text = raw.decode()
     for leak in ("10.0.0.9", "http://", "Traceback", "not json"):
         assert leak not in text
-    client = anthropic.Anthropic(base_url=base, api_key="k", max_retries=0)
+    client = sdk.client(base, api_key="k", max_retries=0)
     with pytest.raises(anthropic.APIStatusError) as info:
         with client.messages.stream(model=f"m-{scenario}", max_tokens=50,
                                     messages=[{"role": "user", "content": "hi"}]) as s:
@@ -89,7 +90,7 @@ def test_failure_before_first_byte_is_a_json_error(stub_gateway, scenario, statu
     assert ("retry-after" in headers) == retry_after
     for leak in ("Traceback", "File ", "/opt/", "10.1.2.3", "http://", "127.0.0.1"):
         assert leak not in raw.decode()
-    client = anthropic.Anthropic(base_url=base, api_key="k", max_retries=0)
+    client = sdk.client(base, api_key="k", max_retries=0)
     with pytest.raises(sdk_error):
         client.messages.create(**_body(f"m-{scenario}", False))
 
@@ -115,7 +116,7 @@ def test_upstream_down_is_529(gateway_factory) -> None:
 
 def test_good_streams_pass_the_checker_and_the_sdk(stub_gateway) -> None:
     _, base = stub_gateway
-    client = anthropic.Anthropic(base_url=base, api_key="k", max_retries=0)
+    client = sdk.client(base, api_key="k", max_retries=0)
     for model, kinds, stop in (("m-ok", ["text"], "end_turn"),
                                ("m-reasoning", ["thinking", "text"], "end_turn"),
                                ("m-tools", ["tool_use"], "tool_use"),

@@ -6,9 +6,9 @@ import json
 import urllib.request
 from typing import Any
 
-import anthropic
 import pytest
 
+from tests import sdk
 from tests.anthropic_stream_check import check_stream
 from tests.conftest import stub_config
 
@@ -101,7 +101,7 @@ def test_claude_code_shaped_request_is_translated(stub_url, gateway_factory) -> 
 def test_prefill_and_sdk_request_reach_upstream(stub_url, gateway_factory) -> None:
     _, url = gateway_factory(stub_config(stub_url, models=("ok",)))
     _clear(stub_url)
-    client = anthropic.Anthropic(base_url=url + "/llm", api_key="k", max_retries=0)
+    client = sdk.client(url + "/llm", api_key="k", max_retries=0)
     msg = client.messages.create(
         model="m-ok", max_tokens=30, extra_body={"top_k": 5},
         messages=[{"role": "user", "content": "Say hi"},
@@ -119,7 +119,7 @@ def test_count_tokens_uses_the_vllm_tokenizer_route(stub_url, gateway_factory) -
         "idle_timeout = 3", 'idle_timeout = 3\nkind = "vllm"')
     _, url = gateway_factory(cfg)
     _clear(stub_url)
-    client = anthropic.Anthropic(base_url=url + "/llm", api_key="k", max_retries=0,
+    client = sdk.client(url + "/llm", api_key="k", max_retries=0,
                                  _strict_response_validation=True)
     messages = [{"role": "user", "content": "count me, please"}]
     raw = client.messages.with_raw_response.count_tokens(model="m-ok", messages=messages,
@@ -136,7 +136,7 @@ def test_count_tokens_uses_the_vllm_tokenizer_route(stub_url, gateway_factory) -
 
 def test_count_tokens_estimates_without_a_tokenizer(stub_gateway) -> None:
     _, base = stub_gateway
-    client = anthropic.Anthropic(base_url=base, api_key="k", max_retries=0)
+    client = sdk.client(base, api_key="k", max_retries=0)
     raw = client.messages.with_raw_response.count_tokens(
         model="m-ok", messages=[{"role": "user", "content": "x" * 400}])
     assert raw.headers["x-token-count-estimated"] == "true"

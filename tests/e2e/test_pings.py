@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import urllib.request
 
-import anthropic
 import pytest
 
+from tests import sdk
 from tests.anthropic_stream_check import check_stream
 from tests.conftest import stub_config
 from tests.e2e.test_ts_sdk import run_ts
@@ -43,7 +43,7 @@ def test_pings_during_prefill_then_a_well_formed_stream(ping_gateway) -> None:
 
 
 def test_python_sdk_accepts_the_pings(ping_gateway) -> None:
-    client = anthropic.Anthropic(base_url=ping_gateway, api_key="k", max_retries=0)
+    client = sdk.client(ping_gateway, api_key="k", max_retries=0)
     with client.messages.stream(model="m-prefill:1600", max_tokens=50,
                                 messages=[{"role": "user", "content": "hi"}]) as stream:
         final = stream.get_final_message()

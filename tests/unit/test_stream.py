@@ -34,6 +34,7 @@ def _translator(meta: dict[str, Any]) -> StreamTranslator:
         message_id=meta.get("message_id", "msg_golden01"),
         signing_key=meta.get("signing_key", "golden-key").encode(),
         stop_sequences=meta.get("stop_sequences", ()),
+        match_stops=meta.get("match_stops", False),
         input_tokens=meta.get("input_tokens", 0),
         hosts=meta.get("hosts", ()),
     )

@@ -31,7 +31,6 @@ class StreamWriter:
         "_ping_interval",
         "_pinger",
         "_resp",
-        "_transport",
         "_write_timeout",
     )
 
@@ -44,7 +43,6 @@ class StreamWriter:
         self._loop = asyncio.get_running_loop()
         self._last_write = self._loop.time()
         self._pinger: asyncio.Task[None] | None = None
-        self._transport = None
 
     @classmethod
     async def open(cls, request: web.Request, *, content_type: str, write_timeout: float,
@@ -65,7 +63,6 @@ class StreamWriter:
             raise ClientGone() from exc
         self = cls(resp, write_timeout=write_timeout, ping_interval=ping_interval,
                    ping_frame=ping_frame)
-        self._transport = request.transport  # type: ignore[assignment]
         if ping_interval:
             self._pinger = asyncio.create_task(self._ping_loop())
         return self
@@ -76,13 +73,12 @@ class StreamWriter:
 
     async def write(self, data: bytes) -> None:
         self._last_write = self._loop.time()
-        transport = self._transport
         try:
-            if transport is not None and transport.get_write_buffer_size() == 0:
-                await self._resp.write(data)  # will not block: nothing queued
-            else:
-                async with asyncio.timeout(self._write_timeout):
-                    await self._resp.write(data)
+            # Any write may be the one where aiohttp drains (its own byte count passed the
+            # high-water mark), so every write is bounded: a client that stopped reading
+            # is dropped after write_timeout.
+            async with asyncio.timeout(self._write_timeout):
+                await self._resp.write(data)
         except (ConnectionError, RuntimeError, TimeoutError) as exc:
             raise ClientGone() from exc
 

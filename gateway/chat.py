@@ -5,9 +5,10 @@ The client's body goes upstream with ``model`` replaced by the route's
 is forwarded. Replies come back byte for byte except ``model``, which is set
 back to the alias. The rewrite is a byte replace of the compact
 ``"model":"<upstream_model>"`` pair (a JSON string cannot contain that
-sequence unescaped, so text is never touched); a reply in another spelling is
-re-encoded. Streams are relayed event by event, ``[DONE]`` kept, each write
-awaited.
+sequence unescaped, so text is never touched); an upstream that reports
+another model name (llama.cpp reports its file path) has that name learned
+from its first chunk; a reply in another spelling is re-encoded. Streams are
+relayed event by event, ``[DONE]`` kept, each write awaited.
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ class _ModelRewriter:
         except ValueError:
             return payload
         if isinstance(obj, dict) and "model" in obj:
+            reported = obj["model"]
+            if isinstance(reported, str):
+                # the upstream names its model its own way (llama.cpp: the file path);
+                # learn it, so the following chunks take the byte-replace path again
+                needle = b'"model":' + jsonutil.dumpb(reported)
+                if needle in payload:
+                    self._needle = needle
+                    return payload.replace(needle, self._compact, 1)
             obj["model"] = self._alias
             return jsonutil.dumpb(obj)
         return payload

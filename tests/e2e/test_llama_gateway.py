@@ -223,3 +223,16 @@ def test_stop_sequence_that_never_matches_changes_nothing(llama_gateway, tiny_mo
                                         thinking={"type": "disabled"})
     assert msg.stop_reason == "end_turn" and msg.stop_sequence is None
     assert msg.content[0].text == tiny_model[1]["answer"]
+
+
+def test_pass_through_to_llamacpp_reports_the_alias(llama_gateway, tiny_model) -> None:
+    _, base = llama_gateway
+    body = {"model": "demo", "messages": HI, "max_tokens": 200, "stream": True}
+    status, raw = _post(base + "/v1/chat/completions", body)
+    assert status == 200 and raw.endswith(b"data: [DONE]\n\n")
+    chunks = [json.loads(line[6:]) for line in raw.split(b"\n\n")
+              if line.startswith(b"data: {")]
+    assert {c["model"] for c in chunks} == {"demo"}
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
+                   if c.get("choices"))
+    assert text == tiny_model[1]["answer"]

@@ -65,6 +65,17 @@ from typing import Any
 
 from gateway import errors, jsonutil
 from gateway.messages import frames, tables
+from gateway.messages.stops import StopMatcher
+from gateway.messages.tool_blocks import (
+    NONE,
+    PENDING,
+    TEXT,
+    THINKING,
+    TOOL,
+    Call,
+    Malformed,
+    ToolBlocks,
+)
 from gateway.sse import encode_event
 
 __all__ = ["IllegalTransition", "State", "StreamTranslator"]
@@ -81,36 +92,12 @@ class IllegalTransition(RuntimeError):
     """A translator method was called in a state that does not accept it (a caller bug)."""
 
 
-class _Malformed(Exception):
-    """A chunk is JSON but not the shape of a chat-completion chunk."""
-
-
 _PRE_START = State.PRE_START
 _BLOCK_OPEN = State.BLOCK_OPEN
 _LIVE = (State.PRE_START, State.BLOCK_OPEN)
 _OPEN_ONLY = (State.BLOCK_OPEN,)
 
-# block kinds
-_NONE, _TEXT, _THINKING, _TOOL = 0, 1, 2, 3
-# tool call states
-_PENDING, _STREAMING, _CLOSED = 0, 1, 2
-
-class _Call:
-    """One upstream tool call, by arrival."""
-
-    __slots__ = ("id", "index", "name", "pieces", "sent", "seq", "state")
-
-    def __init__(self, index: int, seq: int) -> None:
-        self.index = index
-        self.seq = seq
-        self.id: str | None = None
-        self.name: str | None = None
-        self.pieces: list[str] = []  # arguments buffered while another call streams
-        self.sent = False  # any argument bytes went out
-        self.state = _PENDING
-
-
-class StreamTranslator:
+class StreamTranslator(ToolBlocks):
     """One per streamed request; see the module docstring for the transition table."""
 
     def __init__(
@@ -131,8 +118,7 @@ class StreamTranslator:
         self._stop_sequences = stop_sequences
         # the upstream cannot say which stop string matched (llama.cpp, Ollama): the gateway
         # matches text itself and holds back a tail that may be the start of one
-        self._match_stops = match_stops and bool(stop_sequences)
-        self._held = ""
+        self._stops = StopMatcher(stop_sequences) if match_stops and stop_sequences else None
         self._hosts = hosts
         # results, read by the caller for metrics and logs
         self.termination: str | None = None
@@ -148,14 +134,14 @@ class StreamTranslator:
         self._usage_seen = False
         self._content_chunks = 0
         # the open block
-        self._kind = _NONE
+        self._kind = NONE
         self._index = -1
         self._next_index = 0
         self._head = b""  # delta frame prefix of the open block, up to the delta body
         self._thinking: list[str] = []
-        self._tool: _Call | None = None  # the call streaming into the open block
-        self._calls: dict[int, _Call] = {}  # latest call per upstream index
-        self._all: list[_Call] = []
+        self._tool: Call | None = None  # the call streaming into the open block
+        self._calls: dict[int, Call] = {}  # latest call per upstream index
+        self._all: list[Call] = []
         self._has_tools = False
 
     def __repr__(self) -> str:
@@ -195,7 +181,7 @@ class StreamTranslator:
         out: list[bytes] = []
         try:
             self._on_chunk(chunk, out)
-        except _Malformed:
+        except Malformed:
             self._fail_into(out, errors.StreamProcessingError(), "malformed_chunk")
         return b"".join(out)
 
@@ -254,10 +240,10 @@ class StreamTranslator:
         if not choices:
             return
         if type(choices) is not list:
-            raise _Malformed
+            raise Malformed
         for choice in choices:
             if type(choice) is not dict:
-                raise _Malformed
+                raise Malformed
             if choice.get("index", 0) == 0:  # the gateway never asks for n > 1
                 self._on_choice(choice, out)
 
@@ -265,7 +251,7 @@ class StreamTranslator:
         delta = choice.get("delta")
         if delta:
             if type(delta) is not dict:
-                raise _Malformed
+                raise Malformed
             # newer vLLM may send the same text in both fields: take one
             reasoning = delta.get("reasoning_content") or delta.get("reasoning")
             content = delta.get("content")
@@ -274,34 +260,34 @@ class StreamTranslator:
                 self._content_chunks += 1
             if reasoning:
                 if type(reasoning) is not str:
-                    raise _Malformed
+                    raise Malformed
                 self._on_thinking(reasoning, out)
             if content:
                 if type(content) is not str:
-                    raise _Malformed
+                    raise Malformed
                 self._on_text(content, out)
                 if self.state is not _BLOCK_OPEN:  # a stop sequence ended the message
                     return
             if calls:
                 if type(calls) is not list:
-                    raise _Malformed
+                    raise Malformed
                 self._content_chunks += 1
                 for call in calls:
                     self._on_tool_delta(call, out)
         finish = choice.get("finish_reason")
         if finish is not None:
             if type(finish) is not str:
-                raise _Malformed
+                raise Malformed
             self._finish = finish
             self._matched = tables.matched_stop_sequence(choice, self._stop_sequences)
 
     def _on_text(self, text: str, out: list[bytes]) -> None:
         self._expect(_OPEN_ONLY, "text delta")
-        if self._kind != _TEXT:
+        if self._kind != TEXT:
             self._close_block(out, flush=True)
-            self._open(_TEXT, frames.TEXT_SHELL, frames.TEXT_DELTA, out)
-        if self._match_stops:
-            text, hit = self._scan_stops(text)
+            self._open(TEXT, frames.TEXT_SHELL, frames.TEXT_DELTA, out)
+        if self._stops is not None:
+            text, hit = self._stops.scan(text)
             if text:
                 out.append(self._head + frames.jstr(text) + frames.DELTA_END)
             if hit is not None:  # a stop sequence: the message ends here
@@ -310,31 +296,15 @@ class StreamTranslator:
             return
         out.append(self._head + frames.jstr(text) + frames.DELTA_END)
 
-    def _scan_stops(self, text: str) -> tuple[str, str | None]:
-        """(text that can go out now, the stop sequence hit or None)."""
-        buf = self._held + text
-        hit_at, hit = len(buf), None
-        for stop in self._stop_sequences:
-            at = buf.find(stop)
-            if 0 <= at < hit_at:
-                hit_at, hit = at, stop
-        if hit is not None:
-            self._held = ""
-            return buf[:hit_at], hit
-        keep = 0  # the longest tail of buf that begins some stop sequence
-        for stop in self._stop_sequences:
-            for k in range(min(len(stop) - 1, len(buf)), keep, -1):
-                if buf.endswith(stop[:k]):
-                    keep = k
-                    break
-        self._held = buf[len(buf) - keep:] if keep else ""
-        return buf[:len(buf) - keep], None
+    def _on_tool_delta(self, delta: Any, out: list[bytes]) -> None:
+        self._expect(_OPEN_ONLY, "tool call delta")
+        self._tool_delta(delta, out)
 
     def _on_thinking(self, text: str, out: list[bytes]) -> None:
         self._expect(_OPEN_ONLY, "thinking delta")
-        if self._kind != _THINKING:
+        if self._kind != THINKING:
             self._close_block(out, flush=True)
-            self._open(_THINKING, frames.THINKING_SHELL, frames.THINKING_DELTA, out)
+            self._open(THINKING, frames.THINKING_SHELL, frames.THINKING_DELTA, out)
         try:
             body = jsonutil.dumpb(text)
         except UnicodeEncodeError:
@@ -343,73 +313,7 @@ class StreamTranslator:
         self._thinking.append(text)
         out.append(self._head + body + frames.DELTA_END)
 
-    def _on_tool_delta(self, delta: Any, out: list[bytes]) -> None:
-        self._expect(_OPEN_ONLY, "tool call delta")
-        if type(delta) is not dict:
-            raise _Malformed
-        index = delta.get("index")
-        upstream_id = delta.get("id")
-        function = delta.get("function")
-        if function is None:
-            function = {}
-        elif type(function) is not dict:
-            raise _Malformed
-        name = function.get("name")
-        args = function.get("arguments")
-        if (
-            (upstream_id is not None and type(upstream_id) is not str)
-            or (name is not None and type(name) is not str)
-            or (args is not None and type(args) is not str)
-        ):
-            raise _Malformed
-        call = self._find_call(index, upstream_id)
-        if call is None:
-            if not upstream_id and not name:
-                if args:
-                    self.dropped_tool_deltas += 1
-                return
-            call = _Call(len(self._all) if type(index) is not int else index, len(self._all))
-            self._calls[call.index] = call
-            self._all.append(call)
-        if upstream_id and call.id is None:
-            call.id = upstream_id
-        if name and call.name is None:
-            call.name = name
-        if call.state == _STREAMING:
-            if args:
-                call.sent = True
-                out.append(self._head + frames.jstr(args) + frames.DELTA_END)
-            return
-        if call.state == _CLOSED:
-            if args:
-                self.dropped_tool_deltas += 1
-            return
-        if args:
-            call.pieces.append(args)
-        if call.name is not None and self._tool is None:
-            self._close_block(out, flush=True)
-            self._open_tool(call, out)
-            if call.pieces:
-                call.sent = True
-                out.append(self._head + frames.jstr("".join(call.pieces)) + frames.DELTA_END)
-                call.pieces = []
-
     # --- helpers ------------------------------------------------------------------------
-
-    def _find_call(self, index: Any, upstream_id: Any) -> _Call | None:
-        if type(index) is int:
-            call = self._calls.get(index)
-            if call is not None and upstream_id and call.id and call.id != upstream_id:
-                return None  # Ollama: a new call at a reused index
-            return call
-        if index is not None:
-            raise _Malformed
-        if upstream_id:
-            for call in self._all:
-                if call.id == upstream_id:
-                    return call
-            return None
-        return self._all[-1] if self._all else None
 
     def _start(self, out: list[bytes]) -> None:
         message = {
@@ -438,60 +342,26 @@ class StreamTranslator:
         self._index = index
         self._head = frames.CBD + number + delta
 
-    def _open_tool(self, call: _Call, out: list[bytes]) -> None:
-        shell = (
-            b',"content_block":{"type":"tool_use","id":'
-            + frames.jstr(tables.tool_use_id(call.id))
-            + b',"name":'
-            + frames.jstr(call.name or "")
-            + b',"input":{}}}\n\n'
-        )
-        self._open(_TOOL, shell, frames.JSON_DELTA, out)
-        call.state = _STREAMING
-        self._tool = call
-        self._has_tools = True
-
     def _close_block(self, out: list[bytes], *, flush: bool) -> None:
         kind = self._kind
-        if kind == _NONE:
+        if kind == NONE:
             return
-        if kind == _TEXT and self._held:  # no stop sequence after all
-            out.append(self._head + frames.jstr(self._held) + frames.DELTA_END)
-            self._held = ""
-        elif kind == _THINKING:
+        if kind == TEXT and self._stops is not None and self._stops.held:
+            # the block ends: the held tail was not a stop sequence after all
+            out.append(self._head + frames.jstr(self._stops.take_held()) + frames.DELTA_END)
+        elif kind == THINKING:
             signature = tables.thinking_signature(self._key, "".join(self._thinking))
             out.append(
                 frames.CBD + b"%d" % self._index + frames.SIGNATURE_DELTA
                 + frames.jstr(signature) + frames.DELTA_END
             )
             self._thinking = []
-        elif kind == _TOOL:
+        elif kind == TOOL:
             self._finish_tool(out)
         out.append(frames.CB_STOP % self._index)
-        self._kind = _NONE
-        if kind == _TOOL and flush:
+        self._kind = NONE
+        if kind == TOOL and flush:
             self._flush_buffered(out)
-
-    def _finish_tool(self, out: list[bytes]) -> None:
-        call = self._tool
-        if call is not None:
-            if not call.sent:
-                out.append(self._head + frames.EMPTY_INPUT + frames.DELTA_END)
-            call.state = _CLOSED
-            self._tool = None
-
-    def _flush_buffered(self, out: list[bytes]) -> None:
-        waiting = [c for c in self._all if c.state == _PENDING and c.name is not None]
-        waiting.sort(key=lambda c: (c.index, c.seq))
-        for call in waiting:
-            self._open_tool(call, out)
-            if call.pieces:
-                call.sent = True
-                out.append(self._head + frames.jstr("".join(call.pieces)) + frames.DELTA_END)
-                call.pieces = []
-            self._finish_tool(out)
-            out.append(frames.CB_STOP % self._index)
-            self._kind = _NONE
 
     def _end(self, out: list[bytes]) -> None:
         """[DONE] or EOF: complete if a finish_reason came, else the stream was truncated."""
@@ -501,7 +371,7 @@ class StreamTranslator:
         self._close_block(out, flush=True)
         self._flush_buffered(out)
         for call in self._all:
-            if call.state == _PENDING:  # never named: its arguments cannot be delivered
+            if call.state == PENDING:  # never named: its arguments cannot be delivered
                 self.dropped_tool_deltas += len(call.pieces)
         finish = self._finish
         if finish in ("tool_calls", "function_call") and not self._has_tools:

@@ -202,10 +202,10 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         signing_key = _env(env, src, "server.signing_key_env", srv["signing_key_env"]).encode()
     else:
         signing_key = secrets.token_bytes(32)
+    floats = ("ping_interval", "shutdown_grace", "write_timeout")
+    values: dict[str, Any] = {k: float(v) if k in floats else v for k, v in srv.items()}
     server = ServerConfig(
-        **{k: (float(v) if isinstance(v, int) and k in ("ping_interval", "shutdown_grace",
-                                                          "write_timeout") else v)
-           for k, v in srv.items()},
+        **values,
         api_keys=api_keys,
         signing_key=signing_key,
     )

@@ -17,7 +17,9 @@ import atexit
 import logging
 import os
 import sys
+from collections.abc import MutableMapping
 from datetime import UTC, datetime
+from typing import Any
 
 import structlog
 
@@ -33,7 +35,8 @@ def _dumpb(obj: object, **_: object) -> bytes:
     return jsonutil.dumpb(obj)
 
 
-def _add_pid(_logger: object, _name: str, event: dict[str, object]) -> dict[str, object]:
+def _add_pid(_logger: object, _name: str, event: MutableMapping[str, Any]
+             ) -> MutableMapping[str, Any]:
     event["pid"] = _PID  # tells --workers processes apart
     return event
 
@@ -94,7 +97,8 @@ def configure(level: str = "info") -> None:
     logging.getLogger("aiohttp.access").disabled = True
 
 
-def _access_fields(_logger: object, _name: str, event: dict[str, object]) -> dict[str, object]:
+def _access_fields(_logger: object, _name: str, event: MutableMapping[str, Any]
+                   ) -> MutableMapping[str, Any]:
     event["pid"] = _PID
     event["level"] = "info"
     event["timestamp"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")

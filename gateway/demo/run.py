@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
+from typing import Any
 
 import structlog
 
@@ -30,7 +31,7 @@ def with_demo_route(cfg: Config, base_url: str) -> Config:
                    models={**cfg.models, DEMO_MODEL: route})
 
 
-def run_demo(cfg: Config, serve: Callable[[Config], Awaitable[None]], *,
+def run_demo(cfg: Config, serve: Callable[[Config], Coroutine[Any, Any, None]], *,
              explicit_config: bool) -> int:
     del explicit_config  # the demo route is added to any config
     missing = [m for m in ("xllamacpp", "gguf", "numpy") if importlib.util.find_spec(m) is None]

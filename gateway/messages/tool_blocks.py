@@ -46,6 +46,22 @@ class Call:
 class ToolBlocks:
     """Mixin: tool-call deltas -> tool_use blocks, streamed or buffered."""
 
+    # provided by the host, StreamTranslator
+    _head: bytes
+    _index: int
+    _kind: int
+    _tool: Call | None
+    _calls: dict[int, Call]
+    _all: list[Call]
+    _has_tools: bool
+    dropped_tool_deltas: int
+
+    def _open(self, kind: int, shell: bytes, delta: bytes, out: list[bytes]) -> None:
+        raise NotImplementedError
+
+    def _close_block(self, out: list[bytes], *, flush: bool) -> None:
+        raise NotImplementedError
+
     def _tool_delta(self, delta: Any, out: list[bytes]) -> None:
         """One upstream tool_calls[] delta (the host checked the state)."""
         if type(delta) is not dict:

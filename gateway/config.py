@@ -31,7 +31,7 @@ class UpstreamConfig:
     kind: str = "openai"
     api_key_env: str | None = None
     api_key: str | None = field(default=None, repr=False)
-    pool_size: int = 1024
+    pool_size: int = 0  # 0: no limit (each stream holds one connection)
     connect_timeout: float = 5.0
     header_timeout: float = 600.0
     idle_timeout: float = 300.0
@@ -226,7 +226,7 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
             raise ConfigError(f"{src}: {where}.kind: must be one of {', '.join(UPSTREAM_KINDS)}")
         for key in ("pool_size", "connect_timeout", "header_timeout", "idle_timeout"):
             if key in up:
-                _positive(src, f"{where}.{key}", up[key])
+                _positive(src, f"{where}.{key}", up[key], allow_zero=key == "pool_size")
                 if key != "pool_size":
                     up[key] = float(up[key])
         api_key = _env(env, src, f"{where}.api_key_env", up["api_key_env"]) \

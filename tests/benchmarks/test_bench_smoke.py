@@ -67,3 +67,18 @@ def test_tiny_run_reports_every_figure(tmp_path):
         assert _number(r["startup"][name]["idle_rss_mb"])
     assert {t["target"] for t in r["targets"]} and all(_number(t["value"]) for t in r["targets"])
     assert isinstance(r["gateway_error_lines"], int)
+
+
+def test_workers_run_reports_every_figure(tmp_path):
+    """The scale-out benchmark (``--workers``) in a tiny size: all streams complete."""
+    out = tmp_path / "workers.json"
+    proc = subprocess.run([sys.executable, "-m", "tests.benchmarks.workers", "--streams", "60",
+                           "--chunks", "3", "--interval-ms", "100", "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=80)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    figures = json.loads(out.read_text())
+    assert figures["completed"] == 60 and figures["upstream_open_after"] == 0
+    assert figures["metrics_completed"] == 60  # /metrics sums both workers
+    assert len(figures["worker_pids"]) == 2
+    for key in ("on_time", "gateway_idle_rss_mb", "gateway_peak_rss_mb", "kb_per_stream"):
+        assert _number(figures[key]), key

@@ -33,19 +33,29 @@ def client_for(request: web.Request, route: ModelRoute) -> UpstreamClient:
     return request.app[UPSTREAMS][route.upstream.name]
 
 
-@contextmanager
-def admitted(request: web.Request, route: ModelRoute) -> Iterator[None]:
-    """Count the request against the model's max_concurrency; past it, 529 with retry-after."""
-    state = request.app[STATE]
-    now = state.in_flight.get(route.name, 0)
-    if route.max_concurrency and now >= route.max_concurrency:
-        request.app[METRICS].rejected.labels(request[API], "overloaded").inc()
-        raise errors.Overloaded(retry_after=1)
-    state.in_flight[route.name] = now + 1
-    try:
-        yield
-    finally:
-        state.in_flight[route.name] -= 1
+class admitted:
+    """Count the request against the model's max_concurrency; past it, 529 with retry-after.
+
+    A plain class, not a generator context manager: it runs on every request.
+    """
+
+    __slots__ = ("_in_flight", "_name")
+
+    def __init__(self, request: web.Request, route: ModelRoute) -> None:
+        in_flight = request.app[STATE].in_flight
+        now = in_flight.get(route.name, 0)
+        if route.max_concurrency and now >= route.max_concurrency:
+            request.app[METRICS].rejected.labels(request[API], "overloaded").inc()
+            raise errors.Overloaded(retry_after=1)
+        in_flight[route.name] = now + 1
+        self._in_flight = in_flight
+        self._name = route.name
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *_: object) -> None:
+        self._in_flight[self._name] -= 1
 
 
 async def send(

@@ -162,13 +162,20 @@ class UpstreamClient:
         # calls, idle_timeout for streams); an outer timer is only needed when a
         # stream's header_timeout is the shorter of the two.
         outer = self.cfg.header_timeout if stream and self._headers_first else None
+        data = body if method == "POST" else None
         for attempt in (0, 1):
             try:
-                async with asyncio.timeout(outer):
+                if outer is None:
                     resp = await self.session.request(
-                        method, url, data=body if method == "POST" else None,
-                        headers=self._headers, timeout=timeout, allow_redirects=False,
+                        method, url, data=data, headers=self._headers, timeout=timeout,
+                        allow_redirects=False,
                     )
+                else:
+                    async with asyncio.timeout(outer):
+                        resp = await self.session.request(
+                            method, url, data=data, headers=self._headers, timeout=timeout,
+                            allow_redirects=False,
+                        )
             except (TimeoutError, aiohttp.ServerTimeoutError):
                 raise errors.UpstreamTimeout() from None
             except _CONNECT_ERRORS:

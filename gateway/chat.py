@@ -160,22 +160,12 @@ async def _relay(request: web.Request, route: ModelRoute, up: UpstreamResponse,
                     done = done or tail[-1] == b"[DONE]"
                     await writer.write(b"".join(b"data: " + rewrite(p) + b"\n\n" for p in tail))
                 reason = "completed" if done else "upstream_truncated"
-            except errors.UpstreamTimeout as err:
-                reason = "idle_timeout"
-                await _inband_error(writer, err)
-            except errors.GatewayError as err:
-                reason = "upstream_error"
-                await _inband_error(writer, err)
-            except ValueError:  # an SSE event over the size guard
-                reason = "malformed_chunk"
-                await _inband_error(writer, errors.StreamProcessingError())
-            except asyncio.CancelledError:
-                if not handle.draining:
+            except (ValueError, errors.GatewayError, asyncio.CancelledError) as exc:
+                failure = routing.stream_failure(exc, handle)
+                if failure is None:
                     raise
-                asyncio.current_task().uncancel()  # type: ignore[union-attr]
-                reason = "draining"
-                await _inband_error(writer, errors.Overloaded(
-                    "Overloaded: the gateway is shutting down"))
+                err, reason = failure
+                await _inband_error(writer, err)
     finally:
         writer.stop_pinging()
         gauge.dec()

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 
-from gateway import errors, log
+from gateway import errors, log, routing
 from gateway.appkeys import (
     API,
     CONFIG,
@@ -128,7 +128,7 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
                 raise errors.AuthenticationFailed()
             if app[STATE].draining:
                 metrics.rejected.labels(api, "draining").inc()
-                raise errors.Overloaded("Overloaded: the gateway is shutting down")
+                raise errors.Overloaded(routing.DRAINING_MESSAGE)
             length = request.content_length
             if length is not None and length > server.max_body_bytes:
                 metrics.rejected.labels(api, "body_too_large").inc()

@@ -115,3 +115,27 @@ def drainable(request: web.Request) -> Iterator[DrainHandle]:
         yield handle
     finally:
         streams.discard(handle)
+
+
+DRAINING_MESSAGE = "Overloaded: the gateway is shutting down"
+
+
+def stream_failure(exc: BaseException, handle: DrainHandle
+                   ) -> tuple[errors.GatewayError, str] | None:
+    """How an exception met while relaying a stream ends it, for both APIs.
+
+    (the error its envelope carries, the termination reason), or None when the
+    exception must propagate (a real cancellation: the client left).
+    """
+    if isinstance(exc, errors.UpstreamTimeout):
+        return exc, "idle_timeout"
+    if isinstance(exc, errors.GatewayError):
+        return exc, "upstream_error"
+    if isinstance(exc, ValueError):  # an SSE event past the decoder's size guard
+        return errors.StreamProcessingError(), "malformed_chunk"
+    if isinstance(exc, asyncio.CancelledError) and handle.draining:
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()  # the drain's cancel only ends this stream, not the handler
+        return errors.Overloaded(DRAINING_MESSAGE), "draining"
+    return None

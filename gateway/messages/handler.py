@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -74,7 +75,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                     hosts=client.hosts)
                 if stream:
                     return await _stream(request, route, up, translator, t0, overhead)
-                events = await _collect(up, translator)
+                events = await _collect(up, translator, metrics, route)
             else:
                 raw = await up.read()
         t1 = time.perf_counter()
@@ -98,29 +99,23 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                         headers={"request-id": request[REQUEST_ID]})
 
 
-async def _collect(up: UpstreamResponse, translator: StreamTranslator) -> bytes:
+async def _collect(up: UpstreamResponse, translator: StreamTranslator,
+                   metrics: Any, route: ModelRoute) -> bytes:
     """Translate a whole upstream stream for a buffered reply; a failure raises."""
-    decoder = SSEDecoder()
-    out: list[bytes] = []
+    events: list[bytes] = []
+
+    async def keep(data: bytes) -> None:
+        events.append(data)
+
     try:
-        async for chunk in up.chunks():
-            for data in decoder.feed(chunk):
-                out.append(translator.feed(data))
-                if translator.done:
-                    break
-            if translator.done:
-                up.release_if_complete()
-                break
-        else:
-            out.extend(translator.feed(d) for d in decoder.flush() if not translator.done)
-            out.append(translator.eof())
+        await _pump(up, translator, keep, _Timing(0.0), metrics.inter_chunk.labels(route.name))
     except ValueError:  # an SSE event past the decoder's size guard
         raise errors.StreamProcessingError() from None
     if translator.error is not None:
         raise translator.error
     if translator.dropped_tool_deltas:
-        _log.warning("tool_arguments_dropped", count=translator.dropped_tool_deltas)
-    return b"".join(out)
+        _bad_tool_args(metrics, route.name, translator.dropped_tool_deltas)
+    return b"".join(events)
 
 
 def _bad_tool_args(metrics: Any, model: str, count: int) -> None:
@@ -161,21 +156,14 @@ async def _stream(request: web.Request, route: ModelRoute, up: UpstreamResponse,
     try:
         with routing.drainable(request) as handle:
             try:
-                await _pump(up, translator, writer, metrics, route, t0, timing)
-            except ValueError:  # an SSE event past the decoder's size guard
-                await writer.write(translator.fail(errors.StreamProcessingError(),
-                                                   reason="malformed_chunk"))
-            except errors.UpstreamTimeout as err:
-                await writer.write(translator.fail(err, reason="idle_timeout"))
-            except errors.GatewayError as err:
-                await writer.write(translator.fail(err, reason="upstream_error"))
-            except asyncio.CancelledError:
-                if not handle.draining:
+                await _pump(up, translator, writer.write, timing,
+                            metrics.inter_chunk.labels(route.name),
+                            metrics.ttft.labels("messages", route.name), t0)
+            except (ValueError, errors.GatewayError, asyncio.CancelledError) as exc:
+                failure = routing.stream_failure(exc, handle)
+                if failure is None:
                     raise
-                asyncio.current_task().uncancel()  # type: ignore[union-attr]
-                await writer.write(translator.fail(
-                    errors.Overloaded("Overloaded: the gateway is shutting down"),
-                    reason="draining"))
+                await writer.write(translator.fail(*failure))
             except ClientGone:
                 raise
             except Exception:  # a bug of ours: still end the stream well-formed
@@ -211,11 +199,15 @@ class _Timing:
         self.last_chunk = 0.0
 
 
-async def _pump(up: UpstreamResponse, translator: StreamTranslator, writer: StreamWriter,
-                metrics: Any, route: ModelRoute, t0: float, timing: _Timing) -> None:
-    """The hot path: per upstream read, one decode, one translation, one write."""
+async def _pump(up: UpstreamResponse, translator: StreamTranslator,
+                write: Callable[[bytes], Awaitable[None]], timing: _Timing, inter_chunk: Any,
+                ttft: Any = None, t0: float = 0.0) -> None:
+    """The hot path: per upstream read, one decode, one translation, one write.
+
+    ``ttft`` (a histogram child) is observed at the first content block; None skips it
+    (a buffered reply has no first token on the wire).
+    """
     decoder = SSEDecoder()
-    inter_chunk = metrics.inter_chunk.labels(route.name)
     clock = time.perf_counter
     feed = translator.feed
     for_chunk = decoder.feed
@@ -233,13 +225,14 @@ async def _pump(up: UpstreamResponse, translator: StreamTranslator, writer: Stre
         if out:
             if not timing.first_token and translator.output_started:
                 timing.first_token = now
-                metrics.ttft.labels("messages", route.name).observe(now - t0)
-            await writer.write(b"".join(out))
+                if ttft is not None:
+                    ttft.observe(now - t0)
+            await write(b"".join(out))
         if translator.done:
             up.release_if_complete()
             return
     tail = [feed(d) for d in decoder.flush() if not translator.done]
-    await writer.write(b"".join(tail) + translator.eof())
+    await write(b"".join(tail) + translator.eof())
 
 
 async def count_tokens(request: web.Request) -> web.Response:

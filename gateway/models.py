@@ -19,8 +19,12 @@ from gateway.config import ModelRoute
 
 
 def _anthropic(route: ModelRoute) -> dict[str, object]:
-    return {"type": "model", "id": route.name, "display_name": route.display_name or route.name,
-            "created_at": route.created_at, "lifecycle": "active"}
+    info: dict[str, object] = {
+        "type": "model", "id": route.name, "display_name": route.display_name or route.name,
+        "created_at": route.created_at, "lifecycle": "active"}
+    if route.context_window:
+        info["max_input_tokens"] = route.context_window  # optional field of the model object
+    return info
 
 
 def _openai(route: ModelRoute) -> dict[str, object]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Any
 
 import aiohttp
 
@@ -40,20 +39,15 @@ _CONNECT_ERRORS = (
 class UpstreamResponse:
     """A live upstream response; read it with :meth:`chunks` or :meth:`read`."""
 
-    __slots__ = ("_client", "_done", "_resp")
+    __slots__ = ("_done", "_resp")
 
-    def __init__(self, client: UpstreamClient, resp: aiohttp.ClientResponse) -> None:
-        self._client = client
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
         self._done = False
 
     @property
     def status(self) -> int:
         return self._resp.status
-
-    @property
-    def headers(self) -> Any:
-        return self._resp.headers
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive; idle gaps and cuts raise GatewayErrors."""
@@ -197,4 +191,4 @@ class UpstreamClient:
             err = errors.from_upstream(resp.status, raw, hosts=self.hosts, max_tokens=max_tokens)
             err.upstream_status = resp.status  # type: ignore[attr-defined]
             raise err
-        return UpstreamResponse(self, resp)
+        return UpstreamResponse(resp)

@@ -99,6 +99,7 @@ kind = "llamacpp"
 name = "{name}"
 upstream = "llama"
 upstream_model = "demo"
+context_window = 1024
 """
 
 

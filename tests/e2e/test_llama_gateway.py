@@ -104,6 +104,7 @@ def test_python_sdk_strict_create_stream_count_models(llama_gateway, tiny_model)
     counted = client.messages.count_tokens(model="demo", messages=HI)
     assert counted.input_tokens == created.usage.input_tokens
     assert [m.id for m in client.models.list()] == ["demo"]
+    assert client.models.retrieve("demo").max_input_tokens == 1024  # models[].context_window
 
 
 def test_python_async_sdk(llama_gateway, tiny_model) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -9,8 +10,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -87,3 +90,26 @@ def start_gateway(config_text: str, tmp_path: Path, *, env: dict[str, str] | Non
         proc.stop()
         raise RuntimeError("gateway did not start:\n" + proc.output()) from None
     return proc, f"http://127.0.0.1:{port}"
+
+
+def _call(req: urllib.request.Request, timeout: float) -> tuple[int, dict[str, str], bytes]:
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
+    except urllib.error.HTTPError as exc:
+        with exc:  # an unclosed error response leaks its socket
+            return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
+
+
+def post(url: str, body: Any, headers: dict[str, str] | None = None,
+         timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+    """POST JSON (or raw bytes); -> (status, lower-cased headers, body), errors included."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return _call(urllib.request.Request(
+        url, data=data, method="POST",
+        headers={"Content-Type": "application/json", **(headers or {})}), timeout)
+
+
+def get(url: str, headers: dict[str, str] | None = None,
+        timeout: float = 10) -> tuple[int, dict[str, str], bytes]:
+    return _call(urllib.request.Request(url, headers=headers or {}), timeout)

@@ -34,6 +34,7 @@ from typing import Any
 
 from gateway import jsonutil
 from tests.benchmarks import driver
+from tests.procs import wait_http
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
@@ -87,17 +88,10 @@ class Proc:
         return self.popen.pid
 
     def _wait_health(self, url: str) -> None:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.popen.poll() is not None:
-                raise RuntimeError(f"{self.name} exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(url, timeout=1) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.01)
-        raise RuntimeError(f"{self.name} did not answer {url}")
+        try:
+            wait_http(url, timeout=20, proc=self.popen)
+        except (RuntimeError, TimeoutError) as exc:
+            raise RuntimeError(f"{self.name}: {exc}: {self.log_path.read_text()[-2000:]}") from None
 
     def stop(self) -> None:
         if self.popen.poll() is None:

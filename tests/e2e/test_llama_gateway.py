@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import urllib.request
 from typing import Any
 
 import anthropic
@@ -17,6 +16,7 @@ import pytest
 
 from tests import sdk
 from tests.anthropic_stream_check import check_stream
+from tests.procs import post
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llamacpp]
 
@@ -26,15 +26,8 @@ OPENAI_NAMES = ("choices", "finish_reason", "object", "prompt_tokens", "completi
 
 
 def _post(url: str, body: dict[str, Any], timeout: float = 60) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"content-type": "application/json",
-                                          "anthropic-version": "2023-06-01"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code, exc.read()
+    status, _, raw = post(url, body, {"anthropic-version": "2023-06-01"}, timeout)
+    return status, raw
 
 
 def _client(base: str, **kw: Any) -> anthropic.Anthropic:

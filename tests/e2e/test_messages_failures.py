@@ -8,7 +8,6 @@ type. Before it: a JSON error with the real status, which the SDK maps to its er
 from __future__ import annotations
 
 import json
-import urllib.request
 from typing import Any
 
 import anthropic
@@ -16,19 +15,9 @@ import pytest
 
 from tests import sdk
 from tests.anthropic_stream_check import check_stream
+from tests.procs import post as _post
 
 pytestmark = pytest.mark.e2e
-
-
-def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
 
 
 def _body(model: str, stream: bool) -> dict[str, Any]:

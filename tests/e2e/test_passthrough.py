@@ -15,33 +15,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import stub_config
-from tests.procs import free_port
+from tests.procs import free_port, get, post
 from tests.stub_upstream import script
 
 pytestmark = pytest.mark.e2e
-
-
-def post(url: str, body: Any, headers: dict[str, str] | None = None,
-         timeout: float = 20) -> tuple[int, dict[str, str], bytes]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method="POST",
-                                 headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
-
-
-def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-    req = urllib.request.Request(url, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
 
 
 def stub_requests(stub_url: str) -> list[dict[str, Any]]:

@@ -13,13 +13,13 @@ import signal
 import socket
 import time
 import urllib.request
-from typing import Any
 
 import aiohttp
 import pytest
 
 from tests.anthropic_stream_check import check_stream
 from tests.conftest import stub_config
+from tests.procs import post as _post
 
 pytestmark = pytest.mark.e2e
 
@@ -129,19 +129,6 @@ def test_slow_reader_holds_bounded_memory(stub_url, gateway_factory) -> None:
 
 
 # --- overload, body limit ---------------------------------------------------------------
-
-def _post(url: str, body: Any, headers: dict[str, str] | None = None
-          ) -> tuple[int, dict[str, str], bytes]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method="POST",
-                                 headers={"content-type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=20) as resp:
-            return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
-
 
 def test_max_concurrency_gives_529_and_503(stub_url, gateway_factory) -> None:
     cfg = stub_config(stub_url, models=("slow:100",)) + "max_concurrency = 1\n"

@@ -19,6 +19,8 @@ route's ``upstream_model``), so one stub serves many gateway routes:
     slow:MS         a content chunk every MS milliseconds, 50 chunks
     prefill:MS      response headers at once, then MS milliseconds of silence, then a reply
     big:N           N chunks of 1,000 characters each, as fast as the reader takes them
+    reset-once      the connection is cut before any response byte on every odd request
+    reset-always    the connection is cut before any response byte, every time
 
 ``GET /_requests`` returns every request seen (method, path, headers, body);
 ``DELETE /_requests`` clears it; ``GET /_stats`` counts streams open now, streams
@@ -104,6 +106,7 @@ class Stub:
         self.requests: list[dict] = []
         self.open_streams = 0
         self.client_gone = 0
+        self.resets: dict[str, int] = {}  # requests seen per reset-* scenario
         self.active = 0  # chat requests being handled now
         self.cancelled = 0  # chat requests whose client (the gateway) went away
 
@@ -146,6 +149,12 @@ class Stub:
                                      status=code)
         if model == "hang-headers":
             await asyncio.sleep(3600)
+        if model in ("reset-always", "reset-once"):
+            self.resets[model] = self.resets.get(model, 0) + 1
+            if model == "reset-always" or self.resets[model] % 2 == 1:
+                assert request.transport is not None
+                request.transport.abort()  # connection cut before any response byte
+                await asyncio.sleep(3600)  # the handler is cancelled with the connection
         if model.startswith("cc-tool:"):
             return await self.tool_round_trip(request, body, model, stream)
         frames, buffered = script(model if model in ("reasoning", "tools", "length") else "ok")

@@ -271,3 +271,28 @@ def test_client_that_stops_reading_is_dropped_after_write_timeout(stub_url,
     assert took < 10  # socket buffers fill, then 1 s of write timeout; the upstream is closed
     _wait_for(lambda: _metric(base, "llm_gateway_stream_terminations_total",
                               reason="client_disconnect") >= 1, 3)
+
+
+# --- retries ---------------------------------------------------------------------------
+
+def _seen(stub_url: str, model: str) -> int:
+    with urllib.request.urlopen(stub_url.removesuffix("/v1") + "/_requests", timeout=5) as r:
+        return sum(1 for req in json.loads(r.read())
+                   if isinstance(req["body"], dict) and req["body"].get("model") == model)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "stream"])
+def test_one_retry_after_a_connection_cut_before_any_byte(stub_url, gateway_factory,
+                                                          stream) -> None:
+    _, url = gateway_factory(stub_config(stub_url, models=("reset-once", "reset-always")))
+    body = {"max_tokens": 5, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
+    before = _seen(stub_url, "reset-once")
+    status, _, raw = _post(url + "/llm/v1/messages", {**body, "model": "m-reset-once"})
+    assert status == 200, raw
+    if stream:
+        check_stream(raw)
+    assert _seen(stub_url, "reset-once") - before == 2  # the cut attempt, then one retry
+    before = _seen(stub_url, "reset-always")
+    status, _, raw = _post(url + "/llm/v1/messages", {**body, "model": "m-reset-always"})
+    assert status == 529 and json.loads(raw)["error"]["type"] == "overloaded_error"
+    assert _seen(stub_url, "reset-always") - before == 2  # at most one retry

@@ -27,7 +27,8 @@ from tests.procs import free_port
 from tests.stub_upstream import USAGE, make_app
 
 SCENARIOS = ("ok", "length", "tools", "malformed", "inband-error", "cut-mid", "eof-no-finish",
-             "hang-mid", "hang-headers", "status:500", "status:429", "slow:50", "slow:2")
+             "hang-mid", "hang-headers", "status:500", "status:429", "status:400", "slow:50",
+             "slow:2")
 
 HI = [{"role": "user", "content": "hi"}]
 MESSAGES = "/llm/v1/messages"
@@ -264,6 +265,21 @@ async def test_unknown_model_is_rejected_without_an_upstream_call(gateway, path,
     upstream_calls = [s for m in reg.collect() if m.name == "llm_gateway_upstream_requests"
                       for s in m.samples if s.name.endswith("_total")]
     assert upstream_calls == []
+
+
+async def test_invalid_request_is_counted_as_a_rejection(gateway) -> None:
+    client, reg = await gateway()
+    async with client.post(MESSAGES, json={"model": "m-ok", "max_tokens": 0,
+                                           "messages": HI}) as resp:
+        assert resp.status == 400
+    assert value(reg, "llm_gateway_rejected_total", api="messages",
+                 reason="invalid_request") == 1
+    # an upstream's own 400 is not a gateway rejection
+    async with client.post(MESSAGES, json={"model": "m-status:400", "max_tokens": 8,
+                                           "messages": HI}) as resp:
+        assert resp.status == 400
+    assert value(reg, "llm_gateway_rejected_total", api="messages",
+                 reason="invalid_request") == 1
 
 
 async def test_auth_and_body_size_rejections(gateway) -> None:

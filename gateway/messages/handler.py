@@ -71,7 +71,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                 translator = StreamTranslator(
                     model=req["model"], message_id=new_message_id(),
                     signing_key=server.signing_key, stop_sequences=stops,
-                    match_stops=match_stops, input_tokens=max(1, len(payload) // 4),
+                    match_stops=match_stops, input_tokens=tokens.estimate_from_bytes(len(payload)),
                     hosts=client.hosts)
                 if stream:
                     return await _stream(request, route, up, translator, t0, overhead)

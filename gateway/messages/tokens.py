@@ -26,12 +26,17 @@ _log = structlog.get_logger("gateway.tokens")
 _TEMPLATE_KEYS = ("tools", "chat_template_kwargs")
 
 
+def estimate_from_bytes(size: int) -> int:
+    """The one estimate rule: four bytes of request JSON per token."""
+    return max(1, size // 4)
+
+
 def estimate(chat_req: dict[str, Any]) -> int:
-    """A rough prompt size: four bytes of message JSON per token."""
+    """A rough prompt size from the translated messages and tools."""
     size = len(jsonutil.dumpb(chat_req.get("messages", ())))
     if chat_req.get("tools"):
         size += len(jsonutil.dumpb(chat_req["tools"]))
-    return max(1, size // 4)
+    return estimate_from_bytes(size)
 
 
 async def _post_json(request: web.Request, route: ModelRoute, client: UpstreamClient, path: str,

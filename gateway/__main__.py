@@ -67,7 +67,7 @@ async def _serve(cfg: config.Config) -> None:
     while sum(state.in_flight.values()) and loop.time() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.05)  # a poll: requests finish in many places
     for handle in list(state.streams):
-        handle.drain()  # type: ignore[attr-defined]
+        handle.drain()
     while sum(state.in_flight.values()) and loop.time() < deadline + 2.0:  # noqa: ASYNC110
         await asyncio.sleep(0.02)
     await runner.cleanup()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from aiohttp import web
 
@@ -11,13 +12,18 @@ from gateway.metrics import Metrics
 from gateway.upstream import UpstreamClient
 
 
+class Drainable(Protocol):
+    def drain(self) -> None:
+        """End this stream with the failure envelope (the grace period is over)."""
+
+
 @dataclass
 class AppState:
     api_keys: tuple[bytes, ...] = ()
     ready: bool = False
     draining: bool = False
     in_flight: dict[str, int] = field(default_factory=dict)  # model alias -> requests now
-    streams: set[object] = field(default_factory=set)  # live stream handles, for drain
+    streams: set[Drainable] = field(default_factory=set)  # live streams, for the drain
 
 
 CONFIG = web.AppKey("config", Config)

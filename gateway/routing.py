@@ -21,9 +21,10 @@ def resolve(request: web.Request, model: object, *, openai: bool = False) -> Mod
     route = routes.get(model) if isinstance(model, str) else None
     if route is None:
         request.app[METRICS].rejected.labels(request[API], "unknown_model").inc()
+        shown = str(model)[:256]  # client input, echoed back: keep it short
         if openai:
-            raise errors.NotFound(f"The model `{model}` does not exist")
-        raise errors.NotFound(f"model: {model}")
+            raise errors.NotFound(f"The model `{shown}` does not exist")
+        raise errors.NotFound(f"model: {shown}")
     request[MODEL] = route.name
     request[UPSTREAM] = route.upstream.name
     return route

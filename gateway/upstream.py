@@ -1,10 +1,10 @@
-"""UpstreamClient: the only place aiohttp client errors and timeouts are caught.
+"""UpstreamClient: the only place upstream connection errors and timeouts are caught.
 
-One pooled ``ClientSession`` per upstream (owned by the app's cleanup_ctx).
-Failures before response headers are mapped once, here:
+One keep-alive connection pool per upstream (gateway/httpclient.py, owned by the
+app's cleanup_ctx). Failures before response headers are mapped once, here:
 
-* connection refused / reset before headers -> UpstreamUnavailable (529);
-  retried at most once, and only then (nothing has reached the client yet);
+* connection refused, or closed before any byte of the reply -> UpstreamUnavailable
+  (529); retried at most once, and only then (nothing has reached the client yet);
 * no response headers within ``header_timeout`` -> UpstreamTimeout (504);
 * an HTTP error status -> errors.from_upstream (scrubbed, mapped);
 * while reading a body: no bytes for ``idle_timeout`` -> UpstreamTimeout, a
@@ -18,22 +18,13 @@ goes back to the pool.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from types import TracebackType
 
-import aiohttp
-
-from gateway import errors
+from gateway import errors, httpclient
 from gateway.config import UpstreamConfig
 
 _ERROR_BODY_CAP = 64 * 1024
-_CONNECT_ERRORS = (
-    aiohttp.ClientConnectorError,
-    aiohttp.ServerDisconnectedError,
-    aiohttp.ClientOSError,
-    ConnectionResetError,
-)
 
 
 class UpstreamResponse:
@@ -41,7 +32,7 @@ class UpstreamResponse:
 
     __slots__ = ("_done", "_resp")
 
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+    def __init__(self, resp: httpclient.Response) -> None:
         self._resp = resp
         self._done = False
 
@@ -51,30 +42,30 @@ class UpstreamResponse:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive; idle gaps and cuts raise GatewayErrors."""
-        content = self._resp.content
+        readany = self._resp.readany
         try:
             while True:
-                chunk = await content.readany()
+                chunk = await readany()
                 if not chunk:
                     self._done = True
                     return
                 yield chunk
-        except (TimeoutError, aiohttp.ServerTimeoutError):
+        except TimeoutError:
             raise errors.UpstreamTimeout("Upstream stopped sending") from None
-        except (aiohttp.ClientError, ConnectionError):
+        except (httpclient.HTTPClientError, OSError):
             raise errors.UpstreamError("Upstream connection lost", status=500) from None
 
     def release_if_complete(self) -> None:
         """Mark the response reusable if its body has been read to the end."""
-        if self._resp.content.at_eof():
+        if self._resp.at_eof:
             self._done = True
 
     async def read(self) -> bytes:
         try:
             body = await self._resp.read()
-        except (TimeoutError, aiohttp.ServerTimeoutError):
+        except TimeoutError:
             raise errors.UpstreamTimeout() from None
-        except (aiohttp.ClientError, ConnectionError):
+        except (httpclient.HTTPClientError, OSError):
             raise errors.UpstreamError("Upstream connection lost", status=500) from None
         self._done = True
         return body
@@ -102,42 +93,28 @@ class UpstreamClient:
         self.cfg = cfg
         self.name = cfg.name
         self.hosts = (cfg.host, cfg.host.rsplit(":", 1)[0], cfg.base_url)
-        self._url = cfg.base_url
+        path = cfg.base_url.split("://", 1)[-1].partition("/")[2].rstrip("/")
+        self._path = "/" + path if path else ""
         # llama.cpp's and vLLM's /tokenize, /apply-template live beside /v1, not under it
-        self._root = cfg.base_url[:-3] if cfg.base_url.endswith("/v1") else cfg.base_url
+        self._root = self._path[:-3] if self._path.endswith("/v1") else self._path
         self._headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         if cfg.api_key:
             self._headers["Authorization"] = f"Bearer {cfg.api_key}"
-        self._buffered_timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=cfg.connect_timeout, sock_read=cfg.header_timeout
-        )
-        self._stream_timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=cfg.connect_timeout, sock_read=cfg.idle_timeout
-        )
-        self._headers_first = cfg.header_timeout < cfg.idle_timeout
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: httpclient.Pool | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(
-            limit=self.cfg.pool_size, limit_per_host=0, ttl_dns_cache=300,
-            enable_cleanup_closed=True,
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            auto_decompress=True,
-            skip_auto_headers=("User-Agent",),
-            read_bufsize=2**16,
-        )
+        self._pool = httpclient.Pool(self.cfg.base_url, limit=self.cfg.pool_size,
+                                     connect_timeout=self.cfg.connect_timeout,
+                                     extra_headers=self._headers)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        assert self._session is not None, "UpstreamClient used before start()"
-        return self._session
+    def open_connections(self) -> int:
+        return self._pool.open_connections if self._pool is not None else 0
 
     async def request(
         self,
@@ -150,39 +127,35 @@ class UpstreamClient:
         at_root: bool = False,
     ) -> UpstreamResponse:
         """Send and wait for a 2xx response's headers; anything else raises a GatewayError."""
-        timeout = self._stream_timeout if stream else self._buffered_timeout
-        url = (self._root if at_root else self._url) + path
-        # sock_read already bounds the wait for headers (header_timeout for buffered
-        # calls, idle_timeout for streams); an outer timer is only needed when a
-        # stream's header_timeout is the shorter of the two.
-        outer = self.cfg.header_timeout if stream and self._headers_first else None
+        pool = self._pool
+        assert pool is not None, "UpstreamClient used before start()"
+        cfg = self.cfg
+        # buffered: the whole reply is generated before its headers, header_timeout bounds
+        # both; a stream's headers wait at most the shorter of the two, its body idle_timeout
+        if stream:
+            head_timeout = min(cfg.header_timeout, cfg.idle_timeout)
+            body_timeout = cfg.idle_timeout
+        else:
+            head_timeout = body_timeout = cfg.header_timeout
+        target = (self._root if at_root else self._path) + path
         data = body if method == "POST" else None
         for attempt in (0, 1):
             try:
-                if outer is None:
-                    resp = await self.session.request(
-                        method, url, data=data, headers=self._headers, timeout=timeout,
-                        allow_redirects=False,
-                    )
-                else:
-                    async with asyncio.timeout(outer):
-                        resp = await self.session.request(
-                            method, url, data=data, headers=self._headers, timeout=timeout,
-                            allow_redirects=False,
-                        )
-            except (TimeoutError, aiohttp.ServerTimeoutError):
+                resp = await pool.request(method, target, data, head_timeout=head_timeout,
+                                          body_timeout=body_timeout)
+            except TimeoutError:
                 raise errors.UpstreamTimeout() from None
-            except _CONNECT_ERRORS:
+            except (httpclient.Disconnected, ConnectionError):
                 if attempt == 0:
                     continue
                 raise errors.UpstreamUnavailable() from None
-            except aiohttp.ClientError:
+            except (httpclient.HTTPClientError, OSError):
                 raise errors.UpstreamUnavailable() from None
             break
         if resp.status >= 300:
             try:
-                raw = await resp.content.read(_ERROR_BODY_CAP)
-            except (aiohttp.ClientError, TimeoutError, ConnectionError):
+                raw = await resp.read(_ERROR_BODY_CAP)
+            except (httpclient.HTTPClientError, TimeoutError, OSError):
                 raw = b""
             finally:
                 resp.close()

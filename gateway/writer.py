@@ -31,6 +31,8 @@ class StreamWriter:
         "_ping_interval",
         "_pinger",
         "_resp",
+        "_transport",
+        "_water",
         "_write_timeout",
     )
 
@@ -43,6 +45,8 @@ class StreamWriter:
         self._loop = asyncio.get_running_loop()
         self._last_write = self._loop.time()
         self._pinger: asyncio.Task[None] | None = None
+        self._transport: asyncio.Transport | None = None
+        self._water = (0, 0)  # the transport's (low, high) write-buffer marks
 
     @classmethod
     async def open(cls, request: web.Request, *, content_type: str, write_timeout: float,
@@ -63,6 +67,10 @@ class StreamWriter:
             raise ClientGone() from exc
         self = cls(resp, write_timeout=write_timeout, ping_interval=ping_interval,
                    ping_frame=ping_frame)
+        transport = request.transport
+        if transport is not None:  # None: the client is already gone
+            self._transport = transport  # type: ignore[assignment]
+            self._water = transport.get_write_buffer_limits()  # type: ignore[attr-defined]
         if ping_interval:
             self._pinger = asyncio.create_task(self._ping_loop())
         return self
@@ -74,8 +82,17 @@ class StreamWriter:
     async def write(self, data: bytes) -> None:
         self._last_write = self._loop.time()
         try:
-            # Any write may be the one where aiohttp drains (its own byte count passed the
-            # high-water mark), so every write is bounded: a client that stopped reading
+            transport = self._transport
+            if transport is not None and not transport.is_closing():
+                size = transport.get_write_buffer_size()
+                low, high = self._water
+                if size <= low and size + len(data) < high:
+                    # The transport is not paused (its buffer is at or below the low-water
+                    # mark) and will not pause on this write, so aiohttp's drain returns at
+                    # once: no timer needed. The usual case: a reading client's buffer is 0.
+                    await self._resp.write(data)
+                    return
+            # This write may wait for the client to read: a client that stopped reading
             # is dropped after write_timeout.
             async with asyncio.timeout(self._write_timeout):
                 await self._resp.write(data)

@@ -97,27 +97,20 @@ def configure(level: str = "info") -> None:
     logging.getLogger("aiohttp.access").disabled = True
 
 
-def _access_fields(_logger: object, _name: str, event: MutableMapping[str, Any]
-                   ) -> MutableMapping[str, Any]:
-    event["pid"] = _PID
-    event["level"] = "info"
-    event["timestamp"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-    return event
+def access(fields: dict[str, Any]) -> None:
+    """Write one access line: one per request, so it skips structlog's pipeline.
 
-
-def access_logger() -> structlog.typing.FilteringBoundLogger:
-    """The access line's own short pipeline: one line per request is the hot path.
-
-    The request id is passed explicitly instead of merged from contextvars, and the
-    processors are the few an access line needs; the output is shaped like every other
-    line (``event``, ``pid``, ``level``, ``timestamp``).
+    The line is shaped like every other (``event``, ``pid``, ``level``, ``timestamp``
+    beside the fields); the request id is in ``fields`` instead of merged from
+    contextvars. A structlog call here cost three times the JSON encoding itself.
     """
-    return structlog.wrap_logger(  # type: ignore[no-any-return]
-        _LineWriter(),
-        processors=[_access_fields, structlog.processors.JSONRenderer(serializer=_dumpb)],
-        wrapper_class=structlog.make_filtering_bound_logger(_LEVEL),
-        cache_logger_on_first_use=True,
-    )
+    if _LEVEL > logging.INFO:
+        return
+    fields["event"] = "access"
+    fields["pid"] = _PID
+    fields["level"] = "info"
+    fields["timestamp"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    _OUT.write(jsonutil.dumpb(fields) + b"\n")
 
 
 def get(name: str) -> structlog.typing.FilteringBoundLogger:

@@ -95,15 +95,6 @@ def _prepared(request: web.Request) -> web.StreamResponse | None:
     return resp if resp is not None and resp.prepared else None
 
 
-_ACCESS: list[structlog.typing.FilteringBoundLogger] = []
-
-
-def _access_log() -> structlog.typing.FilteringBoundLogger:
-    if not _ACCESS:  # built on first use: after log.configure() has set the level
-        _ACCESS.append(log.access_logger())
-    return _ACCESS[0]
-
-
 @web.middleware
 async def gateway_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     start = time.perf_counter()
@@ -165,14 +156,13 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             metrics.request_duration.labels(api, model, stream).observe(duration)
         if route not in ("health", "ready", "metrics"):
             error = request.get(ERROR)
-            _access_log().info("access", request_id=request_id, method=request.method,
-                               route=route, model=model or None,
-                               upstream=request.get(UPSTREAM), status=status,
-                               duration_ms=round(duration * 1000, 3),
-                               stream=request.get(STREAM, False),
-                               query=request.query_string or None,
-                               error_type=error[0] if error else None,
-                               error=error[1] if error else None)
+            log.access({"request_id": request_id, "method": request.method, "route": route,
+                        "model": model or None, "upstream": request.get(UPSTREAM),
+                        "status": status, "duration_ms": round(duration * 1000, 3),
+                        "stream": request.get(STREAM, False),
+                        "query": request.query_string or None,
+                        "error_type": error[0] if error else None,
+                        "error": error[1] if error else None})
     if not response.prepared:
         response.headers["request-id"] = request_id
     return response

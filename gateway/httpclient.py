@@ -97,7 +97,10 @@ class _Connection(asyncio.Protocol):
         self._pool.forget(self)
         state = self._state
         if state == _UNTIL_CLOSE:
-            self._finish()
+            if exc is None:
+                self._finish()  # an orderly close is how such a body ends
+            else:
+                self._fail(BrokenResponse("connection reset in the reply's body"))
         elif state == _HEAD:
             self._fail(BrokenResponse("connection lost in the reply's head") if self._got_bytes
                        else Disconnected("connection closed before a reply"))
@@ -143,6 +146,9 @@ class _Connection(asyncio.Protocol):
         except BrokenResponse as exc:
             self._fail(exc)
             self.abort()
+        except zlib.error:
+            self._fail(BrokenResponse("corrupt compressed body"))
+            self.abort()
 
     def eof_received(self) -> bool:
         return False  # close; connection_lost settles the reply
@@ -153,8 +159,8 @@ class _Connection(asyncio.Protocol):
         """Consume a complete head from ``data``; returns what follows it."""
         while True:
             end = data.find(b"\r\n\r\n")
-            if end < 0:
-                if len(data) > _HEAD_LIMIT:
+            if end < 0 or end > _HEAD_LIMIT:
+                if end > _HEAD_LIMIT or len(data) > _HEAD_LIMIT:
                     raise BrokenResponse("reply head too large")
                 self._tail = data
                 return b""
@@ -175,12 +181,15 @@ class _Connection(asyncio.Protocol):
                 name = name.lower()
                 value = value.strip()
                 if name in headers:
-                    if name == b"content-length" and headers[name] != value:
-                        raise BrokenResponse("conflicting Content-Length")
+                    if name == b"content-length":
+                        if headers[name] != value:
+                            raise BrokenResponse("conflicting Content-Length")
+                        continue  # the same length twice is one length (RFC 9110 8.6)
                     value = headers[name] + b", " + value
                 headers[name] = value
-            self.status = status
-            self.headers = headers
+            length = headers.get(b"content-length")
+            if length is not None and not length.isdigit():
+                raise BrokenResponse("bad Content-Length")
             conn = headers.get(b"connection", b"").lower()
             if version == b"HTTP/1.1":
                 self.keep_alive = b"close" not in conn
@@ -193,6 +202,8 @@ class _Connection(asyncio.Protocol):
                 self._decoder = zlib.decompressobj()
             elif encoding != b"identity":
                 raise BrokenResponse("unsupported Content-Encoding")
+            self.status = status
+            self.headers = headers
             if self.no_body or status in _NO_BODY:
                 if data:
                     self.keep_alive = False
@@ -200,10 +211,7 @@ class _Connection(asyncio.Protocol):
                 return b""
             if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
                 self._state = _CHUNK_SIZE
-            elif b"content-length" in headers:
-                length = headers[b"content-length"]
-                if not length.isdigit():
-                    raise BrokenResponse("bad Content-Length")
+            elif length is not None:
                 self._remaining = int(length)
                 if self._remaining == 0:
                     if data:
@@ -294,11 +302,15 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def _finish(self) -> None:
-        if self._decoder is not None:
-            rest = self._decoder.flush()
+        decoder = self._decoder
+        if decoder is not None:
             self._decoder = None
+            rest = decoder.flush()
             if rest:
                 self._chunks.append(rest)
+            if not decoder.eof:  # the framing ended inside the compressed stream
+                self._fail(BrokenResponse("compressed body cut short"))
+                return
         self._state = _DONE
         self._eof = True
         self._wake()

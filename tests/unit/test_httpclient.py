@@ -356,11 +356,9 @@ async def test_body_delivered_before_a_cut_is_readable_then_the_cut_raises() -> 
     assert not conn.complete
 
 
-# --- bugs: strict xfails, each a protocol fact the parser gets wrong ------------------------
+# --- protocol facts the first version of the parser got wrong --------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="httpclient.py:177-181 joins identical Content-Length "
-                   "values into b'5, 5', which then fails isdigit() at line 205")
 async def test_identical_repeated_content_length_is_one_length() -> None:
     """RFC 9110 §8.6: repeated identical Content-Length values may be read as one; the
     parser's own check (refuse only *differing* values) means to accept them."""
@@ -368,8 +366,6 @@ async def test_identical_repeated_content_length_is_one_length() -> None:
     assert await _outcome([wire]) == (200, b"hello", True)
 
 
-@pytest.mark.xfail(strict=True, reason="httpclient.py:155-158 checks _HEAD_LIMIT only while "
-                   "the head's end is missing: a complete oversized head in one read passes")
 @pytest.mark.parametrize("cut", [0, 40 * 1024], ids=["one read", "two reads"])
 async def test_head_over_64_kib_is_refused_however_it_arrives(cut: int) -> None:
     wire = _OK_HEAD + b"X-Big: " + b"a" * (70 * 1024) + b"\r\nContent-Length: 2\r\n\r\nok"
@@ -377,8 +373,6 @@ async def test_head_over_64_kib_is_refused_however_it_arrives(cut: int) -> None:
     assert await _outcome(pieces) == (BrokenResponse,)
 
 
-@pytest.mark.xfail(strict=True, reason="httpclient.py:143 catches only BrokenResponse: "
-                   "zlib.error from _deliver (line 286) escapes data_received")
 @pytest.mark.parametrize("encoding", [b"gzip", b"deflate"])
 async def test_corrupt_compressed_body_is_a_broken_response(encoding: bytes) -> None:
     wire = (_OK_HEAD + b"Content-Encoding: " + encoding + b"\r\nContent-Length: 11\r\n\r\n"
@@ -386,8 +380,15 @@ async def test_corrupt_compressed_body_is_a_broken_response(encoding: bytes) -> 
     assert await _outcome([wire]) == (BrokenResponse,)
 
 
-@pytest.mark.xfail(strict=True, reason="httpclient.py:99-100 ends an until-close body "
-                   "cleanly on connection_lost(exc) whatever exc is")
+async def test_compressed_body_cut_short_is_a_broken_response() -> None:
+    """The framing ended (an orderly close) inside the gzip stream: not a whole body."""
+    packed = gzip.compress(b"x" * 5000)[:-20]
+    conn, _ = await _feed([b"HTTP/1.0 200 OK\r\nContent-Encoding: gzip\r\n\r\n" + packed])
+    conn.connection_lost(None)
+    with pytest.raises(BrokenResponse):
+        await _read_all(conn)
+
+
 async def test_until_close_body_ended_by_a_reset_is_broken() -> None:
     """Only an orderly close delimits a close-framed body; a reset means it was cut."""
     conn, _ = await _feed([b"HTTP/1.0 200 OK\r\n\r\npartial"])

@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 
@@ -88,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
             return res
 
         res = asyncio.run(go())
+        # streams the driver gave up on are hung up at its deadline: give the gateway a
+        # bounded moment to see the hang-ups and close their upstream requests
+        stats = f"http://{run.HOST}:{stub_port}/_stats"
+        open_at_end = run._get_json(stats)["open"]
+        deadline = time.monotonic() + 10
+        while run._get_json(stats)["open"] and time.monotonic() < deadline:
+            time.sleep(0.2)
         late = [r.latency - expected for r in res.results if r.complete]
         out = {
             "streams": args.streams, "workers": args.workers, "chunks": args.chunks,
@@ -96,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
             "gateway_idle_rss_mb": idle / 2**20,
             "gateway_peak_rss_mb": max(peaks) / 2**20,
             "kb_per_stream": (max(peaks) - idle) / args.streams / 1024,
-            "upstream_open_after": run._get_json(f"http://{run.HOST}:{stub_port}/_stats")["open"],
+            "upstream_open_at_end": open_at_end,
+            "upstream_open_after": run._get_json(stats)["open"],
             "metrics_completed": _completed_metric(f"http://{run.HOST}:{port}"),
             "worker_pids": _children(gw.pid),
         }

@@ -468,7 +468,8 @@ class Pool:
                                             if parts.scheme == "https" else None)
         self._limit = limit
         self._connect_timeout = connect_timeout
-        self._idle: list[_Connection] = []
+        self._idle: collections.deque[_Connection] = collections.deque()  # oldest first
+        self._sweeper: asyncio.TimerHandle | None = None
         self._all: set[_Connection] = set()
         self._busy = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -507,10 +508,10 @@ class Pool:
         return Response(self, conn)
 
     async def _acquire(self) -> _Connection:
-        now = self.loop.time()
         while True:
             if self._closed:
                 raise Disconnected("client closed")
+            now = self.loop.time()
             while self._idle:
                 conn = self._idle.pop()
                 if conn.closed:
@@ -554,9 +555,21 @@ class Pool:
                 conn._timer = None
             conn.idle_since = self.loop.time()
             self._idle.append(conn)
+            if self._sweeper is None:
+                self._sweeper = self.loop.call_later(KEEPALIVE, self._sweep)
         else:
             conn.abort()
         self._wake_one()
+
+    def _sweep(self) -> None:
+        """Close connections idle past KEEPALIVE, so a quiet pool holds no sockets."""
+        self._sweeper = None
+        idle = self._idle
+        expired = self.loop.time() - KEEPALIVE
+        while idle and (idle[0].closed or idle[0].idle_since <= expired):
+            idle.popleft().abort()
+        if idle:
+            self._sweeper = self.loop.call_at(idle[0].idle_since + KEEPALIVE + 0.01, self._sweep)
 
     def _wake_one(self) -> None:
         while self._waiters:
@@ -574,6 +587,9 @@ class Pool:
 
     async def close(self) -> None:
         self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for conn in list(self._all):
             conn.abort()
         self._all.clear()

@@ -911,6 +911,19 @@ async def test_idle_connection_older_than_keepalive_is_not_reused(
         assert pool.open_connections == 1
 
 
+async def test_a_quiet_pool_closes_its_idle_connections(
+    pools: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No request comes after: the sweep timer still closes the idle sockets."""
+    monkeypatch.setattr(httpclient, "KEEPALIVE", 0.05)
+    async with Upstream(_keep_serving) as srv:
+        pool = pools(srv.url)
+        assert await _get(pool) == b"ok"
+        assert pool.open_connections == 1
+        await _settle(lambda: srv.eofs == 1)
+        assert pool.open_connections == 0
+
+
 async def test_close_after_the_whole_body_still_drops_the_connection(pools: Any) -> None:
     """close() is the error path (an error status read, then dropped): never pooled."""
     async with Upstream(_keep_serving) as srv:

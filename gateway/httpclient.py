@@ -439,6 +439,21 @@ class Response:
     def at_eof(self) -> bool:
         return self._conn.complete
 
+    async def drain(self, limit: int, seconds: float) -> bool:
+        """Read and drop the rest of the body; True if it ended within limit and seconds."""
+        size = 0
+        try:
+            async with asyncio.timeout(seconds):
+                while True:
+                    data = await self._conn.readany()
+                    if not data:
+                        return True
+                    size += len(data)
+                    if size > limit:
+                        return False
+        except (TimeoutError, HTTPClientError, OSError):
+            return False
+
     def release(self) -> None:
         """Back to the pool if the body was read to its end, else closed."""
         if not self._settled:

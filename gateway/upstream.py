@@ -18,6 +18,7 @@ goes back to the pool.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from types import TracebackType
 
@@ -25,16 +26,20 @@ from gateway import errors, httpclient
 from gateway.config import UpstreamConfig
 
 _ERROR_BODY_CAP = 64 * 1024
+# after [DONE]: how much more body, and how long, to wait for to keep the connection
+_DRAIN_BYTES = 16 * 1024
+_DRAIN_SECONDS = 0.1
 
 
 class UpstreamResponse:
     """A live upstream response; read it with :meth:`chunks` or :meth:`read`."""
 
-    __slots__ = ("_done", "_resp")
+    __slots__ = ("_done", "_ending", "_resp")
 
     def __init__(self, resp: httpclient.Response) -> None:
         self._resp = resp
         self._done = False
+        self._ending = False
 
     @property
     def status(self) -> int:
@@ -55,10 +60,18 @@ class UpstreamResponse:
         except (httpclient.HTTPClientError, OSError):
             raise errors.UpstreamError("Upstream connection lost", status=500) from None
 
-    def release_if_complete(self) -> None:
-        """Mark the response reusable if its body has been read to the end."""
+    def release_if_complete(self, *, ended: bool = False) -> None:
+        """Mark the response reusable if its body has been read to the end.
+
+        ``ended``: the upstream has said its stream is over (``[DONE]``), so the rest
+        of its body (the chunked terminator, usually a separate write) is due at once;
+        leaving the ``async with`` then waits a moment for it instead of closing a
+        connection that could be reused.
+        """
         if self._resp.at_eof:
             self._done = True
+        elif ended:
+            self._ending = True
 
     async def read(self) -> bytes:
         try:
@@ -81,9 +94,30 @@ class UpstreamResponse:
     ) -> None:
         if self._done and exc is None:
             self._resp.release()
+        elif self._ending and exc is None:
+            # The client's reply is complete: wait for the body's end apart from this
+            # handler, which may be cancelled the moment the client hangs up.
+            task = asyncio.get_running_loop().create_task(_settle(self._resp))
+            _SETTLING.add(task)
+            task.add_done_callback(_SETTLING.discard)
         else:
             # Not read to the end: drop the connection so the upstream stops generating.
             self._resp.close()
+
+
+_SETTLING: set[asyncio.Task[None]] = set()  # strong references to the tasks below
+
+
+async def _settle(resp: httpclient.Response) -> None:
+    """Pool the connection if the rest of the body comes soon, else close it."""
+    done = False
+    try:
+        done = await resp.drain(_DRAIN_BYTES, _DRAIN_SECONDS)
+    finally:
+        if done:
+            resp.release()
+        else:
+            resp.close()
 
 
 class UpstreamClient:

@@ -21,8 +21,11 @@ route's ``upstream_model``), so one stub serves many gateway routes:
     big:N           N chunks of 1,000 characters each, as fast as the reader takes them
     reset-once      the connection is cut before any response byte on every odd request
     reset-always    the connection is cut before any response byte, every time
+    end-late:MS     the ok stream, but the body's end (the chunked terminator) comes MS
+                    milliseconds after ``[DONE]``
 
-``GET /_requests`` returns every request seen (method, path, headers, body);
+``GET /_requests`` returns every request seen (method, path, headers, body, and the
+client's port: ``peer``, which tells connections apart);
 ``DELETE /_requests`` clears it; ``GET /_stats`` counts streams open now, streams
 whose client went away, chat requests in progress (``active``) and chat requests
 cancelled because the gateway closed the connection (``cancelled``).
@@ -129,9 +132,11 @@ class Stub:
             body = json.loads(raw)
         except ValueError:
             body = None
+        peer = request.transport.get_extra_info("peername") if request.transport else None
         self.requests.append({"method": request.method, "path": request.path_qs,
                               "headers": dict(request.headers), "body": body,
-                              "raw": raw.decode("utf-8", "replace")})
+                              "raw": raw.decode("utf-8", "replace"),
+                              "peer": peer[1] if peer else None})
         model = body.get("model", "ok") if isinstance(body, dict) else "ok"
         stream = isinstance(body, dict) and body.get("stream") is True
         if model.startswith("status:"):
@@ -194,6 +199,8 @@ class Stub:
                         return resp
                     await asyncio.sleep(3600)
                 await resp.write(f)
+            if model.startswith("end-late:"):
+                await asyncio.sleep(int(model.split(":")[1]) / 1000)
             await resp.write_eof()
         except (asyncio.CancelledError, ConnectionError):
             self.client_gone += 1

@@ -217,6 +217,7 @@ async def _pump(up: UpstreamResponse, translator: StreamTranslator,
             inter_chunk.observe(now - timing.last_chunk)
         timing.last_chunk = now
         out = []
+        data = b""
         for data in for_chunk(chunk):
             out.append(feed(data))
             if translator.done:
@@ -229,7 +230,7 @@ async def _pump(up: UpstreamResponse, translator: StreamTranslator,
                     ttft.observe(now - t0)
             await write(b"".join(out))
         if translator.done:
-            up.release_if_complete()
+            up.release_if_complete(ended=data == b"[DONE]")
             return
     tail = [feed(d) for d in decoder.flush() if not translator.done]
     await write(b"".join(tail) + translator.eof())

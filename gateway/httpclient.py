@@ -202,6 +202,11 @@ class _Connection(asyncio.Protocol):
                 self._decoder = zlib.decompressobj()
             elif encoding != b"identity":
                 raise BrokenResponse("unsupported Content-Encoding")
+            coding = headers.get(b"transfer-encoding")
+            # only chunked is decoded here; a body under another transfer coding
+            # (gzip, chunked) would come out as garbage, so it is refused instead
+            if coding is not None and coding.lower().replace(b" ", b"") != b"chunked":
+                raise BrokenResponse("unsupported Transfer-Encoding")
             self.status = status
             self.headers = headers
             if self.no_body or status in _NO_BODY:
@@ -209,7 +214,7 @@ class _Connection(asyncio.Protocol):
                     self.keep_alive = False
                 self._finish()
                 return b""
-            if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
+            if coding is not None:
                 self._state = _CHUNK_SIZE
             elif length is not None:
                 self._remaining = int(length)

@@ -237,6 +237,8 @@ MALFORMED = [
     Row("header name followed by a space", _OK_HEAD + b"Content-Length : 2\r\n\r\nok",
         (BrokenResponse,)),
     Row("header with an empty name", _OK_HEAD + b": 2\r\n\r\nok", (BrokenResponse,)),
+    Row("transfer coding other than chunked", _OK_HEAD + b"Transfer-Encoding: gzip, chunked"
+        b"\r\n\r\n2\r\nok\r\n0\r\n\r\n", (BrokenResponse,)),
     Row("unsupported content-encoding (br)",
         _OK_HEAD + b"Content-Encoding: br\r\nContent-Length: 2\r\n\r\nok", (BrokenResponse,)),
     Row("cut mid-body (content-length)", _OK_HEAD + b"Content-Length: 10\r\n\r\nhello",

@@ -33,6 +33,7 @@ def _peers(stub_url: str, model: str) -> list[int]:
 def test_a_stream_ended_by_done_leaves_its_connection_for_the_next(
         stub_url, gateway_factory, scenario: str, reused: bool) -> None:
     _, url = gateway_factory(stub_config(stub_url, models=(scenario,)))
+    seen = len(_peers(stub_url, scenario))  # the stub is shared by the whole session
     for _ in range(3):
         t = time.monotonic()
         status, _, body = post(url + "/llm/v1/messages", {
@@ -43,7 +44,7 @@ def test_a_stream_ended_by_done_leaves_its_connection_for_the_next(
         assert body.rstrip().endswith(b'data: {"type":"message_stop"}')
         assert took < 1.0  # never the 1.5 s of a late terminator
         time.sleep(0.06)  # until then the connection is still waiting for its terminator
-    peers = _peers(stub_url, scenario)
+    peers = _peers(stub_url, scenario)[seen:]
     assert len(peers) == 3
     assert (len(set(peers)) == 1) is reused, peers
 
@@ -51,6 +52,7 @@ def test_a_stream_ended_by_done_leaves_its_connection_for_the_next(
 def test_buffered_and_pass_through_replies_reuse_one_connection(stub_url,
                                                                  gateway_factory) -> None:
     _, url = gateway_factory(stub_config(stub_url, models=("ok",)))
+    seen = len(_peers(stub_url, "ok"))
     for stream in (False, True):
         status, _, _ = post(url + "/llm/v1/messages", {
             "model": "m-ok", "max_tokens": 32, "stream": stream,
@@ -59,6 +61,6 @@ def test_buffered_and_pass_through_replies_reuse_one_connection(stub_url,
         status, _, _ = post(url + "/llm/v1/chat/completions", {
             "model": "m-ok", "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
         assert status == 200
-    peers = _peers(stub_url, "ok")
+    peers = _peers(stub_url, "ok")[seen:]
     assert len(peers) == 4
     assert len(set(peers)) == 1, peers

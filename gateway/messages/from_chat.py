@@ -41,6 +41,7 @@ def from_chat(
     signing_key: bytes,
     message_id: str | None = None,
     on_bad_tool_args: Callable[[], None] | None = None,
+    hide_thinking: bool = False,
 ) -> dict[str, Any]:
     """Pure: OpenAI chat completion (already JSON-decoded) -> Anthropic Message dict.
 
@@ -64,7 +65,7 @@ def from_chat(
         content.append(
             {
                 "type": "thinking",
-                "thinking": reasoning,
+                "thinking": "" if hide_thinking else reasoning,
                 "signature": tables.thinking_signature(signing_key, reasoning),
             }
         )

@@ -25,7 +25,7 @@ from gateway.messages import tokens
 from gateway.messages.aggregate import aggregate
 from gateway.messages.from_chat import from_chat
 from gateway.messages.stream import StreamTranslator
-from gateway.messages.tables import LOCAL_STOP_KINDS, new_message_id
+from gateway.messages.tables import LOCAL_STOP_KINDS, hides_thinking, new_message_id
 from gateway.messages.to_chat import to_chat
 from gateway.messages.validate import validate_messages
 from gateway.sse import SSEDecoder
@@ -72,7 +72,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                     model=req["model"], message_id=new_message_id(),
                     signing_key=server.signing_key, stop_sequences=stops,
                     match_stops=match_stops, input_tokens=tokens.estimate_from_bytes(len(payload)),
-                    hosts=client.hosts)
+                    hosts=client.hosts, hide_thinking=hides_thinking(req))
                 if stream:
                     return await _stream(request, route, up, translator, t0, overhead)
                 events = await _collect(up, translator, metrics, route)
@@ -90,6 +90,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                 completion, model=req["model"], stop_sequences=stops,
                 signing_key=server.signing_key,
                 on_bad_tool_args=lambda: _bad_tool_args(metrics, route.name, 1),
+                hide_thinking=hides_thinking(req),
             )
         body = jsonutil.dumpb(message)
         metrics.overhead.labels("messages").observe(overhead + time.perf_counter() - t1)

@@ -110,6 +110,7 @@ class StreamTranslator(ToolBlocks):
         match_stops: bool = False,
         input_tokens: int = 0,
         hosts: Sequence[str] = (),
+        hide_thinking: bool = False,
     ) -> None:
         self.state = State.PRE_START
         self._model = model
@@ -120,6 +121,7 @@ class StreamTranslator(ToolBlocks):
         # matches text itself and holds back a tail that may be the start of one
         self._stops = StopMatcher(stop_sequences) if match_stops and stop_sequences else None
         self._hosts = hosts
+        self._hide_thinking = hide_thinking  # thinking.display "omitted": signature only
         # results, read by the caller for metrics and logs
         self.termination: str | None = None
         self.stop_reason: str | None = None
@@ -311,7 +313,8 @@ class StreamTranslator(ToolBlocks):
             text = frames.clean(text)
             body = jsonutil.dumpb(text)
         self._thinking.append(text)
-        out.append(self._head + body + frames.DELTA_END)
+        if not self._hide_thinking:
+            out.append(self._head + body + frames.DELTA_END)
 
     # --- helpers ------------------------------------------------------------------------
 

@@ -103,6 +103,20 @@ def _count(value: Any) -> int:
     return value if type(value) is int and value >= 0 else 0
 
 
+_HIDDEN_DISPLAYS = frozenset(("omitted", "updates"))
+
+
+def hides_thinking(req: Mapping[str, Any]) -> bool:
+    """``thinking.display`` is ``"omitted"`` (or the ``"updates"`` beta): reasoning stays hidden.
+
+    Anthropic then returns each thinking block with an empty ``thinking`` and only its
+    signature; streamed, the block opens and closes with a ``signature_delta`` and no
+    ``thinking_delta``.
+    """
+    thinking = req.get("thinking")
+    return isinstance(thinking, Mapping) and thinking.get("display") in _HIDDEN_DISPLAYS
+
+
 def thinking_signature(key: bytes, thinking: str) -> str:
     """The gateway's own signature of a thinking block: HMAC-SHA256, base64."""
     digest = hmac.new(key, thinking.encode("utf-8"), hashlib.sha256).digest()

@@ -138,3 +138,27 @@ def test_invalid_request_names_the_field(stub_gateway) -> None:
     err = json.loads(raw)["error"]
     assert err["type"] == "invalid_request_error"
     assert err["message"].startswith("messages.0.content")
+
+
+@pytest.mark.parametrize("display", ["summarized", "omitted"])
+def test_thinking_display_omitted_returns_signed_empty_thinking(stub_gateway,
+                                                                display: str) -> None:
+    """display "omitted": the thinking block is kept (empty, signed), its text is not sent."""
+    _, base = stub_gateway
+    client = sdk.client(base, api_key="k", max_retries=0)
+    thinking = {"type": "adaptive", "display": display}
+    hidden = display == "omitted"
+    buffered = client.messages.create(model="m-reasoning", max_tokens=50, thinking=thinking,
+                                      messages=[{"role": "user", "content": "hi"}])
+    with client.messages.stream(model="m-reasoning", max_tokens=50, thinking=thinking,
+                                messages=[{"role": "user", "content": "hi"}]) as s:
+        streamed = s.get_final_message()
+    for message in (buffered, streamed):
+        assert [b.type for b in message.content] == ["thinking", "text"]
+        block = message.content[0]
+        assert block.signature
+        assert (block.thinking == "") is hidden
+    _, _, raw = _post(base + "/v1/messages", {**_body("m-reasoning", True), "thinking": thinking})
+    check_stream(raw)
+    assert (b'"thinking_delta"' in raw) is not hidden
+    assert b'"signature_delta"' in raw

@@ -21,6 +21,7 @@ import anthropic
 import pytest
 
 from gateway import errors, jsonutil
+from gateway.messages import tables
 from gateway.messages.from_chat import from_chat
 
 CASES = Path(__file__).resolve().parent.parent / "golden" / "responses"
@@ -57,6 +58,7 @@ def _run(case: Path, **kwargs: Any) -> dict[str, Any]:
         stop_sequences=request.get("stop_sequences", ()),
         signing_key=KEY,
         message_id=MESSAGE_ID,
+        hide_thinking=tables.hides_thinking(request),
         **kwargs,
     )
 

@@ -37,6 +37,7 @@ def _translator(meta: dict[str, Any]) -> StreamTranslator:
         match_stops=meta.get("match_stops", False),
         input_tokens=meta.get("input_tokens", 0),
         hosts=meta.get("hosts", ()),
+        hide_thinking=meta.get("hide_thinking", False),
     )
 
 

@@ -37,6 +37,16 @@ class _ModelRewriter:
         self._needle = b'"model":' + jsonutil.dumpb(upstream_model)
         self._compact = b'"model":' + jsonutil.dumpb(alias)
 
+    def block(self, data: bytes) -> bytes | None:
+        """Whole SSE events at once; None when one needs :meth:`__call__` (another name
+        or spelling of ``model``). Each event's top level has one ``model``, and the
+        compact pair cannot occur inside a JSON string, so every match is one."""
+        if self._needle in data:
+            return data.replace(self._needle, self._compact)
+        if b'"model"' not in data:
+            return data
+        return None
+
     def __call__(self, payload: bytes) -> bytes:
         if self._needle in payload:
             return payload.replace(self._needle, self._compact, 1)
@@ -96,13 +106,23 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             return await _relay(request, route, up, rewrite, t0)
 
 
+_TOKEN_KEYS = (b'"content":"', b'"reasoning_content":"', b'"reasoning":"')
+
+
 def _has_token(payload: bytes) -> bool:
-    """Does this chunk carry generated output (for time to first token)? No JSON parse."""
-    i = payload.find(b'"content":"')
-    if i >= 0 and payload[i + 11:i + 12] != b'"':
-        return True
-    return b'"reasoning_content":"' in payload or b'"reasoning":"' in payload or (
-        b'"tool_calls":[' in payload)
+    """Do these events carry generated output (for time to first token)? No JSON parse.
+
+    A non-empty ``content`` or reasoning string, or a tool call. The compact key pairs
+    cannot occur unescaped inside a JSON string, so every match is a field.
+    """
+    for key in _TOKEN_KEYS:
+        i = payload.find(key)
+        while i >= 0:
+            i += len(key)
+            if payload[i:i + 1] != b'"':
+                return True
+            i = payload.find(key, i)
+    return b'"tool_calls":[' in payload
 
 
 _PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
@@ -125,6 +145,80 @@ def _usage(payload: bytes) -> tuple[int, int] | None:
     return (int(prompt[1]) if prompt else 0, int(completion[1]) if completion else 0)
 
 
+_DONE_LINE = re.compile(rb"(?:^|\n)data: ?\[DONE\]")
+_MAX_EVENT = 8 * 1024 * 1024  # as the SSE decoder's guard
+
+
+class _Relay:
+    """The byte work of relaying one stream (pure): what to write for each read.
+
+    Fast path: the bytes up to the last blank line of a read are whole events, relayed as
+    one block with ``model`` replaced in place; the rest waits for the next read. A stream
+    framed with CR, or whose ``model`` is spelt another way, goes event by event through
+    the SSE decoder from then on (each event re-framed as ``data: ...``). Either way the
+    relay notes the ``[DONE]`` line, the first generated token and the usage.
+    """
+
+    __slots__ = ("_decoder", "_rewrite", "_tail", "done", "first_token", "usage")
+
+    def __init__(self, rewrite: _ModelRewriter) -> None:
+        self._rewrite = rewrite
+        self._decoder: SSEDecoder | None = None
+        self._tail = b""  # an event begun in a read, not yet ended
+        self.done = False
+        self.first_token = False
+        self.usage: tuple[int, int] | None = None
+
+    def feed(self, chunk: bytes) -> bytes:
+        """One upstream read -> the bytes to write (b"" while an event is incomplete)."""
+        if self._decoder is None:
+            data = self._tail + chunk if self._tail else chunk
+            if b"\r" not in chunk:
+                end = data.rfind(b"\n\n") + 2
+                if end == 1:  # no whole event yet
+                    if len(data) > _MAX_EVENT:
+                        raise ValueError("SSE event exceeds the size limit")
+                    self._tail = data
+                    return b""
+                block = data if end == len(data) else data[:end]
+                out = self._rewrite.block(block)
+                if out is not None:
+                    self._tail = data[end:]
+                    self._observe(block)
+                    return out
+            self._tail = b""
+            self._decoder = SSEDecoder()
+            chunk = data
+        return self._events(self._decoder.feed(chunk))
+
+    def end(self) -> bytes:
+        """The body ended: what is left (an event without its blank line still counts)."""
+        decoder = self._decoder or SSEDecoder()
+        rest = decoder.feed(self._tail) + decoder.flush()
+        self._tail = b""
+        return self._events(rest)
+
+    def _observe(self, block: bytes) -> None:
+        if not self.first_token and _has_token(block):
+            self.first_token = True
+        if b'"prompt_tokens"' in block:
+            self.usage = _usage(block) or self.usage
+        if b"[DONE]" in block and _DONE_LINE.search(block):
+            self.done = True
+
+    def _events(self, payloads: list[bytes]) -> bytes:
+        out = []
+        for p in payloads:
+            if p == b"[DONE]":
+                self.done = True
+            elif not self.first_token and _has_token(p):
+                self.first_token = True
+            if b'"prompt_tokens"' in p:
+                self.usage = _usage(p) or self.usage
+            out.append(b"data: " + self._rewrite(p) + b"\n\n")
+        return b"".join(out)
+
+
 async def _relay(request: web.Request, route: ModelRoute, up: UpstreamResponse,
                  rewrite: _ModelRewriter, t0: float) -> web.StreamResponse:
     server = request.app[CONFIG].server
@@ -132,34 +226,26 @@ async def _relay(request: web.Request, route: ModelRoute, up: UpstreamResponse,
     writer = await StreamWriter.open(request, content_type="text/event-stream",
                                      write_timeout=server.write_timeout,
                                      ping_interval=server.ping_interval, ping_frame=_PING)
-    decoder = SSEDecoder()
+    relay = _Relay(rewrite)
     reason = "client_disconnect"
-    done = first_token = False
-    usage = None
+    timed = False  # time to first token observed
     gauge = metrics.in_flight.labels("chat", route.name)
     gauge.inc()
     try:
         with routing.drainable(request) as handle:
             try:
                 async for chunk in up.chunks():
-                    out = []
-                    for p in decoder.feed(chunk):
-                        if p == b"[DONE]":
-                            done = True
-                        elif not first_token and _has_token(p):
-                            first_token = True
-                            metrics.ttft.labels("chat", route.name).observe(
-                                time.perf_counter() - t0)
-                        if b'"prompt_tokens"' in p:
-                            usage = _usage(p) or usage
-                        out.append(b"data: " + rewrite(p) + b"\n\n")
+                    out = relay.feed(chunk)
+                    if not timed and relay.first_token:
+                        timed = True
+                        metrics.ttft.labels("chat", route.name).observe(
+                            time.perf_counter() - t0)
                     if out:
-                        await writer.write(b"".join(out))
-                tail = decoder.flush()
-                if tail:
-                    done = done or tail[-1] == b"[DONE]"
-                    await writer.write(b"".join(b"data: " + rewrite(p) + b"\n\n" for p in tail))
-                reason = "completed" if done else "upstream_truncated"
+                        await writer.write(out)
+                out = relay.end()
+                if out:
+                    await writer.write(out)
+                reason = "completed" if relay.done else "upstream_truncated"
             except (ValueError, errors.GatewayError, asyncio.CancelledError) as exc:
                 failure = routing.stream_failure(exc, handle)
                 if failure is None:
@@ -170,9 +256,9 @@ async def _relay(request: web.Request, route: ModelRoute, up: UpstreamResponse,
         writer.stop_pinging()
         gauge.dec()
         metrics.terminations.labels("chat", route.name, reason).inc()
-        if usage is not None:
-            metrics.tokens.labels(route.name, "input").inc(usage[0])
-            metrics.tokens.labels(route.name, "output").inc(usage[1])
+        if relay.usage is not None:
+            metrics.tokens.labels(route.name, "input").inc(relay.usage[0])
+            metrics.tokens.labels(route.name, "output").inc(relay.usage[1])
     await writer.close()
     return writer.response
 

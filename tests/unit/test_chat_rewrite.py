@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+import json
 
-from gateway.chat import _ModelRewriter, _usage
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.chat import _has_token, _ModelRewriter, _Relay, _usage
+from tests.fuzzing import EXAMPLES
 
 CASES = [
     # (upstream_model, payload, expected)
@@ -41,3 +46,108 @@ def test_upstream_reporting_another_name_is_learned_once() -> None:
 ])
 def test_usage_is_read_without_parsing(payload: bytes, expected: tuple[int, int] | None) -> None:
     assert _usage(payload) == expected
+
+
+# --- the stream relay: bytes in, bytes out, whatever the reads --------------------------
+
+def _chunk(model: str, delta: dict | None = None, usage: dict | None = None) -> bytes:
+    body: dict = {"id": "c", "object": "chat.completion.chunk", "model": model,
+                  "choices": [] if delta is None else [{"index": 0, "delta": delta}]}
+    if usage is not None:
+        body["usage"] = usage
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _stream(model: str, *, usage: bool = True, done: bool = True) -> bytes:
+    parts = [_chunk(model, {"role": "assistant", "content": ""}),
+             _chunk(model, {"reasoning_content": "think"}),
+             _chunk(model, {"content": "Hi"}), _chunk(model, {"content": " there"})]
+    if usage:
+        parts.append(_chunk(model, usage={"prompt_tokens": 7, "completion_tokens": 3}))
+    if done:
+        parts.append(b"data: [DONE]\n\n")
+    return b"".join(parts)
+
+
+def _feed(relay: _Relay, data: bytes, cuts: list[int]) -> bytes:
+    out, start = [], 0
+    for cut in [*sorted(cuts), len(data)]:
+        out.append(relay.feed(data[start:cut]))
+        start = cut
+    out.append(relay.end())
+    return b"".join(out)
+
+
+VLLM = _stream("org/m")
+RELAYS = [
+    # (name, upstream_model, upstream bytes, expected bytes, done, usage)
+    ("vllm: byte-exact but model", "org/m", VLLM, VLLM.replace(b'"org/m"', b'"alias"'),
+     True, (7, 3)),
+    ("no [DONE]: truncated", "org/m", _stream("org/m", done=False),
+     _stream("alias", done=False), False, (7, 3)),
+    ("no usage", "org/m", _stream("org/m", usage=False), _stream("alias", usage=False),
+     True, None),
+    ("llama.cpp names its file: learned", "demo", _stream("/models/tiny.gguf"),
+     _stream("alias"), True, (7, 3)),
+    ("CRLF framing: event by event", "org/m", VLLM.replace(b"\n", b"\r\n"),
+     VLLM.replace(b'"org/m"', b'"alias"'), True, (7, 3)),
+    ("last event without its blank line", "org/m", VLLM[:-1],
+     VLLM.replace(b'"org/m"', b'"alias"'), True, (7, 3)),
+    ("data:[DONE] without the space", "org/m", VLLM.replace(b"data: [DONE]", b"data:[DONE]"),
+     VLLM.replace(b'"org/m"', b'"alias"').replace(b"data: [DONE]", b"data:[DONE]"),
+     True, (7, 3)),
+]
+
+
+@pytest.mark.parametrize(("upstream_model", "raw", "expected", "done", "usage"),
+                         [r[1:] for r in RELAYS], ids=[r[0] for r in RELAYS])
+def test_relay_at_every_single_cut(upstream_model: str, raw: bytes, expected: bytes,
+                                   done: bool, usage: tuple[int, int] | None) -> None:
+    for cut in range(len(raw) + 1):
+        relay = _Relay(_ModelRewriter(upstream_model, "alias"))
+        out = _feed(relay, raw, [cut])
+        if b"\r" in raw or b"tiny.gguf" in raw:
+            # event by event from the first CR or the first unknown name: same events
+            assert _payloads(out) == _payloads(expected), cut
+        else:
+            assert out == expected, cut
+        assert relay.done is done and relay.usage == usage and relay.first_token, cut
+
+
+def _payloads(raw: bytes) -> list[bytes]:
+    return [line[5:].strip() for line in raw.split(b"\n") if line.startswith(b"data:")]
+
+
+@given(st.lists(st.integers(0, len(VLLM)), max_size=12))
+@settings(max_examples=EXAMPLES, deadline=None)
+def test_relay_any_reads_give_the_same_bytes(cuts: list[int]) -> None:
+    relay = _Relay(_ModelRewriter("org/m", "alias"))
+    assert _feed(relay, VLLM, cuts) == VLLM.replace(b'"org/m"', b'"alias"')
+    assert relay.done and relay.usage == (7, 3)
+
+
+def test_relay_refuses_an_endless_event() -> None:
+    relay = _Relay(_ModelRewriter("org/m", "alias"))
+    relay.feed(b"data: " + b"x" * (4 * 1024 * 1024))
+    with pytest.raises(ValueError):
+        relay.feed(b"y" * (5 * 1024 * 1024))
+
+
+def test_done_inside_generated_text_is_not_the_end() -> None:
+    """A model writing 'data: [DONE]' is text inside a JSON string, never at a line start."""
+    relay = _Relay(_ModelRewriter("org/m", "alias"))
+    relay.feed(_chunk("org/m", {"content": "then data: [DONE]\nhappens"}))
+    assert not relay.done
+
+
+@pytest.mark.parametrize(("payload", "expected"), [
+    (_chunk("m", {"role": "assistant", "content": ""}), False),
+    (_chunk("m", {"role": "assistant", "content": ""}) + _chunk("m", {"content": "Hi"}), True),
+    (_chunk("m", {"reasoning_content": ""}) + _chunk("m", {"reasoning": "x"}), True),
+    (_chunk("m", {"tool_calls": [{"index": 0, "id": "t"}]}), True),
+    (_chunk("m", {"content": "", "note": '"content":"x'}), False),  # escaped inside a string
+    (_chunk("m", usage={"prompt_tokens": 1}), False),
+])
+def test_first_token_is_a_non_empty_output_anywhere_in_the_block(payload: bytes,
+                                                                 expected: bool) -> None:
+    assert _has_token(payload) is expected

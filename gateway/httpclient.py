@@ -255,7 +255,7 @@ class _Connection(asyncio.Protocol):
             elif state == _CHUNK_CRLF:
                 if size - pos < 2:
                     break
-                if data[pos:pos + 2] != b"\r\n":
+                if not data.startswith(b"\r\n", pos):
                     raise BrokenResponse("bad chunk framing")
                 pos += 2
                 state = _CHUNK_SIZE
@@ -277,15 +277,23 @@ class _Connection(asyncio.Protocol):
                         self._finish()
                         return
                     continue
-                digits = line.split(b";", 1)[0].strip()
-                if not _HEX.fullmatch(digits):
-                    raise BrokenResponse("bad chunk size")
-                n = int(digits, 16)
+                if not _HEX.fullmatch(line):  # else extensions (";name=value") or spaces
+                    line = line.split(b";", 1)[0].strip()
+                    if not _HEX.fullmatch(line):
+                        raise BrokenResponse("bad chunk size")
+                n = int(line, 16)
                 if n == 0:
                     state = _TRAILERS
-                else:
-                    self._chunk_left = n
-                    state = _CHUNK_DATA
+                    continue
+                end = pos + n
+                if end + 2 <= size:  # the usual case: the whole chunk and its CRLF are here
+                    if not data.startswith(b"\r\n", end):
+                        raise BrokenResponse("bad chunk framing")
+                    out.append(data[pos:end])
+                    pos = end + 2
+                    continue
+                self._chunk_left = n
+                state = _CHUNK_DATA
         self._state = state
         if pos < size:
             self._tail = data[pos:]

@@ -27,7 +27,10 @@ import ssl
 import zlib
 from urllib.parse import urlsplit
 
-KEEPALIVE = 15.0  # seconds an idle connection is kept for reuse
+# Seconds an idle connection is kept for reuse: under the 5 s after which uvicorn (vLLM,
+# SGLang) and llama.cpp's server close an idle connection, so the gateway lets go first
+# instead of sending a request into a close already on its way.
+KEEPALIVE = 4.0
 _HEAD_LIMIT = 64 * 1024
 _PAUSE_AT = 256 * 1024
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")

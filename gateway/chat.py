@@ -130,19 +130,27 @@ _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 
 def _usage(payload: bytes) -> tuple[int, int] | None:
-    """(prompt, completion) tokens when a chunk or body carries usage.
+    """(prompt, completion) tokens of the last usage in a body or a block of events.
 
-    A regex instead of a JSON parse of the whole body: an unescaped
-    ``"prompt_tokens":`` cannot occur inside a JSON string, so a match is the field.
+    No JSON parse: an unescaped ``"prompt_tokens"`` cannot occur inside a JSON string,
+    so a match is the field. The last one counts (a block may hold several events,
+    and a later ``"usage":null`` must not hide an earlier count).
     """
-    at = payload.rfind(b'"usage"')
-    if at < 0:
-        return None
-    prompt = _PROMPT.search(payload, at)
-    completion = _COMPLETION.search(payload, at)
+    prompt = _last(_PROMPT, payload, b'"prompt_tokens"')
+    completion = _last(_COMPLETION, payload, b'"completion_tokens"')
     if prompt is None and completion is None:
         return None
-    return (int(prompt[1]) if prompt else 0, int(completion[1]) if completion else 0)
+    return (prompt or 0, completion or 0)
+
+
+def _last(pattern: re.Pattern[bytes], payload: bytes, key: bytes) -> int | None:
+    at = payload.rfind(key)
+    while at >= 0:
+        match = pattern.match(payload, at)
+        if match is not None:
+            return int(match[1])
+        at = payload.rfind(key, 0, at)
+    return None
 
 
 _MAX_EVENT = 8 * 1024 * 1024  # as the SSE decoder's guard

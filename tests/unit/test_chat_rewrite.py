@@ -43,6 +43,10 @@ def test_upstream_reporting_another_name_is_learned_once() -> None:
     (b'{"choices":[],"usage": {"prompt_tokens": 3, "completion_tokens": 0}}', (3, 0)),
     (b'{"usage":null}', None),
     (b'{"choices":[{"delta":{"content":"\\"prompt_tokens\\":9"}}]}', None),
+    # a block of events: the last count, even with a usage-less event after it
+    (b'data: {"usage":{"prompt_tokens":5,"completion_tokens":1}}\n\n'
+     b'data: {"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n'
+     b'data: {"choices":[],"usage":null}\n\n', (5, 2)),
 ])
 def test_usage_is_read_without_parsing(payload: bytes, expected: tuple[int, int] | None) -> None:
     assert _usage(payload) == expected

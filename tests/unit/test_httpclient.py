@@ -24,9 +24,12 @@ import asyncio
 import gzip
 import re
 import socket
+import ssl
+import subprocess
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -491,8 +494,9 @@ class Upstream:
     Records each request's bytes and how many connections saw the client close.
     """
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, *, tls: ssl.SSLContext | None = None) -> None:
         self._handler = handler
+        self._tls = tls
         self.connections = 0
         self.requests: list[bytes] = []
         self.eofs = 0
@@ -502,10 +506,10 @@ class Upstream:
         self._writers: list[asyncio.StreamWriter] = []
 
     async def __aenter__(self) -> Upstream:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self._tls)
         port = self._server.sockets[0].getsockname()[1]
         self.host = f"127.0.0.1:{port}"
-        self.url = f"http://{self.host}"
+        self.url = f"{'https' if self._tls else 'http'}://{self.host}"
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -987,3 +991,50 @@ async def test_until_close_body_over_a_socket_ends_at_the_servers_close(
         resp.release()
         await asyncio.wait_for(srv.eof.wait(), 1.0)
         assert pool.open_connections == 0
+
+
+# --- TLS upstreams ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tls_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (openssl CLI): (cert, key)."""
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "2", "-subj", "/CN=127.0.0.1", "-addext",
+                    "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    return cert, key
+
+
+def _server_tls(cert: Path, key: Path) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+async def test_https_upstream_is_verified_and_kept_alive(
+    pools: Any, tls_cert: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_cert[0]))  # trusted as a CA would be
+    async with Upstream(_keep_serving, tls=_server_tls(*tls_cert)) as srv:
+        pool = pools(srv.url)
+        assert await _get(pool) == b"ok"
+        assert await _get(pool, "/v1/chat/completions", b"{}", method="POST") == b"ok"
+        assert srv.connections == 1
+        assert srv.requests[1].startswith(b"POST /v1/chat/completions HTTP/1.1\r\nHost: ")
+
+
+async def test_https_upstream_with_an_untrusted_certificate_is_unavailable(
+    tls_cert: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    async with Upstream(_keep_serving, tls=_server_tls(*tls_cert)) as srv:
+        client = UpstreamClient(UpstreamConfig(name="tls", base_url=srv.url + "/v1"))
+        await client.start()
+        try:
+            with pytest.raises(errors.UpstreamUnavailable):
+                await client.request("/chat/completions", b"{}", stream=False)
+        finally:
+            await client.close()
+        assert not srv.requests  # nothing was sent over an unverified connection

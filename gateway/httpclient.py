@@ -527,7 +527,7 @@ class Pool:
         else:
             head = self._head(method, target) + b"Content-Length: %d\r\n\r\n" % len(body)
             data = head + body if len(body) < 16384 else (head, body)
-        conn = await self._acquire()
+        conn = await self._acquire(head_timeout)
         try:
             conn.send(data, head_timeout=head_timeout, body_timeout=body_timeout,
                       no_body=method == "HEAD")
@@ -538,7 +538,10 @@ class Pool:
             raise
         return Response(self, conn)
 
-    async def _acquire(self) -> _Connection:
+    async def _acquire(self, wait: float) -> _Connection:
+        """An idle connection, else a new one; past the limit, wait for a slot (at most
+        ``wait`` seconds: the request's head timeout, which the queueing counts against)."""
+        deadline = self.loop.time() + wait
         while True:
             if self._closed:
                 raise Disconnected("client closed")
@@ -557,7 +560,8 @@ class Pool:
             waiter = self.loop.create_future()
             self._waiters.append(waiter)
             try:
-                await waiter
+                async with asyncio.timeout_at(deadline):
+                    await waiter
             except BaseException:
                 if waiter.done() and not waiter.cancelled():
                     self._wake_one()  # pass the slot on

@@ -658,6 +658,21 @@ async def test_pool_limit_makes_the_second_request_wait_for_the_first(pools: Any
         assert srv.connections == 1  # the waiter took the released connection
 
 
+async def test_waiting_for_a_pool_slot_counts_against_the_head_timeout(pools: Any) -> None:
+    async with Upstream(_keep_serving) as srv:
+        pool = pools(srv.url, limit=1)
+        first = await pool.request("GET", "/a", None, head_timeout=1, body_timeout=1)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(TimeoutError):
+            await pool.request("GET", "/b", None, head_timeout=0.2, body_timeout=1)
+        assert 0.15 < loop.time() - start < 0.6
+        assert len(srv.requests) == 1  # the second was never sent
+        assert await first.read() == b"ok"
+        first.release()
+        assert await asyncio.wait_for(_get(pool, "/c"), 1.0) == b"ok"  # no slot leaked
+
+
 async def test_failed_request_gives_its_pool_slot_back(pools: Any) -> None:
     async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:

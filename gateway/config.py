@@ -9,6 +9,7 @@ http(s) raises :class:`ConfigError`, whose text names the file and the key.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import tomllib
 from collections.abc import Mapping
@@ -169,6 +170,9 @@ def _positive(src: str, where: str, value: float, *, allow_zero: bool = False) -
         raise ConfigError(f"{src}: {where}: must be {'>= 0' if allow_zero else '> 0'}")
 
 
+_TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")  # what a bearer token may hold
+
+
 def _env(env: Mapping[str, str], src: str, where: str, name: str) -> str:
     value = env.get(name)
     if not value:
@@ -231,6 +235,12 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
                     up[key] = float(up[key])
         api_key = _env(env, src, f"{where}.api_key_env", up["api_key_env"]) \
             if "api_key_env" in up else None
+        if api_key is not None and not _TOKEN_CHARS.fullmatch(api_key.strip()):
+            # it goes into an HTTP header line: a newline would end it (header injection)
+            raise ConfigError(f"{src}: {where}.api_key_env: the key in {up['api_key_env']} "
+                              "must be printable ASCII without spaces")
+        if api_key is not None:
+            api_key = api_key.strip()
         upstreams[name] = UpstreamConfig(name=name, api_key=api_key, **up)
 
     raw_models = data.get("models", [])

@@ -73,6 +73,12 @@ BAD = [
                                        'base_url = "http://127.0.0.1:8000/v1"\n'
                                        'api_key_env = "NO_SUCH_VAR_X"'),
      {}, "upstreams.local-vllm.api_key_env: environment variable NO_SUCH_VAR_X is not set"),
+    ("api_key with a newline", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
+                                            'base_url = "http://127.0.0.1:8000/v1"\n'
+                                            'api_key_env = "UPKEY"'),
+     {"UPKEY": "sk-1\r\nX-Injected: 1"},
+     "upstreams.local-vllm.api_key_env: the key in UPKEY must be printable ASCII without "
+     "spaces"),
     ("api_keys_env unset", GOOD.replace('prefix = "/llm"', 'prefix = "/llm"\n'
                                         'api_keys_env = "NO_SUCH_KEYS"'),
      {}, "server.api_keys_env: environment variable NO_SUCH_KEYS is not set"),

@@ -106,7 +106,9 @@ def build_app(config: Config, registry: CollectorRegistry | None = None) -> web.
     app[CONFIG] = config
     metrics = Metrics(defined, info_registry=info)
     app[METRICS] = metrics
-    app[UPSTREAMS] = {name: UpstreamClient(cfg) for name, cfg in config.upstreams.items()}
+    app[UPSTREAMS] = {
+        name: UpstreamClient(cfg, connections=metrics.upstream_connections.labels(name))
+        for name, cfg in config.upstreams.items()}
     app[STATE] = AppState(api_keys=tuple(k.encode() for k in config.server.api_keys))
     for route in config.models.values():
         metrics.add_model(route.name, route.upstream.name, route.upstream_model)

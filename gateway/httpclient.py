@@ -25,6 +25,7 @@ import collections
 import re
 import ssl
 import zlib
+from typing import Protocol
 from urllib.parse import urlsplit
 
 # Seconds an idle connection is kept for reuse: under the 5 s after which uvicorn (vLLM,
@@ -38,6 +39,14 @@ _NO_BODY = frozenset((204, 304))
 
 # body framing states
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
+
+
+class Counter(Protocol):
+    """What the pool reports open connections to (a Prometheus gauge's child)."""
+
+    def inc(self, amount: float = 1) -> None: ...
+
+    def dec(self, amount: float = 1) -> None: ...
 
 
 class HTTPClientError(Exception):
@@ -488,7 +497,8 @@ class Pool:
     """Keep-alive connections to one upstream origin."""
 
     def __init__(self, base_url: str, *, limit: int = 0, connect_timeout: float = 5.0,
-                 extra_headers: dict[str, str] | None = None) -> None:
+                 extra_headers: dict[str, str] | None = None,
+                 gauge: Counter | None = None) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("base_url must be an http(s) URL")
@@ -505,6 +515,7 @@ class Pool:
         self._busy = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._closed = False
+        self._gauge = gauge
         host = parts.netloc.rpartition("@")[2]  # never a userinfo in the Host header
         fixed = [f"Host: {host}"] + [f"{k}: {v}" for k, v in (extra_headers or {}).items()]
         self._fixed = ("\r\n".join(fixed) + "\r\n").encode("latin-1")
@@ -580,6 +591,8 @@ class Pool:
             self._wake_one()
             raise
         self._all.add(conn)
+        if self._gauge is not None:
+            self._gauge.inc()
         return conn
 
     def release(self, conn: _Connection) -> None:
@@ -614,7 +627,10 @@ class Pool:
                 return
 
     def forget(self, conn: _Connection) -> None:
-        self._all.discard(conn)
+        if conn in self._all:
+            self._all.remove(conn)
+            if self._gauge is not None:
+                self._gauge.dec()
 
     @property
     def open_connections(self) -> int:

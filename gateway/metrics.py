@@ -140,6 +140,9 @@ class Metrics:
             p + "tool_argument_errors_total",
             "Tool-call arguments that were not valid JSON or belonged to no known call",
             ["model"], registry=r))
+        self.upstream_connections = _Memo(Gauge(
+            p + "upstream_connections", "Connections open to the upstream now, busy or idle",
+            ["upstream"], registry=r, multiprocess_mode="livesum"))
         self.loop_lag = _Memo(Gauge(
             p + "event_loop_lag_seconds", "How late the event loop ran a timer, last probe",
             registry=r, multiprocess_mode="livemax"))

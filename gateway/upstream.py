@@ -123,8 +123,10 @@ async def _settle(resp: httpclient.Response) -> None:
 class UpstreamClient:
     """Pooled HTTP client for one upstream."""
 
-    def __init__(self, cfg: UpstreamConfig) -> None:
+    def __init__(self, cfg: UpstreamConfig, *, connections: httpclient.Counter | None = None
+                 ) -> None:
         self.cfg = cfg
+        self._connections = connections
         self.name = cfg.name
         self.hosts = (cfg.host, cfg.host.rsplit(":", 1)[0], cfg.base_url)
         path = cfg.base_url.split("://", 1)[-1].partition("/")[2].rstrip("/")
@@ -139,7 +141,7 @@ class UpstreamClient:
     async def start(self) -> None:
         self._pool = httpclient.Pool(self.cfg.base_url, limit=self.cfg.pool_size,
                                      connect_timeout=self.cfg.connect_timeout,
-                                     extra_headers=self._headers)
+                                     extra_headers=self._headers, gauge=self._connections)
 
     async def close(self) -> None:
         if self._pool is not None:

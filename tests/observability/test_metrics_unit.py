@@ -226,6 +226,24 @@ async def test_client_disconnect_is_counted_and_in_flight_returns_to_zero(gatewa
     assert value(reg, "llm_gateway_streams_in_flight", api=api, model="m-slow:50") == 0
 
 
+async def test_upstream_connections_gauge_follows_the_pool(gateway) -> None:
+    """A finished request leaves its connection pooled (1); a hung-up stream closes its own."""
+    client, reg = await gateway()
+    assert value(reg, "llm_gateway_upstream_connections", upstream="stub") == 0
+    for _ in range(3):  # sequential requests reuse one connection
+        status, _ = await _messages(client, "m-ok")
+        assert status == 200
+    assert value(reg, "llm_gateway_upstream_connections", upstream="stub") == 1
+    body = {"model": "m-slow:50", "max_tokens": 64, "messages": HI, "stream": True}
+    resp = await client.post(MESSAGES, json=body)
+    await resp.content.readany()
+    assert value(reg, "llm_gateway_upstream_connections", upstream="stub") == 1  # reused by it
+    resp.close()
+    await eventually(lambda: value(reg, "llm_gateway_stream_terminations_total", api="messages",
+                                   model="m-slow:50", reason="client_disconnect") == 1)
+    await eventually(lambda: value(reg, "llm_gateway_upstream_connections", upstream="stub") == 0)
+
+
 # --- upstream outcomes -----------------------------------------------------------------------
 
 

@@ -184,11 +184,13 @@ class _Relay:
     relay notes the ``[DONE]`` line, the first generated token and the usage.
     """
 
-    __slots__ = ("_decoder", "_rewrite", "_tail", "done", "first_token", "usage")
+    __slots__ = ("_decoder", "_framed_cr", "_rewrite", "_tail", "done", "first_token",
+                 "usage")
 
     def __init__(self, rewrite: _ModelRewriter) -> None:
         self._rewrite = rewrite
         self._decoder: SSEDecoder | None = None
+        self._framed_cr = False  # CR line ends seen: event by event to the end
         self._tail = b""  # an event begun in a read, not yet ended
         self.done = False
         self.first_token = False
@@ -212,9 +214,15 @@ class _Relay:
                     self._observe(block)
                     return out
             self._tail = b""
+            self._framed_cr = b"\r" in chunk
             self._decoder = SSEDecoder()
             chunk = data
-        return self._events(self._decoder.feed(chunk))
+        out = self._events(self._decoder.feed(chunk))
+        if not self._framed_cr and self._decoder.idle:
+            # between events, and model's name now learned (llama.cpp reports its own):
+            # whole blocks again
+            self._decoder = None
+        return out
 
     def end(self) -> bytes:
         """The body ended: what is left (an event without its blank line still counts)."""

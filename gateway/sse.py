@@ -68,6 +68,11 @@ class SSEDecoder:
             self._line_in(line, out)
         return out
 
+    @property
+    def idle(self) -> bool:
+        """Between events: no partial line or event held."""
+        return not self._line and not self._data and not self._skip_lf
+
     def flush(self) -> list[bytes]:
         """End of body: an unterminated last line and event still count."""
         out: list[bytes] = []

@@ -130,6 +130,13 @@ def test_relay_any_reads_give_the_same_bytes(cuts: list[int]) -> None:
     assert relay.done and relay.usage == (7, 3)
 
 
+def test_relay_returns_to_blocks_once_the_reported_name_is_learned() -> None:
+    relay = _Relay(_ModelRewriter("demo", "alias"))
+    first, rest = _chunk("/models/tiny.gguf", {"content": "a"}), _stream("/models/tiny.gguf")
+    assert _payloads(relay.feed(first)) == _payloads(_chunk("alias", {"content": "a"}))
+    assert relay.feed(rest) == _stream("alias")  # byte-exact: the block path again
+
+
 def test_relay_refuses_an_endless_event() -> None:
     relay = _Relay(_ModelRewriter("org/m", "alias"))
     relay.feed(b"data: " + b"x" * (4 * 1024 * 1024))

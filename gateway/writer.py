@@ -17,6 +17,9 @@ from aiohttp import web
 from gateway.appkeys import REQUEST_ID, STREAM_RESPONSE
 
 PING = b'event: ping\ndata: {"type":"ping"}\n\n'
+# Bytes aiohttp adds to a write beyond the caller's: the chunk framing, and on the first
+# write the response head it held back (a few hundred bytes for these SSE headers).
+_FRAMING = 4096
 
 
 class ClientGone(Exception):
@@ -86,7 +89,7 @@ class StreamWriter:
             if transport is not None and not transport.is_closing():
                 size = transport.get_write_buffer_size()
                 low, high = self._water
-                if size <= low and size + len(data) < high:
+                if size <= low and size + len(data) + _FRAMING < high:
                     # The transport is not paused (its buffer is at or below the low-water
                     # mark) and will not pause on this write, so aiohttp's drain returns at
                     # once: no timer needed. The usual case: a reading client's buffer is 0.

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import socket
 
-import pytest
 from aiohttp import web
 
 from gateway.appkeys import REQUEST_ID
@@ -24,8 +23,6 @@ from gateway.writer import ClientGone, StreamWriter
 _WRITE_TIMEOUT = 0.2
 
 
-@pytest.mark.xfail(strict=True, reason="writer fast path ignores chunk framing: a write that "
-                   "pauses the transport waits for the client without write_timeout")
 async def test_fast_path_write_that_pauses_the_transport_still_times_out() -> None:
     """A client that stopped reading must be dropped after write_timeout, whatever the size.
 

@@ -550,53 +550,59 @@ class Pool:
         return Response(self, conn)
 
     async def _acquire(self, wait: float) -> _Connection:
-        """An idle connection, else a new one; past the limit, wait for a slot (at most
-        ``wait`` seconds: the request's head timeout, which the queueing counts against)."""
-        deadline = self.loop.time() + wait
-        while True:
-            if self._closed:
-                raise Disconnected("client closed")
-            now = self.loop.time()
-            while self._idle:
-                conn = self._idle.pop()
-                if conn.closed:
-                    continue
-                if now - conn.idle_since > KEEPALIVE:
-                    conn.abort()
-                    continue
-                self._busy += 1
-                return conn
-            if not self._limit or self._busy < self._limit:
-                break
+        """A slot, then an idle connection or a new one.
+
+        Past the limit a request queues, first come first served: a freed slot is handed
+        to the oldest waiter, never to a newcomer. It waits at most ``wait`` seconds (its
+        head timeout).
+        """
+        if self._closed:
+            raise Disconnected("client closed")
+        if self._limit and (self._busy >= self._limit or self._waiters):
             waiter = self.loop.create_future()
             self._waiters.append(waiter)
             try:
-                async with asyncio.timeout_at(deadline):
-                    await waiter
+                async with asyncio.timeout(wait):
+                    await waiter  # woken holding the slot: _busy already counts it
             except BaseException:
-                if waiter.done() and not waiter.cancelled():
-                    self._wake_one()  # pass the slot on
-                raise
-            finally:
-                if waiter in self._waiters:
+                if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                    self._free_slot()  # handed the slot as it gave up: pass it on
+                elif waiter in self._waiters:
                     self._waiters.remove(waiter)
-        self._busy += 1
+                raise
+        else:
+            self._busy += 1
         try:
-            async with asyncio.timeout(self._connect_timeout):
-                _, conn = await self.loop.create_connection(
-                    lambda: _Connection(self), self._host, self._port, ssl=self._ssl,
-                    server_hostname=self._host if self._ssl else None)
+            if self._closed:
+                raise Disconnected("client closed")
+            return self._idle_connection() or await self._connect()
         except BaseException:
-            self._busy -= 1
-            self._wake_one()
+            self._free_slot()
             raise
+
+    def _idle_connection(self) -> _Connection | None:
+        now = self.loop.time()
+        while self._idle:
+            conn = self._idle.pop()  # the most recent: the likeliest to be alive
+            if conn.closed:
+                continue
+            if now - conn.idle_since > KEEPALIVE:
+                conn.abort()
+                continue
+            return conn
+        return None
+
+    async def _connect(self) -> _Connection:
+        async with asyncio.timeout(self._connect_timeout):
+            _, conn = await self.loop.create_connection(
+                lambda: _Connection(self), self._host, self._port, ssl=self._ssl,
+                server_hostname=self._host if self._ssl else None)
         self._all.add(conn)
         if self._gauge is not None:
             self._gauge.inc()
         return conn
 
     def release(self, conn: _Connection) -> None:
-        self._busy -= 1
         if conn.keep_alive and conn.complete and not conn.closed and not self._closed:
             if conn._timer is not None:
                 conn._timer.cancel()
@@ -607,7 +613,16 @@ class Pool:
                 self._sweeper = self.loop.call_later(KEEPALIVE, self._sweep)
         else:
             conn.abort()
-        self._wake_one()
+        self._free_slot()
+
+    def _free_slot(self) -> None:
+        """Hand the slot to the oldest live waiter, else give it back."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._busy -= 1
 
     def _sweep(self) -> None:
         """Close connections idle past KEEPALIVE, so a quiet pool holds no sockets."""
@@ -618,13 +633,6 @@ class Pool:
             idle.popleft().abort()
         if idle:
             self._sweeper = self.loop.call_at(idle[0].idle_since + KEEPALIVE + 0.01, self._sweep)
-
-    def _wake_one(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
 
     def forget(self, conn: _Connection) -> None:
         if conn in self._all:

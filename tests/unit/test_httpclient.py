@@ -658,6 +658,20 @@ async def test_pool_limit_makes_the_second_request_wait_for_the_first(pools: Any
         assert srv.connections == 1  # the waiter took the released connection
 
 
+async def test_a_freed_slot_goes_to_the_oldest_waiter_not_a_newcomer(pools: Any) -> None:
+    async with Upstream(_keep_serving) as srv:
+        pool = pools(srv.url, limit=1)
+        first = await pool.request("GET", "/first", None, head_timeout=1, body_timeout=1)
+        waiting = asyncio.create_task(_get(pool, "/waiting"))
+        await asyncio.sleep(0.05)
+        assert await first.read() == b"ok"
+        first.release()  # the waiter is woken holding the slot...
+        async with asyncio.timeout(1.0):  # in this task, before the waiter's turn comes
+            newcomer = await _get(pool, "/newcomer")  # ...so this one queues behind it
+        assert newcomer == b"ok" and await waiting == b"ok"
+        assert [r.split(b" ")[1] for r in srv.requests] == [b"/first", b"/waiting", b"/newcomer"]
+
+
 async def test_waiting_for_a_pool_slot_counts_against_the_head_timeout(pools: Any) -> None:
     async with Upstream(_keep_serving) as srv:
         pool = pools(srv.url, limit=1)

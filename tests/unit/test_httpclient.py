@@ -1,4 +1,5 @@
-"""gateway/httpclient.py: the reply parser, fed byte by byte, and the pool over loopback sockets.
+"""gateway/http1.py and gateway/httpclient.py: the reply parser, fed byte by byte, and the pool
+over loopback sockets.
 
 Protocol facts these tests pin (RFC 9112):
 
@@ -13,7 +14,7 @@ Protocol facts these tests pin (RFC 9112):
   be trusted for the next reply;
 * TCP may cut the bytes anywhere: the parser's result must not depend on where.
 
-The parser tests drive a real ``_Connection`` through a fake transport that records
+The parser tests drive a real ``Connection`` through a fake transport that records
 calls; the pool tests use an in-process ``asyncio`` server on 127.0.0.1 speaking
 scripted bytes. Every server and socket a test opens is closed by that test.
 """
@@ -38,14 +39,8 @@ from hypothesis import strategies as st
 
 from gateway import errors, httpclient
 from gateway.config import UpstreamConfig
-from gateway.httpclient import (
-    BrokenResponse,
-    Disconnected,
-    HTTPClientError,
-    Pool,
-    Response,
-    _Connection,
-)
+from gateway.http1 import BrokenResponse, Connection, Disconnected, HTTPClientError
+from gateway.httpclient import Pool, Response
 from gateway.upstream import UpstreamClient
 from tests.fuzzing import EXAMPLES
 
@@ -95,10 +90,10 @@ _REQUEST = b"GET /v1/models HTTP/1.1\r\nHost: up\r\n\r\n"
 
 async def _feed(
     pieces: list[bytes], *, head: bool = False, eof: bool = False
-) -> tuple[_Connection, FakeTransport]:
+) -> tuple[Connection, FakeTransport]:
     """A connection that sent one request and then received ``pieces`` (and EOF if asked)."""
     pool = Pool("http://127.0.0.1:1")  # never connects: only the loop and bookkeeping
-    conn = _Connection(pool)
+    conn = Connection(pool)
     transport = FakeTransport()
     conn.connection_made(transport)  # type: ignore[arg-type]
     conn.send(_REQUEST, head_timeout=_PARSER_TIMEOUT, body_timeout=_PARSER_TIMEOUT,
@@ -111,7 +106,7 @@ async def _feed(
     return conn, transport
 
 
-async def _read_all(conn: _Connection) -> bytes:
+async def _read_all(conn: Connection) -> bytes:
     await conn.read_head()
     parts = []
     while data := await conn.readany():

@@ -573,6 +573,17 @@ async def _keep_serving(srv: Upstream, index: int, reader: asyncio.StreamReader,
         writer.write(_reply())
 
 
+def _partial_body(length: int, first: bytes) -> Handler:
+    """Replies with the head and the first bytes of a ``length``-byte body, then waits."""
+    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        await srv.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % length + first)
+        await srv.wait_client_close(reader)
+
+    return handler
+
+
 async def _get(pool: Pool, target: str = "/v1/models", body: bytes | None = None,
                *, method: str = "GET") -> bytes:
     resp = await pool.request(method, target, body, head_timeout=1.0, body_timeout=1.0)
@@ -735,13 +746,7 @@ async def test_no_reply_times_out_after_head_timeout(pools: Any) -> None:
 async def test_stalled_body_times_out_after_body_timeout(
     pools: Any, head_timeout: float, body_timeout: float
 ) -> None:
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
-        await srv.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello")
-        await srv.wait_client_close(reader)
-
-    async with Upstream(handler) as srv:
+    async with Upstream(_partial_body(10, b"hello")) as srv:
         pool = pools(srv.url)
         loop = asyncio.get_running_loop()
         resp = await pool.request("GET", "/", None, head_timeout=head_timeout,
@@ -856,13 +861,7 @@ async def test_upstream_client_retries_only_once() -> None:
 
 
 async def test_response_close_mid_body_closes_the_upstream_socket(pools: Any) -> None:
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
-        await srv.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\nfirst")
-        await srv.wait_client_close(reader)
-
-    async with Upstream(handler) as srv:
+    async with Upstream(_partial_body(1000, b"first")) as srv:
         pool = pools(srv.url)
         resp = await pool.request("GET", "/", None, head_timeout=1, body_timeout=1)
         assert await resp.readany() == b"first"

@@ -22,7 +22,7 @@ from aiohttp import web
 from gateway import errors, jsonutil, routing
 from gateway.appkeys import CONFIG, METRICS, REQUEST_ID, STREAM
 from gateway.config import ModelRoute
-from gateway.sse import SSEDecoder
+from gateway.sse import MAX_EVENT_BYTES, SSEDecoder
 from gateway.upstream import UpstreamResponse
 from gateway.writer import ClientGone, StreamWriter
 
@@ -153,11 +153,8 @@ def _last(pattern: re.Pattern[bytes], payload: bytes, key: bytes) -> int | None:
     return None
 
 
-_MAX_EVENT = 8 * 1024 * 1024  # as the SSE decoder's guard
-
-
 def _has_done_line(block: bytes) -> bool:
-    """A ``data: [DONE]`` (or ``data:[DONE]``) line in these events?
+    """A whole ``data: [DONE]`` (or ``data:[DONE]``) line in these events?
 
     Found from ``[DONE]`` backwards: a regex scan of a whole block costs a millisecond
     on a bulk stream. A model writing that text puts it inside a JSON string, where it
@@ -168,7 +165,8 @@ def _has_done_line(block: bytes) -> bool:
         for prefix in (b"data: ", b"data:"):
             start = i - len(prefix)
             if start >= 0 and block[start:i] == prefix and (
-                    start == 0 or block[start - 1:start] == b"\n"):
+                    start == 0 or block[start - 1:start] == b"\n") and (
+                    block[i + 6:i + 7] in (b"", b"\n")):
                 return True
         i = block.find(b"[DONE]", i + 6)
     return False
@@ -203,7 +201,7 @@ class _Relay:
             if b"\r" not in chunk:
                 end = data.rfind(b"\n\n") + 2
                 if end == 1:  # no whole event yet
-                    if len(data) > _MAX_EVENT:
+                    if len(data) > MAX_EVENT_BYTES:
                         raise ValueError("SSE event exceeds the size limit")
                     self._tail = data
                     return b""
@@ -240,16 +238,10 @@ class _Relay:
             self.done = True
 
     def _events(self, payloads: list[bytes]) -> bytes:
-        out = []
-        for p in payloads:
-            if p == b"[DONE]":
-                self.done = True
-            elif not self.first_token and _has_token(p):
-                self.first_token = True
-            if b'"prompt_tokens"' in p:
-                self.usage = _usage(p) or self.usage
-            out.append(b"data: " + self._rewrite(p) + b"\n\n")
-        return b"".join(out)
+        """Decoded events re-framed as ``data: ...``, then observed like a block."""
+        block = b"".join([b"data: " + self._rewrite(p) + b"\n\n" for p in payloads])
+        self._observe(block)
+        return block
 
 
 async def _relay(request: web.Request, route: ModelRoute, up: UpstreamResponse,

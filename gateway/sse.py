@@ -29,12 +29,15 @@ _CR = b"\r"
 _DATA = b"data"
 
 
+MAX_EVENT_BYTES = 8 * 1024 * 1024  # the default bound on one line or event
+
+
 class SSEDecoder:
     """Bytes in (any split), complete events' ``data`` payloads out."""
 
     __slots__ = ("_data", "_line", "_max", "_size", "_skip_lf")
 
-    def __init__(self, max_event_bytes: int = 8 * 1024 * 1024) -> None:
+    def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self._max = max_event_bytes
         self._line = b""  # the unfinished last line
         self._data: list[bytes] = []  # data lines of the event being read

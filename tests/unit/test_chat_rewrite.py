@@ -149,6 +149,8 @@ def test_done_inside_generated_text_is_not_the_end() -> None:
     relay = _Relay(_ModelRewriter("org/m", "alias"))
     relay.feed(_chunk("org/m", {"content": "then data: [DONE]\nhappens"}))
     assert not relay.done
+    relay.feed(b"data: [DONE]x\n\n")  # not the [DONE] line either
+    assert not relay.done
 
 
 @pytest.mark.parametrize(("payload", "expected"), [

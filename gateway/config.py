@@ -8,6 +8,7 @@ http(s) raises :class:`ConfigError`, whose text names the file and the key.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import secrets
@@ -105,6 +106,13 @@ upstream_model = "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"
 name = "qwen2.5:3b-instruct"
 upstream = "local-ollama"
 upstream_model = "qwen2.5:3b-instruct"
+
+# Claude Code names Claude models it was never told about (its default, its subagents'
+# haiku tier): every claude-* name goes to the main model.
+[[models]]
+name = "claude-*"
+upstream = "local-vllm"
+upstream_model = "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"
 """
 
 # key -> (type(s), required)
@@ -265,6 +273,31 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
     if not models:
         raise ConfigError(f"{src}: models: at least one [[models]] entry is required")
     return Config(server=server, upstreams=upstreams, models=models, source=src)
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern(name: str) -> re.Pattern[str]:
+    return re.compile(".*".join(map(re.escape, name.split("*"))), re.DOTALL)
+
+
+def find_route(models: Mapping[str, ModelRoute], name: str) -> ModelRoute | None:
+    """The route for a client's model name: an exact name first, else the first pattern.
+
+    A configured name holding ``*`` is a pattern, ``*`` matching any run of characters
+    (``claude-*``); patterns are tried in config order. The route keeps its configured
+    name, so metrics and logs stay bounded by the config whatever names clients send.
+    """
+    route = models.get(name)
+    if route is not None:
+        return route
+    for candidate in models.values():
+        if is_pattern(candidate.name) and _pattern(candidate.name).fullmatch(name):
+            return candidate
+    return None
+
+
+def is_pattern(name: str) -> bool:
+    return "*" in name
 
 
 def load(path: str | None = None, env: Mapping[str, str] | None = None) -> Config:

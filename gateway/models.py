@@ -5,6 +5,9 @@ A request with an ``anthropic-version`` header gets Anthropic's list shape
 too, which the Python SDK's strict validation requires; ``has_more``,
 ``first_id``, ``last_id``; ``limit``/``after_id``/``before_id`` honoured so the
 SDK auto-pager terminates). Any other request gets OpenAI's list shape.
+
+The list holds exact names only; ``/v1/models/{id}`` answers any id a route takes,
+patterns included (``claude-haiku-4-5`` under ``claude-*``), echoing the id asked for.
 """
 
 from __future__ import annotations
@@ -15,24 +18,25 @@ from aiohttp import web
 
 from gateway import errors, jsonutil
 from gateway.appkeys import CONFIG, OPENAI_ERRORS
-from gateway.config import ModelRoute
+from gateway.config import ModelRoute, find_route, is_pattern
 
 
-def _anthropic(route: ModelRoute) -> dict[str, object]:
+def _anthropic(route: ModelRoute, model_id: str) -> dict[str, object]:
+    shown = route.display_name if route.name == model_id else model_id
     info: dict[str, object] = {
-        "type": "model", "id": route.name, "display_name": route.display_name or route.name,
+        "type": "model", "id": model_id, "display_name": shown or model_id,
         "created_at": route.created_at, "lifecycle": "active"}
     if route.context_window:
         info["max_input_tokens"] = route.context_window  # optional field of the model object
     return info
 
 
-def _openai(route: ModelRoute) -> dict[str, object]:
+def _openai(route: ModelRoute, model_id: str) -> dict[str, object]:
     try:
         created = int(datetime.fromisoformat(route.created_at.replace("Z", "+00:00")).timestamp())
     except ValueError:
         created = 0
-    return {"id": route.name, "object": "model", "created": created,
+    return {"id": model_id, "object": "model", "created": created,
             "owned_by": route.upstream.name}
 
 
@@ -52,9 +56,10 @@ def _limit(request: web.Request) -> int:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    routes = list(request.app[CONFIG].models.values())
+    # A pattern route (``claude-*``) is no model id a client could pick from a list.
+    routes = [r for r in request.app[CONFIG].models.values() if not is_pattern(r.name)]
     if "anthropic-version" not in request.headers:
-        return _json({"object": "list", "data": [_openai(r) for r in routes]})
+        return _json({"object": "list", "data": [_openai(r, r.name) for r in routes]})
     limit = _limit(request)
     ids = [r.name for r in routes]
     after, before = request.query.get("after_id"), request.query.get("before_id")
@@ -68,7 +73,7 @@ async def list_models(request: web.Request) -> web.Response:
         page = routes[start:start + limit]
         has_more = start + limit < len(routes)
     return _json({
-        "data": [_anthropic(r) for r in page],
+        "data": [_anthropic(r, r.name) for r in page],
         "has_more": has_more,
         "first_id": page[0].name if page else None,
         "last_id": page[-1].name if page else None,
@@ -77,12 +82,12 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def get_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model_id"]
-    route = request.app[CONFIG].models.get(model_id)
+    route = find_route(request.app[CONFIG].models, model_id)
     if route is None:
         if "anthropic-version" not in request.headers:
             request[OPENAI_ERRORS] = True
             raise errors.NotFound(f"The model `{model_id}` does not exist")
         raise errors.NotFound(f"model: {model_id}")
     if "anthropic-version" not in request.headers:
-        return _json(_openai(route))
-    return _json(_anthropic(route))
+        return _json(_openai(route, model_id))
+    return _json(_anthropic(route, model_id))

@@ -11,14 +11,13 @@ from aiohttp import web
 
 from gateway import errors
 from gateway.appkeys import API, CONFIG, METRICS, MODEL, STATE, UPSTREAM, UPSTREAMS
-from gateway.config import ModelRoute
+from gateway.config import ModelRoute, find_route
 from gateway.upstream import UpstreamClient, UpstreamResponse
 
 
 def resolve(request: web.Request, model: object, *, openai: bool = False) -> ModelRoute:
-    """The route for a client's model name; unknown -> 404 naming the model."""
-    routes = request.app[CONFIG].models
-    route = routes.get(model) if isinstance(model, str) else None
+    """The route for a client's model name (exact, else a ``*`` pattern); unknown -> 404."""
+    route = find_route(request.app[CONFIG].models, model) if isinstance(model, str) else None
     if route is None:
         request.app[METRICS].rejected.labels(request[API], "unknown_model").inc()
         shown = str(model)[:256]  # client input, echoed back: keep it short

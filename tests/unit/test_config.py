@@ -160,3 +160,48 @@ def test_values_are_loaded(tmp_path: Path) -> None:
     assert "sk-up" not in repr(cfg)
     over = config.with_overrides(cfg, host="0.0.0.0", port=9)
     assert (over.server.host, over.server.port) == ("0.0.0.0", 9)
+
+
+PATTERNS = GOOD + "".join(MODEL.format(name=n, up="local-vllm") for n in (
+    "claude-haiku-*", "claude-*", "*-instruct", "a.b*"))
+
+# (client's model name, the configured route it takes, or None for a 404)
+ROUTES = [
+    ("reasoning", "reasoning"),                        # exact
+    ("claude-haiku-4-5-20251001", "claude-haiku-*"),   # the first pattern in config order
+    ("claude-opus-4-8", "claude-*"),
+    ("claude-", "claude-*"),                           # `*` matches the empty run too
+    ("claude-haiku-*", "claude-haiku-*"),              # a pattern's own name
+    ("qwen-instruct", "*-instruct"),
+    ("a.bc", "a.b*"),
+    ("axbc", None),                                    # `.` is no regex wildcard
+    ("Claude-opus", None),                             # case-sensitive, like exact names
+    ("xclaude-opus", None),                            # anchored at both ends
+    ("claude-opus\nreasoning", "claude-*"),            # any character, newline included
+]
+
+
+@pytest.mark.parametrize(("name", "expected"), ROUTES)
+def test_pattern_routes(tmp_path: Path, name: str, expected: str | None) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(PATTERNS)
+    cfg = config.load(str(path), {})
+    route = config.find_route(cfg.models, name)
+    assert (route.name if route else None) == expected
+
+
+def test_exact_name_wins_over_an_earlier_pattern(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD.replace('name = "reasoning"', 'name = "claude-*"')
+                    + MODEL.format(name="claude-opus-4-8", up="local-vllm"))
+    cfg = config.load(str(path), {})
+    assert config.find_route(cfg.models, "claude-opus-4-8").name == "claude-opus-4-8"
+    assert config.find_route(cfg.models, "claude-sonnet").name == "claude-*"
+
+
+def test_builtin_default_routes_claude_code_model_names() -> None:
+    cfg = config.load(None, {})
+    for name in ("claude-opus-4-8", "claude-opus-5-5", "claude-haiku-4-5-20251001"):
+        route = config.find_route(cfg.models, name)
+        assert route is not None and route.name == "claude-*"
+        assert route.upstream.name == "local-vllm"

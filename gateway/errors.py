@@ -20,7 +20,8 @@ Raise them anywhere; :func:`anthropic_body`, :func:`openai_body` and
 Protocol facts relied on:
 
 * Anthropic's envelope is ``{"type":"error","error":{"type":T,"message":M}}``
-  with an optional top-level ``request_id``; T follows the HTTP status
+  with an optional top-level ``request_id`` and an optional ``error.details``
+  (``{"error_code": ...}``, which the SDKs branch on); T follows the HTTP status
   (:data:`STATUS_TYPES`). The SDKs and Claude Code retry 408, 409, 429 and
   every 5xx, and honour ``retry-after`` and ``x-should-retry``.
 * Upstream text reaches a client only through :func:`scrub`: a 5xx message is
@@ -117,6 +118,8 @@ class GatewayError(Exception):
     status: int = 500
     default_message: str = _INTERNAL
     should_retry: bool | None = None
+    # ``error.details`` of the envelope: a machine-readable ``error_code`` that SDKs branch on
+    details: Mapping[str, Any] | None = None
 
     def __init__(
         self,
@@ -155,8 +158,11 @@ class GatewayError(Exception):
 class InvalidRequest(GatewayError):
     status = 400
 
-    def __init__(self, path: str, why: str) -> None:
+    def __init__(self, path: str, why: str, *, details: Mapping[str, Any] | None = None
+                 ) -> None:
         self.path = path
+        if details is not None:
+            self.details = details
         super().__init__(f"{path}: {why}" if path else why)
 
 
@@ -346,6 +352,8 @@ def anthropic_body(err: GatewayError, request_id: str | None = None) -> bytes:
         "type": "error",
         "error": {"type": err.error_type, "message": err.message},
     }
+    if err.details is not None:
+        body["error"]["details"] = err.details
     if request_id:
         body["request_id"] = request_id
     return jsonutil.dumpb(body)

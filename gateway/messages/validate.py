@@ -17,8 +17,13 @@ Protocol facts relied on (Anthropic Messages API, SDK 2.14 types, ../shared/prot
 - A count_tokens body carries no ``max_tokens``, ``stream``, ``stop_sequences`` or
   ``metadata``; they are tolerated there, unchecked, and never translated.
 
-Optional fields given as JSON ``null`` count as absent. Unknown top-level fields are
-accepted (the translation drops and counts them).
+Optional fields given as JSON ``null`` count as absent. What only Anthropic's servers can
+do is refused by name, never dropped: ``thread`` (400 with ``error.details.error_code``
+``thread_unsupported_request``, from which both SDKs' tool runners fall back to sending
+the full history), a non-empty ``mcp_servers`` and ``container``. Other unknown top-level
+fields are accepted (the translation drops and counts them): they tune how Anthropic
+serves a request (``service_tier``, ``metadata``, ``context_management``) and change
+nothing a local model sees.
 """
 
 from __future__ import annotations
@@ -200,6 +205,21 @@ def _generation_fields(body: Mapping[str, Any]) -> None:
         check_str(check_obj(metadata, "metadata"), "user_id", "metadata", required=False)
 
 
+# The SDKs' thread fallback: on a 400 whose error.details.error_code is this, Python's
+# tool_runner and TypeScript's toolRunner resend the turn with the full history and no
+# `thread` (anthropic/lib/threads/_thread_state.py, recovers_from).
+THREAD_UNSUPPORTED = {"error_code": "thread_unsupported_request"}
+
+
+def _server_side_features(body: Mapping[str, Any]) -> None:
+    """Refuse what only Anthropic's servers can do; dropping it would change the answer."""
+    if body.get("mcp_servers"):
+        raise fail("mcp_servers", "this gateway's models cannot reach MCP servers; "
+                   "define their tools as client tools instead")
+    if body.get("container") is not None:
+        raise fail("container", "code execution containers are not available on this gateway")
+
+
 def validate_messages(body: object, *, count_tokens: bool = False) -> dict[str, Any]:
     """Return ``body`` if it is a valid Messages request, else raise InvalidRequest.
 
@@ -208,6 +228,11 @@ def validate_messages(body: object, *, count_tokens: bool = False) -> dict[str, 
     """
     if not isinstance(body, dict):
         raise fail("", "request body must be a JSON object")
+    if body.get("thread") is not None:
+        # first: a thread's `continue` turn carries only the new messages, and whatever else
+        # might be wrong with it, the SDK's fallback must see this error to resend in full
+        raise fail("thread", "message threads are not supported by this gateway; send the "
+                   "full conversation without `thread`", details=THREAD_UNSUPPORTED)
     if body.get("model") is None:
         raise fail("model", "Field required")
     if not isinstance(body["model"], str):
@@ -222,6 +247,7 @@ def validate_messages(body: object, *, count_tokens: bool = False) -> dict[str, 
     _thinking_config(body.get("thinking"), None if count_tokens else body.get("max_tokens"))
     _output_config(body.get("output_config"))
     _sampling(body)
+    _server_side_features(body)
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None:
         check_obj(kwargs, "chat_template_kwargs")

@@ -52,8 +52,8 @@ _REFUSED_IN_ASSISTANT = {
 }
 
 
-def fail(path: str, why: str) -> InvalidRequest:
-    return InvalidRequest(path, why)
+def fail(path: str, why: str, *, details: Mapping[str, Any] | None = None) -> InvalidRequest:
+    return InvalidRequest(path, why, details=details)
 
 
 def is_int(value: Any) -> bool:

@@ -76,6 +76,17 @@ TR = "messages.2.content.0"
 
 # (id, fragment, expected path, a word the message must contain or None)
 REFUSED: list[tuple[str, dict[str, Any], str, str | None]] = [
+    # what only Anthropic's servers can do is refused by name, never dropped
+    ("thread-create", {"thread": {"type": "create"}}, "thread", "not supported"),
+    ("thread-continue-without-history",
+     {"thread": {"type": "continue", "previous_message_id": "msg_1"},
+      "messages": [{"role": "user", "content": [
+          {"type": "tool_result", "tool_use_id": "toolu_1", "content": "4"}]}],
+      "max_tokens": DEL}, "thread", "full conversation"),
+    ("mcp-servers", {"mcp_servers": [{"type": "url", "url": "https://mcp.example/sse",
+                                      "name": "x"}]}, "mcp_servers", "MCP"),
+    ("container-id", {"container": "c1"}, "container", "container"),
+    ("container-object", {"container": {"skills": []}}, "container", "container"),
     ("model-missing", {"model": DEL}, "model", "required"),
     ("model-not-string", {"model": 7}, "model", "string"),
     ("model-null", {"model": None}, "model", "required"),
@@ -495,8 +506,8 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
         {
             "service_tier": "auto",
             "context_management": {"edits": []},
-            "container": "c",
             "speed": "fast",
+            "mcp_servers": [],
             "cache_control": {"type": "ephemeral"},
         },
     ),
@@ -639,6 +650,16 @@ def test_refusal_renders_as_anthropic_error_envelope() -> None:
         "type": "invalid_request_error",
         "message": "messages.0.content.0.source.data: image source needs base64 data",
     }
+
+
+def test_thread_refusal_carries_the_details_the_sdks_fall_back_on() -> None:
+    """Python's tool_runner and TypeScript's toolRunner resend the turn with the full history
+    and no ``thread`` when error.details.error_code is ``thread_unsupported_request``."""
+    with pytest.raises(InvalidRequest) as info:
+        validate_messages(_body({"thread": {"type": "create"}}), count_tokens=True)
+    error = jsonutil.loads(anthropic_body(info.value, "req_1"))["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["details"] == {"error_code": "thread_unsupported_request"}
 
 
 def test_count_tokens_needs_no_max_tokens() -> None:

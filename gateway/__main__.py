@@ -51,6 +51,10 @@ async def _serve(cfg: config.Config) -> None:
     await site.start()
     logger.info("listening", host=cfg.server.host, port=cfg.server.port,
                 prefix=cfg.server.prefix, models=sorted(cfg.models), config=cfg.source)
+    if cfg.server.signing_key_source == "random":
+        logger.warning("signing_key_ephemeral",
+                       detail="no server.signing_key_env and no writable state directory: "
+                       "thinking signatures made now stop opening after a restart")
     if not cfg.server.api_keys:
         logger.warning("auth_disabled", detail="no API keys configured (server.api_keys_env); "
                        "every client is accepted")

@@ -12,6 +12,7 @@ is replaced (and its live gauges dropped).
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -22,7 +23,7 @@ import time
 import structlog
 from prometheus_client import multiprocess
 
-from gateway.config import WORKER_ENV
+from gateway.config import SHARED_KEY_ENV, WORKER_ENV
 
 _log = structlog.get_logger("gateway.workers")
 
@@ -39,6 +40,8 @@ def supervise(args: list[str], workers: int, metrics_dir: str | None) -> int:
     os.makedirs(path, exist_ok=True)
     _clean(path)  # values of a previous run would be summed in
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": path, WORKER_ENV: "1"}
+    # one thinking-signature key for every worker, even where no key file can be kept
+    env.setdefault(SHARED_KEY_ENV, secrets.token_hex(32))
     cmd = [sys.executable, "-m", "gateway", *args]
     stopping = False
 

@@ -23,6 +23,15 @@ route's ``upstream_model``), so one stub serves many gateway routes:
     reset-always    the connection is cut before any response byte, every time
     end-late:MS     the ok stream, but the body's end (the chunked terminator) comes MS
                     milliseconds after ``[DONE]``
+    think-tool:NAME:ARGS  reasoning + a call to tool NAME; after its result, reasoning + text
+    agent:NAME:ARGS one call of tool NAME with the JSON ARGS, until the last message is a
+                    ``role: "tool"`` one; then text: ``The tool said: <its content>``
+                    (an agent's tool loop; buffered or streamed)
+
+``POST /v1/completions``, ``/v1/embeddings`` and ``/v1/responses`` answer as vLLM does
+(``ok``; ``status:N[:K]``; streamed completions and responses also ``cut-mid``); the
+completions stream ends with a usage chunk when ``stream_options.include_usage`` asks for
+it, embeddings honour ``encoding_format`` (``float`` or ``base64``).
 
 ``GET /_requests`` returns every request seen (method, path, headers, body, and the
 client's port: ``peer``, which tells connections apart);
@@ -34,8 +43,12 @@ cancelled because the gateway closed the connection (``cancelled``).
 from __future__ import annotations
 
 import asyncio
+import base64
+import itertools
 import json
+import struct
 import sys
+from typing import Any
 
 from aiohttp import web
 
@@ -104,6 +117,119 @@ def script(model: str) -> tuple[list[bytes], dict]:
     return [*frames, b"data: [DONE]\n\n"], body
 
 
+def status_reply(model: str) -> web.Response:
+    """``status:N[:K]``: HTTP N with body K (traceback | context | plain)."""
+    parts = model.split(":")
+    code = int(parts[1])
+    kind = parts[2] if len(parts) > 2 else "plain"
+    if kind == "traceback":
+        return web.Response(status=code, text=TRACEBACK)
+    if kind == "context":
+        return web.json_response({"object": "error", "message": CONTEXT,
+                                  "type": "BadRequestError", "param": None,
+                                  "code": code}, status=code)
+    return web.json_response({"object": "error", "message": f"stub says {code}",
+                              "type": "Error", "param": None, "code": code}, status=code)
+
+
+# --- the other OpenAI routes, shaped as vLLM's ---------------------------------------------
+
+
+def text_completion_chunk(model: str, text: str, finish: str | None = None,
+                          usage: dict | None = None) -> bytes:
+    body: dict = {"id": "cmpl-stub", "object": "text_completion", "created": CREATED,
+                  "model": model, "choices": []}
+    if usage is None:
+        body["choices"] = [{"index": 0, "text": text, "logprobs": None,
+                            "finish_reason": finish, "stop_reason": None}]
+    else:
+        body["usage"] = usage
+    return b"data: " + _compact(body).encode() + b"\n\n"
+
+
+def completions_script(model: str, body: dict) -> tuple[list[bytes], dict]:
+    """(stream frames, buffered body) of ``/v1/completions``: the text of ``ok``."""
+    options = body.get("stream_options") or {}
+    frames = [text_completion_chunk(model, t) for t in TEXT]
+    frames.append(text_completion_chunk(model, "", "stop"))
+    if options.get("include_usage"):
+        frames.append(text_completion_chunk(model, "", usage=USAGE))
+    buffered = {"id": "cmpl-stub", "object": "text_completion", "created": CREATED,
+                "model": model, "choices": [{"index": 0, "text": "".join(TEXT),
+                                             "logprobs": None, "finish_reason": "stop",
+                                             "stop_reason": None, "prompt_logprobs": None}],
+                "usage": USAGE}
+    return [*frames, b"data: [DONE]\n\n"], buffered
+
+
+def embedding_vector(i: int) -> list[float]:
+    return [float(i + 1), 0.5, -0.25, 0.125]  # exact in float32, so base64 round-trips
+
+
+def embeddings_reply(model: str, body: dict) -> dict:
+    """``/v1/embeddings``: one 4-dimension vector per input, as floats or base64 float32."""
+    given = body.get("input")
+    inputs = given if isinstance(given, list) and given and not isinstance(
+        given[0], int) else [given]
+    data = []
+    for i in range(len(inputs)):
+        vector = embedding_vector(i)
+        value: object = vector
+        if body.get("encoding_format") == "base64":
+            value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+        data.append({"index": i, "object": "embedding", "embedding": value})
+    return {"id": "embd-stub", "object": "list", "created": CREATED, "model": model,
+            "data": data, "usage": {"prompt_tokens": USAGE["prompt_tokens"],
+                                    "total_tokens": USAGE["prompt_tokens"],
+                                    "completion_tokens": 0, "prompt_tokens_details": None}}
+
+
+RESPONSE_USAGE = {"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0},
+                  "total_tokens": 17}
+
+
+def response_object(model: str, status: str, output: list, usage: dict | None) -> dict:
+    return {"id": "resp_stub", "created_at": CREATED, "incomplete_details": None,
+            "instructions": None, "metadata": None, "model": model, "object": "response",
+            "output": output, "parallel_tool_calls": True, "temperature": 1.0,
+            "tool_choice": "auto", "tools": [], "top_p": 1.0, "background": False,
+            "max_output_tokens": None, "previous_response_id": None, "reasoning": None,
+            "service_tier": "auto", "status": status, "text": None, "truncation": "disabled",
+            "usage": usage, "user": None}
+
+
+def responses_script(model: str, body: dict) -> tuple[list[bytes], dict]:
+    """(stream frames, buffered body) of ``/v1/responses``: vLLM's named events, each
+    ``event: <type>`` with the event's JSON (``type`` last, as pydantic writes it); no
+    ``[DONE]``."""
+    text = "".join(TEXT)
+    part = {"annotations": [], "text": "", "type": "output_text", "logprobs": []}
+    message = {"id": "msg_stub", "content": [{**part, "text": text}], "role": "assistant",
+               "status": "completed", "type": "message"}
+    at = {"item_id": "msg_stub", "output_index": 0, "content_index": 0}
+    seq = itertools.count()
+
+    def event(kind: str, **fields: object) -> bytes:
+        data = _compact({**fields, "sequence_number": next(seq), "type": kind})
+        return b"event: " + kind.encode() + b"\ndata: " + data.encode() + b"\n\n"
+
+    started = response_object(model, "in_progress", [], None)
+    frames = [event("response.created", response=started),
+              event("response.in_progress", response=started),
+              event("response.output_item.added", item={**message, "content": [],
+                                                        "status": "in_progress"},
+                    output_index=0),
+              event("response.content_part.added", **at, part=part)]
+    frames += [event("response.output_text.delta", **at, delta=t, logprobs=[]) for t in TEXT]
+    frames += [event("response.output_text.done", **at, text=text, logprobs=[]),
+               event("response.content_part.done", **at, part={**part, "text": text}),
+               event("response.output_item.done", item=message, output_index=0),
+               event("response.completed",
+                     response=response_object(model, "completed", [message], RESPONSE_USAGE))]
+    return frames, response_object(model, "completed", [message], RESPONSE_USAGE)
+
+
 class Stub:
     def __init__(self) -> None:
         self.requests: list[dict] = []
@@ -126,7 +252,8 @@ class Stub:
         finally:
             self.active -= 1
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
+    async def _record(self, request: web.Request) -> Any:
+        """Read and keep the request (for ``GET /_requests``); its JSON body, or None."""
         raw = await request.read()
         try:
             body = json.loads(raw)
@@ -137,21 +264,14 @@ class Stub:
                               "headers": dict(request.headers), "body": body,
                               "raw": raw.decode("utf-8", "replace"),
                               "peer": peer[1] if peer else None})
+        return body
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._record(request)
         model = body.get("model", "ok") if isinstance(body, dict) else "ok"
         stream = isinstance(body, dict) and body.get("stream") is True
         if model.startswith("status:"):
-            parts = model.split(":")
-            code = int(parts[1])
-            kind = parts[2] if len(parts) > 2 else "plain"
-            if kind == "traceback":
-                return web.Response(status=code, text=TRACEBACK)
-            if kind == "context":
-                return web.json_response({"object": "error", "message": CONTEXT,
-                                          "type": "BadRequestError", "param": None,
-                                          "code": code}, status=code)
-            return web.json_response({"object": "error", "message": f"stub says {code}",
-                                      "type": "Error", "param": None, "code": code},
-                                     status=code)
+            return status_reply(model)
         if model == "hang-headers":
             await asyncio.sleep(3600)
         if model in ("reset-always", "reset-once"):
@@ -162,6 +282,10 @@ class Stub:
                 await asyncio.sleep(3600)  # the handler is cancelled with the connection
         if model.startswith("cc-tool:"):
             return await self.tool_round_trip(request, body, model, stream)
+        if model.startswith("agent:"):
+            return await self.agent_round_trip(request, body, model, stream)
+        if model.startswith("think-tool:"):
+            return await self.thinking_round_trip(request, body, model, stream)
         frames, buffered = script(model if model in ("reasoning", "tools", "length") else "ok")
         frames = [f.replace(b'"model":"ok"', b'"model":' + json.dumps(model).encode())
                   for f in frames]
@@ -245,6 +369,81 @@ class Stub:
         await resp.write_eof()
         return resp
 
+    async def agent_round_trip(self, request: web.Request, body: dict, model: str,
+                               stream: bool) -> web.StreamResponse:
+        """``agent:NAME:ARGS``: call tool NAME with ARGS; once its result is the last message,
+        answer with that result's text, so a final answer proves the tool result arrived."""
+        _, name, args = model.split(":", 2)
+        last = body["messages"][-1]
+        if last.get("role") == "tool":
+            content = last["content"]
+            if not isinstance(content, str):  # a list of text parts
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            words = ["The tool", " said: ", content]
+            frames = [chunk(model, {"role": "assistant", "content": ""})]
+            frames += [chunk(model, {"content": w}) for w in words]
+            frames += [chunk(model, {}, "stop"), chunk(model, {}, usage=USAGE, choices=False)]
+            message: dict = {"role": "assistant", "content": "".join(words)}
+            finish = "stop"
+        else:
+            call = {"index": 0, "id": "call_agent_1", "type": "function",
+                    "function": {"name": name, "arguments": ""}}
+            frames = [chunk(model, {"role": "assistant", "content": ""}),
+                      chunk(model, {"tool_calls": [call]})]
+            half = len(args) // 2
+            frames += [chunk(model, {"tool_calls": [{"index": 0, "function": {"arguments": a}}]})
+                       for a in (args[:half], args[half:])]
+            frames += [chunk(model, {}, "tool_calls"),
+                       chunk(model, {}, usage=USAGE, choices=False)]
+            message = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_agent_1", "type": "function",
+                 "function": {"name": name, "arguments": args}}]}
+            finish = "tool_calls"
+        if not stream:
+            return web.json_response(completion(model, message, finish, USAGE), dumps=_compact)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for f in [*frames, b"data: [DONE]\n\n"]:
+            await resp.write(f)
+        await resp.write_eof()
+        return resp
+
+    async def thinking_round_trip(self, request: web.Request, body: dict, model: str,
+                                  stream: bool) -> web.StreamResponse:
+        """``think-tool:NAME:ARGS``: reason, then call tool NAME with ARGS; once its result is
+        the last message, reason again and answer with it. Each turn's reasoning names the
+        turn (``REASONING_1``...), so a test can see which reasoning came back upstream."""
+        _, name, args = model.split(":", 2)
+        turn = 1 + sum(1 for m in body["messages"] if m.get("role") == "assistant")
+        reasoning = f"REASONING_{turn}: I need {name} before I can answer."
+        last = body["messages"][-1]
+        frames = [chunk(model, {"role": "assistant", "content": ""}),
+                  chunk(model, {"reasoning_content": reasoning[:12]}),
+                  chunk(model, {"reasoning_content": reasoning[12:]})]
+        if last.get("role") == "tool":
+            content = last["content"] if isinstance(last["content"], str) else json.dumps(
+                last["content"])
+            text = "The tool said: " + content.strip()[:200]
+            frames += [chunk(model, {"content": text}), chunk(model, {}, "stop", usage=USAGE)]
+            message: dict = {"role": "assistant", "content": text, "reasoning_content": reasoning}
+            finish = "stop"
+        else:
+            call = {"id": f"call_think_{turn}", "type": "function",
+                    "function": {"name": name, "arguments": args}}
+            frames += [chunk(model, {"tool_calls": [{"index": 0, **call}]}),
+                       chunk(model, {}, "tool_calls", usage=USAGE)]
+            message = {"role": "assistant", "content": None, "reasoning_content": reasoning,
+                       "tool_calls": [call]}
+            finish = "tool_calls"
+        if not stream:
+            return web.json_response(completion(model, message, finish, USAGE), dumps=_compact)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for f in [*frames, b"data: [DONE]\n\n"]:
+            await resp.write(f)
+        await resp.write_eof()
+        return resp
+
     async def tokenize(self, request: web.Request) -> web.Response:
         """vLLM's /tokenize with chat messages: {"count", "max_model_len", "tokens"}."""
         body = await request.json()
@@ -268,11 +467,41 @@ class Stub:
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    async def openai_route(self, request: web.Request) -> web.StreamResponse:
+        """``/v1/completions``, ``/v1/embeddings``, ``/v1/responses``."""
+        body = await self._record(request)
+        if not isinstance(body, dict):
+            return web.json_response({"object": "error", "message": "not JSON",
+                                      "type": "BadRequestError", "param": None, "code": 400},
+                                     status=400)
+        model = str(body.get("model", "ok"))
+        if model.startswith("status:"):
+            return status_reply(model)
+        route = request.path.rsplit("/", 1)[1]
+        if route == "embeddings":
+            return web.json_response(embeddings_reply(model, body), dumps=_compact)
+        script_of = completions_script if route == "completions" else responses_script
+        frames, buffered = script_of(model, body)
+        if body.get("stream") is not True:
+            return web.json_response(buffered, dumps=_compact)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i, frame in enumerate(frames):
+            if model == "cut-mid" and i == 2:
+                assert request.transport is not None
+                request.transport.abort()
+                return resp
+            await resp.write(frame)
+        await resp.write_eof()
+        return resp
+
 
 def make_app() -> web.Application:
     stub = Stub()
     app = web.Application(middlewares=[stub.track])
     app.router.add_post("/v1/chat/completions", stub.chat)
+    for route in ("completions", "embeddings", "responses"):
+        app.router.add_post(f"/v1/{route}", stub.openai_route)
     app.router.add_post("/tokenize", stub.tokenize)
     app.router.add_get("/_requests", stub.get_requests)
     app.router.add_delete("/_requests", stub.clear_requests)

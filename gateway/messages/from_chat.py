@@ -9,7 +9,7 @@ Protocol facts relied on:
   ``output_tokens`` (nothing else is sent: nothing else is known).
 * Content order: a ``thinking`` block first, then ``text``, then ``tool_use``
   blocks. The Python SDK's strict validation requires ``thinking.signature``
-  to be a string, so the gateway signs the thinking text itself.
+  to be a string, so the gateway seals the thinking text into one (:mod:`.signatures`).
 * Reasoning arrives as ``message.reasoning_content`` (vLLM <= 0.10 with a
   reasoning parser, llama.cpp, SGLang) or ``message.reasoning`` (Ollama, newer
   vLLM). Some servers send ``content: null`` next to tool calls, or an empty
@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gateway import errors, jsonutil
-from gateway.messages import tables
+from gateway.messages import signatures, tables
 
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
 
@@ -66,7 +66,7 @@ def from_chat(
             {
                 "type": "thinking",
                 "thinking": "" if hide_thinking else reasoning,
-                "signature": tables.thinking_signature(signing_key, reasoning),
+                "signature": signatures.seal(signing_key, reasoning),
             }
         )
     text = _text(message)

@@ -21,9 +21,10 @@ from aiohttp import web
 from gateway import errors, jsonutil, routing
 from gateway.appkeys import CONFIG, METRICS, REQUEST_ID, STREAM
 from gateway.config import ModelRoute
-from gateway.messages import tokens
+from gateway.messages import documents, tokens
 from gateway.messages.aggregate import aggregate
 from gateway.messages.from_chat import from_chat
+from gateway.messages.signatures import restore_reasoning
 from gateway.messages.stream import StreamTranslator
 from gateway.messages.tables import LOCAL_STOP_KINDS, hides_thinking, new_message_id
 from gateway.messages.to_chat import to_chat
@@ -43,13 +44,23 @@ async def _read_json(request: web.Request) -> Any:
         raise errors.InvalidRequest("", "request body is not valid JSON") from None
 
 
+async def _pdfs_as_text(req: dict[str, Any]) -> dict[str, Any]:
+    """The request with its PDFs as text; the extraction (CPU work) runs off the event loop."""
+    where = documents.find_pdfs(req["messages"])  # a walk of user blocks, no copies
+    if not where:
+        return req
+    return await asyncio.to_thread(documents.pdfs_to_text, req, where)
+
+
 async def create_message(request: web.Request) -> web.StreamResponse:
     t0 = time.perf_counter()
     app = request.app
     server = app[CONFIG].server
     metrics = app[METRICS]
     req = validate_messages(await _read_json(request))
+    restore_reasoning(req, server.signing_key)
     route = routing.resolve(request, req["model"])
+    req = await _pdfs_as_text(req)
     stream = req.get("stream") is True
     request[STREAM] = stream
     stops = _stops(req)
@@ -241,7 +252,9 @@ async def count_tokens(request: web.Request) -> web.Response:
     app = request.app
     metrics = app[METRICS]
     req = validate_messages(await _read_json(request), count_tokens=True)
+    restore_reasoning(req, app[CONFIG].server.signing_key)
     route = routing.resolve(request, req["model"])
+    req = await _pdfs_as_text(req)
     chat_req = to_chat(req, route, keep_billing_header=app[CONFIG].server.keep_billing_header,
                        count_tokens=True, on_drop=metrics.drop_field)
     client = routing.client_for(request, route)

@@ -29,8 +29,8 @@ Gateway decisions:
   ``message_delta`` follows to correct a made-up provisional figure.
 - ``message_delta.usage.output_tokens`` is the upstream's ``completion_tokens``; an upstream
   that never reports usage gets the number of content-bearing chunks (about one token each).
-- A thinking block always ends with one ``signature_delta`` (HMAC of the text streamed in it),
-  on the failure path too: a signature over partial thinking is still the gateway's own.
+- A thinking block always ends with one ``signature_delta`` (the text streamed in it, sealed:
+  see :mod:`.signatures`), on the failure path too: partial thinking is still the gateway's.
 - A tool block that received no argument bytes gets ``{}`` so its input parses.
 - Parallel calls: the first named call streams; later ones are buffered and sent whole, in
   upstream index order, as soon as the streaming call's block closes (a text or thinking delta,
@@ -64,7 +64,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway import errors, jsonutil
-from gateway.messages import frames, tables
+from gateway.messages import frames, signatures, tables
 from gateway.messages.stops import StopMatcher
 from gateway.messages.tool_blocks import (
     NONE,
@@ -353,7 +353,7 @@ class StreamTranslator(ToolBlocks):
             # the block ends: the held tail was not a stop sequence after all
             out.append(self._head + frames.jstr(self._stops.take_held()) + frames.DELTA_END)
         elif kind == THINKING:
-            signature = tables.thinking_signature(self._key, "".join(self._thinking))
+            signature = signatures.seal(self._key, "".join(self._thinking))
             out.append(
                 frames.CBD + b"%d" % self._index + frames.SIGNATURE_DELTA
                 + frames.jstr(signature) + frames.DELTA_END

@@ -1,4 +1,4 @@
-"""The tables both reply paths share: stop reasons, usage, ids, thinking signatures.
+"""The tables both reply paths share: stop reasons, usage, ids, hidden thinking.
 
 Buffered replies (``from_chat``) and streams (``stream.StreamTranslator``) read
 the same functions here, so a finish_reason maps to the same stop_reason on
@@ -12,9 +12,6 @@ reported string counts only if it is one of the sequences the client asked for.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import re
 import secrets
 from collections.abc import Mapping, Sequence
@@ -115,22 +112,3 @@ def hides_thinking(req: Mapping[str, Any]) -> bool:
     """
     thinking = req.get("thinking")
     return isinstance(thinking, Mapping) and thinking.get("display") in _HIDDEN_DISPLAYS
-
-
-_MACS: dict[bytes, Any] = {}  # signing key -> a keyed HMAC to copy (one key per process)
-
-
-def thinking_signature(key: bytes, thinking: str) -> str:
-    """The gateway's own signature of a thinking block: HMAC-SHA256, base64.
-
-    Copying a keyed HMAC skips the key schedule and OpenSSL's digest lookup that
-    ``hmac.new`` pays on every call (about half its cost).
-    """
-    base = _MACS.get(key)
-    if base is None:
-        if len(_MACS) > 8:
-            _MACS.clear()
-        base = _MACS[key] = hmac.new(key, digestmod=hashlib.sha256)
-    mac = base.copy()
-    mac.update(thinking.encode("utf-8"))
-    return base64.b64encode(mac.digest()).decode("ascii")

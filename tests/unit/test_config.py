@@ -205,3 +205,37 @@ def test_builtin_default_routes_claude_code_model_names() -> None:
         route = config.find_route(cfg.models, name)
         assert route is not None and route.name == "claude-*"
         assert route.upstream.name == "local-vllm"
+
+
+def test_default_signing_key_is_kept_in_the_state_directory(tmp_path: Path) -> None:
+    """Replayed thinking signatures must open after a restart and on every worker."""
+    env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    first = config.load(None, env).server
+    again = config.load(None, env).server
+    assert first.signing_key_source == "file" and first.signing_key == again.signing_key
+    key_file = tmp_path / "state" / "llm-gateway" / "signing.key"
+    assert key_file.read_bytes() == first.signing_key and len(first.signing_key) == 32
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert list(key_file.parent.iterdir()) == [key_file]  # no temporary file left
+    systemd = config.load(None, {"STATE_DIRECTORY": str(tmp_path / "sd"),
+                                 "HOME": str(tmp_path / "home")}).server
+    assert (tmp_path / "sd" / "signing.key").read_bytes() == systemd.signing_key
+    assert not (tmp_path / "home").exists()
+
+
+def test_default_signing_key_without_a_writable_state_directory(tmp_path: Path) -> None:
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("x")
+    env = {"XDG_STATE_HOME": str(blocked)}
+    one, two = config.load(None, env).server, config.load(None, env).server
+    assert one.signing_key_source == "random" and one.signing_key != two.signing_key
+    shared = {**env, config.SHARED_KEY_ENV: "ab" * 32}  # what the --workers supervisor sets
+    assert config.load(None, shared).server.signing_key == bytes.fromhex("ab" * 32)
+
+
+def test_signing_key_env_wins(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD.replace('prefix = "/llm"', 'prefix = "/llm"\nsigning_key_env = "SK"'))
+    server = config.load(str(path), {"SK": "secret", "XDG_STATE_HOME": str(tmp_path)}).server
+    assert (server.signing_key, server.signing_key_source) == (b"secret", "env")
+    assert not (tmp_path / "llm-gateway").exists()

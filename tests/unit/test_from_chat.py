@@ -9,9 +9,6 @@ sent and its ``stop_sequences``) and the exact Message the client must get
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +18,7 @@ import anthropic
 import pytest
 
 from gateway import errors, jsonutil
-from gateway.messages import tables
+from gateway.messages import signatures, tables
 from gateway.messages.from_chat import from_chat
 
 CASES = Path(__file__).resolve().parent.parent / "golden" / "responses"
@@ -117,19 +114,29 @@ def _completion(message: dict[str, Any], finish: Any = "stop", **choice: Any) ->
     }
 
 
-def test_thinking_signature_is_an_hmac_of_the_text_under_the_key() -> None:
+def test_thinking_signature_seals_the_text_under_the_key() -> None:
     reasoning = "Think first."
     out = from_chat(
         _completion({"content": "ok", "reasoning_content": reasoning}),
         model="m",
         signing_key=b"another-key",
     )
-    digest = hmac.new(b"another-key", reasoning.encode(), hashlib.sha256).digest()
-    assert out["content"][0] == {
-        "type": "thinking",
-        "thinking": reasoning,
-        "signature": base64.b64encode(digest).decode(),
-    }
+    block = out["content"][0]
+    assert (block["type"], block["thinking"]) == ("thinking", reasoning)
+    assert signatures.open_signature(b"another-key", block["signature"]) == reasoning
+    assert signatures.open_signature(KEY, block["signature"]) is None
+
+
+def test_hidden_thinking_still_carries_the_reasoning_in_its_signature() -> None:
+    out = from_chat(
+        _completion({"content": "ok", "reasoning_content": "Secret plan."}),
+        model="m",
+        signing_key=KEY,
+        hide_thinking=True,
+    )
+    block = out["content"][0]
+    assert block["thinking"] == ""
+    assert signatures.open_signature(KEY, block["signature"]) == "Secret plan."
 
 
 def test_reasoning_content_wins_when_both_fields_are_sent() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from gateway import errors, jsonutil
-from gateway.messages import tables
+from gateway.messages import signatures
 from gateway.messages.stream import IllegalTransition, State, StreamTranslator
 from gateway.sse import SSEDecoder
 from tests.anthropic_stream_check import check_stream
@@ -144,8 +144,9 @@ def test_thinking_signature_is_the_shared_table_over_the_whole_text() -> None:
     t.feed(_chunk({"reasoning_content": "ab"}))
     t.feed(_chunk({"reasoning": "c"}))
     out = t.feed(_chunk({"content": "x"}))
-    sig = tables.thinking_signature(KEY, "abc")
+    sig = signatures.seal(KEY, "abc")
     assert (b'"delta":{"type":"signature_delta","signature":' + jsonutil.dumpb(sig) + b"}}") in out
+    assert signatures.open_signature(KEY, sig) == "abc"
     assert out.index(b"signature_delta") < out.index(b"content_block_stop")
 
 
@@ -157,7 +158,7 @@ def test_failure_envelope_closes_thinking_with_signature() -> None:
     assert [e["type"] for e in events[-4:]] == [
         "content_block_delta", "content_block_stop", "error", "message_stop",
     ]  # fmt: skip
-    assert events[-4]["delta"]["signature"] == tables.thinking_signature(KEY, "partial")
+    assert signatures.open_signature(KEY, events[-4]["delta"]["signature"]) == "partial"
     assert events[-2]["error"] == {"type": "timeout_error", "message": "Upstream request timed out"}
     assert t.state is State.ERRORED and t.termination == "idle_timeout"
     assert isinstance(t.error, errors.UpstreamTimeout)

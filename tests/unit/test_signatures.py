@@ -1,0 +1,111 @@
+"""Thinking signatures carry the reasoning, sealed: what opens, what does not, what is restored."""
+
+from __future__ import annotations
+
+import base64
+import copy
+from typing import Any
+
+import pytest
+
+from gateway.errors import InvalidRequest
+from gateway.messages import signatures
+from gateway.messages.signatures import open_signature, restore_reasoning, seal
+
+KEY = b"k" * 32
+
+
+@pytest.mark.parametrize("text", ["", "Think.", "ünïcødé ✓ 思考", "x" * 200_000,
+                                  "line\nbreaks\r\nand \u2028 separators"])
+def test_seal_opens_to_the_same_text(text: str) -> None:
+    sig = seal(KEY, text)
+    assert open_signature(KEY, sig) == text
+    assert sig == seal(KEY, text)  # deterministic: golden files and prefix caches stay exact
+    assert seal(KEY, text + ".") != sig
+
+
+def test_long_reasoning_is_compressed() -> None:
+    text = "The user wants the weather, so I call the tool. " * 400
+    assert len(seal(KEY, text)) < len(text) // 10
+
+
+def _tampered(sig: str, at: int) -> str:
+    raw = bytearray(base64.b64decode(sig))
+    raw[at] ^= 1
+    return base64.b64encode(bytes(raw)).decode()
+
+
+GOOD = seal(KEY, "secret reasoning")
+NOT_OURS = [
+    ("other key", seal(b"another key", "secret reasoning"), KEY),
+    ("version byte", _tampered(GOOD, 0), KEY),
+    ("nonce", _tampered(GOOD, 5), KEY),
+    ("ciphertext", _tampered(GOOD, 20), KEY),
+    ("tag", _tampered(GOOD, -1), KEY),
+    ("truncated", base64.b64encode(base64.b64decode(GOOD)[:20]).decode(), KEY),
+    ("not base64", "not base64!", KEY),
+    ("empty", "", KEY),
+    ("an HMAC signature of the old format", base64.b64encode(b"h" * 32).decode(), KEY),
+    ("Anthropic-looking", "EqQBCkgIARABGAIiQL" + "A" * 100, KEY),
+]
+
+
+@pytest.mark.parametrize(("sig", "key"), [c[1:] for c in NOT_OURS], ids=[c[0] for c in NOT_OURS])
+def test_what_is_not_ours_does_not_open(sig: str, key: bytes) -> None:
+    assert open_signature(key, sig) is None
+
+
+def test_inflation_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even a validly sealed bomb (it would take the key) inflates only so far."""
+    monkeypatch.setattr(signatures, "MAX_REASONING_BYTES", 1000)
+    assert open_signature(KEY, seal(KEY, "a" * 5000)) is None
+    assert open_signature(KEY, seal(KEY, "a" * 999)) == "a" * 999
+
+
+def _history(*assistant_blocks: dict[str, Any]) -> dict[str, Any]:
+    return {"messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": list(assistant_blocks)},
+        {"role": "user", "content": "go on"},
+    ]}
+
+
+def test_empty_thinking_gets_its_reasoning_back() -> None:
+    req = _history({"type": "thinking", "thinking": "", "signature": seal(KEY, "plan A")},
+                   {"type": "text", "text": "hi"})
+    restore_reasoning(req, KEY)
+    assert req["messages"][1]["content"][0]["thinking"] == "plan A"
+
+
+def test_a_signature_that_does_not_open_is_refused_naming_it() -> None:
+    req = _history({"type": "text", "text": "hi"},
+                   {"type": "thinking", "thinking": "", "signature": seal(b"old key", "p")})
+    with pytest.raises(InvalidRequest) as info:
+        restore_reasoning(req, KEY)
+    assert info.value.status == 400
+    assert info.value.message == (
+        "messages.1.content.1.signature: Invalid `signature` in `thinking` block")
+
+
+UNTOUCHED = [
+    ("text kept whatever the signature", {"type": "thinking", "thinking": "mine",
+                                          "signature": "Zm9yZWlnbg=="}),
+    ("no signature", {"type": "thinking", "thinking": ""}),
+    ("empty signature", {"type": "thinking", "thinking": "", "signature": ""}),
+    ("text block", {"type": "text", "text": ""}),
+]
+
+
+@pytest.mark.parametrize("block", [c[1] for c in UNTOUCHED], ids=[c[0] for c in UNTOUCHED])
+def test_blocks_left_as_they_are(block: dict[str, Any]) -> None:
+    req = _history(block)
+    before = copy.deepcopy(req)
+    restore_reasoning(req, KEY)
+    assert req == before
+
+
+def test_string_content_and_user_turns_are_skipped() -> None:
+    req = {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]},
+                        {"role": "assistant", "content": "plain"}]}
+    restore_reasoning(req, KEY)
+    assert req["messages"][1]["content"] == "plain"

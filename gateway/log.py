@@ -95,6 +95,9 @@ def configure(level: str = "info") -> None:
     # aiohttp's own access log is replaced by ours; its error logger still reports bugs.
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(message)s")
     logging.getLogger("aiohttp.access").disabled = True
+    # pypdf logs what it finds wrong in a client's PDF (plain lines, client-controlled);
+    # the client gets the 400 and the log stays JSON.
+    logging.getLogger("pypdf").setLevel(logging.CRITICAL + 1)  # and its module loggers
 
 
 def access(fields: dict[str, Any]) -> None:

@@ -13,8 +13,10 @@ Protocol facts relied on (Anthropic Messages API, SDK 2.14 types, ../shared/prot
 - ``tool_result`` names its call in ``tool_use_id`` (older clients: ``id``); its content is
   a string or a list of text / image / document / search_result / tool_reference blocks.
   The SDK names a reference's tool ``tool_name``; the short ``name`` is accepted too.
-- Base64 images are jpeg, png, gif or webp; a URL image passes through. Documents with a
-  PDF or file source cannot be read by an OpenAI-compatible upstream: refused by name.
+- Base64 images are jpeg, png, gif or webp; a URL image passes through. A base64 PDF
+  document is accepted here and becomes text in :mod:`.documents` (the handler runs it);
+  a URL document is refused (the gateway never fetches a URL on a client's behalf), and
+  so is a file source (no Files API here).
 
 The primitives here raise :class:`gateway.errors.InvalidRequest` whose path names the
 field (``messages.2.content.0.source.data``). Paths are built per block as short
@@ -167,14 +169,23 @@ def _document(block: Mapping[str, Any], path: str) -> None:
                 _image(item, item_path)
             else:
                 raise fail(f"{item_path}.type", "document content holds only text and images")
-    elif kind == "base64" or kind == "url":
-        raise fail(f"{path}.type", "PDF documents are not supported by this model")
+    elif kind == "base64":
+        if source.get("media_type") != "application/pdf":
+            raise fail(f"{path}.media_type", "Input should be 'application/pdf'")
+        data = source.get("data")
+        if not isinstance(data, str) or not data:
+            raise fail(f"{path}.data", "PDF source needs base64 data")
+    elif kind == "url":
+        raise fail(f"{path}.type", "URL documents are not supported: the gateway never "
+                                   "fetches a URL on a client's behalf; send the PDF as "
+                                   "base64 data")
     elif kind == "file":
-        raise fail(f"{path}.type", "file document sources are not supported by this model")
+        raise fail(f"{path}.type", "file document sources are not supported (this gateway "
+                                   "has no Files API); send the document as base64 or text")
     elif kind is None:
         raise fail(f"{path}.type", "Field required")
     else:
-        raise fail(f"{path}.type", "Input should be 'text' or 'content'")
+        raise fail(f"{path}.type", "Input should be 'base64', 'text' or 'content'")
 
 
 def _search_result(block: Mapping[str, Any], path: str) -> None:

@@ -1,4 +1,4 @@
-"""Arbitrary JSON-ish bodies through validate_messages + to_chat.
+"""Arbitrary JSON-ish bodies through validate_messages (+ PDFs to text) + to_chat.
 
 The only exception that may escape is InvalidRequest (rendered as a 400). Anything else
 (KeyError, TypeError, AttributeError, ...) would be a 500 for a client mistake, or a
@@ -20,9 +20,11 @@ from hypothesis import strategies as st
 from gateway import jsonutil
 from gateway.config import ModelRoute, UpstreamConfig
 from gateway.errors import InvalidRequest
+from gateway.messages import documents
 from gateway.messages.to_chat import to_chat
 from gateway.messages.validate import validate_messages
 from tests.fuzzing import EXAMPLES
+from tests.pdfs import b64, make_pdf
 
 ROUTE = ModelRoute(
     name="m",
@@ -72,6 +74,10 @@ image_source = st.one_of(
     shape("file", {"file_id": text}),
 )
 image_block = shape("image", {"source": image_source})
+# a readable PDF, one without text, a truncated one, and noise
+pdf_data = st.sampled_from(
+    [b64(make_pdf([["Hello"]])), b64(make_pdf([None])), b64(make_pdf([["x"]])[:60])]
+) | text
 document_block = shape(
     "document",
     {
@@ -79,6 +85,7 @@ document_block = shape(
             shape("text", {"data": text}, media_type=text),
             shape("content", {"content": text | st.lists(text_block | image_block, max_size=2)}),
             shape("base64", {"data": text}),
+            shape("base64", {"media_type": st.just("application/pdf"), "data": pdf_data}),
         )
     },
     title=text,
@@ -126,6 +133,18 @@ tools = st.one_of(
         defer_loading=st.booleans(),
     ),
     shape("web_search_20250305", {"name": st.just("web_search")}),
+    shape("bash_20250124", {"name": st.sampled_from(["bash", "Bash"])}),
+    shape(
+        "computer_20251124",
+        {"name": st.just("computer"), "display_width_px": scalars, "display_height_px": scalars},
+        display_number=scalars,
+        enable_zoom=scalars,
+    ),
+    shape(
+        "text_editor_20250728",
+        {"name": st.sampled_from(["str_replace_based_edit_tool", "x"])},
+        max_characters=scalars,
+    ),
     shape("function", {}),
 )
 bodies = st.fixed_dictionaries(
@@ -138,7 +157,7 @@ bodies = st.fixed_dictionaries(
         "system": maybe(text | st.lists(text_block | image_block, max_size=2)),
         "tools": maybe(st.lists(tools, max_size=3)),
         "tool_choice": st.one_of(
-            shape("tool", {"name": st.sampled_from(["get_weather", "web_search", "x"])}),
+            shape("tool", {"name": st.sampled_from(["get_weather", "web_search", "bash", "x"])}),
             shape(
                 "auto",
                 {},
@@ -192,6 +211,9 @@ def _run(body: Any, count_tokens: bool) -> None:
     dropped: list[str] = []
     try:
         req = validate_messages(body, count_tokens=count_tokens)
+        where = documents.find_pdfs(req["messages"])  # as the handler does
+        if where:
+            req = documents.pdfs_to_text(req, where)
     except InvalidRequest as exc:
         assert exc.status == 400
         return

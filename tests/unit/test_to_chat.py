@@ -1,7 +1,8 @@
 """Anthropic request -> OpenAI chat request, driven by the golden pairs.
 
 Each directory under tests/golden/requests/ holds ``anthropic.json`` (what the client
-sent) and ``openai.json`` (exactly what the upstream must receive). Optional files:
+sent) and ``openai.json`` (exactly what the upstream must receive); base64 PDFs become
+text first (gateway/messages/documents.py), as the handler does. Optional files:
 ``route.json`` (``kind``: the upstream kind, default vllm; ``keep_billing_header``;
 ``count_tokens``) and ``dropped.json`` (the names reported through ``on_drop``; absent
 means none may be reported).
@@ -18,6 +19,7 @@ import pytest
 
 from gateway import jsonutil
 from gateway.config import ModelRoute, UpstreamConfig
+from gateway.messages import documents
 from gateway.messages.to_chat import to_chat
 from gateway.messages.validate import validate_messages
 
@@ -41,8 +43,10 @@ def _translate(case: str) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
     count = opts.get("count_tokens", False)
     pristine = copy.deepcopy(req)
     dropped: list[str] = []
+    valid = validate_messages(req, count_tokens=count)
+    where = documents.find_pdfs(valid["messages"])  # as the handler does, off its loop
     body = to_chat(
-        validate_messages(req, count_tokens=count),
+        documents.pdfs_to_text(valid, where) if where else valid,
         _route(opts.get("kind", "vllm")),
         keep_billing_header=opts.get("keep_billing_header", False),
         count_tokens=count,
@@ -75,7 +79,6 @@ def test_on_drop_is_optional() -> None:
         "max_tokens": 5,
         "metadata": {},
         "messages": [{"role": "user", "content": "x"}],
-        "tools": [{"type": "web_search_20250305", "name": "web_search"}],
     }
     assert to_chat(validate_messages(req), _route()) == {
         "model": "org/model",
@@ -84,11 +87,12 @@ def test_on_drop_is_optional() -> None:
     }
 
 
-def test_server_tool_drop_reported_once_per_tool() -> None:
-    """Each dropped server tool is one 'server_tool' report; top-level names come once."""
+def test_each_dropped_field_is_reported_once() -> None:
+    """Top-level names come once each; tools are never reported: a client tool is
+    translated (tests/unit/test_client_tools.py) and a server tool refused before this."""
     tools = [
-        {"type": "web_search_20250305", "name": "web_search"},
-        {"type": "web_fetch_20250910", "name": "web_fetch"},
+        {"type": "bash_20250124", "name": "bash", "cache_control": {"type": "ephemeral"}},
+        {"type": "memory_20250818", "name": "memory"},
     ]
     req = {
         "model": "m",
@@ -96,10 +100,11 @@ def test_server_tool_drop_reported_once_per_tool() -> None:
         "messages": [{"role": "user", "content": "x"}],
         "tools": tools,
         "seed": 1,
+        "metadata": {},
     }
     dropped: list[str] = []
     to_chat(validate_messages(req), _route(), on_drop=dropped.append)
-    assert sorted(dropped) == ["seed", "server_tool", "server_tool"]
+    assert sorted(dropped) == ["metadata", "seed"]
 
 
 def test_tool_reference_short_name_form() -> None:

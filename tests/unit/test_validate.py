@@ -296,18 +296,36 @@ REFUSED: list[tuple[str, dict[str, Any], str, str | None]] = [
         None,
     ),
     (
-        "document-pdf",
-        _doc({"type": "base64", "media_type": "application/pdf", "data": "JVBE"}),
-        f"{M0}.source.type",
-        "PDF",
+        "document-base64-not-pdf",
+        _doc({"type": "base64", "media_type": "text/html", "data": "PGI+"}),
+        f"{M0}.source.media_type",
+        "application/pdf",
     ),
+    (
+        "document-pdf-no-data",
+        _doc({"type": "base64", "media_type": "application/pdf", "data": ""}),
+        f"{M0}.source.data",
+        "base64",
+    ),
+    (
+        "document-pdf-data-not-string",
+        _doc({"type": "base64", "media_type": "application/pdf", "data": 7}),
+        f"{M0}.source.data",
+        "base64",
+    ),
+    # the gateway never fetches a URL on a client's behalf
     (
         "document-pdf-url",
         _doc({"type": "url", "url": "https://e.x/a.pdf"}),
         f"{M0}.source.type",
-        "PDF",
+        "never fetches",
     ),
-    ("document-file", _doc({"type": "file", "file_id": "file_1"}), f"{M0}.source.type", "file"),
+    (
+        "document-file",
+        _doc({"type": "file", "file_id": "file_1"}),
+        f"{M0}.source.type",
+        "Files API",
+    ),
     (
         "document-text-no-data",
         _doc({"type": "text", "media_type": "text/plain"}),
@@ -422,13 +440,14 @@ REFUSED: list[tuple[str, dict[str, Any], str, str | None]] = [
         None,
     ),
     (
+        # a server tool is refused where it is defined, before tool_choice can name it
         "tool-choice-server-tool",
         {
             "tools": [TOOL, {"type": "web_search_20250305", "name": "web_search"}],
             "tool_choice": {"type": "tool", "name": "web_search"},
         },
-        "tool_choice.name",
-        "web_search",
+        "tools.1.type",
+        "server tool",
     ),
     (
         "tool-choice-tool-no-name",
@@ -479,6 +498,36 @@ REFUSED: list[tuple[str, dict[str, Any], str, str | None]] = [
         "string",
     ),
     ("tool-type-function", {"tools": [{**TOOL, "type": "function"}]}, "tools.0.type", "unknown"),
+    (
+        "server-tool-web-search",
+        {"tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 8}]},
+        "tools.0.type",
+        "'web_search_20250305' is an Anthropic server tool",
+    ),
+    (
+        "server-tool-mcp-toolset",
+        {"tools": [TOOL, {"type": "mcp_toolset", "mcp_server_name": "x"}]},
+        "tools.1.type",
+        "server tool",
+    ),
+    (
+        "client-tool-wrong-name",
+        {"tools": [{"type": "bash_20250124", "name": "shell"}]},
+        "tools.0.name",
+        "Input should be 'bash'",
+    ),
+    (
+        "client-tool-unknown-version",
+        {"tools": [{"type": "bash_20990101", "name": "bash"}]},
+        "tools.0.type",
+        "unknown tool type 'bash_20990101'",
+    ),
+    (
+        "client-tool-name-duplicates-custom",
+        {"tools": [{**TOOL, "name": "bash"}, {"type": "bash_20250124", "name": "bash"}]},
+        "tools.1.name",
+        "unique",
+    ),
     (
         "tool-defer-loading-string",
         {"tools": [{**TOOL, "defer_loading": "yes"}]},
@@ -547,6 +596,17 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ),
     ("image-url", _user({"type": "image", "source": {"type": "url", "url": "https://e.x/a.png"}})),
     ("document-content-string", _doc({"type": "content", "content": "text"})),
+    # a base64 PDF is accepted here; its text is extracted after validation (documents.py)
+    ("document-pdf", _doc({"type": "base64", "media_type": "application/pdf", "data": "JVBE"})),
+    (
+        "tool-result-pdf",
+        _tool_result(
+            tool_use_id="toolu_1",
+            content=[{"type": "document", "source": {"type": "base64",
+                                                     "media_type": "application/pdf",
+                                                     "data": "JVBE"}}],
+        ),
+    ),
     (
         "thinking-enabled-summarized",
         {
@@ -570,12 +630,17 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
-        "server-tools",
+        "anthropic-defined-client-tools",
         {
             "tools": [
-                {"type": "web_search_20250305", "name": "web_search", "max_uses": 8},
-                {"type": "mcp_toolset", "mcp_server_name": "x"},
-            ]
+                {"type": "bash_20250124", "name": "bash", "cache_control": {"type": "ephemeral"}},
+                {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
+                {"type": "memory_20250818", "name": "memory"},
+                {"type": "computer_20251124", "name": "computer", "display_width_px": 1024,
+                 "display_height_px": 768},
+                TOOL,
+            ],
+            "tool_choice": {"type": "tool", "name": "str_replace_based_edit_tool"},
         },
     ),
     ("tool-name-128", {"tools": [{**TOOL, "name": "A-z_0" + "x" * 123}]}),

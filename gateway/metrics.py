@@ -37,8 +37,7 @@ REJECTIONS = ("auth", "draining", "body_too_large", "unknown_model", "overloaded
 # request fields the gateway knows and does not forward; anything else counts as "other"
 DROPPED_FIELDS = (
     "metadata", "service_tier", "context_management", "container", "response_format", "seed",
-    "min_p", "mcp_servers", "cache_control", "inference_geo", "speed", "diagnostics",
-    "server_tool", "other",
+    "min_p", "mcp_servers", "cache_control", "inference_geo", "speed", "diagnostics", "other",
 )
 TOKEN_TYPES = ("input", "output")
 

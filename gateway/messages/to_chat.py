@@ -14,6 +14,10 @@ Protocol facts relied on:
   back as the assistant message's ``reasoning_content``.
 - Templates expand ``tool_reference`` parts only at the start of a tool message, so each
   run of references and each run of other parts is its own tool message.
+- Anthropic-defined client tools (``bash_*``, ``text_editor_*``, ``memory_*``,
+  ``computer_*``) carry no schema; they go up as function tools under the client's name,
+  with the schema Anthropic documents (:mod:`.client_tools`). Server tools never get here:
+  validation refuses them.
 - vLLM and SGLang accept ``stream_options.continuous_usage_stats`` (usage on every chunk,
   so the first one carries the prompt's token count); other servers may refuse it.
   llama.cpp instead takes ``return_progress: true``: its first chunks carry
@@ -33,6 +37,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gateway import jsonutil
+from gateway.messages.client_tools import to_function
 from gateway.messages.tables import LOCAL_STOP_KINDS
 from gateway.messages.validate import is_custom_tool
 
@@ -103,7 +108,7 @@ def to_chat(
             out["stream_options"] = options
             if route.upstream.kind == "llamacpp":
                 out["return_progress"] = True
-    _tools(req, out, on_drop)
+    _tools(req, out)
     for key in _AS_IS:
         if req.get(key) is not None:
             out[key] = req[key]
@@ -305,20 +310,17 @@ def _assistant(group: list[Mapping[str, Any]]) -> Message:
 # --- request options ----------------------------------------------------------------
 
 
-def _tools(
-    req: Mapping[str, Any], out: dict[str, Any], on_drop: Callable[[str], None] | None
-) -> None:
+def _tools(req: Mapping[str, Any], out: dict[str, Any]) -> None:
     functions: list[dict[str, Any]] = []
     for tool in req.get("tools") or ():
-        if not is_custom_tool(tool):
-            if on_drop is not None:
-                on_drop("server_tool")
-            continue
-        schema = tool["input_schema"]
-        fn: dict[str, Any] = {"name": tool["name"]}
-        if tool.get("description") is not None:
-            fn["description"] = tool["description"]
-        fn["parameters"] = schema if "type" in schema else {"type": "object", **schema}
+        if is_custom_tool(tool):
+            schema = tool["input_schema"]
+            fn: dict[str, Any] = {"name": tool["name"]}
+            if tool.get("description") is not None:
+                fn["description"] = tool["description"]
+            fn["parameters"] = schema if "type" in schema else {"type": "object", **schema}
+        else:  # validated: an Anthropic-defined client tool (server tools were refused)
+            fn = to_function(tool)
         if tool.get("defer_loading") is not None:
             fn["defer_loading"] = tool["defer_loading"]
         functions.append({"type": "function", "function": fn})

@@ -4,11 +4,13 @@ Protocol facts relied on (Anthropic Messages API, SDK 2.14 types, ../shared/prot
 
 - ``model`` is a string; ``max_tokens`` a positive integer (JSON ``true`` is not an
   integer). Turns and content blocks are checked in :mod:`.validate_content`.
-- Custom tool names match ``^[a-zA-Z0-9_-]{1,128}$`` and are unique. Anthropic-defined
-  (server) tools carry a versioned ``type`` such as ``web_search_20250305``; they are
-  accepted here and dropped by the translation.
+- Custom tool names match ``^[a-zA-Z0-9_-]{1,128}$``; tool names are unique.
+  Anthropic-defined tools carry a versioned ``type`` (:mod:`.client_tools`): a client tool
+  (``bash_20250124``, ``text_editor_20250728``, ...) must use the name its type requires;
+  a server tool (``web_search_20250305``, ``mcp_toolset``, ...) or an unknown type is
+  refused naming ``tools.N.type``, never dropped.
 - ``tool_choice`` is ``auto`` / ``any`` / ``none`` / ``{type:"tool", name}``; a named tool
-  must be one of the forwarded custom tools.
+  must be one of the tools, custom or Anthropic-defined client tool.
 - ``thinking``: ``enabled`` needs ``budget_tokens`` >= 1024 and below ``max_tokens``;
   ``disabled`` takes neither ``budget_tokens`` nor ``display``; ``adaptive`` (and the
   newer ``between_tools``) takes no ``budget_tokens``; this gateway only renders
@@ -32,6 +34,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.messages.client_tools import check_client_tool
 from gateway.messages.validate_content import (
     check_depth,
     check_list,
@@ -47,16 +50,13 @@ from gateway.messages.validate_content import (
 __all__ = ["is_custom_tool", "validate_messages"]
 
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
-# Anthropic-defined tools are versioned by date: web_search_20250305, bash_20250124, ...
-_SERVER_TOOL_TYPE = re.compile(r"[a-z][a-z0-9_]*_[0-9]{8}")
-_UNVERSIONED_SERVER_TOOLS = frozenset({"mcp_toolset"})
 _EFFORTS = ("minimal", "low", "medium", "high", "xhigh", "max")
 _THINKING_TYPES = ("enabled", "disabled", "adaptive", "between_tools")
 _TOOL_CHOICE_TYPES = ("auto", "any", "none", "tool")
 
 
 def is_custom_tool(tool: Mapping[str, Any]) -> bool:
-    """A client-executed tool (forwarded), as opposed to an Anthropic server tool."""
+    """A tool with its own ``input_schema``, as opposed to an Anthropic-defined one."""
     kind = tool.get("type")
     return kind is None or kind == "custom"
 
@@ -68,29 +68,29 @@ def _tools(tools: Any) -> set[str]:
     for i, tool in enumerate(check_list(tools, "tools")):
         path = f"tools.{i}"
         check_obj(tool, path)
-        if not is_custom_tool(tool):
-            kind = tool["type"]
-            if not isinstance(kind, str) or not (
-                _SERVER_TOOL_TYPE.fullmatch(kind) or kind in _UNVERSIONED_SERVER_TOOLS
-            ):
-                raise fail(f"{path}.type", "unknown tool type")
-            continue
-        name = tool.get("name")
-        if name is None:
-            raise fail(f"{path}.name", "Field required")
-        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
-            raise fail(f"{path}.name", "String should match pattern '^[a-zA-Z0-9_-]{1,128}$'")
+        custom = is_custom_tool(tool)
+        name = _custom_tool_name(tool, path) if custom else check_client_tool(tool, path)
         if name in names:
             raise fail(f"{path}.name", f"Tool names must be unique: '{name}'")
         names.add(name)
-        check_str(tool, "description", path, required=False)
-        if "input_schema" not in tool:
-            raise fail(f"{path}.input_schema", "Field required")
-        check_obj(tool["input_schema"], f"{path}.input_schema")
-        check_depth(tool["input_schema"], f"{path}.input_schema")
+        if custom:
+            check_str(tool, "description", path, required=False)
+            if "input_schema" not in tool:
+                raise fail(f"{path}.input_schema", "Field required")
+            check_obj(tool["input_schema"], f"{path}.input_schema")
+            check_depth(tool["input_schema"], f"{path}.input_schema")
         if tool.get("defer_loading") is not None and not isinstance(tool["defer_loading"], bool):
             raise fail(f"{path}.defer_loading", "Input should be a valid boolean")
     return names
+
+
+def _custom_tool_name(tool: Mapping[str, Any], path: str) -> str:
+    name = tool.get("name")
+    if name is None:
+        raise fail(f"{path}.name", "Field required")
+    if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+        raise fail(f"{path}.name", "String should match pattern '^[a-zA-Z0-9_-]{1,128}$'")
+    return name
 
 
 def _tool_choice(choice: Any, tool_names: set[str]) -> None:

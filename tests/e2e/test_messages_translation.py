@@ -46,8 +46,7 @@ CLAUDE_CODE_LIKE = {
     ],
     "tools": [{"name": "get_weather", "description": "Weather for a city",
                "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
-                                "required": ["city"]}},
-              {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}],
+                                "required": ["city"]}}],
     "tool_choice": {"type": "auto", "disable_parallel_tool_use": True},
     "thinking": {"type": "adaptive", "display": "omitted"},
     "output_config": {"effort": "high"},
@@ -83,7 +82,7 @@ def test_claude_code_shaped_request_is_translated(stub_url, gateway_factory) -> 
     assert body["reasoning_effort"] == "high"
     assert body["chat_template_kwargs"]["enable_thinking"] is True
     assert body["parallel_tool_calls"] is False and body["tool_choice"] == "auto"
-    assert [t["function"]["name"] for t in body["tools"]] == ["get_weather"]  # server tool gone
+    assert [t["function"]["name"] for t in body["tools"]] == ["get_weather"]
     roles = [m["role"] for m in body["messages"]]
     assert roles == ["system", "user", "system", "assistant", "tool", "user"]
     assert body["messages"][0]["content"] == "You are a coding agent."  # billing line dropped

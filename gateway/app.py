@@ -5,9 +5,17 @@ Routes (every API route under ``server.prefix``)::
     POST {prefix}/v1/messages                Anthropic Messages (any query string)
     POST {prefix}/v1/messages/count_tokens   Anthropic token counting
     GET  {prefix}/v1/models[/{model_id}]     configured models (Anthropic or OpenAI shape)
-    POST {prefix}/v1/chat/completions        OpenAI pass-through
+    POST {prefix}/v1/chat/completions        OpenAI pass-through (gateway/openai/): alias
+    POST {prefix}/v1/completions             rewritten, streams relayed, errors in OpenAI's
+    POST {prefix}/v1/embeddings              shape
+    POST {prefix}/v1/responses
+    *    {prefix}/v1/files[/...]             Anthropic endpoints not implemented here: 404
+    *    {prefix}/v1/complete                not_found_error naming the endpoint as not
+    *    {prefix}/v1/messages/batches[/...]  supported by this gateway
     HEAD {prefix}                            Claude Code's pre-connect probe: 200, empty
     GET  /metrics  /health  /ready
+
+Any other path is a 404 ``not_found_error`` in Anthropic's envelope.
 
 Upstream sessions are owned by a cleanup_ctx: opened at startup, closed at
 shutdown. ``state.ready`` turns true once they are open.
@@ -16,6 +24,7 @@ shutdown. ``state.ready`` turns true once they are open.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -23,12 +32,14 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from gateway import chat, log, models
+from gateway import errors, log, models
 from gateway.appkeys import CONFIG, METRICS, STATE, UPSTREAMS, AppState
 from gateway.config import Config
 from gateway.messages import handler as messages
 from gateway.metrics import Metrics
 from gateway.middleware import gateway_middleware
+from gateway.openai import passthrough
+from gateway.openai.apis import APIS as OPENAI_APIS
 from gateway.upstream import UpstreamClient
 
 
@@ -45,6 +56,16 @@ async def _ready(request: web.Request) -> web.Response:
 
 async def _head_ok(request: web.Request) -> web.Response:
     return web.Response(status=200)
+
+
+# Anthropic endpoints the gateway does not implement, each with everything below it. A
+# 404 that says so, where a bare "Not found" would read like a wrong base URL.
+_NOT_IMPLEMENTED = ("files", "complete", "messages/batches")
+
+
+async def _not_supported(request: web.Request) -> web.Response:
+    endpoint = request.path.removeprefix(request.app[CONFIG].server.prefix)[:256]
+    raise errors.NotFound(f"{request.method} {endpoint} is not supported by this gateway")
 
 
 async def _upstreams_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -120,7 +141,11 @@ def build_app(config: Config, registry: CollectorRegistry | None = None) -> web.
     r.add_get(f"{p}/v1/models", models.list_models, name="models", allow_head=False)
     r.add_get(f"{p}/v1/models/{{model_id}}", models.get_model, name="models_get",
               allow_head=False)
-    r.add_post(f"{p}/v1/chat/completions", chat.chat_completions, name="chat")
+    for api in OPENAI_APIS:
+        r.add_post(f"{p}/v1{api.path}", passthrough.handler(api), name=api.name)
+    endpoints = "|".join(re.escape(e) for e in _NOT_IMPLEMENTED)
+    r.add_route("*", f"{p}/v1/{{endpoint:(?:{endpoints})(?:/.*)?}}", _not_supported,
+                name="not_supported")
     r.add_route("HEAD", p or "/", _head_ok, name="root")
     if p:
         r.add_route("HEAD", p + "/", _head_ok)

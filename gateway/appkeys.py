@@ -33,7 +33,7 @@ STATE = web.AppKey("state", AppState)
 
 
 # per-request state, set by the middleware and the handlers
-API = web.RequestKey("api", str)  # messages | count_tokens | chat | models, or "" for others
+API = web.RequestKey("api", str)  # metrics.APIS (messages, chat, ...), or "" for others
 REQUEST_ID = web.RequestKey("request_id", str)
 MODEL = web.RequestKey("model", str)  # the routed alias (config value, safe as a label)
 UPSTREAM = web.RequestKey("upstream", str)

@@ -14,8 +14,9 @@ Exception tree::
           ├── UpstreamTimeout      504: no headers, or no chunk, within the timeout
           └── StreamProcessingError 500: the upstream reply could not be understood
 
-Raise them anywhere; :func:`anthropic_body`, :func:`openai_body` and
-:func:`sse_error_event` turn them into bytes. Nothing else builds error bodies.
+Raise them anywhere; :func:`anthropic_body`, :func:`openai_body`,
+:func:`sse_error_event` and the pass-through's :func:`openai_sse_error` and
+:func:`responses_sse_error` turn them into bytes. Nothing else builds error bodies.
 
 Protocol facts relied on:
 
@@ -374,13 +375,30 @@ def openai_status(err: GatewayError) -> int:
     return 503 if err.status == 529 else err.status
 
 
-def openai_body(err: GatewayError) -> bytes:
+def _openai_error(err: GatewayError) -> dict[str, Any]:
     status = openai_status(err)
     etype = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return jsonutil.dumpb(
-        {"error": {"message": err.message, "type": etype, "param": None, "code": status}}
-    )
+    return {"message": err.message, "type": etype, "param": None, "code": status}
+
+
+def openai_body(err: GatewayError) -> bytes:
+    return jsonutil.dumpb({"error": _openai_error(err)})
 
 
 def sse_error_event(err: GatewayError) -> bytes:
     return b"event: error\ndata: " + anthropic_body(err) + b"\n\n"
+
+
+def openai_sse_error(err: GatewayError) -> bytes:
+    """The in-band error of a chat or completions stream: one ``data:`` event holding the
+    error body (the OpenAI SDKs raise on an event with an ``error`` member)."""
+    return b"data: " + openai_body(err) + b"\n\n"
+
+
+def responses_sse_error(err: GatewayError) -> bytes:
+    """The in-band error of a Responses stream: an ``error`` event (``type``, ``code``,
+    ``message``, ``param``), with the ``error`` member the OpenAI SDKs raise on."""
+    error = _openai_error(err)
+    body = {"type": "error", "code": error["type"], "message": err.message, "param": None,
+            "error": error}
+    return b"event: error\ndata: " + jsonutil.dumpb(body) + b"\n\n"

@@ -25,8 +25,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from gateway import __version__
 
 PREFIX = "llm_gateway_"
-APIS = ("messages", "count_tokens", "chat", "models")
-STREAM_APIS = ("messages", "chat")
+APIS = ("messages", "count_tokens", "chat", "completions", "embeddings", "responses", "models")
+STREAM_APIS = ("messages", "chat", "completions", "responses")
 TERMINATIONS = (
     "completed", "client_disconnect", "upstream_error", "upstream_truncated", "malformed_chunk",
     "idle_timeout", "draining", "gateway_error",

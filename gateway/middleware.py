@@ -31,12 +31,15 @@ from gateway.appkeys import (
     UPSTREAM,
 )
 from gateway.messages.tables import b62
+from gateway.openai.apis import APIS as OPENAI_APIS
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-_APIS = {"messages": "messages", "count_tokens": "count_tokens", "chat": "chat",
-         "models": "models", "models_get": "models"}
+# route name -> api label; the pass-through routes are named after their api
+_APIS = {"messages": "messages", "count_tokens": "count_tokens", "models": "models",
+         "models_get": "models", **{api.name: api.name for api in OPENAI_APIS}}
+_OPENAI = frozenset(api.name for api in OPENAI_APIS)
 _log = structlog.get_logger("gateway.access")
 
 
@@ -71,7 +74,7 @@ def _authorized(keys: tuple[bytes, ...], presented: bytes | None) -> bool:
 
 
 def render_error(request: web.Request, err: errors.GatewayError, request_id: str) -> web.Response:
-    if request.get(API) == "chat" or request.get(OPENAI_ERRORS, False):
+    if request.get(API) in _OPENAI or request.get(OPENAI_ERRORS, False):
         return web.Response(status=errors.openai_status(err), body=errors.openai_body(err),
                             content_type="application/json", headers=err.headers)
     return web.Response(status=err.status, body=errors.anthropic_body(err, request_id),

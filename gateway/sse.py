@@ -7,8 +7,10 @@ Anthropic SDKs and OpenAI-compatible servers read and write SSE):
 - A blank line dispatches the event. Several ``data:`` lines are joined with LF.
 - ``field: value``: one optional space after the colon is dropped; a line with no colon
   is a field with an empty value. Lines starting with ``:`` are comments (keepalives).
-- Only ``data`` matters to the gateway; ``event``, ``id`` and ``retry`` are ignored
-  (OpenAI-compatible upstreams send bare ``data:`` events).
+- Only ``data`` matters to the gateway; ``id`` and ``retry`` are ignored. Chat and
+  completions upstreams send bare ``data:`` events; a Responses stream names each event
+  (``event: response.created``), and :meth:`SSEDecoder.feed_named` keeps that name so
+  the pass-through can frame the event again as it came.
 - An event whose data is empty is never useful (clients skip it), so it is not returned.
 
 The decoder works per line with ``bytes.split``/``bytes.find`` (no per-byte Python loop)
@@ -27,6 +29,7 @@ __all__ = ["DONE_FRAME", "PING", "SSEDecoder", "encode_data", "encode_event"]
 _LF = b"\n"
 _CR = b"\r"
 _DATA = b"data"
+_EVENT = b"event"
 
 
 MAX_EVENT_BYTES = 8 * 1024 * 1024  # the default bound on one line or event
@@ -35,7 +38,7 @@ MAX_EVENT_BYTES = 8 * 1024 * 1024  # the default bound on one line or event
 class SSEDecoder:
     """Bytes in (any split), complete events' ``data`` payloads out."""
 
-    __slots__ = ("_data", "_line", "_max", "_size", "_skip_lf")
+    __slots__ = ("_data", "_event", "_line", "_max", "_names", "_size", "_skip_lf")
 
     def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self._max = max_event_bytes
@@ -43,6 +46,8 @@ class SSEDecoder:
         self._data: list[bytes] = []  # data lines of the event being read
         self._size = 0  # bytes in self._data (plus joins)
         self._skip_lf = False  # the previous chunk ended with CR: a leading LF is its pair
+        self._event = b""  # the event field of the event being read
+        self._names: list[bytes] | None = None  # while feed_named runs: each payload's name
 
     def feed(self, chunk: bytes) -> list[bytes]:
         if not chunk:
@@ -71,10 +76,30 @@ class SSEDecoder:
             self._line_in(line, out)
         return out
 
+    def feed_named(self, chunk: bytes) -> list[tuple[bytes, bytes]]:
+        """:meth:`feed`, each payload paired with its event's name (b"" when unnamed)."""
+        names: list[bytes] = []
+        self._names = names
+        try:
+            payloads = self.feed(chunk)
+        finally:
+            self._names = None
+        return list(zip(names, payloads, strict=True))
+
+    def flush_named(self) -> list[tuple[bytes, bytes]]:
+        """:meth:`flush`, each payload paired with its event's name (b"" when unnamed)."""
+        names: list[bytes] = []
+        self._names = names
+        try:
+            payloads = self.flush()
+        finally:
+            self._names = None
+        return list(zip(names, payloads, strict=True))
+
     @property
     def idle(self) -> bool:
         """Between events: no partial line or event held."""
-        return not self._line and not self._data and not self._skip_lf
+        return not self._line and not self._data and not self._event and not self._skip_lf
 
     def flush(self) -> list[bytes]:
         """End of body: an unterminated last line and event still count."""
@@ -94,6 +119,10 @@ class SSEDecoder:
                 self._size = 0
                 if payload:
                     out.append(payload)
+                    if self._names is not None:
+                        self._names.append(self._event)
+            if self._event:
+                self._event = b""
             return
         colon = line.find(b":")
         if colon == 0:
@@ -104,6 +133,8 @@ class SSEDecoder:
             field = line[:colon]
             value = line[colon + 2 :] if line[colon + 1 : colon + 2] == b" " else line[colon + 1 :]
         if field != _DATA:
+            if field == _EVENT:
+                self._event = value
             return
         self._size += len(value) + 1
         if self._size > self._max:

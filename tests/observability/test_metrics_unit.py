@@ -22,7 +22,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway import __version__, config
 from gateway.app import build_app
-from gateway.metrics import DROPPED_FIELDS, REJECTIONS, TERMINATIONS, Metrics
+from gateway.metrics import (
+    APIS,
+    DROPPED_FIELDS,
+    REJECTIONS,
+    STREAM_APIS,
+    TERMINATIONS,
+    Metrics,
+)
+from gateway.openai.apis import APIS as OPENAI_APIS
 from tests.procs import free_port
 from tests.stub_upstream import USAGE, make_app
 
@@ -271,6 +279,8 @@ async def test_upstream_outcome_code(gateway, model, upstream, code, send) -> No
 
 @pytest.mark.parametrize(("path", "api"), [
     (MESSAGES, "messages"), (CHAT, "chat"), ("/llm/v1/messages/count_tokens", "count_tokens"),
+    ("/llm/v1/completions", "completions"), ("/llm/v1/embeddings", "embeddings"),
+    ("/llm/v1/responses", "responses"),
 ])
 async def test_unknown_model_is_rejected_without_an_upstream_call(gateway, path, api) -> None:
     client, reg = await gateway()
@@ -383,9 +393,9 @@ def test_add_model_creates_per_model_series_at_zero() -> None:
                for t in ("input", "output")]
     samples += [("llm_gateway_stream_terminations_total",
                  {"api": api, "model": "alias", "reason": r})
-                for api in ("messages", "chat") for r in TERMINATIONS]
+                for api in STREAM_APIS for r in TERMINATIONS]
     samples += [("llm_gateway_streams_in_flight", {"api": api, "model": "alias"})
-                for api in ("messages", "chat")]
+                for api in STREAM_APIS]
     samples += [("llm_gateway_tool_argument_errors_total", {"model": "alias"})]
     for name, labels in samples:
         assert reg.get_sample_value(name, labels) == 0.0, (name, labels)
@@ -434,3 +444,45 @@ async def test_chat_stream_records_ttft(gateway) -> None:
     await _chat(client, "m-ok", stream=True)
     await eventually(lambda: value(reg, "llm_gateway_time_to_first_token_seconds_count",
                                    api="chat", model="m-ok") == 1)
+
+
+# --- the other OpenAI routes -----------------------------------------------------------------
+
+
+def test_every_pass_through_route_has_its_api_label() -> None:
+    """The ``api`` label values are fixed in metrics.py; each route's series start at zero."""
+    for api in OPENAI_APIS:
+        assert api.name in APIS
+        assert (api.name in STREAM_APIS) is api.streams, api.name
+
+
+@pytest.mark.parametrize(("route", "body", "stream", "output"), [
+    ("completions", {"prompt": "hi"}, False, 5),
+    ("completions", {"prompt": "hi", "stream_options": {"include_usage": True}}, True, 5),
+    ("embeddings", {"input": "hi"}, False, 0),
+    ("responses", {"input": "hi"}, False, 5),
+    ("responses", {"input": "hi"}, True, 5),
+])
+async def test_pass_through_routes_are_counted_under_their_api(gateway, route, body, stream,
+                                                               output) -> None:
+    client, reg = await gateway()
+    if stream:
+        body = {**body, "stream": True}
+    async with client.post(f"/llm/v1/{route}", json={"model": "m-ok", **body}) as resp:
+        assert resp.status == 200
+        await resp.read()
+    flag = str(stream).lower()
+    await eventually(lambda: value(reg, "llm_gateway_requests_total", api=route, model="m-ok",
+                                   code="200", stream=flag) == 1)
+    assert value(reg, "llm_gateway_overhead_seconds_count", api=route) == 1
+    assert value(reg, "llm_gateway_tokens_total", model="m-ok",
+                 type="input") == USAGE["prompt_tokens"]
+    assert value(reg, "llm_gateway_tokens_total", model="m-ok", type="output") == output
+    assert value(reg, "llm_gateway_upstream_requests_total", model="m-ok", upstream="stub",
+                 code="200") == 1
+    if stream:
+        assert value(reg, "llm_gateway_stream_terminations_total", api=route, model="m-ok",
+                     reason="completed") == 1
+        assert value(reg, "llm_gateway_time_to_first_token_seconds_count", api=route,
+                     model="m-ok") == 1
+        assert value(reg, "llm_gateway_streams_in_flight", api=route, model="m-ok") == 0

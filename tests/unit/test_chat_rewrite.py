@@ -1,4 +1,4 @@
-"""The pass-through's model rewrite: bytes kept exactly, only ``model`` changes."""
+"""The pass-through's relay: bytes kept exactly, only ``model`` changes, in every dialect."""
 
 from __future__ import annotations
 
@@ -8,8 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.chat import _has_token, _ModelRewriter, _Relay, _usage
+from gateway.openai.relay import (
+    CHAT_CHUNKS,
+    COMPLETION_CHUNKS,
+    RESPONSE_EVENTS,
+    Dialect,
+    ModelRewriter,
+    Relay,
+)
 from tests.fuzzing import EXAMPLES
+from tests.stub_upstream import completions_script, responses_script
 
 CASES = [
     # (upstream_model, payload, expected)
@@ -26,11 +34,11 @@ CASES = [
 
 @pytest.mark.parametrize("upstream_model,payload,expected", CASES)
 def test_rewrite(upstream_model: str, payload: bytes, expected: bytes) -> None:
-    assert _ModelRewriter(upstream_model, "alias")(payload) == expected
+    assert ModelRewriter(upstream_model, "alias")(payload) == expected
 
 
 def test_upstream_reporting_another_name_is_learned_once() -> None:
-    rewrite = _ModelRewriter("demo", "alias")
+    rewrite = ModelRewriter("demo", "alias")
     first = b'{"model":"/models/tiny.gguf","choices":[{"delta":{"content":"a"}}]}'
     second = b'{"model":"/models/tiny.gguf","choices":[{"delta":{"content":"b"}}]}'
     assert rewrite(first) == first.replace(b"/models/tiny.gguf", b"alias")
@@ -49,7 +57,7 @@ def test_upstream_reporting_another_name_is_learned_once() -> None:
      b'data: {"choices":[],"usage":null}\n\n', (5, 2)),
 ])
 def test_usage_is_read_without_parsing(payload: bytes, expected: tuple[int, int] | None) -> None:
-    assert _usage(payload) == expected
+    assert CHAT_CHUNKS.usage(payload) == expected
 
 
 # --- the stream relay: bytes in, bytes out, whatever the reads --------------------------
@@ -73,7 +81,7 @@ def _stream(model: str, *, usage: bool = True, done: bool = True) -> bytes:
     return b"".join(parts)
 
 
-def _feed(relay: _Relay, data: bytes, cuts: list[int]) -> bytes:
+def _feed(relay: Relay, data: bytes, cuts: list[int]) -> bytes:
     out, start = [], 0
     for cut in [*sorted(cuts), len(data)]:
         out.append(relay.feed(data[start:cut]))
@@ -108,7 +116,7 @@ RELAYS = [
 def test_relay_at_every_single_cut(upstream_model: str, raw: bytes, expected: bytes,
                                    done: bool, usage: tuple[int, int] | None) -> None:
     for cut in range(len(raw) + 1):
-        relay = _Relay(_ModelRewriter(upstream_model, "alias"))
+        relay = Relay(ModelRewriter(upstream_model, "alias"), CHAT_CHUNKS)
         out = _feed(relay, raw, [cut])
         if b"\r" in raw or b"tiny.gguf" in raw:
             # event by event from the first CR or the first unknown name: same events
@@ -125,20 +133,20 @@ def _payloads(raw: bytes) -> list[bytes]:
 @given(st.lists(st.integers(0, len(VLLM)), max_size=12))
 @settings(max_examples=EXAMPLES, deadline=None)
 def test_relay_any_reads_give_the_same_bytes(cuts: list[int]) -> None:
-    relay = _Relay(_ModelRewriter("org/m", "alias"))
+    relay = Relay(ModelRewriter("org/m", "alias"), CHAT_CHUNKS)
     assert _feed(relay, VLLM, cuts) == VLLM.replace(b'"org/m"', b'"alias"')
     assert relay.done and relay.usage == (7, 3)
 
 
 def test_relay_returns_to_blocks_once_the_reported_name_is_learned() -> None:
-    relay = _Relay(_ModelRewriter("demo", "alias"))
+    relay = Relay(ModelRewriter("demo", "alias"), CHAT_CHUNKS)
     first, rest = _chunk("/models/tiny.gguf", {"content": "a"}), _stream("/models/tiny.gguf")
     assert _payloads(relay.feed(first)) == _payloads(_chunk("alias", {"content": "a"}))
     assert relay.feed(rest) == _stream("alias")  # byte-exact: the block path again
 
 
 def test_relay_refuses_an_endless_event() -> None:
-    relay = _Relay(_ModelRewriter("org/m", "alias"))
+    relay = Relay(ModelRewriter("org/m", "alias"), CHAT_CHUNKS)
     relay.feed(b"data: " + b"x" * (4 * 1024 * 1024))
     with pytest.raises(ValueError):
         relay.feed(b"y" * (5 * 1024 * 1024))
@@ -146,7 +154,7 @@ def test_relay_refuses_an_endless_event() -> None:
 
 def test_done_inside_generated_text_is_not_the_end() -> None:
     """A model writing 'data: [DONE]' is text inside a JSON string, never at a line start."""
-    relay = _Relay(_ModelRewriter("org/m", "alias"))
+    relay = Relay(ModelRewriter("org/m", "alias"), CHAT_CHUNKS)
     relay.feed(_chunk("org/m", {"content": "then data: [DONE]\nhappens"}))
     assert not relay.done
     relay.feed(b"data: [DONE]x\n\n")  # not the [DONE] line either
@@ -163,4 +171,96 @@ def test_done_inside_generated_text_is_not_the_end() -> None:
 ])
 def test_first_token_is_a_non_empty_output_anywhere_in_the_block(payload: bytes,
                                                                  expected: bool) -> None:
-    assert _has_token(payload) is expected
+    assert CHAT_CHUNKS.has_token(payload) is expected
+
+
+# --- the other dialects: completions chunks and Responses events ----------------------------
+
+RESPONSES_VLLM = b"".join(responses_script("org/m", {})[0])
+
+
+def _llama_responses(model: str) -> bytes:
+    """llama.cpp's shape: ``response.created`` names no model, ``response.completed`` names
+    the model its own way; keys sorted (nlohmann's JSON), no ``[DONE]``."""
+    events = [("response.created", {"response": {"id": "resp_1", "object": "response",
+                                                 "status": "in_progress"},
+                                    "type": "response.created"}),
+              ("response.output_text.delta", {"delta": "Hi", "item_id": "msg_1",
+                                               "type": "response.output_text.delta"}),
+              ("response.completed", {"response": {"id": "resp_1", "model": model,
+                                                   "object": "response", "status": "completed",
+                                                   "usage": {"input_tokens": 7,
+                                                             "output_tokens": 3,
+                                                             "total_tokens": 10}},
+                                      "type": "response.completed"})]
+    return b"".join(b"event: " + name.encode() + b"\ndata: "
+                    + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+                    for name, data in events)
+
+
+RESPONSE_RELAYS = [
+    # (name, upstream_model, upstream bytes, expected bytes, done, usage)
+    ("vllm: named events byte-exact, response.model replaced", "org/m", RESPONSES_VLLM,
+     RESPONSES_VLLM.replace(b'"model":"org/m"', b'"model":"alias"'), True, (12, 5)),
+    ("no response.completed: truncated", "org/m",
+     RESPONSES_VLLM[:RESPONSES_VLLM.rfind(b"event: response.completed")],
+     RESPONSES_VLLM[:RESPONSES_VLLM.rfind(b"event: response.completed")].replace(
+         b'"model":"org/m"', b'"model":"alias"'), False, None),
+    ("llama.cpp names its file in response.completed: learned, names kept", "demo",
+     _llama_responses("/models/tiny.gguf"), _llama_responses("alias"), True, (7, 3)),
+]
+
+
+@pytest.mark.parametrize(("upstream_model", "raw", "expected", "done", "usage"),
+                         [r[1:] for r in RESPONSE_RELAYS], ids=[r[0] for r in RESPONSE_RELAYS])
+def test_responses_relay_at_every_single_cut(upstream_model: str, raw: bytes, expected: bytes,
+                                             done: bool, usage: tuple[int, int] | None) -> None:
+    """Byte-exact, event lines included, also where the relay goes event by event."""
+    for cut in range(len(raw) + 1):
+        relay = Relay(ModelRewriter(upstream_model, "alias"), RESPONSE_EVENTS)
+        assert _feed(relay, raw, [cut]) == expected, cut
+        assert relay.done is done and relay.usage == usage and relay.first_token, cut
+
+
+def test_responses_relay_framed_with_crlf_keeps_event_names() -> None:
+    relay = Relay(ModelRewriter("org/m", "alias"), RESPONSE_EVENTS)
+    out = _feed(relay, RESPONSES_VLLM.replace(b"\n", b"\r\n"), [100, 700])
+    assert out == RESPONSES_VLLM.replace(b'"model":"org/m"', b'"model":"alias"')
+    assert relay.done and relay.usage == (12, 5)
+
+
+def test_a_responses_event_with_another_spelling_is_re_encoded_inside_response() -> None:
+    rewrite = ModelRewriter("org/m", "alias")
+    payload = b'{"type": "response.completed", "response": {"id": "r", "model": "org/m"}}'
+    assert json.loads(rewrite(payload)) == {"type": "response.completed",
+                                            "response": {"id": "r", "model": "alias"}}
+
+
+def test_response_completed_inside_generated_text_is_not_the_end() -> None:
+    relay = Relay(ModelRewriter("org/m", "alias"), RESPONSE_EVENTS)
+    delta = json.dumps({"delta": 'say "response.completed"', "type": "response.output_text.delta"},
+                       separators=(",", ":")).encode()
+    relay.feed(b"event: response.output_text.delta\ndata: " + delta + b"\n\n")
+    assert relay.first_token and not relay.done
+
+
+COMPLETIONS = b"".join(completions_script("org/m", {"stream_options": {"include_usage": True}})[0])
+
+
+def test_completions_relay() -> None:
+    relay = Relay(ModelRewriter("org/m", "alias"), COMPLETION_CHUNKS)
+    assert _feed(relay, COMPLETIONS, [50]) == COMPLETIONS.replace(b'"org/m"', b'"alias"')
+    assert relay.done and relay.usage == (12, 5) and relay.first_token
+
+
+@pytest.mark.parametrize(("dialect", "payload", "expected"), [
+    (COMPLETION_CHUNKS, b'data: {"choices":[{"index":0,"text":""}]}\n\n', False),
+    (COMPLETION_CHUNKS, b'data: {"choices":[{"index":0,"text":"Hi"}]}\n\n', True),
+    (RESPONSE_EVENTS, b'data: {"part":{"text":""},"type":"response.content_part.added"}\n\n',
+     False),
+    (RESPONSE_EVENTS, b'data: {"delta":"","type":"response.output_text.delta"}\n\n', False),
+    (RESPONSE_EVENTS, b'data: {"delta":"{","type":"response.function_call_arguments.delta"}\n\n',
+     True),
+])
+def test_first_token_per_dialect(dialect: Dialect, payload: bytes, expected: bool) -> None:
+    assert dialect.has_token(payload) is expected

@@ -437,3 +437,17 @@ def test_sse_error_event() -> None:
 def test_openai_rendering(err: errors.GatewayError, status: int, body: dict[str, Any]) -> None:
     assert errors.openai_status(err) == status
     assert jsonutil.loads(errors.openai_body(err)) == body
+
+
+def test_pass_through_stream_errors() -> None:
+    """Chat and completions streams end with a ``data:`` error body; a Responses stream with
+    an ``error`` event (its documented fields), both holding the ``error`` member on which
+    the OpenAI SDKs raise."""
+    err = errors.UpstreamTimeout()
+    assert errors.openai_sse_error(err) == b"data: " + errors.openai_body(err) + b"\n\n"
+    frame = errors.responses_sse_error(err)
+    assert frame.startswith(b"event: error\ndata: ") and frame.endswith(b"}\n\n")
+    event = jsonutil.loads(frame.split(b"data: ", 1)[1])
+    assert event == {"type": "error", "code": "server_error",
+                     "message": "Upstream request timed out", "param": None,
+                     "error": jsonutil.loads(errors.openai_body(err))["error"]}

@@ -123,3 +123,22 @@ def test_encoder_frames() -> None:
 def test_encoder_output_round_trips_through_the_decoder() -> None:
     frames = encode_event("a", b'{"x":1}') + PING + encode_data(b"[1]")
     assert _decode([frames]) == [b'{"x":1}', b'{"type":"ping"}', b"[1]"]
+
+
+def test_named_events_keep_their_names() -> None:
+    """A Responses stream names its events; the name goes with its payload, and an event
+    without data (or a comment) does not pass its name on."""
+    body = (b"event: response.created\ndata: {}\n\n: keepalive\n\n"
+            b"event: orphan\n\ndata: [DONE]\n\nevent: last\ndata: x")
+    for cut in range(len(body) + 1):
+        d = SSEDecoder()
+        out = d.feed_named(body[:cut]) + d.feed_named(body[cut:]) + d.flush_named()
+        assert out == [(b"response.created", b"{}"), (b"", b"[DONE]"), (b"last", b"x")], cut
+
+
+def test_an_event_name_read_alone_is_not_idle() -> None:
+    d = SSEDecoder()
+    assert d.feed_named(b"event: response.created\n") == []
+    assert not d.idle
+    assert d.feed_named(b"data: {}\n\n") == [(b"response.created", b"{}")]
+    assert d.idle

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import sys
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,6 +58,19 @@ idle_timeout = 3
     for name in models:
         text += f'\n[[models]]\nname = "m-{name}"\nupstream = "stub"\nupstream_model = "{name}"\n'
     return text
+
+
+def stub_requests(stub_url: str) -> list[dict[str, Any]]:
+    """Every request the stub has seen (method, path, headers, body, raw, peer), oldest first."""
+    with urllib.request.urlopen(stub_url.removesuffix("/v1") + "/_requests", timeout=5) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+def clear_stub(stub_url: str) -> None:
+    """Forget the requests the stub has seen (it is shared by the whole session)."""
+    req = urllib.request.Request(stub_url.removesuffix("/v1") + "/_requests", method="DELETE")
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        resp.read()
 
 
 @pytest.fixture

@@ -28,7 +28,6 @@ import os
 import shutil
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from typing import Any
 import pytest
 
 from tests import sdk
-from tests.conftest import stub_config
+from tests.conftest import stub_config, stub_requests
 from tests.procs import Proc
 
 pytestmark = [pytest.mark.e2e, pytest.mark.clients]
@@ -62,17 +61,14 @@ def _gateway(stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]]
     config += ('\n[[models]]\nname = "agent-model"\nupstream = "stub"\n'
                f"upstream_model = {json.dumps(SCENARIO)}\n")
     proc, url = gateway_factory(config)
-    return proc, url + "/llm", len(_stub_requests(stub_url))
+    return proc, url + "/llm", len(stub_requests(stub_url))
 
 
-def _stub_requests(stub_url: str) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(stub_url.removesuffix("/v1") + "/_requests", timeout=5) as r:
-        return json.loads(r.read())  # type: ignore[no-any-return]
 
 
 def _upstream_requests(stub_url: str, since: int) -> list[dict[str, Any]]:
     """The chat requests the stub saw since the test began (tests run one at a time)."""
-    return [s["body"] for s in _stub_requests(stub_url)[since:]
+    return [s["body"] for s in stub_requests(stub_url)[since:]
             if s["path"].endswith("/chat/completions")]
 
 

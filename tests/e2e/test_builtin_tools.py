@@ -10,14 +10,13 @@ raises ``BadRequestError`` and the upstream never hears of the request.
 from __future__ import annotations
 
 import json
-import urllib.request
 from typing import Any
 
 import anthropic
 import pytest
 
 from tests import sdk
-from tests.conftest import stub_config
+from tests.conftest import clear_stub, stub_config, stub_requests
 from tests.unit.test_client_tools import BASH, NEW_EDITOR
 
 pytestmark = pytest.mark.e2e
@@ -28,15 +27,8 @@ WEB_SEARCH = {"type": "web_search_20250305", "name": "web_search", "max_uses": 8
 ARGS = '{"command": "ls -la /repo"}'
 
 
-def _requests(stub_url: str) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(stub_url.removesuffix("/v1") + "/_requests", timeout=5) as r:
-        return json.loads(r.read())
 
 
-def _clear(stub_url: str) -> None:
-    req = urllib.request.Request(stub_url.removesuffix("/v1") + "/_requests", method="DELETE")
-    with urllib.request.urlopen(req, timeout=5) as r:
-        r.read()
 
 
 @pytest.fixture
@@ -47,7 +39,7 @@ def client(stub_url: str, gateway_factory: Any) -> anthropic.Anthropic:
         f"upstream_model = 'agent:bash:{ARGS}'\n"
     )
     _, url = gateway_factory(config)
-    _clear(stub_url)
+    clear_stub(stub_url)
     return sdk.client(url + "/llm", api_key="k", max_retries=0)
 
 
@@ -61,7 +53,7 @@ def test_client_tools_reach_the_upstream_as_documented_function_tools(
     (call,) = [b for b in msg.content if b.type == "tool_use"]
     assert call.name == "bash" and call.input == json.loads(ARGS)  # the client's name
 
-    (seen,) = _requests(stub_url)
+    (seen,) = stub_requests(stub_url)
     tools = seen["body"]["tools"]
     assert [t["type"] for t in tools] == ["function", "function"]
     bash, editor = (t["function"] for t in tools)
@@ -71,7 +63,7 @@ def test_client_tools_reach_the_upstream_as_documented_function_tools(
     assert "undo_edit" not in editor["description"] and bash["description"]
 
     # the tool loop goes on, streamed: the call goes back under its name, with its result
-    _clear(stub_url)
+    clear_stub(stub_url)
     history = [*ask, {"role": "assistant", "content": [b.model_dump() for b in msg.content]},
                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
                                              "content": "README.md  src"}]}]
@@ -82,7 +74,7 @@ def test_client_tools_reach_the_upstream_as_documented_function_tools(
     assert final.stop_reason == "end_turn"
     assert final.content[0].type == "text"
     assert final.content[0].text == "The tool said: README.md  src"
-    (seen,) = _requests(stub_url)
+    (seen,) = stub_requests(stub_url)
     body = seen["body"]
     assert body["tool_choice"] == {"type": "function", "function": {"name": "bash"}}
     assistant, result = body["messages"][-2:]
@@ -105,7 +97,7 @@ def test_web_search_is_refused_naming_the_tool(
     assert err.body["error"]["message"] == (
         "tools.0.type: 'web_search_20250305' is an Anthropic server tool; this gateway's models "
         "cannot run Anthropic server tools")
-    assert _requests(stub_url) == []  # nothing reached the upstream
+    assert stub_requests(stub_url) == []  # nothing reached the upstream
 
 
 def test_count_tokens_takes_client_tools_and_refuses_server_tools(

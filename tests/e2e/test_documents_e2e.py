@@ -8,14 +8,13 @@ upstream records what it received (``GET /_requests``).
 from __future__ import annotations
 
 import json
-import urllib.request
 from typing import Any
 
 import anthropic
 import pytest
 
 from tests import sdk
-from tests.conftest import stub_config
+from tests.conftest import clear_stub, stub_config, stub_requests
 from tests.pdfs import document, make_pdf
 
 pytestmark = pytest.mark.e2e
@@ -24,15 +23,8 @@ REPORT = make_pdf([["Quarterly report", "Revenue rose 12%."], ["Costs fell 3%."]
 NOTES = make_pdf([["Meeting notes: ship Friday."]])
 
 
-def _requests(stub_url: str) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(stub_url.removesuffix("/v1") + "/_requests", timeout=5) as r:
-        return json.loads(r.read())
 
 
-def _clear(stub_url: str) -> None:
-    req = urllib.request.Request(stub_url.removesuffix("/v1") + "/_requests", method="DELETE")
-    with urllib.request.urlopen(req, timeout=5) as r:
-        r.read()
 
 
 def _messages(notes: bytes) -> list[dict[str, Any]]:
@@ -50,11 +42,11 @@ def _messages(notes: bytes) -> list[dict[str, Any]]:
 
 def test_pdfs_reach_the_upstream_as_text_with_page_markers(stub_url, gateway_factory) -> None:
     _, url = gateway_factory(stub_config(stub_url, models=("ok",)))
-    _clear(stub_url)
+    clear_stub(stub_url)
     client = sdk.client(url + "/llm", api_key="k", max_retries=0)
     msg = client.messages.create(model="m-ok", max_tokens=30, messages=_messages(NOTES))
     assert msg.content[0].text == "Hello from the stub."
-    (seen,) = _requests(stub_url)
+    (seen,) = stub_requests(stub_url)
     messages = seen["body"]["messages"]
     assert messages[0] == {
         "role": "user",
@@ -69,7 +61,7 @@ def test_pdfs_reach_the_upstream_as_text_with_page_markers(stub_url, gateway_fac
 @pytest.mark.parametrize("route", ["messages", "count_tokens"])
 def test_a_corrupt_pdf_is_a_400_naming_the_field(stub_url, gateway_factory, route) -> None:
     proc, url = gateway_factory(stub_config(stub_url, models=("ok",)))
-    _clear(stub_url)
+    clear_stub(stub_url)
     client = sdk.client(url + "/llm", api_key="k", max_retries=0)
     call = client.messages.create if route == "messages" else client.messages.count_tokens
     kwargs = {"max_tokens": 30} if route == "messages" else {}
@@ -80,7 +72,7 @@ def test_a_corrupt_pdf_is_a_400_naming_the_field(stub_url, gateway_factory, rout
         "type": "invalid_request_error",
         "message": "messages.2.content.0.content.1.source.data: PDF could not be read "
                    "(corrupt or not a PDF)"}
-    assert _requests(stub_url) == []  # refused before any upstream call
+    assert stub_requests(stub_url) == []  # refused before any upstream call
     proc.stop()
     for line in proc.output().splitlines():  # pypdf's complaints stay out of the log
         json.loads(line)

@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from typing import Any
 
 import pytest
 
 from tests import sdk
 from tests.anthropic_stream_check import check_stream
-from tests.conftest import stub_config
+from tests.conftest import clear_stub, stub_config, stub_requests
 
 pytestmark = pytest.mark.e2e
 
 
-def _requests(stub_url: str) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(stub_url.removesuffix("/v1") + "/_requests", timeout=5) as r:
-        return json.loads(r.read())
 
 
-def _clear(stub_url: str) -> None:
-    req = urllib.request.Request(stub_url.removesuffix("/v1") + "/_requests", method="DELETE")
-    with urllib.request.urlopen(req, timeout=5) as r:
-        r.read()
 
 
 CLAUDE_CODE_LIKE = {
@@ -61,7 +53,7 @@ CLAUDE_CODE_LIKE = {
 
 def test_claude_code_shaped_request_is_translated(stub_url, gateway_factory) -> None:
     _, url = gateway_factory(stub_config(stub_url, models=("tools",)))
-    _clear(stub_url)
+    clear_stub(stub_url)
     req = urllib.request.Request(url + "/llm/v1/messages?beta=true",
                                  data=json.dumps(CLAUDE_CODE_LIKE).encode(), method="POST",
                                  headers={"content-type": "application/json",
@@ -70,7 +62,7 @@ def test_claude_code_shaped_request_is_translated(stub_url, gateway_factory) -> 
                                           "x-api-key": "client-key"})
     with urllib.request.urlopen(req, timeout=20) as resp:
         check_stream(resp.read())
-    (seen,) = _requests(stub_url)
+    (seen,) = stub_requests(stub_url)
     body = seen["body"]
     assert body["model"] == "tools"  # the route's upstream_model
     assert body["max_tokens"] == 2048 and body["temperature"] == 0.5
@@ -99,14 +91,14 @@ def test_claude_code_shaped_request_is_translated(stub_url, gateway_factory) -> 
 
 def test_prefill_and_sdk_request_reach_upstream(stub_url, gateway_factory) -> None:
     _, url = gateway_factory(stub_config(stub_url, models=("ok",)))
-    _clear(stub_url)
+    clear_stub(stub_url)
     client = sdk.client(url + "/llm", api_key="k", max_retries=0)
     msg = client.messages.create(
         model="m-ok", max_tokens=30, extra_body={"top_k": 5},
         messages=[{"role": "user", "content": "Say hi"},
                   {"role": "assistant", "content": "Hi"}])
     assert msg.content[0].text == "Hello from the stub."
-    (seen,) = _requests(stub_url)
+    (seen,) = stub_requests(stub_url)
     body = seen["body"]
     assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
     assert body["top_k"] == 5 and body.get("stream", False) is False
@@ -117,7 +109,7 @@ def test_count_tokens_uses_the_vllm_tokenizer_route(stub_url, gateway_factory) -
     cfg = stub_config(stub_url, models=("ok",)).replace(
         "idle_timeout = 3", 'idle_timeout = 3\nkind = "vllm"')
     _, url = gateway_factory(cfg)
-    _clear(stub_url)
+    clear_stub(stub_url)
     client = sdk.client(url + "/llm", api_key="k", max_retries=0,
                                  _strict_response_validation=True)
     messages = [{"role": "user", "content": "count me, please"}]
@@ -125,7 +117,7 @@ def test_count_tokens_uses_the_vllm_tokenizer_route(stub_url, gateway_factory) -
                                                          system="Be brief.")
     counted = raw.parse()
     assert raw.headers.get("x-token-count-estimated") is None
-    (seen,) = _requests(stub_url)
+    (seen,) = stub_requests(stub_url)
     assert seen["path"] == "/tokenize" and seen["body"]["model"] == "ok"
     sent = seen["body"]["messages"]
     assert sent == [{"role": "system", "content": "Be brief."},

@@ -9,26 +9,18 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
-from typing import Any
 
 import pytest
 
-from tests.conftest import stub_config
+from tests.conftest import clear_stub, stub_config, stub_requests
 from tests.procs import free_port, get, post
 from tests.stub_upstream import script
 
 pytestmark = pytest.mark.e2e
 
 
-def stub_requests(stub_url: str) -> list[dict[str, Any]]:
-    return json.loads(get(stub_url.removesuffix("/v1") + "/_requests")[2])
 
 
-def clear_stub(stub_url: str) -> None:
-    req = urllib.request.Request(stub_url.removesuffix("/v1") + "/_requests", method="DELETE")
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        resp.read()
 
 
 CHAT = {"model": "m-ok", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}

@@ -8,15 +8,13 @@ reasoning as ``reasoning_content``, as Anthropic's own signatures let Claude see
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from typing import Any
 
 import anthropic
 import pytest
 
 from tests import sdk
-from tests.conftest import stub_config
+from tests.conftest import stub_config, stub_requests
 
 pytestmark = pytest.mark.e2e
 
@@ -33,8 +31,7 @@ FIRST_REASONING = "REASONING_1: I need get_weather before I can answer."
 
 
 def _upstream_requests(stub_url: str) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(stub_url.removesuffix("/v1") + "/_requests", timeout=5) as r:
-        return [x for x in json.loads(r.read()) if x["path"].endswith("/chat/completions")]
+    return [x for x in stub_requests(stub_url) if x["path"].endswith("/chat/completions")]
 
 
 @pytest.fixture(scope="module")

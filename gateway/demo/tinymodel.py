@@ -1,8 +1,8 @@
 """Generate a tiny llama-architecture GGUF whose every reply is a known text.
 
 No weights can be downloaded here, so the demo and the test suite make their own model. It is a
-real two-layer llama (attention + SwiGLU with random weights) that llama.cpp loads and runs, but
-the layers' contributions to the residual stream are scaled almost to nothing and the output head
+real llama (one layer: attention + SwiGLU with random weights) that llama.cpp loads and runs, but
+the layer's contributions to the residual stream are scaled almost to nothing and the output head
 is wired so that the next token depends only on the current one:
 
 * each token of the canned reply owns one embedding dimension ("state"); every other token shares
@@ -18,12 +18,18 @@ So sampling is deterministic at any usual temperature / top-p / seed, and:
   ``\\n\\nANSWER<|im_end|>``;
 * a prompt ending in anything else continues with ``ANSWER<|im_end|>``.
 
-The tokenizer is llama.cpp's byte-level BPE ("gpt2"): the 256 byte tokens, ChatML specials,
-``<think>``/``</think>``, one token per word-piece of the canned texts and one merge
-(``\\n\\n``, because the loader wants at least one). With no merges reaching the word-pieces, a
-prompt tokenizes to one token per UTF-8 byte plus one per special token, so the model only ever
-*emits* the word-pieces. ``<|im_end|>`` is the end-of-generation token and counts as a completion
-token in llama.cpp's usage.
+The tokenizer is llama.cpp's byte-level BPE ("gpt2", GPT-2's pre-tokenizer): the 256 byte
+tokens, ChatML specials, ``<think>``/``</think>``, one token per piece of the canned texts (two
+words or more each) and the 16,000 merges of ``bpe.py`` with the tokens they build. English and
+JSON take about 3.5 bytes a token, so Claude Code's 78 KB full-mode request is about 23k tokens.
+A piece of words holds a space before a word, where the pre-tokenizer always cuts, so no merge
+can build it, and none may build ``\\n\\n`` (``reserved_spellings``): prompts never contain the
+reply's tokens, the model only ever *emits* them. ``<|im_end|>`` is the end-of-generation token
+and counts as a completion token in llama.cpp's usage.
+
+The prompt is what costs: attention grows with its square. So the model has one layer with one
+attention head of 8 dimensions (n_embd stays 64, one dimension per chain state), and its
+training context is 131,072 tokens, the demo's slot size.
 
 The chat template is ChatML with Qwen3-style thinking (``<think>`` opened by the generation prompt,
 ``<think></think>`` when ``enable_thinking`` is false); llama.cpp's jinja mode recognises the open
@@ -35,6 +41,7 @@ gguf and numpy (the optional ``demo`` extra) are imported inside the functions t
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import re
@@ -43,8 +50,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.demo import bpe
+
 # Bump whenever the bytes written change, so cached copies are rebuilt.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 MODEL_NAME = "llm-gateway-tiny-demo"
 
 REASONING_TEXT = "The user sent a message, so I will reply with the one sentence that I know."
@@ -54,12 +63,15 @@ ANSWER_TEXT = (
 )
 
 _SEED = 7
-_N_LAYER = 2
+# Attention is the only cost that grows with the prompt (quadratically), so it is made as small
+# as llama.cpp allows: one layer, one head of 8 dimensions. n_embd only has to exceed the number
+# of chain states.
+_N_LAYER = 1
 _N_EMBD = 64
-_N_HEAD = 4
-_N_FF = 128
-_N_CTX_TRAIN = 4096
-_HEAD_DIM = _N_EMBD // _N_HEAD
+_N_HEAD = 1
+_HEAD_DIM = 8
+_N_FF = 32
+_N_CTX_TRAIN = 131072
 _LOGIT_WEIGHT = 10.0
 _RESIDUAL_SCALE = 0.001  # the layers run, but barely move the residual stream
 
@@ -144,26 +156,11 @@ class _Plan:
     answer: list[str]
     edges: list[tuple[int, int]]  # (token, its only successor)
     default_next: int  # successor of every token outside the chain
+    merges: list[tuple[str, str]]  # the BPE merges kept, best first
 
 
-def _byte_alphabet() -> dict[int, str]:
-    """The byte-level BPE's reversible byte -> printable character map (GPT-2's scheme)."""
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    table = {b: chr(b) for b in printable}
-    spare = 0x100
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(spare)
-            spare += 1
-    return table
-
-
-_ALPHABET = _byte_alphabet()
-
-
-def _spell(text: str) -> str:
-    """How a normal token is written in the vocabulary: its UTF-8 bytes through the alphabet."""
-    return "".join(_ALPHABET[b] for b in text.encode("utf-8"))
+_ALPHABET = bpe.ALPHABET
+_spell = bpe.spell
 
 
 def _word_pieces(text: str, taken: set[str]) -> list[str]:
@@ -188,6 +185,51 @@ def _word_pieces(text: str, taken: set[str]) -> list[str]:
     return pieces
 
 
+def _pairs(pieces: list[str]) -> list[str]:
+    """Join word-pieces two by two (an odd last one joins the last pair).
+
+    A piece of two words holds a space before a word, which the GPT-2 pre-tokenizer always cuts
+    at, so no BPE merge can ever build it: the reply's tokens stay out of every prompt, and the
+    merges need not avoid common words such as " the".
+    """
+    if len(pieces) < 2:
+        raise ValueError(f"a reply needs two words at least, got {pieces!r}")
+    pairs = [a + b for a, b in zip(pieces[::2], pieces[1::2], strict=False)]
+    if len(pieces) % 2:
+        pairs[-1] += pieces[-1]
+    return pairs
+
+
+def _pieces() -> tuple[list[str], list[str]]:
+    taken = {_PARAGRAPH}
+    reasoning = _pairs(_word_pieces(REASONING_TEXT, taken))
+    answer = _pairs(_word_pieces(ANSWER_TEXT, taken))
+    everything = [_PARAGRAPH, *reasoning, *answer]
+    if len(set(everything)) != len(everything):
+        raise ValueError("the reply's pieces are not unique")
+    return reasoning, answer
+
+
+def reserved_spellings() -> frozenset[str]:
+    """The vocabulary entries no BPE merge may build: special tokens and the reply's pieces."""
+    reasoning, answer = _pieces()
+    specials = {text for text, _ in _SPECIALS}
+    return frozenset({*specials, *(_spell(p) for p in (_PARAGRAPH, *reasoning, *answer))})
+
+
+@functools.lru_cache(maxsize=1)
+def _merges() -> tuple[tuple[str, str], ...]:
+    """The shipped merges, less any that builds a reserved entry or needs a dropped one."""
+    reserved = reserved_spellings()
+    built = set(_ALPHABET.values())
+    kept = []
+    for left, right in bpe.load_merges():
+        if left in built and right in built and bpe.allowed(left, right, reserved):
+            kept.append((left, right))
+            built.add(left + right)
+    return tuple(kept)
+
+
 def _plan() -> _Plan:
     tokens = [_ALPHABET[b] for b in range(256)]
     types = [_NORMAL] * 256
@@ -196,13 +238,18 @@ def _plan() -> _Plan:
         ids[text] = len(tokens)
         tokens.append(text)
         types.append(kind)
-    taken = {_PARAGRAPH}
-    reasoning = _word_pieces(REASONING_TEXT, taken)
-    answer = _word_pieces(ANSWER_TEXT, taken)
+    reasoning, answer = _pieces()
     for piece in [_PARAGRAPH, *reasoning, *answer]:
         ids[piece] = len(tokens)
         tokens.append(_spell(piece))
         types.append(_NORMAL)
+    merges = list(_merges())
+    known = set(tokens)
+    for left, right in merges:
+        if left + right not in known:
+            known.add(left + right)
+            tokens.append(left + right)
+            types.append(_NORMAL)
     chain = [
         ids[_THINK_OPEN],
         *(ids[p] for p in reasoning),
@@ -212,7 +259,20 @@ def _plan() -> _Plan:
         ids[_IM_END],
     ]
     edges = list(itertools.pairwise(chain))
-    return _Plan(tokens, types, ids, reasoning, answer, edges, ids[answer[0]])
+    return _Plan(tokens, types, ids, reasoning, answer, edges, ids[answer[0]], merges)
+
+
+def count_tokens(prompt: str) -> int:
+    """How many tokens llama.cpp makes of ``prompt`` (special tokens written out are parsed)."""
+    ranks = {pair: rank for rank, pair in enumerate(_merges())}
+    specials = {text for text, _ in _SPECIALS}
+    count = 0
+    for part in re.split("(" + "|".join(map(re.escape, specials)) + ")", prompt):
+        if part in specials:
+            count += 1
+        elif part:
+            count += len(bpe.encode(part, ranks))
+    return count
 
 
 def expectations() -> dict[str, Any]:
@@ -258,18 +318,19 @@ def _weights(plan: _Plan) -> dict[str, Any]:
         return (rng.normal(0.0, 1.0 / np.sqrt(cols), (rows, cols)) * scale).astype(np.float32)
 
     ones = np.ones(_N_EMBD, dtype=np.float32)
-    out: dict[str, Any] = {
-        "token_embd.weight": embed.astype(np.float32),
+    out: dict[str, Any] = {  # the two vocabulary-sized tables in f16: half the file
+        "token_embd.weight": embed.astype(np.float16),
         "output_norm.weight": ones,
-        "output.weight": head.astype(np.float32),
+        "output.weight": head.astype(np.float16),
     }
+    n_attn = _N_HEAD * _HEAD_DIM
     for layer in range(_N_LAYER):
         blk = f"blk.{layer}."
         out[blk + "attn_norm.weight"] = ones
-        out[blk + "attn_q.weight"] = rand(_N_EMBD, _N_EMBD)
-        out[blk + "attn_k.weight"] = rand(_N_EMBD, _N_EMBD)
-        out[blk + "attn_v.weight"] = rand(_N_EMBD, _N_EMBD)
-        out[blk + "attn_output.weight"] = rand(_N_EMBD, _N_EMBD, _RESIDUAL_SCALE)
+        out[blk + "attn_q.weight"] = rand(n_attn, _N_EMBD)
+        out[blk + "attn_k.weight"] = rand(n_attn, _N_EMBD)
+        out[blk + "attn_v.weight"] = rand(n_attn, _N_EMBD)
+        out[blk + "attn_output.weight"] = rand(_N_EMBD, n_attn, _RESIDUAL_SCALE)
         out[blk + "ffn_norm.weight"] = ones
         out[blk + "ffn_gate.weight"] = rand(_N_FF, _N_EMBD)
         out[blk + "ffn_up.weight"] = rand(_N_FF, _N_EMBD)
@@ -290,17 +351,18 @@ def build_tiny_model(path: str) -> dict[str, Any]:
     writer.add_feed_forward_length(_N_FF)
     writer.add_head_count(_N_HEAD)
     writer.add_head_count_kv(_N_HEAD)
+    writer.add_key_length(_HEAD_DIM)
+    writer.add_value_length(_HEAD_DIM)
     writer.add_rope_dimension_count(_HEAD_DIM)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_vocab_size(len(plan.tokens))
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
+    writer.add_tokenizer_pre("gpt-2")
     writer.add_token_list(plan.tokens)
     writer.add_token_types(plan.types)
-    newline = _ALPHABET[ord("\n")]
-    writer.add_token_merges([f"{newline} {newline}"])
+    writer.add_token_merges([f"{left} {right}" for left, right in plan.merges])
     writer.add_bos_token_id(plan.ids[_BOS])
     writer.add_eos_token_id(plan.ids[_IM_END])
     writer.add_pad_token_id(plan.ids[_BOS])

@@ -167,7 +167,8 @@ def test_midstream_context_overflow_ends_with_failure_envelope(
 
     _, url = gateway_factory(llama_config(llama_unified.base_url))
     base = url + "/llm"
-    prompt = [{"role": "user", "content": "y" * 100}]
+    # 121 tokens each: both prompts fit the 256 cells, both replies (18 tokens) do not
+    prompt = [{"role": "user", "content": "y" * 110}]
     results: list[bytes] = [b"", b""]
 
     def one(i: int) -> None:

@@ -23,6 +23,7 @@ import json
 import threading
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,9 +35,10 @@ from tests.fixtures_llama import UNIFIED_CTX_SIZE
 pytestmark = [pytest.mark.e2e, pytest.mark.llamacpp]
 
 HI = [{"role": "user", "content": "hi"}]
-# "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>": 4 special tokens + 18 bytes
+# "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>": 4 special tokens + 8 BPE
+# tokens ("user", "\n", "hi", "\n", "ass", "ist", "ant", "\n")
 HI_PROMPT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>"
-HI_PROMPT_TOKENS = 22
+HI_PROMPT_TOKENS = 12
 
 
 def _post(url: str, body: dict[str, Any], timeout: float = 60) -> tuple[int, str, bytes]:
@@ -210,7 +212,7 @@ def test_context_overflow_is_a_400_before_any_byte(llama_server, stream):
     assert status == 400
     assert ctype.startswith("application/json")
     body = json.loads(raw)
-    n_prompt = HI_PROMPT_TOKENS - 2 + 1100
+    n_prompt = HI_PROMPT_TOKENS - 1 + 1100  # "hi" is one token, "x" * 1100 is 1100
     assert body == {
         "error": {
             "code": 400,
@@ -276,7 +278,28 @@ def test_apply_template_then_tokenize_counts_the_prompt(llama_upstream, tiny_mod
     assert status == 200
     assert len(json.loads(raw)["tokens"]) == HI_PROMPT_TOKENS
     status, _, raw = _post(f"{root}/tokenize", {"content": "hello"})
-    assert json.loads(raw)["tokens"] == list(b"hello")  # one token per byte
+    [hello] = json.loads(raw)["tokens"]  # one BPE token (ids under 256 are the bytes)
+    assert hello >= 256
+    status, _, raw = _post(f"{root}/tokenize", {"content": "xxx"})
+    assert json.loads(raw)["tokens"] == list(b"xxx")  # a run of one letter: a token per byte
+
+
+def test_tokenizer_counts_as_the_python_encoder_does(llama_upstream):
+    """tinymodel.count_tokens (which tests use to size prompts) is llama.cpp's tokenizer."""
+    from gateway.demo.tinymodel import count_tokens
+
+    samples = [
+        Path(__file__).read_text(),  # code, prose, JSON-ish
+        json.dumps({"tools": [{"name": "Read", "description": "Reads a file.\n\nUsage: ..."}]}),
+        "Grüße, naïve café — 東京 ½ 2026-12-01 3.14159 can't won't\t\ttabs   spaces\r\n",
+        "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n",
+    ]
+    for text in samples:
+        status, _, raw = _post(
+            f"{llama_upstream.root_url}/tokenize", {"content": text, "parse_special": True}
+        )
+        assert status == 200
+        assert len(json.loads(raw)["tokens"]) == count_tokens(text), text[:80]
 
 
 def test_tools_do_not_change_the_reply(llama_server, tiny_model):

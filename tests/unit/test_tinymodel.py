@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.demo import tinymodel
+from gateway.demo import bpe, tinymodel
 from gateway.demo.tinymodel import (
     ANSWER_TEXT,
     REASONING_TEXT,
     build_tiny_model,
+    count_tokens,
     ensure_model,
     expectations,
 )
@@ -61,6 +62,89 @@ def test_word_pieces_are_unique_and_never_one_byte(text, taken, pieces):
 def test_word_pieces_refuses_what_cannot_be_unique():
     with pytest.raises(ValueError, match="no unique piece"):
         tinymodel._word_pieces("a", set())
+
+
+@pytest.mark.parametrize(
+    ("pieces", "pairs"),
+    [
+        (["Hi", " there", " you."], ["Hi there you."]),
+        (["a", " b", " c", " d"], ["a b", " c d"]),
+        (["a", " b", " c", " d", " e"], ["a b", " c d e"]),
+    ],
+)
+def test_reply_pieces_are_two_words_or_more(pieces, pairs):
+    assert tinymodel._pairs(pieces) == pairs
+
+
+def test_no_merge_builds_a_reply_piece():
+    """The reply's tokens hold a space before a word, where the pre-tokenizer always cuts."""
+    plan = tinymodel._plan()
+    built = {left + right for left, right in plan.merges}
+    reserved = tinymodel.reserved_spellings()
+    assert not built & reserved
+    assert all(plan.tokens[plan.ids[p]] in reserved for p in plan.reasoning + plan.answer)
+    ranks = {pair: rank for rank, pair in enumerate(plan.merges)}
+    for piece in ["\n\n", *plan.reasoning, *plan.answer]:
+        assert len(bpe.encode(piece, ranks)) > 1, piece
+
+
+def test_merges_only_join_what_earlier_merges_built():
+    plan = tinymodel._plan()
+    built = set(tinymodel._ALPHABET.values())
+    for left, right in plan.merges:
+        assert left in built and right in built
+        built.add(left + right)
+    assert len(plan.merges) == len(bpe.load_merges())  # nothing of the shipped file dropped
+    assert len(set(plan.tokens)) == len(plan.tokens) == expectations()["n_vocab"]
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        # the chat template's prompt for one user turn "hi": 4 special tokens + 8
+        ("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>", 12),
+        # a run of one letter is one token per letter: tests fill a slot with "x" * n
+        ("x" * 1100, 1100),
+        ("y" * 100, 100),
+        ("hello", 1),
+        ("", 0),
+    ],
+)
+def test_count_tokens(text, tokens):
+    assert count_tokens(text) == tokens
+
+
+def test_english_and_json_take_over_three_bytes_a_token():
+    text = (
+        "The gateway validates, routes by model name, translates the request, calls the "
+        "upstream, and translates the buffered reply or the stream back, so that the official "
+        "clients cannot tell it from the real API."
+    )
+    schema = (
+        '{"type": "function", "function": {"name": "Read", "description": "Reads a file from '
+        'the local filesystem.", "parameters": {"type": "object", "properties": {"file_path": '
+        '{"type": "string", "description": "The absolute path to the file to read"}}, '
+        '"required": ["file_path"]}}}'
+    )
+    for sample in (text, schema):
+        assert len(sample.encode()) / count_tokens(sample) > 3
+
+
+def test_learn_takes_frequent_pairs_first_and_keeps_the_rules():
+    corpus = ["the cat, the hat, the mat; xxxx xxxx"]
+    merges = bpe.learn(corpus, 50, frozenset({"Ġthe"}))
+    assert merges[:3] == [("a", "t"), ("h", "e"), ("t", "he")]  # 3 each; ties in pair order
+    assert ("Ġ", "the") not in merges  # a forbidden result, though the next most frequent
+    assert not any(set(a + b) == {"x"} for a, b in merges)  # a one-letter run stays apart
+    assert ("Ġx", "x") in merges  # a run after a space is a word like any other
+    assert merges == bpe.learn(corpus, 50, frozenset({"Ġthe"}))  # deterministic
+
+
+def test_shipped_merges_file_is_well_formed():
+    merges = bpe.load_merges()
+    assert len(merges) == bpe.N_MERGES
+    assert len(set(merges)) == len(merges)
+    assert all(" " not in a + b for a, b in merges)
 
 
 def test_expectations_describe_the_canned_texts():
@@ -133,7 +217,7 @@ def test_build_is_deterministic_and_returns_expectations(tmp_path):
     assert build_tiny_model(str(a)) == expectations()
     build_tiny_model(str(b))
     assert _sha(a) == _sha(b)
-    assert a.stat().st_size < 1_000_000
+    assert a.stat().st_size < 6_000_000  # two 16k x 64 tables in f16, the rest is small
 
 
 @needs_gguf
@@ -156,15 +240,22 @@ def test_gguf_metadata_and_head_wiring(tmp_path):
     assert field("tokenizer.ggml.tokens") == plan.tokens
     assert int(field("tokenizer.ggml.eos_token_id")) == plan.ids["<|im_end|>"]
 
-    tensors = {t.name: np.asarray(t.data) for t in reader.tensors}
+    assert field("tokenizer.ggml.pre") == "gpt-2"
+    assert field("tokenizer.ggml.merges") == [f"{a} {b}" for a, b in plan.merges]
+
+    tensors = {t.name: np.asarray(t.data, dtype=np.float32) for t in reader.tensors}
     embed, head = tensors["token_embd.weight"], tensors["output.weight"]
     successor = dict(plan.edges)
-    for token in range(len(plan.tokens)):
-        h = embed[token] / np.sqrt(np.mean(embed[token] ** 2))  # RMS norm, weight 1
-        logits = head @ h
-        best, runner_up = np.sort(logits)[-1], np.sort(logits)[-2]
-        assert int(np.argmax(logits)) == successor.get(token, plan.default_next)
-        assert best - runner_up > 50  # deterministic under any usual sampling
+    expected = np.array([successor.get(t, plan.default_next) for t in range(len(plan.tokens))])
+    h = embed / np.sqrt(np.mean(embed**2, axis=1, keepdims=True))  # RMS norm, weight 1
+    # every logit of a head row that is all zero is exactly 0: compute only the others
+    live = np.flatnonzero(np.abs(head).sum(axis=1))
+    assert len(live) < len(plan.tokens)
+    logits = np.concatenate([h @ head[live].T, np.zeros((len(h), 1))], axis=1)
+    columns = np.append(live, -1)  # -1: any token of a zero row
+    top2 = np.sort(np.partition(logits, -2, axis=1)[:, -2:], axis=1)
+    assert (columns[np.argmax(logits, axis=1)] == expected).all()
+    assert (top2[:, 1] - top2[:, 0] > 50).all()  # deterministic under any usual sampling
 
 
 # --- the cache ------------------------------------------------------------------------------

@@ -1,10 +1,23 @@
 """``llm-gateway --demo``: the gateway plus an embedded llama.cpp upstream serving ``demo``.
 
 The tiny model is generated on first run into the cache folder (see
-``tinymodel.ensure_model``), llama.cpp's server is started on a free loopback
-port in a child process, and a ``demo`` route (upstream kind ``llamacpp``) is
-added to whatever config was loaded. The child is stopped when the gateway
-exits.
+``tinymodel.ensure_model``; about a second, then cached), llama.cpp's server is
+started on a free loopback port in a child process, and two routes to it
+(upstream kind ``llamacpp``) are added to whatever config was loaded: ``demo``,
+and the pattern ``claude-*``, so that Claude Code works with nothing but
+``ANTHROPIC_BASE_URL`` and a token set (it names its own default model). The
+child is stopped when the gateway exits.
+
+Sizing: each of the two slots holds 131,072 tokens, so Claude Code's full-mode
+request (about 78 KB, 23k tokens of the demo tokenizer) fits with room for a
+long session. The model is one attention head of 8 dimensions, so the KV cache
+of both slots is 8 MB and flash attention (llama.cpp's default, on for the CPU)
+keeps the prompt's attention out of a buffer that would grow with the slot. One
+thread: on a busy two-core machine llama.cpp's second thread mostly spins at
+its barriers (a 23k-token prompt took 1.2 s on one thread, 2-9 s on two). The
+prompt cache (``cache_prompt``, llama.cpp's default) makes a later turn of the
+same conversation, which repeats the system prompt and tools, cost only its new
+tokens.
 """
 
 from __future__ import annotations
@@ -21,14 +34,22 @@ import structlog
 from gateway.config import Config, ModelRoute, UpstreamConfig
 
 DEMO_MODEL = "demo"
+CLAUDE_PATTERN = "claude-*"
+SLOT_CONTEXT = 131_072  # tokens per slot
+SLOTS = 2
+# llama.cpp keeps prompts evicted from a slot in host memory (8 GiB by default); a tiny model's
+# prompt is about 1 MB, so this is plenty
+_PROMPT_CACHE_MIB = 256
 
 
 def with_demo_route(cfg: Config, base_url: str) -> Config:
     upstream = UpstreamConfig(name="demo-llamacpp", base_url=base_url, kind="llamacpp")
     route = ModelRoute(name=DEMO_MODEL, upstream=upstream, upstream_model=DEMO_MODEL,
-                       display_name="Tiny demo model (llama.cpp)", context_window=4096)
+                       display_name="Tiny demo model (llama.cpp)", context_window=SLOT_CONTEXT)
+    claude = replace(route, name=CLAUDE_PATTERN,
+                     display_name="Claude Code on the tiny demo model")
     return replace(cfg, upstreams={**cfg.upstreams, upstream.name: upstream},
-                   models={**cfg.models, DEMO_MODEL: route})
+                   models={**cfg.models, DEMO_MODEL: route, CLAUDE_PATTERN: claude})
 
 
 def run_demo(cfg: Config, serve: Callable[[Config], Coroutine[Any, Any, None]], *,
@@ -44,7 +65,8 @@ def run_demo(cfg: Config, serve: Callable[[Config], Coroutine[Any, Any, None]], 
 
     log = structlog.get_logger("gateway.demo")
     path, _ = ensure_model()
-    server = LlamaServer(path, ctx_size=4096, parallel=2, alias=DEMO_MODEL)
+    server = LlamaServer(path, ctx_size=SLOT_CONTEXT * SLOTS, parallel=SLOTS, threads=1,
+                         alias=DEMO_MODEL, extra_args=(f"cache_ram_mib={_PROMPT_CACHE_MIB}",))
     try:
         base_url = server.start(timeout=120)
     except LlamaServerError:

@@ -27,6 +27,11 @@ route's ``upstream_model``), so one stub serves many gateway routes:
     agent:NAME:ARGS one call of tool NAME with the JSON ARGS, until the last message is a
                     ``role: "tool"`` one; then text: ``The tool said: <its content>``
                     (an agent's tool loop; buffered or streamed)
+    cc-steps:STEPS  STEPS is a JSON list of ``[NAME, ARGS]``: one tool call per assistant turn,
+                    in order, then text: ``The tool said: <the last tool result>``
+
+In the tool scenarios, "the last message" skips trailing ``role: "system"`` turns, which
+Claude Code appends after a tool result (e.g. ``<total_tokens>`` in a subagent).
 
 ``POST /v1/completions``, ``/v1/embeddings`` and ``/v1/responses`` answer as vLLM does
 (``ok``; ``status:N[:K]``; streamed completions and responses also ``cut-mid``); the
@@ -115,6 +120,11 @@ def script(model: str) -> tuple[list[bytes], dict]:
     frames += [chunk(model, {}, finish), chunk(model, {}, usage=USAGE, choices=False)]
     body = completion(model, {"role": "assistant", "content": "".join(TEXT)}, finish, USAGE)
     return [*frames, b"data: [DONE]\n\n"], body
+
+
+def last_turn(messages: list[dict]) -> dict:
+    """The last message that is not a ``role: "system"`` turn (or the last one)."""
+    return next((m for m in reversed(messages) if m.get("role") != "system"), messages[-1])
 
 
 def status_reply(model: str) -> web.Response:
@@ -286,6 +296,8 @@ class Stub:
             return await self.agent_round_trip(request, body, model, stream)
         if model.startswith("think-tool:"):
             return await self.thinking_round_trip(request, body, model, stream)
+        if model.startswith("cc-steps:"):
+            return await self.tool_steps(request, body, model, stream)
         frames, buffered = script(model if model in ("reasoning", "tools", "length") else "ok")
         frames = [f.replace(b'"model":"ok"', b'"model":' + json.dumps(model).encode())
                   for f in frames]
@@ -337,7 +349,7 @@ class Stub:
                               stream: bool) -> web.StreamResponse:
         """Ask for the `Read` tool on the file named in the model; then answer with its text."""
         path = model.split(":", 1)[1]
-        last = body["messages"][-1]
+        last = last_turn(body["messages"])
         if last.get("role") == "tool":
             text = last["content"] if isinstance(last["content"], str) else json.dumps(
                 last["content"])
@@ -374,7 +386,7 @@ class Stub:
         """``agent:NAME:ARGS``: call tool NAME with ARGS; once its result is the last message,
         answer with that result's text, so a final answer proves the tool result arrived."""
         _, name, args = model.split(":", 2)
-        last = body["messages"][-1]
+        last = last_turn(body["messages"])
         if last.get("role") == "tool":
             content = last["content"]
             if not isinstance(content, str):  # a list of text parts
@@ -416,7 +428,7 @@ class Stub:
         _, name, args = model.split(":", 2)
         turn = 1 + sum(1 for m in body["messages"] if m.get("role") == "assistant")
         reasoning = f"REASONING_{turn}: I need {name} before I can answer."
-        last = body["messages"][-1]
+        last = last_turn(body["messages"])
         frames = [chunk(model, {"role": "assistant", "content": ""}),
                   chunk(model, {"reasoning_content": reasoning[:12]}),
                   chunk(model, {"reasoning_content": reasoning[12:]})]
@@ -435,6 +447,41 @@ class Stub:
             message = {"role": "assistant", "content": None, "reasoning_content": reasoning,
                        "tool_calls": [call]}
             finish = "tool_calls"
+        if not stream:
+            return web.json_response(completion(model, message, finish, USAGE), dumps=_compact)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for f in [*frames, b"data: [DONE]\n\n"]:
+            await resp.write(f)
+        await resp.write_eof()
+        return resp
+
+    async def tool_steps(self, request: web.Request, body: dict, model: str,
+                         stream: bool) -> web.StreamResponse:
+        """``cc-steps:STEPS``: the n-th assistant turn calls the n-th ``[NAME, ARGS]`` of
+        STEPS; after the last, text holding the last tool result (a multi-tool script, e.g.
+        ToolSearch to load a deferred tool, then that tool)."""
+        steps = json.loads(model.split(":", 1)[1])
+        done = sum(1 for m in body["messages"] if m.get("role") == "assistant")
+        frames = [chunk(model, {"role": "assistant", "content": ""})]
+        if done < len(steps):
+            name, args = steps[done][0], json.dumps(steps[done][1])
+            call = {"id": f"call_step_{done + 1}", "type": "function",
+                    "function": {"name": name, "arguments": args}}
+            frames += [chunk(model, {"tool_calls": [{"index": 0, **call}]}),
+                       chunk(model, {}, "tool_calls", usage=USAGE)]
+            message: dict = {"role": "assistant", "content": None, "tool_calls": [call]}
+            finish = "tool_calls"
+        else:
+            last = next((m for m in reversed(body["messages"]) if m.get("role") == "tool"),
+                        {"content": ""})
+            content = last["content"]
+            if not isinstance(content, str):  # a list of text parts
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            text = "The tool said: " + content
+            frames += [chunk(model, {"content": text}), chunk(model, {}, "stop", usage=USAGE)]
+            message = {"role": "assistant", "content": text}
+            finish = "stop"
         if not stream:
             return web.json_response(completion(model, message, finish, USAGE), dumps=_compact)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

@@ -1,35 +1,171 @@
 """Run Claude Code (`claude -p`) against the gateway, inside a loopback-only network namespace.
 
-    unshare -n python tests/clients/claude_code_run.py OUT.json llama "Say hi"
-    unshare -n python tests/clients/claude_code_run.py OUT.json tool  "Read hello.txt"
+    unshare -n python tests/clients/claude_code_run.py OUT.json MODE "PROMPT"
 
 ``llama``: the gateway in front of a real llama.cpp server with the tiny model, Claude Code in
-``--bare`` mode with no tools. ``tool``: the gateway in front of the scripted stub, which asks
-for the ``Read`` tool on a file in Claude Code's working directory and then answers with the
-file's text; Claude Code runs in its full (non-bare) mode, so its requests carry its usual
-``role: "system"`` turns, thinking, context_management, output_config, metadata and
-cache_control. Writes one JSON object to OUT.json: exit code, Claude Code's JSON result, the
-gateway's access-log lines and (``tool``) the requests the stub received.
+``--bare`` mode with no tools. Every other mode puts the gateway in front of the scripted stub
+(tests/stub_upstream.py) and runs Claude Code in its full (non-bare) mode, so its requests carry
+its usual ``role: "system"`` turns, tools (deferred ones behind ``ToolSearch``), thinking,
+context_management, output_config, metadata and cache_control. The work directory holds
+``hello.txt`` (``FILE_TEXT``) and ``doc.pdf`` (``PDF_LINES``, one page).
+
+``tool``       alias ``tiny-demo`` (``ANTHROPIC_MODEL``) -> the stub's ``cc-tool``: a Read of
+               hello.txt, then an answer holding the file's text.
+``explore``    ``tiny-demo`` -> ``agent:Agent``: one Agent call starting an Explore subagent
+               in the foreground with ``model: "haiku"`` (2.1.332's Explore inherits the main
+               model unless asked for a tier); ``claude-*`` -> ``cc-tool`` on hello.txt, which
+               serves the subagent's requests (named for Claude Code's own haiku id); the main
+               model then answers with the subagent's report.
+``no-model``   no model variable at all; only a ``claude-*`` route -> ``cc-tool`` on hello.txt.
+``websearch``  ``tiny-demo`` -> ``cc-steps``: ToolSearch loads the deferred WebSearch tool, then
+               WebSearch is called (Claude Code sends a side request whose only tool is the
+               ``web_search_20250305`` server tool, which the gateway refuses); then an answer
+               holding the last tool result. ``claude-*`` -> ``ok``, in case the side request
+               names another model.
+``pdf``        ``tiny-demo`` -> ``cc-tool`` on doc.pdf.
+``think``      ``tiny-demo`` -> ``think-tool:Read``: reasoning with each turn (``REASONING_<n>``).
+``think-updates``  the same, with ``thinking.display: "updates"`` forced through
+               ``CLAUDE_CODE_EXTRA_BODY`` (2.1.332 sends ``omitted`` unless an experiment is on).
+
+Claude Code talks to the gateway through a recording pass-through proxy (bytes relayed as
+they come), so a test sees what Claude Code itself sent: model names, thinking, tools.
+Writes one JSON object to OUT.json: exit code (None if Claude Code hung and was killed),
+Claude Code's JSON result, the requests it sent (``client_requests``), the gateway's
+access-log lines and (stub modes) the requests the stub received.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import urllib.request
 from pathlib import Path
+
+import aiohttp
+from aiohttp import web
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.conftest import llama_config, stub_config  # noqa: E402
+from tests.conftest import llama_config  # noqa: E402
+from tests.pdfs import make_pdf  # noqa: E402
 from tests.procs import Proc, free_port, start_gateway, wait_http  # noqa: E402
 
 CLAUDE = REPO / "tests" / "clients" / "node_modules" / ".bin" / "claude"
 FILE_TEXT = "hello from the file 42"
+PDF_LINES = ["Quarterly report of the PDF 77", "Revenue rose by 12 percent."]
+MODEL = "tiny-demo"
+EXPLORE_PROMPT = "Read hello.txt and report what it says."
+
+
+_HOP_BY_HOP = frozenset({"host", "content-length", "transfer-encoding", "connection",
+                         "keep-alive"})
+
+
+class Recorder:
+    """A pass-through proxy in front of the gateway, on its own thread and event loop, that
+    keeps each request's method, path and JSON body and relays the reply as it comes."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.requests: list[dict] = []
+        self.port = free_port()
+        self._loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(started,), daemon=True)
+        self._thread.start()
+        if not started.wait(10):
+            raise RuntimeError("the recording proxy did not start")
+
+    def _serve(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._start())
+        started.set()
+        self._loop.run_forever()
+
+    async def _start(self) -> None:
+        self._session = aiohttp.ClientSession(auto_decompress=False,
+                                              timeout=aiohttp.ClientTimeout(total=None))
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        self.requests.append({"method": request.method, "path": request.path_qs, "body": body,
+                              "beta": request.headers.get("anthropic-beta")})
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        async with self._session.request(request.method, self.target + request.path_qs,
+                                         data=raw, headers=headers) as up:
+            resp = web.StreamResponse(status=up.status, headers={
+                k: v for k, v in up.headers.items() if k.lower() not in _HOP_BY_HOP})
+            await resp.prepare(request)
+            async for piece in up.content.iter_any():
+                await resp.write(piece)
+            await resp.write_eof()
+            return resp
+
+    def stop(self) -> None:
+        async def close() -> None:
+            await self._runner.cleanup()
+            await self._session.close()
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def _routes(mode: str, work: Path) -> list[tuple[str, str]]:
+    """(route name, stub scenario) per ``[[models]]`` entry, in config order."""
+    hello, pdf = str(work / "hello.txt"), str(work / "doc.pdf")
+    if mode == "explore":
+        call = {"description": "Explore the file", "prompt": EXPLORE_PROMPT,
+                "subagent_type": "Explore", "model": "haiku", "run_in_background": False}
+        return [(MODEL, "agent:Agent:" + json.dumps(call)), ("claude-*", f"cc-tool:{hello}")]
+    if mode == "no-model":
+        return [("claude-*", f"cc-tool:{hello}")]
+    if mode == "websearch":
+        steps = [["ToolSearch", {"query": "select:WebSearch"}],
+                 ["WebSearch", {"query": "gateway release notes"}]]
+        return [(MODEL, "cc-steps:" + json.dumps(steps)), ("claude-*", "ok")]
+    if mode == "pdf":
+        return [(MODEL, f"cc-tool:{pdf}")]
+    if mode in ("think", "think-updates"):
+        return [(MODEL, "think-tool:Read:" + json.dumps({"file_path": hello}))]
+    if mode == "tool":
+        return [(MODEL, f"cc-tool:{hello}")]
+    raise SystemExit(f"unknown mode {mode!r}")
+
+
+def _stub_config(stub_url: str, routes: list[tuple[str, str]]) -> str:
+    text = f"""
+[server]
+host = "127.0.0.1"
+port = 8080
+prefix = "/llm"
+
+[upstreams.stub]
+base_url = "{stub_url}/v1"
+connect_timeout = 2
+header_timeout = 3
+idle_timeout = 3
+"""
+    for name, scenario in routes:  # json.dumps quotes as a TOML basic string does
+        text += (f"\n[[models]]\nname = {json.dumps(name)}\nupstream = \"stub\"\n"
+                 f"upstream_model = {json.dumps(scenario)}\n")
+    return text
 
 
 def main() -> int:
@@ -41,62 +177,84 @@ def main() -> int:
     work.mkdir()
     stopper = []
     stub_url = None
+    model: str | None = MODEL
     if mode == "llama":
         from gateway.demo.llama import LlamaServer
         from gateway.demo.tinymodel import ensure_model
 
         model_path, _ = ensure_model(str(tmp / "model"))
         llama = LlamaServer(model_path, ctx_size=16384, parallel=1, threads=1, alias="demo")
-        cfg = llama_config(llama.start(timeout=60), name="tiny-demo")
+        cfg = llama_config(llama.start(timeout=60), name=MODEL)
         stopper.append(llama.stop)
         args = ["--bare", "--tools", ""]
     else:
         (work / "hello.txt").write_text(FILE_TEXT + "\n")
+        (work / "doc.pdf").write_bytes(make_pdf([PDF_LINES]))
         port = free_port()
         stub = Proc([sys.executable, str(REPO / "tests" / "stub_upstream.py"), str(port)])
         stopper.append(stub.stop)
         wait_http(f"http://127.0.0.1:{port}/health")
         stub_url = f"http://127.0.0.1:{port}"
-        cfg = stub_config(stub_url + "/v1", models=(f"cc-tool:{work / 'hello.txt'}",))
-        cfg = cfg.replace(f'name = "m-cc-tool:{work / "hello.txt"}"', 'name = "tiny-demo"')
-        args = ["--allowedTools", "Read", "--max-turns", "3"]
-    gateway, url = start_gateway(cfg, tmp)
+        cfg = _stub_config(stub_url, _routes(mode, work))
+        if mode == "no-model":
+            model = None
+        allowed = "Read,WebSearch" if mode == "websearch" else "Read"
+        args = ["--allowedTools", allowed, "--max-turns", "4"]
+    # the thinking-signature key lives in the gateway's state directory: keep it in tmp
+    gateway, url = start_gateway(cfg, tmp, env={"STATE_DIRECTORY": str(tmp / "state")})
+    recorder = Recorder(url)
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
-        "ANTHROPIC_BASE_URL": url + "/llm",
+        "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{recorder.port}/llm",
         "ANTHROPIC_API_KEY": "test-key",
-        "ANTHROPIC_MODEL": "tiny-demo",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_TELEMETRY": "1",
         "DISABLE_AUTOUPDATER": "1",
         "DISABLE_ERROR_REPORTING": "1",
         "CLAUDE_CODE_MAX_RETRIES": "0",
     }
+    if model is not None:
+        env["ANTHROPIC_MODEL"] = model
+    if mode == "think-updates":  # what 2.1.332 sends when its connector-text experiment is on
+        env["CLAUDE_CODE_EXTRA_BODY"] = json.dumps(
+            {"thinking": {"type": "adaptive", "display": "updates"}})
     seen = None
     try:
-        proc = subprocess.run(
+        claude = subprocess.Popen(
             [str(CLAUDE), "-p", prompt, *args, "--output-format", "json",
              "--no-session-persistence"],
-            cwd=work, env=env, capture_output=True, text=True, timeout=150,
+            cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
+        try:  # a hung run still reports what it sent (exit_code None)
+            stdout, stderr = claude.communicate(timeout=150 if mode == "llama" else 90)
+        except subprocess.TimeoutExpired:
+            claude.kill()
+            stdout, stderr = claude.communicate()
+            stderr += "\n[claude_code_run: Claude Code timed out and was killed]"
+        exit_code = None if claude.returncode < 0 else claude.returncode
         result = None
-        for line in proc.stdout.splitlines():
+        for line in stdout.splitlines():
             if line.startswith("{"):
                 result = json.loads(line)
         if stub_url:
             with urllib.request.urlopen(stub_url + "/_requests", timeout=5) as resp:
                 seen = json.loads(resp.read())
     finally:
+        recorder.stop()
         gateway.stop()
         for stop in stopper:
             stop()
     access = [json.loads(ln) for ln in gateway.output().splitlines()
               if ln.startswith("{") and '"access"' in ln]
+    shutil.rmtree(tmp, ignore_errors=True)
     Path(out_path).write_text(json.dumps({
-        "exit_code": proc.returncode, "result": result, "stdout": proc.stdout[-2000:],
-        "stderr": proc.stderr[-2000:], "access": access, "upstream_requests": seen,
+        "exit_code": exit_code, "result": result, "stdout": stdout[-2000:],
+        "stderr": stderr[-2000:], "access": access, "upstream_requests": seen,
+        "client_requests": recorder.requests,
         "file_path": str(work / "hello.txt"), "file_text": FILE_TEXT,
+        "pdf_path": str(work / "doc.pdf"), "pdf_lines": PDF_LINES,
+        "explore_prompt": EXPLORE_PROMPT,
     }))
     return 0
 

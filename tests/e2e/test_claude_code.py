@@ -3,11 +3,18 @@
 Everything runs inside a loopback-only network namespace (`unshare -n`, needs root), so nothing
 can leave the machine. Claude Code silently retries without streaming when a stream is
 malformed, so a success only counts with exactly one streamed request per turn and no
-non-streaming fallback; every request it sends must be accepted (no 4xx).
+non-streaming fallback; every request it sends must be accepted (no 4xx), except where a test
+says which one is refused and why.
+
+The tool loops run Claude Code 2.1.332 in its full mode (its own tools and subagents) against
+the scripted stub (tests/clients/claude_code_run.py says what each mode scripts); the runner
+records what Claude Code sent (``client_requests``), so the tests check Claude Code's own
+model names, thinking config and tools, not only what reached the upstream.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -45,6 +52,25 @@ def _messages_posts(run: dict) -> list[dict]:
     return [a for a in run["access"] if a["route"] == "messages"]
 
 
+def _sent(run: dict) -> list[dict]:
+    """The bodies of Claude Code's own POST /v1/messages requests, in order."""
+    return [r["body"] for r in run["client_requests"]
+            if r["method"] == "POST" and r["path"].split("?")[0].endswith("/v1/messages")]
+
+
+def _brief(run: dict) -> dict:
+    """A failed run, short enough to read in an assertion message."""
+    return {"exit_code": run["exit_code"], "result": run["result"], "stderr": run["stderr"],
+            "access": [(a["model"], a["status"], a["error"]) for a in run["access"]]}
+
+
+def _text(content: str | list[dict]) -> str:
+    """An OpenAI message's content as text (a string, or a list of parts)."""
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content)
+
+
 @pytest.mark.llamacpp
 def test_claude_code_one_turn_against_real_upstream(tmp_path, tiny_model) -> None:
     run = _run(tmp_path, "llama", "Say hi")
@@ -80,3 +106,123 @@ def test_claude_code_tool_round_trip_in_full_mode(tmp_path) -> None:
     tool = next(m for m in second["messages"] if m["role"] == "tool")
     assert tool["tool_call_id"] == call["id"]
     assert run["file_text"] in json.dumps(tool["content"])
+
+
+def test_claude_code_explore_subagent_with_only_anthropic_model(tmp_path) -> None:
+    """Only ``ANTHROPIC_MODEL`` set: a subagent's tier is a name Claude Code was never told.
+
+    In 2.1.332 the built-in Explore agent inherits the parent's model (``model: "inherit"``,
+    2.1.197 used haiku), but the Agent tool lets the model pick a tier (``model``: sonnet /
+    opus / haiku / fable), and with no ``ANTHROPIC_DEFAULT_HAIKU_MODEL`` Claude Code sends its
+    own haiku id (``claude-haiku-5-5`` in 2.1.332). Only a ``claude-*`` pattern route serves it.
+    """
+    run = _run(tmp_path, "explore", "Use an Explore agent to find out what hello.txt says")
+    assert run["exit_code"] == 0, _brief(run)
+    assert run["file_text"] in run["result"]["result"]  # the subagent's report came back
+    posts = _messages_posts(run)
+    assert posts and all(a["status"] == 200 for a in posts), posts
+    sent = _sent(run)
+    call = next(b for m in sent[-1]["messages"] if m["role"] == "assistant"
+                for b in m["content"] if b["type"] == "tool_use")
+    assert call["name"] == "Agent" and call["input"]["subagent_type"] == "Explore"
+    sub = [b for b in sent if b["model"] != "tiny-demo"]
+    assert sub and all(b["model"].startswith("claude-haiku-") for b in sub), [
+        b["model"] for b in sent]
+    assert all("file search specialist" in json.dumps(b["system"]) for b in sub)
+    # the access log names the configured route, so the haiku requests went through claude-*
+    assert sorted(a["model"] for a in posts) == sorted(
+        "claude-*" if b in sub else "tiny-demo" for b in sent)
+    # the subagent's Read loop ran on the upstream the claude-* route names
+    upstream = [r["body"] for r in run["upstream_requests"]]
+    assert [b["model"].startswith("cc-tool:") for b in upstream] == [b in sub for b in sent]
+    report = next(m for m in upstream[-1]["messages"] if m["role"] == "tool")
+    assert report["tool_call_id"] == call["id"] and run["file_text"] in _text(report["content"])
+
+
+def test_claude_code_with_no_model_variables(tmp_path) -> None:
+    """No ``ANTHROPIC_MODEL`` nor ``ANTHROPIC_DEFAULT_*``: every request names Claude Code's own
+    default (``claude-opus-5-5`` in 2.1.332), which a ``claude-*`` route serves."""
+    run = _run(tmp_path, "no-model", "Read the file hello.txt and tell me what it says")
+    assert run["exit_code"] == 0, _brief(run)
+    assert run["file_text"] in run["result"]["result"]
+    posts = _messages_posts(run)
+    assert [(a["status"], a["stream"], a["model"]) for a in posts] == [(200, True, "claude-*")] * 2
+    models = {b["model"] for b in _sent(run)}
+    assert len(models) == 1 and models.pop().startswith("claude-opus-")
+    assert all(r["body"]["model"].startswith("cc-tool:") for r in run["upstream_requests"])
+
+
+def test_claude_code_web_search_is_refused_and_the_session_goes_on(tmp_path) -> None:
+    """WebSearch runs as a side request whose only tool is the ``web_search_20250305`` server
+    tool. The gateway cannot run it, so it answers 400 naming ``tools.0`` instead of letting the
+    model invent search results; Claude Code hands the error to the model as the tool's result
+    (``is_error``) and the session goes on."""
+    run = _run(tmp_path, "websearch", "Search the web for the gateway's release notes")
+    assert run["exit_code"] == 0, _brief(run)
+    assert run["result"]["is_error"] is False
+    sent, posts = _sent(run), _messages_posts(run)
+    side = [b for b in sent if [t.get("type") for t in b.get("tools", [])] == [
+        "web_search_20250305"]]
+    assert side, [[t.get("type", t.get("name")) for t in b.get("tools", [])] for b in sent]
+    refused = [a for a in posts if a["status"] != 200]
+    assert len(refused) == len(side) and len(posts) == len(sent), posts  # only the side ones
+    for a in refused:
+        assert a["status"] == 400 and a["error_type"] == "invalid_request_error", a
+        assert a["error"].startswith("tools.0"), a
+    # nothing of the side request reached the upstream: no server tool, not its prompt
+    upstream = [r["body"] for r in run["upstream_requests"]]
+    assert len(upstream) == len(sent) - len(side)
+    for body in upstream:
+        assert all(t["type"] == "function" and t["function"]["name"] != "web_search"
+                   for t in body["tools"])
+        assert "Perform a web search" not in json.dumps(body["messages"])
+    # Claude Code passed the refusal to the model as WebSearch's result; the stub answered
+    result = next(b for b in sent[-1]["messages"][-1]["content"] if b["type"] == "tool_result")
+    assert result["is_error"] is True and "tools.0" in json.dumps(result["content"])
+    tool = upstream[-1]["messages"][-1]
+    assert tool["role"] == "tool" and tool["tool_call_id"] == result["tool_use_id"]
+    assert "server tool" in _text(tool["content"]) and "tools.0" in _text(tool["content"])
+    assert run["result"]["result"] == "The tool said: " + _text(tool["content"])
+
+
+def test_claude_code_reads_a_pdf(tmp_path) -> None:
+    """Claude Code's Read of a PDF puts a base64 ``application/pdf`` document into the
+    tool_result; the upstream gets the PDF's text with page markers, never the bytes."""
+    run = _run(tmp_path, "pdf", "Read doc.pdf and tell me what it says")
+    assert run["exit_code"] == 0, _brief(run)
+    posts = _messages_posts(run)
+    assert [(a["status"], a["stream"]) for a in posts] == [(200, True)] * 2, posts
+    result = next(b for b in _sent(run)[-1]["messages"][-1]["content"]
+                  if b["type"] == "tool_result")
+    doc = next(b for b in result["content"] if b["type"] == "document")
+    assert doc["source"]["media_type"] == "application/pdf"
+    assert base64.b64decode(doc["source"]["data"]).startswith(b"%PDF-")
+    tool = run["upstream_requests"][-1]["body"]["messages"][-1]
+    assert tool["role"] == "tool" and tool["tool_call_id"] == result["tool_use_id"]
+    text = _text(tool["content"])
+    assert "--- Page 1 of 1 ---\n" + "\n".join(run["pdf_lines"]) in text
+    assert doc["source"]["data"][:40] not in run["upstream_requests"][-1]["raw"]
+    assert run["pdf_lines"][0] in run["result"]["result"]
+
+
+@pytest.mark.parametrize(("mode", "display"), [("think", "omitted"), ("think-updates", "updates")])
+def test_claude_code_thinking_tool_loop_keeps_the_reasoning(tmp_path, mode: str,
+                                                             display: str) -> None:
+    """Claude Code 2.1.332 asks for adaptive thinking with ``display: "omitted"`` (``"updates"``
+    when its connector-text experiment is on; forced here through ``CLAUDE_CODE_EXTRA_BODY``),
+    gets empty signed thinking blocks and replays them as ``{"thinking": "", "signature"}``. The
+    signature carries the reasoning sealed, so the upstream gets turn 1's reasoning back."""
+    run = _run(tmp_path, mode, "Read the file hello.txt and tell me what it says")
+    assert run["exit_code"] == 0, _brief(run)
+    assert run["file_text"] in run["result"]["result"]
+    posts = _messages_posts(run)
+    assert [(a["status"], a["stream"]) for a in posts] == [(200, True)] * 2, posts
+    first, second = _sent(run)
+    assert first["thinking"] == {"type": "adaptive", "display": display}
+    replayed = next(m for m in second["messages"] if m["role"] == "assistant")["content"]
+    assert replayed[0]["type"] == "thinking" and replayed[0]["thinking"] == ""
+    assert replayed[0]["signature"] and replayed[1]["type"] == "tool_use"
+    assistant = next(m for m in run["upstream_requests"][1]["body"]["messages"]
+                     if m["role"] == "assistant")
+    assert assistant.get("reasoning_content", "").startswith("REASONING_1"), assistant
+    assert assistant["tool_calls"][0]["function"]["name"] == "Read"

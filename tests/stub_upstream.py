@@ -78,6 +78,17 @@ def chunk(model: str, delta: dict, finish: str | None = None, usage: dict | None
     return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 
+def _tool_text(message: dict, *, as_json: bool = False) -> str:
+    """A tool message's content as text: a string as is; a list of parts as its texts joined,
+    or (``as_json``) as JSON, so a test can see every part, images and documents too."""
+    content = message["content"]
+    if isinstance(content, str):
+        return content
+    if as_json:
+        return json.dumps(content)
+    return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+
+
 def _compact(obj: object) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
@@ -345,72 +356,9 @@ class Stub:
             self.open_streams -= 1
         return resp
 
-    async def tool_round_trip(self, request: web.Request, body: dict, model: str,
-                              stream: bool) -> web.StreamResponse:
-        """Ask for the `Read` tool on the file named in the model; then answer with its text."""
-        path = model.split(":", 1)[1]
-        last = last_turn(body["messages"])
-        if last.get("role") == "tool":
-            text = last["content"] if isinstance(last["content"], str) else json.dumps(
-                last["content"])
-            words = ["The file says: ", text.strip().replace("\n", " ")[:200]]
-            frames = [chunk(model, {"role": "assistant", "content": ""})]
-            frames += [chunk(model, {"content": w}) for w in words]
-            frames += [chunk(model, {}, "stop", usage=USAGE), b"data: [DONE]\n\n"]
-            message = {"role": "assistant", "content": "".join(words)}
-            finish = "stop"
-        else:
-            args = json.dumps({"file_path": path})
-            call = {"index": 0, "id": "call_read_1", "type": "function",
-                    "function": {"name": "Read", "arguments": ""}}
-            frames = [chunk(model, {"role": "assistant", "content": ""}),
-                      chunk(model, {"tool_calls": [call]})]
-            frames += [chunk(model, {"tool_calls": [{"index": 0, "function": {"arguments": a}}]})
-                       for a in (args[:10], args[10:])]
-            frames += [chunk(model, {}, "tool_calls", usage=USAGE), b"data: [DONE]\n\n"]
-            message = {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_read_1", "type": "function",
-                 "function": {"name": "Read", "arguments": args}}]}
-            finish = "tool_calls"
-        if not stream:
-            return web.json_response(completion(model, message, finish, USAGE), dumps=_compact)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for f in frames:
-            await resp.write(f)
-        await resp.write_eof()
-        return resp
-
-    async def agent_round_trip(self, request: web.Request, body: dict, model: str,
-                               stream: bool) -> web.StreamResponse:
-        """``agent:NAME:ARGS``: call tool NAME with ARGS; once its result is the last message,
-        answer with that result's text, so a final answer proves the tool result arrived."""
-        _, name, args = model.split(":", 2)
-        last = last_turn(body["messages"])
-        if last.get("role") == "tool":
-            content = last["content"]
-            if not isinstance(content, str):  # a list of text parts
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            words = ["The tool", " said: ", content]
-            frames = [chunk(model, {"role": "assistant", "content": ""})]
-            frames += [chunk(model, {"content": w}) for w in words]
-            frames += [chunk(model, {}, "stop"), chunk(model, {}, usage=USAGE, choices=False)]
-            message: dict = {"role": "assistant", "content": "".join(words)}
-            finish = "stop"
-        else:
-            call = {"index": 0, "id": "call_agent_1", "type": "function",
-                    "function": {"name": name, "arguments": ""}}
-            frames = [chunk(model, {"role": "assistant", "content": ""}),
-                      chunk(model, {"tool_calls": [call]})]
-            half = len(args) // 2
-            frames += [chunk(model, {"tool_calls": [{"index": 0, "function": {"arguments": a}}]})
-                       for a in (args[:half], args[half:])]
-            frames += [chunk(model, {}, "tool_calls"),
-                       chunk(model, {}, usage=USAGE, choices=False)]
-            message = {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_agent_1", "type": "function",
-                 "function": {"name": name, "arguments": args}}]}
-            finish = "tool_calls"
+    async def _reply(self, request: web.Request, model: str, frames: list[bytes],
+                     message: dict, finish: str, stream: bool) -> web.StreamResponse:
+        """A scripted turn: the buffered completion, or its frames then ``[DONE]``."""
         if not stream:
             return web.json_response(completion(model, message, finish, USAGE), dumps=_compact)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -419,6 +367,58 @@ class Stub:
             await resp.write(f)
         await resp.write_eof()
         return resp
+
+    async def _call_or_answer(self, request: web.Request, model: str, stream: bool, *,
+                              call: tuple[str, str, str] | None, answer: str,
+                              reasoning: str = "", pieces: int = 1) -> web.StreamResponse:
+        """Reply with the tool ``call`` (id, name, arguments sent in ``pieces``), or, when it
+        is None, with the text ``answer``; ``reasoning`` first, in two chunks, if given."""
+        frames = [chunk(model, {"role": "assistant", "content": ""})]
+        message: dict = {"role": "assistant"}
+        if reasoning:
+            frames += [chunk(model, {"reasoning_content": reasoning[:12]}),
+                       chunk(model, {"reasoning_content": reasoning[12:]})]
+            message["reasoning_content"] = reasoning
+        if call is None:
+            frames += [chunk(model, {"content": answer}), chunk(model, {}, "stop"),
+                       chunk(model, {}, usage=USAGE, choices=False)]
+            return await self._reply(request, model, frames, {**message, "content": answer},
+                                     "stop", stream)
+        call_id, name, args = call
+        frames.append(chunk(model, {"tool_calls": [
+            {"index": 0, "id": call_id, "type": "function",
+             "function": {"name": name, "arguments": ""}}]}))
+        size = -(-len(args) // pieces) or 1
+        frames += [chunk(model, {"tool_calls": [{"index": 0, "function": {"arguments": a}}]})
+                   for a in (args[i:i + size] for i in range(0, len(args), size))]
+        frames += [chunk(model, {}, "tool_calls"), chunk(model, {}, usage=USAGE, choices=False)]
+        message.update(content=None, tool_calls=[
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}])
+        return await self._reply(request, model, frames, message, "tool_calls", stream)
+
+    async def tool_round_trip(self, request: web.Request, body: dict, model: str,
+                              stream: bool) -> web.StreamResponse:
+        """Ask for the `Read` tool on the file named in the model; then answer with its text."""
+        last = last_turn(body["messages"])
+        if last.get("role") == "tool":
+            text = _tool_text(last, as_json=True).strip().replace("\n", " ")[:200]
+            return await self._call_or_answer(request, model, stream, call=None,
+                                              answer="The file says: " + text)
+        args = json.dumps({"file_path": model.split(":", 1)[1]})
+        return await self._call_or_answer(request, model, stream, answer="", pieces=2,
+                                          call=("call_read_1", "Read", args))
+
+    async def agent_round_trip(self, request: web.Request, body: dict, model: str,
+                               stream: bool) -> web.StreamResponse:
+        """``agent:NAME:ARGS``: call tool NAME with ARGS; once its result is the last message,
+        answer with that result's text, so a final answer proves the tool result arrived."""
+        _, name, args = model.split(":", 2)
+        last = last_turn(body["messages"])
+        if last.get("role") == "tool":
+            return await self._call_or_answer(request, model, stream, call=None,
+                                              answer="The tool said: " + _tool_text(last))
+        return await self._call_or_answer(request, model, stream, answer="", pieces=2,
+                                          call=("call_agent_1", name, args))
 
     async def thinking_round_trip(self, request: web.Request, body: dict, model: str,
                                   stream: bool) -> web.StreamResponse:
@@ -429,32 +429,13 @@ class Stub:
         turn = 1 + sum(1 for m in body["messages"] if m.get("role") == "assistant")
         reasoning = f"REASONING_{turn}: I need {name} before I can answer."
         last = last_turn(body["messages"])
-        frames = [chunk(model, {"role": "assistant", "content": ""}),
-                  chunk(model, {"reasoning_content": reasoning[:12]}),
-                  chunk(model, {"reasoning_content": reasoning[12:]})]
         if last.get("role") == "tool":
-            content = last["content"] if isinstance(last["content"], str) else json.dumps(
-                last["content"])
-            text = "The tool said: " + content.strip()[:200]
-            frames += [chunk(model, {"content": text}), chunk(model, {}, "stop", usage=USAGE)]
-            message: dict = {"role": "assistant", "content": text, "reasoning_content": reasoning}
-            finish = "stop"
-        else:
-            call = {"id": f"call_think_{turn}", "type": "function",
-                    "function": {"name": name, "arguments": args}}
-            frames += [chunk(model, {"tool_calls": [{"index": 0, **call}]}),
-                       chunk(model, {}, "tool_calls", usage=USAGE)]
-            message = {"role": "assistant", "content": None, "reasoning_content": reasoning,
-                       "tool_calls": [call]}
-            finish = "tool_calls"
-        if not stream:
-            return web.json_response(completion(model, message, finish, USAGE), dumps=_compact)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for f in [*frames, b"data: [DONE]\n\n"]:
-            await resp.write(f)
-        await resp.write_eof()
-        return resp
+            text = "The tool said: " + _tool_text(last, as_json=True).strip()[:200]
+            return await self._call_or_answer(request, model, stream, call=None, answer=text,
+                                              reasoning=reasoning)
+        return await self._call_or_answer(request, model, stream, answer="",
+                                          call=(f"call_think_{turn}", name, args),
+                                          reasoning=reasoning)
 
     async def tool_steps(self, request: web.Request, body: dict, model: str,
                          stream: bool) -> web.StreamResponse:
@@ -463,33 +444,14 @@ class Stub:
         ToolSearch to load a deferred tool, then that tool)."""
         steps = json.loads(model.split(":", 1)[1])
         done = sum(1 for m in body["messages"] if m.get("role") == "assistant")
-        frames = [chunk(model, {"role": "assistant", "content": ""})]
         if done < len(steps):
             name, args = steps[done][0], json.dumps(steps[done][1])
-            call = {"id": f"call_step_{done + 1}", "type": "function",
-                    "function": {"name": name, "arguments": args}}
-            frames += [chunk(model, {"tool_calls": [{"index": 0, **call}]}),
-                       chunk(model, {}, "tool_calls", usage=USAGE)]
-            message: dict = {"role": "assistant", "content": None, "tool_calls": [call]}
-            finish = "tool_calls"
-        else:
-            last = next((m for m in reversed(body["messages"]) if m.get("role") == "tool"),
-                        {"content": ""})
-            content = last["content"]
-            if not isinstance(content, str):  # a list of text parts
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            text = "The tool said: " + content
-            frames += [chunk(model, {"content": text}), chunk(model, {}, "stop", usage=USAGE)]
-            message = {"role": "assistant", "content": text}
-            finish = "stop"
-        if not stream:
-            return web.json_response(completion(model, message, finish, USAGE), dumps=_compact)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for f in [*frames, b"data: [DONE]\n\n"]:
-            await resp.write(f)
-        await resp.write_eof()
-        return resp
+            return await self._call_or_answer(request, model, stream, answer="",
+                                              call=(f"call_step_{done + 1}", name, args))
+        last = next((m for m in reversed(body["messages"]) if m.get("role") == "tool"),
+                    {"content": ""})
+        return await self._call_or_answer(request, model, stream, call=None,
+                                          answer="The tool said: " + _tool_text(last))
 
     async def tokenize(self, request: web.Request) -> web.Response:
         """vLLM's /tokenize with chat messages: {"count", "max_model_len", "tokens"}."""

@@ -18,7 +18,8 @@ Routes (every API route under ``server.prefix``)::
 Any other path is a 404 ``not_found_error`` in Anthropic's envelope.
 
 Upstream sessions are owned by a cleanup_ctx: opened at startup, closed at
-shutdown. ``state.ready`` turns true once they are open.
+shutdown. ``state.ready`` turns true once they are open. The redactor of every
+upstream's secrets is built once, here (``app[SECRETS]``).
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway import errors, log, models
-from gateway.appkeys import CONFIG, METRICS, STATE, UPSTREAMS, AppState
+from gateway.appkeys import CONFIG, METRICS, SECRETS, STATE, UPSTREAMS, AppState
 from gateway.config import Config
 from gateway.messages import handler as messages
 from gateway.metrics import Metrics
 from gateway.middleware import gateway_middleware
 from gateway.openai import passthrough
 from gateway.openai.apis import APIS as OPENAI_APIS
+from gateway.redact import Redactor
 from gateway.upstream import UpstreamClient
 
 
@@ -130,6 +132,7 @@ def build_app(config: Config, registry: CollectorRegistry | None = None) -> web.
     app[UPSTREAMS] = {
         name: UpstreamClient(cfg, connections=metrics.upstream_connections.labels(name))
         for name, cfg in config.upstreams.items()}
+    app[SECRETS] = Redactor.of(config.upstreams.values())
     app[STATE] = AppState(api_keys=tuple(k.encode() for k in config.server.api_keys))
     for route in config.models.values():
         metrics.add_model(route.name, route.upstream.name, route.upstream_model)

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from gateway.config import Config
 from gateway.metrics import Metrics
+from gateway.redact import Redactor
 from gateway.upstream import UpstreamClient
 
 
@@ -30,6 +31,9 @@ CONFIG = web.AppKey("config", Config)
 METRICS = web.AppKey("metrics", Metrics)
 UPSTREAMS = web.AppKey("upstreams", dict[str, UpstreamClient])
 STATE = web.AppKey("state", AppState)
+# every configured upstream's secrets, redacted from upstream text before a client or a log
+# line sees it
+SECRETS = web.AppKey("secrets", Redactor)
 
 
 # per-request state, set by the middleware and the handlers

@@ -26,8 +26,12 @@ Protocol facts relied on:
   (:data:`STATUS_TYPES`). The SDKs and Claude Code retry 408, 409, 429 and
   every 5xx, and honour ``retry-after`` and ``x-should-retry``.
 * Upstream text reaches a client only through :func:`scrub`: a 5xx message is
-  replaced whole; a 4xx message loses traceback lines, file paths, URLs, IP
-  addresses and the upstream's host names, and is capped at 500 characters.
+  replaced whole; a 4xx message first loses every configured upstream secret
+  (:mod:`gateway.redact`), then traceback lines, URLs, IP addresses (IPv4, and
+  IPv6 bare or bracketed, with a port or not), ``host:port`` tokens, the
+  upstream's host names and file paths, and is capped at 500 characters.
+  :func:`from_upstream` keeps the reply it mapped on the error, so a caller that
+  knows every upstream's secrets maps it again (:func:`rescrub`).
 * An upstream 503 means "busy": it is answered as 529 ``overloaded_error``.
   A 401/403/404 from the upstream is the gateway's own misconfiguration (its
   key or its ``upstream_model``), so the client gets a 500 it should not retry.
@@ -64,12 +68,14 @@ Protocol facts relied on:
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gateway import jsonutil
 from gateway.overflow import context_overflow_message
+from gateway.redact import NO_SECRETS, REDACTED, Secrets, redactor
 
 # THE status -> error.type table (Anthropic's documented types).
 STATUS_TYPES: Mapping[int, str] = {
@@ -196,6 +202,10 @@ class Overloaded(GatewayError):
 class UpstreamError(GatewayError):
     """A failure that came from (or on the way to) the upstream."""
 
+    # (status, body, max_tokens) of the upstream reply this error was mapped from: never
+    # rendered nor logged, only mapped again by :func:`rescrub`
+    reply: tuple[int, bytes, int | None] | None = None
+
 
 class UpstreamUnavailable(UpstreamError):
     status = 529
@@ -216,10 +226,56 @@ class StreamProcessingError(UpstreamError):
 
 _TRACEBACK_START = re.compile(r"Traceback \(most recent call last\)")
 _TRACE_LINE = re.compile(r"Traceback|^\s*File \"|^\s+at \S+ \(|^\s+at \S+:\d+")
-_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'<>]+")
+# one candidate start per token (the lookbehind), so a long dotted token stays linear
+_URL = re.compile(r"(?<![a-zA-Z0-9+.-])[a-zA-Z][a-zA-Z0-9+.-]*+://[^\s\"'<>]+")
 _PATH = re.compile(r"(?<![\w.])/(?:[\w.@+-]+/)+[\w.@+-]+|\b[A-Za-z]:\\[^\s\"'<>]+")
-_IP_PORT = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b|\[[0-9a-fA-F:]+\](?::\d+)?")
-_REDACTED = "[redacted]"
+_IPV4 = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b")
+# IPv6 candidates, each checked by ipaddress (see _ipv6): bracketed (``[fd00::17]:8000``),
+# or bare (``fd00::17``, ``::1``, ``fe80::1%eth0``, ``::ffff:10.0.0.1``): no word character,
+# ``:`` or ``.`` before it, no word character after it. Possessive: linear in any text.
+_IPV6 = re.compile(
+    r"\[(?P<bracketed>[0-9A-Fa-f.]*+:[0-9A-Fa-f:.]*+(?:%[\w.-]++)?)\](?::\d{1,5}\b)?"
+    r"|(?<![\w:.])(?P<bare>[0-9A-Fa-f.]*+:[0-9A-Fa-f:.]*+(?:%[\w.-]++)?)(?!\w)")
+# ``host:port`` candidates, each checked by _host_port: a token of host-name characters, a
+# colon, one to five digits, and no word character, ``:`` or ``.<word>`` after them (a time's
+# ``12:30:45``, a version's ``1.2:3.4``).
+_HOST_PORT = re.compile(r"(?<![\w.:-])(?P<host>[\w-]++(?:\.[\w-]++)*+):\d{1,5}(?![\w:]|\.\w)")
+_LABEL = re.compile(r"[A-Za-z0-9](?:[\w-]*[A-Za-z0-9])?")
+_RUNS = re.compile(f"(?:{re.escape(REDACTED)}){{2,}}")  # a host:port and its path: one
+
+
+def _ipv6(match: re.Match[str]) -> str:
+    """An IPv6 literal goes; code-ish text does not (``a::b``, ``dead::beef``: a bare
+    candidate must hold a decimal digit). A sentence's ``.`` or ``:`` after it stays."""
+    bracketed = match["bracketed"]
+    if bracketed is not None:
+        text, rest = bracketed, ""
+    else:
+        text = match["bare"].rstrip(".:")
+        rest = match["bare"][len(text):]
+        if not any(c.isdigit() for c in text):
+            return match[0]
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return match[0]
+    return REDACTED + rest
+
+
+def _host_port(match: re.Match[str]) -> str:
+    """A host name before ``:port`` goes: dotted labels, the last holding a letter (not an
+    IPv4 address or a version), one label holding a hyphen and a letter (``gpu-node-7``,
+    as cluster names go), or ``localhost``. A plain word before digits (``error:400``,
+    ``tokens:4096``) is text, and so is a bare ``vllm:8000`` unless it is configured."""
+    host = match["host"]
+    labels = host.split(".")
+    if not all(_LABEL.fullmatch(label) for label in labels):
+        return match[0]
+    if len(labels) > 1:
+        named = any(c.isalpha() for c in labels[-1])
+    else:
+        named = host.lower() == "localhost" or ("-" in host and any(c.isalpha() for c in host))
+    return REDACTED if named else match[0]
 
 
 def _drop_traceback(message: str) -> list[str]:
@@ -242,17 +298,25 @@ def _drop_traceback(message: str) -> list[str]:
     return kept
 
 
-def scrub(status: int, message: str, hosts: Iterable[str] = ()) -> str:
-    """Make upstream text safe for a client. One function for every path."""
+def scrub(status: int, message: str, hosts: Iterable[str] = (),
+          secrets: Secrets = NO_SECRETS) -> str:
+    """Make upstream text safe for a client. One function for every path.
+
+    ``secrets`` (a :class:`gateway.redact.Redactor`, or the strings themselves) go first,
+    from the raw text: no later rule may cut one in two.
+    """
     if status >= 500:
         return _INTERNAL
-    text = "\n".join(_drop_traceback(message)).strip()
-    text = _URL.sub(_REDACTED, text)
+    text = "\n".join(_drop_traceback(redactor(secrets)(message))).strip()
+    text = _URL.sub(REDACTED, text)
+    text = _IPV6.sub(_ipv6, text)
+    text = _IPV4.sub(REDACTED, text)
+    text = _HOST_PORT.sub(_host_port, text)
     for host in hosts:
         if host:
-            text = re.sub(re.escape(host), _REDACTED, text, flags=re.IGNORECASE)
-    text = _IP_PORT.sub(_REDACTED, text)
-    text = _PATH.sub(_REDACTED, text)
+            text = re.sub(re.escape(host), REDACTED, text, flags=re.IGNORECASE)
+    text = _PATH.sub(REDACTED, text)
+    text = _RUNS.sub(REDACTED, text)
     if len(text) > _MAX_MESSAGE:
         text = text[: _MAX_MESSAGE - 3] + "..."
     return text or _FALLBACK_MESSAGES.get(error_type_for(status), "Invalid request")
@@ -304,9 +368,17 @@ def from_upstream(
     raw: bytes,
     *,
     hosts: Iterable[str] = (),
+    secrets: Secrets = NO_SECRETS,
     max_tokens: int | None = None,
 ) -> UpstreamError:
     """Map an upstream error reply (status + body) to the error the client sees."""
+    err = _map_upstream(status, raw, hosts, secrets, max_tokens)
+    err.reply = (status, raw, max_tokens)
+    return err
+
+
+def _map_upstream(status: int, raw: bytes, hosts: Iterable[str], secrets: Secrets,
+                  max_tokens: int | None) -> UpstreamError:
     try:
         body = jsonutil.loads(raw) if raw else None
     except ValueError:
@@ -332,17 +404,40 @@ def from_upstream(
         return UpstreamError(status=504 if status == 504 else 500)
     if status not in STATUS_TYPES:
         status = 400
-    return UpstreamError(scrub(status, text, hosts), status=status, error_type=anthropic_type)
+    return UpstreamError(scrub(status, text, hosts, secrets), status=status,
+                         error_type=anthropic_type)
 
 
-def from_inband(payload: Any, *, hosts: Iterable[str] = ()) -> UpstreamError:
+def rescrub(err: GatewayError, *, hosts: Iterable[str] = (), secrets: Secrets = NO_SECRETS
+            ) -> GatewayError:
+    """``err`` mapped again from the upstream reply it came from, with ``secrets`` (every
+    upstream's, where the code that mapped it first knew at most its own); else ``err``."""
+    if not isinstance(err, UpstreamError) or err.reply is None or not secrets:
+        return err
+    status, raw, max_tokens = err.reply
+    return from_upstream(status, raw, hosts=hosts, secrets=secrets, max_tokens=max_tokens)
+
+
+def from_inband(payload: Any, *, hosts: Iterable[str] = (), secrets: Secrets = NO_SECRETS
+                ) -> UpstreamError:
     """An error object inside an upstream 200 reply or SSE stream; no code counts as 5xx.
 
     Shapes: ``{"error": {"message", "code"?, ...}}`` (vLLM, llama.cpp, Ollama) and
     ``{"object": "error", "message", "code"}`` (SGLang, older vLLM).
     """
     status = (_status_code_of(payload) if isinstance(payload, Mapping) else None) or 500
-    return from_upstream(status, jsonutil.dumpb(payload), hosts=hosts)
+    return from_upstream(status, jsonutil.dumpb(payload), hosts=hosts, secrets=secrets)
+
+
+def inband_error(payload: Mapping[str, Any], *, hosts: Iterable[str] = (),
+                 secrets: Secrets = NO_SECRETS) -> UpstreamError | None:
+    """The error a decoded chunk or reply reports in-band (``{"error": {...}}`` or
+    ``{"object": "error", ...}``), scrubbed; None when it is no error."""
+    if payload.get("error") is not None:
+        return from_inband(payload, hosts=hosts, secrets=secrets)
+    if payload.get("object") == "error":
+        return from_inband({"error": payload}, hosts=hosts, secrets=secrets)
+    return None
 
 
 # --- rendering ---------------------------------------------------------------------
@@ -395,10 +490,18 @@ def openai_sse_error(err: GatewayError) -> bytes:
     return b"data: " + openai_body(err) + b"\n\n"
 
 
-def responses_sse_error(err: GatewayError) -> bytes:
+def responses_sse_error(err: GatewayError, sequence_number: int | None = None) -> bytes:
     """The in-band error of a Responses stream: an ``error`` event (``type``, ``code``,
-    ``message``, ``param``), with the ``error`` member the OpenAI SDKs raise on."""
+    ``message``, ``param``, and the upstream event's ``sequence_number`` when it replaces
+    one), with the ``error`` member the OpenAI SDKs raise on."""
     error = _openai_error(err)
-    body = {"type": "error", "code": error["type"], "message": err.message, "param": None,
-            "error": error}
+    body: dict[str, Any] = {"type": "error", "code": error["type"], "message": err.message,
+                            "param": None, "error": error}
+    if sequence_number is not None:
+        body["sequence_number"] = sequence_number
     return b"event: error\ndata: " + jsonutil.dumpb(body) + b"\n\n"
+
+
+def responses_failure(err: GatewayError) -> dict[str, Any]:
+    """The ``error`` of a failed Response object (``code``, ``message``)."""
+    return {"code": _openai_error(err)["type"], "message": err.message}

@@ -3,7 +3,9 @@
 Errors are raised anywhere and rendered here, once: Anthropic's envelope on
 the Anthropic routes, OpenAI's shape on the pass-through. An unexpected
 exception is logged with its traceback and answered as a bare 500
-``Internal server error``; no ``str(exc)`` ever reaches a client.
+``Internal server error``; no ``str(exc)`` ever reaches a client. The access
+line's ``error`` and ``query`` pass the redactor of every upstream's secrets
+(an upstream message is scrubbed already; a client may echo a key back).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from gateway.appkeys import (
     MODEL,
     OPENAI_ERRORS,
     REQUEST_ID,
+    SECRETS,
     STATE,
     STREAM,
     STREAM_RESPONSE,
@@ -159,13 +162,15 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             metrics.request_duration.labels(api, model, stream).observe(duration)
         if route not in ("health", "ready", "metrics"):
             error = request.get(ERROR)
+            redact = app[SECRETS]
+            query = request.query_string
             log.access({"request_id": request_id, "method": request.method, "route": route,
                         "model": model or None, "upstream": request.get(UPSTREAM),
                         "status": status, "duration_ms": round(duration * 1000, 3),
                         "stream": request.get(STREAM, False),
-                        "query": request.query_string or None,
+                        "query": redact(query) if query else None,
                         "error_type": error[0] if error else None,
-                        "error": error[1] if error else None})
+                        "error": redact(error[1]) if error and error[1] is not None else None})
     if not response.prepared:
         response.headers["request-id"] = request_id
     return response

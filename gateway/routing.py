@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from aiohttp import web
 
 from gateway import errors
-from gateway.appkeys import API, CONFIG, METRICS, MODEL, STATE, UPSTREAM, UPSTREAMS
+from gateway.appkeys import API, CONFIG, METRICS, MODEL, SECRETS, STATE, UPSTREAM, UPSTREAMS
 from gateway.config import ModelRoute, find_route
 from gateway.upstream import UpstreamClient, UpstreamResponse
 
@@ -69,7 +69,11 @@ async def send(
     max_tokens: int | None = None,
     at_root: bool = False,
 ) -> UpstreamResponse:
-    """Call the upstream, counting the outcome per model and upstream."""
+    """Call the upstream, counting the outcome per model and upstream.
+
+    An error reply is mapped again with every upstream's secrets (the client knows at
+    most its own; one upstream's error may quote another's key behind a shared proxy).
+    """
     metrics = request.app[METRICS]
     t = time.perf_counter()
     try:
@@ -84,7 +88,10 @@ async def send(
     except errors.GatewayError as err:
         metrics.upstream_requests.labels(route.name, client.name,
                                          str(getattr(err, "upstream_status", err.status))).inc()
-        raise
+        scrubbed = errors.rescrub(err, hosts=client.hosts, secrets=request.app[SECRETS])
+        if scrubbed is err:
+            raise
+        raise scrubbed from None
     metrics.upstream_requests.labels(route.name, client.name, str(up.status)).inc()
     metrics.upstream_headers.labels(route.name, client.name).observe(time.perf_counter() - t)
     return up

@@ -9,12 +9,17 @@ route's ``upstream_model``), so one stub serves many gateway routes:
     reasoning       reasoning_content, then content
     tools           one tool call with split arguments
     length          finish_reason "length"
-    status:N[:K]    HTTP N with body K: traceback | context | plain (default plain)
+    status:N[:K]    HTTP N with body K: traceback | context | plain (default plain) |
+                    quote-key (a message quoting the key it was sent: see ``quoted_key``)
     hang-headers    never answers (until the client goes away)
     hang-mid        two chunks, then silence
     cut-mid         two chunks, then the connection is cut
     malformed       a chunk that is not JSON
     inband-error    an in-band {"error": ...} chunk
+    quote-key:CODE  a 200 whose in-band error (code CODE) quotes the key it was sent: the
+                    error body when buffered, else after two events of a stream (Responses:
+                    an ``error`` event, then ``response.failed`` quoting it too); on every
+                    route
     eof-no-finish   chunks without finish_reason, then EOF
     slow:MS         a content chunk every MS milliseconds, 50 chunks
     prefill:MS      response headers at once, then MS milliseconds of silence, then a reply
@@ -34,9 +39,10 @@ In the tool scenarios, "the last message" skips trailing ``role: "system"`` turn
 Claude Code appends after a tool result (e.g. ``<total_tokens>`` in a subagent).
 
 ``POST /v1/completions``, ``/v1/embeddings`` and ``/v1/responses`` answer as vLLM does
-(``ok``; ``status:N[:K]``; streamed completions and responses also ``cut-mid``); the
-completions stream ends with a usage chunk when ``stream_options.include_usage`` asks for
-it, embeddings honour ``encoding_format`` (``float`` or ``base64``).
+(``ok``; ``status:N[:K]``; ``quote-key:CODE``; streamed completions and responses also
+``cut-mid``); the completions stream ends with a usage chunk when
+``stream_options.include_usage`` asks for it, embeddings honour ``encoding_format``
+(``float`` or ``base64``).
 
 ``GET /_requests`` returns every request seen (method, path, headers, body, and the
 client's port: ``peer``, which tells connections apart);
@@ -53,7 +59,9 @@ import itertools
 import json
 import struct
 import sys
+from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -138,13 +146,27 @@ def last_turn(messages: list[dict]) -> dict:
     return next((m for m in reversed(messages) if m.get("role") != "system"), messages[-1])
 
 
-def status_reply(model: str) -> web.Response:
-    """``status:N[:K]``: HTTP N with body K (traceback | context | plain)."""
+def quoted_key(headers: Mapping[str, str]) -> str:
+    """What a careless upstream (or a proxy in front of it) says about the credential it
+    was sent: the header, the bare key, its URL-encoded form, and internal addresses."""
+    auth = headers.get("Authorization", "")
+    key = auth.removeprefix("Bearer ")
+    return (f"invalid key '{key}' (header 'Authorization: {auth}', query key="
+            f"{quote(key, safe='')}) refused by gpu-node-7.internal.example:8000 via fd00::17"
+            f" and [fd00::17]:8000")
+
+
+def status_reply(model: str, headers: Mapping[str, str] | None = None) -> web.Response:
+    """``status:N[:K]``: HTTP N with body K (traceback | context | plain | quote-key)."""
     parts = model.split(":")
     code = int(parts[1])
     kind = parts[2] if len(parts) > 2 else "plain"
     if kind == "traceback":
         return web.Response(status=code, text=TRACEBACK)
+    if kind == "quote-key":
+        return web.json_response({"object": "error", "message": quoted_key(headers or {}),
+                                  "type": "BadRequestError", "param": None, "code": code},
+                                 status=code)
     if kind == "context":
         return web.json_response({"object": "error", "message": CONTEXT,
                                   "type": "BadRequestError", "param": None,
@@ -292,7 +314,9 @@ class Stub:
         model = body.get("model", "ok") if isinstance(body, dict) else "ok"
         stream = isinstance(body, dict) and body.get("stream") is True
         if model.startswith("status:"):
-            return status_reply(model)
+            return status_reply(model, request.headers)
+        if model.startswith("quote-key:"):
+            return await self.quote_key(request, "chat", model, body, stream)
         if model == "hang-headers":
             await asyncio.sleep(3600)
         if model in ("reset-always", "reset-once"):
@@ -453,6 +477,37 @@ class Stub:
         return await self._call_or_answer(request, model, stream, call=None,
                                           answer="The tool said: " + _tool_text(last))
 
+    async def quote_key(self, request: web.Request, route: str, model: str, body: dict,
+                        stream: bool) -> web.StreamResponse:
+        """``quote-key:CODE`` on ``route`` (chat, completions, embeddings, responses)."""
+        message = quoted_key(request.headers)
+        error = {"message": message, "type": "BadRequestError", "param": None,
+                 "code": int(model.split(":")[1])}
+        failed = {**response_object(model, "failed", [], None),
+                  "error": {"code": "server_error", "message": message}}
+        if not stream:
+            reply = failed if route == "responses" else {"error": error}
+            return web.json_response(reply, dumps=_compact)
+        if route == "responses":
+            frames = responses_script(model, body)[0][:2]
+            frames += [b"event: error\ndata: " + _compact(
+                {"type": "error", "code": str(error["code"]), "message": message,
+                 "param": None, "sequence_number": 2}).encode() + b"\n\n",
+                b"event: response.failed\ndata: " + _compact(
+                {"response": failed, "sequence_number": 3, "type": "response.failed"}
+            ).encode() + b"\n\n"]
+        else:
+            head = (completions_script(model, body) if route == "completions"
+                    else script(model))[0][:2]
+            frames = [*head, b"data: " + _compact({"error": error}).encode() + b"\n\n",
+                      b"data: [DONE]\n\n"]
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for frame in frames:
+            await resp.write(frame)
+        await resp.write_eof()
+        return resp
+
     async def tokenize(self, request: web.Request) -> web.Response:
         """vLLM's /tokenize with chat messages: {"count", "max_model_len", "tokens"}."""
         body = await request.json()
@@ -485,8 +540,10 @@ class Stub:
                                      status=400)
         model = str(body.get("model", "ok"))
         if model.startswith("status:"):
-            return status_reply(model)
+            return status_reply(model, request.headers)
         route = request.path.rsplit("/", 1)[1]
+        if model.startswith("quote-key:"):
+            return await self.quote_key(request, route, model, body, body.get("stream") is True)
         if route == "embeddings":
             return web.json_response(embeddings_reply(model, body), dumps=_compact)
         script_of = completions_script if route == "completions" else responses_script

@@ -29,6 +29,7 @@ from typing import Any
 
 from gateway import errors, jsonutil
 from gateway.messages import signatures, tables
+from gateway.redact import NO_SECRETS, Redactor
 
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
 
@@ -42,18 +43,21 @@ def from_chat(
     message_id: str | None = None,
     on_bad_tool_args: Callable[[], None] | None = None,
     hide_thinking: bool = False,
+    hosts: Sequence[str] = (),
+    secrets: Redactor = NO_SECRETS,
 ) -> dict[str, Any]:
     """Pure: OpenAI chat completion (already JSON-decoded) -> Anthropic Message dict.
 
     ``model`` is the name the client sent (echoed). ``message_id`` is injected by
     tests (else a fresh ``msg_`` id). Raises :class:`errors.UpstreamError` for an
-    in-band error object and :class:`errors.StreamProcessingError` (500) for
-    anything that is not a completion with a choice.
+    in-band error object (scrubbed of ``hosts`` and ``secrets``) and
+    :class:`errors.StreamProcessingError` (500) for anything that is not a
+    completion with a choice.
     """
     if not isinstance(completion, Mapping):
         raise errors.StreamProcessingError()
     if _is_error_object(completion):
-        raise errors.from_inband(completion)
+        raise errors.from_inband(completion, hosts=hosts, secrets=secrets)
     choice = _first_choice(completion)
     message = choice.get("message")
     if not isinstance(message, Mapping):

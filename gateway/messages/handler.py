@@ -19,7 +19,7 @@ import structlog
 from aiohttp import web
 
 from gateway import errors, jsonutil, routing
-from gateway.appkeys import CONFIG, METRICS, REQUEST_ID, STREAM
+from gateway.appkeys import CONFIG, METRICS, REQUEST_ID, SECRETS, STREAM
 from gateway.config import ModelRoute
 from gateway.messages import documents, tokens
 from gateway.messages.aggregate import aggregate
@@ -83,7 +83,8 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                     model=req["model"], message_id=new_message_id(),
                     signing_key=server.signing_key, stop_sequences=stops,
                     match_stops=match_stops, input_tokens=tokens.estimate_from_bytes(len(payload)),
-                    hosts=client.hosts, hide_thinking=hides_thinking(req))
+                    hosts=client.hosts, secrets=app[SECRETS],
+                    hide_thinking=hides_thinking(req))
                 if stream:
                     return await _stream(request, route, up, translator, t0, overhead)
                 events = await _collect(up, translator, metrics, route)
@@ -102,6 +103,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                 signing_key=server.signing_key,
                 on_bad_tool_args=lambda: _bad_tool_args(metrics, route.name, 1),
                 hide_thinking=hides_thinking(req),
+                hosts=client.hosts, secrets=app[SECRETS],
             )
         body = jsonutil.dumpb(message)
         metrics.overhead.labels("messages").observe(overhead + time.perf_counter() - t1)

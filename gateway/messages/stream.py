@@ -76,6 +76,7 @@ from gateway.messages.tool_blocks import (
     Malformed,
     ToolBlocks,
 )
+from gateway.redact import NO_SECRETS, Redactor
 from gateway.sse import encode_event
 
 __all__ = ["IllegalTransition", "State", "StreamTranslator"]
@@ -110,6 +111,7 @@ class StreamTranslator(ToolBlocks):
         match_stops: bool = False,
         input_tokens: int = 0,
         hosts: Sequence[str] = (),
+        secrets: Redactor = NO_SECRETS,
         hide_thinking: bool = False,
     ) -> None:
         self.state = State.PRE_START
@@ -120,7 +122,8 @@ class StreamTranslator(ToolBlocks):
         # the upstream cannot say which stop string matched (llama.cpp, Ollama): the gateway
         # matches text itself and holds back a tail that may be the start of one
         self._stops = StopMatcher(stop_sequences) if match_stops and stop_sequences else None
-        self._hosts = hosts
+        self._hosts = hosts  # and every upstream's secrets: scrubbed from in-band errors
+        self._secrets = secrets
         self._hide_thinking = hide_thinking  # thinking.display "omitted": signature only
         # results, read by the caller for metrics and logs
         self.termination: str | None = None
@@ -175,10 +178,13 @@ class StreamTranslator(ToolBlocks):
         if type(chunk) is not dict:
             return self._on_failure(errors.StreamProcessingError(), "malformed_chunk")
         if chunk.get("error") is not None:
-            return self._on_failure(errors.from_inband(chunk, hosts=self._hosts), "upstream_error")
+            return self._on_failure(
+                errors.from_inband(chunk, hosts=self._hosts, secrets=self._secrets),
+                "upstream_error")
         if chunk.get("object") == "error":
             return self._on_failure(
-                errors.from_inband({"error": chunk}, hosts=self._hosts), "upstream_error"
+                errors.from_inband({"error": chunk}, hosts=self._hosts, secrets=self._secrets),
+                "upstream_error"
             )
         out: list[bytes] = []
         try:

@@ -7,7 +7,9 @@ changed (``stream`` and ``stream_options`` included); nothing else of the client
 request (headers included) is forwarded. Replies come back byte for byte except
 ``model`` (see :mod:`.relay`). Streams are relayed as they come, each write
 awaited; a failure after the first byte ends the stream with the dialect's error
-event.
+event. An error the upstream reports in-band (a 200 error body, an error event) reaches
+the client scrubbed as every upstream error does (see :mod:`.inband`), with the
+upstream's host names and every configured upstream's secrets.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from gateway import errors, jsonutil, routing
-from gateway.appkeys import CONFIG, METRICS, REQUEST_ID, STREAM
+from gateway.appkeys import CONFIG, METRICS, REQUEST_ID, SECRETS, STREAM
 from gateway.config import ModelRoute
 from gateway.metrics import Metrics
 from gateway.openai.apis import OpenAIApi
+from gateway.openai.inband import InbandErrors
 from gateway.openai.relay import ModelRewriter, Relay
 from gateway.upstream import UpstreamResponse
 from gateway.writer import ClientGone, StreamWriter
@@ -66,11 +69,16 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
         async with up:
             if not stream:
                 data = await up.read()
+                inband = InbandErrors(responses=api.dialect.responses, hosts=client.hosts,
+                                      secrets=request.app[SECRETS])
+                reply = inband.body(rewrite(data))  # an error body raises, scrubbed
                 _count_tokens(metrics, route, api.dialect.usage(data))
-                return web.Response(body=rewrite(data), status=200,
+                return web.Response(body=reply, status=200,
                                     content_type="application/json",
                                     headers={"request-id": request[REQUEST_ID]})
-            return await _relay(request, api, route, up, rewrite, t0)
+            return await _relay(request, api, route, up,
+                                Relay(rewrite, api.dialect, hosts=client.hosts,
+                                      secrets=request.app[SECRETS]), t0)
 
 
 def _count_tokens(metrics: Metrics, route: ModelRoute, usage: tuple[int, int] | None) -> None:
@@ -80,13 +88,12 @@ def _count_tokens(metrics: Metrics, route: ModelRoute, usage: tuple[int, int] | 
 
 
 async def _relay(request: web.Request, api: OpenAIApi, route: ModelRoute, up: UpstreamResponse,
-                 rewrite: ModelRewriter, t0: float) -> web.StreamResponse:
+                 relay: Relay, t0: float) -> web.StreamResponse:
     server = request.app[CONFIG].server
     metrics = request.app[METRICS]
     writer = await StreamWriter.open(request, content_type="text/event-stream",
                                      write_timeout=server.write_timeout,
                                      ping_interval=server.ping_interval, ping_frame=_PING)
-    relay = Relay(rewrite, api.dialect)
     reason = "client_disconnect"
     timed = False  # time to first token observed
     gauge = metrics.in_flight.labels(api.name, route.name)

@@ -18,15 +18,20 @@ events ended by a ``data: [DONE]`` line, with ``prompt_tokens`` /
 ``response.incomplete`` or ``response.failed``, with ``input_tokens`` /
 ``output_tokens`` usage and no ``[DONE]``. Compact key pairs cannot occur
 unescaped inside a JSON string, so every match is a field.
+
+An event that reports an error is written again, scrubbed (see :mod:`.inband`); only
+blocks holding ``"error"`` are looked into, so every other event keeps its bytes.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gateway import errors, jsonutil
+from gateway.openai.inband import NEEDLE, InbandErrors
+from gateway.redact import NO_SECRETS, Redactor
 from gateway.sse import MAX_EVENT_BYTES, SSEDecoder
 
 __all__ = ["CHAT_CHUNKS", "COMPLETION_CHUNKS", "RESPONSE_EVENTS", "Dialect", "ModelRewriter",
@@ -95,11 +100,12 @@ class Dialect:
     """
 
     __slots__ = ("_completion", "_completion_key", "_prompt", "_token_keys", "_token_marker",
-                 "ended", "inband_error", "prompt_key")
+                 "ended", "inband_error", "prompt_key", "responses")
 
     def __init__(self, *, token_keys: tuple[bytes, ...], token_marker: bytes | None,
                  usage_keys: tuple[bytes, bytes], ended: Callable[[bytes], bool],
-                 inband_error: Callable[[errors.GatewayError], bytes]) -> None:
+                 inband_error: Callable[[errors.GatewayError], bytes],
+                 responses: bool = False) -> None:
         self._token_keys = token_keys
         self._token_marker = token_marker
         self.prompt_key, self._completion_key = usage_keys  # every usage has prompt_key
@@ -107,6 +113,7 @@ class Dialect:
         self._completion = re.compile(re.escape(self._completion_key) + rb"\s*:\s*(\d+)")
         self.ended = ended  # does this block hold the stream's last event?
         self.inband_error = inband_error  # the event that ends a failed stream
+        self.responses = responses  # the Responses API's error shapes (see .inband)
 
     def has_token(self, payload: bytes) -> bool:
         """Do these events carry generated output (for time to first token)? No JSON parse."""
@@ -187,7 +194,7 @@ COMPLETION_CHUNKS = Dialect(
 RESPONSE_EVENTS = Dialect(
     token_keys=(b'"delta":"',), token_marker=None,
     usage_keys=(b'"input_tokens"', b'"output_tokens"'), ended=_has_last_response_event,
-    inband_error=errors.responses_sse_error)
+    inband_error=errors.responses_sse_error, responses=True)
 
 
 def _frame(name: bytes, data: bytes) -> bytes:
@@ -204,15 +211,18 @@ class Relay:
     framed with CR, or whose ``model`` is spelt another way, goes event by event through
     the SSE decoder (each event framed again as ``event: ...`` if it was named, and
     ``data: ...``) until the decoder is between events again (CR framing: to the end).
-    Either way the relay notes the stream's end, the first generated token and the usage.
+    Either way the relay notes the stream's end, the first generated token and the usage,
+    and writes an event that reports an error again, scrubbed with ``hosts`` and ``secrets``.
     """
 
-    __slots__ = ("_decoder", "_dialect", "_ended", "_framed_cr", "_has_token", "_rewrite",
-                 "_tail", "_usage_key", "done", "first_token", "usage")
+    __slots__ = ("_decoder", "_dialect", "_ended", "_framed_cr", "_has_token", "_inband",
+                 "_rewrite", "_tail", "_usage_key", "done", "first_token", "usage")
 
-    def __init__(self, rewrite: ModelRewriter, dialect: Dialect) -> None:
+    def __init__(self, rewrite: ModelRewriter, dialect: Dialect, *, hosts: Sequence[str] = (),
+                 secrets: Redactor = NO_SECRETS) -> None:
         self._rewrite = rewrite
         self._dialect = dialect
+        self._inband = InbandErrors(responses=dialect.responses, hosts=hosts, secrets=secrets)
         # looked up once: _observe runs on every block
         self._has_token = dialect.has_token
         self._ended = dialect.ended
@@ -240,7 +250,7 @@ class Relay:
                 if out is not None:
                     self._tail = data[end:]
                     self._observe(block)
-                    return out
+                    return self._inband.block(out) if NEEDLE in out else out
             self._tail = b""
             self._framed_cr = b"\r" in chunk
             self._decoder = SSEDecoder()
@@ -268,7 +278,12 @@ class Relay:
             self.done = True
 
     def _events(self, events: list[tuple[bytes, bytes]]) -> bytes:
-        """Decoded events framed again, then observed like a block."""
-        block = b"".join([_frame(name, self._rewrite(p)) for name, p in events])
+        """Decoded events framed again (an error scrubbed), then observed like a block."""
+        frames = []
+        for name, payload in events:
+            data = self._rewrite(payload)
+            scrubbed = self._inband.event(name, data) if NEEDLE in data else None
+            frames.append(scrubbed or _frame(name, data))
+        block = b"".join(frames)
         self._observe(block)
         return block

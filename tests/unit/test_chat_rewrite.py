@@ -1,13 +1,18 @@
-"""The pass-through's relay: bytes kept exactly, only ``model`` changes, in every dialect."""
+"""The pass-through's relay: bytes kept exactly, only ``model`` changes, in every dialect; an
+in-band error is the one event written again, scrubbed."""
 
 from __future__ import annotations
 
 import json
+from urllib.parse import quote
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway import errors
+from gateway.config import UpstreamConfig
+from gateway.openai.inband import InbandErrors
 from gateway.openai.relay import (
     CHAT_CHUNKS,
     COMPLETION_CHUNKS,
@@ -16,6 +21,7 @@ from gateway.openai.relay import (
     ModelRewriter,
     Relay,
 )
+from gateway.redact import Redactor
 from tests.fuzzing import EXAMPLES
 from tests.stub_upstream import completions_script, responses_script
 
@@ -264,3 +270,143 @@ def test_completions_relay() -> None:
 ])
 def test_first_token_per_dialect(dialect: Dialect, payload: bytes, expected: bool) -> None:
     assert dialect.has_token(payload) is expected
+
+
+# --- in-band errors: scrubbed as on every route, every other byte kept -----------------------
+
+KEY = "sk-up/Key+9"
+SECRETS = Redactor.of([UpstreamConfig("up", "http://gpu-7.internal:8000/v1", api_key=KEY),
+                       UpstreamConfig("other", "http://10.0.0.2/v1", api_key="sk-other-upstream")])
+LEAK = (f"bad key {KEY} (Bearer {KEY}, key={quote(KEY, safe='')}, sk-other-upstream) at "
+        "gpu-node-7.internal.example:8000 via fd00::17")
+SCRUBBED = ("bad key [redacted] ([redacted], key=[redacted], [redacted]) at [redacted] via"
+            " [redacted]")
+
+
+def _data(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _error_chunk(code: int | None, **extra: object) -> bytes:
+    error: dict = {"message": LEAK, "type": "BadRequestError", **extra}
+    if code is not None:
+        error["code"] = code
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"  # vLLM: spaced JSON
+
+
+def _openai_error(message: str, etype: str, code: int) -> bytes:
+    return _data({"error": {"message": message, "type": etype, "param": None, "code": code}})
+
+
+_HEAD = _chunk("org/m", {"role": "assistant", "content": ""}) + _chunk("org/m", {"content": "Hi"})
+_HEAD_OUT = _HEAD.replace(b'"org/m"', b'"alias"')
+_SGLANG = _data({"object": "error", "message": LEAK, "type": "BadRequestError", "param": None,
+                 "code": 429})
+INBAND_RELAYS = [
+    # (name, dialect, upstream bytes, expected bytes)
+    ("chat 4xx: scrubbed message", CHAT_CHUNKS,
+     _HEAD + _error_chunk(400) + b"data: [DONE]\n\n",
+     _HEAD_OUT + _openai_error(SCRUBBED, "invalid_request_error", 400) + b"data: [DONE]\n\n"),
+    ("chat 5xx: replaced whole", CHAT_CHUNKS, _HEAD + _error_chunk(500),
+     _HEAD_OUT + _openai_error("Internal server error", "server_error", 500)),
+    ("chat, no code: counts as 5xx", CHAT_CHUNKS, _HEAD + _error_chunk(None),
+     _HEAD_OUT + _openai_error("Internal server error", "server_error", 500)),
+    ("chat 503: overloaded", CHAT_CHUNKS, _HEAD + _error_chunk(503),
+     _HEAD_OUT + _openai_error("Overloaded", "server_error", 503)),
+    ("sglang's bare error object", CHAT_CHUNKS, _HEAD + _SGLANG + b"data: [DONE]\n\n",
+     _HEAD_OUT + _openai_error(SCRUBBED, "rate_limit_exceeded", 429) + b"data: [DONE]\n\n"),
+    ("completions 4xx", COMPLETION_CHUNKS,
+     COMPLETIONS[:COMPLETIONS.index(b"\n\n") + 2] + _error_chunk(400),
+     COMPLETIONS[:COMPLETIONS.index(b"\n\n") + 2].replace(b'"org/m"', b'"alias"')
+     + _openai_error(SCRUBBED, "invalid_request_error", 400)),
+    ("the word error in generated text: kept", CHAT_CHUNKS,
+     _HEAD + _chunk("org/m", {"content": 'an "error": {"code":400}'}),
+     _HEAD_OUT + _chunk("alias", {"content": 'an "error": {"code":400}'})),
+]
+
+
+@pytest.mark.parametrize(("dialect", "raw", "expected"), [r[1:] for r in INBAND_RELAYS],
+                         ids=[r[0] for r in INBAND_RELAYS])
+def test_inband_error_scrubbed_at_every_single_cut(dialect: Dialect, raw: bytes,
+                                                    expected: bytes) -> None:
+    """An error event is written again, scrubbed (5xx replaced whole, 4xx scrubbed, as the
+    Anthropic route does); every other event keeps its bytes, wherever the reads split."""
+    for cut in range(len(raw) + 1):
+        relay = Relay(ModelRewriter("org/m", "alias"), dialect, hosts=("gpu-7.internal",),
+                      secrets=SECRETS)
+        out = _feed(relay, raw, [cut])
+        assert out == expected, cut
+        assert KEY.encode() not in out and b"fd00" not in out and b"gpu-node" not in out, cut
+
+
+def test_inband_error_scrubbed_event_by_event() -> None:
+    """CRLF framing (the decoder's path): the same events, the error scrubbed."""
+    raw = _HEAD + _error_chunk(400) + b"data: [DONE]\n\n"
+    expected = _HEAD_OUT + _openai_error(SCRUBBED, "invalid_request_error", 400) + (
+        b"data: [DONE]\n\n")
+    for cut in range(0, len(raw) + 1, 7):
+        relay = Relay(ModelRewriter("org/m", "alias"), CHAT_CHUNKS, secrets=SECRETS)
+        out = _feed(relay, raw.replace(b"\n", b"\r\n"), [cut])
+        assert out == expected, cut
+        assert relay.done
+
+
+def _event(name: str, data: dict) -> bytes:
+    return (b"event: " + name.encode() + b"\ndata: "
+            + json.dumps(data, separators=(",", ":")).encode() + b"\n\n")
+
+
+_FAILED = {"id": "resp_1", "model": "org/m", "object": "response", "status": "failed",
+           "error": {"code": "server_error", "message": LEAK}, "output": []}
+_CREATED = {"id": "resp_1", "model": "org/m", "object": "response", "status": "in_progress",
+            "error": None, "output": []}  # "error":null: looked at, kept byte for byte
+RESPONSES_FAILING = (
+    _event("response.created", {"response": _CREATED, "sequence_number": 0,
+                                 "type": "response.created"})
+    + _event("response.output_text.delta", {"delta": "Hi", "sequence_number": 1,
+                                            "type": "response.output_text.delta"})
+    + _event("error", {"type": "error", "code": "400", "message": LEAK, "param": None,
+                       "sequence_number": 2})
+    + _event("response.failed", {"response": _FAILED, "sequence_number": 3,
+                                 "type": "response.failed"}))
+RESPONSES_SCRUBBED = (
+    RESPONSES_FAILING[:RESPONSES_FAILING.index(b"event: error")].replace(
+        b'"model":"org/m"', b'"model":"alias"')
+    + b'event: error\ndata: {"type":"error","code":"invalid_request_error","message":"'
+    + SCRUBBED.encode() + b'","param":null,"error":{"message":"' + SCRUBBED.encode()
+    + b'","type":"invalid_request_error","param":null,"code":400},"sequence_number":2}\n\n'
+    + _event("response.failed", {
+        "response": {**_FAILED, "model": "alias",
+                     "error": {"code": "server_error", "message": "Internal server error"}},
+        "sequence_number": 3, "type": "response.failed"}))
+
+
+def test_responses_inband_errors_scrubbed_at_every_single_cut() -> None:
+    """A Responses stream keeps its shape: the ``error`` event is written again (its
+    ``sequence_number`` kept), ``response.failed`` loses only its error's words."""
+    for cut in range(len(RESPONSES_FAILING) + 1):
+        relay = Relay(ModelRewriter("org/m", "alias"), RESPONSE_EVENTS, secrets=SECRETS)
+        out = _feed(relay, RESPONSES_FAILING, [cut])
+        assert out == RESPONSES_SCRUBBED, cut
+        assert relay.done and KEY.encode() not in out and b"fd00" not in out, cut
+
+
+@pytest.mark.parametrize(("responses", "body", "expected"), [
+    (False, b'{"id":"c","choices":[]}', b'{"id":"c","choices":[]}'),
+    (True, json.dumps(_CREATED).encode(), json.dumps(_CREATED).encode()),  # error null: as is
+    (True, json.dumps(_FAILED).encode(),
+     json.dumps({**_FAILED, "error": {"code": "server_error",
+                                      "message": "Internal server error"}},
+                separators=(",", ":")).encode()),
+])
+def test_buffered_reply_without_an_error_body(responses: bool, body: bytes,
+                                              expected: bytes) -> None:
+    assert InbandErrors(responses=responses, secrets=SECRETS).body(body) == expected
+
+
+@pytest.mark.parametrize("responses", [False, True])
+def test_buffered_error_body_raises_scrubbed(responses: bool) -> None:
+    inband = InbandErrors(responses=responses, hosts=("gpu-7.internal",), secrets=SECRETS)
+    with pytest.raises(errors.UpstreamError) as info:
+        inband.body(json.dumps({"error": {"message": LEAK, "code": 400}}).encode())
+    assert (info.value.status, info.value.message) == (400, SCRUBBED)

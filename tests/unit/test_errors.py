@@ -3,19 +3,32 @@
 Each table row is one fact a client depends on: the SDKs pick their exception
 class from the status, Claude Code retries on 429/5xx/529 and shrinks
 ``max_tokens`` on the exact context-limit wording, and nothing an upstream
-leaks (tracebacks, paths, hosts) may reach the client.
+leaks (tracebacks, paths, hosts, addresses, any configured upstream's key) may
+reach the client.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
-from gateway import errors, jsonutil
+from gateway import errors, jsonutil, redact
+from gateway.config import UpstreamConfig
 
 HOSTS = ("gpu-node-7.internal", "vllm")
+# '/' and '+' make the URL-encoded form differ, and a path-shaped key shows that secrets go
+# before the other rules (the path rule would otherwise take "/a1/Zq7+x" and leave "sk-live")
+KEY = "sk-live/a1/Zq7+x=42"
+OTHER_KEY = "other-upstream-9f8e7d"  # a second upstream's key, quoted by the first one
+UPSTREAMS = (UpstreamConfig("vllm", "http://gpu-node-7.internal:8000/v1", api_key=KEY),
+             UpstreamConfig("other", "http://10.0.0.2/v1", api_key=OTHER_KEY),
+             UpstreamConfig("keyless", "http://10.0.0.3/v1"))
+SECRETS = redact.Redactor.of(UPSTREAMS)
 
 
 def _body(payload: Any) -> bytes:
@@ -378,6 +391,61 @@ SCRUB_TABLE = [
     ("empty-after-scrub", 400, "Traceback (most recent call last):\n  File \"/x.py\"",
      "Invalid request"),
     ("empty-429", 429, "", "Rate limited"),
+    # every configured upstream's secrets, first (a later rule never cuts one in two)
+    ("key-verbatim", 400, f"key {KEY} refused", "key [redacted] refused"),
+    ("key-bearer-form", 400, f"header 'Authorization: Bearer {KEY}'",
+     "header 'Authorization: [redacted]'"),
+    ("key-url-encoded", 400, f"GET ?key={quote(KEY, safe='')}&n=1", "GET ?key=[redacted]&n=1"),
+    ("key-url-encoded-lower-hex", 400, "?key=sk-live%2fa1%2fZq7%2bx%3d42", "?key=[redacted]"),
+    ("key-slash-kept-encoded", 400, f"?key={quote(KEY)}", "?key=[redacted]"),
+    ("key-json-escaped", 400, "body {\"k\": \"" + KEY.replace("/", "\\/") + "\"}",
+     "body {\"k\": \"[redacted]\"}"),
+    ("key-in-a-url", 400, f"see http://h/x?key={quote(KEY, safe='')}", "see [redacted]"),
+    ("key-inside-a-word", 400, f"token=abc{KEY}xyz", "token=abc[redacted]xyz"),
+    ("key-of-another-upstream", 400, f"proxy saw {OTHER_KEY}", "proxy saw [redacted]"),
+    ("key-5xx", 500, f"key {KEY}", "Internal server error"),
+    # host:port tokens, whatever the host
+    ("host-port-dotted", 400, "refused by gpu-node-7.internal.example:8000 now",
+     "refused by [redacted] now"),
+    ("host-port-cluster-name", 400, "connect to gpu-node-7:8000 failed",
+     "connect to [redacted] failed"),
+    ("host-port-localhost", 400, "localhost:11434 said no", "[redacted] said no"),
+    ("host-port-end-of-sentence", 400, "down: api.example.com:443.", "down: [redacted]."),
+    ("host-port-and-path", 400, "gpu.example:8000/v1/models is gone", "[redacted] is gone"),
+    ("host-port-after-user", 400, "login user@db.internal:5432", "login user@[redacted]"),
+    ("file-line-reads-as-host-port", 400, "at serving_chat.py:123", "at [redacted]"),
+    ("configured-word-host-port", 400, "vllm:8000 is down", "[redacted]:8000 is down"),
+    # IPv6 literals, bare or bracketed, with a port or not
+    ("ipv6-bare", 400, "via fd00::17 now", "via [redacted] now"),
+    ("ipv6-loopback", 400, "bind ::1 failed", "bind [redacted] failed"),
+    ("ipv6-end-of-sentence", 400, "listening on ::1.", "listening on [redacted]."),
+    ("ipv6-then-colon", 400, "fd00::17: connection refused", "[redacted]: connection refused"),
+    ("ipv6-bracketed", 400, "peer [fd00::17] closed", "peer [redacted] closed"),
+    ("ipv6-bracketed-port", 400, "peer [fd00::17]:8000 closed", "peer [redacted] closed"),
+    ("ipv6-loopback-bracketed-port", 400, "[::1]:8000 refused", "[redacted] refused"),
+    ("ipv6-full", 400, "to 2001:db8:85a3:0:0:8a2e:370:7334 x", "to [redacted] x"),
+    ("ipv6-zone", 400, "fe80::1%eth0 down", "[redacted] down"),
+    ("ipv6-v4-mapped", 400, "from ::ffff:10.0.0.1 x", "from [redacted] x"),
+    ("ipv6-in-quotes", 400, "host 'fd00::17'", "host '[redacted]'"),
+    ("ipv6-port-unbracketed", 400, "fd00::17:8000 x", "[redacted] x"),  # an address too
+    ("slice-reads-as-ipv6", 400, "x[1::2] is bad", "x[redacted] is bad"),  # the known cost
+    # ordinary text that must survive
+    ("time-kept", 400, "at 12:30 today", "at 12:30 today"),
+    ("time-seconds-kept", 400, "took 01:02:03.5", "took 01:02:03.5"),
+    ("iso-time-kept", 400, "since 2024-01-01T12:30:00Z", "since 2024-01-01T12:30:00Z"),
+    ("code-scope-kept", 400, "a::b, std::vector, dead::beef, Foo::Bar, f32::EPSILON",
+     "a::b, std::vector, dead::beef, Foo::Bar, f32::EPSILON"),
+    ("double-colon-alone-kept", 400, "use :: here", "use :: here"),
+    ("mac-kept", 400, "nic 00:1a:2b:3c:4d:5e", "nic 00:1a:2b:3c:4d:5e"),
+    ("index-kept", 400, "messages[0].content[1]: bad", "messages[0].content[1]: bad"),
+    ("list-kept", 400, "expected [1, 2]", "expected [1, 2]"),
+    ("ratio-kept", 400, "ratio 1:2", "ratio 1:2"),
+    ("word-colon-number-kept", 400, "error:400 at line:12, tokens:4096",
+     "error:400 at line:12, tokens:4096"),
+    ("ollama-tag-kept", 400, "model qwen2.5:3b-instruct not found",
+     "model qwen2.5:3b-instruct not found"),
+    ("version-kept", 400, "v1.2.3:45 and 1.5:2", "v1.2.3:45 and 1.5:2"),
+    ("key-value-kept", 400, "top_p: must be <= 1", "top_p: must be <= 1"),
 ]  # fmt: skip
 
 
@@ -387,7 +455,7 @@ SCRUB_TABLE = [
     ids=[row[0] for row in SCRUB_TABLE],
 )
 def test_scrub(status: int, message: str, expected: str) -> None:
-    assert errors.scrub(status, message, hosts=HOSTS) == expected
+    assert errors.scrub(status, message, hosts=HOSTS, secrets=SECRETS) == expected
 
 
 def test_scrub_caps_at_500_characters() -> None:
@@ -395,6 +463,144 @@ def test_scrub_caps_at_500_characters() -> None:
     assert len(capped) == 500
     assert capped.endswith("...")
     assert errors.scrub(400, "x" * 500) == "x" * 500
+
+
+def test_scrub_caps_after_redacting() -> None:
+    """A key across the 500-character cap goes whole: it is redacted before the cut."""
+    capped = errors.scrub(400, "w" * 490 + " " + KEY + " tail", secrets=SECRETS)
+    assert capped == "w" * 490 + " [redac..."
+    assert "sk-" not in capped
+
+
+@pytest.mark.parametrize("text", [
+    "gpu-node-7.internal.example:8000 " * 3000,
+    "a." * 30000 + "x",
+    "a-b." * 15000,
+    "1:" * 30000 + "x",
+    "[1:" * 20000,
+    "dead::" * 10000,
+])
+def test_scrub_is_linear_on_hostile_text(text: str) -> None:
+    """An upstream chooses its error text: no rule may backtrack on it (64 KiB here)."""
+    t = time.perf_counter()
+    errors.scrub(400, text, hosts=HOSTS, secrets=SECRETS)
+    assert time.perf_counter() - t < 0.5
+
+
+# --- upstream secrets: every form, every upstream -----------------------------------------
+
+
+def test_secrets_of_lists_every_form_of_the_key() -> None:
+    cfg = UpstreamConfig("u", "http://u/v1", api_key="sk-a/b+c")
+    assert redact.secrets_of(cfg) == (
+        "Bearer sk-a/b+c", "sk-a/b+c", "sk-a%2Fb%2Bc", "sk-a%2fb%2bc", "sk-a/b%2Bc",
+        "sk-a\\/b+c")
+    assert redact.secrets_of(UpstreamConfig("u", "http://u/v1")) == ()
+
+
+def test_secrets_of_escapes_a_key_for_json() -> None:
+    key = 'k"e\\y'
+    assert json.dumps(key)[1:-1] in redact.secrets_of(UpstreamConfig("u", "http://u", api_key=key))
+
+
+REDACT_TABLE = [
+    # (case id, text, expected): one redactor over every upstream's secrets
+    ("bare-key", f"k={KEY}", "k=[redacted]"),
+    ("bearer-whole", f"Bearer {KEY}", "[redacted]"),
+    ("lower-case-bearer-keeps-its-word", f"bearer {KEY}", "bearer [redacted]"),
+    ("url-encoded", f"key={quote(KEY, safe='')}", "key=[redacted]"),
+    ("another-upstreams-key", f"{OTHER_KEY} and {KEY}", "[redacted] and [redacted]"),
+    ("twice", f"{KEY}{KEY}", "[redacted][redacted]"),
+    ("case-differs-kept", KEY.upper(), KEY.upper()),  # not the key
+    ("prefix-kept", KEY[:-1] + " ", KEY[:-1] + " "),  # not the key either
+    ("nothing-secret", "plain text", "plain text"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "expected"), [r[1:] for r in REDACT_TABLE],
+                         ids=[r[0] for r in REDACT_TABLE])
+def test_redactor(text: str, expected: str) -> None:
+    assert SECRETS(text) == expected
+
+
+def test_scrub_takes_the_strings_themselves() -> None:
+    """An upstream client hands its own ``secrets`` (strings); the app, its compiled
+    redactor of every upstream's."""
+    assert errors.scrub(400, f"Bearer {KEY} x", secrets=(KEY, f"Bearer {KEY}")) == "[redacted] x"
+    assert errors.from_upstream(400, _body(_vllm(KEY)), secrets=[KEY]).message == "[redacted]"
+
+
+def test_redactor_takes_the_longest_secret_first() -> None:
+    """A key that holds another upstream's key goes whole, not in two pieces."""
+    both = redact.Redactor(["abc", "abcdef"])
+    assert both("x abcdef y abc") == "x [redacted] y [redacted]"
+
+
+def test_redactor_without_secrets_and_its_repr() -> None:
+    assert not redact.NO_SECRETS and redact.NO_SECRETS(KEY) == KEY
+    assert SECRETS and KEY not in repr(SECRETS) and OTHER_KEY not in repr(SECRETS)
+
+
+def test_the_app_redacts_every_upstreams_secrets() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from gateway import config
+    from gateway.app import build_app
+    from gateway.appkeys import SECRETS as SECRETS_KEY
+
+    cfg = config.parse({"upstreams": {
+        "a": {"base_url": "http://a:1/v1", "api_key_env": "A_KEY"},
+        "b": {"base_url": "http://b:1/v1", "api_key_env": "B_KEY"}},
+        "models": [{"name": "m", "upstream": "a", "upstream_model": "m"}]},
+        "test.toml", {"A_KEY": "sk-aaaa", "B_KEY": "sk-bbbb"})
+    app = build_app(cfg, CollectorRegistry())
+    assert app[SECRETS_KEY]("sk-aaaa sk-bbbb Bearer sk-bbbb") == "[redacted] [redacted] [redacted]"
+
+
+@pytest.mark.parametrize("upstream_status", [400, 413, 422, 429])
+@pytest.mark.parametrize("body", [
+    _vllm(f"invalid key {KEY} (Bearer {KEY}) at gpu-node-7.internal.example:8000 via fd00::17"),
+    _sglang(f"key={quote(KEY, safe='')} of {OTHER_KEY} refused by [fd00::17]:8000"),
+    f"plain text: {KEY} {OTHER_KEY}".encode(),
+], ids=["vllm", "sglang", "plain"])
+def test_from_upstream_redacts_every_secret(upstream_status: int, body: Any) -> None:
+    err = errors.from_upstream(upstream_status, _body(body), hosts=HOSTS, secrets=SECRETS)
+    assert err.status == (400 if upstream_status == 422 else upstream_status)
+    assert "[redacted]" in err.message
+    for leak in (KEY, quote(KEY, safe=""), OTHER_KEY, "sk-live", "gpu-node", "fd00", "17:8000"):
+        assert leak not in err.message
+
+
+def test_rescrub_maps_the_reply_again_with_every_secret() -> None:
+    """The upstream client knows at most its own key; routing maps its error again."""
+    first = errors.from_upstream(400, _body(_vllm(f"key {OTHER_KEY} refused")), hosts=HOSTS)
+    assert OTHER_KEY in first.message  # what the client alone could do
+    again = errors.rescrub(first, hosts=HOSTS, secrets=SECRETS)
+    assert (again.status, again.error_type, again.message) == (
+        400, "invalid_request_error", "key [redacted] refused")
+    assert errors.rescrub(first, hosts=HOSTS) is first  # nothing more to redact
+    timeout = errors.UpstreamTimeout()
+    assert errors.rescrub(timeout, secrets=SECRETS) is timeout  # no reply behind it
+    too_long = errors.from_upstream(400, _body(_sglang(
+        "The input (5000 tokens) is longer than the model's context length (4096 tokens).")),
+        max_tokens=10)
+    assert errors.rescrub(too_long, secrets=SECRETS).message == TOO_LONG.format(5000, 4096)
+
+
+@pytest.mark.parametrize(("payload", "message"), [
+    ({"error": {"message": f"bad key {KEY}", "code": 400}}, "bad key [redacted]"),
+    (_sglang(f"bad key {KEY}"), "bad key [redacted]"),
+    ({"error": {"message": f"bad key {KEY}", "code": 500}}, "Internal server error"),
+])
+def test_inband_error_is_scrubbed(payload: dict[str, Any], message: str) -> None:
+    err = errors.inband_error(payload, hosts=HOSTS, secrets=SECRETS)
+    assert err is not None and err.message == message
+
+
+@pytest.mark.parametrize("payload", [
+    {"choices": [{"delta": {"content": "error"}}]}, {"error": None}, {"object": "chunk"}])
+def test_inband_error_none_when_no_error(payload: dict[str, Any]) -> None:
+    assert errors.inband_error(payload) is None
 
 
 # --- rendering ------------------------------------------------------------------------------
@@ -451,3 +657,7 @@ def test_pass_through_stream_errors() -> None:
     assert event == {"type": "error", "code": "server_error",
                      "message": "Upstream request timed out", "param": None,
                      "error": jsonutil.loads(errors.openai_body(err))["error"]}
+    with_seq = jsonutil.loads(errors.responses_sse_error(err, 7).split(b"data: ", 1)[1])
+    assert with_seq == {**event, "sequence_number": 7}
+    assert errors.responses_failure(err) == {"code": "server_error",
+                                             "message": "Upstream request timed out"}

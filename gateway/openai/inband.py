@@ -1,0 +1,138 @@
+"""In-band errors of pass-through replies (pure): found without a parse, scrubbed as on every
+route.
+
+Protocol facts relied on:
+
+* A chat or completions stream reports a failure as a ``data:`` event holding
+  ``{"error": {...}}`` (vLLM, llama.cpp, Ollama) or a bare ``{"object": "error", ...}``
+  (SGLang, older vLLM); a buffered reply, as a body of that shape with status 200.
+* A Responses stream reports one as an ``error`` event (``type``, ``code``, ``message``,
+  ``param``, ``sequence_number``), or ends with ``response.failed``, whose
+  ``response.error`` holds ``code`` and ``message``; a buffered Response, as
+  ``status: "failed"`` with that ``error``.
+* Each of those holds ``"error"`` as a JSON string (a key, or the value of ``type`` or
+  ``object``), and those seven bytes cannot occur unescaped inside a JSON string (generated
+  text holds ``\\"error\\"``). So a block without them holds no error and is not parsed;
+  only the events holding them are (Responses events with ``"error":null`` among them,
+  found to be no error and kept as they came).
+
+Scrubbing is the Anthropic route's (:func:`errors.from_inband`): a 4xx code keeps its
+message, scrubbed; no code, or a 5xx one, is replaced whole. An error is written again in
+its route's shape: on chunks a ``data:`` error body; on a Responses stream an ``error``
+event keeping its ``sequence_number``, or the ``response.failed`` event with only its
+``error`` replaced. Every other event keeps its bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gateway import errors, jsonutil
+from gateway.redact import NO_SECRETS, Redactor
+
+__all__ = ["NEEDLE", "InbandErrors"]
+
+NEEDLE = b'"error"'
+
+
+class InbandErrors:
+    """Finds one route's in-band errors and writes them again, scrubbed."""
+
+    __slots__ = ("_hosts", "_responses", "_secrets")
+
+    def __init__(self, *, responses: bool, hosts: Sequence[str] = (),
+                 secrets: Redactor = NO_SECRETS) -> None:
+        self._responses = responses  # the Responses API's shapes, else chat and completions
+        self._hosts = hosts
+        self._secrets = secrets
+
+    def block(self, block: bytes) -> bytes:
+        """Whole events framed with LF: error events written again, the rest byte for byte."""
+        if NEEDLE not in block:
+            return block
+        events = block.split(b"\n\n")
+        changed = False
+        for i, event in enumerate(events):
+            if NEEDLE in event:
+                frame = self.event(*_fields(event))
+                if frame is not None:
+                    events[i] = frame[:-2]  # the join puts the blank line back
+                    changed = True
+        return b"\n\n".join(events) if changed else block
+
+    def event(self, name: bytes, payload: bytes) -> bytes | None:
+        """The frame that replaces this event (its name, its data) if it reports an error."""
+        obj = _object(payload)
+        if obj is None:
+            return None
+        if not self._responses:
+            err = errors.inband_error(obj, hosts=self._hosts, secrets=self._secrets)
+            return None if err is None else errors.openai_sse_error(err)
+        kind = obj.get("type")
+        if kind == "response.failed":
+            response = obj.get("response")
+            if not isinstance(response, dict) or response.get("error") is None:
+                return None
+            response["error"] = self._failure(response["error"])
+            data = jsonutil.dumpb(obj)
+            return (b"event: " + name + b"\ndata: " if name else b"data: ") + data + b"\n\n"
+        if kind == "error":
+            err = errors.from_inband(obj, hosts=self._hosts, secrets=self._secrets)
+        else:
+            found = errors.inband_error(obj, hosts=self._hosts, secrets=self._secrets)
+            if found is None:
+                return None
+            err = found
+        seq = obj.get("sequence_number")
+        return errors.responses_sse_error(
+            err, seq if isinstance(seq, int) and not isinstance(seq, bool) else None)
+
+    def body(self, data: bytes) -> bytes:
+        """A buffered 200 reply: an error body raises its error, scrubbed; a failed Response
+        comes back with only its ``error`` replaced; anything else as it is."""
+        obj = _object(data)
+        if obj is None:
+            return data
+        if self._responses and obj.get("object") == "response":
+            if obj.get("error") is None:
+                return data
+            obj["error"] = self._failure(obj["error"])
+            return jsonutil.dumpb(obj)
+        err = errors.inband_error(obj, hosts=self._hosts, secrets=self._secrets)
+        if err is not None:
+            raise err
+        return data
+
+    def _failure(self, error: Any) -> dict[str, Any]:
+        err = errors.from_inband({"error": error}, hosts=self._hosts, secrets=self._secrets)
+        return errors.responses_failure(err)
+
+
+def _object(payload: bytes) -> dict[str, Any] | None:
+    """The JSON object of a payload that may report an error; None for any other."""
+    if NEEDLE not in payload:
+        return None
+    try:
+        obj = jsonutil.loads_upstream(payload)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _fields(event: bytes) -> tuple[bytes, bytes]:
+    """(name, data) of one event framed with LF, read as :class:`gateway.sse.SSEDecoder`
+    reads them (data lines joined with LF, one space after the colon dropped)."""
+    name = b""
+    data: list[bytes] = []
+    for line in event.split(b"\n"):
+        field, _, value = line.partition(b":")
+        if not field:
+            continue  # a comment, or a blank line
+        if value[:1] == b" ":
+            value = value[1:]
+        if field == b"data":
+            data.append(value)
+        elif field == b"event":
+            name = value
+    return name, b"\n".join(data)

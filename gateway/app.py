@@ -130,8 +130,11 @@ def build_app(config: Config, registry: CollectorRegistry | None = None) -> web.
     metrics = Metrics(defined, info_registry=info)
     app[METRICS] = metrics
     app[UPSTREAMS] = {
-        name: UpstreamClient(cfg, connections=metrics.upstream_connections.labels(name))
+        name: UpstreamClient(cfg, connections=metrics.upstream_connections.labels(name),
+                             protocol_errors=metrics.upstream_protocol_errors)
         for name, cfg in config.upstreams.items()}
+    for name in config.upstreams:
+        metrics.add_upstream(name)
     app[SECRETS] = Redactor.of(config.upstreams.values())
     app[STATE] = AppState(api_keys=tuple(k.encode() for k in config.server.api_keys))
     for route in config.models.values():

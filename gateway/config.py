@@ -35,8 +35,11 @@ class UpstreamConfig:
     api_key: str | None = field(default=None, repr=False)
     pool_size: int = 0  # 0: no limit (each stream holds one connection)
     connect_timeout: float = 5.0
-    header_timeout: float = 600.0
-    idle_timeout: float = 300.0
+    header_timeout: float = 600.0  # from the send to the final reply head
+    idle_timeout: float = 300.0  # a stream's longest gap between events
+    response_timeout: float = 900.0  # from the send to a buffered reply's last byte
+    max_response_bytes: int = 64 * 1024 * 1024  # a buffered reply's size cap
+    keepalive: bool = True  # False: a fresh connection per request (Connection: close)
 
     @property
     def host(self) -> str:
@@ -139,6 +142,9 @@ _UPSTREAM_KEYS: dict[str, tuple[tuple[type, ...], bool]] = {
     "connect_timeout": ((int, float), False),
     "header_timeout": ((int, float), False),
     "idle_timeout": ((int, float), False),
+    "response_timeout": ((int, float), False),
+    "max_response_bytes": ((int,), False),
+    "keepalive": ((bool,), False),
 }
 _MODEL_KEYS: dict[str, tuple[tuple[type, ...], bool]] = {
     "name": ((str,), True),
@@ -240,10 +246,11 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         up["base_url"] = up["base_url"].rstrip("/")
         if up.get("kind", "openai") not in UPSTREAM_KINDS:
             raise ConfigError(f"{src}: {where}.kind: must be one of {', '.join(UPSTREAM_KINDS)}")
-        for key in ("pool_size", "connect_timeout", "header_timeout", "idle_timeout"):
+        for key in ("pool_size", "connect_timeout", "header_timeout", "idle_timeout",
+                    "response_timeout", "max_response_bytes"):
             if key in up:
                 _positive(src, f"{where}.{key}", up[key], allow_zero=key == "pool_size")
-                if key != "pool_size":
+                if key.endswith("_timeout"):
                     up[key] = float(up[key])
         api_key = _env(env, src, f"{where}.api_key_env", up["api_key_env"]) \
             if "api_key_env" in up else None

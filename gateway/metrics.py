@@ -40,6 +40,12 @@ DROPPED_FIELDS = (
     "min_p", "mcp_servers", "cache_control", "inference_geo", "speed", "diagnostics", "other",
 )
 TOKEN_TYPES = ("input", "output")
+# framing anomalies of an upstream reply (gateway/upstream/connection.py says what each is)
+PROTOCOL_ERRORS = (
+    "extra_bytes", "length_and_chunked", "transfer_coding", "http10_chunked", "upgrade",
+    "bad_status", "interim_flood", "head_too_large", "content_encoding", "request_id_mismatch",
+    "malformed",
+)
 
 # end-to-end request time: sub-second buffered errors up to long reasoning streams
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0,
@@ -139,6 +145,10 @@ class Metrics:
             p + "tool_argument_errors_total",
             "Tool-call arguments that were not valid JSON or belonged to no known call",
             ["model"], registry=r))
+        self.upstream_protocol_errors = _Memo(Counter(
+            p + "upstream_protocol_errors_total",
+            "Upstream replies that broke HTTP framing, by kind; each closed the upstream's "
+            "idle connections", ["upstream", "kind"], registry=r))
         self.upstream_connections = _Memo(Gauge(
             p + "upstream_connections", "Connections open to the upstream now, busy or idle",
             ["upstream"], registry=r, multiprocess_mode="livesum"))
@@ -169,6 +179,11 @@ class Metrics:
             for reason in TERMINATIONS:
                 self.terminations.labels(api, model, reason)
         self.tool_arg_errors.labels(model)
+
+    def add_upstream(self, upstream: str) -> None:
+        """Create a configured upstream's per-upstream series at zero."""
+        for kind in PROTOCOL_ERRORS:
+            self.upstream_protocol_errors.labels(upstream, kind)
 
     def drop_field(self, name: str) -> None:
         """Count a dropped request field; unknown names (client input) count as ``other``."""

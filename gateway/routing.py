@@ -10,7 +10,17 @@ from contextlib import contextmanager
 from aiohttp import web
 
 from gateway import errors
-from gateway.appkeys import API, CONFIG, METRICS, MODEL, SECRETS, STATE, UPSTREAM, UPSTREAMS
+from gateway.appkeys import (
+    API,
+    CONFIG,
+    METRICS,
+    MODEL,
+    REQUEST_ID,
+    SECRETS,
+    STATE,
+    UPSTREAM,
+    UPSTREAMS,
+)
 from gateway.config import ModelRoute, find_route
 from gateway.upstream import UpstreamClient, UpstreamResponse
 
@@ -78,7 +88,7 @@ async def send(
     t = time.perf_counter()
     try:
         up = await client.request(path, payload, stream=stream, max_tokens=max_tokens,
-                                  at_root=at_root)
+                                  at_root=at_root, request_id=request.get(REQUEST_ID))
     except errors.UpstreamTimeout:
         metrics.upstream_requests.labels(route.name, client.name, "timeout").inc()
         raise

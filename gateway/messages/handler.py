@@ -225,6 +225,7 @@ async def _pump(up: UpstreamResponse, translator: StreamTranslator,
     clock = time.perf_counter
     feed = translator.feed
     for_chunk = decoder.feed
+    progress = up.progress
     async for chunk in up.chunks():
         now = clock()
         if timing.last_chunk:
@@ -238,6 +239,7 @@ async def _pump(up: UpstreamResponse, translator: StreamTranslator,
                 break
         timing.translate += clock() - now
         if out:
+            progress()  # events, not blank lines or comments, keep a stream alive
             if not timing.first_token and translator.output_started:
                 timing.first_token = now
                 if ttft is not None:

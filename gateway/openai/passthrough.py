@@ -30,6 +30,7 @@ from gateway.openai.relay import ModelRewriter, Relay
 from gateway.upstream import UpstreamResponse
 from gateway.writer import ClientGone, StreamWriter
 
+_EVENT = b"data:"  # relayed bytes holding an event's data (a comment or blank line does not)
 _PING = b": ping\n\n"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -101,8 +102,11 @@ async def _relay(request: web.Request, api: OpenAIApi, route: ModelRoute, up: Up
     try:
         with routing.drainable(request) as handle:
             try:
+                progress = up.progress
                 async for chunk in up.chunks():
                     out = relay.feed(chunk)
+                    if out and _EVENT in out:
+                        progress()  # events, not blank lines or comments, keep it alive
                     if not timed and relay.first_token:
                         timed = True
                         metrics.ttft.labels(api.name, route.name).observe(

@@ -2,9 +2,10 @@
 
 vLLM, SGLang and aiohttp servers send a stream's chunked terminator as a write of its
 own after ``data: [DONE]``. The gateway has finished the client's stream at ``[DONE]``;
-it then waits a moment (``upstream._DRAIN_SECONDS``) for that terminator so the
-connection goes back to the pool instead of being closed. A terminator that does not
-come in time means the connection is closed, and the client never waits for it.
+it then waits a moment (``_DRAIN_SECONDS`` in gateway/upstream/client.py) for that
+terminator so the connection goes back to the pool instead of being closed. A terminator
+that does not come in time means the connection is closed, and the client never waits
+for it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,11 @@
+"""The upstream side: one connection (llhttp in an ``asyncio.Protocol``), the keep-alive
+pool, and the client the handlers use (requests, deadlines, caps, one error map).
+
+    connection.py   one HTTP/1.1 connection: llhttp frames the replies; anomalies
+    pool.py         keep-alive connections to one upstream, FIFO slots, idle sweep
+    client.py       UpstreamClient / UpstreamResponse: what the handlers call
+"""
+
+from gateway.upstream.client import UpstreamClient, UpstreamResponse, upstream_secrets
+
+__all__ = ["UpstreamClient", "UpstreamResponse", "upstream_secrets"]

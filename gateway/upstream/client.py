@@ -1,0 +1,359 @@
+"""UpstreamClient: the only place upstream connection errors and timeouts are caught.
+
+One keep-alive pool per upstream (gateway/upstream/pool.py, opened and closed by the
+app's cleanup_ctx). Every failure is mapped once, by :class:`_Failures`, and logged
+once (``upstream_failure``: upstream, phase, cause, request id; at most one line per
+upstream and cause a second, the lines held back counted in the next):
+
+* refused, reset or closed before any byte of the reply -> UpstreamUnavailable (529,
+  retryable); retried at most once, and only then (nothing has reached the client);
+* no final head within ``header_timeout`` of the send (interim 1xx replies do not
+  extend it), a buffered reply not whole within ``response_timeout``, a stream with no
+  event for ``idle_timeout``, no pool slot within the head timeout -> UpstreamTimeout
+  (504);
+* a malformed, cut or oversized (``max_response_bytes``) reply -> UpstreamError 500
+  ``api_error``: the same request would fail the same way, so it is not an overload;
+* an HTTP error status -> errors.from_upstream (scrubbed, mapped).
+
+A framing anomaly (gateway/upstream/connection.py) is also counted in
+``llm_gateway_upstream_protocol_errors_total{upstream,kind}``, and the pool closes the
+upstream's idle connections with it.
+
+A response is used as an async context manager: leaving it early (client gone, stream
+translated to its end, an error) *closes* the connection, so the upstream sees the
+disconnect and stops generating; only a body read to its end goes back to the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import structlog
+
+from gateway import errors
+from gateway.config import UpstreamConfig
+from gateway.upstream.connection import (
+    BrokenResponse,
+    ConnectFailed,
+    Disconnected,
+    HTTPClientError,
+    PoolTimeout,
+    ProtocolError,
+    TooLarge,
+)
+from gateway.upstream.pool import Counter, Pool, Response
+
+_log = structlog.get_logger("gateway.upstream")
+
+_ERROR_BODY_CAP = 64 * 1024
+# after [DONE]: how much more body, and how long, to wait for to keep the connection
+_DRAIN_BYTES = 16 * 1024
+_DRAIN_SECONDS = 0.1
+# failures retried once: the connection ended before the upstream saw the request
+_RETRIED = frozenset(("refused", "reset", "closed"))
+_LOG_EVERY = 1.0  # seconds between two failure lines of one upstream and cause
+
+
+class _FailureLog:
+    """One warning per failure, at most one a second per cause; the rest are counted."""
+
+    __slots__ = ("_last", "_loop", "_upstream")
+
+    def __init__(self, upstream: str) -> None:
+        self._upstream = upstream
+        self._last: dict[str, list[float]] = {}  # cause -> [time of last line, held back]
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __call__(self, phase: str, cause: str, request_id: str | None, **fields: Any) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        now = self._loop.time()
+        seen = self._last.get(cause)
+        if seen is not None and now - seen[0] < _LOG_EVERY:
+            seen[1] += 1
+            return
+        suppressed = int(seen[1]) if seen is not None else 0
+        self._last[cause] = [now, 0]
+        if suppressed:
+            fields["suppressed"] = suppressed
+        _log.warning("upstream_failure", upstream=self._upstream, phase=phase, cause=cause,
+                     request_id=request_id, **fields)
+
+
+def _mapped(exc: BaseException, phase: str, stream: bool
+            ) -> tuple[errors.GatewayError, str, str] | None:
+    """(the client's error, phase, cause) for a foreign exception; None: not ours."""
+    if isinstance(exc, ConnectFailed):
+        err: errors.GatewayError = (errors.UpstreamTimeout() if exc.cause == "timeout"
+                                    else errors.UpstreamUnavailable())
+        return err, "connect", exc.cause
+    if isinstance(exc, PoolTimeout):
+        return errors.UpstreamTimeout(), "connect", exc.cause
+    if isinstance(exc, TimeoutError):
+        if phase == "body" and stream:
+            return errors.UpstreamTimeout("Upstream stopped sending"), phase, "timeout"
+        return errors.UpstreamTimeout(), phase, "timeout"
+    if isinstance(exc, Disconnected):
+        return errors.UpstreamUnavailable(), phase, exc.cause
+    if isinstance(exc, TooLarge):
+        return errors.UpstreamError("Upstream response too large", status=500), phase, exc.cause
+    if isinstance(exc, ProtocolError | BrokenResponse) and exc.cause != "reset":
+        message = "Upstream connection lost" if exc.cause == "cut" else \
+            "Upstream sent a malformed response"
+        return errors.UpstreamError(message, status=500), phase, exc.cause
+    if isinstance(exc, HTTPClientError | OSError):
+        if phase == "head":
+            return errors.UpstreamUnavailable(), phase, "reset"
+        return errors.UpstreamError("Upstream connection lost", status=500), phase, "reset"
+    return None
+
+
+class _Failures:
+    """The one error map (httpcore's ``map_exceptions``): foreign -> GatewayError, logged.
+
+    ``retry``: a failure before the upstream saw the request is swallowed instead and
+    ``retried`` set, for the caller to send again (once).
+    """
+
+    __slots__ = ("_client", "_phase", "_request_id", "_stream", "retried", "retry")
+
+    def __init__(self, client: UpstreamClient, phase: str, request_id: str | None,
+                 stream: bool, *, retry: bool = False) -> None:
+        self._client = client
+        self._phase = phase
+        self._request_id = request_id
+        self._stream = stream
+        self.retry = retry
+        self.retried = False
+
+    def __enter__(self) -> _Failures:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:
+        if exc is None or isinstance(exc, errors.GatewayError):
+            return False
+        mapped = _mapped(exc, self._phase, self._stream)
+        if mapped is None:
+            return False  # cancellation, GeneratorExit, a bug: not the upstream's doing
+        err, phase, cause = mapped
+        if self.retry and cause in _RETRIED and phase != "body":
+            self.retried = True
+            return True
+        if not isinstance(exc, ProtocolError):  # the pool has logged that one
+            self._client.report(phase, cause, self._request_id)
+        raise err from None
+
+
+class UpstreamResponse:
+    """A live upstream response; read it with :meth:`chunks` or :meth:`read`."""
+
+    __slots__ = ("_cap", "_client", "_done", "_ending", "_request_id", "_resp", "_stream",
+                 "progress")
+
+    def __init__(self, resp: Response, client: UpstreamClient, *, stream: bool,
+                 request_id: str | None) -> None:
+        self._resp = resp
+        self._client = client
+        self._stream = stream
+        self._request_id = request_id
+        self._cap = client.cfg.max_response_bytes
+        self._done = False
+        self._ending = False
+        # A stream's reader calls this when the bytes it read carried an event (an SSE
+        # payload): the stream's idle_timeout restarts from those bytes. Blank lines,
+        # comments and bare framing do not count, so a trickle of them cannot keep a
+        # stream open forever.
+        self.progress = resp.progress
+
+    @property
+    def status(self) -> int:
+        return self._resp.status
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive; timeouts and cuts raise GatewayErrors.
+
+        On a stream, call :attr:`progress` for bytes that carried an event, else the
+        stream ends ``idle_timeout`` after its head whatever arrives.
+        """
+        readany = self._resp.readany
+        with _Failures(self._client, "body", self._request_id, self._stream):
+            while True:
+                chunk = await readany()
+                if not chunk:
+                    self._done = True
+                    return
+                yield chunk
+
+    def release_if_complete(self, *, ended: bool = False) -> None:
+        """Mark the response reusable if its body has been read to the end.
+
+        ``ended``: the upstream has said its stream is over (``[DONE]``), so the rest
+        of its body (the chunked terminator, usually a separate write) is due at once;
+        leaving the ``async with`` then waits a moment for it instead of closing a
+        connection that could be reused.
+        """
+        if self._resp.at_eof:
+            self._done = True
+        elif ended:
+            self._ending = True
+
+    async def read(self) -> bytes:
+        """The whole body; past the upstream's ``max_response_bytes``, a 500."""
+        with _Failures(self._client, "body", self._request_id, self._stream):
+            body = await self._resp.read(cap=self._cap)
+        self._done = True
+        return body
+
+    async def __aenter__(self) -> UpstreamResponse:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._done and exc is None:
+            self._resp.release()
+        elif self._ending and exc is None:
+            # The client's reply is complete: wait for the body's end apart from this
+            # handler, which may be cancelled the moment the client hangs up.
+            task = asyncio.get_running_loop().create_task(_settle(self._resp))
+            _SETTLING.add(task)
+            task.add_done_callback(_SETTLING.discard)
+        else:
+            # Not read to the end: drop the connection so the upstream stops generating.
+            self._resp.close()
+
+
+_SETTLING: set[asyncio.Task[None]] = set()  # strong references to the tasks below
+
+
+async def _settle(resp: Response) -> None:
+    """Pool the connection if the rest of the body comes soon, else close it."""
+    done = False
+    try:
+        done = await resp.drain(_DRAIN_BYTES, _DRAIN_SECONDS)
+    finally:
+        if done:
+            resp.release()
+        else:
+            resp.close()
+
+
+def upstream_secrets(api_key: str | None) -> tuple[str, ...]:
+    """Every form in which the upstream's key could come back in its text."""
+    if not api_key:
+        return ()
+    forms = (api_key, f"Bearer {api_key}", quote(api_key, safe=""))
+    return tuple(dict.fromkeys(f for f in forms if f))
+
+
+class UpstreamClient:
+    """Pooled HTTP client for one upstream.
+
+    ``hosts`` and ``secrets`` are what the scrubber removes from upstream text: the
+    upstream's host names, and its key in every form (the key, ``Bearer <key>``, the
+    key URL-encoded).
+    """
+
+    def __init__(self, cfg: UpstreamConfig, *, connections: Counter | None = None,
+                 protocol_errors: Any = None) -> None:
+        self.cfg = cfg
+        self._connections = connections
+        self._protocol_errors = protocol_errors  # a labelled counter: (upstream, kind)
+        self.name = cfg.name
+        self.hosts = (cfg.host, cfg.host.rsplit(":", 1)[0], cfg.base_url)
+        self.secrets = upstream_secrets(cfg.api_key)
+        self.report = _FailureLog(cfg.name)
+        path = cfg.base_url.split("://", 1)[-1].partition("/")[2].rstrip("/")
+        self._path = "/" + path if path else ""
+        # llama.cpp's and vLLM's /tokenize, /apply-template live beside /v1, not under it
+        self._root = self._path[:-3] if self._path.endswith("/v1") else self._path
+        self._headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+        if cfg.api_key:
+            self._headers["Authorization"] = f"Bearer {cfg.api_key}"
+        self._pool: Pool | None = None
+
+    async def start(self) -> None:
+        cfg = self.cfg
+        self._pool = Pool(cfg.base_url, limit=cfg.pool_size, connect_timeout=cfg.connect_timeout,
+                          extra_headers=self._headers, gauge=self._connections,
+                          keepalive=cfg.keepalive, on_protocol_error=self._protocol_error)
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    @property
+    def open_connections(self) -> int:
+        return self._pool.open_connections if self._pool is not None else 0
+
+    def _protocol_error(self, kind: str, phase: str, request_id: str | None) -> None:
+        if self._protocol_errors is not None:
+            self._protocol_errors.labels(self.name, kind).inc()
+        self.report(phase, "protocol_error", request_id, kind=kind)
+
+    async def request(
+        self,
+        path: str,
+        body: bytes,
+        *,
+        stream: bool,
+        max_tokens: int | None = None,
+        method: str = "POST",
+        at_root: bool = False,
+        request_id: str | None = None,
+    ) -> UpstreamResponse:
+        """Send and wait for a 2xx response's head; anything else raises a GatewayError.
+
+        ``request_id`` (the gateway's own, header-safe) goes upstream as ``X-Request-Id``.
+        """
+        pool = self._pool
+        assert pool is not None, "UpstreamClient used before start()"
+        cfg = self.cfg
+        if stream:  # the head within both timeouts; then no event for idle_timeout
+            head_timeout = min(cfg.header_timeout, cfg.idle_timeout)
+            body_timeout = cfg.idle_timeout
+        else:  # the head, then the whole reply, each due counting from the send
+            head_timeout = min(cfg.header_timeout, cfg.response_timeout)
+            body_timeout = cfg.response_timeout
+        target = (self._root if at_root else self._path) + path
+        data = body if method == "POST" else None
+        rid = request_id.encode("latin-1") if request_id else None
+        resp: Response | None = None
+        for attempt in (0, 1):
+            with _Failures(self, "head", request_id, stream, retry=attempt == 0) as failures:
+                resp = await pool.request(method, target, data, head_timeout=head_timeout,
+                                          body_timeout=body_timeout, stream=stream,
+                                          request_id=rid)
+            if not failures.retried:
+                break
+        assert resp is not None
+        if resp.status >= 300:
+            raise await self._error_status(resp, request_id, max_tokens)
+        return UpstreamResponse(resp, self, stream=stream, request_id=request_id)
+
+    async def _error_status(self, resp: Response, request_id: str | None,
+                            max_tokens: int | None) -> errors.UpstreamError:
+        status = resp.status
+        try:
+            raw = await resp.read(_ERROR_BODY_CAP)
+        except (HTTPClientError, TimeoutError, OSError):
+            raw = b""
+        finally:
+            resp.close()
+        if status < 400:  # a redirect: the upstream is misconfigured, not the client
+            self.report("head", "redirect", request_id, status=status)
+            return errors.UpstreamError(status=500)
+        if status >= 500:
+            self.report("head", "status", request_id, status=status)
+        err = errors.from_upstream(status, raw, hosts=self.hosts, max_tokens=max_tokens)
+        err.upstream_status = status  # type: ignore[attr-defined]
+        return err

@@ -1,0 +1,448 @@
+"""One upstream HTTP/1.1 connection: an ``asyncio.Protocol`` whose replies llhttp frames.
+
+The bytes are framed by ``httptools.HttpResponseParser`` (llhttp, Node's parser, as
+uvicorn uses it): status line, headers, ``Content-Length``, ``chunked`` (extensions
+and trailers), a body until the server closes, no body after 204 and 304. This module
+keeps only what llhttp leaves to its caller, each a protocol fact it relies on:
+
+* 1xx replies are interim (RFC 9110 15.2): the final reply follows on the same
+  connection. At most ``MAX_INTERIM`` are accepted; ``101 Switching Protocols`` was
+  never asked for and is refused. llhttp reads each in its own pass, so skipping them
+  costs linear time.
+* A status outside 100..599 is not a reply; llhttp accepts any three digits.
+* ``Transfer-Encoding`` other than exactly ``chunked`` would leave the body coded;
+  in an HTTP/1.0 reply it means faulty framing (RFC 9112 6.1). Both are refused.
+  ``Content-Length`` with ``Transfer-Encoding`` is refused by llhttp itself.
+* The gateway asks for ``Accept-Encoding: identity``, so any other
+  ``Content-Encoding`` is a broken reply: nothing is ever decompressed.
+* The request carried ``X-Request-Id``; a reply echoing another one answers another
+  request.
+* Bytes after a reply's end, in the same read, a later one or while the connection
+  sits idle in the pool, are a reply to nobody: on a keep-alive connection they would
+  be read as the next request's reply.
+
+Each of those is a :class:`ProtocolError` of a fixed ``kind``
+(gateway/metrics.py ``PROTOCOL_ERRORS``): the connection is aborted and its pool told
+(:meth:`Owner.protocol_error`), which closes the upstream's idle connections too.
+
+A reply's head may take ``HEAD_LIMIT`` bytes (all its heads together), and so may the
+bytes between two pieces of body (chunk framing, trailers): llhttp buffers a header
+until it ends, so an unbounded one would grow the process.
+
+Timeouts without a timer per read: one timer per connection, re-armed lazily. A phase
+ends at ``mark + span``: a deadline (``mark`` fixed at the send) for the head and a
+buffered body, an inactivity rule for a stream's body (``mark`` moved by
+:meth:`Connection.progress`, which the reader calls when the bytes carried an event),
+so a chunk costs a float store. Read backpressure: past ``_PAUSE_AT`` unread bytes the
+socket stops being read.
+
+Errors: :class:`Disconnected` (the connection ended before any byte of the reply: the
+request can be retried), :class:`BrokenResponse` (a reply cut or malformed),
+:class:`ProtocolError` (a framing anomaly), ``TimeoutError`` (the phase's time ran out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+import httptools
+
+HEAD_LIMIT = 64 * 1024
+MAX_INTERIM = 8
+_PAUSE_AT = 256 * 1024
+
+# where a connection is in its request: no request (new or idle in the pool), waiting for
+# the final head, reading the body, the body read to its end, failed or closed
+_IDLE, _HEAD, _BODY, _DONE, _FAILED = range(5)
+_PHASE_NAMES = ("idle", "head", "body", "body", "body")
+
+# llhttp's own refusals that name an anomaly of ours (its reason texts)
+_LLHTTP_KINDS = (
+    ("can't be present with", "length_and_chunked"),
+    ("Data after `Connection: close`", "extra_bytes"),
+    ("Upgrade", "upgrade"),
+    ("Invalid response status", "bad_status"),
+)
+
+
+class HTTPClientError(Exception):
+    """Base of the upstream client's errors; ``cause`` names the failure for logs."""
+
+    cause = "protocol_error"
+
+    def __init__(self, message: str = "", *, cause: str | None = None) -> None:
+        super().__init__(message)
+        if cause is not None:
+            self.cause = cause
+
+
+class ConnectFailed(HTTPClientError):
+    """No connection: ``cause`` is refused, reset, timeout, tls, dns or connect."""
+
+
+class PoolTimeout(HTTPClientError):
+    """No pool slot came free within the head timeout."""
+
+    cause = "pool_timeout"
+
+
+class Disconnected(HTTPClientError):
+    """The connection ended before any byte of the reply arrived (safe to retry once)."""
+
+    cause = "closed"
+
+
+class BrokenResponse(HTTPClientError):
+    """The reply was malformed, or cut before its framing said it ended."""
+
+    cause = "cut"
+
+
+class ProtocolError(BrokenResponse):
+    """A framing anomaly; ``kind`` is one of gateway/metrics.py ``PROTOCOL_ERRORS``."""
+
+    cause = "protocol_error"
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+class TooLarge(BrokenResponse):
+    """A buffered reply larger than the upstream's ``max_response_bytes``."""
+
+    cause = "too_large"
+
+
+class _Anomaly(Exception):
+    """Raised inside a parser callback to stop llhttp; the kind is on the connection."""
+
+
+def _kind_of(exc: Exception) -> str:
+    if isinstance(exc, httptools.HttpParserUpgrade):
+        return "upgrade"
+    text = str(exc)
+    for needle, kind in _LLHTTP_KINDS:
+        if needle in text:
+            return kind
+    return "malformed"
+
+
+class Owner(Protocol):
+    """What a connection needs of its pool."""
+
+    loop: asyncio.AbstractEventLoop
+
+    def forget(self, conn: Connection) -> None: ...
+
+    def protocol_error(self, conn: Connection, kind: str, phase: str) -> None: ...
+
+
+class Connection(asyncio.Protocol):
+    __slots__ = (
+        "_body_span", "_buffered", "_chunks", "_eof", "_exc", "_got_bytes", "_head_size", "_idle",
+        "_interim", "_junk", "_kind", "_last_byte", "_loop", "_mark", "_parser", "_paused",
+        "_phase", "_pool", "_span", "_stream_span", "_timer", "_until_close", "_waiter",
+        "closed", "headers", "idle_since", "keep_alive", "length", "request_id", "status",
+        "transport",
+    )
+
+    def __init__(self, pool: Owner) -> None:
+        self._pool = pool
+        self._loop = pool.loop
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self._parser = httptools.HttpResponseParser(self)
+        self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._mark = 0.0
+        self._span = 0.0
+        self._body_span = 0.0
+        self._stream_span = 0.0  # > 0: the body is a stream, idle past this many seconds
+        self._idle = False  # the body's inactivity rule is running (progress moves mark)
+        self._last_byte = 0.0
+        self._paused = False
+        self._phase = _IDLE
+        self.request_id: bytes | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._eof = False
+        self._exc: BaseException | None = None
+        self._got_bytes = False
+        self._kind = ""
+        self._interim = 0
+        self._head_size = 0
+        self._junk = 0
+        self._until_close = False
+        self.status = 0
+        self.headers: dict[bytes, bytes] = {}
+        self.keep_alive = False
+        self.length = -1  # the final head's Content-Length, -1 without one
+
+    # --- asyncio.Protocol -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._pool.forget(self)
+        phase = self._phase
+        if phase == _BODY:
+            if self._until_close and exc is None:
+                self._finish()  # an orderly close is how such a body ends
+            else:
+                self._fail(BrokenResponse("connection lost in the reply's body",
+                                          cause="reset" if exc is not None else "cut"))
+        elif phase == _HEAD:
+            if self._got_bytes:
+                self._fail(BrokenResponse("connection lost in the reply's head"))
+            else:
+                self._fail(Disconnected("connection closed before a reply",
+                                        cause="reset" if exc is not None else "closed"))
+        self._cancel_timer()
+
+    def data_received(self, data: bytes) -> None:
+        self._last_byte = self._loop.time()
+        phase = self._phase
+        if phase != _BODY and phase != _HEAD:
+            if not self.closed:  # a reply to nobody: this connection cannot be trusted
+                self._protocol_error("extra_bytes")
+            return
+        self._got_bytes = True
+        pieces = len(self._chunks)
+        try:
+            self._parser.feed_data(data)
+        except (httptools.HttpParserError, _Anomaly) as exc:
+            if not self._kind and isinstance(exc, httptools.HttpParserCallbackError):
+                raise  # a bug in a callback of ours, not the upstream's: asyncio closes
+            self._protocol_error(self._kind or _kind_of(exc))
+            return
+        if len(self._chunks) != pieces:
+            self._junk = 0
+        elif self._phase != _DONE:  # no body in this read: head, framing or trailers
+            self._junk += len(data)
+            if self._junk > HEAD_LIMIT:
+                self._protocol_error("head_too_large")
+
+    def eof_received(self) -> bool:
+        return False  # close; connection_lost settles the reply
+
+    # --- llhttp callbacks ---------------------------------------------------------------
+
+    def _anomaly(self, kind: str) -> _Anomaly:
+        self._kind = kind
+        return _Anomaly(kind)
+
+    def on_message_begin(self) -> None:
+        if self._phase != _HEAD:  # a second reply after the one asked for
+            raise self._anomaly("extra_bytes")
+        self.headers = {}
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_size += len(name) + len(value) + 4
+        if self._head_size > HEAD_LIMIT:
+            raise self._anomaly("head_too_large")
+        if self._phase != _HEAD:
+            return  # a trailer field: dropped
+        name = name.lower()
+        value = value.rstrip(b" \t")  # llhttp drops the whitespace before a value, not after
+        headers = self.headers
+        old = headers.get(name)
+        headers[name] = value if old is None else old + b", " + value
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        status = parser.get_status_code()
+        if status < 200:
+            if status == 101:
+                raise self._anomaly("upgrade")
+            if status < 100:
+                raise self._anomaly("bad_status")
+            self._interim += 1
+            if self._interim > MAX_INTERIM:
+                raise self._anomaly("interim_flood")
+            return  # the final reply follows; llhttp ends this one now
+        if status > 599:
+            raise self._anomaly("bad_status")
+        headers = self.headers
+        coding = headers.get(b"transfer-encoding")
+        if coding is not None:
+            if parser.get_http_version() != "1.1":
+                raise self._anomaly("http10_chunked")
+            if coding.lower() != b"chunked":  # gzip, chunked: a coded body; identity: none
+                raise self._anomaly("transfer_coding")
+        encoding = headers.get(b"content-encoding")
+        if encoding is not None and encoding.lower() != b"identity":
+            raise self._anomaly("content_encoding")
+        echoed = headers.get(b"x-request-id")
+        if echoed is not None and self.request_id is not None and echoed != self.request_id:
+            raise self._anomaly("request_id_mismatch")
+        length = headers.get(b"content-length")
+        if length is not None:
+            self.length = int(length)  # llhttp has checked its digits
+        elif coding is None and status != 204 and status != 304:
+            self._until_close = True
+        self.status = status
+        self.keep_alive = parser.should_keep_alive()
+        self._phase = _BODY
+        if self._stream_span:  # a stream: idle_timeout from now on, moved by progress()
+            self._mark = self._last_byte
+            self._span = self._stream_span
+            self._idle = True
+        else:  # a buffered body: the deadline from the send, further off than the head's
+            self._span = self._body_span
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > _PAUSE_AT and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def on_message_complete(self) -> None:
+        if self._phase == _BODY:
+            self._finish()
+        # else an interim reply ended: the final one follows
+
+    # --- settling -----------------------------------------------------------------------
+
+    def _finish(self) -> None:
+        self._phase = _DONE
+        self._eof = True
+        self._wake()
+
+    def _fail(self, exc: BaseException) -> None:
+        self._phase = _FAILED
+        self.keep_alive = False
+        if self._exc is None:
+            self._exc = exc
+        self._wake()
+
+    def _protocol_error(self, kind: str) -> None:
+        phase = _PHASE_NAMES[self._phase]
+        self._fail(ProtocolError(kind))
+        self.abort()
+        self._pool.protocol_error(self, kind, phase)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        loop = self._loop
+        due = self._mark + self._span
+        if loop.time() >= due:
+            raise TimeoutError
+        waiter = self._waiter = loop.create_future()
+        if self._timer is None:
+            self._timer = loop.call_at(due, self._on_timer)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # nobody waiting: the next wait re-arms
+        due = self._mark + self._span
+        if self._loop.time() >= due - 0.001:
+            waiter.set_exception(TimeoutError())
+        else:
+            self._timer = self._loop.call_at(due, self._on_timer)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # --- used by Response and Pool ----------------------------------------------------
+
+    def send(self, data: bytes | tuple[bytes, bytes], *, head_timeout: float,
+             body_timeout: float, stream: bool, request_id: bytes | None = None) -> None:
+        """Write a request; the head is due ``head_timeout`` from now.
+
+        A buffered body is due ``body_timeout`` from now; a stream's body may go
+        ``body_timeout`` without an event (see :meth:`progress`).
+        """
+        self._reset()
+        self._phase = _HEAD
+        self._mark = self._loop.time()
+        self._span = head_timeout
+        self._body_span = body_timeout
+        self._stream_span = body_timeout if stream else 0.0
+        self._idle = False
+        self.request_id = request_id
+        assert self.transport is not None
+        if isinstance(data, tuple):
+            self.transport.writelines(data)
+        else:
+            self.transport.write(data)
+
+    def progress(self) -> None:
+        """The bytes read so far carried an event: a stream's idle time restarts from them."""
+        if self._idle:
+            self._mark = self._last_byte
+
+    async def read_head(self) -> None:
+        while self._phase == _HEAD:
+            await self._wait()
+        if self._exc is not None and not self.status:
+            raise self._exc
+
+    async def readany(self) -> bytes:
+        while True:
+            chunks = self._chunks
+            if chunks:
+                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                self._chunks = []
+                self._buffered = 0
+                if self._paused:
+                    self._paused = False
+                    # the upstream was held back by us: its silence since is not its own
+                    self._last_byte = self._loop.time()
+                    if self.transport is not None and not self.closed:
+                        self.transport.resume_reading()
+                return data
+            if self._exc is not None:
+                raise self._exc
+            if self._eof:
+                return b""
+            await self._wait()
+
+    @property
+    def complete(self) -> bool:
+        return self._eof and not self._chunks and self._exc is None
+
+    @property
+    def phase(self) -> str:
+        return _PHASE_NAMES[self._phase]
+
+    def park(self) -> None:
+        """Between requests (idle in the pool): no timer runs, any byte is an anomaly."""
+        self._phase = _IDLE
+        self._cancel_timer()
+
+    def abort(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.abort()
+        self._cancel_timer()
+        self._pool.forget(self)

@@ -113,6 +113,9 @@ async def _relay(request: web.Request, api: OpenAIApi, route: ModelRoute, up: Up
                             time.perf_counter() - t0)
                     if out:
                         await writer.write(out)
+                    if relay.done:  # the last event: what follows is the pool's, not the client's
+                        up.release_if_complete(ended=True)
+                        break
                 out = relay.end()
                 if out:
                     await writer.write(out)

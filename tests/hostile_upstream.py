@@ -31,8 +31,8 @@ a test can check that each client got *its* reply. Every reply echoes the reques
     drip-head:MS         the head one byte every MS ms
     drip-1xx:MS          a ``100 Continue`` head every MS ms, never a final head
     drip-body:MS         the head at once, then the body one byte every MS ms
-    drip-stream:MS       a stream's head and first event, then a comment or a blank line every
-                         MS ms, never another event
+    drip-stream:MS       a stream's head and first two events (the role, a first word), then a
+                         comment or a blank line every MS ms, never another event
     drip-trailer:MS      a whole chunked body, then trailer bytes one every MS ms
     gzip-bomb            ``Content-Encoding: gzip``, about 1 MiB inflating to 1 GiB (JSON
                          whitespace, then a completion), built once, streaming, with zlib

@@ -116,10 +116,12 @@ class _Failures:
     """The one error map (httpcore's ``map_exceptions``): foreign -> GatewayError, logged.
 
     ``retry``: a failure before the upstream saw the request is swallowed instead and
-    ``retried`` set, for the caller to send again (once).
+    ``retried`` set, for the caller to send again (once). Where a call runs once per
+    request, it is entered only in the ``except`` clause (``with _Failures(...): raise``):
+    the same map, and nothing to build on the way that succeeds.
     """
 
-    __slots__ = ("_client", "_phase", "_request_id", "_stream", "retried", "retry")
+    __slots__ = ("_client", "_phase", "_request_id", "_stream", "retry")
 
     def __init__(self, client: UpstreamClient, phase: str, request_id: str | None,
                  stream: bool, *, retry: bool = False) -> None:
@@ -128,7 +130,6 @@ class _Failures:
         self._request_id = request_id
         self._stream = stream
         self.retry = retry
-        self.retried = False
 
     def __enter__(self) -> _Failures:
         return self
@@ -142,7 +143,6 @@ class _Failures:
             return False  # cancellation, GeneratorExit, a bug: not the upstream's doing
         err, phase, cause = mapped
         if self.retry and cause in _RETRIED and phase != "body":
-            self.retried = True
             return True
         if not isinstance(exc, ProtocolError):  # the pool has logged that one
             self._client.report(phase, cause, self._request_id)
@@ -161,7 +161,7 @@ class UpstreamResponse:
         self._client = client
         self._stream = stream
         self._request_id = request_id
-        self._cap = client.cfg.max_response_bytes
+        self._cap = client.max_response_bytes
         self._done = False
         self._ending = False
         # A stream's reader calls this when the bytes it read carried an event (an SSE
@@ -204,8 +204,12 @@ class UpstreamResponse:
 
     async def read(self) -> bytes:
         """The whole body; past the upstream's ``max_response_bytes``, a 500."""
-        with _Failures(self._client, "body", self._request_id, self._stream):
+        try:
             body = await self._resp.read(cap=self._cap)
+        except BaseException:
+            with _Failures(self._client, "body", self._request_id, self._stream):
+                raise
+            raise  # not reached: the map raises whatever it is given
         self._done = True
         return body
 
@@ -275,6 +279,12 @@ class UpstreamClient:
         self._path = "/" + path if path else ""
         # llama.cpp's and vLLM's /tokenize, /apply-template live beside /v1, not under it
         self._root = self._path[:-3] if self._path.endswith("/v1") else self._path
+        # (head, body) timeouts. A stream: the head within both timeouts, then no event for
+        # idle_timeout. Buffered: the head, then the whole reply, each due from the send.
+        self._stream_timeouts = (min(cfg.header_timeout, cfg.idle_timeout), cfg.idle_timeout)
+        self._buffered_timeouts = (min(cfg.header_timeout, cfg.response_timeout),
+                                   cfg.response_timeout)
+        self.max_response_bytes = cfg.max_response_bytes
         self._headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         if cfg.api_key:
             self._headers["Authorization"] = f"Bearer {cfg.api_key}"
@@ -317,25 +327,21 @@ class UpstreamClient:
         """
         pool = self._pool
         assert pool is not None, "UpstreamClient used before start()"
-        cfg = self.cfg
-        if stream:  # the head within both timeouts; then no event for idle_timeout
-            head_timeout = min(cfg.header_timeout, cfg.idle_timeout)
-            body_timeout = cfg.idle_timeout
-        else:  # the head, then the whole reply, each due counting from the send
-            head_timeout = min(cfg.header_timeout, cfg.response_timeout)
-            body_timeout = cfg.response_timeout
+        head_timeout, body_timeout = self._stream_timeouts if stream else self._buffered_timeouts
         target = (self._root if at_root else self._path) + path
         data = body if method == "POST" else None
         rid = request_id.encode("latin-1") if request_id else None
-        resp: Response | None = None
-        for attempt in (0, 1):
-            with _Failures(self, "head", request_id, stream, retry=attempt == 0) as failures:
+        try:
+            resp = await pool.request(method, target, data, head_timeout=head_timeout,
+                                      body_timeout=body_timeout, stream=stream, request_id=rid)
+        except BaseException:
+            with _Failures(self, "head", request_id, stream, retry=True):
+                raise
+            # the connection ended before the upstream saw the request: once more
+            with _Failures(self, "head", request_id, stream):
                 resp = await pool.request(method, target, data, head_timeout=head_timeout,
                                           body_timeout=body_timeout, stream=stream,
                                           request_id=rid)
-            if not failures.retried:
-                break
-        assert resp is not None
         if resp.status >= 300:
             raise await self._error_status(resp, request_id, max_tokens)
         return UpstreamResponse(resp, self, stream=stream, request_id=request_id)

@@ -141,7 +141,7 @@ class Owner(Protocol):
 
 class Connection(asyncio.Protocol):
     __slots__ = (
-        "_body_span", "_buffered", "_chunks", "_eof", "_exc", "_got_bytes", "_head_size", "_idle",
+        "_body_span", "_buffered", "_chunks", "_eof", "_exc", "_got_bytes", "_idle",
         "_interim", "_junk", "_kind", "_last_byte", "_loop", "_mark", "_parser", "_paused",
         "_phase", "_pool", "_span", "_stream_span", "_timer", "_until_close", "_waiter",
         "closed", "headers", "idle_since", "keep_alive", "length", "request_id", "status",
@@ -176,7 +176,6 @@ class Connection(asyncio.Protocol):
         self._got_bytes = False
         self._kind = ""
         self._interim = 0
-        self._head_size = 0
         self._junk = 0
         self._until_close = False
         self.status = 0
@@ -215,7 +214,7 @@ class Connection(asyncio.Protocol):
                 self._protocol_error("extra_bytes")
             return
         self._got_bytes = True
-        pieces = len(self._chunks)
+        buffered = self._buffered
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, _Anomaly) as exc:
@@ -223,12 +222,22 @@ class Connection(asyncio.Protocol):
                 raise  # a bug in a callback of ours, not the upstream's: asyncio closes
             self._protocol_error(self._kind or _kind_of(exc))
             return
-        if len(self._chunks) != pieces:
-            self._junk = 0
-        elif self._phase != _DONE:  # no body in this read: head, framing or trailers
+        # Bytes since the last body byte (heads, chunk framing, trailers) are bounded: llhttp
+        # holds a header until it ends. Counted per read, so a chunk costs nothing more.
+        if self._buffered == buffered:  # no body in this read
             self._junk += len(data)
             if self._junk > HEAD_LIMIT:
                 self._protocol_error("head_too_large")
+        else:
+            if phase == _HEAD and self._junk + len(data) > HEAD_LIMIT and self._head_too_large():
+                return  # a head ended in this read, with body after it: was the head too big?
+            self._junk = 0
+
+    def _head_too_large(self) -> bool:
+        if sum(len(k) + len(v) + 4 for k, v in self.headers.items()) + 32 <= HEAD_LIMIT:
+            return False
+        self._protocol_error("head_too_large")
+        return True
 
     def eof_received(self) -> bool:
         return False  # close; connection_lost settles the reply
@@ -242,16 +251,14 @@ class Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         if self._phase != _HEAD:  # a second reply after the one asked for
             raise self._anomaly("extra_bytes")
-        self.headers = {}
+        if self._interim:
+            self.headers = {}  # the interim head's are not the reply's
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._head_size += len(name) + len(value) + 4
-        if self._head_size > HEAD_LIMIT:
-            raise self._anomaly("head_too_large")
         if self._phase != _HEAD:
             return  # a trailer field: dropped
+        # llhttp drops the whitespace before a value, not after: values compared below strip
         name = name.lower()
-        value = value.rstrip(b" \t")  # llhttp drops the whitespace before a value, not after
         headers = self.headers
         old = headers.get(name)
         headers[name] = value if old is None else old + b", " + value
@@ -275,13 +282,14 @@ class Connection(asyncio.Protocol):
         if coding is not None:
             if parser.get_http_version() != "1.1":
                 raise self._anomaly("http10_chunked")
-            if coding.lower() != b"chunked":  # gzip, chunked: a coded body; identity: none
+            if coding.rstrip().lower() != b"chunked":  # gzip, chunked: a coded body; identity: none
                 raise self._anomaly("transfer_coding")
         encoding = headers.get(b"content-encoding")
-        if encoding is not None and encoding.lower() != b"identity":
+        if encoding is not None and encoding.rstrip().lower() != b"identity":
             raise self._anomaly("content_encoding")
         echoed = headers.get(b"x-request-id")
-        if echoed is not None and self.request_id is not None and echoed != self.request_id:
+        if (echoed is not None and self.request_id is not None
+                and echoed.rstrip() != self.request_id):
             raise self._anomaly("request_id_mismatch")
         length = headers.get(b"content-length")
         if length is not None:

@@ -448,11 +448,12 @@ async def test_interim_replies_do_not_extend_the_head_deadline() -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-async def test_headers_lowercased_stripped_and_repeats_joined() -> None:
+async def test_headers_lowercased_and_repeats_joined() -> None:
+    """llhttp drops the whitespace before a value; the few values read strip the rest."""
     conn, _ = await _feed([_OK_HEAD + b"Content-Type:  application/json \r\nX-A: 1\r\n"
                            b"x-a: 2\r\nContent-Length: 2\r\n\r\nok"])
     assert await _read_all(conn) == b"ok"
-    assert conn.headers == {b"content-type": b"application/json", b"x-a": b"1, 2",
+    assert conn.headers == {b"content-type": b"application/json ", b"x-a": b"1, 2",
                             b"content-length": b"2"}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,14 @@ BAD = [
                                         'base_url = "http://127.0.0.1:8000/v1"\n'
                                         'connect_timeout = "5s"'),
      {}, "upstreams.local-vllm.connect_timeout: must be an integer or a number"),
+    ("zero response cap", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
+                                       'base_url = "http://127.0.0.1:8000/v1"\n'
+                                       'max_response_bytes = 0'),
+     {}, "upstreams.local-vllm.max_response_bytes: must be > 0"),
+    ("keepalive not a boolean", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
+                                             'base_url = "http://127.0.0.1:8000/v1"\n'
+                                             'keepalive = "no"'),
+     {}, "upstreams.local-vllm.keepalive: must be a boolean"),
     ("api_key_env unset", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
                                        'base_url = "http://127.0.0.1:8000/v1"\n'
                                        'api_key_env = "NO_SUCH_VAR_X"'),
@@ -158,8 +167,18 @@ def test_values_are_loaded(tmp_path: Path) -> None:
         "sk-up", 7, 1.0, 2.5, 9.0)
     assert cfg.server.api_keys == ("a", "b", "c")
     assert "sk-up" not in repr(cfg)
+    assert (up.response_timeout, up.max_response_bytes, up.keepalive) == (900.0, 64 << 20, True)
     over = config.with_overrides(cfg, host="0.0.0.0", port=9)
     assert (over.server.host, over.server.port) == ("0.0.0.0", 9)
+
+
+def test_the_upstream_client_knobs_are_loaded() -> None:
+    text = GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
+                        'base_url = "http://127.0.0.1:8000/v1"\nresponse_timeout = 30\n'
+                        "max_response_bytes = 1024\nkeepalive = false")
+    up = config.parse(tomllib.loads(text), "c.toml", {}).upstreams["local-vllm"]
+    assert (up.response_timeout, up.max_response_bytes, up.keepalive) == (30.0, 1024, False)
+    assert isinstance(up.response_timeout, float)
 
 
 PATTERNS = GOOD + "".join(MODEL.format(name=n, up="local-vllm") for n in (

@@ -1596,3 +1596,46 @@ def test_protocol_error_series_start_at_zero_for_each_upstream() -> None:
     for kind in PROTOCOL_ERRORS:
         assert registry.get_sample_value("llm_gateway_upstream_protocol_errors_total",
                                          {"upstream": "a", "kind": kind}) == 0
+
+
+@_params(ANOMALIES)
+async def test_each_anomaly_through_the_client_is_a_500_counted_and_clears_the_pool(
+    row: Row,
+) -> None:
+    """Over a socket: the request that met the anomaly fails cleanly, the kind is counted,
+    the upstream's idle connections are closed with it, and the next request gets its own
+    reply on a fresh connection."""
+    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        while True:
+            request = await srv.read_request(reader)
+            path = request.split(b" ")[1]
+            if path.endswith(b"/bad"):
+                writer.write(row.wire)
+                if row.eof:
+                    writer.write_eof()
+                await srv.stop.wait()
+                return
+            writer.write(_reply(path))
+
+    async with Upstream(handler) as srv:
+        client = _client(srv)
+        await client.start()
+        try:
+            async def get(path: str) -> bytes:
+                resp = await client.request(path, b"{}", stream=False, request_id=_RID.decode())
+                async with resp:
+                    return await resp.read()
+
+            assert await asyncio.gather(get("/warm1"), get("/warm2")) == [b"/v1/warm1",
+                                                                          b"/v1/warm2"]
+            assert client._pool is not None and client._pool.idle_connections == 2
+            with pytest.raises(errors.UpstreamError) as caught:
+                await get("/bad")
+            assert (caught.value.status, caught.value.error_type) == (500, "api_error")
+            assert _protocol_errors(client, row.expected[1]) == 1
+            await _settle(lambda: client.open_connections == 0)
+            assert await get("/next") == b"/v1/next"
+            assert srv.connections == 3
+        finally:
+            await client.close()

@@ -4,6 +4,7 @@ pool, and the client the handlers use (requests, deadlines, caps, one error map)
     connection.py   one HTTP/1.1 connection: llhttp frames the replies; anomalies
     pool.py         keep-alive connections to one upstream, FIFO slots, idle sweep
     client.py       UpstreamClient / UpstreamResponse: what the handlers call
+    exceptions.py   the errors below the client, each naming its cause
 """
 
 from gateway.upstream.client import UpstreamClient, UpstreamResponse, upstream_secrets

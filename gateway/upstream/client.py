@@ -36,7 +36,7 @@ import structlog
 
 from gateway import errors
 from gateway.config import UpstreamConfig
-from gateway.upstream.connection import (
+from gateway.upstream.exceptions import (
     BrokenResponse,
     ConnectFailed,
     Disconnected,

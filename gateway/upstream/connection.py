@@ -36,9 +36,10 @@ buffered body, an inactivity rule for a stream's body (``mark`` moved by
 so a chunk costs a float store. Read backpressure: past ``_PAUSE_AT`` unread bytes the
 socket stops being read.
 
-Errors: :class:`Disconnected` (the connection ended before any byte of the reply: the
-request can be retried), :class:`BrokenResponse` (a reply cut or malformed),
-:class:`ProtocolError` (a framing anomaly), ``TimeoutError`` (the phase's time ran out).
+Errors (gateway/upstream/exceptions.py): :class:`Disconnected` (the connection ended
+before any byte of the reply: the request can be retried), :class:`BrokenResponse` (a reply
+cut), :class:`ProtocolError` (a framing anomaly), ``TimeoutError`` (the phase's time ran
+out).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ import asyncio
 from typing import Protocol
 
 import httptools
+
+from gateway.upstream.exceptions import BrokenResponse, Disconnected, ProtocolError
 
 HEAD_LIMIT = 64 * 1024
 MAX_INTERIM = 8
@@ -64,55 +67,6 @@ _LLHTTP_KINDS = (
     ("Upgrade", "upgrade"),
     ("Invalid response status", "bad_status"),
 )
-
-
-class HTTPClientError(Exception):
-    """Base of the upstream client's errors; ``cause`` names the failure for logs."""
-
-    cause = "protocol_error"
-
-    def __init__(self, message: str = "", *, cause: str | None = None) -> None:
-        super().__init__(message)
-        if cause is not None:
-            self.cause = cause
-
-
-class ConnectFailed(HTTPClientError):
-    """No connection: ``cause`` is refused, reset, timeout, tls, dns or connect."""
-
-
-class PoolTimeout(HTTPClientError):
-    """No pool slot came free within the head timeout."""
-
-    cause = "pool_timeout"
-
-
-class Disconnected(HTTPClientError):
-    """The connection ended before any byte of the reply arrived (safe to retry once)."""
-
-    cause = "closed"
-
-
-class BrokenResponse(HTTPClientError):
-    """The reply was malformed, or cut before its framing said it ended."""
-
-    cause = "cut"
-
-
-class ProtocolError(BrokenResponse):
-    """A framing anomaly; ``kind`` is one of gateway/metrics.py ``PROTOCOL_ERRORS``."""
-
-    cause = "protocol_error"
-
-    def __init__(self, kind: str) -> None:
-        super().__init__(kind)
-        self.kind = kind
-
-
-class TooLarge(BrokenResponse):
-    """A buffered reply larger than the upstream's ``max_response_bytes``."""
-
-    cause = "too_large"
 
 
 class _Anomaly(Exception):

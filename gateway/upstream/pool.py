@@ -14,8 +14,8 @@ the gateway does together. This pool does only what an upstream call needs:
 * a framing anomaly on any connection (:meth:`Pool.protocol_error`) closes every idle
   one: an upstream that answered out of turn once cannot be trusted with the next.
 
-Errors: those of gateway/upstream/connection.py; connect errors come as
-:class:`ConnectFailed` naming their cause.
+Errors: gateway/upstream/exceptions.py; connect errors come as :class:`ConnectFailed`
+naming their cause.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from gateway.upstream.connection import (
+from gateway.upstream.connection import Connection
+from gateway.upstream.exceptions import (
     ConnectFailed,
-    Connection,
     Disconnected,
     HTTPClientError,
     PoolTimeout,

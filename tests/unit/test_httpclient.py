@@ -50,11 +50,10 @@ from gateway.metrics import PROTOCOL_ERRORS, Metrics
 from gateway.upstream import UpstreamClient
 from gateway.upstream import client as client_module
 from gateway.upstream import pool as pool_module
-from gateway.upstream.connection import (
-    MAX_INTERIM,
+from gateway.upstream.connection import MAX_INTERIM, Connection
+from gateway.upstream.exceptions import (
     BrokenResponse,
     ConnectFailed,
-    Connection,
     Disconnected,
     HTTPClientError,
     PoolTimeout,

@@ -14,6 +14,8 @@ route's ``upstream_model``), so one stub serves many gateway routes:
     hang-headers    never answers (until the client goes away)
     hang-mid        two chunks, then silence
     cut-mid         two chunks, then the connection is cut
+    cut-every:N     the ok reply, but every Nth stream of this model (counted across routes)
+                    is cut as cut-mid is: a known share of streams fails mid-stream
     malformed       a chunk that is not JSON
     inband-error    an in-band {"error": ...} chunk
     quote-key:CODE  a 200 whose in-band error (code CODE) quotes the key it was sent: the
@@ -47,8 +49,9 @@ Claude Code appends after a tool result (e.g. ``<total_tokens>`` in a subagent).
 ``GET /_requests`` returns every request seen (method, path, headers, body, and the
 client's port: ``peer``, which tells connections apart);
 ``DELETE /_requests`` clears it; ``GET /_stats`` counts streams open now, streams
-whose client went away, chat requests in progress (``active``) and chat requests
-cancelled because the gateway closed the connection (``cancelled``).
+whose client went away, chat requests in progress (``active``), chat requests
+cancelled because the gateway closed the connection (``cancelled``) and chat streams
+the stub cut (``cut``).
 """
 
 from __future__ import annotations
@@ -281,6 +284,8 @@ class Stub:
         self.resets: dict[str, int] = {}  # requests seen per reset-* scenario
         self.active = 0  # chat requests being handled now
         self.cancelled = 0  # chat requests whose client (the gateway) went away
+        self.cut = 0  # chat streams cut mid-stream (cut-mid, cut-every:N)
+        self.streams: dict[str, int] = {}  # streams seen per cut-every:N scenario
 
     @web.middleware
     async def track(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
@@ -339,6 +344,10 @@ class Stub:
         if not stream:
             buffered["model"] = model
             return web.json_response(buffered, dumps=_compact)
+        cut = model == "cut-mid"
+        if model.startswith("cut-every:"):
+            self.streams[model] = self.streams.get(model, 0) + 1
+            cut = self.streams[model] % int(model.split(":")[1]) == 0
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         self.open_streams += 1
@@ -363,11 +372,12 @@ class Stub:
                 for _ in range(int(model.split(":")[1])):
                     await resp.write(piece)
             for i, f in enumerate(frames):
-                if model in ("hang-mid", "cut-mid") and i == 2:
-                    if model == "cut-mid":
-                        assert request.transport is not None
-                        request.transport.abort()
-                        return resp
+                if cut and i == 2:
+                    assert request.transport is not None
+                    request.transport.abort()
+                    self.cut += 1
+                    return resp
+                if model == "hang-mid" and i == 2:
                     await asyncio.sleep(3600)
                 await resp.write(f)
             if model.startswith("end-late:"):
@@ -526,7 +536,7 @@ class Stub:
     async def stats(self, request: web.Request) -> web.Response:
         return web.json_response({"open_streams": self.open_streams,
                                   "client_gone": self.client_gone, "active": self.active,
-                                  "cancelled": self.cancelled})
+                                  "cancelled": self.cancelled, "cut": self.cut})
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})

@@ -25,6 +25,7 @@ class AppState:
     draining: bool = False
     in_flight: dict[str, int] = field(default_factory=dict)  # model alias -> requests now
     streams: set[Drainable] = field(default_factory=set)  # live streams, for the drain
+    decoding: int = 0  # request body bytes being received and decoded now (gateway/body.py)
 
 
 CONFIG = web.AppKey("config", Config)

@@ -64,6 +64,7 @@ class ServerConfig:
     prefix: str = "/llm"
     ping_interval: float = 10.0
     max_body_bytes: int = 32 * 1024 * 1024
+    max_decoding_bytes: int = 64 * 1024 * 1024  # request bodies being read and decoded at once
     shutdown_grace: float = 30.0
     write_timeout: float = 60.0
     log_level: str = "info"
@@ -127,6 +128,7 @@ _SERVER_KEYS: dict[str, tuple[tuple[type, ...], bool]] = {
     "prefix": ((str,), False),
     "ping_interval": ((int, float), False),
     "max_body_bytes": ((int,), False),
+    "max_decoding_bytes": ((int,), False),
     "shutdown_grace": ((int, float), False),
     "write_timeout": ((int, float), False),
     "log_level": ((str,), False),
@@ -209,7 +211,8 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
     port = srv.get("port", 8080)
     if not 0 <= port <= 65535:
         raise ConfigError(f"{src}: server.port: must be 0..65535, got {port}")
-    for key in ("ping_interval", "shutdown_grace", "write_timeout", "max_body_bytes"):
+    for key in ("ping_interval", "shutdown_grace", "write_timeout", "max_body_bytes",
+                "max_decoding_bytes"):
         if key in srv:
             _positive(src, f"server.{key}", srv[key])
     if srv.get("log_level", "info") not in LOG_LEVELS:

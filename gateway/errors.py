@@ -18,6 +18,12 @@ Raise them anywhere; :func:`anthropic_body`, :func:`openai_body`,
 :func:`sse_error_event` and the pass-through's :func:`openai_sse_error` and
 :func:`responses_sse_error` turn them into bytes. Nothing else builds error bodies.
 
+Rendering cannot fail: a message is made encodable when the error is made (a lone
+surrogate becomes the text ``\\ud800``) and capped at :data:`MAX_RENDERED` characters,
+and a body that still does not encode (a message changed later, a ``details`` value) is
+rendered again with every string made encodable and without ``details``. Client input
+quoted in a message goes through :func:`echo` (shortened, escaped).
+
 Protocol facts relied on:
 
 * Anthropic's envelope is ``{"type":"error","error":{"type":T,"message":M}}``
@@ -97,6 +103,8 @@ _ANTHROPIC_TYPES = frozenset(STATUS_TYPES.values())
 _RETRY_AFTER_STATUSES = frozenset({429, 529})
 _INTERNAL = "Internal server error"
 _MAX_MESSAGE = 500
+MAX_RENDERED = 2000  # a message's longest rendering, whatever built it
+_ECHO = 64  # characters of client input quoted in a message
 # What a client reads when the upstream's own words scrub down to nothing.
 _FALLBACK_MESSAGES: Mapping[str, str] = {
     "invalid_request_error": "Invalid request",
@@ -119,6 +127,23 @@ def error_type_for(status: int) -> str:
     return "api_error" if status >= 500 else "invalid_request_error"
 
 
+def echo(value: object, limit: int = _ECHO) -> str:
+    """Client input as a message quotes it: at most ``limit`` characters, encodable."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    return _renderable(text)
+
+
+def _renderable(text: str) -> str:
+    """``text``, encodable as UTF-8 (a lone surrogate becomes ``\\udXXX``) and capped."""
+    if len(text) > MAX_RENDERED:
+        text = text[: MAX_RENDERED - 3] + "..."
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class GatewayError(Exception):
     """A failure with an HTTP status and a client-safe message."""
 
@@ -139,7 +164,7 @@ class GatewayError(Exception):
     ) -> None:
         if status is not None:
             self.status = status
-        self.message = message if message is not None else self.default_message
+        self.message = _renderable(message) if message is not None else self.default_message
         self.error_type = error_type or error_type_for(self.status)
         if retry_after is None and self.status in _RETRY_AFTER_STATUSES:
             retry_after = 1
@@ -443,6 +468,26 @@ def inband_error(payload: Mapping[str, Any], *, hosts: Iterable[str] = (),
 # --- rendering ---------------------------------------------------------------------
 
 
+def _encode(body: dict[str, Any]) -> bytes:
+    """``body`` as JSON; if something in it does not encode (a message changed after the
+    error was made, a ``details`` value), the same body with every string made
+    encodable and ``details`` left out."""
+    try:
+        return jsonutil.dumpb(body)
+    except (ValueError, OverflowError, TypeError):
+        return jsonutil.dumpb(_fallback(body))
+
+
+def _fallback(value: Any) -> Any:
+    if isinstance(value, str):
+        return _renderable(value)
+    if isinstance(value, dict):
+        return {k: _fallback(v) for k, v in value.items() if k != "details"}
+    if isinstance(value, (bool, int)):
+        return value
+    return None
+
+
 def anthropic_body(err: GatewayError, request_id: str | None = None) -> bytes:
     body: dict[str, Any] = {
         "type": "error",
@@ -452,7 +497,7 @@ def anthropic_body(err: GatewayError, request_id: str | None = None) -> bytes:
         body["error"]["details"] = err.details
     if request_id:
         body["request_id"] = request_id
-    return jsonutil.dumpb(body)
+    return _encode(body)
 
 
 _OPENAI_TYPES: Mapping[int, str] = {
@@ -477,7 +522,7 @@ def _openai_error(err: GatewayError) -> dict[str, Any]:
 
 
 def openai_body(err: GatewayError) -> bytes:
-    return jsonutil.dumpb({"error": _openai_error(err)})
+    return _encode({"error": _openai_error(err)})
 
 
 def sse_error_event(err: GatewayError) -> bytes:
@@ -499,7 +544,7 @@ def responses_sse_error(err: GatewayError, sequence_number: int | None = None) -
                             "param": None, "error": error}
     if sequence_number is not None:
         body["sequence_number"] = sequence_number
-    return b"event: error\ndata: " + jsonutil.dumpb(body) + b"\n\n"
+    return b"event: error\ndata: " + _encode(body) + b"\n\n"
 
 
 def responses_failure(err: GatewayError) -> dict[str, Any]:

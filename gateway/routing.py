@@ -30,7 +30,7 @@ def resolve(request: web.Request, model: object, *, openai: bool = False) -> Mod
     route = find_route(request.app[CONFIG].models, model) if isinstance(model, str) else None
     if route is None:
         request.app[METRICS].rejected.labels(request[API], "unknown_model").inc()
-        shown = str(model)[:256]  # client input, echoed back: keep it short
+        shown = errors.echo(model, 256)  # client input, echoed back: short, encodable
         if openai:
             raise errors.NotFound(f"The model `{shown}` does not exist")
         raise errors.NotFound(f"model: {shown}")

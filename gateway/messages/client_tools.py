@@ -47,7 +47,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from gateway.messages.validate_content import fail, is_int
+from gateway.errors import echo
+from gateway.messages.validate_content import check_int, fail
 
 __all__ = ["CLIENT_TOOLS", "check_client_tool", "to_function"]
 
@@ -280,12 +281,8 @@ def _check_computer(tool: Mapping[str, Any], path: str) -> None:
 
 def _optional_int(tool: Mapping[str, Any], key: str, path: str, *, minimum: int) -> None:
     value = tool.get(key)
-    if value is None:
-        return
-    if not is_int(value):
-        raise fail(f"{path}.{key}", "Input should be a valid integer")
-    if value < minimum:
-        raise fail(f"{path}.{key}", f"Input should be greater than or equal to {minimum}")
+    if value is not None:
+        check_int(value, f"{path}.{key}", minimum=minimum)
 
 
 # --- THE table ----------------------------------------------------------------------
@@ -328,11 +325,11 @@ def _refusal(kind: Any) -> str:
     if family in _SERVER_FAMILIES:
         return _SERVER_TOOL.format(kind)
     if family in _TOOLSETS:
-        return f"'{kind}' is not supported by this gateway; {_TOOLSETS[family]}"
+        return f"'{echo(kind)}' is not supported by this gateway; {_TOOLSETS[family]}"
     if family in _CLIENT_FAMILIES:
         known = ", ".join(f"'{t}'" for t in _CLIENT_FAMILIES[family])
-        return f"unknown tool type '{kind}'; this gateway knows {known}"
-    return f"unknown tool type '{kind}'"
+        return f"unknown tool type '{echo(kind)}'; this gateway knows {known}"
+    return f"unknown tool type '{echo(kind)}'"
 
 
 def check_client_tool(tool: Mapping[str, Any], path: str) -> str:

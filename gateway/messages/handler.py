@@ -1,8 +1,8 @@
 """``POST {prefix}/v1/messages`` (buffered and streamed) and ``/v1/messages/count_tokens``.
 
-The I/O shell around the pure modules: parse -> validate -> route -> to_chat
--> upstream -> from_chat (buffered) or SSE decoder -> StreamTranslator ->
-writer (streamed). Before the first byte reaches the client a failure is a
+The I/O shell around the pure modules: read (bounded and strict, :mod:`gateway.body`)
+-> validate -> route -> to_chat -> upstream -> from_chat (buffered) or SSE decoder ->
+StreamTranslator -> writer (streamed). Before the first byte reaches the client a failure is a
 JSON error response with its real status (raised, rendered by the
 middleware); after it, the translator ends the stream itself with the
 failure envelope.
@@ -20,6 +20,7 @@ from aiohttp import web
 
 from gateway import errors, jsonutil, routing
 from gateway.appkeys import CONFIG, METRICS, REQUEST_ID, SECRETS, STREAM
+from gateway.body import read_json
 from gateway.config import ModelRoute
 from gateway.messages import documents, tokens
 from gateway.messages.aggregate import aggregate
@@ -36,14 +37,6 @@ from gateway.writer import ClientGone, StreamWriter
 _log = structlog.get_logger("gateway.messages")
 
 
-async def _read_json(request: web.Request) -> Any:
-    raw = await request.read()
-    try:
-        return jsonutil.loads(raw)
-    except ValueError:
-        raise errors.InvalidRequest("", "request body is not valid JSON") from None
-
-
 async def _pdfs_as_text(req: dict[str, Any]) -> dict[str, Any]:
     """The request with its PDFs as text; the extraction (CPU work) runs off the event loop."""
     where = documents.find_pdfs(req["messages"])  # a walk of user blocks, no copies
@@ -57,7 +50,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     app = request.app
     server = app[CONFIG].server
     metrics = app[METRICS]
-    req = validate_messages(await _read_json(request))
+    req = validate_messages(await read_json(request))
     restore_reasoning(req, server.signing_key)
     route = routing.resolve(request, req["model"])
     req = await _pdfs_as_text(req)
@@ -255,7 +248,7 @@ async def _pump(up: UpstreamResponse, translator: StreamTranslator,
 async def count_tokens(request: web.Request) -> web.Response:
     app = request.app
     metrics = app[METRICS]
-    req = validate_messages(await _read_json(request), count_tokens=True)
+    req = validate_messages(await read_json(request), count_tokens=True)
     restore_reasoning(req, app[CONFIG].server.signing_key)
     route = routing.resolve(request, req["model"])
     req = await _pdfs_as_text(req)

@@ -4,6 +4,11 @@ Protocol facts relied on (Anthropic Messages API, SDK 2.14 types, ../shared/prot
 
 - ``model`` is a string; ``max_tokens`` a positive integer (JSON ``true`` is not an
   integer). Turns and content blocks are checked in :mod:`.validate_content`.
+- Integers are bounded where the API bounds them: ``max_tokens`` (>= 1),
+  ``thinking.budget_tokens`` (>= 1024), ``top_k`` (>= 0) and the client tools' sizes take
+  at most 2**31-1 (``MAX_INT``). The API's maxima depend on the model, which the gateway
+  does not know; that bound is the largest every upstream reads as an integer, so a
+  400-digit ``max_tokens`` is refused here instead of being forwarded as is.
 - Custom tool names match ``^[a-zA-Z0-9_-]{1,128}$``; tool names are unique.
   Anthropic-defined tools carry a versioned ``type`` (:mod:`.client_tools`): a client tool
   (``bash_20250124``, ``text_editor_20250728``, ...) must use the name its type requires;
@@ -34,9 +39,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.errors import echo
 from gateway.messages.client_tools import check_client_tool
 from gateway.messages.validate_content import (
     check_depth,
+    check_int,
     check_list,
     check_messages,
     check_obj,
@@ -106,7 +113,7 @@ def _tool_choice(choice: Any, tool_names: set[str]) -> None:
     if kind == "tool":
         check_str(choice, "name", "tool_choice")
         if choice["name"] not in tool_names:
-            raise fail("tool_choice.name", f"Tool '{choice['name']}' not found in tools")
+            raise fail("tool_choice.name", f"Tool '{echo(choice['name'])}' not found in tools")
 
 
 def _thinking_config(thinking: Any, max_tokens: Any) -> None:
@@ -121,10 +128,7 @@ def _thinking_config(thinking: Any, max_tokens: Any) -> None:
     if kind == "enabled":
         if budget is None:
             raise fail("thinking.budget_tokens", "Field required")
-        if not is_int(budget):
-            raise fail("thinking.budget_tokens", "Input should be a valid integer")
-        if budget < 1024:
-            raise fail("thinking.budget_tokens", "Input should be greater than or equal to 1024")
+        check_int(budget, "thinking.budget_tokens", minimum=1024)
         if is_int(max_tokens) and budget >= max_tokens:
             raise fail(
                 "thinking.budget_tokens",
@@ -177,10 +181,7 @@ def _sampling(body: Mapping[str, Any]) -> None:
             )
     top_k = body.get("top_k")
     if top_k is not None:
-        if not is_int(top_k):
-            raise fail("top_k", "Input should be a valid integer")
-        if top_k < 0:
-            raise fail("top_k", "Input should be greater than or equal to 0")
+        check_int(top_k, "top_k", minimum=0)
 
 
 def _generation_fields(body: Mapping[str, Any]) -> None:
@@ -188,10 +189,7 @@ def _generation_fields(body: Mapping[str, Any]) -> None:
     max_tokens = body.get("max_tokens")
     if max_tokens is None:
         raise fail("max_tokens", "Field required")
-    if not is_int(max_tokens):
-        raise fail("max_tokens", "Input should be a valid integer")
-    if max_tokens < 1:
-        raise fail("max_tokens", "Input should be greater than or equal to 1")
+    check_int(max_tokens, "max_tokens", minimum=1)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise fail("stream", "Input should be a valid boolean")
@@ -251,6 +249,7 @@ def validate_messages(body: object, *, count_tokens: bool = False) -> dict[str, 
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None:
         check_obj(kwargs, "chat_template_kwargs")
+        check_depth(kwargs, "chat_template_kwargs")  # forwarded as it is
     cfm = body.get("continue_final_message")
     if cfm is not None and not isinstance(cfm, bool):
         raise fail("continue_final_message", "Input should be a valid boolean")

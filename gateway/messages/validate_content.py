@@ -28,10 +28,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gateway.errors import InvalidRequest
+from gateway.errors import InvalidRequest, echo
 
 __all__ = [
     "check_depth",
+    "check_int",
     "check_list",
     "check_messages",
     "check_obj",
@@ -44,6 +45,10 @@ __all__ = [
 
 _IMAGE_MEDIA_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 MAX_DEPTH = 64
+# The largest integer a bounded field takes (token counts, top_k, display sizes): the
+# largest every upstream reads as an integer (llama.cpp's n_predict is an int32), far
+# above any model's limit; a bigger one would be forwarded as digits no upstream parses.
+MAX_INT = 2**31 - 1
 
 _REFUSED_IN_ASSISTANT = {
     "redacted_thinking": "redacted_thinking blocks cannot be replayed to this model",
@@ -64,6 +69,15 @@ def is_int(value: Any) -> bool:
 
 def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_int(value: Any, path: str, *, minimum: int, maximum: int = MAX_INT) -> None:
+    if not is_int(value):
+        raise fail(path, "Input should be a valid integer")
+    if value < minimum:
+        raise fail(path, f"Input should be greater than or equal to {minimum}")
+    if value > maximum:
+        raise fail(path, f"Input should be less than or equal to {maximum}")
 
 
 def check_str(obj: Mapping[str, Any], key: str, path: str, *, required: bool = True) -> None:
@@ -233,7 +247,7 @@ def _tool_result(block: Mapping[str, Any], path: str) -> None:
         if check is None:
             raise fail(
                 f"{item_path}.type",
-                f"'{item['type']}' blocks are not allowed in "
+                f"'{echo(item['type'])}' blocks are not allowed in "
                 "tool_result content (text, image, document, search_result, "
                 "tool_reference)",
             )
@@ -278,7 +292,7 @@ def _refusal(role: str, kind: str) -> str:
         return _REFUSED_IN_ASSISTANT[kind]
     if role == "system":
         return "system turns hold only text blocks"
-    return f"'{kind}' blocks are not supported in {role} turns"
+    return f"'{echo(kind)}' blocks are not supported in {role} turns"
 
 
 def check_messages(messages: Any) -> None:

@@ -1,15 +1,17 @@
 """The OpenAI pass-through: ``POST {prefix}/v1/chat/completions``, ``/v1/completions``,
 ``/v1/embeddings`` and ``/v1/responses``, one handler built per row of :mod:`.apis`.
 
-The client's body must be a JSON object with a string ``model`` (an alias); it goes
-upstream with ``model`` replaced by the route's ``upstream_model`` and nothing else
-changed (``stream`` and ``stream_options`` included); nothing else of the client's
-request (headers included) is forwarded. Replies come back byte for byte except
-``model`` (see :mod:`.relay`). Streams are relayed as they come, each write
-awaited; a failure after the first byte ends the stream with the dialect's error
-event. An error the upstream reports in-band (a 200 error body, an error event) reaches
-the client scrubbed as every upstream error does (see :mod:`.inband`), with the
-upstream's host names and every configured upstream's secrets.
+The client's body (read bounded and strict by :mod:`gateway.body`: a lone surrogate, a
+NaN or nesting past 128 levels is a 400 naming the path) must be a JSON object with a
+string ``model`` (an alias); it goes upstream with ``model`` replaced by the route's
+``upstream_model`` and nothing else changed (``stream`` and ``stream_options``
+included); nothing else of the client's request (headers included) is forwarded.
+Replies come back byte for byte except ``model`` (see :mod:`.relay`). Streams are
+relayed as they come, each write awaited; a failure after the first byte ends the
+stream with the dialect's error event. An error the upstream reports in-band (a 200
+error body, an error event) reaches the client scrubbed as every upstream error does
+(see :mod:`.inband`), with the upstream's host names and every configured upstream's
+secrets.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from aiohttp import web
 
 from gateway import errors, jsonutil, routing
 from gateway.appkeys import CONFIG, METRICS, REQUEST_ID, SECRETS, STREAM
+from gateway.body import read_json
 from gateway.config import ModelRoute
 from gateway.metrics import Metrics
 from gateway.openai.apis import OpenAIApi
@@ -47,11 +50,7 @@ def handler(api: OpenAIApi) -> Handler:
 
 async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamResponse:
     t0 = time.perf_counter()
-    raw = await request.read()
-    try:
-        body = jsonutil.loads(raw)
-    except ValueError:
-        raise errors.InvalidRequest("", "request body is not valid JSON") from None
+    body = await read_json(request)
     if not isinstance(body, dict):
         raise errors.InvalidRequest("", "request body must be a JSON object")
     if not isinstance(body.get("model"), str):
@@ -61,6 +60,7 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
     request[STREAM] = stream
     body["model"] = route.upstream_model
     payload = jsonutil.dumpb(body)
+    del body  # a large body is held once, as the payload, while the upstream answers
     metrics = request.app[METRICS]
     metrics.overhead.labels(api.name).observe(time.perf_counter() - t0)
     client = routing.client_for(request, route)

@@ -258,3 +258,12 @@ def test_signing_key_env_wins(tmp_path: Path) -> None:
     server = config.load(str(path), {"SK": "secret", "XDG_STATE_HOME": str(tmp_path)}).server
     assert (server.signing_key, server.signing_key_source) == (b"secret", "env")
     assert not (tmp_path / "llm-gateway").exists()
+
+
+def test_the_decoding_budget_is_loaded() -> None:
+    """server.max_decoding_bytes (gateway/body.py): 64 MiB unless set, and above zero."""
+    assert config.parse(tomllib.loads(GOOD), "c.toml", {}).server.max_decoding_bytes == 64 << 20
+    text = GOOD.replace('prefix = "/llm"', 'prefix = "/llm"\nmax_decoding_bytes = 1048576')
+    assert config.parse(tomllib.loads(text), "c.toml", {}).server.max_decoding_bytes == 1 << 20
+    with pytest.raises(config.ConfigError, match=r"server\.max_decoding_bytes: must be > 0"):
+        config.parse(tomllib.loads(text.replace("1048576", "0")), "c.toml", {})

@@ -661,3 +661,82 @@ def test_pass_through_stream_errors() -> None:
     assert with_seq == {**event, "sequence_number": 7}
     assert errors.responses_failure(err) == {"code": "server_error",
                                              "message": "Upstream request timed out"}
+
+
+# --- rendering cannot fail (issue 16) ---------------------------------------------------
+
+_RENDERERS = {
+    "anthropic": lambda err: errors.anthropic_body(err, "req_1"),
+    "openai": errors.openai_body,
+    "sse": errors.sse_error_event,
+    "openai_sse": errors.openai_sse_error,
+    "responses_sse": lambda err: errors.responses_sse_error(err, 3),
+}
+
+
+def _envelope(frame: bytes) -> dict[str, Any]:
+    """The JSON of a body or of an SSE frame's data line, decoded strictly."""
+    data = frame.split(b"data: ", 1)[1] if frame.startswith((b"event:", b"data:")) else frame
+    frame.decode("utf-8")  # valid UTF-8 throughout
+    decoded: dict[str, Any] = json.loads(data)
+    return decoded
+
+
+UNENCODABLE = [
+    # (what built the error, the error, the text its message must read)
+    ("surrogate-in-message", lambda: errors.NotFound("model: claude-\ud800"),
+     "model: claude-\\ud800"),
+    ("low-surrogate-in-path", lambda: errors.InvalidRequest("x.\udfff", "bad"), "x.\\udfff: bad"),
+    ("surrogate-in-upstream-error", lambda: errors.UpstreamError("busy \udc80", status=429),
+     "busy \\udc80"),
+    ("message-changed-after", lambda: _changed(errors.Overloaded(), "over\ud800"), "over\\ud800"),
+    ("unencodable-details",
+     lambda: errors.InvalidRequest("a", "b", details={"x": float("nan"), "y": "\ud800"}),
+     "a: b"),
+    ("long-message", lambda: errors.InvalidRequest("p", "w" * 100_000),
+     "p: " + "w" * (errors.MAX_RENDERED - 6) + "..."),
+    ("non-ascii-kept", lambda: errors.InvalidRequest("p", "não é válido 😀"),
+     "p: não é válido 😀"),
+]
+
+
+def _changed(err: errors.GatewayError, message: str) -> errors.GatewayError:
+    err.message = message
+    return err
+
+
+@pytest.mark.parametrize("renderer", list(_RENDERERS), ids=list(_RENDERERS))
+@pytest.mark.parametrize(("make", "shown"), [u[1:] for u in UNENCODABLE],
+                         ids=[u[0] for u in UNENCODABLE])
+def test_rendering_cannot_fail(renderer: str, make: Any, shown: str) -> None:
+    err = make()
+    body = _envelope(_RENDERERS[renderer](err))
+    error = body["error"]
+    assert (error["message"] if "message" in error else body["message"]) == shown
+    assert "details" not in error or jsonutil.dumpb(error["details"])
+
+
+def test_echo_is_short_and_encodable() -> None:
+    assert errors.echo("x" * 100) == "x" * 64 + "..."
+    assert errors.echo("x" * 100, 10) == "x" * 10 + "..."
+    assert errors.echo("a\ud800b") == "a\\ud800b"
+    assert errors.echo(12345) == "12345"
+    assert errors.echo("ok") == "ok"
+
+
+def test_middleware_renders_an_unencodable_message_in_each_shape() -> None:
+    """The chat route's renderer broke on a surrogate model name: aiohttp answered a
+    text/plain 500. Both shapes render it as JSON."""
+    from aiohttp.test_utils import make_mocked_request
+
+    from gateway.appkeys import API
+    from gateway.middleware import render_error
+
+    err = errors.NotFound("The model `\ud800` does not exist")
+    for api, key in (("chat", "message"), ("messages", "message")):
+        request = make_mocked_request("POST", "/llm/v1/x")
+        request[API] = api
+        response = render_error(request, err, "req_1")
+        assert response.status == 404 and response.content_type == "application/json"
+        assert isinstance(response.body, bytes)
+        assert json.loads(response.body)["error"][key] == "The model `\\ud800` does not exist"

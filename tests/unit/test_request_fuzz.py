@@ -282,3 +282,163 @@ def test_every_single_fault_in_every_golden_body() -> None:
                         raise AssertionError(f"{path} = {fault!r} ({count_tokens=})") from exc
                 runs += 1
     assert runs > 1000
+
+
+# --- hostile bytes through the decoder (issue 16): surrogates, depth, number sizes ---------
+# What a client sends is bytes: each property encodes a body, splices raw JSON text into
+# it, and runs what the handler runs (the value bound, the strict decode, then _run). Only
+# InvalidRequest or RequestTooLarge may come out, and whatever passes encodes for upstream.
+
+_SLOT = "@@hostile@@"
+
+
+def _nest(levels: int, inner: bytes = b"0") -> bytes:
+    return b"[" * levels + inner + b"]" * levels
+
+
+HOSTILE: tuple[bytes, ...] = (
+    b'"\\ud800"', b'"x\\udfffy"', b'"\\ude00\\ud83d"', b'"\\ud800\\u0041"', b'"\xed\xa0\x80"',
+    b'"\xed\xbf\xbf tail"', b'"\\ud83d\\ude00"', b'"\\\\ud800"', b'{"\\ud800":1}',
+    b"NaN", b"-NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400", b"5e100", b"2e-400",
+    b"1" + b"0" * 400 + b".5", b"9" * 20, b"9" * 400, b"-" + b"9" * 639, b"9" * 641,
+    b"9" * 5000, b"0.0" + b"1" * 900, _nest(100), _nest(127), _nest(128), _nest(129),
+    _nest(980, b"NaN"), _nest(980, b"5e100"), _nest(1024), _nest(1025), _nest(5000),
+    b'{"a":' * 300 + b"1" + b"}" * 300, b'"' + b"\\u0041" * 50 + b'"',
+)
+
+
+def _decode_then_run(raw: bytes, count_tokens: bool) -> None:
+    """gateway/body.py's decoding, then validation and translation (_run)."""
+    if jsonutil.too_many_values(raw):
+        return  # a 413
+    try:
+        body = jsonutil.loads(raw)
+    except jsonutil.JSONInputError as exc:
+        InvalidRequest(exc.path, exc.why)  # what body.py raises; its message must build
+        return
+    except ValueError:
+        return  # not JSON: "request body is not valid JSON"
+    _run(body, count_tokens)
+
+
+def _splice(body: Any, fragment: bytes, ensure_ascii: bool) -> bytes:
+    text = json.dumps(body, ensure_ascii=ensure_ascii)
+    return text.encode("utf-8", "surrogatepass").replace(
+        json.dumps(_SLOT).encode(), fragment)
+
+
+@SETTINGS
+@given(st.data())
+def test_one_hostile_value_in_a_golden_body_only_raises_invalid_request(data: Any) -> None:
+    body = copy.deepcopy(data.draw(st.sampled_from(GOLDEN_BODIES)))
+    path = data.draw(st.sampled_from(_node_paths(body)))
+    parent = body
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = _SLOT
+    raw = _splice(body, data.draw(st.sampled_from(HOSTILE)), data.draw(st.booleans()))
+    _decode_then_run(raw, data.draw(st.booleans()))
+
+
+# Python values a client can only send as JSON text: lone surrogates (json.dumps writes
+# them as \ud800 escapes, or, without ensure_ascii, as the bytes ED A0 80), NaN and the
+# infinities, integers of any size a JSON text holds.
+hostile_text = st.text(alphabet=st.sampled_from("a\ud800\udbff\udc00\udfff\U0001f600"),
+                       max_size=4)
+hostile_scalars = (
+    st.sampled_from(["\ud800", "a\udfff", "\udc00\ud800", "\U0001f600", float("nan"),
+                     float("inf"), -float("inf"), 5e100, 2**64, 10**400, -(10**639), 10**640])
+    | hostile_text
+    | st.floats()
+    | st.integers(min_value=-(10**700), max_value=10**700)
+)
+hostile_junk = st.recursive(
+    hostile_scalars | scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(hostile_text, inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@SETTINGS
+@given(bodies, st.data())
+def test_near_valid_bodies_with_hostile_scalars_only_raise_invalid_request(
+        body: Any, data: Any) -> None:
+    """A near-valid body with a hostile value at the top level, in a message, or in place of
+    a whole turn's content, sent as bytes."""
+    where = data.draw(st.sampled_from(["top", "turn", "content", "system", "stop"]))
+    value = data.draw(hostile_junk)
+    if where == "top":
+        body[data.draw(st.sampled_from(["model", "max_tokens", "temperature", "top_k", "x"]))] \
+            = value
+    elif where in ("turn", "content") and isinstance(body.get("messages"), list) \
+            and body["messages"]:
+        turn = body["messages"][0]
+        if where == "content" and isinstance(turn, dict):
+            turn["content"] = value
+        else:
+            body["messages"][0] = value
+    elif where == "system":
+        body["system"] = value
+    else:
+        body["stop_sequences"] = [value]
+    raw = json.dumps(body, ensure_ascii=data.draw(st.booleans())).encode(
+        "utf-8", "surrogatepass")
+    _decode_then_run(raw, data.draw(st.booleans()))
+
+
+def test_every_depth_decodes_or_is_refused() -> None:
+    """No depth raises anything but ValueError, with NaN or 5e100 beside it or not (the
+    stdlib re-parse this replaced raised RecursionError at 980 levels)."""
+    for depth in (*range(1, 140), 500, 979, 980, 1023, 1024, 1025, 3000, 100_000):
+        for extra in (b"", b',"NaN"', b",5e100", b",NaN", b',"\\ud800"'):
+            raw = b'{"x":' + _nest(depth) + b',"y":[0' + extra + b"]}"
+            try:
+                value = jsonutil.loads(raw)
+            except jsonutil.JSONInputError as exc:
+                assert exc.why.startswith(("nesting", "NaN", "string is not valid"))
+                continue
+            assert depth < jsonutil.MAX_NESTING
+            jsonutil.dumpb(value)
+
+
+def _count_values(value: Any) -> int:
+    stack, n = [value], 0
+    while stack:
+        node = stack.pop()
+        n += 1
+        if isinstance(node, dict):
+            n += len(node)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return n
+
+
+separator_text = st.text(alphabet=st.sampled_from(',:[{}]"\\ ab\n'), max_size=12)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | separator_text,
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(separator_text, inner,
+                                                                max_size=4),
+    max_leaves=60,
+)
+
+
+@SETTINGS
+@given(json_values, st.integers(min_value=1, max_value=80))
+def test_the_value_bound_is_an_upper_bound(value: Any, limit: int) -> None:
+    """Whatever the strings hold (separators, quotes, backslashes), a body the bound lets
+    through decodes to at most ``limit`` values."""
+    raw = json.dumps(value).encode()
+    if not jsonutil.too_many_values(raw, limit):
+        assert _count_values(jsonutil.loads(raw)) <= limit
+
+
+@SETTINGS
+@given(json_values)
+def test_strings_measured_in_place_or_split_out_agree(value: Any) -> None:
+    raw = json.dumps(value).encode().replace(b"\\\\", b"").replace(b'\\"', b"")
+    quotes = raw.count(b'"')
+    in_place = jsonutil._separators_in_strings(raw, quotes)
+    assert in_place == jsonutil._separators_in_strings(raw, jsonutil._FEW_QUOTES + 1)

@@ -469,6 +469,35 @@ REFUSED: list[tuple[str, dict[str, Any], str, str | None]] = [
     ("top-p-above-one", {"top_p": 1.5}, "top_p", None),
     ("top-k-float", {"top_k": 1.5}, "top_k", "integer"),
     ("top-k-negative", {"top_k": -1}, "top_k", None),
+    # integers the API bounds are range-checked, never forwarded as digits an upstream
+    # cannot read (issue 16): at most 2**31-1
+    ("max-tokens-2**31", {"max_tokens": 2**31}, "max_tokens", "less than or equal to 2147483647"),
+    ("max-tokens-2**64", {"max_tokens": 2**64}, "max_tokens", "less than or equal"),
+    ("max-tokens-400-digits", {"max_tokens": 10**400 - 1}, "max_tokens", "less than or equal"),
+    ("max-tokens-huge-negative", {"max_tokens": -(10**400)}, "max_tokens", "greater than"),
+    (
+        "budget-tokens-2**64",
+        {"max_tokens": 2**31 - 1, "thinking": {"type": "enabled", "budget_tokens": 2**64}},
+        "thinking.budget_tokens",
+        "less than or equal",
+    ),
+    ("top-k-2**64", {"top_k": 2**64}, "top_k", "less than or equal"),
+    (
+        "computer-width-400-digits",
+        {"tools": [{"type": "computer_20251124", "name": "computer",
+                    "display_width_px": 10**400, "display_height_px": 768}]},
+        "tools.0.display_width_px",
+        "less than or equal",
+    ),
+    (
+        "text-editor-max-characters-2**63",
+        {"tools": [{"type": "text_editor_20250728", "name": "str_replace_based_edit_tool",
+                    "max_characters": 2**63}]},
+        "tools.0.max_characters",
+        "less than or equal",
+    ),
+    ("chat-template-kwargs-too-deep", {"chat_template_kwargs": _deep(80)},
+     "chat_template_kwargs", "nesting"),
     ("stream-string", {"stream": "true"}, "stream", "boolean"),
     ("metadata-list", {"metadata": ["u"]}, "metadata", "dictionary"),
     ("metadata-user-id-number", {"metadata": {"user_id": 5}}, "metadata.user_id", "string"),
@@ -561,6 +590,12 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     ("max-tokens-one", {"max_tokens": 1}),
+    ("max-tokens-2**31-1", {"max_tokens": 2**31 - 1}),
+    (
+        "budget-tokens-2**31-2",
+        {"max_tokens": 2**31 - 1, "thinking": {"type": "enabled", "budget_tokens": 2**31 - 2}},
+    ),
+    ("top-k-2**31-1", {"top_k": 2**31 - 1}),
     (
         "thinking-with-signature",
         _assistant({"type": "thinking", "thinking": "t", "signature": "c2ln"}),
@@ -761,3 +796,178 @@ def test_first_error_in_document_order_is_reported() -> None:
     with pytest.raises(InvalidRequest) as info:
         validate_messages(body)
     assert info.value.path == "messages.0.content.1.text"
+
+
+def test_count_tokens_bounds_budget_tokens() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}],
+            "thinking": {"type": "enabled", "budget_tokens": 10**400}}
+    with pytest.raises(InvalidRequest) as info:
+        validate_messages(body, count_tokens=True)
+    assert info.value.path == "thinking.budget_tokens"
+
+
+def test_echoed_client_input_is_short_and_encodable() -> None:
+    """A name the message quotes is client input: shortened, a lone surrogate escaped."""
+    for name, shown in (("x" * 5000, "x" * 64 + "..."), ("a\ud800", "a\\ud800")):
+        with pytest.raises(InvalidRequest) as info:
+            validate_messages(_body({"tools": [TOOL],
+                                     "tool_choice": {"type": "tool", "name": name}}))
+        assert info.value.message == f"tool_choice.name: Tool '{shown}' not found in tools"
+        anthropic_body(info.value)  # encodes
+
+
+# --- the decoding table: raw bytes a client sends -> 400 naming the path -----------------
+# (gateway/jsonutil.py; gateway/body.py maps JSONInputError to InvalidRequest)
+
+HI = b'[{"role":"user","content":"hi"}]'
+
+
+def _raw(**fields: bytes) -> bytes:
+    """A valid body's bytes with each field's value given as raw JSON text."""
+    merged = {"model": b'"m"', "max_tokens": b"5", "messages": HI, **fields}
+    return b"{" + b",".join(b'"' + k.encode() + b'":' + v for k, v in merged.items()) + b"}"
+
+
+def _nest(levels: int, inner: bytes = b"0") -> bytes:
+    return b"[" * levels + inner + b"]" * levels
+
+
+LONE = "lone surrogate"
+DECODE_REFUSED: list[tuple[str, bytes, str, str]] = [
+    ("surrogate-content", _raw(messages=b'[{"role":"user","content":"\\ud800"}]'),
+     "messages.0.content", LONE),
+    ("surrogate-low-alone", _raw(messages=b'[{"role":"user","content":"a\\uDFFFb"}]'),
+     "messages.0.content", "U+DFFF"),
+    ("surrogate-pair-reversed", _raw(messages=b'[{"role":"user","content":"\\ude00\\ud83d"}]'),
+     "messages.0.content", LONE),
+    ("surrogate-high-then-letter", _raw(system=b'"\\ud800\\u0041"'), "system", LONE),
+    ("surrogate-raw-utf8-bytes", _raw(system=b'"\xed\xa0\x80"'), "system", LONE),
+    ("surrogate-system-block", _raw(system=b'[{"type":"text","text":"\\udbff"}]'),
+     "system.0.text", LONE),
+    ("surrogate-stop-sequence", _raw(stop_sequences=b'["ok","\\ud800"]'), "stop_sequences.1",
+     LONE),
+    ("surrogate-model", _raw(model=b'"claude-\\ud800"'), "model", LONE),
+    ("surrogate-tool-schema",
+     _raw(tools=b'[{"name":"f","input_schema":{"type":"object","description":"\\ud800"}}]'),
+     "tools.0.input_schema.description", LONE),
+    ("surrogate-tool-input",
+     _raw(messages=b'[{"role":"user","content":"q"},{"role":"assistant","content":'
+                   b'[{"type":"tool_use","id":"t","name":"f","input":{"a":["\\ud800"]}}]}]'),
+     "messages.1.content.0.input.a.0", LONE),
+    ("surrogate-dropped-field", _raw(metadata=b'{"user_id":"\\ud800"}'), "metadata.user_id",
+     LONE),
+    ("surrogate-unknown-field", _raw(x=b'{"y":"\\ud800"}'), "x.y", LONE),
+    ("surrogate-key", _raw(metadata=b'{"\\ud800":1}'), "metadata", "a key is not valid Unicode"),
+    ("nan", _raw(temperature=b"NaN"), "temperature", "NaN"),
+    ("infinity", _raw(temperature=b"Infinity"), "temperature", "out of range"),
+    ("minus-infinity", _raw(top_p=b"-Infinity"), "top_p", "out of range"),
+    ("overflow-1e400", _raw(temperature=b"1e400"), "temperature", "out of range"),
+    ("overflow-in-unknown-field", _raw(x=b"[1,2,-1e999]"), "x.2", "out of range"),
+    ("nan-in-tool-input",
+     _raw(messages=b'[{"role":"user","content":"q"},{"role":"assistant","content":'
+                   b'[{"type":"tool_use","id":"t","name":"f","input":{"a":NaN}}]}]'),
+     "messages.1.content.0.input.a", "NaN"),
+    # 980 levels: under ujson's own 1,024 limit, past the stdlib re-parse's recursion
+    ("nesting-980-with-nan", _raw(x=_nest(980), y=b'"NaN"'), "x.0.0.0.0.0.0.0...", "nesting"),
+    ("nesting-980-with-5e100", _raw(x=_nest(980), y=b"5e100"), "x.0.0.0.0.0.0.0...",
+     "nesting deeper than 128 levels"),
+    ("nesting-128-in-a-field", _raw(x=_nest(128)), "x.0.0.0.0.0.0.0...", "nesting"),
+    ("nesting-past-ujson", _raw(x=_nest(5000)), "", "nesting deeper than 128 levels"),
+    ("nesting-objects", _raw(x=b'{"a":' * 200 + b"1" + b"}" * 200), "x.a.a.a.a.a.a.a...",
+     "nesting"),
+    ("integer-700-digits", _raw(max_tokens=b"9" * 700), "", "more than 640 digits"),
+    ("integer-5000-digits", _raw(x=b"[" + b"1" * 5000 + b"]"), "", "more than 640 digits"),
+]
+
+
+@pytest.mark.parametrize(("raw", "path", "word"), [r[1:] for r in DECODE_REFUSED],
+                         ids=[r[0] for r in DECODE_REFUSED])
+def test_decode_refused(raw: bytes, path: str, word: str) -> None:
+    with pytest.raises(jsonutil.JSONInputError) as info:
+        jsonutil.loads(raw)
+    err = info.value
+    assert (err.path, word in err.why) == (path, True), err
+    rendered = anthropic_body(InvalidRequest(err.path, err.why))  # the renderer takes it
+    assert b"\\ud8" not in rendered.lower() and b"\xed\xa0" not in rendered
+
+
+DECODE_ACCEPTED: list[tuple[str, bytes]] = [
+    ("surrogate-pair", _raw(messages=b'[{"role":"user","content":"\\ud83d\\ude00"}]')),
+    ("escaped-backslash-then-ud800", _raw(system=b'"\\\\ud800"')),  # the text \ud800
+    ("text-nan-in-a-string", _raw(system=b'"NaN Infinity 1e400"')),
+    ("finite-5e100", _raw(temperature=b"5e100")),
+    ("underflow-to-zero", _raw(temperature=b"2e-400")),
+    ("integer-639-digits-elsewhere", _raw(x=b"9" * 639)),
+    ("nesting-127-in-a-field", _raw(x=_nest(127))),
+    ("hangul-near-surrogates", _raw(system='"\ud7a3\ue000"'.encode())),  # ED 9E A3, EE 80 80
+]
+
+
+@pytest.mark.parametrize("raw", [r[1] for r in DECODE_ACCEPTED],
+                         ids=[r[0] for r in DECODE_ACCEPTED])
+def test_decode_accepted(raw: bytes) -> None:
+    body = jsonutil.loads(raw)
+    validate_messages(body)
+    jsonutil.dumpb(body)  # what was accepted encodes again
+
+
+def test_decode_then_validate_refuses_huge_max_tokens() -> None:
+    """400 digits decode (under 640) and validation names the field."""
+    with pytest.raises(InvalidRequest) as info:
+        validate_messages(jsonutil.loads(_raw(max_tokens=b"9" * 400)))
+    assert info.value.path == "max_tokens"
+
+
+# --- the value bound before decoding (jsonutil.too_many_values) --------------------------
+
+def _count(value: Any) -> int:
+    stack, n = [value], 0
+    while stack:
+        node = stack.pop()
+        n += 1
+        if isinstance(node, dict):
+            n += len(node)  # the keys
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return n
+
+
+LIMIT = 1000
+VALUE_BOUND: list[tuple[str, bytes, bool]] = [
+    ("short-body-never-counted", b"[" + b"[]," * 300 + b"[]]", False),
+    ("empty-lists-over", b'{"x":[' + b"[]," * 1000 + b"[]]}", True),
+    ("numbers-at-limit", b"[" + b"0," * 998 + b"0]", False),  # 999 + 1: the bound is exact
+    ("empty-lists-half-the-limit", b"[" + b"[]," * 498 + b"[]]", False),  # counted twice
+    ("empty-objects-over", b"[" + b"{}," * 1000 + b"{}]", True),
+    ("numbers-over", b"[" + b"0," * 1000 + b"0]", True),
+    ("short-strings-over", b"[" + b'"a",' * 1000 + b'"a"]', True),
+    ("commas-in-one-string", b'{"content":"' + b"a, b: [c] {d}, " * 400 + b'"}', False),
+    ("escaped-quotes-in-a-string", b'{"content":"' + b'x\\",\\"[' * 600 + b'"}', False),
+    ("escaped-backslash-ends-the-string", b'{"a":"\\\\","b":[' + b"[]," * 600 + b"[]]}", True),
+    ("strings-then-lists", b'["' + b"," * 2000 + b'",' + b"[]," * 1000 + b"[]]", True),
+]
+
+
+@pytest.mark.parametrize(("raw", "over"), [r[1:] for r in VALUE_BOUND],
+                         ids=[r[0] for r in VALUE_BOUND])
+def test_value_bound(raw: bytes, over: bool) -> None:
+    assert jsonutil.too_many_values(raw, LIMIT) is over
+    if not over:
+        assert _count(jsonutil.loads(raw)) <= LIMIT
+
+
+def test_value_bound_with_many_strings() -> None:
+    """Past 4,096 quotes the strings are split out instead of measured one by one."""
+    strings = b",".join([b'"a,b,c,d,e,f,g,h,i"'] * 2500)
+    assert jsonutil.too_many_values(b'{"k":[' + strings + b"]}", 5000) is False
+    assert jsonutil.too_many_values(b'{"k":[' + strings + b"," + b"0," * 2500 + b"0]}",
+                                    5000) is True
+
+
+def test_value_bound_default_lets_a_32_mib_prompt_through() -> None:
+    """A prompt of code or CSV holds separators by the million, all inside one string."""
+    row = b"1,2,3,[4],{5:6}, " * 8
+    body = b'{"messages":[{"role":"user","content":"' + row * (32 * 2**20 // len(row)) + b'"}]}'
+    assert jsonutil.too_many_values(body) is False
+    assert jsonutil.too_many_values(b"[" + b"[]," * jsonutil.MAX_VALUES + b"[]]") is True

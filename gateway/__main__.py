@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import signal
 import sys
 
@@ -22,7 +23,8 @@ from aiohttp import web
 
 from gateway import __version__, config, log
 from gateway.app import build_app
-from gateway.appkeys import STATE
+from gateway.appkeys import METRICS, STATE
+from gateway.server import listen
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -42,15 +44,25 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def _serve(cfg: config.Config) -> None:
     logger = structlog.get_logger("gateway")
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(log.loop_exception_handler)
+    fd_limit = _raise_fd_limit()
     app = build_app(cfg)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=1.0)
     await runner.setup()
-    site = web.TCPSite(runner, cfg.server.host, cfg.server.port, backlog=2048,
-                       reuse_port=cfg.reuse_port or None)
-    await site.start()
+    assert runner.server is not None
+    try:
+        listeners = listen(runner.server, cfg.server, app[METRICS], reuse_port=cfg.reuse_port)
+    except OSError as exc:
+        logger.error("listen_failed", host=cfg.server.host, port=cfg.server.port,
+                     metrics_port=cfg.server.metrics_port or None, errno=exc.errno,
+                     detail=exc.strerror)
+        await runner.cleanup()
+        raise SystemExit(1) from None
     logger.info("listening", host=cfg.server.host, port=cfg.server.port,
-                prefix=cfg.server.prefix, models=sorted(cfg.models), config=cfg.source)
+                prefix=cfg.server.prefix, models=sorted(cfg.models), config=cfg.source,
+                metrics=_metrics_address(cfg.server), fd_limit=fd_limit)
     if cfg.server.signing_key_source == "random":
         logger.warning("signing_key_ephemeral",
                        detail="no server.signing_key_env and no writable state directory: "
@@ -59,7 +71,6 @@ async def _serve(cfg: config.Config) -> None:
         logger.warning("auth_disabled", detail="no API keys configured (server.api_keys_env); "
                        "every client is accepted")
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
@@ -74,8 +85,30 @@ async def _serve(cfg: config.Config) -> None:
         handle.drain()
     while sum(state.in_flight.values()) and loop.time() < deadline + 2.0:  # noqa: ASYNC110
         await asyncio.sleep(0.02)
+    for listener in listeners:
+        listener.close()
     await runner.cleanup()
     logger.info("stopped")
+
+
+def _metrics_address(server: config.ServerConfig) -> str:
+    if not server.metrics_apart:
+        return "api listener"
+    return f"{server.metrics_host or server.host}:{server.metrics_port}"
+
+
+def _raise_fd_limit() -> int:
+    """Lift the soft limit on open files to the hard one (each client connection holds a
+    descriptor; systemd's default soft limit is 1,024); the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (OSError, ValueError):
+            pass
+    return soft
 
 
 def main(argv: list[str] | None = None) -> int:

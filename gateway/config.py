@@ -67,6 +67,13 @@ class ServerConfig:
     max_decoding_bytes: int = 64 * 1024 * 1024  # request bodies being read and decoded at once
     shutdown_grace: float = 30.0
     write_timeout: float = 60.0
+    # client connections (gateway/server.py, gateway/listener.py)
+    idle_timeout: float = 60.0  # a connection waiting for a request head, from accept or reply
+    request_head_timeout: float = 30.0  # from a head's first byte to its last
+    request_body_timeout: float = 60.0  # from the end of the head to the body's last byte
+    max_connections: int = 0  # API connections at once; 0: unlimited
+    metrics_host: str = ""  # "": server.host
+    metrics_port: int = 0  # 0: /metrics on the API listener
     log_level: str = "info"
     api_keys_env: str | None = None
     api_keys: tuple[str, ...] = field(default=(), repr=False)
@@ -75,6 +82,11 @@ class ServerConfig:
     signing_key: bytes = field(default=b"", repr=False)
     # where it came from: "env", "file" (the state directory's key) or "random" (this process)
     signing_key_source: str = "random"
+
+    @property
+    def metrics_apart(self) -> bool:
+        """/metrics has a listener of its own (and is then not served on the API's)."""
+        return self.metrics_port != 0
 
 
 @dataclass(frozen=True)
@@ -131,6 +143,12 @@ _SERVER_KEYS: dict[str, tuple[tuple[type, ...], bool]] = {
     "max_decoding_bytes": ((int,), False),
     "shutdown_grace": ((int, float), False),
     "write_timeout": ((int, float), False),
+    "idle_timeout": ((int, float), False),
+    "request_head_timeout": ((int, float), False),
+    "request_body_timeout": ((int, float), False),
+    "max_connections": ((int,), False),
+    "metrics_host": ((str,), False),
+    "metrics_port": ((int,), False),
     "log_level": ((str,), False),
     "api_keys_env": ((str,), False),
     "keep_billing_header": ((bool,), False),
@@ -212,9 +230,13 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
     if not 0 <= port <= 65535:
         raise ConfigError(f"{src}: server.port: must be 0..65535, got {port}")
     for key in ("ping_interval", "shutdown_grace", "write_timeout", "max_body_bytes",
-                "max_decoding_bytes"):
+                "max_decoding_bytes", "idle_timeout", "request_head_timeout",
+                "request_body_timeout"):
         if key in srv:
             _positive(src, f"server.{key}", srv[key])
+    if "max_connections" in srv:
+        _positive(src, "server.max_connections", srv["max_connections"], allow_zero=True)
+    _check_metrics_listener(src, srv, port)
     if srv.get("log_level", "info") not in LOG_LEVELS:
         raise ConfigError(f"{src}: server.log_level: must be one of {', '.join(LOG_LEVELS)}")
     api_keys: tuple[str, ...] = ()
@@ -226,7 +248,8 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         key_source = "env"
     else:
         signing_key, key_source = default_signing_key(env)
-    floats = ("ping_interval", "shutdown_grace", "write_timeout")
+    floats = ("ping_interval", "shutdown_grace", "write_timeout", "idle_timeout",
+              "request_head_timeout", "request_body_timeout")
     values: dict[str, Any] = {k: float(v) if k in floats else v for k, v in srv.items()}
     server = ServerConfig(
         **values,
@@ -287,6 +310,17 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
     if not models:
         raise ConfigError(f"{src}: models: at least one [[models]] entry is required")
     return Config(server=server, upstreams=upstreams, models=models, source=src)
+
+
+def _check_metrics_listener(src: str, srv: Mapping[str, Any], port: int) -> None:
+    metrics_port = srv.get("metrics_port", 0)
+    if not 0 <= metrics_port <= 65535:
+        raise ConfigError(f"{src}: server.metrics_port: must be 0..65535, got {metrics_port}")
+    if metrics_port and metrics_port == port:
+        raise ConfigError(f"{src}: server.metrics_port: must differ from server.port "
+                          "(0 serves /metrics on the API listener)")
+    if srv.get("metrics_host") and not metrics_port:
+        raise ConfigError(f"{src}: server.metrics_host: needs server.metrics_port")
 
 
 SIGNING_KEY_FILE = "signing.key"

@@ -9,14 +9,24 @@ Lines are written to a buffer that is flushed when it fills, every
 ``FLUSH_INTERVAL`` seconds (a timer the app runs), at shutdown, and at once for
 warnings and errors: one write system call per line cost more than the rest
 of an access line.
+
+Other libraries' log records (aiohttp's loggers, asyncio's, anything on the
+standard ``logging`` tree) and the event loop's exception handler go through the
+same pipeline as one JSON line each, scrubbed by :func:`scrub`: their text may
+quote what a client sent (aiohttp's parser errors quote the offending header,
+a credential included, as a Python bytes literal). Quoted literals, query values
+and overlong tokens are removed; an exception is logged as its type and its
+frames (file, line, function, innermost first), never its message.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import os
-import sys
+import re
+import traceback
 from collections.abc import MutableMapping
 from datetime import UTC, datetime
 from typing import Any
@@ -92,8 +102,15 @@ def configure(level: str = "info") -> None:
         logger_factory=lambda *_: _LineWriter(),
         cache_logger_on_first_use=True,
     )
-    # aiohttp's own access log is replaced by ours; its error logger still reports bugs.
-    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(message)s")
+    # Every other logger (aiohttp.server, aiohttp.web, aiohttp.internal, asyncio, ...) goes
+    # through the pipeline, scrubbed; aiohttp's own access log is replaced by ours.
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, _Bridge):
+            root.removeHandler(handler)
+    root.addHandler(_Bridge())
+    root.setLevel(logging.WARNING)
+    logging.captureWarnings(True)  # warnings.warn() too: a plain line on stderr otherwise
     logging.getLogger("aiohttp.access").disabled = True
     # pypdf logs what it finds wrong in a client's PDF (plain lines, client-controlled);
     # the client gets the 400 and the log stays JSON.
@@ -118,3 +135,65 @@ def access(fields: dict[str, Any]) -> None:
 
 def get(name: str) -> structlog.typing.FilteringBoundLogger:
     return structlog.get_logger(name)  # type: ignore[no-any-return]
+
+
+# --- other libraries' records, scrubbed -------------------------------------------------
+
+# From a quote to the end of its line: a Python str or bytes literal (a repr, which is how
+# aiohttp and asyncio quote client bytes), or an apostrophe, whose line is lost with it
+# (pairing quotes up would let a stray one expose what follows)
+_QUOTED = re.compile(r"""(?:\bbytearray\(|\bb)?['"][^\n]*+""")
+_QUERY_VALUE = re.compile(r"([?&;][^=&;#\s?]*+)=[^&;#\s]*+")
+_LONG_TOKEN = re.compile(r"\S{129,}+")
+_MAX_TEXT = 1000
+
+
+def scrub(text: str) -> str:
+    """Text a library logged, without what a client may have sent: from any quote to the end
+    of its line becomes ``'…``, every query value goes (names kept), a token past 128
+    characters becomes ``<N chars>``; at most 1,000 characters."""
+    text = _QUOTED.sub("'…", text)
+    text = _QUERY_VALUE.sub(r"\1", text)
+    text = _LONG_TOKEN.sub(lambda m: f"<{len(m[0])} chars>", text)
+    return text[:_MAX_TEXT]
+
+
+def exception_fields(exc: BaseException | None) -> dict[str, Any]:
+    if exc is None:
+        return {}
+    fields: dict[str, Any] = {"exc_type": type(exc).__name__}
+    if isinstance(exc, OSError) and exc.errno is not None:
+        fields["errno"] = exc.errno
+    if exc.__traceback__ is not None:  # where, never what: file, line and function
+        fields["traceback"] = " < ".join(
+            f"{frame.filename}:{frame.lineno} {frame.name}"
+            for frame in reversed(traceback.extract_tb(exc.__traceback__, limit=-20)))
+    return fields
+
+
+class _Bridge(logging.Handler):
+    """A standard-library record -> one scrubbed JSON line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+        except Exception:  # a bad format string in someone else's call
+            text = str(record.msg)
+        exc = record.exc_info[1] if record.exc_info else None
+        fields = {"logger": record.name, "detail": scrub(text), **exception_fields(exc)}
+        logger = get(record.name)
+        if record.levelno >= logging.ERROR:
+            logger.error("library_log", **fields)
+        elif record.levelno >= logging.WARNING:
+            logger.warning("library_log", **fields)
+        else:
+            logger.info("library_log", **fields)
+
+
+def loop_exception_handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The event loop's exception handler: asyncio's message, scrubbed, and the exception's
+    type and frames (the default handler prints reprs of futures and transports, which may
+    hold what a client sent)."""
+    exc = context.get("exception")
+    get("asyncio").error("event_loop_error", detail=scrub(str(context.get("message", ""))),
+                         **exception_fields(exc if isinstance(exc, BaseException) else None))

@@ -46,6 +46,15 @@ PROTOCOL_ERRORS = (
     "bad_status", "interim_flood", "head_too_large", "content_encoding", "request_id_mismatch",
     "malformed",
 )
+# why accept() failed on the API listener (errno names; "other" for the rest)
+ACCEPT_ERRORS = ("emfile", "enfile", "enobufs", "enomem", "other")
+# HTTP a client got wrong before any handler ran (gateway/server.py says what each is), and
+# the client deadlines
+CLIENT_HTTP_ERRORS = (
+    "line_too_long", "too_many_headers", "bad_header", "bad_request_line", "length_and_chunked",
+    "bad_content_length", "bad_transfer_encoding", "bad_body", "tls", "malformed",
+    "head_timeout", "body_timeout",
+)
 
 # end-to-end request time: sub-second buffered errors up to long reasoning streams
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0,
@@ -152,6 +161,17 @@ class Metrics:
         self.upstream_connections = _Memo(Gauge(
             p + "upstream_connections", "Connections open to the upstream now, busy or idle",
             ["upstream"], registry=r, multiprocess_mode="livesum"))
+        self.client_connections = Gauge(
+            p + "client_connections", "Client connections open now, both listeners",
+            registry=r, multiprocess_mode="livesum")
+        self.accept_errors = _Memo(Counter(
+            p + "accept_errors_total",
+            "accept() failures on a listener, by errno; each pauses accepting for a second",
+            ["reason"], registry=r))
+        self.client_http_errors = _Memo(Counter(
+            p + "client_http_errors_total",
+            "Requests refused for broken HTTP framing, and client deadlines missed, by kind",
+            ["kind"], registry=r))
         self.loop_lag = _Memo(Gauge(
             p + "event_loop_lag_seconds", "How late the event loop ran a timer, last probe",
             registry=r, multiprocess_mode="livemax"))
@@ -168,6 +188,10 @@ class Metrics:
                 self.rejected.labels(api, reason)
         for name in DROPPED_FIELDS:
             self.dropped_fields.labels(name)
+        for reason in ACCEPT_ERRORS:
+            self.accept_errors.labels(reason)
+        for kind in CLIENT_HTTP_ERRORS:
+            self.client_http_errors.labels(kind)
 
     def add_model(self, model: str, upstream: str, upstream_model: str) -> None:
         """Publish a configured route and create its per-model series at zero."""

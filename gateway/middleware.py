@@ -3,9 +3,18 @@
 Errors are raised anywhere and rendered here, once: Anthropic's envelope on
 the Anthropic routes, OpenAI's shape on the pass-through. An unexpected
 exception is logged with its traceback and answered as a bare 500
-``Internal server error``; no ``str(exc)`` ever reaches a client. The access
+``Internal server error``; no ``str(exc)`` ever reaches a client. A client
+that leaves (``ClientGone`` from the writer, a ``ConnectionError`` from
+aiohttp, the handler's cancellation) is a normal event: status 499 on the
+access line, nothing else. A body that breaks its framing is a 400, one that
+misses ``server.request_body_timeout`` a 408 (gateway/server.py). The access
 line's ``error`` and ``query`` pass the redactor of every upstream's secrets
-(an upstream message is scrubbed already; a client may echo a key back).
+(an upstream message is scrubbed already; a client may echo a key back); the
+query is logged as its parameter names only.
+
+``/metrics`` is served on the API listener only when ``server.metrics_port`` is
+unset, and then asks for a client key when keys are set (it names every upstream
+model); the metrics listener serves only ``/metrics``, ``/health`` and ``/ready``.
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ from gateway.appkeys import (
 )
 from gateway.messages.tables import b62
 from gateway.openai.apis import APIS as OPENAI_APIS
+from gateway.server import GatewayProtocol, RequestBodyTimeout
+from gateway.writer import ClientGone
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -43,6 +54,8 @@ _SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _APIS = {"messages": "messages", "count_tokens": "count_tokens", "models": "models",
          "models_get": "models", **{api.name: api.name for api in OPENAI_APIS}}
 _OPENAI = frozenset(api.name for api in OPENAI_APIS)
+_OPS = frozenset({"metrics", "health", "ready"})  # routes of the metrics listener
+_MAX_QUERY_NAMES = 32
 _log = structlog.get_logger("gateway.access")
 
 
@@ -56,6 +69,34 @@ def _request_id(request: web.Request) -> str:
 def _route_name(request: web.Request) -> str:
     route = request.match_info.route
     return route.name or "unknown"
+
+
+def _query_names(raw: str) -> str:
+    """A raw (still percent-encoded) query string's parameter names: ``a&b``, no values."""
+    if "&" not in raw:  # one parameter (?beta=true on every Claude Code request)
+        return raw.partition("=")[0][:64]
+    names = (part.split("=", 1)[0][:64] for part in raw.split("&", _MAX_QUERY_NAMES)[
+        :_MAX_QUERY_NAMES])
+    return "&".join(name for name in names if name)
+
+
+def _listener_refuses(request: web.Request, route: str) -> errors.GatewayError | None:
+    """A 404 for a route this listener does not serve, a 401 for /metrics without a key."""
+    protocol = request.protocol
+    server = request.app[CONFIG].server
+    if isinstance(protocol, GatewayProtocol):
+        serves_api, serves_metrics = protocol.policy.serves_api, protocol.policy.serves_metrics
+    else:  # a test server
+        serves_api, serves_metrics = True, not server.metrics_apart
+    if route == "metrics":
+        if not serves_metrics:
+            return errors.NotFound()
+        if serves_api and server.api_keys and not _authorized(request.app[STATE].api_keys,
+                                                             _credential(request)):
+            return errors.AuthenticationFailed()
+    elif not serves_api and route not in _OPS:
+        return errors.NotFound()
+    return None
 
 
 def _credential(request: web.Request) -> bytes | None:
@@ -118,6 +159,9 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
     status = 500
     response: web.StreamResponse | None = None
     try:
+        refused = _listener_refuses(request, route)
+        if refused is not None:
+            raise refused
         if api is not None:
             server = app[CONFIG].server
             if server.api_keys and not _authorized(app[STATE].api_keys, _credential(request)):
@@ -137,6 +181,11 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             if exc.status < 400:
                 raise
             raise _from_http_exception(exc) from None
+        except RequestBodyTimeout as exc:
+            raise errors.GatewayError(f"Request body not received within {exc.seconds:g} "
+                                      "seconds", status=408) from None
+        except web.RequestPayloadError:
+            raise errors.InvalidRequest("", "Malformed request body framing") from None
         status = response.status
     except errors.GatewayError as err:
         response = _prepared(request) or render_error(request, err, request_id)
@@ -146,6 +195,9 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             metrics.rejected.labels(api, "invalid_request").inc()
     except web.HTTPException:
         raise
+    except (ClientGone, ConnectionError):  # the client left: its access line says 499
+        response = _prepared(request) or web.Response(status=499)
+        status = response.status if response.prepared else 499
     except Exception:
         _log.exception("unhandled_error", route=route)
         response = _prepared(request) or render_error(request, errors.GatewayError(), request_id)
@@ -163,12 +215,12 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         if route not in ("health", "ready", "metrics"):
             error = request.get(ERROR)
             redact = app[SECRETS]
-            query = request.query_string
+            query = request.rel_url.raw_query_string
             log.access({"request_id": request_id, "method": request.method, "route": route,
                         "model": model or None, "upstream": request.get(UPSTREAM),
                         "status": status, "duration_ms": round(duration * 1000, 3),
                         "stream": request.get(STREAM, False),
-                        "query": redact(query) if query else None,
+                        "query": redact(_query_names(query)) or None if query else None,
                         "error_type": error[0] if error else None,
                         "error": redact(error[1]) if error and error[1] is not None else None})
     if not response.prepared:

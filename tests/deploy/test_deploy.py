@@ -568,7 +568,11 @@ def test_compose_prometheus_scrapes_the_gateway_metrics() -> None:
     jobs = {j["job_name"]: j for j in yaml.safe_load(PROMETHEUS.read_text())["scrape_configs"]}
     gw = jobs["llm-gateway"]
     assert gw.get("metrics_path", "/metrics") == "/metrics"
-    assert [f"gateway:{cfg.server.port}"] == gw["static_configs"][0]["targets"]
+    # keys are set, so /metrics has a listener of its own (on the API's it would ask for one)
+    assert cfg.server.api_keys and cfg.server.metrics_apart
+    assert [f"gateway:{cfg.server.metrics_port}"] == gw["static_configs"][0]["targets"]
+    published = _compose()["services"]["gateway"]["ports"]
+    assert not [p for p in published if str(cfg.server.metrics_port) in p]
     services = _compose()["services"]
     for job in jobs.values():
         for target in job["static_configs"][0]["targets"]:

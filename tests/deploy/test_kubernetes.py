@@ -231,7 +231,7 @@ def test_k8s_probes_ask_ready_and_health_on_the_named_port() -> None:
     c = _container()
     port_names = {p["name"]: p["containerPort"] for p in c["ports"]}
     _, cfg = _gateway_config()
-    assert port_names == {"http": cfg.server.port}
+    assert port_names == {"http": cfg.server.port, "metrics": cfg.server.metrics_port}
     assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
     assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
 
@@ -309,9 +309,13 @@ def test_k8s_service_hpa_pdb_and_servicemonitor_select_the_pods() -> None:
     sm = _base("ServiceMonitor")
     assert sm["apiVersion"] == "monitoring.coreos.com/v1"
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
-    port_names = {p["name"] for p in svc["spec"]["ports"]}
-    assert [(e["port"], e["path"]) for e in sm["spec"]["endpoints"]] == [("http", "/metrics")]
-    assert sm["spec"]["endpoints"][0]["port"] in port_names
+    # keys are set, so /metrics has a listener of its own (on the API port it would ask for
+    # one): the ServiceMonitor scrapes that port, by name, through the Service
+    _, cfg = _gateway_config()
+    assert cfg.server.api_keys and cfg.server.metrics_apart
+    targets = {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]}
+    assert [(e["port"], e["path"]) for e in sm["spec"]["endpoints"]] == [("metrics", "/metrics")]
+    assert targets["metrics"] == "metrics"
 
 
 # ---------------------------------------------------------------- the autoscale-streams overlay

@@ -19,6 +19,7 @@ import pytest
 
 from tests.anthropic_stream_check import check_stream
 from tests.conftest import stub_config
+from tests.procs import get as _get
 from tests.procs import post as _post
 
 pytestmark = pytest.mark.e2e
@@ -179,9 +180,12 @@ def test_auth_keys(stub_url, gateway_factory) -> None:
     for headers in ({"x-api-key": "key-one"}, {"authorization": "Bearer key-two"}):
         assert _post(base + "/v1/messages", msg, headers)[0] == 200
     assert _post(base + "/v1/chat/completions", msg)[0] == 401
-    for path in ("/health", "/ready", "/metrics"):
+    for path in ("/health", "/ready"):
         with urllib.request.urlopen(url + path, timeout=5) as resp:
             assert resp.status == 200
+    # /metrics names every upstream model: on the API listener it asks for a key too
+    assert _get(url + "/metrics")[0] == 401
+    assert _get(url + "/metrics", {"authorization": "Bearer key-one"})[0] == 200
 
 
 # --- drain ---------------------------------------------------------------------------

@@ -267,3 +267,35 @@ def test_the_decoding_budget_is_loaded() -> None:
     assert config.parse(tomllib.loads(text), "c.toml", {}).server.max_decoding_bytes == 1 << 20
     with pytest.raises(config.ConfigError, match=r"server\.max_decoding_bytes: must be > 0"):
         config.parse(tomllib.loads(text.replace("1048576", "0")), "c.toml", {})
+
+
+def test_the_client_connection_knobs_are_loaded() -> None:
+    """Deadlines, the connection cap and the metrics listener (gateway/server.py)."""
+    server = config.parse(tomllib.loads(GOOD), "c.toml", {}).server
+    assert (server.idle_timeout, server.request_head_timeout, server.request_body_timeout,
+            server.max_connections, server.metrics_port, server.metrics_apart) == (
+        60.0, 30.0, 60.0, 0, 0, False)
+    text = GOOD.replace('prefix = "/llm"', 'prefix = "/llm"\nidle_timeout = 5\n'
+                        'request_head_timeout = 2\nrequest_body_timeout = 3\n'
+                        'max_connections = 100\nmetrics_port = 9464\nmetrics_host = "10.0.0.1"')
+    server = config.parse(tomllib.loads(text), "c.toml", {}).server
+    assert (server.idle_timeout, server.request_head_timeout, server.request_body_timeout,
+            server.max_connections, server.metrics_port, server.metrics_host) == (
+        5.0, 2.0, 3.0, 100, 9464, "10.0.0.1")
+    assert isinstance(server.idle_timeout, float) and server.metrics_apart
+
+
+@pytest.mark.parametrize("extra,message", [
+    ("idle_timeout = 0", "server.idle_timeout: must be > 0"),
+    ("request_head_timeout = -1", "server.request_head_timeout: must be > 0"),
+    ("request_body_timeout = 0", "server.request_body_timeout: must be > 0"),
+    ("max_connections = -1", "server.max_connections: must be >= 0"),
+    ("max_connections = 1.5", "server.max_connections: must be an integer"),
+    ("metrics_port = 70000", "server.metrics_port: must be 0..65535"),
+    ("metrics_port = 8080", "server.metrics_port: must differ from server.port"),
+    ('metrics_host = "127.0.0.1"', "server.metrics_host: needs server.metrics_port"),
+])
+def test_bad_client_connection_knobs_name_the_key(extra: str, message: str) -> None:
+    text = GOOD.replace('prefix = "/llm"', f'prefix = "/llm"\n{extra}')
+    with pytest.raises(config.ConfigError, match=message):
+        config.parse(tomllib.loads(text), "c.toml", {})

@@ -2,7 +2,8 @@
 
 ``check_stream(raw)`` parses the raw response body and raises ``AssertionError`` (with the
 offending event number) unless it is a stream every Anthropic client accepts, as this
-gateway writes it (protocol.md sections 0 and 3):
+gateway writes it (https://docs.anthropic.com/en/docs/build-with-claude/streaming, and the
+SSE decoders of the SDKs: ``anthropic/_streaming.py``, ``@anthropic-ai/sdk/core/streaming``):
 
 - frames are exactly ``event: NAME\\ndata: <one-line JSON>\\n\\n``; the body ends with
   ``\\n\\n``; the event name equals the JSON ``type``; keys in the documented order;

@@ -2,8 +2,9 @@
 
 Every constant part of a frame is written once here; per event only the index
 and the JSON string of the text are encoded (``jstr``). Frame shapes follow
-protocol.md section 3.4: ``event: <type>`` equal to the JSON ``type``, one
-``data:`` line of compact JSON, a blank line.
+https://docs.anthropic.com/en/docs/build-with-claude/streaming (and the Python SDK's
+decoder, ``anthropic/_streaming.py``): ``event: <type>`` equal to the JSON ``type``,
+one ``data:`` line of compact JSON, a blank line.
 """
 
 from __future__ import annotations

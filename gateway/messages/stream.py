@@ -19,9 +19,11 @@ Upstream facts relied on (vLLM, SGLang, llama.cpp llama-server, Ollama ``/v1``):
 - ``[DONE]`` ends the body; an in-band failure is ``{"error": {...}}`` (or vLLM's bare
   ``{"object": "error", ...}``), with a numeric ``code`` or without one.
 
-Anthropic facts relied on (see protocol.md section 3): ``message_start`` first; blocks one at a
-time with indexes 0, 1, 2...; empty-shell starts; every block closed by ``content_block_stop``;
-one ``message_delta`` (usage carries only ``output_tokens``), then ``message_stop``.
+Anthropic facts relied on (https://docs.anthropic.com/en/docs/build-with-claude/streaming; checked
+on every stream test by ``tests/anthropic_stream_check.py``): ``message_start`` first; blocks one
+at a time with indexes 0, 1, 2...; empty-shell starts; every block closed by
+``content_block_stop``; one ``message_delta`` (usage carries only ``output_tokens``), then
+``message_stop``.
 
 Gateway decisions:
 

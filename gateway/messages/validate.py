@@ -1,6 +1,7 @@
 """Strict validation of an Anthropic Messages (or count_tokens) request body.
 
-Protocol facts relied on (Anthropic Messages API, SDK 2.14 types, ../shared/protocol.md):
+Protocol facts relied on (the Messages API reference, https://docs.anthropic.com/en/api/messages,
+and the Python SDK 2.14's request types, ``anthropic/types/message_create_params.py``):
 
 - ``model`` is a string; ``max_tokens`` a positive integer (JSON ``true`` is not an
   integer). Turns and content blocks are checked in :mod:`.validate_content`.

@@ -1,6 +1,7 @@
 """Validation of message turns and content blocks (part of :mod:`.validate`).
 
-Protocol facts relied on (Anthropic Messages API, SDK 2.14 types, ../shared/protocol.md):
+Protocol facts relied on (the Messages API reference, https://docs.anthropic.com/en/api/messages,
+and the Python SDK 2.14's request types, ``anthropic/types/message_create_params.py``):
 
 - ``messages`` is a non-empty list of ``{role, content}`` turns; ``content`` is a string
   or a non-empty list of typed blocks. Roles are ``user``, ``assistant`` and ``system``.

@@ -641,7 +641,7 @@ def test_drip_fed_replies_end_at_their_deadline(hostile: str, own_gateway: list[
 # --- 5. framing anomalies: a clean 500, and the connection is never reused ----------------
 
 # (api, scenario, stream, a 200 with its own whole reply is acceptable, idle connections
-# closed too): the four anomalies the issue names close every idle connection
+# closed too): a double reply, bytes past Content-Length, CL+TE and a 101 close every idle one
 ANOMALIES = [
     ("messages", "double", False, True, True),
     ("messages", "double", True, True, True),

@@ -23,9 +23,17 @@ import time
 import structlog
 from prometheus_client import multiprocess
 
+from gateway import log
 from gateway.config import SHARED_KEY_ENV, WORKER_ENV
 
 _log = structlog.get_logger("gateway.workers")
+
+
+def _say(event: str, **fields: object) -> None:
+    """One supervisor line, written at once: the supervisor runs no flush timer, and its
+    lines would otherwise wait in the log buffer until it exits."""
+    _log.info(event, **fields)
+    log.flush()
 
 
 def _clean(path: str) -> None:
@@ -55,7 +63,7 @@ def supervise(args: list[str], workers: int, metrics_dir: str | None) -> int:
     procs = [subprocess.Popen(cmd, env=env) for _ in range(workers)]
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    _log.info("workers_started", workers=workers, pids=[p.pid for p in procs], metrics_dir=path)
+    _say("workers_started", workers=workers, pids=[p.pid for p in procs], metrics_dir=path)
     try:
         while any(p.poll() is None for p in procs):
             time.sleep(0.2)
@@ -69,13 +77,14 @@ def supervise(args: list[str], workers: int, metrics_dir: str | None) -> int:
                 if code == 2:  # bad config or arguments: restarting cannot help
                     on_signal(signal.SIGTERM, None)
                     break
-                _log.warning("worker_replaced", pid=proc.pid, exit_code=code)
+                # worker_pid: the pipeline's own pid field is the supervisor's
+                _log.warning("worker_replaced", worker_pid=proc.pid, exit_code=code)
                 procs[i] = subprocess.Popen(cmd, env=env)
     finally:
         if own_dir:
             shutil.rmtree(path, ignore_errors=True)
     codes = [p.returncode for p in procs]
-    _log.info("workers_stopped", exit_codes=codes)
+    _say("workers_stopped", exit_codes=codes)
     return 0 if stopping and all(c == 0 for c in codes) else max(1, *codes)
 
 

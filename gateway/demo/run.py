@@ -72,7 +72,8 @@ def run_demo(cfg: Config, serve: Callable[[Config], Coroutine[Any, Any, None]], 
     except LlamaServerError:
         log.error("demo_upstream_failed", detail="the embedded llama.cpp server did not start")
         return 1
-    log.info("demo_upstream_started", model=DEMO_MODEL, pid=server.pid)
+    # upstream_pid: the pipeline's own pid field (the gateway's) would replace a "pid" here
+    log.info("demo_upstream_started", model=DEMO_MODEL, upstream_pid=server.pid)
     try:
         asyncio.run(serve(with_demo_route(cfg, base_url)))
     finally:

@@ -31,6 +31,9 @@ def test_two_workers_share_a_port_and_sum_metrics(stub_url, tmp_path) -> None:
     base = f"http://127.0.0.1:{port}"
     try:
         wait_http(base + "/health", proc=proc.popen)
+        # the supervisor's own line is written at once, not when it exits
+        started = [json.loads(ln) for ln in proc.output().splitlines() if ln.startswith("{")]
+        assert any(e["event"] == "workers_started" and len(e["pids"]) == 2 for e in started)
         time.sleep(1.0)  # let both workers bind
         pids = set()
         n = 40

@@ -486,3 +486,14 @@ async def test_pass_through_routes_are_counted_under_their_api(gateway, route, b
         assert value(reg, "llm_gateway_time_to_first_token_seconds_count", api=route,
                      model="m-ok") == 1
         assert value(reg, "llm_gateway_streams_in_flight", api=route, model="m-ok") == 0
+
+
+async def test_no_created_series_in_the_exposition(gateway) -> None:
+    """prometheus-client's ``*_created`` timestamps are off: a counter, a histogram and a
+    labelled child that have all been used still expose no ``_created`` sample."""
+    client, reg = await gateway()
+    status, _ = await _messages(client, "m-ok")
+    assert status == 200
+    text = generate_latest(reg).decode()
+    assert "llm_gateway_requests_total{" in text and "llm_gateway_overhead_seconds_count" in text
+    assert "_created" not in text

@@ -82,6 +82,7 @@ async def _upstreams_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _loop_lag_ctx(app: web.Application) -> AsyncIterator[None]:
     gauge = app[METRICS].loop_lag
+    process = app[METRICS].process
     loop = asyncio.get_running_loop()
 
     async def probe() -> None:
@@ -91,6 +92,8 @@ async def _loop_lag_ctx(app: web.Application) -> AsyncIterator[None]:
             await asyncio.sleep(log.FLUSH_INTERVAL)
             gauge.set(max(0.0, loop.time() - t - log.FLUSH_INTERVAL))
             log.flush()
+            if process is not None:  # --workers: this worker's CPU, memory and fds
+                process.sample()
 
     task = asyncio.create_task(probe())
     yield
@@ -111,13 +114,16 @@ def _registries(config: Config, registry: CollectorRegistry | None
     """(where metrics are defined, what /metrics serves, where build info goes).
 
     With --workers (prometheus multiprocess mode) every worker writes its values to files in
-    ``metrics_dir`` and /metrics serves all workers' sums, whichever worker answers; this
-    worker's own process collectors (RSS, CPU) are served beside them.
+    ``metrics_dir`` and /metrics serves all workers' sums, whichever worker answers. No
+    process or GC collector there: each would describe only the worker answering the scrape
+    (its counters seen as resets); the workers write their process figures themselves
+    (``metrics.WorkerProcess``) and the python_gc_* series are left out.
     """
     if config.metrics_dir is None:
         reg = registry if registry is not None else default_registry()
         return reg, reg, None
-    exposed = default_registry()
+    exposed = CollectorRegistry(auto_describe=True)
+    PlatformCollector(registry=exposed)
     MultiProcessCollector(exposed, path=config.metrics_dir)
     return CollectorRegistry(), exposed, exposed
 
@@ -127,7 +133,8 @@ def build_app(config: Config, registry: CollectorRegistry | None = None) -> web.
     app = web.Application(middlewares=[gateway_middleware],
                           client_max_size=config.server.max_body_bytes)
     app[CONFIG] = config
-    metrics = Metrics(defined, info_registry=info)
+    metrics = Metrics(defined, info_registry=info,
+                      per_worker_process=config.metrics_dir is not None)
     app[METRICS] = metrics
     app[UPSTREAMS] = {
         name: UpstreamClient(cfg, connections=metrics.upstream_connections.labels(name),

@@ -13,7 +13,12 @@ counter that first appears already incremented hides that increment from
 ``rate()``, and a missing series shows as "no data" instead of 0.
 
 The process collectors (``process_resident_memory_bytes`` and friends) are
-registered by the app next to these, on the same registry.
+registered by the app next to these, on the same registry. With ``--workers``
+a process collector would describe only the worker that happens to answer the
+scrape (CPU seconds jumping between workers, which Prometheus reads as counter
+resets), so each worker writes its own figures instead (:class:`WorkerProcess`):
+the same ``process_*`` names, CPU as one counter summed over every worker that
+ran, the gauges one series per live worker with a ``pid`` label.
 
 No ``*_created`` series: prometheus-client's creation timestamp of every counter,
 histogram and labelled child (116 of ~430 samples) is switched off once, when this
@@ -31,6 +36,7 @@ from prometheus_client import (
     Gauge,
     Histogram,
     Info,
+    ProcessCollector,
     disable_created_metrics,
 )
 
@@ -107,12 +113,60 @@ class _Memo:
         return getattr(self.metric, name)
 
 
+class WorkerProcess:
+    """A ``--workers`` worker's process figures, as multiprocess metrics.
+
+    :meth:`sample` runs on the app's 0.5 s probe timer and copies what prometheus-client's
+    own ``ProcessCollector`` reads from ``/proc/self`` into metrics that every worker's
+    ``/metrics`` serves alike: ``process_cpu_seconds_total`` is a counter, increased by the
+    CPU time used since the last sample and summed over every worker that ever ran (a
+    replaced worker's seconds stay counted, so the sum never goes down); the gauges are
+    ``liveall``, one series per live worker labelled ``pid``. The supervisor's own few
+    milliseconds of CPU are not counted.
+    """
+
+    _GAUGES = (
+        ("process_resident_memory_bytes", "Resident memory size in bytes, per worker"),
+        ("process_virtual_memory_bytes", "Virtual memory size in bytes, per worker"),
+        ("process_open_fds", "Number of open file descriptors, per worker"),
+        ("process_max_fds", "Maximum number of open file descriptors, per worker"),
+        ("process_start_time_seconds",
+         "Start time of the worker since unix epoch in seconds, per worker"),
+    )
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._collector = ProcessCollector(registry=None)
+        self._cpu_seen = 0.0
+        self.cpu = Counter("process_cpu_seconds",
+                           "Total user and system CPU time spent in seconds, all workers",
+                           registry=registry)
+        self.gauges = {name: Gauge(name, doc, registry=registry, multiprocess_mode="liveall")
+                       for name, doc in self._GAUGES}
+        self.sample()
+
+    def sample(self) -> None:
+        for family in self._collector.collect():  # nothing where /proc is missing
+            for sample in family.samples:
+                if sample.name == "process_cpu_seconds_total":
+                    if sample.value > self._cpu_seen:
+                        self.cpu.inc(sample.value - self._cpu_seen)
+                        self._cpu_seen = sample.value
+                elif (gauge := self.gauges.get(sample.name)) is not None:
+                    gauge.set(sample.value)
+
+
 class Metrics:
-    """The gateway's metrics on ``registry``; attribute names are what the handlers use."""
+    """The gateway's metrics on ``registry``; attribute names are what the handlers use.
+
+    ``per_worker_process``: with ``--workers``, also define :class:`WorkerProcess`
+    (``self.process``), whose ``sample()`` the app's probe timer calls.
+    """
 
     def __init__(self, registry: CollectorRegistry,
-                 info_registry: CollectorRegistry | None = None) -> None:
+                 info_registry: CollectorRegistry | None = None, *,
+                 per_worker_process: bool = False) -> None:
         self.registry = registry
+        self.process = WorkerProcess(registry) if per_worker_process else None
         p = PREFIX
         r = registry
         self.requests = _Memo(Counter(

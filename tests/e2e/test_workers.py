@@ -57,3 +57,61 @@ def test_two_workers_share_a_port_and_sum_metrics(stub_url, tmp_path) -> None:
         assert len(pids) == 2, f"requests were served by {pids}"
     finally:
         proc.stop()
+
+
+def _scrape(base: str) -> dict[str, list[tuple[str, float]]]:
+    """/metrics as {name: [(labels, value)]}."""
+    with urllib.request.urlopen(base + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out: dict[str, list[tuple[str, float]]] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            name, _, labels = series.partition("{")
+            out.setdefault(name, []).append((labels, float(value)))
+    return out
+
+
+def test_process_metrics_describe_all_workers(stub_url, tmp_path) -> None:
+    """Each scrape is answered by one worker, so a process collector's CPU counter jumped
+    between workers (0.33, 0.34, 0.32, ...: a counter reset to Prometheus). Each worker now
+    writes its own figures: the CPU counter is summed over the workers and never goes down
+    across eight scrapes with traffic between them; RSS and fds are one series per worker
+    (``pid``); and no ``*_created`` or per-worker GC counter is served."""
+    port = free_port()
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text(stub_config(stub_url, models=("ok",)))
+    proc = Proc([sys.executable, "-m", "gateway", "--config", str(cfg), "--port", str(port),
+                 "--workers", "2"])
+    base = f"http://127.0.0.1:{port}"
+    body = json.dumps({"model": "m-ok", "max_tokens": 5,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    try:
+        wait_http(base + "/health", proc=proc.popen)
+        deadline = time.monotonic() + 20
+        while len(_scrape(base).get("process_resident_memory_bytes", [])) < 2:
+            assert time.monotonic() < deadline, "both workers never wrote their RSS"
+            time.sleep(0.1)
+        cpu = []
+        for _ in range(8):
+            for _ in range(10):  # a little load, spread over the workers
+                req = urllib.request.Request(
+                    base + "/llm/v1/messages", method="POST", data=body,
+                    headers={"content-type": "application/json", "connection": "close"})
+                with urllib.request.urlopen(req, timeout=10) as resp:
+                    assert resp.status == 200
+            time.sleep(0.3)
+            metrics = _scrape(base)
+            [(labels, value)] = metrics["process_cpu_seconds_total"]
+            assert labels == ""  # one series: summed over the workers
+            cpu.append(value)
+            rss = metrics["process_resident_memory_bytes"]
+            assert len(rss) == 2 and all('pid="' in labels for labels, _ in rss)
+            assert all(value > 10e6 for _, value in rss)
+            assert len(metrics["process_open_fds"]) == 2
+            assert not [name for name in metrics if name.endswith("_created")]
+            assert not [name for name in metrics if name.startswith("python_gc_")]
+        assert cpu == sorted(cpu), f"CPU seconds went down: {cpu}"
+        assert cpu[-1] > cpu[0]
+    finally:
+        proc.stop()

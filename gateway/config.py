@@ -1,9 +1,11 @@
 """The one loader: TOML file + environment -> frozen dataclasses.
 
-This is the only module that reads files or ``os.environ``. Every key of the
-schema is checked: an unknown key, a missing or wrong-typed value, a model that
-names an unknown upstream, a duplicate model name or a base_url that is not
-http(s) raises :class:`ConfigError`, whose text names the file and the key.
+This is the only module that reads files or ``os.environ``. The dataclasses are the
+schema: each field is a key (unless marked otherwise) whose types, whether it is
+required and its default come from the field (:func:`knobs`, :func:`schema`). Every
+key is checked: an unknown key, a missing or wrong-typed value, a value out of its
+bound, a model that names an unknown upstream, a duplicate model name or a base_url
+that is not http(s) raises :class:`ConfigError`, whose text names the file and the key.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import re
 import secrets
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, get_type_hints
 from urllib.parse import urlsplit
 
 UPSTREAM_KINDS = ("openai", "vllm", "sglang", "llamacpp", "ollama")
@@ -26,19 +28,45 @@ class ConfigError(Exception):
     """Bad configuration; the message names the file and the key."""
 
 
+# The dataclasses below are the schema: every field is a TOML key of its table unless its
+# metadata says ``toml: False``. A key's TOML types come from its annotation (a float takes an
+# integer too), it is required when the field has no default, and its default is the field's.
+# Metadata: ``bound`` ("> 0" or ">= 0") is checked by parse(); ``types`` overrides the
+# annotation's; ``shown`` is the default as README.md's table writes it when it is not the value
+# itself. README.md's table and deploy/gateway.example.toml are tested against this schema.
+
+
+def _not_toml(default: Any, *, secret: bool = False) -> Any:
+    """A field that is no TOML key: set by parse() from the table's name, env or other keys."""
+    return field(default=default, repr=not secret, metadata={"toml": False})
+
+
+def _knob(default: Any, *, bound: str | None = None, shown: str | None = None) -> Any:
+    meta: dict[str, Any] = {}
+    if bound is not None:
+        meta["bound"] = bound
+    if shown is not None:
+        meta["shown"] = shown
+    return field(default=default, metadata=meta)
+
+
+_POS, _NONNEG = "> 0", ">= 0"
+
+
 @dataclass(frozen=True)
 class UpstreamConfig:
-    name: str
+    name: str = field(metadata={"toml": False})  # the table's name, upstreams.<name>
     base_url: str
     kind: str = "openai"
     api_key_env: str | None = None
-    api_key: str | None = field(default=None, repr=False)
-    pool_size: int = 0  # 0: no limit (each stream holds one connection)
-    connect_timeout: float = 5.0
-    header_timeout: float = 600.0  # from the send to the final reply head
-    idle_timeout: float = 300.0  # a stream's longest gap between events
-    response_timeout: float = 900.0  # from the send to a buffered reply's last byte
-    max_response_bytes: int = 64 * 1024 * 1024  # a buffered reply's size cap
+    api_key: str | None = _not_toml(None, secret=True)
+    pool_size: int = _knob(0, bound=_NONNEG)  # 0: no limit (each stream holds one connection)
+    connect_timeout: float = _knob(5.0, bound=_POS)
+    header_timeout: float = _knob(600.0, bound=_POS)  # from the send to the final reply head
+    idle_timeout: float = _knob(300.0, bound=_POS)  # a stream's longest gap between events
+    # from the send to a buffered reply's last byte
+    response_timeout: float = _knob(900.0, bound=_POS)
+    max_response_bytes: int = _knob(64 * 1024 * 1024, bound=_POS)  # a buffered reply's size cap
     keepalive: bool = True  # False: a fresh connection per request (Connection: close)
 
     @property
@@ -49,12 +77,12 @@ class UpstreamConfig:
 @dataclass(frozen=True)
 class ModelRoute:
     name: str
-    upstream: UpstreamConfig
+    upstream: UpstreamConfig = field(metadata={"types": (str,)})  # TOML: the upstream's name
     upstream_model: str
-    max_concurrency: int = 0  # 0: unlimited
-    display_name: str = ""
+    max_concurrency: int = _knob(0, bound=_NONNEG)  # 0: unlimited
+    display_name: str = _knob("", shown="the name")  # parse() sets it to the name
     created_at: str = "2025-01-01T00:00:00Z"
-    context_window: int = 0  # 0: unknown
+    context_window: int = _knob(0, bound=_NONNEG)  # 0: unknown
 
 
 @dataclass(frozen=True)
@@ -62,26 +90,29 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     prefix: str = "/llm"
-    ping_interval: float = 10.0
-    max_body_bytes: int = 32 * 1024 * 1024
-    max_decoding_bytes: int = 64 * 1024 * 1024  # request bodies being read and decoded at once
-    shutdown_grace: float = 30.0
-    write_timeout: float = 60.0
+    ping_interval: float = _knob(10.0, bound=_POS)
+    max_body_bytes: int = _knob(32 * 1024 * 1024, bound=_POS)
+    # request bodies being read and decoded at once
+    max_decoding_bytes: int = _knob(64 * 1024 * 1024, bound=_POS)
+    shutdown_grace: float = _knob(30.0, bound=_POS)
+    write_timeout: float = _knob(60.0, bound=_POS)
     # client connections (gateway/server.py, gateway/listener.py)
-    idle_timeout: float = 60.0  # a connection waiting for a request head, from accept or reply
-    request_head_timeout: float = 30.0  # from a head's first byte to its last
-    request_body_timeout: float = 60.0  # from the end of the head to the body's last byte
-    max_connections: int = 0  # API connections at once; 0: unlimited
-    metrics_host: str = ""  # "": server.host
+    # a connection waiting for a request head, from accept or reply
+    idle_timeout: float = _knob(60.0, bound=_POS)
+    request_head_timeout: float = _knob(30.0, bound=_POS)  # from a head's first byte to its last
+    # from the end of the head to the body's last byte
+    request_body_timeout: float = _knob(60.0, bound=_POS)
+    max_connections: int = _knob(0, bound=_NONNEG)  # API connections at once; 0: unlimited
+    metrics_host: str = _knob("", shown="`server.host`")  # "": server.host
     metrics_port: int = 0  # 0: /metrics on the API listener
     log_level: str = "info"
     api_keys_env: str | None = None
-    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    api_keys: tuple[str, ...] = _not_toml((), secret=True)
     keep_billing_header: bool = False
     signing_key_env: str | None = None
-    signing_key: bytes = field(default=b"", repr=False)
+    signing_key: bytes = _not_toml(b"", secret=True)
     # where it came from: "env", "file" (the state directory's key) or "random" (this process)
-    signing_key_source: str = "random"
+    signing_key_source: str = _not_toml("random")
 
     @property
     def metrics_apart(self) -> bool:
@@ -101,12 +132,8 @@ class Config:
     reuse_port: bool = False
 
 
+# The built-in default config: its routes (every key's default is its dataclass field's).
 DEFAULT_TOML = """
-[server]
-host = "127.0.0.1"
-port = 8080
-prefix = "/llm"
-
 [upstreams.local-vllm]
 base_url = "http://127.0.0.1:8000/v1"
 kind = "vllm"
@@ -133,72 +160,81 @@ upstream = "local-vllm"
 upstream_model = "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"
 """
 
-# key -> (type(s), required)
-_SERVER_KEYS: dict[str, tuple[tuple[type, ...], bool]] = {
-    "host": ((str,), False),
-    "port": ((int,), False),
-    "prefix": ((str,), False),
-    "ping_interval": ((int, float), False),
-    "max_body_bytes": ((int,), False),
-    "max_decoding_bytes": ((int,), False),
-    "shutdown_grace": ((int, float), False),
-    "write_timeout": ((int, float), False),
-    "idle_timeout": ((int, float), False),
-    "request_head_timeout": ((int, float), False),
-    "request_body_timeout": ((int, float), False),
-    "max_connections": ((int,), False),
-    "metrics_host": ((str,), False),
-    "metrics_port": ((int,), False),
-    "log_level": ((str,), False),
-    "api_keys_env": ((str,), False),
-    "keep_billing_header": ((bool,), False),
-    "signing_key_env": ((str,), False),
+
+@dataclass(frozen=True)
+class Knob:
+    """One TOML key of the schema, derived from its dataclass field."""
+
+    name: str
+    types: tuple[type, ...]
+    required: bool
+    default: Any  # None when required or unset
+    bound: str | None  # "> 0", ">= 0" or None
+    shown: str | None  # the default as documentation writes it, when not the value itself
+
+
+_TOML_TYPES: dict[Any, tuple[type, ...]] = {
+    str: (str,), int: (int,), float: (int, float), bool: (bool,), str | None: (str,),
 }
-_UPSTREAM_KEYS: dict[str, tuple[tuple[type, ...], bool]] = {
-    "base_url": ((str,), True),
-    "kind": ((str,), False),
-    "api_key_env": ((str,), False),
-    "pool_size": ((int,), False),
-    "connect_timeout": ((int, float), False),
-    "header_timeout": ((int, float), False),
-    "idle_timeout": ((int, float), False),
-    "response_timeout": ((int, float), False),
-    "max_response_bytes": ((int,), False),
-    "keepalive": ((bool,), False),
+
+
+@functools.cache
+def knobs(cls: type) -> dict[str, Knob]:
+    """The TOML keys of one table (ServerConfig, UpstreamConfig or ModelRoute), in order."""
+    hints = get_type_hints(cls)
+    out: dict[str, Knob] = {}
+    for f in fields(cls):
+        if not f.metadata.get("toml", True):
+            continue
+        required = f.default is MISSING and f.default_factory is MISSING
+        types = f.metadata.get("types") or _TOML_TYPES[hints[f.name]]
+        out[f.name] = Knob(f.name, types, required, None if required else f.default,
+                           f.metadata.get("bound"), f.metadata.get("shown"))
+    return out
+
+
+# Where each table sits in a file, as errors and documentation name its keys.
+TABLES: dict[str, type] = {
+    "server": ServerConfig, "upstreams.<name>": UpstreamConfig, "models[]": ModelRoute,
 }
-_MODEL_KEYS: dict[str, tuple[tuple[type, ...], bool]] = {
-    "name": ((str,), True),
-    "upstream": ((str,), True),
-    "upstream_model": ((str,), True),
-    "max_concurrency": ((int,), False),
-    "display_name": ((str,), False),
-    "created_at": ((str,), False),
-    "context_window": ((int,), False),
-}
+
+
+def schema() -> dict[str, Knob]:
+    """Every key of the config file: ``server.host``, ``upstreams.<name>.base_url``, ..."""
+    return {f"{table}.{name}": knob
+            for table, cls in TABLES.items() for name, knob in knobs(cls).items()}
+
+
 _TOP_KEYS = ("server", "upstreams", "models")
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
 
 
-def _check_table(
-    src: str, where: str, table: Any, schema: Mapping[str, tuple[tuple[type, ...], bool]]
-) -> dict[str, Any]:
+def _check_table(src: str, where: str, table: Any, schema: Mapping[str, Knob]) -> dict[str, Any]:
+    """The table's keys checked, then each default filled in and each bound checked."""
     if not isinstance(table, dict):
         raise ConfigError(f"{src}: {where}: must be a table")
     for key in table:
         if key not in schema:
             raise ConfigError(f"{src}: {where}.{key}: unknown key")
-    for key, (types, required) in schema.items():
+    for key, knob in schema.items():
         if key not in table:
-            if required:
+            if knob.required:
                 raise ConfigError(f"{src}: {where}.{key}: missing (required)")
             continue
         value = table[key]
+        types = knob.types
         # bool is an int subclass; only accept it where bool is asked for
         ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
         if not ok:
             want = " or ".join(_TYPE_NAMES[t] for t in types)
             raise ConfigError(f"{src}: {where}.{key}: must be {want}, got {value!r}")
-    return table
+    out = {key: knob.default for key, knob in schema.items() if not knob.required}
+    for key, value in table.items():
+        knob = schema[key]
+        if knob.bound is not None:
+            _positive(src, f"{where}.{key}", value, allow_zero=knob.bound == _NONNEG)
+        out[key] = float(value) if float in knob.types and bool not in knob.types else value
+    return out
 
 
 def _positive(src: str, where: str, value: float, *, allow_zero: bool = False) -> None:
@@ -221,38 +257,28 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         if key not in _TOP_KEYS:
             raise ConfigError(f"{src}: {key}: unknown key")
 
-    srv = dict(_check_table(src, "server", data.get("server", {}), _SERVER_KEYS))
-    prefix = srv.get("prefix", "/llm")
+    srv = _check_table(src, "server", data.get("server", {}), knobs(ServerConfig))
+    prefix = srv["prefix"]
     if prefix and (not prefix.startswith("/") or prefix.endswith("/")):
         raise ConfigError(f"{src}: server.prefix: must start with '/' and not end with '/' "
                           f"(or be empty), got {prefix!r}")
-    port = srv.get("port", 8080)
+    port = srv["port"]
     if not 0 <= port <= 65535:
         raise ConfigError(f"{src}: server.port: must be 0..65535, got {port}")
-    for key in ("ping_interval", "shutdown_grace", "write_timeout", "max_body_bytes",
-                "max_decoding_bytes", "idle_timeout", "request_head_timeout",
-                "request_body_timeout"):
-        if key in srv:
-            _positive(src, f"server.{key}", srv[key])
-    if "max_connections" in srv:
-        _positive(src, "server.max_connections", srv["max_connections"], allow_zero=True)
     _check_metrics_listener(src, srv, port)
-    if srv.get("log_level", "info") not in LOG_LEVELS:
+    if srv["log_level"] not in LOG_LEVELS:
         raise ConfigError(f"{src}: server.log_level: must be one of {', '.join(LOG_LEVELS)}")
     api_keys: tuple[str, ...] = ()
-    if "api_keys_env" in srv:
+    if srv["api_keys_env"] is not None:
         raw = _env(env, src, "server.api_keys_env", srv["api_keys_env"])
         api_keys = tuple(k.strip() for k in raw.split(",") if k.strip())
-    if "signing_key_env" in srv:
+    if srv["signing_key_env"] is not None:
         signing_key = _env(env, src, "server.signing_key_env", srv["signing_key_env"]).encode()
         key_source = "env"
     else:
         signing_key, key_source = default_signing_key(env)
-    floats = ("ping_interval", "shutdown_grace", "write_timeout", "idle_timeout",
-              "request_head_timeout", "request_body_timeout")
-    values: dict[str, Any] = {k: float(v) if k in floats else v for k, v in srv.items()}
     server = ServerConfig(
-        **values,
+        **srv,
         api_keys=api_keys,
         signing_key=signing_key,
         signing_key_source=key_source,
@@ -264,25 +290,19 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
     upstreams: dict[str, UpstreamConfig] = {}
     for name, table in raw_ups.items():
         where = f"upstreams.{name}"
-        up = dict(_check_table(src, where, table, _UPSTREAM_KEYS))
+        up = _check_table(src, where, table, knobs(UpstreamConfig))
         parts = urlsplit(up["base_url"])
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError(f"{src}: {where}.base_url: must be an http(s) URL, "
                               f"got {up['base_url']!r}")
         up["base_url"] = up["base_url"].rstrip("/")
-        if up.get("kind", "openai") not in UPSTREAM_KINDS:
+        if up["kind"] not in UPSTREAM_KINDS:
             raise ConfigError(f"{src}: {where}.kind: must be one of {', '.join(UPSTREAM_KINDS)}")
-        for key in ("pool_size", "connect_timeout", "header_timeout", "idle_timeout",
-                    "response_timeout", "max_response_bytes"):
-            if key in up:
-                _positive(src, f"{where}.{key}", up[key], allow_zero=key == "pool_size")
-                if key.endswith("_timeout"):
-                    up[key] = float(up[key])
-        api_key = _env(env, src, f"{where}.api_key_env", up["api_key_env"]) \
-            if "api_key_env" in up else None
+        key_env = up["api_key_env"]
+        api_key = _env(env, src, f"{where}.api_key_env", key_env) if key_env is not None else None
         if api_key is not None and not _TOKEN_CHARS.fullmatch(api_key.strip()):
             # it goes into an HTTP header line: a newline would end it (header injection)
-            raise ConfigError(f"{src}: {where}.api_key_env: the key in {up['api_key_env']} "
+            raise ConfigError(f"{src}: {where}.api_key_env: the key in {key_env} "
                               "must be printable ASCII without spaces")
         if api_key is not None:
             api_key = api_key.strip()
@@ -294,18 +314,16 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
     models: dict[str, ModelRoute] = {}
     for i, table in enumerate(raw_models):
         where = f"models[{i}]"
-        m = dict(_check_table(src, where, table, _MODEL_KEYS))
+        m = _check_table(src, where, table, knobs(ModelRoute))
         if not m["name"]:
             raise ConfigError(f"{src}: {where}.name: must not be empty")
         if m["name"] in models:
             raise ConfigError(f"{src}: {where}.name: duplicate model name {m['name']!r}")
         if m["upstream"] not in upstreams:
             raise ConfigError(f"{src}: {where}.upstream: unknown upstream {m['upstream']!r}")
-        for key in ("max_concurrency", "context_window"):
-            if key in m:
-                _positive(src, f"{where}.{key}", m[key], allow_zero=True)
         upstream = upstreams[m.pop("upstream")]
-        m.setdefault("display_name", m["name"])
+        if "display_name" not in table:
+            m["display_name"] = m["name"]
         models[m["name"]] = ModelRoute(upstream=upstream, **m)
     if not models:
         raise ConfigError(f"{src}: models: at least one [[models]] entry is required")
@@ -313,7 +331,7 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
 
 
 def _check_metrics_listener(src: str, srv: Mapping[str, Any], port: int) -> None:
-    metrics_port = srv.get("metrics_port", 0)
+    metrics_port = srv["metrics_port"]
     if not 0 <= metrics_port <= 65535:
         raise ConfigError(f"{src}: server.metrics_port: must be 0..65535, got {metrics_port}")
     if metrics_port and metrics_port == port:

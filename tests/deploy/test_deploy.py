@@ -1,8 +1,8 @@
 """The deployment files under deploy/, each checked without a Docker engine or a cluster.
 
 - The example config is accepted by the real loader, as it is and with its commented knob lines
-  switched on, and documents every knob of gateway/config.py's schema tables; README.md's
-  configuration table lists exactly the same knobs.
+  switched on, and shows every knob of gateway/config.py's schema (derived from its dataclasses)
+  with its default; README.md's configuration table lists exactly the same knobs and defaults.
 - The systemd unit passes ``systemd-analyze verify`` and ``systemd-analyze security
   --offline=yes`` holds its exposure score at or below ``SYSTEMD_EXPOSURE_MAX``.
 - The Dockerfile passes hadolint and has the lines that matter (multi-stage, non-root user,
@@ -78,11 +78,22 @@ def _tool(name: str) -> str:
 
 
 def _schema_knobs() -> set[str]:
-    return (
-        {f"server.{k}" for k in config._SERVER_KEYS}
-        | {f"upstreams.<name>.{k}" for k in config._UPSTREAM_KEYS}
-        | {f"models[].{k}" for k in config._MODEL_KEYS}
-    )
+    return set(config.schema())
+
+
+def _toml_literal(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def _documented_default(knob: config.Knob) -> str:
+    """The default as README.md's table writes it."""
+    if knob.shown is not None:
+        return knob.shown
+    if knob.required:
+        return "required"
+    return "unset" if knob.default is None else f"`{_toml_literal(knob.default)}`"
 
 
 # a commented-out knob: "# key = value" (prose comments never have this shape)
@@ -174,32 +185,84 @@ def test_example_config_comments_every_knob() -> None:
     assert not uncommented, f"knobs without a comment above them: {uncommented}"
 
 
+# Example values that illustrate a setting instead of showing the default (their comments say
+# so); the *_env names, required keys and defaults written in words are not compared either.
+ILLUSTRATED = {
+    "server.metrics_port",
+    "upstreams.<name>.kind",
+    "models[].max_concurrency",
+    "models[].created_at",
+    "models[].context_window",
+}
+
+
+def _first_values(data: dict[str, Any]) -> dict[str, Any]:
+    """Each knob's value where the example first shows it."""
+    tables = [("server", data.get("server", {}))]
+    tables += [("upstreams.<name>", t) for t in data.get("upstreams", {}).values()]
+    tables += [("models[]", t) for t in data.get("models", [])]
+    shown: dict[str, Any] = {}
+    for prefix, table in tables:
+        for key, value in table.items():
+            shown.setdefault(f"{prefix}.{key}", value)
+    return shown
+
+
 def test_example_config_shows_the_real_defaults() -> None:
-    """Server and upstream tuning values in the example are the dataclasses' defaults."""
-    data = tomllib.loads(EXAMPLE.read_text())
-    server_defaults = {f.name: f.default for f in fields(config.ServerConfig)}
-    for key, value in data["server"].items():
-        assert value == server_defaults[key], f"server.{key}"
-    upstream_defaults = {f.name: f.default for f in fields(config.UpstreamConfig)}
-    first = next(iter(data["upstreams"].values()))
-    for key in ("pool_size", "connect_timeout", "header_timeout", "idle_timeout"):
-        assert first[key] == upstream_defaults[key], f"upstreams.<name>.{key}"
+    """Every value the example shows (commented lines too) is the dataclass field's default."""
+    shown = _first_values(tomllib.loads(_switch_on(EXAMPLE.read_text())))
+    compared = 0
+    for name, knob in config.schema().items():
+        if knob.required or knob.default is None or knob.shown or name in ILLUSTRATED:
+            continue
+        assert shown[name] == knob.default, f"{name}: {shown[name]!r}, default {knob.default!r}"
+        assert type(shown[name]) is type(knob.default), f"{name}: write {knob.default!r}"
+        compared += 1
+    assert compared >= 20  # the check ran
 
 
-def _readme_knobs() -> list[str]:
+def _readme_rows() -> list[tuple[str, str]]:
+    """(knob, default cell) of each row of README.md's configuration table."""
     text = (REPO / "README.md").read_text()
     start = text.index("\n## Configuration\n")
     end = text.find("\n## ", start + 1)
     section = text[start : end if end != -1 else None]
-    return re.findall(r"^\|\s*`([^`]+)`\s*\|", section, flags=re.M)
+    return re.findall(r"^\|\s*`([^`]+)`\s*\|\s*([^|]*?)\s*\|", section, flags=re.M)
 
 
 def test_readme_config_table_lists_exactly_the_schema_knobs() -> None:
-    listed = _readme_knobs()
+    listed = [knob for knob, _ in _readme_rows()]
     assert len(listed) == len(set(listed)), "a knob is listed twice"
     schema, readme = _schema_knobs(), set(listed)
     assert not schema - readme, f"knobs missing from README.md: {sorted(schema - readme)}"
     assert not readme - schema, f"README.md lists unknown knobs: {sorted(readme - schema)}"
+
+
+def test_readme_config_table_shows_the_schema_defaults() -> None:
+    schema = config.schema()
+    wrong = {
+        knob: (cell, _documented_default(schema[knob]))
+        for knob, cell in _readme_rows()
+        if knob in schema and cell != _documented_default(schema[knob])
+    }
+    assert not wrong, f"README.md defaults (shown, expected): {wrong}"
+
+
+def test_schema_is_derived_from_the_dataclasses() -> None:
+    """Types, required and defaults come from the fields; non-key fields are left out."""
+    schema = config.schema()
+    assert schema["server.ping_interval"] == config.Knob(
+        "ping_interval", (int, float), False, 10.0, "> 0", None
+    )
+    assert schema["server.api_keys_env"].types == (str,)
+    assert schema["upstreams.<name>.base_url"].required
+    assert schema["models[].upstream"].types == (str,)
+    assert "upstreams.<name>.name" not in schema
+    assert not {"server.api_keys", "server.signing_key", "upstreams.<name>.api_key"} & set(schema)
+    for table, cls in config.TABLES.items():
+        defaults = {f.name: f.default for f in fields(cls)}
+        for name, knob in config.knobs(cls).items():
+            assert knob.required or knob.default == defaults[name], f"{table}.{name}"
 
 
 # ---------------------------------------------------------------- (b) systemd

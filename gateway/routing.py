@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from aiohttp import web
 
@@ -20,6 +18,7 @@ from gateway.appkeys import (
     STATE,
     UPSTREAM,
     UPSTREAMS,
+    Drainable,
 )
 from gateway.config import ModelRoute, find_route
 from gateway.upstream import UpstreamClient, UpstreamResponse
@@ -110,49 +109,30 @@ async def send(
 class DrainHandle:
     """Lets a draining server end a stream with the failure envelope (see __main__)."""
 
-    __slots__ = ("draining", "task")
+    __slots__ = ("_streams", "draining", "task")
 
-    def __init__(self) -> None:
+    def __init__(self, streams: set[Drainable]) -> None:
         self.task = asyncio.current_task()
         self.draining = False
+        self._streams = streams
 
     def drain(self) -> None:
         self.draining = True
         if self.task is not None:
             self.task.cancel("draining")
 
+    def release(self) -> None:
+        """The stream ended: the drain has nothing more to end."""
+        self._streams.discard(self)
 
-@contextmanager
-def drainable(request: web.Request) -> Iterator[DrainHandle]:
-    """Register the current stream so a SIGTERM drain can end it after the grace period."""
-    handle = DrainHandle()
+
+def drainable(request: web.Request) -> DrainHandle:
+    """Register the current stream so a SIGTERM drain can end it after the grace period;
+    the stream calls ``release()`` when it ends."""
     streams = request.app[STATE].streams
+    handle = DrainHandle(streams)
     streams.add(handle)
-    try:
-        yield handle
-    finally:
-        streams.discard(handle)
+    return handle
 
 
 DRAINING_MESSAGE = "Overloaded: the gateway is shutting down"
-
-
-def stream_failure(exc: BaseException, handle: DrainHandle
-                   ) -> tuple[errors.GatewayError, str] | None:
-    """How an exception met while relaying a stream ends it, for both APIs.
-
-    (the error its envelope carries, the termination reason), or None when the
-    exception must propagate (a real cancellation: the client left).
-    """
-    if isinstance(exc, errors.UpstreamTimeout):
-        return exc, "idle_timeout"
-    if isinstance(exc, errors.GatewayError):
-        return exc, "upstream_error"
-    if isinstance(exc, ValueError):  # an SSE event past the decoder's size guard
-        return errors.StreamProcessingError(), "malformed_chunk"
-    if isinstance(exc, asyncio.CancelledError) and handle.draining:
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()  # the drain's cancel only ends this stream, not the handler
-        return errors.Overloaded(DRAINING_MESSAGE), "draining"
-    return None

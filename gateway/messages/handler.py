@@ -5,7 +5,8 @@ The I/O shell around the pure modules: read (bounded and strict, :mod:`gateway.b
 StreamTranslator -> writer (streamed). Before the first byte reaches the client a failure is a
 JSON error response with its real status (raised, rendered by the
 middleware); after it, the translator ends the stream itself with the
-failure envelope.
+failure envelope (the stream's lifecycle, shared with the OpenAI pass-through, is
+:mod:`gateway.streaming`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from gateway import errors, jsonutil, routing
+from gateway import errors, jsonutil, routing, streaming
 from gateway.appkeys import CONFIG, METRICS, REQUEST_ID, SECRETS, STREAM
 from gateway.body import read_json
 from gateway.config import ModelRoute
@@ -32,7 +33,6 @@ from gateway.messages.to_chat import to_chat
 from gateway.messages.validate import validate_messages
 from gateway.sse import SSEDecoder
 from gateway.upstream import UpstreamResponse
-from gateway.writer import ClientGone, StreamWriter
 
 _log = structlog.get_logger("gateway.messages")
 
@@ -100,8 +100,8 @@ async def create_message(request: web.Request) -> web.StreamResponse:
             )
         body = jsonutil.dumpb(message)
         metrics.overhead.labels("messages").observe(overhead + time.perf_counter() - t1)
-    _count_reply(request, route, message["stop_reason"], message["usage"]["input_tokens"],
-                 message["usage"]["output_tokens"])
+    _count_reply(request, route, message["stop_reason"],
+                 (message["usage"]["input_tokens"], message["usage"]["output_tokens"]))
     return web.Response(body=body, content_type="application/json",
                         headers={"request-id": request[REQUEST_ID]})
 
@@ -139,62 +139,38 @@ def _stops(req: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _count_reply(request: web.Request, route: ModelRoute, stop_reason: str | None,
-                 input_tokens: int, output_tokens: int) -> None:
+                 usage: tuple[int, int]) -> None:
+    """A buffered reply's stop reason and tokens (a stream's are counted as it ends)."""
     metrics = request.app[METRICS]
     if stop_reason:
         metrics.stop_reasons.labels(route.name, stop_reason).inc()
-    metrics.tokens.labels(route.name, "input").inc(input_tokens)
-    metrics.tokens.labels(route.name, "output").inc(output_tokens)
+    streaming.count_tokens(metrics, route.name, usage)
 
 
 async def _stream(request: web.Request, route: ModelRoute, up: UpstreamResponse,
                   translator: StreamTranslator, t0: float, overhead: float
                   ) -> web.StreamResponse:
     """Relay one upstream stream through the translator; every path ends it well-formed."""
-    app = request.app
-    server = app[CONFIG].server
-    metrics = app[METRICS]
-    writer = await StreamWriter.open(request, content_type="text/event-stream; charset=utf-8",
-                                     write_timeout=server.write_timeout,
-                                     ping_interval=server.ping_interval)
-    gauge = metrics.in_flight.labels("messages", route.name)
-    gauge.inc()
+    metrics = request.app[METRICS]
     timing = _Timing(overhead)
-    try:
-        with routing.drainable(request) as handle:
-            try:
-                await _pump(up, translator, writer.write, timing,
-                            metrics.inter_chunk.labels(route.name),
-                            metrics.ttft.labels("messages", route.name), t0)
-            except (ValueError, errors.GatewayError, asyncio.CancelledError) as exc:
-                failure = routing.stream_failure(exc, handle)
-                if failure is None:
-                    raise
-                await writer.write(translator.fail(*failure))
-            except ClientGone:
-                raise
-            except Exception:  # a bug of ours: still end the stream well-formed
-                _log.exception("stream_translation_failed", model=route.name)
-                await writer.write(translator.fail(errors.GatewayError(),
-                                                   reason="gateway_error"))
-    except (ClientGone, asyncio.CancelledError):
-        translator.termination = None  # the client left: nothing more reached it
-        raise
-    finally:
-        writer.stop_pinging()
-        gauge.dec()
-        metrics.terminations.labels("messages", route.name,
-                                    translator.termination or "client_disconnect").inc()
+
+    def after() -> None:  # the stream's own metrics, however it ended
         metrics.overhead.labels("messages").observe(timing.translate)
         if translator.dropped_tool_deltas:
             _bad_tool_args(metrics, route.name, translator.dropped_tool_deltas)
         if timing.first_token and translator.output_tokens > 1:
             metrics.tpot.labels(route.name).observe(
                 (timing.last_chunk - timing.first_token) / (translator.output_tokens - 1))
-        _count_reply(request, route, translator.stop_reason, translator.input_tokens,
-                     translator.output_tokens)
-    await writer.close()
-    return writer.response
+        if translator.stop_reason:
+            metrics.stop_reasons.labels(route.name, translator.stop_reason).inc()
+
+    async with streaming.RelayedStream(request, "messages", route, translator,
+                                       content_type="text/event-stream; charset=utf-8",
+                                       after=after) as stream:
+        await _pump(up, translator, stream.writer.write, timing,
+                    metrics.inter_chunk.labels(route.name),
+                    metrics.ttft.labels("messages", route.name), t0)
+    return stream.writer.response
 
 
 class _Timing:

@@ -164,6 +164,11 @@ class StreamTranslator(ToolBlocks):
         return self._next_index > 0
 
     @property
+    def usage(self) -> tuple[int, int]:
+        """(input, output) tokens so far: the upstream's usage, else the estimates."""
+        return self.input_tokens, self.output_tokens
+
+    @property
     def done(self) -> bool:
         return self.state is State.FINISHED or self.state is State.ERRORED
 

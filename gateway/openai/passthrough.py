@@ -8,7 +8,8 @@ string ``model`` (an alias); it goes upstream with ``model`` replaced by the rou
 included); nothing else of the client's request (headers included) is forwarded.
 Replies come back byte for byte except ``model`` (see :mod:`.relay`). Streams are
 relayed as they come, each write awaited; a failure after the first byte ends the
-stream with the dialect's error event. An error the upstream reports in-band (a 200
+stream with the dialect's error event (the stream's lifecycle, shared with the Messages
+API, is :mod:`gateway.streaming`). An error the upstream reports in-band (a 200
 error body, an error event) reaches the client scrubbed as every upstream error does
 (see :mod:`.inband`), with the upstream's host names and every configured upstream's
 secrets.
@@ -16,22 +17,19 @@ secrets.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway import errors, jsonutil, routing
-from gateway.appkeys import CONFIG, METRICS, REQUEST_ID, SECRETS, STREAM
+from gateway import errors, jsonutil, routing, streaming
+from gateway.appkeys import METRICS, REQUEST_ID, SECRETS, STREAM
 from gateway.body import read_json
 from gateway.config import ModelRoute
-from gateway.metrics import Metrics
 from gateway.openai.apis import OpenAIApi
 from gateway.openai.inband import InbandErrors
 from gateway.openai.relay import ModelRewriter, Relay
 from gateway.upstream import UpstreamResponse
-from gateway.writer import ClientGone, StreamWriter
 
 _EVENT = b"data:"  # relayed bytes holding an event's data (a comment or blank line does not)
 _PING = b": ping\n\n"
@@ -73,7 +71,7 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
                 inband = InbandErrors(responses=api.dialect.responses, hosts=client.hosts,
                                       secrets=request.app[SECRETS])
                 reply = inband.body(rewrite(data))  # an error body raises, scrubbed
-                _count_tokens(metrics, route, api.dialect.usage(data))
+                streaming.count_tokens(metrics, route.name, api.dialect.usage(data))
                 return web.Response(body=reply, status=200,
                                     content_type="application/json",
                                     headers={"request-id": request[REQUEST_ID]})
@@ -82,61 +80,28 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
                                       secrets=request.app[SECRETS]), t0)
 
 
-def _count_tokens(metrics: Metrics, route: ModelRoute, usage: tuple[int, int] | None) -> None:
-    if usage is not None:
-        metrics.tokens.labels(route.name, "input").inc(usage[0])
-        metrics.tokens.labels(route.name, "output").inc(usage[1])
-
-
 async def _relay(request: web.Request, api: OpenAIApi, route: ModelRoute, up: UpstreamResponse,
                  relay: Relay, t0: float) -> web.StreamResponse:
-    server = request.app[CONFIG].server
     metrics = request.app[METRICS]
-    writer = await StreamWriter.open(request, content_type="text/event-stream",
-                                     write_timeout=server.write_timeout,
-                                     ping_interval=server.ping_interval, ping_frame=_PING)
-    reason = "client_disconnect"
-    timed = False  # time to first token observed
-    gauge = metrics.in_flight.labels(api.name, route.name)
-    gauge.inc()
-    try:
-        with routing.drainable(request) as handle:
-            try:
-                progress = up.progress
-                async for chunk in up.chunks():
-                    out = relay.feed(chunk)
-                    if out and _EVENT in out:
-                        progress()  # events, not blank lines or comments, keep it alive
-                    if not timed and relay.first_token:
-                        timed = True
-                        metrics.ttft.labels(api.name, route.name).observe(
-                            time.perf_counter() - t0)
-                    if out:
-                        await writer.write(out)
-                    if relay.done:  # the last event: what follows is the pool's, not the client's
-                        up.release_if_complete(ended=True)
-                        break
-                out = relay.end()
-                if out:
-                    await writer.write(out)
-                reason = "completed" if relay.done else "upstream_truncated"
-            except (ValueError, errors.GatewayError, asyncio.CancelledError) as exc:
-                failure = routing.stream_failure(exc, handle)
-                if failure is None:
-                    raise
-                err, reason = failure
-                await _inband_error(writer, api.dialect.inband_error(err))
-    finally:
-        writer.stop_pinging()
-        gauge.dec()
-        metrics.terminations.labels(api.name, route.name, reason).inc()
-        _count_tokens(metrics, route, relay.usage)
-    await writer.close()
-    return writer.response
-
-
-async def _inband_error(writer: StreamWriter, frame: bytes) -> None:
-    try:
-        await writer.write(frame)
-    except ClientGone:
-        pass
+    async with streaming.RelayedStream(request, api.name, route, relay,
+                                       content_type="text/event-stream",
+                                       ping_frame=_PING) as stream:
+        write = stream.writer.write
+        progress = up.progress
+        timed = False  # time to first token observed
+        async for chunk in up.chunks():
+            out = relay.feed(chunk)
+            if out and _EVENT in out:
+                progress()  # events, not blank lines or comments, keep it alive
+            if not timed and relay.first_token:
+                timed = True
+                metrics.ttft.labels(api.name, route.name).observe(time.perf_counter() - t0)
+            if out:
+                await write(out)
+            if relay.done:  # the last event: what follows is the pool's, not the client's
+                up.release_if_complete(ended=True)
+                break
+        out = relay.end()
+        if out:
+            await write(out)
+    return stream.writer.response

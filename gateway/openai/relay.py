@@ -213,10 +213,13 @@ class Relay:
     ``data: ...``) until the decoder is between events again (CR framing: to the end).
     Either way the relay notes the stream's end, the first generated token and the usage,
     and writes an event that reports an error again, scrubbed with ``hosts`` and ``secrets``.
+    ``termination`` says how the stream ended (``end()`` or ``fail()``), for
+    :class:`gateway.streaming.RelayedStream`.
     """
 
     __slots__ = ("_decoder", "_dialect", "_ended", "_framed_cr", "_has_token", "_inband",
-                 "_rewrite", "_tail", "_usage_key", "done", "first_token", "usage")
+                 "_rewrite", "_tail", "_usage_key", "done", "first_token", "termination",
+                 "usage")
 
     def __init__(self, rewrite: ModelRewriter, dialect: Dialect, *, hosts: Sequence[str] = (),
                  secrets: Redactor = NO_SECRETS) -> None:
@@ -233,6 +236,7 @@ class Relay:
         self.done = False
         self.first_token = False
         self.usage: tuple[int, int] | None = None
+        self.termination: str | None = None  # how the stream ended, once it has
 
     def feed(self, chunk: bytes) -> bytes:
         """One upstream read -> the bytes to write (b"" while an event is incomplete)."""
@@ -267,7 +271,14 @@ class Relay:
         decoder = self._decoder or SSEDecoder()
         rest = decoder.feed_named(self._tail) + decoder.flush_named()
         self._tail = b""
-        return self._events(rest)
+        out = self._events(rest)
+        self.termination = "completed" if self.done else "upstream_truncated"
+        return out
+
+    def fail(self, err: errors.GatewayError, reason: str) -> bytes:
+        """The stream fails with ``err`` (client-safe): the dialect's error event."""
+        self.termination = reason
+        return self._dialect.inband_error(err)
 
     def _observe(self, block: bytes) -> None:
         if not self.first_token and self._has_token(block):

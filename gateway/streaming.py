@@ -1,0 +1,162 @@
+"""The one stream lifecycle both APIs use: open, count, drain, fail, close.
+
+A stream to a client (Anthropic Messages events from :mod:`gateway.messages.handler`, the
+OpenAI pass-through's relayed events from :mod:`gateway.openai.passthrough`) goes through
+:class:`RelayedStream`, an async context manager around the caller's pump::
+
+    async with RelayedStream(request, api, route, source, content_type=...) as stream:
+        ...  # the hot path: read upstream, translate or relay, await stream.writer.write()
+    return stream.writer.response
+
+Entering opens the :class:`~gateway.writer.StreamWriter` (SSE headers, pings), counts the
+stream in ``llm_gateway_streams_in_flight`` and registers it for the SIGTERM drain
+(:mod:`gateway.drain`). Leaving:
+
+- a failure after the first byte (:func:`stream_failure`: an upstream error or timeout, an
+  SSE event past the decoder's size guard, the drain) ends the stream with the source's
+  failure envelope (``source.fail``), which the client then reads as the stream's end;
+- a bug of ours ends it the same way, as ``gateway_error``, logged with its traceback;
+- the client leaving (``ClientGone``, a real cancellation) propagates: the middleware logs a
+  499, and the termination is ``client_disconnect`` (nothing more reached the client);
+- always: pings stop, the gauge goes down, the drain registration goes, the termination reason
+  and the tokens are counted (:func:`count_tokens`, which buffered replies use too), then the
+  caller's ``after`` hook runs (its own metrics); the response is ended unless the client left.
+
+The source is what turns upstream bytes into client bytes (the ``StreamTranslator``, the
+pass-through's ``Relay``): it says how the stream ended (``termination``), what it used
+(``usage``) and writes the failure envelope (``fail``). Nothing here runs per chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from types import TracebackType
+from typing import Protocol
+
+import structlog
+from aiohttp import web
+
+from gateway import errors
+from gateway.appkeys import CONFIG, METRICS
+from gateway.config import ModelRoute
+from gateway.metrics import Metrics
+from gateway.routing import DRAINING_MESSAGE, DrainHandle, drainable
+from gateway.writer import PING, ClientGone, StreamWriter
+
+__all__ = ["RelayedStream", "Source", "count_tokens", "stream_failure"]
+
+_log = structlog.get_logger("gateway.streaming")
+
+
+class Source(Protocol):
+    """What a stream relays from: a translator of upstream events to client events."""
+
+    termination: str | None  # how the stream ended (None: not yet, or the client left)
+
+    @property
+    def usage(self) -> tuple[int, int] | None:
+        """(input, output) tokens, as far as known; None when none were reported."""
+
+    def fail(self, err: errors.GatewayError, reason: str) -> bytes:
+        """End the stream with ``err`` (client-safe): the envelope to write."""
+
+
+def count_tokens(metrics: Metrics, model: str, usage: tuple[int, int] | None) -> None:
+    """Count a reply's (input, output) tokens, buffered or streamed, for both APIs."""
+    if usage is not None:
+        metrics.tokens.labels(model, "input").inc(usage[0])
+        metrics.tokens.labels(model, "output").inc(usage[1])
+
+
+def stream_failure(exc: BaseException, handle: DrainHandle
+                   ) -> tuple[errors.GatewayError, str] | None:
+    """How an exception met while relaying a stream ends it, for both APIs.
+
+    (the error its envelope carries, the termination reason), or None when the
+    exception must propagate (a real cancellation: the client left).
+    """
+    if isinstance(exc, errors.UpstreamTimeout):
+        return exc, "idle_timeout"
+    if isinstance(exc, errors.GatewayError):
+        return exc, "upstream_error"
+    if isinstance(exc, ValueError):  # an SSE event past the decoder's size guard
+        return errors.StreamProcessingError(), "malformed_chunk"
+    if isinstance(exc, asyncio.CancelledError) and handle.draining:
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()  # the drain's cancel only ends this stream, not the handler
+        return errors.Overloaded(DRAINING_MESSAGE), "draining"
+    return None
+
+
+class RelayedStream:
+    """One stream to a client, from its first byte to its end (see the module docstring)."""
+
+    __slots__ = ("_after", "_api", "_content_type", "_gauge", "_handle", "_metrics", "_model",
+                 "_ping_frame", "_request", "_source", "writer")
+
+    writer: StreamWriter
+
+    def __init__(self, request: web.Request, api: str, route: ModelRoute, source: Source, *,
+                 content_type: str, ping_frame: bytes = PING,
+                 after: Callable[[], None] | None = None) -> None:
+        self._request = request
+        self._api = api
+        self._model = route.name
+        self._source = source
+        self._content_type = content_type
+        self._ping_frame = ping_frame
+        self._after = after
+        self._metrics = request.app[METRICS]
+
+    async def __aenter__(self) -> RelayedStream:
+        server = self._request.app[CONFIG].server
+        self.writer = await StreamWriter.open(
+            self._request, content_type=self._content_type, write_timeout=server.write_timeout,
+            ping_interval=server.ping_interval, ping_frame=self._ping_frame)
+        self._gauge = self._metrics.in_flight.labels(self._api, self._model)
+        self._gauge.inc()
+        self._handle = drainable(self._request)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool:
+        source = self._source
+        try:
+            if exc is not None:
+                envelope = self._envelope(exc)
+                if envelope is None:  # the client left: nothing more reaches it
+                    source.termination = None
+                    return False
+                await self.writer.write(envelope)
+        except (ClientGone, asyncio.CancelledError):
+            source.termination = None
+            raise
+        finally:
+            self._end()
+        await self.writer.close()
+        return True
+
+    def _envelope(self, exc: BaseException) -> bytes | None:
+        """The failure envelope ending the stream, or None when ``exc`` must propagate."""
+        if isinstance(exc, (ValueError, errors.GatewayError, asyncio.CancelledError)):
+            failure = stream_failure(exc, self._handle)
+            return None if failure is None else self._source.fail(*failure)
+        if isinstance(exc, ClientGone) or not isinstance(exc, Exception):
+            return None
+        # a bug of ours: still end the stream well-formed
+        _log.error("stream_translation_failed", model=self._model, exc_info=exc)
+        return self._source.fail(errors.GatewayError(), "gateway_error")
+
+    def _end(self) -> None:
+        self.writer.stop_pinging()
+        self._gauge.dec()
+        self._handle.release()
+        source = self._source
+        metrics = self._metrics
+        metrics.terminations.labels(self._api, self._model,
+                                    source.termination or "client_disconnect").inc()
+        count_tokens(metrics, self._model, source.usage)
+        if self._after is not None:
+            self._after()

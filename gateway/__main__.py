@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import resource
 import signal
@@ -21,7 +22,7 @@ import sys
 import structlog
 from aiohttp import web
 
-from gateway import __version__, config, log
+from gateway import __version__, config, log, notify
 from gateway.app import build_app
 from gateway.appkeys import METRICS, STATE
 from gateway.server import listen
@@ -42,7 +43,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-async def _serve(cfg: config.Config) -> None:
+async def _serve(cfg: config.Config, notifier: notify.Notifier | None = None) -> None:
     logger = structlog.get_logger("gateway")
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(log.loop_exception_handler)
@@ -73,9 +74,14 @@ async def _serve(cfg: config.Config) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # bound and listening, and SIGTERM drains: a stop that follows READY=1 is a clean one
+    if notifier is not None:
+        notifier.send("READY=1")
     await stop.wait()
     state = app[STATE]
     state.draining = True
+    if notifier is not None:
+        notifier.send("STOPPING=1")
     logger.info("draining", grace_s=cfg.server.shutdown_grace,
                 in_flight=sum(state.in_flight.values()))
     deadline = loop.time() + cfg.server.shutdown_grace
@@ -122,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check_config:
         print(f"llm-gateway: config ok: {cfg.source} ({len(cfg.models)} models)")
         return 0
-    log.configure(cfg.server.log_level)
+    log.configure(cfg.server.log_level, journal_stream=os.environ.get("JOURNAL_STREAM"))
+    notifier = notify.Notifier(os.environ.get("NOTIFY_SOCKET"))
     if args.workers < 1:
         print("llm-gateway: --workers must be >= 1", file=sys.stderr)
         return 2
@@ -134,13 +141,14 @@ def main(argv: list[str] | None = None) -> int:
         from gateway.workers import strip_workers_flag, supervise
 
         return supervise(strip_workers_flag(sys.argv[1:] if argv is None else argv),
-                         args.workers, cfg.metrics_dir)
+                         args.workers, cfg.metrics_dir, notifier)
     if args.demo:
         from gateway.demo.run import run_demo
 
-        return run_demo(cfg, _serve, explicit_config=bool(args.config
-                                                          or os.environ.get("GATEWAY_CONFIG")))
-    _run(_serve(cfg))
+        explicit = bool(args.config or os.environ.get("GATEWAY_CONFIG"))
+        return run_demo(cfg, functools.partial(_serve, notifier=notifier),
+                        explicit_config=explicit)
+    _run(_serve(cfg, notifier))
     return 0
 
 

@@ -17,6 +17,13 @@ quote what a client sent (aiohttp's parser errors quote the offending header,
 a credential included, as a Python bytes literal). Quoted literals, query values
 and overlong tokens are removed; an exception is logged as its type and its
 frames (file, line, function, innermost first), never its message.
+
+Under systemd, stderr is a journal stream: systemd passes ``JOURNAL_STREAM``
+(``device:inode`` of that stream) and journald reads a ``<N>`` syslog priority
+prefix off each line (``SyslogLevelPrefix=yes``, its default). When stderr is
+that stream, each line starts with ``<7>``, ``<6>``, ``<4>`` or ``<3>`` (debug,
+info, warning, error), so ``journalctl -p err`` finds the errors; anywhere else
+(a terminal, a file, a container's log driver) lines are plain JSON.
 """
 
 from __future__ import annotations
@@ -54,6 +61,10 @@ def _add_pid(_logger: object, _name: str, event: MutableMapping[str, Any]
 FLUSH_INTERVAL = 0.5
 
 
+# syslog priority prefixes (sd-daemon(3)): empty unless stderr is the journal's stream
+_DEBUG = _INFO = _WARNING = _ERROR = b""
+
+
 class _LineWriter:
     """structlog logger: rendered lines into a buffered stderr; flush() on a timer."""
 
@@ -62,16 +73,25 @@ class _LineWriter:
     def __init__(self) -> None:
         self._write = _OUT.write
 
-    def msg(self, message: bytes) -> None:
-        self._write(message + b"\n")
+    def debug(self, message: bytes) -> None:
+        self._write(_DEBUG + message + b"\n")
 
-    info = debug = msg
+    def msg(self, message: bytes) -> None:
+        self._write(_INFO + message + b"\n")
+
+    info = msg
 
     def warning(self, message: bytes) -> None:
-        self._write(message + b"\n")
+        self._write(_WARNING + message + b"\n")
         _OUT.flush()
 
-    error = exception = critical = warn = warning
+    warn = warning
+
+    def error(self, message: bytes) -> None:
+        self._write(_ERROR + message + b"\n")
+        _OUT.flush()
+
+    exception = critical = error
 
 
 _OUT = open(2, "wb", buffering=64 * 1024, closefd=False)
@@ -84,10 +104,25 @@ def flush() -> None:
         pass
 
 
-def configure(level: str = "info") -> None:
-    global _PID, _LEVEL
+def _is_stderr(journal_stream: str | None) -> bool:
+    """Whether ``$JOURNAL_STREAM`` (``device:inode``) names the stream stderr is."""
+    if not journal_stream:
+        return False
+    try:
+        st = os.fstat(2)
+    except OSError:
+        return False
+    return journal_stream.strip() == f"{st.st_dev}:{st.st_ino}"
+
+
+def configure(level: str = "info", journal_stream: str | None = None) -> None:
+    """``journal_stream``: ``$JOURNAL_STREAM``; priority prefixes when it names stderr."""
+    global _PID, _LEVEL, _DEBUG, _INFO, _WARNING, _ERROR
     _PID = os.getpid()
     _LEVEL = _LEVELS[level]
+    journal = _is_stderr(journal_stream)
+    _DEBUG, _INFO, _WARNING, _ERROR = (
+        (b"<7>", b"<6>", b"<4>", b"<3>") if journal else (b"", b"", b"", b""))
     atexit.register(flush)
     structlog.configure(
         processors=[
@@ -130,7 +165,7 @@ def access(fields: dict[str, Any]) -> None:
     fields["pid"] = _PID
     fields["level"] = "info"
     fields["timestamp"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-    _OUT.write(jsonutil.dumpb(fields) + b"\n")
+    _OUT.write(_INFO + jsonutil.dumpb(fields) + b"\n")
 
 
 def get(name: str) -> structlog.typing.FilteringBoundLogger:

@@ -7,6 +7,13 @@ worker writes its metric values to files there; ``/metrics`` on any worker
 serves the sum over all workers). SIGTERM/SIGINT are forwarded, every worker
 drains, and the supervisor exits 0 once all have. A worker that dies on its own
 is replaced (and its live gauges dropped).
+
+Readiness: each worker gets ``NOTIFY_SOCKET`` naming a datagram socket of the
+supervisor's (abstract namespace; the kernel attaches the sender's pid, so only
+the supervisor's current workers count) and sends ``READY=1`` once it listens.
+When every current worker has, the supervisor logs ``workers_ready`` and sends
+``READY=1`` to its own ``$NOTIFY_SOCKET`` (systemd's, under ``Type=notify``);
+``STOPPING=1`` when a stop signal arrives (gateway/notify.py).
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ import os
 import secrets
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -23,7 +32,7 @@ import time
 import structlog
 from prometheus_client import multiprocess
 
-from gateway import log
+from gateway import log, notify
 from gateway.config import SHARED_KEY_ENV, WORKER_ENV
 
 _log = structlog.get_logger("gateway.workers")
@@ -42,7 +51,43 @@ def _clean(path: str) -> None:
             os.unlink(os.path.join(path, name))
 
 
-def supervise(args: list[str], workers: int, metrics_dir: str | None) -> int:
+_UCRED = struct.Struct("=iII")  # struct ucred: pid, uid, gid
+
+
+def _ready_socket() -> tuple[socket.socket | None, str | None]:
+    """(socket, its NOTIFY_SOCKET name) for the workers' READY=1; (None, None) where the
+    platform has no abstract sockets or no sender credentials (then nothing is awaited)."""
+    passcred = getattr(socket, "SO_PASSCRED", None)
+    if passcred is None or not sys.platform.startswith("linux"):
+        return None, None
+    name = f"@llm-gateway-{os.getpid()}-{secrets.token_hex(8)}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, passcred, 1)
+        sock.bind("\0" + name[1:])
+    except OSError:
+        sock.close()
+        return None, None
+    return sock, name
+
+
+def _ready_pid(sock: socket.socket, timeout: float) -> int | None:
+    """The pid that sent READY=1 within ``timeout`` s, else None (the supervisor's tick)."""
+    sock.settimeout(timeout)
+    try:
+        data, ancillary, _, _ = sock.recvmsg(4096, socket.CMSG_SPACE(_UCRED.size))
+    except (TimeoutError, BlockingIOError):
+        return None
+    if b"READY=1" not in data.split(b"\n"):
+        return None
+    for level, kind, cdata in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            return int(_UCRED.unpack_from(cdata)[0])
+    return None
+
+
+def supervise(args: list[str], workers: int, metrics_dir: str | None,
+              notifier: notify.Notifier | None = None) -> int:
     own_dir = metrics_dir is None
     path = metrics_dir or tempfile.mkdtemp(prefix="llm-gateway-metrics-")
     os.makedirs(path, exist_ok=True)
@@ -51,10 +96,19 @@ def supervise(args: list[str], workers: int, metrics_dir: str | None) -> int:
     # one thinking-signature key for every worker, even where no key file can be kept
     env.setdefault(SHARED_KEY_ENV, secrets.token_hex(32))
     cmd = [sys.executable, "-m", "gateway", *args]
+    notifier = notifier or notify.Notifier(None)
+    ready_sock, ready_name = _ready_socket()
+    env.pop("NOTIFY_SOCKET", None)  # workers never talk to systemd themselves
+    if ready_name is not None:
+        env["NOTIFY_SOCKET"] = ready_name
+    ready: set[int] = set()
+    announced = False
     stopping = False
 
     def on_signal(signum: int, _frame: object) -> None:
         nonlocal stopping
+        if not stopping:
+            notifier.send("STOPPING=1")
         stopping = True
         for proc in procs:
             if proc.poll() is None:
@@ -66,7 +120,15 @@ def supervise(args: list[str], workers: int, metrics_dir: str | None) -> int:
     _say("workers_started", workers=workers, pids=[p.pid for p in procs], metrics_dir=path)
     try:
         while any(p.poll() is None for p in procs):
-            time.sleep(0.2)
+            if ready_sock is None:
+                time.sleep(0.2)
+            elif (pid := _ready_pid(ready_sock, 0.2)) is not None:
+                ready.add(pid)
+            if not announced and not stopping and (
+                    ready_sock is None or {p.pid for p in procs} <= ready):
+                announced = True
+                _say("workers_ready", pids=[p.pid for p in procs])
+                notifier.send("READY=1")
             if stopping:
                 continue
             for i, proc in enumerate(procs):
@@ -81,6 +143,8 @@ def supervise(args: list[str], workers: int, metrics_dir: str | None) -> int:
                 _log.warning("worker_replaced", worker_pid=proc.pid, exit_code=code)
                 procs[i] = subprocess.Popen(cmd, env=env)
     finally:
+        if ready_sock is not None:
+            ready_sock.close()
         if own_dir:
             shutil.rmtree(path, ignore_errors=True)
     codes = [p.returncode for p in procs]

@@ -350,7 +350,7 @@ def test_unit_command_lines_are_accepted_by_the_cli() -> None:
     [
         (None, True),
         (("ProtectHome=yes", "ProtectHome=maybe"), False),
-        (("Type=exec", "Tipe=exec"), False),
+        (("Type=notify", "Tipe=notify"), False),
     ],
 )
 def test_unit_systemd_analyze_verify(

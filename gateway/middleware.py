@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 
-from gateway import errors, log, routing
+from gateway import errors, ids, log
 from gateway.appkeys import (
     API,
     CONFIG,
@@ -42,7 +42,7 @@ from gateway.appkeys import (
     STREAM_RESPONSE,
     UPSTREAM,
 )
-from gateway.messages.tables import b62
+from gateway.drain import DRAINING_MESSAGE
 from gateway.openai.apis import APIS as OPENAI_APIS
 from gateway.server import GatewayProtocol, RequestBodyTimeout
 from gateway.writer import ClientGone
@@ -63,7 +63,7 @@ def _request_id(request: web.Request) -> str:
     incoming = request.headers.get("x-request-id")
     if incoming and _SANE_ID.fullmatch(incoming):
         return incoming
-    return "req_" + b62(24)
+    return ids.new_request_id()
 
 
 def _route_name(request: web.Request) -> str:
@@ -169,7 +169,7 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
                 raise errors.AuthenticationFailed()
             if app[STATE].draining:
                 metrics.rejected.labels(api, "draining").inc()
-                raise errors.Overloaded(routing.DRAINING_MESSAGE)
+                raise errors.Overloaded(DRAINING_MESSAGE)
             length = request.content_length
             if length is not None and length > server.max_body_bytes:
                 metrics.rejected.labels(api, "body_too_large").inc()

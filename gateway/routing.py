@@ -1,8 +1,13 @@
-"""Model routing and the per-model concurrency gate shared by every API."""
+"""Model routing shared by every API: a client's model name to its route and upstream
+client (:func:`resolve`, :func:`client_for`), and the upstream call counted per model and
+upstream (:func:`send`).
+
+The concurrency gate is :mod:`gateway.admission`, the SIGTERM drain of live streams
+:mod:`gateway.drain`, a stream's lifecycle :mod:`gateway.streaming`.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from aiohttp import web
@@ -15,10 +20,8 @@ from gateway.appkeys import (
     MODEL,
     REQUEST_ID,
     SECRETS,
-    STATE,
     UPSTREAM,
     UPSTREAMS,
-    Drainable,
 )
 from gateway.config import ModelRoute, find_route
 from gateway.upstream import UpstreamClient, UpstreamResponse
@@ -40,31 +43,6 @@ def resolve(request: web.Request, model: object, *, openai: bool = False) -> Mod
 
 def client_for(request: web.Request, route: ModelRoute) -> UpstreamClient:
     return request.app[UPSTREAMS][route.upstream.name]
-
-
-class admitted:
-    """Count the request against the model's max_concurrency; past it, 529 with retry-after.
-
-    A plain class, not a generator context manager: it runs on every request.
-    """
-
-    __slots__ = ("_in_flight", "_name")
-
-    def __init__(self, request: web.Request, route: ModelRoute) -> None:
-        in_flight = request.app[STATE].in_flight
-        now = in_flight.get(route.name, 0)
-        if route.max_concurrency and now >= route.max_concurrency:
-            request.app[METRICS].rejected.labels(request[API], "overloaded").inc()
-            raise errors.Overloaded(retry_after=1)
-        in_flight[route.name] = now + 1
-        self._in_flight = in_flight
-        self._name = route.name
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *_: object) -> None:
-        self._in_flight[self._name] -= 1
 
 
 async def send(
@@ -104,35 +82,3 @@ async def send(
     metrics.upstream_requests.labels(route.name, client.name, str(up.status)).inc()
     metrics.upstream_headers.labels(route.name, client.name).observe(time.perf_counter() - t)
     return up
-
-
-class DrainHandle:
-    """Lets a draining server end a stream with the failure envelope (see __main__)."""
-
-    __slots__ = ("_streams", "draining", "task")
-
-    def __init__(self, streams: set[Drainable]) -> None:
-        self.task = asyncio.current_task()
-        self.draining = False
-        self._streams = streams
-
-    def drain(self) -> None:
-        self.draining = True
-        if self.task is not None:
-            self.task.cancel("draining")
-
-    def release(self) -> None:
-        """The stream ended: the drain has nothing more to end."""
-        self._streams.discard(self)
-
-
-def drainable(request: web.Request) -> DrainHandle:
-    """Register the current stream so a SIGTERM drain can end it after the grace period;
-    the stream calls ``release()`` when it ends."""
-    streams = request.app[STATE].streams
-    handle = DrainHandle(streams)
-    streams.add(handle)
-    return handle
-
-
-DRAINING_MESSAGE = "Overloaded: the gateway is shutting down"

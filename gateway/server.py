@@ -50,10 +50,9 @@ from aiohttp import http_exceptions as hx
 from aiohttp import web, web_protocol
 from aiohttp.streams import StreamReader
 
-from gateway import errors, log
+from gateway import errors, ids, log
 from gateway.config import ServerConfig
 from gateway.listener import Listener, bind
-from gateway.messages.tables import b62
 from gateway.metrics import Metrics
 from gateway.openai.apis import APIS as OPENAI_APIS
 
@@ -267,7 +266,7 @@ class GatewayProtocol(web.RequestHandler):
         else:
             _log.error("unhandled_error", status=status, **log.exception_fields(exc))
             err = errors.GatewayError(status=504 if status == 504 else 500)
-        request_id = "req_" + b62(24)
+        request_id = ids.new_request_id()
         if self._openai:
             status, body = errors.openai_status(err), errors.openai_body(err)
         else:

@@ -40,8 +40,8 @@ from aiohttp import web
 from gateway import errors
 from gateway.appkeys import CONFIG, METRICS
 from gateway.config import ModelRoute
+from gateway.drain import DRAINING_MESSAGE, DrainHandle, drainable
 from gateway.metrics import Metrics
-from gateway.routing import DRAINING_MESSAGE, DrainHandle, drainable
 from gateway.writer import PING, ClientGone, StreamWriter
 
 __all__ = ["RelayedStream", "Source", "count_tokens", "stream_failure"]

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gateway import errors, jsonutil
+from gateway import errors, ids, jsonutil
 from gateway.messages import signatures, tables
 from gateway.redact import NO_SECRETS, Redactor
 
@@ -90,7 +90,7 @@ def from_chat(
     )
     tokens = tables.usage_tokens(completion.get("usage")) or (0, 0)
     return {
-        "id": message_id or tables.new_message_id(),
+        "id": message_id or ids.new_message_id(),
         "type": "message",
         "role": "assistant",
         "model": model,
@@ -160,9 +160,9 @@ def _tool_uses(
         if not isinstance(function, Mapping):
             function = {}
         name = function.get("name")
-        block_id = tables.tool_use_id(call.get("id"))
+        block_id = ids.tool_use_id(call.get("id"))
         while block_id in seen:  # ids must be unique within a message
-            block_id = tables.new_tool_use_id()
+            block_id = ids.new_tool_use_id()
         seen.add(block_id)
         tool_input = _tool_input(function.get("arguments"))
         if tool_input is None:

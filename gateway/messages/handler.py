@@ -19,7 +19,8 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from gateway import errors, jsonutil, routing, streaming
+from gateway import errors, ids, jsonutil, routing, streaming
+from gateway.admission import admitted
 from gateway.appkeys import CONFIG, METRICS, REQUEST_ID, SECRETS, STREAM
 from gateway.body import read_json
 from gateway.config import ModelRoute
@@ -28,7 +29,7 @@ from gateway.messages.aggregate import aggregate
 from gateway.messages.from_chat import from_chat
 from gateway.messages.signatures import restore_reasoning
 from gateway.messages.stream import StreamTranslator
-from gateway.messages.tables import LOCAL_STOP_KINDS, hides_thinking, new_message_id
+from gateway.messages.tables import LOCAL_STOP_KINDS, hides_thinking
 from gateway.messages.to_chat import to_chat
 from gateway.messages.validate import validate_messages
 from gateway.sse import SSEDecoder
@@ -67,13 +68,13 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     payload = jsonutil.dumpb(chat_req)
     client = routing.client_for(request, route)
     overhead = time.perf_counter() - t0
-    with routing.admitted(request, route):
+    with admitted(request, route):
         up = await routing.send(request, route, client, "/chat/completions", payload,
                                 stream=upstream_stream, max_tokens=req.get("max_tokens"))
         async with up:
             if upstream_stream:
                 translator = StreamTranslator(
-                    model=req["model"], message_id=new_message_id(),
+                    model=req["model"], message_id=ids.new_message_id(),
                     signing_key=server.signing_key, stop_sequences=stops,
                     match_stops=match_stops, input_tokens=tokens.estimate_from_bytes(len(payload)),
                     hosts=client.hosts, secrets=app[SECRETS],
@@ -231,7 +232,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     chat_req = to_chat(req, route, keep_billing_header=app[CONFIG].server.keep_billing_header,
                        count_tokens=True, on_drop=metrics.drop_field)
     client = routing.client_for(request, route)
-    with routing.admitted(request, route):
+    with admitted(request, route):
         count, exact = await tokens.count(request, route, client, chat_req)
     headers = {"request-id": request[REQUEST_ID]}
     if not exact:

@@ -1,4 +1,4 @@
-"""The tables both reply paths share: stop reasons, usage, ids, hidden thinking.
+"""The tables both reply paths share: stop reasons, usage, hidden thinking.
 
 Buffered replies (``from_chat``) and streams (``stream.StreamTranslator``) read
 the same functions here, so a finish_reason maps to the same stop_reason on
@@ -12,8 +12,6 @@ reported string counts only if it is one of the sequences the client asked for.
 
 from __future__ import annotations
 
-import re
-import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,35 +31,6 @@ _MATCHED_STOP_FIELDS = ("stop_reason", "matched_stop", "stopping_word")
 # gateway does not forward ``stop``: it matches the sequences in the streamed text
 # itself, ends the message there and closes the upstream request.
 LOCAL_STOP_KINDS = frozenset({"llamacpp", "ollama"})
-
-_B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-_SAFE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
-
-
-# Random bytes mapped onto base62 with one translate() call (a ~1 us id, where 24
-# secrets.choice calls cost ~30 us). 256 % 62 leaves a small bias, harmless for ids.
-_TO_B62 = bytes(ord(_B62[b % 62]) for b in range(256))
-
-
-def b62(n: int) -> str:
-    """n random base62 characters."""
-    return secrets.token_bytes(n).translate(_TO_B62).decode("ascii")
-
-
-def new_message_id() -> str:
-    return "msg_" + b62(24)
-
-
-def new_tool_use_id() -> str:
-    return "toolu_" + b62(24)
-
-
-def tool_use_id(upstream_id: Any) -> str:
-    """Keep an upstream tool-call id when it is a safe token, else make one."""
-    if isinstance(upstream_id, str) and _SAFE_ID.fullmatch(upstream_id):
-        return upstream_id
-    return new_tool_use_id()
-
 
 def matched_stop_sequence(choice: Mapping[str, Any], stop_sequences: Sequence[str]) -> str | None:
     if not stop_sequences:

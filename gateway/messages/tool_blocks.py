@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.messages import frames, tables
+from gateway import ids
+from gateway.messages import frames
 
 
 class Malformed(Exception):
@@ -131,7 +132,7 @@ class ToolBlocks:
     def _open_tool(self, call: Call, out: list[bytes]) -> None:
         shell = (
             b',"content_block":{"type":"tool_use","id":'
-            + frames.jstr(tables.tool_use_id(call.id))
+            + frames.jstr(ids.tool_use_id(call.id))
             + b',"name":'
             + frames.jstr(call.name or "")
             + b',"input":{}}}\n\n'

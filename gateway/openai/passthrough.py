@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from gateway import errors, jsonutil, routing, streaming
+from gateway.admission import admitted
 from gateway.appkeys import METRICS, REQUEST_ID, SECRETS, STREAM
 from gateway.body import read_json
 from gateway.config import ModelRoute
@@ -63,7 +64,7 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
     metrics.overhead.labels(api.name).observe(time.perf_counter() - t0)
     client = routing.client_for(request, route)
     rewrite = ModelRewriter(route.upstream_model, route.name)
-    with routing.admitted(request, route):
+    with admitted(request, route):
         up = await routing.send(request, route, client, api.path, payload, stream=stream)
         async with up:
             if not stream:

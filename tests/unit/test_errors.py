@@ -484,7 +484,9 @@ def test_scrub_is_linear_on_hostile_text(text: str) -> None:
     """An upstream chooses its error text: no rule may backtrack on it (64 KiB here)."""
     t = time.perf_counter()
     errors.scrub(400, text, hosts=HOSTS, secrets=SECRETS)
-    assert time.perf_counter() - t < 0.5
+    # milliseconds when linear; a backtracking rule takes minutes: the ceiling only has to
+    # tell the two apart on a loaded machine
+    assert time.perf_counter() - t < 2.0
 
 
 # --- upstream secrets: every form, every upstream -----------------------------------------

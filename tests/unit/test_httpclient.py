@@ -68,6 +68,9 @@ FAST = settings(
 
 # A parser that wrongly waits for more bytes fails on this timer instead of hanging.
 _PARSER_TIMEOUT = 0.3
+# How late a deadline may fire on a loaded machine (the tests share two cores with others);
+# each deadline test asserts its lower bound closely and this ceiling only to catch a hang.
+LATE = 2.0
 
 
 # --- the parser, through a fake transport ------------------------------------------------
@@ -442,7 +445,8 @@ async def test_interim_replies_do_not_extend_the_head_deadline() -> None:
     task = asyncio.create_task(drip())
     with pytest.raises(TimeoutError):
         await conn.read_head()
-    assert 0.24 <= loop.time() - start < 0.4
+    assert 0.24 <= loop.time() - start < 0.25 + LATE
+    assert not task.done()  # it fired while interim replies were still arriving
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 
@@ -602,7 +606,8 @@ async def test_a_drip_fed_head_ends_at_the_head_deadline() -> None:
     task = asyncio.create_task(drip())
     with pytest.raises(TimeoutError):
         await conn.read_head()
-    assert 0.19 <= loop.time() - start < 0.35
+    assert 0.19 <= loop.time() - start < 0.2 + LATE
+    assert not task.done()  # it fired while the head was still dripping in
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 
@@ -630,7 +635,7 @@ async def test_a_stream_dripping_blank_lines_ends_at_its_idle_timeout() -> None:
             seen.append(chunk)
             if b"data:" in chunk:
                 conn.progress()
-    assert 0.19 <= loop.time() - start < 0.35
+    assert 0.19 <= loop.time() - start < 0.2 + LATE
     assert len(seen) > 3  # blank lines kept arriving: they just did not count
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
@@ -638,12 +643,12 @@ async def test_a_stream_dripping_blank_lines_ends_at_its_idle_timeout() -> None:
 
 async def test_a_stream_with_events_lives_past_its_idle_timeout() -> None:
     conn, _ = await _feed([_OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"], stream=True,
-                          within=0.15)
+                          within=0.5)
     await conn.read_head()
 
     async def events() -> None:
         for _ in range(8):
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.1)
             conn.data_received(b"a\r\ndata: {}\n\n\r\n")
         conn.data_received(b"0\r\n\r\n")
 
@@ -652,11 +657,13 @@ async def test_a_stream_with_events_lives_past_its_idle_timeout() -> None:
     while await conn.readany():
         n += 1
         conn.progress()
-    assert n == 8  # 0.4 s in all, never 0.15 s without an event
+    assert n == 8  # 0.8 s in all, never 0.5 s without an event
     await task
 
 
 async def test_a_buffered_body_is_due_at_its_deadline_whatever_arrives() -> None:
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
     conn, _ = await _feed([_OK_HEAD + b"Content-Length: 1000\r\n\r\n"], within=0.25)
     await conn.read_head()
 
@@ -666,13 +673,11 @@ async def test_a_buffered_body_is_due_at_its_deadline_whatever_arrives() -> None
             conn.data_received(b"x")
             conn.progress()  # not a stream: progress does not move a deadline
 
-    loop = asyncio.get_running_loop()
-    start = loop.time()
     task = asyncio.create_task(drip())
     with pytest.raises(TimeoutError):
         while await conn.readany():
             pass
-    assert loop.time() - start < 0.3
+    assert 0.24 <= loop.time() - sent < 0.25 + LATE  # from the send, bytes arriving or not
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 
@@ -909,7 +914,7 @@ async def test_waiting_for_a_pool_slot_counts_against_the_head_timeout(pools: An
         start = loop.time()
         with pytest.raises(PoolTimeout):
             await pool.request("GET", "/b", None, head_timeout=0.2, body_timeout=1)
-        assert 0.15 < loop.time() - start < 0.6
+        assert 0.19 <= loop.time() - start < 0.2 + LATE
         assert len(srv.requests) == 1  # the second was never sent
         assert await first.read() == b"ok"
         first.release()
@@ -960,7 +965,7 @@ async def test_no_reply_times_out_after_head_timeout(pools: Any) -> None:
         start = loop.time()
         with pytest.raises(TimeoutError):
             await pool.request("GET", "/", None, head_timeout=0.2, body_timeout=5.0)
-        assert 0.19 <= loop.time() - start < 1.0
+        assert 0.19 <= loop.time() - start < 0.2 + LATE
         await asyncio.wait_for(srv.eof.wait(), 1.0)  # the connection was dropped
         assert pool.open_connections == 0
 
@@ -976,7 +981,7 @@ async def test_a_stalled_buffered_body_times_out_at_its_deadline_from_the_send(
         assert await resp.readany() == b"hello"
         with pytest.raises(TimeoutError):
             await resp.readany()
-        assert 0.29 <= loop.time() - start < 0.6
+        assert 0.29 <= loop.time() - start < 0.3 + LATE
         resp.close()
         await asyncio.wait_for(srv.eof.wait(), 1.0)
 
@@ -1002,28 +1007,28 @@ _CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 async def test_a_slow_steady_stream_is_not_a_timeout(pools: Any) -> None:
     """A stream's timeout bounds the gap between events, not the whole body."""
     events = [_chunked(b"data: %d\n\n" % i)[:-5] for i in range(6)]  # without the last chunk
-    async with Upstream(_drip(_CHUNKED_HEAD, events, 0.05)) as srv:
+    async with Upstream(_drip(_CHUNKED_HEAD, events, 0.1)) as srv:
         pool = pools(srv.url)
-        resp = await pool.request("GET", "/", None, head_timeout=0.25, body_timeout=0.25,
+        resp = await pool.request("GET", "/", None, head_timeout=0.5, body_timeout=0.5,
                                   stream=True)
         got = b""
         while chunk := await resp.readany():
             got += chunk
             resp.progress()
-        assert got.count(b"data:") == 6  # 0.3 s in all, never 0.25 s without an event
+        assert got.count(b"data:") == 6  # 0.6 s in all, never 0.5 s without an event
         resp.release()
 
 
 async def test_a_slow_steady_buffered_body_is_due_at_its_deadline(pools: Any) -> None:
     """A buffered reply dripping a byte at a time still ends at response_timeout."""
-    async with Upstream(_drip(_CHUNKED_HEAD, [b"1\r\nx\r\n"] * 40, 0.02)) as srv:
+    async with Upstream(_drip(_CHUNKED_HEAD, [b"1\r\nx\r\n"] * 200, 0.02)) as srv:
         pool = pools(srv.url)
         loop = asyncio.get_running_loop()
         start = loop.time()
         resp = await pool.request("GET", "/", None, head_timeout=0.2, body_timeout=0.3)
         with pytest.raises(TimeoutError):
             await resp.read()
-        assert 0.29 <= loop.time() - start < 0.6
+        assert 0.29 <= loop.time() - start < 0.3 + LATE
         resp.close()
 
 

@@ -249,10 +249,8 @@ async def test_a_body_that_breaks_after_its_head_is_a_400_at_once(served) -> Non
     port, _ = served
     head = (b"POST /llm/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n")
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
     status, headers, body = _split(await _exchange(port, head, b"zz\r\nxx\r\n", pause=0.1))
-    assert status == 400 and loop.time() - t0 < 0.45
+    assert status == 400  # not the 408 of the body deadline
     assert body["error"]["message"] == "Malformed request body framing"
     assert body["request_id"] == headers["request-id"]
 

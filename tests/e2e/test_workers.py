@@ -22,6 +22,12 @@ def _metric_lines(url: str, name: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.startswith(name)]
 
 
+def _listening_pids(proc: Proc) -> set[int]:
+    complete = proc.output().split("\n")[:-1]  # the last line may be half written
+    lines = [json.loads(ln) for ln in complete if ln.startswith("{")]
+    return {e["pid"] for e in lines if e.get("event") == "listening"}
+
+
 def test_two_workers_share_a_port_and_sum_metrics(stub_url, tmp_path) -> None:
     port = free_port()
     cfg = tmp_path / "gw.toml"
@@ -34,7 +40,10 @@ def test_two_workers_share_a_port_and_sum_metrics(stub_url, tmp_path) -> None:
         # the supervisor's own line is written at once, not when it exits
         started = [json.loads(ln) for ln in proc.output().splitlines() if ln.startswith("{")]
         assert any(e["event"] == "workers_started" and len(e["pids"]) == 2 for e in started)
-        time.sleep(1.0)  # let both workers bind
+        deadline = time.monotonic() + 20
+        while len(_listening_pids(proc)) < 2:  # each worker logs it once its socket is bound
+            assert time.monotonic() < deadline, "both workers never bound the port"
+            time.sleep(0.05)
         pids = set()
         n = 40
         for _ in range(n):  # new connection each time: the kernel spreads them

@@ -1,4 +1,4 @@
-"""Review findings on the lean upstream client and the hot paths (each test pins one bug).
+"""The client stream writer (gateway/writer.py): a client that stops reading is dropped.
 
 Protocol facts relied on:
 
@@ -21,6 +21,8 @@ from gateway.appkeys import REQUEST_ID
 from gateway.writer import ClientGone, StreamWriter
 
 _WRITE_TIMEOUT = 0.2
+# How late a timer may fire on a loaded machine: "hung" means no timeout at all
+_LATE = 2.0
 
 
 async def test_fast_path_write_that_pauses_the_transport_still_times_out() -> None:
@@ -54,7 +56,7 @@ async def test_fast_path_write_that_pauses_the_transport_still_times_out() -> No
             assert 0 < size <= low
             data = b"b" * (high - size - 1)  # size + len(data) < high: the fast path
             try:
-                async with asyncio.timeout(_WRITE_TIMEOUT * 4):
+                async with asyncio.timeout(_WRITE_TIMEOUT + _LATE):
                     await writer.write(data)
                 outcome.set_result("returned")
             except ClientGone:
@@ -80,7 +82,7 @@ async def test_fast_path_write_that_pauses_the_transport_still_times_out() -> No
         await asyncio.get_running_loop().sock_connect(client, ("127.0.0.1", port))
         await asyncio.get_running_loop().sock_sendall(
             client, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        result = await asyncio.wait_for(outcome, 2.0)  # never read: a stalled client
+        result = await asyncio.wait_for(outcome, 10.0)  # never read: a stalled client
     finally:
         client.close()
         await runner.cleanup()

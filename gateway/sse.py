@@ -24,7 +24,7 @@ every Anthropic client accepts.
 
 from __future__ import annotations
 
-__all__ = ["DONE_FRAME", "PING", "SSEDecoder", "encode_data", "encode_event"]
+__all__ = ["SSEDecoder", "encode_event"]
 
 _LF = b"\n"
 _CR = b"\r"
@@ -145,12 +145,3 @@ class SSEDecoder:
 def encode_event(name: str, data_json: bytes) -> bytes:
     """One Anthropic event frame; ``data_json`` must be one line of JSON."""
     return b"event: " + name.encode("ascii") + b"\ndata: " + data_json + b"\n\n"
-
-
-def encode_data(data: bytes) -> bytes:
-    """One unnamed ``data:`` frame, as OpenAI-compatible streams are written."""
-    return b"data: " + data + b"\n\n"
-
-
-PING = b'event: ping\ndata: {"type":"ping"}\n\n'
-DONE_FRAME = b"data: [DONE]\n\n"

@@ -10,8 +10,8 @@ runs the same outside systemd.
 What the gateway sends, and when:
 
 - one process: ``READY=1`` once the API listener (and the metrics listener, if apart) is
-  bound and listening, so a connection made when systemd reports the unit started is
-  accepted; ``STOPPING=1`` when the drain starts (SIGTERM).
+  bound and listening and SIGTERM is handled (a drain), so a connection made when systemd
+  reports the unit started is accepted; ``STOPPING=1`` when the drain starts.
 - ``--workers N``: the supervisor is the main process and the only one that talks to
   systemd (``NotifyAccess=main``). Each worker gets ``NOTIFY_SOCKET`` pointing at a socket
   of the supervisor's (abstract, with the sender's credentials checked) and says

@@ -68,16 +68,7 @@ from typing import Any
 from gateway import errors, jsonutil
 from gateway.messages import frames, signatures, tables
 from gateway.messages.stops import StopMatcher
-from gateway.messages.tool_blocks import (
-    NONE,
-    PENDING,
-    TEXT,
-    THINKING,
-    TOOL,
-    Call,
-    Malformed,
-    ToolBlocks,
-)
+from gateway.messages.tool_blocks import NONE, TEXT, THINKING, TOOL, Call, Malformed, ToolBlocks
 from gateway.redact import NO_SECRETS, Redactor
 from gateway.sse import encode_event
 
@@ -100,7 +91,7 @@ _BLOCK_OPEN = State.BLOCK_OPEN
 _LIVE = (State.PRE_START, State.BLOCK_OPEN)
 _OPEN_ONLY = (State.BLOCK_OPEN,)
 
-class StreamTranslator(ToolBlocks):
+class StreamTranslator:
     """One per streamed request; see the module docstring for the transition table."""
 
     def __init__(
@@ -132,7 +123,6 @@ class StreamTranslator(ToolBlocks):
         self.stop_reason: str | None = None
         self.input_tokens = input_tokens
         self.output_tokens = 0
-        self.dropped_tool_deltas = 0
         self.started = False
         self.error: errors.GatewayError | None = None  # what the failure envelope carried
         # upstream facts so far
@@ -146,10 +136,7 @@ class StreamTranslator(ToolBlocks):
         self._next_index = 0
         self._head = b""  # delta frame prefix of the open block, up to the delta body
         self._thinking: list[str] = []
-        self._tool: Call | None = None  # the call streaming into the open block
-        self._calls: dict[int, Call] = {}  # latest call per upstream index
-        self._all: list[Call] = []
-        self._has_tools = False
+        self._tools = ToolBlocks()  # the tool calls: tool_use blocks' contents
 
     def __repr__(self) -> str:
         return (
@@ -162,6 +149,11 @@ class StreamTranslator(ToolBlocks):
     def output_started(self) -> bool:
         """A content block has been opened: the first token is on its way (TTFT)."""
         return self._next_index > 0
+
+    @property
+    def dropped_tool_deltas(self) -> int:
+        """Tool-argument pieces that could not be delivered (warned about and counted)."""
+        return self._tools.dropped
 
     @property
     def usage(self) -> tuple[int, int]:
@@ -313,7 +305,10 @@ class StreamTranslator(ToolBlocks):
 
     def _on_tool_delta(self, delta: Any, out: list[bytes]) -> None:
         self._expect(_OPEN_ONLY, "tool call delta")
-        self._tool_delta(delta, out)
+        call = self._tools.delta(delta, out)
+        if call is not None:  # a named call and none streaming: its block opens now
+            self._close_block(out, flush=True)
+            self._open_tool(call, out)
 
     def _on_thinking(self, text: str, out: list[bytes]) -> None:
         self._expect(_OPEN_ONLY, "thinking delta")
@@ -373,11 +368,24 @@ class StreamTranslator(ToolBlocks):
             )
             self._thinking = []
         elif kind == TOOL:
-            self._finish_tool(out)
+            self._tools.finish(out)
         out.append(frames.CB_STOP % self._index)
         self._kind = NONE
         if kind == TOOL and flush:
             self._flush_buffered(out)
+
+    def _open_tool(self, call: Call, out: list[bytes]) -> None:
+        self._open(TOOL, self._tools.shell(call), frames.JSON_DELTA, out)
+        self._tools.stream(call, self._head, out)
+
+    def _flush_buffered(self, out: list[bytes]) -> None:
+        """The calls buffered while another streamed, each a whole block, in index order."""
+        tools = self._tools
+        for call in tools.waiting():
+            self._open_tool(call, out)
+            tools.finish(out)
+            out.append(frames.CB_STOP % self._index)
+            self._kind = NONE
 
     def _end(self, out: list[bytes]) -> None:
         """[DONE] or EOF: complete if a finish_reason came, else the stream was truncated."""
@@ -386,13 +394,12 @@ class StreamTranslator(ToolBlocks):
             return
         self._close_block(out, flush=True)
         self._flush_buffered(out)
-        for call in self._all:
-            if call.state == PENDING:  # never named: its arguments cannot be delivered
-                self.dropped_tool_deltas += len(call.pieces)
+        self._tools.drop_unnamed()
+        has_tools = self._tools.opened
         finish = self._finish
-        if finish in ("tool_calls", "function_call") and not self._has_tools:
+        if finish in ("tool_calls", "function_call") and not has_tools:
             finish = "stop"
-        stop = tables.stop_reason(finish, self._matched, self._has_tools)
+        stop = tables.stop_reason(finish, self._matched, has_tools)
         self.stop_reason = stop
         if not self._usage_seen:
             self.output_tokens = self._content_chunks

@@ -6,9 +6,15 @@ interleave by ``index``; Ollama reuses ``index: 0`` for every call, each with a 
 ``id``. Anthropic requires blocks one at a time, so the first named call streams and
 the others are buffered and sent whole, in index order, when its block closes.
 
-``ToolBlocks`` is a mixin of ``StreamTranslator`` and uses its block machinery:
-``_open``, ``_close_block``, ``_head``, ``_index``, ``_kind``, and the call registers
-``_tool``, ``_calls``, ``_all``, ``_has_tools``, ``dropped_tool_deltas``.
+``ToolBlocks`` is an object the ``StreamTranslator`` holds: it keeps the calls (which
+one streams, which wait, which are closed), checks each delta's shape and writes what
+goes inside a ``tool_use`` block (its start's shell, argument deltas, ``{}`` for a call
+that sent none). The translator places blocks (indexes, opening, closing, the order
+with text and thinking): when :meth:`ToolBlocks.delta` returns a call, the translator
+closes its open block and opens that call's (:meth:`ToolBlocks.shell`, then
+:meth:`ToolBlocks.stream`); when it closes a tool block it calls
+:meth:`ToolBlocks.finish`, then streams the :meth:`ToolBlocks.waiting` calls whole.
+Frames are appended to the caller's ``out`` list, as the translator's own are.
 """
 
 from __future__ import annotations
@@ -45,26 +51,24 @@ class Call:
 
 
 class ToolBlocks:
-    """Mixin: tool-call deltas -> tool_use blocks, streamed or buffered."""
+    """Tool-call deltas -> the frames of ``tool_use`` blocks, streamed or buffered."""
 
-    # provided by the host, StreamTranslator
-    _head: bytes
-    _index: int
-    _kind: int
-    _tool: Call | None
-    _calls: dict[int, Call]
-    _all: list[Call]
-    _has_tools: bool
-    dropped_tool_deltas: int
+    __slots__ = ("_all", "_calls", "_head", "_tool", "dropped", "opened")
 
-    def _open(self, kind: int, shell: bytes, delta: bytes, out: list[bytes]) -> None:
-        raise NotImplementedError
+    def __init__(self) -> None:
+        self._tool: Call | None = None  # the call streaming into the open block
+        self._calls: dict[int, Call] = {}  # latest call per upstream index
+        self._all: list[Call] = []
+        self._head = b""  # delta frame prefix of the streaming call's block
+        self.opened = False  # a tool_use block was sent
+        self.dropped = 0  # argument pieces that could not be delivered
 
-    def _close_block(self, out: list[bytes], *, flush: bool) -> None:
-        raise NotImplementedError
+    def delta(self, delta: Any, out: list[bytes]) -> Call | None:
+        """One upstream tool_calls[] delta (the translator checked its state).
 
-    def _tool_delta(self, delta: Any, out: list[bytes]) -> None:
-        """One upstream tool_calls[] delta (the host checked the state)."""
+        Returns a named call whose block must open now (no call is streaming): the
+        translator closes its open block, then opens this one.
+        """
         if type(delta) is not dict:
             raise Malformed
         index = delta.get("index")
@@ -86,8 +90,8 @@ class ToolBlocks:
         if call is None:
             if not upstream_id and not name:
                 if args:
-                    self.dropped_tool_deltas += 1
-                return
+                    self.dropped += 1
+                return None
             call = Call(len(self._all) if type(index) is not int else index, len(self._all))
             self._calls[call.index] = call
             self._all.append(call)
@@ -99,20 +103,16 @@ class ToolBlocks:
             if args:
                 call.sent = True
                 out.append(self._head + frames.jstr(args) + frames.DELTA_END)
-            return
+            return None
         if call.state == CLOSED:
             if args:
-                self.dropped_tool_deltas += 1
-            return
+                self.dropped += 1
+            return None
         if args:
             call.pieces.append(args)
         if call.name is not None and self._tool is None:
-            self._close_block(out, flush=True)
-            self._open_tool(call, out)
-            if call.pieces:
-                call.sent = True
-                out.append(self._head + frames.jstr("".join(call.pieces)) + frames.DELTA_END)
-                call.pieces = []
+            return call
+        return None
 
     def _find_call(self, index: Any, upstream_id: Any) -> Call | None:
         if type(index) is int:
@@ -129,20 +129,31 @@ class ToolBlocks:
             return None
         return self._all[-1] if self._all else None
 
-    def _open_tool(self, call: Call, out: list[bytes]) -> None:
-        shell = (
+    @staticmethod
+    def shell(call: Call) -> bytes:
+        """The ``content_block`` of the call's ``content_block_start``, after its index."""
+        return (
             b',"content_block":{"type":"tool_use","id":'
             + frames.jstr(ids.tool_use_id(call.id))
             + b',"name":'
             + frames.jstr(call.name or "")
             + b',"input":{}}}\n\n'
         )
-        self._open(TOOL, shell, frames.JSON_DELTA, out)
+
+    def stream(self, call: Call, head: bytes, out: list[bytes]) -> None:
+        """The call's block was opened (``head``: its delta prefix): it streams from now on,
+        starting with the argument pieces it buffered."""
         call.state = STREAMING
         self._tool = call
-        self._has_tools = True
+        self._head = head
+        self.opened = True
+        if call.pieces:
+            call.sent = True
+            out.append(head + frames.jstr("".join(call.pieces)) + frames.DELTA_END)
+            call.pieces = []
 
-    def _finish_tool(self, out: list[bytes]) -> None:
+    def finish(self, out: list[bytes]) -> None:
+        """The streaming call's block closes: ``{}`` if it sent no argument bytes."""
         call = self._tool
         if call is not None:
             if not call.sent:
@@ -150,15 +161,14 @@ class ToolBlocks:
             call.state = CLOSED
             self._tool = None
 
-    def _flush_buffered(self, out: list[bytes]) -> None:
+    def waiting(self) -> list[Call]:
+        """The named calls buffered while another streamed, in upstream index order."""
         waiting = [c for c in self._all if c.state == PENDING and c.name is not None]
         waiting.sort(key=lambda c: (c.index, c.seq))
-        for call in waiting:
-            self._open_tool(call, out)
-            if call.pieces:
-                call.sent = True
-                out.append(self._head + frames.jstr("".join(call.pieces)) + frames.DELTA_END)
-                call.pieces = []
-            self._finish_tool(out)
-            out.append(frames.CB_STOP % self._index)
-            self._kind = NONE
+        return waiting
+
+    def drop_unnamed(self) -> None:
+        """The stream ends: calls never named cannot be delivered; count their pieces."""
+        for call in self._all:
+            if call.state == PENDING:
+                self.dropped += len(call.pieces)

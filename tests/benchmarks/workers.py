@@ -37,7 +37,9 @@ def _children(pid: int) -> list[int]:
 
 
 def _completed_metric(url: str) -> float:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+    # keys are set, and /metrics on the API listener asks for one then
+    req = urllib.request.Request(url + "/metrics", headers={"x-api-key": run.API_KEY})
+    with urllib.request.urlopen(req, timeout=10) as resp:
         text = resp.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("llm_gateway_stream_terminations_total{")

@@ -5,9 +5,12 @@
   with its default; README.md's configuration table lists exactly the same knobs and defaults.
 - The systemd unit passes ``systemd-analyze verify`` and ``systemd-analyze security
   --offline=yes`` holds its exposure score at or below ``SYSTEMD_EXPOSURE_MAX``.
-- The Dockerfile passes hadolint and has the lines that matter (multi-stage, non-root user,
-  exec-form entrypoint, HEALTHCHECK on /health that works against a real gateway).
-- The compose stack agrees with itself and with the gateway's config.
+- The Dockerfile passes hadolint and has the lines that matter (multi-stage on a base pinned by
+  digest, pip install with deploy/constraints.txt, non-root user, exec-form entrypoint,
+  HEALTHCHECK on /health that works against a real gateway); the constraints file pins every
+  runtime dependency and what it requires, within pyproject's floors.
+- The compose stack agrees with itself and with the gateway's config; its images name versions,
+  the inference servers' by digest.
 - The Kubernetes manifests, built as ``kubectl apply -k`` would: ``test_kubernetes.py``.
 
 Tools (systemd-analyze, hadolint, kubernetes-validate) that are missing skip the test locally
@@ -25,10 +28,12 @@ import subprocess
 import sys
 import tomllib
 from dataclasses import fields
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.requirements import Requirement
 
 from gateway import config
 from tests.procs import REPO, Proc, free_port, wait_http
@@ -45,6 +50,7 @@ EXAMPLE = DEPLOY / "gateway.example.toml"
 UNIT = DEPLOY / "systemd" / "llm-gateway.service"
 DOCKERFILE = DEPLOY / "Dockerfile"
 DOCKERIGNORE = DEPLOY / "Dockerfile.dockerignore"
+CONSTRAINTS = DEPLOY / "constraints.txt"
 COMPOSE = DEPLOY / "compose.yaml"
 PROMETHEUS = DEPLOY / "prometheus.yml"
 K8S = DEPLOY / "kubernetes"
@@ -431,8 +437,85 @@ def test_dockerfile_is_multi_stage_on_slim_python_311() -> None:
     for image in froms:
         base = image.split()[0]
         base = args.get(base.strip("${}"), base) if base.startswith("$") else base
-        assert re.fullmatch(r"python:3\.11-slim(-\w+)?", base), base
+        # by digest: a rebuild starts from the same bytes, wherever the tag has moved since
+        assert re.fullmatch(r"python:3\.11(\.\d+)?-slim(-\w+)?" + _DIGEST, base), base
     assert any(w == "COPY" and a.startswith("--from=build ") for w, a in _final_stage())
+
+
+_DIGEST = r"@sha256:[0-9a-f]{64}"
+# the platform of the image (deploy/Dockerfile), for pyproject's environment markers
+_IMAGE_ENV = {"sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
+              "python_version": "3.11", "implementation_name": "cpython"}
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503
+
+
+def _pins() -> dict[str, str]:
+    """deploy/constraints.txt as {normalized name: exact version}."""
+    pins: dict[str, str] = {}
+    for raw in CONSTRAINTS.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, version = line.partition("==")
+        assert sep and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name), f"not a pin: {raw!r}"
+        assert re.fullmatch(r"[0-9][0-9A-Za-z.+!]*", version), f"not an exact version: {raw!r}"
+        assert _normalized(name) not in pins, f"{name} is pinned twice"
+        pins[_normalized(name)] = version
+    return pins
+
+
+def _runtime_requirements() -> list[Requirement]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    reqs = [Requirement(dep) for dep in project["dependencies"]]
+    return [r for r in reqs if r.marker is None or r.marker.evaluate(_IMAGE_ENV)]
+
+
+def test_dockerfile_installs_with_the_constraints_file() -> None:
+    """The build stage copies deploy/constraints.txt and its one pip install obeys it."""
+    ins = _instructions(DOCKERFILE.read_text())
+    froms = [i for i, (word, _) in enumerate(ins) if word == "FROM"]
+    build = ins[froms[0]:froms[1]]
+    copied = [src for w, a in build if w == "COPY" for src in a.split()[:-1]]
+    assert "deploy/constraints.txt" in copied
+    installs = [a for w, a in build if w == "RUN" and "pip install" in a]
+    assert len(installs) == 1, installs
+    argv = shlex.split(installs[0].split("&&")[0])
+    given = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("-c", "--constraint")]
+    given += [a.split("=", 1)[1] for a in argv if a.startswith("--constraint=")]
+    assert given == ["deploy/constraints.txt"], argv
+
+
+def test_constraints_pin_every_runtime_dependency_within_its_floor() -> None:
+    """Each dependency pyproject.toml declares is pinned to a version its range accepts."""
+    pins = _pins()
+    for req in _runtime_requirements():
+        name = _normalized(req.name)
+        assert name in pins, f"{req.name} is not pinned in {CONSTRAINTS.name}"
+        assert req.specifier.contains(pins[name]), f"{req.name}=={pins[name]} is not {req}"
+
+
+def test_constraints_pin_the_transitive_dependencies() -> None:
+    """What the runtime dependencies require in turn (as installed here) is pinned too; a
+    dependency that gained one since the file was made fails here: refresh the file."""
+    pins = _pins()
+    todo, seen = [r.name for r in _runtime_requirements()], set()
+    while todo:
+        name = _normalized(todo.pop())
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue  # not installed here (a platform's own dependency); nothing to follow
+        for spec in requires:
+            req = Requirement(spec)
+            if req.marker is None or req.marker.evaluate({**_IMAGE_ENV, "extra": ""}):
+                todo.append(req.name)
+    assert sorted(seen - set(pins)) == [], f"refresh {CONSTRAINTS.name}"
 
 
 def test_dockerfile_final_stage_runs_unprivileged() -> None:
@@ -570,6 +653,26 @@ def _compose() -> dict[str, Any]:
 def _compose_gateway_config() -> tuple[dict[str, Any], config.Config]:
     text = _compose()["configs"]["gateway-toml"]["content"]
     return tomllib.loads(text), _parse_with_env(text, "compose.yaml")
+
+
+def _image_default(image: str) -> str:
+    """``${VAR:-default}`` (compose's substitution) is its default; a plain name itself."""
+    found = re.fullmatch(r"\$\{\w+:-(.+)\}", image)
+    return found[1] if found else image
+
+
+def test_compose_images_are_pinned() -> None:
+    """Every image pulled names a version; the inference servers, whose behaviour the gateway
+    depends on, are pinned by digest."""
+    services = _compose()["services"]
+    for name, svc in services.items():
+        if "build" in svc:
+            continue
+        ref = _image_default(svc["image"]).split("@", 1)[0]
+        tag = ref.rsplit("/", 1)[-1].partition(":")[2]
+        assert re.search(r"\d", tag) and "latest" not in tag, f"{name}: {svc['image']}"
+    for name in ("llamacpp", "vllm"):
+        assert re.search(_DIGEST + "$", _image_default(services[name]["image"])), name
 
 
 def test_compose_services_and_healthchecks() -> None:

@@ -200,9 +200,11 @@ def test_the_gateway_logged_no_traceback(gateway: Any) -> None:
     """Run last in this module (pytest keeps file order): none of the cases above made the
     gateway log a traceback or an error line."""
     proc, base = gateway
-    post(base + "/v1/messages", _body("messages", b'"\\ud800"'), timeout=30)
-    time.sleep(0.6)  # log lines are flushed every 0.5 s
-    out = proc.output()
+    _, headers, _ = post(base + "/v1/messages", _body("messages", b'"\\ud800"'), timeout=30)
+    deadline = time.monotonic() + 10  # lines are flushed in order, every 0.5 s
+    while headers["request-id"] not in (out := proc.output()):
+        assert time.monotonic() < deadline, "the last request's access line never came"
+        time.sleep(0.05)
     assert "Traceback" not in out and "unhandled_error" not in out
     assert '"level":"error"' not in out
 

@@ -120,9 +120,18 @@ class Gateway:
         host, port = self.root.removeprefix("http://").split(":")
         return host, int(port)
 
-    def log(self, settle: float = 0.0) -> str:
-        time.sleep(settle)  # info lines are flushed every 0.5 s
-        return self.proc.output()
+    def log(self, *, flushed: bool = False) -> str:
+        """stderr so far; ``flushed``: once every line logged until now is written (info
+        lines are flushed every 0.5 s, in order: a marker request's access line comes last)."""
+        if not flushed:
+            return self.proc.output()
+        with urllib.request.urlopen(self.root + "/llm/v1/models", timeout=10) as resp:
+            marker = resp.headers["request-id"]
+        deadline = time.monotonic() + 10
+        while marker not in (out := self.proc.output()):
+            assert time.monotonic() < deadline, "the log was never flushed"
+            time.sleep(0.05)
+        return out
 
 
 def _start(tmp_path: Path, config: str) -> Gateway:
@@ -456,7 +465,7 @@ async def test_under_load_with_double_replies_no_client_gets_another_requests_re
     assert len(innocent_failed) <= late, innocent_failed[:3]
 
     errors = _protocol_errors(gateway)
-    warnings = [w for w in _warnings(gateway.log(0.6))[log_before:]
+    warnings = [w for w in _warnings(gateway.log(flushed=True))[log_before:]
                 if "hostile" in json.dumps(w)]
     counted = {re.sub(r".*kind=\"([^\"]*)\".*", r"\1", k): v for k, v in errors.items() if v}
     print(f"protocol errors by kind: {counted}; {len(warnings)} warning lines naming the "
@@ -740,7 +749,7 @@ def test_no_key_or_internal_host_reaches_a_client_or_a_log_line(gateway: Gateway
         if found:
             problems.append((scenario, api, stream, reply.status, found,
                              reply.visible[-400:]))
-    log = gateway.log(settle=0.7)
+    log = gateway.log(flushed=True)
     log_leaks = [line for line in log.splitlines() if _leaks(line)]
     print(f"\nleaks: {len(cases)} replies checked, {len(problems)} leaking; "
           f"{len(log.splitlines())} log lines, {len(log_leaks)} leaking")

@@ -742,3 +742,14 @@ def test_middleware_renders_an_unencodable_message_in_each_shape() -> None:
         assert response.status == 404 and response.content_type == "application/json"
         assert isinstance(response.body, bytes)
         assert json.loads(response.body)["error"][key] == "The model `\\ud800` does not exist"
+
+
+def test_from_upstream_redacts_a_key_across_the_plain_text_cut() -> None:
+    """A plain-text error body is read to its first 8 KiB, but its secrets go before the cut:
+    a key across it would otherwise lose the end that makes it a match, and what precedes
+    (a URL, a traceback) can scrub down to nothing, bringing the rest within the 500 shown."""
+    url = "http://proxy.example/" + "a" * 8155  # "Bearer sk-live/" ends past byte 8192
+    body = f"{url} Bearer {KEY}".encode()
+    assert len(f"{url} Bearer ".encode()) < 8192 < len(body)  # the key straddles the cut
+    err = errors.from_upstream(400, body, hosts=HOSTS, secrets=SECRETS)
+    assert "sk-live" not in err.message, err.message

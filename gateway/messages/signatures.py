@@ -36,9 +36,10 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from gateway.errors import InvalidRequest
+from gateway.errors import InvalidRequest, RequestTooLarge
 
-__all__ = ["MAX_REASONING_BYTES", "open_signature", "restore_reasoning", "seal"]
+__all__ = ["MAX_REASONING_BYTES", "MAX_RESTORED_CHARS", "open_signature", "restore_reasoning",
+           "seal"]
 
 _VERSION = b"\x01"
 _NONCE = 12
@@ -46,6 +47,10 @@ _AAD = b"llm-gateway thinking block"
 # Reasoning restored from one signature, at most: far above any real block (a 128k-token
 # budget is ~512 KB of text), a bound on inflating whatever a signature holds.
 MAX_REASONING_BYTES = 8 * 1024 * 1024
+# Reasoning restored for one request, at most: one signature may be replayed in every block
+# of a body, and a model's repetitive reasoning seals 1 MiB into 1.4 KB (a 32 MiB body of
+# copies would restore some 23 GiB). As much text as the largest body could carry itself.
+MAX_RESTORED_CHARS = 32 * 1024 * 1024
 
 # signing key -> (its cipher, a keyed hash to copy for nonces); one key per process
 _KEYS: dict[bytes, tuple[AESGCM, Any]] = {}
@@ -110,8 +115,10 @@ def restore_reasoning(req: Mapping[str, Any], key: bytes) -> None:
     holds (in place: the request is the gateway's own parse of the body); a signature that
     does not open is refused as the API refuses one (400 naming the block's signature). A
     block that carries its text keeps it, whatever its signature: clients replay histories
-    recorded elsewhere, and the text is what the model is shown.
+    recorded elsewhere, and the text is what the model is shown. Past
+    :data:`MAX_RESTORED_CHARS` restored in all, the request is refused (413).
     """
+    restored = 0
     for i, turn in enumerate(req["messages"]):
         if turn["role"] != "assistant" or isinstance(turn["content"], str):
             continue
@@ -122,4 +129,8 @@ def restore_reasoning(req: Mapping[str, Any], key: bytes) -> None:
             if reasoning is None:
                 raise InvalidRequest(f"messages.{i}.content.{j}.signature",
                                      "Invalid `signature` in `thinking` block")
+            restored += len(reasoning)
+            if restored > MAX_RESTORED_CHARS:
+                raise RequestTooLarge(f"Reasoning restored from `thinking` block signatures "
+                                      f"exceeds {MAX_RESTORED_CHARS} characters")
             block["thinking"] = reasoning

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import InvalidRequest
+from gateway.errors import InvalidRequest, RequestTooLarge
 from gateway.messages import signatures
 from gateway.messages.signatures import open_signature, restore_reasoning, seal
 
@@ -109,3 +109,21 @@ def test_string_content_and_user_turns_are_skipped() -> None:
                         {"role": "assistant", "content": "plain"}]}
     restore_reasoning(req, KEY)
     assert req["messages"][1]["content"] == "plain"
+
+
+def test_restored_reasoning_is_bounded_per_request() -> None:
+    """One signature may be replayed in as many blocks as the body holds: repetitive reasoning
+    (a model that loops) seals 1 MiB into about 1.4 KB, so a 32 MiB body of copies would
+    restore some 23 GiB. The reasoning restored for one request is bounded as a whole."""
+    sig = seal(KEY, "a" * (1 << 20))
+    assert len(sig) < 2048
+    copies = signatures.MAX_RESTORED_CHARS // (1 << 20) + 1
+    req = _history(*({"type": "thinking", "thinking": "", "signature": sig}
+                     for _ in range(copies)))
+    with pytest.raises(RequestTooLarge) as info:
+        restore_reasoning(req, KEY)
+    assert info.value.status == 413
+    fits = _history(*({"type": "thinking", "thinking": "", "signature": sig}
+                      for _ in range(copies - 1)))
+    restore_reasoning(fits, KEY)  # up to the bound, as before
+    assert fits["messages"][1]["content"][-1]["thinking"] == "a" * (1 << 20)

@@ -411,9 +411,9 @@ def _map_upstream(status: int, raw: bytes, hosts: Iterable[str], secrets: Secret
     if body is not None:
         text, anthropic_type = _message_of(body)
     else:
-        # secrets go before the cut: a key across it would lose the end that makes a match
-        text = redactor(secrets)(raw.decode("utf-8", "replace"))[:8192]
-        anthropic_type = None
+        # whole (the reader caps it at 64 KiB), as a JSON message is: a cut before scrub()
+        # would leave the start of a key, address or host name that no rule then matches
+        text, anthropic_type = raw.decode("utf-8", "replace"), None
         if text.lstrip().startswith("<"):  # an HTML error page from a proxy: no words worth keeping
             text = ""
     if status not in (401, 403, 404, 429, 503, 529):

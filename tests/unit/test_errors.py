@@ -745,11 +745,15 @@ def test_middleware_renders_an_unencodable_message_in_each_shape() -> None:
 
 
 def test_from_upstream_redacts_a_key_across_the_plain_text_cut() -> None:
-    """A plain-text error body is read to its first 8 KiB, but its secrets go before the cut:
-    a key across it would otherwise lose the end that makes it a match, and what precedes
-    (a URL, a traceback) can scrub down to nothing, bringing the rest within the 500 shown."""
+    """A plain-text error body is scrubbed whole (it was cut at 8 KiB first): a key, address or
+    host name across the cut lost the end that makes it a match, and what precedes it (a
+    URL, a traceback) can scrub down to nothing, bringing the rest within the 500 shown."""
     url = "http://proxy.example/" + "a" * 8155  # "Bearer sk-live/" ends past byte 8192
     body = f"{url} Bearer {KEY}".encode()
     assert len(f"{url} Bearer ".encode()) < 8192 < len(body)  # the key straddles the cut
     err = errors.from_upstream(400, body, hosts=HOSTS, secrets=SECRETS)
     assert "sk-live" not in err.message, err.message
+    for leak in ("10.0.0.17", "gpu-node-7.internal"):  # an address, a host across the cut
+        text = f"{url[:8192 - 4 - len(leak) // 2]} {leak} tail"
+        message = errors.from_upstream(400, text.encode(), hosts=HOSTS).message
+        assert message == "[redacted] [redacted] tail", message

@@ -125,6 +125,11 @@ class StreamWriter:
         """Stop pinging and end the response (best effort if the client is gone)."""
         self.stop_pinging()
         try:
-            await self._resp.write_eof()
+            # write_eof drains whatever is buffered, unlike a write: bounded as a write is
+            async with asyncio.timeout(self._write_timeout):
+                await self._resp.write_eof()
+        except TimeoutError:  # the client stopped reading: drop it, as a write would
+            if self._transport is not None:
+                self._transport.abort()
         except (ConnectionError, RuntimeError):
             pass

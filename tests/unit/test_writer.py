@@ -88,3 +88,59 @@ async def test_fast_path_write_that_pauses_the_transport_still_times_out() -> No
         await runner.cleanup()
     # Expected: the write either returns at once or gives up after write_timeout.
     assert result in ("returned", "client_gone"), result
+
+
+async def test_closing_a_stream_to_a_client_that_stopped_reading_is_bounded() -> None:
+    """``write_eof`` (the chunked terminator) awaits ``drain()`` whatever was written before,
+    where ``write`` drains only past 64 KiB written since the last drain: a last batch that
+    took the transport above its high-water mark returns at once, and ending the stream then
+    waited for a client that never reads, with no timeout, holding the handler (its upstream
+    connection and its model's concurrency slot). It gives up after write_timeout."""
+    outcome: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        request[REQUEST_ID] = "req_test"
+        transport = request.transport
+        assert transport is not None
+        transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        writer = await StreamWriter.open(request, content_type="text/event-stream",
+                                         write_timeout=_WRITE_TIMEOUT, ping_interval=None)
+        try:
+            await writer.write(b"a" * 2000)
+            for _ in range(20000):  # the client is not reading: fill the kernel's buffers
+                if transport.get_write_buffer_size() > 0:
+                    break
+                transport.write(b"\0" * 256)
+            low, high = transport.get_write_buffer_limits()  # type: ignore[attr-defined]
+            transport.write(b"\0" * (low + 1024))  # earlier events still in the buffer
+            await writer.write(b"b" * (high - low))  # the last batch: returns, paused
+            assert transport.get_write_buffer_size() > high
+            try:
+                async with asyncio.timeout(_WRITE_TIMEOUT + _LATE):
+                    await writer.close()
+                outcome.set_result("closed")
+            except TimeoutError:
+                outcome.set_result("hung")
+        finally:
+            transport.abort()
+        return writer.response
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.setblocking(False)
+    try:
+        await asyncio.get_running_loop().sock_connect(client, ("127.0.0.1", port))
+        await asyncio.get_running_loop().sock_sendall(
+            client, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        result = await asyncio.wait_for(outcome, 10.0)  # never read: a stalled client
+    finally:
+        client.close()
+        await runner.cleanup()
+    assert result == "closed", result

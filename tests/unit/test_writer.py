@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -23,6 +24,31 @@ from gateway.writer import ClientGone, StreamWriter
 _WRITE_TIMEOUT = 0.2
 # How late a timer may fire on a loaded machine: "hung" means no timeout at all
 _LATE = 2.0
+
+
+async def _serve_a_client_that_never_reads(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]], outcome: asyncio.Future[str]
+) -> str:
+    """Serve ``handler`` to one client that sends a request and never reads the reply (a
+    4 KiB receive buffer); the handler's ``outcome``, within 10 s."""
+    app = web.Application()
+    app.router.add_get("/", handler)
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.setblocking(False)
+    try:
+        await asyncio.get_running_loop().sock_connect(client, ("127.0.0.1", port))
+        await asyncio.get_running_loop().sock_sendall(
+            client, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        return await asyncio.wait_for(outcome, 10.0)
+    finally:
+        client.close()
+        await runner.cleanup()
 
 
 async def test_fast_path_write_that_pauses_the_transport_still_times_out() -> None:
@@ -68,24 +94,7 @@ async def test_fast_path_write_that_pauses_the_transport_still_times_out() -> No
             transport.abort()
         return writer.response
 
-    app = web.Application()
-    app.router.add_get("/", handler)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    client = socket.socket()
-    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    client.setblocking(False)
-    try:
-        await asyncio.get_running_loop().sock_connect(client, ("127.0.0.1", port))
-        await asyncio.get_running_loop().sock_sendall(
-            client, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        result = await asyncio.wait_for(outcome, 10.0)  # never read: a stalled client
-    finally:
-        client.close()
-        await runner.cleanup()
+    result = await _serve_a_client_that_never_reads(handler, outcome)
     # Expected: the write either returns at once or gives up after write_timeout.
     assert result in ("returned", "client_gone"), result
 
@@ -125,22 +134,5 @@ async def test_closing_a_stream_to_a_client_that_stopped_reading_is_bounded() ->
             transport.abort()
         return writer.response
 
-    app = web.Application()
-    app.router.add_get("/", handler)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    client = socket.socket()
-    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    client.setblocking(False)
-    try:
-        await asyncio.get_running_loop().sock_connect(client, ("127.0.0.1", port))
-        await asyncio.get_running_loop().sock_sendall(
-            client, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        result = await asyncio.wait_for(outcome, 10.0)  # never read: a stalled client
-    finally:
-        client.close()
-        await runner.cleanup()
+    result = await _serve_a_client_that_never_reads(handler, outcome)
     assert result == "closed", result

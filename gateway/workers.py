@@ -33,7 +33,8 @@ import structlog
 from prometheus_client import multiprocess
 
 from gateway import log, notify
-from gateway.config import SHARED_KEY_ENV, WORKER_ENV
+from gateway.config import WORKER_ENV
+from gateway.signing_key import SHARED_KEY_ENV
 
 _log = structlog.get_logger("gateway.workers")
 

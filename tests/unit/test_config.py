@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway import config
+from gateway import config, signing_key
 
 GOOD = """
 [server]
@@ -248,7 +248,7 @@ def test_default_signing_key_without_a_writable_state_directory(tmp_path: Path) 
     env = {"XDG_STATE_HOME": str(blocked)}
     one, two = config.load(None, env).server, config.load(None, env).server
     assert one.signing_key_source == "random" and one.signing_key != two.signing_key
-    shared = {**env, config.SHARED_KEY_ENV: "ab" * 32}  # what the --workers supervisor sets
+    shared = {**env, signing_key.SHARED_KEY_ENV: "ab" * 32}  # what the --workers supervisor sets
     assert config.load(None, shared).server.signing_key == bytes.fromhex("ab" * 32)
 
 

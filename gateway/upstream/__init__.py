@@ -7,6 +7,6 @@ pool, and the client the handlers use (requests, deadlines, caps, one error map)
     exceptions.py   the errors below the client, each naming its cause
 """
 
-from gateway.upstream.client import UpstreamClient, UpstreamResponse, upstream_secrets
+from gateway.upstream.client import UpstreamClient, UpstreamResponse
 
-__all__ = ["UpstreamClient", "UpstreamResponse", "upstream_secrets"]
+__all__ = ["UpstreamClient", "UpstreamResponse"]

@@ -30,12 +30,12 @@ import asyncio
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
 
 import structlog
 
 from gateway import errors
 from gateway.config import UpstreamConfig
+from gateway.redact import secrets_of
 from gateway.upstream.exceptions import (
     BrokenResponse,
     ConnectFailed,
@@ -250,14 +250,6 @@ async def _settle(resp: Response) -> None:
             resp.close()
 
 
-def upstream_secrets(api_key: str | None) -> tuple[str, ...]:
-    """Every form in which the upstream's key could come back in its text."""
-    if not api_key:
-        return ()
-    forms = (api_key, f"Bearer {api_key}", quote(api_key, safe=""))
-    return tuple(dict.fromkeys(f for f in forms if f))
-
-
 class UpstreamClient:
     """Pooled HTTP client for one upstream.
 
@@ -273,7 +265,7 @@ class UpstreamClient:
         self._protocol_errors = protocol_errors  # a labelled counter: (upstream, kind)
         self.name = cfg.name
         self.hosts = (cfg.host, cfg.host.rsplit(":", 1)[0], cfg.base_url)
-        self.secrets = upstream_secrets(cfg.api_key)
+        self.secrets = secrets_of(cfg)
         self.report = _FailureLog(cfg.name)
         path = cfg.base_url.split("://", 1)[-1].partition("/")[2].rstrip("/")
         self._path = "/" + path if path else ""

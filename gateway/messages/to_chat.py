@@ -316,9 +316,12 @@ def _tools(req: Mapping[str, Any], out: dict[str, Any]) -> None:
         if is_custom_tool(tool):
             schema = tool["input_schema"]
             fn: dict[str, Any] = {"name": tool["name"]}
-            if tool.get("description") is not None:
-                fn["description"] = tool["description"]
+            description = _with_examples(tool.get("description"), tool.get("input_examples"))
+            if description is not None:
+                fn["description"] = description
             fn["parameters"] = schema if "type" in schema else {"type": "object", **schema}
+            if tool.get("strict") is True:
+                fn["strict"] = True
         else:  # validated: an Anthropic-defined client tool (server tools were refused)
             fn = to_function(tool)
         if tool.get("defer_loading") is not None:
@@ -337,6 +340,15 @@ def _tools(req: Mapping[str, Any], out: dict[str, Any]) -> None:
         out["tool_choice"] = _TOOL_CHOICE[kind]
     if choice.get("disable_parallel_tool_use") is True and kind != "none":
         out["parallel_tool_calls"] = False
+
+
+def _with_examples(description: str | None, examples: list[Any] | None) -> str | None:
+    """Anthropic shows a tool's ``input_examples`` to the model; a function has no such
+    field, so they follow its description, one JSON object a line."""
+    if not examples:
+        return description
+    shown = "Examples of valid input:\n" + "\n".join(jsonutil.dumps(e) for e in examples)
+    return f"{description}\n\n{shown}" if description else shown
 
 
 def _template_kwargs(req: Mapping[str, Any], out: dict[str, Any]) -> None:

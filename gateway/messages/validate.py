@@ -87,9 +87,38 @@ def _tools(tools: Any) -> set[str]:
                 raise fail(f"{path}.input_schema", "Field required")
             check_obj(tool["input_schema"], f"{path}.input_schema")
             check_depth(tool["input_schema"], f"{path}.input_schema")
+            _custom_tool_options(tool, path)
         if tool.get("defer_loading") is not None and not isinstance(tool["defer_loading"], bool):
             raise fail(f"{path}.defer_loading", "Input should be a valid boolean")
+        _allowed_callers(tool.get("allowed_callers"), path)
     return names
+
+
+def _custom_tool_options(tool: Mapping[str, Any], path: str) -> None:
+    """``strict`` goes upstream as the function's ``strict``; ``input_examples`` (objects the
+    model is shown) go into the function's description. Both are checked here."""
+    strict = tool.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise fail(f"{path}.strict", "Input should be a valid boolean")
+    examples = tool.get("input_examples")
+    if examples is None:
+        return
+    for j, example in enumerate(check_list(examples, f"{path}.input_examples")):
+        check_obj(example, f"{path}.input_examples.{j}")
+        check_depth(example, f"{path}.input_examples.{j}")
+
+
+def _allowed_callers(callers: Any, path: str) -> None:
+    """Programmatic tool calling: a tool only Anthropic's code execution may call cannot run
+    here (code execution is a server tool), so the model must be able to call it directly."""
+    if callers is None:
+        return
+    for j, caller in enumerate(check_list(callers, f"{path}.allowed_callers")):
+        if not isinstance(caller, str):
+            raise fail(f"{path}.allowed_callers.{j}", "Input should be a valid string")
+    if "direct" not in callers:
+        raise fail(f"{path}.allowed_callers", "this gateway's models call tools directly; a "
+                   "tool only Anthropic's code execution may call cannot be used here")
 
 
 def _custom_tool_name(tool: Mapping[str, Any], path: str) -> str:

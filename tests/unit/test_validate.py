@@ -77,6 +77,15 @@ TR = "messages.2.content.0"
 # (id, fragment, expected path, a word the message must contain or None)
 REFUSED: list[tuple[str, dict[str, Any], str, str | None]] = [
     # what only Anthropic's servers can do is refused by name, never dropped
+    ("tool-only-code-execution-may-call",
+     {"tools": [{**TOOL, "allowed_callers": ["code_execution_20250825"]}]},
+     "tools.0.allowed_callers", "code execution"),
+    ("tool-allowed-callers-not-a-list", {"tools": [{**TOOL, "allowed_callers": "direct"}]},
+     "tools.0.allowed_callers", "list"),
+    ("tool-strict-not-bool", {"tools": [{**TOOL, "strict": "yes"}]}, "tools.0.strict",
+     "boolean"),
+    ("tool-input-example-not-object", {"tools": [{**TOOL, "input_examples": ["Paris"]}]},
+     "tools.0.input_examples.0", "dictionary"),
     ("thread-create", {"thread": {"type": "create"}}, "thread", "not supported"),
     ("thread-continue-without-history",
      {"thread": {"type": "continue", "previous_message_id": "msg_1"},

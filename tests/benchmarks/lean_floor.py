@@ -1,9 +1,11 @@
-"""A lean Anthropic -> OpenAI translator: the floor the gateway is compared with.
+"""The leanest Anthropic -> OpenAI translator we can write: the gateway's floor.
 
     python -m tests.benchmarks.lean_floor PORT UPSTREAM_BASE_URL
 
-What a minimal translator has to do and nothing else: no auth, metrics, logging or
-validation; text and reasoning only (no tools, images or stop sequences).
+Written only for speed, to make "gateway / floor" mean something: orjson, byte templates
+for every event (only the variable parts are encoded), one ``ClientSession`` with an
+unlimited pool, uvloop as the gateway has. No auth, metrics, logging or validation; text
+and reasoning only (no tools, images or stop sequences).
 
 Protocol facts used (Anthropic Messages API, OpenAI chat completions):
 - ``system`` is a string or a list of text blocks; it becomes the first ``system`` message.
@@ -18,22 +20,42 @@ Protocol facts used (Anthropic Messages API, OpenAI chat completions):
 
 from __future__ import annotations
 
-import secrets
+import os
 import sys
 from typing import Any
 
 import aiohttp
-import ujson
 from aiohttp import web
 
+try:  # the bench extra installs orjson; ujson (a gateway dependency) otherwise
+    from orjson import dumps, loads
+except ImportError:  # pragma: no cover - depends on the environment
+    import ujson
+
+    def dumps(obj: Any) -> bytes:
+        return ujson.dumps(obj, ensure_ascii=False, escape_forward_slashes=False).encode()
+
+    loads = ujson.loads
+
 _SESSION = web.AppKey("session", aiohttp.ClientSession)
-_UPSTREAM = web.AppKey("upstream", str)
-_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+_URL = web.AppKey("url", str)
+_STOP = {"stop": b'"end_turn"', "length": b'"max_tokens"', "tool_calls": b'"tool_use"'}
 _HEADERS = {"Content-Type": "application/json"}
 
-
-def _dumpb(obj: Any) -> bytes:
-    return ujson.dumps(obj, ensure_ascii=False, escape_forward_slashes=False).encode()
+_START = (b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_%s",'
+          b'"type":"message","role":"assistant","model":%s,"content":[],"stop_reason":null,'
+          b'"stop_sequence":null,"usage":{"input_tokens":0,"output_tokens":0}}}\n\n')
+_OPEN = (b'event: content_block_start\ndata: {"type":"content_block_start","index":%d,'
+         b'"content_block":{"type":"%s","%s":""}}\n\n')
+_DELTA = (b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
+          b'"delta":{"type":"%s_delta","%s":%s}}\n\n')
+_CLOSE = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":%d}\n\n'
+_END = (b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":%s,'
+        b'"stop_sequence":null},"usage":{"output_tokens":%d}}\n\n'
+        b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+_MESSAGE = (b'{"id":"msg_%s","type":"message","role":"assistant","model":%s,"content":[%s],'
+            b'"stop_reason":%s,"stop_sequence":null,'
+            b'"usage":{"input_tokens":%d,"output_tokens":%d}}')
 
 
 def _text(content: Any) -> str:
@@ -42,140 +64,64 @@ def _text(content: Any) -> str:
     return "".join(b.get("text", "") for b in content if b.get("type") == "text")
 
 
-def _to_chat(req: dict[str, Any]) -> dict[str, Any]:
-    messages = []
-    if req.get("system"):
-        messages.append({"role": "system", "content": _text(req["system"])})
-    for m in req["messages"]:
-        messages.append({"role": m["role"], "content": _text(m["content"])})
-    out = {"model": req["model"], "messages": messages, "max_tokens": req["max_tokens"],
-           "stream": bool(req.get("stream"))}
-    if out["stream"]:
+def _to_chat(req: dict[str, Any]) -> bytes:
+    messages = [{"role": "system", "content": _text(req["system"])}] if req.get("system") else []
+    messages += [{"role": m["role"], "content": _text(m["content"])} for m in req["messages"]]
+    out = {"model": req["model"], "messages": messages, "max_tokens": req["max_tokens"]}
+    if req.get("stream"):
+        out["stream"] = True
         out["stream_options"] = {"include_usage": True}
-    for key in ("temperature", "top_p"):
-        if key in req:
-            out[key] = req[key]
-    return out
-
-
-def _message_id() -> str:
-    return "msg_" + secrets.token_hex(12)
-
-
-def _from_chat(model: str, completion: dict[str, Any]) -> dict[str, Any]:
-    choice = completion["choices"][0]
-    msg = choice["message"]
-    content: list[dict[str, Any]] = []
-    if msg.get("reasoning_content"):
-        content.append({"type": "thinking", "thinking": msg["reasoning_content"],
-                        "signature": ""})
-    if msg.get("content"):
-        content.append({"type": "text", "text": msg["content"]})
-    usage = completion.get("usage") or {}
-    return {"id": _message_id(), "type": "message", "role": "assistant", "model": model,
-            "content": content, "stop_reason": _STOP.get(choice.get("finish_reason"), "end_turn"),
-            "stop_sequence": None,
-            "usage": {"input_tokens": usage.get("prompt_tokens", 0),
-                      "output_tokens": usage.get("completion_tokens", 0)}}
-
-
-def _event(name: bytes, body: bytes) -> bytes:
-    return b"event: " + name + b"\ndata: " + body + b"\n\n"
-
-
-class _Translator:
-    """Upstream ``data:`` payloads in, Anthropic SSE bytes out."""
-
-    def __init__(self, model: str) -> None:
-        self.model = model
-        self.kind: str | None = None
-        self.index = -1
-        self.finish: str | None = None
-        self.output_tokens = 0
-        self.input_tokens = 0
-
-    def start(self) -> bytes:
-        return _event(b"message_start", _dumpb({"type": "message_start", "message": {
-            "id": _message_id(), "type": "message", "role": "assistant", "model": self.model,
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0}}}))
-
-    def _switch(self, kind: str, out: list[bytes]) -> None:
-        if self.kind == kind:
-            return
-        self._close(out)
-        self.index += 1
-        self.kind = kind
-        block = {"type": kind, kind: ""}
-        out.append(_event(b"content_block_start", _dumpb(
-            {"type": "content_block_start", "index": self.index, "content_block": block})))
-
-    def _close(self, out: list[bytes]) -> None:
-        if self.kind is not None:
-            out.append(_event(b"content_block_stop",
-                              b'{"type":"content_block_stop","index":%d}' % self.index))
-            self.kind = None
-
-    def feed(self, payload: bytes) -> bytes:
-        if payload == b"[DONE]":
-            return b""
-        chunk = ujson.loads(payload)
-        out: list[bytes] = []
-        usage = chunk.get("usage")
-        if usage:
-            self.input_tokens = usage.get("prompt_tokens", 0)
-            self.output_tokens = usage.get("completion_tokens", 0)
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-            if reasoning:
-                self._switch("thinking", out)
-                out.append(_event(b"content_block_delta", _dumpb({
-                    "type": "content_block_delta", "index": self.index,
-                    "delta": {"type": "thinking_delta", "thinking": reasoning}})))
-            if delta.get("content"):
-                self._switch("text", out)
-                out.append(_event(b"content_block_delta", _dumpb({
-                    "type": "content_block_delta", "index": self.index,
-                    "delta": {"type": "text_delta", "text": delta["content"]}})))
-            if choice.get("finish_reason"):
-                self.finish = choice["finish_reason"]
-        return b"".join(out)
-
-    def end(self) -> bytes:
-        out: list[bytes] = []
-        self._close(out)
-        out.append(_event(b"message_delta", _dumpb({
-            "type": "message_delta",
-            "delta": {"stop_reason": _STOP.get(self.finish or "stop", "end_turn"),
-                      "stop_sequence": None},
-            "usage": {"output_tokens": self.output_tokens}})))
-        out.append(_event(b"message_stop", b'{"type":"message_stop"}'))
-        return b"".join(out)
+    return dumps(out)
 
 
 async def _messages(request: web.Request) -> web.StreamResponse:
-    req = ujson.loads(await request.read())
-    session = request.app[_SESSION]
-    url = request.app[_UPSTREAM] + "/chat/completions"
-    async with session.post(url, data=_dumpb(_to_chat(req)), headers=_HEADERS) as up:
+    req = loads(await request.read())
+    model = dumps(req["model"])
+    async with request.app[_SESSION].post(request.app[_URL], data=_to_chat(req),
+                                          headers=_HEADERS) as up:
         if not req.get("stream"):
-            completion = ujson.loads(await up.read())
-            return web.Response(body=_dumpb(_from_chat(req["model"], completion)),
-                                content_type="application/json")
+            done = loads(await up.read())
+            choice, usage = done["choices"][0], done.get("usage") or {}
+            msg, parts = choice["message"], []
+            if msg.get("reasoning_content"):
+                parts.append(b'{"type":"thinking","thinking":%s,"signature":""}'
+                             % dumps(msg["reasoning_content"]))
+            if msg.get("content"):
+                parts.append(b'{"type":"text","text":%s}' % dumps(msg["content"]))
+            body = _MESSAGE % (os.urandom(12).hex().encode(), model, b",".join(parts),
+                               _STOP.get(choice.get("finish_reason"), b'"end_turn"'),
+                               usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
+            return web.Response(body=body, content_type="application/json")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        tr = _Translator(req["model"])
-        await resp.write(tr.start())
-        pending = b""
+        await resp.write(_START % (os.urandom(12).hex().encode(), model))
+        kind, index, finish, tokens, pending = b"", -1, b'"end_turn"', 0, b""
         async for data in up.content.iter_any():
             events = (pending + data).split(b"\n\n")
             pending = events.pop()
-            out = [tr.feed(e[6:]) for e in events if e.startswith(b"data: ")]
+            out = []
+            for event in events:
+                if not event.startswith(b"data: {"):
+                    continue
+                chunk = loads(event[6:])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"].get("completion_tokens", 0)
+                for choice in chunk["choices"]:
+                    delta = choice["delta"]
+                    for key, name in (("reasoning_content", b"thinking"), ("content", b"text")):
+                        if delta.get(key):
+                            if kind != name:
+                                if kind:
+                                    out.append(_CLOSE % index)
+                                kind, index = name, index + 1
+                                out.append(_OPEN % (index, name, name))
+                            out.append(_DELTA % (index, name, name, dumps(delta[key])))
+                    if choice.get("finish_reason"):
+                        finish = _STOP.get(choice["finish_reason"], b'"end_turn"')
             if out:
                 await resp.write(b"".join(out))
-        await resp.write(tr.end())
+        await resp.write((_CLOSE % index if kind else b"") + _END % (finish, tokens))
         await resp.write_eof()
         return resp
 
@@ -192,12 +138,18 @@ async def _health(request: web.Request) -> web.Response:
 
 def main(argv: list[str]) -> None:
     app = web.Application()
-    app[_UPSTREAM] = argv[2].rstrip("/")
+    app[_URL] = argv[2].rstrip("/") + "/chat/completions"
     app.cleanup_ctx.append(_session)
     app.router.add_post("/v1/messages", _messages)
     app.router.add_get("/health", _health)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - the gateway falls back the same way
+        loop = None
+    else:
+        loop = uvloop.new_event_loop()
     web.run_app(app, host="127.0.0.1", port=int(argv[1]), access_log=None, print=None,
-                backlog=4096)
+                backlog=4096, loop=loop)
 
 
 if __name__ == "__main__":

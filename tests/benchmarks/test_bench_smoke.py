@@ -62,6 +62,15 @@ def test_tiny_run_reports_every_figure(tmp_path):
             assert slow[target]["completed"] == slow["streams"], (api, target)
             assert slow[target]["upstream_open_after"] == 0, (api, target)
             assert slow[target]["abandoned_open_after"] == 0, (api, target)
+    if r["router_missing"] is None:  # the Rust router ran beside the relay, every figure
+        for conc in ("c1", "c16", "c64"):
+            assert r["openai"]["buffered"][conc]["router"]["ok"] == 1.0, conc
+            assert _number(r["openai"]["buffered"][conc]["cpu_ratio_router"]), conc
+        for part in ("bulk", "paced"):
+            assert _number(r["openai"]["stream"][part]["cpu_ratio_router"]), part
+        assert r["openai"]["slow"]["router"]["completed"] == r["openai"]["slow"]["streams"]
+    else:
+        assert "not installed" in r["router_missing"] and "Rust router left out" in proc.stdout
     for name in ("gateway", "floor", "relay"):
         assert _number(r["startup"][name]["startup_s"])
         assert _number(r["startup"][name]["idle_rss_mb"])

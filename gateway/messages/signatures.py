@@ -75,7 +75,11 @@ def _cipher(key: bytes) -> AESGCM:
 def seal(key: bytes, reasoning: str) -> str:
     """The signature of a thinking block: its reasoning, compressed and sealed."""
     cipher, mac = _keys(key)
-    packed = zlib.compress(reasoning.encode("utf-8"), 6)
+    # a 4 KiB window and memLevel 4: zlib.compress's defaults set up ~256 KiB of state per
+    # call (most of a short block's cost), for about the same size on reasoning-sized text;
+    # any zlib stream opens with the default decompressor, so older signatures still open
+    deflate = zlib.compressobj(6, zlib.DEFLATED, 12, 4)
+    packed = deflate.compress(reasoning.encode("utf-8")) + deflate.flush()
     nonce_mac = mac.copy()
     nonce_mac.update(packed)
     nonce = nonce_mac.digest()[:_NONCE]

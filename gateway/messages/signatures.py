@@ -7,6 +7,10 @@ its earlier reasoning. This gateway's signature does the same for OpenAI-compati
 upstreams, which take prior reasoning back as ``reasoning_content``:
 
     signature = base64( 0x01 | nonce (12 bytes) | AES-256-GCM( zlib(reasoning) ) )
+    signature = base64( 0x02 | nonce (12 bytes) | AES-256-GCM( reasoning ) )
+
+(``0x02`` for reasoning under :data:`_PLAIN_BELOW` bytes, which deflate barely shrinks: a
+deflate stream's set-up was most of a short block's sealing cost.)
 
 under keys derived (HKDF-SHA256) from ``server.signing_key_env``. The nonce is a keyed
 hash of the sealed bytes (the synthetic-IV construction): the same reasoning always gets
@@ -41,7 +45,9 @@ from gateway.errors import InvalidRequest, RequestTooLarge
 __all__ = ["MAX_REASONING_BYTES", "MAX_RESTORED_CHARS", "open_signature", "restore_reasoning",
            "seal"]
 
-_VERSION = b"\x01"
+_VERSION = b"\x01"  # zlib-compressed reasoning
+_PLAIN = b"\x02"  # the reasoning as is
+_PLAIN_BELOW = 512
 _NONCE = 12
 _AAD = b"llm-gateway thinking block"
 # Reasoning restored from one signature, at most: far above any real block (a 128k-token
@@ -75,16 +81,20 @@ def _cipher(key: bytes) -> AESGCM:
 def seal(key: bytes, reasoning: str) -> str:
     """The signature of a thinking block: its reasoning, compressed and sealed."""
     cipher, mac = _keys(key)
-    # a 4 KiB window and memLevel 4: zlib.compress's defaults set up ~256 KiB of state per
-    # call (most of a short block's cost), for about the same size on reasoning-sized text;
-    # any zlib stream opens with the default decompressor, so older signatures still open
-    deflate = zlib.compressobj(6, zlib.DEFLATED, 12, 4)
-    packed = deflate.compress(reasoning.encode("utf-8")) + deflate.flush()
+    text = reasoning.encode("utf-8")
+    if len(text) < _PLAIN_BELOW:
+        version, packed = _PLAIN, text
+    else:
+        # a 4 KiB window and memLevel 4: zlib.compress's defaults set up ~256 KiB of state
+        # per call, for about the same size on reasoning-sized text; any zlib stream opens
+        # with the default decompressor
+        deflate = zlib.compressobj(6, zlib.DEFLATED, 12, 4)
+        version, packed = _VERSION, deflate.compress(text) + deflate.flush()
     nonce_mac = mac.copy()
-    nonce_mac.update(packed)
+    nonce_mac.update(version + packed)  # the version is sealed with it: never swapped
     nonce = nonce_mac.digest()[:_NONCE]
-    sealed = cipher.encrypt(nonce, packed, _AAD)
-    return base64.b64encode(_VERSION + nonce + sealed).decode("ascii")
+    sealed = cipher.encrypt(nonce, packed, _AAD if version == _VERSION else _AAD + version)
+    return base64.b64encode(version + nonce + sealed).decode("ascii")
 
 
 def open_signature(key: bytes, signature: str) -> str | None:
@@ -93,12 +103,19 @@ def open_signature(key: bytes, signature: str) -> str | None:
         raw = base64.b64decode(signature, validate=True)
     except (binascii.Error, ValueError):
         return None
-    if len(raw) < 1 + _NONCE + 16 or raw[:1] != _VERSION:
+    version = raw[:1]
+    if len(raw) < 1 + _NONCE + 16 or version not in (_VERSION, _PLAIN):
         return None
+    aad = _AAD if version == _VERSION else _AAD + version  # 0x01 predates the version in it
     try:
-        packed = _cipher(key).decrypt(raw[1:1 + _NONCE], raw[1 + _NONCE:], _AAD)
+        packed = _cipher(key).decrypt(raw[1:1 + _NONCE], raw[1 + _NONCE:], aad)
     except InvalidTag:
         return None
+    if version == _PLAIN:
+        try:
+            return packed.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
     inflate = zlib.decompressobj()
     try:
         text = inflate.decompress(packed, MAX_REASONING_BYTES)

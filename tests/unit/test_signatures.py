@@ -29,6 +29,32 @@ def test_long_reasoning_is_compressed() -> None:
     assert len(seal(KEY, text)) < len(text) // 10
 
 
+def test_short_reasoning_is_sealed_as_is_and_its_version_cannot_be_swapped() -> None:
+    short, long = "Think briefly.", "Think at length. " * 100
+    raw_short = base64.b64decode(seal(KEY, short))
+    raw_long = base64.b64decode(seal(KEY, long))
+    assert raw_short[:1] == b"\x02" and raw_long[:1] == b"\x01"
+    assert len(raw_short) == 1 + 12 + len(short) + 16  # no deflate stream around it
+    for raw in (raw_short, raw_long):  # the version is authenticated with the text
+        swapped = (b"\x03" if raw[:1] == b"\x02" else b"\x02") + raw[1:]
+        flipped = (b"\x01" if raw[:1] == b"\x02" else b"\x02") + raw[1:]
+        assert open_signature(KEY, base64.b64encode(swapped).decode()) is None
+        assert open_signature(KEY, base64.b64encode(flipped).decode()) is None
+
+
+def test_signatures_of_the_first_format_still_open() -> None:
+    """Clients replay signatures for a whole session: one sealed before short reasoning
+    went as is (zlib.compress's defaults, version 0x01) opens to its text."""
+    import zlib
+
+    cipher, _ = signatures._keys(KEY)
+    text = "Reasoning sealed by an older gateway."
+    packed = zlib.compress(text.encode(), 6)
+    nonce = b"\x07" * 12  # opening never recomputes the nonce
+    old = base64.b64encode(b"\x01" + nonce + cipher.encrypt(nonce, packed, signatures._AAD))
+    assert open_signature(KEY, old.decode()) == text
+
+
 def _tampered(sig: str, at: int) -> str:
     raw = bytearray(base64.b64decode(sig))
     raw[at] ^= 1

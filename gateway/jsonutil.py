@@ -95,6 +95,20 @@ def dumpb(obj: Any) -> bytes:
     ).encode()
 
 
+# A string with nothing JSON escapes (quote, backslash, control characters): with
+# ensure_ascii=False and escape_forward_slashes=False, ujson writes it as is, in quotes.
+_PLAIN_STRING = re.compile(r'[^"\\\x00-\x1f]*+').fullmatch
+
+
+def dumpb_str(text: str) -> bytes:
+    """``dumpb(text)`` for a str, the same bytes, without ujson for text that needs no
+    escape (a stream's deltas, one per chunk). A lone surrogate raises UnicodeEncodeError
+    as :func:`dumpb` does."""
+    if _PLAIN_STRING(text) is not None:
+        return b'"%s"' % text.encode()
+    return dumpb(text)
+
+
 def loads(data: bytes | str) -> Any:
     """Decode strict JSON; raises ValueError on anything that is not, JSONInputError (a
     ValueError) naming the path for what no request may hold."""

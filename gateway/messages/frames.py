@@ -37,6 +37,6 @@ def clean(text: str) -> str:
 
 def jstr(text: str) -> bytes:
     try:
-        return jsonutil.dumpb(text)
+        return jsonutil.dumpb_str(text)
     except UnicodeEncodeError:
         return jsonutil.dumpb(clean(text))

@@ -168,7 +168,7 @@ class StreamTranslator:
 
     def feed(self, payload: bytes) -> bytes:
         """One upstream ``data:`` payload -> the Anthropic SSE bytes it produces."""
-        if payload == frames.DONE or payload.strip() == frames.DONE:
+        if payload[:1] != b"{" and (payload == frames.DONE or payload.strip() == frames.DONE):
             return self._on_done()
         try:
             chunk = jsonutil.loads_upstream(payload)
@@ -316,7 +316,7 @@ class StreamTranslator:
             self._close_block(out, flush=True)
             self._open(THINKING, frames.THINKING_SHELL, frames.THINKING_DELTA, out)
         try:
-            body = jsonutil.dumpb(text)
+            body = jsonutil.dumpb_str(text)
         except UnicodeEncodeError:
             text = frames.clean(text)
             body = jsonutil.dumpb(text)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.sse import SSEDecoder, encode_event
 from gateway.writer import PING
@@ -140,3 +142,33 @@ def test_an_event_name_read_alone_is_not_idle() -> None:
     assert not d.idle
     assert d.feed_named(b"data: {}\n\n") == [(b"response.created", b"{}")]
     assert d.idle
+
+
+_PIECES = [b"data: ", b"data:", b"data", b"event: x", b": c", b"id: 1", b"\n", b"\n\n", b"\r",
+           b"\r\n", b'{"a":1}', b"[DONE]", b" ", b"q" * 40]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=30), st.integers(1, 7))
+def test_whole_reads_decode_as_line_by_line(pieces: list[bytes], step: int) -> None:
+    """A read holding whole events takes the split-at-blank-lines path; reads cut
+    anywhere take the line path: both give the same payloads (the size guards have
+    tests of their own above)."""
+    body = b"".join(pieces)
+
+    def run(chunks: list[bytes]) -> list[bytes]:
+        d = SSEDecoder()
+        out: list[bytes] = []
+        for c in chunks:
+            out += d.feed(c)
+        return out + d.flush()
+
+    whole = run([body])
+    assert whole == run([body[i:i + step] for i in range(0, len(body), step)])
+
+
+def test_one_data_line_events_keep_the_size_guard() -> None:
+    d = SSEDecoder(max_event_bytes=64)
+    assert d.feed(b"data: " + b"q" * 63 + b"\n\n") == [b"q" * 63]
+    with pytest.raises(ValueError, match="size limit"):
+        d.feed(b"data: " + b"q" * 64 + b"\n\n")

@@ -41,8 +41,9 @@ SECRETS = web.AppKey("secrets", Redactor)
 API = web.RequestKey("api", str)  # metrics.APIS (messages, chat, ...), or "" for others
 REQUEST_ID = web.RequestKey("request_id", str)
 MODEL = web.RequestKey("model", str)  # the routed alias (config value, safe as a label)
-UPSTREAM = web.RequestKey("upstream", str)
+UPSTREAM: web.RequestKey[str | None] = web.RequestKey("upstream")
 STREAM = web.RequestKey("stream", bool)
 STREAM_RESPONSE = web.RequestKey("stream_response", web.StreamResponse)
-ERROR = web.RequestKey("error", tuple)  # (error.type, client-safe message or None)
+# (error.type, client-safe message or None)
+ERROR: web.RequestKey[tuple[str, str | None] | None] = web.RequestKey("error")
 OPENAI_ERRORS = web.RequestKey("openai_errors", bool)  # render errors in OpenAI's shape

@@ -28,6 +28,7 @@ compute ``rate()``.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any
 
 from prometheus_client import (
@@ -89,6 +90,30 @@ _OVERHEAD = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025
              0.25, 1.0)
 
 
+class _Observer:
+    """A histogram child whose ``observe`` finds the bucket by bisection.
+
+    prometheus-client's ``observe`` walks the bounds in Python (up to 16 steps here) and
+    checks the metric's type again; this one does what it does, in one C call, on the
+    child's own values (per-process or multiprocess alike). Everything else is the child's.
+    """
+
+    __slots__ = ("_bounds", "_buckets", "_sum", "child")
+
+    def __init__(self, child: Histogram) -> None:
+        self.child = child
+        self._bounds = list(child._upper_bounds)  # ends with +Inf: every amount has a bucket
+        self._buckets = child._buckets
+        self._sum = child._sum
+
+    def observe(self, amount: float) -> None:
+        self._sum.inc(amount)
+        self._buckets[bisect_left(self._bounds, amount)].inc(1)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.child, name)
+
+
 class _Memo:
     """A metric whose ``labels()`` children are cached by label values.
 
@@ -106,7 +131,10 @@ class _Memo:
     def labels(self, *values: str) -> Any:
         child = self._children.get(values)
         if child is None:
-            child = self._children[values] = self.metric.labels(*values)
+            child = self.metric.labels(*values)
+            if isinstance(child, Histogram):
+                child = _Observer(child)
+            self._children[values] = child
         return child
 
     def __getattr__(self, name: str) -> Any:

@@ -150,6 +150,12 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
     api = _APIS.get(route)
     request[API] = api or ""
     request[REQUEST_ID] = request_id
+    # what the handlers fill in, defaulted here so that reading it is a plain lookup
+    # (a request's .get() is Mapping's, a try/except around __getitem__)
+    request[MODEL] = ""
+    request[UPSTREAM] = None
+    request[STREAM] = False
+    request[ERROR] = None
     # request_id is the only context variable bound anywhere, and every request binds it
     # first: requests on one keep-alive connection share a task, and the new id replaces
     # the old one, so nothing needs clearing
@@ -207,19 +213,19 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             prepared = _prepared(request)
             status = prepared.status if prepared is not None else 499
         duration = time.perf_counter() - start
-        model = request.get(MODEL, "")
-        stream = "true" if request.get(STREAM) else "false"
+        model = request[MODEL]
+        stream = "true" if request[STREAM] else "false"
         if api is not None:
             metrics.requests.labels(api, model, str(status), stream).inc()
             metrics.request_duration.labels(api, model, stream).observe(duration)
         if route not in ("health", "ready", "metrics"):
-            error = request.get(ERROR)
+            error = request[ERROR]
             redact = app[SECRETS]
             query = request.rel_url.raw_query_string
             log.access({"request_id": request_id, "method": request.method, "route": route,
-                        "model": model or None, "upstream": request.get(UPSTREAM),
+                        "model": model or None, "upstream": request[UPSTREAM],
                         "status": status, "duration_ms": round(duration * 1000, 3),
-                        "stream": request.get(STREAM, False),
+                        "stream": request[STREAM],
                         "query": redact(_query_names(query)) or None if query else None,
                         "error_type": error[0] if error else None,
                         "error": redact(error[1]) if error and error[1] is not None else None})

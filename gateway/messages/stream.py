@@ -229,7 +229,8 @@ class StreamTranslator:
         return b"".join(out)
 
     def _on_chunk(self, chunk: dict[str, Any], out: list[bytes]) -> None:
-        self._expect(_LIVE, "chunk")
+        if self.state is not _BLOCK_OPEN:  # the common case checked inline: once per chunk
+            self._expect(_LIVE, "chunk")
         usage = chunk.get("usage")
         if usage is not None:
             counts = tables.usage_tokens(usage)
@@ -289,7 +290,8 @@ class StreamTranslator:
             self._matched = tables.matched_stop_sequence(choice, self._stop_sequences)
 
     def _on_text(self, text: str, out: list[bytes]) -> None:
-        self._expect(_OPEN_ONLY, "text delta")
+        if self.state is not _BLOCK_OPEN:
+            self._expect(_OPEN_ONLY, "text delta")
         if self._kind != TEXT:
             self._close_block(out, flush=True)
             self._open(TEXT, frames.TEXT_SHELL, frames.TEXT_DELTA, out)
@@ -311,7 +313,8 @@ class StreamTranslator:
             self._open_tool(call, out)
 
     def _on_thinking(self, text: str, out: list[bytes]) -> None:
-        self._expect(_OPEN_ONLY, "thinking delta")
+        if self.state is not _BLOCK_OPEN:
+            self._expect(_OPEN_ONLY, "thinking delta")
         if self._kind != THINKING:
             self._close_block(out, flush=True)
             self._open(THINKING, frames.THINKING_SHELL, frames.THINKING_DELTA, out)

@@ -193,7 +193,7 @@ async def _pump(up: UpstreamResponse, translator: StreamTranslator,
     """
     decoder = SSEDecoder()
     clock = time.perf_counter
-    feed = translator.feed
+    feed_all = translator.feed_all
     for_chunk = decoder.feed
     progress = up.progress
     async for chunk in up.chunks():
@@ -201,25 +201,21 @@ async def _pump(up: UpstreamResponse, translator: StreamTranslator,
         if timing.last_chunk:
             inter_chunk.observe(now - timing.last_chunk)
         timing.last_chunk = now
-        out = []
-        data = b""
-        for data in for_chunk(chunk):
-            out.append(feed(data))
-            if translator.done:
-                break
+        payloads = for_chunk(chunk)
+        out = feed_all(payloads) if payloads else b""
         timing.translate += clock() - now
-        if out:
+        if payloads:
             progress()  # events, not blank lines or comments, keep a stream alive
             if not timing.first_token and translator.output_started:
                 timing.first_token = now
                 if ttft is not None:
                     ttft.observe(now - t0)
-            await write(b"".join(out))
+            if out:
+                await write(out)
         if translator.done:
-            up.release_if_complete(ended=data == b"[DONE]")
+            up.release_if_complete(ended=translator.ended_by_done)
             return
-    tail = [feed(d) for d in decoder.flush() if not translator.done]
-    await write(b"".join(tail) + translator.eof())
+    await write(feed_all(decoder.flush()) + translator.eof())
 
 
 async def count_tokens(request: web.Request) -> web.Response:

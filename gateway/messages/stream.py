@@ -62,7 +62,7 @@ Transitions (``State``; every ``_on_*`` method names the states it accepts and r
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gateway import errors, jsonutil
@@ -88,6 +88,8 @@ class IllegalTransition(RuntimeError):
 
 _PRE_START = State.PRE_START
 _BLOCK_OPEN = State.BLOCK_OPEN
+_FINISHED = State.FINISHED
+_ERRORED = State.ERRORED
 _LIVE = (State.PRE_START, State.BLOCK_OPEN)
 _OPEN_ONLY = (State.BLOCK_OPEN,)
 
@@ -130,6 +132,7 @@ class StreamTranslator:
         self._matched: str | None = None
         self._usage_seen = False
         self._content_chunks = 0
+        self.ended_by_done = False  # the upstream's [DONE] ended it (its body ends next)
         # the open block
         self._kind = NONE
         self._index = -1
@@ -168,29 +171,49 @@ class StreamTranslator:
 
     def feed(self, payload: bytes) -> bytes:
         """One upstream ``data:`` payload -> the Anthropic SSE bytes it produces."""
+        out: list[bytes] = []
+        self._payload(payload, out)
+        return b"".join(out)
+
+    def feed_all(self, payloads: Iterable[bytes]) -> bytes:
+        """:meth:`feed` of each payload in turn, up to the end of the message (what
+        follows it is dropped): the bytes of all of them, joined once."""
+        out: list[bytes] = []
+        payload = self._payload
+        for data in payloads:
+            state = self.state
+            if state is _FINISHED or state is _ERRORED:
+                break
+            payload(data, out)
+        return b"".join(out)
+
+    def _payload(self, payload: bytes, out: list[bytes]) -> None:
         if payload[:1] != b"{" and (payload == frames.DONE or payload.strip() == frames.DONE):
-            return self._on_done()
+            out.append(self._on_done())
+            self.ended_by_done = True
+            return
         try:
             chunk = jsonutil.loads_upstream(payload)
         except ValueError:
-            return self._on_failure(errors.StreamProcessingError(), "malformed_chunk")
+            out.append(self._on_failure(errors.StreamProcessingError(), "malformed_chunk"))
+            return
         if type(chunk) is not dict:
-            return self._on_failure(errors.StreamProcessingError(), "malformed_chunk")
+            out.append(self._on_failure(errors.StreamProcessingError(), "malformed_chunk"))
+            return
         if chunk.get("error") is not None:
-            return self._on_failure(
+            out.append(self._on_failure(
                 errors.from_inband(chunk, hosts=self._hosts, secrets=self._secrets),
-                "upstream_error")
+                "upstream_error"))
+            return
         if chunk.get("object") == "error":
-            return self._on_failure(
+            out.append(self._on_failure(
                 errors.from_inband({"error": chunk}, hosts=self._hosts, secrets=self._secrets),
-                "upstream_error"
-            )
-        out: list[bytes] = []
+                "upstream_error"))
+            return
         try:
             self._on_chunk(chunk, out)
         except Malformed:
             self._fail_into(out, errors.StreamProcessingError(), "malformed_chunk")
-        return b"".join(out)
 
     def eof(self) -> bytes:
         """The upstream body ended (after the decoder's flush was fed)."""

@@ -27,7 +27,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-try:  # the bench extra installs orjson; ujson (a gateway dependency) otherwise
+try:  # the bench extra installs orjson; ujson (the gateway's) otherwise, or when asked
+    if os.environ.get("LEAN_FLOOR_JSON") == "ujson":
+        raise ImportError("ujson asked for")
     from orjson import dumps, loads
 except ImportError:  # pragma: no cover - depends on the environment
     import ujson

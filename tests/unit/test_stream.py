@@ -343,3 +343,18 @@ def test_checker_rejects(name: str) -> None:
     assert BROKEN[name] != _GOOD
     with pytest.raises(AssertionError):
         check_stream(BROKEN[name])
+
+
+def test_feed_all_stops_at_the_end_of_the_message() -> None:
+    """What follows [DONE] (or a failure) in the same read is dropped, never a transition
+    out of a terminal state; a terminal translator takes nothing more."""
+    chunk = b'{"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}'
+    t = _t()
+    out = t.feed_all([chunk, b"[DONE]", chunk, b"[DONE]"])
+    assert out.count(b"text_delta") == 1 and out.endswith(b'{"type":"message_stop"}\n\n')
+    assert t.done and t.ended_by_done
+    assert t.feed_all([chunk]) == b""
+    t = _t()
+    out = t.feed_all([chunk, b"{not json", chunk])
+    assert t.state is State.ERRORED and out.count(b"text_delta") == 1
+    assert not t.ended_by_done

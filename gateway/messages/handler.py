@@ -21,7 +21,7 @@ from aiohttp import web
 
 from gateway import errors, ids, jsonutil, routing, streaming
 from gateway.admission import admitted
-from gateway.appkeys import CONFIG, METRICS, REQUEST_ID, SECRETS, STREAM
+from gateway.appkeys import CONFIG, METRICS, REQUEST_ID, SECRETS, STREAM, UPSTREAMS
 from gateway.body import read_json
 from gateway.config import ModelRoute
 from gateway.messages import documents, tokens
@@ -46,61 +46,97 @@ async def _pdfs_as_text(req: dict[str, Any]) -> dict[str, Any]:
     return await asyncio.to_thread(documents.pdfs_to_text, req, where)
 
 
+class Call:
+    """One Messages request made ready for its upstream: what both an interactive request
+    and a batch request (gateway/batches/) send, and how the reply is read back."""
+
+    __slots__ = ("client", "match_stops", "payload", "req", "route", "stops", "stream",
+                 "upstream_stream")
+
+    def __init__(self, app: web.Application, req: dict[str, Any], route: ModelRoute) -> None:
+        server = app[CONFIG].server
+        self.req = req
+        self.route = route
+        self.stream = req.get("stream") is True
+        self.stops = _stops(req)
+        # An upstream that cannot say which stop string matched is streamed even for a
+        # buffered reply: the gateway matches the stop sequences itself and cuts it there.
+        self.match_stops = bool(self.stops) and route.upstream.kind in LOCAL_STOP_KINDS
+        self.upstream_stream = self.stream or self.match_stops
+        chat_req = to_chat(req if self.upstream_stream == self.stream
+                           else {**req, "stream": True}, route,
+                           keep_billing_header=server.keep_billing_header,
+                           on_drop=app[METRICS].drop_field)
+        self.payload = jsonutil.dumpb(chat_req)
+        self.client = app[UPSTREAMS][route.upstream.name]
+
+    def translator(self, app: web.Application) -> StreamTranslator:
+        return StreamTranslator(
+            model=self.req["model"], message_id=ids.new_message_id(),
+            signing_key=app[CONFIG].server.signing_key, stop_sequences=self.stops,
+            match_stops=self.match_stops,
+            input_tokens=tokens.estimate_from_bytes(len(self.payload)),
+            hosts=self.client.hosts, secrets=app[SECRETS],
+            hide_thinking=hides_thinking(self.req))
+
+    async def reply(self, app: web.Application, up: UpstreamResponse,
+                    overhead: float | None = None) -> dict[str, Any]:
+        """The buffered reply (a ``message`` object) from the upstream's answer; a failure
+        raises its GatewayError. ``overhead``: the time spent before the upstream call, to
+        observe with this translation's as the request's own CPU-bound time."""
+        metrics = app[METRICS]
+        route = self.route
+        if self.upstream_stream:
+            events = await _collect(up, self.translator(app), metrics, route)
+            t1 = time.perf_counter()
+            message = aggregate(events)
+        else:
+            raw = await up.read()
+            t1 = time.perf_counter()
+            message = self._from_chat(app, raw)
+        if overhead is not None:
+            metrics.overhead.labels("messages").observe(overhead + time.perf_counter() - t1)
+        return message
+
+    def _from_chat(self, app: web.Application, raw: bytes) -> dict[str, Any]:
+        metrics = app[METRICS]
+        route = self.route
+        try:
+            completion = jsonutil.loads_upstream(raw)
+        except ValueError:
+            raise errors.StreamProcessingError() from None
+        return from_chat(
+            completion, model=self.req["model"], stop_sequences=self.stops,
+            signing_key=app[CONFIG].server.signing_key,
+            on_bad_tool_args=lambda: _bad_tool_args(metrics, route.name, 1),
+            hide_thinking=hides_thinking(self.req),
+            hosts=self.client.hosts, secrets=app[SECRETS],
+        )
+
+
+async def prepare(app: web.Application, req: dict[str, Any], route: ModelRoute) -> Call:
+    """A validated request's replayed reasoning restored and its PDFs made text, ready."""
+    restore_reasoning(req, app[CONFIG].server.signing_key)
+    return Call(app, await _pdfs_as_text(req), route)
+
+
 async def create_message(request: web.Request) -> web.StreamResponse:
     t0 = time.perf_counter()
     app = request.app
-    server = app[CONFIG].server
-    metrics = app[METRICS]
     req = validate_messages(await read_json(request))
-    restore_reasoning(req, server.signing_key)
+    restore_reasoning(req, app[CONFIG].server.signing_key)
     route = routing.resolve(request, req["model"])
-    req = await _pdfs_as_text(req)
-    stream = req.get("stream") is True
-    request[STREAM] = stream
-    stops = _stops(req)
-    # An upstream that cannot say which stop string matched is streamed even for a
-    # buffered reply: the gateway matches the stop sequences itself and cuts it there.
-    match_stops = bool(stops) and route.upstream.kind in LOCAL_STOP_KINDS
-    upstream_stream = stream or match_stops
-    chat_req = to_chat(req if upstream_stream == stream else {**req, "stream": True}, route,
-                       keep_billing_header=server.keep_billing_header,
-                       on_drop=metrics.drop_field)
-    payload = jsonutil.dumpb(chat_req)
-    client = routing.client_for(request, route)
+    call = Call(app, await _pdfs_as_text(req), route)
+    request[STREAM] = call.stream
     overhead = time.perf_counter() - t0
     with admitted(request, route):
-        up = await routing.send(request, route, client, "/chat/completions", payload,
-                                stream=upstream_stream, max_tokens=req.get("max_tokens"))
+        up = await routing.send(request, route, call.client, "/chat/completions", call.payload,
+                                stream=call.upstream_stream, max_tokens=req.get("max_tokens"))
         async with up:
-            if upstream_stream:
-                translator = StreamTranslator(
-                    model=req["model"], message_id=ids.new_message_id(),
-                    signing_key=server.signing_key, stop_sequences=stops,
-                    match_stops=match_stops, input_tokens=tokens.estimate_from_bytes(len(payload)),
-                    hosts=client.hosts, secrets=app[SECRETS],
-                    hide_thinking=hides_thinking(req))
-                if stream:
-                    return await _stream(request, route, up, translator, t0, overhead)
-                events = await _collect(up, translator, metrics, route)
-            else:
-                raw = await up.read()
-        t1 = time.perf_counter()
-        if upstream_stream:
-            message = aggregate(events)
-        else:
-            try:
-                completion = jsonutil.loads_upstream(raw)
-            except ValueError:
-                raise errors.StreamProcessingError() from None
-            message = from_chat(
-                completion, model=req["model"], stop_sequences=stops,
-                signing_key=server.signing_key,
-                on_bad_tool_args=lambda: _bad_tool_args(metrics, route.name, 1),
-                hide_thinking=hides_thinking(req),
-                hosts=client.hosts, secrets=app[SECRETS],
-            )
+            if call.stream:
+                return await _stream(request, route, up, call.translator(app), t0, overhead)
+            message = await call.reply(app, up, overhead)
         body = jsonutil.dumpb(message)
-        metrics.overhead.labels("messages").observe(overhead + time.perf_counter() - t1)
     _count_reply(request, route, message["stop_reason"],
                  (message["usage"]["input_tokens"], message["usage"]["output_tokens"]))
     return web.Response(body=body, content_type="application/json",

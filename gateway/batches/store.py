@@ -1,0 +1,585 @@
+"""The batch store: one SQL layer (SQLAlchemy Core) over SQLite (default) or PostgreSQL.
+
+Times are UNIX epoch seconds (float). ``owner`` is an opaque string ("" when the gateway has
+no API keys). A request's ``params`` and ``result`` are JSON bytes.
+
+Facts the code relies on:
+
+- Every method runs its SQL on one worker thread the store owns, so the event loop never
+  blocks on the database; each call is one transaction. A caller cancelled while its call runs
+  does not cancel the transaction: a claim it never sees is leased anyway, and run again when
+  its lease lapses.
+- Exactly-once claims. SQLite: every write transaction is ``BEGIN IMMEDIATE`` (pysqlite's own
+  transaction handling is turned off), so writers in all threads and processes sharing the file
+  serialize, and a claim's select and update are one step. WAL with ``synchronous=NORMAL``:
+  a committed transaction survives a SIGKILL of the process (not a power cut). PostgreSQL: a
+  claim selects ``FOR UPDATE SKIP LOCKED``; under READ COMMITTED a row another claim took
+  meanwhile is re-checked against the WHERE clause once locked, and dropped.
+- Lock order on PostgreSQL is always batch row, then its request rows (``finish``, ``cancel``,
+  ``expire``, ``delete``), so two transactions never wait on each other in a cycle. ``finish``
+  locks the batch row before it looks for unfinished requests: of two requests finishing at
+  once, the second to commit sees the first done and ends the batch.
+- A request whose lease lapsed in a canceling batch (its worker died) is never claimed again;
+  ``expire`` counts it canceled, so the batch ends instead of waiting for its expiry.
+- Database failures become ``StoreError`` with the driver's first line; the password, if any,
+  is scrubbed out of it, and the URL is never quoted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import event, exc
+from sqlalchemy.engine import Connection, Engine, make_url
+
+T = TypeVar("T")
+
+_RESULTS_PAGE = 1000
+_BUSY_TIMEOUT_S = 30.0
+_SCHEMA_LOCK = 0x6C6C6D67  # PostgreSQL advisory lock taken while creating the tables
+
+
+class StoreError(Exception):
+    """The database failed: unreachable, full, corrupt, locked for too long. Its message is
+    safe to log (no password); the routes answer it as a 5xx envelope."""
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    id: str
+    owner: str
+    created_at: float
+    expires_at: float
+    ended_at: float | None
+    cancel_initiated_at: float | None
+    total: int
+    succeeded: int
+    errored: int
+    canceled: int
+    expired: int
+
+
+@dataclass(frozen=True)
+class Claimed:
+    batch_id: str
+    idx: int
+    custom_id: str
+    model: str
+    params: bytes
+    attempts: int  # including this one
+
+
+# -- schema ---------------------------------------------------------------------------------
+
+_md = sa.MetaData()
+# ``seq`` orders batches; it is the integer primary key because SQLite autoincrements only
+# that (a rowid alias). ``id`` is unique and what requests refer to.
+_batches = sa.Table(
+    "llm_gateway_batches", _md,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True,
+              autoincrement=True),
+    sa.Column("id", sa.String(64), nullable=False, unique=True),
+    sa.Column("owner", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+    sa.Column("ended_at", sa.Float),
+    sa.Column("cancel_initiated_at", sa.Float),
+    sa.Column("total", sa.Integer, nullable=False),
+    sa.Column("succeeded", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("errored", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("canceled", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("expired", sa.Integer, nullable=False, server_default="0"),
+)
+_requests = sa.Table(
+    "llm_gateway_batch_requests", _md,
+    sa.Column("batch_id", sa.String(64),
+              sa.ForeignKey("llm_gateway_batches.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("idx", sa.Integer, primary_key=True),
+    sa.Column("custom_id", sa.String(64), nullable=False),
+    sa.Column("model", sa.Text, nullable=False),
+    sa.Column("params", sa.LargeBinary, nullable=False),
+    sa.Column("state", sa.String(8), nullable=False),  # queued | running | done
+    sa.Column("result_type", sa.String(10)),  # succeeded | errored | canceled | expired
+    sa.Column("result", sa.LargeBinary),
+    sa.Column("lease_owner", sa.Text),
+    sa.Column("lease_until", sa.Float),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("not_before", sa.Float, nullable=False, server_default="0"),
+    # a claim walks one batch's queued (or running) requests in idx order; finish asks
+    # whether any is left; stats counts unfinished requests per model
+    sa.Index("llm_gateway_batch_requests_work", "batch_id", "state", "idx"),
+    sa.Index("llm_gateway_batch_requests_state_model", "state", "model"),
+)
+_b, _r = _batches.c, _requests.c
+_BATCH_COLS = (_b.id, _b.owner, _b.created_at, _b.expires_at, _b.ended_at,
+               _b.cancel_initiated_at, _b.total, _b.succeeded, _b.errored, _b.canceled,
+               _b.expired)
+_UNFINISHED = ("queued", "running")
+
+_DB_ERRORS = (exc.SQLAlchemyError, sqlite3.Error, OSError)
+
+
+def _row(r: Any) -> BatchRow:
+    return BatchRow(r.id, r.owner, r.created_at, r.expires_at, r.ended_at,
+                    r.cancel_initiated_at, r.total, r.succeeded, r.errored, r.canceled,
+                    r.expired)
+
+
+# -- engines --------------------------------------------------------------------------------
+
+def _sqlite_engine(path: str | None) -> Engine:
+    """An engine whose write transactions are BEGIN IMMEDIATE (reads: a deferred BEGIN)."""
+    engine = sa.create_engine(
+        f"sqlite:///{path}" if path else "sqlite://",
+        connect_args={"timeout": _BUSY_TIMEOUT_S, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (below)
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
+            cur.execute("PRAGMA journal_mode = WAL")
+            cur.execute("PRAGMA synchronous = NORMAL")
+            cur.execute("PRAGMA foreign_keys = ON")
+        finally:
+            cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        read = conn.get_execution_options().get("gateway_read", False)
+        conn.exec_driver_sql("BEGIN" if read else "BEGIN IMMEDIATE")
+
+    return engine
+
+
+def _sqlite_path(url: str) -> str | None:
+    """The file of a sqlite URL or bare path, made absolute; None for an in-memory database.
+    SQLAlchemy's convention: ``sqlite:///rel/path``, ``sqlite:////abs/path``."""
+    if url.startswith("sqlite:"):
+        if not url.startswith(("sqlite://", "sqlite:///")) or "?" in url:
+            raise StoreError("batch database: malformed sqlite URL (sqlite:////ABS/PATH)")
+        path = url.removeprefix("sqlite://").removeprefix("/")
+        if path in ("", ":memory:"):
+            return None
+    else:
+        path = url
+    return str(Path(path).expanduser().absolute())
+
+
+def _check_dir(path: str) -> None:
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise StoreError(f"batch database {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise StoreError(f"batch database {path}: directory {parent} is not writable")
+    if Path(path).is_dir():
+        raise StoreError(f"batch database {path} is a directory")
+
+
+# -- the store ------------------------------------------------------------------------------
+
+class BatchStore:
+    """Batches and their requests in one database; see the module docstring."""
+
+    def __init__(self, engine: Engine, where: str, password: str | None,
+                 executor: ThreadPoolExecutor) -> None:
+        self._engine = engine
+        self._reader = engine.execution_options(gateway_read=True)
+        self._pg = engine.dialect.name == "postgresql"
+        self._where = where  # for messages: a file path or "postgresql database DB at HOST"
+        self._password = password
+        self._executor = executor
+        self._closed = False
+
+    @classmethod
+    def open(cls, url: str) -> BatchStore:
+        """Open (and create if absent) the store at ``url``: ``sqlite:///ABS/PATH``, a bare
+        file path (SQLite), or ``postgresql://user:pw@host:port/db`` (psycopg 3). Creates
+        the tables if absent (several processes may do so at once), checks the schema with
+        a cheap query, and raises StoreError naming the file or server on any failure."""
+        password: str | None = None
+        if url.startswith(("postgresql:", "postgres:", "postgresql+psycopg:")):
+            try:
+                parsed = make_url(url).set(drivername="postgresql+psycopg")
+            except (exc.ArgumentError, ValueError):
+                raise StoreError("batch database: malformed postgresql URL") from None
+            password = parsed.password if isinstance(parsed.password, str) else None
+            where = (f"postgresql database {parsed.database or '?'} at "
+                     f"{parsed.host or 'localhost'}:{parsed.port or 5432}")
+            try:
+                engine = sa.create_engine(parsed, pool_pre_ping=True,
+                                          connect_args={"connect_timeout": 10})
+            except (exc.SQLAlchemyError, ImportError) as e:
+                raise StoreError(f"{where}: {type(e).__name__} (is the postgresql extra "
+                                 "installed? pip install 'llm-gateway[postgresql]')") from None
+        elif "://" in url and not url.startswith("sqlite:"):
+            scheme = url.split("://", 1)[0]
+            raise StoreError(f"batch database: unsupported URL scheme {scheme!r} "
+                             "(sqlite:///PATH, a file path, or postgresql://)")
+        else:
+            path = _sqlite_path(url)
+            where = path or "in-memory sqlite database"
+            if path is not None:
+                _check_dir(path)
+            engine = _sqlite_engine(path)
+        store = cls(engine, where, password,
+                    ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-store"))
+        try:
+            store._executor.submit(store._call, "open", store._setup, True).result()
+        except BaseException:
+            store._shutdown()
+            raise
+        return store
+
+    def _setup(self, conn: Connection) -> None:
+        if self._pg:  # two replicas starting at once: one creates, the other then sees it
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK})
+        _md.create_all(conn, checkfirst=True)
+        conn.execute(sa.select(*_batches.c).limit(0)).all()
+        conn.execute(sa.select(*_requests.c).limit(0)).all()
+
+    def _shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._executor.submit(self._engine.dispose).result()
+        self._executor.shutdown(wait=True)
+
+    async def close(self) -> None:
+        """Dispose of the engine (its connections) and stop the worker thread."""
+        await asyncio.get_running_loop().run_in_executor(None, self._shutdown)
+
+    # -- plumbing --
+
+    def _call(self, op: str, fn: Callable[[Connection], T], write: bool) -> T:
+        """Run ``fn`` in one transaction (on the worker thread); failures become StoreError."""
+        try:
+            with (self._engine if write else self._reader).begin() as conn:
+                return fn(conn)
+        except _DB_ERRORS as e:
+            raise StoreError(self._describe(op, e)) from None
+
+    def _describe(self, op: str, e: BaseException) -> str:
+        orig = e.orig if isinstance(e, exc.DBAPIError) and e.orig is not None else e
+        first = (str(orig).strip().splitlines() or [""])[0][:200]
+        if self._password:
+            first = first.replace(self._password, "***")
+        return f"batch store {op} failed ({self._where}): {type(orig).__name__}: {first}"
+
+    async def _run(self, op: str, fn: Callable[[Connection], T], write: bool = True) -> T:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._call, op, fn, write)
+        except RuntimeError as e:  # the executor was shut down
+            raise StoreError(f"batch store {op} failed: the store is closed") from e
+
+    def _owned(self, batch_id: str, owner: str | None) -> Any:
+        cond = _b.id == batch_id
+        return cond if owner is None else sa.and_(cond, _b.owner == owner)
+
+    def _lock_batch(self, conn: Connection, where: Any) -> Any:
+        q = sa.select(*_BATCH_COLS).where(where)
+        return conn.execute(q.with_for_update() if self._pg else q).first()
+
+    # -- batches --
+
+    async def create(self, batch_id: str, owner: str,
+                     requests: Sequence[tuple[str, str, bytes]], now: float,
+                     expires_at: float) -> BatchRow:
+        """Insert the batch and all its ``(custom_id, model, params)`` requests (idx in
+        order, all queued) in one transaction. -> the new batch."""
+        row = BatchRow(batch_id, owner, now, expires_at, None, None, len(requests), 0, 0, 0, 0)
+
+        def tx(conn: Connection) -> BatchRow:
+            conn.execute(_batches.insert().values(
+                id=batch_id, owner=owner, created_at=now, expires_at=expires_at,
+                total=len(requests), succeeded=0, errored=0, canceled=0, expired=0))
+            if requests:
+                conn.execute(_requests.insert(), [
+                    {"batch_id": batch_id, "idx": i, "custom_id": cid, "model": model,
+                     "params": params, "state": "queued", "attempts": 0, "not_before": 0.0}
+                    for i, (cid, model, params) in enumerate(requests)])
+            return row
+
+        return await self._run("create", tx)
+
+    async def get(self, batch_id: str, owner: str | None) -> BatchRow | None:
+        """The batch, or None if absent or (``owner`` not None) another owner's."""
+        def tx(conn: Connection) -> BatchRow | None:
+            r = conn.execute(sa.select(*_BATCH_COLS).where(self._owned(batch_id, owner))).first()
+            return None if r is None else _row(r)
+
+        return await self._run("get", tx, write=False)
+
+    async def page(self, owner: str | None, limit: int, before_id: str | None,
+                   after_id: str | None) -> tuple[list[BatchRow], bool]:
+        """A page of ``owner``'s batches (any owner's if None), newest first. ``after_id``:
+        the ``limit`` batches that follow it in that order (older); ``before_id``: the
+        ``limit`` that precede it (newer), still newest first. -> (rows, has_more: more exist
+        beyond the page in the direction of travel). An unknown cursor (or another owner's)
+        gives an empty page with has_more False."""
+        def cursor_seq(conn: Connection, cursor: str) -> int | None:
+            r = conn.execute(sa.select(_b.seq).where(self._owned(cursor, owner))).first()
+            return None if r is None else int(r.seq)
+
+        def tx(conn: Connection) -> tuple[list[BatchRow], bool]:
+            q = sa.select(*_BATCH_COLS)
+            if owner is not None:
+                q = q.where(_b.owner == owner)
+            newer = False
+            for cursor, older in ((after_id, True), (before_id, False)):
+                if cursor is None:
+                    continue
+                seq = cursor_seq(conn, cursor)
+                if seq is None:
+                    return [], False
+                q = q.where(_b.seq < seq if older else _b.seq > seq)
+                newer = newer or not older
+            if newer and after_id is None:  # walk up from the cursor, then reverse
+                rows = conn.execute(q.order_by(_b.seq.asc()).limit(limit + 1)).all()
+                return [_row(r) for r in reversed(rows[:limit])], len(rows) > limit
+            rows = conn.execute(q.order_by(_b.seq.desc()).limit(limit + 1)).all()
+            return [_row(r) for r in rows[:limit]], len(rows) > limit
+
+        return await self._run("page", tx, write=False)
+
+    async def cancel(self, batch_id: str, owner: str | None, now: float) -> BatchRow | None:
+        """Begin canceling: None if absent or not owned. If not ended and not already
+        canceling: set cancel_initiated_at, every queued request becomes done/canceled
+        (counted), and the batch ends now if none is running. Idempotent; an ended batch is
+        returned unchanged. -> the batch as it is after."""
+        def tx(conn: Connection) -> BatchRow | None:
+            r = self._lock_batch(conn, self._owned(batch_id, owner))
+            if r is None:
+                return None
+            if r.ended_at is not None or r.cancel_initiated_at is not None:
+                return _row(r)
+            n = conn.execute(_requests.update()
+                             .where(_r.batch_id == batch_id, _r.state == "queued")
+                             .values(state="done", result_type="canceled", result=None,
+                                     lease_owner=None, lease_until=None)).rowcount
+            running = conn.execute(sa.select(_r.idx).where(
+                _r.batch_id == batch_id, _r.state.in_(_UNFINISHED)).limit(1)).first()
+            conn.execute(_batches.update().where(_b.id == batch_id).values(
+                cancel_initiated_at=now, canceled=_b.canceled + n,
+                ended_at=None if running else now))
+            return _row(conn.execute(sa.select(*_BATCH_COLS).where(_b.id == batch_id)).one())
+
+        return await self._run("cancel", tx)
+
+    async def delete(self, batch_id: str, owner: str | None) -> bool | None:
+        """Delete an ended batch and its requests. -> None if absent or not owned, False
+        (nothing done) if it has not ended, True once deleted."""
+        def tx(conn: Connection) -> bool | None:
+            r = self._lock_batch(conn, self._owned(batch_id, owner))
+            if r is None:
+                return None
+            if r.ended_at is None:
+                return False
+            conn.execute(_requests.delete().where(_r.batch_id == batch_id))
+            conn.execute(_batches.delete().where(_b.id == batch_id))
+            return True
+
+        return await self._run("delete", tx)
+
+    # -- the queue --
+
+    async def claim(self, worker: str, models: Sequence[str], limit: int, now: float,
+                    lease: float) -> list[Claimed]:
+        """Lease up to ``limit`` requests for ``worker``: those whose model is in ``models``
+        that are queued with not_before <= now, or running with a lapsed lease (their worker
+        died: run again), in batches not ended, not canceling, not expired; oldest batch
+        first, then by idx. Each becomes running, leased to ``worker`` until now + lease,
+        attempts + 1. Exactly once across threads, processes and replicas (see the module
+        docstring)."""
+        if limit <= 0 or not models:
+            return []
+        models = list(models)
+
+        def tx(conn: Connection) -> list[Claimed]:
+            batch_ids = conn.execute(
+                sa.select(_b.id).where(_b.ended_at.is_(None), _b.cancel_initiated_at.is_(None),
+                                       _b.expires_at > now).order_by(_b.seq)).scalars().all()
+            claimed: list[Claimed] = []
+            for batch_id in batch_ids:
+                q = (sa.select(_r.idx, _r.custom_id, _r.model, _r.params, _r.attempts)
+                     .where(_r.batch_id == batch_id, _r.model.in_(models), sa.or_(
+                         sa.and_(_r.state == "queued", _r.not_before <= now),
+                         sa.and_(_r.state == "running", _r.lease_until < now)))
+                     .order_by(_r.idx).limit(limit - len(claimed)))
+                if self._pg:
+                    q = q.with_for_update(skip_locked=True)
+                rows = conn.execute(q).all()
+                if not rows:
+                    continue
+                conn.execute(
+                    _requests.update()
+                    .where(_r.batch_id == batch_id, _r.idx.in_([r.idx for r in rows]))
+                    .values(state="running", lease_owner=worker, lease_until=now + lease,
+                            attempts=_r.attempts + 1))
+                claimed += [Claimed(batch_id, r.idx, r.custom_id, r.model, bytes(r.params),
+                                    r.attempts + 1) for r in rows]
+                if len(claimed) >= limit:
+                    break
+            return claimed
+
+        return await self._run("claim", tx)
+
+    async def renew(self, worker: str, keys: Sequence[tuple[str, int]],
+                    lease_until: float) -> None:
+        """Extend to ``lease_until`` the leases of those (batch_id, idx) still running under
+        ``worker``; the others are left alone."""
+        if not keys:
+            return
+
+        def tx(conn: Connection) -> None:
+            conn.execute(
+                _requests.update()
+                .where(_r.batch_id == sa.bindparam("b_id"), _r.idx == sa.bindparam("b_idx"),
+                       _r.state == "running", _r.lease_owner == worker)
+                .values(lease_until=lease_until),
+                [{"b_id": b, "b_idx": i} for b, i in keys])
+
+        await self._run("renew", tx)
+
+    async def finish(self, worker: str, batch_id: str, idx: int, result_type: str,
+                     result: bytes | None, now: float) -> bool:
+        """Commit a request's result (``result_type`` succeeded or errored) only if it is
+        still running under ``worker``: otherwise (expired, canceled, or re-claimed after
+        our lease lapsed) nothing changes and -> False. In the same transaction, count it on
+        the batch, and end the batch (ended_at = now) if no request is left queued or
+        running. -> True once committed."""
+        if result_type not in ("succeeded", "errored"):
+            raise ValueError(f"finish: result_type {result_type!r}")
+
+        def tx(conn: Connection) -> bool:
+            self._lock_batch(conn, _b.id == batch_id)
+            done = conn.execute(
+                _requests.update()
+                .where(_r.batch_id == batch_id, _r.idx == idx, _r.state == "running",
+                       _r.lease_owner == worker)
+                .values(state="done", result_type=result_type, result=result,
+                        lease_owner=None, lease_until=None)).rowcount
+            if not done:
+                return False
+            left = conn.execute(sa.select(_r.idx).where(
+                _r.batch_id == batch_id, _r.state.in_(_UNFINISHED)).limit(1)).first()
+            values: dict[str, Any] = {result_type: _b[result_type] + 1}
+            if left is None:
+                values["ended_at"] = now
+            conn.execute(_batches.update().where(_b.id == batch_id).values(**values))
+            return True
+
+        return await self._run("finish", tx)
+
+    async def release(self, worker: str, batch_id: str, idx: int, not_before: float) -> None:
+        """A retryable failure: the request goes back to queued, claimable from
+        ``not_before``, its lease cleared (only if still running under ``worker``)."""
+        def tx(conn: Connection) -> None:
+            conn.execute(
+                _requests.update()
+                .where(_r.batch_id == batch_id, _r.idx == idx, _r.state == "running",
+                       _r.lease_owner == worker)
+                .values(state="queued", not_before=not_before, lease_owner=None,
+                        lease_until=None))
+
+        await self._run("release", tx)
+
+    async def expire(self, now: float) -> int:
+        """End every batch not ended whose expires_at <= now: its requests not done (queued
+        or running) become done/expired (counted), ended_at = now. Also end a canceling
+        batch whose running requests all have lapsed leases (their workers died): those
+        become canceled. -> the number of batches ended."""
+        def tx(conn: Connection) -> int:
+            ended = 0
+            due = conn.execute(sa.select(_b.id, _b.expires_at, _b.cancel_initiated_at).where(
+                _b.ended_at.is_(None),
+                sa.or_(_b.expires_at <= now, _b.cancel_initiated_at.is_not(None)))
+                .order_by(_b.seq)).all()
+            for d in due:
+                r = self._lock_batch(conn, _b.id == d.id)
+                if r is None or r.ended_at is not None:
+                    continue
+                mine = _r.batch_id == d.id
+                if r.expires_at <= now:
+                    n = conn.execute(_requests.update().where(mine, _r.state.in_(_UNFINISHED))
+                                     .values(state="done", result_type="expired", result=None,
+                                             lease_owner=None, lease_until=None)).rowcount
+                    values: dict[str, Any] = {"expired": _b.expired + n, "ended_at": now}
+                else:  # canceling
+                    n = conn.execute(_requests.update()
+                                     .where(mine, _r.state == "running", _r.lease_until < now)
+                                     .values(state="done", result_type="canceled",
+                                             result=None, lease_owner=None,
+                                             lease_until=None)).rowcount
+                    left = conn.execute(sa.select(_r.idx).where(
+                        mine, _r.state.in_(_UNFINISHED)).limit(1)).first()
+                    values = {"canceled": _b.canceled + n}
+                    if left is None:
+                        values["ended_at"] = now
+                    elif not n:
+                        continue
+                conn.execute(_batches.update().where(_b.id == d.id).values(**values))
+                ended += "ended_at" in values
+            return ended
+
+        return await self._run("expire", tx)
+
+    async def purge(self, now: float, retention: float) -> int:
+        """Delete the batches (and their requests) that ended before now - retention.
+        -> how many batches."""
+        def tx(conn: Connection) -> int:
+            old = _b.ended_at < now - retention
+            conn.execute(_requests.delete().where(
+                _r.batch_id.in_(sa.select(_b.id).where(old).scalar_subquery())))
+            return int(conn.execute(_batches.delete().where(old)).rowcount)
+
+        return await self._run("purge", tx)
+
+    async def results(self, batch_id: str) -> AsyncIterator[list[tuple[str, str, bytes | None]]]:
+        """The batch's results in idx order, in pages of at most 1000 ``(custom_id,
+        result_type, result JSON bytes or None for canceled/expired)``; each page is one
+        keyset query (idx > the last one seen) on the worker thread."""
+        last = -1
+        while True:
+            def tx(conn: Connection, after: int = last) -> list[Any]:
+                return list(conn.execute(
+                    sa.select(_r.idx, _r.custom_id, _r.result_type, _r.result)
+                    .where(_r.batch_id == batch_id, _r.idx > after)
+                    .order_by(_r.idx).limit(_RESULTS_PAGE)).all())
+
+            rows = await self._run("results", tx, write=False)
+            if not rows:
+                return
+            yield [(r.custom_id, r.result_type,
+                    None if r.result is None else bytes(r.result)) for r in rows]
+            if len(rows) < _RESULTS_PAGE:
+                return
+            last = rows[-1].idx
+
+    async def stats(self) -> dict[str, dict[str, int]]:
+        """``{"batches": {"in_progress", "canceling", "ended"}, "queued": {model: requests
+        queued or running}}``."""
+        status = sa.case((_b.ended_at.is_not(None), "ended"),
+                         (_b.cancel_initiated_at.is_not(None), "canceling"),
+                         else_="in_progress")
+
+        def tx(conn: Connection) -> dict[str, dict[str, int]]:
+            batches = {"in_progress": 0, "canceling": 0, "ended": 0}
+            for name, n in conn.execute(sa.select(status, sa.func.count()).group_by(status)):
+                batches[name] = int(n)
+            queued = {m: int(n) for m, n in conn.execute(
+                sa.select(_r.model, sa.func.count()).where(_r.state.in_(_UNFINISHED))
+                .group_by(_r.model))}
+            return {"batches": batches, "queued": queued}
+
+        return await self._run("stats", tx, write=False)

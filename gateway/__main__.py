@@ -25,6 +25,7 @@ from aiohttp import web
 from gateway import __version__, config, log, notify
 from gateway.app import build_app
 from gateway.appkeys import METRICS, STATE
+from gateway.batches.store import BatchStore, StoreError
 from gateway.server import listen
 
 
@@ -48,7 +49,8 @@ async def _serve(cfg: config.Config, notifier: notify.Notifier | None = None) ->
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(log.loop_exception_handler)
     fd_limit = _raise_fd_limit()
-    app = build_app(cfg)
+    store = _open_batch_store(cfg)
+    app = build_app(cfg, batch_store=store)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=1.0)
     await runner.setup()
@@ -95,6 +97,24 @@ async def _serve(cfg: config.Config, notifier: notify.Notifier | None = None) ->
         listener.close()
     await runner.cleanup()
     logger.info("stopped")
+
+
+def _open_batch_store(cfg: config.Config) -> BatchStore | None:
+    """The Message Batches store, or None when batches are off; a database that cannot be
+    opened (corrupt, unreachable, a folder that cannot be written) stops the start."""
+    logger = structlog.get_logger("gateway")
+    batches = cfg.batches
+    if not batches.enabled:
+        return None
+    if not batches.database_url:
+        logger.warning("batches_disabled", detail="no state directory for the batch database: "
+                       "set batches.database (or STATE_DIRECTORY, XDG_STATE_HOME, HOME)")
+        return None
+    try:
+        return BatchStore.open(batches.database_url)
+    except StoreError as exc:
+        logger.error("batch_store_failed", detail=str(exc))
+        raise SystemExit(1) from None
 
 
 def _metrics_address(server: config.ServerConfig) -> str:

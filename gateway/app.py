@@ -35,6 +35,10 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway import errors, log, models
 from gateway.appkeys import CONFIG, METRICS, SECRETS, STATE, UPSTREAMS, AppState
+from gateway.batches import api as batches_api
+from gateway.batches.keys import BATCH_STORE, SCHEDULER
+from gateway.batches.scheduler import Scheduler, scheduler_ctx
+from gateway.batches.store import BatchStore
 from gateway.config import Config
 from gateway.messages import handler as messages
 from gateway.metrics import Metrics
@@ -128,7 +132,10 @@ def _registries(config: Config, registry: CollectorRegistry | None
     return CollectorRegistry(), exposed, exposed
 
 
-def build_app(config: Config, registry: CollectorRegistry | None = None) -> web.Application:
+def build_app(config: Config, registry: CollectorRegistry | None = None,
+              batch_store: BatchStore | None = None) -> web.Application:
+    """The application; ``batch_store`` (opened by the caller, which reports a database
+    that cannot be opened before serving) enables Message Batches and their scheduler."""
     defined, exposed, info = _registries(config, registry)
     app = web.Application(middlewares=[gateway_middleware],
                           client_max_size=config.server.max_body_bytes)
@@ -156,7 +163,14 @@ def build_app(config: Config, registry: CollectorRegistry | None = None) -> web.
               allow_head=False)
     for api in OPENAI_APIS:
         r.add_post(f"{p}/v1{api.path}", passthrough.handler(api), name=api.name)
-    endpoints = "|".join(re.escape(e) for e in _NOT_IMPLEMENTED)
+    not_implemented: tuple[str, ...] = _NOT_IMPLEMENTED
+    if batch_store is not None:
+        app[BATCH_STORE] = batch_store
+        app[SCHEDULER] = Scheduler(app, batch_store)
+        batches_api.add_routes(app, p)
+        app.cleanup_ctx.append(scheduler_ctx)
+        not_implemented = tuple(e for e in not_implemented if e != "messages/batches")
+    endpoints = "|".join(re.escape(e) for e in not_implemented)
     r.add_route("*", f"{p}/v1/{{endpoint:(?:{endpoints})(?:/.*)?}}", _not_supported,
                 name="not_supported")
     r.add_route("HEAD", p or "/", _head_ok, name="root")

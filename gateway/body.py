@@ -37,20 +37,24 @@ BUSY_MESSAGE = ("Overloaded: too many large request bodies are being received at
                 "retry shortly")
 
 
-async def read_json(request: web.Request) -> Any:
-    """The request's body, decoded strictly; raises the error to answer instead."""
+async def read_json(request: web.Request, *, max_bytes: int | None = None,
+                    max_values: int = jsonutil.MAX_VALUES) -> Any:
+    """The request's body, decoded strictly; raises the error to answer instead.
+
+    ``max_bytes`` (default ``server.max_body_bytes``) and ``max_values`` are the route's own
+    bounds where it has larger ones (a message batch)."""
     app = request.app
     server = app[CONFIG].server
     state = app[STATE]
+    limit = server.max_body_bytes if max_bytes is None else max_bytes
     chunks: list[bytes] = []
     held = 0  # this body's bytes counted in state.decoding
     try:
         while chunk := await request.content.readany():
             size = len(chunk)
-            if held + size > server.max_body_bytes:
+            if held + size > limit:
                 _reject(request, "body_too_large")
-                raise errors.RequestTooLarge(
-                    f"Request exceeds the maximum size of {server.max_body_bytes} bytes")
+                raise errors.RequestTooLarge(f"Request exceeds the maximum size of {limit} bytes")
             if state.decoding > held and state.decoding + size > server.max_decoding_bytes:
                 _reject(request, "overloaded")
                 raise errors.Overloaded(BUSY_MESSAGE)
@@ -59,10 +63,10 @@ async def read_json(request: web.Request) -> Any:
             chunks.append(chunk)
         raw = b"".join(chunks)
         chunks.clear()
-        if jsonutil.too_many_values(raw):
+        if jsonutil.too_many_values(raw, max_values):
             _reject(request, "body_too_large")
             raise errors.RequestTooLarge(
-                f"Request body holds more than {jsonutil.MAX_VALUES} JSON values")
+                f"Request body holds more than {max_values} JSON values")
         try:
             return jsonutil.loads(raw)
         except jsonutil.JSONInputError as exc:

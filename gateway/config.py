@@ -19,7 +19,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, get_type_hints
 from urllib.parse import urlsplit
 
-from gateway.signing_key import default_signing_key
+from gateway.signing_key import default_signing_key, state_dir
 
 UPSTREAM_KINDS = ("openai", "vllm", "sglang", "llamacpp", "ollama")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -122,10 +122,33 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class BatchesConfig:
+    """``[batches]``: Message Batches (gateway/batches/)."""
+
+    enabled: bool = True
+    # "": a SQLite file in the state directory; "sqlite:///PATH", a path, or "postgresql://..."
+    database: str = _knob("", shown="`batches.sqlite3` in the state directory")
+    database_env: str | None = None  # an env var holding the database URL (a password in it)
+    max_in_flight: int = _knob(2, bound=_POS)  # batch requests at once per upstream, <= 64
+    # batch work starts new requests on an upstream only while fewer interactive requests
+    # than this are in flight on it
+    interactive_threshold: int = _knob(1, bound=_POS)
+    expire_after: float = _knob(86400.0, bound=_POS)  # seconds: the API's 24 hours
+    retention_days: float = _knob(29.0, bound=_POS)  # an ended batch's results are kept
+    public_base_url: str = _knob("", shown="the request's own scheme and host")
+    max_requests: int = _knob(100_000, bound=_POS)
+    max_body_bytes: int = _knob(256 * 1024 * 1024, bound=_POS)
+    poll_interval: float = _knob(1.0, bound=_POS)  # seconds between looks for work when idle
+    lease: float = _knob(60.0, bound=_POS)  # seconds a claim lasts unless renewed
+    database_url: str = _not_toml("", secret=True)  # resolved: database, database_env or default
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig
     upstreams: Mapping[str, UpstreamConfig]
     models: Mapping[str, ModelRoute]
+    batches: BatchesConfig = field(default_factory=BatchesConfig)
     source: str = "<built-in default>"
     # set by --workers in each worker process (not TOML knobs): prometheus multiprocess
     # directory and SO_REUSEPORT on the listening socket
@@ -197,6 +220,7 @@ def knobs(cls: type) -> dict[str, Knob]:
 # Where each table sits in a file, as errors and documentation name its keys.
 TABLES: dict[str, type] = {
     "server": ServerConfig, "upstreams.<name>": UpstreamConfig, "models[]": ModelRoute,
+    "batches": BatchesConfig,
 }
 
 
@@ -206,7 +230,7 @@ def schema() -> dict[str, Knob]:
             for table, cls in TABLES.items() for name, knob in knobs(cls).items()}
 
 
-_TOP_KEYS = ("server", "upstreams", "models")
+_TOP_KEYS = ("server", "upstreams", "models", "batches")
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
 
 
@@ -328,7 +352,37 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         models[m["name"]] = ModelRoute(upstream=upstream, **m)
     if not models:
         raise ConfigError(f"{src}: models: at least one [[models]] entry is required")
-    return Config(server=server, upstreams=upstreams, models=models, source=src)
+    batches = _batches(src, data.get("batches", {}), env)
+    return Config(server=server, upstreams=upstreams, models=models, batches=batches, source=src)
+
+
+MAX_BATCH_IN_FLIGHT = 64
+
+
+def _batches(src: str, table: Any, env: Mapping[str, str]) -> BatchesConfig:
+    b = _check_table(src, "batches", table, knobs(BatchesConfig))
+    if b["max_in_flight"] > MAX_BATCH_IN_FLIGHT:
+        raise ConfigError(f"{src}: batches.max_in_flight: must be at most "
+                          f"{MAX_BATCH_IN_FLIGHT}, got {b['max_in_flight']}")
+    if b["database"] and b["database_env"]:
+        raise ConfigError(f"{src}: batches.database_env: set database or database_env, not both")
+    url = b["database"]
+    if b["database_env"]:
+        url = _env(env, src, "batches.database_env", b["database_env"])
+    if url and not (url.startswith(("sqlite:///", "postgresql://", "postgres://", "/"))):
+        raise ConfigError(f"{src}: batches.database: must be sqlite:///PATH, an absolute path "
+                          "or postgresql://...")
+    if not url:
+        folder = state_dir(env)
+        url = f"sqlite:///{folder}/batches.sqlite3" if folder else ""
+    base = b["public_base_url"].rstrip("/")
+    if base:
+        parts = urlsplit(base)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
+            raise ConfigError(f"{src}: batches.public_base_url: must be an http(s) URL "
+                              f"(scheme://host[:port][/path]), got {base!r}")
+    b["public_base_url"] = base
+    return BatchesConfig(**b, database_url=url)
 
 
 def _check_metrics_listener(src: str, srv: Mapping[str, Any], port: int) -> None:

@@ -46,7 +46,10 @@ from gateway import __version__
 disable_created_metrics()
 
 PREFIX = "llm_gateway_"
-APIS = ("messages", "count_tokens", "chat", "completions", "embeddings", "responses", "models")
+APIS = ("messages", "count_tokens", "chat", "completions", "embeddings", "responses", "models",
+        "batches")
+BATCH_OUTCOMES = ("succeeded", "errored", "retried", "superseded")
+BATCH_STATUSES = ("in_progress", "canceling", "ended")
 STREAM_APIS = ("messages", "chat", "completions", "responses")
 TERMINATIONS = (
     "completed", "client_disconnect", "upstream_error", "upstream_truncated", "malformed_chunk",
@@ -264,6 +267,25 @@ class Metrics:
             p + "accept_errors_total",
             "accept() failures on a listener, by errno; each pauses accepting for a second",
             ["reason"], registry=r))
+        # Message Batches (gateway/batches/)
+        self.batches_created = Counter(
+            p + "batches_created_total", "Message batches created", registry=r)
+        self.batch_requests = _Memo(Counter(
+            p + "batch_requests_total",
+            "Batch requests run on an upstream, by outcome: succeeded, errored (the request's "
+            "result is an error), retried (a retryable failure: run again later), superseded "
+            "(the result came after the request was canceled, expired or claimed again)",
+            ["model", "outcome"], registry=r))
+        self.batch_queue = _Memo(Gauge(
+            p + "batch_queue_requests",
+            "Batch requests waiting or running, all batches, by model (from the store)",
+            ["model"], registry=r, multiprocess_mode="max"))
+        self.batches = _Memo(Gauge(
+            p + "batches", "Message batches in the store, by processing status",
+            ["status"], registry=r, multiprocess_mode="max"))
+        self.batch_in_flight = _Memo(Gauge(
+            p + "batch_requests_in_flight", "Batch requests running on an upstream now",
+            ["upstream"], registry=r, multiprocess_mode="livesum"))
         self.client_http_errors = _Memo(Counter(
             p + "client_http_errors_total",
             "Requests refused for broken HTTP framing, and client deadlines missed, by kind",
@@ -288,12 +310,17 @@ class Metrics:
             self.accept_errors.labels(reason)
         for kind in CLIENT_HTTP_ERRORS:
             self.client_http_errors.labels(kind)
+        for status in BATCH_STATUSES:
+            self.batches.labels(status)
 
     def add_model(self, model: str, upstream: str, upstream_model: str) -> None:
         """Publish a configured route and create its per-model series at zero."""
         self.model_info.labels(model, upstream, upstream_model).set(1)
         for kind in TOKEN_TYPES:
             self.tokens.labels(model, kind)
+        for outcome in BATCH_OUTCOMES:
+            self.batch_requests.labels(model, outcome)
+        self.batch_queue.labels(model)
         for api in STREAM_APIS:
             self.in_flight.labels(api, model)
             for reason in TERMINATIONS:
@@ -304,6 +331,7 @@ class Metrics:
         """Create a configured upstream's per-upstream series at zero."""
         for kind in PROTOCOL_ERRORS:
             self.upstream_protocol_errors.labels(upstream, kind)
+        self.batch_in_flight.labels(upstream)
 
     def drop_field(self, name: str) -> None:
         """Count a dropped request field; unknown names (client input) count as ``other``."""

@@ -52,7 +52,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # route name -> api label; the pass-through routes are named after their api
 _APIS = {"messages": "messages", "count_tokens": "count_tokens", "models": "models",
-         "models_get": "models", **{api.name: api.name for api in OPENAI_APIS}}
+         "models_get": "models", **{api.name: api.name for api in OPENAI_APIS},
+         **{f"batches_{op}": "batches"
+            for op in ("create", "list", "get", "cancel", "delete", "results")}}
 _OPENAI = frozenset(api.name for api in OPENAI_APIS)
 _OPS = frozenset({"metrics", "health", "ready"})  # routes of the metrics listener
 _MAX_QUERY_NAMES = 32
@@ -177,10 +179,11 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
                 metrics.rejected.labels(api, "draining").inc()
                 raise errors.Overloaded(DRAINING_MESSAGE)
             length = request.content_length
-            if length is not None and length > server.max_body_bytes:
+            limit = (server.max_body_bytes if route != "batches_create"
+                     else app[CONFIG].batches.max_body_bytes)
+            if length is not None and length > limit:
                 metrics.rejected.labels(api, "body_too_large").inc()
-                raise errors.RequestTooLarge(
-                    f"Request exceeds the maximum size of {server.max_body_bytes} bytes")
+                raise errors.RequestTooLarge(f"Request exceeds the maximum size of {limit} bytes")
         try:
             response = await handler(request)
         except web.HTTPException as exc:

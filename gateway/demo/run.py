@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any
@@ -74,8 +76,16 @@ def run_demo(cfg: Config, serve: Callable[[Config], Coroutine[Any, Any, None]], 
         return 1
     # upstream_pid: the pipeline's own pid field (the gateway's) would replace a "pid" here
     log.info("demo_upstream_started", model=DEMO_MODEL, upstream_pid=server.pid)
+    scratch = None
+    if not cfg.batches.database and not cfg.batches.database_env:
+        # --demo keeps its batches in a temporary database unless the config names one
+        scratch = tempfile.mkdtemp(prefix="llm-gateway-demo-")
+        cfg = replace(cfg, batches=replace(
+            cfg.batches, database_url=f"sqlite:///{scratch}/batches.sqlite3"))
     try:
         asyncio.run(serve(with_demo_route(cfg, base_url)))
     finally:
         server.stop()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     return 0

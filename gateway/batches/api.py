@@ -1,0 +1,363 @@
+"""The Message Batches routes (Anthropic's API, under ``{prefix}/v1/messages/batches``).
+
+    POST   /v1/messages/batches               create: {"requests": [{custom_id, params}, ...]}
+    GET    /v1/messages/batches               list, newest first (limit, before_id, after_id)
+    GET    /v1/messages/batches/{id}          retrieve
+    POST   /v1/messages/batches/{id}/cancel   cancel
+    DELETE /v1/messages/batches/{id}          delete (an ended batch only)
+    GET    /v1/messages/batches/{id}/results  results, JSON lines (an ended batch only)
+
+Protocol facts relied on (Anthropic's API reference and both SDKs' types):
+
+* A ``message_batch`` is ``id`` (``msgbatch_``), ``type``, ``processing_status``
+  (``in_progress``, ``canceling``, ``ended``), ``request_counts`` (``processing``,
+  ``succeeded``, ``errored``, ``canceled``, ``expired``), ``ended_at``, ``created_at``,
+  ``expires_at``, ``archived_at``, ``cancel_initiated_at`` (RFC 3339 or null) and
+  ``results_url`` (null until the batch ends). Requests count as ``processing`` until the
+  whole batch ends and then move to the other counts at once; the counts always add up to
+  the number of requests.
+* A list page is ``{"data", "has_more", "first_id", "last_id"}``, newest first; ``limit``
+  1..1000 (default 20); ``after_id`` pages towards older batches, ``before_id`` towards
+  newer ones.
+* Each result line is ``{"custom_id", "result"}``, ``result`` one of ``{"type":
+  "succeeded", "message"}``, ``{"type": "errored", "error": <error envelope>}``,
+  ``{"type": "canceled"}``, ``{"type": "expired"}``. The SDKs fetch ``results_url`` as an
+  absolute URL (with the client's own headers), so it names this gateway: the configured
+  ``batches.public_base_url`` behind a proxy, else the request's own scheme and host.
+* Delete answers ``{"id", "type": "message_batch_deleted"}``.
+* ``custom_id`` is 1 to 64 characters of ``[A-Za-z0-9_-]``, unique within the batch; each
+  ``params`` is a Messages request without ``stream``, validated at creation as
+  ``/v1/messages`` validates it: one bad request fails the whole create with a 400 naming
+  ``requests.N.params...``.
+
+With client keys configured (``server.api_keys_env``) a batch belongs to the key that made
+it (a hash of it is stored): any other key gets a 404 for it and never sees it in a list.
+The store failing is a 500 ``api_error`` on these routes; the interactive routes never touch
+the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from gateway import errors, ids, jsonutil
+from gateway.appkeys import CONFIG, METRICS, REQUEST_ID
+from gateway.batches.keys import BATCH_STORE, SCHEDULER
+from gateway.batches.store import BatchRow, BatchStore, StoreError
+from gateway.body import read_json
+from gateway.config import find_route
+from gateway.messages.validate import validate_messages
+
+_log = structlog.get_logger("gateway.batches")
+
+_CUSTOM_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_BATCH_ID = re.compile(r"msgbatch_[A-Za-z0-9]{1,64}")
+# values a batch body may decode to (each request's params are a few dozen): bounds the
+# Python objects a 256 MB body builds
+MAX_BATCH_VALUES = 1 << 23
+_LIST_LIMIT = (1, 1000, 20)  # min, max, default
+
+
+def new_batch_id() -> str:
+    return "msgbatch_" + ids.b62(24)
+
+
+def owner_of(request: web.Request) -> str:
+    """Who a batch belongs to: a hash of the client's key, "" when keys are not in use."""
+    if not request.app[CONFIG].server.api_keys:
+        return ""
+    key = request.headers.get("x-api-key")
+    if key is None:
+        auth = request.headers.get("authorization", "")
+        key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def rfc3339(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+
+
+def status_of(row: BatchRow) -> str:
+    if row.ended_at is not None:
+        return "ended"
+    return "canceling" if row.cancel_initiated_at is not None else "in_progress"
+
+
+def render(request: web.Request, row: BatchRow) -> dict[str, Any]:
+    ended = row.ended_at is not None
+    counts = {"processing": row.total, "succeeded": 0, "errored": 0, "canceled": 0,
+              "expired": 0}
+    if ended:  # requests move out of processing only once the whole batch ends
+        counts = {"processing": 0, "succeeded": row.succeeded, "errored": row.errored,
+                  "canceled": row.canceled, "expired": row.expired}
+    return {
+        "id": row.id,
+        "type": "message_batch",
+        "processing_status": status_of(row),
+        "request_counts": counts,
+        "ended_at": rfc3339(row.ended_at),
+        "created_at": rfc3339(row.created_at),
+        "expires_at": rfc3339(row.expires_at),
+        "archived_at": None,
+        "cancel_initiated_at": rfc3339(row.cancel_initiated_at),
+        "results_url": _results_url(request, row.id) if ended else None,
+    }
+
+
+def _results_url(request: web.Request, batch_id: str) -> str:
+    cfg = request.app[CONFIG]
+    base = cfg.batches.public_base_url or f"{request.scheme}://{request.host}"
+    return f"{base}{cfg.server.prefix}/v1/messages/batches/{batch_id}/results"
+
+
+def _json(request: web.Request, body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=jsonutil.dumpb(body), status=status,
+                        content_type="application/json",
+                        headers={"request-id": request[REQUEST_ID]})
+
+
+def _store(request: web.Request) -> BatchStore:
+    store = request.app.get(BATCH_STORE)
+    if store is None:
+        raise errors.NotFound("Message Batches are not enabled on this gateway "
+                              "(batches.enabled)")
+    return store
+
+
+def _batch_id(request: web.Request) -> str:
+    batch_id = request.match_info["batch_id"]
+    if not _BATCH_ID.fullmatch(batch_id):
+        raise errors.NotFound(f"message batch {errors.echo(batch_id, 80)} not found")
+    return batch_id
+
+
+def _not_found(batch_id: str) -> errors.GatewayError:
+    return errors.NotFound(f"message batch {batch_id} not found")
+
+
+class _StoreFailed(errors.GatewayError):
+    status = 500
+
+
+def _failed(exc: StoreError) -> errors.GatewayError:
+    _log.error("batch_store_error", detail=str(exc))
+    return _StoreFailed("The batch store is unavailable; retry shortly")
+
+
+# --- create ------------------------------------------------------------------------------
+
+def parse_create(request: web.Request, body: Any) -> list[tuple[str, str, bytes]]:
+    """(custom_id, route name, params JSON) per request; raises the 400 naming what is
+    wrong. The route's configured name is what the scheduler claims work by."""
+    cfg = request.app[CONFIG]
+    if not isinstance(body, dict):
+        raise errors.InvalidRequest("", "request body must be a JSON object")
+    for key in body:
+        if key != "requests":
+            raise errors.InvalidRequest(key, "Extra inputs are not permitted")
+    reqs = body.get("requests")
+    if not isinstance(reqs, list):
+        raise errors.InvalidRequest("requests", "Field required: a list of requests")
+    if not reqs:
+        raise errors.InvalidRequest("requests", "List should have at least 1 item")
+    if len(reqs) > cfg.batches.max_requests:
+        raise errors.InvalidRequest("requests", f"List should have at most "
+                                    f"{cfg.batches.max_requests} items, not {len(reqs)}")
+    seen: set[str] = set()
+    out: list[tuple[str, str, bytes]] = []
+    for i, item in enumerate(reqs):
+        where = f"requests.{i}"
+        if not isinstance(item, dict):
+            raise errors.InvalidRequest(where, "Input should be an object")
+        for key in item:
+            if key not in ("custom_id", "params"):
+                raise errors.InvalidRequest(f"{where}.{key}", "Extra inputs are not permitted")
+        custom_id = item.get("custom_id")
+        if not isinstance(custom_id, str) or not _CUSTOM_ID.fullmatch(custom_id):
+            raise errors.InvalidRequest(f"{where}.custom_id", "must be a string of 1 to 64 "
+                                        "characters from a-z, A-Z, 0-9, '-' and '_'")
+        if custom_id in seen:
+            raise errors.InvalidRequest(f"{where}.custom_id", f"duplicate custom_id "
+                                        f"{custom_id!r}: each must be unique in the batch")
+        seen.add(custom_id)
+        params = item.get("params")
+        if "params" not in item:
+            raise errors.InvalidRequest(f"{where}.params", "Field required")
+        if isinstance(params, dict) and params.get("stream") not in (None, False):
+            raise errors.InvalidRequest(f"{where}.params.stream",
+                                        "streaming is not supported in message batches")
+        try:
+            req = validate_messages(params)
+        except errors.InvalidRequest as exc:
+            path = f"{where}.params" + (f".{exc.path}" if exc.path else "")
+            why = exc.message[len(exc.path) + 2:] if exc.path else exc.message
+            details = exc.details if exc.details is not None else None
+            raise errors.InvalidRequest(path, why, details=details) from None
+        route = find_route(cfg.models, req["model"])
+        if route is None:
+            raise errors.InvalidRequest(f"{where}.params.model",
+                                        f"model {errors.echo(req['model'], 256)} not found")
+        out.append((custom_id, route.name, jsonutil.dumpb(params)))
+    return out
+
+
+async def create(request: web.Request) -> web.Response:
+    store = _store(request)
+    cfg = request.app[CONFIG]
+    body = await read_json(request, max_bytes=cfg.batches.max_body_bytes,
+                           max_values=MAX_BATCH_VALUES)
+    requests = parse_create(request, body)
+    del body
+    now = time.time()
+    try:
+        row = await store.create(new_batch_id(), owner_of(request), requests, now,
+                                 now + cfg.batches.expire_after)
+    except StoreError as exc:
+        raise _failed(exc) from None
+    request.app[METRICS].batches_created.inc()
+    scheduler = request.app.get(SCHEDULER)
+    if scheduler is not None:
+        scheduler.wake()
+    _log.info("batch_created", batch_id=row.id, requests=row.total)
+    return _json(request, render(request, row))
+
+
+# --- list, retrieve, cancel, delete ------------------------------------------------------
+
+def _limit(request: web.Request) -> int:
+    raw = request.query.get("limit")
+    low, high, default = _LIST_LIMIT
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise errors.InvalidRequest("limit", "Input should be a valid integer") from None
+    if not low <= value <= high:
+        raise errors.InvalidRequest("limit", f"must be between {low} and {high}")
+    return value
+
+
+async def list_batches(request: web.Request) -> web.Response:
+    store = _store(request)
+    limit = _limit(request)
+    before, after = request.query.get("before_id"), request.query.get("after_id")
+    if before is not None and after is not None:
+        raise errors.InvalidRequest("before_id", "use either before_id or after_id, not both")
+    for name, value in (("before_id", before), ("after_id", after)):
+        if value is not None and not _BATCH_ID.fullmatch(value):
+            raise errors.InvalidRequest(name, "must be a message batch id")
+    try:
+        rows, has_more = await store.page(owner_of(request), limit, before, after)
+    except StoreError as exc:
+        raise _failed(exc) from None
+    data = [render(request, row) for row in rows]
+    return _json(request, {"data": data, "has_more": has_more,
+                           "first_id": data[0]["id"] if data else None,
+                           "last_id": data[-1]["id"] if data else None})
+
+
+async def retrieve(request: web.Request) -> web.Response:
+    store = _store(request)
+    batch_id = _batch_id(request)
+    try:
+        row = await store.get(batch_id, owner_of(request))
+    except StoreError as exc:
+        raise _failed(exc) from None
+    if row is None:
+        raise _not_found(batch_id)
+    return _json(request, render(request, row))
+
+
+async def cancel(request: web.Request) -> web.Response:
+    store = _store(request)
+    batch_id = _batch_id(request)
+    try:
+        row = await store.cancel(batch_id, owner_of(request), time.time())
+    except StoreError as exc:
+        raise _failed(exc) from None
+    if row is None:
+        raise _not_found(batch_id)
+    _log.info("batch_cancel", batch_id=batch_id, status=status_of(row))
+    return _json(request, render(request, row))
+
+
+async def delete(request: web.Request) -> web.Response:
+    store = _store(request)
+    batch_id = _batch_id(request)
+    try:
+        deleted = await store.delete(batch_id, owner_of(request))
+    except StoreError as exc:
+        raise _failed(exc) from None
+    if deleted is None:
+        raise _not_found(batch_id)
+    if not deleted:
+        raise errors.InvalidRequest("", f"message batch {batch_id} cannot be deleted while it "
+                                    "is processing; cancel it and wait until it has ended")
+    return _json(request, {"id": batch_id, "type": "message_batch_deleted"})
+
+
+# --- results -----------------------------------------------------------------------------
+
+_CANCELED = b'{"type":"canceled"}'
+_EXPIRED = b'{"type":"expired"}'
+
+
+async def results(request: web.Request) -> web.StreamResponse:
+    store = _store(request)
+    batch_id = _batch_id(request)
+    try:
+        row = await store.get(batch_id, owner_of(request))
+    except StoreError as exc:
+        raise _failed(exc) from None
+    if row is None:
+        raise _not_found(batch_id)
+    if row.ended_at is None:
+        raise errors.InvalidRequest("", f"message batch {batch_id} has not ended yet: its "
+                                    "results are available once processing_status is ended")
+    resp = web.StreamResponse(headers={"Content-Type": "application/binary",
+                                       "request-id": request[REQUEST_ID]})
+    pages = store.results(batch_id)
+    try:
+        first = await anext(pages, None)
+    except StoreError as exc:
+        raise _failed(exc) from None
+    await resp.prepare(request)
+    page = first
+    try:
+        while page is not None:
+            lines = []
+            for custom_id, kind, result in page:
+                body = result if result is not None else (
+                    _CANCELED if kind == "canceled" else _EXPIRED)
+                lines.append(b'{"custom_id":%s,"result":%s}\n'
+                             % (jsonutil.dumpb_str(custom_id), body))
+            await resp.write(b"".join(lines))
+            page = await anext(pages, None)
+    except StoreError as exc:  # the status is sent: end the body short; the client sees a cut
+        _log.error("batch_store_error", detail=str(exc), batch_id=batch_id)
+        if request.transport is not None:
+            request.transport.close()
+        return resp
+    await resp.write_eof()
+    return resp
+
+
+def add_routes(app: web.Application, prefix: str) -> None:
+    base = f"{prefix}/v1/messages/batches"
+    r = app.router
+    r.add_post(base, create, name="batches_create")
+    r.add_get(base, list_batches, name="batches_list", allow_head=False)
+    r.add_get(base + "/{batch_id}", retrieve, name="batches_get", allow_head=False)
+    r.add_post(base + "/{batch_id}/cancel", cancel, name="batches_cancel")
+    r.add_delete(base + "/{batch_id}", delete, name="batches_delete")
+    r.add_get(base + "/{batch_id}/results", results, name="batches_results", allow_head=False)

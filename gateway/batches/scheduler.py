@@ -1,0 +1,279 @@
+"""Running batch requests on the capacity interactive traffic leaves free.
+
+One scheduler per gateway process; every process (``--workers``, replicas sharing one
+PostgreSQL) claims work from the shared store, each request exactly once
+(:meth:`BatchStore.claim`), under a lease this process renews while the request runs. A
+process that dies stops renewing: its requests are claimed again once their lease lapses
+(a request in flight is run again; one whose result was committed never is).
+
+Interactive first, per upstream: at most ``batches.max_in_flight`` batch requests run on an
+upstream at once (from this process), and new ones start only while fewer than
+``batches.interactive_threshold`` interactive requests are in flight on it (a Messages or
+pass-through request counted by :mod:`gateway.admission`). A running batch request is not
+stopped when interactive traffic arrives; it is simply not followed by another.
+
+A batch request is a buffered Messages call (:class:`gateway.messages.handler.Call`). Its
+outcome follows the interactive error model: a connect failure, a timeout, 408, 429 and
+5xx are retried with a growing delay (2 s doubling to 5 minutes) until the batch expires;
+any other error is the request's ``errored`` result, with the error envelope the
+interactive route would have answered. Each run writes one access line (``route``
+``batch_request``, with ``batch_id`` and ``custom_id``).
+
+Every ``_SWEEP`` seconds the scheduler also ends expired batches (their unfinished
+requests ``expired``), deletes batches ended longer ago than ``batches.retention_days``,
+and refreshes the queue and batch gauges from the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from gateway import errors, ids, jsonutil, log, streaming
+from gateway.appkeys import CONFIG, METRICS, SECRETS, STATE
+from gateway.batches.keys import BATCH_STORE, SCHEDULER
+from gateway.batches.store import BatchStore, Claimed, StoreError
+from gateway.config import find_route
+from gateway.messages.handler import prepare
+from gateway.messages.validate import validate_messages
+
+_log = structlog.get_logger("gateway.batches")
+
+_SWEEP = 30.0  # seconds between expiry, retention and gauge sweeps
+_BACKOFF = (2.0, 300.0)  # first retry delay, longest
+_RETRY_STATUSES = frozenset({408, 429})
+
+
+def retryable(err: errors.GatewayError) -> bool:
+    if isinstance(err, errors.UpstreamUnavailable | errors.UpstreamTimeout):
+        return True
+    status = getattr(err, "upstream_status", None) or err.status
+    return status >= 500 or status in _RETRY_STATUSES
+
+
+def backoff(attempts: int) -> float:
+    first, longest = _BACKOFF
+    delay = min(longest, first * 2 ** max(0, attempts - 1))
+    return delay * random.uniform(0.8, 1.2)
+
+
+class Scheduler:
+    def __init__(self, app: web.Application, store: BatchStore) -> None:
+        self._app = app
+        self._store = store
+        cfg = app[CONFIG]
+        self._cfg = cfg.batches
+        self.worker = f"{socket.gethostname()}:{os.getpid()}:{ids.b62(8)}"
+        # upstream name -> the route names that go to it
+        by_upstream: dict[str, list[str]] = defaultdict(list)
+        for route in cfg.models.values():
+            by_upstream[route.upstream.name].append(route.name)
+        self._routes = dict(by_upstream)
+        self._running: dict[str, int] = dict.fromkeys(self._routes, 0)
+        self._leases: dict[tuple[str, int], str] = {}  # (batch id, idx) -> upstream
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self._last_sweep = 0.0
+        self._last_failure = 0.0
+        self._stopping = False
+
+    def wake(self) -> None:
+        """Look for work now (a batch was created, or a request ended)."""
+        self._wake.set()
+
+    # --- the loop ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        heartbeat = asyncio.create_task(self._heartbeat())
+        try:
+            while not self._stopping:
+                try:
+                    await self._round()
+                except StoreError as exc:
+                    self._store_failed(exc)
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self._cfg.poll_interval)
+                except TimeoutError:
+                    pass
+        finally:
+            heartbeat.cancel()
+
+    async def stop(self) -> None:
+        """Stop claiming; requests in flight are cancelled (their leases lapse and another
+        process, or this one after a restart, runs them again)."""
+        self._stopping = True
+        self._wake.set()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _round(self) -> None:
+        now = time.time()
+        if now - self._last_sweep >= _SWEEP:
+            self._last_sweep = now
+            await self._sweep(now)
+        if self._app[STATE].draining:
+            return
+        for upstream, routes in self._routes.items():
+            free = self._cfg.max_in_flight - self._running[upstream]
+            if free <= 0 or self._interactive(routes) >= self._cfg.interactive_threshold:
+                continue
+            claimed = await self._store.claim(self.worker, routes, free, now, self._cfg.lease)
+            for item in claimed:
+                self._start(upstream, item)
+
+    def _interactive(self, routes: list[str]) -> int:
+        in_flight = self._app[STATE].in_flight
+        return sum(in_flight.get(name, 0) for name in routes)
+
+    async def _sweep(self, now: float) -> None:
+        store = self._store
+        ended = await store.expire(now)
+        if ended:
+            _log.info("batches_expired", batches=ended)
+        purged = await store.purge(now, self._cfg.retention_days * 86400.0)
+        if purged:
+            _log.info("batches_purged", batches=purged)
+        stats = await store.stats()
+        metrics = self._app[METRICS]
+        for status, count in stats.get("batches", {}).items():
+            metrics.batches.labels(status).set(count)
+        queued = stats.get("queued", {})
+        for route in self._app[CONFIG].models:
+            metrics.batch_queue.labels(route).set(queued.get(route, 0))
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self._cfg.lease / 3)
+            if not self._leases:
+                continue
+            try:
+                await self._store.renew(self.worker, list(self._leases),
+                                        time.time() + self._cfg.lease)
+            except StoreError as exc:
+                self._store_failed(exc)
+
+    def _store_failed(self, exc: StoreError) -> None:
+        now = time.monotonic()
+        if now - self._last_failure >= 10.0:  # one warning per 10 s while the store is down
+            self._last_failure = now
+            _log.warning("batch_store_unavailable", detail=str(exc))
+
+    # --- one request -------------------------------------------------------------------
+
+    def _start(self, upstream: str, item: Claimed) -> None:
+        self._running[upstream] += 1
+        self._leases[(item.batch_id, item.idx)] = upstream
+        self._app[METRICS].batch_in_flight.labels(upstream).inc()
+        task = asyncio.create_task(self._run_one(upstream, item))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_one(self, upstream: str, item: Claimed) -> None:
+        app = self._app
+        metrics = app[METRICS]
+        request_id = ids.new_request_id()
+        t0 = time.perf_counter()
+        status = 200
+        error: errors.GatewayError | None = None
+        route_name = item.model
+        try:
+            result: dict[str, Any]
+            try:
+                message, route_name = await self._call(item, request_id)
+                result = {"type": "succeeded", "message": message}
+            except errors.GatewayError as err:
+                error = err
+                status = err.status
+                if retryable(err):
+                    await self._store.release(self.worker, item.batch_id, item.idx,
+                                              time.time() + backoff(item.attempts))
+                    metrics.batch_requests.labels(route_name, "retried").inc()
+                    return
+                inner: dict[str, Any] = {"type": err.error_type, "message": err.message}
+                if err.details is not None:
+                    inner["details"] = err.details
+                result = {"type": "errored",
+                          "error": {"type": "error", "error": inner, "request_id": request_id}}
+            kind: str = result["type"]
+            committed = await self._store.finish(self.worker, item.batch_id, item.idx, kind,
+                                                 jsonutil.dumpb(result), time.time())
+            metrics.batch_requests.labels(route_name, kind if committed else "superseded").inc()
+        except StoreError as exc:  # the lease lapses: the request runs again later
+            self._store_failed(exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            _log.exception("batch_request_failed", batch_id=item.batch_id, custom_id=item.custom_id)
+        finally:
+            self._running[upstream] -= 1
+            self._leases.pop((item.batch_id, item.idx), None)
+            metrics.batch_in_flight.labels(upstream).dec()
+            self._access(item, route_name, upstream, request_id, status, error,
+                         time.perf_counter() - t0)
+            self._wake.set()
+
+    async def _call(self, item: Claimed, request_id: str) -> tuple[dict[str, Any], str]:
+        """Run one batch request: (its message, its route's name); failures raise."""
+        app = self._app
+        req = validate_messages(jsonutil.loads(item.params))
+        route = find_route(app[CONFIG].models, req["model"])
+        if route is None:  # the config changed since the batch was created
+            raise errors.NotFound(f"model: {errors.echo(req['model'], 256)}")
+        call = await prepare(app, req, route)
+        metrics = app[METRICS]
+        try:
+            up = await call.client.request("/chat/completions", call.payload,
+                                           stream=call.upstream_stream,
+                                           max_tokens=req.get("max_tokens"),
+                                           request_id=request_id)
+        except errors.GatewayError as err:
+            status = getattr(err, "upstream_status", err.status)
+            metrics.upstream_requests.labels(route.name, call.client.name, str(status)).inc()
+            raise errors.rescrub(err, hosts=call.client.hosts, secrets=app[SECRETS]) from None
+        metrics.upstream_requests.labels(route.name, call.client.name, str(up.status)).inc()
+        async with up:
+            message = await call.reply(app, up)
+        stop = message.get("stop_reason")
+        if stop:
+            metrics.stop_reasons.labels(route.name, stop).inc()
+        usage = message["usage"]
+        streaming.count_tokens(metrics, route.name,
+                               (usage["input_tokens"], usage["output_tokens"]))
+        return message, route.name
+
+    def _access(self, item: Claimed, model: str, upstream: str, request_id: str, status: int,
+                error: errors.GatewayError | None, duration: float) -> None:
+        log.access({"request_id": request_id, "method": None, "route": "batch_request",
+                    "model": model, "upstream": upstream, "status": status,
+                    "duration_ms": round(duration * 1000, 3), "stream": False, "query": None,
+                    "error_type": error.error_type if error is not None else None,
+                    "error": error.message if error is not None and error.status < 500
+                    else None,
+                    "batch_id": item.batch_id, "custom_id": item.custom_id,
+                    "attempt": item.attempts})
+
+
+async def scheduler_ctx(app: web.Application) -> AsyncIterator[None]:
+    """cleanup_ctx: run the scheduler while the app runs; stop it, then close the store."""
+    scheduler = app[SCHEDULER]
+    task = asyncio.create_task(scheduler.run())
+    yield
+    await scheduler.stop()
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    await app[BATCH_STORE].close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests import sdk
+from tests import pg, sdk
 from tests.procs import REPO, Proc, free_port, start_gateway, wait_http
 
 
@@ -94,6 +95,29 @@ def stub_gateway(stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]]
     """A gateway in front of the stub; yields (process, base URL including the /llm prefix)."""
     proc, url = gateway_factory(stub_config(stub_url))
     return proc, url + "/llm"
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[pg.PgServer]:
+    """A real throwaway PostgreSQL server (tests/pg.py) for the session; skipped with the
+    reason where Debian's binaries or psycopg are absent (a failure in CI)."""
+    reason = pg.unavailable()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    server = pg.PgServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_url(pg_server: pg.PgServer) -> str:
+    """A ``postgresql://user:password@127.0.0.1:port/db`` URL of a database of its own."""
+    return pg_server.create_db("gateway_test")
 
 
 from tests.fixtures_llama import *  # noqa: E402,F403  (real llama.cpp upstream fixtures)

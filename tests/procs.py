@@ -82,6 +82,11 @@ def start_gateway(config_text: str, tmp_path: Path, *, env: dict[str, str] | Non
     port = free_port()
     cfg = tmp_path / f"gateway-{port}.toml"
     cfg.write_text(config_text)
+    env = dict(env or {})
+    if "STATE_DIRECTORY" not in env and "XDG_STATE_HOME" not in env:
+        # the test's own state directory (signing key, batch database): gateways of one test
+        # share it, and no batch a test leaves behind is picked up by another test's gateway
+        env["XDG_STATE_HOME"] = str(tmp_path / "state")
     proc = Proc([sys.executable, "-m", "gateway", "--config", str(cfg), "--port", str(port),
                  *extra_args], env=env)
     try:

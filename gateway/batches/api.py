@@ -52,7 +52,7 @@ from gateway.appkeys import CONFIG, METRICS, REQUEST_ID
 from gateway.batches.keys import BATCH_STORE, SCHEDULER
 from gateway.batches.store import BatchRow, BatchStore, StoreError
 from gateway.body import read_json
-from gateway.config import find_route
+from gateway.config import Config, find_route
 from gateway.messages.validate import validate_messages
 
 _log = structlog.get_logger("gateway.batches")
@@ -92,7 +92,8 @@ def status_of(row: BatchRow) -> str:
     return "canceling" if row.cancel_initiated_at is not None else "in_progress"
 
 
-def render(request: web.Request, row: BatchRow) -> dict[str, Any]:
+def render(row: BatchRow, base: str) -> dict[str, Any]:
+    """The ``message_batch`` object; ``base``: the batches route's absolute URL."""
     ended = row.ended_at is not None
     counts = {"processing": row.total, "succeeded": 0, "errored": 0, "canceled": 0,
               "expired": 0}
@@ -109,14 +110,16 @@ def render(request: web.Request, row: BatchRow) -> dict[str, Any]:
         "expires_at": rfc3339(row.expires_at),
         "archived_at": None,
         "cancel_initiated_at": rfc3339(row.cancel_initiated_at),
-        "results_url": _results_url(request, row.id) if ended else None,
+        "results_url": f"{base}/{row.id}/results" if ended else None,
     }
 
 
-def _results_url(request: web.Request, batch_id: str) -> str:
+def _base(request: web.Request) -> str:
+    """Where the batches routes are, absolute: ``batches.public_base_url`` behind a proxy,
+    else the request's own scheme and host; the prefix after either."""
     cfg = request.app[CONFIG]
-    base = cfg.batches.public_base_url or f"{request.scheme}://{request.host}"
-    return f"{base}{cfg.server.prefix}/v1/messages/batches/{batch_id}/results"
+    origin = cfg.batches.public_base_url or f"{request.scheme}://{request.host}"
+    return f"{origin}{cfg.server.prefix}/v1/messages/batches"
 
 
 def _json(request: web.Request, body: Any, status: int = 200) -> web.Response:
@@ -155,10 +158,9 @@ def _failed(exc: StoreError) -> errors.GatewayError:
 
 # --- create ------------------------------------------------------------------------------
 
-def parse_create(request: web.Request, body: Any) -> list[tuple[str, str, bytes]]:
+def parse_create(cfg: Config, body: Any) -> list[tuple[str, str, bytes]]:
     """(custom_id, route name, params JSON) per request; raises the 400 naming what is
     wrong. The route's configured name is what the scheduler claims work by."""
-    cfg = request.app[CONFIG]
     if not isinstance(body, dict):
         raise errors.InvalidRequest("", "request body must be a JSON object")
     for key in body:
@@ -215,7 +217,7 @@ async def create(request: web.Request) -> web.Response:
     cfg = request.app[CONFIG]
     body = await read_json(request, max_bytes=cfg.batches.max_body_bytes,
                            max_values=MAX_BATCH_VALUES)
-    requests = parse_create(request, body)
+    requests = parse_create(cfg, body)
     del body
     now = time.time()
     try:
@@ -228,7 +230,7 @@ async def create(request: web.Request) -> web.Response:
     if scheduler is not None:
         scheduler.wake()
     _log.info("batch_created", batch_id=row.id, requests=row.total)
-    return _json(request, render(request, row))
+    return _json(request, render(row, _base(request)))
 
 
 # --- list, retrieve, cancel, delete ------------------------------------------------------
@@ -260,7 +262,8 @@ async def list_batches(request: web.Request) -> web.Response:
         rows, has_more = await store.page(owner_of(request), limit, before, after)
     except StoreError as exc:
         raise _failed(exc) from None
-    data = [render(request, row) for row in rows]
+    base = _base(request)
+    data = [render(row, base) for row in rows]
     return _json(request, {"data": data, "has_more": has_more,
                            "first_id": data[0]["id"] if data else None,
                            "last_id": data[-1]["id"] if data else None})
@@ -275,7 +278,7 @@ async def retrieve(request: web.Request) -> web.Response:
         raise _failed(exc) from None
     if row is None:
         raise _not_found(batch_id)
-    return _json(request, render(request, row))
+    return _json(request, render(row, _base(request)))
 
 
 async def cancel(request: web.Request) -> web.Response:
@@ -288,7 +291,7 @@ async def cancel(request: web.Request) -> web.Response:
     if row is None:
         raise _not_found(batch_id)
     _log.info("batch_cancel", batch_id=batch_id, status=status_of(row))
-    return _json(request, render(request, row))
+    return _json(request, render(row, _base(request)))
 
 
 async def delete(request: web.Request) -> web.Response:

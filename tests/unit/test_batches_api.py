@@ -1,0 +1,118 @@
+"""Message Batches: creation is validated as /v1/messages is, the batch object follows the
+API's rules (counts move at the end, results_url once ended), retries follow the error model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway import config, errors, jsonutil
+from gateway.batches import api, scheduler
+from gateway.batches.store import BatchRow
+
+CFG = config.parse({
+    "upstreams": {"u": {"base_url": "http://127.0.0.1:9/v1"}},
+    "models": [{"name": "m", "upstream": "u", "upstream_model": "x"},
+               {"name": "claude-*", "upstream": "u", "upstream_model": "x"}],
+    "batches": {"max_requests": 3, "database": "sqlite:////tmp/unused.sqlite3"},
+}, "test.toml", {"HOME": "/nonexistent"})
+
+
+def _params(**kw: Any) -> dict[str, Any]:
+    return {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], **kw}
+
+
+def _item(custom_id: Any = "a", **params: Any) -> dict[str, Any]:
+    return {"custom_id": custom_id, "params": _params(**params)}
+
+
+# (name, body, path named by the 400)
+BAD = [
+    ("not an object", [], ""),
+    ("no requests", {}, "requests"),
+    ("requests not a list", {"requests": {}}, "requests"),
+    ("empty", {"requests": []}, "requests"),
+    ("too many", {"requests": [_item(str(i)) for i in range(4)]}, "requests"),
+    ("extra top-level key", {"requests": [_item()], "x": 1}, "x"),
+    ("item not an object", {"requests": ["a"]}, "requests.0"),
+    ("extra item key", {"requests": [{**_item(), "y": 1}]}, "requests.0.y"),
+    ("custom_id missing", {"requests": [{"params": _params()}]}, "requests.0.custom_id"),
+    ("custom_id empty", {"requests": [_item("")]}, "requests.0.custom_id"),
+    ("custom_id 65 chars", {"requests": [_item("a" * 65)]}, "requests.0.custom_id"),
+    ("custom_id bad char", {"requests": [_item("a b")]}, "requests.0.custom_id"),
+    ("custom_id not a string", {"requests": [_item(7)]}, "requests.0.custom_id"),
+    ("duplicate custom_id", {"requests": [_item("a"), _item("a")]}, "requests.1.custom_id"),
+    ("params missing", {"requests": [{"custom_id": "a"}]}, "requests.0.params"),
+    ("params stream", {"requests": [_item(stream=True)]}, "requests.0.params.stream"),
+    ("params invalid", {"requests": [_item(max_tokens=0)]}, "requests.0.params.max_tokens"),
+    ("params nested invalid", {"requests": [_item(), _item("b", messages=[{"role": "x",
+                                                                             "content": "c"}])]},
+     "requests.1.params.messages.0.role"),
+    ("unknown model", {"requests": [_item(model="nope")]}, "requests.0.params.model"),
+]
+
+
+@pytest.mark.parametrize(("body", "path"), [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_a_bad_create_is_a_400_naming_the_field(body: Any, path: str) -> None:
+    with pytest.raises(errors.InvalidRequest) as caught:
+        api.parse_create(CFG, body)
+    assert caught.value.path == path
+    assert caught.value.status == 400 and caught.value.message.startswith(path)
+
+
+def test_a_good_create_keeps_each_request_under_its_route() -> None:
+    body = {"requests": [_item("a-1"), _item("B_2", model="claude-opus-5", stream=False),
+                         _item("c" * 64)]}
+    out = api.parse_create(CFG, body)
+    assert [(c, m) for c, m, _ in out] == [("a-1", "m"), ("B_2", "claude-*"), ("c" * 64, "m")]
+    assert jsonutil.loads(out[1][2])["model"] == "claude-opus-5"  # the client's name is kept
+
+
+def _row(**kw: Any) -> BatchRow:
+    base = {"id": "msgbatch_x", "owner": "", "created_at": 1_700_000_000.0,
+            "expires_at": 1_700_086_400.0, "ended_at": None, "cancel_initiated_at": None,
+            "total": 5, "succeeded": 2, "errored": 1, "canceled": 0, "expired": 0}
+    return BatchRow(**{**base, **kw})
+
+
+def test_counts_move_out_of_processing_only_when_the_batch_ends() -> None:
+    running = api.render(_row(), "https://gw.example/llm/v1/messages/batches")
+    assert running["processing_status"] == "in_progress"
+    assert running["request_counts"] == {"processing": 5, "succeeded": 0, "errored": 0,
+                                         "canceled": 0, "expired": 0}
+    assert running["results_url"] is None and running["ended_at"] is None
+    ended = api.render(_row(ended_at=1_700_000_100.5, canceled=1, expired=1),
+                       "https://gw.example/llm/v1/messages/batches")
+    assert ended["processing_status"] == "ended"
+    assert ended["request_counts"] == {"processing": 0, "succeeded": 2, "errored": 1,
+                                       "canceled": 1, "expired": 1}
+    assert ended["results_url"] == "https://gw.example/llm/v1/messages/batches/msgbatch_x/results"
+    assert ended["created_at"] == "2023-11-14T22:13:20Z"
+    assert ended["ended_at"] == "2023-11-14T22:15:00.500000Z"
+    assert set(ended) == {"id", "type", "processing_status", "request_counts", "ended_at",
+                          "created_at", "expires_at", "archived_at", "cancel_initiated_at",
+                          "results_url"}
+    canceling = api.render(_row(cancel_initiated_at=1_700_000_050.0), "b")
+    assert canceling["processing_status"] == "canceling"
+
+
+@pytest.mark.parametrize(("err", "retry"), [
+    (errors.UpstreamUnavailable(), True),
+    (errors.UpstreamTimeout(), True),
+    (errors.Overloaded(), True),
+    (errors.GatewayError(status=500), True),
+    (errors.GatewayError("slow", status=408), True),
+    (errors.GatewayError("rate limited", status=429, error_type="rate_limit_error"), True),
+    (errors.InvalidRequest("messages", "bad"), False),
+    (errors.NotFound(), False),
+    (errors.RequestTooLarge(), False),
+])
+def test_what_is_retried(err: errors.GatewayError, retry: bool) -> None:
+    assert scheduler.retryable(err) is retry
+
+
+def test_backoff_grows_and_is_capped() -> None:
+    delays = [scheduler.backoff(n) for n in range(1, 12)]
+    assert 1.5 <= delays[0] <= 2.5 and delays[3] > delays[0] * 4
+    assert max(delays) <= 300 * 1.2

@@ -118,18 +118,22 @@ def _knobs_in(data: dict[str, Any]) -> set[str]:
         knobs |= {f"upstreams.<name>.{k}" for k in table}
     for table in data.get("models", []):
         knobs |= {f"models[].{k}" for k in table}
+    knobs |= {f"batches.{k}" for k in data.get("batches", {})}
     return knobs
 
 
 def _env_names(data: dict[str, Any]) -> set[str]:
     """Every environment variable a config names (the *_env keys)."""
-    tables = [data.get("server", {}), *data.get("upstreams", {}).values()]
+    tables = [data.get("server", {}), *data.get("upstreams", {}).values(), data.get("batches", {})]
     return {v for t in tables for k, v in t.items() if k.endswith("_env")}
 
 
 def _parse_with_env(text: str, src: str) -> config.Config:
     data = tomllib.loads(text)
-    return config.parse(data, src, {name: "test-secret" for name in _env_names(data)})
+    env = {name: "test-secret" for name in _env_names(data)}
+    if name := data.get("batches", {}).get("database_env"):  # a URL, not a key
+        env[name] = "postgresql://gateway:test-secret@db.internal:5432/gateway"
+    return config.parse(data, src, env)
 
 
 def test_example_config_passes_check_config_as_it_is() -> None:
@@ -150,7 +154,9 @@ def test_example_config_passes_check_config_as_it_is() -> None:
 def test_example_config_with_every_commented_knob_switched_on_loads() -> None:
     text = _switch_on(EXAMPLE.read_text())
     data = tomllib.loads(text)
-    assert _env_names(data) == {"GATEWAY_API_KEYS", "GATEWAY_SIGNING_KEY", "VLLM_API_KEY"}
+    assert _env_names(data) == {
+        "GATEWAY_API_KEYS", "GATEWAY_SIGNING_KEY", "VLLM_API_KEY", "GATEWAY_BATCHES_DATABASE"
+    }
     cfg = _parse_with_env(text, str(EXAMPLE))
     assert cfg.server.api_keys == ("test-secret",)
     assert cfg.upstreams["local-vllm"].api_key == "test-secret"
@@ -174,6 +180,8 @@ def test_example_config_comments_every_knob() -> None:
                 if line.startswith("[[models]]")
                 else "upstreams.<name>"
                 if line.startswith("[upstreams.")
+                else "batches"
+                if line.startswith("[batches]")
                 else "server"
             )
             continue
@@ -207,6 +215,7 @@ def _first_values(data: dict[str, Any]) -> dict[str, Any]:
     tables = [("server", data.get("server", {}))]
     tables += [("upstreams.<name>", t) for t in data.get("upstreams", {}).values()]
     tables += [("models[]", t) for t in data.get("models", [])]
+    tables += [("batches", data.get("batches", {}))]
     shown: dict[str, Any] = {}
     for prefix, table in tables:
         for key, value in table.items():

@@ -19,9 +19,10 @@ any other error is the request's ``errored`` result, with the error envelope the
 interactive route would have answered. Each run writes one access line (``route``
 ``batch_request``, with ``batch_id`` and ``custom_id``).
 
-Every ``_SWEEP`` seconds the scheduler also ends expired batches (their unfinished
-requests ``expired``), deletes batches ended longer ago than ``batches.retention_days``,
-and refreshes the queue and batch gauges from the store.
+Every ``_SWEEP`` seconds (or a tenth of ``batches.expire_after``, at least a second, when
+that is shorter) the scheduler also ends expired batches (their unfinished requests
+``expired``), deletes batches ended longer ago than ``batches.retention_days``, and
+refreshes the queue and batch gauges from the store.
 """
 
 from __future__ import annotations
@@ -109,18 +110,27 @@ class Scheduler:
             heartbeat.cancel()
 
     async def stop(self) -> None:
-        """Stop claiming; requests in flight are cancelled (their leases lapse and another
-        process, or this one after a restart, runs them again)."""
+        """Stop claiming; requests in flight are cancelled and handed back at once, for
+        another process (or this one after a restart) to run again; a process that dies
+        instead leaves them to their lease."""
         self._stopping = True
         self._wake.set()
+        held = list(self._leases)
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        now = time.time()
+        for batch_id, idx in held:
+            try:
+                await self._store.release(self.worker, batch_id, idx, now)
+            except StoreError as exc:
+                self._store_failed(exc)
+                break
 
     async def _round(self) -> None:
         now = time.time()
-        if now - self._last_sweep >= _SWEEP:
+        if now - self._last_sweep >= min(_SWEEP, max(1.0, self._cfg.expire_after / 10)):
             self._last_sweep = now
             await self._sweep(now)
         if self._app[STATE].draining:
@@ -213,6 +223,7 @@ class Scheduler:
         except StoreError as exc:  # the lease lapses: the request runs again later
             self._store_failed(exc)
         except asyncio.CancelledError:
+            status = 499  # stopped with the process: handed back, run again
             raise
         except Exception:
             _log.exception("batch_request_failed", batch_id=item.batch_id, custom_id=item.custom_id)

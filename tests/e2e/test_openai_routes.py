@@ -290,10 +290,23 @@ def test_files_api_is_a_404_naming_the_endpoint(base: str) -> None:
     ("DELETE", "/v1/files/file_011"),
     ("GET", "/v1/files/file_011/content"),
     ("POST", "/v1/complete"),
+])
+def test_unimplemented_anthropic_endpoints_say_so(base: str, method: str, path: str) -> None:
+    _says_not_supported(base, method, path)
+
+
+@pytest.mark.parametrize(("method", "path"), [
     ("POST", "/v1/messages/batches"),
     ("GET", "/v1/messages/batches/msgbatch_1/results"),
 ])
-def test_unimplemented_anthropic_endpoints_say_so(base: str, method: str, path: str) -> None:
+def test_batches_switched_off_say_so(stub_url: str, gateway_factory: Any, method: str,
+                                     path: str) -> None:
+    _, url = gateway_factory(stub_config(stub_url, models=MODELS)
+                             + "\n[batches]\nenabled = false\n")
+    _says_not_supported(url + "/llm", method, path)
+
+
+def _says_not_supported(base: str, method: str, path: str) -> None:
     req = urllib.request.Request(base + path, data=b"{}" if method == "POST" else None,
                                  method=method, headers={"x-request-id": "unsupported-1"})
     try:

@@ -2,7 +2,9 @@
 
 ``name>=X`` becomes ``name==X`` (its environment marker kept), so ``.ci/min-versions`` installs
 exactly the oldest versions the project claims to support. A runtime dependency without a
-``>=`` floor is an error: every floor is tested.
+``>=`` floor is an error: every floor is tested. The extras in ``RUNTIME_EXTRAS`` are runtime
+dependencies too (what a deployment adds: the PostgreSQL driver), so their floors are pinned
+alike.
 """
 
 from __future__ import annotations
@@ -12,11 +14,15 @@ import sys
 import tomllib
 from pathlib import Path
 
+RUNTIME_EXTRAS = ("postgresql",)
 _FLOOR = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*>=\s*([^,;\s]+)")
 
 
 def constraints(pyproject: Path) -> list[str]:
-    deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    project = tomllib.loads(pyproject.read_text())["project"]
+    deps = list(project["dependencies"])
+    for extra in RUNTIME_EXTRAS:
+        deps += project["optional-dependencies"][extra]
     out = []
     for dep in deps:
         spec, _, marker = dep.partition(";")

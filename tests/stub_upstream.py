@@ -30,6 +30,9 @@ route's ``upstream_model``), so one stub serves many gateway routes:
     reset-always    the connection is cut before any response byte, every time
     end-late:MS     the ok stream, but the body's end (the chunked terminator) comes MS
                     milliseconds after ``[DONE]``
+    delay:MS        the ok reply (buffered or streamed) after MS milliseconds of silence
+    fail-first:N:S  HTTP S (plain body) for the first N requests carrying the same last
+                    user message, then the ok reply: a transient failure per request
     think-tool:NAME:ARGS  reasoning + a call to tool NAME; after its result, reasoning + text
     agent:NAME:ARGS one call of tool NAME with the JSON ARGS, until the last message is a
                     ``role: "tool"`` one; then text: ``The tool said: <its content>``
@@ -286,6 +289,7 @@ class Stub:
         self.cancelled = 0  # chat requests whose client (the gateway) went away
         self.cut = 0  # chat streams cut mid-stream (cut-mid, cut-every:N)
         self.streams: dict[str, int] = {}  # streams seen per cut-every:N scenario
+        self.failures: dict[str, int] = {}  # fail-first:N:S requests seen per message
 
     @web.middleware
     async def track(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
@@ -324,6 +328,14 @@ class Stub:
             return await self.quote_key(request, "chat", model, body, stream)
         if model == "hang-headers":
             await asyncio.sleep(3600)
+        if model.startswith("delay:"):
+            await asyncio.sleep(int(model.split(":")[1]) / 1000)
+        if model.startswith("fail-first:"):
+            _, times, code = model.split(":")
+            key = json.dumps(last_turn(body["messages"]).get("content"))
+            self.failures[key] = self.failures.get(key, 0) + 1
+            if self.failures[key] <= int(times):
+                return status_reply(f"status:{code}")
         if model in ("reset-always", "reset-once"):
             self.resets[model] = self.resets.get(model, 0) + 1
             if model == "reset-always" or self.resets[model] % 2 == 1:

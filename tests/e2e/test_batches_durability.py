@@ -1,0 +1,191 @@
+"""Message Batches survive their gateway: SIGKILL and restart, --workers 2, two replicas on
+one PostgreSQL, and a database that cannot be opened.
+
+The upstream is the scripted stub with ``delay:MS`` (each request answered after MS
+milliseconds), so a batch takes a few seconds and a kill lands while requests are in flight.
+Every request's user message names its custom_id, and the stub records every request it
+saw: the tests count upstream calls per custom_id. The guarantees (issue 19): every request
+ends with exactly one result; a request whose result was committed is never run again; one
+in flight at the kill is run again once its lease lapses; under several workers or replicas
+each request is claimed, and so called upstream, exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests import pg
+from tests.conftest import clear_stub, stub_config
+from tests.e2e.test_batches import (
+    batches_toml,
+    calls_per_id,
+    create,
+    request,
+    results_of,
+    wait_ended,
+)
+from tests.procs import Proc, free_port, start_gateway
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+
+def _db_states(db: Path, batch_id: str) -> dict[str, str]:
+    """custom_id -> state (queued, running, done), read from the SQLite file read-only."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        rows = conn.execute("SELECT custom_id, state FROM llm_gateway_batch_requests "
+                            "WHERE batch_id = ?", (batch_id,)).fetchall()
+    finally:
+        conn.close()
+    return dict(rows)
+
+
+def _batch_pids(*procs: Proc) -> set[int]:
+    """The pids of the processes that ran batch requests (their access lines)."""
+    pids = set()
+    for proc in procs:
+        for line in proc.output().splitlines():
+            if line.startswith("{") and '"batch_request"' in line:
+                entry = json.loads(line)
+                if entry.get("route") == "batch_request" and entry.get("status") == 200:
+                    pids.add(entry["pid"])
+    return pids
+
+
+def _check_results(base: str, batch_id: str, ids: list[str]) -> None:
+    results = results_of(base, batch_id)
+    assert sorted(r["custom_id"] for r in results) == sorted(ids)  # one each, no duplicates
+    assert all(r["result"]["type"] == "succeeded" for r in results), results
+
+
+def test_sigkill_mid_batch_then_restart_runs_only_what_was_not_committed(
+        stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]], tmp_path: Path
+) -> None:
+    clear_stub(stub_url)
+    db = tmp_path / "batches.sqlite3"
+    text = stub_config(stub_url, models=("delay:600",)) + batches_toml(
+        db, lease=3, max_in_flight=4)
+    first, url = gateway_factory(text)
+    base = url + "/llm"
+    ids = [f"kill-{i:02d}" for i in range(16)]
+    status, made = create(base, [request(cid, "m-delay:600") for cid in ids])
+    assert status == 200, made
+    batch_id = made["id"]
+
+    # wait until some results are committed and others are running, then SIGKILL
+    deadline = time.monotonic() + 15
+    while True:
+        states = _db_states(db, batch_id)
+        done = {cid for cid, s in states.items() if s == "done"}
+        running = {cid for cid, s in states.items() if s == "running"}
+        if len(done) >= 4 and running:
+            first.signal(signal.SIGKILL)
+            break
+        assert time.monotonic() < deadline, states
+        time.sleep(0.05)
+    assert first.wait(10) == -signal.SIGKILL
+    assert len(done) < len(ids), "the batch ended before the kill: make it slower"
+
+    second, url2 = gateway_factory(text)  # the same database file, a new process and port
+    base2 = url2 + "/llm"
+    ended = wait_ended(base2, batch_id, timeout=30)
+    assert ended["request_counts"] == {"processing": 0, "succeeded": 16, "errored": 0,
+                                       "canceled": 0, "expired": 0}
+    _check_results(base2, batch_id, ids)
+
+    calls = calls_per_id(stub_url, ids)
+    assert all(calls[cid] == 1 for cid in done), calls  # committed: never run again
+    assert all(1 <= n <= 2 for n in calls.values()), calls
+    again = {cid for cid, n in calls.items() if n == 2}
+    assert again, f"nothing in flight at the kill was run again: {calls}"
+    assert again <= set(ids) - done
+    # those run twice were in flight at the kill (running at our last look, or claimed
+    # between it and the SIGKILL, never committed by the first process)
+    assert again & running or not running, (again, running)
+    assert _batch_pids(second) == {second.pid}  # the restarted process finished the batch
+
+
+def test_two_workers_share_one_sqlite_file_and_claim_each_request_once(
+        stub_url: str, tmp_path: Path) -> None:
+    clear_stub(stub_url)
+    port = free_port()
+    text = stub_config(stub_url, models=("delay:300",)).replace(
+        "port = 8080", f"port = {port}") + batches_toml(tmp_path / "batches.sqlite3",
+                                                        max_in_flight=2)
+    proc, url = start_gateway(text, tmp_path, extra_args=("--workers", "2"))
+    try:
+        base = url + "/llm"
+        ids = [f"w-{i:02d}" for i in range(16)]
+        status, made = create(base, [request(cid, "m-delay:300") for cid in ids])
+        assert status == 200, made
+        wait_ended(base, made["id"], timeout=30)
+        _check_results(base, made["id"], ids)
+        assert calls_per_id(stub_url, ids) == dict.fromkeys(ids, 1)
+        # both workers ran some (each takes at most two at a time)
+        assert len(_batch_pids(proc)) == 2, proc.output()[-3000:]
+    finally:
+        proc.stop()
+
+
+def test_two_replicas_share_one_postgresql_database(
+        stub_url: str, pg_server: pg.PgServer,
+        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    clear_stub(stub_url)
+    url = pg_server.create_db("batches_replicas")
+    text = stub_config(stub_url, models=("delay:300",)) + batches_toml(url, max_in_flight=2)
+    one, url_one = gateway_factory(text)
+    two, url_two = gateway_factory(text)
+    ids = [f"pg-{i:02d}" for i in range(16)]
+    status, made = create(url_one + "/llm", [request(cid, "m-delay:300") for cid in ids])
+    assert status == 200, made
+    ended = wait_ended(url_two + "/llm", made["id"], timeout=30)
+    assert ended["request_counts"]["succeeded"] == 16
+    assert ended["results_url"].startswith(url_two + "/llm/")
+    _check_results(url_two + "/llm", made["id"], ids)
+    assert calls_per_id(stub_url, ids) == dict.fromkeys(ids, 1)
+    assert _batch_pids(one) == {one.pid} and _batch_pids(two) == {two.pid}
+    assert pg.PASSWORD not in one.output() + two.output()
+
+
+def _refused_start(text: str, tmp_path: Path) -> tuple[int, str]:
+    cfg = tmp_path / "gateway.toml"
+    cfg.write_text(text)
+    proc = Proc([sys.executable, "-m", "gateway", "--config", str(cfg), "--port",
+                 str(free_port())])
+    try:
+        code = proc.wait(20)
+    finally:
+        proc.stop()
+    return code, proc.output()
+
+
+@pytest.mark.parametrize("where", ["parent is a file", "parent cannot be made", "corrupt file"])
+def test_a_database_that_cannot_be_opened_stops_the_start(stub_url: str, tmp_path: Path,
+                                                          where: str) -> None:
+    if where == "parent is a file":
+        (tmp_path / "plain-file").write_text("not a folder")
+        db = tmp_path / "plain-file" / "batches.sqlite3"
+    elif where == "parent cannot be made":
+        db = Path("/proc/llm-gateway-no-such-dir/batches.sqlite3")
+    else:
+        db = tmp_path / "batches.sqlite3"
+        db.write_bytes(b"this is not a SQLite database\n" * 400)
+    code, output = _refused_start(stub_config(stub_url, models=("ok",)) + batches_toml(db),
+                                  tmp_path)
+    assert code == 1, output
+    failed = [json.loads(line) for line in output.splitlines()
+              if line.startswith("{") and '"batch_store_failed"' in line]
+    assert len(failed) == 1, output
+    assert failed[0]["level"] == "error"
+    assert str(db) in failed[0]["detail"] or str(db.parent) in failed[0]["detail"], failed
+    assert '"listening"' not in output and "Traceback" not in output, output
+    if where == "corrupt file":
+        assert db.read_bytes() == b"this is not a SQLite database\n" * 400  # left as it was

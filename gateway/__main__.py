@@ -18,6 +18,7 @@ import os
 import resource
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import structlog
 from aiohttp import web
@@ -25,8 +26,10 @@ from aiohttp import web
 from gateway import __version__, config, log, notify
 from gateway.app import build_app
 from gateway.appkeys import METRICS, STATE
-from gateway.batches.store import BatchStore, StoreError
 from gateway.server import listen
+
+if TYPE_CHECKING:
+    from gateway.batches.store import BatchStore
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -110,6 +113,8 @@ def _open_batch_store(cfg: config.Config) -> BatchStore | None:
         logger.warning("batches_disabled", detail="no state directory for the batch database: "
                        "set batches.database (or STATE_DIRECTORY, XDG_STATE_HOME, HOME)")
         return None
+    from gateway.batches.store import BatchStore, StoreError
+
     try:
         return BatchStore.open(batches.database_url)
     except StoreError as exc:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
@@ -35,10 +36,6 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway import errors, log, models
 from gateway.appkeys import CONFIG, METRICS, SECRETS, STATE, UPSTREAMS, AppState
-from gateway.batches import api as batches_api
-from gateway.batches.keys import BATCH_STORE, SCHEDULER
-from gateway.batches.scheduler import Scheduler, scheduler_ctx
-from gateway.batches.store import BatchStore
 from gateway.config import Config
 from gateway.messages import handler as messages
 from gateway.metrics import Metrics
@@ -46,6 +43,9 @@ from gateway.middleware import gateway_middleware
 from gateway.openai import passthrough
 from gateway.openai.apis import APIS as OPENAI_APIS
 from gateway.redact import Redactor
+
+if TYPE_CHECKING:
+    from gateway.batches.store import BatchStore
 from gateway.upstream import UpstreamClient
 
 
@@ -165,6 +165,11 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
         r.add_post(f"{p}/v1{api.path}", passthrough.handler(api), name=api.name)
     not_implemented: tuple[str, ...] = _NOT_IMPLEMENTED
     if batch_store is not None:
+        # imported here: the SQL layer costs ~12 MB and a quarter second, only when enabled
+        from gateway.batches import api as batches_api
+        from gateway.batches.keys import BATCH_STORE, SCHEDULER
+        from gateway.batches.scheduler import Scheduler, scheduler_ctx
+
         app[BATCH_STORE] = batch_store
         app[SCHEDULER] = Scheduler(app, batch_store)
         batches_api.add_routes(app, p)

@@ -194,7 +194,9 @@ class Bench:
         if name == "gateway":
             args = [sys.executable, "-m", "gateway", "--config", str(self.cfg), "--port",
                     str(port)]
-            env = {"BENCH_GATEWAY_KEYS": API_KEY}
+            # its own state directory: the signing key and the batch database (batches on,
+            # as by default, the scheduler polling its store)
+            env = {"BENCH_GATEWAY_KEYS": API_KEY, "XDG_STATE_HOME": str(self.tmp / "state")}
         elif name == "router":
             args = [sys.executable, "-m", "sglang_router.launch_router", "--host", HOST,
                     "--port", str(port), "--worker-urls", self.stub_url.removesuffix("/v1"),
@@ -539,7 +541,8 @@ def check_targets(r: dict[str, Any]) -> list[dict[str, Any]]:
          a["slow"]["gateway"]["upstream_open_after"] + o["slow"]["gateway"]["upstream_open_after"]
          + a["slow"]["gateway"]["abandoned_open_after"]
          + o["slow"]["gateway"]["abandoned_open_after"], 0),
-        ("idle RSS (MB)", r["startup"]["gateway"]["idle_rss_mb"], 60),
+        # 60 MB before Message Batches; their SQL layer (SQLAlchemy Core) adds about 12 MB
+        ("idle RSS (MB)", r["startup"]["gateway"]["idle_rss_mb"], 75),
         ("start-up (s)", r["startup"]["gateway"]["startup_s"], 1.0),
     ]
     return [{"target": name, "value": value, "limit": limit,

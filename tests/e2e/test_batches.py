@@ -15,9 +15,11 @@ envelopes naming ``requests.N...``), owner isolation by client key, an upstream 
 
 from __future__ import annotations
 
+import http.client
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,6 +55,9 @@ def batches_toml(database: str | Path, **knobs: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
+_NAMED = re.compile(r'"batch request ([A-Za-z0-9_-]{1,64})"')
+
+
 def text_of(cid: str) -> str:
     """The user message of batch request ``cid``: the stub's record of it names the request."""
     return f"batch request {cid}"
@@ -70,10 +75,9 @@ def calls_per_id(stub_url: str, cids: list[str]) -> dict[str, int]:
     for seen in stub_requests(stub_url):
         if not seen["path"].endswith("/chat/completions") or not isinstance(seen["body"], dict):
             continue
-        sent = json.dumps(seen["body"].get("messages"))
-        for cid in cids:
-            if json.dumps(text_of(cid)) in sent:
-                counts[cid] += 1
+        named = set(_NAMED.findall(json.dumps(seen["body"].get("messages"))))
+        for cid in named & counts.keys():
+            counts[cid] += 1
     return counts
 
 
@@ -403,6 +407,22 @@ def test_a_body_over_max_body_bytes_is_a_413(stub_base: str) -> None:
     assert get(f"{stub_base}/v1/messages/batches?limit=1000")[2] == before
 
 
+def test_a_chunked_body_over_max_body_bytes_is_a_413(stub_base: str) -> None:
+    """No Content-Length to refuse up front: the limit holds while the body is read."""
+    host, port = stub_base.split("//")[1].split("/")[0].split(":")
+    body = json.dumps({"requests": [_item("a", messages=[
+        {"role": "user", "content": "x" * (MAX_BODY * 3)}])]}).encode()
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("POST", "/llm/v1/messages/batches",
+                     body=iter([body[i:i + 4096] for i in range(0, len(body), 4096)]),
+                     headers={"Content-Type": "application/json"}, encode_chunked=True)
+        resp = conn.getresponse()
+        assert_error(resp.status, json.loads(resp.read()), 413, "request_too_large")
+    finally:
+        conn.close()
+
+
 def test_unknown_and_malformed_batch_ids_are_404(stub_base: str) -> None:
     for batch_id in ("msgbatch_doesnotexist0000", "not-a-batch-id"):
         for method, suffix in (("GET", ""), ("GET", "/results"), ("POST", "/cancel"),
@@ -455,6 +475,25 @@ def test_upstream_4xx_is_errored_and_503_529_are_retried(stub_url: str, stub_bas
     assert calls == {"ok-1": 1, "bad-1": 1, "flaky-503": 2, "flaky-529": 2, "ok-2": 1}
 
 
+def test_results_of_more_than_a_page_of_requests(
+        stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]], tmp_path: Path) -> None:
+    """The store hands results out 1,000 at a time: 2,345 requests come back once each."""
+    clear_stub(stub_url)
+    text = stub_config(stub_url, models=("ok",)) + batches_toml(
+        tmp_path / "batches.sqlite3", max_in_flight=64)
+    _, url = gateway_factory(text)
+    base = url + "/llm"
+    ids = [f"many-{i:04d}" for i in range(2345)]
+    status, made = create(base, [request(cid, "m-ok", max_tokens=8) for cid in ids])
+    assert status == 200, made
+    ended = wait_ended(base, made["id"], timeout=60)
+    assert ended["request_counts"]["succeeded"] == len(ids), ended
+    results = results_of(base, made["id"])
+    assert sorted(r["custom_id"] for r in results) == ids
+    assert {r["result"]["type"] for r in results} == {"succeeded"}
+    assert calls_per_id(stub_url, ids) == dict.fromkeys(ids, 1)
+
+
 @pytest.fixture
 def keyed_base(stub_url: str, tmp_path: Path) -> Iterator[str]:
     text = stub_config(stub_url, models=("ok",), extra_server='api_keys_env = "BATCH_KEYS"'
@@ -497,8 +536,8 @@ def test_a_batch_belongs_to_the_key_that_made_it(keyed_base: str) -> None:
 def test_a_batch_past_its_expiry_ends_with_expired_results(
         stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]], tmp_path: Path) -> None:
     """``expire_after = 2`` with a slow upstream and one request at a time: the batch is past
-    its expiry while requests are still queued. The scheduler's sweep ends it (every 30 s,
-    scheduler._SWEEP), the unfinished requests ``expired``."""
+    its expiry while requests are still queued. The scheduler's sweep ends it (every tenth of
+    ``expire_after``, at least a second), the unfinished requests ``expired``."""
     clear_stub(stub_url)
     text = stub_config(stub_url, models=("delay:1500",)) + batches_toml(
         tmp_path / "batches.sqlite3", expire_after=2, max_in_flight=1)

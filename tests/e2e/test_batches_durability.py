@@ -32,7 +32,7 @@ from tests.e2e.test_batches import (
     results_of,
     wait_ended,
 )
-from tests.procs import Proc, free_port, start_gateway
+from tests.procs import Proc, free_port, get, post, start_gateway
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -189,3 +189,38 @@ def test_a_database_that_cannot_be_opened_stops_the_start(stub_url: str, tmp_pat
     assert '"listening"' not in output and "Traceback" not in output, output
     if where == "corrupt file":
         assert db.read_bytes() == b"this is not a SQLite database\n" * 400  # left as it was
+
+
+def test_a_postgresql_database_that_goes_away_is_a_500_on_batch_routes_only(
+        stub_url: str, pg_server: pg.PgServer,
+        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    """The database is dropped under a running gateway (its connections terminated): the
+    batch routes answer a 500 ``api_error`` that names no URL or password, and the
+    interactive routes answer as before."""
+    import psycopg
+
+    name = "batches_goes_away"
+    url = pg_server.create_db(name)
+    text = stub_config(stub_url, models=("ok",)) + batches_toml(url)
+    proc, gw = gateway_factory(text)
+    base = gw + "/llm"
+    status, made = create(base, [request("before", "m-ok")])
+    assert status == 200, made
+    wait_ended(base, made["id"])
+    with psycopg.connect(pg_server.url("postgres"), autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    for method, path, body in (("GET", "", None), ("GET", f"/{made['id']}", None),
+                               ("POST", "", {"requests": [request("after", "m-ok")]}),
+                               ("GET", f"/{made['id']}/results", None)):
+        url_ = f"{base}/v1/messages/batches{path}"
+        status, _, raw = post(url_, body) if method == "POST" else get(url_)
+        reply = json.loads(raw)
+        assert status == 500, (path, raw)
+        assert reply["type"] == "error" and reply["error"]["type"] == "api_error", reply
+        assert pg.PASSWORD not in raw.decode() and "postgresql" not in raw.decode(), raw
+    status, _, raw = post(f"{base}/v1/messages", {
+        "model": "m-ok", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 200, raw
+    assert json.loads(raw)["content"] == [{"type": "text", "text": "Hello from the stub."}]
+    assert proc.popen.poll() is None
+    assert pg.PASSWORD not in proc.output()

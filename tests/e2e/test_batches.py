@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -562,3 +563,74 @@ def test_a_batch_past_its_expiry_ends_with_expired_results(
     assert {"exp-2", "exp-3"} <= set(expired), results
     assert calls["exp-2"] == calls["exp-3"] == 0, calls
     assert all(calls[cid] <= 1 for cid in ids), calls
+
+
+def test_list_parameters_are_validated(stub_base: str) -> None:
+    batch = "msgbatch_abc123"
+    for query, field in ((("limit", "0"),), "limit"), ((("limit", "1001"),), "limit"), \
+            ((("limit", "many"),), "limit"), ((("after_id", "nope"),), "after_id"), \
+            ((("before_id", batch), ("after_id", batch)), "before_id"):
+        qs = "&".join(f"{k}={v}" for k, v in query)
+        status, _, raw = get(f"{stub_base}/v1/messages/batches?{qs}")
+        assert_error(status, json.loads(raw), 400, "invalid_request_error", field)
+
+
+def test_an_ended_batch_is_deleted_after_its_retention(
+        stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]], tmp_path: Path) -> None:
+    """retention_days = 0.00003 (about 2.6 s); expire_after = 10 makes the sweep run every
+    second: an ended batch is kept that long, then gone (404, out of the list)."""
+    text = stub_config(stub_url, models=("ok",)) + batches_toml(
+        tmp_path / "batches.sqlite3", retention_days=0.00003, expire_after=10)
+    _, url = gateway_factory(text)
+    base = url + "/llm"
+    status, made = create(base, [request("kept-a-while", "m-ok")])
+    assert status == 200, made
+    wait_ended(base, made["id"])
+    assert len(results_of(base, made["id"])) == 1  # still there just after the end
+    deadline = time.monotonic() + 10
+    while get(f"{base}/v1/messages/batches/{made['id']}")[0] == 200:
+        assert time.monotonic() < deadline, "the ended batch was never purged"
+        time.sleep(0.2)
+    status, body = call("GET", f"{base}/v1/messages/batches/{made['id']}/results")
+    assert_error(status, body, 404, "not_found_error")
+    assert json.loads(get(f"{base}/v1/messages/batches")[2])["data"] == []
+
+
+def test_batch_work_waits_while_interactive_requests_are_in_flight(
+        stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]], tmp_path: Path) -> None:
+    """interactive_threshold = 1: while one interactive request runs on the upstream no batch
+    request starts on it; once it has finished, the batch runs."""
+    clear_stub(stub_url)
+    text = stub_config(stub_url, models=("ok", "slow:50")) + batches_toml(
+        tmp_path / "batches.sqlite3", interactive_threshold=1)
+    _, url = gateway_factory(text)
+    base = url + "/llm"
+    done: dict[str, Any] = {}
+
+    def interactive() -> None:  # 50 chunks, 50 ms apart: about 2.5 s on the upstream
+        done["reply"] = post(f"{base}/v1/messages", {
+            "model": "m-slow:50", "max_tokens": 100, "stream": True,
+            "messages": [{"role": "user", "content": "interactive"}]}, timeout=20)
+        done["at"] = time.monotonic()
+
+    worker = threading.Thread(target=interactive)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not any(r["body"] and r["body"].get("model") == "slow:50"
+                      for r in stub_requests(stub_url)):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        status, made = create(base, [request(f"waits-{i}", "m-ok") for i in range(3)])
+        assert status == 200, made
+        time.sleep(1.0)
+        assert calls_per_id(stub_url, [f"waits-{i}" for i in range(3)]) == dict.fromkeys(
+            [f"waits-{i}" for i in range(3)], 0)
+        assert "at" not in done, "the interactive request ended too soon to show anything"
+    finally:
+        worker.join(20)
+    assert done["reply"][0] == 200
+    ended = wait_ended(base, made["id"], timeout=10)
+    assert ended["request_counts"]["succeeded"] == 3
+    assert calls_per_id(stub_url, [f"waits-{i}" for i in range(3)]) == dict.fromkeys(
+        [f"waits-{i}" for i in range(3)], 1)

@@ -224,3 +224,42 @@ def test_a_postgresql_database_that_goes_away_is_a_500_on_batch_routes_only(
     assert json.loads(raw)["content"] == [{"type": "text", "text": "Hello from the stub."}]
     assert proc.popen.poll() is None
     assert pg.PASSWORD not in proc.output()
+
+
+def test_sigkill_while_canceling_then_restart_ends_the_batch_without_rerunning(
+        stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]], tmp_path: Path
+) -> None:
+    """A batch is canceled while requests run, and its gateway is SIGKILLed before they
+    finish: after a restart the requests it had in flight are not run again (a canceling
+    batch is never claimed from), they count ``canceled`` once their leases lapse, and the
+    batch ends. (expire_after = 60 makes the store's sweep, which ends it, run every 6 s.)"""
+    clear_stub(stub_url)
+    db = tmp_path / "batches.sqlite3"
+    text = stub_config(stub_url, models=("delay:2000",)) + batches_toml(
+        db, lease=2, max_in_flight=2, expire_after=60)
+    first, url = gateway_factory(text)
+    ids = [f"cx-{i}" for i in range(6)]
+    status, made = create(url + "/llm", [request(cid, "m-delay:2000") for cid in ids])
+    assert status == 200, made
+    batch_id = made["id"]
+    deadline = time.monotonic() + 10
+    while sorted(_db_states(db, batch_id).values()).count("running") < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    status, _, raw = post(f"{url}/llm/v1/messages/batches/{batch_id}/cancel", b"")
+    canceling = json.loads(raw)
+    assert status == 200 and canceling["processing_status"] == "canceling", canceling
+    first.signal(signal.SIGKILL)
+    assert first.wait(10) == -signal.SIGKILL
+    in_flight = {cid for cid, s in _db_states(db, batch_id).items() if s == "running"}
+    assert len(in_flight) == 2, _db_states(db, batch_id)
+
+    _, url2 = gateway_factory(text)
+    ended = wait_ended(url2 + "/llm", batch_id, timeout=20)
+    assert ended["request_counts"] == {"processing": 0, "succeeded": 0, "errored": 0,
+                                       "canceled": 6, "expired": 0}
+    results = results_of(url2 + "/llm", batch_id)
+    assert sorted(r["custom_id"] for r in results) == ids
+    assert all(r["result"] == {"type": "canceled"} for r in results), results
+    calls = calls_per_id(stub_url, ids)
+    assert calls == {cid: int(cid in in_flight) for cid in ids}, calls

@@ -326,9 +326,10 @@ def test_typescript_sdk_batch_lifecycle_on_demo(demo_base: str) -> None:
 
 # --- the stub upstream: validation, failures, retries, owners, URLs --------------------------
 
-STUB_BATCH_MODELS = ("ok", "status:400", "fail-first:1:503", "fail-first:1:529", "delay:200")
+STUB_BATCH_MODELS = ("ok", "tools", "reasoning", "length", "status:400", "fail-first:1:503",
+                     "fail-first:1:529", "delay:200")
 PUBLIC_BASE = "https://batches.example.com/gw"
-MAX_REQUESTS = 5
+MAX_REQUESTS = 6
 MAX_BODY = 20_000
 
 
@@ -493,6 +494,37 @@ def test_results_of_more_than_a_page_of_requests(
     assert sorted(r["custom_id"] for r in results) == ids
     assert {r["result"]["type"] for r in results} == {"succeeded"}
     assert calls_per_id(stub_url, ids) == dict.fromkeys(ids, 1)
+
+
+SAME_AS_INTERACTIVE = {
+    "text": _ok_params(),
+    "stop sequence": _ok_params(stop_sequences=["stub"], max_tokens=50),
+    "tool call": _ok_params(model="m-tools", tools=[
+        {"name": "get_weather", "input_schema": {"type": "object"}}]),
+    "reasoning": _ok_params(model="m-reasoning"),
+    "max_tokens reached": _ok_params(model="m-length", max_tokens=5),
+    "system, metadata, temperature": _ok_params(system="be brief", temperature=0.2,
+                                                metadata={"user_id": "u-1"}),
+}
+
+
+def test_a_batch_result_is_the_message_the_interactive_route_answers(stub_base: str) -> None:
+    """Each request runs the same Messages path as ``POST /v1/messages``: its result's
+    message is the interactive reply (but for the message id)."""
+    status, made = create(stub_base, [{"custom_id": f"same-{i}", "params": params}
+                                      for i, params in enumerate(SAME_AS_INTERACTIVE.values())])
+    assert status == 200, made
+    wait_ended(stub_base, made["id"])
+    results = {r["custom_id"]: r["result"] for r in results_of(stub_base, made["id"])}
+    for i, (name, params) in enumerate(SAME_AS_INTERACTIVE.items()):
+        status, _, raw = post(f"{stub_base}/v1/messages", params)
+        assert status == 200, raw
+        interactive = json.loads(raw)
+        assert results[f"same-{i}"]["type"] == "succeeded", results[f"same-{i}"]
+        batched = results[f"same-{i}"]["message"]
+        assert batched["id"].startswith("msg_") and batched["id"] != interactive["id"]
+        del batched["id"], interactive["id"]
+        assert batched == interactive, name
 
 
 @pytest.fixture

@@ -263,3 +263,34 @@ def test_sigkill_while_canceling_then_restart_ends_the_batch_without_rerunning(
     assert all(r["result"] == {"type": "canceled"} for r in results), results
     calls = calls_per_id(stub_url, ids)
     assert calls == {cid: int(cid in in_flight) for cid in ids}, calls
+
+
+def test_sigterm_hands_requests_in_flight_back_at_once(
+        stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]], tmp_path: Path
+) -> None:
+    """A clean stop (SIGTERM) cancels the batch requests it runs and hands them back: with a
+    30 s lease, a restarted gateway runs them again at once instead of waiting it out."""
+    clear_stub(stub_url)
+    db = tmp_path / "batches.sqlite3"
+    text = stub_config(stub_url, models=("delay:1000",)) + batches_toml(
+        db, lease=30, max_in_flight=2)
+    first, url = gateway_factory(text)
+    ids = [f"term-{i}" for i in range(4)]
+    status, made = create(url + "/llm", [request(cid, "m-delay:1000") for cid in ids])
+    assert status == 200, made
+    batch_id = made["id"]
+    deadline = time.monotonic() + 10
+    while sorted(_db_states(db, batch_id).values()).count("running") < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    in_flight = {cid for cid, s in _db_states(db, batch_id).items() if s == "running"}
+    first.signal(signal.SIGTERM)
+    assert first.wait(10) == 0, first.output()[-2000:]
+    assert set(_db_states(db, batch_id).values()) == {"queued"}  # nothing left leased
+
+    _, url2 = gateway_factory(text)
+    started = time.monotonic()
+    wait_ended(url2 + "/llm", batch_id, timeout=15)
+    assert time.monotonic() - started < 10  # two rounds of 1 s, not the 30 s lease
+    _check_results(url2 + "/llm", batch_id, ids)
+    assert calls_per_id(stub_url, ids) == {cid: 1 + (cid in in_flight) for cid in ids}

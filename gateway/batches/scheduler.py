@@ -223,7 +223,7 @@ class Scheduler:
         except StoreError as exc:  # the lease lapses: the request runs again later
             self._store_failed(exc)
         except asyncio.CancelledError:
-            status = 499  # stopped with the process: handed back, run again
+            status, error = 499, None  # stopped with the process: handed back, run again
             raise
         except Exception:
             _log.exception("batch_request_failed", batch_id=item.batch_id, custom_id=item.custom_id)

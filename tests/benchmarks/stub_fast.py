@@ -15,6 +15,10 @@ HTTP/1.1 server (keep-alive, no framework) answering from precomputed bytes:
   ``bench:16:0``. Replies echo the model, as vLLM does.
 * ``GET /_stats``: streams open now, started, completed, aborted by the client.
 * ``GET /health``: 200.
+* ``--slots N [--prefill-ms P]``: capacity like a real inference server's. At most N
+  completions (streamed or buffered) are served at once, the rest wait for a slot; each
+  holds its slot for P ms (prefill, before the first chunk) plus its N chunks' pacing (a
+  buffered one answers after as long). ``GET /_slots``: slots, busy now, served.
 """
 
 from __future__ import annotations
@@ -158,6 +162,10 @@ class _Server(asyncio.Protocol):
                 "open": Stats.open, "started": Stats.started, "completed": Stats.completed,
                 "aborted": Stats.aborted})))
             return
+        if method == b"GET" and path == b"/_slots":
+            self.transport.write(_simple("200 OK", _dump({
+                "slots": Slots.size, "busy": Slots.busy, "served": Slots.served})))
+            return
         if method == b"GET" and path == b"/health":
             self.transport.write(_simple("200 OK", b'{"status":"ok"}'))
             return
@@ -166,6 +174,10 @@ class _Server(asyncio.Protocol):
             return
         m = _MODEL.search(body)
         sc = _scenario(m.group(1).decode() if m else "bench")
+        if Slots.sem is not None:
+            self.busy = True
+            self.task = asyncio.ensure_future(self._slotted(sc, bool(_STREAM.search(body))))
+            return
         if not _STREAM.search(body):
             self.transport.write(sc.buffered)
             return
@@ -205,7 +217,69 @@ class _Server(asyncio.Protocol):
             self.data_received(b"")
 
 
+    async def _slotted(self, sc: _Scenario, stream: bool) -> None:
+        """One completion served within a slot (``--slots``)."""
+        transport = self.transport
+        assert transport is not None and Slots.sem is not None
+        n = len(sc.stream_events) - 5  # the deltas (role, finish, usage, [DONE], end aside)
+        loop = asyncio.get_running_loop()
+        try:
+            async with Slots.sem:
+                Slots.busy += 1
+                try:
+                    await asyncio.sleep(Slots.prefill)
+                    if not stream:
+                        await asyncio.sleep(n * sc.delay)
+                        if not transport.is_closing():
+                            transport.write(sc.buffered)
+                    else:
+                        transport.write(sc.stream_head)
+                        t = loop.time()
+                        for i, event in enumerate(sc.stream_events):
+                            if transport.is_closing():
+                                raise asyncio.CancelledError
+                            transport.write(event)
+                            if 0 < i <= n and sc.delay > 0:
+                                t += sc.delay
+                                await asyncio.sleep(max(0.0, t - loop.time()))
+                finally:
+                    Slots.busy -= 1
+            Slots.served += 1
+        except asyncio.CancelledError:
+            Stats.aborted += 1
+        finally:
+            self.busy = False
+            self.task = None
+        if self.buf and not transport.is_closing():
+            self.data_received(b"")
+
+
+class Slots:
+    """``--slots``: the completions served at once (None: no limit)."""
+
+    sem: asyncio.Semaphore | None = None
+    size = 0
+    prefill = 0.0
+    busy = 0
+    served = 0
+
+
+def _slot_args(argv: list[str]) -> list[str]:
+    """Takes ``--slots N`` and ``--prefill-ms P`` out of argv (the rest stays positional)."""
+    rest, it = [], iter(argv)
+    for arg in it:
+        if arg == "--slots":
+            Slots.size = int(next(it))
+        elif arg == "--prefill-ms":
+            Slots.prefill = float(next(it)) / 1000.0
+        else:
+            rest.append(arg)
+    return rest
+
+
 async def serve(port: int, host: str = "127.0.0.1") -> None:
+    if Slots.size:
+        Slots.sem = asyncio.Semaphore(Slots.size)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(_Server, host, port, backlog=4096, reuse_address=True)
     async with server:
@@ -213,6 +287,7 @@ async def serve(port: int, host: str = "127.0.0.1") -> None:
 
 
 def main(argv: list[str]) -> int:
+    argv = _slot_args(argv)
     port = int(argv[1]) if len(argv) > 1 else 8000
     try:
         asyncio.run(serve(port))

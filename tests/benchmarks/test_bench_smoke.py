@@ -91,3 +91,23 @@ def test_workers_run_reports_every_figure(tmp_path):
     assert len(figures["worker_pids"]) == 2
     for key in ("on_time", "gateway_idle_rss_mb", "gateway_peak_rss_mb", "kb_per_stream"):
         assert _number(figures[key]), key
+
+
+def test_batches_run_reports_every_figure(tmp_path):
+    """The Message Batches benchmark in its tiny mode: every figure a number, the batch
+    still running through the interactive phase it is compared in."""
+    out = tmp_path / "batches.json"
+    proc = subprocess.run([sys.executable, "-m", "tests.benchmarks.batches", "--tiny", "--json",
+                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=80)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "| target | value | limit | holds |" in proc.stdout
+    r = json.loads(out.read_text())
+    for phase in ("alone", "alone_again", "with_batch"):
+        assert r[phase]["ok"] == r[phase]["requests"], phase
+        for key in ("ttft_p50_ms", "ttft_p99_ms"):
+            assert _number(r[phase][key]), (phase, key)
+    assert r["with_batch"]["batch_running_after"] is True
+    assert _number(r["with_batch"]["batch_served"]) and _number(r["with_batch"]["batch_rps"])
+    for key in ("full_rps", "ratio_p50", "ratio_p99"):
+        assert _number(r[key]), key
+    assert _number(r["batch_only"]["rps"]) and _number(r["batch_only"]["ratio_to_full"])

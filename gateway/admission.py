@@ -21,10 +21,11 @@ class admitted:
     A plain class, not a generator context manager: it runs on every request.
     """
 
-    __slots__ = ("_in_flight", "_name")
+    __slots__ = ("_in_flight", "_name", "_on_end")
 
     def __init__(self, request: web.Request, route: ModelRoute) -> None:
-        in_flight = request.app[STATE].in_flight
+        state = request.app[STATE]
+        in_flight = state.in_flight
         now = in_flight.get(route.name, 0)
         if route.max_concurrency and now >= route.max_concurrency:
             request.app[METRICS].rejected.labels(request[API], "overloaded").inc()
@@ -32,9 +33,12 @@ class admitted:
         in_flight[route.name] = now + 1
         self._in_flight = in_flight
         self._name = route.name
+        self._on_end = state.on_request_end
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, *_: object) -> None:
         self._in_flight[self._name] -= 1
+        if self._on_end is not None:
+            self._on_end(self._name)

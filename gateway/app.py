@@ -171,7 +171,9 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
         from gateway.batches.scheduler import Scheduler, scheduler_ctx
 
         app[BATCH_STORE] = batch_store
-        app[SCHEDULER] = Scheduler(app, batch_store)
+        scheduler = Scheduler(app, batch_store)
+        app[SCHEDULER] = scheduler
+        app[STATE].on_request_end = scheduler.interactive_ended
         batches_api.add_routes(app, p)
         app.cleanup_ctx.append(scheduler_ctx)
         not_implemented = tuple(e for e in not_implemented if e != "messages/batches")

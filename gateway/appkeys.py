@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -26,6 +27,9 @@ class AppState:
     in_flight: dict[str, int] = field(default_factory=dict)  # model alias -> requests now
     streams: set[Drainable] = field(default_factory=set)  # live streams, for the drain
     decoding: int = 0  # request body bytes being received and decoded now (gateway/body.py)
+    # called with a model's name when one of its interactive requests ends (the batch
+    # scheduler, waiting for the upstream to be free); None: nobody waits
+    on_request_end: Callable[[str], None] | None = None
 
 
 CONFIG = web.AppKey("config", Config)

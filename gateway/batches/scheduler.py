@@ -10,7 +10,9 @@ Interactive first, per upstream: at most ``batches.max_in_flight`` batch request
 upstream at once (from this process), and new ones start only while fewer than
 ``batches.interactive_threshold`` interactive requests are in flight on it (a Messages or
 pass-through request counted by :mod:`gateway.admission`). A running batch request is not
-stopped when interactive traffic arrives; it is simply not followed by another.
+stopped when interactive traffic arrives; it is simply not followed by another. Work held
+back this way is looked at again as soon as an interactive request on that upstream ends
+(``AppState.on_request_end``), not only at the next poll.
 
 A batch request is a buffered Messages call (:class:`gateway.messages.handler.Call`). Its
 outcome follows the interactive error model: a connect failure, a timeout, 408, 429 and
@@ -79,6 +81,8 @@ class Scheduler:
         for route in cfg.models.values():
             by_upstream[route.upstream.name].append(route.name)
         self._routes = dict(by_upstream)
+        self._upstream_of = {route: up for up, routes in self._routes.items() for route in routes}
+        self._deferred: set[str] = set()  # upstreams whose batch work waits for interactive
         self._running: dict[str, int] = dict.fromkeys(self._routes, 0)
         self._leases: dict[tuple[str, int], str] = {}  # (batch id, idx) -> upstream
         self._tasks: set[asyncio.Task[None]] = set()
@@ -91,17 +95,26 @@ class Scheduler:
         """Look for work now (a batch was created, or a request ended)."""
         self._wake.set()
 
+    def interactive_ended(self, route: str) -> None:
+        """An interactive request of ``route`` ended (``AppState.on_request_end``): if batch
+        work was held back on its upstream and the upstream is now under the threshold,
+        look again at once rather than at the next poll."""
+        upstream = self._upstream_of.get(route)
+        if (upstream in self._deferred
+                and self._interactive(self._routes[upstream]) < self._cfg.interactive_threshold):
+            self._wake.set()
+
     # --- the loop ----------------------------------------------------------------------
 
     async def run(self) -> None:
         heartbeat = asyncio.create_task(self._heartbeat())
         try:
             while not self._stopping:
+                self._wake.clear()  # before the round: a wake during it starts another
                 try:
                     await self._round()
                 except StoreError as exc:
                     self._store_failed(exc)
-                self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), self._cfg.poll_interval)
                 except TimeoutError:
@@ -137,8 +150,12 @@ class Scheduler:
             return
         for upstream, routes in self._routes.items():
             free = self._cfg.max_in_flight - self._running[upstream]
-            if free <= 0 or self._interactive(routes) >= self._cfg.interactive_threshold:
+            if free <= 0:
                 continue
+            if self._interactive(routes) >= self._cfg.interactive_threshold:
+                self._deferred.add(upstream)  # look again when one of them ends
+                continue
+            self._deferred.discard(upstream)
             claimed = await self._store.claim(self.worker, routes, free, now, self._cfg.lease)
             for item in claimed:
                 self._start(upstream, item)

@@ -130,6 +130,10 @@ class BatchesConfig:
     database: str = _knob("", shown="`batches.sqlite3` in the state directory")
     database_env: str | None = None  # an env var holding the database URL (a password in it)
     max_in_flight: int = _knob(2, bound=_POS)  # batch requests at once per upstream, <= 64
+    # batch requests at once on an upstream no interactive request has used for idle_after
+    # seconds (0: max_in_flight); up to the upstream's slots fills an idle server
+    max_in_flight_idle: int = _knob(0, bound=_NONNEG)
+    idle_after: float = _knob(10.0, bound=_POS)
     # batch work starts new requests on an upstream only while fewer interactive requests
     # than this are in flight on it
     interactive_threshold: int = _knob(1, bound=_POS)
@@ -361,9 +365,10 @@ MAX_BATCH_IN_FLIGHT = 64
 
 def _batches(src: str, table: Any, env: Mapping[str, str]) -> BatchesConfig:
     b = _check_table(src, "batches", table, knobs(BatchesConfig))
-    if b["max_in_flight"] > MAX_BATCH_IN_FLIGHT:
-        raise ConfigError(f"{src}: batches.max_in_flight: must be at most "
-                          f"{MAX_BATCH_IN_FLIGHT}, got {b['max_in_flight']}")
+    for key in ("max_in_flight", "max_in_flight_idle"):
+        if b[key] > MAX_BATCH_IN_FLIGHT:
+            raise ConfigError(f"{src}: batches.{key}: must be at most "
+                              f"{MAX_BATCH_IN_FLIGHT}, got {b[key]}")
     if b["database"] and b["database_env"]:
         raise ConfigError(f"{src}: batches.database_env: set database or database_env, not both")
     url = b["database"]

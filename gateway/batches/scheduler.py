@@ -12,7 +12,12 @@ upstream at once (from this process), and new ones start only while fewer than
 pass-through request counted by :mod:`gateway.admission`). A running batch request is not
 stopped when interactive traffic arrives; it is simply not followed by another. Work held
 back this way is looked at again as soon as an interactive request on that upstream ends
-(``AppState.on_request_end``), not only at the next poll.
+(``AppState.on_request_end``), not only at the next poll. An upstream no interactive request
+has used for ``batches.idle_after`` seconds takes up to ``batches.max_in_flight_idle`` batch
+requests (when set above ``max_in_flight``): set to the server's slots, a batch fills an idle
+server; the first interactive request after the idle spell may then wait for a slot (one
+batch request's time), and no new batch request starts beyond ``max_in_flight`` until the
+upstream has been idle again that long.
 
 A batch request is a buffered Messages call (:class:`gateway.messages.handler.Call`). Its
 outcome follows the interactive error model: a connect failure, a timeout, 408, 429 and
@@ -83,6 +88,8 @@ class Scheduler:
         self._routes = dict(by_upstream)
         self._upstream_of = {route: up for up, routes in self._routes.items() for route in routes}
         self._deferred: set[str] = set()  # upstreams whose batch work waits for interactive
+        # when each upstream last had an interactive request (monotonic; start counts as one)
+        self._last_interactive = dict.fromkeys(self._routes, time.monotonic())
         self._running: dict[str, int] = dict.fromkeys(self._routes, 0)
         self._leases: dict[tuple[str, int], str] = {}  # (batch id, idx) -> upstream
         self._tasks: set[asyncio.Task[None]] = set()
@@ -100,6 +107,8 @@ class Scheduler:
         work was held back on its upstream and the upstream is now under the threshold,
         look again at once rather than at the next poll."""
         upstream = self._upstream_of.get(route)
+        if upstream is not None:
+            self._last_interactive[upstream] = time.monotonic()
         if (upstream in self._deferred
                 and self._interactive(self._routes[upstream]) < self._cfg.interactive_threshold):
             self._wake.set()
@@ -148,8 +157,11 @@ class Scheduler:
             await self._sweep(now)
         if self._app[STATE].draining:
             return
+        clock = time.monotonic()
         for upstream, routes in self._routes.items():
-            free = self._cfg.max_in_flight - self._running[upstream]
+            if self._interactive(routes):
+                self._last_interactive[upstream] = clock
+            free = self._limit(upstream, clock) - self._running[upstream]
             if free <= 0:
                 continue
             if self._interactive(routes) >= self._cfg.interactive_threshold:
@@ -159,6 +171,15 @@ class Scheduler:
             claimed = await self._store.claim(self.worker, routes, free, now, self._cfg.lease)
             for item in claimed:
                 self._start(upstream, item)
+
+    def _limit(self, upstream: str, clock: float) -> int:
+        """``max_in_flight``, or ``max_in_flight_idle`` once the upstream has had no
+        interactive request for ``idle_after`` seconds."""
+        cfg = self._cfg
+        if (cfg.max_in_flight_idle > cfg.max_in_flight
+                and clock - self._last_interactive[upstream] >= cfg.idle_after):
+            return cfg.max_in_flight_idle
+        return cfg.max_in_flight
 
     def _interactive(self, routes: list[str]) -> int:
         in_flight = self._app[STATE].in_flight

@@ -116,3 +116,50 @@ def test_backoff_grows_and_is_capped() -> None:
     delays = [scheduler.backoff(n) for n in range(1, 12)]
     assert 1.5 <= delays[0] <= 2.5 and delays[3] > delays[0] * 4
     assert max(delays) <= 300 * 1.2
+
+
+def _scheduler(**batches: Any) -> scheduler.Scheduler:
+    from aiohttp import web
+
+    from gateway.appkeys import CONFIG, STATE, AppState
+
+    cfg = config.parse({
+        "upstreams": {"u": {"base_url": "http://127.0.0.1:9/v1"},
+                      "v": {"base_url": "http://127.0.0.1:9/v1"}},
+        "models": [{"name": "m", "upstream": "u", "upstream_model": "x"},
+                   {"name": "n", "upstream": "v", "upstream_model": "x"}],
+        "batches": {"database": "sqlite:////tmp/unused.sqlite3", **batches},
+    }, "test.toml", {"HOME": "/nonexistent"})
+    app = web.Application()
+    app[CONFIG] = cfg
+    app[STATE] = AppState()
+    return scheduler.Scheduler(app, None)  # type: ignore[arg-type]  # the store is not used
+
+
+async def test_an_idle_upstream_takes_max_in_flight_idle() -> None:
+    s = _scheduler(max_in_flight=2, max_in_flight_idle=6, idle_after=5.0)
+    now = s._last_interactive["u"]
+    assert s._limit("u", now + 1) == 2  # start counts as interactive use
+    assert s._limit("u", now + 5) == 6
+    s.interactive_ended("m")  # an interactive request on u ended: u is busy again
+    assert s._limit("u", now + 5) == 2 and s._limit("v", now + 5) == 6
+    assert _scheduler(max_in_flight=2)._limit("u", now + 1e6) == 2  # 0: as max_in_flight
+
+
+async def test_held_back_work_is_looked_at_when_the_upstream_frees() -> None:
+    from gateway.appkeys import STATE
+
+    s = _scheduler()
+    in_flight = s._app[STATE].in_flight
+    s._wake.clear()
+    s.interactive_ended("m")
+    assert not s._wake.is_set()  # nothing was held back: no round for it
+    s._deferred.add("u")
+    in_flight["m"] = 1
+    s.interactive_ended("m")
+    assert not s._wake.is_set()  # still at the threshold
+    in_flight["m"] = 0
+    s.interactive_ended("n")
+    assert not s._wake.is_set()  # another upstream's request
+    s.interactive_ended("m")
+    assert s._wake.is_set()

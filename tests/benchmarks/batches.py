@@ -51,13 +51,17 @@ MODEL_CHUNKS = 16
 # slots, prefill ms, chunk ms, interactive rate (/s), phase seconds, batch size, window s
 MODES: dict[str, dict[str, Any]] = {
     "full": {"slots": 4, "prefill_ms": 20, "chunk_ms": 5, "rate": 5.0, "phase_s": 40.0,
-             "batch": 2000, "window_s": 15.0, "full_s": 5.0},
+             "batch": 2000, "window_s": 15.0, "full_s": 5.0,
+             # an idle upstream takes as many batch requests as it has slots
+             "max_in_flight_idle": 4, "idle_after": 2.0},
     "tiny": {"slots": 4, "prefill_ms": 5, "chunk_ms": 1, "rate": 10.0, "phase_s": 1.5,
-             "batch": 400, "window_s": 1.0, "full_s": 1.0},
+             "batch": 400, "window_s": 1.0, "full_s": 1.0,
+             "max_in_flight_idle": 4, "idle_after": 0.5},
 }
 
 
-def _config(stub_url: str, model: str, database: str) -> str:
+def _config(stub_url: str, model: str, database: str, max_in_flight: int = 2,
+            max_in_flight_idle: int = 0, idle_after: float = 10.0) -> str:
     return f"""
 [server]
 host = "{HOST}"
@@ -75,6 +79,9 @@ upstream_model = "{model}"
 
 [batches]
 database = "sqlite:///{database}"
+max_in_flight = {max_in_flight}
+max_in_flight_idle = {max_in_flight_idle}
+idle_after = {idle_after}
 """
 
 
@@ -176,7 +183,9 @@ async def bench(mode: dict[str, Any]) -> dict[str, Any]:
                      "--slots", str(mode["slots"]), "--prefill-ms", str(mode["prefill_ms"])],
             core=0 if pin else None, logdir=tmp, health=f"http://{HOST}:{stub_port}/health"))
         cfg = tmp / "gateway.toml"
-        cfg.write_text(_config(f"http://{HOST}:{stub_port}/v1", model, str(tmp / "b.sqlite3")))
+        cfg.write_text(_config(f"http://{HOST}:{stub_port}/v1", model, str(tmp / "b.sqlite3"),
+                               mode.get("max_in_flight", 2), mode.get("max_in_flight_idle", 0),
+                               mode.get("idle_after", 10.0)))
         procs.append(run.Proc(
             "gateway", [sys.executable, "-m", "gateway", "--config", str(cfg), "--port",
                         str(port)],
@@ -206,6 +215,8 @@ async def bench(mode: dict[str, Any]) -> dict[str, Any]:
         r["with_batch"]["batch_running_after"] = \
             _batch_status(base, batch["id"]) == "in_progress"
 
+        if mode.get("max_in_flight_idle"):  # the upstream counts as idle from here on
+            await asyncio.sleep(mode.get("idle_after", 10.0) + 0.5)
         s0, t0 = _served(stub_port), time.perf_counter()
         await asyncio.sleep(mode["window_s"])
         s1, t1 = _served(stub_port), time.perf_counter()
@@ -239,7 +250,9 @@ def table(r: dict[str, Any]) -> str:
         f"upstream: {m['slots']} slots, {m['prefill_ms']} ms prefill + {MODEL_CHUNKS} chunks x "
         f"{m['chunk_ms']} ms; interactive {m['rate']:g}/s "
         f"({'Poisson' if m['poisson'] else 'evenly spaced'}) streamed for {m['phase_s']:g} s a "
-        f"phase; batch of {m['batch']}; batches.max_in_flight 2, interactive_threshold 1",
+        f"phase; batch of {m['batch']}; batches.max_in_flight {m.get('max_in_flight', 2)}, "
+        f"max_in_flight_idle {m.get('max_in_flight_idle', 0)}, idle_after "
+        f"{m.get('idle_after', 10.0):g} s, interactive_threshold 1",
         "",
         "| phase | requests ok | TTFT p50 ms | TTFT p99 ms |",
         "| --- | --- | --- | --- |",
@@ -275,13 +288,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="seconds, not minutes (smoke test)")
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("--slots", type=int, help="the upstream's slots (default 4)")
+    ap.add_argument("--max-in-flight", type=int,
+                    help="batches.max_in_flight (default 2, the gateway's default)")
+    ap.add_argument("--max-in-flight-idle", type=int,
+                    help="batches.max_in_flight_idle (default 0: as max_in_flight)")
+    ap.add_argument("--idle-after", type=float, help="batches.idle_after (default 10)")
     ap.add_argument("--poisson", action="store_true",
                     help="interactive arrivals at exponential gaps (default: evenly spaced)")
     args = ap.parse_args(argv)
     mode = dict(MODES["tiny" if args.tiny else "full"])
     if args.slots:
         mode["slots"] = args.slots
+        mode["max_in_flight_idle"] = args.slots
     mode["poisson"] = args.poisson
+    if args.max_in_flight:
+        mode["max_in_flight"] = args.max_in_flight
+    if args.max_in_flight_idle is not None:
+        mode["max_in_flight_idle"] = args.max_in_flight_idle
+    if args.idle_after:
+        mode["idle_after"] = args.idle_after
     r = asyncio.run(bench(mode))
     print(table(r))
     if args.json:

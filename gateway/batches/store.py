@@ -28,161 +28,36 @@ Facts the code relies on:
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy import event, exc
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy import exc
+from sqlalchemy.engine import Connection, Engine
+
+from gateway.batches.engines import open_engine
+from gateway.batches.schema import (
+    BATCH_COLS,
+    BATCHES,
+    METADATA,
+    REQUESTS,
+    UNFINISHED,
+    BatchRow,
+    Claimed,
+    StoreError,
+    batch_row,
+)
+
+__all__ = ["BatchRow", "BatchStore", "Claimed", "StoreError"]
 
 T = TypeVar("T")
 
 _RESULTS_PAGE = 1000
-_BUSY_TIMEOUT_S = 30.0
 _SCHEMA_LOCK = 0x6C6C6D67  # PostgreSQL advisory lock taken while creating the tables
-
-
-class StoreError(Exception):
-    """The database failed: unreachable, full, corrupt, locked for too long. Its message is
-    safe to log (no password); the routes answer it as a 5xx envelope."""
-
-
-@dataclass(frozen=True)
-class BatchRow:
-    id: str
-    owner: str
-    created_at: float
-    expires_at: float
-    ended_at: float | None
-    cancel_initiated_at: float | None
-    total: int
-    succeeded: int
-    errored: int
-    canceled: int
-    expired: int
-
-
-@dataclass(frozen=True)
-class Claimed:
-    batch_id: str
-    idx: int
-    custom_id: str
-    model: str
-    params: bytes
-    attempts: int  # including this one
-
-
-# -- schema ---------------------------------------------------------------------------------
-
-_md = sa.MetaData()
-# ``seq`` orders batches; it is the integer primary key because SQLite autoincrements only
-# that (a rowid alias). ``id`` is unique and what requests refer to.
-_batches = sa.Table(
-    "llm_gateway_batches", _md,
-    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True,
-              autoincrement=True),
-    sa.Column("id", sa.String(64), nullable=False, unique=True),
-    sa.Column("owner", sa.Text, nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("expires_at", sa.Float, nullable=False),
-    sa.Column("ended_at", sa.Float),
-    sa.Column("cancel_initiated_at", sa.Float),
-    sa.Column("total", sa.Integer, nullable=False),
-    sa.Column("succeeded", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("errored", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("canceled", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("expired", sa.Integer, nullable=False, server_default="0"),
-)
-_requests = sa.Table(
-    "llm_gateway_batch_requests", _md,
-    sa.Column("batch_id", sa.String(64),
-              sa.ForeignKey("llm_gateway_batches.id", ondelete="CASCADE"), primary_key=True),
-    sa.Column("idx", sa.Integer, primary_key=True),
-    sa.Column("custom_id", sa.String(64), nullable=False),
-    sa.Column("model", sa.Text, nullable=False),
-    sa.Column("params", sa.LargeBinary, nullable=False),
-    sa.Column("state", sa.String(8), nullable=False),  # queued | running | done
-    sa.Column("result_type", sa.String(10)),  # succeeded | errored | canceled | expired
-    sa.Column("result", sa.LargeBinary),
-    sa.Column("lease_owner", sa.Text),
-    sa.Column("lease_until", sa.Float),
-    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("not_before", sa.Float, nullable=False, server_default="0"),
-    # a claim walks one batch's queued (or running) requests in idx order; finish asks
-    # whether any is left; stats counts unfinished requests per model
-    sa.Index("llm_gateway_batch_requests_work", "batch_id", "state", "idx"),
-    sa.Index("llm_gateway_batch_requests_state_model", "state", "model"),
-)
-_b, _r = _batches.c, _requests.c
-_BATCH_COLS = (_b.id, _b.owner, _b.created_at, _b.expires_at, _b.ended_at,
-               _b.cancel_initiated_at, _b.total, _b.succeeded, _b.errored, _b.canceled,
-               _b.expired)
-_UNFINISHED = ("queued", "running")
-
 _DB_ERRORS = (exc.SQLAlchemyError, sqlite3.Error, OSError)
-
-
-def _row(r: Any) -> BatchRow:
-    return BatchRow(r.id, r.owner, r.created_at, r.expires_at, r.ended_at,
-                    r.cancel_initiated_at, r.total, r.succeeded, r.errored, r.canceled,
-                    r.expired)
-
-
-# -- engines --------------------------------------------------------------------------------
-
-def _sqlite_engine(path: str | None) -> Engine:
-    """An engine whose write transactions are BEGIN IMMEDIATE (reads: a deferred BEGIN)."""
-    engine = sa.create_engine(
-        f"sqlite:///{path}" if path else "sqlite://",
-        connect_args={"timeout": _BUSY_TIMEOUT_S, "check_same_thread": False})
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (below)
-        cur = dbapi_conn.cursor()
-        try:
-            cur.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
-            cur.execute("PRAGMA journal_mode = WAL")
-            cur.execute("PRAGMA synchronous = NORMAL")
-            cur.execute("PRAGMA foreign_keys = ON")
-        finally:
-            cur.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Connection) -> None:
-        read = conn.get_execution_options().get("gateway_read", False)
-        conn.exec_driver_sql("BEGIN" if read else "BEGIN IMMEDIATE")
-
-    return engine
-
-
-def _sqlite_path(url: str) -> str | None:
-    """The file of a sqlite URL or bare path, made absolute; None for an in-memory database.
-    SQLAlchemy's convention: ``sqlite:///rel/path``, ``sqlite:////abs/path``."""
-    if url.startswith("sqlite:"):
-        if not url.startswith(("sqlite://", "sqlite:///")) or "?" in url:
-            raise StoreError("batch database: malformed sqlite URL (sqlite:////ABS/PATH)")
-        path = url.removeprefix("sqlite://").removeprefix("/")
-        if path in ("", ":memory:"):
-            return None
-    else:
-        path = url
-    return str(Path(path).expanduser().absolute())
-
-
-def _check_dir(path: str) -> None:
-    parent = Path(path).parent
-    if not parent.is_dir():
-        raise StoreError(f"batch database {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise StoreError(f"batch database {path}: directory {parent} is not writable")
-    if Path(path).is_dir():
-        raise StoreError(f"batch database {path} is a directory")
+_b, _r = BATCHES.c, REQUESTS.c
 
 
 # -- the store ------------------------------------------------------------------------------
@@ -206,31 +81,7 @@ class BatchStore:
         file path (SQLite), or ``postgresql://user:pw@host:port/db`` (psycopg 3). Creates
         the tables if absent (several processes may do so at once), checks the schema with
         a cheap query, and raises StoreError naming the file or server on any failure."""
-        password: str | None = None
-        if url.startswith(("postgresql:", "postgres:", "postgresql+psycopg:")):
-            try:
-                parsed = make_url(url).set(drivername="postgresql+psycopg")
-            except (exc.ArgumentError, ValueError):
-                raise StoreError("batch database: malformed postgresql URL") from None
-            password = parsed.password if isinstance(parsed.password, str) else None
-            where = (f"postgresql database {parsed.database or '?'} at "
-                     f"{parsed.host or 'localhost'}:{parsed.port or 5432}")
-            try:
-                engine = sa.create_engine(parsed, pool_pre_ping=True,
-                                          connect_args={"connect_timeout": 10})
-            except (exc.SQLAlchemyError, ImportError) as e:
-                raise StoreError(f"{where}: {type(e).__name__} (is the postgresql extra "
-                                 "installed? pip install 'llm-gateway[postgresql]')") from None
-        elif "://" in url and not url.startswith("sqlite:"):
-            scheme = url.split("://", 1)[0]
-            raise StoreError(f"batch database: unsupported URL scheme {scheme!r} "
-                             "(sqlite:///PATH, a file path, or postgresql://)")
-        else:
-            path = _sqlite_path(url)
-            where = path or "in-memory sqlite database"
-            if path is not None:
-                _check_dir(path)
-            engine = _sqlite_engine(path)
+        engine, where, password = open_engine(url)
         store = cls(engine, where, password,
                     ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-store"))
         try:
@@ -243,9 +94,9 @@ class BatchStore:
     def _setup(self, conn: Connection) -> None:
         if self._pg:  # two replicas starting at once: one creates, the other then sees it
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK})
-        _md.create_all(conn, checkfirst=True)
-        conn.execute(sa.select(*_batches.c).limit(0)).all()
-        conn.execute(sa.select(*_requests.c).limit(0)).all()
+        METADATA.create_all(conn, checkfirst=True)
+        conn.execute(sa.select(*BATCHES.c).limit(0)).all()
+        conn.execute(sa.select(*REQUESTS.c).limit(0)).all()
 
     def _shutdown(self) -> None:
         if self._closed:
@@ -287,7 +138,7 @@ class BatchStore:
         return cond if owner is None else sa.and_(cond, _b.owner == owner)
 
     def _lock_batch(self, conn: Connection, where: Any) -> Any:
-        q = sa.select(*_BATCH_COLS).where(where)
+        q = sa.select(*BATCH_COLS).where(where)
         return conn.execute(q.with_for_update() if self._pg else q).first()
 
     # -- batches --
@@ -300,11 +151,11 @@ class BatchStore:
         row = BatchRow(batch_id, owner, now, expires_at, None, None, len(requests), 0, 0, 0, 0)
 
         def tx(conn: Connection) -> BatchRow:
-            conn.execute(_batches.insert().values(
+            conn.execute(BATCHES.insert().values(
                 id=batch_id, owner=owner, created_at=now, expires_at=expires_at,
                 total=len(requests), succeeded=0, errored=0, canceled=0, expired=0))
             if requests:
-                conn.execute(_requests.insert(), [
+                conn.execute(REQUESTS.insert(), [
                     {"batch_id": batch_id, "idx": i, "custom_id": cid, "model": model,
                      "params": params, "state": "queued", "attempts": 0, "not_before": 0.0}
                     for i, (cid, model, params) in enumerate(requests)])
@@ -315,8 +166,8 @@ class BatchStore:
     async def get(self, batch_id: str, owner: str | None) -> BatchRow | None:
         """The batch, or None if absent or (``owner`` not None) another owner's."""
         def tx(conn: Connection) -> BatchRow | None:
-            r = conn.execute(sa.select(*_BATCH_COLS).where(self._owned(batch_id, owner))).first()
-            return None if r is None else _row(r)
+            r = conn.execute(sa.select(*BATCH_COLS).where(self._owned(batch_id, owner))).first()
+            return None if r is None else batch_row(r)
 
         return await self._run("get", tx, write=False)
 
@@ -332,7 +183,7 @@ class BatchStore:
             return None if r is None else int(r.seq)
 
         def tx(conn: Connection) -> tuple[list[BatchRow], bool]:
-            q = sa.select(*_BATCH_COLS)
+            q = sa.select(*BATCH_COLS)
             if owner is not None:
                 q = q.where(_b.owner == owner)
             newer = False
@@ -346,9 +197,9 @@ class BatchStore:
                 newer = newer or not older
             if newer and after_id is None:  # walk up from the cursor, then reverse
                 rows = conn.execute(q.order_by(_b.seq.asc()).limit(limit + 1)).all()
-                return [_row(r) for r in reversed(rows[:limit])], len(rows) > limit
+                return [batch_row(r) for r in reversed(rows[:limit])], len(rows) > limit
             rows = conn.execute(q.order_by(_b.seq.desc()).limit(limit + 1)).all()
-            return [_row(r) for r in rows[:limit]], len(rows) > limit
+            return [batch_row(r) for r in rows[:limit]], len(rows) > limit
 
         return await self._run("page", tx, write=False)
 
@@ -362,17 +213,17 @@ class BatchStore:
             if r is None:
                 return None
             if r.ended_at is not None or r.cancel_initiated_at is not None:
-                return _row(r)
-            n = conn.execute(_requests.update()
+                return batch_row(r)
+            n = conn.execute(REQUESTS.update()
                              .where(_r.batch_id == batch_id, _r.state == "queued")
                              .values(state="done", result_type="canceled", result=None,
                                      lease_owner=None, lease_until=None)).rowcount
             running = conn.execute(sa.select(_r.idx).where(
-                _r.batch_id == batch_id, _r.state.in_(_UNFINISHED)).limit(1)).first()
-            conn.execute(_batches.update().where(_b.id == batch_id).values(
+                _r.batch_id == batch_id, _r.state.in_(UNFINISHED)).limit(1)).first()
+            conn.execute(BATCHES.update().where(_b.id == batch_id).values(
                 cancel_initiated_at=now, canceled=_b.canceled + n,
                 ended_at=None if running else now))
-            return _row(conn.execute(sa.select(*_BATCH_COLS).where(_b.id == batch_id)).one())
+            return batch_row(conn.execute(sa.select(*BATCH_COLS).where(_b.id == batch_id)).one())
 
         return await self._run("cancel", tx)
 
@@ -385,8 +236,8 @@ class BatchStore:
                 return None
             if r.ended_at is None:
                 return False
-            conn.execute(_requests.delete().where(_r.batch_id == batch_id))
-            conn.execute(_batches.delete().where(_b.id == batch_id))
+            conn.execute(REQUESTS.delete().where(_r.batch_id == batch_id))
+            conn.execute(BATCHES.delete().where(_b.id == batch_id))
             return True
 
         return await self._run("delete", tx)
@@ -422,7 +273,7 @@ class BatchStore:
                 if not rows:
                     continue
                 conn.execute(
-                    _requests.update()
+                    REQUESTS.update()
                     .where(_r.batch_id == batch_id, _r.idx.in_([r.idx for r in rows]))
                     .values(state="running", lease_owner=worker, lease_until=now + lease,
                             attempts=_r.attempts + 1))
@@ -443,7 +294,7 @@ class BatchStore:
 
         def tx(conn: Connection) -> None:
             conn.execute(
-                _requests.update()
+                REQUESTS.update()
                 .where(_r.batch_id == sa.bindparam("b_id"), _r.idx == sa.bindparam("b_idx"),
                        _r.state == "running", _r.lease_owner == worker)
                 .values(lease_until=lease_until),
@@ -464,7 +315,7 @@ class BatchStore:
         def tx(conn: Connection) -> bool:
             self._lock_batch(conn, _b.id == batch_id)
             done = conn.execute(
-                _requests.update()
+                REQUESTS.update()
                 .where(_r.batch_id == batch_id, _r.idx == idx, _r.state == "running",
                        _r.lease_owner == worker)
                 .values(state="done", result_type=result_type, result=result,
@@ -472,11 +323,11 @@ class BatchStore:
             if not done:
                 return False
             left = conn.execute(sa.select(_r.idx).where(
-                _r.batch_id == batch_id, _r.state.in_(_UNFINISHED)).limit(1)).first()
+                _r.batch_id == batch_id, _r.state.in_(UNFINISHED)).limit(1)).first()
             values: dict[str, Any] = {result_type: _b[result_type] + 1}
             if left is None:
                 values["ended_at"] = now
-            conn.execute(_batches.update().where(_b.id == batch_id).values(**values))
+            conn.execute(BATCHES.update().where(_b.id == batch_id).values(**values))
             return True
 
         return await self._run("finish", tx)
@@ -486,7 +337,7 @@ class BatchStore:
         ``not_before``, its lease cleared (only if still running under ``worker``)."""
         def tx(conn: Connection) -> None:
             conn.execute(
-                _requests.update()
+                REQUESTS.update()
                 .where(_r.batch_id == batch_id, _r.idx == idx, _r.state == "running",
                        _r.lease_owner == worker)
                 .values(state="queued", not_before=not_before, lease_owner=None,
@@ -511,24 +362,24 @@ class BatchStore:
                     continue
                 mine = _r.batch_id == d.id
                 if r.expires_at <= now:
-                    n = conn.execute(_requests.update().where(mine, _r.state.in_(_UNFINISHED))
+                    n = conn.execute(REQUESTS.update().where(mine, _r.state.in_(UNFINISHED))
                                      .values(state="done", result_type="expired", result=None,
                                              lease_owner=None, lease_until=None)).rowcount
                     values: dict[str, Any] = {"expired": _b.expired + n, "ended_at": now}
                 else:  # canceling
-                    n = conn.execute(_requests.update()
+                    n = conn.execute(REQUESTS.update()
                                      .where(mine, _r.state == "running", _r.lease_until < now)
                                      .values(state="done", result_type="canceled",
                                              result=None, lease_owner=None,
                                              lease_until=None)).rowcount
                     left = conn.execute(sa.select(_r.idx).where(
-                        mine, _r.state.in_(_UNFINISHED)).limit(1)).first()
+                        mine, _r.state.in_(UNFINISHED)).limit(1)).first()
                     values = {"canceled": _b.canceled + n}
                     if left is None:
                         values["ended_at"] = now
                     elif not n:
                         continue
-                conn.execute(_batches.update().where(_b.id == d.id).values(**values))
+                conn.execute(BATCHES.update().where(_b.id == d.id).values(**values))
                 ended += "ended_at" in values
             return ended
 
@@ -539,9 +390,9 @@ class BatchStore:
         -> how many batches."""
         def tx(conn: Connection) -> int:
             old = _b.ended_at < now - retention
-            conn.execute(_requests.delete().where(
+            conn.execute(REQUESTS.delete().where(
                 _r.batch_id.in_(sa.select(_b.id).where(old).scalar_subquery())))
-            return int(conn.execute(_batches.delete().where(old)).rowcount)
+            return int(conn.execute(BATCHES.delete().where(old)).rowcount)
 
         return await self._run("purge", tx)
 
@@ -578,7 +429,7 @@ class BatchStore:
             for name, n in conn.execute(sa.select(status, sa.func.count()).group_by(status)):
                 batches[name] = int(n)
             queued = {m: int(n) for m, n in conn.execute(
-                sa.select(_r.model, sa.func.count()).where(_r.state.in_(_UNFINISHED))
+                sa.select(_r.model, sa.func.count()).where(_r.state.in_(UNFINISHED))
                 .group_by(_r.model))}
             return {"batches": batches, "queued": queued}
 

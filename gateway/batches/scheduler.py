@@ -88,6 +88,8 @@ class Scheduler:
         self._routes = dict(by_upstream)
         self._upstream_of = {route: up for up, routes in self._routes.items() for route in routes}
         self._deferred: set[str] = set()  # upstreams whose batch work waits for interactive
+        # whether the upstream may have batch work queued (its last claim was filled)
+        self._has_work = dict.fromkeys(self._routes, True)
         # when each upstream last had an interactive request (monotonic; start counts as one)
         self._last_interactive = dict.fromkeys(self._routes, time.monotonic())
         self._running: dict[str, int] = dict.fromkeys(self._routes, 0)
@@ -100,6 +102,8 @@ class Scheduler:
 
     def wake(self) -> None:
         """Look for work now (a batch was created, or a request ended)."""
+        for upstream in self._has_work:
+            self._has_work[upstream] = True
         self._wake.set()
 
     def interactive_ended(self, route: str) -> None:
@@ -165,10 +169,14 @@ class Scheduler:
             if free <= 0:
                 continue
             if self._interactive(routes) >= self._cfg.interactive_threshold:
-                self._deferred.add(upstream)  # look again when one of them ends
+                if self._has_work[upstream]:
+                    self._deferred.add(upstream)  # look again when one of them ends
                 continue
             self._deferred.discard(upstream)
             claimed = await self._store.claim(self.worker, routes, free, now, self._cfg.lease)
+            # fewer than asked for: its queue is empty, and an interactive request ending
+            # needs no look until a batch is created here or the next poll finds work
+            self._has_work[upstream] = len(claimed) >= free
             for item in claimed:
                 self._start(upstream, item)
 

@@ -163,3 +163,31 @@ async def test_held_back_work_is_looked_at_when_the_upstream_frees() -> None:
     assert not s._wake.is_set()  # another upstream's request
     s.interactive_ended("m")
     assert s._wake.is_set()
+
+
+async def test_an_empty_queue_is_not_looked_at_per_interactive_request() -> None:
+    """Once a claim comes back short, interactive requests ending do not each start a round
+    (a store query per request); a batch created here, or the poll, looks again."""
+    from gateway.appkeys import STATE
+
+    class Store:
+        claims = 0
+
+        async def claim(self, *args: Any) -> list[Any]:
+            Store.claims += 1
+            return []
+
+    s = _scheduler()
+    s._store = Store()  # type: ignore[assignment]
+    s._last_sweep = float("inf")  # no sweep in this test
+    await s._round()
+    assert Store.claims == 2 and s._has_work == {"u": False, "v": False}
+    s._app[STATE].in_flight["m"] = 1
+    await s._round()  # u busy: not deferred, nothing queued
+    assert "u" not in s._deferred
+    s._app[STATE].in_flight["m"] = 0
+    s._wake.clear()
+    s.interactive_ended("m")
+    assert not s._wake.is_set()
+    s.wake()  # a batch was created here
+    assert s._has_work == {"u": True, "v": True}

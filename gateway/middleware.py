@@ -94,14 +94,15 @@ def _listener_refuses(request: web.Request, route: str) -> errors.GatewayError |
         if not serves_metrics:
             return errors.NotFound()
         if serves_api and server.api_keys and not _authorized(request.app[STATE].api_keys,
-                                                             _credential(request)):
+                                                             credential(request)):
             return errors.AuthenticationFailed()
     elif not serves_api and route not in _OPS:
         return errors.NotFound()
     return None
 
 
-def _credential(request: web.Request) -> bytes | None:
+def credential(request: web.Request) -> bytes | None:
+    """The client's key: ``x-api-key``, else an ``Authorization: Bearer`` token."""
     key = request.headers.get("x-api-key")
     if key is None:
         auth = request.headers.get("authorization", "")
@@ -172,7 +173,7 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             raise refused
         if api is not None:
             server = app[CONFIG].server
-            if server.api_keys and not _authorized(app[STATE].api_keys, _credential(request)):
+            if server.api_keys and not _authorized(app[STATE].api_keys, credential(request)):
                 metrics.rejected.labels(api, "auth").inc()
                 raise errors.AuthenticationFailed()
             if app[STATE].draining:

@@ -41,8 +41,9 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from collections.abc import Awaitable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from aiohttp import web
@@ -54,8 +55,11 @@ from gateway.batches.store import BatchRow, BatchStore, StoreError
 from gateway.body import read_json
 from gateway.config import Config, find_route
 from gateway.messages.validate import validate_messages
+from gateway.middleware import credential
+from gateway.writer import StreamWriter
 
 _log = structlog.get_logger("gateway.batches")
+T = TypeVar("T")
 
 _CUSTOM_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _BATCH_ID = re.compile(r"msgbatch_[A-Za-z0-9]{1,64}")
@@ -70,14 +74,11 @@ def new_batch_id() -> str:
 
 
 def owner_of(request: web.Request) -> str:
-    """Who a batch belongs to: a hash of the client's key, "" when keys are not in use."""
+    """Who a batch belongs to: a hash of the client's key (the one the middleware accepted),
+    "" when keys are not in use."""
     if not request.app[CONFIG].server.api_keys:
         return ""
-    key = request.headers.get("x-api-key")
-    if key is None:
-        auth = request.headers.get("authorization", "")
-        key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return hashlib.sha256(credential(request) or b"").hexdigest()[:32]
 
 
 def rfc3339(t: float | None) -> str | None:
@@ -134,6 +135,22 @@ def _store(request: web.Request) -> BatchStore:
         raise errors.NotFound("Message Batches are not enabled on this gateway "
                               "(batches.enabled)")
     return store
+
+
+async def _ask(call: Awaitable[T]) -> T:
+    """A store call; the store failing is the route's 500."""
+    try:
+        return await call
+    except StoreError as exc:
+        raise _failed(exc) from None
+
+
+async def _found(call: Awaitable[T | None], batch_id: str) -> T:
+    """A store call about one batch of the client's; None (absent, or another's) is a 404."""
+    found = await _ask(call)
+    if found is None:
+        raise _not_found(batch_id)
+    return found
 
 
 def _batch_id(request: web.Request) -> str:
@@ -202,8 +219,7 @@ def parse_create(cfg: Config, body: Any) -> list[tuple[str, str, bytes]]:
         except errors.InvalidRequest as exc:
             path = f"{where}.params" + (f".{exc.path}" if exc.path else "")
             why = exc.message[len(exc.path) + 2:] if exc.path else exc.message
-            details = exc.details if exc.details is not None else None
-            raise errors.InvalidRequest(path, why, details=details) from None
+            raise errors.InvalidRequest(path, why, details=exc.details) from None
         route = find_route(cfg.models, req["model"])
         if route is None:
             raise errors.InvalidRequest(f"{where}.params.model",
@@ -220,11 +236,8 @@ async def create(request: web.Request) -> web.Response:
     requests = parse_create(cfg, body)
     del body
     now = time.time()
-    try:
-        row = await store.create(new_batch_id(), owner_of(request), requests, now,
-                                 now + cfg.batches.expire_after)
-    except StoreError as exc:
-        raise _failed(exc) from None
+    row = await _ask(store.create(new_batch_id(), owner_of(request), requests, now,
+                                  now + cfg.batches.expire_after))
     request.app[METRICS].batches_created.inc()
     scheduler = request.app.get(SCHEDULER)
     if scheduler is not None:
@@ -258,10 +271,7 @@ async def list_batches(request: web.Request) -> web.Response:
     for name, value in (("before_id", before), ("after_id", after)):
         if value is not None and not _BATCH_ID.fullmatch(value):
             raise errors.InvalidRequest(name, "must be a message batch id")
-    try:
-        rows, has_more = await store.page(owner_of(request), limit, before, after)
-    except StoreError as exc:
-        raise _failed(exc) from None
+    rows, has_more = await _ask(store.page(owner_of(request), limit, before, after))
     base = _base(request)
     data = [render(row, base) for row in rows]
     return _json(request, {"data": data, "has_more": has_more,
@@ -270,39 +280,22 @@ async def list_batches(request: web.Request) -> web.Response:
 
 
 async def retrieve(request: web.Request) -> web.Response:
-    store = _store(request)
     batch_id = _batch_id(request)
-    try:
-        row = await store.get(batch_id, owner_of(request))
-    except StoreError as exc:
-        raise _failed(exc) from None
-    if row is None:
-        raise _not_found(batch_id)
+    row = await _found(_store(request).get(batch_id, owner_of(request)), batch_id)
     return _json(request, render(row, _base(request)))
 
 
 async def cancel(request: web.Request) -> web.Response:
-    store = _store(request)
     batch_id = _batch_id(request)
-    try:
-        row = await store.cancel(batch_id, owner_of(request), time.time())
-    except StoreError as exc:
-        raise _failed(exc) from None
-    if row is None:
-        raise _not_found(batch_id)
+    row = await _found(_store(request).cancel(batch_id, owner_of(request), time.time()),
+                       batch_id)
     _log.info("batch_cancel", batch_id=batch_id, status=status_of(row))
     return _json(request, render(row, _base(request)))
 
 
 async def delete(request: web.Request) -> web.Response:
-    store = _store(request)
     batch_id = _batch_id(request)
-    try:
-        deleted = await store.delete(batch_id, owner_of(request))
-    except StoreError as exc:
-        raise _failed(exc) from None
-    if deleted is None:
-        raise _not_found(batch_id)
+    deleted = await _found(_store(request).delete(batch_id, owner_of(request)), batch_id)
     if not deleted:
         raise errors.InvalidRequest("", f"message batch {batch_id} cannot be deleted while it "
                                     "is processing; cancel it and wait until it has ended")
@@ -318,24 +311,16 @@ _EXPIRED = b'{"type":"expired"}'
 async def results(request: web.Request) -> web.StreamResponse:
     store = _store(request)
     batch_id = _batch_id(request)
-    try:
-        row = await store.get(batch_id, owner_of(request))
-    except StoreError as exc:
-        raise _failed(exc) from None
-    if row is None:
-        raise _not_found(batch_id)
+    row = await _found(store.get(batch_id, owner_of(request)), batch_id)
     if row.ended_at is None:
         raise errors.InvalidRequest("", f"message batch {batch_id} has not ended yet: its "
                                     "results are available once processing_status is ended")
-    resp = web.StreamResponse(headers={"Content-Type": "application/binary",
-                                       "request-id": request[REQUEST_ID]})
     pages = store.results(batch_id)
-    try:
-        first = await anext(pages, None)
-    except StoreError as exc:
-        raise _failed(exc) from None
-    await resp.prepare(request)
-    page = first
+    page = await _ask(anext(pages, None))  # before the status is sent: a 500 still can be
+    # the stream writer: a client that stops reading is dropped after server.write_timeout
+    writer = await StreamWriter.open(request, content_type="application/binary",
+                                     write_timeout=request.app[CONFIG].server.write_timeout,
+                                     ping_interval=None)
     try:
         while page is not None:
             lines = []
@@ -344,15 +329,15 @@ async def results(request: web.Request) -> web.StreamResponse:
                     _CANCELED if kind == "canceled" else _EXPIRED)
                 lines.append(b'{"custom_id":%s,"result":%s}\n'
                              % (jsonutil.dumpb_str(custom_id), body))
-            await resp.write(b"".join(lines))
+            await writer.write(b"".join(lines))
             page = await anext(pages, None)
     except StoreError as exc:  # the status is sent: end the body short; the client sees a cut
         _log.error("batch_store_error", detail=str(exc), batch_id=batch_id)
         if request.transport is not None:
             request.transport.close()
-        return resp
-    await resp.write_eof()
-    return resp
+        return writer.response
+    await writer.close()
+    return writer.response
 
 
 def add_routes(app: web.Application, prefix: str) -> None:

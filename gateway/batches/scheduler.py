@@ -163,12 +163,13 @@ class Scheduler:
             return
         clock = time.monotonic()
         for upstream, routes in self._routes.items():
-            if self._interactive(routes):
+            interactive = self._interactive(routes)
+            if interactive:
                 self._last_interactive[upstream] = clock
             free = self._limit(upstream, clock) - self._running[upstream]
             if free <= 0:
                 continue
-            if self._interactive(routes) >= self._cfg.interactive_threshold:
+            if interactive >= self._cfg.interactive_threshold:
                 if self._has_work[upstream]:
                     self._deferred.add(upstream)  # look again when one of them ends
                 continue

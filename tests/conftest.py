@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -101,17 +100,8 @@ def stub_gateway(stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]]
 def pg_server() -> Iterator[pg.PgServer]:
     """A real throwaway PostgreSQL server (tests/pg.py) for the session; skipped with the
     reason where Debian's binaries or psycopg are absent (a failure in CI)."""
-    reason = pg.unavailable()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    server = pg.PgServer()
-    try:
-        server.start()
+    with pg.running_server() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ Stopped by its PID.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -18,7 +19,10 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.procs import free_port
 
@@ -134,3 +138,20 @@ class PgServer:
                 self.proc.kill()
                 self.proc.wait(5)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_server() -> Iterator[PgServer]:
+    """A started throwaway server, stopped by PID after; the test is skipped with the reason
+    where Debian's binaries or psycopg are absent, and fails instead under CI."""
+    reason = unavailable()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    server = PgServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()

@@ -226,6 +226,24 @@ def test_a_postgresql_database_that_goes_away_is_a_500_on_batch_routes_only(
     assert pg.PASSWORD not in proc.output()
 
 
+def _batch_running(stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]],
+                   db: Path, model: str, ids: list[str], **batches: float
+                   ) -> tuple[str, Proc, str, str]:
+    """A gateway on ``db`` running a batch of ``ids`` on the stub's ``model`` scenario, two of
+    them in flight: (config text, gateway, its base URL, batch id)."""
+    text = stub_config(stub_url, models=(model,)) + batches_toml(db, max_in_flight=2,
+                                                                    **batches)
+    proc, url = gateway_factory(text)
+    status, made = create(url + "/llm", [request(cid, "m-" + model) for cid in ids])
+    assert status == 200, made
+    batch_id = made["id"]
+    deadline = time.monotonic() + 10
+    while sorted(_db_states(db, batch_id).values()).count("running") < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return text, proc, url, batch_id
+
+
 def test_sigkill_while_canceling_then_restart_ends_the_batch_without_rerunning(
         stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]], tmp_path: Path
 ) -> None:
@@ -235,17 +253,9 @@ def test_sigkill_while_canceling_then_restart_ends_the_batch_without_rerunning(
     batch ends. (expire_after = 60 makes the store's sweep, which ends it, run every 6 s.)"""
     clear_stub(stub_url)
     db = tmp_path / "batches.sqlite3"
-    text = stub_config(stub_url, models=("delay:2000",)) + batches_toml(
-        db, lease=2, max_in_flight=2, expire_after=60)
-    first, url = gateway_factory(text)
     ids = [f"cx-{i}" for i in range(6)]
-    status, made = create(url + "/llm", [request(cid, "m-delay:2000") for cid in ids])
-    assert status == 200, made
-    batch_id = made["id"]
-    deadline = time.monotonic() + 10
-    while sorted(_db_states(db, batch_id).values()).count("running") < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    text, first, url, batch_id = _batch_running(stub_url, gateway_factory, db, "delay:2000",
+                                                ids, lease=2, expire_after=60)
     status, _, raw = post(f"{url}/llm/v1/messages/batches/{batch_id}/cancel", b"")
     canceling = json.loads(raw)
     assert status == 200 and canceling["processing_status"] == "canceling", canceling
@@ -272,17 +282,9 @@ def test_sigterm_hands_requests_in_flight_back_at_once(
     30 s lease, a restarted gateway runs them again at once instead of waiting it out."""
     clear_stub(stub_url)
     db = tmp_path / "batches.sqlite3"
-    text = stub_config(stub_url, models=("delay:1000",)) + batches_toml(
-        db, lease=30, max_in_flight=2)
-    first, url = gateway_factory(text)
     ids = [f"term-{i}" for i in range(4)]
-    status, made = create(url + "/llm", [request(cid, "m-delay:1000") for cid in ids])
-    assert status == 200, made
-    batch_id = made["id"]
-    deadline = time.monotonic() + 10
-    while sorted(_db_states(db, batch_id).values()).count("running") < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    text, first, _, batch_id = _batch_running(stub_url, gateway_factory, db, "delay:1000",
+                                              ids, lease=30)
     in_flight = {cid for cid, s in _db_states(db, batch_id).items() if s == "running"}
     first.signal(signal.SIGTERM)
     assert first.wait(10) == 0, first.output()[-2000:]

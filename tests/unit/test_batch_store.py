@@ -450,15 +450,8 @@ def test_a_wrong_postgresql_password_is_a_store_error_without_it(pg_server: pg.P
 @pytest.fixture
 def own_pg_server() -> Iterator[pg.PgServer]:
     """A server of this test's own, to stop under a store that uses it."""
-    reason = pg.unavailable()
-    if reason:
-        pytest.skip(reason)
-    server = pg.PgServer()
-    try:
-        server.start()
+    with pg.running_server() as server:
         yield server
-    finally:
-        server.stop()
 
 
 async def test_postgresql_going_away_is_a_store_error_from_a_call(

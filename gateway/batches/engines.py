@@ -14,6 +14,15 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from gateway.batches.schema import StoreError
 
 BUSY_TIMEOUT_S = 30.0
+# Every wait on PostgreSQL bounded: the connect, a statement or a lock (30 s, as SQLite's busy
+# timeout), and a server or network that goes silent (TCP keepalives and a send timeout), so
+# the store's one thread, and the batch routes behind it, never hang on a dead connection.
+_PG_BOUNDS: dict[str, Any] = {
+    "connect_timeout": 10,
+    "options": "-c statement_timeout=30000 -c lock_timeout=30000",
+    "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+    "tcp_user_timeout": 30000,
+}
 
 
 def open_engine(url: str) -> tuple[Engine, str, str | None]:
@@ -30,8 +39,7 @@ def open_engine(url: str) -> tuple[Engine, str, str | None]:
         where = (f"postgresql database {parsed.database or '?'} at "
                  f"{parsed.host or 'localhost'}:{parsed.port or 5432}")
         try:
-            engine = sa.create_engine(parsed, pool_pre_ping=True,
-                                      connect_args={"connect_timeout": 10})
+            engine = sa.create_engine(parsed, pool_pre_ping=True, connect_args=_PG_BOUNDS)
         except (exc.SQLAlchemyError, ImportError) as e:
             raise StoreError(f"{where}: {type(e).__name__} (is the postgresql extra "
                              "installed? pip install 'llm-gateway[postgresql]')") from None

@@ -472,3 +472,23 @@ async def test_postgresql_going_away_is_a_store_error_from_a_call(
             assert pg.PASSWORD not in str(info.value)
     finally:
         await store.close()
+
+
+async def test_postgresql_waits_are_bounded(pg_url: str) -> None:
+    """The store's connections carry a statement and lock timeout and TCP keepalives, so a
+    blocked lock or a silent server ends in a StoreError instead of holding the store's one
+    thread (and the batch routes behind it) forever."""
+    import sqlalchemy as sa
+
+    _drop_tables(pg_url)
+    store = BatchStore.open(pg_url)
+    try:
+        with store._engine.connect() as conn:
+            shown = {name: conn.execute(sa.text(f"SHOW {name}")).scalar()
+                     for name in ("statement_timeout", "lock_timeout")}
+            client = conn.connection.dbapi_connection.info.get_parameters()  # type: ignore[union-attr]
+    finally:
+        await store.close()
+    assert shown == {"statement_timeout": "30s", "lock_timeout": "30s"}
+    assert {k: client.get(k) for k in ("keepalives", "keepalives_idle", "tcp_user_timeout")} \
+        == {"keepalives": "1", "keepalives_idle": "10", "tcp_user_timeout": "30000"}

@@ -666,3 +666,53 @@ def test_batch_work_waits_while_interactive_requests_are_in_flight(
     assert ended["request_counts"]["succeeded"] == 3
     assert calls_per_id(stub_url, [f"waits-{i}" for i in range(3)]) == dict.fromkeys(
         [f"waits-{i}" for i in range(3)], 1)
+
+
+def _sample(metrics: str, name: str, **labels: str) -> float:
+    """One sample's value from a Prometheus exposition (0.0 when absent)."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in metrics.splitlines():
+        head, _, value = line.rpartition(" ")
+        if head == (f"{name}{{{want}}}" if want else name):
+            return float(value)
+    return 0.0
+
+
+def test_batch_runs_are_counted_and_logged(stub_url: str,
+                                           gateway_factory: Callable[..., tuple[Proc, str]],
+                                           tmp_path: Path) -> None:
+    """Each run of a batch request is counted by outcome per model and writes an access line
+    marked ``batch_request`` with its batch and custom id; the batch gauges follow the store
+    (expire_after = 20 sweeps every 2 s)."""
+    clear_stub(stub_url)
+    models = ("ok", "status:400", "fail-first:1:503")
+    proc, url = gateway_factory(stub_config(stub_url, models=models) + batches_toml(
+        tmp_path / "batches.sqlite3", expire_after=20, max_in_flight=4))
+    plan = {"fine": "m-ok", "refused": "m-status:400", "flaky": "m-fail-first:1:503"}
+    status, made = create(url + "/llm", [request(cid, model) for cid, model in plan.items()])
+    assert status == 200, made
+    wait_ended(url + "/llm", made["id"], timeout=20)
+    deadline = time.monotonic() + 6
+    while True:  # the gauges: at the next sweep
+        _, _, raw = get(url + "/metrics")
+        metrics = raw.decode()
+        if _sample(metrics, "llm_gateway_batches", status="ended") == 1.0:
+            break
+        assert time.monotonic() < deadline, metrics
+        time.sleep(0.2)
+    counted = {(model, outcome): _sample(metrics, "llm_gateway_batch_requests_total",
+                                         model=model, outcome=outcome)
+               for model in plan.values() for outcome in ("succeeded", "errored", "retried")}
+    assert {k: v for k, v in counted.items() if v} == {
+        ("m-ok", "succeeded"): 1.0, ("m-status:400", "errored"): 1.0,
+        ("m-fail-first:1:503", "retried"): 1.0, ("m-fail-first:1:503", "succeeded"): 1.0}
+    assert _sample(metrics, "llm_gateway_batches_created_total") == 1.0
+    assert _sample(metrics, "llm_gateway_batches", status="in_progress") == 0.0
+    lines = [json.loads(line) for line in proc.output().splitlines()
+             if line.startswith("{") and '"batch_request"' in line]
+    runs = sorted((e["custom_id"], e["attempt"], e["status"], e["error_type"]) for e in lines
+                  if e.get("route") == "batch_request")
+    assert runs == [("fine", 1, 200, None), ("flaky", 1, 529, "overloaded_error"),
+                    ("flaky", 2, 200, None), ("refused", 1, 400, "invalid_request_error")]
+    assert {e["batch_id"] for e in lines} == {made["id"]}
+    assert all(e["upstream"] == "stub" and e["method"] is None for e in lines)

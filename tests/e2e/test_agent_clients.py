@@ -25,22 +25,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests import sdk
 from tests.conftest import stub_config, stub_requests
+from tests.node import CLIENTS, ts_sdk_ready
 from tests.procs import Proc
 
 pytestmark = [pytest.mark.e2e, pytest.mark.clients]
 
-CLIENTS = Path(__file__).resolve().parent.parent / "clients"
 QUESTION = "What is the weather in Paris?"
 RESULT = "Sunny and 21 C in Paris"
 SCENARIO = 'agent:get_weather:{"city": "Paris"}'
@@ -172,15 +170,11 @@ def test_python_tool_runner_falls_back_from_threads(stub_url, gateway_factory, s
     _assert_full_history_upstream(stub_url, since, stream=stream)
 
 
-def _node_ready() -> None:
-    if shutil.which("node") and (CLIENTS / "node_modules" / "@anthropic-ai" / "sdk").is_dir():
-        return
-    _missing("TypeScript SDK not installed: (cd tests/clients && npm install)")
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["buffered", "stream"])
 def test_ts_tool_runner_falls_back_from_threads(stub_url, gateway_factory, stream) -> None:
-    _node_ready()
+    ts_sdk_ready()
     proc, base, since = _gateway(stub_url, gateway_factory)
     run = subprocess.run(["node", str(CLIENTS / "ts_tool_runner.mjs"), base, "agent-model",
                           "stream" if stream else "buffered"],

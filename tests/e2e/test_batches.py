@@ -20,7 +20,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -37,11 +36,11 @@ import pytest
 from gateway.demo.tinymodel import ANSWER_TEXT
 from tests import sdk
 from tests.conftest import clear_stub, stub_config, stub_requests
+from tests.node import CLIENTS, ts_sdk_ready
 from tests.procs import Proc, free_port, get, post, start_gateway, wait_http
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
-CLIENTS = Path(__file__).resolve().parent.parent / "clients"
 BIG_REPEAT = 1500  # "lorem ipsum dolor sit amet " times this: about a second of the demo model
 DAY = 86400
 
@@ -270,19 +269,12 @@ def test_python_sdk_batch_lifecycle_on_demo(demo_base: str) -> None:
     assert slow.id not in [b.id for b in batches.list(limit=1000).data]
 
 
-def _node_ready() -> None:
-    if shutil.which("node") and (CLIENTS / "node_modules" / "@anthropic-ai" / "sdk").is_dir():
-        return
-    message = "TypeScript SDK not installed: (cd tests/clients && npm install)"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 @pytest.mark.llamacpp
 @pytest.mark.clients
 def test_typescript_sdk_batch_lifecycle_on_demo(demo_base: str) -> None:
-    _node_ready()
+    ts_sdk_ready()
     proc = subprocess.run(["node", str(CLIENTS / "ts_batches.mjs"), demo_base, "demo",
                            str(BIG_REPEAT)], capture_output=True, text=True, timeout=110,
                           cwd=CLIENTS)

@@ -3,31 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import stub_config
+from tests.node import CLIENTS, ts_sdk_ready
 
 pytestmark = [pytest.mark.e2e, pytest.mark.clients]
 
-CLIENTS = Path(__file__).resolve().parent.parent / "clients"
 
 
-def _node_ready() -> None:
-    if shutil.which("node") and (CLIENTS / "node_modules" / "@anthropic-ai" / "sdk").is_dir():
-        return
-    message = "TypeScript SDK not installed: (cd tests/clients && npm install)"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 def run_ts(base: str, model: str, mode: str = "ok") -> dict:
-    _node_ready()
+    ts_sdk_ready()
     proc = subprocess.run(["node", str(CLIENTS / "ts_sdk.mjs"), base, model, mode],
                           capture_output=True, text=True, timeout=60, cwd=CLIENTS)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]

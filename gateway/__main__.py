@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING
 import structlog
 from aiohttp import web
 
-from gateway import __version__, config, log, notify
+from gateway import __version__
 from gateway.app import build_app
-from gateway.appkeys import METRICS, STATE
-from gateway.server import listen
+from gateway.http.keys import METRICS, STATE
+from gateway.http.protocol import listen
+from gateway.ops import config, log, notify
 
 if TYPE_CHECKING:
     from gateway.batches.store import BatchStore
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             print("llm-gateway: --workers needs a fixed port and cannot run --demo",
                   file=sys.stderr)
             return 2
-        from gateway.workers import strip_workers_flag, supervise
+        from gateway.ops.workers import strip_workers_flag, supervise
 
         return supervise(strip_workers_flag(sys.argv[1:] if argv is None else argv),
                          args.workers, cfg.metrics_dir, notifier)

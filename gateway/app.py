@@ -34,15 +34,29 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from gateway import errors, log, models
-from gateway.appkeys import CONFIG, METRICS, SECRETS, STATE, UPSTREAMS, AppState
-from gateway.config import Config
-from gateway.messages import handler as messages
-from gateway.metrics import Metrics
-from gateway.middleware import gateway_middleware
-from gateway.openai import passthrough
+from gateway import errors
+from gateway.http import anthropic as messages
+from gateway.http import models, passthrough
+from gateway.http.keys import (
+    BATCH_STORE,
+    CONFIG,
+    MESSAGES,
+    METRICS,
+    SCHEDULER,
+    SECRETS,
+    STATE,
+    UPSTREAM_CALLS,
+    UPSTREAMS,
+    AppState,
+)
+from gateway.http.middleware import gateway_middleware
+from gateway.messages.call import MessagesDeps
 from gateway.openai.apis import APIS as OPENAI_APIS
-from gateway.redact import Redactor
+from gateway.ops import log
+from gateway.ops.config import Config
+from gateway.ops.metrics import Metrics
+from gateway.text.redact import Redactor
+from gateway.upstream.call import Upstreams
 
 if TYPE_CHECKING:
     from gateway.batches.store import BatchStore
@@ -150,6 +164,9 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
     for name in config.upstreams:
         metrics.add_upstream(name)
     app[SECRETS] = Redactor.of(config.upstreams.values())
+    app[UPSTREAM_CALLS] = Upstreams(app[UPSTREAMS], metrics, app[SECRETS])
+    app[MESSAGES] = MessagesDeps(app[UPSTREAM_CALLS], config.server.signing_key,
+                                 config.server.keep_billing_header)
     app[STATE] = AppState(api_keys=tuple(k.encode() for k in config.server.api_keys))
     for route in config.models.values():
         metrics.add_model(route.name, route.upstream.name, route.upstream_model)
@@ -166,16 +183,18 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
     not_implemented: tuple[str, ...] = _NOT_IMPLEMENTED
     if batch_store is not None:
         # imported here: the SQL layer costs ~12 MB and a quarter second, only when enabled
-        from gateway.batches import api as batches_api
-        from gateway.batches.keys import BATCH_STORE, SCHEDULER
-        from gateway.batches.scheduler import Scheduler, scheduler_ctx
+        from gateway.batches.scheduler import Scheduler
+        from gateway.http import batches as batches_api
 
         app[BATCH_STORE] = batch_store
-        scheduler = Scheduler(app, batch_store)
+        state = app[STATE]
+        scheduler = Scheduler(config.batches, app[MESSAGES], batch_store,
+                              routes=config.models, in_flight=state.in_flight,
+                              draining=lambda: state.draining)
         app[SCHEDULER] = scheduler
         app[STATE].on_request_end = scheduler.interactive_ended
         batches_api.add_routes(app, p)
-        app.cleanup_ctx.append(scheduler_ctx)
+        app.cleanup_ctx.append(batches_api.scheduler_ctx)
         not_implemented = tuple(e for e in not_implemented if e != "messages/batches")
     endpoints = "|".join(re.escape(e) for e in not_implemented)
     r.add_route("*", f"{p}/v1/{{endpoint:(?:{endpoints})(?:/.*)?}}", _not_supported,

@@ -33,7 +33,7 @@ Protocol facts relied on:
   every 5xx, and honour ``retry-after`` and ``x-should-retry``.
 * Upstream text reaches a client only through :func:`scrub`: a 5xx message is
   replaced whole; a 4xx message first loses every configured upstream secret
-  (:mod:`gateway.redact`), then traceback lines, URLs, IP addresses (IPv4, and
+  (:mod:`gateway.text.redact`), then traceback lines, URLs, IP addresses (IPv4, and
   IPv6 bare or bracketed, with a port or not), ``host:port`` tokens, the
   upstream's host names and file paths, and is capped at 500 characters.
   :func:`from_upstream` keeps the reply it mapped on the error, so a caller that
@@ -77,10 +77,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gateway import jsonutil
-from gateway.overflow import context_overflow_message
-from gateway.redact import NO_SECRETS, Secrets
-from gateway.scrub import clean
+from gateway.text import jsonutil
+from gateway.text.overflow import context_overflow_message
+from gateway.text.redact import NO_SECRETS, Secrets
+from gateway.text.scrub import clean
 
 # THE status -> error.type table (Anthropic's documented types).
 STATUS_TYPES: Mapping[int, str] = {
@@ -151,6 +151,9 @@ class GatewayError(Exception):
     should_retry: bool | None = None
     # ``error.details`` of the envelope: a machine-readable ``error_code`` that SDKs branch on
     details: Mapping[str, Any] | None = None
+    # the status the upstream answered, when this error is its reply (from_upstream); None
+    # for the gateway's own failures (a connect error, a timeout, a malformed reply)
+    upstream_status: int | None = None
 
     def __init__(
         self,
@@ -246,13 +249,13 @@ class StreamProcessingError(UpstreamError):
     default_message = "Stream processing error"
 
 
-# --- scrubbing (the rules live in gateway/scrub.py) ------------------------------
+# --- scrubbing (the rules live in gateway/text/scrub.py) ------------------------------
 
 
 def scrub(status: int, message: str, hosts: Iterable[str] = (),
           secrets: Secrets = NO_SECRETS) -> str:
     """Make upstream text safe for a client. One function for every path: a 5xx message is
-    replaced whole; a 4xx one loses what :func:`gateway.scrub.clean` removes."""
+    replaced whole; a 4xx one loses what :func:`gateway.text.scrub.clean` removes."""
     if status >= 500:
         return _INTERNAL
     text = clean(message, hosts, secrets)
@@ -313,6 +316,7 @@ def from_upstream(
     """Map an upstream error reply (status + body) to the error the client sees."""
     err = _map_upstream(status, raw, hosts, secrets, max_tokens)
     err.reply = (status, raw, max_tokens)
+    err.upstream_status = status
     return err
 
 

@@ -9,7 +9,7 @@ process that dies stops renewing: its requests are claimed again once their leas
 Interactive first, per upstream: at most ``batches.max_in_flight`` batch requests run on an
 upstream at once (from this process), and new ones start only while fewer than
 ``batches.interactive_threshold`` interactive requests are in flight on it (a Messages or
-pass-through request counted by :mod:`gateway.admission`). A running batch request is not
+pass-through request counted by :mod:`gateway.http.admission`). A running batch request is not
 stopped when interactive traffic arrives; it is simply not followed by another. Work held
 back this way is looked at again as soon as an interactive request on that upstream ends
 (``AppState.on_request_end``), not only at the next poll. An upstream no interactive request
@@ -19,7 +19,7 @@ server; the first interactive request after the idle spell may then wait for a s
 batch request's time), and no new batch request starts beyond ``max_in_flight`` until the
 upstream has been idle again that long.
 
-A batch request is a buffered Messages call (:class:`gateway.messages.handler.Call`). Its
+A batch request is a buffered Messages call (:class:`gateway.http.anthropic.Call`). Its
 outcome follows the interactive error model: a connect failure, a timeout, 408, 429 and
 5xx are retried with a growing delay (2 s doubling to 5 minutes) until the batch expires;
 any other error is the request's ``errored`` result, with the error envelope the
@@ -40,19 +40,18 @@ import random
 import socket
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
-from aiohttp import web
 
-from gateway import errors, ids, jsonutil, log, streaming
-from gateway.appkeys import CONFIG, METRICS, SECRETS, STATE
-from gateway.batches.keys import BATCH_STORE, SCHEDULER
+from gateway import errors
 from gateway.batches.store import BatchStore, Claimed, StoreError
-from gateway.config import find_route
-from gateway.messages.handler import prepare
+from gateway.messages.call import MessagesDeps, count_reply, prepare
 from gateway.messages.validate import validate_messages
+from gateway.ops import log
+from gateway.ops.config import BatchesConfig, ModelRoute, find_route
+from gateway.text import ids, jsonutil
 
 _log = structlog.get_logger("gateway.batches")
 
@@ -64,7 +63,7 @@ _RETRY_STATUSES = frozenset({408, 429})
 def retryable(err: errors.GatewayError) -> bool:
     if isinstance(err, errors.UpstreamUnavailable | errors.UpstreamTimeout):
         return True
-    status = getattr(err, "upstream_status", None) or err.status
+    status = err.upstream_status or err.status
     return status >= 500 or status in _RETRY_STATUSES
 
 
@@ -75,15 +74,22 @@ def backoff(attempts: int) -> float:
 
 
 class Scheduler:
-    def __init__(self, app: web.Application, store: BatchStore) -> None:
-        self._app = app
+    def __init__(self, cfg: BatchesConfig, deps: MessagesDeps, store: BatchStore, *,
+                 routes: Mapping[str, ModelRoute], in_flight: Mapping[str, int],
+                 draining: Callable[[], bool]) -> None:
+        """``routes``: the configured models; ``in_flight``: interactive requests now per
+        model (kept by the HTTP shell's admission); ``draining``: whether the process is
+        shutting down (no new work is claimed then)."""
+        self._deps = deps
         self._store = store
-        cfg = app[CONFIG]
-        self._cfg = cfg.batches
+        self._cfg = cfg
+        self._models = routes
+        self._in_flight = in_flight
+        self._draining = draining
         self.worker = f"{socket.gethostname()}:{os.getpid()}:{ids.b62(8)}"
         # upstream name -> the route names that go to it
         by_upstream: dict[str, list[str]] = defaultdict(list)
-        for route in cfg.models.values():
+        for route in routes.values():
             by_upstream[route.upstream.name].append(route.name)
         self._routes = dict(by_upstream)
         self._upstream_of = {route: up for up, routes in self._routes.items() for route in routes}
@@ -159,7 +165,7 @@ class Scheduler:
         if now - self._last_sweep >= min(_SWEEP, max(1.0, self._cfg.expire_after / 10)):
             self._last_sweep = now
             await self._sweep(now)
-        if self._app[STATE].draining:
+        if self._draining():
             return
         clock = time.monotonic()
         for upstream, routes in self._routes.items():
@@ -191,7 +197,7 @@ class Scheduler:
         return cfg.max_in_flight
 
     def _interactive(self, routes: list[str]) -> int:
-        in_flight = self._app[STATE].in_flight
+        in_flight = self._in_flight
         return sum(in_flight.get(name, 0) for name in routes)
 
     async def _sweep(self, now: float) -> None:
@@ -203,11 +209,11 @@ class Scheduler:
         if purged:
             _log.info("batches_purged", batches=purged)
         stats = await store.stats()
-        metrics = self._app[METRICS]
+        metrics = self._deps.metrics
         for status, count in stats.get("batches", {}).items():
             metrics.batches.labels(status).set(count)
         queued = stats.get("queued", {})
-        for route in self._app[CONFIG].models:
+        for route in self._models:
             metrics.batch_queue.labels(route).set(queued.get(route, 0))
 
     async def _heartbeat(self) -> None:
@@ -232,14 +238,13 @@ class Scheduler:
     def _start(self, upstream: str, item: Claimed) -> None:
         self._running[upstream] += 1
         self._leases[(item.batch_id, item.idx)] = upstream
-        self._app[METRICS].batch_in_flight.labels(upstream).inc()
+        self._deps.metrics.batch_in_flight.labels(upstream).inc()
         task = asyncio.create_task(self._run_one(upstream, item))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _run_one(self, upstream: str, item: Claimed) -> None:
-        app = self._app
-        metrics = app[METRICS]
+        metrics = self._deps.metrics
         request_id = ids.new_request_id()
         t0 = time.perf_counter()
         status = 200
@@ -283,32 +288,16 @@ class Scheduler:
             self._wake.set()
 
     async def _call(self, item: Claimed, request_id: str) -> tuple[dict[str, Any], str]:
-        """Run one batch request: (its message, its route's name); failures raise."""
-        app = self._app
+        """Run one batch request: (its message, its route's name); failures raise. The same
+        Messages call an interactive request makes (:mod:`gateway.messages.call`)."""
         req = validate_messages(jsonutil.loads(item.params))
-        route = find_route(app[CONFIG].models, req["model"])
+        route = find_route(self._models, req["model"])
         if route is None:  # the config changed since the batch was created
             raise errors.NotFound(f"model: {errors.echo(req['model'], 256)}")
-        call = await prepare(app, req, route)
-        metrics = app[METRICS]
-        try:
-            up = await call.client.request("/chat/completions", call.payload,
-                                           stream=call.upstream_stream,
-                                           max_tokens=req.get("max_tokens"),
-                                           request_id=request_id)
-        except errors.GatewayError as err:
-            status = getattr(err, "upstream_status", err.status)
-            metrics.upstream_requests.labels(route.name, call.client.name, str(status)).inc()
-            raise errors.rescrub(err, hosts=call.client.hosts, secrets=app[SECRETS]) from None
-        metrics.upstream_requests.labels(route.name, call.client.name, str(up.status)).inc()
-        async with up:
-            message = await call.reply(app, up)
-        stop = message.get("stop_reason")
-        if stop:
-            metrics.stop_reasons.labels(route.name, stop).inc()
-        usage = message["usage"]
-        streaming.count_tokens(metrics, route.name,
-                               (usage["input_tokens"], usage["output_tokens"]))
+        call = await prepare(self._deps, req, route)
+        async with await call.send(request_id) as up:
+            message = await call.reply(up)
+        count_reply(self._deps.metrics, route, message)
         return message, route.name
 
     def _access(self, item: Claimed, model: str, upstream: str, request_id: str, status: int,
@@ -321,17 +310,3 @@ class Scheduler:
                     else None,
                     "batch_id": item.batch_id, "custom_id": item.custom_id,
                     "attempt": item.attempts})
-
-
-async def scheduler_ctx(app: web.Application) -> AsyncIterator[None]:
-    """cleanup_ctx: run the scheduler while the app runs; stop it, then close the store."""
-    scheduler = app[SCHEDULER]
-    task = asyncio.create_task(scheduler.run())
-    yield
-    await scheduler.stop()
-    task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
-    await app[BATCH_STORE].close()

@@ -33,7 +33,7 @@ from typing import Any
 
 import structlog
 
-from gateway.config import Config, ModelRoute, UpstreamConfig
+from gateway.ops.config import Config, ModelRoute, UpstreamConfig
 
 DEMO_MODEL = "demo"
 CLAUDE_PATTERN = "claude-*"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway import jsonutil
+from gateway.text import jsonutil
 
 _APPEND = {"text_delta": "text", "thinking_delta": "thinking"}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from gateway import jsonutil
+from gateway.text import jsonutil
 
 DONE = b"[DONE]"
 CBS = b'event: content_block_start\ndata: {"type":"content_block_start","index":'

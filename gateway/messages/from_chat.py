@@ -27,9 +27,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gateway import errors, ids, jsonutil
+from gateway import errors
 from gateway.messages import signatures, tables
-from gateway.redact import NO_SECRETS, Redactor
+from gateway.text import ids, jsonutil
+from gateway.text.redact import NO_SECRETS, Redactor
 
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
 

@@ -1,7 +1,7 @@
 """OpenAI chat-completion stream chunks in, Anthropic Messages stream events out.
 
 Pure: no I/O, no awaits, no logging. The caller decodes the upstream body with
-``gateway.sse.SSEDecoder``, feeds each ``data:`` payload here and writes what comes back.
+``gateway.text.sse.SSEDecoder``, feeds each ``data:`` payload here and writes what comes back.
 
 Upstream facts relied on (vLLM, SGLang, llama.cpp llama-server, Ollama ``/v1``):
 
@@ -65,12 +65,13 @@ import enum
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from gateway import errors, jsonutil
+from gateway import errors
 from gateway.messages import frames, signatures, tables
 from gateway.messages.stops import StopMatcher
 from gateway.messages.tool_blocks import NONE, TEXT, THINKING, TOOL, Call, Malformed, ToolBlocks
-from gateway.redact import NO_SECRETS, Redactor
-from gateway.sse import encode_event
+from gateway.text import jsonutil
+from gateway.text.redact import NO_SECRETS, Redactor
+from gateway.text.sse import encode_event
 
 __all__ = ["IllegalTransition", "State", "StreamTranslator"]
 

@@ -36,13 +36,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from gateway import jsonutil
 from gateway.messages.client_tools import to_function
 from gateway.messages.tables import LOCAL_STOP_KINDS
 from gateway.messages.validate import is_custom_tool
+from gateway.text import jsonutil
 
 if TYPE_CHECKING:
-    from gateway.config import ModelRoute
+    from gateway.ops.config import ModelRoute
 
 __all__ = ["BILLING_HEADER_PREFIX", "to_chat"]
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 import structlog
-from aiohttp import web
 
-from gateway import errors, jsonutil, routing
-from gateway.config import ModelRoute
-from gateway.upstream import UpstreamClient
+from gateway import errors
+from gateway.ops.config import ModelRoute
+from gateway.text import jsonutil
+from gateway.upstream.call import Upstreams, send
 
 _log = structlog.get_logger("gateway.tokens")
 _TEMPLATE_KEYS = ("tools", "chat_template_kwargs")
@@ -39,10 +39,10 @@ def estimate(chat_req: dict[str, Any]) -> int:
     return estimate_from_bytes(size)
 
 
-async def _post_json(request: web.Request, route: ModelRoute, client: UpstreamClient, path: str,
-                     body: dict[str, Any]) -> Any:
-    up = await routing.send(request, route, client, path, jsonutil.dumpb(body), stream=False,
-                            at_root=True)
+async def _post_json(ups: Upstreams, route: ModelRoute, path: str, body: dict[str, Any],
+                     request_id: str | None) -> Any:
+    up = await send(ups, route, path, jsonutil.dumpb(body), stream=False, at_root=True,
+                    request_id=request_id)
     async with up:
         raw = await up.read()
     try:
@@ -51,26 +51,27 @@ async def _post_json(request: web.Request, route: ModelRoute, client: UpstreamCl
         raise errors.UpstreamError(status=500) from None
 
 
-async def count(request: web.Request, route: ModelRoute, client: UpstreamClient,
-                chat_req: dict[str, Any]) -> tuple[int, bool]:
+async def count(ups: Upstreams, route: ModelRoute, chat_req: dict[str, Any],
+                request_id: str | None = None) -> tuple[int, bool]:
     """(input_tokens, exact?) for a translated request."""
     kind = route.upstream.kind
     extras = {k: chat_req[k] for k in _TEMPLATE_KEYS if k in chat_req}
     if kind == "vllm":
         body = {"model": route.upstream_model, "messages": chat_req["messages"],
                 "add_generation_prompt": chat_req.get("add_generation_prompt", True), **extras}
-        reply = await _post_json(request, route, client, "/tokenize", body)
+        reply = await _post_json(ups, route, "/tokenize", body, request_id)
         if isinstance(reply, dict) and isinstance(reply.get("count"), int):
             return reply["count"], True
         raise errors.UpstreamError(status=500)
     if kind == "llamacpp":
         body = {"messages": chat_req["messages"], **extras}
-        templ = await _post_json(request, route, client, "/apply-template", body)
+        templ = await _post_json(ups, route, "/apply-template", body, request_id)
         prompt = templ.get("prompt") if isinstance(templ, dict) else None
         if not isinstance(prompt, str):
             raise errors.UpstreamError(status=500)
-        toks = await _post_json(request, route, client, "/tokenize",
-                                {"content": prompt, "add_special": True, "parse_special": True})
+        toks = await _post_json(ups, route, "/tokenize",
+                                {"content": prompt, "add_special": True, "parse_special": True},
+                                request_id)
         if isinstance(toks, dict) and isinstance(toks.get("tokens"), list):
             return len(toks["tokens"]), True
         raise errors.UpstreamError(status=500)

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway import ids
 from gateway.messages import frames
+from gateway.text import ids
 
 
 class Malformed(Exception):

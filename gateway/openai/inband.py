@@ -28,8 +28,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gateway import errors, jsonutil
-from gateway.redact import NO_SECRETS, Redactor
+from gateway import errors
+from gateway.text import jsonutil
+from gateway.text.redact import NO_SECRETS, Redactor
 
 __all__ = ["NEEDLE", "InbandErrors"]
 
@@ -121,7 +122,7 @@ def _object(payload: bytes) -> dict[str, Any] | None:
 
 
 def _fields(event: bytes) -> tuple[bytes, bytes]:
-    """(name, data) of one event framed with LF, read as :class:`gateway.sse.SSEDecoder`
+    """(name, data) of one event framed with LF, read as :class:`gateway.text.sse.SSEDecoder`
     reads them (data lines joined with LF, one space after the colon dropped)."""
     name = b""
     data: list[bytes] = []

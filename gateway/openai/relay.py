@@ -29,10 +29,11 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gateway import errors, jsonutil
+from gateway import errors
 from gateway.openai.inband import NEEDLE, InbandErrors
-from gateway.redact import NO_SECRETS, Redactor
-from gateway.sse import MAX_EVENT_BYTES, SSEDecoder
+from gateway.text import jsonutil
+from gateway.text.redact import NO_SECRETS, Redactor
+from gateway.text.sse import MAX_EVENT_BYTES, SSEDecoder, SSEEventTooLarge
 
 __all__ = ["CHAT_CHUNKS", "COMPLETION_CHUNKS", "RESPONSE_EVENTS", "Dialect", "ModelRewriter",
            "Relay"]
@@ -214,7 +215,7 @@ class Relay:
     Either way the relay notes the stream's end, the first generated token and the usage,
     and writes an event that reports an error again, scrubbed with ``hosts`` and ``secrets``.
     ``termination`` says how the stream ended (``end()`` or ``fail()``), for
-    :class:`gateway.streaming.RelayedStream`.
+    :class:`gateway.http.streaming.RelayedStream`.
     """
 
     __slots__ = ("_decoder", "_dialect", "_ended", "_framed_cr", "_has_token", "_inband",
@@ -246,7 +247,7 @@ class Relay:
                 end = data.rfind(b"\n\n") + 2
                 if end == 1:  # no whole event yet
                     if len(data) > MAX_EVENT_BYTES:
-                        raise ValueError("SSE event exceeds the size limit")
+                        raise SSEEventTooLarge("SSE event exceeds the size limit")
                     self._tail = data
                     return b""
                 block = data if end == len(data) else data[:end]

@@ -34,8 +34,8 @@ from typing import Any
 import structlog
 
 from gateway import errors
-from gateway.config import UpstreamConfig
-from gateway.redact import secrets_of
+from gateway.ops.config import UpstreamConfig
+from gateway.text.redact import secrets_of
 from gateway.upstream.exceptions import (
     BrokenResponse,
     ConnectFailed,
@@ -352,6 +352,4 @@ class UpstreamClient:
             return errors.UpstreamError(status=500)
         if status >= 500:
             self.report("head", "status", request_id, status=status)
-        err = errors.from_upstream(status, raw, hosts=self.hosts, max_tokens=max_tokens)
-        err.upstream_status = status  # type: ignore[attr-defined]
-        return err
+        return errors.from_upstream(status, raw, hosts=self.hosts, max_tokens=max_tokens)

@@ -22,7 +22,7 @@ keeps only what llhttp leaves to its caller, each a protocol fact it relies on:
   be read as the next request's reply.
 
 Each of those is a :class:`ProtocolError` of a fixed ``kind``
-(gateway/metrics.py ``PROTOCOL_ERRORS``): the connection is aborted and its pool told
+(gateway/ops/metrics.py ``PROTOCOL_ERRORS``): the connection is aborted and its pool told
 (:meth:`Owner.protocol_error`), which closes the upstream's idle connections too.
 
 A reply's head may take ``HEAD_LIMIT`` bytes (all its heads together), and so may the

@@ -50,7 +50,7 @@ class BrokenResponse(HTTPClientError):
 
 
 class ProtocolError(BrokenResponse):
-    """A framing anomaly; ``kind`` is one of gateway/metrics.py ``PROTOCOL_ERRORS``."""
+    """A framing anomaly; ``kind`` is one of gateway/ops/metrics.py ``PROTOCOL_ERRORS``."""
 
     cause = "protocol_error"
 

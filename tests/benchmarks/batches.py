@@ -41,7 +41,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from gateway import jsonutil
+from gateway.text import jsonutil
 from tests.benchmarks import driver, run
 
 HOST = run.HOST

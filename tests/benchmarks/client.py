@@ -37,7 +37,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gateway.config import UpstreamConfig
+from gateway.ops.config import UpstreamConfig
 from gateway.upstream import UpstreamClient
 from tests.benchmarks.run import Proc, _free_port
 from tests.benchmarks.stub_fast import _Scenario

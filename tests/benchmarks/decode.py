@@ -2,7 +2,7 @@
 
     python -m tests.benchmarks.decode [--reps N]
 
-What every JSON route runs on a body before validating it (``gateway/body.py``):
+What every JSON route runs on a body before validating it (``gateway/http/body.py``):
 ``jsonutil.too_many_values`` then ``jsonutil.loads`` (ujson, then the walk that refuses
 lone surrogates, NaN and nesting past 128 levels). Beside them: ``ujson.loads`` alone, and
 the decode the walk replaced (ujson, then a regex over the raw bytes and, when it matched,
@@ -26,7 +26,7 @@ from typing import Any
 
 import ujson
 
-from gateway import jsonutil
+from gateway.text import jsonutil
 
 _WORDS = ("the of and to in is you that it he was for on are as with his they at be this have "
           "from or one had by word but not what all were we when your can said there use an "

@@ -1,7 +1,7 @@
 """The deployment files under deploy/, each checked without a Docker engine or a cluster.
 
 - The example config is accepted by the real loader, as it is and with its commented knob lines
-  switched on, and shows every knob of gateway/config.py's schema (derived from its dataclasses)
+  switched on, and shows every knob of gateway/ops/config.py's schema (derived from its dataclasses)
   with its default; README.md's configuration table lists exactly the same knobs and defaults.
 - The systemd unit passes ``systemd-analyze verify`` and ``systemd-analyze security
   --offline=yes`` holds its exposure score at or below ``SYSTEMD_EXPOSURE_MAX``.
@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 from packaging.requirements import Requirement
 
-from gateway import config
+from gateway.ops import config
 from tests.procs import REPO, Proc, free_port, wait_http
 
 try:
@@ -166,7 +166,7 @@ def test_example_config_shows_every_knob_of_the_schema() -> None:
     shown = _knobs_in(tomllib.loads(_switch_on(EXAMPLE.read_text())))
     schema = _schema_knobs()
     assert not schema - shown, f"knobs missing from {EXAMPLE.name}: {sorted(schema - shown)}"
-    assert not shown - schema, f"knobs unknown to gateway/config.py: {sorted(shown - schema)}"
+    assert not shown - schema, f"knobs unknown to gateway/ops/config.py: {sorted(shown - schema)}"
 
 
 def test_example_config_comments_every_knob() -> None:

@@ -29,8 +29,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from gateway import config
-from gateway.metrics import Metrics
+from gateway.ops import config
+from gateway.ops.metrics import Metrics
 from tests.deploy import kustomize
 from tests.deploy.test_deploy import (
     DRAIN_TAIL_S,

@@ -1,4 +1,4 @@
-"""grafana/METRICS.md is the one metrics table, and it says what gateway/metrics.py defines.
+"""grafana/METRICS.md is the one metrics table, and it says what gateway/ops/metrics.py defines.
 
 Every metric the module defines (the per-worker ``process_*`` ones too) is a row with its
 exposed name, type and labels, and every row is a defined metric: a metric added, renamed or
@@ -13,7 +13,7 @@ import re
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
-from gateway.metrics import Metrics, _Memo
+from gateway.ops.metrics import Metrics, _Memo
 from tests.procs import REPO
 
 TABLE = REPO / "grafana" / "METRICS.md"
@@ -22,7 +22,7 @@ _SUFFIX = {"counter": "_total", "info": "_info"}
 
 
 def _defined() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """exposed name -> (type, label names) of every metric gateway/metrics.py defines."""
+    """exposed name -> (type, label names) of every metric gateway/ops/metrics.py defines."""
     registry = CollectorRegistry()
     metrics = Metrics(registry, per_worker_process=True)
     assert metrics.process is not None

@@ -21,9 +21,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gateway import __version__, config
+from gateway import __version__
 from gateway.app import build_app
-from gateway.metrics import (
+from gateway.openai.apis import APIS as OPENAI_APIS
+from gateway.ops import config
+from gateway.ops.metrics import (
     APIS,
     DROPPED_FIELDS,
     REJECTIONS,
@@ -31,7 +33,6 @@ from gateway.metrics import (
     TERMINATIONS,
     Metrics,
 )
-from gateway.openai.apis import APIS as OPENAI_APIS
 from tests.procs import free_port
 from tests.stub_upstream import USAGE, make_app
 

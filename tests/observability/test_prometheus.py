@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import default_registry
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from tests.conftest import llama_config
 from tests.procs import REPO, Proc, free_port, start_gateway, wait_http
 

@@ -7,9 +7,12 @@ from typing import Any
 
 import pytest
 
-from gateway import config, errors, jsonutil
-from gateway.batches import api, scheduler
+from gateway import errors
+from gateway.batches import scheduler
 from gateway.batches.store import BatchRow
+from gateway.http import batches as api
+from gateway.ops import config
+from gateway.text import jsonutil
 
 CFG = config.parse({
     "upstreams": {"u": {"base_url": "http://127.0.0.1:9/v1"}},
@@ -119,10 +122,6 @@ def test_backoff_grows_and_is_capped() -> None:
 
 
 def _scheduler(**batches: Any) -> scheduler.Scheduler:
-    from aiohttp import web
-
-    from gateway.appkeys import CONFIG, STATE, AppState
-
     cfg = config.parse({
         "upstreams": {"u": {"base_url": "http://127.0.0.1:9/v1"},
                       "v": {"base_url": "http://127.0.0.1:9/v1"}},
@@ -130,10 +129,9 @@ def _scheduler(**batches: Any) -> scheduler.Scheduler:
                    {"name": "n", "upstream": "v", "upstream_model": "x"}],
         "batches": {"database": "sqlite:////tmp/unused.sqlite3", **batches},
     }, "test.toml", {"HOME": "/nonexistent"})
-    app = web.Application()
-    app[CONFIG] = cfg
-    app[STATE] = AppState()
-    return scheduler.Scheduler(app, None)  # type: ignore[arg-type]  # the store is not used
+    # neither the Messages call nor the store is used by these tests
+    return scheduler.Scheduler(cfg.batches, None, None,  # type: ignore[arg-type]
+                               routes=cfg.models, in_flight={}, draining=lambda: False)
 
 
 async def test_an_idle_upstream_takes_max_in_flight_idle() -> None:
@@ -147,10 +145,8 @@ async def test_an_idle_upstream_takes_max_in_flight_idle() -> None:
 
 
 async def test_held_back_work_is_looked_at_when_the_upstream_frees() -> None:
-    from gateway.appkeys import STATE
-
     s = _scheduler()
-    in_flight = s._app[STATE].in_flight
+    in_flight = s._in_flight
     s._wake.clear()
     s.interactive_ended("m")
     assert not s._wake.is_set()  # nothing was held back: no round for it
@@ -168,8 +164,6 @@ async def test_held_back_work_is_looked_at_when_the_upstream_frees() -> None:
 async def test_an_empty_queue_is_not_looked_at_per_interactive_request() -> None:
     """Once a claim comes back short, interactive requests ending do not each start a round
     (a store query per request); a batch created here, or the poll, looks again."""
-    from gateway.appkeys import STATE
-
     class Store:
         claims = 0
 
@@ -182,10 +176,10 @@ async def test_an_empty_queue_is_not_looked_at_per_interactive_request() -> None
     s._last_sweep = float("inf")  # no sweep in this test
     await s._round()
     assert Store.claims == 2 and s._has_work == {"u": False, "v": False}
-    s._app[STATE].in_flight["m"] = 1
+    s._in_flight["m"] = 1
     await s._round()  # u busy: not deferred, nothing queued
     assert "u" not in s._deferred
-    s._app[STATE].in_flight["m"] = 0
+    s._in_flight["m"] = 0
     s._wake.clear()
     s.interactive_ended("m")
     assert not s._wake.is_set()

@@ -1,4 +1,4 @@
-"""gateway/body.py in process: the decoding budget and the byte cap of a chunked body.
+"""gateway/http/body.py in process: the decoding budget and the byte cap of a chunked body.
 
 ``server.max_decoding_bytes`` counts the bytes of every body being received and decoded at
 once, as they arrive; past it a 529 (503 on the pass-through), unless the body is alone.
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway import config
 from gateway.app import build_app
-from gateway.appkeys import STATE
+from gateway.http.keys import STATE
+from gateway.ops import config
 
 
 def _app(**server: Any) -> Any:

@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway import errors
-from gateway.config import UpstreamConfig
 from gateway.openai.inband import InbandErrors
 from gateway.openai.relay import (
     CHAT_CHUNKS,
@@ -21,7 +20,9 @@ from gateway.openai.relay import (
     ModelRewriter,
     Relay,
 )
-from gateway.redact import Redactor
+from gateway.ops.config import UpstreamConfig
+from gateway.text.redact import Redactor
+from gateway.text.sse import SSEEventTooLarge
 from tests.fuzzing import EXAMPLES
 from tests.stub_upstream import completions_script, responses_script
 
@@ -154,7 +155,7 @@ def test_relay_returns_to_blocks_once_the_reported_name_is_learned() -> None:
 def test_relay_refuses_an_endless_event() -> None:
     relay = Relay(ModelRewriter("org/m", "alias"), CHAT_CHUNKS)
     relay.feed(b"data: " + b"x" * (4 * 1024 * 1024))
-    with pytest.raises(ValueError):
+    with pytest.raises(SSEEventTooLarge):
         relay.feed(b"y" * (5 * 1024 * 1024))
 
 

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from anthropic.types.beta.beta_tool_union_param import BetaToolUnionParam
 
-from gateway.config import ModelRoute, UpstreamConfig
 from gateway.errors import InvalidRequest
 from gateway.messages.client_tools import CLIENT_TOOLS
 from gateway.messages.from_chat import from_chat
 from gateway.messages.to_chat import to_chat
 from gateway.messages.validate import validate_messages
+from gateway.ops.config import ModelRoute, UpstreamConfig
 
 ROUTE = ModelRoute(
     name="m",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway import config, signing_key
+from gateway.ops import config, signing_key
 
 GOOD = """
 [server]
@@ -261,7 +261,7 @@ def test_signing_key_env_wins(tmp_path: Path) -> None:
 
 
 def test_the_decoding_budget_is_loaded() -> None:
-    """server.max_decoding_bytes (gateway/body.py): 64 MiB unless set, and above zero."""
+    """server.max_decoding_bytes (gateway/http/body.py): 64 MiB unless set, and above zero."""
     assert config.parse(tomllib.loads(GOOD), "c.toml", {}).server.max_decoding_bytes == 64 << 20
     text = GOOD.replace('prefix = "/llm"', 'prefix = "/llm"\nmax_decoding_bytes = 1048576')
     assert config.parse(tomllib.loads(text), "c.toml", {}).server.max_decoding_bytes == 1 << 20
@@ -270,7 +270,7 @@ def test_the_decoding_budget_is_loaded() -> None:
 
 
 def test_the_client_connection_knobs_are_loaded() -> None:
-    """Deadlines, the connection cap and the metrics listener (gateway/server.py)."""
+    """Deadlines, the connection cap and the metrics listener (gateway/http/protocol.py)."""
     server = config.parse(tomllib.loads(GOOD), "c.toml", {}).server
     assert (server.idle_timeout, server.request_head_timeout, server.request_body_timeout,
             server.max_connections, server.metrics_port, server.metrics_apart) == (

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gateway import config, log
 from gateway.demo import llama, run, tinymodel
+from gateway.ops import config, log
 
 
 class _FakeServer:

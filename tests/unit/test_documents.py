@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from pypdf import PageObject
 
-from gateway.config import ModelRoute, UpstreamConfig
 from gateway.errors import InvalidRequest
 from gateway.messages import documents
 from gateway.messages.documents import find_pdfs, pdf_text, pdfs_to_text
 from gateway.messages.to_chat import to_chat
 from gateway.messages.validate import validate_messages
+from gateway.ops.config import ModelRoute, UpstreamConfig
 from tests.pdfs import b64, document, encrypt, make_pdf
 
 PATH = "messages.0.content.0.source.data"

@@ -17,8 +17,9 @@ from urllib.parse import quote
 
 import pytest
 
-from gateway import errors, jsonutil, redact
-from gateway.config import UpstreamConfig
+from gateway import errors
+from gateway.ops.config import UpstreamConfig
+from gateway.text import jsonutil, redact
 
 HOSTS = ("gpu-node-7.internal", "vllm")
 # '/' and '+' make the URL-encoded form differ, and a path-shaped key shows that secrets go
@@ -546,9 +547,9 @@ def test_redactor_without_secrets_and_its_repr() -> None:
 def test_the_app_redacts_every_upstreams_secrets() -> None:
     from prometheus_client import CollectorRegistry
 
-    from gateway import config
     from gateway.app import build_app
-    from gateway.appkeys import SECRETS as SECRETS_KEY
+    from gateway.http.keys import SECRETS as SECRETS_KEY
+    from gateway.ops import config
 
     cfg = config.parse({"upstreams": {
         "a": {"base_url": "http://a:1/v1", "api_key_env": "A_KEY"},
@@ -731,8 +732,8 @@ def test_middleware_renders_an_unencodable_message_in_each_shape() -> None:
     text/plain 500. Both shapes render it as JSON."""
     from aiohttp.test_utils import make_mocked_request
 
-    from gateway.appkeys import API
-    from gateway.middleware import render_error
+    from gateway.http.keys import API
+    from gateway.http.middleware import render_error
 
     err = errors.NotFound("The model `\ud800` does not exist")
     for api, key in (("chat", "message"), ("messages", "message")):

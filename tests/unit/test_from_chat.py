@@ -17,9 +17,10 @@ from typing import Any
 import anthropic
 import pytest
 
-from gateway import errors, jsonutil
+from gateway import errors
 from gateway.messages import signatures, tables
 from gateway.messages.from_chat import from_chat
+from gateway.text import jsonutil
 
 CASES = Path(__file__).resolve().parent.parent / "golden" / "responses"
 KEY = b"test-key"

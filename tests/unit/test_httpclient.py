@@ -45,9 +45,9 @@ from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from gateway import errors
-from gateway.config import UpstreamConfig
-from gateway.metrics import PROTOCOL_ERRORS, Metrics
-from gateway.redact import secrets_of
+from gateway.ops.config import UpstreamConfig
+from gateway.ops.metrics import PROTOCOL_ERRORS, Metrics
+from gateway.text.redact import secrets_of
 from gateway.upstream import UpstreamClient
 from gateway.upstream import client as client_module
 from gateway.upstream import pool as pool_module
@@ -1589,7 +1589,7 @@ async def test_a_refused_connection_is_a_retryable_529_logged_with_its_cause(
 
 def test_the_client_exposes_its_secrets_in_every_form() -> None:
     cfg = UpstreamConfig(name="u", base_url="http://h:1/v1", api_key="k+y/=")
-    # one list of forms for the client and the app-wide redactor (gateway/redact.py)
+    # one list of forms for the client and the app-wide redactor (gateway/text/redact.py)
     assert UpstreamClient(cfg).secrets == secrets_of(cfg)
     assert {"k+y/=", "Bearer k+y/=", "k%2By%2F%3D"} <= set(UpstreamClient(cfg).secrets)
     plain = UpstreamConfig(name="u", base_url="http://h:1/v1", api_key="sk-abc")

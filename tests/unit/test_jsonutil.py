@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import jsonutil
+from gateway.text import jsonutil
 
 CASES = ["", " alpha", "quote \" and backslash \\", "tab\tnew\nline\r", "\x00\x1f\x7f",
          "slash / and </script>", "ünïcødé ✓ 思考 😀", "\u2028\u2029", "\ufeff\uffff"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from gateway import metrics
+from gateway.ops import metrics
 
 BOUNDS = (0.001, 0.01, 0.1, 1.0, 10.0)
 # each bound itself (le is "less than or equal"), either side of it, zero, negative, huge

@@ -17,12 +17,12 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway import jsonutil
-from gateway.config import ModelRoute, UpstreamConfig
 from gateway.errors import InvalidRequest
 from gateway.messages import documents
 from gateway.messages.to_chat import to_chat
 from gateway.messages.validate import validate_messages
+from gateway.ops.config import ModelRoute, UpstreamConfig
+from gateway.text import jsonutil
 from tests.fuzzing import EXAMPLES
 from tests.pdfs import b64, make_pdf
 
@@ -308,7 +308,7 @@ HOSTILE: tuple[bytes, ...] = (
 
 
 def _decode_then_run(raw: bytes, count_tokens: bool) -> None:
-    """gateway/body.py's decoding, then validation and translation (_run)."""
+    """gateway/http/body.py's decoding, then validation and translation (_run)."""
     if jsonutil.too_many_values(raw):
         return  # a 413
     try:

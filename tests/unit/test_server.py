@@ -1,7 +1,7 @@
-"""The HTTP-layer shell (gateway/server.py, gateway/listener.py) and log scrubbing.
+"""The HTTP-layer shell (gateway/http/protocol.py, gateway/http/listener.py) and log scrubbing.
 
 The first tests pin what ``GatewayProtocol`` relies on in aiohttp (see the module
-docstring of gateway/server.py): they fail loudly on an aiohttp release that changes it.
+docstring of gateway/http/protocol.py): they fail loudly on an aiohttp release that changes it.
 The rest run the real app in process on an ephemeral loopback port, or are pure.
 """
 
@@ -24,13 +24,13 @@ from aiohttp.http_parser import HttpRequestParserC, HttpRequestParserPy
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from gateway import config, log
 from gateway.app import build_app
-from gateway.appkeys import METRICS
-from gateway.metrics import CLIENT_HTTP_ERRORS
-from gateway.middleware import _query_names
-from gateway.server import RequestBodyTimeout, classify, listen, message_for
-from gateway.writer import ClientGone
+from gateway.http.keys import METRICS
+from gateway.http.middleware import _query_names
+from gateway.http.protocol import RequestBodyTimeout, classify, listen, message_for
+from gateway.http.writer import ClientGone
+from gateway.ops import config, log
+from gateway.ops.metrics import CLIENT_HTTP_ERRORS
 
 # --- what aiohttp must keep doing -----------------------------------------------------------
 
@@ -54,7 +54,8 @@ def test_aiohttp_still_builds_parser_errors_through_handle_error() -> None:
 def test_aiohttp_version_is_one_the_shell_was_checked_against() -> None:
     major, minor = (int(x) for x in aiohttp.__version__.split(".")[:2])
     assert (3, 9) <= (major, minor) < (4, 0), (
-        f"aiohttp {aiohttp.__version__}: check gateway/server.py's protocol facts, then this")
+        f"aiohttp {aiohttp.__version__}: check gateway/http/protocol.py's protocol facts, "
+        "then this")
 
 
 # --- the parser's refusals, classified ---------------------------------------------------------

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.sse import SSEDecoder, encode_event
-from gateway.writer import PING
+from gateway.http.writer import PING
+from gateway.text.sse import SSEDecoder, SSEEventTooLarge, encode_event
 
 # (name, body, payloads): the body fed whole, then flushed at EOF
 TABLE = [
@@ -84,19 +84,19 @@ def test_events_are_returned_as_soon_as_complete() -> None:
 def test_size_guard_on_a_line_without_end() -> None:
     d = SSEDecoder(max_event_bytes=64)
     d.feed(b"data: " + b"x" * 50)
-    with pytest.raises(ValueError, match="size limit"):
+    with pytest.raises(SSEEventTooLarge, match="size limit"):
         d.feed(b"x" * 20)
 
 
 def test_size_guard_on_one_chunk_with_a_long_unfinished_line() -> None:
     d = SSEDecoder(max_event_bytes=64)
-    with pytest.raises(ValueError, match="size limit"):
+    with pytest.raises(SSEEventTooLarge, match="size limit"):
         d.feed(b"data: a\n\ndata: " + b"y" * 80)
 
 
 def test_size_guard_on_an_event_of_many_lines() -> None:
     d = SSEDecoder(max_event_bytes=64)
-    with pytest.raises(ValueError, match="size limit"):
+    with pytest.raises(SSEEventTooLarge, match="size limit"):
         d.feed(b"data: " + b"z" * 30 + b"\n" + b"data: " + b"z" * 30 + b"\n" + b"data: zzzz\n")
 
 
@@ -170,5 +170,5 @@ def test_whole_reads_decode_as_line_by_line(pieces: list[bytes], step: int) -> N
 def test_one_data_line_events_keep_the_size_guard() -> None:
     d = SSEDecoder(max_event_bytes=64)
     assert d.feed(b"data: " + b"q" * 63 + b"\n\n") == [b"q" * 63]
-    with pytest.raises(ValueError, match="size limit"):
+    with pytest.raises(SSEEventTooLarge, match="size limit"):
         d.feed(b"data: " + b"q" * 64 + b"\n\n")

@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from gateway import errors, jsonutil
+from gateway import errors
 from gateway.messages import signatures
 from gateway.messages.stream import IllegalTransition, State, StreamTranslator
-from gateway.sse import SSEDecoder
+from gateway.text import jsonutil
+from gateway.text.sse import SSEDecoder
 from tests.anthropic_stream_check import check_stream
 
 GOLDEN = pathlib.Path(__file__).resolve().parent.parent / "golden" / "streams"

@@ -1,6 +1,6 @@
 """Property tests: random upstream streams through the SSE decoder and the StreamTranslator.
 
-Properties: no exception escapes except the documented ones (the decoder's ValueError size
+Properties: no exception escapes except the documented ones (the decoder's SSEEventTooLarge size
 guard); every terminated stream passes ``check_stream``; a well-formed upstream stream keeps
 all its text, thinking and tool arguments (each call's pieces join to exactly its arguments),
 however the body is cut into reads and whatever line endings it uses.
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.messages.stream import StreamTranslator
-from gateway.sse import SSEDecoder
+from gateway.text.sse import SSEDecoder, SSEEventTooLarge
 from tests.anthropic_stream_check import check_stream
 from tests.fuzzing import EXAMPLES
 
@@ -237,7 +237,7 @@ def test_decoder_only_raises_its_size_guard(body: bytes, limit: int) -> None:
     d = SSEDecoder(max_event_bytes=limit)
     try:
         payloads = d.feed(body) + d.flush()
-    except ValueError as exc:
+    except SSEEventTooLarge as exc:
         assert "size limit" in str(exc)
     else:
         assert all(0 < len(p) <= limit for p in payloads)

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from gateway import jsonutil
-from gateway.config import ModelRoute, UpstreamConfig
 from gateway.messages import documents
 from gateway.messages.to_chat import to_chat
 from gateway.messages.validate import validate_messages
+from gateway.ops.config import ModelRoute, UpstreamConfig
+from gateway.text import jsonutil
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "requests"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "anthropic.json").is_file())

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from gateway import jsonutil
 from gateway.errors import InvalidRequest, anthropic_body
 from gateway.messages.validate import validate_messages
+from gateway.text import jsonutil
 
 DEL = object()
 BASE: dict[str, Any] = {
@@ -826,7 +826,7 @@ def test_echoed_client_input_is_short_and_encodable() -> None:
 
 
 # --- the decoding table: raw bytes a client sends -> 400 naming the path -----------------
-# (gateway/jsonutil.py; gateway/body.py maps JSONInputError to InvalidRequest)
+# (gateway/text/jsonutil.py; gateway/http/body.py maps JSONInputError to InvalidRequest)
 
 HI = b'[{"role":"user","content":"hi"}]'
 

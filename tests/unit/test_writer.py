@@ -1,4 +1,4 @@
-"""The client stream writer (gateway/writer.py): a client that stops reading is dropped.
+"""The client stream writer (gateway/http/writer.py): a client that stops reading is dropped.
 
 Protocol facts relied on:
 
@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.appkeys import REQUEST_ID
-from gateway.writer import ClientGone, StreamWriter
+from gateway.http.keys import REQUEST_ID
+from gateway.http.writer import ClientGone, StreamWriter
 
 _WRITE_TIMEOUT = 0.2
 # How late a timer may fire on a loaded machine: "hung" means no timeout at all

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
-from gateway.config import Config
-from gateway.metrics import Metrics
-from gateway.redact import Redactor
+from gateway.messages.call import MessagesDeps
+from gateway.ops.config import Config
+from gateway.ops.metrics import Metrics
+from gateway.text.redact import Redactor
 from gateway.upstream import UpstreamClient
+from gateway.upstream.call import Upstreams
+
+if TYPE_CHECKING:  # the SQL layer is imported only when batches are on
+    from gateway.batches.scheduler import Scheduler
+    from gateway.batches.store import BatchStore
 
 
 class Drainable(Protocol):
@@ -26,7 +32,7 @@ class AppState:
     draining: bool = False
     in_flight: dict[str, int] = field(default_factory=dict)  # model alias -> requests now
     streams: set[Drainable] = field(default_factory=set)  # live streams, for the drain
-    decoding: int = 0  # request body bytes being received and decoded now (gateway/body.py)
+    decoding: int = 0  # request body bytes being received and decoded now (gateway/http/body.py)
     # called with a model's name when one of its interactive requests ends (the batch
     # scheduler, waiting for the upstream to be free); None: nobody waits
     on_request_end: Callable[[str], None] | None = None
@@ -39,6 +45,12 @@ STATE = web.AppKey("state", AppState)
 # every configured upstream's secrets, redacted from upstream text before a client or a log
 # line sees it
 SECRETS = web.AppKey("secrets", Redactor)
+# what the one upstream call and the one Messages call need, passed to them explicitly
+UPSTREAM_CALLS = web.AppKey("upstream_calls", Upstreams)
+MESSAGES = web.AppKey("messages", MessagesDeps)
+# Message Batches: the store and the scheduler (absent when batches are off)
+BATCH_STORE: web.AppKey[BatchStore] = web.AppKey("batch_store")
+SCHEDULER: web.AppKey[Scheduler] = web.AppKey("batch_scheduler")
 
 
 # per-request state, set by the middleware and the handlers

@@ -72,7 +72,7 @@ PROTOCOL_ERRORS = (
 )
 # why accept() failed on the API listener (errno names; "other" for the rest)
 ACCEPT_ERRORS = ("emfile", "enfile", "enobufs", "enomem", "other")
-# HTTP a client got wrong before any handler ran (gateway/server.py says what each is), and
+# HTTP a client got wrong before any handler ran (gateway/http/protocol.py says what each is), and
 # the client deadlines
 CLIENT_HTTP_ERRORS = (
     "line_too_long", "too_many_headers", "bad_header", "bad_request_line", "length_and_chunked",
@@ -326,6 +326,12 @@ class Metrics:
             for reason in TERMINATIONS:
                 self.terminations.labels(api, model, reason)
         self.tool_arg_errors.labels(model)
+
+    def count_tokens(self, model: str, usage: tuple[int, int] | None) -> None:
+        """Count a reply's (input, output) tokens, buffered or streamed, for every API."""
+        if usage is not None:
+            self.tokens.labels(model, "input").inc(usage[0])
+            self.tokens.labels(model, "output").inc(usage[1])
 
     def add_upstream(self, upstream: str) -> None:
         """Create a configured upstream's per-upstream series at zero."""

@@ -16,7 +16,7 @@ Anthropic SDKs and OpenAI-compatible servers read and write SSE):
 The decoder works per line with ``bytes.split``/``bytes.find`` (no per-byte Python loop)
 and keeps only the unfinished line and the current event's data lines, so memory per
 stream is bounded by ``max_event_bytes``: a single line or event larger than that raises
-``ValueError`` (an upstream that never sends a line end must not grow us without limit).
+:class:`SSEEventTooLarge` (an upstream that never sends a line end must not grow us without limit).
 
 Our own output is always ``event: NAME\\ndata: <one-line JSON>\\n\\n`` (LF only), the form
 every Anthropic client accepts.
@@ -24,7 +24,7 @@ every Anthropic client accepts.
 
 from __future__ import annotations
 
-__all__ = ["SSEDecoder", "encode_event"]
+__all__ = ["SSEDecoder", "SSEEventTooLarge", "encode_event"]
 
 _LF = b"\n"
 _CR = b"\r"
@@ -33,6 +33,14 @@ _EVENT = b"event"
 
 
 MAX_EVENT_BYTES = 8 * 1024 * 1024  # the default bound on one line or event
+
+
+class SSEEventTooLarge(Exception):
+    """An SSE line or event past the decoder's size bound: the upstream's fault, never ours.
+
+    Its own type (not ``ValueError``) so that a caller catching it cannot also swallow a bug
+    of the translator's and report it as the upstream's malformed stream.
+    """
 
 
 class SSEDecoder:
@@ -67,7 +75,7 @@ class SSEDecoder:
         for event in parts:
             if event[:6] == b"data: " and _LF not in event:
                 if len(event) - 5 > self._max:
-                    raise ValueError("SSE event exceeds the size limit")
+                    raise SSEEventTooLarge("SSE event exceeds the size limit")
                 if len(event) > 6:
                     out.append(event[6:])
             else:
@@ -92,12 +100,12 @@ class SSEDecoder:
         if len(parts) == 1:
             self._line += chunk
             if len(self._line) > self._max:
-                raise ValueError("SSE line exceeds the size limit")
+                raise SSEEventTooLarge("SSE line exceeds the size limit")
             return []
         parts[0] = self._line + parts[0]
         self._line = parts.pop()
         if len(self._line) > self._max:
-            raise ValueError("SSE line exceeds the size limit")
+            raise SSEEventTooLarge("SSE line exceeds the size limit")
         out: list[bytes] = []
         for line in parts:
             self._line_in(line, out)
@@ -165,7 +173,7 @@ class SSEDecoder:
             return
         self._size += len(value) + 1
         if self._size > self._max:
-            raise ValueError("SSE event exceeds the size limit")
+            raise SSEEventTooLarge("SSE event exceeds the size limit")
         self._data.append(value)
 
 

@@ -50,13 +50,15 @@ from aiohttp import http_exceptions as hx
 from aiohttp import web, web_protocol
 from aiohttp.streams import StreamReader
 
-from gateway import errors, ids, log
-from gateway.config import ServerConfig
-from gateway.listener import Listener, bind
-from gateway.metrics import Metrics
+from gateway import errors
+from gateway.http.listener import Listener, bind
 from gateway.openai.apis import APIS as OPENAI_APIS
+from gateway.ops import log
+from gateway.ops.config import ServerConfig
+from gateway.ops.metrics import Metrics
+from gateway.text import ids
 
-_log = structlog.get_logger("gateway.server")
+_log = structlog.get_logger("gateway.http.protocol")
 
 # aiohttp's parser limits (its defaults, kept): a request line or header field, and headers
 MAX_LINE = 8190

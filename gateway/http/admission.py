@@ -11,8 +11,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway import errors
-from gateway.appkeys import API, METRICS, STATE
-from gateway.config import ModelRoute
+from gateway.http.keys import API, METRICS, STATE
+from gateway.ops.config import ModelRoute
 
 
 class admitted:

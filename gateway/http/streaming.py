@@ -1,16 +1,16 @@
 """The one stream lifecycle both APIs use: open, count, drain, fail, close.
 
-A stream to a client (Anthropic Messages events from :mod:`gateway.messages.handler`, the
-OpenAI pass-through's relayed events from :mod:`gateway.openai.passthrough`) goes through
+A stream to a client (Anthropic Messages events from :mod:`gateway.http.anthropic`, the
+OpenAI pass-through's relayed events from :mod:`gateway.http.passthrough`) goes through
 :class:`RelayedStream`, an async context manager around the caller's pump::
 
     async with RelayedStream(request, api, route, source, content_type=...) as stream:
         ...  # the hot path: read upstream, translate or relay, await stream.writer.write()
     return stream.writer.response
 
-Entering opens the :class:`~gateway.writer.StreamWriter` (SSE headers, pings), counts the
+Entering opens the :class:`~gateway.http.writer.StreamWriter` (SSE headers, pings), counts the
 stream in ``llm_gateway_streams_in_flight`` and registers it for the SIGTERM drain
-(:mod:`gateway.drain`). Leaving:
+(:mod:`gateway.http.drain`). Leaving:
 
 - a failure after the first byte (:func:`stream_failure`: an upstream error or timeout, an
   SSE event past the decoder's size guard, the drain) ends the stream with the source's
@@ -19,7 +19,7 @@ stream in ``llm_gateway_streams_in_flight`` and registers it for the SIGTERM dra
 - the client leaving (``ClientGone``, a real cancellation) propagates: the middleware logs a
   499, and the termination is ``client_disconnect`` (nothing more reached the client);
 - always: pings stop, the gauge goes down, the drain registration goes, the termination reason
-  and the tokens are counted (:func:`count_tokens`, which buffered replies use too), then the
+  and the tokens are counted (``Metrics.count_tokens``, which buffered replies use too), then the
   caller's ``after`` hook runs (its own metrics); the response is ended unless the client left.
 
 The source is what turns upstream bytes into client bytes (the ``StreamTranslator``, the
@@ -38,15 +38,15 @@ import structlog
 from aiohttp import web
 
 from gateway import errors
-from gateway.appkeys import CONFIG, METRICS
-from gateway.config import ModelRoute
-from gateway.drain import DRAINING_MESSAGE, DrainHandle, drainable
-from gateway.metrics import Metrics
-from gateway.writer import PING, ClientGone, StreamWriter
+from gateway.http.drain import DRAINING_MESSAGE, DrainHandle, drainable
+from gateway.http.keys import CONFIG, METRICS
+from gateway.http.writer import PING, ClientGone, StreamWriter
+from gateway.ops.config import ModelRoute
+from gateway.text.sse import SSEEventTooLarge
 
-__all__ = ["RelayedStream", "Source", "count_tokens", "stream_failure"]
+__all__ = ["RelayedStream", "Source", "stream_failure"]
 
-_log = structlog.get_logger("gateway.streaming")
+_log = structlog.get_logger("gateway.http.streaming")
 
 
 class Source(Protocol):
@@ -62,13 +62,6 @@ class Source(Protocol):
         """End the stream with ``err`` (client-safe): the envelope to write."""
 
 
-def count_tokens(metrics: Metrics, model: str, usage: tuple[int, int] | None) -> None:
-    """Count a reply's (input, output) tokens, buffered or streamed, for both APIs."""
-    if usage is not None:
-        metrics.tokens.labels(model, "input").inc(usage[0])
-        metrics.tokens.labels(model, "output").inc(usage[1])
-
-
 def stream_failure(exc: BaseException, handle: DrainHandle
                    ) -> tuple[errors.GatewayError, str] | None:
     """How an exception met while relaying a stream ends it, for both APIs.
@@ -80,7 +73,7 @@ def stream_failure(exc: BaseException, handle: DrainHandle
         return exc, "idle_timeout"
     if isinstance(exc, errors.GatewayError):
         return exc, "upstream_error"
-    if isinstance(exc, ValueError):  # an SSE event past the decoder's size guard
+    if isinstance(exc, SSEEventTooLarge):  # an SSE event past the decoder's size guard
         return errors.StreamProcessingError(), "malformed_chunk"
     if isinstance(exc, asyncio.CancelledError) and handle.draining:
         task = asyncio.current_task()
@@ -140,7 +133,7 @@ class RelayedStream:
 
     def _envelope(self, exc: BaseException) -> bytes | None:
         """The failure envelope ending the stream, or None when ``exc`` must propagate."""
-        if isinstance(exc, (ValueError, errors.GatewayError, asyncio.CancelledError)):
+        if isinstance(exc, (SSEEventTooLarge, errors.GatewayError, asyncio.CancelledError)):
             failure = stream_failure(exc, self._handle)
             return None if failure is None else self._source.fail(*failure)
         if isinstance(exc, ClientGone) or not isinstance(exc, Exception):
@@ -157,6 +150,6 @@ class RelayedStream:
         metrics = self._metrics
         metrics.terminations.labels(self._api, self._model,
                                     source.termination or "client_disconnect").inc()
-        count_tokens(metrics, self._model, source.usage)
+        metrics.count_tokens(self._model, source.usage)
         if self._after is not None:
             self._after()

@@ -1,7 +1,7 @@
 """The OpenAI pass-through: ``POST {prefix}/v1/chat/completions``, ``/v1/completions``,
 ``/v1/embeddings`` and ``/v1/responses``, one handler built per row of :mod:`.apis`.
 
-The client's body (read bounded and strict by :mod:`gateway.body`: a lone surrogate, a
+The client's body (read bounded and strict by :mod:`gateway.http.body`: a lone surrogate, a
 NaN or nesting past 128 levels is a 400 naming the path) must be a JSON object with a
 string ``model`` (an alias); it goes upstream with ``model`` replaced by the route's
 ``upstream_model`` and nothing else changed (``stream`` and ``stream_options``
@@ -9,7 +9,7 @@ included); nothing else of the client's request (headers included) is forwarded.
 Replies come back byte for byte except ``model`` (see :mod:`.relay`). Streams are
 relayed as they come, each write awaited; a failure after the first byte ends the
 stream with the dialect's error event (the stream's lifecycle, shared with the Messages
-API, is :mod:`gateway.streaming`). An error the upstream reports in-band (a 200
+API, is :mod:`gateway.http.streaming`). An error the upstream reports in-band (a 200
 error body, an error event) reaches the client scrubbed as every upstream error does
 (see :mod:`.inband`), with the upstream's host names and every configured upstream's
 secrets.
@@ -22,15 +22,18 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway import errors, jsonutil, routing, streaming
-from gateway.admission import admitted
-from gateway.appkeys import METRICS, REQUEST_ID, SECRETS, STREAM
-from gateway.body import read_json
-from gateway.config import ModelRoute
+from gateway import errors
+from gateway.http import routing, streaming
+from gateway.http.admission import admitted
+from gateway.http.body import read_json
+from gateway.http.keys import METRICS, REQUEST_ID, SECRETS, STREAM, UPSTREAM_CALLS
 from gateway.openai.apis import OpenAIApi
 from gateway.openai.inband import InbandErrors
 from gateway.openai.relay import ModelRewriter, Relay
-from gateway.upstream import UpstreamResponse
+from gateway.ops.config import ModelRoute
+from gateway.text import jsonutil
+from gateway.upstream.call import send
+from gateway.upstream.client import UpstreamResponse
 
 _EVENT = b"data:"  # relayed bytes holding an event's data (a comment or blank line does not)
 _PING = b": ping\n\n"
@@ -62,17 +65,19 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
     del body  # a large body is held once, as the payload, while the upstream answers
     metrics = request.app[METRICS]
     metrics.overhead.labels(api.name).observe(time.perf_counter() - t0)
-    client = routing.client_for(request, route)
+    ups = request.app[UPSTREAM_CALLS]
+    client = ups.client(route)
     rewrite = ModelRewriter(route.upstream_model, route.name)
     with admitted(request, route):
-        up = await routing.send(request, route, client, api.path, payload, stream=stream)
+        up = await send(ups, route, api.path, payload, stream=stream,
+                        request_id=request[REQUEST_ID])
         async with up:
             if not stream:
                 data = await up.read()
                 inband = InbandErrors(responses=api.dialect.responses, hosts=client.hosts,
                                       secrets=request.app[SECRETS])
                 reply = inband.body(rewrite(data))  # an error body raises, scrubbed
-                streaming.count_tokens(metrics, route.name, api.dialect.usage(data))
+                metrics.count_tokens(route.name, api.dialect.usage(data))
                 return web.Response(body=reply, status=200,
                                     content_type="application/json",
                                     headers={"request-id": request[REQUEST_ID]})

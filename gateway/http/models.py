@@ -16,9 +16,10 @@ from datetime import datetime
 
 from aiohttp import web
 
-from gateway import errors, jsonutil
-from gateway.appkeys import CONFIG, OPENAI_ERRORS
-from gateway.config import ModelRoute, find_route, is_pattern
+from gateway import errors
+from gateway.http.keys import CONFIG, OPENAI_ERRORS
+from gateway.ops.config import ModelRoute, find_route, is_pattern
+from gateway.text import jsonutil
 
 
 def _anthropic(route: ModelRoute, model_id: str) -> dict[str, object]:

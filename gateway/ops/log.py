@@ -40,7 +40,7 @@ from typing import Any
 
 import structlog
 
-from gateway import jsonutil
+from gateway.text import jsonutil
 
 _PID = 0
 _LEVEL = logging.INFO

@@ -13,7 +13,7 @@ supervisor's (abstract namespace; the kernel attaches the sender's pid, so only
 the supervisor's current workers count) and sends ``READY=1`` once it listens.
 When every current worker has, the supervisor logs ``workers_ready`` and sends
 ``READY=1`` to its own ``$NOTIFY_SOCKET`` (systemd's, under ``Type=notify``);
-``STOPPING=1`` when a stop signal arrives (gateway/notify.py).
+``STOPPING=1`` when a stop signal arrives (gateway/ops/notify.py).
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ import time
 import structlog
 from prometheus_client import multiprocess
 
-from gateway import log, notify
-from gateway.config import WORKER_ENV
-from gateway.signing_key import SHARED_KEY_ENV
+from gateway.ops import log, notify
+from gateway.ops.config import WORKER_ENV
+from gateway.ops.signing_key import SHARED_KEY_ENV
 
-_log = structlog.get_logger("gateway.workers")
+_log = structlog.get_logger("gateway.ops.workers")
 
 
 def _say(event: str, **fields: object) -> None:

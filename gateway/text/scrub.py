@@ -14,7 +14,7 @@ import ipaddress
 import re
 from collections.abc import Iterable
 
-from gateway.redact import NO_SECRETS, REDACTED, Secrets, redactor
+from gateway.text.redact import NO_SECRETS, REDACTED, Secrets, redactor
 
 __all__ = ["clean"]
 
@@ -95,7 +95,7 @@ def _drop_traceback(message: str) -> list[str]:
 def clean(message: str, hosts: Iterable[str] = (), secrets: Secrets = NO_SECRETS) -> str:
     """``message`` without secrets, tracebacks, URLs, addresses, host names and paths.
 
-    ``secrets`` is a :class:`gateway.redact.Redactor`, or the strings themselves.
+    ``secrets`` is a :class:`gateway.text.redact.Redactor`, or the strings themselves.
     """
     text = "\n".join(_drop_traceback(redactor(secrets)(message))).strip()
     text = _URL.sub(REDACTED, text)

@@ -38,25 +38,26 @@ the store.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 import time
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import structlog
 from aiohttp import web
 
-from gateway import errors, ids, jsonutil
-from gateway.appkeys import CONFIG, METRICS, REQUEST_ID
-from gateway.batches.keys import BATCH_STORE, SCHEDULER
+from gateway import errors
 from gateway.batches.store import BatchRow, BatchStore, StoreError
-from gateway.body import read_json
-from gateway.config import Config, find_route
+from gateway.http.body import read_json
+from gateway.http.keys import BATCH_STORE, CONFIG, METRICS, REQUEST_ID, SCHEDULER
+from gateway.http.middleware import credential
+from gateway.http.writer import StreamWriter
 from gateway.messages.validate import validate_messages
-from gateway.middleware import credential
-from gateway.writer import StreamWriter
+from gateway.ops.config import Config, find_route
+from gateway.text import ids, jsonutil
 
 _log = structlog.get_logger("gateway.batches")
 T = TypeVar("T")
@@ -349,3 +350,17 @@ def add_routes(app: web.Application, prefix: str) -> None:
     r.add_post(base + "/{batch_id}/cancel", cancel, name="batches_cancel")
     r.add_delete(base + "/{batch_id}", delete, name="batches_delete")
     r.add_get(base + "/{batch_id}/results", results, name="batches_results", allow_head=False)
+
+
+async def scheduler_ctx(app: web.Application) -> AsyncIterator[None]:
+    """cleanup_ctx: run the scheduler while the app runs; stop it, then close the store."""
+    scheduler = app[SCHEDULER]
+    task = asyncio.create_task(scheduler.run())
+    yield
+    await scheduler.stop()
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    await app[BATCH_STORE].close()

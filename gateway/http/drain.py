@@ -3,7 +3,7 @@
 On SIGTERM (gateway/__main__.py) the server stops taking requests (the middleware answers
 :data:`DRAINING_MESSAGE`, a 529), waits up to ``server.shutdown_grace`` for requests to
 finish, then drains each stream still open: its handler task is cancelled with the
-``draining`` message, and :func:`gateway.streaming.stream_failure` turns that cancel into
+``draining`` message, and :func:`gateway.http.streaming.stream_failure` turns that cancel into
 the failure envelope (``overloaded_error``), counted as the ``draining`` termination.
 """
 
@@ -13,7 +13,7 @@ import asyncio
 
 from aiohttp import web
 
-from gateway.appkeys import STATE, Drainable
+from gateway.http.keys import STATE, Drainable
 
 
 class DrainHandle:

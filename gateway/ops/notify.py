@@ -16,7 +16,7 @@ What the gateway sends, and when:
   systemd (``NotifyAccess=main``). Each worker gets ``NOTIFY_SOCKET`` pointing at a socket
   of the supervisor's (abstract, with the sender's credentials checked) and says
   ``READY=1`` as above; the supervisor says ``READY=1`` once every worker has, and
-  ``STOPPING=1`` when it forwards SIGTERM (gateway/workers.py).
+  ``STOPPING=1`` when it forwards SIGTERM (gateway/ops/workers.py).
 """
 
 from __future__ import annotations

@@ -23,9 +23,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from typing import Protocol
 from urllib.parse import quote
-
-from gateway.config import UpstreamConfig
 
 __all__ = ["NO_SECRETS", "REDACTED", "Redactor", "Secrets", "redactor", "secrets_of"]
 
@@ -33,7 +32,14 @@ REDACTED = "[redacted]"
 _HEX_ESCAPE = re.compile(r"%[0-9A-F]{2}")
 
 
-def secrets_of(cfg: UpstreamConfig) -> tuple[str, ...]:
+class Keyed(Protocol):
+    """What :func:`secrets_of` reads of an upstream's config (``UpstreamConfig``)."""
+
+    @property
+    def api_key(self) -> str | None: ...
+
+
+def secrets_of(cfg: Keyed) -> tuple[str, ...]:
     """Every form of ``cfg``'s key an upstream could quote back; () without a key."""
     key = cfg.api_key
     if not key:
@@ -56,7 +62,7 @@ class Redactor:
         self._pattern = re.compile("|".join(map(re.escape, forms))) if forms else None
 
     @classmethod
-    def of(cls, upstreams: Iterable[UpstreamConfig]) -> Redactor:
+    def of(cls, upstreams: Iterable[Keyed]) -> Redactor:
         """The redactor of every configured upstream's secrets."""
         return cls(s for cfg in upstreams for s in secrets_of(cfg))
 

@@ -7,7 +7,7 @@ exception is logged with its traceback and answered as a bare 500
 that leaves (``ClientGone`` from the writer, a ``ConnectionError`` from
 aiohttp, the handler's cancellation) is a normal event: status 499 on the
 access line, nothing else. A body that breaks its framing is a 400, one that
-misses ``server.request_body_timeout`` a 408 (gateway/server.py). The access
+misses ``server.request_body_timeout`` a 408 (gateway/http/protocol.py). The access
 line's ``error`` and ``query`` pass the redactor of every upstream's secrets
 (an upstream message is scrubbed already; a client may echo a key back); the
 query is logged as its parameter names only.
@@ -27,8 +27,9 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 
-from gateway import errors, ids, log
-from gateway.appkeys import (
+from gateway import errors
+from gateway.http.drain import DRAINING_MESSAGE
+from gateway.http.keys import (
     API,
     CONFIG,
     ERROR,
@@ -42,10 +43,11 @@ from gateway.appkeys import (
     STREAM_RESPONSE,
     UPSTREAM,
 )
-from gateway.drain import DRAINING_MESSAGE
+from gateway.http.protocol import GatewayProtocol, RequestBodyTimeout
+from gateway.http.writer import ClientGone
 from gateway.openai.apis import APIS as OPENAI_APIS
-from gateway.server import GatewayProtocol, RequestBodyTimeout
-from gateway.writer import ClientGone
+from gateway.ops import log
+from gateway.text import ids
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

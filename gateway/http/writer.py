@@ -14,7 +14,7 @@ import asyncio
 
 from aiohttp import web
 
-from gateway.appkeys import REQUEST_ID, STREAM_RESPONSE
+from gateway.http.keys import REQUEST_ID, STREAM_RESPONSE
 
 PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 # Bytes aiohttp adds to a write beyond the caller's: the chunk framing, and on the first

@@ -27,9 +27,9 @@ from collections.abc import Callable
 
 import structlog
 
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 
-_log = structlog.get_logger("gateway.listener")
+_log = structlog.get_logger("gateway.http.listener")
 
 RETRY_AFTER = 1.0  # seconds accepting pauses after a failed accept() (asyncio's delay)
 BACKLOG = 2048

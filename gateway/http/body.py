@@ -11,7 +11,7 @@ The body arrives in chunks, each counted as it comes against:
   alone. Only bytes that arrived count, so a client that declares 32 MiB and sends slowly
   holds what it sent, not what it declared.
 
-Then, before decoding, :func:`gateway.jsonutil.too_many_values` (413: a body whose values
+Then, before decoding, :func:`gateway.text.jsonutil.too_many_values` (413: a body whose values
 would build hundreds of MB of Python objects), and the strict decode (400 naming the
 path of a lone surrogate, a NaN or an overflowing number, nesting past 128 levels).
 
@@ -28,8 +28,9 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway import errors, jsonutil
-from gateway.appkeys import API, CONFIG, METRICS, STATE
+from gateway import errors
+from gateway.http.keys import API, CONFIG, METRICS, STATE
+from gateway.text import jsonutil
 
 __all__ = ["read_json"]
 

@@ -19,7 +19,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, get_type_hints
 from urllib.parse import urlsplit
 
-from gateway.signing_key import default_signing_key, state_dir
+from gateway.ops.signing_key import default_signing_key, state_dir
 
 UPSTREAM_KINDS = ("openai", "vllm", "sglang", "llamacpp", "ollama")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -97,7 +97,7 @@ class ServerConfig:
     max_decoding_bytes: int = _knob(64 * 1024 * 1024, bound=_POS)
     shutdown_grace: float = _knob(30.0, bound=_POS)
     write_timeout: float = _knob(60.0, bound=_POS)
-    # client connections (gateway/server.py, gateway/listener.py)
+    # client connections (gateway/http/protocol.py, gateway/http/listener.py)
     # a connection waiting for a request head, from accept or reply
     idle_timeout: float = _knob(60.0, bound=_POS)
     request_head_timeout: float = _knob(30.0, bound=_POS)  # from a head's first byte to its last

@@ -1,0 +1,99 @@
+"""``POST {prefix}/v1/messages`` (buffered and streamed) and ``/v1/messages/count_tokens``.
+
+The HTTP side of the Messages call (:mod:`gateway.messages.call`): read (bounded and strict,
+:mod:`gateway.http.body`) -> validate -> route -> the call -> a JSON reply, or the upstream's
+stream through the ``StreamTranslator`` to the writer. Before the first byte reaches the
+client a failure is a JSON error response with its real status (raised, rendered by the
+middleware); after it, the translator ends the stream itself with the failure envelope (the
+stream's lifecycle, shared with the OpenAI pass-through, is :mod:`gateway.http.streaming`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from gateway.http import routing, streaming
+from gateway.http.admission import admitted
+from gateway.http.body import read_json
+from gateway.http.keys import MESSAGES, REQUEST_ID, STREAM
+from gateway.messages import tokens
+from gateway.messages.call import (
+    Call,
+    Timing,
+    bad_tool_args,
+    count_reply,
+    pdfs_as_text,
+    prepare,
+    pump,
+)
+from gateway.messages.signatures import restore_reasoning
+from gateway.messages.to_chat import to_chat
+from gateway.messages.validate import validate_messages
+from gateway.text import jsonutil
+from gateway.upstream.client import UpstreamResponse
+
+
+async def create_message(request: web.Request) -> web.StreamResponse:
+    t0 = time.perf_counter()
+    deps = request.app[MESSAGES]
+    req = validate_messages(await read_json(request))
+    route = routing.resolve(request, req["model"])
+    call = await prepare(deps, req, route)
+    request[STREAM] = call.stream
+    overhead = time.perf_counter() - t0
+    with admitted(request, route):
+        up = await call.send(request[REQUEST_ID])
+        async with up:
+            if call.stream:
+                return await _stream(request, call, up, t0, overhead)
+            message = await call.reply(up, overhead)
+        body = jsonutil.dumpb(message)
+    count_reply(deps.metrics, route, message)
+    return web.Response(body=body, content_type="application/json",
+                        headers={"request-id": request[REQUEST_ID]})
+
+
+async def _stream(request: web.Request, call: Call, up: UpstreamResponse, t0: float,
+                  overhead: float) -> web.StreamResponse:
+    """Relay one upstream stream through the translator; every path ends it well-formed."""
+    metrics = call.deps.metrics
+    route = call.route
+    translator = call.translator()
+    timing = Timing(overhead)
+
+    def after() -> None:  # the stream's own metrics, however it ended
+        metrics.overhead.labels("messages").observe(timing.translate)
+        if translator.dropped_tool_deltas:
+            bad_tool_args(metrics, route.name, translator.dropped_tool_deltas)
+        if timing.first_token and translator.output_tokens > 1:
+            metrics.tpot.labels(route.name).observe(
+                (timing.last_chunk - timing.first_token) / (translator.output_tokens - 1))
+        if translator.stop_reason:
+            metrics.stop_reasons.labels(route.name, translator.stop_reason).inc()
+
+    async with streaming.RelayedStream(request, "messages", route, translator,
+                                       content_type="text/event-stream; charset=utf-8",
+                                       after=after) as stream:
+        await pump(up, translator, stream.writer.write, timing,
+                   metrics.inter_chunk.labels(route.name),
+                   metrics.ttft.labels("messages", route.name), t0)
+    return stream.writer.response
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    deps = request.app[MESSAGES]
+    req = validate_messages(await read_json(request), count_tokens=True)
+    restore_reasoning(req, deps.signing_key)
+    route = routing.resolve(request, req["model"])
+    req = await pdfs_as_text(req)
+    chat_req = to_chat(req, route, keep_billing_header=deps.keep_billing_header,
+                       count_tokens=True, on_drop=deps.metrics.drop_field)
+    with admitted(request, route):
+        count, exact = await tokens.count(deps.upstreams, route, chat_req, request[REQUEST_ID])
+    headers = {"request-id": request[REQUEST_ID]}
+    if not exact:
+        headers["x-token-count-estimated"] = "true"
+    return web.Response(body=jsonutil.dumpb({"input_tokens": count}),
+                        content_type="application/json", headers=headers)

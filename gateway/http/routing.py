@@ -1,0 +1,35 @@
+"""Model routing shared by every API: a client's model name to its route (:func:`resolve`),
+noted on the request for the access line and metrics. The upstream call itself is
+:func:`gateway.upstream.call.send`.
+
+The concurrency gate is :mod:`gateway.http.admission`, the SIGTERM drain of live streams
+:mod:`gateway.http.drain`, a stream's lifecycle :mod:`gateway.http.streaming`.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway import errors
+from gateway.http.keys import (
+    API,
+    CONFIG,
+    METRICS,
+    MODEL,
+    UPSTREAM,
+)
+from gateway.ops.config import ModelRoute, find_route
+
+
+def resolve(request: web.Request, model: object, *, openai: bool = False) -> ModelRoute:
+    """The route for a client's model name (exact, else a ``*`` pattern); unknown -> 404."""
+    route = find_route(request.app[CONFIG].models, model) if isinstance(model, str) else None
+    if route is None:
+        request.app[METRICS].rejected.labels(request[API], "unknown_model").inc()
+        shown = errors.echo(model, 256)  # client input, echoed back: short, encodable
+        if openai:
+            raise errors.NotFound(f"The model `{shown}` does not exist")
+        raise errors.NotFound(f"model: {shown}")
+    request[MODEL] = route.name
+    request[UPSTREAM] = route.upstream.name
+    return route

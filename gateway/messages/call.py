@@ -1,0 +1,226 @@
+"""The one Messages call: a validated request made ready for its upstream, sent, and read back.
+
+Used by ``/v1/messages`` and ``count_tokens`` (:mod:`gateway.http.anthropic`) and by the batch
+scheduler (:mod:`gateway.batches.scheduler`), so a batch request is exactly what the same
+interactive request would be: reasoning replayed from signatures restored, PDFs made text
+(off the event loop), the request translated once (:func:`~gateway.messages.to_chat.to_chat`),
+the call made through :func:`gateway.upstream.call.send`, and the reply translated back by the
+same code (buffered: ``from_chat``; streamed upstream: the :class:`StreamTranslator`).
+
+Nothing here knows HTTP: what the call needs comes in as :class:`MessagesDeps`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from gateway import errors
+from gateway.messages import documents, tokens
+from gateway.messages.aggregate import aggregate
+from gateway.messages.from_chat import from_chat
+from gateway.messages.signatures import restore_reasoning
+from gateway.messages.stream import StreamTranslator
+from gateway.messages.tables import LOCAL_STOP_KINDS, hides_thinking
+from gateway.messages.to_chat import to_chat
+from gateway.ops.config import ModelRoute
+from gateway.ops.metrics import Metrics
+from gateway.text import ids, jsonutil
+from gateway.text.sse import SSEDecoder, SSEEventTooLarge
+from gateway.upstream.call import Upstreams, send
+from gateway.upstream.client import UpstreamClient, UpstreamResponse
+
+__all__ = ["Call", "MessagesDeps", "Timing", "count_reply", "prepare", "pump"]
+
+_log = structlog.get_logger("gateway.messages")
+
+
+@dataclass(frozen=True, slots=True)
+class MessagesDeps:
+    """What a Messages call needs from the process: upstreams (clients, metrics, secrets), the
+    key that seals and opens thinking signatures, and the billing-header switch."""
+
+    upstreams: Upstreams
+    signing_key: bytes
+    keep_billing_header: bool = False
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.upstreams.metrics
+
+
+async def pdfs_as_text(req: dict[str, Any]) -> dict[str, Any]:
+    """The request with its PDFs as text; the extraction (CPU work) runs off the event loop."""
+    where = documents.find_pdfs(req["messages"])  # a walk of user blocks, no copies
+    if not where:
+        return req
+    return await asyncio.to_thread(documents.pdfs_to_text, req, where)
+
+
+async def prepare(deps: MessagesDeps, req: dict[str, Any], route: ModelRoute) -> Call:
+    """A validated request's replayed reasoning restored and its PDFs made text, ready."""
+    restore_reasoning(req, deps.signing_key)
+    return Call(deps, await pdfs_as_text(req), route)
+
+
+class Call:
+    """One Messages request made ready for its upstream, and how its reply is read back."""
+
+    __slots__ = ("client", "deps", "match_stops", "payload", "req", "route", "stops", "stream",
+                 "upstream_stream")
+
+    def __init__(self, deps: MessagesDeps, req: dict[str, Any], route: ModelRoute) -> None:
+        self.deps = deps
+        self.req = req
+        self.route = route
+        self.stream = req.get("stream") is True
+        self.stops = _stops(req)
+        # An upstream that cannot say which stop string matched is streamed even for a
+        # buffered reply: the gateway matches the stop sequences itself and cuts it there.
+        self.match_stops = bool(self.stops) and route.upstream.kind in LOCAL_STOP_KINDS
+        self.upstream_stream = self.stream or self.match_stops
+        chat_req = to_chat(req if self.upstream_stream == self.stream
+                           else {**req, "stream": True}, route,
+                           keep_billing_header=deps.keep_billing_header,
+                           on_drop=deps.metrics.drop_field)
+        self.payload = jsonutil.dumpb(chat_req)
+        self.client: UpstreamClient = deps.upstreams.client(route)
+
+    async def send(self, request_id: str | None) -> UpstreamResponse:
+        """Call the upstream (counted); a failure raises its GatewayError."""
+        return await send(self.deps.upstreams, self.route, "/chat/completions", self.payload,
+                          stream=self.upstream_stream, max_tokens=self.req.get("max_tokens"),
+                          request_id=request_id)
+
+    def translator(self) -> StreamTranslator:
+        deps = self.deps
+        return StreamTranslator(
+            model=self.req["model"], message_id=ids.new_message_id(),
+            signing_key=deps.signing_key, stop_sequences=self.stops,
+            match_stops=self.match_stops,
+            input_tokens=tokens.estimate_from_bytes(len(self.payload)),
+            hosts=self.client.hosts, secrets=deps.upstreams.secrets,
+            hide_thinking=hides_thinking(self.req))
+
+    async def reply(self, up: UpstreamResponse, overhead: float | None = None
+                    ) -> dict[str, Any]:
+        """The buffered reply (a ``message`` object) from the upstream's answer; a failure
+        raises its GatewayError. ``overhead``: the time spent before the upstream call, to
+        observe with this translation's as the request's own CPU-bound time."""
+        metrics = self.deps.metrics
+        if self.upstream_stream:
+            events = await _collect(up, self.translator(), metrics, self.route)
+            t1 = time.perf_counter()
+            message = aggregate(events)
+        else:
+            raw = await up.read()
+            t1 = time.perf_counter()
+            message = self._from_chat(raw)
+        if overhead is not None:
+            metrics.overhead.labels("messages").observe(overhead + time.perf_counter() - t1)
+        return message
+
+    def _from_chat(self, raw: bytes) -> dict[str, Any]:
+        deps = self.deps
+        route = self.route
+        try:
+            completion = jsonutil.loads_upstream(raw)
+        except ValueError:
+            raise errors.StreamProcessingError() from None
+        return from_chat(
+            completion, model=self.req["model"], stop_sequences=self.stops,
+            signing_key=deps.signing_key,
+            on_bad_tool_args=lambda: bad_tool_args(deps.metrics, route.name, 1),
+            hide_thinking=hides_thinking(self.req),
+            hosts=self.client.hosts, secrets=deps.upstreams.secrets,
+        )
+
+
+def count_reply(metrics: Metrics, route: ModelRoute, message: dict[str, Any]) -> None:
+    """A buffered reply's stop reason and tokens (a stream's are counted as it ends)."""
+    stop = message.get("stop_reason")
+    if stop:
+        metrics.stop_reasons.labels(route.name, stop).inc()
+    usage = message["usage"]
+    metrics.count_tokens(route.name, (usage["input_tokens"], usage["output_tokens"]))
+
+
+def bad_tool_args(metrics: Metrics, model: str, count: int) -> None:
+    """Tool-call arguments that were not JSON, or deltas for no known call: warn and count."""
+    _log.warning("tool_arguments_dropped", model=model, count=count)
+    metrics.tool_arg_errors.labels(model).inc(count)
+
+
+def _stops(req: dict[str, Any]) -> tuple[str, ...]:
+    stops = req.get("stop_sequences")
+    if isinstance(stops, str):
+        return (stops,)
+    return tuple(stops or ())
+
+
+async def _collect(up: UpstreamResponse, translator: StreamTranslator,
+                   metrics: Metrics, route: ModelRoute) -> bytes:
+    """Translate a whole upstream stream for a buffered reply; a failure raises."""
+    events: list[bytes] = []
+
+    async def keep(data: bytes) -> None:
+        events.append(data)
+
+    try:
+        await pump(up, translator, keep, Timing(0.0), metrics.inter_chunk.labels(route.name))
+    except SSEEventTooLarge:
+        raise errors.StreamProcessingError() from None
+    if translator.error is not None:
+        raise translator.error
+    if translator.dropped_tool_deltas:
+        bad_tool_args(metrics, route.name, translator.dropped_tool_deltas)
+    return b"".join(events)
+
+
+class Timing:
+    __slots__ = ("first_token", "last_chunk", "translate")
+
+    def __init__(self, overhead: float) -> None:
+        self.translate = overhead  # gateway's own CPU-bound time: setup + per-chunk work
+        self.first_token = 0.0
+        self.last_chunk = 0.0
+
+
+async def pump(up: UpstreamResponse, translator: StreamTranslator,
+               write: Callable[[bytes], Awaitable[None]], timing: Timing, inter_chunk: Any,
+               ttft: Any = None, t0: float = 0.0) -> None:
+    """The hot path: per upstream read, one decode, one translation, one write.
+
+    ``ttft`` (a histogram child) is observed at the first content block; None skips it
+    (a buffered reply has no first token on the wire).
+    """
+    decoder = SSEDecoder()
+    clock = time.perf_counter
+    feed_all = translator.feed_all
+    for_chunk = decoder.feed
+    progress = up.progress
+    async for chunk in up.chunks():
+        now = clock()
+        if timing.last_chunk:
+            inter_chunk.observe(now - timing.last_chunk)
+        timing.last_chunk = now
+        payloads = for_chunk(chunk)
+        out = feed_all(payloads) if payloads else b""
+        timing.translate += clock() - now
+        if payloads:
+            progress()  # events, not blank lines or comments, keep a stream alive
+            if not timing.first_token and translator.output_started:
+                timing.first_token = now
+                if ttft is not None:
+                    ttft.observe(now - t0)
+            if out:
+                await write(out)
+        if translator.done:
+            up.release_if_complete(ended=translator.ended_by_done)
+            return
+    await write(feed_all(decoder.flush()) + translator.eof())

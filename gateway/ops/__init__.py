@@ -1,0 +1,1 @@
+"""Operations: config, logging, metrics, workers, systemd notify, signing keys."""

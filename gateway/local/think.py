@@ -90,9 +90,7 @@ class InlineThinking:
 
     def feed(self, text: str) -> list[Piece]:
         """One content delta in; the pieces it decides, in order, same-kind pieces merged."""
-        if self.phase is Phase.TEXT and (
-            not self._watch or (not self._tail and "<" not in text)
-        ):
+        if self.phase is Phase.TEXT and (not self._watch or (not self._tail and "<" not in text)):
             return [(False, text)] if text else []  # the hot path: one scan at most
         handler = _HANDLERS.get(self.phase)
         if handler is None:

@@ -1,0 +1,1 @@
+"""What local engines really emit, normalised before translation: tool-argument repair, inline <think> reasoning, text tool calls."""

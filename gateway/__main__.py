@@ -25,7 +25,7 @@ from aiohttp import web
 
 from gateway import __version__
 from gateway.app import build_app
-from gateway.http.keys import METRICS, STATE
+from gateway.http.keys import METRICS, OPENAI_PATHS, OPS_APP, STATE
 from gateway.http.protocol import listen
 from gateway.ops import config, log, notify
 
@@ -59,13 +59,22 @@ async def _serve(cfg: config.Config, notifier: notify.Notifier | None = None) ->
                            shutdown_timeout=1.0)
     await runner.setup()
     assert runner.server is not None
+    runners = [runner]
+    ops_app = app[OPS_APP]
+    if ops_app is not None:  # server.metrics_port: the metrics listener's own application
+        runners.append(web.AppRunner(ops_app, handler_cancellation=True, access_log=None,
+                                     shutdown_timeout=1.0))
+        await runners[1].setup()
     try:
-        listeners = listen(runner.server, cfg.server, app[METRICS], reuse_port=cfg.reuse_port)
+        listeners = listen(runner.server, cfg.server, app[METRICS],
+                           ops_server=runners[1].server if ops_app is not None else None,
+                           openai_paths=app[OPENAI_PATHS], reuse_port=cfg.reuse_port)
     except OSError as exc:
         logger.error("listen_failed", host=cfg.server.host, port=cfg.server.port,
                      metrics_port=cfg.server.metrics_port or None, errno=exc.errno,
                      detail=exc.strerror)
-        await runner.cleanup()
+        for r in reversed(runners):
+            await r.cleanup()
         raise SystemExit(1) from None
     logger.info("listening", host=cfg.server.host, port=cfg.server.port,
                 prefix=cfg.server.prefix, models=sorted(cfg.models), config=cfg.source,
@@ -99,7 +108,8 @@ async def _serve(cfg: config.Config, notifier: notify.Notifier | None = None) ->
         await asyncio.sleep(0.02)
     for listener in listeners:
         listener.close()
-    await runner.cleanup()
+    for r in reversed(runners):
+        await r.cleanup()
     logger.info("stopped")
 
 

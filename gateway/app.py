@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -42,12 +42,16 @@ from gateway.http.keys import (
     CONFIG,
     MESSAGES,
     METRICS,
+    OPENAI_PATHS,
+    OPS_APP,
+    ROUTE_TAGS,
     SCHEDULER,
     SECRETS,
     STATE,
     UPSTREAM_CALLS,
     UPSTREAMS,
     AppState,
+    RouteTag,
 )
 from gateway.http.middleware import gateway_middleware
 from gateway.messages.call import MessagesDeps
@@ -61,6 +65,40 @@ from gateway.upstream.call import Upstreams
 if TYPE_CHECKING:
     from gateway.batches.store import BatchStore
 from gateway.upstream import UpstreamClient
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_OPS = RouteTag(None, needs_key=False, logged=False)
+
+
+def _ops_routes(app: web.Application, exposed: CollectorRegistry, *, metrics_key: bool | None
+                ) -> None:
+    """``/health`` and ``/ready``, and ``/metrics`` unless ``metrics_key`` is None (it is
+    served by the metrics listener's own application then); ``metrics_key``: /metrics asks
+    for a client key when keys are set (it names every upstream model)."""
+    tags = app[ROUTE_TAGS]
+    if metrics_key is not None:
+        app.router.add_route("GET", "/metrics",
+                             make_aiohttp_handler(exposed, disable_compression=True),
+                             name="metrics")
+        tags["metrics"] = RouteTag(None, needs_key=metrics_key, logged=False)
+    app.router.add_route("GET", "/health", _health, name="health")
+    app.router.add_route("GET", "/ready", _ready, name="ready")
+    tags["health"] = tags["ready"] = _OPS
+
+
+def _ops_app(api: web.Application, exposed: CollectorRegistry) -> web.Application:
+    """The metrics listener's own small application (``server.metrics_port``): ``/metrics``,
+    ``/health`` and ``/ready`` and nothing else, rendered by the same middleware, sharing
+    the API application's config, metrics and state."""
+    app = web.Application(middlewares=[gateway_middleware])
+    app[CONFIG] = api[CONFIG]
+    app[METRICS] = api[METRICS]
+    app[STATE] = api[STATE]
+    app[SECRETS] = api[SECRETS]
+    app[ROUTE_TAGS] = {}
+    app[OPENAI_PATHS] = frozenset()
+    _ops_routes(app, exposed, metrics_key=False)
+    return app
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -168,18 +206,27 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
     app[MESSAGES] = MessagesDeps(app[UPSTREAM_CALLS], config.server.signing_key,
                                  config.server.keep_billing_header)
     app[STATE] = AppState(api_keys=tuple(k.encode() for k in config.server.api_keys))
-    for route in config.models.values():
-        metrics.add_model(route.name, route.upstream.name, route.upstream_model)
+    for model in config.models.values():
+        metrics.add_model(model.name, model.upstream.name, model.upstream_model)
 
     p = config.server.prefix
-    r = app.router
-    r.add_post(f"{p}/v1/messages", messages.create_message, name="messages")
-    r.add_post(f"{p}/v1/messages/count_tokens", messages.count_tokens, name="count_tokens")
-    r.add_get(f"{p}/v1/models", models.list_models, name="models", allow_head=False)
-    r.add_get(f"{p}/v1/models/{{model_id}}", models.get_model, name="models_get",
-              allow_head=False)
+    tags: dict[str, RouteTag] = {}
+    app[ROUTE_TAGS] = tags
+
+    def route(method: str, path: str, handler: Handler, name: str, tag: RouteTag) -> None:
+        app.router.add_route(method, path, handler, name=name)
+        tags[name] = tag
+
+    route("POST", f"{p}/v1/messages", messages.create_message, "messages", RouteTag("messages"))
+    route("POST", f"{p}/v1/messages/count_tokens", messages.count_tokens, "count_tokens",
+          RouteTag("count_tokens"))
+    route("GET", f"{p}/v1/models", models.list_models, "models", RouteTag("models"))
+    route("GET", f"{p}/v1/models/{{model_id}}", models.get_model, "models_get",
+          RouteTag("models"))
     for api in OPENAI_APIS:
-        r.add_post(f"{p}/v1{api.path}", passthrough.handler(api), name=api.name)
+        route("POST", f"{p}/v1{api.path}", passthrough.handler(api), api.name,
+              RouteTag(api.name, openai=True))
+    app[OPENAI_PATHS] = frozenset(f"{p}/v1{api.path}".encode() for api in OPENAI_APIS)
     not_implemented: tuple[str, ...] = _NOT_IMPLEMENTED
     if batch_store is not None:
         # imported here: the SQL layer costs ~12 MB and a quarter second, only when enabled
@@ -197,15 +244,13 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
         app.cleanup_ctx.append(batches_api.scheduler_ctx)
         not_implemented = tuple(e for e in not_implemented if e != "messages/batches")
     endpoints = "|".join(re.escape(e) for e in not_implemented)
-    r.add_route("*", f"{p}/v1/{{endpoint:(?:{endpoints})(?:/.*)?}}", _not_supported,
-                name="not_supported")
-    r.add_route("HEAD", p or "/", _head_ok, name="root")
+    route("*", f"{p}/v1/{{endpoint:(?:{endpoints})(?:/.*)?}}", _not_supported, "not_supported",
+          RouteTag(None, needs_key=False))
+    route("HEAD", p or "/", _head_ok, "root", RouteTag(None, needs_key=False))
     if p:
-        r.add_route("HEAD", p + "/", _head_ok)
-    r.add_get("/metrics", make_aiohttp_handler(exposed, disable_compression=True),
-              name="metrics", allow_head=False)
-    r.add_get("/health", _health, name="health", allow_head=False)
-    r.add_get("/ready", _ready, name="ready", allow_head=False)
+        app.router.add_route("HEAD", p + "/", _head_ok)
+    _ops_routes(app, exposed, metrics_key=not config.server.metrics_apart)
+    app[OPS_APP] = _ops_app(app, exposed) if config.server.metrics_apart else None
     app.cleanup_ctx.append(_upstreams_ctx)
     app.cleanup_ctx.append(_loop_lag_ctx)
     return app

@@ -302,11 +302,10 @@ class Scheduler:
 
     def _access(self, item: Claimed, model: str, upstream: str, request_id: str, status: int,
                 error: errors.GatewayError | None, duration: float) -> None:
-        log.access({"request_id": request_id, "method": None, "route": "batch_request",
-                    "model": model, "upstream": upstream, "status": status,
-                    "duration_ms": round(duration * 1000, 3), "stream": False, "query": None,
-                    "error_type": error.error_type if error is not None else None,
-                    "error": error.message if error is not None and error.status < 500
-                    else None,
-                    "batch_id": item.batch_id, "custom_id": item.custom_id,
-                    "attempt": item.attempts})
+        log.access(log.Access(
+            request_id, "batch_request", status, model=model, upstream=upstream,
+            duration_ms=round(duration * 1000, 3),
+            error_type=error.error_type if error is not None else None,
+            error=error.message if error is not None and error.status < 500 else None,
+            extra={"batch_id": item.batch_id, "custom_id": item.custom_id,
+                   "attempt": item.attempts}))

@@ -52,8 +52,16 @@ from aiohttp import web
 from gateway import errors
 from gateway.batches.store import BatchRow, BatchStore, StoreError
 from gateway.http.body import read_json
-from gateway.http.keys import BATCH_STORE, CONFIG, METRICS, REQUEST_ID, SCHEDULER
-from gateway.http.middleware import credential
+from gateway.http.keys import (
+    BATCH_STORE,
+    CLIENT_KEY,
+    CONFIG,
+    METRICS,
+    REQUEST_ID,
+    ROUTE_TAGS,
+    SCHEDULER,
+    RouteTag,
+)
 from gateway.http.writer import StreamWriter
 from gateway.messages.validate import validate_messages
 from gateway.ops.config import Config, find_route
@@ -79,7 +87,7 @@ def owner_of(request: web.Request) -> str:
     "" when keys are not in use."""
     if not request.app[CONFIG].server.api_keys:
         return ""
-    return hashlib.sha256(credential(request) or b"").hexdigest()[:32]
+    return hashlib.sha256(request[CLIENT_KEY] or b"").hexdigest()[:32]
 
 
 def rfc3339(t: float | None) -> str | None:
@@ -343,13 +351,15 @@ async def results(request: web.Request) -> web.StreamResponse:
 
 def add_routes(app: web.Application, prefix: str) -> None:
     base = f"{prefix}/v1/messages/batches"
-    r = app.router
-    r.add_post(base, create, name="batches_create")
-    r.add_get(base, list_batches, name="batches_list", allow_head=False)
-    r.add_get(base + "/{batch_id}", retrieve, name="batches_get", allow_head=False)
-    r.add_post(base + "/{batch_id}/cancel", cancel, name="batches_cancel")
-    r.add_delete(base + "/{batch_id}", delete, name="batches_delete")
-    r.add_get(base + "/{batch_id}/results", results, name="batches_results", allow_head=False)
+    for method, path, handler, name in (
+            ("POST", base, create, "batches_create"),
+            ("GET", base, list_batches, "batches_list"),
+            ("GET", base + "/{batch_id}", retrieve, "batches_get"),
+            ("POST", base + "/{batch_id}/cancel", cancel, "batches_cancel"),
+            ("DELETE", base + "/{batch_id}", delete, "batches_delete"),
+            ("GET", base + "/{batch_id}/results", results, "batches_results")):
+        app.router.add_route(method, path, handler, name=name)
+        app[ROUTE_TAGS][name] = RouteTag("batches")
 
 
 async def scheduler_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -53,6 +53,30 @@ BATCH_STORE: web.AppKey[BatchStore] = web.AppKey("batch_store")
 SCHEDULER: web.AppKey[Scheduler] = web.AppKey("batch_scheduler")
 
 
+@dataclass(frozen=True, slots=True)
+class RouteTag:
+    """What the middleware needs to know of a route, set where the route is added.
+
+    ``api``: its label in the metrics (``metrics.APIS``), None for the operational routes;
+    ``openai``: errors rendered in OpenAI's shape (the pass-through) instead of Anthropic's
+    envelope; ``needs_key``: a client key is asked for when ``server.api_keys`` are set.
+    """
+
+    api: str | None
+    openai: bool = False
+    needs_key: bool = True
+    logged: bool = True  # an access line per request (not for /health, /ready, /metrics)
+
+
+# route name -> its tag; a route without one (the unmatched-path 404) is an Anthropic route
+ROUTE_TAGS = web.AppKey("route_tags", dict[str, RouteTag])
+# the request paths of the OpenAI-dialect routes: errors the connection answers before any
+# route is matched (a malformed body, a timeout) take the dialect from the raw path
+OPENAI_PATHS = web.AppKey("openai_paths", frozenset[bytes])
+# the metrics listener's own application (server.metrics_port), or None: served by this one
+OPS_APP: web.AppKey[web.Application | None] = web.AppKey("ops_app")
+
+
 # per-request state, set by the middleware and the handlers
 API = web.RequestKey("api", str)  # metrics.APIS (messages, chat, ...), or "" for others
 REQUEST_ID = web.RequestKey("request_id", str)
@@ -60,6 +84,8 @@ MODEL = web.RequestKey("model", str)  # the routed alias (config value, safe as 
 UPSTREAM: web.RequestKey[str | None] = web.RequestKey("upstream")
 STREAM = web.RequestKey("stream", bool)
 STREAM_RESPONSE = web.RequestKey("stream_response", web.StreamResponse)
+# the client's key as presented (x-api-key, else a bearer token), read once by the middleware
+CLIENT_KEY: web.RequestKey[bytes | None] = web.RequestKey("client_key")
 # (error.type, client-safe message or None)
 ERROR: web.RequestKey[tuple[str, str | None] | None] = web.RequestKey("error")
 OPENAI_ERRORS = web.RequestKey("openai_errors", bool)  # render errors in OpenAI's shape

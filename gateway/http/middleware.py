@@ -31,34 +31,31 @@ from gateway import errors
 from gateway.http.drain import DRAINING_MESSAGE
 from gateway.http.keys import (
     API,
+    CLIENT_KEY,
     CONFIG,
     ERROR,
     METRICS,
     MODEL,
     OPENAI_ERRORS,
     REQUEST_ID,
+    ROUTE_TAGS,
     SECRETS,
     STATE,
     STREAM,
     STREAM_RESPONSE,
     UPSTREAM,
+    RouteTag,
 )
-from gateway.http.protocol import GatewayProtocol, RequestBodyTimeout
+from gateway.http.protocol import RequestBodyTimeout
 from gateway.http.writer import ClientGone
-from gateway.openai.apis import APIS as OPENAI_APIS
 from gateway.ops import log
 from gateway.text import ids
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-# route name -> api label; the pass-through routes are named after their api
-_APIS = {"messages": "messages", "count_tokens": "count_tokens", "models": "models",
-         "models_get": "models", **{api.name: api.name for api in OPENAI_APIS},
-         **{f"batches_{op}": "batches"
-            for op in ("create", "list", "get", "cancel", "delete", "results")}}
-_OPENAI = frozenset(api.name for api in OPENAI_APIS)
-_OPS = frozenset({"metrics", "health", "ready"})  # routes of the metrics listener
+# a route added without a tag (aiohttp's own 404 for an unmatched path): Anthropic's envelope
+_UNTAGGED = RouteTag(api=None, needs_key=False)
 _MAX_QUERY_NAMES = 32
 _log = structlog.get_logger("gateway.access")
 
@@ -84,25 +81,6 @@ def _query_names(raw: str) -> str:
     return "&".join(name for name in names if name)
 
 
-def _listener_refuses(request: web.Request, route: str) -> errors.GatewayError | None:
-    """A 404 for a route this listener does not serve, a 401 for /metrics without a key."""
-    protocol = request.protocol
-    server = request.app[CONFIG].server
-    if isinstance(protocol, GatewayProtocol):
-        serves_api, serves_metrics = protocol.policy.serves_api, protocol.policy.serves_metrics
-    else:  # a test server
-        serves_api, serves_metrics = True, not server.metrics_apart
-    if route == "metrics":
-        if not serves_metrics:
-            return errors.NotFound()
-        if serves_api and server.api_keys and not _authorized(request.app[STATE].api_keys,
-                                                             credential(request)):
-            return errors.AuthenticationFailed()
-    elif not serves_api and route not in _OPS:
-        return errors.NotFound()
-    return None
-
-
 def credential(request: web.Request) -> bytes | None:
     """The client's key: ``x-api-key``, else an ``Authorization: Bearer`` token."""
     key = request.headers.get("x-api-key")
@@ -123,7 +101,7 @@ def _authorized(keys: tuple[bytes, ...], presented: bytes | None) -> bool:
 
 
 def render_error(request: web.Request, err: errors.GatewayError, request_id: str) -> web.Response:
-    if request.get(API) in _OPENAI or request.get(OPENAI_ERRORS, False):
+    if request.get(OPENAI_ERRORS, False):
         return web.Response(status=errors.openai_status(err), body=errors.openai_body(err),
                             content_type="application/json", headers=err.headers)
     return web.Response(status=err.status, body=errors.anthropic_body(err, request_id),
@@ -152,9 +130,13 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
     start = time.perf_counter()
     request_id = _request_id(request)
     route = _route_name(request)
-    api = _APIS.get(route)
+    app = request.app
+    tag = app[ROUTE_TAGS].get(route, _UNTAGGED)
+    api = tag.api
     request[API] = api or ""
+    request[OPENAI_ERRORS] = tag.openai
     request[REQUEST_ID] = request_id
+    request[CLIENT_KEY] = credential(request)
     # what the handlers fill in, defaulted here so that reading it is a plain lookup
     # (a request's .get() is Mapping's, a try/except around __getitem__)
     request[MODEL] = ""
@@ -165,19 +147,17 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
     # first: requests on one keep-alive connection share a task, and the new id replaces
     # the old one, so nothing needs clearing
     structlog.contextvars.bind_contextvars(request_id=request_id)
-    app = request.app
     metrics = app[METRICS]
     status = 500
     response: web.StreamResponse | None = None
     try:
-        refused = _listener_refuses(request, route)
-        if refused is not None:
-            raise refused
-        if api is not None:
-            server = app[CONFIG].server
-            if server.api_keys and not _authorized(app[STATE].api_keys, credential(request)):
+        server = app[CONFIG].server
+        if tag.needs_key and server.api_keys and not _authorized(app[STATE].api_keys,
+                                                                 request[CLIENT_KEY]):
+            if api is not None:
                 metrics.rejected.labels(api, "auth").inc()
-                raise errors.AuthenticationFailed()
+            raise errors.AuthenticationFailed()
+        if api is not None:
             if app[STATE].draining:
                 metrics.rejected.labels(api, "draining").inc()
                 raise errors.Overloaded(DRAINING_MESSAGE)
@@ -224,17 +204,17 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         if api is not None:
             metrics.requests.labels(api, model, str(status), stream).inc()
             metrics.request_duration.labels(api, model, stream).observe(duration)
-        if route not in ("health", "ready", "metrics"):
+        if tag.logged:
             error = request[ERROR]
             redact = app[SECRETS]
             query = request.rel_url.raw_query_string
-            log.access({"request_id": request_id, "method": request.method, "route": route,
-                        "model": model or None, "upstream": request[UPSTREAM],
-                        "status": status, "duration_ms": round(duration * 1000, 3),
-                        "stream": request[STREAM],
-                        "query": redact(_query_names(query)) or None if query else None,
-                        "error_type": error[0] if error else None,
-                        "error": redact(error[1]) if error and error[1] is not None else None})
+            log.access(log.Access(
+                request_id, route, status, method=request.method, model=model or None,
+                upstream=request[UPSTREAM], duration_ms=round(duration * 1000, 3),
+                stream=request[STREAM],
+                query=redact(_query_names(query)) or None if query else None,
+                error_type=error[0] if error else None,
+                error=redact(error[1]) if error and error[1] is not None else None))
     if not response.prepared:
         response.headers["request-id"] = request_id
     return response

@@ -42,7 +42,7 @@ import asyncio
 import functools
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -52,7 +52,6 @@ from aiohttp.streams import StreamReader
 
 from gateway import errors
 from gateway.http.listener import Listener, bind
-from gateway.openai.apis import APIS as OPENAI_APIS
 from gateway.ops import log
 from gateway.ops.config import ServerConfig
 from gateway.ops.metrics import Metrics
@@ -143,16 +142,11 @@ class ConnectionPolicy:
 
     server: ServerConfig
     metrics: Metrics
-    serves_api: bool = True
-    serves_metrics: bool = True
+    # the request paths whose errors take OpenAI's shape (app[OPENAI_PATHS])
+    openai_paths: frozenset[bytes] = frozenset()
     # called once when a connection opens and once when it ends (the listener's count)
     on_open: Callable[[], None] = lambda: None
     on_close: Callable[[], None] = lambda: None
-    openai_paths: frozenset[bytes] = field(init=False)
-
-    def __post_init__(self) -> None:
-        prefix = self.server.prefix
-        self.openai_paths = frozenset(f"{prefix}/v1{api.path}".encode() for api in OPENAI_APIS)
 
 
 class GatewayProtocol(web.RequestHandler):
@@ -276,10 +270,8 @@ class GatewayProtocol(web.RequestHandler):
         resp = web.Response(status=status, body=body, content_type="application/json",
                             headers={"request-id": request_id, **err.headers})
         resp.force_close()
-        log.access({"request_id": request_id, "method": None, "route": "http_error",
-                    "model": None, "upstream": None, "status": status, "duration_ms": 0.0,
-                    "stream": False, "query": None, "error_type": err.error_type,
-                    "error": err.message, "kind": kind})
+        log.access(log.Access(request_id, "http_error", status, error_type=err.error_type,
+                              error=err.message, extra={"kind": kind}))
         return resp
 
     def _arm(self, phase: str, seconds: float) -> None:
@@ -339,21 +331,23 @@ def track_request_starts(server: web.Server) -> None:
 
 
 def listen(server: web.Server, config: ServerConfig, metrics: Metrics, *,
+           ops_server: web.Server | None = None, openai_paths: frozenset[bytes] = frozenset(),
            reuse_port: bool = False) -> list[Listener]:
-    """Bind and start the API listener and, when ``metrics_port`` is set, the metrics one
-    (``/metrics``, ``/health``, ``/ready`` only; ``/metrics`` then leaves the API's)."""
-    track_request_starts(server)
+    """Bind and start the API listener (``server``) and, when ``metrics_port`` is set, the
+    metrics one (``ops_server``: the metrics application's ``/metrics``, ``/health`` and
+    ``/ready`` only; ``/metrics`` then leaves the API's)."""
     listeners: list[Listener] = []
-    roles = [("api", config.host, config.port, True, not config.metrics_apart,
-              config.max_connections)]
+    roles = [("api", server, config.host, config.port, openai_paths, config.max_connections)]
     if config.metrics_apart:
-        roles.append(("metrics", config.metrics_host or config.host, config.metrics_port,
-                      False, True, 0))
+        assert ops_server is not None, "metrics_port set: the metrics application is needed"
+        roles.append(("metrics", ops_server, config.metrics_host or config.host,
+                      config.metrics_port, frozenset(), 0))
     try:
-        for name, host, port, api, ops, cap in roles:
-            policy = ConnectionPolicy(config, metrics, serves_api=api, serves_metrics=ops)
+        for name, srv, host, port, paths, cap in roles:
+            track_request_starts(srv)
+            policy = ConnectionPolicy(config, metrics, paths)
             listener = Listener(name, bind(host, port, reuse_port=reuse_port),
-                                functools.partial(GatewayProtocol, server, policy),
+                                functools.partial(GatewayProtocol, srv, policy),
                                 max_connections=cap, metrics=metrics)
             policy.on_open, policy.on_close = listener.opened, listener.closed
             listeners.append(listener)

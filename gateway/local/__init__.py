@@ -1,1 +1,2 @@
-"""What local engines really emit, normalised before translation: tool-argument repair, inline <think> reasoning, text tool calls."""
+"""What local engines really emit, normalised before translation: tool-argument repair,
+inline <think> reasoning, text tool calls."""

@@ -20,8 +20,8 @@ adds what must happen before any middleware or handler runs. Protocol facts reli
   read) is not told to the handler: llhttp drops the payload and aiohttp queues the error
   as the next request, so the handler would wait for the rest of the body. Here the
   payload gets ``web.RequestPayloadError`` (the middleware answers 400 in the route's
-  shape) when the queue's last entry is aiohttp's error record (``_messages``, private;
-  pinned by the test, and without it the body deadline still answers, with a 408).
+  shape) when the queue's last entry is aiohttp's error record (private: :mod:`gateway.http.compat`,
+  pinned by its test, and without it the body deadline still answers, with a 408).
 * ``Server.request_factory`` is called once per request, when its head is parsed (also for
   a refused one); ``log_access`` once per request, after its answer is written and before
   aiohttp reads what is left of an unread body (for up to 10 s), which it skips on a
@@ -47,10 +47,11 @@ from typing import Any
 
 import structlog
 from aiohttp import http_exceptions as hx
-from aiohttp import web, web_protocol
+from aiohttp import web
 from aiohttp.streams import StreamReader
 
 from gateway import errors
+from gateway.http import compat
 from gateway.http.listener import Listener, bind
 from gateway.ops import log
 from gateway.ops.config import ServerConfig
@@ -205,17 +206,11 @@ class GatewayProtocol(web.RequestHandler):
                 self._arm(_HEAD, self._policy.server.request_head_timeout)
         super().data_received(data)
         body = self._body
-        if body is not None and not body.is_eof() and self._parser_refused():
+        if body is not None and not body.is_eof() and compat.parser_refused(self):
             self._body = None
             self._failed = True
             self._policy.metrics.client_http_errors.labels("bad_body").inc()
             body.set_exception(web.RequestPayloadError("Malformed request body framing"))
-
-    def _parser_refused(self) -> bool:
-        """Did the last read end in a parser error (queued as the next "request")?"""
-        queued = getattr(self, "_messages", None)
-        return queued is not None and len(queued) > 0 and isinstance(
-            queued[-1][0], web_protocol._ErrInfo)
 
     def request_started(self, payload: StreamReader) -> None:
         """A head is parsed: its deadline ends, the body's (if one is coming) starts."""
@@ -319,15 +314,12 @@ class GatewayProtocol(web.RequestHandler):
 def track_request_starts(server: web.Server) -> None:
     """Tell each :class:`GatewayProtocol` when a request's head is parsed (wraps the server's
     request factory, which aiohttp calls then; the protocols copy it when they are made)."""
-    make = server.request_factory
 
-    def started(message: Any, payload: StreamReader, protocol: web.RequestHandler,
-                writer: Any, task: asyncio.Task[None]) -> web.BaseRequest:
+    def started(protocol: web.RequestHandler, payload: StreamReader) -> None:
         if isinstance(protocol, GatewayProtocol):
             protocol.request_started(payload)
-        return make(message, payload, protocol, writer, task)
 
-    server.request_factory = started
+    compat.wrap_request_factory(server, started)
 
 
 def listen(server: web.Server, config: ServerConfig, metrics: Metrics, *,

@@ -14,12 +14,11 @@ import asyncio
 
 from aiohttp import web
 
+from gateway.http import compat
 from gateway.http.keys import REQUEST_ID, STREAM_RESPONSE
 
 PING = b'event: ping\ndata: {"type":"ping"}\n\n'
-# Bytes aiohttp adds to a write beyond the caller's: the chunk framing, and on the first
-# write the response head it held back (a few hundred bytes for these SSE headers).
-_FRAMING = 4096
+_FRAMING = compat.WRITE_FRAMING
 
 
 class ClientGone(Exception):

@@ -4,8 +4,9 @@ Checked against aiohttp 3.14.0 (the declared floor, run by ``.ci/min-versions``)
 3.14.5 (the newest release when written). CI installs the newest release on every run
 (``pip install '.[test,...]'`` has no upper bound), so the unit and end-to-end suites run
 against both ends; the ``test_aiohttp_*`` unit tests of the connection protocol fail by
-name when a release moves one of these. We chose that over an upper bound on ``aiohttp``: a bound would hold users back from
-a security release until we publish, where the test tells us the day a release breaks us.
+name when a release moves one of these. We chose that over an upper bound on ``aiohttp``:
+a bound would hold users back from a security release until we publish, where the tests
+tell us the day a release breaks us.
 
 What is private, and what depends on it:
 

@@ -204,7 +204,8 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
     app[SECRETS] = Redactor.of(config.upstreams.values())
     app[UPSTREAM_CALLS] = Upstreams(app[UPSTREAMS], metrics, app[SECRETS])
     app[MESSAGES] = MessagesDeps(app[UPSTREAM_CALLS], config.server.signing_key,
-                                 config.server.keep_billing_header)
+                                 config.server.keep_billing_header,
+                                 config.server.previous_signing_keys)
     app[STATE] = AppState(api_keys=tuple(k.encode() for k in config.server.api_keys))
     for model in config.models.values():
         metrics.add_model(model.name, model.upstream.name, model.upstream_model)

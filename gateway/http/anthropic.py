@@ -85,7 +85,7 @@ async def _stream(request: web.Request, call: Call, up: UpstreamResponse, t0: fl
 async def count_tokens(request: web.Request) -> web.Response:
     deps = request.app[MESSAGES]
     req = validate_messages(await read_json(request), count_tokens=True)
-    restore_reasoning(req, deps.signing_key)
+    restore_reasoning(req, deps.opening_keys)
     route = routing.resolve(request, req["model"])
     req = await pdfs_as_text(req)
     chat_req = to_chat(req, route, keep_billing_header=deps.keep_billing_header,

@@ -48,6 +48,12 @@ class MessagesDeps:
     upstreams: Upstreams
     signing_key: bytes
     keep_billing_header: bool = False
+    # keys replaced by signing_key: signatures made under them still open (a key rotation)
+    previous_signing_keys: tuple[bytes, ...] = ()
+
+    @property
+    def opening_keys(self) -> tuple[bytes, ...]:
+        return (self.signing_key, *self.previous_signing_keys)
 
     @property
     def metrics(self) -> Metrics:
@@ -64,7 +70,7 @@ async def pdfs_as_text(req: dict[str, Any]) -> dict[str, Any]:
 
 async def prepare(deps: MessagesDeps, req: dict[str, Any], route: ModelRoute) -> Call:
     """A validated request's replayed reasoning restored and its PDFs made text, ready."""
-    restore_reasoning(req, deps.signing_key)
+    restore_reasoning(req, deps.opening_keys)
     return Call(deps, await pdfs_as_text(req), route)
 
 

@@ -32,7 +32,7 @@ import binascii
 import hashlib
 import hmac
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -97,8 +97,11 @@ def seal(key: bytes, reasoning: str) -> str:
     return base64.b64encode(version + nonce + sealed).decode("ascii")
 
 
-def open_signature(key: bytes, signature: str) -> str | None:
-    """The reasoning a signature of ours holds; None when it is not one (or was altered)."""
+def open_signature(keys: bytes | Sequence[bytes], signature: str) -> str | None:
+    """The reasoning a signature of ours holds; None when it is not one (or was altered).
+
+    ``keys``: the signing key, or the keys in force (the current one first, then those it
+    replaced: a signature made before a key rotation still opens)."""
     try:
         raw = base64.b64decode(signature, validate=True)
     except (binascii.Error, ValueError):
@@ -107,9 +110,14 @@ def open_signature(key: bytes, signature: str) -> str | None:
     if len(raw) < 1 + _NONCE + 16 or version not in (_VERSION, _PLAIN):
         return None
     aad = _AAD if version == _VERSION else _AAD + version  # 0x01 predates the version in it
-    try:
-        packed = _cipher(key).decrypt(raw[1:1 + _NONCE], raw[1 + _NONCE:], aad)
-    except InvalidTag:
+    packed = None
+    for key in (keys,) if isinstance(keys, bytes) else keys:
+        try:
+            packed = _cipher(key).decrypt(raw[1:1 + _NONCE], raw[1 + _NONCE:], aad)
+            break
+        except InvalidTag:
+            continue
+    if packed is None:
         return None
     if version == _PLAIN:
         try:
@@ -129,7 +137,7 @@ def open_signature(key: bytes, signature: str) -> str | None:
         return None
 
 
-def restore_reasoning(req: Mapping[str, Any], key: bytes) -> None:
+def restore_reasoning(req: Mapping[str, Any], keys: bytes | Sequence[bytes]) -> None:
     """Put back the reasoning of every replayed thinking block that left its text out.
 
     A block with an empty ``thinking`` and a signature gets the reasoning its signature
@@ -146,7 +154,7 @@ def restore_reasoning(req: Mapping[str, Any], key: bytes) -> None:
         for j, block in enumerate(turn["content"]):
             if block["type"] != "thinking" or block["thinking"] or not block.get("signature"):
                 continue
-            reasoning = open_signature(key, block["signature"])
+            reasoning = open_signature(keys, block["signature"])
             if reasoning is None:
                 raise InvalidRequest(f"messages.{i}.content.{j}.signature",
                                      "Invalid `signature` in `thinking` block")

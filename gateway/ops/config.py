@@ -112,6 +112,10 @@ class ServerConfig:
     keep_billing_header: bool = False
     signing_key_env: str | None = None
     signing_key: bytes = _not_toml(b"", secret=True)
+    # an env var holding earlier signing keys, comma-separated: signatures made under them
+    # still open (a key rotation), new ones are made under signing_key only
+    previous_signing_keys_env: str | None = None
+    previous_signing_keys: tuple[bytes, ...] = _not_toml((), secret=True)
     # where it came from: "env", "file" (the state directory's key) or "random" (this process)
     signing_key_source: str = _not_toml("random")
 
@@ -306,11 +310,19 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         key_source = "env"
     else:
         signing_key, key_source = default_signing_key(env)
+    previous: tuple[bytes, ...] = ()
+    if srv["previous_signing_keys_env"] is not None:
+        raw = _env(env, src, "server.previous_signing_keys_env",
+                   srv["previous_signing_keys_env"])
+        previous = tuple(dict.fromkeys(
+            k.strip().encode() for k in raw.split(",") if k.strip() and k.strip().encode()
+            != signing_key))
     server = ServerConfig(
         **srv,
         api_keys=api_keys,
         signing_key=signing_key,
         signing_key_source=key_source,
+        previous_signing_keys=previous,
     )
 
     raw_ups = data.get("upstreams", {})

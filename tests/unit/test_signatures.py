@@ -153,3 +153,45 @@ def test_restored_reasoning_is_bounded_per_request() -> None:
                       for _ in range(copies - 1)))
     restore_reasoning(fits, KEY)  # up to the bound, as before
     assert fits["messages"][1]["content"][-1]["thinking"] == "a" * (1 << 20)
+
+
+# --- key rotation: a new key signs, the keys it replaced still open ------------------------
+
+OLD, NEW = b"o" * 32, b"n" * 32
+
+
+@pytest.mark.parametrize(("made_under", "keys", "opens"), [
+    (OLD, (NEW, OLD), True),   # a session signed before the rotation goes on after it
+    (NEW, (NEW, OLD), True),
+    (OLD, (NEW,), False),      # the old key retired: its signatures no longer open
+    (b"x" * 32, (NEW, OLD), False),
+])
+def test_signatures_open_under_any_key_in_force(made_under: bytes, keys: tuple[bytes, ...],
+                                                opens: bool) -> None:
+    sig = seal(made_under, "step one")
+    assert open_signature(keys, sig) == ("step one" if opens else None)
+    req = {"messages": [{"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "", "signature": sig}]}]}
+    if opens:
+        restore_reasoning(req, keys)
+        assert req["messages"][0]["content"][0]["thinking"] == "step one"
+    else:
+        with pytest.raises(InvalidRequest):
+            restore_reasoning(req, keys)
+
+
+def test_previous_signing_keys_come_from_their_env_var() -> None:
+    from gateway.ops import config
+
+    cfg = config.parse(
+        {"server": {"signing_key_env": "SK", "previous_signing_keys_env": "OLD_SK"},
+         "upstreams": {"u": {"base_url": "http://127.0.0.1:9/v1"}},
+         "models": [{"name": "m", "upstream": "u", "upstream_model": "x"}]},
+        "t.toml", {"SK": "new-key", "OLD_SK": " old-1, ,old-2,new-key,old-1"})
+    assert cfg.server.signing_key == b"new-key"
+    # the current key and repeats left out, order kept
+    assert cfg.server.previous_signing_keys == (b"old-1", b"old-2")
+    with pytest.raises(config.ConfigError, match="previous_signing_keys_env"):
+        config.parse({"server": {"previous_signing_keys_env": "MISSING"},
+                      "upstreams": {"u": {"base_url": "http://127.0.0.1:9/v1"}},
+                      "models": []}, "t.toml", {"HOME": "/nonexistent"})

@@ -71,6 +71,9 @@ class TextToolCalls:
     def __init__(self, tool_names: Collection[str]) -> None:
         self._names = frozenset(tool_names)
         self._held = ""
+        # Where the scan of an open block at the start of _held stopped, so the next feed
+        # goes on from there instead of scanning the block again (quadratic otherwise).
+        self._memo: dict[int, tuple[int, int]] = {}
         self._whole = bool(self._names)  # the message may still be Llama's whole-message call
         self.found = 0
 
@@ -113,10 +116,12 @@ class TextToolCalls:
                 self._held = held[len(held) - keep:]
                 return
             _text(out, held[start:marker.start()])
-            end, calls = _block(held, marker.start(), marker[0], self._names, final)
+            memo = self._memo if marker.start() == 0 else {}
+            end, calls = _block(held, marker.start(), marker[0], self._names, final, memo)
             if end is None:  # open: held until it closes, unless too long
                 if marker.start() + MAX_HELD >= len(held):
                     self._held = held[marker.start():]
+                    self._memo = memo if marker.start() == 0 else {}  # its offsets moved
                     return
                 end, calls = marker.end(), None
             elif end - marker.start() > MAX_HELD:
@@ -127,6 +132,7 @@ class TextToolCalls:
                 out.extend(calls)
                 self.found += len(calls)
             start = end
+            self._memo = {}
 
 
 def split_text_tool_calls(text: str, tool_names: Collection[str]) -> list[Piece]:
@@ -173,19 +179,21 @@ def _whole_call(held: str, names: frozenset[str]) -> TextToolCall | None:
 # --- blocks: where a call that starts at a marker ends, and what it holds ----------------
 
 
-def _block(held: str, at: int, marker: str, names: frozenset[str],
-           final: bool) -> tuple[int | None, list[Piece] | None]:
+def _block(held: str, at: int, marker: str, names: frozenset[str], final: bool,
+           memo: dict[int, tuple[int, int]]) -> tuple[int | None, list[Piece] | None]:
     """(end of the block or None while open, its calls or None when it is text)."""
     if marker == _HERMES_OPEN:
-        close = held.find(_HERMES_CLOSE, at + len(marker))
+        searched = memo.get(-1, (at + len(marker), 0))[0]
+        close = held.find(_HERMES_CLOSE, searched)
         if close < 0:
+            memo[-1] = (max(searched, len(held) - len(_HERMES_CLOSE) + 1), 0)
             if not final:
                 return None, None
             calls = _tool_call_body(held[at + len(marker):], names, final=True)
             return len(held), calls
         end = close + len(_HERMES_CLOSE)
         return end, _tool_call_body(held[at + len(marker):close], names, final=False)
-    return _mistral(held, at + len(marker), names, final)
+    return _mistral(held, at + len(marker), names, final, memo)
 
 
 def _tool_call_body(body: str, names: frozenset[str], *, final: bool) -> list[Piece] | None:
@@ -216,8 +224,8 @@ def _coder_call(function: re.Match[str], names: frozenset[str]) -> TextToolCall 
     return TextToolCall(name, jsonutil.dumps(arguments))
 
 
-def _mistral(held: str, at: int, names: frozenset[str],
-             final: bool) -> tuple[int | None, list[Piece] | None]:
+def _mistral(held: str, at: int, names: frozenset[str], final: bool,
+             memo: dict[int, tuple[int, int]]) -> tuple[int | None, list[Piece] | None]:
     """``[TOOL_CALLS][...]`` or ``[TOOL_CALLS]name[ARGS]{...}``, ending where the JSON does.
 
     Where the text after the marker can be neither, the marker alone is text (end ``at``).
@@ -227,7 +235,7 @@ def _mistral(held: str, at: int, names: frozenset[str],
     if start == len(held):
         return open_
     if held[start] == "[":
-        end = _json_end(held, start)
+        end = _json_end(held, start, memo)
         if end is None:
             return open_
         try:
@@ -248,7 +256,7 @@ def _mistral(held: str, at: int, names: frozenset[str],
     brace = name_end + len(_MISTRAL_ARGS)
     if brace == len(held):
         return open_
-    end = _json_end(held, brace) if held[brace] == "{" else brace
+    end = _json_end(held, brace, memo) if held[brace] == "{" else brace
     if end is None:
         return open_
     name = held[at:name_end]
@@ -257,17 +265,23 @@ def _mistral(held: str, at: int, names: frozenset[str],
     return end, [TextToolCall(name, held[brace:end])]
 
 
-def _json_end(text: str, start: int) -> int | None:
-    """Where the JSON object or array opening at ``start`` closes, or None if it does not."""
-    depth = 0
-    for part in _JSON_PART.finditer(text, start):
+def _json_end(text: str, start: int, memo: dict[int, tuple[int, int]]) -> int | None:
+    """Where the JSON object or array opening at ``start`` closes, or None if it does not
+    yet; ``memo`` keeps where the scan stopped and its depth, for the next, longer text."""
+    position, depth = memo.get(start, (start, 0))
+    for part in _JSON_PART.finditer(text, position):
         bracket = part[0]
-        if bracket in "{[":
+        if bracket == "{" or bracket == "[":
             depth += 1
-        elif bracket in "}]":
+        elif bracket == "}" or bracket == "]":
             depth -= 1
             if depth == 0:
                 return part.end()
+        elif part.end() == len(text) and (len(bracket) < 2 or bracket[-1] != '"'
+                                          or bracket[-2] == "\\"):
+            break  # a string still open: scanned again once it closes
+        position = part.end()
+    memo[start] = (position, depth)
     return None
 
 

@@ -24,6 +24,7 @@ from gateway.messages.call import (
     Timing,
     bad_tool_args,
     count_reply,
+    count_stream_fixes,
     pdfs_as_text,
     prepare,
     pump,
@@ -67,6 +68,7 @@ async def _stream(request: web.Request, call: Call, up: UpstreamResponse, t0: fl
         metrics.overhead.labels("messages").observe(timing.translate)
         if translator.dropped_tool_deltas:
             bad_tool_args(metrics, route.name, translator.dropped_tool_deltas)
+        count_stream_fixes(call, translator)
         if timing.first_token and translator.output_tokens > 1:
             metrics.tpot.labels(route.name).observe(
                 (timing.last_chunk - timing.first_token) / (translator.output_tokens - 1))

@@ -35,7 +35,7 @@ import re
 from collections.abc import Collection
 from typing import Any, NamedTuple
 
-from gateway import jsonutil
+from gateway.text import jsonutil
 
 __all__ = ["MAX_HELD", "TextToolCall", "TextToolCalls", "split_text_tool_calls"]
 

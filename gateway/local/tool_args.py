@@ -16,7 +16,7 @@ The outcome says what happened: ``"ok"`` (strict JSON, as sent), ``"repaired"`` 
 ``"failed"`` (the value is then ``{}``: a ``tool_use`` input is an object, whatever came).
 A list holding exactly one object is taken as that object; any other non-object fails.
 
-Cost is bounded. Strict JSON goes through :func:`gateway.jsonutil.loads` first, at C speed and
+Cost is bounded. Strict JSON goes through :func:`gateway.text.jsonutil.loads` first, at C speed and
 any size. The repair is this module's own single pass over regex tokens, linear in the input,
 for at most :data:`MAX_REPAIR_CHARS` (256 KiB) and :data:`MAX_REPAIR_TOKENS` tokens: its worst
 measured case at 256 KiB (``{`` then quotes, 16,384 tokens) takes 20 ms on CPython 3.11, a
@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 import json_repair
 
-from gateway import jsonutil
+from gateway.text import jsonutil
 
 __all__ = [
     "MAX_LIBRARY_CHARS",

@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 
 from gateway import errors
+from gateway.local.normalise import ContentNormaliser
 from gateway.messages import documents, tokens
 from gateway.messages.aggregate import aggregate
 from gateway.messages.from_chat import from_chat
@@ -35,7 +36,8 @@ from gateway.text.sse import SSEDecoder, SSEEventTooLarge
 from gateway.upstream.call import Upstreams, send
 from gateway.upstream.client import UpstreamClient, UpstreamResponse
 
-__all__ = ["Call", "MessagesDeps", "Timing", "count_reply", "prepare", "pump"]
+__all__ = ["Call", "MessagesDeps", "Timing", "count_reply", "count_stream_fixes", "prepare",
+           "pump"]
 
 _log = structlog.get_logger("gateway.messages")
 
@@ -111,7 +113,38 @@ class Call:
             match_stops=self.match_stops,
             input_tokens=tokens.estimate_from_bytes(len(self.payload)),
             hosts=self.client.hosts, secrets=deps.upstreams.secrets,
-            hide_thinking=hides_thinking(self.req))
+            hide_thinking=hides_thinking(self.req), normaliser=self.normaliser())
+
+    def normaliser(self) -> ContentNormaliser | None:
+        """What reads the engine's content for inline reasoning and text tool calls (one
+        per reply: it holds state), per the upstream's settings; None: nothing to look for."""
+        upstream = self.route.upstream
+        names = _tool_names(self.req) if upstream.text_tool_calls else ()
+        if upstream.inline_thinking == "off" and not names:
+            return None
+        return ContentNormaliser(thinking=upstream.inline_thinking, tool_names=names)
+
+    def count_fixes(self, *, repaired: int = 0, unrepairable: int = 0, text_calls: int = 0,
+                    normaliser: ContentNormaliser | None = None) -> None:
+        """Count and log what was normalised in this reply (per model, so an operator sees
+        a model that writes broken calls)."""
+        found = {"tool_arguments_repaired": repaired,
+                 "tool_arguments_unrepairable": unrepairable,
+                 "text_tool_call": text_calls,
+                 "inline_thinking": int(normaliser is not None and normaliser.thinking_found)}
+        model = self.route.name
+        fixes = self.deps.metrics.local_fixes
+        for fix, count in found.items():
+            if count:
+                fixes.labels(model, fix).inc(count)
+        if repaired or unrepairable:
+            _log.warning("tool_arguments_repaired", model=model, repaired=repaired,
+                         unrepairable=unrepairable)
+        if normaliser is not None and normaliser.orphan_close:
+            _log.warning("inline_thinking_opened_by_template", model=model,
+                         upstream=self.route.upstream.name,
+                         detail="content had </think> without <think>: set "
+                         "inline_thinking = \"opened\" on this upstream")
 
     async def reply(self, up: UpstreamResponse, overhead: float | None = None
                     ) -> dict[str, Any]:
@@ -120,7 +153,9 @@ class Call:
         observe with this translation's as the request's own CPU-bound time."""
         metrics = self.deps.metrics
         if self.upstream_stream:
-            events = await _collect(up, self.translator(), metrics, self.route)
+            translator = self.translator()
+            events = await _collect(up, translator, metrics, self.route)
+            count_stream_fixes(self, translator)
             t1 = time.perf_counter()
             message = aggregate(events)
         else:
@@ -133,18 +168,26 @@ class Call:
 
     def _from_chat(self, raw: bytes) -> dict[str, Any]:
         deps = self.deps
-        route = self.route
         try:
             completion = jsonutil.loads_upstream(raw)
         except ValueError:
             raise errors.StreamProcessingError() from None
-        return from_chat(
+        fixed = {"repaired": 0, "unrepairable": 0}
+
+        def count(key: str) -> Callable[[], None]:
+            return lambda: fixed.__setitem__(key, fixed[key] + 1)
+
+        normaliser = self.normaliser()
+        message = from_chat(
             completion, model=self.req["model"], stop_sequences=self.stops,
             signing_key=deps.signing_key,
-            on_bad_tool_args=lambda: bad_tool_args(deps.metrics, route.name, 1),
-            hide_thinking=hides_thinking(self.req),
+            on_bad_tool_args=count("unrepairable"), on_repaired=count("repaired"),
+            normaliser=normaliser, hide_thinking=hides_thinking(self.req),
             hosts=self.client.hosts, secrets=deps.upstreams.secrets,
         )
+        self.count_fixes(**fixed, normaliser=normaliser,
+                         text_calls=normaliser.calls_found if normaliser is not None else 0)
+        return message
 
 
 def count_reply(metrics: Metrics, route: ModelRoute, message: dict[str, Any]) -> None:
@@ -160,6 +203,14 @@ def bad_tool_args(metrics: Metrics, model: str, count: int) -> None:
     """Tool-call arguments that were not JSON, or deltas for no known call: warn and count."""
     _log.warning("tool_arguments_dropped", model=model, count=count)
     metrics.tool_arg_errors.labels(model).inc(count)
+
+
+def _tool_names(req: dict[str, Any]) -> tuple[str, ...]:
+    """The names of the tools the request offers (what a call written as text may name)."""
+    tools = req.get("tools") or ()
+    if req.get("tool_choice", {}).get("type") == "none":
+        return ()
+    return tuple(t["name"] for t in tools if isinstance(t.get("name"), str))
 
 
 def _stops(req: dict[str, Any]) -> tuple[str, ...]:
@@ -186,6 +237,13 @@ async def _collect(up: UpstreamResponse, translator: StreamTranslator,
     if translator.dropped_tool_deltas:
         bad_tool_args(metrics, route.name, translator.dropped_tool_deltas)
     return b"".join(events)
+
+
+def count_stream_fixes(call: Call, translator: StreamTranslator) -> None:
+    """What the normalisers fixed in a translated stream (see :meth:`Call.count_fixes`)."""
+    repaired, unrepairable = translator.tool_arguments_fixed
+    call.count_fixes(repaired=repaired, unrepairable=unrepairable,
+                     text_calls=translator.text_tool_calls, normaliser=translator.normaliser)
 
 
 class Timing:

@@ -15,7 +15,11 @@ Protocol facts relied on:
   vLLM). Some servers send ``content: null`` next to tool calls, or an empty
   string; llama.cpp may report ``finish_reason: "stop"`` for a tool-call reply.
 * ``tool_calls[i].function.arguments`` is a JSON string (a few servers send
-  the object itself). Anthropic's ``tool_use.input`` must be an object.
+  the object itself). Anthropic's ``tool_use.input`` must be an object: arguments that are
+  not one are repaired (:mod:`gateway.local.tool_args`), as the stream repairs them.
+* Local engines leave ``<think>`` reasoning and tool calls written as text in ``content``
+  when their parsers are off: a ``normaliser`` (:mod:`gateway.local.normalise`, the
+  stream's own) turns the content into thinking, text and tool_use blocks, in order.
 * An upstream may answer 200 with an error object instead of a completion
   (``{"error": {...}}``, or SGLang's ``{"object": "error", ...}``).
 
@@ -28,8 +32,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gateway import errors
+from gateway.local.normalise import CALL, THINKING, ContentNormaliser
+from gateway.local.tool_args import repair_arguments
 from gateway.messages import signatures, tables
-from gateway.text import ids, jsonutil
+from gateway.text import ids
 from gateway.text.redact import NO_SECRETS, Redactor
 
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
@@ -43,6 +49,8 @@ def from_chat(
     signing_key: bytes,
     message_id: str | None = None,
     on_bad_tool_args: Callable[[], None] | None = None,
+    on_repaired: Callable[[], None] | None = None,
+    normaliser: ContentNormaliser | None = None,
     hide_thinking: bool = False,
     hosts: Sequence[str] = (),
     secrets: Redactor = NO_SECRETS,
@@ -64,21 +72,26 @@ def from_chat(
     if not isinstance(message, Mapping):
         raise errors.StreamProcessingError()
 
-    content: list[dict[str, Any]] = []
+    # (kind, value) in order: "thinking" and "text" strings, "tool_use" blocks
+    parts: list[tuple[str, Any]] = []
     reasoning = _reasoning(message)
     if reasoning:
-        content.append(
-            {
-                "type": "thinking",
-                "thinking": "" if hide_thinking else reasoning,
-                "signature": signatures.seal(signing_key, reasoning),
-            }
-        )
+        parts.append(("thinking", reasoning))
     text = _text(message)
-    if text:
-        content.append({"type": "text", "text": text})
-    tool_uses = _tool_uses(message, on_bad_tool_args)
-    content.extend(tool_uses)
+    if text and normaliser is None:
+        parts.append(("text", text))
+    elif text and normaliser is not None:
+        seen: set[str] = set()
+        for kind, value in normaliser.feed(text) + normaliser.flush():
+            if kind == CALL:
+                parts.append(("tool_use", _tool_use(
+                    None, value.name, value.arguments, seen, on_bad_tool_args, on_repaired)))
+            else:
+                parts.append(("thinking" if kind == THINKING else "text", value))
+    tool_uses = _tool_uses(message, on_bad_tool_args, on_repaired)
+    parts.extend(("tool_use", block) for block in tool_uses)
+    content = _blocks(parts, signing_key, hide_thinking)
+    has_tools = any(block["type"] == "tool_use" for block in content)
     if not content:
         # Never an empty content array: one empty text block says "nothing was said".
         content.append({"type": "text", "text": ""})
@@ -87,7 +100,7 @@ def from_chat(
     matched = tables.matched_stop_sequence(choice, stop_sequences)
     # A buffered reply is finished: a missing finish_reason means a natural end.
     reason = tables.stop_reason(
-        finish if isinstance(finish, str) else "stop", matched, bool(tool_uses)
+        finish if isinstance(finish, str) else "stop", matched, has_tools
     )
     tokens = tables.usage_tokens(completion.get("usage")) or (0, 0)
     return {
@@ -100,6 +113,28 @@ def from_chat(
         "stop_sequence": matched if reason == "stop_sequence" else None,
         "usage": {"input_tokens": tokens[0], "output_tokens": tokens[1]},
     }
+
+
+def _blocks(parts: list[tuple[str, Any]], signing_key: bytes, hide_thinking: bool
+            ) -> list[dict[str, Any]]:
+    """Content blocks from ordered parts, adjacent text (or thinking) joined into one block,
+    as the stream's blocks are."""
+    merged: list[tuple[str, Any]] = []
+    for kind, value in parts:
+        if merged and kind != "tool_use" and merged[-1][0] == kind:
+            merged[-1] = (kind, merged[-1][1] + value)
+        else:
+            merged.append((kind, value))
+    content: list[dict[str, Any]] = []
+    for kind, value in merged:
+        if kind == "thinking":
+            content.append({"type": "thinking", "thinking": "" if hide_thinking else value,
+                            "signature": signatures.seal(signing_key, value)})
+        elif kind == "text":
+            content.append({"type": "text", "text": value})
+        else:
+            content.append(value)
+    return content
 
 
 def _is_error_object(completion: Mapping[str, Any]) -> bool:
@@ -144,7 +179,8 @@ def _text(message: Mapping[str, Any]) -> str:
 
 
 def _tool_uses(
-    message: Mapping[str, Any], on_bad_tool_args: Callable[[], None] | None
+    message: Mapping[str, Any], on_bad_tool_args: Callable[[], None] | None,
+    on_repaired: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
     calls = message.get("tool_calls")
     if not isinstance(calls, list):
@@ -160,38 +196,30 @@ def _tool_uses(
         function = call.get("function")
         if not isinstance(function, Mapping):
             function = {}
-        name = function.get("name")
-        block_id = ids.tool_use_id(call.get("id"))
-        while block_id in seen:  # ids must be unique within a message
-            block_id = ids.new_tool_use_id()
-        seen.add(block_id)
-        tool_input = _tool_input(function.get("arguments"))
-        if tool_input is None:
-            if on_bad_tool_args is not None:
-                on_bad_tool_args()
-            tool_input = {}
-        blocks.append(
-            {
-                "type": "tool_use",
-                "id": block_id,
-                "name": name if isinstance(name, str) else "",
-                "input": tool_input,
-            }
-        )
+        blocks.append(_tool_use(call.get("id"), function.get("name"), function.get("arguments"),
+                                seen, on_bad_tool_args, on_repaired))
     return blocks
 
 
-def _tool_input(arguments: Any) -> dict[str, Any] | None:
-    """The arguments as an object; None when they are not one."""
-    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
-        return {}  # a call without parameters
-    value = arguments
-    # A string is JSON text; some models double-encode it, so a string may hold another.
-    for _ in range(2):
-        if not isinstance(value, str):
-            break
-        try:
-            value = jsonutil.loads(value)
-        except ValueError:
-            return None
-    return dict(value) if isinstance(value, Mapping) else None
+def _tool_use(upstream_id: Any, name: Any, arguments: Any, seen: set[str],
+              on_bad_tool_args: Callable[[], None] | None,
+              on_repaired: Callable[[], None] | None) -> dict[str, Any]:
+    block_id = ids.tool_use_id(upstream_id)
+    while block_id in seen:  # ids must be unique within a message
+        block_id = ids.new_tool_use_id()
+    seen.add(block_id)
+    if isinstance(arguments, Mapping):  # a few servers send the object itself
+        tool_input = dict(arguments)
+    elif arguments is not None and not isinstance(arguments, str):  # a list, a number
+        tool_input = {}
+        if on_bad_tool_args is not None:
+            on_bad_tool_args()
+    else:
+        repaired = repair_arguments(arguments)
+        tool_input = repaired.value
+        if repaired.outcome == "failed" and on_bad_tool_args is not None:
+            on_bad_tool_args()
+        elif repaired.outcome == "repaired" and on_repaired is not None:
+            on_repaired()
+    return {"type": "tool_use", "id": block_id, "name": name if isinstance(name, str) else "",
+            "input": tool_input}

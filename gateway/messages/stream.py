@@ -66,6 +66,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gateway import errors
+from gateway.local.normalise import TEXT as TEXT_PIECE
+from gateway.local.normalise import THINKING as THINKING_PIECE
+from gateway.local.normalise import ContentNormaliser
 from gateway.messages import frames, signatures, tables
 from gateway.messages.stops import StopMatcher
 from gateway.messages.tool_blocks import NONE, TEXT, THINKING, TOOL, Call, Malformed, ToolBlocks
@@ -109,6 +112,7 @@ class StreamTranslator:
         hosts: Sequence[str] = (),
         secrets: Redactor = NO_SECRETS,
         hide_thinking: bool = False,
+        normaliser: ContentNormaliser | None = None,
     ) -> None:
         self.state = State.PRE_START
         self._model = model
@@ -141,6 +145,10 @@ class StreamTranslator:
         self._head = b""  # delta frame prefix of the open block, up to the delta body
         self._thinking: list[str] = []
         self._tools = ToolBlocks()  # the tool calls: tool_use blocks' contents
+        # what local engines leave in content (inline <think>, tool calls written as text)
+        self.normaliser = normaliser  # kept for the caller's counts once the stream ends
+        self._norm = normaliser  # None once its content has ended
+        self.text_tool_calls = 0
 
     def __repr__(self) -> str:
         return (
@@ -158,6 +166,11 @@ class StreamTranslator:
     def dropped_tool_deltas(self) -> int:
         """Tool-argument pieces that could not be delivered (warned about and counted)."""
         return self._tools.dropped
+
+    @property
+    def tool_arguments_fixed(self) -> tuple[int, int]:
+        """(repaired, unrepairable) tool calls' arguments: see :mod:`gateway.local.tool_args`."""
+        return self._tools.repaired, self._tools.unrepairable
 
     @property
     def usage(self) -> tuple[int, int]:
@@ -297,7 +310,10 @@ class StreamTranslator:
             if content:
                 if type(content) is not str:
                     raise Malformed
-                self._on_text(content, out)
+                if self._norm is None:
+                    self._on_text(content, out)
+                elif not self._on_pieces(self._norm.feed(content), out):
+                    return
                 if self.state is not _BLOCK_OPEN:  # a stop sequence ended the message
                     return
             if calls:
@@ -325,9 +341,25 @@ class StreamTranslator:
                 out.append(self._head + frames.jstr(text) + frames.DELTA_END)
             if hit is not None:  # a stop sequence: the message ends here
                 self._finish, self._matched = "stop", hit
+                self._norm = None  # what it holds comes after the stop
                 self._end(out)
             return
         out.append(self._head + frames.jstr(text) + frames.DELTA_END)
+
+    def _on_pieces(self, pieces: list[tuple[int, Any]], out: list[bytes]) -> bool:
+        """The normaliser's pieces of content, in order; False once the message ended."""
+        for kind, value in pieces:
+            if kind == TEXT_PIECE:
+                self._on_text(value, out)
+                if self.state is not _BLOCK_OPEN:
+                    return False
+            elif kind == THINKING_PIECE:
+                self._on_thinking(value, out)
+            else:  # a tool call written as text: a tool_use block like any other
+                self.text_tool_calls += 1
+                self._on_tool_delta({"index": -self.text_tool_calls, "function": {
+                    "name": value.name, "arguments": value.arguments}}, out)
+        return True
 
     def _on_tool_delta(self, delta: Any, out: list[bytes]) -> None:
         self._expect(_OPEN_ONLY, "tool call delta")
@@ -419,6 +451,10 @@ class StreamTranslator:
         if self._finish is None:
             self._fail_into(out, errors.UpstreamError(status=500), "upstream_truncated")
             return
+        if self._norm is not None:  # what the normaliser still holds ends the content
+            norm, self._norm = self._norm, None
+            if not self._on_pieces(norm.flush(), out):
+                return
         self._close_block(out, flush=True)
         self._flush_buffered(out)
         self._tools.drop_unnamed()

@@ -3,12 +3,19 @@
 Upstream facts: a call is named (``id``, ``function.name``) in its first delta; later
 deltas carry only ``index`` and ``function.arguments`` pieces; parallel calls may
 interleave by ``index``; Ollama reuses ``index: 0`` for every call, each with a new
-``id``. Anthropic requires blocks one at a time, so the first named call streams and
-the others are buffered and sent whole, in index order, when its block closes.
+``id``. Anthropic requires blocks one at a time, so the first named call's block opens
+at once and the others wait, in index order, until it closes.
+
+A call's arguments are held until its block closes and then sent as one
+``input_json_delta``: local models write arguments that are not JSON (a trailing comma,
+Python literals, a cut by ``max_tokens``), and only the whole can be repaired
+(:mod:`gateway.local.tool_args`) into the object the buffered reply carries too. What it
+costs a client: the block's start still comes at once, the arguments at its end instead of
+piece by piece (SDKs build ``input`` at the block's end either way).
 
 ``ToolBlocks`` is an object the ``StreamTranslator`` holds: it keeps the calls (which
 one streams, which wait, which are closed), checks each delta's shape and writes what
-goes inside a ``tool_use`` block (its start's shell, argument deltas, ``{}`` for a call
+goes inside a ``tool_use`` block (its start's shell, its arguments, ``{}`` for a call
 that sent none). The translator places blocks (indexes, opening, closing, the order
 with text and thinking): when :meth:`ToolBlocks.delta` returns a call, the translator
 closes its open block and opens that call's (:meth:`ToolBlocks.shell`, then
@@ -21,13 +28,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.local.tool_args import repair_arguments
 from gateway.messages import frames
-from gateway.text import ids
+from gateway.text import ids, jsonutil
 
 
 class Malformed(Exception):
     """A chunk is JSON but not the shape of a chat-completion chunk."""
 
+
+# A call's arguments are held until its block closes (so they can be repaired): at most this
+# much per call; past it the stream ends as malformed.
+MAX_HELD_ARGUMENTS = 16 * 1024 * 1024
 
 # block kinds
 NONE, TEXT, THINKING, TOOL = 0, 1, 2, 3
@@ -38,14 +50,15 @@ PENDING, STREAMING, CLOSED = 0, 1, 2
 class Call:
     """One upstream tool call, by arrival."""
 
-    __slots__ = ("id", "index", "name", "pieces", "sent", "seq", "state")
+    __slots__ = ("held", "id", "index", "name", "pieces", "sent", "seq", "state")
 
     def __init__(self, index: int, seq: int) -> None:
         self.index = index
         self.seq = seq
         self.id: str | None = None
         self.name: str | None = None
-        self.pieces: list[str] = []  # arguments buffered while another call streams
+        self.pieces: list[str] = []  # its arguments so far: sent whole when its block closes
+        self.held = 0  # their length
         self.sent = False  # any argument bytes went out
         self.state = PENDING
 
@@ -53,7 +66,8 @@ class Call:
 class ToolBlocks:
     """Tool-call deltas -> the frames of ``tool_use`` blocks, streamed or buffered."""
 
-    __slots__ = ("_all", "_calls", "_head", "_tool", "dropped", "opened")
+    __slots__ = ("_all", "_calls", "_head", "_tool", "dropped", "opened", "repaired",
+                 "unrepairable")
 
     def __init__(self) -> None:
         self._tool: Call | None = None  # the call streaming into the open block
@@ -62,6 +76,8 @@ class ToolBlocks:
         self._head = b""  # delta frame prefix of the streaming call's block
         self.opened = False  # a tool_use block was sent
         self.dropped = 0  # argument pieces that could not be delivered
+        self.repaired = 0  # calls whose arguments were not a JSON object, repaired
+        self.unrepairable = 0  # calls whose arguments could not be repaired: {} sent
 
     def delta(self, delta: Any, out: list[bytes]) -> Call | None:
         """One upstream tool_calls[] delta (the translator checked its state).
@@ -101,18 +117,23 @@ class ToolBlocks:
             call.name = name
         if call.state == STREAMING:
             if args:
-                call.sent = True
-                out.append(self._head + frames.jstr(args) + frames.DELTA_END)
+                self._hold(call, args)
             return None
         if call.state == CLOSED:
             if args:
                 self.dropped += 1
             return None
         if args:
-            call.pieces.append(args)
+            self._hold(call, args)
         if call.name is not None and self._tool is None:
             return call
         return None
+
+    def _hold(self, call: Call, args: str) -> None:
+        call.held += len(args)
+        if call.held > MAX_HELD_ARGUMENTS:  # a hostile or looping upstream: end the stream
+            raise Malformed
+        call.pieces.append(args)
 
     def _find_call(self, index: Any, upstream_id: Any) -> Call | None:
         if type(index) is int:
@@ -147,19 +168,32 @@ class ToolBlocks:
         self._tool = call
         self._head = head
         self.opened = True
-        if call.pieces:
-            call.sent = True
-            out.append(head + frames.jstr("".join(call.pieces)) + frames.DELTA_END)
-            call.pieces = []
 
     def finish(self, out: list[bytes]) -> None:
-        """The streaming call's block closes: ``{}`` if it sent no argument bytes."""
+        """The streaming call's block closes: its arguments, whole and repaired, as one
+        ``input_json_delta`` (``{}`` for a call that sent none)."""
         call = self._tool
         if call is not None:
-            if not call.sent:
-                out.append(self._head + frames.EMPTY_INPUT + frames.DELTA_END)
+            out.append(self._head + frames.jstr(self._arguments(call)) + frames.DELTA_END)
+            call.sent = True
+            call.pieces = []
             call.state = CLOSED
             self._tool = None
+
+    def _arguments(self, call: Call) -> str:
+        """The call's arguments as JSON text of an object: as sent when they are one, else
+        repaired (:mod:`gateway.local.tool_args`, the same repair a buffered reply gets)."""
+        raw = "".join(call.pieces)
+        if not raw.strip():
+            return "{}"
+        repaired = repair_arguments(raw)
+        if repaired.outcome == "ok":
+            return raw
+        if repaired.outcome == "repaired":
+            self.repaired += 1
+        else:
+            self.unrepairable += 1
+        return jsonutil.dumps(repaired.value)
 
     def waiting(self) -> list[Call]:
         """The named calls buffered while another streamed, in upstream index order."""

@@ -69,10 +69,20 @@ class UpstreamConfig:
     response_timeout: float = _knob(900.0, bound=_POS)
     max_response_bytes: int = _knob(64 * 1024 * 1024, bound=_POS)  # a buffered reply's size cap
     keepalive: bool = True  # False: a fresh connection per request (Connection: close)
+    # what the engine leaves in content when its parsers are off (gateway/local/):
+    # "auto": a leading <think> opens reasoning; "opened": the chat template opens <think> in
+    # the prompt, so content starts inside reasoning; "off": content is text, as sent
+    inline_thinking: str = "auto"
+    # tool calls written as text in the model's native format become tool_use blocks (for
+    # tools the request offered); false: content is never read for calls
+    text_tool_calls: bool = True
 
     @property
     def host(self) -> str:
         return urlsplit(self.base_url).netloc
+
+
+INLINE_THINKING = ("auto", "opened", "off")
 
 
 @dataclass(frozen=True)
@@ -339,6 +349,9 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         up["base_url"] = up["base_url"].rstrip("/")
         if up["kind"] not in UPSTREAM_KINDS:
             raise ConfigError(f"{src}: {where}.kind: must be one of {', '.join(UPSTREAM_KINDS)}")
+        if up["inline_thinking"] not in INLINE_THINKING:
+            raise ConfigError(f"{src}: {where}.inline_thinking: must be one of "
+                              f"{', '.join(INLINE_THINKING)}")
         key_env = up["api_key_env"]
         api_key = _env(env, src, f"{where}.api_key_env", key_env) if key_env is not None else None
         if api_key is not None and not _TOKEN_CHARS.fullmatch(api_key.strip()):

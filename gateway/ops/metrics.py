@@ -93,6 +93,11 @@ _OVERHEAD = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025
              0.25, 1.0)
 
 
+# what gateway/local/ normalised in a reply (llm_gateway_local_fixes_total's fix label)
+LOCAL_FIXES = ("tool_arguments_repaired", "tool_arguments_unrepairable", "text_tool_call",
+               "inline_thinking")
+
+
 class _Observer:
     """A histogram child whose ``observe`` finds the bucket by bisection.
 
@@ -253,6 +258,11 @@ class Metrics:
             p + "tool_argument_errors_total",
             "Tool-call arguments that were not valid JSON or belonged to no known call",
             ["model"], registry=r))
+        self.local_fixes = _Memo(Counter(
+            p + "local_fixes_total",
+            "Replies a local engine sent in a shape the gateway normalised, by fix: tool "
+            "arguments repaired or unrepairable, tool calls written as text, inline <think>",
+            ["model", "fix"], registry=r))
         self.upstream_protocol_errors = _Memo(Counter(
             p + "upstream_protocol_errors_total",
             "Upstream replies that broke HTTP framing, by kind; each closed the upstream's "
@@ -326,6 +336,8 @@ class Metrics:
             for reason in TERMINATIONS:
                 self.terminations.labels(api, model, reason)
         self.tool_arg_errors.labels(model)
+        for fix in LOCAL_FIXES:
+            self.local_fixes.labels(model, fix)
 
     def count_tokens(self, model: str, usage: tuple[int, int] | None) -> None:
         """Count a reply's (input, output) tokens, buffered or streamed, for every API."""

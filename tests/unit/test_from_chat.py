@@ -186,35 +186,44 @@ def test_repeated_tool_call_ids_are_made_unique() -> None:
 
 
 @pytest.mark.parametrize(
-    ("arguments", "expected", "bad"),
+    ("arguments", "expected", "bad", "repaired"),
     [
-        ('{"a": 1}', {"a": 1}, 0),
-        ("", {}, 0),
-        ("{}", {}, 0),
-        ({"a": 1}, {"a": 1}, 0),  # a server that sends the object itself
-        ('{"a": ', {}, 1),  # truncated
-        ("[1, 2]", {}, 1),  # not an object
-        ('"just text"', {}, 1),
-        ("NaN", {}, 1),
+        ('{"a": 1}', {"a": 1}, 0, 0),
+        ("", {}, 0, 0),
+        ("{}", {}, 0, 0),
+        ({"a": 1}, {"a": 1}, 0, 0),  # a server that sends the object itself
+        ('{"a": ', {}, 0, 1),  # cut by max_tokens: the key without a value goes
+        ('{"a": 1, "b": "x', {"a": 1, "b": "x"}, 0, 1),
+        ("{'a': True, 'b': None,}", {"a": True, "b": None}, 0, 1),  # Python literals
+        ('```json\n{"a": 1}\n```', {"a": 1}, 0, 1),  # a fenced block
+        ("[1, 2]", {}, 1, 0),  # not an object
+        ([1, 2], {}, 1, 0),  # nor as the object itself
+        ('"just text"', {}, 1, 0),
+        ("NaN", {}, 1, 0),
     ],
 )
-def test_tool_arguments(arguments: Any, expected: dict[str, Any], bad: int) -> None:
+def test_tool_arguments(arguments: Any, expected: dict[str, Any], bad: int,
+                        repaired: int) -> None:
     count = []
+    fixed: list[int] = []
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}
     out = from_chat(
         _completion({"content": None, "tool_calls": [call]}, "tool_calls"),
         model="m",
         signing_key=KEY,
         on_bad_tool_args=lambda: count.append(1),
+        on_repaired=lambda: fixed.append(1),
     )
     assert out["content"] == [{"type": "tool_use", "id": "call_1", "name": "f", "input": expected}]
-    assert len(count) == bad
+    assert (len(count), len(fixed)) == (bad, repaired)
 
 
-def test_unparseable_golden_case_reports_bad_arguments_once() -> None:
-    count: list[int] = []
-    _run(CASES / "tool-args-unparseable", on_bad_tool_args=lambda: count.append(1))
-    assert count == [1]
+def test_arguments_cut_by_max_tokens_are_repaired_once() -> None:
+    bad: list[int] = []
+    fixed: list[int] = []
+    _run(CASES / "tool-args-cut-by-max-tokens", on_bad_tool_args=lambda: bad.append(1),
+         on_repaired=lambda: fixed.append(1))
+    assert (bad, fixed) == ([], [1])
 
 
 @pytest.mark.parametrize(

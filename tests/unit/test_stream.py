@@ -314,7 +314,7 @@ BROKEN = {
     ),
     "text shell without text": _GOOD.replace(b'{"type":"text","text":""}', b'{"type":"text"}', 1),
     "index gap": _GOOD.replace(b'"index":1,', b'"index":2,'),
-    "tool json incomplete": _GOOD.replace(b'"partial_json":"is\\"}"', b'"partial_json":"is\\""', 1),
+    "tool json incomplete": _GOOD.replace(b'\\"Paris\\"}"', b'\\"Paris\\""', 1),
     "usage with input_tokens in message_delta": _GOOD.replace(
         b'"usage":{"output_tokens":89}', b'"usage":{"input_tokens":1,"output_tokens":89}'
     ),

@@ -159,7 +159,7 @@ def test_never_raises_and_always_an_object(raw: str) -> None:
     max_leaves=8)))
 def test_a_cut_object_repairs_to_an_object(value: dict[str, Any]) -> None:
     """Whatever prefix of a real object a model is cut at, the result is an object."""
-    from gateway import jsonutil
+    from gateway.text import jsonutil
 
     text = jsonutil.dumps(value)
     assert repair_arguments(text) == Repaired(value, "ok")

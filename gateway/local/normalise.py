@@ -1,0 +1,132 @@
+"""A model's ``content`` as local engines really send it, normalised into what it means.
+
+An engine started without its reasoning parser leaves ``<think>…</think>`` in the content
+(:mod:`.think`); one started without its tool parser leaves a tool call written in the
+model's native format (:mod:`.text_tools`). :class:`ContentNormaliser` runs both over the
+content deltas of one reply, in that order, and yields ordered pieces:
+
+* ``(THINKING, str)``: reasoning found inline;
+* ``(TEXT, str)``: what the model said;
+* ``(CALL, TextToolCall)``: a tool call written as text, for a tool the request offered.
+
+Where calls are looked for, whitespace-only text (the newlines a model writes around a
+call) is held until something follows it: text after it keeps it, a call drops it, and at
+the end it is dropped after a call and kept otherwise, so no text block holds only a line
+break next to a tool call while prose keeps every byte.
+
+The buffered path (``from_chat``) feeds the whole content once and the stream feeds each
+delta: the pieces are the same for any split, so buffered and streamed replies to the same
+upstream output are equal. Pure: no I/O, no logging; the caller counts what was found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from gateway.local.text_tools import TextToolCall, TextToolCalls
+from gateway.local.think import InlineThinking
+
+__all__ = ["CALL", "TEXT", "THINKING", "ContentNormaliser", "normalise_content"]
+
+THINKING, TEXT, CALL = 0, 1, 2
+
+Piece = tuple[int, Any]
+_MAX_SPACE = 4096  # whitespace held at most; past it, it is text like any other
+
+
+class ContentNormaliser:
+    """Content deltas in, ordered (kind, value) pieces out; see the module docstring.
+
+    ``thinking``: the inline-reasoning mode ("auto", "opened", "off"); ``tool_names``: the
+    tools the request offered (none: no call is ever recognised); ``text_calls``: look for
+    tool calls written as text at all.
+    """
+
+    __slots__ = ("_after_call", "_calls", "_space", "_think", "calls_found", "thinking_found")
+
+    def __init__(self, *, thinking: str = "auto", tool_names: Collection[str] = (),
+                 text_calls: bool = True) -> None:
+        self._think = InlineThinking(thinking) if thinking != "off" else None
+        self._calls = TextToolCalls(tool_names) if text_calls and tool_names else None
+        self._space = ""  # whitespace-only text held until something follows it
+        self._after_call = False  # the last piece out was a call
+        self.calls_found = 0
+        self.thinking_found = False
+
+    @property
+    def orphan_close(self) -> bool:
+        """A ``</think>`` with no opener was seen (a template that opens it in the prompt)."""
+        return self._think is not None and self._think.orphan_close
+
+    def feed(self, text: str) -> list[Piece]:
+        out: list[Piece] = []
+        think = self._think
+        if think is None:
+            self._text(text, out)
+            return out
+        for reasoning, piece in think.feed(text):
+            if reasoning:
+                self.thinking_found = True
+                out.append((THINKING, piece))
+            else:
+                self._text(piece, out)
+        return out
+
+    def flush(self) -> list[Piece]:
+        """The end of the content: whatever was held, resolved."""
+        out: list[Piece] = []
+        if self._think is not None:
+            for reasoning, piece in self._think.flush():
+                if reasoning:
+                    self.thinking_found = True
+                    out.append((THINKING, piece))
+                else:
+                    self._text(piece, out)
+        if self._calls is not None:
+            self._pieces(self._calls.flush(), out)
+        if self._space and not self._after_call:
+            out.append((TEXT, self._space))
+        self._space = ""
+        return out
+
+    def _text(self, text: str, out: list[Piece]) -> None:
+        if self._calls is None:
+            self._plain(text, out)
+        else:
+            self._pieces(self._calls.feed(text), out)
+
+    def _pieces(self, pieces: list[str | TextToolCall], out: list[Piece]) -> None:
+        for piece in pieces:
+            if isinstance(piece, str):
+                self._plain(piece, out)
+            else:
+                self._space = ""
+                self._after_call = True
+                self.calls_found += 1
+                out.append((CALL, piece))
+
+    def _plain(self, text: str, out: list[Piece]) -> None:
+        if not text:
+            return
+        if self._calls is not None:
+            if text.isspace() and len(self._space) < _MAX_SPACE:
+                self._space += text
+                return
+            if self._space:
+                text = self._space + text
+                self._space = ""
+            self._after_call = False
+        out.append((TEXT, text))
+
+
+def normalise_content(text: str, **options: Any) -> list[Piece]:
+    """The buffered form: the pieces of a whole content, adjacent text pieces joined."""
+    norm = ContentNormaliser(**options)
+    merged: list[Piece] = []
+    for kind, value in norm.feed(text) + norm.flush():
+        if merged and kind != CALL and merged[-1][0] == kind:
+            merged[-1] = (kind, merged[-1][1] + value)
+        else:
+            merged.append((kind, value))
+    return merged

@@ -24,12 +24,8 @@ import sys
 from typing import TYPE_CHECKING
 
 import structlog
-from aiohttp import web
 
 from gateway import __version__
-from gateway.app import build_app
-from gateway.http.keys import METRICS, STATE
-from gateway.http.protocol import listen
 from gateway.ops import config, log, notify
 
 if TYPE_CHECKING:
@@ -56,6 +52,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 async def _serve(cfg: config.Config, notifier: notify.Notifier | None = None) -> None:
+    # imported here: --check-config and --health-check (a container's HEALTHCHECK, every few
+    # seconds under a short timeout) need none of the HTTP shell, half a second of imports
+    from aiohttp import web
+
+    from gateway.app import build_app
+    from gateway.http.keys import METRICS, STATE
+    from gateway.http.protocol import listen
+
     logger = structlog.get_logger("gateway")
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(log.loop_exception_handler)

@@ -2,11 +2,14 @@
 
     python -m gateway --config FILE [--host H] [--port P]
     python -m gateway                  # the built-in default config
-    python -m gateway --check-config   # validate and exit (0, or 2 with one line)
+    python -m gateway --check-config   # validate, open the batch store, exit (0, 1 or 2)
+    python -m gateway --health-check   # GET /health at the config's host:port (0 or 1)
     llm-gateway --demo                 # + an embedded llama.cpp upstream serving `demo`
     llm-gateway --workers N ...        # N processes on one port (SO_REUSEPORT)
 
-Exit status: 0 after a clean shutdown, 2 for a bad config or bad arguments.
+Exit status: 0 after a clean shutdown, 2 for a bad config or bad arguments, 1 when a
+batch database the config names cannot be opened (or the listener cannot bind). The default
+batch database (in the state directory) that cannot be kept turns batches off instead.
 """
 
 from __future__ import annotations
@@ -21,12 +24,8 @@ import sys
 from typing import TYPE_CHECKING
 
 import structlog
-from aiohttp import web
 
 from gateway import __version__
-from gateway.app import build_app
-from gateway.http.keys import METRICS, OPENAI_PATHS, OPS_APP, STATE
-from gateway.http.protocol import listen
 from gateway.ops import config, log, notify
 
 if TYPE_CHECKING:
@@ -39,7 +38,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--config", help="TOML config file (default: $GATEWAY_CONFIG, else built-in)")
     ap.add_argument("--host", help="listen address (overrides server.host)")
     ap.add_argument("--port", type=int, help="listen port (overrides server.port)")
-    ap.add_argument("--check-config", action="store_true", help="validate the config and exit")
+    ap.add_argument("--check-config", action="store_true",
+                    help="validate the config, open the batch store, and exit")
+    ap.add_argument("--health-check", action="store_true",
+                    help="ask the running gateway's /health (the config's host and port) and "
+                    "exit 0 if it answers 200, else 1 (a container HEALTHCHECK)")
     ap.add_argument("--workers", type=int, default=1, metavar="N",
                     help="run N worker processes on one port (SO_REUSEPORT); default 1")
     ap.add_argument("--demo", action="store_true",
@@ -49,6 +52,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 async def _serve(cfg: config.Config, notifier: notify.Notifier | None = None) -> None:
+    # imported here: --check-config and --health-check (a container's HEALTHCHECK, every few
+    # seconds under a short timeout) need none of the HTTP shell, half a second of imports
+    from aiohttp import web
+
+    from gateway.app import build_app
+    from gateway.http.keys import METRICS, OPENAI_PATHS, OPS_APP, STATE
+    from gateway.http.protocol import listen
+
     logger = structlog.get_logger("gateway")
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(log.loop_exception_handler)
@@ -113,24 +124,93 @@ async def _serve(cfg: config.Config, notifier: notify.Notifier | None = None) ->
     logger.info("stopped")
 
 
+_STATE_FIX = ("set STATE_DIRECTORY to a writable folder (a volume mounted there in a "
+              "container), or set batches.database")
+
+
 def _open_batch_store(cfg: config.Config) -> BatchStore | None:
-    """The Message Batches store, or None when batches are off; a database that cannot be
-    opened (corrupt, unreachable, a folder that cannot be written) stops the start."""
+    """The Message Batches store, or None when batches are off. Where the operator named the
+    database (batches.database or database_env), one that cannot be opened stops the start;
+    the default one, in the state directory, turns batches off with a warning instead."""
     logger = structlog.get_logger("gateway")
-    batches = cfg.batches
-    if not batches.enabled:
-        return None
-    if not batches.database_url:
-        logger.warning("batches_disabled", detail="no state directory for the batch database: "
-                       "set batches.database (or STATE_DIRECTORY, XDG_STATE_HOME, HOME)")
-        return None
-    from gateway.batches.store import BatchStore, StoreError
+    from gateway.batches.store import StoreError
 
     try:
-        return BatchStore.open(batches.database_url)
+        store, off = open_batch_store(cfg.batches)
     except StoreError as exc:
         logger.error("batch_store_failed", detail=str(exc))
         raise SystemExit(1) from None
+    if off is not None:
+        folder, why = off
+        logger.warning("batches_disabled", folder=folder, detail=why, fix=_STATE_FIX)
+    return store
+
+
+def open_batch_store(
+    batches: config.BatchesConfig,
+) -> tuple[BatchStore | None, tuple[str | None, str] | None]:
+    """(the store or None, None or (the state directory, why batches are off there)).
+
+    Off by config: (None, None). An explicit location is opened as it is and its failure
+    raises StoreError. The default location's folder is made if absent (mode 0700, parents
+    too); if it cannot be made, or the store cannot be opened there, batches are off."""
+    if not batches.enabled:
+        return None, None
+    from gateway.batches.store import BatchStore, StoreError
+
+    if batches.database_explicit:
+        return BatchStore.open(batches.database_url), None
+    if not batches.database_url:
+        return None, (None, "no state directory: STATE_DIRECTORY, XDG_STATE_HOME and HOME "
+                      "are unset")
+    folder = os.path.dirname(batches.database_url.removeprefix("sqlite:///"))
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        return None, (folder, f"cannot create the state directory {folder}: "
+                      f"{exc.strerror or type(exc).__name__}")
+    try:
+        return BatchStore.open(batches.database_url), None
+    except StoreError as exc:
+        return None, (folder, str(exc))
+
+
+def _check_config(cfg: config.Config) -> int:
+    """--check-config: the config, then the batch store start-up would open (and close)."""
+    from gateway.batches.store import StoreError
+
+    try:
+        store, off = open_batch_store(cfg.batches)
+    except StoreError as exc:
+        print(f"llm-gateway: batch store error: {exc}", file=sys.stderr)
+        return 1
+    if store is not None:
+        asyncio.run(store.close())
+    print(f"llm-gateway: config ok: {cfg.source} ({len(cfg.models)} models)")
+    if off is not None:
+        print(f"llm-gateway: warning: batches would be disabled: {off[1]}; {_STATE_FIX}",
+              file=sys.stderr)
+    return 0
+
+
+def _health_check(server: config.ServerConfig) -> int:
+    """--health-check: GET /health on the API listener (it serves /health whether or not
+    server.metrics_port is set) at the config's host and port, a wildcard host asked on
+    loopback; no proxy from the environment is used."""
+    import urllib.request
+
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(server.host, server.host)
+    if ":" in host:
+        host = f"[{host}]"
+    url = f"http://{host}:{server.port}/health"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=2) as resp:
+            ok = resp.status == 200
+    except OSError as exc:
+        print(f"llm-gateway: health check {url}: {exc}", file=sys.stderr)
+        return 1
+    return 0 if ok else 1
 
 
 def _metrics_address(server: config.ServerConfig) -> str:
@@ -161,9 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     except config.ConfigError as exc:
         print(f"llm-gateway: config error: {exc}", file=sys.stderr)
         return 2
+    if args.health_check:
+        return _health_check(cfg.server)
     if args.check_config:
-        print(f"llm-gateway: config ok: {cfg.source} ({len(cfg.models)} models)")
-        return 0
+        return _check_config(cfg)
     log.configure(cfg.server.log_level, journal_stream=os.environ.get("JOURNAL_STREAM"))
     notifier = notify.Notifier(os.environ.get("NOTIFY_SOCKET"))
     if args.workers < 1:

@@ -159,6 +159,9 @@ class BatchesConfig:
     poll_interval: float = _knob(1.0, bound=_POS)  # seconds between looks for work when idle
     lease: float = _knob(60.0, bound=_POS)  # seconds a claim lasts unless renewed
     database_url: str = _not_toml("", secret=True)  # resolved: database, database_env or default
+    # True when database or database_env named the location: a store that cannot be opened
+    # there stops the start; False (the state directory's file): batches are turned off instead
+    database_explicit: bool = _not_toml(False)
 
 
 @dataclass(frozen=True)
@@ -412,7 +415,8 @@ def _batches(src: str, table: Any, env: Mapping[str, str]) -> BatchesConfig:
             raise ConfigError(f"{src}: batches.public_base_url: must be an http(s) URL "
                               f"(scheme://host[:port][/path]), got {base!r}")
     b["public_base_url"] = base
-    return BatchesConfig(**b, database_url=url)
+    explicit = bool(b["database"] or b["database_env"])
+    return BatchesConfig(**b, database_url=url, database_explicit=explicit)
 
 
 def _check_metrics_listener(src: str, srv: Mapping[str, Any], port: int) -> None:

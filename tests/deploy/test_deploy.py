@@ -136,9 +136,15 @@ def _parse_with_env(text: str, src: str) -> config.Config:
     return config.parse(data, src, env)
 
 
-def test_example_config_passes_check_config_as_it_is() -> None:
+def _own_env(tmp_path: Path) -> dict[str, str]:
+    """The test's environment without GATEWAY_* and with a state directory of its own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    env.update(PYTHONPATH=str(REPO))
+    env.update(PYTHONPATH=str(REPO), STATE_DIRECTORY=str(tmp_path / "state"))
+    return env
+
+
+def test_example_config_passes_check_config_as_it_is(tmp_path: Path) -> None:
+    env = _own_env(tmp_path)
     run = subprocess.run(
         [sys.executable, "-m", "gateway", "--check-config", "--config", str(EXAMPLE)],
         env=env,
@@ -149,6 +155,7 @@ def test_example_config_passes_check_config_as_it_is() -> None:
     )
     assert run.returncode == 0, run.stderr
     assert "config ok" in run.stdout
+    assert (tmp_path / "state" / "batches.sqlite3").is_file()  # it opened the batch store
 
 
 def test_example_config_with_every_commented_knob_switched_on_loads() -> None:
@@ -345,7 +352,7 @@ def test_unit_stop_timeout_outlasts_the_drain() -> None:
     assert _seconds(_unit_value("TimeoutStopSec")) > grace + DRAIN_TAIL_S
 
 
-def test_unit_command_lines_are_accepted_by_the_cli() -> None:
+def test_unit_command_lines_are_accepted_by_the_cli(tmp_path: Path) -> None:
     """ExecStartPre (--check-config) runs as written, against the example config."""
     argv = shlex.split(_unit_value("ExecStartPre"))
     assert argv[0] == UNIT_BINARY
@@ -355,7 +362,7 @@ def test_unit_command_lines_are_accepted_by_the_cli() -> None:
         "gateway",
         *(str(EXAMPLE) if a == UNIT_CONFIG else a for a in argv[1:]),
     ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env = _own_env(tmp_path)
     run = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=30)
     assert run.returncode == 0, run.stderr
 
@@ -543,40 +550,94 @@ def test_dockerfile_entrypoint_is_exec_form() -> None:
 
 
 def _healthcheck_command() -> list[str]:
+    """The HEALTHCHECK's argv: the gateway's own --health-check on the image's config."""
     args = _one(_final_stage(), "HEALTHCHECK")
     _, _, cmd = args.partition("CMD ")
     argv = json.loads(cmd)  # exec form: no shell in a slim image is assumed
-    assert argv[0] == "python" and "curl" not in argv
-    assert "/health'" in argv[-1]
+    assert argv[0] == "llm-gateway" and "--health-check" in argv
+    assert argv[argv.index("--config") + 1] == UNIT_CONFIG
     return argv
 
 
+def _run_healthcheck(argv: list[str], config_path: Path, port: int,
+                     env: dict[str, str]) -> int:
+    """The HEALTHCHECK's argv run here: this interpreter, this config, the test's port."""
+    args = [str(config_path) if a == UNIT_CONFIG else a for a in argv[1:]]
+    run = subprocess.run([sys.executable, "-m", "gateway", *args, "--port", str(port)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=10)
+    return run.returncode
+
+
 def test_dockerfile_exposes_the_port_the_healthcheck_asks() -> None:
+    """The health check reads the image's config: its port is the one EXPOSEd."""
     port = _one(_final_stage(), "EXPOSE")
     assert port == "8080"
-    assert f"127.0.0.1:{port}/health" in _healthcheck_command()[-1]
+    _healthcheck_command()
+    assert tomllib.loads(EXAMPLE.read_text())["server"]["port"] == int(port)
 
 
-def test_dockerfile_healthcheck_and_probes_against_a_real_gateway(tmp_path: Path) -> None:
-    """The image's CMD starts a gateway whose /health the HEALTHCHECK accepts; /ready too."""
+def _example_with(tmp_path: Path, **server: object) -> Path:
+    """The example config with these server keys set (replaced where it sets them)."""
+    data = EXAMPLE.read_text()
+    for key, value in server.items():
+        line = f"{key} = {_toml_literal(value)}"
+        data, n = re.subn(rf"^{key} = .*$", line, data, count=1, flags=re.M)
+        if not n:
+            data = data.replace("[server]\n", f"[server]\n{line}\n", 1)
+    path = tmp_path / f"gateway-{len(list(tmp_path.glob('gateway-*.toml')))}.toml"
+    path.write_text(data)
+    assert config.parse(tomllib.loads(data), str(path), {}).server  # still a valid config
+    return path
+
+
+@pytest.mark.parametrize("metrics_apart", [False, True], ids=["one listener", "metrics_port"])
+def test_dockerfile_healthcheck_and_probes_against_a_real_gateway(
+    tmp_path: Path, metrics_apart: bool
+) -> None:
+    """The image's CMD starts a gateway whose /health the HEALTHCHECK accepts; /ready too.
+    The check asks the port the config names (here overridden with --port, as a CMD may), on
+    the API listener, which serves /health whether or not /metrics has a listener apart."""
     port = free_port()
+    config_path = EXAMPLE
+    if metrics_apart:
+        config_path = _example_with(tmp_path, metrics_port=free_port())
     cmd = json.loads(_one(_final_stage(), "CMD"))
-    cmd = [str(EXAMPLE) if a == UNIT_CONFIG else "127.0.0.1" if a == "0.0.0.0" else a for a in cmd]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    cmd = [str(config_path) if a == UNIT_CONFIG else "127.0.0.1" if a == "0.0.0.0" else a
+           for a in cmd]
+    env = _own_env(tmp_path)
     proc = Proc([sys.executable, "-m", "gateway", *cmd, "--port", str(port)], env=env)
     try:
         wait_http(f"http://127.0.0.1:{port}/ready", proc=proc.popen)
-        check = [sys.executable, *_healthcheck_command()[1:]]
-        ok = subprocess.run([a.replace(":8080/", f":{port}/") for a in check], timeout=10)
-        assert ok.returncode == 0
-        dead = subprocess.run(
-            [a.replace(":8080/", f":{free_port()}/") for a in check],
-            capture_output=True,
-            timeout=10,
-        )
-        assert dead.returncode != 0
+        check = _healthcheck_command()
+        assert _run_healthcheck(check, config_path, port, env) == 0
+        assert _run_healthcheck(check, config_path, free_port(), env) != 0
+        # a wildcard host is asked on loopback (the image's CMD listens on 0.0.0.0)
+        wildcard = _example_with(tmp_path, host="0.0.0.0") if not metrics_apart else None
+        if wildcard is not None:
+            assert _run_healthcheck(check, wildcard, port, env) == 0
     finally:
         assert proc.stop() == 0, proc.output()
+
+
+def test_dockerfile_gives_the_gateway_a_state_directory() -> None:
+    """STATE_DIRECTORY is set, made by the build for the image's user (0700), and a VOLUME."""
+    stage = _final_stage()
+    state = _image_state_directory()
+    assert json.loads(_one(stage, "VOLUME")) == [state]
+    user = _one(stage, "USER")
+    made = [a for w, a in stage if w == "RUN" and f" {state}" in a]
+    assert len(made) == 1, made
+    argv = shlex.split(made[0].split("&&")[-1])
+    assert argv[:2] == ["install", "-d"] and argv[-1] == state, argv
+    opts = dict(zip(argv[2:-1:2], argv[3:-1:2], strict=True))
+    assert f"{opts['-o']}:{opts['-g']}" == user and opts["-m"] == "0700", opts
+
+
+def _image_state_directory() -> str:
+    envs = [a for w, a in _final_stage() if w == "ENV"]
+    found = [m[1] for a in envs for m in [re.search(r"\bSTATE_DIRECTORY=(\S+)", a)] if m]
+    assert len(found) == 1, envs
+    return found[0]
 
 
 def _dockerignore_regex(pattern: str) -> re.Pattern[str]:
@@ -719,6 +780,18 @@ def test_compose_gateway_builds_this_repo_and_drains() -> None:
     _, cfg = _compose_gateway_config()
     assert _seconds(gw["stop_grace_period"]) > cfg.server.shutdown_grace + DRAIN_TAIL_S
     assert gw["stop_signal"] == "SIGTERM"
+
+
+def test_compose_gateway_keeps_its_state_in_a_named_volume() -> None:
+    compose = _compose()
+    volumes = compose["services"]["gateway"]["volumes"]
+    named = [v.split(":") for v in volumes if v.split(":")[1] == _image_state_directory()]
+    assert len(named) == 1 and named[0][0] in compose["volumes"], volumes
+    # thinking signatures sealed under a key from the environment, as the other keys
+    _, cfg = _compose_gateway_config()
+    assert cfg.server.signing_key_env == "GATEWAY_SIGNING_KEY"
+    given = compose["services"]["gateway"]["environment"]["GATEWAY_SIGNING_KEY"]
+    assert given.startswith("${GATEWAY_SIGNING_KEY:?"), given
 
 
 def test_compose_gateway_config_loads_and_points_at_compose_services() -> None:

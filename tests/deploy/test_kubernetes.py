@@ -274,6 +274,22 @@ def test_k8s_config_comes_from_the_generated_configmap_and_keys_from_the_secret(
     assert _env_names(data) == from_secret == {"GATEWAY_API_KEYS", "GATEWAY_SIGNING_KEY"}
 
 
+def test_k8s_state_directory_is_a_writable_volume() -> None:
+    """STATE_DIRECTORY (the image's, set here too) is a mounted volume, since the root file
+    system is read-only: an emptyDir on disk (batches live as long as the pod) or a claim."""
+    from tests.deploy.test_deploy import _image_state_directory
+
+    c = _container()
+    pod = _base("Deployment")["spec"]["template"]["spec"]
+    state = _image_state_directory()
+    assert {"name": "STATE_DIRECTORY", "value": state} in c["env"]
+    [mount] = [m for m in c["volumeMounts"] if m["mountPath"] == state]
+    assert not mount.get("readOnly")
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert "persistentVolumeClaim" in volume or volume["emptyDir"].get("medium") != "Memory"
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+
+
 def test_k8s_replicas_spread_over_zones_and_nodes_as_a_preference() -> None:
     template = _base("Deployment")["spec"]["template"]
     spread = template["spec"]["topologySpreadConstraints"]

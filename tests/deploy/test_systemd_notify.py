@@ -102,7 +102,7 @@ def test_ready_arrives_after_bind_and_stopping_at_the_drain(
 
 _LEVELS_SCRIPT = """
 import sys
-from gateway import log
+from gateway.ops import log
 log.configure("debug", journal_stream=sys.argv[1])
 g = log.get("t")
 g.debug("d"); g.info("i"); g.warning("w"); g.error("e")

@@ -50,8 +50,10 @@ def _wait_until(pred: Callable[[], bool], timeout: float = 10.0) -> None:
 def _peers(stub_url: str, model: str) -> list[int]:
     """The client port of every chat request the stub saw for ``model``: one per connection."""
     with urllib.request.urlopen(stub_url.removesuffix("/v1") + "/_requests", timeout=5) as r:
+        # /tokenize requests (count_tokens of an earlier test) are recorded without a peer
         return [req["peer"] for req in json.loads(r.read())
-                if isinstance(req["body"], dict) and req["body"].get("model") == model]
+                if req.get("peer") is not None and isinstance(req["body"], dict)
+                and req["body"].get("model") == model]
 
 
 @pytest.mark.parametrize(("scenario", "reused"), [

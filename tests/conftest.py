@@ -88,12 +88,17 @@ def gateway_factory(tmp_path: Path) -> Iterator[Callable[..., tuple[Proc, str]]]
         proc.stop()
 
 
-@pytest.fixture
-def stub_gateway(stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]]
-                 ) -> tuple[Proc, str]:
-    """A gateway in front of the stub; yields (process, base URL including the /llm prefix)."""
-    proc, url = gateway_factory(stub_config(stub_url))
-    return proc, url + "/llm"
+@pytest.fixture(scope="module")
+def stub_gateway(stub_url: str, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[tuple[Proc, str]]:
+    """A gateway in front of the stub, shared by a module's tests: (process, base URL with the
+    /llm prefix). Its tests only send requests and read replies (a log line by its request
+    id); one that kills it, reads its metrics or needs another config uses gateway_factory."""
+    proc, url = start_gateway(stub_config(stub_url), tmp_path_factory.mktemp("stub-gateway"))
+    try:
+        yield proc, url + "/llm"
+    finally:
+        proc.stop()
 
 
 @pytest.fixture(scope="session")

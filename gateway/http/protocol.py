@@ -2,7 +2,7 @@
 
 aiohttp parses each request (llhttp) in ``web.RequestHandler``; :class:`GatewayProtocol`
 adds what must happen before any middleware or handler runs. Protocol facts relied on
-(aiohttp 3.9 to 3.14; ``tests/unit/test_server.py`` fails loudly when they change):
+(aiohttp 3.9 to 3.14; ``tests/unit/test_protocol.py`` fails loudly when they change):
 
 * A request the parser refuses (a line or header over 8,190 bytes, more than 128 headers,
   a control character in a header, ``Transfer-Encoding`` with ``Content-Length``, a bad

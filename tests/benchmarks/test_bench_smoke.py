@@ -16,7 +16,11 @@ import pytest
 
 from tests.benchmarks.run import REPO
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+# The tiny runs take about a minute on an idle two-core machine and several on a busy one:
+# the limits catch a hang, not slowness (timings are the benchmark's figures, not asserts).
+_HANG_S = 600
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(_HANG_S + 60)]
 
 _SERVER_FIGURES = {
     "buffered": ("rps", "p50_ms", "p99_ms", "cpu_us", "added_p50_ms", "added_p99_ms"),
@@ -36,7 +40,7 @@ def _number(value: object) -> bool:
 def test_tiny_run_reports_every_figure(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "tests.benchmarks.run", "--tiny", "--json",
-                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=80)
+                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=_HANG_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "| target | value | limit | holds |" in proc.stdout
     r = json.loads(out.read_text())
@@ -83,7 +87,7 @@ def test_workers_run_reports_every_figure(tmp_path):
     out = tmp_path / "workers.json"
     proc = subprocess.run([sys.executable, "-m", "tests.benchmarks.workers", "--streams", "60",
                            "--chunks", "3", "--interval-ms", "100", "--json", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=80)
+                          cwd=REPO, capture_output=True, text=True, timeout=_HANG_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     figures = json.loads(out.read_text())
     assert figures["completed"] == 60 and figures["upstream_open_after"] == 0
@@ -98,7 +102,7 @@ def test_batches_run_reports_every_figure(tmp_path):
     still running through the interactive phase it is compared in."""
     out = tmp_path / "batches.json"
     proc = subprocess.run([sys.executable, "-m", "tests.benchmarks.batches", "--tiny", "--json",
-                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=80)
+                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=_HANG_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "| target | value | limit | holds |" in proc.stdout
     r = json.loads(out.read_text())

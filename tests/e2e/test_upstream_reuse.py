@@ -50,13 +50,15 @@ def _wait_until(pred: Callable[[], bool], timeout: float = 10.0) -> None:
 def _peers(stub_url: str, model: str) -> list[int]:
     """The client port of every chat request the stub saw for ``model``: one per connection."""
     with urllib.request.urlopen(stub_url.removesuffix("/v1") + "/_requests", timeout=5) as r:
+        # /tokenize requests (count_tokens of an earlier test) are recorded without a peer
         return [req["peer"] for req in json.loads(r.read())
-                if isinstance(req["body"], dict) and req["body"].get("model") == model]
+                if req.get("peer") is not None and isinstance(req["body"], dict)
+                and req["body"].get("model") == model]
 
 
 @pytest.mark.parametrize(("scenario", "reused"), [
     ("end-late:20", True),     # the terminator 20 ms after [DONE]: inside the wait
-    ("end-late:1500", False),  # 1.5 s after: the connection is closed instead
+    ("end-late:30000", False),  # 30 s after: the connection is closed instead
 ])
 def test_a_stream_ended_by_done_leaves_its_connection_for_the_next(
         stub_url, gateway_factory, scenario: str, reused: bool) -> None:
@@ -71,7 +73,7 @@ def test_a_stream_ended_by_done_leaves_its_connection_for_the_next(
         took = time.monotonic() - t
         assert status == 200
         assert body.rstrip().endswith(b'data: {"type":"message_stop"}')
-        assert took < 1.5  # the client never waits for a late terminator
+        assert took < 15  # the client never waits for a late terminator (30 s late here)
         if reused:  # the stub has sent the terminator: the connection is back in the pool
             _wait_until(_stub_streams_at_most(stub_url, streams))
         else:  # the gateway gave up waiting for it and closed the connection

@@ -486,8 +486,8 @@ def test_scrub_is_linear_on_hostile_text(text: str) -> None:
     t = time.perf_counter()
     errors.scrub(400, text, hosts=HOSTS, secrets=SECRETS)
     # milliseconds when linear; a backtracking rule takes minutes: the ceiling only has to
-    # tell the two apart on a loaded machine
-    assert time.perf_counter() - t < 2.0
+    # tell the two apart on a busy machine (a hang guard, not a speed claim)
+    assert time.perf_counter() - t < 30.0
 
 
 # --- upstream secrets: every form, every upstream -----------------------------------------

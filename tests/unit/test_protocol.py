@@ -142,7 +142,7 @@ def test_library_records_become_scrubbed_lines_with_frames_not_messages() -> Non
     [line] = logs
     assert line["event"] == "library_log" and line["log_level"] == "error"
     assert line["detail"] == "Error handling request from 127.0.0.1"
-    assert line["exc_type"] == "BadHttpMessage" and "test_server.py" in line["traceback"]
+    assert line["exc_type"] == "BadHttpMessage" and "test_protocol.py" in line["traceback"]
     assert "SECRET" not in json.dumps(line)
 
 

@@ -1,0 +1,99 @@
+"""gateway/batches/scheduler.py: retries follow the error model, backoff grows and is capped,
+and each upstream's in-flight limit follows interactive use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway import errors
+from gateway.batches import scheduler
+from gateway.ops import config
+
+
+@pytest.mark.parametrize(("err", "retry"), [
+    (errors.UpstreamUnavailable(), True),
+    (errors.UpstreamTimeout(), True),
+    (errors.Overloaded(), True),
+    (errors.GatewayError(status=500), True),
+    (errors.GatewayError("slow", status=408), True),
+    (errors.GatewayError("rate limited", status=429, error_type="rate_limit_error"), True),
+    (errors.InvalidRequest("messages", "bad"), False),
+    (errors.NotFound(), False),
+    (errors.RequestTooLarge(), False),
+])
+def test_what_is_retried(err: errors.GatewayError, retry: bool) -> None:
+    assert scheduler.retryable(err) is retry
+
+
+def test_backoff_grows_and_is_capped() -> None:
+    delays = [scheduler.backoff(n) for n in range(1, 12)]
+    assert 1.5 <= delays[0] <= 2.5 and delays[3] > delays[0] * 4
+    assert max(delays) <= 300 * 1.2
+
+
+def _scheduler(**batches: Any) -> scheduler.Scheduler:
+    cfg = config.parse({
+        "upstreams": {"u": {"base_url": "http://127.0.0.1:9/v1"},
+                      "v": {"base_url": "http://127.0.0.1:9/v1"}},
+        "models": [{"name": "m", "upstream": "u", "upstream_model": "x"},
+                   {"name": "n", "upstream": "v", "upstream_model": "x"}],
+        "batches": {"database": "sqlite:////tmp/unused.sqlite3", **batches},
+    }, "test.toml", {"HOME": "/nonexistent"})
+    # neither the Messages call nor the store is used by these tests
+    return scheduler.Scheduler(cfg.batches, None, None,  # type: ignore[arg-type]
+                               routes=cfg.models, in_flight={}, draining=lambda: False)
+
+
+async def test_an_idle_upstream_takes_max_in_flight_idle() -> None:
+    s = _scheduler(max_in_flight=2, max_in_flight_idle=6, idle_after=5.0)
+    now = s._last_interactive["u"]
+    assert s._limit("u", now + 1) == 2  # start counts as interactive use
+    assert s._limit("u", now + 5) == 6
+    s.interactive_ended("m")  # an interactive request on u ended: u is busy again
+    assert s._limit("u", now + 5) == 2 and s._limit("v", now + 5) == 6
+    assert _scheduler(max_in_flight=2)._limit("u", now + 1e6) == 2  # 0: as max_in_flight
+
+
+async def test_held_back_work_is_looked_at_when_the_upstream_frees() -> None:
+    s = _scheduler()
+    in_flight = s._in_flight
+    s._wake.clear()
+    s.interactive_ended("m")
+    assert not s._wake.is_set()  # nothing was held back: no round for it
+    s._deferred.add("u")
+    in_flight["m"] = 1
+    s.interactive_ended("m")
+    assert not s._wake.is_set()  # still at the threshold
+    in_flight["m"] = 0
+    s.interactive_ended("n")
+    assert not s._wake.is_set()  # another upstream's request
+    s.interactive_ended("m")
+    assert s._wake.is_set()
+
+
+async def test_an_empty_queue_is_not_looked_at_per_interactive_request() -> None:
+    """Once a claim comes back short, interactive requests ending do not each start a round
+    (a store query per request); a batch created here, or the poll, looks again."""
+    class Store:
+        claims = 0
+
+        async def claim(self, *args: Any) -> list[Any]:
+            Store.claims += 1
+            return []
+
+    s = _scheduler()
+    s._store = Store()  # type: ignore[assignment]
+    s._last_sweep = float("inf")  # no sweep in this test
+    await s._round()
+    assert Store.claims == 2 and s._has_work == {"u": False, "v": False}
+    s._in_flight["m"] = 1
+    await s._round()  # u busy: not deferred, nothing queued
+    assert "u" not in s._deferred
+    s._in_flight["m"] = 0
+    s._wake.clear()
+    s.interactive_ended("m")
+    assert not s._wake.is_set()
+    s.wake()  # a batch was created here
+    assert s._has_work == {"u": True, "v": True}

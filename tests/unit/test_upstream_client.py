@@ -1,0 +1,326 @@
+"""gateway/upstream/client.py over loopback sockets: request ids, keep-alive, caps, deadlines,
+how each failure is classified, counted and logged, and one retry of a disconnect."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
+
+from gateway import errors
+from gateway.ops.config import UpstreamConfig
+from gateway.ops.metrics import PROTOCOL_ERRORS, Metrics
+from gateway.text.redact import secrets_of
+from gateway.upstream import UpstreamClient
+from gateway.upstream import client as client_module
+from tests.upstream_wire import (
+    _CHUNKED_HEAD,
+    _RID,
+    ANOMALIES,
+    Row,
+    Upstream,
+    _chunked,
+    _drip,
+    _echoing,
+    _params,
+    _reply,
+    _settle,
+    _upstream_config,
+)
+
+# --- the client: deadlines, caps, classification, logs -------------------------------------------
+
+
+def _client(srv: Upstream, **cfg: Any) -> UpstreamClient:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.add_upstream("u")
+    client = UpstreamClient(replace(_upstream_config(srv), **cfg),
+                            protocol_errors=metrics.upstream_protocol_errors)
+    client.registry = registry  # type: ignore[attr-defined]
+    return client
+
+
+def _protocol_errors(client: UpstreamClient, kind: str) -> float | None:
+    return client.registry.get_sample_value(  # type: ignore[attr-defined]
+        "llm_gateway_upstream_protocol_errors_total", {"upstream": "u", "kind": kind})
+
+
+async def test_upstream_client_retries_a_disconnect_once_and_succeeds() -> None:
+    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        await srv.read_request(reader)
+        writer.write(_reply(b'{"n":%d}' % len(srv.requests)))
+        if index == 0:
+            await srv.read_request(reader)  # dropped unanswered
+        else:
+            await srv.wait_client_close(reader)
+
+    async with Upstream(handler) as srv:
+        client = UpstreamClient(_upstream_config(srv))
+        await client.start()
+        try:
+            bodies = []
+            for _ in range(2):
+                resp = await client.request("/chat/completions", b"{}", stream=False)
+                async with resp:
+                    bodies.append(await resp.read())
+        finally:
+            await client.close()
+        assert bodies == [b'{"n":1}', b'{"n":3}']
+        assert len(srv.requests) == 3
+        assert all(r.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n") for r in srv.requests)
+        assert srv.connections == 2
+
+
+async def test_upstream_client_retries_only_once() -> None:
+    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        await srv.read_request(reader)  # every request dropped unanswered
+
+    async with Upstream(handler) as srv:
+        client = UpstreamClient(_upstream_config(srv))
+        await client.start()
+        try:
+            with pytest.raises(errors.UpstreamUnavailable):
+                await client.request("/chat/completions", b"{}", stream=False)
+        finally:
+            await client.close()
+        assert srv.connections == 2
+
+
+async def test_the_request_id_goes_upstream_and_a_mismatch_is_a_500() -> None:
+    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        await srv.read_request(reader)
+        writer.write(_reply(b"{}", b"X-Request-Id: req_someone_else"))
+        await srv.wait_client_close(reader)
+
+    async with Upstream(handler) as srv:
+        client = _client(srv)
+        await client.start()
+        try:
+            with capture_logs() as logs, pytest.raises(errors.UpstreamError) as caught:
+                await client.request("/chat/completions", b"{}", stream=False,
+                                     request_id="req_mine")
+        finally:
+            await client.close()
+        assert (caught.value.status, caught.value.error_type) == (500, "api_error")
+        assert srv.requests[0].count(b"\r\nX-Request-Id: req_mine\r\n") == 1
+        await asyncio.wait_for(srv.eof.wait(), 1.0)  # the connection was closed
+        assert _protocol_errors(client, "request_id_mismatch") == 1
+        assert all(_protocol_errors(client, k) == 0 for k in PROTOCOL_ERRORS
+                   if k != "request_id_mismatch")
+        assert logs == [{"event": "upstream_failure", "log_level": "warning", "upstream": "u",
+                         "phase": "head", "cause": "protocol_error",
+                         "kind": "request_id_mismatch", "request_id": "req_mine"}]
+
+
+async def test_keepalive_false_sends_connection_close_and_never_reuses() -> None:
+    async with Upstream(_echoing()) as srv:
+        client = _client(srv, keepalive=False)
+        await client.start()
+        try:
+            for _ in range(3):
+                resp = await client.request("/chat/completions", b"{}", stream=False)
+                async with resp:
+                    assert await resp.read() == b"/v1/chat/completions"
+            await _settle(lambda: client.open_connections == 0)
+        finally:
+            await client.close()
+        assert srv.connections == 3
+        assert all(b"\r\nConnection: close\r\n" in r for r in srv.requests)
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+async def test_a_buffered_reply_over_max_response_bytes_is_a_500_and_closes(
+    framing: str,
+) -> None:
+    body = b"x" * 5000
+
+    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        await srv.read_request(reader)
+        if framing == "chunked":
+            writer.write(_CHUNKED_HEAD + _chunked(*[body[i:i + 100] for i in range(0, 5000, 100)]))
+        else:
+            writer.write(_reply(body))
+        await srv.wait_client_close(reader)
+
+    async with Upstream(handler) as srv:
+        client = _client(srv, max_response_bytes=4096)
+        await client.start()
+        try:
+            resp = await client.request("/chat/completions", b"{}", stream=False)
+            with capture_logs() as logs, pytest.raises(errors.UpstreamError) as caught:
+                async with resp:
+                    await resp.read()
+            await asyncio.wait_for(srv.eof.wait(), 1.0)
+        finally:
+            await client.close()
+        assert (caught.value.status, caught.value.error_type) == (500, "api_error")
+        assert [(e["phase"], e["cause"]) for e in logs] == [("body", "too_large")]
+
+
+async def test_a_malformed_head_is_a_500_not_an_overload_and_is_not_retried() -> None:
+    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        await srv.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok")
+        await srv.wait_client_close(reader)
+
+    async with Upstream(handler) as srv:
+        client = _client(srv)
+        await client.start()
+        try:
+            with pytest.raises(errors.UpstreamError) as caught:
+                await client.request("/chat/completions", b"{}", stream=False)
+        finally:
+            await client.close()
+        err = caught.value
+        assert (err.status, err.error_type, err.retry_after) == (500, "api_error", None)
+        assert srv.connections == 1
+        assert _protocol_errors(client, "malformed") == 1
+
+
+async def test_a_cut_body_is_a_500() -> None:
+    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        await srv.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhel")
+        writer.close()
+
+    async with Upstream(handler) as srv:
+        client = _client(srv)
+        await client.start()
+        try:
+            resp = await client.request("/chat/completions", b"{}", stream=True)
+            with capture_logs() as logs, pytest.raises(errors.UpstreamError) as caught:
+                async with resp:
+                    async for _ in resp.chunks():
+                        pass
+        finally:
+            await client.close()
+        assert (caught.value.status, caught.value.message) == (500, "Upstream connection lost")
+        assert [(e["phase"], e["cause"]) for e in logs] == [("body", "cut")]
+
+
+async def test_a_stream_without_events_ends_at_idle_timeout_with_504() -> None:
+    blank = _chunked(b"\n")[:-5]
+    async with Upstream(_drip(_CHUNKED_HEAD, [blank] * 50, 0.02)) as srv:
+        client = _client(srv, idle_timeout=0.2)
+        await client.start()
+        try:
+            resp = await client.request("/chat/completions", b"{}", stream=True)
+            with pytest.raises(errors.UpstreamTimeout) as caught:
+                async with resp:
+                    async for chunk in resp.chunks():
+                        if b"data:" in chunk:
+                            resp.progress()
+        finally:
+            await client.close()
+        assert caught.value.message == "Upstream stopped sending"
+
+
+def _refused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # closed at once: nothing listens there
+
+
+async def test_a_refused_connection_is_a_retryable_529_logged_with_its_cause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(client_module, "_LOG_EVERY", 0.2)
+    cfg = UpstreamConfig(name="down", base_url=f"http://127.0.0.1:{_refused_port()}/v1",
+                         api_key="sk-very-secret")
+    client = UpstreamClient(cfg)
+    await client.start()
+    try:
+        with capture_logs() as logs:
+            for _ in range(3):
+                with pytest.raises(errors.UpstreamUnavailable) as caught:
+                    await client.request("/chat/completions", b"{}", stream=False,
+                                         request_id="req_1")
+                assert caught.value.status == 529
+                assert caught.value.headers["retry-after"] == "1"
+            await asyncio.sleep(0.25)
+            with pytest.raises(errors.UpstreamUnavailable):
+                await client.request("/chat/completions", b"{}", stream=False,
+                                     request_id="req_2")
+    finally:
+        await client.close()
+    # one line a cause per interval, the ones held back counted in the next
+    assert logs == [
+        {"event": "upstream_failure", "log_level": "warning", "upstream": "down",
+         "phase": "connect", "cause": "refused", "request_id": "req_1"},
+        {"event": "upstream_failure", "log_level": "warning", "upstream": "down",
+         "phase": "connect", "cause": "refused", "request_id": "req_2", "suppressed": 2},
+    ]
+    assert "sk-very-secret" not in repr(logs)
+
+
+def test_the_client_exposes_its_secrets_in_every_form() -> None:
+    cfg = UpstreamConfig(name="u", base_url="http://h:1/v1", api_key="k+y/=")
+    # one list of forms for the client and the app-wide redactor (gateway/text/redact.py)
+    assert UpstreamClient(cfg).secrets == secrets_of(cfg)
+    assert {"k+y/=", "Bearer k+y/=", "k%2By%2F%3D"} <= set(UpstreamClient(cfg).secrets)
+    plain = UpstreamConfig(name="u", base_url="http://h:1/v1", api_key="sk-abc")
+    assert {"sk-abc", "Bearer sk-abc"} <= set(UpstreamClient(plain).secrets)
+    assert UpstreamClient(UpstreamConfig(name="u", base_url="http://h:1/v1")).secrets == ()
+
+
+def test_protocol_error_series_start_at_zero_for_each_upstream() -> None:
+    registry = CollectorRegistry()
+    Metrics(registry).add_upstream("a")
+    for kind in PROTOCOL_ERRORS:
+        assert registry.get_sample_value("llm_gateway_upstream_protocol_errors_total",
+                                         {"upstream": "a", "kind": kind}) == 0
+
+
+@_params(ANOMALIES)
+async def test_each_anomaly_through_the_client_is_a_500_counted_and_clears_the_pool(
+    row: Row,
+) -> None:
+    """Over a socket: the request that met the anomaly fails cleanly, the kind is counted,
+    the upstream's idle connections are closed with it, and the next request gets its own
+    reply on a fresh connection."""
+    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        while True:
+            request = await srv.read_request(reader)
+            path = request.split(b" ")[1]
+            if path.endswith(b"/bad"):
+                writer.write(row.wire)
+                if row.eof:
+                    writer.write_eof()
+                await srv.stop.wait()
+                return
+            writer.write(_reply(path))
+
+    async with Upstream(handler) as srv:
+        client = _client(srv)
+        await client.start()
+        try:
+            async def get(path: str) -> bytes:
+                resp = await client.request(path, b"{}", stream=False, request_id=_RID.decode())
+                async with resp:
+                    return await resp.read()
+
+            assert await asyncio.gather(get("/warm1"), get("/warm2")) == [b"/v1/warm1",
+                                                                          b"/v1/warm2"]
+            assert client._pool is not None and client._pool.idle_connections == 2
+            with pytest.raises(errors.UpstreamError) as caught:
+                await get("/bad")
+            assert (caught.value.status, caught.value.error_type) == (500, "api_error")
+            assert _protocol_errors(client, row.expected[1]) == 1
+            await _settle(lambda: client.open_connections == 0)
+            assert await get("/next") == b"/v1/next"
+            assert srv.connections == 3
+        finally:
+            await client.close()

@@ -162,7 +162,8 @@ def test_example_config_with_every_commented_knob_switched_on_loads() -> None:
     text = _switch_on(EXAMPLE.read_text())
     data = tomllib.loads(text)
     assert _env_names(data) == {
-        "GATEWAY_API_KEYS", "GATEWAY_SIGNING_KEY", "VLLM_API_KEY", "GATEWAY_BATCHES_DATABASE"
+        "GATEWAY_API_KEYS", "GATEWAY_SIGNING_KEY", "GATEWAY_PREVIOUS_SIGNING_KEYS",
+        "VLLM_API_KEY", "GATEWAY_BATCHES_DATABASE"
     }
     cfg = _parse_with_env(text, str(EXAMPLE))
     assert cfg.server.api_keys == ("test-secret",)

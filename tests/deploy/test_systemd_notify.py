@@ -106,7 +106,7 @@ from gateway.ops import log
 log.configure("debug", journal_stream=sys.argv[1])
 g = log.get("t")
 g.debug("d"); g.info("i"); g.warning("w"); g.error("e")
-log.access({"route": "x"})
+log.access(log.Access("req_x", "x", 200))
 log.flush()
 """
 

@@ -19,7 +19,8 @@ server; the first interactive request after the idle spell may then wait for a s
 batch request's time), and no new batch request starts beyond ``max_in_flight`` until the
 upstream has been idle again that long.
 
-A batch request is a buffered Messages call (:class:`gateway.http.anthropic.Call`). Its
+A batch request is a buffered Messages call (:mod:`gateway.messages.call`), the one an
+interactive request makes, through the same upstream call (counted the same way). Its
 outcome follows the interactive error model: a connect failure, a timeout, 408, 429 and
 5xx are retried with a growing delay (2 s doubling to 5 minutes) until the batch expires;
 any other error is the request's ``errored`` result, with the error envelope the

@@ -27,7 +27,7 @@ from typing import Any
 from gateway.local.text_tools import TextToolCall, TextToolCalls
 from gateway.local.think import InlineThinking
 
-__all__ = ["CALL", "TEXT", "THINKING", "ContentNormaliser", "normalise_content"]
+__all__ = ["CALL", "TEXT", "THINKING", "ContentNormaliser"]
 
 THINKING, TEXT, CALL = 0, 1, 2
 
@@ -119,14 +119,3 @@ class ContentNormaliser:
             self._after_call = False
         out.append((TEXT, text))
 
-
-def normalise_content(text: str, **options: Any) -> list[Piece]:
-    """The buffered form: the pieces of a whole content, adjacent text pieces joined."""
-    norm = ContentNormaliser(**options)
-    merged: list[Piece] = []
-    for kind, value in norm.feed(text) + norm.flush():
-        if merged and kind != CALL and merged[-1][0] == kind:
-            merged[-1] = (kind, merged[-1][1] + value)
-        else:
-            merged.append((kind, value))
-    return merged

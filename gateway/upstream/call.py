@@ -24,7 +24,7 @@ from gateway.ops.metrics import Metrics
 from gateway.text.redact import Redactor
 from gateway.upstream.client import UpstreamClient, UpstreamResponse
 
-__all__ = ["Upstreams", "outcome_code", "send"]
+__all__ = ["Upstreams", "send"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,7 @@ class Upstreams:
         return self.clients[route.upstream.name]
 
 
-def outcome_code(err: errors.GatewayError) -> str:
+def _outcome_code(err: errors.GatewayError) -> str:
     """The ``code`` label of a failed call (see the module docstring)."""
     if isinstance(err, errors.UpstreamTimeout):
         return "timeout"
@@ -68,7 +68,7 @@ async def send(
         up = await client.request(path, payload, stream=stream, max_tokens=max_tokens,
                                   at_root=at_root, request_id=request_id)
     except errors.GatewayError as err:
-        metrics.upstream_requests.labels(route.name, client.name, outcome_code(err)).inc()
+        metrics.upstream_requests.labels(route.name, client.name, _outcome_code(err)).inc()
         scrubbed = errors.rescrub(err, hosts=client.hosts, secrets=ups.secrets)
         if scrubbed is err:
             raise

@@ -22,6 +22,10 @@ Protocol facts relied on:
   so the first one carries the prompt's token count); other servers may refuse it.
   llama.cpp instead takes ``return_progress: true``: its first chunks carry
   ``prompt_progress.total``, the prompt's token count.
+- A system turn may set this turn's ``output_config`` fields, or carry nothing else (a
+  per-turn control entry); it may be cleared by a later user message (``clear_at``). See
+  :mod:`.turn_control`: the merged output_config is what is translated, and no empty
+  system message goes upstream.
 - Claude Code's first system block, ``x-anthropic-billing-header: cc_version=...;``,
   changes on every request and would defeat the upstream's prefix cache at the head of
   the prompt, so it is dropped unless the config keeps it.
@@ -36,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from gateway.messages import turn_control
 from gateway.messages.client_tools import to_function
 from gateway.messages.tables import LOCAL_STOP_KINDS
 from gateway.messages.validate import is_custom_tool
@@ -133,11 +138,14 @@ def _messages(req: Mapping[str, Any], keep_billing_header: bool) -> list[Message
     top = _system_text(req.get("system"), keep_billing_header)
     if top is not None:
         groups.append(("system", [top]))
-    for turn in req["messages"]:
+    hidden = turn_control.hidden_turns(req["messages"])
+    for i, turn in enumerate(req["messages"]):
         role = turn["role"]
         item: Any = turn
         if role == "system":
-            item = _system_text(turn["content"], keep_billing_header)
+            if i in hidden:  # clear_at "next_user_message", and a user message followed
+                continue
+            item = _system_text(turn.get("content"), keep_billing_header)
             if item is None:
                 continue
         if groups and groups[-1][0] == role:
@@ -366,7 +374,7 @@ def _template_kwargs(req: Mapping[str, Any], out: dict[str, Any]) -> None:
 
 
 def _output_config(req: Mapping[str, Any], out: dict[str, Any]) -> None:
-    config = req.get("output_config")
+    config = turn_control.output_config(req)  # the top level, this turn's entries over it
     if not config:
         return
     effort = config.get("effort")
@@ -383,7 +391,9 @@ def _output_config(req: Mapping[str, Any], out: dict[str, Any]) -> None:
 def _prefill(req: Mapping[str, Any], out: dict[str, Any]) -> None:
     cont = req.get("continue_final_message")
     if cont is None:
-        cont = req["messages"][-1]["role"] == "assistant"
+        last = next((t for t in reversed(req["messages"])
+                     if not turn_control.is_control_entry(t)), None)
+        cont = last is not None and last["role"] == "assistant"
         if not cont:
             return
     out["continue_final_message"] = cont

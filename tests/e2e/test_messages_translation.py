@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
+import anthropic
 import pytest
 
 from tests import sdk
@@ -132,3 +133,43 @@ def test_count_tokens_estimates_without_a_tokenizer(stub_gateway) -> None:
         model="m-ok", messages=[{"role": "user", "content": "x" * 400}])
     assert raw.headers["x-token-count-estimated"] == "true"
     assert 100 <= raw.parse().input_tokens <= 120
+
+
+def test_per_turn_control_entry_is_accepted_and_nothing_empty_goes_up(
+        stub_url, gateway_factory) -> None:
+    """Claude Code 2.1.332 after /compact (and --bare, every request) ends the messages with
+    ``{"role":"system","content":[],"output_config":{"effort":"medium"}}`` under beta
+    ``per-turn-control-2026-07-01``: a 200, its effort used, no empty message upstream."""
+    _, url = gateway_factory(stub_config(stub_url, models=("ok",)))
+    clear_stub(stub_url)
+    client = sdk.client(url + "/llm", api_key="k", max_retries=0,
+                        _strict_response_validation=True)
+    control = {"role": "system", "content": [], "output_config": {"effort": "medium"}}
+    msg = client.beta.messages.create(
+        model="m-ok", max_tokens=30, betas=["per-turn-control-2026-07-01"],
+        output_config={"effort": "high"},
+        messages=[{"role": "user", "content": "Say hi"}, control])  # type: ignore[list-item]
+    assert msg.content[0].text == "Hello from the stub."  # type: ignore[union-attr]
+    with client.beta.messages.stream(
+            model="m-ok", max_tokens=30, betas=["per-turn-control-2026-07-01"],
+            messages=[{"role": "user", "content": "Say hi"},
+                      {"role": "system", "content": "", "output_config": {"effort": "low"}}],
+    ) as stream:
+        assert stream.get_final_text() == "Hello from the stub."
+    first, second = stub_requests(stub_url)
+    for seen, effort in ((first, "medium"), (second, "low")):
+        body = seen["body"]
+        assert body["messages"] == [{"role": "user", "content": "Say hi"}]
+        assert body["reasoning_effort"] == effort
+        assert "output_config" not in body
+
+
+def test_empty_system_turn_without_output_config_is_still_refused(stub_gateway) -> None:
+    _, base = stub_gateway
+    client = sdk.client(base, api_key="k", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as info:
+        client.messages.create(
+            model="m-ok", max_tokens=30,
+            messages=[{"role": "user", "content": "hi"},
+                      {"role": "system", "content": []}])  # type: ignore[list-item]
+    assert "messages.1.content" in info.value.message

@@ -26,7 +26,7 @@ from gateway.messages.aggregate import aggregate
 from gateway.messages.from_chat import from_chat
 from gateway.messages.signatures import restore_reasoning
 from gateway.messages.stream import StreamTranslator
-from gateway.messages.tables import LOCAL_STOP_KINDS, hides_thinking
+from gateway.messages.tables import LOCAL_STOP_KINDS, hides_thinking, shows_thinking
 from gateway.messages.to_chat import to_chat
 from gateway.ops.config import ModelRoute
 from gateway.ops.metrics import Metrics
@@ -35,7 +35,8 @@ from gateway.text.sse import SSEDecoder, SSEEventTooLarge
 from gateway.upstream.call import Upstreams, send
 from gateway.upstream.client import UpstreamClient, UpstreamResponse
 
-__all__ = ["Call", "MessagesDeps", "Timing", "count_reply", "prepare", "pump"]
+__all__ = ["Call", "MessagesDeps", "Timing", "count_reply", "prepare", "pump",
+           "reasoning_hidden"]
 
 _log = structlog.get_logger("gateway.messages")
 
@@ -105,7 +106,7 @@ class Call:
             match_stops=self.match_stops,
             input_tokens=tokens.estimate_from_bytes(len(self.payload)),
             hosts=self.client.hosts, secrets=deps.upstreams.secrets,
-            hide_thinking=hides_thinking(self.req))
+            hide_thinking=hides_thinking(self.req), show_thinking=shows_thinking(self.req))
 
     async def reply(self, up: UpstreamResponse, overhead: float | None = None
                     ) -> dict[str, Any]:
@@ -137,6 +138,8 @@ class Call:
             signing_key=deps.signing_key,
             on_bad_tool_args=lambda: bad_tool_args(deps.metrics, route.name, 1),
             hide_thinking=hides_thinking(self.req),
+            show_thinking=shows_thinking(self.req),
+            on_reasoning_hidden=lambda: reasoning_hidden(deps.metrics, route.name),
             hosts=self.client.hosts, secrets=deps.upstreams.secrets,
         )
 
@@ -154,6 +157,12 @@ def bad_tool_args(metrics: Metrics, model: str, count: int) -> None:
     """Tool-call arguments that were not JSON, or deltas for no known call: warn and count."""
     _log.warning("tool_arguments_dropped", model=model, count=count)
     metrics.tool_arg_errors.labels(model).inc(count)
+
+
+def reasoning_hidden(metrics: Metrics, model: str) -> None:
+    """A reply whose reasoning was not shown: no thinking was asked for, and the upstream
+    reasoned anyway (its template ignored the switch, or it has none)."""
+    metrics.reasoning_hidden.labels(model).inc()
 
 
 def _stops(req: dict[str, Any]) -> tuple[str, ...]:
@@ -179,6 +188,8 @@ async def _collect(up: UpstreamResponse, translator: StreamTranslator,
         raise translator.error
     if translator.dropped_tool_deltas:
         bad_tool_args(metrics, route.name, translator.dropped_tool_deltas)
+    if translator.reasoning_hidden:
+        reasoning_hidden(metrics, route.name)
     return b"".join(events)
 
 

@@ -44,16 +44,20 @@ def from_chat(
     message_id: str | None = None,
     on_bad_tool_args: Callable[[], None] | None = None,
     hide_thinking: bool = False,
+    show_thinking: bool = True,
+    on_reasoning_hidden: Callable[[], None] | None = None,
     hosts: Sequence[str] = (),
     secrets: Redactor = NO_SECRETS,
 ) -> dict[str, Any]:
     """Pure: OpenAI chat completion (already JSON-decoded) -> Anthropic Message dict.
 
     ``model`` is the name the client sent (echoed). ``message_id`` is injected by
-    tests (else a fresh ``msg_`` id). Raises :class:`errors.UpstreamError` for an
-    in-band error object (scrubbed of ``hosts`` and ``secrets``) and
-    :class:`errors.StreamProcessingError` (500) for anything that is not a
-    completion with a choice.
+    tests (else a fresh ``msg_`` id). Without ``show_thinking`` (no thinking was asked
+    for) reasoning gets no block at all and ``on_reasoning_hidden`` is called; with
+    ``hide_thinking`` (display "omitted") its block has only the signature. Raises
+    :class:`errors.UpstreamError` for an in-band error object (scrubbed of ``hosts``
+    and ``secrets``) and :class:`errors.StreamProcessingError` (500) for anything
+    that is not a completion with a choice.
     """
     if not isinstance(completion, Mapping):
         raise errors.StreamProcessingError()
@@ -66,7 +70,10 @@ def from_chat(
 
     content: list[dict[str, Any]] = []
     reasoning = _reasoning(message)
-    if reasoning:
+    if reasoning and not show_thinking:
+        if on_reasoning_hidden is not None:
+            on_reasoning_hidden()
+    elif reasoning:
         content.append(
             {
                 "type": "thinking",

@@ -31,6 +31,9 @@ Gateway decisions:
   ``message_delta`` follows to correct a made-up provisional figure.
 - ``message_delta.usage.output_tokens`` is the upstream's ``completion_tokens``; an upstream
   that never reports usage gets the number of content-bearing chunks (about one token each).
+- Reasoning when no thinking was asked for (``show_thinking`` False) makes no block at all
+  (the API would not think); ``reasoning_hidden`` tells the caller, which counts it. It
+  still counts as a content chunk for the output-token fallback, as it was generated.
 - A thinking block always ends with one ``signature_delta`` (the text streamed in it, sealed:
   see :mod:`.signatures`), on the failure path too: partial thinking is still the gateway's.
 - A tool block that received no argument bytes gets ``{}`` so its input parses.
@@ -109,6 +112,7 @@ class StreamTranslator:
         hosts: Sequence[str] = (),
         secrets: Redactor = NO_SECRETS,
         hide_thinking: bool = False,
+        show_thinking: bool = True,
     ) -> None:
         self.state = State.PRE_START
         self._model = model
@@ -121,6 +125,7 @@ class StreamTranslator:
         self._hosts = hosts  # and every upstream's secrets: scrubbed from in-band errors
         self._secrets = secrets
         self._hide_thinking = hide_thinking  # thinking.display "omitted": signature only
+        self._show_thinking = show_thinking  # False: no thinking asked for, so no block
         # results, read by the caller for metrics and logs
         self.termination: str | None = None
         self.stop_reason: str | None = None
@@ -128,6 +133,7 @@ class StreamTranslator:
         self.output_tokens = 0
         self.started = False
         self.error: errors.GatewayError | None = None  # what the failure envelope carried
+        self.reasoning_hidden = False  # reasoning arrived that nobody asked for (counted)
         # upstream facts so far
         self._finish: str | None = None
         self._matched: str | None = None
@@ -293,7 +299,10 @@ class StreamTranslator:
             if reasoning:
                 if type(reasoning) is not str:
                     raise Malformed
-                self._on_thinking(reasoning, out)
+                if self._show_thinking:
+                    self._on_thinking(reasoning, out)
+                else:
+                    self.reasoning_hidden = True
             if content:
                 if type(content) is not str:
                     raise Malformed

@@ -1,4 +1,4 @@
-"""The tables both reply paths share: stop reasons, usage, hidden thinking.
+"""The tables both reply paths share: stop reasons, usage, shown and hidden thinking.
 
 Buffered replies (``from_chat``) and streams (``stream.StreamTranslator``) read
 the same functions here, so a finish_reason maps to the same stop_reason on
@@ -81,3 +81,21 @@ def hides_thinking(req: Mapping[str, Any]) -> bool:
     """
     thinking = req.get("thinking")
     return isinstance(thinking, Mapping) and thinking.get("display") in _HIDDEN_DISPLAYS
+
+
+_THINKING_SWITCHES = ("enable_thinking", "thinking")
+
+
+def shows_thinking(req: Mapping[str, Any]) -> bool:
+    """Thinking was asked for: ``thinking.type`` is not ``disabled``, or the client's own
+    ``chat_template_kwargs`` turned the template's switch on.
+
+    Without it the API returns no thinking block at all, so reasoning an upstream sends
+    anyway is not shown (and is counted); ``display: "omitted"`` (:func:`hides_thinking`) is
+    another thing: the block is there, with an empty ``thinking`` and its signature.
+    """
+    thinking = req.get("thinking")
+    if isinstance(thinking, Mapping) and thinking.get("type") != "disabled":
+        return True
+    kwargs = req.get("chat_template_kwargs")
+    return isinstance(kwargs, Mapping) and any(kwargs.get(k) is True for k in _THINKING_SWITCHES)

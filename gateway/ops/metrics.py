@@ -253,6 +253,10 @@ class Metrics:
             p + "tool_argument_errors_total",
             "Tool-call arguments that were not valid JSON or belonged to no known call",
             ["model"], registry=r))
+        self.reasoning_hidden = _Memo(Counter(
+            p + "reasoning_hidden_total",
+            "Replies whose upstream reasoned although no thinking was asked for; the "
+            "reasoning was not shown", ["model"], registry=r))
         self.upstream_protocol_errors = _Memo(Counter(
             p + "upstream_protocol_errors_total",
             "Upstream replies that broke HTTP framing, by kind; each closed the upstream's "
@@ -326,6 +330,7 @@ class Metrics:
             for reason in TERMINATIONS:
                 self.terminations.labels(api, model, reason)
         self.tool_arg_errors.labels(model)
+        self.reasoning_hidden.labels(model)
 
     def count_tokens(self, model: str, usage: tuple[int, int] | None) -> None:
         """Count a reply's (input, output) tokens, buffered or streamed, for every API."""

@@ -3,7 +3,7 @@
 Every directory under tests/golden/responses/ is one rule of issue 4: the
 upstream's reply (``openai.json``, in the shape vLLM, SGLang, llama.cpp or
 Ollama send), the client's request facts (``request.json``: the model name it
-sent and its ``stop_sequences``) and the exact Message the client must get
+sent, its ``stop_sequences`` and ``thinking``) and the exact Message the client must get
 (``anthropic.json``; key order included). A bug fix adds a case directory.
 """
 
@@ -57,6 +57,7 @@ def _run(case: Path, **kwargs: Any) -> dict[str, Any]:
         signing_key=KEY,
         message_id=MESSAGE_ID,
         hide_thinking=tables.hides_thinking(request),
+        show_thinking=tables.shows_thinking(request),
         **kwargs,
     )
 

@@ -3,7 +3,8 @@
 Each ``tests/golden/streams/<case>/`` holds ``upstream.sse`` (raw upstream body bytes),
 ``expected.sse`` (the exact Anthropic bytes the client must get) and ``meta.json``:
 ``model``, ``stop_sequences``, ``input_tokens`` (the estimate), optionally ``message_id``,
-``signing_key``, ``hosts``, ``fail`` (``{"error": <errors class name>, "reason": ...}``: the
+``signing_key``, ``hosts``, ``thinking`` (the request's; absent: none was asked for, so
+reasoning makes no block), ``fail`` (``{"error": <errors class name>, "reason": ...}``: the
 caller's ``fail()`` instead of ``eof()`` at the end of the body) and ``expect`` (translator
 attributes after the stream). A bug fix adds a case directory. To add a recording, drop in
 ``upstream.sse`` and ``meta.json``, run with ``GOLDEN_WRITE=1`` once to write
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 from gateway import errors
-from gateway.messages import signatures
+from gateway.messages import signatures, tables
 from gateway.messages.stream import IllegalTransition, State, StreamTranslator
 from gateway.text import jsonutil
 from gateway.text.sse import SSEDecoder
@@ -39,6 +40,7 @@ def _translator(meta: dict[str, Any]) -> StreamTranslator:
         input_tokens=meta.get("input_tokens", 0),
         hosts=meta.get("hosts", ()),
         hide_thinking=meta.get("hide_thinking", False),
+        show_thinking=tables.shows_thinking({"thinking": meta.get("thinking")}),
     )
 
 

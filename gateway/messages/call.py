@@ -150,7 +150,8 @@ def count_reply(metrics: Metrics, route: ModelRoute, message: dict[str, Any]) ->
     if stop:
         metrics.stop_reasons.labels(route.name, stop).inc()
     usage = message["usage"]
-    metrics.count_tokens(route.name, (usage["input_tokens"], usage["output_tokens"]))
+    prompt = usage["input_tokens"] + usage.get("cache_read_input_tokens", 0)
+    metrics.count_tokens(route.name, (prompt, usage["output_tokens"]))
 
 
 def bad_tool_args(metrics: Metrics, model: str, count: int) -> None:

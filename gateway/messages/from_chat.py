@@ -6,7 +6,8 @@ Protocol facts relied on:
   stop_reason, stop_sequence, usage}``; ``stop_sequence`` is always present
   (null unless ``stop_reason`` is ``stop_sequence``), ``stop_reason`` is never
   null in a finished buffered reply, and ``usage`` needs ``input_tokens`` and
-  ``output_tokens`` (nothing else is sent: nothing else is known).
+  ``output_tokens``; ``cache_read_input_tokens`` is added when the upstream
+  reported cached prompt tokens (``tables.usage_from_chat``: the one usage table).
 * Content order: a ``thinking`` block first, then ``text``, then ``tool_use``
   blocks. The Python SDK's strict validation requires ``thinking.signature``
   to be a string, so the gateway seals the thinking text into one (:mod:`.signatures`).
@@ -96,7 +97,7 @@ def from_chat(
     reason = tables.stop_reason(
         finish if isinstance(finish, str) else "stop", matched, bool(tool_uses)
     )
-    tokens = tables.usage_tokens(completion.get("usage")) or (0, 0)
+    usage = tables.usage_from_chat(completion.get("usage"), completion.get("timings"))
     return {
         "id": message_id or ids.new_message_id(),
         "type": "message",
@@ -105,7 +106,7 @@ def from_chat(
         "content": content,
         "stop_reason": reason,
         "stop_sequence": matched if reason == "stop_sequence" else None,
-        "usage": {"input_tokens": tokens[0], "output_tokens": tokens[1]},
+        "usage": tables.anthropic_usage(usage),
     }
 
 

@@ -317,8 +317,13 @@ BROKEN = {
     "text shell without text": _GOOD.replace(b'{"type":"text","text":""}', b'{"type":"text"}', 1),
     "index gap": _GOOD.replace(b'"index":1,', b'"index":2,'),
     "tool json incomplete": _GOOD.replace(b'"partial_json":"is\\"}"', b'"partial_json":"is\\""', 1),
-    "usage with input_tokens in message_delta": _GOOD.replace(
-        b'"usage":{"output_tokens":89}', b'"usage":{"input_tokens":1,"output_tokens":89}'
+    "message_delta cache count without input_tokens": _GOOD.replace(
+        b'"usage":{"input_tokens":400,"output_tokens":89}',
+        b'"usage":{"cache_read_input_tokens":1,"output_tokens":89}'
+    ),
+    "message_delta usage out of order": _GOOD.replace(
+        b'"usage":{"input_tokens":400,"output_tokens":89}',
+        b'"usage":{"output_tokens":89,"input_tokens":400}'
     ),
     "message_start key order": _GOOD.replace(
         b'"type":"message","role":"assistant"', b'"role":"assistant","type":"message"', 1

@@ -173,3 +173,30 @@ def test_empty_system_turn_without_output_config_is_still_refused(stub_gateway) 
             messages=[{"role": "user", "content": "hi"},
                       {"role": "system", "content": []}])  # type: ignore[list-item]
     assert "messages.1.content" in info.value.message
+
+
+def test_cached_prompt_tokens_reach_both_sdk_paths(stub_url, gateway_factory) -> None:
+    """The upstream reports 8 of 12 prompt tokens as cached: the buffered reply and the
+    Python SDK's folded stream both say input_tokens 4, cache_read_input_tokens 8 (the
+    stream's message_start keeps the estimate; message_delta.usage carries the figures)."""
+    _, url = gateway_factory(stub_config(stub_url, models=("cached",)))
+    client = sdk.client(url + "/llm", api_key="k", max_retries=0,
+                        _strict_response_validation=True)
+    hi = [{"role": "user", "content": "hi"}]
+    buffered = client.messages.create(model="m-cached", max_tokens=30, messages=hi)
+    with client.messages.stream(model="m-cached", max_tokens=30, messages=hi) as stream:
+        streamed = stream.get_final_message()
+    for message in (buffered, streamed):
+        usage = message.usage
+        assert (usage.input_tokens, usage.cache_read_input_tokens,
+                usage.output_tokens) == (4, 8, 5)
+        assert usage.cache_creation_input_tokens is None  # not known: not sent
+    raw = urllib.request.Request(url + "/llm/v1/messages", method="POST", data=json.dumps(
+        {"model": "m-cached", "max_tokens": 30, "messages": hi, "stream": True}).encode(),
+        headers={"content-type": "application/json", "x-api-key": "k"})
+    with urllib.request.urlopen(raw, timeout=20) as resp:
+        events = check_stream(resp.read())
+    assert "cache_read_input_tokens" not in events[0]["message"]["usage"]
+    final = next(e for e in events if e["type"] == "message_delta")
+    assert final["usage"] == {"input_tokens": 4, "cache_read_input_tokens": 8,
+                              "output_tokens": 5}

@@ -51,6 +51,13 @@ _DELTA_FOR = {
 }
 
 
+_DELTA_USAGE_KEYS = (
+    ["output_tokens"],
+    ["input_tokens", "output_tokens"],
+    ["input_tokens", "cache_read_input_tokens", "output_tokens"],
+)
+
+
 def _fail(n: int, why: str) -> NoReturn:
     raise AssertionError(f"event {n}: {why}")
 
@@ -217,7 +224,10 @@ def _check_message_delta(n: int, ev: dict[str, Any]) -> None:
         _fail(n, f"stop_reason {delta['stop_reason']!r}")
     if (delta["stop_reason"] == "stop_sequence") != isinstance(delta["stop_sequence"], str):
         _fail(n, "stop_sequence must be set exactly when stop_reason is stop_sequence")
-    if not isinstance(usage, dict) or list(usage) != ["output_tokens"]:
-        _fail(n, f"message_delta.usage must carry only output_tokens: {usage!r}")
-    if type(usage["output_tokens"]) is not int or usage["output_tokens"] < 0:
-        _fail(n, "output_tokens")
+    # output_tokens always; the input side only as the upstream reported it, in the
+    # buffered reply's order (gateway decision: "Usage" in shared/protocol.md)
+    if not isinstance(usage, dict) or list(usage) not in _DELTA_USAGE_KEYS:
+        _fail(n, f"message_delta.usage keys {list(usage)!r}")
+    for key, value in usage.items():
+        if type(value) is not int or value < 0:
+            _fail(n, key)

@@ -9,6 +9,8 @@ route's ``upstream_model``), so one stub serves many gateway routes:
     reasoning       reasoning_content, then content
     tools           one tool call with split arguments
     length          finish_reason "length"
+    cached          the ok reply, its usage reporting 8 of the 12 prompt tokens as cached
+                    (``prompt_tokens_details.cached_tokens``, as vLLM, SGLang, llama.cpp do)
     status:N[:K]    HTTP N with body K: traceback | context | plain (default plain) |
                     quote-key (a message quoting the key it was sent: see ``quoted_key``)
     hang-headers    never answers (until the client goes away)
@@ -116,6 +118,7 @@ def completion(model: str, message: dict, finish: str, usage: dict) -> dict:
 INBAND_ERROR = (b'data: {"error":{"message":"boom at http://10.0.0.9/x",'
                 b'"type":"InternalServerError","code":500}}\n\n')
 USAGE = {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}
+USAGE_CACHED = {**USAGE, "prompt_tokens_details": {"cached_tokens": 8}}
 
 
 def script(model: str) -> tuple[list[bytes], dict]:
@@ -141,9 +144,10 @@ def script(model: str) -> tuple[list[bytes], dict]:
             "tool_calls", USAGE)
         return [*frames, b"data: [DONE]\n\n"], body
     finish = "length" if model == "length" else "stop"
+    usage = USAGE_CACHED if model == "cached" else USAGE
     frames = [role] + [chunk(model, {"content": t}) for t in TEXT]
-    frames += [chunk(model, {}, finish), chunk(model, {}, usage=USAGE, choices=False)]
-    body = completion(model, {"role": "assistant", "content": "".join(TEXT)}, finish, USAGE)
+    frames += [chunk(model, {}, finish), chunk(model, {}, usage=usage, choices=False)]
+    body = completion(model, {"role": "assistant", "content": "".join(TEXT)}, finish, usage)
     return [*frames, b"data: [DONE]\n\n"], body
 
 
@@ -350,7 +354,8 @@ class Stub:
             return await self.thinking_round_trip(request, body, model, stream)
         if model.startswith("cc-steps:"):
             return await self.tool_steps(request, body, model, stream)
-        frames, buffered = script(model if model in ("reasoning", "tools", "length") else "ok")
+        frames, buffered = script(model if model in ("reasoning", "tools", "length", "cached")
+                                  else "ok")
         frames = [f.replace(b'"model":"ok"', b'"model":' + json.dumps(model).encode())
                   for f in frames]
         if not stream:

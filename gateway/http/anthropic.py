@@ -28,6 +28,7 @@ from gateway.messages.call import (
     pdfs_as_text,
     prepare,
     pump,
+    reasoning_hidden,
 )
 from gateway.messages.signatures import restore_reasoning
 from gateway.messages.to_chat import to_chat
@@ -69,6 +70,8 @@ async def _stream(request: web.Request, call: Call, up: UpstreamResponse, t0: fl
         if translator.dropped_tool_deltas:
             bad_tool_args(metrics, route.name, translator.dropped_tool_deltas)
         count_stream_fixes(call, translator)
+        if translator.reasoning_hidden:
+            reasoning_hidden(metrics, route.name)
         if timing.first_token and translator.output_tokens > 1:
             metrics.tpot.labels(route.name).observe(
                 (timing.last_chunk - timing.first_token) / (translator.output_tokens - 1))

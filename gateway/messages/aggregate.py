@@ -6,7 +6,7 @@ matches stop sequences itself for upstreams that cannot report which one matched
 The input is the translator's own output, so the event shapes are known: blocks
 open with an empty shell, ``text_delta``/``thinking_delta`` append, one
 ``signature_delta`` sets the signature, ``input_json_delta`` pieces join to the
-tool input's JSON, ``message_delta`` sets the stop reason and output tokens.
+tool input's JSON, ``message_delta`` sets the stop reason and the usage fields it carries.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def aggregate(sse: bytes) -> dict[str, Any]:
         elif kind == "message_delta":
             message["stop_reason"] = event["delta"]["stop_reason"]
             message["stop_sequence"] = event["delta"]["stop_sequence"]
-            message["usage"]["output_tokens"] = event["usage"]["output_tokens"]
+            message["usage"].update(event["usage"])  # present fields overwrite, as the SDKs do
     for index, pieces in partial.items():
         content[index]["input"] = jsonutil.loads_upstream("".join(pieces) or "{}")
     if not content:
@@ -59,6 +59,14 @@ def aggregate(sse: bytes) -> dict[str, Any]:
         "content": content,
         "stop_reason": message.get("stop_reason"),
         "stop_sequence": message.get("stop_sequence"),
-        "usage": {"input_tokens": message["usage"]["input_tokens"],
-                  "output_tokens": message["usage"]["output_tokens"]},
+        "usage": _usage(message["usage"]),
     }
+
+
+def _usage(usage: dict[str, int]) -> dict[str, int]:
+    """The buffered reply's usage fields, in its order (``tables.anthropic_usage``)."""
+    out = {"input_tokens": usage["input_tokens"]}
+    if "cache_read_input_tokens" in usage:
+        out["cache_read_input_tokens"] = usage["cache_read_input_tokens"]
+    out["output_tokens"] = usage["output_tokens"]
+    return out

@@ -27,7 +27,7 @@ from gateway.messages.aggregate import aggregate
 from gateway.messages.from_chat import from_chat
 from gateway.messages.signatures import restore_reasoning
 from gateway.messages.stream import StreamTranslator
-from gateway.messages.tables import LOCAL_STOP_KINDS, hides_thinking
+from gateway.messages.tables import LOCAL_STOP_KINDS, hides_thinking, shows_thinking
 from gateway.messages.to_chat import to_chat
 from gateway.ops.config import ModelRoute
 from gateway.ops.metrics import Metrics
@@ -37,7 +37,7 @@ from gateway.upstream.call import Upstreams, send
 from gateway.upstream.client import UpstreamClient, UpstreamResponse
 
 __all__ = ["Call", "MessagesDeps", "Timing", "count_reply", "count_stream_fixes", "prepare",
-           "pump"]
+           "pump", "reasoning_hidden"]
 
 _log = structlog.get_logger("gateway.messages")
 
@@ -113,7 +113,8 @@ class Call:
             match_stops=self.match_stops,
             input_tokens=tokens.estimate_from_bytes(len(self.payload)),
             hosts=self.client.hosts, secrets=deps.upstreams.secrets,
-            hide_thinking=hides_thinking(self.req), normaliser=self.normaliser())
+            hide_thinking=hides_thinking(self.req), show_thinking=shows_thinking(self.req),
+            normaliser=self.normaliser())
 
     def normaliser(self) -> ContentNormaliser | None:
         """What reads the engine's content for inline reasoning and text tool calls (one
@@ -183,6 +184,8 @@ class Call:
             signing_key=deps.signing_key,
             on_bad_tool_args=count("unrepairable"), on_repaired=count("repaired"),
             normaliser=normaliser, hide_thinking=hides_thinking(self.req),
+            show_thinking=shows_thinking(self.req),
+            on_reasoning_hidden=lambda: reasoning_hidden(deps.metrics, self.route.name),
             hosts=self.client.hosts, secrets=deps.upstreams.secrets,
         )
         self.count_fixes(**fixed, normaliser=normaliser,
@@ -196,7 +199,8 @@ def count_reply(metrics: Metrics, route: ModelRoute, message: dict[str, Any]) ->
     if stop:
         metrics.stop_reasons.labels(route.name, stop).inc()
     usage = message["usage"]
-    metrics.count_tokens(route.name, (usage["input_tokens"], usage["output_tokens"]))
+    prompt = usage["input_tokens"] + usage.get("cache_read_input_tokens", 0)
+    metrics.count_tokens(route.name, (prompt, usage["output_tokens"]))
 
 
 def bad_tool_args(metrics: Metrics, model: str, count: int) -> None:
@@ -211,6 +215,10 @@ def _tool_names(req: dict[str, Any]) -> tuple[str, ...]:
     if req.get("tool_choice", {}).get("type") == "none":
         return ()
     return tuple(t["name"] for t in tools if isinstance(t.get("name"), str))
+def reasoning_hidden(metrics: Metrics, model: str) -> None:
+    """A reply whose reasoning was not shown: no thinking was asked for, and the upstream
+    reasoned anyway (its template ignored the switch, or it has none)."""
+    metrics.reasoning_hidden.labels(model).inc()
 
 
 def _stops(req: dict[str, Any]) -> tuple[str, ...]:
@@ -236,6 +244,8 @@ async def _collect(up: UpstreamResponse, translator: StreamTranslator,
         raise translator.error
     if translator.dropped_tool_deltas:
         bad_tool_args(metrics, route.name, translator.dropped_tool_deltas)
+    if translator.reasoning_hidden:
+        reasoning_hidden(metrics, route.name)
     return b"".join(events)
 
 

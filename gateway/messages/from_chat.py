@@ -6,7 +6,8 @@ Protocol facts relied on:
   stop_reason, stop_sequence, usage}``; ``stop_sequence`` is always present
   (null unless ``stop_reason`` is ``stop_sequence``), ``stop_reason`` is never
   null in a finished buffered reply, and ``usage`` needs ``input_tokens`` and
-  ``output_tokens`` (nothing else is sent: nothing else is known).
+  ``output_tokens``; ``cache_read_input_tokens`` is added when the upstream
+  reported cached prompt tokens (``tables.usage_from_chat``: the one usage table).
 * Content order: a ``thinking`` block first, then ``text``, then ``tool_use``
   blocks. The Python SDK's strict validation requires ``thinking.signature``
   to be a string, so the gateway seals the thinking text into one (:mod:`.signatures`).
@@ -52,16 +53,20 @@ def from_chat(
     on_repaired: Callable[[], None] | None = None,
     normaliser: ContentNormaliser | None = None,
     hide_thinking: bool = False,
+    show_thinking: bool = True,
+    on_reasoning_hidden: Callable[[], None] | None = None,
     hosts: Sequence[str] = (),
     secrets: Redactor = NO_SECRETS,
 ) -> dict[str, Any]:
     """Pure: OpenAI chat completion (already JSON-decoded) -> Anthropic Message dict.
 
     ``model`` is the name the client sent (echoed). ``message_id`` is injected by
-    tests (else a fresh ``msg_`` id). Raises :class:`errors.UpstreamError` for an
-    in-band error object (scrubbed of ``hosts`` and ``secrets``) and
-    :class:`errors.StreamProcessingError` (500) for anything that is not a
-    completion with a choice.
+    tests (else a fresh ``msg_`` id). Without ``show_thinking`` (no thinking was asked
+    for) reasoning gets no block at all and ``on_reasoning_hidden`` is called; with
+    ``hide_thinking`` (display "omitted") its block has only the signature. Raises
+    :class:`errors.UpstreamError` for an in-band error object (scrubbed of ``hosts``
+    and ``secrets``) and :class:`errors.StreamProcessingError` (500) for anything
+    that is not a completion with a choice.
     """
     if not isinstance(completion, Mapping):
         raise errors.StreamProcessingError()
@@ -90,6 +95,11 @@ def from_chat(
                 parts.append(("thinking" if kind == THINKING else "text", value))
     tool_uses = _tool_uses(message, on_bad_tool_args, on_repaired)
     parts.extend(("tool_use", block) for block in tool_uses)
+    if not show_thinking and any(kind == "thinking" for kind, _ in parts):
+        # no thinking was asked for: none is shown, as the API shows none (counted)
+        parts = [part for part in parts if part[0] != "thinking"]
+        if on_reasoning_hidden is not None:
+            on_reasoning_hidden()
     content = _blocks(parts, signing_key, hide_thinking)
     has_tools = any(block["type"] == "tool_use" for block in content)
     if not content:
@@ -102,7 +112,7 @@ def from_chat(
     reason = tables.stop_reason(
         finish if isinstance(finish, str) else "stop", matched, has_tools
     )
-    tokens = tables.usage_tokens(completion.get("usage")) or (0, 0)
+    usage = tables.usage_from_chat(completion.get("usage"), completion.get("timings"))
     return {
         "id": message_id or ids.new_message_id(),
         "type": "message",
@@ -111,7 +121,7 @@ def from_chat(
         "content": content,
         "stop_reason": reason,
         "stop_sequence": matched if reason == "stop_sequence" else None,
-        "usage": {"input_tokens": tokens[0], "output_tokens": tokens[1]},
+        "usage": tables.anthropic_usage(usage),
     }
 
 

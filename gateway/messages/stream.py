@@ -22,8 +22,10 @@ Upstream facts relied on (vLLM, SGLang, llama.cpp llama-server, Ollama ``/v1``):
 Anthropic facts relied on (https://docs.anthropic.com/en/docs/build-with-claude/streaming; checked
 on every stream test by ``tests/anthropic_stream_check.py``): ``message_start`` first; blocks one
 at a time with indexes 0, 1, 2...; empty-shell starts; every block closed by
-``content_block_stop``; one ``message_delta`` (usage carries only ``output_tokens``), then
-``message_stop``.
+``content_block_stop``; one ``message_delta``, then ``message_stop``. ``message_delta.usage``
+may carry the cumulative ``input_tokens`` and cache counts besides ``output_tokens``; the
+Python SDK (``lib/streaming/_messages.py``, ``accumulate_event``) and the TypeScript SDK
+(``MessageStream``) copy each one present into the final message.
 
 Gateway decisions:
 
@@ -31,6 +33,13 @@ Gateway decisions:
   ``message_delta`` follows to correct a made-up provisional figure.
 - ``message_delta.usage.output_tokens`` is the upstream's ``completion_tokens``; an upstream
   that never reports usage gets the number of content-bearing chunks (about one token each).
+- ``message_start.usage.input_tokens`` is the estimate (or a first chunk's prompt count);
+  when the upstream reports the prompt's length, ``message_delta.usage`` carries
+  ``input_tokens`` (the uncached part) and, if it reported cached tokens,
+  ``cache_read_input_tokens``: the same table as the buffered reply (``tables.usage_from_chat``).
+- Reasoning when no thinking was asked for (``show_thinking`` False) makes no block at all
+  (the API would not think); ``reasoning_hidden`` tells the caller, which counts it. It
+  still counts as a content chunk for the output-token fallback, as it was generated.
 - A thinking block always ends with one ``signature_delta`` (the text streamed in it, sealed:
   see :mod:`.signatures`), on the failure path too: partial thinking is still the gateway's.
 - A tool block that received no argument bytes gets ``{}`` so its input parses.
@@ -112,6 +121,7 @@ class StreamTranslator:
         hosts: Sequence[str] = (),
         secrets: Redactor = NO_SECRETS,
         hide_thinking: bool = False,
+        show_thinking: bool = True,
         normaliser: ContentNormaliser | None = None,
     ) -> None:
         self.state = State.PRE_START
@@ -125,17 +135,21 @@ class StreamTranslator:
         self._hosts = hosts  # and every upstream's secrets: scrubbed from in-band errors
         self._secrets = secrets
         self._hide_thinking = hide_thinking  # thinking.display "omitted": signature only
+        self._show_thinking = show_thinking  # False: no thinking asked for, so no block
         # results, read by the caller for metrics and logs
         self.termination: str | None = None
         self.stop_reason: str | None = None
-        self.input_tokens = input_tokens
+        self.input_tokens = input_tokens  # the estimate until the upstream reports usage
+        self.cache_read: int | None = None  # prompt tokens the upstream read from its cache
         self.output_tokens = 0
         self.started = False
         self.error: errors.GatewayError | None = None  # what the failure envelope carried
+        self.reasoning_hidden = False  # reasoning arrived that nobody asked for (counted)
         # upstream facts so far
         self._finish: str | None = None
         self._matched: str | None = None
         self._usage_seen = False
+        self._prompt_reported = False  # its usage said how long the prompt was
         self._content_chunks = 0
         self.ended_by_done = False  # the upstream's [DONE] ended it (its body ends next)
         # the open block
@@ -174,8 +188,9 @@ class StreamTranslator:
 
     @property
     def usage(self) -> tuple[int, int]:
-        """(input, output) tokens so far: the upstream's usage, else the estimates."""
-        return self.input_tokens, self.output_tokens
+        """(prompt, output) tokens so far, the prompt's cached part included: the upstream's
+        usage, else the estimates."""
+        return self.input_tokens + (self.cache_read or 0), self.output_tokens
 
     @property
     def done(self) -> bool:
@@ -270,12 +285,14 @@ class StreamTranslator:
             self._expect(_LIVE, "chunk")
         usage = chunk.get("usage")
         if usage is not None:
-            counts = tables.usage_tokens(usage)
+            counts = tables.usage_from_chat(usage, chunk.get("timings"))
             if counts is not None:
                 self._usage_seen = True
-                if counts[0]:
-                    self.input_tokens = counts[0]
-                self.output_tokens = counts[1]
+                if counts.prompt_tokens:
+                    self.input_tokens = counts.input_tokens
+                    self.cache_read = counts.cache_read
+                    self._prompt_reported = counts.prompt_reported
+                self.output_tokens = counts.output_tokens
         if self.state is _PRE_START:
             progress = chunk.get("prompt_progress")  # llama.cpp with return_progress
             if type(progress) is dict and type(progress.get("total")) is int:
@@ -306,7 +323,10 @@ class StreamTranslator:
             if reasoning:
                 if type(reasoning) is not str:
                     raise Malformed
-                self._on_thinking(reasoning, out)
+                if self._show_thinking:
+                    self._on_thinking(reasoning, out)
+                else:
+                    self.reasoning_hidden = True
             if content:
                 if type(content) is not str:
                     raise Malformed
@@ -472,12 +492,21 @@ class StreamTranslator:
                 "stop_reason": stop,
                 "stop_sequence": self._matched if stop == "stop_sequence" else None,
             },
-            "usage": {"output_tokens": self.output_tokens},
+            "usage": self._final_usage(),
         }
         out.append(encode_event("message_delta", jsonutil.dumpb(body)))
         out.append(frames.MESSAGE_STOP)
         self.state = State.FINISHED
         self.termination = "completed"
+
+    def _final_usage(self) -> dict[str, int]:
+        """``message_delta.usage``: the output tokens, and the input side as the upstream
+        reported it (both SDKs copy ``input_tokens`` and ``cache_read_input_tokens`` from it
+        into the final message), so it equals the buffered reply's usage."""
+        if not self._prompt_reported:
+            return {"output_tokens": self.output_tokens}
+        return tables.anthropic_usage(tables.Usage(
+            self.input_tokens, self.output_tokens, self.cache_read, True))
 
     def _fail_into(self, out: list[bytes], err: errors.GatewayError, reason: str) -> None:
         if self.state is _PRE_START:

@@ -1,4 +1,4 @@
-"""The tables both reply paths share: stop reasons, usage, hidden thinking.
+"""The tables both reply paths share: stop reasons, usage, shown and hidden thinking.
 
 Buffered replies (``from_chat``) and streams (``stream.StreamTranslator``) read
 the same functions here, so a finish_reason maps to the same stop_reason on
@@ -13,7 +13,7 @@ reported string counts only if it is one of the sequences the client asked for.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 FINISH_TO_STOP: Mapping[str, str] = {
     "stop": "end_turn",
@@ -55,13 +55,64 @@ def stop_reason(
     return FINISH_TO_STOP.get(finish_reason, "end_turn")
 
 
-def usage_tokens(usage: Any) -> tuple[int, int] | None:
-    """(input_tokens, output_tokens) from an OpenAI usage object, if it has one."""
+class Usage(NamedTuple):
+    """An upstream's usage as the Anthropic API counts it."""
+
+    input_tokens: int  # prompt tokens not read from the prompt cache
+    output_tokens: int
+    cache_read: int | None  # prompt tokens read from the cache; None: not reported
+    prompt_reported: bool  # the upstream said how long the prompt was
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The whole prompt, cached part included (what the upstream calls prompt_tokens)."""
+        return self.input_tokens + (self.cache_read or 0)
+
+
+def usage_from_chat(usage: Any, timings: Any = None) -> Usage | None:
+    """THE usage table: an OpenAI usage object (and llama.cpp's ``timings`` beside it) ->
+    :class:`Usage`; None when there is no usage object.
+
+    Cached prompt tokens: ``usage.prompt_tokens_details.cached_tokens`` (vLLM with
+    ``--enable-prompt-tokens-details``, SGLang, llama.cpp: its ``n_prompt_tokens_cache``),
+    else llama.cpp's ``timings.cache_n``. Ollama's ``/v1`` reports neither (its Usage is
+    prompt/completion/total only). ``prompt_tokens`` counts the cached part too; Anthropic's
+    ``input_tokens`` does not, so it is taken out.
+    """
     if not isinstance(usage, Mapping):
         return None
-    prompt = usage.get("prompt_tokens")
-    completion = usage.get("completion_tokens")
-    return _count(prompt), _count(completion)
+    prompt = _count(usage.get("prompt_tokens"))
+    cached = _cached(usage, timings)
+    if cached is not None:
+        cached = min(cached, prompt)
+        prompt -= cached
+    return Usage(prompt, _count(usage.get("completion_tokens")), cached,
+                 _is_count(usage.get("prompt_tokens")))
+
+
+def anthropic_usage(usage: Usage | None) -> dict[str, int]:
+    """A Message's ``usage`` (also a final ``message_delta``'s): ``cache_read_input_tokens``
+    only when the upstream reported cached tokens; ``cache_creation_input_tokens`` never
+    (no upstream says what it wrote to its cache)."""
+    if usage is None:
+        return {"input_tokens": 0, "output_tokens": 0}
+    if usage.cache_read is None:
+        return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}
+    return {"input_tokens": usage.input_tokens, "cache_read_input_tokens": usage.cache_read,
+            "output_tokens": usage.output_tokens}
+
+
+def _cached(usage: Mapping[str, Any], timings: Any) -> int | None:
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, Mapping) and _is_count(details.get("cached_tokens")):
+        return int(details["cached_tokens"])
+    if isinstance(timings, Mapping) and _is_count(timings.get("cache_n")):
+        return int(timings["cache_n"])
+    return None
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0
 
 
 def _count(value: Any) -> int:
@@ -81,3 +132,21 @@ def hides_thinking(req: Mapping[str, Any]) -> bool:
     """
     thinking = req.get("thinking")
     return isinstance(thinking, Mapping) and thinking.get("display") in _HIDDEN_DISPLAYS
+
+
+_THINKING_SWITCHES = ("enable_thinking", "thinking")
+
+
+def shows_thinking(req: Mapping[str, Any]) -> bool:
+    """Thinking was asked for: ``thinking.type`` is not ``disabled``, or the client's own
+    ``chat_template_kwargs`` turned the template's switch on.
+
+    Without it the API returns no thinking block at all, so reasoning an upstream sends
+    anyway is not shown (and is counted); ``display: "omitted"`` (:func:`hides_thinking`) is
+    another thing: the block is there, with an empty ``thinking`` and its signature.
+    """
+    thinking = req.get("thinking")
+    if isinstance(thinking, Mapping) and thinking.get("type") != "disabled":
+        return True
+    kwargs = req.get("chat_template_kwargs")
+    return isinstance(kwargs, Mapping) and any(kwargs.get(k) is True for k in _THINKING_SWITCHES)

@@ -11,7 +11,12 @@ Protocol facts relied on:
   ``add_generation_prompt: true`` (its default).
 - Chat templates (Qwen3, DeepSeek, GLM, ...) read the reasoning switch from
   ``chat_template_kwargs`` as ``enable_thinking`` or ``thinking``; prior reasoning goes
-  back as the assistant message's ``reasoning_content``.
+  back as the assistant message's ``reasoning_content``. vLLM, SGLang and llama-server
+  pass ``chat_template_kwargs`` to the template; so without ``thinking`` in the request
+  (the API then does not think) both switches go up off unless the client set its own.
+  Ollama's ``/v1`` ignores unknown fields; its switch is ``reasoning_effort`` (``high``,
+  ``medium``, ``low`` or ``none``: ``none`` turns thinking off; openai/openai.go,
+  ``FromChatRequest``).
 - Templates expand ``tool_reference`` parts only at the start of a tool message, so each
   run of references and each run of other parts is its own tool message.
 - Anthropic-defined client tools (``bash_*``, ``text_editor_*``, ``memory_*``,
@@ -22,6 +27,10 @@ Protocol facts relied on:
   so the first one carries the prompt's token count); other servers may refuse it.
   llama.cpp instead takes ``return_progress: true``: its first chunks carry
   ``prompt_progress.total``, the prompt's token count.
+- A system turn may set this turn's ``output_config`` fields, or carry nothing else (a
+  per-turn control entry); it may be cleared by a later user message (``clear_at``). See
+  :mod:`.turn_control`: the merged output_config is what is translated, and no empty
+  system message goes upstream.
 - Claude Code's first system block, ``x-anthropic-billing-header: cc_version=...;``,
   changes on every request and would defeat the upstream's prefix cache at the head of
   the prompt, so it is dropped unless the config keeps it.
@@ -36,6 +45,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from gateway.messages import tables, turn_control
 from gateway.messages.client_tools import to_function
 from gateway.messages.tables import LOCAL_STOP_KINDS
 from gateway.messages.validate import is_custom_tool
@@ -77,6 +87,9 @@ _TRANSLATED_FOR_COUNT = _TRANSLATED - _NOT_COUNTED
 _TOOL_CHOICE: Mapping[str, str] = {"auto": "auto", "any": "required", "none": "none"}
 _EFFORT: Mapping[str, str] = {"xhigh": "max"}
 _CONTINUOUS_USAGE_KINDS = frozenset({"vllm", "sglang"})
+# Servers that render chat_template_kwargs into the prompt; others may refuse the field
+_TEMPLATE_KWARGS_KINDS = frozenset({"vllm", "sglang", "llamacpp"})
+_THINKING_SWITCHES = ("thinking", "enable_thinking")  # the names templates read
 
 Message = dict[str, Any]
 Part = dict[str, Any]
@@ -112,8 +125,8 @@ def to_chat(
     for key in _AS_IS:
         if req.get(key) is not None:
             out[key] = req[key]
-    _template_kwargs(req, out)
     _output_config(req, out)
+    _template_kwargs(req, out, route.upstream.kind)
     _prefill(req, out)
     if on_drop is not None:
         handled = _TRANSLATED_FOR_COUNT if count_tokens else _TRANSLATED
@@ -133,11 +146,14 @@ def _messages(req: Mapping[str, Any], keep_billing_header: bool) -> list[Message
     top = _system_text(req.get("system"), keep_billing_header)
     if top is not None:
         groups.append(("system", [top]))
-    for turn in req["messages"]:
+    hidden = turn_control.hidden_turns(req["messages"])
+    for i, turn in enumerate(req["messages"]):
         role = turn["role"]
         item: Any = turn
         if role == "system":
-            item = _system_text(turn["content"], keep_billing_header)
+            if i in hidden:  # clear_at "next_user_message", and a user message followed
+                continue
+            item = _system_text(turn.get("content"), keep_billing_header)
             if item is None:
                 continue
         if groups and groups[-1][0] == role:
@@ -351,22 +367,28 @@ def _with_examples(description: str | None, examples: list[Any] | None) -> str |
     return f"{description}\n\n{shown}" if description else shown
 
 
-def _template_kwargs(req: Mapping[str, Any], out: dict[str, Any]) -> None:
+def _template_kwargs(req: Mapping[str, Any], out: dict[str, Any], kind: str) -> None:
     kwargs: dict[str, Any] = {}
     thinking = req.get("thinking")
-    if thinking is not None:
-        on = thinking["type"] != "disabled"
-        kwargs["thinking"] = on
-        kwargs["enable_thinking"] = on
     client = req.get("chat_template_kwargs")
+    if thinking is not None or (
+            kind in _TEMPLATE_KWARGS_KINDS
+            and not (client and any(k in client for k in _THINKING_SWITCHES))):
+        # no thinking asked for: the upstream is asked not to think, as for "disabled",
+        # unless the client threw the template's switch itself
+        on = thinking is not None and thinking["type"] != "disabled"
+        for key in _THINKING_SWITCHES:
+            kwargs[key] = on
     if client:
         kwargs.update(client)  # the client's own values win
     if kwargs:
         out["chat_template_kwargs"] = kwargs
+    if kind == "ollama" and not tables.shows_thinking(req):
+        out["reasoning_effort"] = "none"  # Ollama's only switch: its /v1 drops unknown fields
 
 
 def _output_config(req: Mapping[str, Any], out: dict[str, Any]) -> None:
-    config = req.get("output_config")
+    config = turn_control.output_config(req)  # the top level, this turn's entries over it
     if not config:
         return
     effort = config.get("effort")
@@ -383,7 +405,9 @@ def _output_config(req: Mapping[str, Any], out: dict[str, Any]) -> None:
 def _prefill(req: Mapping[str, Any], out: dict[str, Any]) -> None:
     cont = req.get("continue_final_message")
     if cont is None:
-        cont = req["messages"][-1]["role"] == "assistant"
+        last = next((t for t in reversed(req["messages"])
+                     if not turn_control.is_control_entry(t)), None)
+        cont = last is not None and last["role"] == "assistant"
         if not cont:
             return
     out["continue_final_message"] = cont

@@ -43,6 +43,7 @@ from typing import Any
 from gateway.errors import echo
 from gateway.messages.client_tools import check_client_tool
 from gateway.messages.validate_content import (
+    EFFORTS,
     check_depth,
     check_int,
     check_list,
@@ -58,7 +59,7 @@ from gateway.messages.validate_content import (
 __all__ = ["is_custom_tool", "validate_messages"]
 
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
-_EFFORTS = ("minimal", "low", "medium", "high", "xhigh", "max")
+_EFFORTS = EFFORTS
 _THINKING_TYPES = ("enabled", "disabled", "adaptive", "between_tools")
 _TOOL_CHOICE_TYPES = ("auto", "any", "none", "tool")
 

@@ -6,7 +6,10 @@ and the Python SDK 2.14's request types, ``anthropic/types/message_create_params
 - ``messages`` is a non-empty list of ``{role, content}`` turns; ``content`` is a string
   or a non-empty list of typed blocks. Roles are ``user``, ``assistant`` and ``system``.
 - A ``system`` turn (sent by current SDKs and Claude Code) holds text only; so does the
-  top-level ``system`` field (a string or a list of text blocks).
+  top-level ``system`` field (a string or a list of text blocks). A system turn may carry
+  ``output_config`` (``effort`` only) and ``clear_at``; one whose ``output_config`` has a
+  field set may have no content at all (a per-turn control entry, :mod:`.turn_control`).
+  Empty content is refused everywhere else (``messages.N.content``).
 - User blocks: ``text``, ``image``, ``document``, ``search_result``, ``tool_result``.
   Assistant blocks: ``text``, ``tool_use``, ``thinking`` (signature optional).
   ``redacted_thinking`` is encrypted Anthropic reasoning that no other model can read, and
@@ -30,8 +33,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.errors import InvalidRequest, echo
+from gateway.messages import turn_control
 
 __all__ = [
+    "EFFORTS",
     "check_depth",
     "check_int",
     "check_list",
@@ -44,6 +49,7 @@ __all__ = [
     "is_number",
 ]
 
+EFFORTS = ("minimal", "low", "medium", "high", "xhigh", "max")
 _IMAGE_MEDIA_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 MAX_DEPTH = 64
 # The largest integer a bounded field takes (token counts, top_k, display sizes): the
@@ -311,12 +317,20 @@ def check_messages(messages: Any) -> None:
             raise fail(f"{path}.role", "Field required")
         else:
             raise fail(f"{path}.role", "Input should be 'user', 'assistant' or 'system'")
+        if role == "system":
+            _turn_controls(msg, path)
+        elif msg.get("clear_at") is not None:
+            raise fail(f"{path}.clear_at", "only permitted on role 'system' messages")
         content = msg.get("content")
         if isinstance(content, str):
             continue
         if content is None:
+            if turn_control.is_control_entry(msg):
+                continue
             raise fail(f"{path}.content", "Field required")
         if not check_list(content, f"{path}.content"):
+            if turn_control.is_control_entry(msg):
+                continue  # a per-turn control entry: output_config and nothing to show
             raise fail(f"{path}.content", "List should have at least 1 item")
         for j, block in enumerate(content):
             block_path = f"{path}.content.{j}"
@@ -327,6 +341,25 @@ def check_messages(messages: Any) -> None:
             check(block, block_path)
     if not messages:
         raise fail("messages", "List should have at least 1 item")
+
+
+def _turn_controls(msg: Mapping[str, Any], path: str) -> None:
+    """A system turn's per-turn ``output_config`` (``effort``; ``format`` is top-level only)
+    and ``clear_at`` (:mod:`.turn_control`)."""
+    clear_at = msg.get("clear_at")
+    if clear_at is not None and clear_at not in turn_control.CLEAR_AT:
+        raise fail(f"{path}.clear_at", "Input should be 'next_user_message' or 'never'")
+    config = msg.get("output_config")
+    if config is None:
+        return
+    check_obj(config, f"{path}.output_config")
+    effort = config.get("effort")
+    if effort is not None and effort not in EFFORTS:
+        raise fail(f"{path}.output_config.effort",
+                   "Input should be " + ", ".join(map(repr, EFFORTS)))
+    if config.get("format") is not None:
+        raise fail(f"{path}.output_config.format",
+                   "output_config.format is only allowed at the top level of the request")
 
 
 def check_system(system: Any) -> None:

@@ -263,6 +263,10 @@ class Metrics:
             "Replies a local engine sent in a shape the gateway normalised, by fix: tool "
             "arguments repaired or unrepairable, tool calls written as text, inline <think>",
             ["model", "fix"], registry=r))
+        self.reasoning_hidden = _Memo(Counter(
+            p + "reasoning_hidden_total",
+            "Replies whose upstream reasoned although no thinking was asked for; the "
+            "reasoning was not shown", ["model"], registry=r))
         self.upstream_protocol_errors = _Memo(Counter(
             p + "upstream_protocol_errors_total",
             "Upstream replies that broke HTTP framing, by kind; each closed the upstream's "
@@ -338,6 +342,7 @@ class Metrics:
         self.tool_arg_errors.labels(model)
         for fix in LOCAL_FIXES:
             self.local_fixes.labels(model, fix)
+        self.reasoning_hidden.labels(model)
 
     def count_tokens(self, model: str, usage: tuple[int, int] | None) -> None:
         """Count a reply's (input, output) tokens, buffered or streamed, for every API."""

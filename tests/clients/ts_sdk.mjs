@@ -5,6 +5,7 @@ import Anthropic from "@anthropic-ai/sdk";
 const [baseURL, model, mode] = process.argv.slice(2);
 const client = new Anthropic({ baseURL, apiKey: "test-key", maxRetries: 0 });
 const messages = [{ role: "user", content: "hi" }];
+const thinking = { type: "adaptive" };  // the gateway shows thinking only when asked
 const out = {};
 
 async function main() {
@@ -18,16 +19,16 @@ async function main() {
     }
     return;
   }
-  const stream = client.messages.stream({ model, max_tokens: 200, messages });
+  const stream = client.messages.stream({ model, max_tokens: 200, messages, thinking });
   const final = await stream.finalMessage();
   out.stream = { content: final.content, stop_reason: final.stop_reason, usage: final.usage };
   out.finalText = await stream.finalText();
-  const created = await client.messages.create({ model, max_tokens: 200, messages });
+  const created = await client.messages.create({ model, max_tokens: 200, messages, thinking });
   out.created = { kind: typeof created, content: created.content, stop_reason: created.stop_reason,
                   usage: created.usage };
   out.models = [];
   for await (const m of client.models.list()) out.models.push(m.id);
-  out.count = (await client.messages.countTokens({ model, messages })).input_tokens;
+  out.count = (await client.messages.countTokens({ model, messages, thinking })).input_tokens;
 }
 
 main().then(

@@ -36,13 +36,14 @@ def _client(base: str, **kw: Any) -> anthropic.Anthropic:
 
 
 HI = [{"role": "user", "content": "hi"}]
+ADAPTIVE: Any = {"type": "adaptive"}  # thinking only when asked: these replies reason
 
 
 def test_buffered_reasoning_reply_is_thinking_then_text(llama_gateway, tiny_model) -> None:
     _, base = llama_gateway
     _, expect = tiny_model
     status, raw = _post(base + "/v1/messages", {"model": "demo", "max_tokens": 200,
-                                                "messages": HI})
+                                                "messages": HI, "thinking": ADAPTIVE})
     assert status == 200
     body = json.loads(raw)
     assert [b["type"] for b in body["content"]] == ["thinking", "text"]
@@ -64,7 +65,8 @@ def test_max_tokens_cap_gives_max_tokens_and_exact_usage_keys(llama_gateway) -> 
     assert status == 200
     body = json.loads(raw)
     assert body["stop_reason"] == "max_tokens"
-    assert set(body["usage"]) == {"input_tokens", "output_tokens"}
+    # llama-server reports prompt_tokens_details.cached_tokens: the API's cache field
+    assert list(body["usage"]) == ["input_tokens", "cache_read_input_tokens", "output_tokens"]
     assert body["usage"]["output_tokens"] == 4
 
 
@@ -81,11 +83,13 @@ def test_python_sdk_strict_create_stream_count_models(llama_gateway, tiny_model)
     _, base = llama_gateway
     _, expect = tiny_model
     client = _client(base)
-    created = client.messages.create(model="demo", max_tokens=200, messages=HI)
+    created = client.messages.create(model="demo", max_tokens=200, messages=HI,
+                                     thinking=ADAPTIVE)
     # Strict validation cannot take a stream's thinking block start: by the gateway's
     # protocol decision it carries no `signature` key (sent later as a signature_delta).
     lenient = sdk.client(base, api_key="test-key", max_retries=0)
-    with lenient.messages.stream(model="demo", max_tokens=200, messages=HI) as stream:
+    with lenient.messages.stream(model="demo", max_tokens=200, messages=HI,
+                                 thinking=ADAPTIVE) as stream:
         final = stream.get_final_message()
     for msg in (created, final):
         assert msg.content[0].type == "thinking" and msg.content[0].thinking == expect["reasoning"]
@@ -94,8 +98,9 @@ def test_python_sdk_strict_create_stream_count_models(llama_gateway, tiny_model)
         assert msg.usage.output_tokens == expect["completion_tokens_thinking"]
     # the stream's signature is the buffered reply's: same text, same key
     assert final.content[0].signature == created.content[0].signature
-    counted = client.messages.count_tokens(model="demo", messages=HI)
-    assert counted.input_tokens == created.usage.input_tokens
+    counted = client.messages.count_tokens(model="demo", messages=HI, thinking=ADAPTIVE)
+    cached = created.usage.cache_read_input_tokens or 0  # the llama-server prefix cache
+    assert counted.input_tokens == created.usage.input_tokens + cached
     assert [m.id for m in client.models.list()] == ["demo"]
     assert client.models.retrieve("demo").max_input_tokens == 1024  # models[].context_window
 
@@ -105,8 +110,9 @@ def test_python_async_sdk(llama_gateway, tiny_model) -> None:
 
     async def run() -> tuple[Any, Any]:
         client = anthropic.AsyncAnthropic(base_url=base, api_key="k", max_retries=0)
-        created = await client.messages.create(model="demo", max_tokens=200, messages=HI)
-        async with client.messages.stream(model="demo", max_tokens=200,
+        created = await client.messages.create(model="demo", max_tokens=200, messages=HI,
+                                               thinking=ADAPTIVE)
+        async with client.messages.stream(model="demo", max_tokens=200, thinking=ADAPTIVE,
                                           messages=HI) as stream:
             final = await stream.get_final_message()
         await client.close()
@@ -119,7 +125,8 @@ def test_python_async_sdk(llama_gateway, tiny_model) -> None:
 def test_raw_stream_is_well_formed_with_exact_texts(llama_gateway, tiny_model) -> None:
     _, base = llama_gateway
     status, raw = _post(base + "/v1/messages?beta=true",
-                        {"model": "demo", "max_tokens": 200, "messages": HI, "stream": True})
+                        {"model": "demo", "max_tokens": 200, "messages": HI, "stream": True,
+                         "thinking": ADAPTIVE})
     assert status == 200
     events = check_stream(raw)
     thinking = "".join(e["delta"]["thinking"] for e in events
@@ -129,12 +136,16 @@ def test_raw_stream_is_well_formed_with_exact_texts(llama_gateway, tiny_model) -
                    if e["type"] == "content_block_delta" and e["delta"]["type"] == "text_delta")
     assert thinking == tiny_model[1]["reasoning"] and text == tiny_model[1]["answer"]
     delta = next(e for e in events if e["type"] == "message_delta")
-    assert delta["usage"] == {"output_tokens": tiny_model[1]["completion_tokens_thinking"]}
+    assert delta["usage"]["output_tokens"] == tiny_model[1]["completion_tokens_thinking"]
     # the real prompt count already in message_start (llama.cpp's prompt_progress)
     _, buffered = _post(base + "/v1/messages", {"model": "demo", "max_tokens": 200,
-                                                "messages": HI})
-    assert events[0]["message"]["usage"]["input_tokens"] == json.loads(
-        buffered)["usage"]["input_tokens"]
+                                                "messages": HI, "thinking": ADAPTIVE})
+    usage = json.loads(buffered)["usage"]
+    prompt = usage["input_tokens"] + usage.get("cache_read_input_tokens", 0)
+    assert events[0]["message"]["usage"]["input_tokens"] == prompt
+    # the final usage is the buffered reply's way of counting (cached part apart)
+    if "input_tokens" in delta["usage"]:
+        assert set(delta["usage"]) == set(usage)
 
 
 def test_stream_hits_max_tokens(llama_gateway) -> None:
@@ -173,7 +184,8 @@ def test_midstream_context_overflow_ends_with_failure_envelope(
 
     def one(i: int) -> None:
         results[i] = _post(base + "/v1/messages", {"model": "demo", "max_tokens": 200,
-                                                   "messages": prompt, "stream": True})[1]
+                                                   "messages": prompt, "stream": True,
+                                                   "thinking": ADAPTIVE})[1]
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
     for t in threads:

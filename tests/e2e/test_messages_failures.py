@@ -8,6 +8,7 @@ type. Before it: a JSON error with the real status, which the SDK maps to its er
 from __future__ import annotations
 
 import json
+import urllib.request
 from typing import Any
 
 import anthropic
@@ -15,6 +16,7 @@ import pytest
 
 from tests import sdk
 from tests.anthropic_stream_check import check_stream
+from tests.conftest import stub_config
 from tests.procs import post as _post
 
 pytestmark = pytest.mark.e2e
@@ -106,13 +108,17 @@ def test_upstream_down_is_529(gateway_factory) -> None:
 def test_good_streams_pass_the_checker_and_the_sdk(stub_gateway) -> None:
     _, base = stub_gateway
     client = sdk.client(base, api_key="k", max_retries=0)
-    for model, kinds, stop in (("m-ok", ["text"], "end_turn"),
-                               ("m-reasoning", ["thinking", "text"], "end_turn"),
-                               ("m-tools", ["tool_use"], "tool_use"),
-                               ("m-length", ["text"], "max_tokens")):
-        _, _, raw = _post(base + "/v1/messages", _body(model, True))
+    adaptive = {"type": "adaptive"}
+    for model, kinds, stop, thinking in (
+            ("m-ok", ["text"], "end_turn", None),
+            ("m-reasoning", ["thinking", "text"], "end_turn", adaptive),
+            ("m-reasoning", ["text"], "end_turn", None),  # not asked for: not shown
+            ("m-tools", ["tool_use"], "tool_use", None),
+            ("m-length", ["text"], "max_tokens", None)):
+        asked = {"thinking": thinking} if thinking else {}
+        _, _, raw = _post(base + "/v1/messages", {**_body(model, True), **asked})
         check_stream(raw)
-        with client.messages.stream(model=model, max_tokens=50,
+        with client.messages.stream(model=model, max_tokens=50, **asked,  # type: ignore[arg-type]
                                     messages=[{"role": "user", "content": "hi"}]) as s:
             final = s.get_final_message()
         assert [b.type for b in final.content] == kinds
@@ -162,3 +168,29 @@ def test_thinking_display_omitted_returns_signed_empty_thinking(stub_gateway,
     check_stream(raw)
     assert (b'"thinking_delta"' in raw) is not hidden
     assert b'"signature_delta"' in raw
+
+
+def test_reasoning_nobody_asked_for_is_not_shown_and_is_counted(stub_url,
+                                                                gateway_factory) -> None:
+    """Round 3, thinking only when asked: no ``thinking`` in the request, so no thinking
+    block in the buffered reply or the stream, even though the upstream reasoned; each
+    such reply counts in llm_gateway_reasoning_hidden_total{model}."""
+    _, url = gateway_factory(stub_config(stub_url, models=("reasoning",)))
+    client = sdk.client(url + "/llm", api_key="k", max_retries=0,
+                        _strict_response_validation=True)
+    hi = [{"role": "user", "content": "hi"}]
+    buffered = client.messages.create(model="m-reasoning", max_tokens=50, messages=hi)
+    with client.messages.stream(model="m-reasoning", max_tokens=50, messages=hi) as s:
+        streamed = s.get_final_message()
+    _, _, raw = _post(url + "/llm/v1/messages", _body("m-reasoning", True))
+    assert b"thinking" not in raw
+    check_stream(raw)
+    for message in (buffered, streamed):
+        assert [(b.type, getattr(b, "text", None)) for b in message.content] == [
+            ("text", "Hello from the stub.")]
+    disabled = client.messages.create(model="m-reasoning", max_tokens=50, messages=hi,
+                                      thinking={"type": "disabled"})
+    assert [b.type for b in disabled.content] == ["text"]
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+        metrics = resp.read().decode()
+    assert 'llm_gateway_reasoning_hidden_total{model="m-reasoning"} 4.0' in metrics

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
+import anthropic
 import pytest
 
 from tests import sdk
@@ -132,3 +133,70 @@ def test_count_tokens_estimates_without_a_tokenizer(stub_gateway) -> None:
         model="m-ok", messages=[{"role": "user", "content": "x" * 400}])
     assert raw.headers["x-token-count-estimated"] == "true"
     assert 100 <= raw.parse().input_tokens <= 120
+
+
+def test_per_turn_control_entry_is_accepted_and_nothing_empty_goes_up(
+        stub_url, gateway_factory) -> None:
+    """Claude Code 2.1.332 after /compact (and --bare, every request) ends the messages with
+    ``{"role":"system","content":[],"output_config":{"effort":"medium"}}`` under beta
+    ``per-turn-control-2026-07-01``: a 200, its effort used, no empty message upstream."""
+    _, url = gateway_factory(stub_config(stub_url, models=("ok",)))
+    clear_stub(stub_url)
+    client = sdk.client(url + "/llm", api_key="k", max_retries=0,
+                        _strict_response_validation=True)
+    control = {"role": "system", "content": [], "output_config": {"effort": "medium"}}
+    msg = client.beta.messages.create(
+        model="m-ok", max_tokens=30, betas=["per-turn-control-2026-07-01"],
+        output_config={"effort": "high"},
+        messages=[{"role": "user", "content": "Say hi"}, control])  # type: ignore[list-item]
+    assert msg.content[0].text == "Hello from the stub."  # type: ignore[union-attr]
+    with client.beta.messages.stream(
+            model="m-ok", max_tokens=30, betas=["per-turn-control-2026-07-01"],
+            messages=[{"role": "user", "content": "Say hi"},
+                      {"role": "system", "content": "", "output_config": {"effort": "low"}}],
+    ) as stream:
+        assert stream.get_final_text() == "Hello from the stub."
+    first, second = stub_requests(stub_url)
+    for seen, effort in ((first, "medium"), (second, "low")):
+        body = seen["body"]
+        assert body["messages"] == [{"role": "user", "content": "Say hi"}]
+        assert body["reasoning_effort"] == effort
+        assert "output_config" not in body
+
+
+def test_empty_system_turn_without_output_config_is_still_refused(stub_gateway) -> None:
+    _, base = stub_gateway
+    client = sdk.client(base, api_key="k", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as info:
+        client.messages.create(
+            model="m-ok", max_tokens=30,
+            messages=[{"role": "user", "content": "hi"},
+                      {"role": "system", "content": []}])  # type: ignore[list-item]
+    assert "messages.1.content" in info.value.message
+
+
+def test_cached_prompt_tokens_reach_both_sdk_paths(stub_url, gateway_factory) -> None:
+    """The upstream reports 8 of 12 prompt tokens as cached: the buffered reply and the
+    Python SDK's folded stream both say input_tokens 4, cache_read_input_tokens 8 (the
+    stream's message_start keeps the estimate; message_delta.usage carries the figures)."""
+    _, url = gateway_factory(stub_config(stub_url, models=("cached",)))
+    client = sdk.client(url + "/llm", api_key="k", max_retries=0,
+                        _strict_response_validation=True)
+    hi = [{"role": "user", "content": "hi"}]
+    buffered = client.messages.create(model="m-cached", max_tokens=30, messages=hi)
+    with client.messages.stream(model="m-cached", max_tokens=30, messages=hi) as stream:
+        streamed = stream.get_final_message()
+    for message in (buffered, streamed):
+        usage = message.usage
+        assert (usage.input_tokens, usage.cache_read_input_tokens,
+                usage.output_tokens) == (4, 8, 5)
+        assert usage.cache_creation_input_tokens is None  # not known: not sent
+    raw = urllib.request.Request(url + "/llm/v1/messages", method="POST", data=json.dumps(
+        {"model": "m-cached", "max_tokens": 30, "messages": hi, "stream": True}).encode(),
+        headers={"content-type": "application/json", "x-api-key": "k"})
+    with urllib.request.urlopen(raw, timeout=20) as resp:
+        events = check_stream(resp.read())
+    assert "cache_read_input_tokens" not in events[0]["message"]["usage"]
+    final = next(e for e in events if e["type"] == "message_delta")
+    assert final["usage"] == {"input_tokens": 4, "cache_read_input_tokens": 8,
+                              "output_tokens": 5}

@@ -45,7 +45,7 @@ def test_pattern_routes_through_the_gateway(stub_url, gateway_factory) -> None:
     cases = [("claude-haiku-4-5-20251001", "reasoning"), ("claude-opus-4-8", "ok"),
              ("m-ok", "ok")]
     for name, upstream_model in cases:
-        reply = client.messages.create(model=name, max_tokens=50,
+        reply = client.messages.create(model=name, max_tokens=50, thinking={"type": "adaptive"},
                                        messages=[{"role": "user", "content": "hi"}])
         assert reply.model == name  # echoes what the client sent
         thinking = [b for b in reply.content if b.type == "thinking"]

@@ -40,7 +40,20 @@ def test_ts_sdk_against_real_upstream(llama_gateway, tiny_model) -> None:
         assert reply["usage"]["output_tokens"] == expect["completion_tokens_thinking"]
     assert out["created"]["kind"] == "object"
     assert out["models"] == ["demo"]
-    assert out["count"] == out["created"]["usage"]["input_tokens"]
+    usage = out["created"]["usage"]
+    assert out["count"] == usage["input_tokens"] + (usage.get("cache_read_input_tokens") or 0)
+
+
+def test_ts_sdk_final_message_carries_cached_prompt_tokens(stub_url, gateway_factory) -> None:
+    """MessageStream copies message_delta.usage's input_tokens and cache_read_input_tokens
+    into the final message: the stream's usage equals the buffered reply's."""
+    _, url = gateway_factory(stub_config(stub_url, models=("cached",)))
+    out = run_ts(url + "/llm", "m-cached")
+    assert "fatal" not in out, out
+    for reply in (out["stream"], out["created"]):
+        usage = reply["usage"]
+        assert (usage["input_tokens"], usage["cache_read_input_tokens"],
+                usage["output_tokens"]) == (4, 8, 5)
 
 
 @pytest.mark.parametrize("scenario,error_type", [

@@ -42,8 +42,9 @@ def test_golden_streams_fold_into_a_valid_message(case: str) -> None:
             assert block["input"] == json.loads("".join(d["partial_json"] for d in deltas))
     final = next(e for e in events if e["type"] == "message_delta")
     assert message["stop_reason"] == final["delta"]["stop_reason"]
-    assert message["usage"]["output_tokens"] == final["usage"]["output_tokens"]
-    assert set(message["usage"]) == {"input_tokens", "output_tokens"}
+    start = events[0]["message"]["usage"]
+    # the SDKs' fold: message_start's usage, then each field message_delta carries
+    assert message["usage"] == {"input_tokens": start["input_tokens"], **final["usage"]}
 
 
 def test_stream_without_blocks_gets_one_empty_text_block() -> None:

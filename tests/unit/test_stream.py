@@ -3,7 +3,8 @@
 Each ``tests/golden/streams/<case>/`` holds ``upstream.sse`` (raw upstream body bytes),
 ``expected.sse`` (the exact Anthropic bytes the client must get) and ``meta.json``:
 ``model``, ``stop_sequences``, ``input_tokens`` (the estimate), optionally ``message_id``,
-``signing_key``, ``hosts``, ``fail`` (``{"error": <errors class name>, "reason": ...}``: the
+``signing_key``, ``hosts``, ``thinking`` (the request's; absent: none was asked for, so
+reasoning makes no block), ``fail`` (``{"error": <errors class name>, "reason": ...}``: the
 caller's ``fail()`` instead of ``eof()`` at the end of the body) and ``expect`` (translator
 attributes after the stream). A bug fix adds a case directory. To add a recording, drop in
 ``upstream.sse`` and ``meta.json``, run with ``GOLDEN_WRITE=1`` once to write
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 from gateway import errors
-from gateway.messages import signatures
+from gateway.messages import signatures, tables
 from gateway.messages.stream import IllegalTransition, State, StreamTranslator
 from gateway.text import jsonutil
 from gateway.text.sse import SSEDecoder
@@ -39,6 +40,7 @@ def _translator(meta: dict[str, Any]) -> StreamTranslator:
         input_tokens=meta.get("input_tokens", 0),
         hosts=meta.get("hosts", ()),
         hide_thinking=meta.get("hide_thinking", False),
+        show_thinking=tables.shows_thinking({"thinking": meta.get("thinking")}),
     )
 
 
@@ -315,8 +317,13 @@ BROKEN = {
     "text shell without text": _GOOD.replace(b'{"type":"text","text":""}', b'{"type":"text"}', 1),
     "index gap": _GOOD.replace(b'"index":1,', b'"index":2,'),
     "tool json incomplete": _GOOD.replace(b'\\"Paris\\"}"', b'\\"Paris\\""', 1),
-    "usage with input_tokens in message_delta": _GOOD.replace(
-        b'"usage":{"output_tokens":89}', b'"usage":{"input_tokens":1,"output_tokens":89}'
+    "message_delta cache count without input_tokens": _GOOD.replace(
+        b'"usage":{"input_tokens":400,"output_tokens":89}',
+        b'"usage":{"cache_read_input_tokens":1,"output_tokens":89}'
+    ),
+    "message_delta usage out of order": _GOOD.replace(
+        b'"usage":{"input_tokens":400,"output_tokens":89}',
+        b'"usage":{"output_tokens":89,"input_tokens":400}'
     ),
     "message_start key order": _GOOD.replace(
         b'"type":"message","role":"assistant"', b'"role":"assistant","type":"message"', 1

@@ -25,6 +25,8 @@ from gateway.text import jsonutil
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "requests"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "anthropic.json").is_file())
+# No thinking asked for: a vLLM/SGLang/llama.cpp template is asked not to think.
+THINKING_OFF = {"thinking": False, "enable_thinking": False}
 
 
 def _route(kind: str = "vllm") -> ModelRoute:
@@ -84,6 +86,7 @@ def test_on_drop_is_optional() -> None:
         "model": "org/model",
         "max_tokens": 5,
         "messages": [{"role": "user", "content": "x"}],
+        "chat_template_kwargs": THINKING_OFF,
     }
 
 
@@ -200,5 +203,6 @@ def test_count_tokens_tolerates_unchecked_generation_fields() -> None:
         count_tokens=True,
         on_drop=dropped.append,
     )
-    assert body == {"model": "org/model", "messages": [{"role": "user", "content": "x"}]}
+    assert body == {"model": "org/model", "messages": [{"role": "user", "content": "x"}],
+                    "chat_template_kwargs": THINKING_OFF}
     assert sorted(dropped) == ["max_tokens", "metadata", "service_tier", "stop_sequences", "stream"]

@@ -48,6 +48,11 @@ def _assistant(*blocks: Any) -> dict[str, Any]:
     }
 
 
+def _turn(turn: dict[str, Any]) -> dict[str, Any]:
+    """``turn`` after a user turn (it is ``messages.1``)."""
+    return {"messages": [{"role": "user", "content": "q"}, turn]}
+
+
 def _tool_result(**fields: Any) -> dict[str, Any]:
     call = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
     return {
@@ -584,6 +589,36 @@ REFUSED: list[tuple[str, dict[str, Any], str, str | None]] = [
         "continue_final_message",
         "boolean",
     ),
+    # Per-turn control entries (beta per-turn-control-2026-07-01): an empty system turn
+    # needs output_config fields; empty user/assistant content is refused as ever.
+    ("control-entry-no-output-config", _turn({"role": "system", "content": []}),
+     "messages.1.content", "at least 1"),
+    ("control-entry-empty-output-config",
+     _turn({"role": "system", "content": [], "output_config": {}}), "messages.1.content", None),
+    ("control-entry-null-effort",
+     _turn({"role": "system", "content": [], "output_config": {"effort": None}}),
+     "messages.1.content", None),
+    ("control-entry-no-content-no-config", _turn({"role": "system"}),
+     "messages.1.content", "required"),
+    ("control-entry-bad-effort",
+     _turn({"role": "system", "content": [], "output_config": {"effort": "extreme"}}),
+     "messages.1.output_config.effort", "medium"),
+    ("control-entry-config-list", _turn({"role": "system", "content": [], "output_config": []}),
+     "messages.1.output_config", "dictionary"),
+    ("control-entry-format-top-level-only",
+     _turn({"role": "system", "content": [],
+            "output_config": {"effort": "low", "format": {"type": "json_schema",
+                                                          "schema": {"type": "object"}}}}),
+     "messages.1.output_config.format", "top level"),
+    ("user-empty-list-with-output-config",
+     {"messages": [{"role": "user", "content": [], "output_config": {"effort": "low"}}]},
+     "messages.0.content", "at least 1"),
+    ("assistant-empty-list", _turn({"role": "assistant", "content": []}),
+     "messages.1.content", "at least 1"),
+    ("system-clear-at-unknown", _turn({"role": "system", "content": "s", "clear_at": "later"}),
+     "messages.1.clear_at", "next_user_message"),
+    ("user-clear-at", {"messages": [{"role": "user", "content": "q", "clear_at": "never"}]},
+     "messages.0.clear_at", "system"),
 ]
 
 ACCEPTED: list[tuple[str, dict[str, Any]]] = [
@@ -715,6 +750,16 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
         "allow-listed-extras",
         {"chat_template_kwargs": {"enable_thinking": False}, "continue_final_message": True},
     ),
+    # Claude Code 2.1.332 after /compact, and with --bare on every request
+    ("control-entry-empty-list",
+     _turn({"role": "system", "content": [], "output_config": {"effort": "medium"}})),
+    ("control-entry-empty-string",
+     _turn({"role": "system", "content": "", "output_config": {"effort": "max"}})),
+    ("control-entry-no-content", _turn({"role": "system", "output_config": {"effort": "low"}})),
+    ("system-turn-text-empty-output-config",
+     _turn({"role": "system", "content": "s", "output_config": {}})),
+    ("system-turn-clear-at",
+     _turn({"role": "system", "content": "s", "clear_at": "next_user_message"})),
 ]
 
 

@@ -59,6 +59,11 @@ class ContentNormaliser:
         """A ``</think>`` with no opener was seen (a template that opens it in the prompt)."""
         return self._think is not None and self._think.orphan_close
 
+    def passes(self, text: str) -> bool:
+        """``text`` comes out as one text piece of itself and changes nothing held: the
+        stream's hot path then handles it as plain text (no lists, no tuples)."""
+        return self._calls is None and (self._think is None or self._think.passes(text))
+
     def feed(self, text: str) -> list[Piece]:
         out: list[Piece] = []
         think = self._think

@@ -88,9 +88,15 @@ class InlineThinking:
         """What is held back until the next delta or :meth:`flush` decides it."""
         return self._held
 
+    def passes(self, text: str) -> bool:
+        """``feed(text)`` would return ``text`` itself as text and change nothing: a caller
+        on the hot path may use ``text`` as it is instead (no list, no tuple)."""
+        return self.phase is Phase.TEXT and (
+            not self._watch or (not self._tail and "<" not in text))
+
     def feed(self, text: str) -> list[Piece]:
         """One content delta in; the pieces it decides, in order, same-kind pieces merged."""
-        if self.phase is Phase.TEXT and (not self._watch or (not self._tail and "<" not in text)):
+        if self.passes(text):
             return [(False, text)] if text else []  # the hot path: one scan at most
         handler = _HANDLERS.get(self.phase)
         if handler is None:

@@ -330,9 +330,10 @@ class StreamTranslator:
             if content:
                 if type(content) is not str:
                     raise Malformed
-                if self._norm is None:
+                norm = self._norm
+                if norm is None or norm.passes(content):
                     self._on_text(content, out)
-                elif not self._on_pieces(self._norm.feed(content), out):
+                elif not self._on_pieces(norm.feed(content), out):
                     return
                 if self.state is not _BLOCK_OPEN:  # a stop sequence ended the message
                     return

@@ -59,10 +59,19 @@ class ContentNormaliser:
         """A ``</think>`` with no opener was seen (a template that opens it in the prompt)."""
         return self._think is not None and self._think.orphan_close
 
-    def passes(self, text: str) -> bool:
-        """``text`` comes out as one text piece of itself and changes nothing held: the
-        stream's hot path then handles it as plain text (no lists, no tuples)."""
-        return self._calls is None and (self._think is None or self._think.passes(text))
+    def plain(self, text: str) -> bool:
+        """Take ``text`` as plain text if :meth:`feed` would return it as one text piece of
+        itself with nothing held: True, and the caller uses ``text`` as it is (the stream's
+        hot path: no lists, no tuples per chunk); False, and the caller feeds it."""
+        if self._think is not None and not self._think.passes(text):
+            return False
+        calls = self._calls
+        if calls is None:
+            return True
+        if self._space or not calls.passes(text) or text.isspace():
+            return False
+        self._after_call = False
+        return True
 
     def feed(self, text: str) -> list[Piece]:
         out: list[Piece] = []

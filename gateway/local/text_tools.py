@@ -80,8 +80,16 @@ class TextToolCalls:
     def __repr__(self) -> str:
         return f"TextToolCalls(held={len(self._held)}, whole={self._whole}, found={self.found})"
 
+    def passes(self, text: str) -> bool:
+        """``feed(text)`` would return ``[text]`` and hold nothing: nothing is held, the
+        message can no longer be a whole-message call, and no marker can start in it."""
+        return (not self._held and not self._whole and _MISTRAL[0] not in text
+                and _HERMES_OPEN[0] not in text)
+
     def feed(self, text: str) -> list[Piece]:
         if not self._names:
+            return [text] if text else []
+        if self.passes(text):
             return [text] if text else []
         self._held += text
         out: list[Piece] = []
@@ -149,12 +157,21 @@ def _text(out: list[Piece], text: str) -> None:
             out.append(text)
 
 
+_LONGEST = max(map(len, _MARKERS))
+_FIRSTS = "".join(sorted({marker[0] for marker in _MARKERS}))
+
+
 def _tag_prefix(held: str, start: int) -> int:
-    """How many characters at the end of ``held`` may be the start of a marker."""
-    for size in range(min(len(held) - start, max(map(len, _MARKERS)) - 1), 0, -1):
-        tail = held[len(held) - size:]
-        if any(marker.startswith(tail) for marker in _MARKERS):
-            return size
+    """How many characters at the end of ``held`` may be the start of a marker.
+
+    Per chunk of prose this is the hot path: only a tail that begins with a marker's first
+    character can be one, so most chunks are answered by a scan for those characters."""
+    lo = max(start, len(held) - (_LONGEST - 1))
+    for at in range(lo, len(held)):
+        if held[at] in _FIRSTS:
+            tail = held[at:]
+            if any(marker.startswith(tail) for marker in _MARKERS):
+                return len(held) - at
     return 0
 
 

@@ -331,7 +331,7 @@ class StreamTranslator:
                 if type(content) is not str:
                     raise Malformed
                 norm = self._norm
-                if norm is None or norm.passes(content):
+                if norm is None or norm.plain(content):
                     self._on_text(content, out)
                 elif not self._on_pieces(norm.feed(content), out):
                     return

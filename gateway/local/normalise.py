@@ -9,10 +9,12 @@ content deltas of one reply, in that order, and yields ordered pieces:
 * ``(TEXT, str)``: what the model said;
 * ``(CALL, TextToolCall)``: a tool call written as text, for a tool the request offered.
 
-Where calls are looked for, whitespace-only text (the newlines a model writes around a
-call) is held until something follows it: text after it keeps it, a call drops it, and at
-the end it is dropped after a call and kept otherwise, so no text block holds only a line
-break next to a tool call while prose keeps every byte.
+Where calls are looked for, whitespace at the end of the text so far (the newlines a model
+writes before a call, in a delta of their own or at the end of a sentence's) is held until
+something follows it: text after it keeps it, a call drops it, and at the end it is dropped
+after a call and kept otherwise. Whatever the split of the content into deltas, the same
+whitespace goes, so no text ends in a line break before a tool call and prose keeps every
+byte.
 
 The buffered path (``from_chat``) feeds the whole content once and the stream feeds each
 delta: the pieces are the same for any split, so buffered and streamed replies to the same
@@ -68,7 +70,7 @@ class ContentNormaliser:
         calls = self._calls
         if calls is None:
             return True
-        if self._space or not calls.passes(text) or text.isspace():
+        if self._space or not calls.passes(text) or text[-1:].isspace() or not text:
             return False
         self._after_call = False
         return True
@@ -124,12 +126,21 @@ class ContentNormaliser:
         if not text:
             return
         if self._calls is not None:
-            if text.isspace() and len(self._space) < _MAX_SPACE:
-                self._space += text
-                return
+            body = text.rstrip()
             if self._space:
-                text = self._space + text
-                self._space = ""
+                body = self._space + body if body else ""
+            held = text[len(text.rstrip()):]
+            if not body:  # only whitespace so far
+                self._space += held
+                if len(self._space) <= _MAX_SPACE:
+                    return
+                body, self._space = self._space, ""
+            else:
+                self._space = held
             self._after_call = False
+            if len(self._space) > _MAX_SPACE:
+                body, self._space = body + self._space, ""
+            out.append((TEXT, body))
+            return
         out.append((TEXT, text))
 

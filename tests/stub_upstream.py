@@ -147,6 +147,52 @@ def script(model: str) -> tuple[list[bytes], dict]:
     return [*frames, b"data: [DONE]\n\n"], body
 
 
+def buffered_completion(upstream_sse: bytes) -> dict:
+    """The buffered completion equal to a recorded chat-completion stream: its deltas joined
+    into one ``message`` (content, reasoning, each tool call's arguments joined), its last
+    ``finish_reason`` and ``usage``; a new ``id`` at a used tool-call index is a new call
+    (Ollama reuses index 0)."""
+    first: dict = {}
+    content, reasoning = [], []
+    calls: list[dict] = []
+    at: dict[int, dict] = {}
+    finish = None
+    usage = None
+    for frame in upstream_sse.split(b"\n\n"):
+        if not frame.startswith(b"data: {"):
+            continue
+        chunk_ = json.loads(frame[6:])
+        first = first or chunk_
+        usage = chunk_.get("usage") or usage
+        for choice in chunk_.get("choices") or ():
+            delta = choice.get("delta") or {}
+            content.append(delta.get("content") or "")
+            reasoning.append(delta.get("reasoning_content") or delta.get("reasoning") or "")
+            for tc in delta.get("tool_calls") or ():
+                call = at.get(tc["index"])
+                if call is None or (tc.get("id") and call["id"] and tc["id"] != call["id"]):
+                    call = {"id": tc.get("id"), "type": "function",
+                            "function": {"name": None, "arguments": ""}}
+                    at[tc["index"]] = call
+                    calls.append(call)
+                function = tc.get("function") or {}
+                call["function"]["name"] = call["function"]["name"] or function.get("name")
+                call["function"]["arguments"] += function.get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    message: dict = {"role": "assistant", "content": "".join(content) or None}
+    if "".join(reasoning):
+        message["reasoning_content"] = "".join(reasoning)
+    if calls:
+        message["tool_calls"] = calls
+    body = {"id": first.get("id", "chatcmpl-stub"), "object": "chat.completion",
+            "created": first.get("created", CREATED), "model": first.get("model", ""),
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": finish}]}
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
 def last_turn(messages: list[dict]) -> dict:
     """The last message that is not a ``role: "system"`` turn (or the last one)."""
     return next((m for m in reversed(messages) if m.get("role") != "system"), messages[-1])

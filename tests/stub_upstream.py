@@ -39,6 +39,9 @@ route's ``upstream_model``), so one stub serves many gateway routes:
                     (an agent's tool loop; buffered or streamed)
     cc-steps:STEPS  STEPS is a JSON list of ``[NAME, ARGS]``: one tool call per assistant turn,
                     in order, then text: ``The tool said: <the last tool result>``
+    golden:CASE     replays ``tests/golden/streams/CASE/upstream.sse`` (what a local engine
+                    really sent), one write per event; buffered, the completion its deltas
+                    join into (:func:`buffered_completion`)
 
 In the tool scenarios, "the last message" skips trailing ``role: "system"`` turns, which
 Claude Code appends after a tool result (e.g. ``<total_tokens>`` in a subagent).
@@ -63,15 +66,19 @@ import asyncio
 import base64
 import itertools
 import json
+import re
 import struct
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from aiohttp import web
 
 CREATED = 1700000000
+GOLDEN_STREAMS = Path(__file__).resolve().parent / "golden" / "streams"
+_CASE_NAME = re.compile(r"[a-z0-9_]+")
 TEXT = ["Hello", " from", " the", " stub", "."]
 TRACEBACK = ('Traceback (most recent call last):\n  File "/opt/vllm/entrypoints/openai/'
              'serving_chat.py", line 42, in create\nRuntimeError: CUDA out of memory at '
@@ -396,6 +403,8 @@ class Stub:
             return await self.thinking_round_trip(request, body, model, stream)
         if model.startswith("cc-steps:"):
             return await self.tool_steps(request, body, model, stream)
+        if model.startswith("golden:"):
+            return await self.golden_replay(request, model, stream)
         frames, buffered = script(model if model in ("reasoning", "tools", "length") else "ok")
         frames = [f.replace(b'"model":"ok"', b'"model":' + json.dumps(model).encode())
                   for f in frames]
@@ -544,6 +553,23 @@ class Stub:
                     {"content": ""})
         return await self._call_or_answer(request, model, stream, call=None,
                                           answer="The tool said: " + _tool_text(last))
+
+    async def golden_replay(self, request: web.Request, model: str,
+                            stream: bool) -> web.StreamResponse:
+        """``golden:CASE``: a recorded golden stream, replayed (or its buffered equal)."""
+        case = model.split(":", 1)[1]
+        if not _CASE_NAME.fullmatch(case) or not (GOLDEN_STREAMS / case).is_dir():
+            return status_reply("status:404")
+        raw = (GOLDEN_STREAMS / case / "upstream.sse").read_bytes()
+        if not stream:
+            return web.json_response(buffered_completion(raw), dumps=_compact)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for event in raw.split(b"\n\n"):
+            if event:
+                await resp.write(event + b"\n\n")
+        await resp.write_eof()
+        return resp
 
     async def quote_key(self, request: web.Request, route: str, model: str, body: dict,
                         stream: bool) -> web.StreamResponse:

@@ -41,6 +41,9 @@ route's ``upstream_model``), so one stub serves many gateway routes:
                     (an agent's tool loop; buffered or streamed)
     cc-steps:STEPS  STEPS is a JSON list of ``[NAME, ARGS]``: one tool call per assistant turn,
                     in order, then text: ``The tool said: <the last tool result>``
+    golden:CASE     replays ``tests/golden/streams/CASE/upstream.sse`` (what a local engine
+                    really sent), one write per event; buffered, the completion its deltas
+                    join into (:func:`buffered_completion`)
 
 In the tool scenarios, "the last message" skips trailing ``role: "system"`` turns, which
 Claude Code appends after a tool result (e.g. ``<total_tokens>`` in a subagent).
@@ -65,15 +68,19 @@ import asyncio
 import base64
 import itertools
 import json
+import re
 import struct
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from aiohttp import web
 
 CREATED = 1700000000
+GOLDEN_STREAMS = Path(__file__).resolve().parent / "golden" / "streams"
+_CASE_NAME = re.compile(r"[a-z0-9_]+")
 TEXT = ["Hello", " from", " the", " stub", "."]
 TRACEBACK = ('Traceback (most recent call last):\n  File "/opt/vllm/entrypoints/openai/'
              'serving_chat.py", line 42, in create\nRuntimeError: CUDA out of memory at '
@@ -149,6 +156,52 @@ def script(model: str) -> tuple[list[bytes], dict]:
     frames += [chunk(model, {}, finish), chunk(model, {}, usage=usage, choices=False)]
     body = completion(model, {"role": "assistant", "content": "".join(TEXT)}, finish, usage)
     return [*frames, b"data: [DONE]\n\n"], body
+
+
+def buffered_completion(upstream_sse: bytes) -> dict:
+    """The buffered completion equal to a recorded chat-completion stream: its deltas joined
+    into one ``message`` (content, reasoning, each tool call's arguments joined), its last
+    ``finish_reason`` and ``usage``; a new ``id`` at a used tool-call index is a new call
+    (Ollama reuses index 0)."""
+    first: dict = {}
+    content, reasoning = [], []
+    calls: list[dict] = []
+    at: dict[int, dict] = {}
+    finish = None
+    usage = None
+    for frame in upstream_sse.split(b"\n\n"):
+        if not frame.startswith(b"data: {"):
+            continue
+        chunk_ = json.loads(frame[6:])
+        first = first or chunk_
+        usage = chunk_.get("usage") or usage
+        for choice in chunk_.get("choices") or ():
+            delta = choice.get("delta") or {}
+            content.append(delta.get("content") or "")
+            reasoning.append(delta.get("reasoning_content") or delta.get("reasoning") or "")
+            for tc in delta.get("tool_calls") or ():
+                call = at.get(tc["index"])
+                if call is None or (tc.get("id") and call["id"] and tc["id"] != call["id"]):
+                    call = {"id": tc.get("id"), "type": "function",
+                            "function": {"name": None, "arguments": ""}}
+                    at[tc["index"]] = call
+                    calls.append(call)
+                function = tc.get("function") or {}
+                call["function"]["name"] = call["function"]["name"] or function.get("name")
+                call["function"]["arguments"] += function.get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    message: dict = {"role": "assistant", "content": "".join(content) or None}
+    if "".join(reasoning):
+        message["reasoning_content"] = "".join(reasoning)
+    if calls:
+        message["tool_calls"] = calls
+    body = {"id": first.get("id", "chatcmpl-stub"), "object": "chat.completion",
+            "created": first.get("created", CREATED), "model": first.get("model", ""),
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": finish}]}
+    if usage is not None:
+        body["usage"] = usage
+    return body
 
 
 def last_turn(messages: list[dict]) -> dict:
@@ -354,6 +407,8 @@ class Stub:
             return await self.thinking_round_trip(request, body, model, stream)
         if model.startswith("cc-steps:"):
             return await self.tool_steps(request, body, model, stream)
+        if model.startswith("golden:"):
+            return await self.golden_replay(request, model, stream)
         frames, buffered = script(model if model in ("reasoning", "tools", "length", "cached")
                                   else "ok")
         frames = [f.replace(b'"model":"ok"', b'"model":' + json.dumps(model).encode())
@@ -503,6 +558,23 @@ class Stub:
                     {"content": ""})
         return await self._call_or_answer(request, model, stream, call=None,
                                           answer="The tool said: " + _tool_text(last))
+
+    async def golden_replay(self, request: web.Request, model: str,
+                            stream: bool) -> web.StreamResponse:
+        """``golden:CASE``: a recorded golden stream, replayed (or its buffered equal)."""
+        case = model.split(":", 1)[1]
+        if not _CASE_NAME.fullmatch(case) or not (GOLDEN_STREAMS / case).is_dir():
+            return status_reply("status:404")
+        raw = (GOLDEN_STREAMS / case / "upstream.sse").read_bytes()
+        if not stream:
+            return web.json_response(buffered_completion(raw), dumps=_compact)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for event in raw.split(b"\n\n"):
+            if event:
+                await resp.write(event + b"\n\n")
+        await resp.write_eof()
+        return resp
 
     async def quote_key(self, request: web.Request, route: str, model: str, body: dict,
                         stream: bool) -> web.StreamResponse:

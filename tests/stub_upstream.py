@@ -45,6 +45,19 @@ route's ``upstream_model``), so one stub serves many gateway routes:
                     really sent), one write per event; buffered, the completion its deltas
                     join into (:func:`buffered_completion`)
 
+Local engines without their parsers (Claude Code tests; ``LocalEngine`` below). Each
+answers a tool's result with text holding it: ``The file says: <its content>``:
+
+    text-tool:PATH      a Read of PATH written as text (Hermes ``<tool_call>{...}</tool_call>``,
+                        finish "stop", no ``tool_calls``), streamed in 7-character chunks
+    broken-args:PATH    a real Read call of PATH whose arguments are Python-quoted with a
+                        trailing comma (``{'file_path': 'PATH',}``), streamed in 5 pieces
+    inline-think:PATH   ``<think>...</think>`` in content before each turn: the text Read call,
+                        then the answer
+    chat                text naming the turn and echoing the start of the last user message
+                        (``Reply N: <its start>``); to Claude Code's /compact prompt,
+                        ``<summary>Summary N: ...</summary>``: for sessions (``--continue``)
+
 In the tool scenarios, "the last message" skips trailing ``role: "system"`` turns, which
 Claude Code appends after a tool result (e.g. ``<total_tokens>`` in a subagent).
 
@@ -409,6 +422,8 @@ class Stub:
             return await self.tool_steps(request, body, model, stream)
         if model.startswith("golden:"):
             return await self.golden_replay(request, model, stream)
+        if model.split(":", 1)[0] in LocalEngine.SCENARIOS:
+            return await LocalEngine(model, body).reply(request, stream)
         frames, buffered = script(model if model in ("reasoning", "tools", "length", "cached")
                                   else "ok")
         frames = [f.replace(b'"model":"ok"', b'"model":' + json.dumps(model).encode())
@@ -656,6 +671,79 @@ class Stub:
                 assert request.transport is not None
                 request.transport.abort()
                 return resp
+            await resp.write(frame)
+        await resp.write_eof()
+        return resp
+
+
+# --- local engines without their parsers (Claude Code tests) ------------------------------
+
+
+class LocalEngine:
+    """One turn of ``text-tool:PATH``, ``broken-args:PATH``, ``inline-think:PATH`` or ``chat``:
+    what an engine started without its tool or reasoning parser streams (see the docstring).
+    Tool turns: a Read of PATH until the last message is a tool result, then text with it."""
+
+    SCENARIOS = ("text-tool", "broken-args", "inline-think", "chat")
+    CHUNK = 7  # odd chunks, so the tags are split across deltas
+
+    def __init__(self, model: str, body: dict) -> None:
+        self.model = model
+        self.kind, _, self.path = model.partition(":")
+        self.messages = body.get("messages") or []
+
+    def _frames(self, content: str, size: int) -> list[bytes]:
+        return [chunk(self.model, {"content": content[i:i + size]})
+                for i in range(0, len(content), size)]
+
+    def turn(self) -> tuple[list[bytes], dict, str]:
+        """(content and tool_calls frames, the buffered message, finish_reason)."""
+        last = last_turn(self.messages)
+        if self.kind == "chat":
+            turn = 1 + sum(1 for m in self.messages if m.get("role") == "assistant")
+            said = _tool_text(last) if last.get("role") == "user" else ""
+            text = f"Reply {turn}: " + " ".join(said.split())[:60]
+            if "CRITICAL: Respond with TEXT ONLY" in said:  # Claude Code's /compact prompt
+                text = f"<summary>Summary {turn}: the user said hello.</summary>"
+            return self._frames(text, self.CHUNK), {"content": text}, "stop"
+        think = "<think>\nI should read the file.\n</think>\n\n"
+        if last.get("role") == "tool":
+            text = "The file says: " + _tool_text(last, as_json=True).strip().replace(
+                "\n", " ")[:200]
+            if self.kind == "inline-think":
+                text = think.replace("read the file", "quote the file") + text
+            return self._frames(text, self.CHUNK), {"content": text}, "stop"
+        if self.kind == "broken-args":
+            args = "{'file_path': " + repr(self.path) + ",}"
+            call = {"index": 0, "id": "call_broken_1", "type": "function",
+                    "function": {"name": "Read", "arguments": ""}}
+            size = -(-len(args) // 5)
+            frames = [chunk(self.model, {"tool_calls": [call]})]
+            frames += [chunk(self.model, {"tool_calls": [
+                {"index": 0, "function": {"arguments": args[i:i + size]}}]})
+                for i in range(0, len(args), size)]
+            message = {"content": None, "tool_calls": [
+                {"id": "call_broken_1", "type": "function",
+                 "function": {"name": "Read", "arguments": args}}]}
+            return frames, message, "tool_calls"
+        call = json.dumps({"name": "Read", "arguments": {"file_path": self.path}})
+        text = f"I'll read it.\n<tool_call>\n{call}\n</tool_call>"
+        if self.kind == "inline-think":
+            text = think + text
+        return self._frames(text, self.CHUNK), {"content": text}, "stop"
+
+    async def reply(self, request: web.Request, stream: bool) -> web.StreamResponse:
+        frames, message, finish = self.turn()
+        message = {"role": "assistant", **message}
+        if not stream:
+            return web.json_response(completion(self.model, message, finish, USAGE),
+                                     dumps=_compact)
+        frames = [chunk(self.model, {"role": "assistant", "content": ""}), *frames,
+                  chunk(self.model, {}, finish),
+                  chunk(self.model, {}, usage=USAGE, choices=False), b"data: [DONE]\n\n"]
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for frame in frames:
             await resp.write(frame)
         await resp.write_eof()
         return resp

@@ -27,6 +27,25 @@ context_management, output_config, metadata and cache_control. The work director
 ``think-updates``  the same, with ``thinking.display: "updates"`` forced through
                ``CLAUDE_CODE_EXTRA_BODY`` (2.1.332 sends ``omitted`` unless an experiment is on).
 
+Local engines without their parsers (the stub's ``LocalEngine`` scenarios), on hello.txt:
+
+``text-tool``     ``tiny-demo`` -> ``text-tool``: the Read call written as text in content.
+``broken-args``   ``tiny-demo`` -> ``broken-args``: a Read call with non-JSON arguments.
+``inline-think``  ``tiny-demo`` -> ``inline-think``: ``<think>`` in content, then a text call.
+
+Sessions (persisted; one ``claude -p`` per step, in the same work and home directories),
+``tiny-demo`` and ``claude-*`` -> the stub's ``chat``:
+
+``compact``         PROMPT; ``/compact`` with ``--continue``; ``Go on`` with ``--continue``.
+``compact-effort``  the same, with ``CLAUDE_CODE_MODEL_CAPABILITIES=per_turn_effort``: only
+                    for a model with that capability does 2.1.332 send the beta
+                    ``per-turn-control-2026-07-01`` and put ``output_config`` on its
+                    ``role: "system"`` turns (``tiny-demo`` is not a model it knows).
+``compact-bare``    as ``compact-effort``, each step with ``--bare``: the ``output_config``
+                    then rides on a control entry, ``{"role":"system","content":[],...}``.
+Their output adds ``steps``: per step its arguments, exit code, result and stderr tail, and
+``first_request``, the index in ``client_requests`` of its first request.
+
 Claude Code talks to the gateway through a recording pass-through proxy (bytes relayed as
 they come), so a test sees what Claude Code itself sent: model names, thinking, tools.
 Writes one JSON object to OUT.json: exit code (None if Claude Code hung and was killed),
@@ -62,6 +81,19 @@ FILE_TEXT = "hello from the file 42"
 PDF_LINES = ["Quarterly report of the PDF 77", "Revenue rose by 12 percent."]
 MODEL = "tiny-demo"
 EXPLORE_PROMPT = "Read hello.txt and report what it says."
+LOCAL_MODES = ("text-tool", "broken-args", "inline-think")
+SESSION_MODES = ("compact", "compact-effort", "compact-bare")
+
+
+def _steps(mode: str, prompt: str, args: list[str]) -> list[list[str]]:
+    """The ``claude`` argument lists to run, in order: one for a single-run mode."""
+    out = ["--output-format", "json"]
+    if mode not in SESSION_MODES:
+        return [["-p", prompt, *args, *out, "--no-session-persistence"]]
+    bare = ["--bare"] if mode == "compact-bare" else []
+    return [["-p", prompt, *args, *bare, *out],
+            ["-p", "/compact", "--continue", *args, *bare, *out],
+            ["-p", "Go on", "--continue", *args, *bare, *out]]
 
 
 _HOP_BY_HOP = frozenset({"host", "content-length", "transfer-encoding", "connection",
@@ -146,6 +178,10 @@ def _routes(mode: str, work: Path) -> list[tuple[str, str]]:
         return [(MODEL, "think-tool:Read:" + json.dumps({"file_path": hello}))]
     if mode == "tool":
         return [(MODEL, f"cc-tool:{hello}")]
+    if mode in LOCAL_MODES:
+        return [(MODEL, f"{mode}:{hello}")]
+    if mode in SESSION_MODES:
+        return [(MODEL, "chat"), ("claude-*", "chat")]
     raise SystemExit(f"unknown mode {mode!r}")
 
 
@@ -216,27 +252,36 @@ def main() -> int:
     }
     if model is not None:
         env["ANTHROPIC_MODEL"] = model
+    if mode in ("compact-effort", "compact-bare"):  # a model that takes per-turn effort
+        env["CLAUDE_CODE_MODEL_CAPABILITIES"] = "per_turn_effort"
     if mode == "think-updates":  # what 2.1.332 sends when its connector-text experiment is on
         env["CLAUDE_CODE_EXTRA_BODY"] = json.dumps(
             {"thinking": {"type": "adaptive", "display": "updates"}})
     seen = None
+    steps = []
     try:
-        claude = subprocess.Popen(
-            [str(CLAUDE), "-p", prompt, *args, "--output-format", "json",
-             "--no-session-persistence"],
-            cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        try:  # a hung run still reports what it sent (exit_code None)
-            stdout, stderr = claude.communicate(timeout=150 if mode == "llama" else 90)
-        except subprocess.TimeoutExpired:
-            claude.kill()
-            stdout, stderr = claude.communicate()
-            stderr += "\n[claude_code_run: Claude Code timed out and was killed]"
-        exit_code = None if claude.returncode < 0 else claude.returncode
-        result = None
-        for line in stdout.splitlines():
-            if line.startswith("{"):
-                result = json.loads(line)
+        for step in _steps(mode, prompt, args):
+            first_request = len(recorder.requests)
+            claude = subprocess.Popen(
+                [str(CLAUDE), *step],
+                cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
+            try:  # a hung run still reports what it sent (exit_code None)
+                stdout, stderr = claude.communicate(timeout=150 if mode == "llama" else 90)
+            except subprocess.TimeoutExpired:
+                claude.kill()
+                stdout, stderr = claude.communicate()
+                stderr += "\n[claude_code_run: Claude Code timed out and was killed]"
+            exit_code = None if claude.returncode < 0 else claude.returncode
+            result = None
+            for line in stdout.splitlines():
+                if line.startswith("{"):
+                    result = json.loads(line)
+            steps.append({"args": step, "exit_code": exit_code, "result": result,
+                          "stdout": stdout[-2000:], "stderr": stderr[-2000:],
+                          "first_request": first_request})
+            if exit_code != 0:
+                break
         if stub_url:
             with urllib.request.urlopen(stub_url + "/_requests", timeout=5) as resp:
                 seen = json.loads(resp.read())
@@ -254,7 +299,7 @@ def main() -> int:
         "client_requests": recorder.requests,
         "file_path": str(work / "hello.txt"), "file_text": FILE_TEXT,
         "pdf_path": str(work / "doc.pdf"), "pdf_lines": PDF_LINES,
-        "explore_prompt": EXPLORE_PROMPT,
+        "explore_prompt": EXPLORE_PROMPT, "steps": steps,
     }))
     return 0
 

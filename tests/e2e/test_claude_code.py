@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 CLAUDE = REPO / "tests" / "clients" / "node_modules" / ".bin" / "claude"
 
 
-def _run(tmp_path: Path, mode: str, prompt: str) -> dict:
+def _run(tmp_path: Path, mode: str, prompt: str, timeout: float = 280) -> dict:
     missing = []
     if not CLAUDE.exists():
         missing.append("Claude Code (cd tests/clients && npm install)")
@@ -43,7 +43,7 @@ def _run(tmp_path: Path, mode: str, prompt: str) -> dict:
     out = tmp_path / "cc.json"
     proc = subprocess.run(["unshare", "-n", sys.executable,
                            str(REPO / "tests" / "clients" / "claude_code_run.py"), str(out),
-                           mode, prompt], capture_output=True, text=True, timeout=280)
+                           mode, prompt], capture_output=True, text=True, timeout=timeout)
     assert out.exists(), proc.stdout + proc.stderr
     return json.loads(out.read_text())
 
@@ -226,3 +226,135 @@ def test_claude_code_thinking_tool_loop_keeps_the_reasoning(tmp_path, mode: str,
                      if m["role"] == "assistant")
     assert assistant.get("reasoning_content", "").startswith("REASONING_1"), assistant
     assert assistant["tool_calls"][0]["function"]["name"] == "Read"
+
+
+# --- local engines without their parsers, and sessions (/compact, --continue) ---------------
+
+READ_PROMPT = "Read the file hello.txt and tell me what it says"
+
+
+def _read_round_trip(run: dict) -> None:
+    """Checks a two-turn Read loop that Claude Code ran: every request accepted and streamed,
+    Read called with hello.txt's path, its text sent upstream."""
+    assert run["exit_code"] == 0, _brief(run)
+    assert run["result"]["is_error"] is False
+    assert run["file_text"] in run["result"]["result"]
+    posts = _messages_posts(run)
+    assert [(a["status"], a["stream"]) for a in posts] == [(200, True)] * 2, posts
+    sent = _sent(run)
+    assert len(sent) == 2
+    call = next(b for m in sent[1]["messages"] if m["role"] == "assistant"
+                for b in m["content"] if b["type"] == "tool_use")
+    assert call["name"] == "Read" and call["input"] == {"file_path": run["file_path"]}, call
+    result = next(b for b in sent[1]["messages"][-1]["content"] if b["type"] == "tool_result")
+    assert result["tool_use_id"] == call["id"] and not result.get("is_error"), result
+    second = run["upstream_requests"][1]["body"]
+    upcall = next(m for m in second["messages"] if m.get("tool_calls"))["tool_calls"][0]
+    assert upcall["function"]["name"] == "Read"
+    assert json.loads(upcall["function"]["arguments"]) == {"file_path": run["file_path"]}
+    tool = next(m for m in second["messages"] if m["role"] == "tool")
+    assert tool["tool_call_id"] == upcall["id"] and run["file_text"] in _text(tool["content"])
+
+
+def test_claude_code_runs_a_tool_call_written_as_text(tmp_path) -> None:
+    """An engine without its tool parser: the Read call arrives as Hermes text in content
+    (``<tool_call>{...}</tool_call>``, finish "stop", no ``tool_calls``), in 7-character
+    chunks that split the tags. Claude Code gets a tool_use block, runs Read, and the text
+    before the call stays a text block."""
+    run = _run(tmp_path, "text-tool", READ_PROMPT)
+    _read_round_trip(run)
+    assistant = next(m for m in _sent(run)[1]["messages"] if m["role"] == "assistant")
+    texts = [b["text"] for b in assistant["content"] if b["type"] == "text"]
+    assert texts == ["I'll read it.\n"], assistant["content"]  # prose keeps every byte
+    assert "<tool_call>" not in json.dumps(_sent(run)[1]), assistant["content"]
+
+
+def test_claude_code_runs_a_tool_call_with_broken_arguments(tmp_path) -> None:
+    """A real ``tool_calls`` Read whose arguments are ``{'file_path': '<path>',}`` (Python
+    quotes, trailing comma), streamed in 5 pieces: repaired into the JSON object Claude Code
+    executes."""
+    _read_round_trip(_run(tmp_path, "broken-args", READ_PROMPT))
+
+
+def test_claude_code_inline_think_never_shows_the_tag(tmp_path) -> None:
+    """``<think>...</think>`` in content before each turn (an engine without its reasoning
+    parser). Claude Code asks for adaptive thinking with ``display: "omitted"``: the
+    reasoning becomes a signed thinking block, never ``<think>`` text in the result or
+    history; the Read call after it (written as text) still runs."""
+    run = _run(tmp_path, "inline-think", READ_PROMPT)
+    _read_round_trip(run)
+    first, second = _sent(run)
+    assert first["thinking"] == {"type": "adaptive", "display": "omitted"}
+    assert "<think>" not in run["result"]["result"] and "</think>" not in run["result"]["result"]
+    assert run["result"]["result"].startswith("The file says: ")
+    assistant = next(m for m in second["messages"] if m["role"] == "assistant")["content"]
+    assert [b["type"] for b in assistant] == ["thinking", "text", "tool_use"], assistant
+    assert assistant[0]["thinking"] == "" and assistant[0]["signature"]
+    assert "think>" not in json.dumps(second["messages"])
+    # the sealed reasoning went back upstream as reasoning, not as content
+    upstream = next(m for m in run["upstream_requests"][1]["body"]["messages"]
+                    if m["role"] == "assistant")
+    assert "I should read the file." in upstream.get("reasoning_content", ""), upstream
+    assert "think>" not in json.dumps(upstream.get("content"))
+
+
+def _is_control_entry(turn: dict) -> bool:
+    return (turn["role"] == "system" and turn["content"] == []
+            and bool(turn.get("output_config")))
+
+
+@pytest.mark.parametrize("mode", ["compact", "compact-effort", "compact-bare"])
+def test_claude_code_session_with_compact_and_continue(tmp_path, mode: str) -> None:
+    """A persisted session: a first ``claude -p``, then ``/compact`` and another turn, both
+    with ``--continue``. Every request of the session is accepted (no 400).
+
+    What 2.1.332 sends for the custom model name ``tiny-demo`` (read from its code and seen
+    here): per-turn ``output_config`` and the beta ``per-turn-control-2026-07-01`` only for a
+    model with the ``per_turn_effort`` capability (``CLAUDE_CODE_MODEL_CAPABILITIES``):
+    ``compact`` has neither; ``compact-effort`` (full mode) puts ``output_config`` on its
+    ``role: "system"`` turns, which carry text; ``compact-bare`` (``--bare``, no system turn
+    of its own) sends it as a control entry ``{"role":"system","content":[],
+    "output_config":{"effort":...}}`` right after the user turn it belongs to, on every
+    request, the compaction's and the compacted session's too."""
+    run = _run(tmp_path, mode, "Say hello", timeout=400)
+    steps = run["steps"]
+    assert [s["exit_code"] for s in steps] == [0, 0, 0], _brief(run)
+    assert all(s["result"]["is_error"] is False for s in steps), steps
+    posts, sent = _messages_posts(run), _sent(run)
+    assert posts and all(a["status"] == 200 for a in posts), posts
+    assert len(posts) == len(sent) == len(run["upstream_requests"]), posts
+    # one compaction request, then the next turn goes on from its summary
+    compaction = [b for b in sent if "CRITICAL: Respond with TEXT ONLY" in json.dumps(
+        b["messages"][-1])]
+    assert len(compaction) == 1, [json.dumps(b["messages"][-1])[:80] for b in sent]
+    last = sent[-1]["messages"]
+    assert "This session is being continued" in json.dumps(last[0])
+    assert "Summary " in json.dumps(last[0]) and "Go on" in json.dumps(last)
+    assert steps[2]["result"]["result"].startswith("Reply 1: ")
+    betas = [r["beta"] for r in run["client_requests"]
+             if r["path"].split("?")[0].endswith("/v1/messages")]
+    entries = [[m for m in b["messages"] if _is_control_entry(m)] for b in sent]
+    with_config = [[m for m in b["messages"] if "output_config" in m] for b in sent]
+    if mode == "compact":
+        assert not any("per-turn-control-2026-07-01" in b for b in betas), betas
+        assert not any(with_config), with_config
+    elif mode == "compact-effort":
+        assert all("per-turn-control-2026-07-01" in b for b in betas), betas
+        assert all(turns and all(m["role"] == "system" and m["content"] for m in turns)
+                   for turns in with_config), with_config
+        assert not any(entries)
+    else:
+        assert all("per-turn-control-2026-07-01" in b for b in betas), betas
+        assert all(len(e) == 1 and e[0]["output_config"].get("effort") for e in entries), [
+            b["messages"] for b in sent]
+        # right after the user turn it belongs to (the first one in the compaction request)
+        assert all(_is_control_entry(b["messages"][1]) for b in sent), [
+            b["messages"] for b in sent]
+    # nothing empty went upstream; the per-turn effort reached it
+    for body in (r["body"] for r in run["upstream_requests"]):
+        assert all(_text(m.get("content") or "").strip() or m.get("tool_calls")
+                   for m in body["messages"]), body["messages"]
+        assert body["stream"] is True
+    if mode != "compact":
+        assert all(r["body"].get("reasoning_effort") == "high"
+                   for r in run["upstream_requests"])

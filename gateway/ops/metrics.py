@@ -42,6 +42,7 @@ from prometheus_client import (
 )
 
 from gateway import __version__
+from gateway.text.refusals import CAPABILITIES
 
 disable_created_metrics()
 
@@ -263,6 +264,11 @@ class Metrics:
             "Replies a local engine sent in a shape the gateway normalised, by fix: tool "
             "arguments repaired or unrepairable, tool calls written as text, inline <think>",
             ["model", "fix"], registry=r))
+        self.capability_fallbacks = _Memo(Counter(
+            p + "capability_fallbacks_total",
+            "Requests an upstream refused for content it cannot take (images, tool_reference "
+            "parts), sent again with that content as text; the route then sends it as text",
+            ["model", "capability"], registry=r))
         self.upstream_protocol_errors = _Memo(Counter(
             p + "upstream_protocol_errors_total",
             "Upstream replies that broke HTTP framing, by kind; each closed the upstream's "
@@ -338,6 +344,8 @@ class Metrics:
         self.tool_arg_errors.labels(model)
         for fix in LOCAL_FIXES:
             self.local_fixes.labels(model, fix)
+        for capability in CAPABILITIES:
+            self.capability_fallbacks.labels(model, capability)
 
     def count_tokens(self, model: str, usage: tuple[int, int] | None) -> None:
         """Count a reply's (input, output) tokens, buffered or streamed, for every API."""

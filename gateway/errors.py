@@ -41,6 +41,13 @@ Protocol facts relied on:
 * An upstream 503 means "busy": it is answered as 529 ``overloaded_error``.
   A 401/403/404 from the upstream is the gateway's own misconfiguration (its
   key or its ``upstream_model``), so the client gets a 500 it should not retry.
+* An upstream refusal that names its cause (:mod:`gateway.text.refusals`: an image to a
+  text-only model, a content part type the server does not parse) is the request's fault
+  whatever the status: ``400 invalid_request_error`` saying what the model does not
+  support, with the upstream's wording scrubbed as a 4xx's is; the error's ``refused``
+  names the capability, so the Messages call can retry with that content as text. An
+  upstream 501 (a route the engine's server does not offer, e.g. llama.cpp's embeddings
+  without ``--embeddings``) is ``501 not_supported`` with ``x-should-retry: false``.
 * Claude Code acts on exactly two context-overflow wordings (see
   :func:`context_overflow_message`); the upstreams' own wordings are rewritten
   into them. Wordings recognised (checked against the servers' sources):
@@ -80,6 +87,7 @@ from typing import Any
 from gateway.text import jsonutil
 from gateway.text.overflow import context_overflow_message
 from gateway.text.redact import NO_SECRETS, Secrets
+from gateway.text.refusals import refusal
 from gateway.text.scrub import clean
 
 # THE status -> error.type table (Anthropic's documented types).
@@ -154,6 +162,9 @@ class GatewayError(Exception):
     # the status the upstream answered, when this error is its reply (from_upstream); None
     # for the gateway's own failures (a connect error, a timeout, a malformed reply)
     upstream_status: int | None = None
+    # the capability an upstream refused (gateway.text.refusals.CAPABILITIES), when this error
+    # is such a refusal; the Messages call may then retry with that content as text
+    refused: str | None = None
 
     def __init__(
         self,
@@ -340,6 +351,15 @@ def _map_upstream(status: int, raw: bytes, hosts: Iterable[str], secrets: Secret
         )
         if overflow is not None:
             return UpstreamError(overflow, status=400, error_type="invalid_request_error")
+    known = refusal(status, text) if status not in (401, 403, 404, 429, 503, 529) else None
+    if known is not None and known.refuses != "server":
+        err = UpstreamError(f"{known.says}: {scrub(400, text, hosts, secrets)}", status=400,
+                            error_type="invalid_request_error")
+        err.refused = known.refuses
+        return err
+    if status == 501 or known is not None:
+        return UpstreamError("Not supported by this model's server", status=501,
+                             should_retry=False)
     if status in (503, 529):
         return UpstreamError("Overloaded", status=529)
     if status in (401, 403, 404):

@@ -3,7 +3,8 @@
 The tiny model is generated on first run into the cache folder (see
 ``tinymodel.ensure_model``; about a second, then cached), llama.cpp's server is
 started on a free loopback port in a child process, and two routes to it
-(upstream kind ``llamacpp``) are added to whatever config was loaded: ``demo``,
+(upstream kind ``llamacpp``) are added to the config named by ``--config`` (the built-in
+default's own routes are left out: nothing serves them here): ``demo``,
 and the pattern ``claude-*``, so that Claude Code works with nothing but
 ``ANTHROPIC_BASE_URL`` and a token set (it names its own default model). The
 child is stopped when the gateway exits.
@@ -56,7 +57,10 @@ def with_demo_route(cfg: Config, base_url: str) -> Config:
 
 def run_demo(cfg: Config, serve: Callable[[Config], Coroutine[Any, Any, None]], *,
              explicit_config: bool) -> int:
-    del explicit_config  # the demo route is added to any config
+    if not explicit_config:
+        # the built-in default's routes (reasoning, qwen2.5:3b-instruct) name servers the demo
+        # does not run: /v1/models lists only what the demo serves
+        cfg = replace(cfg, upstreams={}, models={})
     missing = [m for m in ("xllamacpp", "gguf", "numpy") if importlib.util.find_spec(m) is None]
     if missing:
         print(f"llm-gateway: --demo needs the demo extra ({', '.join(missing)} missing): "

@@ -18,11 +18,11 @@ from gateway.http import routing, streaming
 from gateway.http.admission import admitted
 from gateway.http.body import read_json
 from gateway.http.keys import MESSAGES, REQUEST_ID, STREAM
-from gateway.messages import tokens
 from gateway.messages.call import (
     Call,
     Timing,
     bad_tool_args,
+    count_input_tokens,
     count_reply,
     count_stream_fixes,
     pdfs_as_text,
@@ -31,7 +31,6 @@ from gateway.messages.call import (
     reasoning_hidden,
 )
 from gateway.messages.signatures import restore_reasoning
-from gateway.messages.to_chat import to_chat
 from gateway.messages.validate import validate_messages
 from gateway.text import jsonutil
 from gateway.upstream.client import UpstreamResponse
@@ -93,10 +92,8 @@ async def count_tokens(request: web.Request) -> web.Response:
     restore_reasoning(req, deps.opening_keys)
     route = routing.resolve(request, req["model"])
     req = await pdfs_as_text(req)
-    chat_req = to_chat(req, route, keep_billing_header=deps.keep_billing_header,
-                       count_tokens=True, on_drop=deps.metrics.drop_field)
     with admitted(request, route):
-        count, exact = await tokens.count(deps.upstreams, route, chat_req, request[REQUEST_ID])
+        count, exact = await count_input_tokens(deps, req, route, request[REQUEST_ID])
     headers = {"request-id": request[REQUEST_ID]}
     if not exact:
         headers["x-token-count-estimated"] = "true"

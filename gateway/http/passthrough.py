@@ -27,9 +27,10 @@ from gateway.http import routing, streaming
 from gateway.http.admission import admitted
 from gateway.http.body import read_json
 from gateway.http.keys import METRICS, REQUEST_ID, SECRETS, STREAM, UPSTREAM_CALLS
-from gateway.openai.apis import OpenAIApi
+from gateway.openai.apis import RESPONSES, OpenAIApi
 from gateway.openai.inband import InbandErrors
 from gateway.openai.relay import ModelRewriter, Relay
+from gateway.openai.responses_index import ResponsesIndexer
 from gateway.ops.config import ModelRoute
 from gateway.text import jsonutil
 from gateway.upstream.call import send
@@ -83,7 +84,8 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
                                     headers={"request-id": request[REQUEST_ID]})
             return await _relay(request, api, route, up,
                                 Relay(rewrite, api.dialect, hosts=client.hosts,
-                                      secrets=request.app[SECRETS]), t0)
+                                      secrets=request.app[SECRETS],
+                                      indexer=_indexer(api, route)), t0)
 
 
 async def _relay(request: web.Request, api: OpenAIApi, route: ModelRoute, up: UpstreamResponse,
@@ -111,3 +113,10 @@ async def _relay(request: web.Request, api: OpenAIApi, route: ModelRoute, up: Up
         if out:
             await write(out)
     return stream.writer.response
+
+
+def _indexer(api: OpenAIApi, route: ModelRoute) -> ResponsesIndexer | None:
+    """llama.cpp's Responses events lack the indices the OpenAI SDKs key on: filled in."""
+    if api is RESPONSES and route.upstream.kind == "llamacpp":
+        return ResponsesIndexer()
+    return None

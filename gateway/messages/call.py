@@ -7,6 +7,14 @@ interactive request would be: reasoning replayed from signatures restored, PDFs 
 the call made through :func:`gateway.upstream.call.send`, and the reply translated back by the
 same code (buffered: ``from_chat``; streamed upstream: the :class:`StreamTranslator`).
 
+Content the upstream cannot take (:mod:`gateway.local.capabilities`): what the route is set
+or has learnt to send as text goes as text from the start; an ``auto`` route's upstream
+refusing an image or a ``tool_reference`` part (:mod:`gateway.text.refusals`) is answered by
+sending the request again at once with that content as text, before any byte reached the
+client (the refusal is the reply's head), and the route remembers it (``LEARNED``), so the
+session's later requests, whose history still holds that image, go straight to text. Counted
+in ``llm_gateway_capability_fallbacks_total`` and logged once per route and capability.
+
 Nothing here knows HTTP: what the call needs comes in as :class:`MessagesDeps`.
 """
 
@@ -21,6 +29,8 @@ from typing import Any
 import structlog
 
 from gateway import errors
+from gateway.local.capabilities import LEARNED, Learned, may_fall_back, named_tool_choice
+from gateway.local.capabilities import text_only as route_text_only
 from gateway.local.normalise import ContentNormaliser
 from gateway.messages import documents, tokens
 from gateway.messages.aggregate import aggregate
@@ -36,8 +46,8 @@ from gateway.text.sse import SSEDecoder, SSEEventTooLarge
 from gateway.upstream.call import Upstreams, send
 from gateway.upstream.client import UpstreamClient, UpstreamResponse
 
-__all__ = ["Call", "MessagesDeps", "Timing", "count_reply", "count_stream_fixes", "prepare",
-           "pump", "reasoning_hidden"]
+__all__ = ["Call", "MessagesDeps", "Timing", "count_input_tokens", "count_reply",
+           "count_stream_fixes", "prepare", "pump", "reasoning_hidden"]
 
 _log = structlog.get_logger("gateway.messages")
 
@@ -52,6 +62,8 @@ class MessagesDeps:
     keep_billing_header: bool = False
     # keys replaced by signing_key: signatures made under them still open (a key rotation)
     previous_signing_keys: tuple[bytes, ...] = ()
+    # what routes' upstreams refused (process-wide by default)
+    learned: Learned = LEARNED
 
     @property
     def opening_keys(self) -> tuple[bytes, ...]:
@@ -79,8 +91,8 @@ async def prepare(deps: MessagesDeps, req: dict[str, Any], route: ModelRoute) ->
 class Call:
     """One Messages request made ready for its upstream, and how its reply is read back."""
 
-    __slots__ = ("client", "deps", "match_stops", "payload", "req", "route", "stops", "stream",
-                 "upstream_stream")
+    __slots__ = ("as_text", "client", "deps", "match_stops", "payload", "req", "route", "stops",
+                 "stream", "upstream_stream")
 
     def __init__(self, deps: MessagesDeps, req: dict[str, Any], route: ModelRoute) -> None:
         self.deps = deps
@@ -92,15 +104,31 @@ class Call:
         # buffered reply: the gateway matches the stop sequences itself and cuts it there.
         self.match_stops = bool(self.stops) and route.upstream.kind in LOCAL_STOP_KINDS
         self.upstream_stream = self.stream or self.match_stops
-        chat_req = to_chat(req if self.upstream_stream == self.stream
-                           else {**req, "stream": True}, route,
-                           keep_billing_header=deps.keep_billing_header,
-                           on_drop=deps.metrics.drop_field)
-        self.payload = jsonutil.dumpb(chat_req)
+        self.as_text = route_text_only(route, deps.learned)
+        self.payload = self._translate(deps.metrics.drop_field)
         self.client: UpstreamClient = deps.upstreams.client(route)
 
+    def _translate(self, on_drop: Callable[[str], None] | None = None) -> bytes:
+        req = self.req
+        return jsonutil.dumpb(to_chat(
+            req if self.upstream_stream == self.stream else {**req, "stream": True},
+            self.route, keep_billing_header=self.deps.keep_billing_header, on_drop=on_drop,
+            as_text=self.as_text, named_choice=named_tool_choice(self.route)))
+
     async def send(self, request_id: str | None) -> UpstreamResponse:
-        """Call the upstream (counted); a failure raises its GatewayError."""
+        """Call the upstream (counted); a failure raises its GatewayError. A refusal of
+        content the route may send as text is answered by one more call with it as text."""
+        try:
+            return await self._send(request_id)
+        except errors.GatewayError as err:
+            if err.refused is None or not fall_back(self.deps, self.route, self.as_text, err):
+                raise
+            refused = err.refused
+        self.as_text = self.as_text | {refused}
+        self.payload = self._translate()
+        return await self._send(request_id)
+
+    async def _send(self, request_id: str | None) -> UpstreamResponse:
         return await send(self.deps.upstreams, self.route, "/chat/completions", self.payload,
                           stream=self.upstream_stream, max_tokens=self.req.get("max_tokens"),
                           request_id=request_id)
@@ -191,6 +219,44 @@ class Call:
         self.count_fixes(**fixed, normaliser=normaliser,
                          text_calls=normaliser.calls_found if normaliser is not None else 0)
         return message
+
+
+def fall_back(deps: MessagesDeps, route: ModelRoute, as_text: frozenset[str],
+              err: errors.GatewayError) -> bool:
+    """Whether ``err`` is a refusal to answer by sending its content as text (then learnt
+    for the route, counted, and logged the first time)."""
+    capability = err.refused
+    if capability is None or capability in as_text or not may_fall_back(route, capability):
+        return False
+    deps.metrics.capability_fallbacks.labels(route.name, capability).inc()
+    if deps.learned.learn(route.name, capability):
+        _log.warning("capability_fallback", model=route.name, upstream=route.upstream.name,
+                     capability=capability,
+                     detail=f"the upstream refused {capability.replace('_', ' ')}: sent as "
+                     f"text from now on (set {capability} = \"no\" on this model to skip "
+                     "the refused first try)")
+    return True
+
+
+async def count_input_tokens(deps: MessagesDeps, req: dict[str, Any], route: ModelRoute,
+                             request_id: str | None) -> tuple[int, bool]:
+    """``count_tokens``: (input_tokens, exact?) of a validated request, translated as the
+    Messages call would send it (its content as text where the route's upstream needs it)."""
+    as_text = route_text_only(route, deps.learned)
+
+    def translate(on_drop: Callable[[str], None] | None = None) -> dict[str, Any]:
+        return to_chat(req, route, keep_billing_header=deps.keep_billing_header,
+                       count_tokens=True, on_drop=on_drop, as_text=as_text,
+                       named_choice=named_tool_choice(route))
+
+    chat_req = translate(deps.metrics.drop_field)
+    try:
+        return await tokens.count(deps.upstreams, route, chat_req, request_id)
+    except errors.GatewayError as err:
+        if err.refused is None or not fall_back(deps, route, as_text, err):
+            raise
+        as_text = as_text | {err.refused}
+    return await tokens.count(deps.upstreams, route, translate(), request_id)
 
 
 def count_reply(metrics: Metrics, route: ModelRoute, message: dict[str, Any]) -> None:

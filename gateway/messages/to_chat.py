@@ -31,6 +31,11 @@ Protocol facts relied on:
   per-turn control entry); it may be cleared by a later user message (``clear_at``). See
   :mod:`.turn_control`: the merged output_config is what is translated, and no empty
   system message goes upstream.
+- An upstream that cannot take images or ``tool_reference`` parts
+  (:mod:`gateway.local.capabilities`) gets them as text (``as_text``): an image becomes a
+  placeholder naming what was removed, a reference the tool's name. One that ignores a named
+  ``tool_choice`` object (``named_choice=False``: llama.cpp, Ollama) is offered only that
+  tool, with ``tool_choice: "required"``.
 - Claude Code's first system block, ``x-anthropic-billing-header: cc_version=...;``,
   changes on every request and would defeat the upstream's prefix cache at the head of
   the prompt, so it is dropped unless the config keeps it.
@@ -43,7 +48,7 @@ top-level field is reported through ``on_drop`` and never sent.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gateway.messages import tables, turn_control
 from gateway.messages.client_tools import to_function
@@ -95,6 +100,16 @@ Message = dict[str, Any]
 Part = dict[str, Any]
 
 
+class _Render(NamedTuple):
+    """What goes upstream as text rather than as its own part."""
+
+    images_as_text: bool = False
+    references_as_text: bool = False
+
+
+_PLAIN = _Render()
+
+
 def to_chat(
     req: Mapping[str, Any],
     route: ModelRoute,
@@ -102,11 +117,17 @@ def to_chat(
     keep_billing_header: bool = False,
     count_tokens: bool = False,
     on_drop: Callable[[str], None] | None = None,
+    as_text: frozenset[str] = frozenset(),
+    named_choice: bool = True,
 ) -> dict[str, Any]:
-    """The OpenAI chat-completions body for ``route`` (``req`` must be validated)."""
+    """The OpenAI chat-completions body for ``route`` (``req`` must be validated).
+
+    ``as_text``: the capabilities (``images``, ``tool_references``) whose content goes as
+    text; ``named_choice``: whether ``tool_choice`` may name a tool in the object form."""
+    render = _Render("images" in as_text, "tool_references" in as_text)
     out: dict[str, Any] = {
         "model": route.upstream_model,
-        "messages": _messages(req, keep_billing_header),
+        "messages": _messages(req, keep_billing_header, render),
     }
     if not count_tokens:
         out["max_tokens"] = req["max_tokens"]
@@ -121,7 +142,7 @@ def to_chat(
             out["stream_options"] = options
             if route.upstream.kind == "llamacpp":
                 out["return_progress"] = True
-    _tools(req, out)
+    _tools(req, out, named_choice)
     for key in _AS_IS:
         if req.get(key) is not None:
             out[key] = req[key]
@@ -139,7 +160,8 @@ def to_chat(
 # --- messages -----------------------------------------------------------------------
 
 
-def _messages(req: Mapping[str, Any], keep_billing_header: bool) -> list[Message]:
+def _messages(req: Mapping[str, Any], keep_billing_header: bool, render: _Render = _PLAIN
+              ) -> list[Message]:
     # Group consecutive turns of one role; a system turn left blank (or holding only the
     # billing header) is skipped first, so the turns around it still merge.
     groups: list[tuple[str, list[Any]]] = []
@@ -165,7 +187,7 @@ def _messages(req: Mapping[str, Any], keep_billing_header: bool) -> list[Message
         if role == "system":
             out.append({"role": "system", "content": "\n".join(group)})
         elif role == "user":
-            out.extend(_user(group))
+            out.extend(_user(group, render))
         else:
             out.append(_assistant(group))
     return out
@@ -197,7 +219,9 @@ def _text_part(text: str) -> Part:
     return {"type": "text", "text": text}
 
 
-def _image_part(source: Mapping[str, Any]) -> Part:
+def _image_part(source: Mapping[str, Any], render: _Render = _PLAIN) -> Part:
+    if render.images_as_text:
+        return _text_part(_image_placeholder(source))
     if source["type"] == "url":
         url = source["url"]
     else:
@@ -205,7 +229,19 @@ def _image_part(source: Mapping[str, Any]) -> Part:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def _document_parts(block: Mapping[str, Any]) -> list[Part]:
+_NOT_SHOWN = "not shown: this model does not take images"
+
+
+def _image_placeholder(source: Mapping[str, Any]) -> str:
+    """What the model reads instead of an image it cannot take: that one was there."""
+    if source["type"] != "base64":
+        return f"[image: from a URL, {_NOT_SHOWN}]"
+    size = len(source["data"]) * 3 // 4
+    shown = f"{size // 1024} KB" if size >= 1024 else f"{size} bytes"
+    return f"[image: {source['media_type']}, {shown}, {_NOT_SHOWN}]"
+
+
+def _document_parts(block: Mapping[str, Any], render: _Render) -> list[Part]:
     header = "\n\n".join(
         block[key] for key in ("title", "context") if isinstance(block.get(key), str) and block[key]
     )
@@ -218,7 +254,7 @@ def _document_parts(block: Mapping[str, Any]) -> list[Part]:
         if item["type"] == "text":
             parts.append(_text_part(item["text"]))
         else:
-            parts.append(_image_part(item["source"]))
+            parts.append(_image_part(item["source"], render))
     return parts
 
 
@@ -227,19 +263,19 @@ def _search_result_text(block: Mapping[str, Any]) -> str:
     return f"{block['title']}\n{block['source']}\n\n{body}"
 
 
-def _parts(block: Mapping[str, Any]) -> list[Part]:
+def _parts(block: Mapping[str, Any], render: _Render) -> list[Part]:
     """Content parts for a user (or tool_result) block other than tool_result itself."""
     kind = block["type"]
     if kind == "text":
         return [_text_part(block["text"])]
     if kind == "image":
-        return [_image_part(block["source"])]
+        return [_image_part(block["source"], render)]
     if kind == "document":
-        return _document_parts(block)
+        return _document_parts(block, render)
     return [_text_part(_search_result_text(block))]  # search_result
 
 
-def _tool_messages(block: Mapping[str, Any]) -> list[Message]:
+def _tool_messages(block: Mapping[str, Any], render: _Render) -> list[Message]:
     call_id = block["tool_use_id"] if block.get("tool_use_id") is not None else block["id"]
     content = block.get("content")
     if not content:
@@ -252,6 +288,10 @@ def _tool_messages(block: Mapping[str, Any]) -> list[Message]:
     run_is_ref = False
     for item in content:
         is_ref = item["type"] == "tool_reference"
+        if is_ref and render.references_as_text:
+            # the tool's name, as text among the other parts (one message: no run to split)
+            run.append(_text_part(item.get("tool_name", item.get("name"))))
+            continue
         if run and is_ref != run_is_ref:
             messages.append(_tool_message(call_id, run, run_is_ref))
             run = []
@@ -259,7 +299,7 @@ def _tool_messages(block: Mapping[str, Any]) -> list[Message]:
         if is_ref:
             run.append({"type": "tool_reference", "name": item.get("tool_name", item.get("name"))})
         else:
-            run.extend(_parts(item))
+            run.extend(_parts(item, render))
     messages.append(_tool_message(call_id, run, run_is_ref))
     return messages
 
@@ -269,7 +309,7 @@ def _tool_message(call_id: str, parts: list[Part], is_ref: bool) -> Message:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
-def _user(group: list[Mapping[str, Any]]) -> list[Message]:
+def _user(group: list[Mapping[str, Any]], render: _Render) -> list[Message]:
     out: list[Message] = []
     parts: list[Part] = []
     for turn in group:
@@ -279,9 +319,9 @@ def _user(group: list[Mapping[str, Any]]) -> list[Message]:
             continue
         for block in content:
             if block["type"] == "tool_result":
-                out.extend(_tool_messages(block))
+                out.extend(_tool_messages(block, render))
             else:
-                parts.extend(_parts(block))
+                parts.extend(_parts(block, render))
     if parts:
         out.append({"role": "user", "content": _collapse(parts)})
     return out
@@ -326,7 +366,7 @@ def _assistant(group: list[Mapping[str, Any]]) -> Message:
 # --- request options ----------------------------------------------------------------
 
 
-def _tools(req: Mapping[str, Any], out: dict[str, Any]) -> None:
+def _tools(req: Mapping[str, Any], out: dict[str, Any], named_choice: bool = True) -> None:
     functions: list[dict[str, Any]] = []
     for tool in req.get("tools") or ():
         if is_custom_tool(tool):
@@ -350,7 +390,12 @@ def _tools(req: Mapping[str, Any], out: dict[str, Any]) -> None:
     if choice is None:
         return
     kind = choice["type"]
-    if kind == "tool":
+    named = [f for f in functions if f["function"]["name"] == choice.get("name")]
+    if kind == "tool" and not named_choice and named:
+        # the server reads tool_choice as a string only: offer just the named tool, required
+        out["tools"] = named
+        out["tool_choice"] = "required"
+    elif kind == "tool":
         out["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
     else:
         out["tool_choice"] = _TOOL_CHOICE[kind]

@@ -219,12 +219,16 @@ class Relay:
     """
 
     __slots__ = ("_decoder", "_dialect", "_ended", "_framed_cr", "_has_token", "_inband",
-                 "_rewrite", "_tail", "_usage_key", "done", "first_token", "termination",
-                 "usage")
+                 "_indexer", "_rewrite", "_tail", "_usage_key", "done", "first_token",
+                 "termination", "usage")
 
     def __init__(self, rewrite: ModelRewriter, dialect: Dialect, *, hosts: Sequence[str] = (),
-                 secrets: Redactor = NO_SECRETS) -> None:
+                 secrets: Redactor = NO_SECRETS,
+                 indexer: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
         self._rewrite = rewrite
+        # events re-encoded with what the SDKs need (llama.cpp's Responses stream): every
+        # event then goes through the decoder
+        self._indexer = indexer
         self._dialect = dialect
         self._inband = InbandErrors(responses=dialect.responses, hosts=hosts, secrets=secrets)
         # looked up once: _observe runs on every block
@@ -241,6 +245,9 @@ class Relay:
 
     def feed(self, chunk: bytes) -> bytes:
         """One upstream read -> the bytes to write (b"" while an event is incomplete)."""
+        if self._decoder is None and self._indexer is not None:
+            self._decoder = SSEDecoder()
+            self._framed_cr = True  # event by event to the end
         if self._decoder is None:
             data = self._tail + chunk if self._tail else chunk
             if b"\r" not in chunk:
@@ -289,11 +296,23 @@ class Relay:
         if not self.done and self._ended(block):
             self.done = True
 
+    def _index(self, data: bytes) -> bytes:
+        assert self._indexer is not None
+        try:
+            event = jsonutil.loads(data)
+        except ValueError:
+            return data
+        if not isinstance(event, dict):
+            return data
+        return jsonutil.dumpb(self._indexer(event))
+
     def _events(self, events: list[tuple[bytes, bytes]]) -> bytes:
         """Decoded events framed again (an error scrubbed), then observed like a block."""
         frames = []
         for name, payload in events:
             data = self._rewrite(payload)
+            if self._indexer is not None:
+                data = self._index(data)
             scrubbed = self._inband.event(name, data) if NEEDLE in data else None
             frames.append(scrubbed or _frame(name, data))
         block = b"".join(frames)

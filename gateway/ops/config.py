@@ -83,6 +83,8 @@ class UpstreamConfig:
 
 
 INLINE_THINKING = ("auto", "opened", "off")
+CAPABILITY_SETTINGS = ("auto", "yes", "no")
+CAPABILITY_KNOBS = ("images", "tool_references", "named_tool_choice")
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,15 @@ class ModelRoute:
     display_name: str = _knob("", shown="the name")  # parse() sets it to the name
     created_at: str = "2025-01-01T00:00:00Z"
     context_window: int = _knob(0, bound=_NONNEG)  # 0: unknown
+    # what the upstream takes (gateway/local/capabilities.py): "auto" (the upstream kind's
+    # default; images and tool_reference parts are sent, and on the server's refusal sent
+    # again as text and remembered for the route), "yes" (always sent as such) or "no" (always
+    # sent as text)
+    images: str = "auto"
+    tool_references: str = "auto"
+    # tool_choice naming one tool, in OpenAI's object form; "no": only that tool is offered,
+    # with tool_choice "required" (llama.cpp and Ollama ignore the object form)
+    named_tool_choice: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -376,6 +387,10 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
             raise ConfigError(f"{src}: {where}.name: must not be empty")
         if m["name"] in models:
             raise ConfigError(f"{src}: {where}.name: duplicate model name {m['name']!r}")
+        for knob in CAPABILITY_KNOBS:
+            if m[knob] not in CAPABILITY_SETTINGS:
+                raise ConfigError(f"{src}: {where}.{knob}: must be one of "
+                                  f"{', '.join(CAPABILITY_SETTINGS)}")
         if m["upstream"] not in upstreams:
             raise ConfigError(f"{src}: {where}.upstream: unknown upstream {m['upstream']!r}")
         upstream = upstreams[m.pop("upstream")]

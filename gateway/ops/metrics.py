@@ -42,6 +42,7 @@ from prometheus_client import (
 )
 
 from gateway import __version__
+from gateway.text.refusals import CAPABILITIES
 
 disable_created_metrics()
 
@@ -267,6 +268,11 @@ class Metrics:
             p + "reasoning_hidden_total",
             "Replies whose upstream reasoned although no thinking was asked for; the "
             "reasoning was not shown", ["model"], registry=r))
+        self.capability_fallbacks = _Memo(Counter(
+            p + "capability_fallbacks_total",
+            "Requests an upstream refused for content it cannot take (images, tool_reference "
+            "parts), sent again with that content as text; the route then sends it as text",
+            ["model", "capability"], registry=r))
         self.upstream_protocol_errors = _Memo(Counter(
             p + "upstream_protocol_errors_total",
             "Upstream replies that broke HTTP framing, by kind; each closed the upstream's "
@@ -343,6 +349,8 @@ class Metrics:
         for fix in LOCAL_FIXES:
             self.local_fixes.labels(model, fix)
         self.reasoning_hidden.labels(model)
+        for capability in CAPABILITIES:
+            self.capability_fallbacks.labels(model, capability)
 
     def count_tokens(self, model: str, usage: tuple[int, int] | None) -> None:
         """Count a reply's (input, output) tokens, buffered or streamed, for every API."""

@@ -39,3 +39,6 @@ def test_demo_upstream_started_logs_the_child_pid(monkeypatch: pytest.MonkeyPatc
     started = [ln for ln in lines if ln["event"] == "demo_upstream_started"]
     assert started and started[0]["upstream_pid"] == _FakeServer.pid
     assert served and "demo" in served[0].models
+    # only what the demo serves: not the built-in default's reasoning / qwen2.5 routes
+    assert set(served[0].models) == {"demo", "claude-*"}
+    assert set(served[0].upstreams) == {"demo-llamacpp"}

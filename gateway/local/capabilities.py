@@ -1,0 +1,96 @@
+"""What a route's upstream takes: images, ``tool_reference`` parts, a named ``tool_choice``.
+
+Per upstream kind, from what each engine really does (README.md, "Upstream errors"):
+
+* llama.cpp refuses every content part type but ``text``, ``image_url`` and ``input_audio``
+  with ``400 unsupported content[].type`` (``oaicompat_chat_params_parse``), so
+  ``tool_reference`` parts go as text; it reads ``tool_choice`` as a string only
+  (``json_value(body, "tool_choice", std::string("auto"))``: the object form is logged as
+  "Wrong type supplied" and replaced by ``auto``), so a named choice goes as ``"required"``
+  with only that tool offered. Whether it takes images depends on its ``--mmproj``: they are
+  sent, and a refusal ("image input is not supported", a 500) teaches the route.
+* Ollama's OpenAI route parses ``text`` and ``image_url`` parts only, and has no
+  ``tool_choice``: the same as llama.cpp for both.
+* vLLM and SGLang take a named choice (guided decoding); images and references are sent
+  and a refusal teaches the route.
+
+A route's ``[[models]]`` knobs (``images``, ``tool_references``, ``named_tool_choice``) set
+``yes`` or ``no`` over the kind's default; ``auto`` keeps it. What an ``auto`` route has
+learnt lives in :class:`Learned`, process-wide and bounded, keyed by the route's configured
+name (bounded by the config), so a later request of the session goes straight to text and a
+session is never poisoned by an image in its own history.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+
+from gateway.ops.config import ModelRoute
+from gateway.text.refusals import CAPABILITIES
+
+__all__ = ["KIND_DEFAULTS", "LEARNED", "Learned", "named_tool_choice", "text_only"]
+
+# THE per-kind table: "no" (sent as text), "auto" (sent; a refusal teaches the route), "yes".
+KIND_DEFAULTS: Mapping[str, Mapping[str, str]] = {
+    "llamacpp": {"images": "auto", "tool_references": "no", "named_tool_choice": "no"},
+    "ollama": {"images": "auto", "tool_references": "no", "named_tool_choice": "no"},
+    "vllm": {"images": "auto", "tool_references": "auto", "named_tool_choice": "yes"},
+    "sglang": {"images": "auto", "tool_references": "auto", "named_tool_choice": "yes"},
+    "openai": {"images": "auto", "tool_references": "auto", "named_tool_choice": "yes"},
+}
+
+
+def setting(route: ModelRoute, capability: str) -> str:
+    """The route's knob, else its kind's default: "yes", "no" or "auto"."""
+    value: str = getattr(route, capability)
+    if value != "auto":
+        return value
+    return KIND_DEFAULTS.get(route.upstream.kind, KIND_DEFAULTS["openai"])[capability]
+
+
+def named_tool_choice(route: ModelRoute) -> bool:
+    """Whether ``tool_choice: {"type": "function", "function": {"name": ...}}`` is honoured."""
+    return setting(route, "named_tool_choice") != "no"
+
+
+class Learned:
+    """Capabilities upstreams refused, per route name; at most ``limit`` routes (the oldest
+    forgotten first). One per process (:data:`LEARNED`); never forgets otherwise: the
+    engine behind a route does not grow a projector while it runs."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self._limit = limit
+        self._refused: OrderedDict[str, frozenset[str]] = OrderedDict()
+
+    def refused(self, route: str) -> frozenset[str]:
+        return self._refused.get(route, frozenset())
+
+    def learn(self, route: str, capability: str) -> bool:
+        """Remember the refusal; True the first time it is learnt for the route."""
+        known = self._refused.get(route, frozenset())
+        if capability in known:
+            return False
+        self._refused[route] = known | {capability}
+        self._refused.move_to_end(route)
+        while len(self._refused) > self._limit:
+            self._refused.popitem(last=False)
+        return True
+
+    def clear(self) -> None:
+        self._refused.clear()
+
+
+LEARNED = Learned()
+
+
+def text_only(route: ModelRoute, learned: Learned) -> frozenset[str]:
+    """The content the route's upstream gets as text: set "no", or learnt refused."""
+    refused = learned.refused(route.name)
+    return frozenset(c for c in CAPABILITIES
+                     if setting(route, c) == "no" or (c in refused and setting(route, c) != "yes"))
+
+
+def may_fall_back(route: ModelRoute, capability: str) -> bool:
+    """A refusal of ``capability`` may be retried as text (the route did not insist)."""
+    return capability in CAPABILITIES and setting(route, capability) == "auto"

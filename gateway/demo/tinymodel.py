@@ -113,13 +113,15 @@ CHAT_TEMPLATE = toolcall.TEMPLATE_MACRO + """\
 {%- endfor -%}{%- endif -%}
 {%- endmacro -%}
 {%- set tools_first = tools is defined and tools -%}
-{%- set turn = namespace(fresh=true) -%}
+{%- set turn = namespace(asked=false, answered=false) -%}
 {%- for message in messages -%}
-{%- if message['role'] == 'assistant' -%}{%- set turn.fresh = true -%}
-{%- elif message['role'] == 'tool' -%}{%- set turn.fresh = false -%}{%- endif -%}
+{%- if message['role'] == 'assistant' -%}
+{%- set turn.asked = false -%}{%- set turn.answered = false -%}
+{%- elif message['role'] == 'tool' -%}{%- set turn.answered = true -%}
+{%- elif message['role'] == 'user' -%}{%- set turn.asked = true -%}{%- endif -%}
 {%- endfor -%}
-{%- set calling = tools_first and add_generation_prompt and turn.fresh and messages \
-and messages[-1]['role'] == 'user' -%}
+{%- set calling = tools_first and add_generation_prompt and turn.asked and not turn.answered \
+and messages[-1]['role'] in ['user', 'system'] -%}
 {%- if tools_first -%}
 {{- '<|im_start|>system\\n' -}}
 {%- if messages and messages[0]['role'] == 'system' -%}

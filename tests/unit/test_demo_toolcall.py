@@ -103,6 +103,14 @@ def test_no_call_line_without_tools_or_after_a_tool_result(messages, tools):
         assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>"
 
 
+def test_claude_code_turn_ending_in_a_system_message_calls():
+    """Claude Code puts its environment in a system message after the user's."""
+    messages = [*HI, {"role": "system", "content": [{"type": "text", "text": "# Environment"}]}]
+    prompt = _render(messages, [BASH])
+    assert _copied(prompt) == toolcall.call_text("Bash", toolcall.BASH_ARGUMENTS)
+    assert "# Environment" + toolcall.copy_token("<") in prompt
+
+
 def test_a_new_user_turn_after_a_text_answer_calls_again():
     messages = [*HI, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "x"}]
     assert _copied(_render(messages, [BASH])) == toolcall.call_text(

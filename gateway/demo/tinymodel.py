@@ -16,7 +16,11 @@ So sampling is deterministic at any usual temperature / top-p / seed, and:
   ``REASONING</think>`` ``\\n\\n`` ``ANSWER<|im_end|>``;
 * a prompt ending in ``</think>`` (``enable_thinking: false``) continues with
   ``\\n\\nANSWER<|im_end|>``;
-* a prompt ending in anything else continues with ``ANSWER<|im_end|>``.
+* a prompt ending in anything else continues with ``ANSWER<|im_end|>``;
+* a request offering tools, with no tool result since the last assistant turn, is answered with
+  one tool call in Hermes/Qwen's text format, copied by the one attention head from a line the
+  chat template writes in copy tokens (``toolcall``); without copy tokens in the prompt that
+  head adds exactly nothing.
 
 The tokenizer is llama.cpp's byte-level BPE ("gpt2", GPT-2's pre-tokenizer): the 256 byte
 tokens, ChatML specials, ``<think>``/``</think>``, one token per piece of the canned texts (two
@@ -32,8 +36,11 @@ attention head of 8 dimensions (n_embd stays 64, one dimension per chain state),
 training context is 131,072 tokens, the demo's slot size.
 
 The chat template is ChatML with Qwen3-style thinking (``<think>`` opened by the generation prompt,
-``<think></think>`` when ``enable_thinking`` is false); llama.cpp's jinja mode recognises the open
-``<think>`` and splits the reply into ``reasoning_content`` and ``content``.
+``<think></think>`` when ``enable_thinking`` is false or a tool call is due); llama.cpp's jinja
+mode recognises the open ``<think>`` and splits the reply into ``reasoning_content`` and
+``content``. It leaves an assistant turn's earlier tool calls out of the prompt: llama.cpp learns
+a tool-call syntax from how a template writes them and then parses replies itself, and the demo
+means to show the gateway's own text tool-call parser (the path of an engine without one).
 
 gguf and numpy (the optional ``demo`` extra) are imported inside the functions that need them.
 """
@@ -50,10 +57,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.demo import bpe
+from gateway.demo import bpe, toolcall
 
 # Bump whenever the bytes written change, so cached copies are rebuilt.
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 MODEL_NAME = "llm-gateway-tiny-demo"
 
 REASONING_TEXT = "The user sent a message, so I will reply with the one sentence that I know."
@@ -73,7 +80,10 @@ _HEAD_DIM = 8
 _N_FF = 32
 _N_CTX_TRAIN = 131072
 _LOGIT_WEIGHT = 10.0
-_RESIDUAL_SCALE = 0.001  # the layers run, but barely move the residual stream
+_RESIDUAL_SCALE = 0.001  # the feed-forward runs, but barely moves the residual stream
+# the copy head's dimensions (toolcall): a flag, then a 7-bit code
+_COPY_FLAG = _N_EMBD - 1 - toolcall.CODE_BITS
+_COPY_CODE = range(_COPY_FLAG + 1, _N_EMBD)
 
 # gguf token type numbers (gguf.TokenType), kept here so expectations need no gguf import.
 _NORMAL, _CONTROL, _USER_DEFINED = 1, 3, 4
@@ -92,8 +102,10 @@ _SPECIALS = (
     (_THINK_CLOSE, _USER_DEFINED),
 )
 _PARAGRAPH = "\n\n"
+# what the template writes after the copy tokens: toolcall.attention_weights needs its length
+_CALL_TAIL = "<|im_end|>\n<|im_start|>assistant\n<think></think>"
 
-CHAT_TEMPLATE = """\
+CHAT_TEMPLATE = toolcall.TEMPLATE_MACRO + """\
 {%- macro text_of(content) -%}
 {%- if content is string -%}{{- content -}}
 {%- elif content -%}{%- for part in content -%}
@@ -101,6 +113,15 @@ CHAT_TEMPLATE = """\
 {%- endfor -%}{%- endif -%}
 {%- endmacro -%}
 {%- set tools_first = tools is defined and tools -%}
+{%- set turn = namespace(asked=false, answered=false) -%}
+{%- for message in messages -%}
+{%- if message['role'] == 'assistant' -%}
+{%- set turn.asked = false -%}{%- set turn.answered = false -%}
+{%- elif message['role'] == 'tool' -%}{%- set turn.answered = true -%}
+{%- elif message['role'] == 'user' -%}{%- set turn.asked = true -%}{%- endif -%}
+{%- endfor -%}
+{%- set calling = tools_first and add_generation_prompt and turn.asked and not turn.answered \
+and messages[-1]['role'] in ['user', 'system'] -%}
 {%- if tools_first -%}
 {{- '<|im_start|>system\\n' -}}
 {%- if messages and messages[0]['role'] == 'system' -%}
@@ -118,25 +139,18 @@ CHAT_TEMPLATE = """\
 {{- '<think>\\n' + message['reasoning_content'] + '\\n</think>\\n\\n' -}}
 {%- endif -%}
 {{- text_of(message['content']) -}}
-{%- if message['tool_calls'] is defined and message['tool_calls'] -%}
-{%- for call in message['tool_calls'] -%}
-{{- '\\n<tool_call>\\n{"name": "' + call['function']['name'] + '", "arguments": ' -}}
-{%- if call['function']['arguments'] is string -%}{{- call['function']['arguments'] -}}
-{%- else -%}{{- call['function']['arguments'] | tojson -}}{%- endif -%}
-{{- '}\\n</tool_call>' -}}
-{%- endfor -%}
-{%- endif -%}
 {%- elif message['role'] == 'tool' -%}
 {{- '<tool_response>\\n' + text_of(message['content']) + '\\n</tool_response>' -}}
 {%- else -%}
 {{- text_of(message['content']) -}}
+{%- if calling and loop.last -%}{{- demo_call(tools) -}}{%- endif -%}
 {%- endif -%}
 {{- '<|im_end|>\\n' -}}
 {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}
 {{- '<|im_start|>assistant\\n' -}}
-{%- if enable_thinking is defined and enable_thinking is false -%}
+{%- if calling or (enable_thinking is defined and enable_thinking is false) -%}
 {{- '<think></think>' -}}
 {%- else -%}
 {{- '<think>' -}}
@@ -157,6 +171,7 @@ class _Plan:
     edges: list[tuple[int, int]]  # (token, its only successor)
     default_next: int  # successor of every token outside the chain
     merges: list[tuple[str, str]]  # the BPE merges kept, best first
+    copies: dict[int, int]  # copy token -> the token it makes the model emit (toolcall)
 
 
 _ALPHABET = bpe.ALPHABET
@@ -214,7 +229,8 @@ def reserved_spellings() -> frozenset[str]:
     """The vocabulary entries no BPE merge may build: special tokens and the reply's pieces."""
     reasoning, answer = _pieces()
     specials = {text for text, _ in _SPECIALS}
-    return frozenset({*specials, *(_spell(p) for p in (_PARAGRAPH, *reasoning, *answer))})
+    return frozenset({*specials, *toolcall.copy_tokens(),
+                      *(_spell(p) for p in (_PARAGRAPH, *reasoning, *answer))})
 
 
 @functools.lru_cache(maxsize=1)
@@ -250,6 +266,13 @@ def _plan() -> _Plan:
             known.add(left + right)
             tokens.append(left + right)
             types.append(_NORMAL)
+    copies = {}
+    for text in toolcall.copy_tokens():  # last, so that no other token's id moves
+        ids[text] = len(tokens)
+        tokens.append(text)
+        types.append(_CONTROL)
+        char = text[2:-2]
+        copies[ids[text]] = ids[_IM_END] if text == toolcall.STOP else ord(char)
     chain = [
         ids[_THINK_OPEN],
         *(ids[p] for p in reasoning),
@@ -259,15 +282,16 @@ def _plan() -> _Plan:
         ids[_IM_END],
     ]
     edges = list(itertools.pairwise(chain))
-    return _Plan(tokens, types, ids, reasoning, answer, edges, ids[answer[0]], merges)
+    return _Plan(tokens, types, ids, reasoning, answer, edges, ids[answer[0]], merges, copies)
 
 
 def count_tokens(prompt: str) -> int:
     """How many tokens llama.cpp makes of ``prompt`` (special tokens written out are parsed)."""
     ranks = {pair: rank for rank, pair in enumerate(_merges())}
-    specials = {text for text, _ in _SPECIALS}
+    specials = {*(text for text, _ in _SPECIALS), *toolcall.copy_tokens()}
     count = 0
-    for part in re.split("(" + "|".join(map(re.escape, specials)) + ")", prompt):
+    alternatives = sorted(specials, key=len, reverse=True)
+    for part in re.split("(" + "|".join(map(re.escape, alternatives)) + ")", prompt):
         if part in specials:
             count += 1
         elif part:
@@ -296,6 +320,12 @@ def expectations() -> dict[str, Any]:
     }
 
 
+def copy_distance() -> int:
+    """How many positions back from the last prompt token the first copy token is: the slots
+    and the template's fixed tail after them (see toolcall)."""
+    return toolcall.N_SLOTS + count_tokens(_CALL_TAIL) - 1
+
+
 def _weights(plan: _Plan) -> dict[str, Any]:
     import numpy as np
 
@@ -304,15 +334,25 @@ def _weights(plan: _Plan) -> dict[str, Any]:
     state: dict[int, int] = {}
     for token, _ in plan.edges:
         state.setdefault(token, len(state) + 1)
-    if len(state) >= _N_EMBD:
-        raise ValueError(f"{len(state)} chain states need n_embd > {_N_EMBD}")
+    if len(state) >= _COPY_FLAG:
+        raise ValueError(f"{len(state)} chain states need more than {_COPY_FLAG} dimensions")
 
     embed = rng.normal(0.0, 0.01, (n_vocab, _N_EMBD))
     embed[np.arange(n_vocab), [state.get(t, 0) for t in range(n_vocab)]] += 1.0
+    # the copy head reads only these dimensions: exactly zero unless a copy token's
+    embed[:, _COPY_FLAG:] = 0.0
     head = np.zeros((n_vocab, _N_EMBD))
     for token, successor in plan.edges:
         head[successor, state[token]] = _LOGIT_WEIGHT
     head[plan.default_next, 0] = _LOGIT_WEIGHT
+    for token, emitted in plan.copies.items():
+        bits = toolcall.code_bits(toolcall.code(plan.tokens[token]))
+        embed[token] = 0.0
+        embed[token, _COPY_FLAG] = 1.0
+        embed[token, _COPY_CODE] = bits
+        head[emitted, _COPY_CODE] = np.asarray(bits) * _LOGIT_WEIGHT
+    copy_head = toolcall.attention_weights(
+        _N_EMBD, _HEAD_DIM, range(len(state) + 1), _COPY_FLAG, _COPY_CODE, copy_distance())
 
     def rand(rows: int, cols: int, scale: float = 1.0) -> Any:
         return (rng.normal(0.0, 1.0 / np.sqrt(cols), (rows, cols)) * scale).astype(np.float32)
@@ -323,14 +363,11 @@ def _weights(plan: _Plan) -> dict[str, Any]:
         "output_norm.weight": ones,
         "output.weight": head.astype(np.float16),
     }
-    n_attn = _N_HEAD * _HEAD_DIM
     for layer in range(_N_LAYER):
         blk = f"blk.{layer}."
         out[blk + "attn_norm.weight"] = ones
-        out[blk + "attn_q.weight"] = rand(n_attn, _N_EMBD)
-        out[blk + "attn_k.weight"] = rand(n_attn, _N_EMBD)
-        out[blk + "attn_v.weight"] = rand(n_attn, _N_EMBD)
-        out[blk + "attn_output.weight"] = rand(_N_EMBD, n_attn, _RESIDUAL_SCALE)
+        for name, array in copy_head.items():
+            out[blk + name + ".weight"] = array
         out[blk + "ffn_norm.weight"] = ones
         out[blk + "ffn_gate.weight"] = rand(_N_FF, _N_EMBD)
         out[blk + "ffn_up.weight"] = rand(_N_FF, _N_EMBD)
@@ -354,7 +391,7 @@ def build_tiny_model(path: str) -> dict[str, Any]:
     writer.add_key_length(_HEAD_DIM)
     writer.add_value_length(_HEAD_DIM)
     writer.add_rope_dimension_count(_HEAD_DIM)
-    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_freq_base(toolcall.ROPE_BASE)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_vocab_size(len(plan.tokens))
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)

@@ -16,11 +16,19 @@ Four runs:
 3. ``continued``: ``claude -p ... --continue``, the next turn of that session, its history
    included;
 4. ``all_tools``: ``ENABLE_TOOL_SEARCH=false``, every tool inline (about 78 KB, 21 tools), a
-   prompt that shares little with the cached ones past the system prompt.
+   prompt that shares little with the cached ones past the system prompt;
+5. ``tool_loop``: ``--allowedTools Bash --output-format stream-json --verbose``: the demo model
+   calls Bash (``echo demo-tool-loop``, written as text and parsed by the gateway), Claude Code
+   runs it and sends the result back, and the model answers in text. Every event is kept.
+
+In the first four runs the model calls Bash too (it does whenever tools are offered and no tool
+result has come back since the last answer), and Claude Code in print mode, not allowed to run
+it, sends back a refusal as the tool's result; the reply after it is the canned answer.
 
 Writes one JSON object to OUT.json: per run the exit code, Claude Code's JSON result, its wall
 time and the gateway access lines it caused; the gateway's start-up time, the resident memory of
-the gateway and of its llama.cpp child after the runs, and the gateway's token counters.
+the gateway and of its llama.cpp child after the runs, and the gateway's token counters and
+local-fix counters (``text_tool_call``: calls its text parser found).
 """
 
 from __future__ import annotations
@@ -69,35 +77,47 @@ def _access(gateway: Proc) -> list[dict[str, Any]]:
 
 def _new_access(gateway: Proc, seen: int) -> list[dict[str, Any]]:
     """Access lines after the first ``seen``: the gateway writes one once its reply is sent,
-    which can be just after Claude Code has read the reply and exited."""
+    which can be just after Claude Code has read the reply and exited. A run may make several
+    requests (a tool call and the reply to its result), so this waits until a messages line
+    has come and no new line for half a second."""
     deadline = time.monotonic() + 5
-    while True:
-        lines = _access(gateway)[seen:]
-        if any(a["route"] == "messages" for a in lines) or time.monotonic() > deadline:
-            time.sleep(0.2)  # anything sent in the same breath
-            return _access(gateway)[seen:]
+    lines = _access(gateway)[seen:]
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline:
         time.sleep(0.05)
+        now = _access(gateway)[seen:]
+        if len(now) != len(lines):
+            lines, quiet_since = now, time.monotonic()
+        elif (any(a["route"] == "messages" for a in lines)
+              and time.monotonic() - quiet_since > 0.5):
+            break
+    return lines
 
 
 def _claude(args: list[str], work: Path, env: dict[str, str]) -> dict[str, Any]:
+    """One run; ``result`` is the last JSON line (the result event, in stream-json too)."""
+    streamed = "stream-json" in args
+    if not streamed:
+        args = [*args, "--output-format", "json"]
     start = time.monotonic()
-    proc = subprocess.run([str(CLAUDE), *args, "--output-format", "json"], cwd=work, env=env,
+    proc = subprocess.run([str(CLAUDE), *args], cwd=work, env=env,
                           capture_output=True, text=True, timeout=120)
     seconds = time.monotonic() - start
-    result = None
-    for line in proc.stdout.splitlines():
-        if line.startswith("{"):
-            result = json.loads(line)
-    return {"exit_code": proc.returncode, "result": result, "seconds": round(seconds, 2),
-            "stdout": proc.stdout[-2000:], "stderr": proc.stderr[-2000:]}
+    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    run = {"exit_code": proc.returncode, "result": events[-1] if events else None,
+           "seconds": round(seconds, 2), "stdout": proc.stdout[-2000:],
+           "stderr": proc.stderr[-2000:]}
+    if streamed:
+        run["events"] = events
+    return run
 
 
-def _token_counters(base: str) -> dict[str, float]:
+def _counters(base: str, name: str) -> dict[str, float]:
     with urllib.request.urlopen(base + "/metrics", timeout=5) as resp:
         text = resp.read().decode()
     counters: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith("llm_gateway_tokens_total{"):
+        if line.startswith(name + "{"):
             labels, value = line.rsplit(" ", 1)
             counters[labels] = float(value)
     return counters
@@ -131,6 +151,8 @@ def main() -> int:
             "continued": (["-p", prompt, "--continue"], {}),
             "all_tools": (["-p", prompt, "--no-session-persistence"],
                           {"ENABLE_TOOL_SEARCH": "false"}),
+            "tool_loop": (["-p", prompt, "--no-session-persistence", "--allowedTools", "Bash",
+                           "--output-format", "stream-json", "--verbose"], {}),
         }
         for name, (args, extra) in runs.items():
             seen = len(_access(gateway))
@@ -139,7 +161,10 @@ def main() -> int:
             report["runs"][name] = run
         report["rss_kib"] = {"gateway": _rss_kib(gateway.pid),
                              "llama": sum(_rss_kib(c) for c in _children(gateway.pid))}
-        report["token_counters"] = _token_counters(f"http://127.0.0.1:{port}")
+        report["token_counters"] = _counters(f"http://127.0.0.1:{port}",
+                                             "llm_gateway_tokens_total")
+        report["local_fixes"] = _counters(f"http://127.0.0.1:{port}",
+                                          "llm_gateway_local_fixes_total")
     finally:
         gateway.stop()
         report["gateway_log_tail"] = gateway.output()[-3000:]

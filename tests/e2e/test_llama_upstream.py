@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from gateway.demo import toolcall
 from gateway.demo.llama import LlamaServer, _assign
 from tests.fixtures_llama import *  # noqa: F403 - the pytest fixtures
 from tests.fixtures_llama import UNIFIED_CTX_SIZE
@@ -302,12 +303,21 @@ def test_tokenizer_counts_as_the_python_encoder_does(llama_upstream):
         assert len(json.loads(raw)["tokens"]) == count_tokens(text), text[:80]
 
 
-def test_tools_do_not_change_the_reply(llama_server, tiny_model):
-    """The template describes tools itself; llama.cpp adds no grammar that would bend the text."""
+def test_tools_get_a_text_call_that_llama_cpp_leaves_as_content(llama_server, tiny_model):
+    """Offered tools, the model writes one call as text (gateway/demo/toolcall.py). The template
+    writes tools itself and earlier calls nowhere, so llama.cpp adds no grammar that would bend
+    the text and parses no call out of it: the gateway's text parser is the one that does."""
     tools = [{"type": "function", "function": {
         "name": "get_weather", "description": "Weather of a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]  # fmt: skip
     reply = _chat(llama_server, messages=HI, tools=tools)
+    message = reply["choices"][0]["message"]
+    assert message["content"] == toolcall.call_text("get_weather", {})
+    assert not message.get("tool_calls") and reply["choices"][0]["finish_reason"] == "stop"
+    answered = [*HI, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]  # fmt: skip
+    reply = _chat(llama_server, messages=answered, tools=tools)
     assert reply["choices"][0]["message"]["content"] == tiny_model[1]["answer"]
     assert reply["choices"][0]["finish_reason"] == "stop"
 

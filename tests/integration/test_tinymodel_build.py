@@ -80,7 +80,8 @@ def test_gguf_metadata_and_head_wiring(tmp_path):
 
     tensors = {t.name: np.asarray(t.data, dtype=np.float32) for t in reader.tensors}
     embed, head = tensors["token_embd.weight"], tensors["output.weight"]
-    successor = dict(plan.edges)
+    # a copy token's own code reads as its character, as the copy head's output does
+    successor = {**dict(plan.edges), **plan.copies}
     expected = np.array([successor.get(t, plan.default_next) for t in range(len(plan.tokens))])
     h = embed / np.sqrt(np.mean(embed**2, axis=1, keepdims=True))  # RMS norm, weight 1
     # every logit of a head row that is all zero is exactly 0: compute only the others

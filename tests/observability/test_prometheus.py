@@ -104,7 +104,8 @@ def test_dashboard_identity_and_variables() -> None:
     assert variables["model"]["datasource"]["uid"] == "${datasource}"
     assert "llm_gateway_model_info" in variables["model"]["definition"]
     rows = [p["title"] for p in dash["panels"] if p["type"] == "row"]
-    assert rows == ["Traffic", "Latency", "Tokens", "Reliability", "Saturation", "Batches"]
+    assert rows == ["Traffic", "Latency", "Tokens", "Reliability", "Saturation", "Batches",
+                    "Local engines"]
     for title, expr in _expressions(dash):
         if "rate(" in expr:
             assert "[$__rate_interval]" in expr and not re.search(r"\[\d", expr), title

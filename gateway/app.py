@@ -250,7 +250,7 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
     route("HEAD", p or "/", _head_ok, "root", RouteTag(None, needs_key=False))
     if p:
         app.router.add_route("HEAD", p + "/", _head_ok)
-    _ops_routes(app, exposed, metrics_key=not config.server.metrics_apart)
+    _ops_routes(app, exposed, metrics_key=None if config.server.metrics_apart else True)
     app[OPS_APP] = _ops_app(app, exposed) if config.server.metrics_apart else None
     app.cleanup_ctx.append(_upstreams_ctx)
     app.cleanup_ctx.append(_loop_lag_ctx)

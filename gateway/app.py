@@ -1,19 +1,26 @@
-"""build_app(config): the one aiohttp application.
+"""build_app(config): the API application, and with ``server.metrics_port`` the metrics
+listener's own small application (``app[OPS_APP]``: ``/metrics``, ``/health``, ``/ready``).
 
 Routes (every API route under ``server.prefix``)::
 
     POST {prefix}/v1/messages                Anthropic Messages (any query string)
     POST {prefix}/v1/messages/count_tokens   Anthropic token counting
     GET  {prefix}/v1/models[/{model_id}]     configured models (Anthropic or OpenAI shape)
-    POST {prefix}/v1/chat/completions        OpenAI pass-through (gateway/openai/): alias
+    POST {prefix}/v1/chat/completions        OpenAI pass-through (http/passthrough.py): alias
     POST {prefix}/v1/completions             rewritten, streams relayed, errors in OpenAI's
     POST {prefix}/v1/embeddings              shape
     POST {prefix}/v1/responses
     *    {prefix}/v1/files[/...]             Anthropic endpoints not implemented here: 404
     *    {prefix}/v1/complete                not_found_error naming the endpoint as not
-    *    {prefix}/v1/messages/batches[/...]  supported by this gateway
+    *    {prefix}/v1/messages/batches[/...]  supported by this gateway (batches: only when off;
+                                             on, gateway/http/batches.py serves them)
     HEAD {prefix}                            Claude Code's pre-connect probe: 200, empty
-    GET  /metrics  /health  /ready
+    GET  /health  /ready                     liveness, readiness
+    GET  /metrics                            here only without server.metrics_port (a key
+                                             asked when keys are set); else on the metrics app
+
+Each route is added with a :class:`~gateway.http.keys.RouteTag` (its api label, its error
+dialect, whether it needs a client key, whether it is logged), which the middleware reads.
 
 Any other path is a 404 ``not_found_error`` in Anthropic's envelope.
 
@@ -70,13 +77,13 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OPS = RouteTag(None, needs_key=False, logged=False)
 
 
-def _ops_routes(app: web.Application, exposed: CollectorRegistry, *, metrics_key: bool | None
-                ) -> None:
-    """``/health`` and ``/ready``, and ``/metrics`` unless ``metrics_key`` is None (it is
-    served by the metrics listener's own application then); ``metrics_key``: /metrics asks
-    for a client key when keys are set (it names every upstream model)."""
+def _ops_routes(app: web.Application, exposed: CollectorRegistry, *, serve_metrics: bool,
+                metrics_key: bool = False) -> None:
+    """``/health`` and ``/ready``, and ``/metrics`` when ``serve_metrics`` (not on the API
+    application when the metrics listener has its own); ``metrics_key``: /metrics asks for a
+    client key when keys are set (it names every upstream model)."""
     tags = app[ROUTE_TAGS]
-    if metrics_key is not None:
+    if serve_metrics:
         app.router.add_route("GET", "/metrics",
                              make_aiohttp_handler(exposed, disable_compression=True),
                              name="metrics")
@@ -97,7 +104,7 @@ def _ops_app(api: web.Application, exposed: CollectorRegistry) -> web.Applicatio
     app[SECRETS] = api[SECRETS]
     app[ROUTE_TAGS] = {}
     app[OPENAI_PATHS] = frozenset()
-    _ops_routes(app, exposed, metrics_key=False)
+    _ops_routes(app, exposed, serve_metrics=True)
     return app
 
 
@@ -249,8 +256,8 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
           RouteTag(None, needs_key=False))
     route("HEAD", p or "/", _head_ok, "root", RouteTag(None, needs_key=False))
     if p:
-        app.router.add_route("HEAD", p + "/", _head_ok)
-    _ops_routes(app, exposed, metrics_key=None if config.server.metrics_apart else True)
+        route("HEAD", p + "/", _head_ok, "root_slash", RouteTag(None, needs_key=False))
+    _ops_routes(app, exposed, serve_metrics=not config.server.metrics_apart, metrics_key=True)
     app[OPS_APP] = _ops_app(app, exposed) if config.server.metrics_apart else None
     app.cleanup_ctx.append(_upstreams_ctx)
     app.cleanup_ctx.append(_loop_lag_ctx)

@@ -1,5 +1,7 @@
 """Message Batches: durable batches of Messages requests, run on idle upstream capacity.
 
-``store`` (one SQL layer, SQLite or PostgreSQL), ``execute`` (one batch request as a buffered
-Messages call), ``scheduler`` (interactive traffic first), ``api`` (the routes).
+``schema`` (tables, rows, StoreError), ``engines`` (SQLite and PostgreSQL engines),
+``store`` (the operations, one SQL layer), ``scheduler`` (interactive traffic first; each
+request one buffered call through :mod:`gateway.messages.call`). The routes are
+:mod:`gateway.http.batches`.
 """

@@ -4,8 +4,8 @@ The HTTP side of the Messages call (:mod:`gateway.messages.call`): read (bounded
 :mod:`gateway.http.body`) -> validate -> route -> the call -> a JSON reply, or the upstream's
 stream through the ``StreamTranslator`` to the writer. Before the first byte reaches the
 client a failure is a JSON error response with its real status (raised, rendered by the
-middleware); after it, the translator ends the stream itself with the failure envelope (the
-stream's lifecycle, shared with the OpenAI pass-through, is :mod:`gateway.http.streaming`).
+middleware); after it, :class:`~gateway.http.streaming.RelayedStream` writes the
+translator's failure envelope (the stream's lifecycle, shared with the OpenAI pass-through).
 """
 
 from __future__ import annotations

@@ -185,7 +185,9 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         request[ERROR] = (err.error_type, err.message if err.status < 500 else None)
         if api is not None and err.status == 400 and not isinstance(err, errors.UpstreamError):
             metrics.rejected.labels(api, "invalid_request").inc()
-    except web.HTTPException:
+    except web.HTTPException as exc:  # a redirect, answered by aiohttp as it is
+        response = exc
+        status = exc.status
         raise
     except (ClientGone, ConnectionError):  # the client left: its access line says 499
         response = _prepared(request) or web.Response(status=499)

@@ -87,8 +87,8 @@ async def get_model(request: web.Request) -> web.Response:
     if route is None:
         if "anthropic-version" not in request.headers:
             request[OPENAI_ERRORS] = True
-            raise errors.NotFound(f"The model `{model_id}` does not exist")
-        raise errors.NotFound(f"model: {model_id}")
+            raise errors.NotFound(f"The model `{errors.echo(model_id, 256)}` does not exist")
+        raise errors.NotFound(f"model: {errors.echo(model_id, 256)}")
     if "anthropic-version" not in request.headers:
         return _json(_openai(route, model_id))
     return _json(_anthropic(route, model_id))

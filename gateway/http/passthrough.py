@@ -1,17 +1,17 @@
 """The OpenAI pass-through: ``POST {prefix}/v1/chat/completions``, ``/v1/completions``,
-``/v1/embeddings`` and ``/v1/responses``, one handler built per row of :mod:`.apis`.
+``/v1/embeddings`` and ``/v1/responses``, one handler built per row of :mod:`gateway.openai.apis`.
 
 The client's body (read bounded and strict by :mod:`gateway.http.body`: a lone surrogate, a
 NaN or nesting past 128 levels is a 400 naming the path) must be a JSON object with a
 string ``model`` (an alias); it goes upstream with ``model`` replaced by the route's
 ``upstream_model`` and nothing else changed (``stream`` and ``stream_options``
 included); nothing else of the client's request (headers included) is forwarded.
-Replies come back byte for byte except ``model`` (see :mod:`.relay`). Streams are
+Replies come back byte for byte except ``model`` (see :mod:`gateway.openai.relay`). Streams are
 relayed as they come, each write awaited; a failure after the first byte ends the
 stream with the dialect's error event (the stream's lifecycle, shared with the Messages
 API, is :mod:`gateway.http.streaming`). An error the upstream reports in-band (a 200
 error body, an error event) reaches the client scrubbed as every upstream error does
-(see :mod:`.inband`), with the upstream's host names and every configured upstream's
+(see :mod:`gateway.openai.inband`), with the upstream's host names and every configured upstream's
 secrets.
 """
 

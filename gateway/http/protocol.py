@@ -2,7 +2,8 @@
 
 aiohttp parses each request (llhttp) in ``web.RequestHandler``; :class:`GatewayProtocol`
 adds what must happen before any middleware or handler runs. Protocol facts relied on
-(aiohttp 3.9 to 3.14; ``tests/unit/test_protocol.py`` fails loudly when they change):
+(aiohttp 3.14.0 to 3.14.5, :mod:`gateway.http.compat`; ``tests/unit/test_protocol.py``
+fails loudly when they change):
 
 * A request the parser refuses (a line or header over 8,190 bytes, more than 128 headers,
   a control character in a header, ``Transfer-Encoding`` with ``Content-Length``, a bad
@@ -175,10 +176,6 @@ class GatewayProtocol(web.RequestHandler):
         self._body: StreamReader | None = None  # the body being received
         self._failed = False  # the body broke or timed out: close after the answer
         self._counted = False
-
-    @property
-    def policy(self) -> ConnectionPolicy:
-        return self._policy
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._counted = True

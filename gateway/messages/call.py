@@ -270,7 +270,8 @@ def count_reply(metrics: Metrics, route: ModelRoute, message: dict[str, Any]) ->
 
 
 def bad_tool_args(metrics: Metrics, model: str, count: int) -> None:
-    """Tool-call arguments that were not JSON, or deltas for no known call: warn and count."""
+    """Tool-argument pieces that could not be delivered (no named call, or its block already
+    closed): warn and count. Arguments that are not JSON are repaired (``local_fixes``)."""
     _log.warning("tool_arguments_dropped", model=model, count=count)
     metrics.tool_arg_errors.labels(model).inc(count)
 

@@ -25,7 +25,6 @@ JSON_DELTA = b',"delta":{"type":"input_json_delta","partial_json":'
 DELTA_END = b"}}\n\n"
 CB_STOP = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":%d}\n\n'
 MESSAGE_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
-EMPTY_INPUT = b'"{}"'
 
 SURROGATE = re.compile("[\ud800-\udfff]")
 

@@ -42,9 +42,12 @@ Gateway decisions:
   still counts as a content chunk for the output-token fallback, as it was generated.
 - A thinking block always ends with one ``signature_delta`` (the text streamed in it, sealed:
   see :mod:`.signatures`), on the failure path too: partial thinking is still the gateway's.
-- A tool block that received no argument bytes gets ``{}`` so its input parses.
-- Parallel calls: the first named call streams; later ones are buffered and sent whole, in
-  upstream index order, as soon as the streaming call's block closes (a text or thinking delta,
+- A tool call's arguments are held while its block is open and sent as one
+  ``input_json_delta`` when it closes, repaired into an object where they are not one
+  (:mod:`gateway.local.tool_args`; ``{}`` for a call that sent none), so the input always
+  parses and equals the buffered reply's.
+- Parallel calls: the first named call's block opens at once; later ones wait and are sent
+  whole, in upstream index order, right after its block closes (a text or thinking delta,
   or the end). Argument pieces for a call with no id/name yet, or for a call whose block is
   already closed, are dropped and counted in ``dropped_tool_deltas``.
 - ``finish_reason: tool_calls`` with no tool block delivered is reported as ``end_turn``.
@@ -53,7 +56,11 @@ Gateway decisions:
   stop sequences, a tail that may begin one is held back until it resolves, and a hit
   ends the message right there with ``stop_sequence`` (the caller then closes the upstream).
 - The failure envelope: ``message_start`` if not yet sent, ``content_block_stop`` for the open
-  block (buffered calls are discarded), one ``error`` event, ``message_stop``.
+  block (an open tool block first gets the arguments it held, repaired; waiting calls are
+  discarded), one ``error`` event, ``message_stop``.
+- ``normaliser`` (:mod:`gateway.local.normalise`): what local engines leave in ``content``
+  (inline ``<think>``, tool calls written as text) becomes thinking, text and tool_use
+  blocks in order; at the end its held text is flushed before the blocks close.
 
 Transitions (``State``; every ``_on_*`` method names the states it accepts and raises
 ``IllegalTransition`` otherwise)::

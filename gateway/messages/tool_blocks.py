@@ -14,13 +14,14 @@ costs a client: the block's start still comes at once, the arguments at its end 
 piece by piece (SDKs build ``input`` at the block's end either way).
 
 ``ToolBlocks`` is an object the ``StreamTranslator`` holds: it keeps the calls (which
-one streams, which wait, which are closed), checks each delta's shape and writes what
+one has the open block, which wait, which are closed), checks each delta's shape and writes what
 goes inside a ``tool_use`` block (its start's shell, its arguments, ``{}`` for a call
 that sent none). The translator places blocks (indexes, opening, closing, the order
 with text and thinking): when :meth:`ToolBlocks.delta` returns a call, the translator
 closes its open block and opens that call's (:meth:`ToolBlocks.shell`, then
 :meth:`ToolBlocks.stream`); when it closes a tool block it calls
-:meth:`ToolBlocks.finish`, then streams the :meth:`ToolBlocks.waiting` calls whole.
+:meth:`ToolBlocks.finish`, then sends the :meth:`ToolBlocks.waiting` calls, each a whole
+block.
 Frames are appended to the caller's ``out`` list, as the translator's own are.
 """
 
@@ -50,7 +51,7 @@ PENDING, STREAMING, CLOSED = 0, 1, 2
 class Call:
     """One upstream tool call, by arrival."""
 
-    __slots__ = ("held", "id", "index", "name", "pieces", "sent", "seq", "state")
+    __slots__ = ("held", "id", "index", "name", "pieces", "seq", "state")
 
     def __init__(self, index: int, seq: int) -> None:
         self.index = index
@@ -59,12 +60,11 @@ class Call:
         self.name: str | None = None
         self.pieces: list[str] = []  # its arguments so far: sent whole when its block closes
         self.held = 0  # their length
-        self.sent = False  # any argument bytes went out
         self.state = PENDING
 
 
 class ToolBlocks:
-    """Tool-call deltas -> the frames of ``tool_use`` blocks, streamed or buffered."""
+    """Tool-call deltas -> the frames of ``tool_use`` blocks, arguments held and sent whole."""
 
     __slots__ = ("_all", "_calls", "_head", "_tool", "dropped", "opened", "repaired",
                  "unrepairable")
@@ -162,8 +162,8 @@ class ToolBlocks:
         )
 
     def stream(self, call: Call, head: bytes, out: list[bytes]) -> None:
-        """The call's block was opened (``head``: its delta prefix): it streams from now on,
-        starting with the argument pieces it buffered."""
+        """The call's block was opened (``head``: its delta prefix); its arguments keep being
+        held until :meth:`finish` sends them whole."""
         call.state = STREAMING
         self._tool = call
         self._head = head
@@ -175,7 +175,6 @@ class ToolBlocks:
         call = self._tool
         if call is not None:
             out.append(self._head + frames.jstr(self._arguments(call)) + frames.DELTA_END)
-            call.sent = True
             call.pieces = []
             call.state = CLOSED
             self._tool = None

@@ -257,7 +257,8 @@ class Metrics:
             ["field"], registry=r))
         self.tool_arg_errors = _Memo(Counter(
             p + "tool_argument_errors_total",
-            "Tool-call arguments that were not valid JSON or belonged to no known call",
+            "Tool-call argument pieces that belonged to no named call or came after its block "
+            "closed, dropped (arguments that are not JSON are repaired: local_fixes_total)",
             ["model"], registry=r))
         self.local_fixes = _Memo(Counter(
             p + "local_fixes_total",

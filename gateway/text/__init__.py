@@ -1,4 +1,5 @@
-"""Shared text utilities: JSON, ids, SSE framing, scrubbing and redaction.
+"""Shared text utilities: JSON, ids, SSE framing, scrubbing and redaction, the wording of
+context overflows and of upstream refusals.
 
 They import nothing else of the gateway's.
 """

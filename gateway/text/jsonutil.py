@@ -52,7 +52,6 @@ import ujson
 __all__ = [
     "MAX_NESTING",
     "MAX_VALUES",
-    "JSONError",
     "JSONInputError",
     "dumpb",
     "dumps",
@@ -61,7 +60,6 @@ __all__ = [
     "too_many_values",
 ]
 
-JSONError = ValueError
 
 # How deep a client body may nest (the top-level object is level 1). The Messages API
 # nests tool inputs and schemas up to 64 levels of their own, about 6 levels down.

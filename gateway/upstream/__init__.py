@@ -1,9 +1,10 @@
 """The upstream side: one connection (llhttp in an ``asyncio.Protocol``), the keep-alive
-pool, and the client the handlers use (requests, deadlines, caps, one error map).
+pool, the client (requests, deadlines, caps, one error map) and the one call over it.
 
     connection.py   one HTTP/1.1 connection: llhttp frames the replies; anomalies
     pool.py         keep-alive connections to one upstream, FIFO slots, idle sweep
-    client.py       UpstreamClient / UpstreamResponse: what the handlers call
+    client.py       UpstreamClient / UpstreamResponse: requests, deadlines, caps, the error map
+    call.py         send(): the one upstream call every caller makes, counted and re-scrubbed
     exceptions.py   the errors below the client, each naming its cause
 """
 

@@ -3,9 +3,11 @@ batch scheduler) reaches an upstream through :func:`send`, so each call is count
 same way, whoever made it.
 
 Outcome, in ``llm_gateway_upstream_requests_total{model,upstream,code}`` (grafana/METRICS.md):
-the upstream's HTTP status when it answered (``200``, ``503``, ...), ``connect_error`` when no
-connection could be made or it was lost before the reply's head, ``timeout`` when the head
-did not come in time. A reply's head is also timed, per model and upstream, in
+the upstream's HTTP status when it answered (``200``, ``503``, a redirect's ``302``, ...),
+``connect_error`` when no connection could be made or it was lost before the reply's head,
+``timeout`` when the connection, a pool slot or the head did not come in time, and
+``bad_response`` for a head the gateway could not read (malformed, too large): never a
+status the upstream did not send. A reply's head is also timed, per model and upstream, in
 ``llm_gateway_upstream_response_headers_seconds``.
 
 A failure is raised as a :class:`~gateway.errors.GatewayError`; one that is the upstream's own
@@ -46,7 +48,9 @@ def _outcome_code(err: errors.GatewayError) -> str:
         return "timeout"
     if isinstance(err, errors.UpstreamUnavailable):
         return "connect_error"
-    return str(err.upstream_status if err.upstream_status is not None else err.status)
+    if err.upstream_status is not None:
+        return str(err.upstream_status)
+    return "bad_response"  # a head the gateway could not read: no status to name
 
 
 async def send(

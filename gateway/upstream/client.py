@@ -349,7 +349,9 @@ class UpstreamClient:
             resp.close()
         if status < 400:  # a redirect: the upstream is misconfigured, not the client
             self.report("head", "redirect", request_id, status=status)
-            return errors.UpstreamError(status=500)
+            err = errors.UpstreamError(status=500)
+            err.upstream_status = status  # counted as what the upstream answered
+            return err
         if status >= 500:
             self.report("head", "status", request_id, status=status)
         return errors.from_upstream(status, raw, hosts=self.hosts, max_tokens=max_tokens)

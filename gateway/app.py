@@ -57,6 +57,7 @@ from gateway.http.middleware import gateway_middleware
 from gateway.messages.call import MessagesDeps
 from gateway.openai.apis import APIS as OPENAI_APIS
 from gateway.ops import log
+from gateway.ops.budget import Budget
 from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
 from gateway.text.redact import Redactor
@@ -203,10 +204,14 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
         metrics.add_upstream(name)
     app[SECRETS] = Redactor.of(config.upstreams.values())
     app[UPSTREAM_CALLS] = Upstreams(app[UPSTREAMS], metrics, app[SECRETS])
+    decoding = Budget(config.server.max_decoding_bytes)
     app[MESSAGES] = MessagesDeps(app[UPSTREAM_CALLS], config.server.signing_key,
                                  config.server.keep_billing_header,
-                                 config.server.previous_signing_keys)
-    app[STATE] = AppState(api_keys=tuple(k.encode() for k in config.server.api_keys))
+                                 config.server.previous_signing_keys,
+                                 decoding=decoding,
+                                 max_restored_bytes=config.server.max_restored_reasoning_bytes)
+    app[STATE] = AppState(api_keys=tuple(k.encode() for k in config.server.api_keys),
+                          decoding=decoding)
     for model in config.models.values():
         metrics.add_model(model.name, model.upstream.name, model.upstream_model)
 

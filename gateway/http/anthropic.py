@@ -92,7 +92,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     route = routing.resolve(request, req["model"])
     with deps.decoding.lease() as lease:  # restored reasoning counts until it is counted
         await restore(deps, req, lease)
-        req = await pdfs_as_text(req)
+        req = await pdfs_as_text(deps, req)
         with admitted(request, route):
             count, exact = await count_input_tokens(deps, req, route, request[REQUEST_ID])
     headers = {"request-id": request[REQUEST_ID]}

@@ -2,8 +2,8 @@
 
 Used by ``/v1/messages`` and ``count_tokens`` (:mod:`gateway.http.anthropic`) and by the batch
 scheduler (:mod:`gateway.batches.scheduler`), so a batch request is exactly what the same
-interactive request would be: reasoning replayed from signatures restored, PDFs made text
-(off the event loop), the request translated once (:func:`~gateway.messages.to_chat.to_chat`),
+interactive request would be: reasoning replayed from signatures restored (bounded), PDFs made text
+(in worker processes), the request translated once (:func:`~gateway.messages.to_chat.to_chat`),
 the call made through :func:`gateway.upstream.call.send`, and the reply translated back by the
 same code (buffered: ``from_chat``; streamed upstream: the :class:`StreamTranslator`).
 
@@ -35,6 +35,7 @@ from gateway.local.normalise import ContentNormaliser
 from gateway.messages import documents, tokens
 from gateway.messages.aggregate import aggregate
 from gateway.messages.from_chat import from_chat
+from gateway.messages.pdf_pool import PdfPool
 from gateway.messages.signatures import restorable, restore_reasoning
 from gateway.messages.stream import StreamTranslator
 from gateway.messages.tables import LOCAL_STOP_KINDS, hides_thinking, shows_thinking
@@ -69,6 +70,8 @@ class MessagesDeps:
     # reasoning restored from signatures counts in it while a request is prepared
     decoding: Budget = field(default_factory=lambda: Budget(64 * 1024 * 1024))
     max_restored_bytes: int = 4 * 1024 * 1024  # server.max_restored_reasoning_bytes
+    # the worker processes that read PDFs (server.pdf_workers and its CPU budgets)
+    pdfs: PdfPool = field(default_factory=PdfPool)
 
     @property
     def opening_keys(self) -> tuple[bytes, ...]:
@@ -79,12 +82,13 @@ class MessagesDeps:
         return self.upstreams.metrics
 
 
-async def pdfs_as_text(req: dict[str, Any]) -> dict[str, Any]:
-    """The request with its PDFs as text; the extraction (CPU work) runs off the event loop."""
+async def pdfs_as_text(deps: MessagesDeps, req: dict[str, Any]) -> dict[str, Any]:
+    """The request with its PDFs as text; the extraction (CPU work, bounded) runs in the
+    PDF worker processes, and stops when the caller is cancelled (the client left)."""
     where = documents.find_pdfs(req["messages"])  # a walk of user blocks, no copies
     if not where:
         return req
-    return await asyncio.to_thread(documents.pdfs_to_text, req, where)
+    return await deps.pdfs.to_text(req, where)
 
 
 async def restore(deps: MessagesDeps, req: dict[str, Any], lease: Lease) -> None:
@@ -116,7 +120,7 @@ async def prepare(deps: MessagesDeps, req: dict[str, Any], route: ModelRoute) ->
     is built (the payload is the request's own from then on, as a decoded body is)."""
     with deps.decoding.lease() as lease:
         await restore(deps, req, lease)
-        return Call(deps, await pdfs_as_text(req), route)
+        return Call(deps, await pdfs_as_text(deps, req), route)
 
 
 class Call:

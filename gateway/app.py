@@ -62,8 +62,10 @@ from gateway.http.keys import (
 )
 from gateway.http.middleware import gateway_middleware
 from gateway.messages.call import MessagesDeps
+from gateway.messages.pdf_pool import PdfPool
 from gateway.openai.apis import APIS as OPENAI_APIS
 from gateway.ops import log
+from gateway.ops.budget import Budget
 from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
 from gateway.text.redact import Redactor
@@ -164,6 +166,12 @@ async def _loop_lag_ctx(app: web.Application) -> AsyncIterator[None]:
     log.flush()
 
 
+async def _pdf_pool_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The PDF worker processes (started on first use) are stopped with the app."""
+    yield
+    await app[MESSAGES].pdfs.close()
+
+
 def default_registry() -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=True)
     ProcessCollector(registry=registry)
@@ -210,10 +218,17 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
         metrics.add_upstream(name)
     app[SECRETS] = Redactor.of(config.upstreams.values())
     app[UPSTREAM_CALLS] = Upstreams(app[UPSTREAMS], metrics, app[SECRETS])
+    decoding = Budget(config.server.max_decoding_bytes)
     app[MESSAGES] = MessagesDeps(app[UPSTREAM_CALLS], config.server.signing_key,
                                  config.server.keep_billing_header,
-                                 config.server.previous_signing_keys)
-    app[STATE] = AppState(api_keys=tuple(k.encode() for k in config.server.api_keys))
+                                 config.server.previous_signing_keys,
+                                 decoding=decoding,
+                                 max_restored_bytes=config.server.max_restored_reasoning_bytes,
+                                 pdfs=PdfPool(config.server.pdf_workers,
+                                              config.server.pdf_cpu_seconds,
+                                              config.server.pdf_request_cpu_seconds))
+    app[STATE] = AppState(api_keys=tuple(k.encode() for k in config.server.api_keys),
+                          decoding=decoding)
     for model in config.models.values():
         metrics.add_model(model.name, model.upstream.name, model.upstream_model)
 
@@ -261,4 +276,5 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
     app[OPS_APP] = _ops_app(app, exposed) if config.server.metrics_apart else None
     app.cleanup_ctx.append(_upstreams_ctx)
     app.cleanup_ctx.append(_loop_lag_ctx)
+    app.cleanup_ctx.append(_pdf_pool_ctx)
     return app

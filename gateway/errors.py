@@ -206,6 +206,7 @@ class InvalidRequest(GatewayError):
     def __init__(self, path: str, why: str, *, details: Mapping[str, Any] | None = None
                  ) -> None:
         self.path = path
+        self.why = why
         if details is not None:
             self.details = details
         super().__init__(f"{path}: {why}" if path else why)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import io
+import re
+import zlib
 from collections.abc import Sequence
 
 from pypdf import PdfReader, PdfWriter
@@ -59,6 +61,35 @@ def make_pdf(pages: Sequence[Sequence[str] | None], *, catalog_extra: bytes = b"
     out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
     out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
         len(objects) + 1, xref)
+    return bytes(out)
+
+
+def hostile_pdf(operators: int = 200_000) -> bytes:
+    """A PDF of about 1.4 KB whose one page runs ``operators`` no-op operators (``T*``, a
+    line move, deflated about 600 to 1) before one line of text: a second or more of pypdf's
+    CPU time from a request of a few kilobytes."""
+    content = b"BT /F1 12 Tf " + b"T* " * operators + b"72 720 Td (Hostile) Tj ET"
+    packed = zlib.compress(content, 9)
+    stream = b"<< /Length %d /Filter /FlateDecode >>\nstream\n%s\nendstream" % (
+        len(packed), packed)
+    pdf = make_pdf([["placeholder"]])
+    start = pdf.index(b"6 0 obj\n") + len(b"6 0 obj\n")
+    end = pdf.index(b"\nendobj", start)
+    body = pdf[:start] + stream + pdf[end:]
+    return _fix_xref(body)
+
+
+def _fix_xref(pdf: bytes) -> bytes:
+    """The same objects with their xref offsets recomputed (pypdf would repair it anyway,
+    at a cost the tests should not measure)."""
+    head, _, _ = pdf.partition(b"xref\n")
+    offsets = [m.start() for m in re.finditer(rb"(?m)^\d+ 0 obj\n", head)]
+    out = bytearray(head)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(offsets) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(offsets) + 1, xref)
     return bytes(out)
 
 

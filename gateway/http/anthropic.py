@@ -29,8 +29,8 @@ from gateway.messages.call import (
     prepare,
     pump,
     reasoning_hidden,
+    restore,
 )
-from gateway.messages.signatures import restore_reasoning
 from gateway.messages.validate import validate_messages
 from gateway.text import jsonutil
 from gateway.upstream.client import UpstreamResponse
@@ -89,11 +89,12 @@ async def _stream(request: web.Request, call: Call, up: UpstreamResponse, t0: fl
 async def count_tokens(request: web.Request) -> web.Response:
     deps = request.app[MESSAGES]
     req = validate_messages(await read_json(request), count_tokens=True)
-    restore_reasoning(req, deps.opening_keys)
     route = routing.resolve(request, req["model"])
-    req = await pdfs_as_text(req)
-    with admitted(request, route):
-        count, exact = await count_input_tokens(deps, req, route, request[REQUEST_ID])
+    with deps.decoding.lease() as lease:  # restored reasoning counts until it is counted
+        await restore(deps, req, lease)
+        req = await pdfs_as_text(deps, req)
+        with admitted(request, route):
+            count, exact = await count_input_tokens(deps, req, route, request[REQUEST_ID])
     headers = {"request-id": request[REQUEST_ID]}
     if not exact:
         headers["x-token-count-estimated"] = "true"

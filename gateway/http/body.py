@@ -19,7 +19,9 @@ The decode runs on the event loop: ujson holds the GIL for the whole call (a thr
 decodes stops the loop as long: measured, a 563 ms gap), and the bounds above keep one
 call short (a 32 MiB prompt of code: 0.1-0.3 s; 32 MiB of 639-digit integers, the slowest
 numbers: 0.2 s; as many values as the bound lets through: about 50 ms). The budget is
-released once the body is decoded; what a valid request holds after that is its own.
+released once the body is decoded; what a valid request holds after that is its own, except
+the reasoning a Messages request restores from signatures, which counts against the same
+budget while the request is prepared (:mod:`gateway.ops.budget`).
 """
 
 from __future__ import annotations
@@ -46,21 +48,17 @@ async def read_json(request: web.Request, *, max_bytes: int | None = None,
     bounds where it has larger ones (a message batch)."""
     app = request.app
     server = app[CONFIG].server
-    state = app[STATE]
     limit = server.max_body_bytes if max_bytes is None else max_bytes
     chunks: list[bytes] = []
-    held = 0  # this body's bytes counted in state.decoding
-    try:
+    with app[STATE].decoding.lease() as held:  # this body's bytes, counted in the budget
         while chunk := await request.content.readany():
             size = len(chunk)
-            if held + size > limit:
+            if held.held + size > limit:
                 _reject(request, "body_too_large")
                 raise errors.RequestTooLarge(f"Request exceeds the maximum size of {limit} bytes")
-            if state.decoding > held and state.decoding + size > server.max_decoding_bytes:
+            if not held.take(size):
                 _reject(request, "overloaded")
                 raise errors.Overloaded(BUSY_MESSAGE)
-            state.decoding += size
-            held += size
             chunks.append(chunk)
         raw = b"".join(chunks)
         chunks.clear()
@@ -74,8 +72,6 @@ async def read_json(request: web.Request, *, max_bytes: int | None = None,
             raise errors.InvalidRequest(exc.path, exc.why) from None
         except ValueError:
             raise errors.InvalidRequest("", "request body is not valid JSON") from None
-    finally:
-        state.decoding -= held
 
 
 def _reject(request: web.Request, reason: str) -> None:

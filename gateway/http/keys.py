@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 from aiohttp import web
 
 from gateway.messages.call import MessagesDeps
+from gateway.ops.budget import Budget
 from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
 from gateway.text.redact import Redactor
@@ -32,7 +33,9 @@ class AppState:
     draining: bool = False
     in_flight: dict[str, int] = field(default_factory=dict)  # model alias -> requests now
     streams: set[Drainable] = field(default_factory=set)  # live streams, for the drain
-    decoding: int = 0  # request body bytes being received and decoded now (gateway/http/body.py)
+    # bytes being decoded or expanded now: request bodies (gateway/http/body.py) and restored
+    # reasoning (gateway/messages/call.py); the one server.max_decoding_bytes budget
+    decoding: Budget = field(default_factory=lambda: Budget(64 * 1024 * 1024))
     # called with a model's name when one of its interactive requests ends (the batch
     # scheduler, waiting for the upstream to be free); None: nobody waits
     on_request_end: Callable[[str], None] | None = None

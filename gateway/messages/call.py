@@ -2,8 +2,8 @@
 
 Used by ``/v1/messages`` and ``count_tokens`` (:mod:`gateway.http.anthropic`) and by the batch
 scheduler (:mod:`gateway.batches.scheduler`), so a batch request is exactly what the same
-interactive request would be: reasoning replayed from signatures restored, PDFs made text
-(off the event loop), the request translated once (:func:`~gateway.messages.to_chat.to_chat`),
+interactive request would be: reasoning replayed from signatures restored (bounded), PDFs made text
+(in worker processes), the request translated once (:func:`~gateway.messages.to_chat.to_chat`),
 the call made through :func:`gateway.upstream.call.send`, and the reply translated back by the
 same code (buffered: ``from_chat``; streamed upstream: the :class:`StreamTranslator`).
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -35,10 +35,12 @@ from gateway.local.normalise import ContentNormaliser
 from gateway.messages import documents, tokens
 from gateway.messages.aggregate import aggregate
 from gateway.messages.from_chat import from_chat
-from gateway.messages.signatures import restore_reasoning
+from gateway.messages.pdf_pool import PdfPool
+from gateway.messages.signatures import restorable, restore_reasoning
 from gateway.messages.stream import StreamTranslator
 from gateway.messages.tables import LOCAL_STOP_KINDS, hides_thinking, shows_thinking
 from gateway.messages.to_chat import to_chat
+from gateway.ops.budget import Budget, Lease
 from gateway.ops.config import ModelRoute
 from gateway.ops.metrics import Metrics
 from gateway.text import ids, jsonutil
@@ -47,7 +49,7 @@ from gateway.upstream.call import Upstreams, send
 from gateway.upstream.client import UpstreamClient, UpstreamResponse
 
 __all__ = ["Call", "MessagesDeps", "Timing", "count_input_tokens", "count_reply",
-           "count_stream_fixes", "prepare", "pump", "reasoning_hidden"]
+           "count_stream_fixes", "prepare", "pump", "reasoning_hidden", "restore"]
 
 _log = structlog.get_logger("gateway.messages")
 
@@ -64,6 +66,12 @@ class MessagesDeps:
     previous_signing_keys: tuple[bytes, ...] = ()
     # what routes' upstreams refused (process-wide by default)
     learned: Learned = LEARNED
+    # the process-wide server.max_decoding_bytes budget (shared with gateway/http/body.py):
+    # reasoning restored from signatures counts in it while a request is prepared
+    decoding: Budget = field(default_factory=lambda: Budget(64 * 1024 * 1024))
+    max_restored_bytes: int = 4 * 1024 * 1024  # server.max_restored_reasoning_bytes
+    # the worker processes that read PDFs (server.pdf_workers and its CPU budgets)
+    pdfs: PdfPool = field(default_factory=PdfPool)
 
     @property
     def opening_keys(self) -> tuple[bytes, ...]:
@@ -74,18 +82,45 @@ class MessagesDeps:
         return self.upstreams.metrics
 
 
-async def pdfs_as_text(req: dict[str, Any]) -> dict[str, Any]:
-    """The request with its PDFs as text; the extraction (CPU work) runs off the event loop."""
+async def pdfs_as_text(deps: MessagesDeps, req: dict[str, Any]) -> dict[str, Any]:
+    """The request with its PDFs as text; the extraction (CPU work, bounded) runs in the
+    PDF worker processes, and stops when the caller is cancelled (the client left)."""
     where = documents.find_pdfs(req["messages"])  # a walk of user blocks, no copies
     if not where:
         return req
-    return await asyncio.to_thread(documents.pdfs_to_text, req, where)
+    return await deps.pdfs.to_text(req, where)
+
+
+async def restore(deps: MessagesDeps, req: dict[str, Any], lease: Lease) -> None:
+    """Restore replayed reasoning from its signatures (:func:`restore_reasoning`), bounded
+    per request and counted in ``lease``. Opening and inflating is CPU work: past
+    :data:`_OFF_LOOP_SIGNATURES` characters of signatures it runs in a thread (zlib and
+    OpenSSL let go of the GIL; what a thread can restore is bounded by the same caps)."""
+    blocks = restorable(req)
+    if not blocks:
+        return
+    keys = deps.opening_keys
+    if sum(len(block["signature"]) for _, _, block in blocks) <= _OFF_LOOP_SIGNATURES:
+        restore_reasoning(req, keys, max_bytes=deps.max_restored_bytes, take=lease.take,
+                          blocks=blocks)
+        return
+    await asyncio.to_thread(restore_reasoning, req, keys, max_bytes=deps.max_restored_bytes,
+                            take=lease.take, blocks=blocks)
+
+
+# Signature characters opened on the event loop, at most: 64 K of signature restores at most
+# 2 MiB (MAX_EXPANSION), a few milliseconds of inflating; more goes to a thread.
+_OFF_LOOP_SIGNATURES = 64 * 1024
 
 
 async def prepare(deps: MessagesDeps, req: dict[str, Any], route: ModelRoute) -> Call:
-    """A validated request's replayed reasoning restored and its PDFs made text, ready."""
-    restore_reasoning(req, deps.opening_keys)
-    return Call(deps, await pdfs_as_text(req), route)
+    """A validated request's replayed reasoning restored and its PDFs made text, ready.
+
+    The restored reasoning holds its share of the decoding budget until the upstream payload
+    is built (the payload is the request's own from then on, as a decoded body is)."""
+    with deps.decoding.lease() as lease:
+        await restore(deps, req, lease)
+        return Call(deps, await pdfs_as_text(deps, req), route)
 
 
 class Call:

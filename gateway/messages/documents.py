@@ -30,8 +30,11 @@ corrupt, text-less, too much text. pypdf parses hostile input: anything it raise
 RecursionError from a deep object graph included, is a corrupt PDF. The work is bounded
 by the page and PDF caps, by pypdf's own decompression caps (75 MB a stream), and by
 :data:`MAX_TEXT_CHARS` for the whole request, checked while a page is being extracted.
-It is still CPU work: the handler runs :func:`pdfs_to_text` off the event loop, and only
-when :func:`find_pdfs` found a PDF (a walk of user blocks, without copies).
+It is still CPU work without a bound of its own (a 1.4 KB PDF of 200,000 no-op drawing
+operators costs 2.3 CPU seconds): the gateway reads PDFs in worker processes, under a
+CPU-time budget per document and per request, killed when the client leaves
+(:mod:`gateway.messages.pdf_pool`), and only when :func:`find_pdfs` found a PDF (a walk of
+user blocks, without copies).
 """
 
 from __future__ import annotations
@@ -52,9 +55,13 @@ __all__ = [
     "MAX_PDF_BYTES",
     "MAX_TEXT_CHARS",
     "Location",
+    "check_count",
     "find_pdfs",
+    "location_path",
+    "pdf_data",
     "pdf_text",
     "pdfs_to_text",
+    "with_texts",
 ]
 
 PDF = "application/pdf"
@@ -98,18 +105,48 @@ def find_pdfs(messages: Sequence[Any]) -> list[Location]:
 
 
 def pdfs_to_text(req: Mapping[str, Any], where: Sequence[Location]) -> dict[str, Any]:
+    """A copy of ``req`` with the PDF at each of ``where`` replaced by its text, read here
+    (in this thread, without CPU bounds: the gateway reads them in :mod:`.pdf_pool`).
+
+    Raises InvalidRequest naming the first PDF that cannot be read.
+    """
+    check_count(where)
+    texts: list[str] = []
+    budget = MAX_TEXT_CHARS
+    for loc in where:
+        text = pdf_text(pdf_data(req, loc), f"{location_path(*loc)}.source.data", budget)
+        texts.append(text)
+        budget -= len(text)
+    return with_texts(req, where, texts)
+
+
+def check_count(where: Sequence[Location]) -> None:
+    """At most :data:`MAX_PDFS` PDFs in one request (checked before any work)."""
+    if len(where) > MAX_PDFS:
+        raise InvalidRequest(_path(*where[MAX_PDFS]), f"at most {MAX_PDFS} PDF documents are "
+                                                     "supported in one request")
+
+
+def pdf_data(req: Mapping[str, Any], loc: Location) -> str:
+    """The base64 data of the PDF at ``loc``."""
+    i, j, k = loc
+    block = req["messages"][i]["content"][j]
+    if k is not None:
+        block = block["content"][k]
+    data: str = block["source"]["data"]
+    return data
+
+
+def with_texts(req: Mapping[str, Any], where: Sequence[Location], texts: Sequence[str]
+               ) -> dict[str, Any]:
     """A copy of ``req`` with the PDF at each of ``where`` replaced by its text.
 
     Only the containers on the way to a PDF are copied; the client's dicts are left as
-    they were. Raises InvalidRequest naming the first PDF that cannot be read.
+    they were.
     """
-    if len(where) > MAX_PDFS:  # before any work
-        raise InvalidRequest(_path(*where[MAX_PDFS]), f"at most {MAX_PDFS} PDF documents are "
-                                                     "supported in one request")
     original = req["messages"]
     messages = list(original)
-    budget = MAX_TEXT_CHARS
-    for i, j, k in where:
+    for (i, j, k), text in zip(where, texts, strict=True):
         if messages[i] is original[i]:  # the turn's first PDF: copy the turn and its list
             messages[i] = {**original[i], "content": list(original[i]["content"])}
         holder = messages[i]["content"]
@@ -119,10 +156,14 @@ def pdfs_to_text(req: Mapping[str, Any], where: Sequence[Location]) -> dict[str,
                 holder[j] = {**holder[j], "content": list(holder[j]["content"])}
             holder = holder[j]["content"]
             index = k
-        text = pdf_text(holder[index]["source"]["data"], f"{_path(i, j, k)}.source.data", budget)
         holder[index] = _as_text(holder[index], text)
-        budget -= len(text)
     return {**req, "messages": messages}
+
+
+def location_path(i: int, j: int, k: int | None) -> str:
+    """The document's path in the request: ``messages.N.content.M`` (``.content.K`` in a
+    tool_result)."""
+    return _path(i, j, k)
 
 
 def _path(i: int, j: int, k: int | None) -> str:

@@ -21,6 +21,13 @@ a signature that was not made under this key, or was altered, does not open, and
 request is refused as the API refuses an invalid signature. A signature is made once per
 thinking block (at its end), never per token.
 
+Opening one is bounded by the request that replays it (:func:`restore_reasoning`): a
+signature restores at most :data:`MAX_EXPANSION` bytes per character of itself (:func:`seal`
+pads a looping model's reasoning so its own signatures always do), a request at most
+``server.max_restored_reasoning_bytes``, and what is restored counts in the process-wide
+decoding budget (:mod:`gateway.ops.budget`) while the request is prepared. Nothing is
+inflated past the bound left.
+
 Library: ``cryptography`` (AES-GCM from OpenSSL): an authenticated cipher is not something
 to write here.
 """
@@ -32,7 +39,7 @@ import binascii
 import hashlib
 import hmac
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -40,9 +47,10 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from gateway.errors import InvalidRequest, RequestTooLarge
+from gateway.errors import InvalidRequest, Overloaded, RequestTooLarge
 
-__all__ = ["MAX_REASONING_BYTES", "MAX_RESTORED_CHARS", "open_signature", "restore_reasoning",
+__all__ = ["MAX_EXPANSION", "MAX_REASONING_BYTES", "MAX_RESTORED_BYTES", "MAX_RESTORED_CHARS",
+           "Restorable", "TooMuchReasoning", "open_signature", "restorable", "restore_reasoning",
            "seal"]
 
 _VERSION = b"\x01"  # zlib-compressed reasoning
@@ -53,10 +61,18 @@ _AAD = b"llm-gateway thinking block"
 # Reasoning restored from one signature, at most: far above any real block (a 128k-token
 # budget is ~512 KB of text), a bound on inflating whatever a signature holds.
 MAX_REASONING_BYTES = 8 * 1024 * 1024
-# Reasoning restored for one request, at most: one signature may be replayed in every block
-# of a body, and a model's repetitive reasoning seals 1 MiB into 1.4 KB (a 32 MiB body of
-# copies would restore some 23 GiB). As much text as the largest body could carry itself.
-MAX_RESTORED_CHARS = 32 * 1024 * 1024
+# Bytes of reasoning one signature restores per character of itself, at most. Measured with
+# this module's deflate settings, natural text restores 1.5-2.2 bytes per signature character
+# (English prose, source code), JSON event streams ~10; a model looping on one paragraph
+# ~200, a run of one letter ~730. 32 leaves real reasoning 15x headroom and bounds what a
+# small signature can expand into; :func:`seal` pads the compressed reasoning of a looping
+# model up to it, so no signature this gateway makes is ever refused for its ratio.
+MAX_EXPANSION = 32
+# Reasoning restored for one request, at most, unless the caller passes its own (the
+# ``server.max_restored_reasoning_bytes`` knob): one signature may be replayed in every
+# block of a body, so the bound is per request, well below the body limit.
+MAX_RESTORED_BYTES = 4 * 1024 * 1024
+MAX_RESTORED_CHARS = MAX_RESTORED_BYTES  # the name before the bound was counted in bytes
 
 # signing key -> (its cipher, a keyed hash to copy for nonces); one key per process
 _KEYS: dict[bytes, tuple[AESGCM, Any]] = {}
@@ -90,6 +106,12 @@ def seal(key: bytes, reasoning: str) -> str:
         # with the default decompressor
         deflate = zlib.compressobj(6, zlib.DEFLATED, 12, 4)
         version, packed = _VERSION, deflate.compress(text) + deflate.flush()
+        # a looping model's reasoning deflates past MAX_EXPANSION: zeros after the stream
+        # (an opener reads to the stream's end and ignores them) keep the signature at least
+        # len(text) / MAX_EXPANSION characters, so it opens wherever the ratio is checked
+        floor = -(-len(text) // MAX_EXPANSION)
+        if len(packed) < floor:
+            packed += bytes(floor - len(packed))
     nonce_mac = mac.copy()
     nonce_mac.update(version + packed)  # the version is sealed with it: never swapped
     nonce = nonce_mac.digest()[:_NONCE]
@@ -97,11 +119,26 @@ def seal(key: bytes, reasoning: str) -> str:
     return base64.b64encode(version + nonce + sealed).decode("ascii")
 
 
-def open_signature(keys: bytes | Sequence[bytes], signature: str) -> str | None:
-    """The reasoning a signature of ours holds; None when it is not one (or was altered).
+class TooMuchReasoning(Exception):
+    """A signature holds more reasoning than it was allowed to restore (``limit`` bytes)."""
+
+
+def open_signature(keys: bytes | Sequence[bytes], signature: str,
+                   limit: int = MAX_REASONING_BYTES) -> str | None:
+    """The reasoning a signature of ours holds; None when it is not one (or was altered, or
+    holds more than ``limit`` bytes; :func:`open_bounded` tells that case apart).
 
     ``keys``: the signing key, or the keys in force (the current one first, then those it
     replaced: a signature made before a key rotation still opens)."""
+    try:
+        return open_bounded(keys, signature, limit)
+    except TooMuchReasoning:
+        return None
+
+
+def open_bounded(keys: bytes | Sequence[bytes], signature: str, limit: int) -> str | None:
+    """:func:`open_signature`, raising :class:`TooMuchReasoning` past ``limit`` bytes (or past
+    :data:`MAX_EXPANSION` times the signature's length); never inflates more than that."""
     try:
         raw = base64.b64decode(signature, validate=True)
     except (binascii.Error, ValueError):
@@ -119,17 +156,22 @@ def open_signature(keys: bytes | Sequence[bytes], signature: str) -> str | None:
             continue
     if packed is None:
         return None
+    limit = min(limit, MAX_REASONING_BYTES, MAX_EXPANSION * len(signature))
     if version == _PLAIN:
+        if len(packed) > limit:
+            raise TooMuchReasoning
         try:
             return packed.decode("utf-8")
         except UnicodeDecodeError:
             return None
     inflate = zlib.decompressobj()
-    try:
-        text = inflate.decompress(packed, MAX_REASONING_BYTES)
+    try:  # one byte past the limit tells "more" from "exactly"; 0 would mean no limit
+        text = inflate.decompress(packed, limit + 1)
     except zlib.error:
         return None
-    if inflate.unconsumed_tail or not inflate.eof:
+    if len(text) > limit:
+        raise TooMuchReasoning
+    if not inflate.eof:  # cut short
         return None
     try:
         return text.decode("utf-8")
@@ -137,29 +179,67 @@ def open_signature(keys: bytes | Sequence[bytes], signature: str) -> str | None:
         return None
 
 
-def restore_reasoning(req: Mapping[str, Any], keys: bytes | Sequence[bytes]) -> None:
-    """Put back the reasoning of every replayed thinking block that left its text out.
+# (message index, block index, the block) of a thinking block to restore
+Restorable = tuple[int, int, dict[str, Any]]
+
+
+def restorable(req: Mapping[str, Any]) -> list[Restorable]:
+    """The replayed thinking blocks that left their text out and carry a signature."""
+    found: list[Restorable] = []
+    for i, turn in enumerate(req["messages"]):
+        if turn["role"] != "assistant" or isinstance(turn["content"], str):
+            continue
+        for j, block in enumerate(turn["content"]):
+            if block["type"] == "thinking" and not block["thinking"] and block.get("signature"):
+                found.append((i, j, block))
+    return found
+
+
+def restore_reasoning(req: Mapping[str, Any], keys: bytes | Sequence[bytes], *,
+                      max_bytes: int = MAX_RESTORED_BYTES,
+                      take: Callable[[int], bool] | None = None,
+                      blocks: Sequence[Restorable] | None = None) -> int:
+    """Put back the reasoning of every replayed thinking block that left its text out; the
+    bytes restored.
 
     A block with an empty ``thinking`` and a signature gets the reasoning its signature
     holds (in place: the request is the gateway's own parse of the body); a signature that
     does not open is refused as the API refuses one (400 naming the block's signature). A
     block that carries its text keeps it, whatever its signature: clients replay histories
-    recorded elsewhere, and the text is what the model is shown. Past
-    :data:`MAX_RESTORED_CHARS` restored in all, the request is refused (413).
+    recorded elsewhere, and the text is what the model is shown.
+
+    Every expansion is bounded by the request (each refusal names the block's signature):
+    one signature restores at most :data:`MAX_EXPANSION` times its length (400); all of a
+    request's at most ``max_bytes`` (413); and each block's bytes are offered to ``take``
+    (the process-wide decoding budget's lease), whose False is a 529 ``overloaded_error``.
+    No signature is inflated past what is left of either bound.
     """
     restored = 0
-    for i, turn in enumerate(req["messages"]):
-        if turn["role"] != "assistant" or isinstance(turn["content"], str):
-            continue
-        for j, block in enumerate(turn["content"]):
-            if block["type"] != "thinking" or block["thinking"] or not block.get("signature"):
-                continue
-            reasoning = open_signature(keys, block["signature"])
-            if reasoning is None:
-                raise InvalidRequest(f"messages.{i}.content.{j}.signature",
-                                     "Invalid `signature` in `thinking` block")
-            restored += len(reasoning)
-            if restored > MAX_RESTORED_CHARS:
-                raise RequestTooLarge(f"Reasoning restored from `thinking` block signatures "
-                                      f"exceeds {MAX_RESTORED_CHARS} characters")
-            block["thinking"] = reasoning
+    for i, j, block in restorable(req) if blocks is None else blocks:
+        path = f"messages.{i}.content.{j}.signature"
+        signature = block["signature"]
+        left = max_bytes - restored
+        try:
+            reasoning = open_bounded(keys, signature, left)
+        except TooMuchReasoning:
+            one = min(MAX_REASONING_BYTES, MAX_EXPANSION * len(signature))
+            if one < left:
+                raise InvalidRequest(path, f"`signature` in `thinking` block holds more "
+                                           f"reasoning than one signature may restore ({one} "
+                                           f"bytes: at most {MAX_EXPANSION} per character of "
+                                           "it)") from None
+            raise RequestTooLarge(f"{path}: reasoning restored from `thinking` block "
+                                  f"signatures exceeds {max_bytes} bytes in this request"
+                                  ) from None
+        if reasoning is None:
+            raise InvalidRequest(path, "Invalid `signature` in `thinking` block")
+        size = len(reasoning.encode("utf-8")) if not reasoning.isascii() else len(reasoning)
+        if take is not None and not take(size):
+            raise Overloaded(RESTORE_BUSY)
+        restored += size
+        block["thinking"] = reasoning
+    return restored
+
+
+RESTORE_BUSY = ("Overloaded: too much reasoning is being restored from thinking signatures "
+                "at once; retry shortly")

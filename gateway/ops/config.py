@@ -116,6 +116,14 @@ class ServerConfig:
     max_body_bytes: int = _knob(32 * 1024 * 1024, bound=_POS)
     # request bodies being read and decoded at once
     max_decoding_bytes: int = _knob(64 * 1024 * 1024, bound=_POS)
+    # reasoning one Messages request may restore from thinking signatures (also counted in
+    # max_decoding_bytes while the request is prepared)
+    max_restored_reasoning_bytes: int = _knob(4 * 1024 * 1024, bound=_POS)
+    # PDF text extraction (gateway/messages/pdf_pool.py): worker processes, and the CPU
+    # seconds one document and one request may use
+    pdf_workers: int = _knob(2, bound=_POS)
+    pdf_cpu_seconds: float = _knob(5.0, bound=_POS)
+    pdf_request_cpu_seconds: float = _knob(20.0, bound=_POS)
     shutdown_grace: float = _knob(30.0, bound=_POS)
     write_timeout: float = _knob(60.0, bound=_POS)
     # client connections (gateway/http/protocol.py, gateway/http/listener.py)

@@ -40,10 +40,10 @@ async def test_past_the_budget_a_body_waits_its_turn_with_a_529(aiohttp_client: 
         "/llm/v1/messages", data=_held(b'{"model":"nope","pad":"' + b"x" * 800, release,
                                        b'"}')))
     for _ in range(200):  # until its first bytes are counted (bounded: 2 s)
-        if app[STATE].decoding:
+        if app[STATE].decoding.held:
             break
         await asyncio.sleep(0.01)
-    assert 800 <= app[STATE].decoding <= 1000
+    assert 800 <= app[STATE].decoding.held <= 1000
     for path, status in (("/llm/v1/messages", 529), ("/llm/v1/chat/completions", 503)):
         resp = await client.post(path, data=b'{"model":"m","pad":"' + b"y" * 300 + b'"}')
         assert resp.status == status and resp.headers["retry-after"] == "1"
@@ -56,7 +56,7 @@ async def test_past_the_budget_a_body_waits_its_turn_with_a_529(aiohttp_client: 
     resp = await client.post("/llm/v1/messages",
                              data=b'{"model":"nope","pad":"' + b"z" * 5000 + b'"}')
     assert resp.status == 400
-    assert app[STATE].decoding == 0
+    assert app[STATE].decoding.held == 0
 
 
 @pytest.mark.parametrize("path", ["/llm/v1/messages", "/llm/v1/embeddings"])
@@ -71,4 +71,4 @@ async def test_a_chunked_body_is_measured_as_it_arrives(aiohttp_client: Any, pat
                                               b'"}'))
     assert resp.status == 413
     assert "2000 bytes" in (await resp.text())
-    assert app[STATE].decoding == 0
+    assert app[STATE].decoding.held == 0

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import base64
 import copy
+import zlib
 from typing import Any
 
 import pytest
 
-from gateway.errors import InvalidRequest, RequestTooLarge
+from gateway.errors import InvalidRequest, Overloaded, RequestTooLarge
 from gateway.messages import signatures
 from gateway.messages.signatures import open_signature, restore_reasoning, seal
+from gateway.ops.budget import Budget
 
 KEY = b"k" * 32
 
@@ -137,22 +139,141 @@ def test_string_content_and_user_turns_are_skipped() -> None:
     assert req["messages"][1]["content"] == "plain"
 
 
+def _bomb(key: bytes, text: str) -> str:
+    """A signature sealed as :func:`seal` did before it padded: ``text`` deflated as far as it
+    goes (a looping model's 8 MiB of reasoning into some 42 KB), under the real key."""
+    cipher, mac = signatures._keys(key)
+    deflate = zlib.compressobj(6, zlib.DEFLATED, 12, 4)
+    packed = deflate.compress(text.encode()) + deflate.flush()
+    nonce_mac = mac.copy()
+    nonce_mac.update(b"\x01" + packed)
+    nonce = nonce_mac.digest()[:12]
+    sealed = cipher.encrypt(nonce, packed, b"llm-gateway thinking block")
+    return base64.b64encode(b"\x01" + nonce + sealed).decode("ascii")
+
+
+LOOP = "Wait, let me reconsider. The user wants the sum of the list. Let me check again.\n"
+
+
+def test_deflate_ratios_behind_the_expansion_bound() -> None:
+    """MAX_EXPANSION is chosen from what reasoning compresses to under seal()'s settings:
+    prose and code restore about 2 bytes per signature character; a model looping on one
+    paragraph about 200, one letter repeated about 700. 32 passes the first, not the rest."""
+    prose = " ".join(f"step {i}: the request names model {i % 7} so route {i * 31 % 101} "
+                     f"applies, unless its {chr(97 + i % 26)}-flag says otherwise."
+                     for i in range(3000))
+    assert len(prose) / len(_bomb(KEY, prose)) < 8
+    assert len(LOOP * 20_000) / len(_bomb(KEY, LOOP * 20_000)) > 100
+
+
+def test_seal_keeps_its_signatures_within_the_expansion_bound() -> None:
+    """A looping model's reasoning deflates past MAX_EXPANSION: its signature is padded (zeros
+    after the deflate stream), so it opens wherever the bound is checked."""
+    for text in ("a" * (1 << 20), LOOP * 20_000, "x" * 600):
+        sig = seal(KEY, text)
+        assert len(text) <= signatures.MAX_EXPANSION * len(sig)
+        assert open_signature(KEY, sig) == text
+    prose = "Find the file, read it, then answer. " * 3  # short: no padding needed or added
+    assert len(seal(KEY, prose)) < 4 * len(prose)
+
+
+def test_a_small_signature_cannot_restore_megabytes() -> None:
+    """42 KB of signature held 8 MiB of reasoning; three of them in a 126 KB request restored
+    24 MiB. One signature now restores at most MAX_EXPANSION bytes per character of itself
+    (and is never inflated past that): 400 naming the block's signature."""
+    bomb = _bomb(KEY, LOOP * (8 * 1024 * 1024 // len(LOOP)))
+    assert len(bomb) < 64 * 1024
+    assert open_signature(KEY, bomb) is None
+    req = _history({"type": "text", "text": "hi"},
+                   *({"type": "thinking", "thinking": "", "signature": bomb} for _ in range(3)))
+    with pytest.raises(InvalidRequest) as info:
+        restore_reasoning(req, KEY)
+    assert info.value.status == 400
+    assert info.value.message.startswith("messages.1.content.1.signature: `signature` in "
+                                         "`thinking` block holds more reasoning than one")
+    assert all(b["thinking"] == "" for b in req["messages"][1]["content"][1:])
+
+
 def test_restored_reasoning_is_bounded_per_request() -> None:
-    """One signature may be replayed in as many blocks as the body holds: repetitive reasoning
-    (a model that loops) seals 1 MiB into about 1.4 KB, so a 32 MiB body of copies would
-    restore some 23 GiB. The reasoning restored for one request is bounded as a whole."""
+    """One signature may be replayed in as many blocks as the body holds: the reasoning
+    restored for one request is bounded as a whole (server.max_restored_reasoning_bytes),
+    413 naming the block that passed it, and no signature inflates past what is left."""
     sig = seal(KEY, "a" * (1 << 20))
-    assert len(sig) < 2048
-    copies = signatures.MAX_RESTORED_CHARS // (1 << 20) + 1
+    copies = signatures.MAX_RESTORED_BYTES // (1 << 20) + 1
     req = _history(*({"type": "thinking", "thinking": "", "signature": sig}
                      for _ in range(copies)))
     with pytest.raises(RequestTooLarge) as info:
         restore_reasoning(req, KEY)
     assert info.value.status == 413
+    assert info.value.message.startswith(f"messages.1.content.{copies - 1}.signature: ")
     fits = _history(*({"type": "thinking", "thinking": "", "signature": sig}
                       for _ in range(copies - 1)))
-    restore_reasoning(fits, KEY)  # up to the bound, as before
+    assert restore_reasoning(fits, KEY) == (copies - 1) << 20  # up to the bound, as before
     assert fits["messages"][1]["content"][-1]["thinking"] == "a" * (1 << 20)
+    small = _history({"type": "thinking", "thinking": "", "signature": sig})
+    with pytest.raises(RequestTooLarge, match="exceeds 1000 bytes"):
+        restore_reasoning(small, KEY, max_bytes=1000)
+
+
+def test_restored_reasoning_counts_in_the_decoding_budget() -> None:
+    """What a request restores is offered to the process-wide budget block by block; a
+    refusal is a 529 the SDKs retry, and nothing more is restored."""
+    budget = Budget(3 << 20)
+    other = budget.lease()
+    assert other.take(1 << 20)  # another request's body, being decoded
+    sig = seal(KEY, "b" * (1 << 20))
+    req = _history(*({"type": "thinking", "thinking": "", "signature": sig} for _ in range(3)))
+    with budget.lease() as lease:
+        with pytest.raises(Overloaded) as info:
+            restore_reasoning(req, KEY, take=lease.take)
+        assert lease.held == 2 << 20 and budget.held == 3 << 20
+    assert info.value.status == 529 and "retry-after" in info.value.headers
+    assert budget.held == 1 << 20  # the lease gave back what it took
+    other.release()
+    assert budget.held == 0
+
+
+def test_a_lease_alone_takes_any_size_and_a_released_one_nothing() -> None:
+    budget = Budget(100)
+    with budget.lease() as alone:
+        assert alone.take(1000)  # alone: a body larger than the budget gets through
+        second = budget.lease()
+        assert not second.take(1) and budget.held == 1000
+    assert budget.held == 0 and second.take(100) and second.take(1)  # alone again
+    second.release()
+    assert not second.take(1) and budget.held == 0  # a thread that outlived its request
+
+
+async def test_prepare_holds_the_restored_reasoning_until_the_payload_is_built(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Messages call's prepare: restored bytes are in the budget while it runs (a 529
+    when they do not fit), and given back once the call is built; large signature sets are
+    opened in a thread with the same bounds."""
+    from gateway.messages import call
+
+    seen: list[int] = []
+    budget = Budget(4 << 20)
+    deps = call.MessagesDeps(upstreams=None, signing_key=KEY, decoding=budget,  # type: ignore[arg-type]
+                             max_restored_bytes=3 << 20)
+
+    class _Call:
+        def __init__(self, deps: Any, req: Any, route: Any) -> None:
+            seen.append(budget.held)
+
+    monkeypatch.setattr(call, "Call", _Call)
+    monkeypatch.setattr(call, "_OFF_LOOP_SIGNATURES", 0)  # through the thread
+    sig = seal(KEY, "c" * (1 << 20))
+    req = _history(*({"type": "thinking", "thinking": "", "signature": sig} for _ in range(2)))
+    await call.prepare(deps, req, None)  # type: ignore[arg-type]
+    assert seen == [2 << 20] and budget.held == 0
+    with budget.lease() as other:
+        assert other.take(3 << 20)
+        again = _history(*({"type": "thinking", "thinking": "", "signature": sig}
+                           for _ in range(2)))
+        with pytest.raises(Overloaded):
+            await call.prepare(deps, again, None)  # type: ignore[arg-type]
+        assert budget.held == 3 << 20
+    assert budget.held == 0
 
 
 # --- key rotation: a new key signs, the keys it replaced still open ------------------------

@@ -20,7 +20,6 @@ import pytest
 from tests.conftest import stub_config
 from tests.procs import post
 
-
 _ALWAYS = 'keepalive = "always"'
 
 

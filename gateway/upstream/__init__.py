@@ -3,6 +3,7 @@ pool, and the client the handlers use (requests, deadlines, caps, one error map)
 
     connection.py   one HTTP/1.1 connection: llhttp frames the replies; anomalies
     pool.py         keep-alive connections to one upstream, FIFO slots, idle sweep
+    reuse.py        when a connection may carry a second request (keepalive auto/always/never)
     client.py       UpstreamClient / UpstreamResponse: what the handlers call
     exceptions.py   the errors below the client, each naming its cause
 """

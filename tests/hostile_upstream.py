@@ -16,6 +16,8 @@ a test can check that each client got *its* reply. Every reply echoes the reques
     ok[:MS]              the reply (buffered or streamed), after MS ms (default 0)
     double               the reply twice, in one write
     double-late:MS       the reply, and the same reply again MS ms later
+    unsolicited:MS       the reply, and MS ms later a reply to nobody (``reply for stray-N``,
+                         no X-Request-Id) on the same connection
     overrun:MS           a body longer than its Content-Length: the extra bytes (the start of
                          another reply carrying this token) at once, the rest MS ms later
     cl-te                Content-Length together with Transfer-Encoding: chunked
@@ -270,6 +272,7 @@ async def _later(writer: asyncio.StreamWriter, delay: float, data: bytes) -> Non
 
 
 _LATER: set[asyncio.Task[None]] = set()
+_STRAYS = itertools.count(1)
 
 
 def _write_later(writer: asyncio.StreamWriter, delay: float, data: bytes) -> None:
@@ -321,6 +324,10 @@ async def _answer(req: Request, writer: asyncio.StreamWriter) -> bool:
         reply = _reply(req, model, text, stream, echo)
         w(reply)
         _write_later(writer, ms, reply)
+    elif scenario == "unsolicited":
+        w(_reply(req, model, text, stream, echo))
+        stray = f"stray-{next(_STRAYS)}"
+        _write_later(writer, ms, _reply(req, model, f"reply for {stray}", stream, False))
     elif scenario == "overrun":
         # A reply whose body runs on: the smuggled bytes are a whole reply of their own.
         smuggled = _reply(req, model, text + " (smuggled)", stream=False, echo=echo)

@@ -68,7 +68,11 @@ class UpstreamConfig:
     # from the send to a buffered reply's last byte
     response_timeout: float = _knob(900.0, bound=_POS)
     max_response_bytes: int = _knob(64 * 1024 * 1024, bound=_POS)  # a buffered reply's size cap
-    keepalive: bool = True  # False: a fresh connection per request (Connection: close)
+    # "auto": a fresh connection per request (Connection: close) until the upstream's replies
+    # have echoed X-Request-Id (gateway/upstream/reuse.py), then keep-alive with the echo
+    # required; "always": keep-alive (the operator vouches); "never": a connection per
+    # request. TOML true is "auto" (it was the default), false is "never".
+    keepalive: str = field(default="auto", metadata={"types": (str, bool)})
     # what the engine leaves in content when its parsers are off (gateway/local/):
     # "auto": a leading <think> opens reasoning; "opened": the chat template opens <think> in
     # the prompt, so content starts inside reasoning; "off": content is text, as sent
@@ -83,6 +87,7 @@ class UpstreamConfig:
 
 
 INLINE_THINKING = ("auto", "opened", "off")
+KEEPALIVE = {True: "auto", False: "never", "auto": "auto", "always": "always", "never": "never"}
 CAPABILITY_SETTINGS = ("auto", "yes", "no")
 CAPABILITY_KNOBS = ("images", "tool_references", "named_tool_choice")
 
@@ -371,6 +376,10 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         up["base_url"] = up["base_url"].rstrip("/")
         if up["kind"] not in UPSTREAM_KINDS:
             raise ConfigError(f"{src}: {where}.kind: must be one of {', '.join(UPSTREAM_KINDS)}")
+        if up["keepalive"] not in KEEPALIVE:
+            raise ConfigError(f"{src}: {where}.keepalive: must be \"auto\", \"always\", "
+                              f"\"never\" or a boolean, got {up['keepalive']!r}")
+        up["keepalive"] = KEEPALIVE[up["keepalive"]]
         if up["inline_thinking"] not in INLINE_THINKING:
             raise ConfigError(f"{src}: {where}.inline_thinking: must be one of "
                               f"{', '.join(INLINE_THINKING)}")

@@ -69,7 +69,7 @@ TOKEN_TYPES = ("input", "output")
 PROTOCOL_ERRORS = (
     "extra_bytes", "length_and_chunked", "transfer_coding", "http10_chunked", "upgrade",
     "bad_status", "interim_flood", "head_too_large", "content_encoding", "request_id_mismatch",
-    "malformed",
+    "request_id_missing", "malformed",
 )
 # why accept() failed on the API listener (errno names; "other" for the rest)
 ACCEPT_ERRORS = ("emfile", "enfile", "enobufs", "enomem", "other")
@@ -281,6 +281,11 @@ class Metrics:
         self.upstream_connections = _Memo(Gauge(
             p + "upstream_connections", "Connections open to the upstream now, busy or idle",
             ["upstream"], registry=r, multiprocess_mode="livesum"))
+        self.upstream_keepalive = _Memo(Gauge(
+            p + "upstream_keepalive",
+            "1 while requests to the upstream reuse connections (keepalive always, or auto once "
+            "its replies have echoed X-Request-Id), 0 while each gets a fresh one",
+            ["upstream"], registry=r, multiprocess_mode="livemax"))
         self.client_connections = Gauge(
             p + "client_connections", "Client connections open now, both listeners",
             registry=r, multiprocess_mode="livesum")

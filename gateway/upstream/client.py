@@ -17,7 +17,11 @@ upstream and cause a second, the lines held back counted in the next):
 
 A framing anomaly (gateway/upstream/connection.py) is also counted in
 ``llm_gateway_upstream_protocol_errors_total{upstream,kind}``, and the pool closes the
-upstream's idle connections with it.
+upstream's idle connections with it. A reply read on a reused connection that names another
+request (or, where the echo is required, none) is one the client never sees: the request is
+sent once more, on a fresh connection. Whether connections are reused at all is the pool's
+:class:`~gateway.upstream.reuse.Reuse` (``llm_gateway_upstream_keepalive{upstream}``; each
+change logged as ``upstream_keepalive``).
 
 A response is used as an async context manager: leaving it early (client gone, stream
 translated to its end, an error) *closes* the connection, so the upstream sees the
@@ -53,8 +57,10 @@ _ERROR_BODY_CAP = 64 * 1024
 # after [DONE]: how much more body, and how long, to wait for to keep the connection
 _DRAIN_BYTES = 16 * 1024
 _DRAIN_SECONDS = 0.1
-# failures retried once: the connection ended before the upstream saw the request
-_RETRIED = frozenset(("refused", "reset", "closed"))
+# failures retried once: the connection ended before the upstream saw the request, or a
+# reused connection read a reply to another request (the pool closed it; the retry goes out
+# on a fresh connection)
+_RETRIED = frozenset(("refused", "reset", "closed", "misrouted"))
 _LOG_EVERY = 1.0  # seconds between two failure lines of one upstream and cause
 
 
@@ -259,9 +265,10 @@ class UpstreamClient:
     """
 
     def __init__(self, cfg: UpstreamConfig, *, connections: Counter | None = None,
-                 protocol_errors: Any = None) -> None:
+                 protocol_errors: Any = None, keepalive: Any = None) -> None:
         self.cfg = cfg
         self._connections = connections
+        self._keepalive = keepalive  # a gauge's child: 1 while connections are reused
         self._protocol_errors = protocol_errors  # a labelled counter: (upstream, kind)
         self.name = cfg.name
         self.hosts = (cfg.host, cfg.host.rsplit(":", 1)[0], cfg.base_url)
@@ -286,7 +293,10 @@ class UpstreamClient:
         cfg = self.cfg
         self._pool = Pool(cfg.base_url, limit=cfg.pool_size, connect_timeout=cfg.connect_timeout,
                           extra_headers=self._headers, gauge=self._connections,
-                          keepalive=cfg.keepalive, on_protocol_error=self._protocol_error)
+                          keepalive=cfg.keepalive, on_protocol_error=self._protocol_error,
+                          on_keepalive=self._keepalive_changed)
+        if self._keepalive is not None:
+            self._keepalive.set(1 if self._pool.reuse.keepalive else 0)
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -296,6 +306,16 @@ class UpstreamClient:
     @property
     def open_connections(self) -> int:
         return self._pool.open_connections if self._pool is not None else 0
+
+    def _keepalive_changed(self, on: bool) -> None:
+        if self._keepalive is not None:
+            self._keepalive.set(1 if on else 0)
+        _log.info("upstream_keepalive", upstream=self.name, on=on)
+
+    @property
+    def keepalive(self) -> bool:
+        """Requests now reuse connections to this upstream."""
+        return self._pool is not None and self._pool.reuse.keepalive
 
     def _protocol_error(self, kind: str, phase: str, request_id: str | None) -> None:
         if self._protocol_errors is not None:

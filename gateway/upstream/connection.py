@@ -16,7 +16,9 @@ keeps only what llhttp leaves to its caller, each a protocol fact it relies on:
 * The gateway asks for ``Accept-Encoding: identity``, so any other
   ``Content-Encoding`` is a broken reply: nothing is ever decompressed.
 * The request carried ``X-Request-Id``; a reply echoing another one answers another
-  request.
+  request, and where the pool requires the echo (``must_echo``: gateway/upstream/reuse.py
+  trusts this upstream's connections only because it echoes), a reply without one may
+  be anybody's. :attr:`Connection.echoed` says whether the reply named its request.
 * Bytes after a reply's end, in the same read, a later one or while the connection
   sits idle in the pool, are a reply to nobody: on a keep-alive connection they would
   be read as the next request's reply.
@@ -45,6 +47,8 @@ out).
 from __future__ import annotations
 
 import asyncio
+import select
+import socket
 from typing import Protocol
 
 import httptools
@@ -95,11 +99,11 @@ class Owner(Protocol):
 
 class Connection(asyncio.Protocol):
     __slots__ = (
-        "_body_span", "_buffered", "_chunks", "_eof", "_exc", "_got_bytes", "_idle",
-        "_interim", "_junk", "_kind", "_last_byte", "_loop", "_mark", "_parser", "_paused",
-        "_phase", "_pool", "_span", "_stream_span", "_timer", "_until_close", "_waiter",
-        "closed", "headers", "idle_since", "keep_alive", "length", "request_id", "status",
-        "transport",
+        "_body_span", "_buffered", "_chunks", "_eof", "_exc", "_fd", "_got_bytes", "_idle",
+        "_interim", "_junk", "_kind", "_last_byte", "_loop", "_mark", "_must_echo", "_parser",
+        "_paused", "_phase", "_pool", "_span", "_stream_span", "_timer", "_until_close",
+        "_waiter", "closed", "echoed", "headers", "idle_since", "keep_alive", "length",
+        "request_id", "reusable", "sent", "status", "transport",
     )
 
     def __init__(self, pool: Owner) -> None:
@@ -120,6 +124,10 @@ class Connection(asyncio.Protocol):
         self._paused = False
         self._phase = _IDLE
         self.request_id: bytes | None = None
+        self._must_echo = False
+        self._fd = -1
+        self.sent = 0  # requests sent on this connection
+        self.reusable = False  # the request in flight went out without Connection: close
         self._reset()
 
     def _reset(self) -> None:
@@ -135,6 +143,7 @@ class Connection(asyncio.Protocol):
         self.status = 0
         self.headers: dict[bytes, bytes] = {}
         self.keep_alive = False
+        self.echoed = False  # the final head carried the request's own X-Request-Id
         self.length = -1  # the final head's Content-Length, -1 without one
 
     # --- asyncio.Protocol -------------------------------------------------------------
@@ -241,10 +250,16 @@ class Connection(asyncio.Protocol):
         encoding = headers.get(b"content-encoding")
         if encoding is not None and encoding.rstrip().lower() != b"identity":
             raise self._anomaly("content_encoding")
-        echoed = headers.get(b"x-request-id")
-        if (echoed is not None and self.request_id is not None
-                and echoed.rstrip() != self.request_id):
-            raise self._anomaly("request_id_mismatch")
+        rid = self.request_id
+        if rid is not None:
+            echoed = headers.get(b"x-request-id")
+            if echoed is None:
+                if self._must_echo:
+                    raise self._anomaly("request_id_missing")
+            elif echoed.rstrip() != rid:
+                raise self._anomaly("request_id_mismatch")
+            else:
+                self.echoed = True
         length = headers.get(b"content-length")
         if length is not None:
             self.length = int(length)  # llhttp has checked its digits
@@ -337,11 +352,14 @@ class Connection(asyncio.Protocol):
     # --- used by Response and Pool ----------------------------------------------------
 
     def send(self, data: bytes | tuple[bytes, bytes], *, head_timeout: float,
-             body_timeout: float, stream: bool, request_id: bytes | None = None) -> None:
+             body_timeout: float, stream: bool, request_id: bytes | None = None,
+             must_echo: bool = False, reusable: bool = True) -> None:
         """Write a request; the head is due ``head_timeout`` from now.
 
         A buffered body is due ``body_timeout`` from now; a stream's body may go
-        ``body_timeout`` without an event (see :meth:`progress`).
+        ``body_timeout`` without an event (see :meth:`progress`). ``must_echo``: a reply
+        whose head does not carry ``request_id`` is refused. ``reusable``: the request
+        asked for keep-alive (it did not say ``Connection: close``).
         """
         self._reset()
         self._phase = _HEAD
@@ -351,6 +369,9 @@ class Connection(asyncio.Protocol):
         self._stream_span = body_timeout if stream else 0.0
         self._idle = False
         self.request_id = request_id
+        self._must_echo = must_echo and request_id is not None
+        self.reusable = reusable
+        self.sent += 1
         assert self.transport is not None
         if isinstance(data, tuple):
             self.transport.writelines(data)
@@ -395,6 +416,42 @@ class Connection(asyncio.Protocol):
     @property
     def phase(self) -> str:
         return _PHASE_NAMES[self._phase]
+
+    def quiet(self) -> bool:
+        """Before reuse: nothing is waiting on the socket that asyncio has not read yet.
+
+        A reply to nobody may sit in the kernel's buffer, not yet handed to
+        :meth:`data_received`; sent a request now, the connection would read it as the
+        answer. Stray bytes are an ``extra_bytes`` anomaly; a pending close (the server's
+        idle timeout) is not, but the connection is as useless. One ``select`` costs about
+        a microsecond; over TLS (no look at the socket) the echo check is what remains.
+        """
+        transport = self.transport
+        if self.closed or transport is None:
+            return False
+        fd = self._fd
+        if fd == -1:  # looked up on the first reuse: plain TCP only
+            sock = transport.get_extra_info("socket")
+            tls = transport.get_extra_info("sslcontext") is not None
+            fd = self._fd = sock.fileno() if sock is not None and not tls else -2
+        if fd < 0:
+            return True
+        try:
+            readable = select.select((fd,), (), (), 0)[0]
+        except (OSError, ValueError):
+            readable = [fd]
+        if not readable:
+            return True
+        try:
+            with socket.socket(fileno=socket.dup(fd)) as peek:
+                stray = peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except OSError:
+            stray = b""
+        if stray:
+            self._protocol_error("extra_bytes")  # phase idle: closes it, tells the pool
+        else:
+            self.abort()
+        return False
 
     def park(self) -> None:
         """Between requests (idle in the pool): no timer runs, any byte is an anomaly."""

@@ -5,14 +5,19 @@ on this project's benchmark machine (request and response objects, header multid
 cookie jar, tracing hooks, a stream reader per response), as much as everything else
 the gateway does together. This pool does only what an upstream call needs:
 
-* idle connections reused last-in first-out and closed after ``KEEPALIVE`` seconds (a
-  sweep timer closes them when no request comes); ``keepalive=False`` sends
-  ``Connection: close`` and never reuses one;
+* whether a connection may carry a second request is :class:`~gateway.upstream.reuse.Reuse`'s
+  call (``keepalive``: ``auto``, ``always``, ``never``); a request that may not reuse one
+  goes out on a fresh connection with ``Connection: close``, and the connection is closed
+  after its reply;
+* idle connections reused last-in first-out, each only after :meth:`Connection.quiet`
+  (nothing unread waits on its socket), and closed after ``KEEPALIVE`` seconds (a sweep
+  timer closes them when no request comes);
 * an optional limit whose waiters are served first come first served, each waiting at
   most its head timeout;
 * request heads built once per (method, path);
 * a framing anomaly on any connection (:meth:`Pool.protocol_error`) closes every idle
-  one: an upstream that answered out of turn once cannot be trusted with the next.
+  one: an upstream that answered out of turn once cannot be trusted with the next; under
+  ``auto`` it also turns keep-alive off until the upstream has proved itself again.
 
 Errors: gateway/upstream/exceptions.py; connect errors come as :class:`ConnectFailed`
 naming their cause.
@@ -34,8 +39,10 @@ from gateway.upstream.exceptions import (
     Disconnected,
     HTTPClientError,
     PoolTimeout,
+    ProtocolError,
     TooLarge,
 )
+from gateway.upstream.reuse import Event, Reuse
 
 # Seconds an idle connection is kept for reuse: under the 5 s after which uvicorn (vLLM,
 # SGLang) and llama.cpp's server close an idle connection, so the gateway lets go first
@@ -53,6 +60,11 @@ class Counter(Protocol):
 
 # (kind, phase, request id) of a framing anomaly, for the owner's metric and log line
 OnProtocolError = Callable[[str, str, str | None], None]
+# keep-alive turned on (True) or off (False), for the owner's gauge and log line
+OnKeepalive = Callable[[bool], None]
+# the anomalies that say a reply on a reused connection answered another request: nothing has
+# reached the client, and a fresh connection gets the request its own reply
+MISROUTED = frozenset(("request_id_mismatch", "request_id_missing"))
 
 
 class Response:
@@ -142,8 +154,8 @@ class Pool:
 
     def __init__(self, base_url: str, *, limit: int = 0, connect_timeout: float = 5.0,
                  extra_headers: dict[str, str] | None = None, gauge: Counter | None = None,
-                 keepalive: bool = True, on_protocol_error: OnProtocolError | None = None
-                 ) -> None:
+                 keepalive: str | bool = "auto", on_protocol_error: OnProtocolError | None = None,
+                 on_keepalive: OnKeepalive | None = None) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("base_url must be an http(s) URL")
@@ -154,8 +166,11 @@ class Pool:
                                             if parts.scheme == "https" else None)
         self._limit = limit
         self._connect_timeout = connect_timeout
-        self._keepalive = keepalive
+        if isinstance(keepalive, bool):
+            keepalive = "always" if keepalive else "never"
+        self.reuse = Reuse(keepalive)
         self._on_protocol_error = on_protocol_error
+        self._on_keepalive = on_keepalive
         self._idle: collections.deque[Connection] = collections.deque()  # oldest first
         self._sweeper: asyncio.TimerHandle | None = None
         self._all: set[Connection] = set()
@@ -165,8 +180,6 @@ class Pool:
         self._gauge = gauge
         host = parts.netloc.rpartition("@")[2]  # never a userinfo in the Host header
         fixed = [f"Host: {host}"] + [f"{k}: {v}" for k, v in (extra_headers or {}).items()]
-        if not keepalive:
-            fixed.append("Connection: close")
         self._fixed = ("\r\n".join(fixed) + "\r\n").encode("latin-1")
         self._heads: dict[tuple[str, str], bytes] = {}
 
@@ -186,30 +199,49 @@ class Pool:
         The head is due ``head_timeout`` after the send (a pool slot is waited for at
         most as long, before); see :meth:`Connection.send` for ``body_timeout``.
         ``request_id`` goes out as ``X-Request-Id``; a reply that echoes another fails.
+        Under ``auto`` a request without one always gets a fresh connection: its reply
+        could not be told from a stray one.
         """
         if method != "POST" and method != "GET":
             raise ValueError("the gateway sends GET and POST only")  # a HEAD reply has no body
+        reuse = self.reuse
+        keep = reuse.keepalive and (request_id is not None or not reuse.must_echo)
         head = self._head(method, target)
         if request_id is not None:
             head += b"X-Request-Id: " + request_id + b"\r\n"
+        if not keep:
+            head += b"Connection: close\r\n"
         if body is None:
             head += b"\r\n"
             data: bytes | tuple[bytes, bytes] = head
         else:
             head += b"Content-Length: %d\r\n\r\n" % len(body)
             data = head + body if len(body) < 16384 else (head, body)
-        conn = await self._acquire(head_timeout)
+        conn = await self._acquire(head_timeout, reuse=keep)
         try:
             conn.send(data, head_timeout=head_timeout, body_timeout=body_timeout,
-                      stream=stream, request_id=request_id)
+                      stream=stream, request_id=request_id, must_echo=reuse.must_echo and keep,
+                      reusable=keep)
             await conn.read_head()
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, ProtocolError) and exc.kind in MISROUTED and conn.sent > 1:
+                exc.cause = "misrouted"  # a stray reply read on a reused connection: retried
             conn.abort()
             self.release(conn)
             raise
+        if request_id is not None:
+            self._observe(Event.ECHO if conn.echoed else Event.NO_ECHO)
         return Response(self, conn)
 
-    async def _acquire(self, wait: float) -> Connection:
+    def _observe(self, event: Event) -> None:
+        if self.reuse.observe(event):
+            on = self.reuse.keepalive
+            if not on:
+                self._close_idle()
+            if self._on_keepalive is not None:
+                self._on_keepalive(on)
+
+    async def _acquire(self, wait: float, *, reuse: bool = True) -> Connection:
         """A slot, then an idle connection or a new one.
 
         Past the limit a request queues, first come first served: a freed slot is handed
@@ -237,7 +269,7 @@ class Pool:
         try:
             if self._closed:
                 raise Disconnected("client closed")
-            return self._idle_connection() or await self._connect()
+            return (reuse and self._idle_connection()) or await self._connect()
         except BaseException:
             self._free_slot()
             raise
@@ -250,6 +282,8 @@ class Pool:
                 continue
             if now - conn.idle_since > KEEPALIVE:
                 conn.abort()
+                continue
+            if not conn.quiet():  # closed by it: a reply to nobody, or a close on its way
                 continue
             return conn
         return None
@@ -270,8 +304,8 @@ class Pool:
         return conn
 
     def release(self, conn: Connection) -> None:
-        if (conn.keep_alive and conn.complete and not conn.closed and not self._closed
-                and self._keepalive):
+        if (conn.keep_alive and conn.reusable and conn.complete and not conn.closed
+                and not self._closed and self.reuse.keepalive):
             conn.park()
             conn.idle_since = self.loop.time()
             self._idle.append(conn)
@@ -305,12 +339,17 @@ class Pool:
 
         Whatever made the upstream answer out of turn on one connection may have done so
         on the others; a fresh connection costs a handshake, a desync a wrong reply.
+        Under ``auto``, keep-alive is off until the upstream has proved itself again.
         """
-        while self._idle:
-            self._idle.pop().abort()
+        self._close_idle()
+        self._observe(Event.ANOMALY)
         if self._on_protocol_error is not None:
             rid = conn.request_id if phase != "idle" else None  # idle: no request of its own
             self._on_protocol_error(kind, phase, rid.decode("latin-1") if rid else None)
+
+    def _close_idle(self) -> None:
+        while self._idle:
+            self._idle.pop().abort()
 
     def forget(self, conn: Connection) -> None:
         if conn in self._all:

@@ -20,6 +20,8 @@ import pytest
 from tests.conftest import stub_config
 from tests.procs import post
 
+_ALWAYS = 'keepalive = "always"'
+
 
 def _open_streams(stub_url: str) -> int:
     """Streams the stub has not finished writing (its terminator not yet sent)."""
@@ -62,7 +64,8 @@ def _peers(stub_url: str, model: str) -> list[int]:
 ])
 def test_a_stream_ended_by_done_leaves_its_connection_for_the_next(
         stub_url, gateway_factory, scenario: str, reused: bool) -> None:
-    _, url = gateway_factory(stub_config(stub_url, models=(scenario,)))
+    # the stub echoes no X-Request-Id: reuse here is the operator's call ("always")
+    _, url = gateway_factory(stub_config(stub_url, models=(scenario,), extra_upstream=_ALWAYS))
     seen = len(_peers(stub_url, scenario))  # the stub is shared by the whole session
     for _ in range(3):
         streams = _open_streams(stub_url)
@@ -85,7 +88,7 @@ def test_a_stream_ended_by_done_leaves_its_connection_for_the_next(
 
 def test_buffered_and_pass_through_replies_reuse_one_connection(stub_url,
                                                                  gateway_factory) -> None:
-    _, url = gateway_factory(stub_config(stub_url, models=("ok",)))
+    _, url = gateway_factory(stub_config(stub_url, models=("ok",), extra_upstream=_ALWAYS))
     seen = len(_peers(stub_url, "ok"))
     for stream in (False, True):
         status, _, _ = post(url + "/llm/v1/messages", {

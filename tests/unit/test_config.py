@@ -77,7 +77,7 @@ BAD = [
     ("keepalive not a boolean", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
                                              'base_url = "http://127.0.0.1:8000/v1"\n'
                                              'keepalive = "no"'),
-     {}, "upstreams.local-vllm.keepalive: must be a boolean"),
+     {}, 'upstreams.local-vllm.keepalive: must be "auto", "always", "never" or a boolean'),
     ("api_key_env unset", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
                                        'base_url = "http://127.0.0.1:8000/v1"\n'
                                        'api_key_env = "NO_SUCH_VAR_X"'),
@@ -167,7 +167,7 @@ def test_values_are_loaded(tmp_path: Path) -> None:
         "sk-up", 7, 1.0, 2.5, 9.0)
     assert cfg.server.api_keys == ("a", "b", "c")
     assert "sk-up" not in repr(cfg)
-    assert (up.response_timeout, up.max_response_bytes, up.keepalive) == (900.0, 64 << 20, True)
+    assert (up.response_timeout, up.max_response_bytes, up.keepalive) == (900.0, 64 << 20, "auto")
     over = config.with_overrides(cfg, host="0.0.0.0", port=9)
     assert (over.server.host, over.server.port) == ("0.0.0.0", 9)
 
@@ -177,8 +177,23 @@ def test_the_upstream_client_knobs_are_loaded() -> None:
                         'base_url = "http://127.0.0.1:8000/v1"\nresponse_timeout = 30\n'
                         "max_response_bytes = 1024\nkeepalive = false")
     up = config.parse(tomllib.loads(text), "c.toml", {}).upstreams["local-vllm"]
-    assert (up.response_timeout, up.max_response_bytes, up.keepalive) == (30.0, 1024, False)
+    assert (up.response_timeout, up.max_response_bytes, up.keepalive) == (30.0, 1024, "never")
     assert isinstance(up.response_timeout, float)
+
+
+@pytest.mark.parametrize(("written", "loaded"), [
+    ("", "auto"), ("true", "auto"), ("false", "never"), ('"auto"', "auto"),
+    ('"always"', "always"), ('"never"', "never"),
+])
+def test_keepalive_is_tri_state_and_the_old_booleans_still_load(written: str,
+                                                                 loaded: str) -> None:
+    """true was the default until keep-alive had to be earned: it now means "auto" (a file
+    that spelled the old default out gets the new one); false still means never."""
+    extra = f"\nkeepalive = {written}" if written else ""
+    text = GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
+                        'base_url = "http://127.0.0.1:8000/v1"' + extra)
+    assert config.parse(tomllib.loads(text), "c.toml", {}).upstreams["local-vllm"].keepalive \
+        == loaded
 
 
 PATTERNS = GOOD + "".join(MODEL.format(name=n, up="local-vllm") for n in (

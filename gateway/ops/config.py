@@ -119,6 +119,8 @@ class ServerConfig:
     max_body_bytes: int = _knob(32 * 1024 * 1024, bound=_POS)
     # request bodies being read and decoded at once
     max_decoding_bytes: int = _knob(64 * 1024 * 1024, bound=_POS)
+    # bodies larger than this are counted and decoded in a child process; 0: all on the loop
+    decode_offload_bytes: int = _knob(1024 * 1024, bound=_NONNEG)
     shutdown_grace: float = _knob(30.0, bound=_POS)
     write_timeout: float = _knob(60.0, bound=_POS)
     # client connections (gateway/http/protocol.py, gateway/http/listener.py)

@@ -56,6 +56,7 @@ T = TypeVar("T")
 
 _RESULTS_PAGE = 1000
 _SCHEMA_LOCK = 0x6C6C6D67  # PostgreSQL advisory lock taken while creating the tables
+_INSERT_SLICE = 1000  # request rows per INSERT of a create
 _DB_ERRORS = (exc.SQLAlchemyError, sqlite3.Error, OSError)
 _b, _r = BATCHES.c, REQUESTS.c
 
@@ -154,11 +155,13 @@ class BatchStore:
             conn.execute(BATCHES.insert().values(
                 id=batch_id, owner=owner, created_at=now, expires_at=expires_at,
                 total=len(requests), succeeded=0, errored=0, canceled=0, expired=0))
-            if requests:
+            # in slices: the row dicts of one slice at a time, not of the whole batch
+            for start in range(0, len(requests), _INSERT_SLICE):
                 conn.execute(REQUESTS.insert(), [
                     {"batch_id": batch_id, "idx": i, "custom_id": cid, "model": model,
                      "params": params, "state": "queued", "attempts": 0, "not_before": 0.0}
-                    for i, (cid, model, params) in enumerate(requests)])
+                    for i, (cid, model, params) in enumerate(
+                        requests[start:start + _INSERT_SLICE], start)])
             return row
 
         return await self._run("create", tx)

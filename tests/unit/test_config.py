@@ -347,3 +347,21 @@ def test_a_configured_model_name_past_the_limit_is_refused(tmp_path: Path) -> No
     path.write_text(GOOD + MODEL.format(name="m" * 257, up="local-vllm"))
     with pytest.raises(config.ConfigError, match=r"name: at most 256 characters"):
         config.load(str(path), {})
+
+
+def test_batches_without_client_keys_warn_at_start() -> None:
+    """Batches are owned by the client key that made them: without keys every client reads,
+    cancels and deletes every batch, and nothing said so at start."""
+    from gateway.__main__ import start_warnings
+    cfg = config.parse(tomllib.loads(GOOD), "c.toml", {})
+    assert not cfg.server.api_keys
+    events = [e for e, _ in start_warnings(cfg, batches=True)]
+    assert "auth_disabled" in events and "batches_unowned" in events
+    assert "batches_unowned" not in [e for e, _ in start_warnings(cfg, batches=False)]
+    keyed = config.parse(tomllib.loads(GOOD.replace("[server]", '[server]\napi_keys_env = "K"')
+                                       if "[server]" in GOOD else
+                                       '[server]\napi_keys_env = "K"\n' + GOOD),
+                         "c.toml", {"K": "sk-client"})
+    assert keyed.server.api_keys
+    assert start_warnings(keyed, batches=True) == [
+        w for w in start_warnings(keyed, batches=True) if w[0] == "signing_key_ephemeral"]

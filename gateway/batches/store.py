@@ -28,6 +28,7 @@ Facts the code relies on:
 from __future__ import annotations
 
 import asyncio
+import errno
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -47,15 +48,29 @@ from gateway.batches.schema import (
     BatchRow,
     Claimed,
     StoreError,
+    StoreFull,
     batch_row,
 )
 
-__all__ = ["BatchRow", "BatchStore", "Claimed", "StoreError"]
+__all__ = ["BatchRow", "BatchStore", "Claimed", "StoreError", "StoreFull"]
 
 T = TypeVar("T")
 
 _RESULTS_PAGE = 1000
 _SCHEMA_LOCK = 0x6C6C6D67  # PostgreSQL advisory lock taken while creating the tables
+_SQLITE_FULL = 13
+_PG_DISK_FULL = "53100"
+
+
+def _full(e: BaseException) -> bool:
+    """Whether a database error says the disk (or the database's size cap) is full."""
+    orig = e.orig if isinstance(e, exc.DBAPIError) and e.orig is not None else e
+    return (getattr(orig, "sqlite_errorcode", None) == _SQLITE_FULL
+            or getattr(orig, "sqlstate", None) == _PG_DISK_FULL
+            or getattr(orig, "errno", None) == errno.ENOSPC
+            or "disk is full" in str(orig))
+
+
 _INSERT_SLICE = 1000  # request rows per INSERT of a create
 _DB_ERRORS = (exc.SQLAlchemyError, sqlite3.Error, OSError)
 _b, _r = BATCHES.c, REQUESTS.c
@@ -118,6 +133,8 @@ class BatchStore:
             with (self._engine if write else self._reader).begin() as conn:
                 return fn(conn)
         except _DB_ERRORS as e:
+            if _full(e):
+                raise StoreFull(self._describe(op, e)) from None
             raise StoreError(self._describe(op, e)) from None
 
     def _describe(self, op: str, e: BaseException) -> str:
@@ -217,10 +234,13 @@ class BatchStore:
                 return None
             if r.ended_at is not None or r.cancel_initiated_at is not None:
                 return batch_row(r)
+            # a canceled request never runs: its params go, so the update shrinks the rows
+            # and a cancel works on a full disk (it frees space instead of needing it)
             n = conn.execute(REQUESTS.update()
                              .where(_r.batch_id == batch_id, _r.state == "queued")
                              .values(state="done", result_type="canceled", result=None,
-                                     lease_owner=None, lease_until=None)).rowcount
+                                     params=b"", lease_owner=None,
+                                     lease_until=None)).rowcount
             running = conn.execute(sa.select(_r.idx).where(
                 _r.batch_id == batch_id, _r.state.in_(UNFINISHED)).limit(1)).first()
             conn.execute(BATCHES.update().where(_b.id == batch_id).values(

@@ -50,7 +50,7 @@ import structlog
 from aiohttp import web
 
 from gateway import errors
-from gateway.batches.store import BatchRow, BatchStore, StoreError
+from gateway.batches.store import BatchRow, BatchStore, StoreError, StoreFull
 from gateway.http.body import read_json
 from gateway.http.keys import (
     BATCH_STORE,
@@ -177,7 +177,17 @@ class _StoreFailed(errors.GatewayError):
     status = 500
 
 
+class _StoreFull(errors.GatewayError):
+    status = 507
+    default_message = ("The batch store's disk is full: cancel or delete ended batches "
+                       "(their results are freed), or free space on the server; creates "
+                       "are refused until then")
+
+
 def _failed(exc: StoreError) -> errors.GatewayError:
+    if isinstance(exc, StoreFull):
+        _log.warning("batch_store_full", detail=str(exc))
+        return _StoreFull(error_type="api_error")
     _log.error("batch_store_error", detail=str(exc))
     return _StoreFailed("The batch store is unavailable; retry shortly")
 

@@ -90,13 +90,8 @@ async def _serve(cfg: config.Config, notifier: notify.Notifier | None = None) ->
     logger.info("listening", host=cfg.server.host, port=cfg.server.port,
                 prefix=cfg.server.prefix, models=sorted(cfg.models), config=cfg.source,
                 metrics=_metrics_address(cfg.server), fd_limit=fd_limit)
-    if cfg.server.signing_key_source == "random":
-        logger.warning("signing_key_ephemeral",
-                       detail="no server.signing_key_env and no writable state directory: "
-                       "thinking signatures made now stop opening after a restart")
-    if not cfg.server.api_keys:
-        logger.warning("auth_disabled", detail="no API keys configured (server.api_keys_env); "
-                       "every client is accepted")
+    for event, detail in start_warnings(cfg, batches=store is not None):
+        logger.warning(event, detail=detail)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -122,6 +117,25 @@ async def _serve(cfg: config.Config, notifier: notify.Notifier | None = None) ->
     for r in reversed(runners):
         await r.cleanup()
     logger.info("stopped")
+
+
+def start_warnings(cfg: config.Config, *, batches: bool) -> list[tuple[str, str]]:
+    """(event, detail) of each warning the start logs about the config it runs with."""
+    out = []
+    if cfg.server.signing_key_source == "random":
+        out.append(("signing_key_ephemeral",
+                    "no server.signing_key_env and no writable state directory: thinking "
+                    "signatures made now stop opening after a restart"))
+    if not cfg.server.api_keys:
+        out.append(("auth_disabled", "no API keys configured (server.api_keys_env); "
+                    "every client is accepted"))
+        if batches:
+            # batches are owned by the client key that made them; without keys, all by one
+            out.append(("batches_unowned",
+                        "message batches are on without client keys (server.api_keys_env): "
+                        "every client can list, read, cancel and delete every batch and "
+                        "its results; set api_keys_env, or batches.enabled = false"))
+    return out
 
 
 _STATE_FIX = ("set STATE_DIRECTORY to a writable folder (a volume mounted there in a "

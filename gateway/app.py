@@ -44,6 +44,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from gateway import errors
 from gateway.http import anthropic as messages
 from gateway.http import models, passthrough
+from gateway.http.decoder import DECODER, Decoder, decoder_ctx
 from gateway.http.keys import (
     BATCH_STORE,
     CONFIG,
@@ -278,4 +279,6 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
     app.cleanup_ctx.append(_upstreams_ctx)
     app.cleanup_ctx.append(_loop_lag_ctx)
     app.cleanup_ctx.append(_pdf_pool_ctx)
+    app[DECODER] = Decoder()
+    app.cleanup_ctx.append(decoder_ctx)
     return app

@@ -397,11 +397,12 @@ def from_inband(payload: Any, *, hosts: Iterable[str] = (), secrets: Secrets = N
 
 def inband_error(payload: Mapping[str, Any], *, hosts: Iterable[str] = (),
                  secrets: Secrets = NO_SECRETS) -> UpstreamError | None:
-    """The error a decoded chunk or reply reports in-band (``{"error": {...}}`` or
-    ``{"object": "error", ...}``), scrubbed; None when it is no error."""
+    """The error a decoded chunk or reply reports in-band (``{"error": {...}}``,
+    ``{"object": "error", ...}`` or ``{"type": "error", ...}``), scrubbed; None when it is
+    no error."""
     if payload.get("error") is not None:
         return from_inband(payload, hosts=hosts, secrets=secrets)
-    if payload.get("object") == "error":
+    if payload.get("object") == "error" or payload.get("type") == "error":
         return from_inband({"error": payload}, hosts=hosts, secrets=secrets)
     return None
 

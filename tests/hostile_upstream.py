@@ -43,6 +43,8 @@ a test can check that each client got *its* reply. Every reply echoes the reques
     leak:STATUS          HTTP STATUS whose error message (and Server/X-Backend headers) quote
                          the Authorization header received, the bare key, its URL-encoded form
                          and internal hosts (``gpu-node-7.internal.example:8000``, ``fd00::17``)
+    leak-disguised:HOW   a 200 whose in-band error hides from a grep for ``"error"``:
+                         escaped, event, type, text (see _disguised_leak)
     leak-inband:STATUS   a 200 carrying the same text as an in-band error: an error event
                          after the first chunk of a stream, or an error body when buffered
     wrong-id             the reply, echoing an X-Request-Id that is not the request's
@@ -214,6 +216,30 @@ def _leak_text(req: Request) -> str:
             f"query api_key={urllib.parse.quote(key, safe='')}); backend "
             f"{INTERNAL_HOSTS[0]} via [{INTERNAL_HOSTS[1]}]:8000 and {INTERNAL_HOSTS[1]} "
             "refused it")
+
+
+def _disguised_leak(req: Request, model: str, text: str, how: str, stream: bool,
+                    echo: bool) -> bytes:
+    """An error that a grep for the bytes ``"error"`` misses: its key spelt with an escape
+    (``escaped``), non-JSON data in an ``event: error`` (``event``), ``{"type": "error"}``
+    without an ``error`` key (``type``), or the key in a non-JSON data line (``text``)."""
+    msg = _leak_text(req)
+    if how == "escaped":
+        data = json.dumps({"error": {"message": msg, "code": 500}}).replace(
+            '"error"', '"\\u0065rror"', 1).encode()
+    elif how == "type":
+        data = json.dumps({"type": "error", "message": msg, "code": 500}).encode()
+    else:
+        data = msg.encode()
+    if not stream:
+        return _head("200 OK", [("content-type", "application/json"),
+                                ("content-length", str(len(data))),
+                                *_id_headers(req, echo)]) + data
+    name = b"event: error\n" if how == "event" else b""
+    return (_head("200 OK", [("content-type", "text/event-stream; charset=utf-8"),
+                             ("transfer-encoding", "chunked"), *_id_headers(req, echo)])
+            + _chunked(_events(model, text)[0]) + _chunked(name + b"data: " + data + b"\n\n")
+            + b"0\r\n\r\n")
 
 
 def _gzip_bomb(model: str) -> bytes:
@@ -430,6 +456,8 @@ async def _answer(req: Request, writer: asyncio.StreamWriter) -> bool:
             w(_head("200 OK", [("content-type", "application/json"),
                                ("content-length", str(len(data))), *_id_headers(req, echo)])
               + data)
+    elif scenario == "leak-disguised":
+        w(_disguised_leak(req, model, text, arg, stream, echo))
     elif scenario == "wrong-id":
         w(_reply(req, model, text, stream, True, request_id="req_not_yours_0000000000"))
     elif scenario == "reset":

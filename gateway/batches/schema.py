@@ -17,6 +17,11 @@ class StoreError(Exception):
     safe to log (no password); the routes answer it as a 5xx envelope."""
 
 
+class StoreFull(StoreError):
+    """The database's disk (or its size cap) is full: SQLite's SQLITE_FULL, PostgreSQL's
+    ``53100 disk_full``, ENOSPC. Answered 507, with what frees space."""
+
+
 @dataclass(frozen=True)
 class BatchRow:
     id: str

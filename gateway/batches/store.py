@@ -28,6 +28,7 @@ Facts the code relies on:
 from __future__ import annotations
 
 import asyncio
+import errno
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -47,15 +48,30 @@ from gateway.batches.schema import (
     BatchRow,
     Claimed,
     StoreError,
+    StoreFull,
     batch_row,
 )
 
-__all__ = ["BatchRow", "BatchStore", "Claimed", "StoreError"]
+__all__ = ["BatchRow", "BatchStore", "Claimed", "StoreError", "StoreFull"]
 
 T = TypeVar("T")
 
 _RESULTS_PAGE = 1000
 _SCHEMA_LOCK = 0x6C6C6D67  # PostgreSQL advisory lock taken while creating the tables
+_SQLITE_FULL = 13
+_PG_DISK_FULL = "53100"
+
+
+def _full(e: BaseException) -> bool:
+    """Whether a database error says the disk (or the database's size cap) is full."""
+    orig = e.orig if isinstance(e, exc.DBAPIError) and e.orig is not None else e
+    return (getattr(orig, "sqlite_errorcode", None) == _SQLITE_FULL
+            or getattr(orig, "sqlstate", None) == _PG_DISK_FULL
+            or getattr(orig, "errno", None) == errno.ENOSPC
+            or "disk is full" in str(orig))
+
+
+_INSERT_SLICE = 1000  # request rows per INSERT of a create
 _DB_ERRORS = (exc.SQLAlchemyError, sqlite3.Error, OSError)
 _b, _r = BATCHES.c, REQUESTS.c
 
@@ -117,6 +133,8 @@ class BatchStore:
             with (self._engine if write else self._reader).begin() as conn:
                 return fn(conn)
         except _DB_ERRORS as e:
+            if _full(e):
+                raise StoreFull(self._describe(op, e)) from None
             raise StoreError(self._describe(op, e)) from None
 
     def _describe(self, op: str, e: BaseException) -> str:
@@ -154,11 +172,13 @@ class BatchStore:
             conn.execute(BATCHES.insert().values(
                 id=batch_id, owner=owner, created_at=now, expires_at=expires_at,
                 total=len(requests), succeeded=0, errored=0, canceled=0, expired=0))
-            if requests:
+            # in slices: the row dicts of one slice at a time, not of the whole batch
+            for start in range(0, len(requests), _INSERT_SLICE):
                 conn.execute(REQUESTS.insert(), [
                     {"batch_id": batch_id, "idx": i, "custom_id": cid, "model": model,
                      "params": params, "state": "queued", "attempts": 0, "not_before": 0.0}
-                    for i, (cid, model, params) in enumerate(requests)])
+                    for i, (cid, model, params) in enumerate(
+                        requests[start:start + _INSERT_SLICE], start)])
             return row
 
         return await self._run("create", tx)
@@ -214,10 +234,13 @@ class BatchStore:
                 return None
             if r.ended_at is not None or r.cancel_initiated_at is not None:
                 return batch_row(r)
+            # a canceled request never runs: its params go, so the update shrinks the rows
+            # and a cancel works on a full disk (it frees space instead of needing it)
             n = conn.execute(REQUESTS.update()
                              .where(_r.batch_id == batch_id, _r.state == "queued")
                              .values(state="done", result_type="canceled", result=None,
-                                     lease_owner=None, lease_until=None)).rowcount
+                                     params=b"", lease_owner=None,
+                                     lease_until=None)).rowcount
             running = conn.execute(sa.select(_r.idx).where(
                 _r.batch_id == batch_id, _r.state.in_(UNFINISHED)).limit(1)).first()
             conn.execute(BATCHES.update().where(_b.id == batch_id).values(
@@ -256,10 +279,19 @@ class BatchStore:
             return []
         models = list(models)
 
+        due = sa.or_(sa.and_(_r.state == "queued", _r.not_before <= now),
+                     sa.and_(_r.state == "running", _r.lease_until < now))
+
         def tx(conn: Connection) -> list[Claimed]:
+            # only the batches with due work: 150 batches whose requests all wait in back-off
+            # cost one query a look, not one per batch (an idle gateway spent a third of a
+            # core looking)
             batch_ids = conn.execute(
                 sa.select(_b.id).where(_b.ended_at.is_(None), _b.cancel_initiated_at.is_(None),
-                                       _b.expires_at > now).order_by(_b.seq)).scalars().all()
+                                       _b.expires_at > now,
+                                       sa.exists().where(_r.batch_id == _b.id,
+                                                         _r.model.in_(models), due))
+                .order_by(_b.seq)).scalars().all()
             claimed: list[Claimed] = []
             for batch_id in batch_ids:
                 q = (sa.select(_r.idx, _r.custom_id, _r.model, _r.params, _r.attempts)

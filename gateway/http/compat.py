@@ -16,6 +16,10 @@ What is private, and what depends on it:
   (without it, the body deadline still answers, with a 408).
 * ``Server.request_factory`` (an attribute, not a documented hook): called once per request
   when its head is parsed; wrapped to start the body deadline.
+* ``BaseRequest._version`` and ``_cache`` (``version`` is a ``reify``): aiohttp's
+  placeholder request for a parser refusal is HTTP/1.0 (``web_protocol.ERROR``), and the
+  answer's status line takes the request's version; the refusal is answered ``HTTP/1.1``
+  instead (:func:`answer_as_http11`).
 * The write path's extra bytes (:data:`WRITE_FRAMING`): aiohttp adds chunk framing to each
   write and sends the held-back response head with the first one; the writer's
   backpressure check allows for them.
@@ -26,15 +30,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from aiohttp import web, web_protocol
+from aiohttp import HttpVersion11, web, web_protocol
 
-__all__ = ["WRITE_FRAMING", "parser_refused", "wrap_request_factory"]
+__all__ = ["WRITE_FRAMING", "answer_as_http11", "parser_refused", "wrap_request_factory"]
 
 # Bytes aiohttp adds to a write beyond the caller's: the chunk framing, and on the first
 # write the response head it held back (a few hundred bytes for the SSE headers).
 WRITE_FRAMING = 4096
 
 _ERR_INFO: type | None = getattr(web_protocol, "_ErrInfo", None)
+
+
+def answer_as_http11(request: web.BaseRequest) -> None:
+    """Make the answer to ``request`` start ``HTTP/1.1`` whatever version it was read as."""
+    if request.version != HttpVersion11:
+        request._version = HttpVersion11  # type: ignore[attr-defined]
+        request._cache["version"] = HttpVersion11  # type: ignore[attr-defined]
 
 
 def parser_refused(protocol: web.RequestHandler) -> bool:

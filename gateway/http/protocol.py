@@ -262,6 +262,7 @@ class GatewayProtocol(web.RequestHandler):
         resp = web.Response(status=status, body=body, content_type="application/json",
                             headers={"request-id": request_id, **err.headers})
         resp.force_close()
+        compat.answer_as_http11(request)  # the placeholder request is HTTP/1.0
         log.access(log.Access(request_id, "http_error", status, error_type=err.error_type,
                               error=err.message, extra={"kind": kind}))
         return resp

@@ -10,11 +10,16 @@ Protocol facts relied on:
   ``param``, ``sequence_number``), or ends with ``response.failed``, whose
   ``response.error`` holds ``code`` and ``message``; a buffered Response, as
   ``status: "failed"`` with that ``error``.
-* Each of those holds ``"error"`` as a JSON string (a key, or the value of ``type`` or
-  ``object``), and those seven bytes cannot occur unescaped inside a JSON string (generated
-  text holds ``\\"error\\"``). So a block without them holds no error and is not parsed;
-  only the events holding them are (Responses events with ``"error":null`` among them,
-  found to be no error and kept as they came).
+* Every ``data:`` of these streams is a JSON object, or ``[DONE]`` on chat and completions.
+  An event is decoded, and judged by what it decodes to, when its bytes could hide an error:
+  they hold ``"error"``, a ``\\u00`` escape (``"\\u0065rror"`` is the same key), an event
+  named ``error``, or a ``data:`` that does not open an object (``data: {``) and is not
+  ``[DONE]``. Anything else cannot decode to an error, so it keeps its bytes unparsed (the
+  hot path: a few ``bytes.count`` per block). What decodes to no JSON object, and any event
+  named ``error``, is an error (a 5xx: replaced whole); so is ``{"type": "error"}`` on
+  every route (the Anthropic shape some proxies send).
+* Secrets are exact strings: every relayed byte passes :meth:`Redactor.redact_bytes`, so
+  an upstream's key never reaches a client in an event that reports no error either.
 
 Scrubbing is the Anthropic route's (:func:`errors.from_inband`): a 4xx code keeps its
 message, scrubbed; no code, or a 5xx one, is replaced whole. An error is written again in
@@ -32,9 +37,21 @@ from gateway import errors
 from gateway.text import jsonutil
 from gateway.text.redact import NO_SECRETS, Redactor
 
-__all__ = ["NEEDLE", "InbandErrors"]
+__all__ = ["NEEDLE", "InbandErrors", "suspect"]
 
 NEEDLE = b'"error"'
+_ESCAPE = b"\\u00"  # how a letter of "error" can be spelt in JSON (\u0065, \u0072, \u006f)
+_DONE = b"[DONE]"
+
+
+def suspect(block: bytes) -> bool:
+    """Whether ``block`` (whole events, or one event's data) may report an error: only those
+    are decoded (see the module doc)."""
+    if NEEDLE in block or _ESCAPE in block or b"event: error" in block \
+            or b"event:error" in block:
+        return True
+    data = block.count(b"data:")
+    return data != block.count(b"data: {") + block.count(b"data: [DONE]")
 
 
 class InbandErrors:
@@ -50,26 +67,34 @@ class InbandErrors:
 
     def block(self, block: bytes) -> bytes:
         """Whole events framed with LF: error events written again, the rest byte for byte."""
-        if NEEDLE not in block:
+        if not suspect(block):
             return block
         events = block.split(b"\n\n")
         changed = False
         for i, event in enumerate(events):
-            if NEEDLE in event:
+            if suspect(event):
                 frame = self.event(*_fields(event))
                 if frame is not None:
                     events[i] = frame[:-2]  # the join puts the blank line back
                     changed = True
         return b"\n\n".join(events) if changed else block
 
-    def event(self, name: bytes, payload: bytes) -> bytes | None:
-        """The frame that replaces this event (its name, its data) if it reports an error."""
-        obj = _object(payload)
-        if obj is None:
+    def event(self, name: bytes, payload: bytes | None) -> bytes | None:
+        """The frame that replaces this event (its name, its data) if it reports an error;
+        ``payload`` None: the event has no data (a comment), nothing to replace."""
+        if payload is None or (not self._responses and payload.strip() == _DONE):
             return None
+        obj = _object(payload)
+        if obj is None or name == b"error":
+            err = self._error(obj)
+            if self._responses:
+                seq = None if obj is None else obj.get("sequence_number")
+                return errors.responses_sse_error(
+                    err, seq if isinstance(seq, int) and not isinstance(seq, bool) else None)
+            return errors.openai_sse_error(err)
         if not self._responses:
-            err = errors.inband_error(obj, hosts=self._hosts, secrets=self._secrets)
-            return None if err is None else errors.openai_sse_error(err)
+            found = errors.inband_error(obj, hosts=self._hosts, secrets=self._secrets)
+            return None if found is None else errors.openai_sse_error(found)
         kind = obj.get("type")
         if kind == "response.failed":
             response = obj.get("response")
@@ -90,11 +115,12 @@ class InbandErrors:
             err, seq if isinstance(seq, int) and not isinstance(seq, bool) else None)
 
     def body(self, data: bytes) -> bytes:
-        """A buffered 200 reply: an error body raises its error, scrubbed; a failed Response
-        comes back with only its ``error`` replaced; anything else as it is."""
+        """A buffered 200 reply: an error body raises its error, scrubbed, and so does one
+        that is no JSON object; a failed Response comes back with only its ``error``
+        replaced; anything else as it is, without secrets."""
         obj = _object(data)
         if obj is None:
-            return data
+            raise self._error(None)
         if self._responses and obj.get("object") == "response":
             if obj.get("error") is None:
                 return data
@@ -103,7 +129,15 @@ class InbandErrors:
         err = errors.inband_error(obj, hosts=self._hosts, secrets=self._secrets)
         if err is not None:
             raise err
-        return data
+        return self._secrets.redact_bytes(data)
+
+    def _error(self, obj: dict[str, Any] | None) -> errors.UpstreamError:
+        """An event that is an error whatever it holds: scrubbed if an object, else a 5xx."""
+        if obj is None:
+            return errors.from_inband({}, hosts=self._hosts, secrets=self._secrets)
+        found = errors.inband_error(obj, hosts=self._hosts, secrets=self._secrets)
+        return found or errors.from_inband({"error": obj}, hosts=self._hosts,
+                                           secrets=self._secrets)
 
     def _failure(self, error: Any) -> dict[str, Any]:
         err = errors.from_inband({"error": error}, hosts=self._hosts, secrets=self._secrets)
@@ -111,9 +145,7 @@ class InbandErrors:
 
 
 def _object(payload: bytes) -> dict[str, Any] | None:
-    """The JSON object of a payload that may report an error; None for any other."""
-    if NEEDLE not in payload:
-        return None
+    """The JSON object of a payload; None for anything else."""
     try:
         obj = jsonutil.loads_upstream(payload)
     except ValueError:
@@ -121,9 +153,10 @@ def _object(payload: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _fields(event: bytes) -> tuple[bytes, bytes]:
+def _fields(event: bytes) -> tuple[bytes, bytes | None]:
     """(name, data) of one event framed with LF, read as :class:`gateway.text.sse.SSEDecoder`
-    reads them (data lines joined with LF, one space after the colon dropped)."""
+    reads them (data lines joined with LF, one space after the colon dropped); data None
+    for an event without a ``data`` line."""
     name = b""
     data: list[bytes] = []
     for line in event.split(b"\n"):
@@ -136,4 +169,4 @@ def _fields(event: bytes) -> tuple[bytes, bytes]:
             data.append(value)
         elif field == b"event":
             name = value
-    return name, b"\n".join(data)
+    return name, b"\n".join(data) if data else None

@@ -20,7 +20,8 @@ events ended by a ``data: [DONE]`` line, with ``prompt_tokens`` /
 unescaped inside a JSON string, so every match is a field.
 
 An event that reports an error is written again, scrubbed (see :mod:`.inband`); only
-blocks holding ``"error"`` are looked into, so every other event keeps its bytes.
+blocks that could hide one (:func:`.inband.suspect`) are decoded, so every other event
+keeps its bytes, less any upstream secret.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gateway import errors
-from gateway.openai.inband import NEEDLE, InbandErrors
+from gateway.openai.inband import InbandErrors, suspect
 from gateway.text import jsonutil
 from gateway.text.redact import NO_SECRETS, Redactor
 from gateway.text.sse import MAX_EVENT_BYTES, SSEDecoder, SSEEventTooLarge
@@ -219,7 +220,8 @@ class Relay:
     """
 
     __slots__ = ("_decoder", "_dialect", "_ended", "_framed_cr", "_has_token", "_inband",
-                 "_indexer", "_rewrite", "_tail", "_usage_key", "done", "first_token",
+                 "_indexer", "_rewrite", "_secrets", "_tail", "_usage_key", "done",
+                 "first_token",
                  "termination", "usage")
 
     def __init__(self, rewrite: ModelRewriter, dialect: Dialect, *, hosts: Sequence[str] = (),
@@ -231,6 +233,7 @@ class Relay:
         self._indexer = indexer
         self._dialect = dialect
         self._inband = InbandErrors(responses=dialect.responses, hosts=hosts, secrets=secrets)
+        self._secrets = secrets  # every relayed byte: no key, whatever the event says
         # looked up once: _observe runs on every block
         self._has_token = dialect.has_token
         self._ended = dialect.ended
@@ -262,7 +265,8 @@ class Relay:
                 if out is not None:
                     self._tail = data[end:]
                     self._observe(block)
-                    return self._inband.block(out) if NEEDLE in out else out
+                    out = self._inband.block(out) if suspect(out) else out
+                    return self._secrets.redact_bytes(out)
             self._tail = b""
             self._framed_cr = b"\r" in chunk
             self._decoder = SSEDecoder()
@@ -313,8 +317,9 @@ class Relay:
             data = self._rewrite(payload)
             if self._indexer is not None:
                 data = self._index(data)
-            scrubbed = self._inband.event(name, data) if NEEDLE in data else None
+            scrubbed = (self._inband.event(name, data)
+                        if name == b"error" or suspect(b"data: " + data) else None)
             frames.append(scrubbed or _frame(name, data))
         block = b"".join(frames)
         self._observe(block)
-        return block
+        return self._secrets.redact_bytes(block)

@@ -20,6 +20,7 @@ from typing import Any, get_type_hints
 from urllib.parse import urlsplit
 
 from gateway.ops.signing_key import default_signing_key, state_dir
+from gateway.text.glob import glob_match
 
 UPSTREAM_KINDS = ("openai", "vllm", "sglang", "llamacpp", "ollama")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -90,6 +91,8 @@ INLINE_THINKING = ("auto", "opened", "off")
 KEEPALIVE = {True: "auto", False: "never", "auto": "auto", "always": "always", "never": "never"}
 CAPABILITY_SETTINGS = ("auto", "yes", "no")
 CAPABILITY_KNOBS = ("images", "tool_references", "named_tool_choice")
+# the longest model name a client may send or the config may hold; longer names route nowhere
+MAX_MODEL_NAME_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,8 @@ class ServerConfig:
     pdf_workers: int = _knob(2, bound=_POS)
     pdf_cpu_seconds: float = _knob(5.0, bound=_POS)
     pdf_request_cpu_seconds: float = _knob(20.0, bound=_POS)
+    # bodies larger than this are counted and decoded in a child process; 0: all on the loop
+    decode_offload_bytes: int = _knob(1024 * 1024, bound=_NONNEG)
     shutdown_grace: float = _knob(30.0, bound=_POS)
     write_timeout: float = _knob(60.0, bound=_POS)
     # client connections (gateway/http/protocol.py, gateway/http/listener.py)
@@ -402,6 +407,8 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         m = _check_table(src, where, table, knobs(ModelRoute))
         if not m["name"]:
             raise ConfigError(f"{src}: {where}.name: must not be empty")
+        if len(m["name"]) > MAX_MODEL_NAME_CHARS:
+            raise ConfigError(f"{src}: {where}.name: at most {MAX_MODEL_NAME_CHARS} characters")
         if m["name"] in models:
             raise ConfigError(f"{src}: {where}.name: duplicate model name {m['name']!r}")
         for knob in CAPABILITY_KNOBS:
@@ -462,23 +469,22 @@ def _check_metrics_listener(src: str, srv: Mapping[str, Any], port: int) -> None
         raise ConfigError(f"{src}: server.metrics_host: needs server.metrics_port")
 
 
-@functools.lru_cache(maxsize=256)
-def _pattern(name: str) -> re.Pattern[str]:
-    return re.compile(".*".join(map(re.escape, name.split("*"))), re.DOTALL)
-
-
 def find_route(models: Mapping[str, ModelRoute], name: str) -> ModelRoute | None:
     """The route for a client's model name: an exact name first, else the first pattern.
 
     A configured name holding ``*`` is a pattern, ``*`` matching any run of characters
     (``claude-*``); patterns are tried in config order. The route keeps its configured
     name, so metrics and logs stay bounded by the config whatever names clients send.
+    A name longer than :data:`MAX_MODEL_NAME_CHARS` routes nowhere (a 404, like any unknown
+    model): no configured name is that long, and matching stays cheap.
     """
+    if len(name) > MAX_MODEL_NAME_CHARS:
+        return None
     route = models.get(name)
     if route is not None:
         return route
     for candidate in models.values():
-        if is_pattern(candidate.name) and _pattern(candidate.name).fullmatch(name):
+        if is_pattern(candidate.name) and glob_match(candidate.name, name):
             return candidate
     return None
 

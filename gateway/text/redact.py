@@ -54,12 +54,14 @@ def secrets_of(cfg: Keyed) -> tuple[str, ...]:
 class Redactor:
     """``redactor(text)``: ``text`` with every secret replaced by ``[redacted]``, in one pass."""
 
-    __slots__ = ("_count", "_pattern")
+    __slots__ = ("_bytes_pattern", "_count", "_pattern")
 
     def __init__(self, secrets: Iterable[str]) -> None:
         forms = sorted({s for s in secrets if s}, key=len, reverse=True)
         self._count = len(forms)
         self._pattern = re.compile("|".join(map(re.escape, forms))) if forms else None
+        self._bytes_pattern = (re.compile(b"|".join(re.escape(f.encode()) for f in forms))
+                               if forms else None)
 
     @classmethod
     def of(cls, upstreams: Iterable[Keyed]) -> Redactor:
@@ -70,6 +72,14 @@ class Redactor:
         if self._pattern is None:
             return text
         return self._pattern.sub(REDACTED, text)
+
+    def redact_bytes(self, data: bytes) -> bytes:
+        """``data`` (relayed bytes, UTF-8) with every secret replaced; ``data`` itself when
+        it holds none (one search per relayed block, no copy)."""
+        pattern = self._bytes_pattern
+        if pattern is None or pattern.search(data) is None:
+            return data
+        return pattern.sub(REDACTED.encode(), data)
 
     def __bool__(self) -> bool:
         return self._pattern is not None

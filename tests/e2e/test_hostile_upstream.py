@@ -71,7 +71,8 @@ SCENARIOS = (
     "bad-header:ws-value", "bad-header:te-ctl", "bad-header:leak", "cl30", "bare-lf",
     "flood-1xx", "drip-head:500", "drip-1xx:500", "drip-body:500", "drip-stream:500",
     "drip-trailer:500", "gzip-bomb", "size-bomb:512", "leak:400", "leak:413", "leak:422",
-    "leak:429", "leak:500", "leak-inband:400", "leak-inband:500", "wrong-id", "reset",
+    "leak:429", "leak:500", "leak-inband:400", "leak-inband:500", "leak-disguised:escaped",
+    "leak-disguised:event", "leak-disguised:type", "leak-disguised:text", "wrong-id", "reset",
     "malformed-head", "cut-body",
 )
 
@@ -732,7 +733,8 @@ def test_a_framing_anomaly_is_a_clean_500_and_its_connection_is_not_reused(
 # --- 6. no key and no internal host on any route, in any byte or log line ----------------
 
 LEAKS = ("leak:400", "leak:413", "leak:422", "leak:429", "leak:500", "leak-inband:400",
-         "leak-inband:500", "bad-header:leak")
+         "leak-inband:500", "bad-header:leak", "leak-disguised:escaped",
+         "leak-disguised:event", "leak-disguised:type", "leak-disguised:text")
 ROUTES = [(api, stream) for api, (_, streams) in APIS.items()
           for stream in ((False, True) if streams else (False,))]
 

@@ -72,3 +72,44 @@ async def test_a_chunked_body_is_measured_as_it_arrives(aiohttp_client: Any, pat
     assert resp.status == 413
     assert "2000 bytes" in (await resp.text())
     assert app[STATE].decoding.held == 0
+
+
+async def test_a_large_body_is_decoded_off_the_event_loop(aiohttp_client: Any,
+                                                          monkeypatch: Any) -> None:
+    """ujson holds the GIL, so a 32 MiB body decoded on the loop (0.3-0.5 s) stalled every
+    other request; past ``decode_offload_bytes`` the count and the decode run in a child
+    process, and the loop only loads the result. In process, ``jsonutil`` is poisoned: only
+    the child may decode the large body; the small one still decodes in process."""
+    from gateway.text import jsonutil
+    app = _app(decode_offload_bytes=1000)
+    client = await aiohttp_client(app)
+    big = b'{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"' + \
+        b"x" * 2000 + b'"}],"metadata":{"n":[1,2.5,null,true]}}'
+    seen: list[Any] = []
+    import gateway.http.anthropic as handler
+    real = handler.validate_messages
+
+    def spy(body: Any, **kw: Any) -> Any:
+        seen.append(body)
+        return real(body, **kw)
+    monkeypatch.setattr(handler, "validate_messages", spy)
+
+    def poisoned(*_: Any, **__: Any) -> Any:
+        raise AssertionError("decoded on the event loop")
+    monkeypatch.setattr(jsonutil, "loads", poisoned)
+    monkeypatch.setattr(jsonutil, "too_many_values", poisoned)
+    resp = await client.post("/llm/v1/messages/count_tokens", data=big,
+                             headers={"anthropic-version": "2023-06-01"})
+    assert resp.status == 200, await resp.text()
+    assert seen[0]["messages"][0]["content"] == "x" * 2000
+    assert seen[0]["metadata"] == {"n": [1, 2.5, None, True]}
+    # the child's refusals are the in-process ones: the path of a lone surrogate, bad JSON
+    resp = await client.post("/llm/v1/messages", data=big.replace(b'"x', b'"\\ud800x'))
+    assert resp.status == 400 and "messages.0.content" in await resp.text()
+    resp = await client.post("/llm/v1/messages", data=big[:-1])
+    assert resp.status == 400 and "not valid JSON" in await resp.text()
+    import io
+    resp = await client.post("/llm/v1/messages",
+                             data=io.BytesIO(b"[" + b"[]," * 600_000 + b"[]]"))
+    assert resp.status == 413 and "JSON values" in await resp.text()
+    assert app[STATE].decoding.held == 0

@@ -314,3 +314,69 @@ def test_bad_client_connection_knobs_name_the_key(extra: str, message: str) -> N
     text = GOOD.replace('prefix = "/llm"', f'prefix = "/llm"\n{extra}')
     with pytest.raises(config.ConfigError, match=message):
         config.parse(tomllib.loads(text), "c.toml", {})
+
+
+def test_a_pattern_with_many_stars_routes_a_crafted_name_in_linear_time(tmp_path: Path) -> None:
+    """``x-*-*-*-*-z`` as a regex (``x\\-.*\\-.*…``) backtracks polynomially on a name of
+    dashes with no final ``z``: 2,000 characters held the event loop for minutes, and with
+    more stars even a name within the length limit does. The glob matcher places each literal
+    piece at its leftmost spot once, so this returns at once (the per-test timeout is the
+    bound, no wall-clock assert)."""
+    from gateway.text.glob import glob_match
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD + MODEL.format(name="x-*-*-*-*-*-*-*-z", up="local-vllm"))
+    cfg = config.load(str(path), {})
+    crafted = "x-" + "-" * 250 + "y"
+    for _ in range(1000):
+        assert config.find_route(cfg.models, crafted) is None
+    assert config.find_route(cfg.models, crafted[:-1] + "z").name == "x-*-*-*-*-*-*-*-z"
+    assert not glob_match("x-*-*-*-*-z", "x-" + "-" * 20000 + "y")
+
+
+@pytest.mark.parametrize(("pattern", "name", "expected"), [
+    ("a*b*c", "abc", True), ("a*b*c", "aXbYc", True), ("a*b*c", "acb", False),
+    ("*", "", True), ("**", "x", True), ("a**", "a", True), ("ab*ba", "aba", False),
+    ("ab*ba", "abba", True), ("*aa*aa*", "aaa", False), ("*aa*aa*", "aaaa", True),
+    ("a*", "b", False), ("*a", "ba", True), ("x", "x", True), ("x", "xx", False),
+])
+def test_glob_match_agrees_with_fullmatch(pattern: str, name: str, expected: bool) -> None:
+    import re
+
+    from gateway.text.glob import glob_match
+    regex = ".*".join(map(re.escape, pattern.split("*")))
+    assert bool(re.fullmatch(regex, name, re.DOTALL)) is expected
+    assert glob_match(pattern, name) is expected
+
+
+def test_a_model_name_past_the_limit_routes_nowhere(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(PATTERNS)
+    cfg = config.load(str(path), {})
+    fits = "claude-" + "o" * (config.MAX_MODEL_NAME_CHARS - len("claude-"))
+    assert config.find_route(cfg.models, fits).name == "claude-*"
+    assert config.find_route(cfg.models, fits + "o") is None
+
+
+def test_a_configured_model_name_past_the_limit_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD + MODEL.format(name="m" * 257, up="local-vllm"))
+    with pytest.raises(config.ConfigError, match=r"name: at most 256 characters"):
+        config.load(str(path), {})
+
+
+def test_batches_without_client_keys_warn_at_start() -> None:
+    """Batches are owned by the client key that made them: without keys every client reads,
+    cancels and deletes every batch, and nothing said so at start."""
+    from gateway.__main__ import start_warnings
+    cfg = config.parse(tomllib.loads(GOOD), "c.toml", {})
+    assert not cfg.server.api_keys
+    events = [e for e, _ in start_warnings(cfg, batches=True)]
+    assert "auth_disabled" in events and "batches_unowned" in events
+    assert "batches_unowned" not in [e for e, _ in start_warnings(cfg, batches=False)]
+    keyed = config.parse(tomllib.loads(GOOD.replace("[server]", '[server]\napi_keys_env = "K"')
+                                       if "[server]" in GOOD else
+                                       '[server]\napi_keys_env = "K"\n' + GOOD),
+                         "c.toml", {"K": "sk-client"})
+    assert keyed.server.api_keys
+    assert start_warnings(keyed, batches=True) == [
+        w for w in start_warnings(keyed, batches=True) if w[0] == "signing_key_ephemeral"]

@@ -97,3 +97,41 @@ def test_counts_move_out_of_processing_only_when_the_batch_ends() -> None:
                           "results_url"}
     canceling = api.render(_row(cancel_initiated_at=1_700_000_050.0), "b")
     assert canceling["processing_status"] == "canceling"
+
+
+async def test_a_large_create_gives_the_event_loop_a_turn_between_slices(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 20,000-request create was parsed in one go (0.74 s with the loop held; 100,000:
+    /health waited 19 s). Parsed in slices of PARSE_SLICE with a turn between, a ticker
+    task runs while the requests are validated; each request's objects are dropped once it
+    is encoded."""
+    import asyncio
+    cfg = config.parse({
+        "upstreams": {"u": {"base_url": "http://127.0.0.1:9/v1"}},
+        "models": [{"name": "m", "upstream": "u", "upstream_model": "x"}],
+        "batches": {"max_requests": 10_000, "database": "sqlite:////tmp/unused.sqlite3"},
+    }, "test.toml", {"HOME": "/nonexistent"})
+    ticks = 0
+    seen: list[int] = []
+    real = api.validate_messages
+
+    def spy(params: Any) -> Any:
+        seen.append(ticks)
+        return real(params)
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    monkeypatch.setattr(api, "validate_messages", spy)
+    n = 4 * api.PARSE_SLICE
+    body = {"requests": [_item(str(i)) for i in range(n)]}
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    out = await api._parse_create(cfg, body)
+    task.cancel()
+    assert len(out) == n and out[-1][0] == str(n - 1)
+    assert len(set(seen)) >= 4  # the ticker ran between slices
+    assert body["requests"] == [None] * n

@@ -244,6 +244,16 @@ async def test_a_refused_request_is_an_envelope_in_the_shape_of_its_path(served)
     assert value == 3
 
 
+async def test_every_refusal_is_answered_with_an_http_1_1_status_line(served) -> None:
+    """aiohttp's placeholder request for a parser refusal is HTTP/1.0, and the answer took
+    its version: a non-numeric Content-Length was answered ``HTTP/1.0 400``."""
+    port, _ = served
+    for raw in (b"POST /llm/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+                *REFUSED):
+        reply = await _exchange(port, raw)
+        assert reply.startswith(b"HTTP/1.1 400 "), (raw[:60], reply[:40])
+
+
 async def test_a_body_that_breaks_after_its_head_is_a_400_at_once(served) -> None:
     """llhttp drops the payload and aiohttp queues the error as the next request: without
     the shell the handler waits for the body deadline (a 408)."""

@@ -320,6 +320,22 @@ INBAND_RELAYS = [
      COMPLETIONS[:COMPLETIONS.index(b"\n\n") + 2] + _error_chunk(400),
      COMPLETIONS[:COMPLETIONS.index(b"\n\n") + 2].replace(b'"org/m"', b'"alias"')
      + _openai_error(SCRUBBED, "invalid_request_error", 400)),
+    # disguised from a grep for the bytes "error" (issue 25): found by decoding the event
+    ("an escaped key: \\u0065rror", CHAT_CHUNKS,
+     _HEAD + _error_chunk(400).replace(b'"error"', b'"\\u0065rror"'),
+     _HEAD_OUT + _openai_error(SCRUBBED, "invalid_request_error", 400)),
+    ("non-JSON data in an error event: a 5xx", CHAT_CHUNKS,
+     _HEAD + b"event: error\ndata: " + LEAK.encode() + b"\n\n",
+     _HEAD_OUT + _openai_error("Internal server error", "server_error", 500)),
+    ("non-JSON data in an unnamed event: a 5xx", COMPLETION_CHUNKS,
+     _HEAD + b"data: " + LEAK.encode() + b"\n\n",
+     _HEAD_OUT + _openai_error("Internal server error", "server_error", 500)),
+    ("an Anthropic-shaped type error on a chat stream", CHAT_CHUNKS,
+     _HEAD + _data({"type": "error", "message": LEAK, "code": 400}),
+     _HEAD_OUT + _openai_error(SCRUBBED, "invalid_request_error", 400)),
+    ("a key in an event that is no error: redacted", CHAT_CHUNKS,
+     _HEAD + _chunk("org/m", {"content": f"the key is {KEY}"}),
+     _HEAD_OUT + _chunk("alias", {"content": "the key is [redacted]"})),
     ("the word error in generated text: kept", CHAT_CHUNKS,
      _HEAD + _chunk("org/m", {"content": 'an "error": {"code":400}'}),
      _HEAD_OUT + _chunk("alias", {"content": 'an "error": {"code":400}'})),
@@ -403,6 +419,21 @@ def test_responses_inband_errors_scrubbed_at_every_single_cut() -> None:
 def test_buffered_reply_without_an_error_body(responses: bool, body: bytes,
                                               expected: bytes) -> None:
     assert InbandErrors(responses=responses, secrets=SECRETS).body(body) == expected
+
+
+@pytest.mark.parametrize("responses", [False, True])
+@pytest.mark.parametrize("body", [
+    json.dumps({"error": {"message": LEAK, "code": 500}}).encode().replace(
+        b'"error"', b'"\\u0065rror"'),
+    json.dumps({"type": "error", "message": LEAK}).encode(),
+    LEAK.encode(),
+])
+def test_buffered_disguised_error_raises_a_5xx(responses: bool, body: bytes) -> None:
+    """A 200 body that hides its error from a grep for ``"error"``, or is no JSON at all."""
+    inband = InbandErrors(responses=responses, hosts=("gpu-7.internal",), secrets=SECRETS)
+    with pytest.raises(errors.UpstreamError) as info:
+        inband.body(body)
+    assert (info.value.status, info.value.message) == (500, "Internal server error")
 
 
 @pytest.mark.parametrize("responses", [False, True])

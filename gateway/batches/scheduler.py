@@ -27,6 +27,14 @@ any other error is the request's ``errored`` result, with the error envelope the
 interactive route would have answered. Each run writes one access line (``route``
 ``batch_request``, with ``batch_id`` and ``custom_id``).
 
+Waiting costs nothing: once an upstream's claim comes back short, the scheduler asks the
+store when its next request is due (:meth:`BatchStore.next_due`: the end of a back-off, or
+of a lease) and sleeps until then, or until a wake (a batch created here, a batch request
+ending, an interactive request ending while work is held back), not every
+``batches.poll_interval``: 150 batches in back-off cost no query while they wait. Batches
+created by another process are picked up at its own wake, or here at the next sweep (which
+looks at every upstream once).
+
 Every ``_SWEEP`` seconds (or a tenth of ``batches.expire_after``, at least a second, when
 that is shorter) the scheduler also ends expired batches (their unfinished requests
 ``expired``), deletes batches ended longer ago than ``batches.retention_days``, and
@@ -102,6 +110,9 @@ class Scheduler:
         self._running: dict[str, int] = dict.fromkeys(self._routes, 0)
         self._leases: dict[tuple[str, int], str] = {}  # (batch id, idx) -> upstream
         self._tasks: set[asyncio.Task[None]] = set()
+        # upstreams whose last claim was short: when their next request is due (epoch
+        # seconds; inf: none queued); no look at them before then unless woken
+        self._due = dict.fromkeys(self._routes, 0.0)
         self._wake = asyncio.Event()
         self._last_sweep = 0.0
         self._last_failure = 0.0
@@ -136,11 +147,25 @@ class Scheduler:
                 except StoreError as exc:
                     self._store_failed(exc)
                 try:
-                    await asyncio.wait_for(self._wake.wait(), self._cfg.poll_interval)
+                    await asyncio.wait_for(self._wake.wait(), self._sleep(time.time()))
                 except TimeoutError:
                     pass
         finally:
             heartbeat.cancel()
+
+    def _sleep(self, now: float) -> float:
+        """Seconds until the next round is needed without a wake: the next sweep; the
+        next due request of an upstream whose queue came back short; ``poll_interval`` for
+        one with work still queued (full or held back: such a round queries nothing, and
+        notices an upstream turning idle)."""
+        until = self._last_sweep + self._sweep_every()
+        for upstream, has_work in self._has_work.items():
+            until = min(until, now + self._cfg.poll_interval if has_work
+                        else self._due[upstream])
+        return max(0.0, until - now)
+
+    def _sweep_every(self) -> float:
+        return min(_SWEEP, max(1.0, self._cfg.expire_after / 10))
 
     async def stop(self) -> None:
         """Stop claiming; requests in flight are cancelled and handed back at once, for
@@ -163,9 +188,12 @@ class Scheduler:
 
     async def _round(self) -> None:
         now = time.time()
-        if now - self._last_sweep >= min(_SWEEP, max(1.0, self._cfg.expire_after / 10)):
+        if now - self._last_sweep >= self._sweep_every():
             self._last_sweep = now
             await self._sweep(now)
+            # look at every upstream once a sweep: work another process queued or dropped
+            for upstream in self._due:
+                self._due[upstream] = 0.0
         if self._draining():
             return
         clock = time.monotonic()
@@ -181,10 +209,18 @@ class Scheduler:
                     self._deferred.add(upstream)  # look again when one of them ends
                 continue
             self._deferred.discard(upstream)
+            if not self._has_work[upstream] and now < self._due[upstream]:
+                continue  # nothing due here yet (all of it in back-off, or none queued)
             claimed = await self._store.claim(self.worker, routes, free, now, self._cfg.lease)
-            # fewer than asked for: its queue is empty, and an interactive request ending
-            # needs no look until a batch is created here or the next poll finds work
+            # fewer than asked for: nothing more is due, and an interactive request ending
+            # needs no look until a batch is created here or the next request falls due
             self._has_work[upstream] = len(claimed) >= free
+            if not self._has_work[upstream]:
+                due = await self._store.next_due(routes, now)
+                # never sooner than a poll: a due request the claim could not take (another
+                # process holds its row) must not make this a busy loop
+                self._due[upstream] = (float("inf") if due is None
+                                       else max(due, now + self._cfg.poll_interval))
             for item in claimed:
                 self._start(upstream, item)
 
@@ -260,8 +296,9 @@ class Scheduler:
                 error = err
                 status = err.status
                 if retryable(err):
-                    await self._store.release(self.worker, item.batch_id, item.idx,
-                                              time.time() + backoff(item.attempts))
+                    retry_at = time.time() + backoff(item.attempts)
+                    await self._store.release(self.worker, item.batch_id, item.idx, retry_at)
+                    self._due[upstream] = min(self._due[upstream], retry_at)
                     metrics.batch_requests.labels(route_name, "retried").inc()
                     return
                 inner: dict[str, Any] = {"type": err.error_type, "message": err.message}

@@ -317,6 +317,28 @@ class BatchStore:
 
         return await self._run("claim", tx)
 
+    async def next_due(self, models: Sequence[str], now: float) -> float | None:
+        """When the first request of ``models`` becomes claimable: the earliest ``not_before``
+        of a queued request or ``lease_until`` of a running one (its worker may die), in
+        batches not ended, not canceling, not expired at ``now`` (as :meth:`claim`); None
+        when there is none. One query: the scheduler sleeps until then instead of polling
+        batches in back-off."""
+        if not models:
+            return None
+        models = list(models)
+
+        def tx(conn: Connection) -> float | None:
+            active = sa.select(_b.id).where(_b.ended_at.is_(None),
+                                            _b.cancel_initiated_at.is_(None), _b.expires_at > now)
+            when = sa.case((_r.state == "queued", _r.not_before), else_=_r.lease_until)
+            value = conn.execute(
+                sa.select(sa.func.min(when)).where(
+                    _r.batch_id.in_(active), _r.model.in_(models),
+                    _r.state.in_(("queued", "running")))).scalar()
+            return None if value is None else float(value)
+
+        return await self._run("next_due", tx, write=False)
+
     async def renew(self, worker: str, keys: Sequence[tuple[str, int]],
                     lease_until: float) -> None:
         """Extend to ``lease_until`` the leases of those (batch_id, idx) still running under

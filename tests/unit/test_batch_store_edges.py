@@ -74,7 +74,11 @@ async def test_a_look_for_work_while_every_request_waits_in_back_off_is_one_quer
         assert await store.claim("w", ["m"], 1000, time.time(), 60.0) == []
         selects = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
         assert len(selects) <= 2, len(selects)
-        # and once due, they are claimed again
+        # the scheduler sleeps until the first retry is due (one query), then claims them all
+        assert await store.next_due(["m"], time.time()) == pytest.approx(now + 300)
+        assert await store.next_due(["other"], time.time()) is None
         assert len(await store.claim("w", ["m"], 1000, now + 301, 60.0)) == 300
+        # running: due when the lease lapses (its worker may die)
+        assert await store.next_due(["m"], now + 301) == pytest.approx(now + 361)
     finally:
         await store.close()

@@ -3,6 +3,8 @@ and each upstream's in-flight limit follows interactive use."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -83,6 +85,9 @@ async def test_an_empty_queue_is_not_looked_at_per_interactive_request() -> None
             Store.claims += 1
             return []
 
+        async def next_due(self, *args: Any) -> None:
+            return None
+
     s = _scheduler()
     s._store = Store()  # type: ignore[assignment]
     s._last_sweep = float("inf")  # no sweep in this test
@@ -97,3 +102,58 @@ async def test_an_empty_queue_is_not_looked_at_per_interactive_request() -> None
     assert not s._wake.is_set()
     s.wake()  # a batch was created here
     assert s._has_work == {"u": True, "v": True}
+
+
+class _BackoffStore:
+    """Every request waits in back-off until ``due``; counts every query."""
+
+    def __init__(self, due: float) -> None:
+        self.due = due
+        self.queries: list[str] = []
+        self.claimed = asyncio.Event()
+
+    async def claim(self, *args: Any) -> list[Any]:
+        self.queries.append("claim")
+        self.claimed.set()
+        return []
+
+    async def next_due(self, *args: Any) -> float:
+        self.queries.append("next_due")
+        return self.due
+
+
+async def test_nothing_due_costs_no_store_query_until_a_retry_falls_due() -> None:
+    """With every batch request in back-off, the scheduler sleeps until the earliest due
+    retry instead of claiming every ``poll_interval`` (150 batches in back-off kept an idle
+    gateway at a third of a core); a wake still looks at once."""
+    s = _scheduler(poll_interval=0.01)
+    s._last_sweep = time.time()  # the next sweep (expiry, gauges) is 30 s away
+    store = _BackoffStore(time.time() + 3600)
+    s._store = store  # type: ignore[assignment]
+    task = asyncio.create_task(s.run())
+    try:
+        for _ in range(1000):  # the first round: one claim + next_due per upstream
+            if store.queries.count("next_due") == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert store.queries.count("claim") == 2 and store.queries.count("next_due") == 2
+        first = len(store.queries)
+        await asyncio.sleep(0.5)  # fifty poll intervals, nothing due
+        assert len(store.queries) == first, store.queries[first:]
+
+        # a retry released here falls due soon: the scheduler wakes for it by itself
+        store.claimed.clear()
+        s._due["u"] = time.time() + 0.2
+        s._wake.set()  # a batch request ended (as _run_one does), nothing else changed
+        await asyncio.wait_for(store.claimed.wait(), 10)  # generous hang guard
+        assert store.queries[first:first + 1] == ["claim"]
+
+        # a batch created here is looked at at once, whatever is due
+        store.claimed.clear()
+        before = store.queries.count("claim")
+        s.wake()
+        await asyncio.wait_for(store.claimed.wait(), 10)
+        assert store.queries.count("claim") > before
+    finally:
+        await s.stop()
+        await asyncio.wait_for(task, 10)

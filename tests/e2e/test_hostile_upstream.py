@@ -820,3 +820,31 @@ def test_keepalive_false_opens_a_connection_per_request(hostile: str,
         assert text_of("messages", False, reply.body) == f"reply for {token}"
     conns = [c for token in tokens for c in _conn_of(hostile, token)]
     assert len(conns) == 3 and len(set(conns)) == 3, conns
+
+
+# --- 8. an upstream's misbehaviour is a warning, never an error ---------------------------
+
+_EVERY_ROUTE = [(api, stream) for api, (_, streams) in APIS.items()
+                for stream in ((False, True) if streams else (False,))]
+
+
+@pytest.mark.timeout(300)
+def test_hostile_replies_log_warnings_not_errors_on_every_route(
+        hostile: str, own_gateway: list[Gateway], tmp_path: Path) -> None:
+    """An upstream's misbehaviour is not the gateway's fault: each hostile scenario on every
+    route (the four OpenAI pass-through routes and Messages), buffered and streamed, logs at
+    most a warning, never an error-level line or a traceback (those page whoever runs it)."""
+    gw = _start(tmp_path, _config(hostile, header=HEADER_TIMEOUT, idle=IDLE_TIMEOUT,
+                                  upstream_extra=f"{RESPONSE_TIMEOUT_KNOB} = {RESPONSE_TIMEOUT}"))
+    own_gateway.append(gw)
+    cases = [(scenario, api, stream) for scenario in SCENARIOS for api, stream in _EVERY_ROUTE]
+    with ThreadPoolExecutor(32) as pool:
+        list(pool.map(lambda c: call(gw, c[1], c[0], stream=c[2], timeout=60), cases))
+    log = gw.log(flushed=True)
+    errors_ = [d for d in _warnings(log) if d.get("level") == "error"]
+    tracebacks = [line for line in log.splitlines()
+                  if "Traceback" in line or '"traceback"' in line]
+    for d in errors_[:10]:
+        print("  error:", json.dumps(d)[:400])
+    assert not errors_, [(d.get("event"), d.get("reason")) for d in errors_][:10]
+    assert not tracebacks, tracebacks[:3]

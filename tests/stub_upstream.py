@@ -28,6 +28,7 @@ route's ``upstream_model``), so one stub serves many gateway routes:
     slow:MS         a content chunk every MS milliseconds, 50 chunks
     prefill:MS      response headers at once, then MS milliseconds of silence, then a reply
     big:N           N chunks of 1,000 characters each, as fast as the reader takes them
+                    (buffered: one reply of N x 1,000 characters)
     reset-once      the connection is cut before any response byte on every odd request
     reset-always    the connection is cut before any response byte, every time
     end-late:MS     the ok stream, but the body's end (the chunked terminator) comes MS
@@ -430,6 +431,9 @@ class Stub:
                   for f in frames]
         if not stream:
             buffered["model"] = model
+            if model.startswith("big:"):
+                buffered["choices"][0]["message"]["content"] = "x" * 1000 * int(
+                    model.split(":")[1])
             return web.json_response(buffered, dumps=_compact)
         cut = model == "cut-mid"
         if model.startswith("cut-every:"):

@@ -47,7 +47,7 @@ from gateway.http.keys import (
     RouteTag,
 )
 from gateway.http.protocol import RequestBodyTimeout
-from gateway.http.writer import ClientGone
+from gateway.http.writer import ClientGone, send_buffered
 from gateway.ops import log
 from gateway.text import ids
 
@@ -200,6 +200,13 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         if response is None:  # cancelled: the client went away
             prepared = _prepared(request)
             status = prepared.status if prepared is not None else 499
+        elif (not response.prepared and status != 499
+              and not isinstance(response, web.HTTPException)):
+            # a buffered reply: sent here, bounded by write_timeout, so that a client that
+            # stops reading is dropped (and its access line says so) as a stream's would be
+            response.headers["request-id"] = request_id
+            if not await send_buffered(request, response, app[CONFIG].server.write_timeout):
+                status = 499
         duration = time.perf_counter() - start
         model = request[MODEL]
         stream = "true" if request[STREAM] else "false"

@@ -6,6 +6,10 @@ aiohttp drains past its high-water mark and waits while the transport is
 paused), a write timeout for a client that stopped reading, and a ping while
 the upstream is silent. A failed write means the client is gone:
 :class:`ClientGone` is raised and the caller closes the upstream response.
+
+A buffered reply (a ``web.Response`` a handler returns) is sent by :func:`send_buffered`
+under the same ``write_timeout``: aiohttp would otherwise wait on a client that stopped
+reading for as long as the connection lives (a whole body is one write).
 """
 
 from __future__ import annotations
@@ -132,3 +136,22 @@ class StreamWriter:
                 self._transport.abort()
         except (ConnectionError, RuntimeError):
             pass
+
+
+async def send_buffered(request: web.Request, resp: web.StreamResponse,
+                        write_timeout: float) -> bool:
+    """Send a handler's whole reply, headers and body, within ``write_timeout``; False when
+    the client is gone or stopped reading (its connection is then aborted). aiohttp's own
+    prepare and write_eof that follow the middleware find the reply sent and do nothing."""
+    try:
+        async with asyncio.timeout(write_timeout):
+            await resp.prepare(request)
+            await resp.write_eof()
+        return True
+    except TimeoutError:
+        transport = request.transport
+        if transport is not None:
+            transport.abort()
+        return False
+    except (ConnectionError, RuntimeError):
+        return False

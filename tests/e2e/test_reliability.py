@@ -279,6 +279,48 @@ def test_client_that_stops_reading_is_dropped_after_write_timeout(stub_url,
                               reason="client_disconnect") >= 1, 3)
 
 
+def _access_lines(log: str, route: str) -> list[dict]:
+    out = []
+    for line in log.splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and doc.get("route") == route and "status" in doc:
+            out.append(doc)
+    return out
+
+
+def test_a_buffered_reply_to_a_client_that_stops_reading_ends_at_write_timeout(
+        stub_url, gateway_factory) -> None:
+    """A buffered reply is one write of the whole body, made by aiohttp after the handler
+    returns: it waited on a client that does not read for as long as the connection lived
+    (45 s and counting with a 5 s write_timeout), and the access line said 200 before a
+    byte was sent. The gateway sends it under write_timeout, aborts the connection, and
+    its access line says 499."""
+    cfg = stub_config(stub_url, models=("big:16000",), extra_server="write_timeout = 1")
+    proc, url = gateway_factory(cfg)
+    host, port, raw = _request_bytes(url + "/llm", "m-big:16000", stream=False)  # 16 MB
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, port))
+    try:
+        sock.sendall(raw)  # and never read a byte until the gateway has given up
+        # 60 s: a hang guard, not a claim about how long it takes
+        _wait_for(lambda: _access_lines(proc.output(), "messages"), 60)
+        [line] = _access_lines(proc.output(), "messages")
+        assert line["status"] == 499, line
+        # the connection is closed: what the kernel still held, then the end
+        sock.settimeout(30)
+        try:
+            while sock.recv(1 << 20):
+                pass
+        except ConnectionResetError:
+            pass
+    finally:
+        sock.close()
+
+
 # --- retries ---------------------------------------------------------------------------
 
 def _seen(stub_url: str, model: str) -> int:

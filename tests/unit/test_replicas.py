@@ -117,3 +117,15 @@ def test_the_session_key_is_the_header_else_user_id_else_the_stable_prefix() -> 
     assert session_key("abc", turn1) == "h:abc"
     assert session_key(None, {**turn1, "metadata": {"user_id": "u1"}}) == "u:u1"
     assert session_key(None, turn1) == session_key(None, turn2) != session_key(None, other)
+
+
+def test_the_pass_through_session_key_is_the_header_else_user_else_the_chat_prefix() -> None:
+    from gateway.openai.session import session_key as openai_key
+
+    turn1 = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}]}
+    turn2 = {"messages": [*turn1["messages"], {"role": "assistant", "content": "b"},
+                          {"role": "user", "content": "c"}]}
+    assert openai_key("x", turn1) == "h:x"
+    assert openai_key(None, {**turn1, "user": "u"}) == "u:u"
+    assert openai_key(None, turn1) == openai_key(None, turn2) is not None
+    assert openai_key(None, {"input": "embed me"}) is None  # the least busy replica

@@ -214,7 +214,8 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
     app[UPSTREAMS] = {
         name: UpstreamClient(cfg, connections=metrics.upstream_connections.labels(name),
                              protocol_errors=metrics.upstream_protocol_errors,
-                             keepalive=metrics.upstream_keepalive.labels(name))
+                             keepalive=metrics.upstream_keepalive.labels(name),
+                             metrics=metrics)
         for name, cfg in config.upstreams.items()}
     for name in config.upstreams:
         metrics.add_upstream(name)

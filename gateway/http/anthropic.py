@@ -31,6 +31,7 @@ from gateway.messages.call import (
     reasoning_hidden,
     restore,
 )
+from gateway.messages.session import SESSION_HEADER, session_key
 from gateway.messages.validate import validate_messages
 from gateway.text import jsonutil
 from gateway.upstream.client import UpstreamResponse
@@ -45,7 +46,8 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     request[STREAM] = call.stream
     overhead = time.perf_counter() - t0
     with admitted(request, route):
-        up = await call.send(request[REQUEST_ID])
+        up = await call.send(request[REQUEST_ID],
+                             session_key(request.headers.get(SESSION_HEADER), req))
         async with up:
             if call.stream:
                 return await _stream(request, call, up, t0, overhead)

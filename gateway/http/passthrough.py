@@ -27,10 +27,12 @@ from gateway.http import routing, streaming
 from gateway.http.admission import admitted
 from gateway.http.body import read_json
 from gateway.http.keys import METRICS, REQUEST_ID, SECRETS, STREAM, UPSTREAM_CALLS
+from gateway.messages.session import SESSION_HEADER
 from gateway.openai.apis import RESPONSES, OpenAIApi
 from gateway.openai.inband import InbandErrors
 from gateway.openai.relay import ModelRewriter, Relay
 from gateway.openai.responses_index import ResponsesIndexer
+from gateway.openai.session import session_key
 from gateway.ops.config import ModelRoute
 from gateway.text import jsonutil
 from gateway.upstream.call import send
@@ -62,6 +64,7 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
     stream = api.streams and body.get("stream") is True
     request[STREAM] = stream
     body["model"] = route.upstream_model
+    session = session_key(request.headers.get(SESSION_HEADER), body)
     payload = jsonutil.dumpb(body)
     del body  # a large body is held once, as the payload, while the upstream answers
     metrics = request.app[METRICS]
@@ -71,7 +74,7 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
     rewrite = ModelRewriter(route.upstream_model, route.name)
     with admitted(request, route):
         up = await send(ups, route, api.path, payload, stream=stream,
-                        request_id=request[REQUEST_ID])
+                        request_id=request[REQUEST_ID], session=session)
         async with up:
             if not stream:
                 data = await up.read()

@@ -36,6 +36,7 @@ from gateway.messages import documents, tokens
 from gateway.messages.aggregate import aggregate
 from gateway.messages.from_chat import from_chat
 from gateway.messages.pdf_pool import PdfPool
+from gateway.messages.session import session_key
 from gateway.messages.signatures import restorable, restore_reasoning
 from gateway.messages.stream import StreamTranslator
 from gateway.messages.tables import LOCAL_STOP_KINDS, hides_thinking, shows_thinking
@@ -126,8 +127,8 @@ async def prepare(deps: MessagesDeps, req: dict[str, Any], route: ModelRoute) ->
 class Call:
     """One Messages request made ready for its upstream, and how its reply is read back."""
 
-    __slots__ = ("as_text", "client", "deps", "match_stops", "payload", "req", "route", "stops",
-                 "stream", "upstream_stream")
+    __slots__ = ("as_text", "client", "deps", "match_stops", "payload", "req", "route",
+                 "session", "stops", "stream", "upstream_stream")
 
     def __init__(self, deps: MessagesDeps, req: dict[str, Any], route: ModelRoute) -> None:
         self.deps = deps
@@ -142,6 +143,7 @@ class Call:
         self.as_text = route_text_only(route, deps.learned)
         self.payload = self._translate(deps.metrics.drop_field)
         self.client: UpstreamClient = deps.upstreams.client(route)
+        self.session: str | None = None
 
     def _translate(self, on_drop: Callable[[str], None] | None = None) -> bytes:
         req = self.req
@@ -150,9 +152,15 @@ class Call:
             self.route, keep_billing_header=self.deps.keep_billing_header, on_drop=on_drop,
             as_text=self.as_text, named_choice=named_tool_choice(self.route)))
 
-    async def send(self, request_id: str | None) -> UpstreamResponse:
+    async def send(self, request_id: str | None, session: str | None = None) -> UpstreamResponse:
         """Call the upstream (counted); a failure raises its GatewayError. A refusal of
-        content the route may send as text is answered by one more call with it as text."""
+        content the route may send as text is answered by one more call with it as text.
+
+        ``session``: the request's session key (:func:`~gateway.messages.session.session_key`
+        of the client's session header); None: made from the request alone."""
+        if session is None:
+            session = session_key(None, self.req)
+        self.session = session
         try:
             return await self._send(request_id)
         except errors.GatewayError as err:
@@ -166,7 +174,7 @@ class Call:
     async def _send(self, request_id: str | None) -> UpstreamResponse:
         return await send(self.deps.upstreams, self.route, "/chat/completions", self.payload,
                           stream=self.upstream_stream, max_tokens=self.req.get("max_tokens"),
-                          request_id=request_id)
+                          request_id=request_id, session=self.session)
 
     def translator(self) -> StreamTranslator:
         deps = self.deps

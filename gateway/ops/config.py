@@ -58,7 +58,11 @@ _POS, _NONNEG = "> 0", ">= 0"
 @dataclass(frozen=True)
 class UpstreamConfig:
     name: str = field(metadata={"toml": False})  # the table's name, upstreams.<name>
-    base_url: str
+    # exactly one of base_url and base_urls; parse() sets base_url to the first of base_urls
+    base_url: str = _knob("", shown="required unless `base_urls`")
+    # replicas of one server (gateway/upstream/replicas.py); every other key applies to each
+    base_urls: tuple[str, ...] = field(default=(), metadata={"types": (list,),
+                                                              "shown": "unset"})
     kind: str = "openai"
     api_key_env: str | None = None
     api_key: str | None = _not_toml(None, secret=True)
@@ -85,6 +89,11 @@ class UpstreamConfig:
     @property
     def host(self) -> str:
         return urlsplit(self.base_url).netloc
+
+    @property
+    def replica_urls(self) -> tuple[str, ...]:
+        """The base URL of each replica: ``base_urls``, or the one ``base_url``."""
+        return self.base_urls or (self.base_url,)
 
 
 INLINE_THINKING = ("auto", "opened", "off")
@@ -281,7 +290,8 @@ def schema() -> dict[str, Knob]:
 
 
 _TOP_KEYS = ("server", "upstreams", "models", "batches")
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean",
+               list: "an array of strings"}
 
 
 def _check_table(src: str, where: str, table: Any, schema: Mapping[str, Knob]) -> dict[str, Any]:
@@ -374,11 +384,7 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
     for name, table in raw_ups.items():
         where = f"upstreams.{name}"
         up = _check_table(src, where, table, knobs(UpstreamConfig))
-        parts = urlsplit(up["base_url"])
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ConfigError(f"{src}: {where}.base_url: must be an http(s) URL, "
-                              f"got {up['base_url']!r}")
-        up["base_url"] = up["base_url"].rstrip("/")
+        _base_urls(src, where, table, up)
         if up["kind"] not in UPSTREAM_KINDS:
             raise ConfigError(f"{src}: {where}.kind: must be one of {', '.join(UPSTREAM_KINDS)}")
         if up["keepalive"] not in KEEPALIVE:
@@ -425,6 +431,29 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         raise ConfigError(f"{src}: models: at least one [[models]] entry is required")
     batches = _batches(src, data.get("batches", {}), env)
     return Config(server=server, upstreams=upstreams, models=models, batches=batches, source=src)
+
+
+def _base_urls(src: str, where: str, table: Mapping[str, Any], up: dict[str, Any]) -> None:
+    """Exactly one of base_url and base_urls, each URL http(s); base_url set to the first."""
+    if "base_url" in table and "base_urls" in table:
+        raise ConfigError(f"{src}: {where}.base_urls: set base_url or base_urls, not both")
+    if "base_url" not in table and "base_urls" not in table:
+        raise ConfigError(f"{src}: {where}.base_url: missing (required, or base_urls)")
+    key = "base_url" if "base_url" in table else "base_urls"
+    urls = [up["base_url"]] if key == "base_url" else up["base_urls"]
+    if not urls:
+        raise ConfigError(f"{src}: {where}.base_urls: must list at least one URL")
+    clean = []
+    for i, url in enumerate(urls):
+        at = key if key == "base_url" else f"{key}[{i}]"
+        parts = urlsplit(url) if isinstance(url, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"{src}: {where}.{at}: must be an http(s) URL, got {url!r}")
+        clean.append(url.rstrip("/"))
+    if len(set(clean)) != len(clean):
+        raise ConfigError(f"{src}: {where}.base_urls: lists a URL twice")
+    up["base_url"] = clean[0]
+    up["base_urls"] = tuple(clean) if key == "base_urls" else ()
 
 
 MAX_BATCH_IN_FLIGHT = 64

@@ -286,6 +286,24 @@ class Metrics:
             "1 while requests to the upstream reuse connections (keepalive always, or auto once "
             "its replies have echoed X-Request-Id), 0 while each gets a fresh one",
             ["upstream"], registry=r, multiprocess_mode="livemax"))
+        # replicas (gateway/upstream/replicas.py): ``replica`` is host:port from base_urls
+        self.upstream_replica_in_flight = _Memo(Gauge(
+            p + "upstream_replica_in_flight",
+            "Requests on the upstream replica now, from the send until the reply is read",
+            ["upstream", "replica"], registry=r, multiprocess_mode="livesum"))
+        self.upstream_replica_healthy = _Memo(Gauge(
+            p + "upstream_replica_healthy",
+            "1 while the replica takes requests, 0 while it is ejected after a failure",
+            ["upstream", "replica"], registry=r, multiprocess_mode="livemin"))
+        self.upstream_replica_requests = _Memo(Counter(
+            p + "upstream_replica_requests_total",
+            "Attempts sent to each replica, by outcome: ok (it answered, 2xx-4xx), status_5xx, "
+            "connect_error, timeout, bad_response", ["upstream", "replica", "outcome"],
+            registry=r))
+        self.upstream_retries = _Memo(Counter(
+            p + "upstream_retries_total",
+            "Requests sent to another replica after a failure before the reply's head",
+            ["upstream"], registry=r))
         self.client_connections = Gauge(
             p + "client_connections", "Client connections open now, both listeners",
             registry=r, multiprocess_mode="livesum")

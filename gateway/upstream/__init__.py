@@ -4,7 +4,9 @@ pool, the client (requests, deadlines, caps, one error map) and the one call ove
     connection.py   one HTTP/1.1 connection: llhttp frames the replies; anomalies
     pool.py         keep-alive connections to one upstream, FIFO slots, idle sweep
     reuse.py        when a connection may carry a second request (keepalive auto/always/never)
-    client.py       UpstreamClient / UpstreamResponse: requests, deadlines, caps, the error map
+    replicas.py     which replica takes a request: rendezvous hashing, bounded load, ejection
+    client.py       UpstreamClient / UpstreamResponse: a pool per replica, retries before the
+                    head, deadlines, caps, the error map
     call.py         send(): the one upstream call every caller makes, counted and re-scrubbed
     exceptions.py   the errors below the client, each naming its cause
 """

@@ -63,14 +63,19 @@ async def send(
     max_tokens: int | None = None,
     at_root: bool = False,
     request_id: str | None = None,
+    session: str | None = None,
 ) -> UpstreamResponse:
-    """Send ``payload`` to ``route``'s upstream and wait for a 2xx reply's head, counted."""
+    """Send ``payload`` to ``route``'s upstream and wait for a 2xx reply's head, counted.
+
+    ``session`` (opaque, made by the caller) keeps one session's requests on one replica of
+    the upstream (gateway/upstream/replicas.py); a failure before the head is retried on
+    another replica inside the client, so every caller gets it."""
     client = ups.client(route)
     metrics = ups.metrics
     t = time.perf_counter()
     try:
         up = await client.request(path, payload, stream=stream, max_tokens=max_tokens,
-                                  at_root=at_root, request_id=request_id)
+                                  at_root=at_root, request_id=request_id, session=session)
     except errors.GatewayError as err:
         metrics.upstream_requests.labels(route.name, client.name, _outcome_code(err)).inc()
         scrubbed = errors.rescrub(err, hosts=client.hosts, secrets=ups.secrets)

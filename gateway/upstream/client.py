@@ -1,12 +1,20 @@
 """UpstreamClient: the only place upstream connection errors and timeouts are caught.
 
-One keep-alive pool per upstream (gateway/upstream/pool.py, opened and closed by the
-app's cleanup_ctx). Every failure is mapped once, by :class:`_Failures`, and logged
+One keep-alive pool per replica of the upstream (gateway/upstream/pool.py, opened and
+closed by the app's cleanup_ctx; one replica per ``base_urls`` entry, or the one ``base_url``).
+Which replica takes a request, and which are ejected, is gateway/upstream/replicas.py's call;
+a request that fails before any byte of its reply on one replica (no connection, a reset
+before the head, a 502/503/504/529) is sent to the next, up to ``Replicas.attempts`` replicas
+and within the first attempt's head timeout: the caller sees one reply or one error.
+
+Every failure is mapped once, by :class:`_Failures`, and logged
 once (``upstream_failure``: upstream, phase, cause, request id; at most one line per
 upstream and cause a second, the lines held back counted in the next):
 
 * refused, reset or closed before any byte of the reply -> UpstreamUnavailable (529,
-  retryable); retried at most once, and only then (nothing has reached the client);
+  retryable); retried once on the same replica when it is the only one (a reused
+  connection the upstream had closed), else on the next replica (nothing has reached the
+  client);
 * no final head within ``header_timeout`` of the send (interim 1xx replies do not
   extend it), a buffered reply not whole within ``response_timeout``, a stream with no
   event for ``idle_timeout``, no pool slot within the head timeout -> UpstreamTimeout
@@ -34,6 +42,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
+from urllib.parse import urlsplit
 
 import structlog
 
@@ -50,6 +59,7 @@ from gateway.upstream.exceptions import (
     TooLarge,
 )
 from gateway.upstream.pool import Counter, Pool, Response
+from gateway.upstream.replicas import Replica, Replicas
 
 _log = structlog.get_logger("gateway.upstream")
 
@@ -61,6 +71,10 @@ _DRAIN_SECONDS = 0.1
 # reused connection read a reply to another request (the pool closed it; the retry goes out
 # on a fresh connection)
 _RETRIED = frozenset(("refused", "reset", "closed", "misrouted"))
+# with other replicas to go to, only a connection the replica closed under us is retried on it
+_RETRIED_HERE = frozenset(("closed", "misrouted"))
+# statuses that say "not now, here": the request goes to the next replica (before any byte)
+_RETRY_STATUSES = frozenset((502, 503, 504, 529))
 _LOG_EVERY = 1.0  # seconds between two failure lines of one upstream and cause
 
 
@@ -158,12 +172,13 @@ class _Failures:
 class UpstreamResponse:
     """A live upstream response; read it with :meth:`chunks` or :meth:`read`."""
 
-    __slots__ = ("_cap", "_client", "_done", "_ending", "_request_id", "_resp", "_stream",
-                 "progress")
+    __slots__ = ("_cap", "_client", "_done", "_ending", "_replica", "_request_id", "_resp",
+                 "_stream", "progress")
 
     def __init__(self, resp: Response, client: UpstreamClient, *, stream: bool,
-                 request_id: str | None) -> None:
+                 request_id: str | None, replica: Replica | None = None) -> None:
         self._resp = resp
+        self._replica = replica  # its in-flight count is ours until the response is left
         self._client = client
         self._stream = stream
         self._request_id = request_id
@@ -228,6 +243,9 @@ class UpstreamResponse:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        replica, self._replica = self._replica, None
+        if replica is not None:
+            self._client.replica_finished(replica, exc)
         if self._done and exc is None:
             self._resp.release()
         elif self._ending and exc is None:
@@ -256,28 +274,42 @@ async def _settle(resp: Response) -> None:
             resp.close()
 
 
-class UpstreamClient:
-    """Pooled HTTP client for one upstream.
+def _paths(base_url: str) -> tuple[str, str]:
+    """(the base URL's path, the engine's root path) for request targets."""
+    path = base_url.split("://", 1)[-1].partition("/")[2].rstrip("/")
+    path = "/" + path if path else ""
+    # llama.cpp's and vLLM's /tokenize, /apply-template live beside /v1, not under it
+    return path, path[:-3] if path.endswith("/v1") else path
 
-    ``hosts`` and ``secrets`` are what the scrubber removes from upstream text: the
-    upstream's host names, and its key in every form (the key, ``Bearer <key>``, the
-    key URL-encoded).
+
+class UpstreamClient:
+    """Pooled HTTP client for one upstream: a pool per replica.
+
+    ``hosts`` and ``secrets`` are what the scrubber removes from upstream text: every
+    replica's host names and base URL, and the upstream's key in every form (the key,
+    ``Bearer <key>``, the key URL-encoded). ``metrics`` (gateway/ops/metrics.py), when
+    given, gets the per-replica series.
     """
 
     def __init__(self, cfg: UpstreamConfig, *, connections: Counter | None = None,
-                 protocol_errors: Any = None, keepalive: Any = None) -> None:
+                 protocol_errors: Any = None, keepalive: Any = None,
+                 metrics: Any = None) -> None:
         self.cfg = cfg
         self._connections = connections
         self._keepalive = keepalive  # a gauge's child: 1 while connections are reused
         self._protocol_errors = protocol_errors  # a labelled counter: (upstream, kind)
+        self._metrics = metrics
         self.name = cfg.name
-        self.hosts = (cfg.host, cfg.host.rsplit(":", 1)[0], cfg.base_url)
+        urls = cfg.replica_urls
+        hosts: list[str] = []
+        for url in urls:
+            host = urlsplit(url).netloc
+            hosts += [host, host.rsplit(":", 1)[0], url]
+        self.hosts = tuple(dict.fromkeys(hosts))
         self.secrets = secrets_of(cfg)
         self.report = _FailureLog(cfg.name)
-        path = cfg.base_url.split("://", 1)[-1].partition("/")[2].rstrip("/")
-        self._path = "/" + path if path else ""
-        # llama.cpp's and vLLM's /tokenize, /apply-template live beside /v1, not under it
-        self._root = self._path[:-3] if self._path.endswith("/v1") else self._path
+        self.replicas = Replicas(urls, on_health=self._health_changed)
+        self._targets = [_paths(url) for url in urls]
         # (head, body) timeouts. A stream: the head within both timeouts, then no event for
         # idle_timeout. Buffered: the head, then the whole reply, each due from the send.
         self._stream_timeouts = (min(cfg.header_timeout, cfg.idle_timeout), cfg.idle_timeout)
@@ -287,40 +319,80 @@ class UpstreamClient:
         self._headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         if cfg.api_key:
             self._headers["Authorization"] = f"Bearer {cfg.api_key}"
-        self._pool: Pool | None = None
+        self._pools: list[Pool] = []
+        self._retried_here = _RETRIED if len(urls) == 1 else _RETRIED_HERE
+        if metrics is not None:
+            for replica in self.replicas.all:
+                self._replica_series(replica)
+
+    def _replica_series(self, replica: Replica) -> None:
+        m = self._metrics
+        m.upstream_replica_in_flight.labels(self.name, replica.label)
+        m.upstream_replica_healthy.labels(self.name, replica.label).set(1)
+        for outcome in REPLICA_OUTCOMES:
+            m.upstream_replica_requests.labels(self.name, replica.label, outcome)
+        m.upstream_retries.labels(self.name)
 
     async def start(self) -> None:
         cfg = self.cfg
-        self._pool = Pool(cfg.base_url, limit=cfg.pool_size, connect_timeout=cfg.connect_timeout,
-                          extra_headers=self._headers, gauge=self._connections,
-                          keepalive=cfg.keepalive, on_protocol_error=self._protocol_error,
-                          on_keepalive=self._keepalive_changed)
+        self._pools = [
+            Pool(url, limit=cfg.pool_size, connect_timeout=cfg.connect_timeout,
+                 extra_headers=self._headers, gauge=self._connections,
+                 keepalive=cfg.keepalive, on_protocol_error=self._protocol_error,
+                 on_keepalive=self._keepalive_changed)
+            for url in cfg.replica_urls]
         if self._keepalive is not None:
-            self._keepalive.set(1 if self._pool.reuse.keepalive else 0)
+            self._keepalive.set(1 if self.keepalive else 0)
 
     async def close(self) -> None:
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
+        pools, self._pools = self._pools, []
+        for pool in pools:
+            await pool.close()
 
     @property
     def open_connections(self) -> int:
-        return self._pool.open_connections if self._pool is not None else 0
+        return sum(pool.open_connections for pool in self._pools)
 
     def _keepalive_changed(self, on: bool) -> None:
         if self._keepalive is not None:
-            self._keepalive.set(1 if on else 0)
+            self._keepalive.set(1 if self.keepalive else 0)
         _log.info("upstream_keepalive", upstream=self.name, on=on)
 
     @property
     def keepalive(self) -> bool:
-        """Requests now reuse connections to this upstream."""
-        return self._pool is not None and self._pool.reuse.keepalive
+        """Requests now reuse connections to this upstream (to any of its replicas)."""
+        return any(pool.reuse.keepalive for pool in self._pools)
 
     def _protocol_error(self, kind: str, phase: str, request_id: str | None) -> None:
         if self._protocol_errors is not None:
             self._protocol_errors.labels(self.name, kind).inc()
         self.report(phase, "protocol_error", request_id, kind=kind)
+
+    def _health_changed(self, replica: Replica, healthy: bool) -> None:
+        if self._metrics is not None:
+            self._metrics.upstream_replica_healthy.labels(self.name, replica.label).set(
+                1 if healthy else 0)
+        _log.info("upstream_replica_health", upstream=self.name, replica=replica.label,
+                  healthy=healthy)
+
+    def _count(self, replica: Replica, outcome: str) -> None:
+        if self._metrics is not None:
+            self._metrics.upstream_replica_requests.labels(self.name, replica.label,
+                                                           outcome).inc()
+
+    def _started(self, replica: Replica) -> None:
+        self.replicas.started(replica)
+        if self._metrics is not None:
+            self._metrics.upstream_replica_in_flight.labels(self.name, replica.label).inc()
+
+    def replica_finished(self, replica: Replica, exc: BaseException | None = None) -> None:
+        """A request's in-flight count on ``replica`` ends; a body that failed in a way the
+        replica is to blame for (a timeout, a lost connection) ejects it."""
+        self.replicas.finished(replica)
+        if self._metrics is not None:
+            self._metrics.upstream_replica_in_flight.labels(self.name, replica.label).dec()
+        if isinstance(exc, errors.UpstreamTimeout | errors.UpstreamUnavailable):
+            self.replicas.failed(replica)
 
     async def request(
         self,
@@ -332,31 +404,98 @@ class UpstreamClient:
         method: str = "POST",
         at_root: bool = False,
         request_id: str | None = None,
+        session: str | None = None,
     ) -> UpstreamResponse:
         """Send and wait for a 2xx response's head; anything else raises a GatewayError.
 
         ``request_id`` (the gateway's own, header-safe) goes upstream as ``X-Request-Id``.
+        ``session`` (opaque) keeps a session's requests on one replica; None: the least
+        busy one. A failure before the reply's head is sent to the next replica, at most
+        ``replicas.attempts`` in all, within the head timeout of the first.
         """
-        pool = self._pool
-        assert pool is not None, "UpstreamClient used before start()"
+        assert self._pools, "UpstreamClient used before start()"
         head_timeout, body_timeout = self._stream_timeouts if stream else self._buffered_timeouts
-        target = (self._root if at_root else self._path) + path
         data = body if method == "POST" else None
         rid = request_id.encode("latin-1") if request_id else None
-        try:
-            resp = await pool.request(method, target, data, head_timeout=head_timeout,
-                                      body_timeout=body_timeout, stream=stream, request_id=rid)
-        except BaseException:
-            with _Failures(self, "head", request_id, stream, retry=True):
-                raise
-            # the connection ended before the upstream saw the request: once more
-            with _Failures(self, "head", request_id, stream):
-                resp = await pool.request(method, target, data, head_timeout=head_timeout,
-                                          body_timeout=body_timeout, stream=stream,
-                                          request_id=rid)
-        if resp.status >= 300:
+        replicas = self.replicas
+        order = replicas.order(session.encode() if session is not None else None)
+        attempts = order[: replicas.attempts]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + head_timeout
+        for n, replica in enumerate(attempts):
+            last = n == len(attempts) - 1
+            remaining = deadline - loop.time()
+            if n and remaining <= 0:
+                break
+            paths = self._targets[replica.index]
+            target = (paths[1] if at_root else paths[0]) + path
+            self._started(replica)
+            try:
+                resp = await self._send(self._pools[replica.index], method, target, data,
+                                        head_timeout=remaining if n else head_timeout,
+                                        body_timeout=body_timeout, stream=stream,
+                                        request_id=rid, log_id=request_id)
+            except BaseException as exc:
+                self.replica_finished(replica)
+                mapped = _mapped(exc, "head", stream)
+                if mapped is None:  # cancelled: nothing learnt about the replica
+                    replica.trial = False
+                    raise
+                err, phase, cause = mapped
+                if cause != "pool_timeout":
+                    replicas.failed(replica)
+                self._count(replica, _outcome(err))
+                if not isinstance(exc, ProtocolError):  # the pool has logged that one
+                    self.report(phase, cause, request_id, **self._where(replica))
+                if last or not _retryable(exc, phase):
+                    raise err from None
+                self._retried()
+                continue
+            if resp.status < 300:
+                replicas.succeeded(replica)
+                self._count(replica, "ok")
+                return UpstreamResponse(resp, self, stream=stream, request_id=request_id,
+                                        replica=replica)
+            self.replica_finished(replica)
+            if resp.status >= 500:
+                replicas.failed(replica)
+                self._count(replica, "status_5xx")
+            else:  # it answered: alive, whatever it thought of the request
+                replicas.succeeded(replica)
+                self._count(replica, "ok")
+            if resp.status in _RETRY_STATUSES and not last:
+                resp.close()
+                self.report("head", "status", request_id, status=resp.status,
+                            **self._where(replica))
+                self._retried()
+                continue
             raise await self._error_status(resp, request_id, max_tokens)
-        return UpstreamResponse(resp, self, stream=stream, request_id=request_id)
+        raise errors.UpstreamTimeout()  # the time budget ran out between two attempts
+
+    def _where(self, replica: Replica) -> dict[str, str]:
+        """The replica's log field, where there is more than one."""
+        return {"replica": replica.label} if len(self._pools) > 1 else {}
+
+    def _retried(self) -> None:
+        if self._metrics is not None:
+            self._metrics.upstream_retries.labels(self.name).inc()
+
+    async def _send(self, pool: Pool, method: str, target: str, data: bytes | None, *,
+                    head_timeout: float, body_timeout: float, stream: bool,
+                    request_id: bytes | None, log_id: str | None) -> Response:
+        """One replica's reply head; a connection that ended before the upstream saw the
+        request (``_retried_here``) is tried once more on the same pool."""
+        try:
+            return await pool.request(method, target, data, head_timeout=head_timeout,
+                                      body_timeout=body_timeout, stream=stream,
+                                      request_id=request_id)
+        except BaseException as exc:
+            mapped = _mapped(exc, "head", stream)
+            if mapped is None or mapped[2] not in self._retried_here:
+                raise
+        return await pool.request(method, target, data, head_timeout=head_timeout,
+                                  body_timeout=body_timeout, stream=stream,
+                                  request_id=request_id)
 
     async def _error_status(self, resp: Response, request_id: str | None,
                             max_tokens: int | None) -> errors.UpstreamError:
@@ -375,3 +514,28 @@ class UpstreamClient:
         if status >= 500:
             self.report("head", "status", request_id, status=status)
         return errors.from_upstream(status, raw, hosts=self.hosts, max_tokens=max_tokens)
+
+
+# the ``outcome`` label of llm_gateway_upstream_replica_requests_total
+REPLICA_OUTCOMES = ("ok", "status_5xx", "connect_error", "timeout", "bad_response")
+
+
+def _outcome(err: errors.GatewayError) -> str:
+    if isinstance(err, errors.UpstreamTimeout):
+        return "timeout"
+    if isinstance(err, errors.UpstreamUnavailable):
+        return "connect_error"
+    return "bad_response"
+
+
+def _retryable(exc: BaseException, phase: str) -> bool:
+    """Whether a failure left the request unseen by the replica: no connection, or the
+    connection lost before any byte of the reply (a timeout may have been seen: not)."""
+    if isinstance(exc, ConnectFailed):
+        return exc.cause != "timeout" or phase == "connect"
+    if isinstance(exc, Disconnected):
+        return True
+    if isinstance(exc, ProtocolError):
+        return exc.cause == "misrouted"
+    return isinstance(exc, OSError | HTTPClientError) and not isinstance(
+        exc, BrokenResponse | PoolTimeout) and phase == "head"

@@ -1,0 +1,141 @@
+"""Replicas of one upstream: which one takes a request, and which are fit to.
+
+An upstream configured with ``base_urls`` has one replica per URL, each with its own pool
+(gateway/upstream/client.py). This module holds no I/O: the client asks :meth:`Replicas.order`
+for the replicas to try, in order, and reports each attempt's outcome back.
+
+Choice (rendezvous, or highest-random-weight, hashing): every replica scores
+``hash(session key, replica URL)`` and the highest score wins. The score depends on the key
+and that one replica only, so every gateway process picks the same replica for a session
+without shared state, and a replica that leaves (ejected, removed) moves only the sessions it
+held: each of those goes to its own second choice, everyone else stays. A request without a
+key is given the least busy replica.
+
+Bounded load: a replica whose in-flight requests exceed ``SPILL_FACTOR`` times the average
+plus ``SPILL_SLACK`` is passed over for the session's next choice (it keeps its sessions; the
+spill lasts only while it is that far above the rest).
+
+Passive health: a failure a replica is to blame for (no connection, a reset before the reply's
+head, a 5xx, a timeout) ejects it for ``BACKOFF_START`` seconds, doubling with each failure
+in a row up to ``BACKOFF_MAX``. When the time is up the replica is *on trial*: it takes one
+request at a time (the first whose order reaches it) until one succeeds (back in, back-off
+reset) or fails (ejected again, for twice as long). When every replica is out, requests still
+go to them, the one due back soonest first: a fleet with nowhere else to go does not refuse
+(and a lone replica is never ejected).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+SPILL_FACTOR = 1.5
+SPILL_SLACK = 2
+BACKOFF_START = 1.0
+BACKOFF_MAX = 60.0
+MAX_ATTEMPTS = 3  # replicas one request may try before its head
+
+
+def score(key: bytes, replica: str) -> int:
+    """The rendezvous weight of ``replica`` for ``key`` (64 bits, the same in every process)."""
+    h = hashlib.blake2b(key, digest_size=8, key=replica.encode()[:64])
+    return int.from_bytes(h.digest(), "big")
+
+
+def rendezvous(key: bytes, replicas: Sequence[str]) -> list[int]:
+    """Indices of ``replicas``, best first for ``key``."""
+    return sorted(range(len(replicas)), key=lambda i: score(key, replicas[i]), reverse=True)
+
+
+def backoff(failures: int) -> float:
+    """Seconds a replica stays out after ``failures`` failures in a row (1, 2, 4, ... 60)."""
+    return min(BACKOFF_START * 2.0 ** max(failures - 1, 0), BACKOFF_MAX)
+
+
+def overloaded(in_flight: int, total: int, count: int) -> bool:
+    """``in_flight`` far above the average of ``total`` over ``count`` replicas."""
+    return in_flight > SPILL_FACTOR * (total / max(count, 1)) + SPILL_SLACK
+
+
+@dataclass(eq=False)
+class Replica:
+    """One replica's live state."""
+
+    index: int
+    base_url: str
+    in_flight: int = 0
+    failures: int = 0  # in a row
+    ejected_until: float = 0.0
+    trial: bool = False  # a trial request is out
+    label: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.label = urlsplit(self.base_url).netloc.rpartition("@")[2]
+
+    def state(self, now: float) -> str:
+        """``healthy``, ``ejected`` (its back-off running) or ``trial`` (due a trial)."""
+        if not self.failures:
+            return "healthy"
+        return "ejected" if now < self.ejected_until else "trial"
+
+
+class Replicas:
+    """The replicas of one upstream: choice, load and passive health.
+
+    ``on_health(replica, healthy)`` is called on each change (a gauge, a log line).
+    """
+
+    def __init__(self, base_urls: Sequence[str], *, clock: Callable[[], float] = time.monotonic,
+                 on_health: Callable[[Replica, bool], None] | None = None) -> None:
+        self.all = [Replica(i, url) for i, url in enumerate(base_urls)]
+        self._urls = [r.base_url for r in self.all]
+        self._clock = clock
+        self._on_health = on_health
+        self.attempts = min(len(self.all), MAX_ATTEMPTS)
+
+    def order(self, key: bytes | None) -> list[Replica]:
+        """The replicas to try for a request, best first (see the module docstring)."""
+        replicas = self.all
+        if len(replicas) == 1:
+            return list(replicas)
+        if key is None:
+            ranked = sorted(replicas, key=lambda r: r.in_flight)
+        else:
+            ranked = [replicas[i] for i in rendezvous(key, self._urls)]
+        now = self._clock()
+        usable = [r for r in ranked if r.failures == 0
+                  or (now >= r.ejected_until and not r.trial)]
+        if not usable:  # everyone is out: the soonest back first
+            return sorted(ranked, key=lambda r: r.ejected_until)
+        total = sum(r.in_flight for r in usable)
+        fit = [r for r in usable if not overloaded(r.in_flight, total, len(usable))]
+        rest = [r for r in ranked if r not in fit]
+        return fit + rest
+
+    def started(self, replica: Replica) -> None:
+        replica.in_flight += 1
+        if replica.failures and not replica.trial:
+            replica.trial = True
+
+    def finished(self, replica: Replica) -> None:
+        replica.in_flight -= 1
+
+    def succeeded(self, replica: Replica) -> None:
+        replica.trial = False
+        if replica.failures:
+            replica.failures = 0
+            replica.ejected_until = 0.0
+            if self._on_health is not None:
+                self._on_health(replica, True)
+
+    def failed(self, replica: Replica) -> None:
+        replica.trial = False
+        if len(self.all) == 1:  # nowhere else to send its requests: nothing to eject
+            return
+        replica.failures += 1
+        replica.ejected_until = self._clock() + backoff(replica.failures)
+        if replica.failures == 1 and self._on_health is not None:
+            self._on_health(replica, False)

@@ -1,0 +1,203 @@
+"""Three scripted replicas of one upstream behind one model name, default settings.
+
+Which replica served a request is read back from the replicas themselves: each stub records
+the ``X-Request-Id`` the gateway sent it, which is the ``request-id`` the client got. Sessions
+are named three ways (Claude Code's header, ``metadata.user_id``, nothing: the stable prefix)
+and each sends several turns, so affinity is measured over what a session really repeats.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from tests.procs import REPO, Proc, free_port, get, post, wait_http
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+SESSIONS = 45
+TURNS = 4
+
+
+def _stub() -> tuple[Proc, str]:
+    port = free_port()
+    proc = Proc([sys.executable, str(REPO / "tests" / "stub_upstream.py"), str(port)])
+    wait_http(f"http://127.0.0.1:{port}/health", proc=proc.popen)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def stubs() -> Iterator[list[tuple[Proc, str]]]:
+    started = [_stub() for _ in range(3)]
+    try:
+        yield started
+    finally:
+        for proc, _ in started:
+            proc.stop()
+
+
+class _Unavailable(http.server.BaseHTTPRequestHandler):
+    """A replica answering 503 to everything."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = b'{"error": {"message": "overloaded", "code": 503}}'
+        self.send_response(503)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def unavailable() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Unavailable)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _config(urls: list[str]) -> str:
+    listed = ", ".join(f'"{u}/v1"' for u in urls)
+    return f"""
+[upstreams.fleet]
+base_urls = [{listed}]
+
+[[models]]
+name = "m"
+upstream = "fleet"
+upstream_model = "ok"
+"""
+
+
+def _session_request(s: int, turn: int) -> tuple[dict[str, Any], dict[str, str]]:
+    """Turn ``turn`` of session ``s``: a growing conversation, named one of three ways."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"task {s}: start"}]
+    for t in range(turn):
+        messages += [{"role": "assistant", "content": f"done {t}"},
+                     {"role": "user", "content": f"next {t}"}]
+    body: dict[str, Any] = {"model": "m", "max_tokens": 16, "system": f"you are agent {s}",
+                            "messages": messages, "stream": turn % 2 == 1}
+    headers: dict[str, str] = {}
+    if s % 3 == 0:
+        headers["x-claude-code-session-id"] = f"cc-session-{s}"
+    elif s % 3 == 1:
+        body["metadata"] = {"user_id": f"user_{s}_account__session_{s}"}
+    return body, headers
+
+
+def _run(base: str) -> dict[int, list[str]]:
+    """Every session's turns (8 sessions at once); -> session -> its request ids."""
+
+    def session(s: int) -> list[str]:
+        ids = []
+        for turn in range(TURNS):
+            body, headers = _session_request(s, turn)
+            status, got, reply = post(f"{base}/llm/v1/messages", body, headers)
+            assert status == 200, (s, turn, status, reply[:300])
+            if body["stream"]:
+                assert b"event: error" not in reply and b"message_stop" in reply, reply[-300:]
+            ids.append(got["request-id"])
+        return ids
+
+    with ThreadPoolExecutor(8) as pool:
+        return dict(enumerate(pool.map(session, range(SESSIONS))))
+
+
+def _served(stub_urls: list[str]) -> dict[str, int]:
+    """request id -> index of the replica that answered it (then forget the requests)."""
+    out = {}
+    for i, url in enumerate(stub_urls):
+        status, _, body = get(f"{url}/_requests")
+        assert status == 200
+        for req in json.loads(body):
+            rid = {k.lower(): v for k, v in req["headers"].items()}.get("x-request-id")
+            if rid and req["path"].endswith("/chat/completions"):
+                out[rid] = i
+    return out
+
+
+def _clear(stub_urls: list[str]) -> None:
+    import urllib.request
+
+    for url in stub_urls:
+        urllib.request.urlopen(urllib.request.Request(f"{url}/_requests", method="DELETE"),
+                               timeout=5).close()
+
+
+def _placement(runs: dict[int, list[str]], served: dict[str, int]) -> dict[int, list[int]]:
+    return {s: [served[rid] for rid in ids] for s, ids in runs.items()}
+
+
+def _metric(base: str, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, _, body = get(f"{base}/metrics")
+    total = 0.0
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v
+                                           for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def test_sessions_stay_on_one_replica_and_survive_one_refusing_connections(
+        stubs: list[tuple[Proc, str]],
+        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    urls = [url for _, url in stubs]
+    _, base = gateway_factory(_config(urls))
+
+    # healthy: sessions keep to one replica, the work spreads, nobody sees an error
+    before = _placement(_run(base), _served(urls))
+    _clear(urls)
+    home = {s: Counter(r).most_common(1)[0][0] for s, r in before.items()}
+    kept = sum(1 for r in before.values() if len(set(r)) == 1)
+    assert kept >= 0.9 * SESSIONS, before
+    shares = Counter(i for r in before.values() for i in r)
+    total = sum(shares.values())
+    assert all(shares[i] >= 0.15 * total for i in range(3)), shares
+
+    # replica 2 goes away: connections to it are refused
+    stubs[2][0].stop()
+    after = _placement(_run(base), _served(urls[:2]))
+    others = [s for s in before if home[s] != 2]
+    stayed = sum(1 for s in others if set(after[s]) == {home[s]})
+    assert stayed >= 0.9 * len(others), (home, after)
+    assert all(set(r) <= {0, 1} for r in after.values())
+    label = urls[2].split("://")[1]
+    assert _metric(base, "llm_gateway_upstream_replica_healthy", replica=label) == 0
+    assert _metric(base, "llm_gateway_upstream_retries_total", upstream="fleet") >= 1
+    assert _metric(base, "llm_gateway_upstream_replica_requests_total", replica=label,
+                   outcome="connect_error") >= 1
+
+
+def test_a_replica_answering_503_to_everything_costs_no_client_an_error(
+        stubs: list[tuple[Proc, str]], unavailable: str,
+        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    urls = [stubs[0][1], stubs[1][1], unavailable]
+    _, base = gateway_factory(_config(urls))
+    runs = _run(base)  # every reply a 200 (asserted inside)
+    served = _served(urls[:2])
+    assert all(rid in served for ids in runs.values() for rid in ids)
+    label = unavailable.split("://")[1]
+    assert _metric(base, "llm_gateway_upstream_replica_requests_total", replica=label,
+                   outcome="status_5xx") >= 1
+    assert _metric(base, "llm_gateway_upstream_retries_total", upstream="fleet") >= 1

@@ -1,0 +1,131 @@
+"""Replica choice (rendezvous hashing with bounded load) and passive health, without I/O."""
+
+from __future__ import annotations
+
+from gateway.messages.session import session_key
+from gateway.upstream.replicas import (
+    BACKOFF_MAX,
+    Replicas,
+    backoff,
+    overloaded,
+    rendezvous,
+)
+
+URLS = ["http://a:8000/v1", "http://b:8000/v1", "http://c:8000/v1"]
+KEYS = [f"session-{i}".encode() for i in range(600)]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rendezvous_is_stable_and_spreads_sessions() -> None:
+    first = {k: rendezvous(k, URLS)[0] for k in KEYS}
+    assert first == {k: rendezvous(k, list(URLS))[0] for k in KEYS}  # same in every process
+    shares = [sum(1 for v in first.values() if v == i) / len(KEYS) for i in range(3)]
+    assert all(s > 0.25 for s in shares), shares
+
+
+def test_losing_a_replica_moves_only_its_sessions() -> None:
+    before = {k: URLS[rendezvous(k, URLS)[0]] for k in KEYS}
+    rest = [URLS[0], URLS[2]]
+    after = {k: rest[rendezvous(k, rest)[0]] for k in KEYS}
+    moved = {k for k in KEYS if before[k] != after[k]}
+    assert moved == {k for k in KEYS if before[k] == URLS[1]}
+    # and an ejected replica's sessions go to their own second choice
+    clock = Clock()
+    reps = Replicas(URLS, clock=clock)
+    reps.failed(reps.all[1])
+    for k in KEYS:
+        chosen = reps.order(k)[0].base_url
+        assert chosen == (before[k] if before[k] != URLS[1] else after[k])
+
+
+def test_order_without_a_key_is_least_busy_first() -> None:
+    reps = Replicas(URLS)
+    reps.started(reps.all[0])
+    reps.started(reps.all[2])
+    assert reps.order(None)[0] is reps.all[1]
+
+
+def test_a_replica_far_above_the_average_spills_to_the_next_choice() -> None:
+    assert not overloaded(4, 6, 3)  # 4 <= 1.5 * 2 + 2
+    assert overloaded(7, 9, 3)  # 7 > 1.5 * 3 + 2
+    reps = Replicas(URLS)
+    key = KEYS[0]
+    best, second = reps.order(key)[:2]
+    for _ in range(8):
+        reps.started(best)
+    assert reps.order(key)[0] is second
+    assert reps.order(key)[-1] is best  # still tried, last
+    for _ in range(8):
+        reps.finished(best)
+    assert reps.order(key)[0] is best  # the spill lasts only while it is that far above
+
+
+def test_ejection_backs_off_doubling_to_a_cap_then_one_trial() -> None:
+    assert [backoff(n) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 8.0]
+    assert backoff(30) == BACKOFF_MAX == 60.0
+    clock = Clock()
+    health: list[tuple[int, bool]] = []
+    reps = Replicas(URLS, clock=clock, on_health=lambda r, ok: health.append((r.index, ok)))
+    a = reps.all[0]
+    reps.failed(a)
+    assert a.state(clock.now) == "ejected" and health == [(0, False)]
+    assert a not in reps.order(None)[:2]
+    clock.now += 1.0
+    assert a.state(clock.now) == "trial"
+    assert a in reps.order(None)[:3] and reps.order(None)[0] is a  # idle and due a trial
+    reps.started(a)  # the trial request
+    assert a.trial and a not in reps.order(None)[:2]  # one trial at a time
+    reps.finished(a)
+    reps.failed(a)  # the trial failed: twice as long
+    assert a.ejected_until == clock.now + 2.0
+    clock.now += 2.0
+    reps.started(a)
+    reps.succeeded(a)
+    reps.finished(a)
+    assert a.state(clock.now) == "healthy" and a.failures == 0
+    assert health == [(0, False), (0, True)]
+
+
+def test_with_every_replica_out_the_soonest_back_goes_first() -> None:
+    clock = Clock()
+    reps = Replicas(URLS, clock=clock)
+    for r, n in zip(reps.all, (3, 1, 2), strict=True):
+        for _ in range(n):
+            reps.failed(r)
+    assert [r.index for r in reps.order(KEYS[0])] == [1, 2, 0]
+
+
+def test_a_lone_replica_is_never_ejected() -> None:
+    reps = Replicas(URLS[:1])
+    reps.failed(reps.all[0])
+    assert reps.all[0].failures == 0 and reps.attempts == 1
+
+
+def test_the_session_key_is_the_header_else_user_id_else_the_stable_prefix() -> None:
+    turn1 = {"system": "be brief", "messages": [{"role": "user", "content": "hi"}]}
+    turn2 = {"system": "be brief", "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "more"}]}
+    other = {"system": "be brief", "messages": [{"role": "user", "content": "bye"}]}
+    assert session_key("abc", turn1) == "h:abc"
+    assert session_key(None, {**turn1, "metadata": {"user_id": "u1"}}) == "u:u1"
+    assert session_key(None, turn1) == session_key(None, turn2) != session_key(None, other)
+
+
+def test_the_pass_through_session_key_is_the_header_else_user_else_the_chat_prefix() -> None:
+    from gateway.openai.session import session_key as openai_key
+
+    turn1 = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}]}
+    turn2 = {"messages": [*turn1["messages"], {"role": "assistant", "content": "b"},
+                          {"role": "user", "content": "c"}]}
+    assert openai_key("x", turn1) == "h:x"
+    assert openai_key(None, {**turn1, "user": "u"}) == "u:u"
+    assert openai_key(None, turn1) == openai_key(None, turn2) is not None
+    assert openai_key(None, {"input": "embed me"}) is None  # the least busy replica

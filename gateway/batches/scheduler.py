@@ -27,13 +27,14 @@ any other error is the request's ``errored`` result, with the error envelope the
 interactive route would have answered. Each run writes one access line (``route``
 ``batch_request``, with ``batch_id`` and ``custom_id``).
 
-Waiting costs nothing: once an upstream's claim comes back short, the scheduler asks the
+Waiting costs little: once an upstream's claim comes back short, the scheduler asks the
 store when its next request is due (:meth:`BatchStore.next_due`: the end of a back-off, or
-of a lease) and sleeps until then, or until a wake (a batch created here, a batch request
-ending, an interactive request ending while work is held back), not every
-``batches.poll_interval``: 150 batches in back-off cost no query while they wait. Batches
-created by another process are picked up at its own wake, or here at the next sweep (which
-looks at every upstream once).
+of a lease) and sleeps until then (at most ``_LOOK_ACROSS`` seconds, so work another process
+queued on a shared database is not left waiting), or until a wake (a batch created here, a
+batch request ending, an interactive request ending while work is held back): 150 batches in
+back-off cost two queries per upstream every five seconds, not one per batch per poll. With
+nothing queued at all it looks once per ``batches.poll_interval`` (one query), as other
+processes (``--workers``, replicas on one PostgreSQL) may queue work at any time.
 
 Every ``_SWEEP`` seconds (or a tenth of ``batches.expire_after``, at least a second, when
 that is shorter) the scheduler also ends expired batches (their unfinished requests
@@ -65,6 +66,7 @@ from gateway.text import ids, jsonutil
 _log = structlog.get_logger("gateway.batches")
 
 _SWEEP = 30.0  # seconds between expiry, retention and gauge sweeps
+_LOOK_ACROSS = 5.0  # seconds between looks for other processes' work while ours backs off
 _BACKOFF = (2.0, 300.0)  # first retry delay, longest
 _RETRY_STATUSES = frozenset({408, 429})
 
@@ -219,8 +221,13 @@ class Scheduler:
                 due = await self._store.next_due(routes, now)
                 # never sooner than a poll: a due request the claim could not take (another
                 # process holds its row) must not make this a busy loop
-                self._due[upstream] = (float("inf") if due is None
-                                       else max(due, now + self._cfg.poll_interval))
+                # nothing queued: look again at the next poll (another process, --workers or
+                # a replica on the same database, may queue work; one query a poll); work
+                # in back-off: sleep until it is due, looking across processes every
+                # _LOOK_ACROSS seconds at least
+                poll = self._cfg.poll_interval
+                self._due[upstream] = (now + poll if due is None else min(
+                    max(due, now + poll), now + max(_LOOK_ACROSS, poll)))
             for item in claimed:
                 self._start(upstream, item)
 

@@ -18,6 +18,20 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 
 
+def require_demo_extra() -> None:
+    """Skip (locally) or fail (under CI) when the demo extra is not installed."""
+    import importlib.util
+
+    import pytest
+
+    missing = [m for m in ("xllamacpp", "gguf", "numpy") if importlib.util.find_spec(m) is None]
+    if missing:
+        reason = f"--demo needs {', '.join(missing)} (pip install '.[demo]')"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -16,9 +16,7 @@ envelopes naming ``requests.N...``), owner isolation by client key, an upstream 
 from __future__ import annotations
 
 import http.client
-import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
@@ -37,7 +35,7 @@ from gateway.demo.tinymodel import ANSWER_TEXT
 from tests import sdk
 from tests.conftest import clear_stub, stub_config, stub_requests
 from tests.node import CLIENTS, ts_sdk_ready
-from tests.procs import Proc, free_port, get, post, start_gateway, wait_http
+from tests.procs import Proc, free_port, get, post, require_demo_extra, start_gateway, wait_http
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -152,12 +150,7 @@ upstream_model = "unused"
 @pytest.fixture(scope="module")
 def demo_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``llm-gateway --demo`` with one batch request at a time; its base URL with /llm."""
-    missing = [m for m in ("xllamacpp", "gguf", "numpy") if importlib.util.find_spec(m) is None]
-    if missing:
-        reason = f"--demo needs {', '.join(missing)} (pip install '.[demo]')"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+    require_demo_extra()
     folder = tmp_path_factory.mktemp("batches-demo")
     cfg = folder / "demo.toml"
     cfg.write_text(DEMO_TOML + batches_toml(folder / "batches.sqlite3", max_in_flight=1))

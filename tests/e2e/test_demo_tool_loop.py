@@ -8,8 +8,6 @@ result sent back the model answers in text and the loop ends.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import sys
 import urllib.request
 from collections.abc import Iterator
@@ -20,7 +18,7 @@ import pytest
 from gateway.demo import toolcall
 from gateway.demo.tinymodel import ANSWER_TEXT
 from tests import sdk
-from tests.procs import Proc, free_port, wait_http
+from tests.procs import Proc, free_port, require_demo_extra, wait_http
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llamacpp]
 
@@ -36,12 +34,7 @@ BASH = {"name": "Bash", "description": "Run a shell command",
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``llm-gateway --demo`` as the README runs it (the model built into a fresh cache)."""
-    missing = [m for m in ("xllamacpp", "gguf", "numpy") if importlib.util.find_spec(m) is None]
-    if missing:
-        reason = f"--demo needs {', '.join(missing)} (pip install '.[demo]')"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+    require_demo_extra()
     port = free_port()
     cache = tmp_path_factory.mktemp("demo-cache")
     proc = Proc([sys.executable, "-m", "gateway", "--demo", "--port", str(port)],

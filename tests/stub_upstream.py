@@ -68,6 +68,14 @@ Claude Code appends after a tool result (e.g. ``<total_tokens>`` in a subagent).
 ``stream_options.include_usage`` asks for it, embeddings honour ``encoding_format``
 (``float`` or ``base64``).
 
+A continuation: a streamed ``ok``-family request whose last message is an assistant prefill
+that begins the ok text (``Hello from the stub.``) gets the rest of that text, so a gateway
+continuing a cut stream is checkable (the client must see the whole text once).
+
+``python tests/stub_upstream.py PORT cut-all``: this process cuts every chat stream of the
+``ok`` family after its second event (a continuation too), as ``cut-mid`` does: one replica
+of a fleet cutting every stream halfway.
+
 ``GET /_requests`` returns every request seen (method, path, headers, body, and the
 client's port: ``peer``, which tells connections apart);
 ``DELETE /_requests`` clears it; ``GET /_stats`` counts streams open now, streams
@@ -170,6 +178,31 @@ def script(model: str) -> tuple[list[bytes], dict]:
     frames += [chunk(model, {}, finish), chunk(model, {}, usage=usage, choices=False)]
     body = completion(model, {"role": "assistant", "content": "".join(TEXT)}, finish, usage)
     return [*frames, b"data: [DONE]\n\n"], body
+
+
+def _prefill(body: Any) -> str | None:
+    """The text of a final assistant message that begins the ok text (a continuation's
+    prefill), else None."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not messages or not isinstance(messages[-1], dict):
+        return None
+    last = messages[-1]
+    content = last.get("content")
+    if last.get("role") != "assistant" or not isinstance(content, str):
+        return None
+    return content if "".join(TEXT).startswith(content) else None
+
+
+def continued_frames(model: str, prefill: str) -> list[bytes]:
+    """The ok stream's frames continuing ``prefill``: the rest of the ok text, in pieces."""
+    rest = "".join(TEXT)[len(prefill):]
+    pieces = re.findall(r"\s*\S+|\s+", rest)
+    usage = {"prompt_tokens": 20, "completion_tokens": len(pieces),
+             "total_tokens": 20 + len(pieces)}
+    frames = [chunk(model, {"role": "assistant", "content": ""})]
+    frames += [chunk(model, {"content": p}) for p in pieces]
+    frames += [chunk(model, {}, "stop"), chunk(model, {}, usage=usage, choices=False)]
+    return [*frames, b"data: [DONE]\n\n"]
 
 
 def buffered_completion(upstream_sse: bytes) -> dict:
@@ -351,7 +384,8 @@ def responses_script(model: str, body: dict) -> tuple[list[bytes], dict]:
 
 
 class Stub:
-    def __init__(self) -> None:
+    def __init__(self, *, cut_all: bool = False) -> None:
+        self.cut_all = cut_all  # every ok-family chat stream is cut (cut-mid)
         self.requests: list[dict] = []
         self.open_streams = 0
         self.client_gone = 0
@@ -435,7 +469,11 @@ class Stub:
                 buffered["choices"][0]["message"]["content"] = "x" * 1000 * int(
                     model.split(":")[1])
             return web.json_response(buffered, dumps=_compact)
-        cut = model == "cut-mid"
+        prefill = _prefill(body)
+        if prefill is not None and (model in ("ok", "cut-mid")
+                                    or model.startswith("cut-every:")):
+            frames = continued_frames(model, prefill)
+        cut = model == "cut-mid" or (self.cut_all and model == "ok")
         if model.startswith("cut-every:"):
             self.streams[model] = self.streams.get(model, 0) + 1
             cut = self.streams[model] % int(model.split(":")[1]) == 0
@@ -753,8 +791,8 @@ class LocalEngine:
         return resp
 
 
-def make_app() -> web.Application:
-    stub = Stub()
+def make_app(*, cut_all: bool = False) -> web.Application:
+    stub = Stub(cut_all=cut_all)
     app = web.Application(middlewares=[stub.track])
     app.router.add_post("/v1/chat/completions", stub.chat)
     for route in ("completions", "embeddings", "responses"):
@@ -768,5 +806,5 @@ def make_app() -> web.Application:
 
 
 if __name__ == "__main__":
-    web.run_app(make_app(), host="127.0.0.1", port=int(sys.argv[1]), print=None,
-                handler_cancellation=True, access_log=None)
+    web.run_app(make_app(cut_all=sys.argv[2:3] == ["cut-all"]), host="127.0.0.1",
+                port=int(sys.argv[1]), print=None, handler_cancellation=True, access_log=None)

@@ -27,10 +27,10 @@ from gateway.messages.call import (
     count_stream_fixes,
     pdfs_as_text,
     prepare,
-    pump,
     reasoning_hidden,
     restore,
 )
+from gateway.messages.continuation import relay
 from gateway.messages.session import SESSION_HEADER, session_key
 from gateway.messages.validate import validate_messages
 from gateway.text import jsonutil
@@ -51,7 +51,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
         async with up:
             if call.stream:
                 return await _stream(request, call, up, t0, overhead)
-            message = await call.reply(up, overhead)
+            message = await call.reply(up, overhead, request[REQUEST_ID])
         body = jsonutil.dumpb(message)
     count_reply(deps.metrics, route, message)
     return web.Response(body=body, content_type="application/json",
@@ -82,9 +82,10 @@ async def _stream(request: web.Request, call: Call, up: UpstreamResponse, t0: fl
     async with streaming.RelayedStream(request, "messages", route, translator,
                                        content_type="text/event-stream; charset=utf-8",
                                        after=after) as stream:
-        await pump(up, translator, stream.writer.write, timing,
-                   metrics.inter_chunk.labels(route.name),
-                   metrics.ttft.labels("messages", route.name), t0)
+        await relay(call, up, translator, stream.writer.write, timing,
+                    metrics.inter_chunk.labels(route.name),
+                    metrics.ttft.labels("messages", route.name), t0,
+                    request_id=request[REQUEST_ID])
     return stream.writer.response
 
 

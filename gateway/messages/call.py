@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +34,10 @@ from gateway.local.capabilities import text_only as route_text_only
 from gateway.local.normalise import ContentNormaliser
 from gateway.messages import documents, tokens
 from gateway.messages.aggregate import aggregate
+from gateway.messages.continuation import relay
 from gateway.messages.from_chat import from_chat
 from gateway.messages.pdf_pool import PdfPool
+from gateway.messages.pump import Cut, Timing, pump
 from gateway.messages.session import session_key
 from gateway.messages.signatures import restorable, restore_reasoning
 from gateway.messages.stream import StreamTranslator
@@ -45,11 +47,11 @@ from gateway.ops.budget import Budget, Lease
 from gateway.ops.config import ModelRoute
 from gateway.ops.metrics import Metrics
 from gateway.text import ids, jsonutil
-from gateway.text.sse import SSEDecoder, SSEEventTooLarge
+from gateway.text.sse import SSEEventTooLarge
 from gateway.upstream.call import Upstreams, send
 from gateway.upstream.client import UpstreamClient, UpstreamResponse
 
-__all__ = ["Call", "MessagesDeps", "Timing", "count_input_tokens", "count_reply",
+__all__ = ["Call", "Cut", "MessagesDeps", "Timing", "count_input_tokens", "count_reply",
            "count_stream_fixes", "prepare", "pump", "reasoning_hidden", "restore"]
 
 _log = structlog.get_logger("gateway.messages")
@@ -218,15 +220,15 @@ class Call:
                          detail="content had </think> without <think>: set "
                          "inline_thinking = \"opened\" on this upstream")
 
-    async def reply(self, up: UpstreamResponse, overhead: float | None = None
-                    ) -> dict[str, Any]:
+    async def reply(self, up: UpstreamResponse, overhead: float | None = None,
+                    request_id: str | None = None) -> dict[str, Any]:
         """The buffered reply (a ``message`` object) from the upstream's answer; a failure
         raises its GatewayError. ``overhead``: the time spent before the upstream call, to
         observe with this translation's as the request's own CPU-bound time."""
         metrics = self.deps.metrics
         if self.upstream_stream:
             translator = self.translator()
-            events = await _collect(up, translator, metrics, self.route)
+            events = await _collect(self, up, translator, request_id)
             count_stream_fixes(self, translator)
             t1 = time.perf_counter()
             message = aggregate(events)
@@ -338,16 +340,19 @@ def _stops(req: dict[str, Any]) -> tuple[str, ...]:
     return tuple(stops or ())
 
 
-async def _collect(up: UpstreamResponse, translator: StreamTranslator,
-                   metrics: Metrics, route: ModelRoute) -> bytes:
-    """Translate a whole upstream stream for a buffered reply; a failure raises."""
+async def _collect(call: Call, up: UpstreamResponse, translator: StreamTranslator,
+                   request_id: str | None) -> bytes:
+    """Translate a whole upstream stream for a buffered reply (a cut stream continued); a
+    failure raises."""
+    metrics, route = call.deps.metrics, call.route
     events: list[bytes] = []
 
     async def keep(data: bytes) -> None:
         events.append(data)
 
     try:
-        await pump(up, translator, keep, Timing(0.0), metrics.inter_chunk.labels(route.name))
+        await relay(call, up, translator, keep, Timing(0.0),
+                    metrics.inter_chunk.labels(route.name), request_id=request_id)
     except SSEEventTooLarge:
         raise errors.StreamProcessingError() from None
     if translator.error is not None:
@@ -364,47 +369,3 @@ def count_stream_fixes(call: Call, translator: StreamTranslator) -> None:
     repaired, unrepairable = translator.tool_arguments_fixed
     call.count_fixes(repaired=repaired, unrepairable=unrepairable,
                      text_calls=translator.text_tool_calls, normaliser=translator.normaliser)
-
-
-class Timing:
-    __slots__ = ("first_token", "last_chunk", "translate")
-
-    def __init__(self, overhead: float) -> None:
-        self.translate = overhead  # gateway's own CPU-bound time: setup + per-chunk work
-        self.first_token = 0.0
-        self.last_chunk = 0.0
-
-
-async def pump(up: UpstreamResponse, translator: StreamTranslator,
-               write: Callable[[bytes], Awaitable[None]], timing: Timing, inter_chunk: Any,
-               ttft: Any = None, t0: float = 0.0) -> None:
-    """The hot path: per upstream read, one decode, one translation, one write.
-
-    ``ttft`` (a histogram child) is observed at the first content block; None skips it
-    (a buffered reply has no first token on the wire).
-    """
-    decoder = SSEDecoder()
-    clock = time.perf_counter
-    feed_all = translator.feed_all
-    for_chunk = decoder.feed
-    progress = up.progress
-    async for chunk in up.chunks():
-        now = clock()
-        if timing.last_chunk:
-            inter_chunk.observe(now - timing.last_chunk)
-        timing.last_chunk = now
-        payloads = for_chunk(chunk)
-        out = feed_all(payloads) if payloads else b""
-        timing.translate += clock() - now
-        if payloads:
-            progress()  # events, not blank lines or comments, keep a stream alive
-            if not timing.first_token and translator.output_started:
-                timing.first_token = now
-                if ttft is not None:
-                    ttft.observe(now - t0)
-            if out:
-                await write(out)
-        if translator.done:
-            up.release_if_complete(ended=translator.ended_by_done)
-            return
-    await write(feed_all(decoder.flush()) + translator.eof())

@@ -158,6 +158,11 @@ class StreamTranslator:
         self._usage_seen = False
         self._prompt_reported = False  # its usage said how long the prompt was
         self._content_chunks = 0
+        # what the engine has streamed, as it sent it (read by a mid-stream continuation,
+        # gateway/messages/continuation.py, to send it back as the answer's prefill)
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls_seen = False
         self.ended_by_done = False  # the upstream's [DONE] ended it (its body ends next)
         # the open block
         self._kind = NONE
@@ -198,6 +203,36 @@ class StreamTranslator:
         """(prompt, output) tokens so far, the prompt's cached part included: the upstream's
         usage, else the estimates."""
         return self.input_tokens + (self.cache_read or 0), self.output_tokens
+
+    @property
+    def finish_seen(self) -> bool:
+        """The upstream sent a ``finish_reason``: the answer is whole."""
+        return self._finish is not None
+
+    @property
+    def streamed_content(self) -> str:
+        """The engine's ``content`` so far, as it sent it (before any normalising)."""
+        return "".join(self._content)
+
+    @property
+    def streamed_reasoning(self) -> str:
+        """The engine's reasoning so far, shown or not."""
+        return "".join(self._reasoning)
+
+    @property
+    def tool_call_started(self) -> bool:
+        """A tool call came (as ``tool_calls`` or written as text)."""
+        return self._calls_seen or self.text_tool_calls > 0
+
+    @property
+    def prompt_reported(self) -> bool:
+        """The upstream's usage said how long the prompt was."""
+        return self._prompt_reported
+
+    @property
+    def tokens_so_far(self) -> int:
+        """Output tokens generated so far: the upstream's count, else the content chunks."""
+        return self.output_tokens if self._usage_seen else self._content_chunks
 
     @property
     def done(self) -> bool:
@@ -330,6 +365,7 @@ class StreamTranslator:
             if reasoning:
                 if type(reasoning) is not str:
                     raise Malformed
+                self._reasoning.append(reasoning)
                 if self._show_thinking:
                     self._on_thinking(reasoning, out)
                 else:
@@ -337,6 +373,7 @@ class StreamTranslator:
             if content:
                 if type(content) is not str:
                     raise Malformed
+                self._content.append(content)
                 norm = self._norm
                 if norm is None or norm.plain(content):
                     self._on_text(content, out)
@@ -347,6 +384,7 @@ class StreamTranslator:
             if calls:
                 if type(calls) is not list:
                     raise Malformed
+                self._calls_seen = True
                 self._content_chunks += 1
                 for call in calls:
                     self._on_tool_delta(call, out)

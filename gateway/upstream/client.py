@@ -223,6 +223,13 @@ class UpstreamResponse:
         elif ended:
             self._ending = True
 
+    def abandon(self) -> None:
+        """The engine cut this stream (a mid-stream continuation goes elsewhere): its replica
+        is ejected now, as a lost connection would eject it, so the retry avoids it."""
+        replica, self._replica = self._replica, None
+        if replica is not None:
+            self._client.replica_finished(replica, errors.UpstreamUnavailable())
+
     async def read(self) -> bytes:
         """The whole body; past the upstream's ``max_response_bytes``, a 500."""
         try:

@@ -201,3 +201,53 @@ def test_a_replica_answering_503_to_everything_costs_no_client_an_error(
     assert _metric(base, "llm_gateway_upstream_replica_requests_total", replica=label,
                    outcome="status_5xx") >= 1
     assert _metric(base, "llm_gateway_upstream_retries_total", upstream="fleet") >= 1
+
+
+def test_a_replica_cutting_every_stream_halfway_costs_no_client_a_word(
+        stubs: list[tuple[Proc, str]],
+        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    """Done when: one replica cutting every stream halfway: every client stream ends
+    well-formed, ``end_turn``, with the whole answer; 0 error events."""
+    from tests import sdk
+    from tests.stub_upstream import TEXT
+
+    stubs[2][0].stop()
+    port = int(stubs[2][1].rsplit(":", 1)[1])
+    cutter = Proc([sys.executable, str(REPO / "tests" / "stub_upstream.py"), str(port),
+                   "cut-all"])
+    try:
+        wait_http(f"{stubs[2][1]}/health", proc=cutter.popen)
+        urls = [url for _, url in stubs]
+        _, base = gateway_factory(_config(urls))
+        client = sdk.client(f"{base}/llm", api_key="k", max_retries=0)
+
+        def session(s: int) -> list[tuple[str, str | None]]:
+            got = []
+            for turn in range(TURNS):
+                body, headers = _session_request(s, turn)
+                with client.messages.stream(
+                        model="m", max_tokens=16, system=body["system"],
+                        messages=body["messages"], extra_headers=headers,
+                        **({"metadata": body["metadata"]} if "metadata" in body else {})
+                        ) as stream:
+                    kinds = [event.type for event in stream]
+                    message = stream.get_final_message()
+                assert "error" not in kinds and kinds[-1] == "message_stop", kinds
+                got.append(("".join(b.text for b in message.content if b.type == "text"),
+                            message.stop_reason))
+            return got
+
+        with ThreadPoolExecutor(8) as pool:
+            replies = [r for got in pool.map(session, range(SESSIONS)) for r in got]
+        assert replies == [("".join(TEXT), "end_turn")] * len(replies)
+        _, _, stats = get(f"{stubs[2][1]}/_stats")
+        assert json.loads(stats)["cut"] >= 1  # the cutting replica did cut streams
+        continued = [r for r in json.loads(get(f"{urls[0]}/_requests")[2])
+                     + json.loads(get(f"{urls[1]}/_requests")[2])
+                     if r["body"]["messages"][-1]["role"] == "assistant"
+                     and r["body"]["messages"][-1]["content"] == TEXT[0]]
+        assert continued  # continuations, their prefill the text before the cut
+        assert all(r["body"]["stream"] is True for r in continued)
+    finally:
+        cutter.stop()
+        sdk.close_all()

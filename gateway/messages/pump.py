@@ -1,0 +1,121 @@
+"""The Messages stream's hot loop: per upstream read, one SSE decode, one translation, one
+write (:func:`pump`), and how a resumable stream was cut (:class:`Cut`, continued by
+:mod:`gateway.messages.continuation`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gateway import errors
+from gateway.messages.stream import StreamTranslator
+from gateway.text import jsonutil
+from gateway.text.sse import SSEDecoder
+from gateway.upstream.client import UpstreamResponse
+
+__all__ = ["Cut", "Timing", "pump"]
+
+
+class Timing:
+    __slots__ = ("first_token", "last_chunk", "translate")
+
+    def __init__(self, overhead: float) -> None:
+        self.translate = overhead  # gateway's own CPU-bound time: setup + per-chunk work
+        self.first_token = 0.0
+        self.last_chunk = 0.0
+
+
+class Cut:
+    """How a resumable stream was cut (:func:`pump` with ``resumable``): ``error``, what
+    reading the body raised; ``payload``, an in-band error chunk (not fed to the
+    translator); neither: the body ended without a ``finish_reason``."""
+
+    __slots__ = ("error", "payload")
+
+    def __init__(self, error: errors.GatewayError | None = None,
+                 payload: bytes | None = None) -> None:
+        self.error = error
+        self.payload = payload
+
+
+_ERROR_KEY = b'"error"'  # in a chunk only as an error's key or value: JSON text escapes quotes
+
+
+async def pump(up: UpstreamResponse, translator: StreamTranslator,
+               write: Callable[[bytes], Awaitable[None]], timing: Timing, inter_chunk: Any,
+               ttft: Any = None, t0: float = 0.0, *, resumable: bool = False) -> Cut | None:
+    """The hot path: per upstream read, one decode, one translation, one write.
+
+    ``ttft`` (a histogram child) is observed at the first content block; None skips it
+    (a buffered reply has no first token on the wire).
+
+    ``resumable``: a cut (the body failing, an in-band 5xx, the end without a
+    ``finish_reason``) is returned as a :class:`Cut` with the translator left open, for
+    the caller to continue (gateway/messages/continuation.py) or end; else the translator
+    ends the stream with its failure envelope (a failure while reading raises).
+    """
+    decoder = SSEDecoder()
+    clock = time.perf_counter
+    feed_all = translator.feed_all
+    for_chunk = decoder.feed
+    progress = up.progress
+    try:
+        async for chunk in up.chunks():
+            now = clock()
+            if timing.last_chunk:
+                inter_chunk.observe(now - timing.last_chunk)
+            timing.last_chunk = now
+            payloads = for_chunk(chunk)
+            if resumable and payloads and _ERROR_KEY in chunk:
+                payloads, failed = _until_failure(payloads)
+                if failed is not None:
+                    if payloads:
+                        progress()
+                    out = feed_all(payloads) if payloads else b""
+                    if out:
+                        await write(out)
+                    if translator.done:
+                        return None
+                    return Cut(payload=failed)
+            out = feed_all(payloads) if payloads else b""
+            timing.translate += clock() - now
+            if payloads:
+                progress()  # events, not blank lines or comments, keep a stream alive
+                if not timing.first_token and translator.output_started:
+                    timing.first_token = now
+                    if ttft is not None:
+                        ttft.observe(now - t0)
+                if out:
+                    await write(out)
+            if translator.done:
+                up.release_if_complete(ended=translator.ended_by_done)
+                return None
+    except errors.UpstreamError as err:
+        if not resumable or translator.done:
+            raise
+        return Cut(error=err)
+    if resumable and not translator.finish_seen:
+        return Cut()  # a partial last event is dropped: the continuation starts clean
+    await write(feed_all(decoder.flush()) + translator.eof())
+    return None
+
+
+def _until_failure(payloads: list[bytes]) -> tuple[list[bytes], bytes | None]:
+    """The payloads before the first in-band 5xx error, and that error's payload (None:
+    there is none; "error" was in the chunk for another reason)."""
+    for n, payload in enumerate(payloads):
+        if _ERROR_KEY in payload and _server_error(payload):
+            return payloads[:n], payload
+    return payloads, None
+
+
+def _server_error(payload: bytes) -> bool:
+    try:
+        chunk = jsonutil.loads_upstream(payload)
+    except ValueError:
+        return False
+    if type(chunk) is not dict:
+        return False
+    err = errors.inband_error(chunk)
+    return err is not None and (err.upstream_status or err.status) >= 500

@@ -1,0 +1,239 @@
+"""Mid-stream continuation (gateway/messages/continuation.py): a stream cut after part of its
+text is sent again with the text as an assistant prefill, and the continuation is spliced into
+the same translator: the client sees one well-formed stream."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gateway import errors
+from gateway.messages import continuation
+from gateway.messages.continuation import Continued, continuation_payload, relay
+from gateway.messages.pump import Timing
+from gateway.messages.stream import StreamTranslator
+from tests.anthropic_stream_check import check_stream
+
+WHOLE = ["Hello", " from", " the", " stub", "."]
+
+
+def chunk(delta: dict[str, Any], finish: str | None = None,
+          usage: dict[str, Any] | None = None) -> bytes:
+    body: dict[str, Any] = {"id": "c", "object": "chat.completion.chunk",
+                            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    if usage is not None:
+        body["usage"] = usage
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+ROLE = chunk({"role": "assistant", "content": ""})
+
+
+def answer(pieces: list[str], *, cut: str | None = None, prompt: int = 12) -> list[bytes]:
+    """A streamed answer of ``pieces``; ``cut``: "eof" (no finish), "inband" (a 500 error
+    chunk), "raise" (reading fails) after them."""
+    frames = [ROLE] + [chunk({"content": p}) for p in pieces]
+    if cut == "eof":
+        return [*frames, b'data: {"id":"c","choi']  # a partial last event, then EOF
+    if cut == "inband":
+        return [*frames, b'data: {"error":{"message":"engine died","code":500}}\n\n']
+    if cut == "raise":
+        return [*frames, b"RAISE"]
+    usage = {"prompt_tokens": prompt, "completion_tokens": len(pieces),
+             "total_tokens": prompt + len(pieces)}
+    return [*frames, chunk({}, "stop", usage), b"data: [DONE]\n\n"]
+
+
+class FakeResponse:
+    def __init__(self, frames: list[bytes]) -> None:
+        self.frames = frames
+        self.abandoned = False
+        self.closed = False
+
+    def progress(self) -> None:
+        pass
+
+    def release_if_complete(self, *, ended: bool = False) -> None:
+        pass
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        for frame in self.frames:
+            if frame == b"RAISE":
+                raise errors.UpstreamError("Upstream connection lost", status=500)
+            yield frame
+
+    async def __aenter__(self) -> FakeResponse:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.closed = True
+
+
+class Histogram:
+    def observe(self, value: float) -> None:
+        pass
+
+
+def make_call(kind: str = "vllm", max_tokens: int | None = 100) -> Any:
+    payload: dict[str, Any] = {"model": "m", "stream": True,
+                               "messages": [{"role": "user", "content": "Say hello"}]}
+    if max_tokens is not None:
+        payload["max_tokens"] = max_tokens
+    upstream = SimpleNamespace(kind=kind, name="up")
+    return SimpleNamespace(payload=json.dumps(payload).encode(), session="s1",
+                           route=SimpleNamespace(name="m", upstream=upstream),
+                           deps=SimpleNamespace(upstreams=None))
+
+
+def translator() -> StreamTranslator:
+    return StreamTranslator(model="m", message_id="msg_1", signing_key=b"k" * 32,
+                            input_tokens=7)
+
+
+async def run(first: FakeResponse, later: list[FakeResponse], monkeypatch: pytest.MonkeyPatch,
+              call: Any = None, **kw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Relay ``first``; each continuation is the next of ``later``. (events, sent bodies)"""
+    sent: list[dict[str, Any]] = []
+    queue = list(later)
+
+    async def fake_send(ups: Any, route: Any, path: str, payload: bytes, **kwargs: Any
+                        ) -> FakeResponse:
+        sent.append({"body": json.loads(payload), **kwargs})
+        if not queue:
+            raise errors.UpstreamUnavailable()
+        return queue.pop(0)
+
+    monkeypatch.setattr(continuation, "send", fake_send)
+    out: list[bytes] = []
+
+    async def write(data: bytes) -> None:
+        out.append(data)
+
+    await relay(call or make_call(), first, translator(), write,  # type: ignore[arg-type]
+                Timing(0.0), Histogram(), **kw)
+    return check_stream(b"".join(out)), sent
+
+
+def text_of(events: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta"
+                   and e["delta"]["type"] == "text_delta")
+
+
+def final(events: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(e for e in events if e["type"] == "message_delta")
+
+
+@pytest.mark.parametrize("cut", ["eof", "inband", "raise"])
+async def test_a_cut_stream_is_continued_into_one_well_formed_stream(
+        cut: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = FakeResponse(answer(WHOLE[:2], cut=cut))
+    rest = FakeResponse(answer(WHOLE[2:], prompt=14))
+    events, sent = await run(first, [rest], monkeypatch)
+    assert text_of(events) == "Hello from the stub."
+    assert [e["type"] for e in events].count("content_block_start") == 1  # the block went on
+    assert not any(e["type"] == "error" for e in events)
+    delta = final(events)
+    assert delta["delta"]["stop_reason"] == "end_turn"
+    # output: the 2 content chunks before the cut + the continuation's 3; the prompt is the
+    # first part's (it reported none, so the estimate stays; the prefill's is not counted)
+    assert delta["usage"] == {"output_tokens": 5}
+    assert events[0]["message"]["usage"]["input_tokens"] == 7
+    assert first.abandoned and rest.closed
+    body = sent[0]["body"]
+    assert body["messages"][-1] == {"role": "assistant", "content": "Hello from"}
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+    assert body["max_tokens"] == 98 and sent[0]["max_tokens"] == 98
+    assert sent[0]["session"] == "s1" and sent[0]["stream"] is True
+
+
+async def test_the_first_parts_reported_prompt_is_kept_and_output_tokens_add_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    usage = {"prompt_tokens": 20, "completion_tokens": 2, "total_tokens": 22,
+             "prompt_tokens_details": {"cached_tokens": 5}}
+    first = FakeResponse([ROLE, chunk({"content": "Hello"}, usage=usage),
+                          chunk({"content": " from"}, usage=usage), b"RAISE"])
+    rest = FakeResponse(answer(WHOLE[2:], prompt=30))
+    events, _ = await run(first, [rest], monkeypatch)
+    assert text_of(events) == "Hello from the stub."
+    assert final(events)["usage"] == {"input_tokens": 15, "cache_read_input_tokens": 5,
+                                      "output_tokens": 5}
+
+
+async def test_a_continuation_cut_again_is_continued_within_the_budget(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    first = FakeResponse(answer(WHOLE[:1], cut="eof"))
+    second = FakeResponse(answer(WHOLE[1:3], cut="raise"))
+    third = FakeResponse(answer(WHOLE[3:]))
+    events, sent = await run(first, [second, third], monkeypatch)
+    assert text_of(events) == "Hello from the stub."
+    assert final(events)["delta"]["stop_reason"] == "end_turn"
+    assert [s["body"]["messages"][-1]["content"] for s in sent] == ["Hello", "Hello from the"]
+    assert second.abandoned and second.closed and third.closed
+
+
+async def test_past_the_budget_the_stream_ends_with_todays_envelope(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    first = FakeResponse(answer(WHOLE[:1], cut="eof"))
+    again = [FakeResponse(answer(WHOLE[1:2], cut="eof")) for _ in range(3)]
+    events, sent = await run(first, again, monkeypatch)
+    assert len(sent) == continuation.CONTINUATIONS
+    assert text_of(events) == "Hello from from"  # what the (fake) continuations sent
+    errors_ = [e for e in events if e["type"] == "error"]
+    assert len(errors_) == 1 and events[-1]["type"] == "message_stop"
+
+
+async def test_a_continuation_that_cannot_be_sent_ends_as_without_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    first = FakeResponse(answer(WHOLE[:2], cut="raise"))
+    with pytest.raises(errors.UpstreamError, match="connection lost"):
+        await run(first, [], monkeypatch)
+
+
+async def test_a_started_tool_call_is_not_continued(monkeypatch: pytest.MonkeyPatch) -> None:
+    call = {"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "f", "arguments": '{"a"'}}
+    first = FakeResponse([ROLE, chunk({"tool_calls": [call]})])
+    events, sent = await run(first, [FakeResponse(answer(WHOLE))], monkeypatch)
+    assert sent == []
+    assert [e for e in events if e["type"] == "error"]
+
+
+async def test_an_unbroken_stream_sends_nothing_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    first = FakeResponse(answer(WHOLE))
+    events, sent = await run(first, [], monkeypatch)
+    assert sent == [] and not first.abandoned
+    assert text_of(events) == "Hello from the stub."
+
+
+def test_llamacpp_continues_a_final_assistant_message_without_flags() -> None:
+    t = translator()
+    for frame in answer(WHOLE[:2], cut="eof")[:-1]:
+        t.feed(frame[len(b"data: "):-2])
+    body, max_tokens = continuation_payload(make_call("llamacpp", None), t)
+    decoded = json.loads(body)
+    assert decoded["messages"][-1] == {"role": "assistant", "content": "Hello from"}
+    assert "continue_final_message" not in decoded and "max_tokens" not in decoded
+    assert max_tokens is None
+
+
+def test_reasoning_goes_back_inline() -> None:
+    t = translator()
+    t.feed(ROLE[len(b"data: "):-2])
+    t.feed(chunk({"reasoning_content": "Let me think."})[len(b"data: "):-2])
+    t.feed(chunk({"content": "Hel"})[len(b"data: "):-2])
+    body, _ = continuation_payload(make_call(), t)
+    assert json.loads(body)["messages"][-1]["content"] == "<think>Let me think.</think>Hel"
+
+
+async def test_continued_drops_the_role_chunk_only() -> None:
+    t = translator()
+    up = FakeResponse([ROLE, chunk({"content": "x"})])
+    got = [c async for c in Continued(up, t).chunks()]  # type: ignore[arg-type]
+    assert got == [chunk({"content": "x"})]

@@ -72,6 +72,7 @@ async def relay(call: Call, up: UpstreamResponse, translator: StreamTranslator,
                 return
             budget -= 1
             current.abandon()
+            call.deps.metrics.stream_continuations.labels(call.route.name, _cause(cut)).inc()
             _log.warning("stream_continued", model=call.route.name,
                          upstream=call.route.upstream.name, cause=_cause(cut),
                          streamed_chars=len(translator.streamed_content)

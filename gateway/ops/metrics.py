@@ -94,6 +94,8 @@ _OVERHEAD = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025
              0.25, 1.0)
 
 
+# why an upstream stream was continued (llm_gateway_stream_continuations_total's cause label)
+CONTINUATION_CAUSES = ("no_finish", "inband_error", "read_failed")
 # what gateway/local/ normalised in a reply (llm_gateway_local_fixes_total's fix label)
 LOCAL_FIXES = ("tool_arguments_repaired", "tool_arguments_unrepairable", "text_tool_call",
                "inline_thinking")
@@ -260,6 +262,11 @@ class Metrics:
             "Tool-call argument pieces that belonged to no named call or came after its block "
             "closed, dropped (arguments that are not JSON are repaired: local_fixes_total)",
             ["model"], registry=r))
+        self.stream_continuations = _Memo(Counter(
+            p + "stream_continuations_total",
+            "Upstream streams cut mid-answer and continued (the same request sent again with "
+            "the partial answer as a prefill), by cause: no_finish, inband_error, read_failed",
+            ["model", "cause"], registry=r))
         self.local_fixes = _Memo(Counter(
             p + "local_fixes_total",
             "Replies a local engine sent in a shape the gateway normalised, by fix: tool "
@@ -372,6 +379,8 @@ class Metrics:
         self.tool_arg_errors.labels(model)
         for fix in LOCAL_FIXES:
             self.local_fixes.labels(model, fix)
+        for cause in CONTINUATION_CAUSES:
+            self.stream_continuations.labels(model, cause)
         self.reasoning_hidden.labels(model)
         for capability in CAPABILITIES:
             self.capability_fallbacks.labels(model, capability)

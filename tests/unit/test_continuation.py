@@ -10,15 +10,26 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from gateway import errors
 from gateway.messages import continuation
 from gateway.messages.continuation import Continued, continuation_payload, relay
 from gateway.messages.pump import Timing
 from gateway.messages.stream import StreamTranslator
+from gateway.ops.metrics import Metrics
 from tests.anthropic_stream_check import check_stream
 
 WHOLE = ["Hello", " from", " the", " stub", "."]
+
+# a fresh registry: the tests read what a continuation counted
+REGISTRY = CollectorRegistry()
+METRICS = Metrics(REGISTRY)
+
+
+def _continuations() -> float:
+    return sum(s.value for family in REGISTRY.collect() for s in family.samples
+               if s.name == "llm_gateway_stream_continuations_total")
 
 
 def chunk(delta: dict[str, Any], finish: str | None = None,
@@ -89,7 +100,7 @@ def make_call(kind: str = "vllm", max_tokens: int | None = 100) -> Any:
     upstream = SimpleNamespace(kind=kind, name="up")
     return SimpleNamespace(payload=json.dumps(payload).encode(), session="s1",
                            route=SimpleNamespace(name="m", upstream=upstream),
-                           deps=SimpleNamespace(upstreams=None))
+                           deps=SimpleNamespace(upstreams=None, metrics=METRICS))
 
 
 def translator() -> StreamTranslator:
@@ -135,7 +146,9 @@ async def test_a_cut_stream_is_continued_into_one_well_formed_stream(
         cut: str, monkeypatch: pytest.MonkeyPatch) -> None:
     first = FakeResponse(answer(WHOLE[:2], cut=cut))
     rest = FakeResponse(answer(WHOLE[2:], prompt=14))
+    counted = _continuations()
     events, sent = await run(first, [rest], monkeypatch)
+    assert _continuations() == counted + 1  # llm_gateway_stream_continuations_total
     assert text_of(events) == "Hello from the stub."
     assert [e["type"] for e in events].count("content_block_start") == 1  # the block went on
     assert not any(e["type"] == "error" for e in events)

@@ -19,8 +19,8 @@ replica takes it when there is one; else the same upstream again) with
 ``max_tokens`` is lowered by the tokens already generated. The continuation's chunks go
 through :class:`Continued` and are fed to the *same* translator: its role-only first chunk
 is dropped and its usage is rewritten (output tokens: both parts; the prompt: the first
-part's), so the open block simply goes on. :data:`CONTINUATIONS` continuations per request
-at most; past them (or when the continuation cannot be sent) the stream ends as it would
+part's), so the open block simply goes on. At most ``upstreams.X.max_continuations`` (2)
+continuations per reply; past them (or when the continuation cannot be sent) the stream ends as it would
 have without any: the translator's failure envelope (``upstream_truncated``, the in-band
 error) or the read failure raised.
 
@@ -46,11 +46,10 @@ from gateway.upstream.client import UpstreamResponse
 if TYPE_CHECKING:
     from gateway.messages.call import Call
 
-__all__ = ["CONTINUATIONS", "Continued", "continuation_payload", "relay"]
+__all__ = ["Continued", "continuation_payload", "relay"]
 
 _log = structlog.get_logger("gateway.messages")
 
-CONTINUATIONS = 2  # continuations of one reply, at most
 # kinds whose chat template needs telling to continue the final assistant message
 _CONTINUE_FLAG_KINDS = frozenset({"vllm", "sglang"})
 
@@ -58,10 +57,12 @@ _CONTINUE_FLAG_KINDS = frozenset({"vllm", "sglang"})
 async def relay(call: Call, up: UpstreamResponse, translator: StreamTranslator,
                 write: Callable[[bytes], Awaitable[None]], timing: Timing, inter_chunk: Any,
                 ttft: Any = None, t0: float = 0.0, *, request_id: str | None = None,
-                budget: int = CONTINUATIONS) -> None:
+                budget: int | None = None) -> None:
     """:func:`~gateway.messages.call.pump` that continues a cut stream (see the module
     docstring); ``up`` stays the caller's to close, continuations are closed here."""
-    cut = await pump(up, translator, write, timing, inter_chunk, ttft, t0, resumable=True)
+    if budget is None:
+        budget = call.route.upstream.max_continuations
+    cut = await pump(up, translator, write, timing, inter_chunk, ttft, t0, resumable=budget > 0)
     if cut is None:
         return
     current = up

@@ -85,6 +85,9 @@ class UpstreamConfig:
     # tool calls written as text in the model's native format become tool_use blocks (for
     # tools the request offered); false: content is never read for calls
     text_tool_calls: bool = True
+    # a stream the engine cuts mid-answer is sent again with the partial answer as a prefill,
+    # at most this many times per reply (gateway/messages/continuation.py); 0: never
+    max_continuations: int = _knob(2, bound=_NONNEG)
 
     @property
     def host(self) -> str:

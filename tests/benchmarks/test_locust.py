@@ -109,6 +109,7 @@ api_keys_env = "LOCUST_TEST_KEYS"
 [upstreams.stub]
 base_url = "http://127.0.0.1:{port}/v1"
 kind = "vllm"
+max_continuations = 0  # a cut stream is a failure here: the count locust must agree with
 
 [[models]]
 name = "flaky"

@@ -23,6 +23,7 @@ from tests.anthropic_stream_check import check_stream
 WHOLE = ["Hello", " from", " the", " stub", "."]
 
 # a fresh registry: the tests read what a continuation counted
+BUDGET = 2  # upstreams.X.max_continuations' default
 REGISTRY = CollectorRegistry()
 METRICS = Metrics(REGISTRY)
 
@@ -97,7 +98,7 @@ def make_call(kind: str = "vllm", max_tokens: int | None = 100) -> Any:
                                "messages": [{"role": "user", "content": "Say hello"}]}
     if max_tokens is not None:
         payload["max_tokens"] = max_tokens
-    upstream = SimpleNamespace(kind=kind, name="up")
+    upstream = SimpleNamespace(kind=kind, name="up", max_continuations=BUDGET)
     return SimpleNamespace(payload=json.dumps(payload).encode(), session="s1",
                            route=SimpleNamespace(name="m", upstream=upstream),
                            deps=SimpleNamespace(upstreams=None, metrics=METRICS))
@@ -196,7 +197,7 @@ async def test_past_the_budget_the_stream_ends_with_todays_envelope(
     first = FakeResponse(answer(WHOLE[:1], cut="eof"))
     again = [FakeResponse(answer(WHOLE[1:2], cut="eof")) for _ in range(3)]
     events, sent = await run(first, again, monkeypatch)
-    assert len(sent) == continuation.CONTINUATIONS
+    assert len(sent) == BUDGET
     assert text_of(events) == "Hello from from"  # what the (fake) continuations sent
     errors_ = [e for e in events if e["type"] == "error"]
     assert len(errors_) == 1 and events[-1]["type"] == "message_stop"

@@ -20,9 +20,9 @@ replica takes it when there is one; else the same upstream again) with
 through :class:`Continued` and are fed to the *same* translator: its role-only first chunk
 is dropped and its usage is rewritten (output tokens: both parts; the prompt: the first
 part's), so the open block simply goes on. At most ``upstreams.X.max_continuations`` (2)
-continuations per reply; past them (or when the continuation cannot be sent) the stream ends as it would
-have without any: the translator's failure envelope (``upstream_truncated``, the in-band
-error) or the read failure raised.
+continuations per reply; past them (or when the continuation cannot be sent) the stream ends
+as it would have without any: the translator's failure envelope (``upstream_truncated``, the
+in-band error) or the read failure raised.
 
 The translator stays pure: it is only read (what was streamed, whether a finish came).
 """

@@ -3,11 +3,12 @@ with the answer so far as an assistant prefill, and its continuation is spliced 
 stream, so the client sees one well-formed reply.
 
 A cut (see :class:`~gateway.messages.call.Cut`) is the body failing while it is read (a lost
-connection, a timeout), an in-band 5xx error chunk, or the body ending without a
-``finish_reason``. When no tool call has started, the same chat request is sent again through
-:func:`gateway.upstream.call.send` (the cut replica is ejected first, so the session's next
-replica takes it when there is one; else the same upstream again) with
-``{"role": "assistant", "content": <the answer so far>}`` appended to its messages:
+connection), an in-band 5xx error chunk, or the body ending without a ``finish_reason``; a
+stream that stopped sending (``idle_timeout``) is stuck, not cut, and is not asked again (the
+client would wait ``idle_timeout`` more each time). When no tool call has started, the same
+chat request is sent again through :func:`gateway.upstream.call.send` (the cut replica is
+ejected first, so the session's next replica takes it when there is one; else the same upstream
+again) with ``{"role": "assistant", "content": <the answer so far>}`` appended to its messages:
 
 - vLLM and SGLang: with ``continue_final_message: true, add_generation_prompt: false``, so the
   chat template leaves the final assistant message open;
@@ -68,7 +69,10 @@ async def relay(call: Call, up: UpstreamResponse, translator: StreamTranslator,
     current = up
     async with AsyncExitStack() as stack:
         while cut is not None:
-            if budget <= 0 or translator.done or translator.tool_call_started:
+            # a stream that stopped sending (idle_timeout) is not cut but stuck: asking again
+            # would make the client wait idle_timeout more each time
+            stuck = isinstance(cut.error, errors.UpstreamTimeout)
+            if budget <= 0 or stuck or translator.done or translator.tool_call_started:
                 await _give_up(cut, translator, write)
                 return
             budget -= 1

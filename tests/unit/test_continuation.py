@@ -79,6 +79,8 @@ class FakeResponse:
         for frame in self.frames:
             if frame == b"RAISE":
                 raise errors.UpstreamError("Upstream connection lost", status=500)
+            if frame == b"STUCK":
+                raise errors.UpstreamTimeout("Upstream stopped sending")
             yield frame
 
     async def __aenter__(self) -> FakeResponse:
@@ -208,6 +210,15 @@ async def test_a_continuation_that_cannot_be_sent_ends_as_without_one(
     first = FakeResponse(answer(WHOLE[:2], cut="raise"))
     with pytest.raises(errors.UpstreamError, match="connection lost"):
         await run(first, [], monkeypatch)
+
+
+async def test_a_stuck_stream_is_not_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream that stopped sending (idle_timeout) is stuck, not cut: asking again would make
+    the client wait idle_timeout more each time (found by the drip-fed stream test)."""
+    first = FakeResponse([*answer(WHOLE[:2])[:3], b"STUCK"])
+    with pytest.raises(errors.UpstreamTimeout):
+        await run(first, [FakeResponse(answer(WHOLE[2:]))], monkeypatch)
+    assert not first.abandoned
 
 
 async def test_a_started_tool_call_is_not_continued(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,7 @@ a request that fails before any byte of its reply on one replica (no connection,
 before the head, a 502/503/504/529) is sent to the next, up to ``Replicas.attempts`` replicas
 and within the first attempt's head timeout: the caller sees one reply or one error.
 
-Every failure is mapped once, by :class:`_Failures`, and logged
+Every failure is mapped once, by :mod:`gateway.upstream.failures`, and logged
 once (``upstream_failure``: upstream, phase, cause, request id; at most one line per
 upstream and cause a second, the lines held back counted in the next):
 
@@ -56,8 +56,8 @@ from gateway.upstream.exceptions import (
     HTTPClientError,
     PoolTimeout,
     ProtocolError,
-    TooLarge,
 )
+from gateway.upstream.failures import _RETRIED, FailureLog, Failures, map_failure
 from gateway.upstream.pool import Counter, Pool, Response
 from gateway.upstream.replicas import Replica, Replicas
 
@@ -67,108 +67,10 @@ _ERROR_BODY_CAP = 64 * 1024
 # after [DONE]: how much more body, and how long, to wait for to keep the connection
 _DRAIN_BYTES = 16 * 1024
 _DRAIN_SECONDS = 0.1
-# failures retried once: the connection ended before the upstream saw the request, or a
-# reused connection read a reply to another request (the pool closed it; the retry goes out
-# on a fresh connection)
-_RETRIED = frozenset(("refused", "reset", "closed", "misrouted"))
 # with other replicas to go to, only a connection the replica closed under us is retried on it
 _RETRIED_HERE = frozenset(("closed", "misrouted"))
 # statuses that say "not now, here": the request goes to the next replica (before any byte)
 _RETRY_STATUSES = frozenset((502, 503, 504, 529))
-_LOG_EVERY = 1.0  # seconds between two failure lines of one upstream and cause
-
-
-class _FailureLog:
-    """One warning per failure, at most one a second per cause; the rest are counted."""
-
-    __slots__ = ("_last", "_loop", "_upstream")
-
-    def __init__(self, upstream: str) -> None:
-        self._upstream = upstream
-        self._last: dict[str, list[float]] = {}  # cause -> [time of last line, held back]
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def __call__(self, phase: str, cause: str, request_id: str | None, **fields: Any) -> None:
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-        now = self._loop.time()
-        seen = self._last.get(cause)
-        if seen is not None and now - seen[0] < _LOG_EVERY:
-            seen[1] += 1
-            return
-        suppressed = int(seen[1]) if seen is not None else 0
-        self._last[cause] = [now, 0]
-        if suppressed:
-            fields["suppressed"] = suppressed
-        _log.warning("upstream_failure", upstream=self._upstream, phase=phase, cause=cause,
-                     request_id=request_id, **fields)
-
-
-def _mapped(exc: BaseException, phase: str, stream: bool
-            ) -> tuple[errors.GatewayError, str, str] | None:
-    """(the client's error, phase, cause) for a foreign exception; None: not ours."""
-    if isinstance(exc, ConnectFailed):
-        err: errors.GatewayError = (errors.UpstreamTimeout() if exc.cause == "timeout"
-                                    else errors.UpstreamUnavailable())
-        return err, "connect", exc.cause
-    if isinstance(exc, PoolTimeout):
-        return errors.UpstreamTimeout(), "connect", exc.cause
-    if isinstance(exc, TimeoutError):
-        if phase == "body" and stream:
-            return errors.UpstreamTimeout("Upstream stopped sending"), phase, "timeout"
-        return errors.UpstreamTimeout(), phase, "timeout"
-    if isinstance(exc, Disconnected):
-        return errors.UpstreamUnavailable(), phase, exc.cause
-    if isinstance(exc, TooLarge):
-        return errors.UpstreamError("Upstream response too large", status=500), phase, exc.cause
-    if isinstance(exc, ProtocolError | BrokenResponse) and exc.cause != "reset":
-        message = "Upstream connection lost" if exc.cause == "cut" else \
-            "Upstream sent a malformed response"
-        return errors.UpstreamError(message, status=500), phase, exc.cause
-    if isinstance(exc, HTTPClientError | OSError):
-        if phase == "head":
-            return errors.UpstreamUnavailable(), phase, "reset"
-        return errors.UpstreamError("Upstream connection lost", status=500), phase, "reset"
-    return None
-
-
-class _Failures:
-    """The one error map (httpcore's ``map_exceptions``): foreign -> GatewayError, logged.
-
-    ``retry``: a failure before the upstream saw the request is swallowed instead and
-    ``retried`` set, for the caller to send again (once). Where a call runs once per
-    request, it is entered only in the ``except`` clause (``with _Failures(...): raise``):
-    the same map, and nothing to build on the way that succeeds.
-    """
-
-    __slots__ = ("_client", "_phase", "_request_id", "_stream", "retry")
-
-    def __init__(self, client: UpstreamClient, phase: str, request_id: str | None,
-                 stream: bool, *, retry: bool = False) -> None:
-        self._client = client
-        self._phase = phase
-        self._request_id = request_id
-        self._stream = stream
-        self.retry = retry
-
-    def __enter__(self) -> _Failures:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> bool:
-        if exc is None or isinstance(exc, errors.GatewayError):
-            return False
-        mapped = _mapped(exc, self._phase, self._stream)
-        if mapped is None:
-            return False  # cancellation, GeneratorExit, a bug: not the upstream's doing
-        err, phase, cause = mapped
-        if self.retry and cause in _RETRIED and phase != "body":
-            return True
-        if not isinstance(exc, ProtocolError):  # the pool has logged that one
-            self._client.report(phase, cause, self._request_id)
-        raise err from None
-
-
 class UpstreamResponse:
     """A live upstream response; read it with :meth:`chunks` or :meth:`read`."""
 
@@ -202,7 +104,7 @@ class UpstreamResponse:
         stream ends ``idle_timeout`` after its head whatever arrives.
         """
         readany = self._resp.readany
-        with _Failures(self._client, "body", self._request_id, self._stream):
+        with Failures(self._client.report, "body", self._request_id, self._stream):
             while True:
                 chunk = await readany()
                 if not chunk:
@@ -235,7 +137,7 @@ class UpstreamResponse:
         try:
             body = await self._resp.read(cap=self._cap)
         except BaseException:
-            with _Failures(self._client, "body", self._request_id, self._stream):
+            with Failures(self._client.report, "body", self._request_id, self._stream):
                 raise
             raise  # not reached: the map raises whatever it is given
         self._done = True
@@ -314,7 +216,7 @@ class UpstreamClient:
             hosts += [host, host.rsplit(":", 1)[0], url]
         self.hosts = tuple(dict.fromkeys(hosts))
         self.secrets = secrets_of(cfg)
-        self.report = _FailureLog(cfg.name)
+        self.report = FailureLog(cfg.name)
         self.replicas = Replicas(urls, on_health=self._health_changed)
         self._targets = [_paths(url) for url in urls]
         # (head, body) timeouts. A stream: the head within both timeouts, then no event for
@@ -444,7 +346,7 @@ class UpstreamClient:
                                         request_id=rid, log_id=request_id)
             except BaseException as exc:
                 self.replica_finished(replica)
-                mapped = _mapped(exc, "head", stream)
+                mapped = map_failure(exc, "head", stream)
                 if mapped is None:  # cancelled: nothing learnt about the replica
                     replica.trial = False
                     raise
@@ -497,7 +399,7 @@ class UpstreamClient:
                                       body_timeout=body_timeout, stream=stream,
                                       request_id=request_id)
         except BaseException as exc:
-            mapped = _mapped(exc, "head", stream)
+            mapped = map_failure(exc, "head", stream)
             if mapped is None or mapped[2] not in self._retried_here:
                 raise
         return await pool.request(method, target, data, head_timeout=head_timeout,

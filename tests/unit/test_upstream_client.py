@@ -17,7 +17,7 @@ from gateway.ops.config import UpstreamConfig
 from gateway.ops.metrics import PROTOCOL_ERRORS, Metrics
 from gateway.text.redact import secrets_of
 from gateway.upstream import UpstreamClient
-from gateway.upstream import client as client_module
+from gateway.upstream import failures as failures_module
 from tests.upstream_wire import (
     _CHUNKED_HEAD,
     _RID,
@@ -236,7 +236,7 @@ def _refused_port() -> int:
 async def test_a_refused_connection_is_a_retryable_529_logged_with_its_cause(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(client_module, "_LOG_EVERY", 0.2)
+    monkeypatch.setattr(failures_module, "_LOG_EVERY", 0.2)
     cfg = UpstreamConfig(name="down", base_url=f"http://127.0.0.1:{_refused_port()}/v1",
                          api_key="sk-very-secret")
     client = UpstreamClient(cfg)

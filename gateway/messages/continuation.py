@@ -5,10 +5,10 @@ stream, so the client sees one well-formed reply.
 A cut (see :class:`~gateway.messages.call.Cut`) is the body failing while it is read (a lost
 connection), an in-band 5xx error chunk, or the body ending without a ``finish_reason``; a
 stream that stopped sending (``idle_timeout``) is stuck, not cut, and is not asked again (the
-client would wait ``idle_timeout`` more each time). When no tool call has started, the same
-chat request is sent again through :func:`gateway.upstream.call.send` (the cut replica is
-ejected first, so the session's next replica takes it when there is one; else the same upstream
-again) with ``{"role": "assistant", "content": <the answer so far>}`` appended to its messages:
+client would wait ``idle_timeout`` more each time). The same chat request is sent again
+through :func:`gateway.upstream.call.send` (the cut replica is ejected first, so the session's
+next replica takes it when there is one; else the same upstream again) with
+``{"role": "assistant", "content": <the answer so far>}`` appended to its messages:
 
 - vLLM and SGLang: with ``continue_final_message: true, add_generation_prompt: false``, so the
   chat template leaves the final assistant message open;
@@ -25,7 +25,17 @@ continuations per reply; past them (or when the continuation cannot be sent) the
 as it would have without any: the translator's failure envelope (``upstream_truncated``, the
 in-band error) or the read failure raised.
 
-The translator stays pure: it is only read (what was streamed, whether a finish came).
+A stream cut while a tool call's arguments stream (its block is open, no tool block has
+closed: see :meth:`StreamTranslator.regenerable_call`) has shown the client that block's
+start and none of its arguments, which the translator holds until a block closes. The calls
+are generated again whole: the prefill is the text (and the closed reasoning) before them,
+``max_tokens`` is lowered by the tokens before them, and :class:`Regenerated` splices the new
+stream: its first call, which must name the same tool, goes into the open block in place of
+the held arguments; a reply that does not fit (text, another tool, no call) is a cut like
+any other. A call whose block has closed, or one written as text, is not continued.
+
+The translator stays pure: it is read (what was streamed, whether a finish came, which call
+is open) and, when calls are generated again, told to forget the held ones.
 """
 
 from __future__ import annotations
@@ -47,7 +57,7 @@ from gateway.upstream.client import UpstreamResponse
 if TYPE_CHECKING:
     from gateway.messages.call import Call
 
-__all__ = ["Continued", "continuation_payload", "relay"]
+__all__ = ["Continued", "Regenerated", "continuation_payload", "relay"]
 
 _log = structlog.get_logger("gateway.messages")
 
@@ -72,7 +82,12 @@ async def relay(call: Call, up: UpstreamResponse, translator: StreamTranslator,
             # a stream that stopped sending (idle_timeout) is not cut but stuck: asking again
             # would make the client wait idle_timeout more each time
             stuck = isinstance(cut.error, errors.UpstreamTimeout)
-            if budget <= 0 or stuck or translator.done or translator.tool_call_started:
+            # a tool call cut mid-arguments is generated again whole (its arguments were
+            # held); a call whose block closed, or one written as text, is not continued
+            regenerate = translator.regenerable_call() if translator.tool_call_started \
+                else None
+            if budget <= 0 or stuck or translator.done or (
+                    translator.tool_call_started and regenerate is None):
                 await _give_up(cut, translator, write)
                 return
             budget -= 1
@@ -81,8 +96,10 @@ async def relay(call: Call, up: UpstreamResponse, translator: StreamTranslator,
             _log.warning("stream_continued", model=call.route.name,
                          upstream=call.route.upstream.name, cause=_cause(cut),
                          streamed_chars=len(translator.streamed_content)
-                         + len(translator.streamed_reasoning))
-            payload, max_tokens = continuation_payload(call, translator)
+                         + len(translator.streamed_reasoning),
+                         tool_call_regenerated=regenerate is not None)
+            payload, max_tokens = continuation_payload(call, translator,
+                                                       tool_calls=regenerate is not None)
             try:
                 nxt = await send(call.deps.upstreams, call.route, "/chat/completions", payload,
                                  stream=True, max_tokens=max_tokens, request_id=request_id,
@@ -91,7 +108,9 @@ async def relay(call: Call, up: UpstreamResponse, translator: StreamTranslator,
                 await _give_up(cut, translator, write)
                 return
             current = await stack.enter_async_context(nxt)
-            cut = await pump(Continued(nxt, translator), translator,  # type: ignore[arg-type]
+            spliced = Continued(nxt, translator) if regenerate is None else Regenerated(
+                nxt, translator, regenerate, model=call.route.name)
+            cut = await pump(spliced, translator,  # type: ignore[arg-type]
                              write, timing, inter_chunk, None, t0, resumable=True)
 
 
@@ -112,13 +131,18 @@ async def _give_up(cut: Cut, translator: StreamTranslator,
         await write(translator.eof())
 
 
-def continuation_payload(call: Call, translator: StreamTranslator) -> tuple[bytes, int | None]:
+def continuation_payload(call: Call, translator: StreamTranslator, *,
+                         tool_calls: bool = False) -> tuple[bytes, int | None]:
     """The call's chat request with the answer so far as an assistant prefill, and its
-    ``max_tokens`` lowered by what was generated (None: the request set none)."""
+    ``max_tokens`` lowered by what was generated (None: the request set none).
+
+    ``tool_calls``: the tool calls are to be generated again whole: the prefill is what came
+    before them (the reasoning closed: it ended when the calls began), and only the tokens
+    before them count as generated."""
     body = jsonutil.loads(call.payload)
     text = translator.streamed_content
     reasoning = translator.streamed_reasoning
-    prefill = f"<think>{reasoning}</think>{text}" if reasoning and text else (
+    prefill = f"<think>{reasoning}</think>{text}" if reasoning and (text or tool_calls) else (
         f"<think>{reasoning}" if reasoning else text)
     if prefill:
         body["messages"] = [*body["messages"], {"role": "assistant", "content": prefill}]
@@ -127,7 +151,8 @@ def continuation_payload(call: Call, translator: StreamTranslator) -> tuple[byte
             body["add_generation_prompt"] = False
     max_tokens = body.get("max_tokens")
     if isinstance(max_tokens, int):
-        max_tokens = max(1, max_tokens - translator.tokens_so_far)
+        spent = translator.tokens_before_calls if tool_calls else translator.tokens_so_far
+        max_tokens = max(1, max_tokens - spent)
         body["max_tokens"] = max_tokens
     else:
         max_tokens = None
@@ -140,12 +165,13 @@ class Continued:
     added; the prompt: the first part's as reported, else left out). Read on the failure
     path only: each payload is decoded here once more."""
 
-    __slots__ = ("_before", "_cache", "_prompt", "_up", "progress")
+    __slots__ = ("_before", "_cache", "_ended", "_prompt", "_up", "progress")
 
     def __init__(self, up: UpstreamResponse, translator: StreamTranslator) -> None:
         self._up = up
         self.progress = up.progress
-        self._before = translator.tokens_so_far
+        self._before = self._generated(translator)
+        self._ended = False
         prompt, _ = translator.usage
         reported = translator.prompt_reported
         self._prompt = prompt if reported else None
@@ -153,6 +179,11 @@ class Continued:
 
     def release_if_complete(self, *, ended: bool = False) -> None:
         self._up.release_if_complete(ended=ended)
+
+    @staticmethod
+    def _generated(translator: StreamTranslator) -> int:
+        """Output tokens of the reply before this part."""
+        return translator.tokens_so_far
 
     async def chunks(self) -> AsyncIterator[bytes]:
         decoder = SSEDecoder()
@@ -164,10 +195,21 @@ class Continued:
                     first = False
                     continue
                 first = False
-                out.append(b"data: " + self._rewrite(payload) + b"\n\n")
+                spliced = self._splice(payload)
+                if self._ended:
+                    break
+                if spliced is not None:
+                    out.append(b"data: " + spliced + b"\n\n")
             if out:
                 yield b"".join(out)
+            if self._ended:
+                return  # what follows does not fit the reply: a cut (no finish)
         # a partial last event is dropped: without a finish it is a cut like any other
+
+    def _splice(self, payload: bytes) -> bytes | None:
+        """The payload as the translator should read it; None: dropped. Setting ``_ended``
+        ends this part there (what follows does not fit the reply)."""
+        return self._rewrite(payload)
 
     def _rewrite(self, payload: bytes) -> bytes:
         if b'"usage"' not in payload:
@@ -196,6 +238,119 @@ class Continued:
         chunk = {**chunk, "usage": usage}
         chunk.pop("timings", None)  # llama.cpp's cache figures are the continuation's
         return jsonutil.dumpb(chunk)
+
+
+class Regenerated(Continued):
+    """A continuation that generates the cut reply's tool calls again whole.
+
+    The client has seen the open call's ``content_block_start`` (its id and name) and none
+    of its arguments. The new stream's text and reasoning before its first call are dropped
+    while they are blank (reasoning always: the client's thinking block has closed); its
+    first call must name the same tool, and it takes the open call's index and id, so its
+    arguments go into the open block, in place of the ones held (the translator forgets
+    those, and the calls that waited behind it, at that moment); later calls keep their
+    order. Anything else (text, another tool, a finish before any call) ends this part as a
+    cut: another continuation within the budget, else the stream's envelope, with the first
+    arguments held (nothing was forgotten)."""
+
+    __slots__ = ("_first", "_model", "_offset", "_open", "_translator")
+
+    def __init__(self, up: UpstreamResponse, translator: StreamTranslator,
+                 open_call: tuple[int, str | None, str], *, model: str = "") -> None:
+        super().__init__(up, translator)
+        self._translator = translator
+        self._open = open_call
+        self._model = model
+        self._first: tuple[Any, Any] | None = None  # the new first call's (index, id)
+        self._offset = 0  # added to a later call's index
+
+    @staticmethod
+    def _generated(translator: StreamTranslator) -> int:
+        return translator.tokens_before_calls
+
+    def _splice(self, payload: bytes) -> bytes | None:
+        if self._first is not None:
+            if b'"tool_calls"' in payload:
+                payload = self._map_calls(payload)
+            return self._rewrite(payload)
+        try:
+            chunk = jsonutil.loads_upstream(payload)
+        except ValueError:
+            return payload  # the translator ends the stream as malformed
+        if type(chunk) is not dict or chunk.get("error") is not None \
+                or chunk.get("object") == "error":
+            return payload  # an in-band error: a cut, or the translator's envelope
+        choices = chunk.get("choices")
+        if type(choices) is not list or not choices or type(choices[0]) is not dict:
+            return None  # a usage chunk before any call: the reply's is at its end
+        choice = choices[0]
+        delta = choice.get("delta")
+        delta = delta if type(delta) is dict else {}
+        content = delta.get("content")
+        if content and (type(content) is not str or content.strip()):
+            return self._mismatch("text")
+        calls = delta.get("tool_calls")
+        if not calls:
+            return self._mismatch("finish") if choice.get("finish_reason") is not None \
+                else None
+        first = calls[0] if type(calls) is list else None
+        function = first.get("function") if type(first) is dict else None
+        name = function.get("name") if type(function) is dict else None
+        index, _, open_name = self._open
+        if name != open_name:
+            return self._mismatch("another_tool")
+        assert type(first) is dict
+        self._first = (first.get("index"), first.get("id"))
+        if type(first.get("index")) is int:
+            self._offset = index - first["index"]
+        self._translator.restart_tool_calls()
+        delta = {key: value for key, value in delta.items()
+                 if key not in ("content", "reasoning_content", "reasoning")}
+        chunk = {**chunk, "choices": [{**choice, "delta": delta}, *choices[1:]]}
+        return self._rewrite(self._map_calls(jsonutil.dumpb(chunk)))
+
+    def _map_calls(self, payload: bytes) -> bytes:
+        """The new calls' indexes (and the first call's id) as the open reply knows them."""
+        try:
+            chunk = jsonutil.loads_upstream(payload)
+        except ValueError:
+            return payload
+        choices = chunk.get("choices") if type(chunk) is dict else None
+        if type(choices) is not list or not choices or type(choices[0]) is not dict:
+            return payload
+        delta = choices[0].get("delta")
+        if type(delta) is not dict or type(delta.get("tool_calls")) is not list:
+            return payload
+        calls = delta["tool_calls"]
+        assert self._first is not None
+        first_index, first_id = self._first
+        index, upstream_id, _ = self._open
+        mapped = []
+        for call in calls:
+            if type(call) is not dict:
+                mapped.append(call)
+                continue
+            call = dict(call)
+            same = call.get("index") == first_index and (
+                call.get("id") is None or call.get("id") == first_id)
+            if same:
+                call["index"] = index
+                if "id" in call:
+                    if upstream_id is None:
+                        del call["id"]
+                    else:
+                        call["id"] = upstream_id
+            elif type(call.get("index")) is int:
+                call["index"] += self._offset
+            mapped.append(call)
+        choice = {**choices[0], "delta": {**delta, "tool_calls": mapped}}
+        return jsonutil.dumpb({**chunk, "choices": [choice, *choices[1:]]})
+
+    def _mismatch(self, what: str) -> bytes | None:
+        """This part ends here: it does not regenerate the open call."""
+        _log.warning("tool_call_regeneration_mismatch", model=self._model, found=what)
+        self._ended = True
+        return None
 
 
 def _role_only(payload: bytes) -> bool:

@@ -163,6 +163,7 @@ class StreamTranslator:
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls_seen = False
+        self._before_calls = (0, 0)  # (tokens_so_far, content chunks) as the first call came
         self.ended_by_done = False  # the upstream's [DONE] ended it (its body ends next)
         # the open block
         self._kind = NONE
@@ -223,6 +224,33 @@ class StreamTranslator:
     def tool_call_started(self) -> bool:
         """A tool call came (as ``tool_calls`` or written as text)."""
         return self._calls_seen or self.text_tool_calls > 0
+
+    def regenerable_call(self) -> tuple[int, str | None, str] | None:
+        """(upstream index, upstream id, name) of the tool call whose block is open, when the
+        stream may be cut there and its calls generated again whole: no finish came, no
+        tool block has closed (the client has seen that block's start and nothing of any
+        call's arguments, which are held until a block closes) and no call was written as
+        text; else None."""
+        if (self.state is not _BLOCK_OPEN or self._kind != TOOL or self._finish is not None
+                or self.text_tool_calls):
+            return None
+        call = self._tools.regenerable()
+        if call is None or call.name is None:
+            return None
+        return call.index, call.id, call.name
+
+    @property
+    def tokens_before_calls(self) -> int:
+        """Output tokens generated before the first tool call (all of them when none came)."""
+        return self._before_calls[0] if self._calls_seen else self.tokens_so_far
+
+    def restart_tool_calls(self) -> None:
+        """The tool calls are generated again (a mid-stream continuation): the open call's
+        block stays open and its held arguments are forgotten, as are the calls waiting
+        behind it and the chunks they counted; the caller feeds the new calls' deltas with
+        the open call's index and id. See :meth:`regenerable_call`."""
+        self._tools.restart()
+        self._content_chunks = self._before_calls[1]
 
     @property
     def prompt_reported(self) -> bool:
@@ -384,7 +412,9 @@ class StreamTranslator:
             if calls:
                 if type(calls) is not list:
                     raise Malformed
-                self._calls_seen = True
+                if not self._calls_seen:
+                    self._calls_seen = True
+                    self._before_calls = (self.tokens_so_far, self._content_chunks)
                 self._content_chunks += 1
                 for call in calls:
                     self._on_tool_delta(call, out)

@@ -200,6 +200,26 @@ class ToolBlocks:
         waiting.sort(key=lambda c: (c.index, c.seq))
         return waiting
 
+    def regenerable(self) -> Call | None:
+        """The call streaming into the open block when no call's block has closed yet: then
+        nothing of any call's arguments has reached the client (only that block's start),
+        and the calls may be generated again whole (gateway/messages/continuation.py)."""
+        call = self._tool
+        if call is None or any(c.state == CLOSED for c in self._all):
+            return None
+        return call
+
+    def restart(self) -> None:
+        """The calls are being generated again: the streaming call keeps its open block and
+        forgets the arguments it held; the calls waiting behind it are forgotten."""
+        call = self._tool
+        if call is None:
+            return
+        call.pieces = []
+        call.held = 0
+        self._all = [call]
+        self._calls = {call.index: call}
+
     def drop_unnamed(self) -> None:
         """The stream ends: calls never named cannot be delivered; count their pieces."""
         for call in self._all:

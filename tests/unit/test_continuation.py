@@ -221,13 +221,173 @@ async def test_a_stuck_stream_is_not_asked_again(monkeypatch: pytest.MonkeyPatch
     assert not first.abandoned
 
 
-async def test_a_started_tool_call_is_not_continued(monkeypatch: pytest.MonkeyPatch) -> None:
-    call = {"index": 0, "id": "call_1", "type": "function",
-            "function": {"name": "f", "arguments": '{"a"'}}
-    first = FakeResponse([ROLE, chunk({"tool_calls": [call]})])
-    events, sent = await run(first, [FakeResponse(answer(WHOLE))], monkeypatch)
+# --- a tool call cut mid-arguments is generated again whole ------------------------------
+
+def call_start(call_id: str, name: str = "get_weather", index: int = 0) -> bytes:
+    return chunk({"tool_calls": [{"index": index, "id": call_id, "type": "function",
+                                  "function": {"name": name, "arguments": ""}}]})
+
+
+def args(piece: str, index: int = 0) -> bytes:
+    return chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+
+
+CITY = ['{"city": ', '"Paris"}']
+TOOL_USAGE = {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21}
+# the first answer: text, then one call whose arguments come in two pieces
+SAY = "Let me check."
+TOOL_STREAM = [ROLE, chunk({"content": SAY}), call_start("call_1"), args(CITY[0]),
+               args(CITY[1]), chunk({}, "tool_calls", TOOL_USAGE), b"data: [DONE]\n\n"]
+CUTS = {"eof": [b'data: {"id":"c","choi'],
+        "inband": [b'data: {"error":{"message":"engine died","code":500}}\n\n'],
+        "raise": [b"RAISE"]}
+
+
+def regenerated(*, blank: bool = False, reasoning: bool = False, pieces: int = 3,
+                call_id: str = "call_9", index: int = 0) -> list[bytes]:
+    """The engine's new answer after the prefill: the same call, new id, new split."""
+    whole = "".join(CITY)
+    size = -(-len(whole) // pieces)
+    frames = [ROLE]
+    if reasoning:
+        frames.append(chunk({"reasoning_content": "Again."}))
+    if blank:
+        frames.append(chunk({"content": "\n\n"}))
+    frames.append(call_start(call_id, index=index))
+    frames += [args(whole[i:i + size], index) for i in range(0, len(whole), size)]
+    usage = {"prompt_tokens": 30, "completion_tokens": 6, "total_tokens": 36}
+    return [*frames, chunk({}, "tool_calls", usage), b"data: [DONE]\n\n"]
+
+
+def tool_blocks(events: list[dict[str, Any]]) -> list[tuple[str, str, Any]]:
+    """(id, name, input) of every tool_use block, its input parsed from its deltas."""
+    out: list[tuple[str, str, Any]] = []
+    parts: dict[int, list[str]] = {}
+    starts: dict[int, dict[str, Any]] = {}
+    for e in events:
+        if e["type"] == "content_block_start" and e["content_block"]["type"] == "tool_use":
+            starts[e["index"]] = e["content_block"]
+            parts[e["index"]] = []
+        elif e["type"] == "content_block_delta" and e["index"] in parts:
+            parts[e["index"]].append(e["delta"]["partial_json"])
+        elif e["type"] == "content_block_stop" and e["index"] in parts:
+            block = starts[e["index"]]
+            out.append((block["id"], block["name"], json.loads("".join(parts[e["index"]]))))
+    return out
+
+
+# (cut after this many frames of TOOL_STREAM, how the cut looks, the new answer's frames)
+TOOL_CUTS = [
+    (3, "eof", regenerated()),  # the call's block open, no arguments yet
+    (4, "raise", regenerated()),  # half the arguments held
+    (4, "inband", regenerated(blank=True)),  # blank text before the new call is dropped
+    (4, "eof", regenerated(reasoning=True, pieces=1)),  # so is reasoning
+    (5, "raise", regenerated(index=3)),  # all arguments held, no finish; another index
+]
+
+
+@pytest.mark.parametrize(("at", "cut", "again"), TOOL_CUTS)
+async def test_a_tool_call_cut_mid_arguments_is_generated_again_whole(
+        at: int, cut: str, again: list[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    first = FakeResponse([*TOOL_STREAM[:at], *CUTS[cut]])
+    events, sent = await run(first, [FakeResponse(again)], monkeypatch)
+    assert not [e for e in events if e["type"] == "error"]
+    assert text_of(events) == SAY
+    # one tool block, the id the client saw first, the whole input once
+    assert tool_blocks(events) == [("call_1", "get_weather", {"city": "Paris"})]
+    delta = final(events)
+    assert delta["delta"]["stop_reason"] == "tool_use"
+    # output: the one content chunk before the call + the new answer's 6
+    assert delta["usage"] == {"output_tokens": 7}
+    assert len(sent) == 1 and first.abandoned
+    body = sent[0]["body"]
+    assert body["messages"][-1] == {"role": "assistant", "content": SAY}
+    assert body["max_tokens"] == 99  # lowered by the tokens before the call only
+
+
+async def test_a_cut_before_the_call_is_a_text_continuation_that_brings_the_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    first = FakeResponse([*TOOL_STREAM[:2], *CUTS["eof"]])
+    events, sent = await run(first, [FakeResponse(regenerated())], monkeypatch)
+    assert text_of(events) == SAY
+    assert tool_blocks(events) == [("call_9", "get_weather", {"city": "Paris"})]
+    assert final(events)["delta"]["stop_reason"] == "tool_use"
+    assert sent[0]["body"]["messages"][-1] == {"role": "assistant", "content": SAY}
+
+
+async def test_parallel_calls_are_generated_again_without_the_held_ones(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second call was whole (held while the first streamed) when the third was cut:
+    each comes once, from the new answer."""
+    first = FakeResponse([ROLE, call_start("call_1"), args('{"city": "Paris"}'),
+                          call_start("call_2", index=1), args('{"city": "Rome"}', 1),
+                          call_start("call_3", index=2), args('{"ci', 2), b"RAISE"])
+    again = FakeResponse([ROLE, call_start("n1"), args('{"city": "Paris"}'),
+                          call_start("n2", index=1), args('{"city": "Oslo"}', 1),
+                          chunk({}, "tool_calls"), b"data: [DONE]\n\n"])
+    events, sent = await run(first, [again], monkeypatch)
+    assert tool_blocks(events) == [("call_1", "get_weather", {"city": "Paris"}),
+                                   ("n2", "get_weather", {"city": "Oslo"})]
+    assert final(events)["delta"]["stop_reason"] == "tool_use"
+    assert "messages" in sent[0]["body"] and sent[0]["body"]["messages"][-1]["role"] == "user"
+
+
+MISFITS = {
+    "text": [ROLE, chunk({"content": "Sorry, I cannot."}), chunk({}, "stop"),
+             b"data: [DONE]\n\n"],
+    "another_tool": [ROLE, call_start("x", name="get_time"), args("{}"),
+                     chunk({}, "tool_calls"), b"data: [DONE]\n\n"],
+    "no_call": [ROLE, chunk({}, "stop"), b"data: [DONE]\n\n"],
+}
+
+
+@pytest.mark.parametrize("misfit", sorted(MISFITS))
+async def test_a_new_answer_that_does_not_fit_is_a_cut_within_the_budget(
+        misfit: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = FakeResponse([*TOOL_STREAM[:4], *CUTS["raise"]])
+    events, sent = await run(first, [FakeResponse(MISFITS[misfit]),
+                                     FakeResponse(regenerated())], monkeypatch)
+    assert len(sent) == 2 and not [e for e in events if e["type"] == "error"]
+    assert tool_blocks(events) == [("call_1", "get_weather", {"city": "Paris"})]
+    assert "Sorry" not in text_of(events)
+
+
+@pytest.mark.parametrize("misfit", sorted(MISFITS))
+async def test_past_the_budget_a_cut_tool_call_ends_with_todays_envelope(
+        misfit: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = FakeResponse([*TOOL_STREAM[:4], *CUTS["eof"]])
+    events, sent = await run(first, [FakeResponse(MISFITS[misfit]) for _ in range(3)],
+                             monkeypatch)
+    assert len(sent) == BUDGET
+    assert len([e for e in events if e["type"] == "error"]) == 1
+    assert events[-1]["type"] == "message_stop"
+    # as without a continuation: the held arguments, repaired, then the error
+    today, _ = await run(FakeResponse([*TOOL_STREAM[:4], *CUTS["eof"]]), [], monkeypatch,
+                         budget=0)
+    assert tool_blocks(events) == tool_blocks(today) == [("call_1", "get_weather", {})]
+    assert len([e for e in today if e["type"] == "error"]) == 1
+
+
+async def test_a_tool_block_already_closed_is_not_continued(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Text after a call closed its block (its arguments went out): nothing to regenerate."""
+    first = FakeResponse([ROLE, call_start("call_1"), args('{"a": 1}'),
+                          chunk({"content": "and"}), *CUTS["eof"]])
+    events, sent = await run(first, [FakeResponse(regenerated())], monkeypatch)
     assert sent == []
     assert [e for e in events if e["type"] == "error"]
+
+
+def test_reasoning_before_a_regenerated_call_goes_back_closed() -> None:
+    t = translator()
+    for frame in [ROLE, chunk({"reasoning_content": "Weather: a tool."}), call_start("c"),
+                  args('{"ci')]:
+        t.feed(frame[len(b"data: "):-2])
+    assert t.regenerable_call() == (0, "c", "get_weather")
+    body, max_tokens = continuation_payload(make_call(), t, tool_calls=True)
+    decoded = json.loads(body)
+    assert decoded["messages"][-1]["content"] == "<think>Weather: a tool.</think>"
+    assert max_tokens == 99 and decoded["max_tokens"] == 99
 
 
 async def test_an_unbroken_stream_sends_nothing_more(monkeypatch: pytest.MonkeyPatch) -> None:

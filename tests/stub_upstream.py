@@ -42,6 +42,11 @@ route's ``upstream_model``), so one stub serves many gateway routes:
                     (an agent's tool loop; buffered or streamed)
     cc-steps:STEPS  STEPS is a JSON list of ``[NAME, ARGS]``: one tool call per assistant turn,
                     in order, then text: ``The tool said: <the last tool result>``
+    tool-cut:N      text (``Let me check the weather.``), then a call of get_weather whose
+                    arguments (``{"city": "Paris"}``) the first N streams of a conversation
+                    cut halfway (counted in ``cut``); a request ending in an assistant prefill
+                    (a continuation) gets the call alone, with a new id; buffered: the whole
+                    reply
     golden:CASE     replays ``tests/golden/streams/CASE/upstream.sse`` (what a local engine
                     really sent), one write per event; buffered, the completion its deltas
                     join into (:func:`buffered_completion`)
@@ -395,6 +400,7 @@ class Stub:
         self.cut = 0  # chat streams cut mid-stream (cut-mid, cut-every:N)
         self.streams: dict[str, int] = {}  # streams seen per cut-every:N scenario
         self.failures: dict[str, int] = {}  # fail-first:N:S requests seen per message
+        self.tool_cuts: dict[str, int] = {}  # tool-cut:N streams seen per conversation
 
     @web.middleware
     async def track(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
@@ -457,6 +463,8 @@ class Stub:
             return await self.tool_steps(request, body, model, stream)
         if model.startswith("golden:"):
             return await self.golden_replay(request, model, stream)
+        if model.startswith("tool-cut:"):
+            return await self.tool_cut(request, body, model, stream)
         if model.split(":", 1)[0] in LocalEngine.SCENARIOS:
             return await LocalEngine(model, body).reply(request, stream)
         frames, buffered = script(model if model in ("reasoning", "tools", "length", "cached")
@@ -517,6 +525,45 @@ class Stub:
             raise
         finally:
             self.open_streams -= 1
+        return resp
+
+    async def tool_cut(self, request: web.Request, body: dict, model: str,
+                       stream: bool) -> web.StreamResponse:
+        """``tool-cut:N``: see the module docstring."""
+        messages = body["messages"]
+        prefilled = messages[-1].get("role") == "assistant"
+        key = model + json.dumps(messages[:-1] if prefilled else messages)
+        seen = self.tool_cuts[key] = self.tool_cuts.get(key, 0) + 1
+        say, whole = "Let me check the weather.", '{"city": "Paris"}'
+        call_id = f"call_{seen}"
+        if not stream:
+            message = {"role": "assistant", "content": say, "tool_calls": [
+                {"id": call_id, "type": "function",
+                 "function": {"name": "get_weather", "arguments": whole}}]}
+            return web.json_response(completion(model, message, "tool_calls", USAGE),
+                                     dumps=_compact)
+        frames = [chunk(model, {"role": "assistant", "content": ""})]
+        if not prefilled:
+            frames += [chunk(model, {"content": "Let me check"}),
+                       chunk(model, {"content": " the weather."})]
+        frames.append(chunk(model, {"tool_calls": [
+            {"index": 0, "id": call_id, "type": "function",
+             "function": {"name": "get_weather", "arguments": ""}}]}))
+        half = len(frames) + 1  # the stream is cut after the first half of the arguments
+        frames += [chunk(model, {"tool_calls": [{"index": 0, "function": {"arguments": a}}]})
+                   for a in (whole[:9], whole[9:])]
+        frames += [chunk(model, {}, "tool_calls"), chunk(model, {}, usage=USAGE, choices=False),
+                   b"data: [DONE]\n\n"]
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i, frame in enumerate(frames):
+            if i == half and seen <= int(model.split(":")[1]):
+                assert request.transport is not None
+                request.transport.abort()
+                self.cut += 1
+                return resp
+            await resp.write(frame)
+        await resp.write_eof()
         return resp
 
     async def _reply(self, request: web.Request, model: str, frames: list[bytes],

@@ -233,7 +233,8 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
     app[STATE] = AppState(api_keys=tuple(k.encode() for k in config.server.api_keys),
                           decoding=decoding)
     for model in config.models.values():
-        metrics.add_model(model.name, model.upstream.name, model.upstream_model)
+        metrics.add_model(model.name, model.upstream.name, model.upstream_model,
+                          model.fallbacks)
 
     p = config.server.prefix
     tags: dict[str, RouteTag] = {}

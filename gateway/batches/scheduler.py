@@ -342,7 +342,7 @@ class Scheduler:
         call = await prepare(self._deps, req, route)
         async with await call.send(request_id) as up:
             message = await call.reply(up)
-        count_reply(self._deps.metrics, route, message)
+        count_reply(self._deps.metrics, call.route, message)  # a fallback's, if one answered
         return message, route.name
 
     def _access(self, item: Claimed, model: str, upstream: str, request_id: str, status: int,

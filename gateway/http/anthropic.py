@@ -53,7 +53,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                 return await _stream(request, call, up, t0, overhead)
             message = await call.reply(up, overhead, request[REQUEST_ID])
         body = jsonutil.dumpb(message)
-    count_reply(deps.metrics, route, message)
+    count_reply(deps.metrics, call.route, message)  # a fallback's, if one answered
     return web.Response(body=body, content_type="application/json",
                         headers={"request-id": request[REQUEST_ID]})
 

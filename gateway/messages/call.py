@@ -15,6 +15,15 @@ client (the refusal is the reply's head), and the route remembers it (``LEARNED`
 session's later requests, whose history still holds that image, go straight to text. Counted
 in ``llm_gateway_capability_fallbacks_total`` and logged once per route and capability.
 
+Fallbacks (``[[models]] fallbacks``, off by default): when the route's upstream failed before
+any byte of a reply on every replica it tried (no connection, a reset before the head, a
+timeout, a 502/503/504/529: :func:`falls_over`), the same request is translated for each
+fallback route in turn (its upstream, ``upstream_model`` and capabilities) and sent there;
+the call is the fallback's from then on (the reply's figures carry its name), and the reply
+keeps the ``model`` the client asked for. Counted in ``llm_gateway_fallbacks_total{model,
+fallback}``. Nothing falls back once a byte has been read: a cut stream is continued on the
+route that began it (gateway/messages/continuation.py), never on another model.
+
 Nothing here knows HTTP: what the call needs comes in as :class:`MessagesDeps`.
 """
 
@@ -135,28 +144,40 @@ class Call:
     def __init__(self, deps: MessagesDeps, req: dict[str, Any], route: ModelRoute) -> None:
         self.deps = deps
         self.req = req
-        self.route = route
         self.stream = req.get("stream") is True
         self.stops = _stops(req)
+        self.session: str | None = None
+        self._bind(route, deps.metrics.drop_field)
+
+    def _bind(self, route: ModelRoute, on_drop: Callable[[str], None] | None = None) -> None:
+        """Make the call ``route``'s: its upstream, its model, what it takes (a
+        translation that fails raises, and the call stays as it was)."""
         # An upstream that cannot say which stop string matched is streamed even for a
         # buffered reply: the gateway matches the stop sequences itself and cuts it there.
-        self.match_stops = bool(self.stops) and route.upstream.kind in LOCAL_STOP_KINDS
-        self.upstream_stream = self.stream or self.match_stops
-        self.as_text = route_text_only(route, deps.learned)
-        self.payload = self._translate(deps.metrics.drop_field)
-        self.client: UpstreamClient = deps.upstreams.client(route)
-        self.session: str | None = None
+        match_stops = bool(self.stops) and route.upstream.kind in LOCAL_STOP_KINDS
+        upstream_stream = self.stream or match_stops
+        as_text = route_text_only(route, self.deps.learned)
+        payload = self._translate(route, upstream_stream, as_text, on_drop)
+        self.route = route
+        self.match_stops = match_stops
+        self.upstream_stream = upstream_stream
+        self.as_text = as_text
+        self.payload = payload
+        self.client: UpstreamClient = self.deps.upstreams.client(route)
 
-    def _translate(self, on_drop: Callable[[str], None] | None = None) -> bytes:
+    def _translate(self, route: ModelRoute, upstream_stream: bool, as_text: frozenset[str],
+                   on_drop: Callable[[str], None] | None = None) -> bytes:
         req = self.req
         return jsonutil.dumpb(to_chat(
-            req if self.upstream_stream == self.stream else {**req, "stream": True},
-            self.route, keep_billing_header=self.deps.keep_billing_header, on_drop=on_drop,
-            as_text=self.as_text, named_choice=named_tool_choice(self.route)))
+            req if upstream_stream == self.stream else {**req, "stream": True},
+            route, keep_billing_header=self.deps.keep_billing_header, on_drop=on_drop,
+            as_text=as_text, named_choice=named_tool_choice(route)))
 
     async def send(self, request_id: str | None, session: str | None = None) -> UpstreamResponse:
         """Call the upstream (counted); a failure raises its GatewayError. A refusal of
         content the route may send as text is answered by one more call with it as text.
+        When every replica of the upstream failed before replying, the route's fallbacks
+        are tried in order (see :func:`falls_over`); the call is then the fallback's.
 
         ``session``: the request's session key (:func:`~gateway.messages.session.session_key`
         of the client's session header); None: made from the request alone."""
@@ -164,13 +185,38 @@ class Call:
             session = session_key(None, self.req)
         self.session = session
         try:
+            return await self._send_or_as_text(request_id)
+        except errors.GatewayError as err:
+            if not self.route.fallback_routes or not falls_over(err):
+                raise
+            failed = err
+        primary = self.route
+        for fallback in primary.fallback_routes:
+            try:
+                self._bind(fallback)
+            except errors.GatewayError:  # the request does not translate for it
+                continue
+            self.deps.metrics.fallbacks.labels(primary.name, fallback.name).inc()
+            _log.warning("model_fallback", model=primary.name, fallback=fallback.name,
+                         upstream=fallback.upstream.name, failed_status=failed.status,
+                         request_id=request_id)
+            try:
+                return await self._send_or_as_text(request_id)
+            except errors.GatewayError as err:
+                if not falls_over(err):
+                    raise
+                failed = err
+        raise failed
+
+    async def _send_or_as_text(self, request_id: str | None) -> UpstreamResponse:
+        try:
             return await self._send(request_id)
         except errors.GatewayError as err:
             if err.refused is None or not fall_back(self.deps, self.route, self.as_text, err):
                 raise
             refused = err.refused
         self.as_text = self.as_text | {refused}
-        self.payload = self._translate()
+        self.payload = self._translate(self.route, self.upstream_stream, self.as_text)
         return await self._send(request_id)
 
     async def _send(self, request_id: str | None) -> UpstreamResponse:
@@ -264,6 +310,19 @@ class Call:
         self.count_fixes(**fixed, normaliser=normaliser,
                          text_calls=normaliser.calls_found if normaliser is not None else 0)
         return message
+
+
+# what the upstream answers when it cannot take the request now, here (as the client's retries
+# across replicas): the request may go to a fallback model
+_FALLBACK_STATUSES = frozenset((502, 503, 504, 529))
+
+
+def falls_over(err: errors.GatewayError) -> bool:
+    """Whether a failed call (every replica tried, before any byte of a reply) goes to the
+    route's fallbacks: no connection or one lost before the reply's head, a timeout, or a
+    502/503/504/529 answer. Anything else (a 4xx, a 500) the fallback would answer alike."""
+    return isinstance(err, errors.UpstreamUnavailable | errors.UpstreamTimeout) or (
+        err.upstream_status in _FALLBACK_STATUSES)
 
 
 def fall_back(deps: MessagesDeps, route: ModelRoute, as_text: frozenset[str],

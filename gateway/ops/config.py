@@ -15,7 +15,7 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, get_type_hints
 from urllib.parse import urlsplit
 
@@ -125,6 +125,14 @@ class ModelRoute:
     # tool_choice naming one tool, in OpenAI's object form; "no": only that tool is offered,
     # with tool_choice "required" (llama.cpp and Ollama ignore the object form)
     named_tool_choice: str = "auto"
+    # other models (by name) that take a Messages request when this one's upstream failed
+    # before its reply's head on every replica (gateway/messages/call.py), tried in order;
+    # a fallback's own fallbacks are not followed
+    fallbacks: tuple[str, ...] = field(default=(), metadata={"types": (list,),
+                                                              "shown": "unset"})
+    # their routes, set by parse()
+    fallback_routes: tuple[ModelRoute, ...] = field(default=(), repr=False,
+                                                    metadata={"toml": False})
 
 
 @dataclass(frozen=True)
@@ -429,11 +437,31 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         upstream = upstreams[m.pop("upstream")]
         if "display_name" not in table:
             m["display_name"] = m["name"]
+        m["fallbacks"] = tuple(m["fallbacks"])
         models[m["name"]] = ModelRoute(upstream=upstream, **m)
     if not models:
         raise ConfigError(f"{src}: models: at least one [[models]] entry is required")
+    models = _fallbacks(src, models)
     batches = _batches(src, data.get("batches", {}), env)
     return Config(server=server, upstreams=upstreams, models=models, batches=batches, source=src)
+
+
+def _fallbacks(src: str, models: dict[str, ModelRoute]) -> dict[str, ModelRoute]:
+    """Each model's ``fallbacks`` checked (configured names, not its own, none twice) and
+    resolved to routes. Only a model's own list is followed, so chains and cycles of
+    fallbacks cannot loop."""
+    out = {}
+    for i, (name, route) in enumerate(models.items()):
+        where = f"models[{i}].fallbacks"
+        for n, other in enumerate(route.fallbacks):
+            if not isinstance(other, str) or other not in models:
+                raise ConfigError(f"{src}: {where}[{n}]: unknown model {other!r}")
+            if other == name:
+                raise ConfigError(f"{src}: {where}[{n}]: a model cannot fall back to itself")
+        if len(set(route.fallbacks)) != len(route.fallbacks):
+            raise ConfigError(f"{src}: {where}: names a model twice")
+        out[name] = replace(route, fallback_routes=tuple(models[f] for f in route.fallbacks))
+    return out
 
 
 def _base_urls(src: str, where: str, table: Mapping[str, Any], up: dict[str, Any]) -> None:

@@ -281,6 +281,11 @@ class Metrics:
             "Requests an upstream refused for content it cannot take (images, tool_reference "
             "parts), sent again with that content as text; the route then sends it as text",
             ["model", "capability"], registry=r))
+        self.fallbacks = _Memo(Counter(
+            p + "fallbacks_total",
+            "Messages requests sent to a fallback model (fallback: its configured name) after "
+            "every replica of the model's upstream failed before replying",
+            ["model", "fallback"], registry=r))
         self.upstream_protocol_errors = _Memo(Counter(
             p + "upstream_protocol_errors_total",
             "Upstream replies that broke HTTP framing, by kind; each closed the upstream's "
@@ -364,8 +369,11 @@ class Metrics:
         for status in BATCH_STATUSES:
             self.batches.labels(status)
 
-    def add_model(self, model: str, upstream: str, upstream_model: str) -> None:
+    def add_model(self, model: str, upstream: str, upstream_model: str,
+                  fallbacks: tuple[str, ...] = ()) -> None:
         """Publish a configured route and create its per-model series at zero."""
+        for fallback in fallbacks:
+            self.fallbacks.labels(model, fallback)
         self.model_info.labels(model, upstream, upstream_model).set(1)
         for kind in TOKEN_TYPES:
             self.tokens.labels(model, kind)

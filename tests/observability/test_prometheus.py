@@ -184,6 +184,7 @@ connect_timeout = 1
     for name in ("status:500", "inband-error"):
         text += f'\n[[models]]\nname = "m-{name}"\nupstream = "stub"\nupstream_model = "{name}"\n'
     text += '\n[[models]]\nname = "m-dead"\nupstream = "dead"\nupstream_model = "ok"\n'
+    text += 'fallbacks = ["m-status:500"]\n'  # llm_gateway_fallbacks_total
     return text
 
 

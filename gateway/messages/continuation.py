@@ -77,6 +77,7 @@ async def relay(call: Call, up: UpstreamResponse, translator: StreamTranslator,
     if cut is None:
         return
     current = up
+    spliced: Continued | None = None
     async with AsyncExitStack() as stack:
         while cut is not None:
             # a stream that stopped sending (idle_timeout) is not cut but stuck: asking again
@@ -91,7 +92,9 @@ async def relay(call: Call, up: UpstreamResponse, translator: StreamTranslator,
                 await _give_up(cut, translator, write)
                 return
             budget -= 1
-            current.abandon()
+            if spliced is None or not spliced.ended:
+                current.abandon()  # it cut the stream: not a new answer that did not fit
+            await stack.aclose()  # the last continuation, if any, before the next is sent
             call.deps.metrics.stream_continuations.labels(call.route.name, _cause(cut)).inc()
             _log.warning("stream_continued", model=call.route.name,
                          upstream=call.route.upstream.name, cause=_cause(cut),
@@ -205,6 +208,11 @@ class Continued:
             if self._ended:
                 return  # what follows does not fit the reply: a cut (no finish)
         # a partial last event is dropped: without a finish it is a cut like any other
+
+    @property
+    def ended(self) -> bool:
+        """This part was ended here, its answer not fitting the reply (not cut)."""
+        return self._ended
 
     def _splice(self, payload: bytes) -> bytes | None:
         """The payload as the translator should read it; None: dropped. Setting ``_ended``

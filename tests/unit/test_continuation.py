@@ -116,13 +116,17 @@ async def run(first: FakeResponse, later: list[FakeResponse], monkeypatch: pytes
     """Relay ``first``; each continuation is the next of ``later``. (events, sent bodies)"""
     sent: list[dict[str, Any]] = []
     queue = list(later)
+    given: list[FakeResponse] = []
 
     async def fake_send(ups: Any, route: Any, path: str, payload: bytes, **kwargs: Any
                         ) -> FakeResponse:
-        sent.append({"body": json.loads(payload), **kwargs})
+        # closed_before: whether each continuation handed out so far was closed by now
+        sent.append({"body": json.loads(payload), **kwargs,
+                     "closed_before": [r.closed for r in given]})
         if not queue:
             raise errors.UpstreamUnavailable()
-        return queue.pop(0)
+        given.append(queue.pop(0))
+        return given[-1]
 
     monkeypatch.setattr(continuation, "send", fake_send)
     out: list[bytes] = []
@@ -345,9 +349,12 @@ MISFITS = {
 async def test_a_new_answer_that_does_not_fit_is_a_cut_within_the_budget(
         misfit: str, monkeypatch: pytest.MonkeyPatch) -> None:
     first = FakeResponse([*TOOL_STREAM[:4], *CUTS["raise"]])
-    events, sent = await run(first, [FakeResponse(MISFITS[misfit]),
-                                     FakeResponse(regenerated())], monkeypatch)
+    misfitting = FakeResponse(MISFITS[misfit])
+    events, sent = await run(first, [misfitting, FakeResponse(regenerated())], monkeypatch)
     assert len(sent) == 2 and not [e for e in events if e["type"] == "error"]
+    # its replica did not fail (not ejected); its connection was closed (the engine stops)
+    # before the next was sent
+    assert not misfitting.abandoned and sent[1]["closed_before"] == [True]
     assert tool_blocks(events) == [("call_1", "get_weather", {"city": "Paris"})]
     assert "Sorry" not in text_of(events)
 

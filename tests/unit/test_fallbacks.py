@@ -199,3 +199,15 @@ async def test_without_fallbacks_nothing_changes(monkeypatch: pytest.MonkeyPatch
     got, sent, the_call, _ = await _send(monkeypatch, cfg, {"main": failure, "spare": "x"})
     assert got is failure and [up for up, _ in sent] == ["main"]
     assert the_call.route.name == "big"
+
+
+def test_a_models_fallback_series_exist_at_zero_and_no_others() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.add_model("big", "main", "org/big", ("small", "tiny"))
+    metrics.add_model("small", "spare", "small.gguf")
+    assert _count(registry, model="big", fallback="small") == 0
+    assert registry.get_sample_value("llm_gateway_fallbacks_total",
+                                     {"model": "big", "fallback": "tiny"}) == 0
+    assert registry.get_sample_value("llm_gateway_fallbacks_total",
+                                     {"model": "small", "fallback": "big"}) is None

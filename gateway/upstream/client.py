@@ -315,7 +315,8 @@ class UpstreamClient:
         cfg = self.cfg
         status = 0
         try:
-            status = await pool.probe(self._targets[replica.index][1] + cfg.health_path,
+            path = cfg.health_path or ("/api/version" if cfg.kind == "ollama" else "/health")
+            status = await pool.probe(self._targets[replica.index][1] + path,
                                       cfg.health_timeout)
             outcome = "ok" if 200 <= status < 300 else "status"
         except TimeoutError:

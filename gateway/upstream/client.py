@@ -445,15 +445,21 @@ class UpstreamClient:
             self._protocol_errors.labels(self.name, kind).inc()
         self.report(phase, "protocol_error", request_id, kind=kind)
 
+    def _series(self, replica: Replica) -> bool:
+        """Whether ``replica``'s metric series may be written: not once it has left and its
+        series are gone (its slot's label may be another replica's by then)."""
+        return self._metrics is not None and (replica.index in self._pools
+                                              or not self._started_up)
+
     def _health_changed(self, replica: Replica, healthy: bool) -> None:
-        if self._metrics is not None:
+        if self._series(replica):
             self._metrics.upstream_replica_healthy.labels(self.name, replica.label).set(
                 1 if healthy else 0)
         _log.info("upstream_replica_health", upstream=self.name, replica=replica.label,
                   healthy=healthy)
 
     def _count(self, replica: Replica, outcome: str) -> None:
-        if self._metrics is not None:
+        if self._series(replica):
             self._metrics.upstream_replica_requests.labels(self.name, replica.label,
                                                            outcome).inc()
 

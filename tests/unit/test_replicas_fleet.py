@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from gateway import errors
 from gateway.ops.config import ConfigError, UpstreamConfig, parse
 from gateway.ops.metrics import Metrics
+from gateway.upstream import fleet
 from gateway.upstream.client import UpstreamClient
 from gateway.upstream.discovery import Change, diff, replica_url, resolve
 from gateway.upstream.replicas import Replicas, rendezvous
@@ -242,6 +243,8 @@ async def test_the_client_follows_the_name() -> None:
         client.replica_finished(leaving)
         assert leaving.index not in client._pools  # closed after its last request
         assert _labels(metrics) == {f"vllm.test:8000#{n}" for n in (1, 2, 3)}
+        client.replicas.failed(leaving)  # a late outcome writes no series for its old slot
+        assert _labels(metrics) == {f"vllm.test:8000#{n}" for n in (1, 2, 3)}
         assert _value(metrics, "llm_gateway_upstream_replicas", upstream="fleet") == 3
     finally:
         await client.close()
@@ -358,3 +361,20 @@ async def test_probe_path_is_at_the_server_root() -> None:
     finally:
         await client.close()
 
+
+
+async def test_probes_stop_when_the_gateway_drains() -> None:
+    cfg = replace(UpstreamConfig(name="u", base_url="http://h:1/v1"), health_interval=0.01)
+    client = UpstreamClient(cfg)
+    rounds: list[int] = []
+    draining = [False]
+
+    async def probe_all() -> None:
+        rounds.append(1)
+        if len(rounds) == 3:
+            draining[0] = True
+
+    client.probe_all = probe_all  # type: ignore[method-assign]
+    async with asyncio.timeout(5):
+        await fleet.maintain(client, lambda: draining[0])  # returns: nothing else to run
+    assert len(rounds) == 3

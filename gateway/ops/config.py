@@ -88,7 +88,7 @@ class UpstreamConfig:
     # a stream the engine cuts mid-answer is sent again with the partial answer as a prefill,
     # at most this many times per reply (gateway/messages/continuation.py); 0: never
     max_continuations: int = _knob(2, bound=_NONNEG)
-    # the fleet (gateway/upstream/discovery.py, gateway/upstream/probes.py): "dns": the host of
+    # the fleet (gateway/upstream/discovery.py, gateway/upstream/fleet.py): "dns": the host of
     # base_url is resolved every resolve_interval seconds and each address (A and AAAA) is a
     # replica, at most max_replicas of them; "none": the URLs as written
     discover: str = "none"

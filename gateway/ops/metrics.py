@@ -312,7 +312,7 @@ class Metrics:
             "Attempts sent to each replica, by outcome: ok (it answered, 2xx-4xx), status_5xx, "
             "connect_error, timeout, bad_response", ["upstream", "replica", "outcome"],
             registry=r))
-        # the fleet (gateway/upstream/discovery.py, probes): ``replica`` of a DNS-found
+        # the fleet (gateway/upstream/discovery.py, fleet.py): ``replica`` of a DNS-found
         # replica is the name's host:port and a slot number (#0, #1, ...; at most twice
         # max_replicas), the address in the upstream_replicas_changed log line
         self.upstream_replicas = _Memo(Gauge(

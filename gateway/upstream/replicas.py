@@ -71,7 +71,7 @@ class Replica:
     ejected_until: float = 0.0
     trial: bool = False  # a trial request is out
     label: str = field(init=False)
-    probe_failed: bool = False  # its last active probe failed (gateway/upstream/probes.py)
+    probe_failed: bool = False  # its last active probe failed (gateway/upstream/fleet.py)
 
     def __post_init__(self) -> None:
         self.label = urlsplit(self.base_url).netloc.rpartition("@")[2]
@@ -162,7 +162,7 @@ class Replicas:
         self.attempts = min(len(self.all), MAX_ATTEMPTS)
 
     def probed(self, replica: Replica, ok: bool, hold: float) -> None:
-        """An active probe's outcome (gateway/upstream/probes.py).
+        """An active probe's outcome (gateway/upstream/fleet.py).
 
         A failed probe ejects the replica as a failed request does (the same back-off), and
         for at least ``hold`` seconds (until the next probe has had its chance), so no trial

@@ -70,6 +70,7 @@ from gateway.ops.budget import Budget
 from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
 from gateway.text.redact import Redactor
+from gateway.upstream import fleet
 from gateway.upstream.call import Upstreams
 
 if TYPE_CHECKING:
@@ -144,6 +145,18 @@ async def _upstreams_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
     app[STATE].ready = False
     await asyncio.gather(*(c.close() for c in clients.values()))
+
+
+async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
+    """DNS re-resolution and health probes (gateway/upstream/fleet.py), one task per
+    upstream that has either; stopped before the upstreams' pools are closed."""
+    state = app[STATE]
+    tasks = [asyncio.create_task(fleet.maintain(client, lambda: state.draining))
+             for client in app[UPSTREAMS].values() if fleet.needed(client)]
+    yield
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _loop_lag_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -279,6 +292,7 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
     _ops_routes(app, exposed, serve_metrics=not config.server.metrics_apart, metrics_key=True)
     app[OPS_APP] = _ops_app(app, exposed) if config.server.metrics_apart else None
     app.cleanup_ctx.append(_upstreams_ctx)
+    app.cleanup_ctx.append(_fleet_ctx)
     app.cleanup_ctx.append(_loop_lag_ctx)
     app.cleanup_ctx.append(_pdf_pool_ctx)
     app[DECODER] = Decoder()

@@ -88,6 +88,17 @@ class UpstreamConfig:
     # a stream the engine cuts mid-answer is sent again with the partial answer as a prefill,
     # at most this many times per reply (gateway/messages/continuation.py); 0: never
     max_continuations: int = _knob(2, bound=_NONNEG)
+    # the fleet (gateway/upstream/discovery.py, gateway/upstream/fleet.py): "dns": the host of
+    # base_url is resolved every resolve_interval seconds and each address (A and AAAA) is a
+    # replica, at most max_replicas of them; "none": the URLs as written
+    discover: str = "none"
+    resolve_interval: float = _knob(10.0, bound=_POS)
+    max_replicas: int = _knob(16, bound=_POS)
+    # active health probes: GET health_path at each replica's server root every
+    # health_interval seconds (0: no probes), each due within health_timeout
+    health_path: str = _knob("", shown="`/health` (`/api/version` for kind `ollama`)")
+    health_interval: float = _knob(0.0, bound=_NONNEG)
+    health_timeout: float = _knob(2.0, bound=_POS)
 
     @property
     def host(self) -> str:
@@ -405,6 +416,7 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         if up["inline_thinking"] not in INLINE_THINKING:
             raise ConfigError(f"{src}: {where}.inline_thinking: must be one of "
                               f"{', '.join(INLINE_THINKING)}")
+        _fleet(src, where, table, up)
         key_env = up["api_key_env"]
         api_key = _env(env, src, f"{where}.api_key_env", key_env) if key_env is not None else None
         if api_key is not None and not _TOKEN_CHARS.fullmatch(api_key.strip()):
@@ -485,6 +497,27 @@ def _base_urls(src: str, where: str, table: Mapping[str, Any], up: dict[str, Any
         raise ConfigError(f"{src}: {where}.base_urls: lists a URL twice")
     up["base_url"] = clean[0]
     up["base_urls"] = tuple(clean) if key == "base_urls" else ()
+
+
+DISCOVER = ("none", "dns")
+MAX_REPLICAS = 256  # max_replicas' own bound: the per-replica metric series stay few
+_PATH_CHARS = re.compile(r"/[\x21-\x7e]*")  # what goes into a request line
+
+
+def _fleet(src: str, where: str, table: Mapping[str, Any], up: dict[str, Any]) -> None:
+    """discover, max_replicas and health_path checked; health_path's default by kind."""
+    if up["discover"] not in DISCOVER:
+        raise ConfigError(f"{src}: {where}.discover: must be one of {', '.join(DISCOVER)}")
+    if up["discover"] == "dns" and "base_urls" in table:
+        raise ConfigError(f"{src}: {where}.discover: \"dns\" takes base_url (one name to "
+                          "resolve), not base_urls")
+    if up["max_replicas"] > MAX_REPLICAS:
+        raise ConfigError(f"{src}: {where}.max_replicas: must be at most {MAX_REPLICAS}")
+    path = up["health_path"] or ("/api/version" if up["kind"] == "ollama" else "/health")
+    if not _PATH_CHARS.fullmatch(path):
+        raise ConfigError(f"{src}: {where}.health_path: must start with '/' and hold "
+                          f"printable ASCII without spaces, got {path!r}")
+    up["health_path"] = path
 
 
 MAX_BATCH_IN_FLIGHT = 64

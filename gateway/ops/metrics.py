@@ -148,6 +148,11 @@ class _Memo:
             self._children[values] = child
         return child
 
+    def remove(self, *values: str) -> None:
+        """Stop exposing one child's series (a replica that left)."""
+        if self._children.pop(values, None) is not None:
+            self.metric.remove(*values)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.metric, name)
 
@@ -312,6 +317,24 @@ class Metrics:
             "Attempts sent to each replica, by outcome: ok (it answered, 2xx-4xx), status_5xx, "
             "connect_error, timeout, bad_response", ["upstream", "replica", "outcome"],
             registry=r))
+        # the fleet (gateway/upstream/discovery.py, fleet.py): ``replica`` of a DNS-found
+        # replica is the name's host:port and a slot number (#0, #1, ...; at most twice
+        # max_replicas), the address in the upstream_replicas_changed log line
+        self.upstream_replicas = _Memo(Gauge(
+            p + "upstream_replicas",
+            "Replicas of the upstream taking requests now: its base_urls, or the addresses its "
+            "DNS name resolved to (discover = dns, at most max_replicas)",
+            ["upstream"], registry=r, multiprocess_mode="livemax"))
+        self.upstream_resolutions = _Memo(Counter(
+            p + "upstream_resolutions_total",
+            "DNS resolutions of the upstream's name (discover = dns), by outcome: ok, failed "
+            "(an error or a timeout), empty (no address); failed and empty keep the last set",
+            ["upstream", "outcome"], registry=r))
+        self.upstream_probes = _Memo(Counter(
+            p + "upstream_probes_total",
+            "Active health probes of each replica (health_interval), by outcome: ok (2xx), "
+            "status (another status), timeout, error (no connection, no status line)",
+            ["upstream", "replica", "outcome"], registry=r))
         self.upstream_retries = _Memo(Counter(
             p + "upstream_retries_total",
             "Requests sent to another replica after a failure before the reply's head",

@@ -6,7 +6,9 @@ pool, the client (requests, deadlines, caps, one error map) and the one call ove
     reuse.py        when a connection may carry a second request (keepalive auto/always/never)
     replicas.py     which replica takes a request: rendezvous hashing, bounded load, ejection
     client.py       UpstreamClient / UpstreamResponse: a pool per replica, retries before the
-                    head, deadlines, caps, the error map
+                    head, deadlines, caps, the error map; replicas joining and leaving, probes
+    discovery.py    replicas from a DNS name (discover = "dns"): resolution, the set's diff
+    fleet.py        the background work: re-resolution and active health probes
     call.py         send(): the one upstream call every caller makes, counted and re-scrubbed
     exceptions.py   the errors below the client, each naming its cause
 """

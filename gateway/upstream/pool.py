@@ -155,12 +155,15 @@ class Pool:
     def __init__(self, base_url: str, *, limit: int = 0, connect_timeout: float = 5.0,
                  extra_headers: dict[str, str] | None = None, gauge: Counter | None = None,
                  keepalive: str | bool = "auto", on_protocol_error: OnProtocolError | None = None,
-                 on_keepalive: OnKeepalive | None = None) -> None:
+                 on_keepalive: OnKeepalive | None = None, address: str | None = None) -> None:
+        """``address``: connect there instead of the URL's host (one address a DNS name
+        resolved to); the Host header and TLS's server name stay the URL's."""
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("base_url must be an http(s) URL")
         self.loop = asyncio.get_running_loop()
         self._host = parts.hostname
+        self._address = address or parts.hostname
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
         self._ssl: ssl.SSLContext | None = (ssl.create_default_context()
                                             if parts.scheme == "https" else None)
@@ -292,7 +295,7 @@ class Pool:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, conn = await self.loop.create_connection(
-                    lambda: Connection(self), self._host, self._port, ssl=self._ssl,
+                    lambda: Connection(self), self._address, self._port, ssl=self._ssl,
                     server_hostname=self._host if self._ssl else None)
         except TimeoutError:
             raise ConnectFailed("connect timed out", cause="timeout") from None
@@ -356,6 +359,30 @@ class Pool:
             self._all.remove(conn)
             if self._gauge is not None:
                 self._gauge.dec()
+
+    async def probe(self, target: str, wait: float) -> int:
+        """The status of ``GET target`` on a connection of its own (outside the pool's limit
+        and keep-alive, closed after), within ``wait`` seconds; connect errors as in requests."""
+        head = (f"GET {target} HTTP/1.1\r\n".encode("latin-1") + self._fixed
+                + b"Connection: close\r\n\r\n")
+        writer = None
+        try:
+            async with asyncio.timeout(wait):
+                try:
+                    reader, writer = await asyncio.open_connection(
+                        self._address, self._port, ssl=self._ssl,
+                        server_hostname=self._host if self._ssl else None)
+                except OSError as exc:
+                    raise ConnectFailed("connect failed", cause=_connect_cause(exc)) from None
+                writer.write(head)
+                line = await reader.readline()
+        finally:
+            if writer is not None:
+                writer.transport.abort()
+        parts = line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise Disconnected("no status line")
+        return int(parts[1])
 
     @property
     def open_connections(self) -> int:

@@ -71,6 +71,7 @@ class Replica:
     ejected_until: float = 0.0
     trial: bool = False  # a trial request is out
     label: str = field(init=False)
+    probe_failed: bool = False  # its last active probe failed (gateway/upstream/fleet.py)
 
     def __post_init__(self) -> None:
         self.label = urlsplit(self.base_url).netloc.rpartition("@")[2]
@@ -95,6 +96,7 @@ class Replicas:
         self._clock = clock
         self._on_health = on_health
         self.attempts = min(len(self.all), MAX_ATTEMPTS)
+        self._serial = len(self.all)  # the next added replica's index
 
     def order(self, key: bytes | None) -> list[Replica]:
         """The replicas to try for a request, best first (see the module docstring)."""
@@ -139,3 +141,45 @@ class Replicas:
         replica.ejected_until = self._clock() + backoff(replica.failures)
         if replica.failures == 1 and self._on_health is not None:
             self._on_health(replica, False)
+
+    # Membership (DNS discovery, gateway/upstream/discovery.py). A removed replica takes no
+    # new request; the ones it holds finish (their outcomes still reported, harmlessly).
+
+    def add(self, base_url: str) -> Replica:
+        """A new replica, healthy, with an index no other replica of this set has had."""
+        replica = Replica(self._serial, base_url)
+        self._serial += 1
+        self.all.append(replica)
+        self._members_changed()
+        return replica
+
+    def remove(self, replica: Replica) -> None:
+        self.all.remove(replica)
+        self._members_changed()
+
+    def _members_changed(self) -> None:
+        self._urls = [r.base_url for r in self.all]
+        self.attempts = min(len(self.all), MAX_ATTEMPTS)
+
+    def probed(self, replica: Replica, ok: bool, hold: float) -> None:
+        """An active probe's outcome (gateway/upstream/fleet.py).
+
+        A failed probe ejects the replica as a failed request does (the same back-off), and
+        for at least ``hold`` seconds (until the next probe has had its chance), so no trial
+        request reaches it while its probes fail. A passing probe brings back a replica its
+        probes had ejected; one ejected by failed *requests* is made due for its trial now
+        (a health route that answers says the server is up, not that it generates).
+        """
+        if not ok:
+            replica.probe_failed = True
+            if len(self.all) > 1:
+                self.failed(replica)
+                replica.ejected_until = max(replica.ejected_until, self._clock() + hold)
+            return
+        by_probe, replica.probe_failed = replica.probe_failed, False
+        if not replica.failures:
+            return
+        if by_probe:
+            self.succeeded(replica)
+        else:
+            replica.ejected_until = min(replica.ejected_until, self._clock())

@@ -180,6 +180,14 @@ idle_timeout = 5
 [upstreams.dead]
 base_url = "http://127.0.0.1:{free_port()}/v1"
 connect_timeout = 1
+
+# the fleet panel: the stub by the name localhost, followed through DNS and probed
+[upstreams.fleet]
+base_url = "{stub_url.replace('127.0.0.1', 'localhost')}"
+discover = "dns"
+resolve_interval = 0.5
+health_interval = 0.5
+health_timeout = 1
 """
     for name in ("status:500", "inband-error"):
         text += f'\n[[models]]\nname = "m-{name}"\nupstream = "stub"\nupstream_model = "{name}"\n'

@@ -211,3 +211,25 @@ def test_a_models_fallback_series_exist_at_zero_and_no_others() -> None:
                                      {"model": "big", "fallback": "tiny"}) == 0
     assert registry.get_sample_value("llm_gateway_fallbacks_total",
                                      {"model": "small", "fallback": "big"}) is None
+
+
+async def test_the_fallback_gets_the_request_as_its_kind_takes_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM is sent the stop sequences; llama.cpp is not (the gateway matches them in a
+    stream, even for a buffered reply): the fallback's translation is its own."""
+    cfg = _parse(_models("small"))
+    deps, _ = _deps(cfg)
+    sent: list[dict[str, Any]] = []
+
+    async def fake_send(ups: Any, route: Any, path: str, payload: bytes, **kw: Any) -> Any:
+        sent.append(json.loads(payload))
+        if route.upstream.name == "main":
+            raise errors.UpstreamUnavailable()
+        return "reply"
+
+    monkeypatch.setattr(messages_call, "send", fake_send)
+    the_call = messages_call.Call(deps, {**REQ, "stop_sequences": ["END"]}, cfg.models["big"])
+    assert await the_call.send("req_1") == "reply"
+    assert sent[0]["stop"] == ["END"] and sent[0].get("stream") is not True
+    assert "stop" not in sent[1] and sent[1]["stream"] is True
+    assert the_call.match_stops and the_call.upstream_stream and not the_call.stream

@@ -318,6 +318,20 @@ class Metrics:
             p + "accept_errors_total",
             "accept() failures on a listener, by errno; each pauses accepting for a second",
             ["reason"], registry=r))
+        # the web_search server tool (gateway/tools/); backend: "searxng"
+        self.web_searches = _Memo(Counter(
+            p + "web_searches_total",
+            "Web searches run for the web_search tool, by backend and outcome (ok, error)",
+            ["backend", "outcome"], registry=r))
+        self.web_search_errors = _Memo(Counter(
+            p + "web_search_errors_total",
+            "Web searches that failed, by backend and the web_search_tool_result_error code "
+            "the reply carries (unavailable, too_many_requests, query_too_long, ...)",
+            ["backend", "error_code"], registry=r))
+        self.web_search_duration = _Memo(Histogram(
+            p + "web_search_duration_seconds",
+            "Time one web search took at its backend, answer read and decoded",
+            ["backend"], buckets=_LATENCY, registry=r))
         # Message Batches (gateway/batches/)
         self.batches_created = Counter(
             p + "batches_created_total", "Message batches created", registry=r)

@@ -172,8 +172,9 @@ def _text(content: Any) -> str:
 def check_searched(msg: Message, query: str) -> tuple[ServerToolUseBlock,
                                                         WebSearchToolResultBlock]:
     """The reply of one successful search of the stub for ``query``."""
-    assert [type(b) for b in msg.content] == [ServerToolUseBlock, WebSearchToolResultBlock,
-                                              TextBlock], msg.content
+    kinds = (ServerToolUseBlock, WebSearchToolResultBlock, TextBlock)  # or their subclasses
+    assert len(msg.content) == 3 and all(
+        isinstance(b, k) for b, k in zip(msg.content, kinds, strict=True)), msg.content
     use, result, text = msg.content
     assert isinstance(use, ServerToolUseBlock) and isinstance(result, WebSearchToolResultBlock)
     assert use.id.startswith("srvtoolu_") and use.name == "web_search"

@@ -54,6 +54,7 @@ from tests.searxng_stub import HOSTS, slug
 pytestmark = pytest.mark.e2e
 
 SEARCH_TIMEOUT = 1  # [web_search] timeout: the stub's #slow sleeps 30 s
+MAX_RESULTS = 4  # [web_search] max_results: the stub's #many gives 10
 TOOL_TYPES = ("web_search_20250305", "web_search_20260209", "web_search_20260318")
 WEATHER = {"name": "get_weather", "description": "The weather in a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -117,7 +118,8 @@ idle_timeout = 3
         text += (f"\n[[models]]\nname = {json.dumps(name)}\nupstream = \"stub\"\n"
                  f"upstream_model = {json.dumps(scenario)}\n")
     if searxng is not None:
-        text += f'\n[web_search]\nsearxng_url = "{searxng}"\ntimeout = {SEARCH_TIMEOUT}\n'
+        text += (f'\n[web_search]\nsearxng_url = "{searxng}"\ntimeout = {SEARCH_TIMEOUT}\n'
+                 f"max_results = {MAX_RESULTS}\n")
     return text
 
 
@@ -396,11 +398,84 @@ def test_domain_lists_are_honoured(client: anthropic.Anthropic, searxng: str,
     assert searches(searxng)  # the backend was asked
 
 
+@pytest.mark.parametrize(("location", "language"), [
+    ({"type": "approximate", "city": "Berlin", "country": "DE", "timezone": "Europe/Berlin"},
+     "de-DE"),
+    ({"type": "approximate", "country": "US"}, "en-US"),
+    ({"type": "approximate", "city": "Zurich"}, None),  # no country: the instance's default
+    (None, None),
+])
+def test_user_location_picks_the_search_language(client: anthropic.Anthropic, searxng: str,
+                                                 location: dict | None,
+                                                 language: str | None) -> None:
+    tool = web_search(**({"user_location": location} if location else {}))
+    msg = client.messages.create(model="ws", max_tokens=200, tools=[tool],
+                                 messages=[{"role": "user", "content": "local news"}])
+    assert msg.content[1].type == "web_search_tool_result"
+    (asked,) = searches(searxng)
+    assert asked.get("language") == language, asked
+
+
+def test_results_are_capped_per_search(client: anthropic.Anthropic, stub_url: str) -> None:
+    """The backend returns ten results; ``max_results`` of them reach the client and the
+    model, the first ones, in the backend's order."""
+    query = "everything #many"
+    msg = client.messages.create(model="ws", max_tokens=200, tools=[web_search()],
+                                 messages=[{"role": "user", "content": query}])
+    result = msg.content[1]
+    assert isinstance(result, WebSearchToolResultBlock) and isinstance(result.content, list)
+    assert [r.url for r in result.content] == [
+        f"https://{HOSTS[i % 3]}/everything/{i + 1}" for i in range(MAX_RESULTS)]
+    told = _text(_tool_messages(stub_requests(stub_url)[-1]["body"])[0]["content"])
+    assert f"/everything/{MAX_RESULTS}" in told and f"/everything/{MAX_RESULTS + 1}" not in told
+
+
+def test_count_tokens_takes_the_tool_and_its_history(client: anthropic.Anthropic) -> None:
+    ask = [{"role": "user", "content": "gateway release notes"}]
+    reply = client.messages.create(model="ws", max_tokens=200, messages=ask,
+                                   tools=[web_search()])
+    history = [*ask, {"role": "assistant", "content": [b.model_dump(exclude_none=True)
+                                                       for b in reply.content]},
+               {"role": "user", "content": "more?"}]
+    bare = client.messages.count_tokens(model="ws", messages=ask)
+    tool = client.messages.count_tokens(model="ws", messages=ask, tools=[web_search()])
+    replay = client.messages.count_tokens(model="ws", messages=history, tools=[web_search()])
+    assert bare.input_tokens < tool.input_tokens < replay.input_tokens
+
+
+def _metric(gateway: str, name: str, **labels: str) -> float:
+    """A sample of the gateway's /metrics (0 when absent)."""
+    with urllib.request.urlopen(gateway.removesuffix("/llm") + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            got = line[len(name):].split(" ")[0].strip("{}")
+            if ",".join(sorted(got.split(","))) == want:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_searches_are_counted_per_backend(client: anthropic.Anthropic, gateway: str) -> None:
+    names = ("llm_gateway_web_searches_total", "llm_gateway_web_search_errors_total",
+             "llm_gateway_web_search_duration_seconds_count")
+    labels = ({"backend": "searxng", "outcome": "ok"}, {"backend": "searxng", "outcome": "error"},
+              {"backend": "searxng", "error_code": "unavailable"}, {"backend": "searxng"})
+    keys = [(names[0], labels[0]), (names[0], labels[1]), (names[1], labels[2]),
+            (names[2], labels[3])]
+    before = [_metric(gateway, n, **lab) for n, lab in keys]
+    for query in ("counted", "counted #fail"):
+        client.messages.create(model="ws", max_tokens=200, tools=[web_search()],
+                               messages=[{"role": "user", "content": query}])
+    after = [_metric(gateway, n, **lab) for n, lab in keys]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 1, 2]
+
+
 # --- a backend that fails ---------------------------------------------------------------
 
 # query marker -> what the result block must be (an error code, or no results)
 FAILURES = {"#fail": "unavailable", "#slow": "unavailable", "#garbage": "unavailable",
-            "#html": "unavailable", "#empty": []}
+            "#html": "unavailable", "#busy": "too_many_requests", "#empty": []}
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["buffered", "stream"])

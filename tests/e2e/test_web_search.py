@@ -60,7 +60,8 @@ WEATHER = {"name": "get_weather", "description": "The weather in a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
                             "required": ["city"]}}
 # gateway alias -> the stub's scenario
-ROUTES = {"ws": "ok", "ws-twice": "search:2",
+ROUTES = {"ws": "ok", "ws-twice": "search:2", "ws-parallel": "search-parallel:2",
+          "ws-no-query": 'search-args:{"q": "x"}', "ws-bad-json": "search-args:{'query': ",
           "ws-tool": 'search-tool:get_weather:{"city": "Paris"}'}
 EVENT = pydantic.TypeAdapter(RawMessageStreamEvent)
 
@@ -315,6 +316,28 @@ def test_replayed_search_reaches_the_upstream_as_the_model_saw_it(
     assert all(url in text for url in expected_urls(query))
 
 
+@pytest.mark.parametrize("marker", ["#fail", "#empty"])
+def test_replayed_failed_search_tells_the_upstream_again(client: anthropic.Anthropic,
+                                                          stub_url: str, marker: str) -> None:
+    """An error block (or an empty result list) sent back: the upstream gets the search's
+    call and a tool message saying what the model was told then, never a dropped call (a
+    tool call without its answer is refused by the engines)."""
+    ask = [{"role": "user", "content": f"old news {marker}"}]
+    first = client.messages.create(model="ws", max_tokens=200, messages=ask,
+                                   tools=[web_search()])
+    seen = _tool_messages(stub_requests(stub_url)[-1]["body"])[0]
+    history = [*ask, {"role": "assistant", "content": [b.model_dump(exclude_none=True)
+                                                       for b in first.content]},
+               {"role": "user", "content": "try again"}]
+    clear_stub(stub_url)
+    client.messages.create(model="ws", max_tokens=200, messages=history, tools=[web_search()])
+    body = stub_requests(stub_url)[0]["body"]
+    (call,) = [c for m in body["messages"] for c in m.get("tool_calls") or ()]
+    (replayed,) = _tool_messages(body)
+    assert replayed["tool_call_id"] == call["id"]
+    assert _text(replayed["content"]) == _text(seen["content"])
+
+
 def test_search_then_client_tool_then_answer(client: anthropic.Anthropic,
                                              stub_url: str) -> None:
     """The model searches, then calls a client tool: the reply ends with stop_reason
@@ -380,6 +403,65 @@ def test_max_uses_exceeded_is_a_result_block(client: anthropic.Anthropic, gatewa
                and e["content_block"]["type"] == "web_search_tool_result"]
     assert results[1]["content"] == {"type": "web_search_tool_result_error",
                                      "error_code": "max_uses_exceeded"}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "stream"])
+def test_parallel_searches_each_get_their_result(client: anthropic.Anthropic, gateway: str,
+                                                 stub_url: str, searxng: str,
+                                                 stream: bool) -> None:
+    """The model calls web_search twice in one turn (parallel tool calls, as vLLM emits
+    them): both are run, each result block names its own search, after it."""
+    query = "compare two releases"
+    ask = {"model": "ws-parallel", "max_tokens": 200, "tools": [web_search(max_uses=5)],
+           "messages": [{"role": "user", "content": query}]}
+    if stream:
+        raw_stream(gateway, ask)  # well-formed
+        with client.messages.stream(**ask) as s:
+            msg = s.get_final_message()
+    else:
+        msg = client.messages.create(**ask)
+    kinds = [b.type for b in msg.content]
+    assert sorted(kinds) == sorted(["server_tool_use", "server_tool_use",
+                                    "web_search_tool_result", "web_search_tool_result", "text"])
+    assert kinds[-1] == "text", kinds
+    uses = {b.id: i for i, b in enumerate(msg.content) if isinstance(b, ServerToolUseBlock)}
+    results = [(i, b) for i, b in enumerate(msg.content)
+               if isinstance(b, WebSearchToolResultBlock)]
+    assert sorted(b.tool_use_id for _, b in results) == sorted(uses)
+    assert all(uses[b.tool_use_id] < i for i, b in results)  # each after its search
+    for _, b in results:
+        (use,) = [u for u in msg.content if isinstance(u, ServerToolUseBlock)
+                  and u.id == b.tool_use_id]
+        assert isinstance(b.content, list)
+        assert [r.url for r in b.content] == expected_urls(use.input["query"])[:MAX_RESULTS]
+    assert sorted(u.input["query"] for u in msg.content if isinstance(u, ServerToolUseBlock)
+                  ) == [f"{query} (part 1)", f"{query} (part 2)"]
+    assert msg.usage.server_tool_use and msg.usage.server_tool_use.web_search_requests == 2
+    assert sorted(s["q"] for s in searches(searxng)) == sorted(
+        [f"{query} (part 1)", f"{query} (part 2)"] * (2 if stream else 1))
+    last = stub_requests(stub_url)[-1]["body"]
+    calls = [c for m in last["messages"] for c in m.get("tool_calls") or ()]
+    told = _tool_messages(last)
+    assert sorted(c["id"] for c in calls) == sorted(m["tool_call_id"] for m in told)
+    assert sorted(c["id"] for c in calls) == sorted(uses)
+
+
+@pytest.mark.parametrize("model", ["ws-no-query", "ws-bad-json"])
+def test_a_search_call_without_a_query_is_invalid_tool_input(
+        client: anthropic.Anthropic, searxng: str, model: str) -> None:
+    """The model's arguments have no ``query`` string (or are not JSON): no search is run;
+    the result block is ``invalid_tool_input`` and the reply is still whole."""
+    msg = client.messages.create(model=model, max_tokens=200, tools=[web_search()],
+                                 messages=[{"role": "user", "content": "anything"}])
+    assert [b.type for b in msg.content] == ["server_tool_use", "web_search_tool_result",
+                                             "text"], msg.content
+    result = msg.content[1]
+    assert isinstance(result, WebSearchToolResultBlock)
+    assert isinstance(result.content, WebSearchToolResultError)
+    assert result.content.error_code == "invalid_tool_input"
+    assert isinstance(msg.content[0], ServerToolUseBlock)
+    assert isinstance(msg.content[0].input, dict)  # always an object, as the SDKs expect
+    assert searches(searxng) == []
 
 
 @pytest.mark.parametrize(("option", "keep"), [

@@ -46,6 +46,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from gateway.errors import echo
 from gateway.messages.validate_content import check_int, check_list, check_obj, fail
+from gateway.ops.metrics import WEB_SEARCH_ERROR_CODES
 from gateway.text import jsonutil
 
 __all__ = ["ERROR_CODES", "TOOL_TYPES", "check_tool", "error_text", "function", "open_history",
@@ -54,8 +55,7 @@ __all__ = ["ERROR_CODES", "TOOL_TYPES", "check_tool", "error_text", "function", 
 
 TOOL_TYPES = frozenset({"web_search_20250305", "web_search_20260209", "web_search_20260318"})
 NAME = "web_search"
-ERROR_CODES = ("invalid_tool_input", "unavailable", "max_uses_exceeded", "too_many_requests",
-               "query_too_long", "request_too_large")
+ERROR_CODES = WEB_SEARCH_ERROR_CODES
 # opened text kept on a replayed result block for the translation (never from a client:
 # validation refuses unknown fields on these blocks)
 OPENED = "_opened"

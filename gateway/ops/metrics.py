@@ -194,6 +194,11 @@ class WorkerProcess:
                     gauge.set(sample.value)
 
 
+# the web_search_tool_result_error codes (gateway/messages/web_search.py: ERROR_CODES)
+WEB_SEARCH_ERROR_CODES = ("invalid_tool_input", "unavailable", "max_uses_exceeded",
+                          "too_many_requests", "query_too_long", "request_too_large")
+
+
 class Metrics:
     """The gateway's metrics on ``registry``; attribute names are what the handlers use.
 
@@ -410,6 +415,14 @@ class Metrics:
         for kind in PROTOCOL_ERRORS:
             self.upstream_protocol_errors.labels(upstream, kind)
         self.batch_in_flight.labels(upstream)
+
+    def add_web_search_backend(self, backend: str) -> None:
+        """Create a configured web search backend's series at zero (every error code)."""
+        for outcome in ("ok", "error"):
+            self.web_searches.labels(backend, outcome)
+        for code in WEB_SEARCH_ERROR_CODES:
+            self.web_search_errors.labels(backend, code)
+        self.web_search_duration.labels(backend)
 
     def drop_field(self, name: str) -> None:
         """Count a dropped request field; unknown names (client input) count as ``other``."""

@@ -116,6 +116,7 @@ class Searxng:
         self._config = config
         self._metrics = metrics
         self._session = session
+        metrics.add_web_search_backend(BACKEND)
 
     async def start(self) -> None:
         """Open the client session (in the running loop; the app's cleanup_ctx calls it)."""

@@ -38,6 +38,7 @@ keeps only results on HOST (engines honour it, so all three are then on HOST).
 Markers in the query script the failure modes (the marker stays in the echoed ``query``):
 
     #fail      500 {"error": "search error"}, as SearXNG when the search raises
+    #busy      429 ``Too Many Requests`` (text/html), as SearXNG's limiter (searx/botdetection)
     #slow      sleeps SLOW_SECONDS (default 30: past any sane search timeout), then answers
     #empty     no results; ``unresponsive_engines`` names two engines (timeout, CAPTCHA)
     #nocount   no ``number_of_results`` key (SearXNG since May 2026)
@@ -145,6 +146,8 @@ class SearxStub:
             return web.json_response({"error": "No query"}, status=400)
         if "#fail" in query:
             return web.json_response({"error": "search error"}, status=500)
+        if "#busy" in query:
+            return web.Response(status=429, text="Too Many Requests", content_type="text/html")
         if "#slow" in query:
             await asyncio.sleep(self.slow_seconds)
         if "#garbage" in query:

@@ -61,6 +61,9 @@ streamed; the turn is what follows the last ``role: "user"`` message):
       none holds a URL, ``The search found nothing: <the last one's text>``
 
     search:N        N searches in a turn (other models: one), e.g. past a ``max_uses``
+    search-parallel:N  the N searches at once: one assistant message with N ``web_search``
+                    calls (queries ``<text> (part k)``), each streamed in its own index
+    search-args:ARGS   the one search called with the raw arguments ARGS (e.g. no ``query``)
 
 Local engines without their parsers (Claude Code tests; ``LocalEngine`` below). Each
 answers a tool's result with text holding it: ``The file says: <its content>``:
@@ -668,6 +671,14 @@ class Stub:
         turn = search_turn(body["messages"])
         wanted = int(model.split(":")[1]) if model.startswith("search:") else 1
         done = turn["searches"]
+        if model.startswith("search-parallel:") and not done:
+            count = int(model.split(":")[1])
+            return await self._parallel_calls(request, model, stream, [
+                (f"call_search_{k}", json.dumps({"query": f"{turn['query']} (part {k})"}))
+                for k in range(1, count + 1)])
+        if model.startswith("search-args:") and not done:
+            return await self._call_or_answer(request, model, stream, answer="", call=(
+                "call_search_1", "web_search", model.split(":", 1)[1]))
         if done < wanted:
             query = turn["query"] + (f" (search {done + 1})" if done else "")
             return await self._call_or_answer(
@@ -682,6 +693,23 @@ class Stub:
         answer = (f"According to {url}, that is the answer." if url else
                   "The search found nothing: " + (turn["search_texts"] or [""])[-1][:300])
         return await self._call_or_answer(request, model, stream, call=None, answer=answer)
+
+    async def _parallel_calls(self, request: web.Request, model: str, stream: bool,
+                              calls: list[tuple[str, str]]) -> web.StreamResponse:
+        """One assistant turn calling ``web_search`` once per (id, arguments), in parallel."""
+        frames = [chunk(model, {"role": "assistant", "content": ""})]
+        for index, (call_id, args) in enumerate(calls):
+            frames.append(chunk(model, {"tool_calls": [
+                {"index": index, "id": call_id, "type": "function",
+                 "function": {"name": "web_search", "arguments": ""}}]}))
+            frames += [chunk(model, {"tool_calls": [{"index": index, "function": {
+                "arguments": args[i:i + 9]}}]}) for i in range(0, len(args), 9)]
+        frames += [chunk(model, {}, "tool_calls"), chunk(model, {}, usage=USAGE, choices=False)]
+        message = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": "web_search",
+                                                             "arguments": args}}
+            for call_id, args in calls]}
+        return await self._reply(request, model, frames, message, "tool_calls", stream)
 
     async def golden_replay(self, request: web.Request, model: str,
                             stream: bool) -> web.StreamResponse:

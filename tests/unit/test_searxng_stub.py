@@ -63,6 +63,7 @@ def test_results_follow_the_query(query: str, check: Any) -> None:
 @pytest.mark.parametrize(("path", "status", "body"), [
     ("/search?q=x+%23fail&format=json", 500, {"error": "search error"}),
     ("/search?format=json", 400, {"error": "No query"}),
+    ("/search?q=x+%23busy&format=json", 429, None),
     ("/search?q=x", 403, None),  # only the json format is enabled
     ("/search?q=x&format=csv", 403, None),
     ("/search?q=x+%23garbage&format=json", 200, None),

@@ -75,6 +75,10 @@ class Model:
             for piece in (args[:5], args[5:]):
                 await resp.write(_chunk({"tool_calls": [
                     {"index": 0, "function": {"arguments": piece}}]}))
+            if "#client" in query:  # a client tool called in the same turn
+                await resp.write(_chunk({"tool_calls": [
+                    {"index": 1, "id": "call_clock", "type": "function",
+                     "function": {"name": "clock", "arguments": "{}"}}]}))
             await resp.write(_chunk({}, "tool_calls"))
         await resp.write(_USAGE)
         await resp.write(b"data: [DONE]\n\n")
@@ -263,6 +267,30 @@ async def test_an_upstream_failing_after_a_search_ends_the_stream_well_formed(
     buffered = await client.post("/v1/messages", json=_body("x #die"))
     assert buffered.status >= 500
     assert (await buffered.json())["type"] == "error"
+
+
+async def test_a_client_tool_called_with_a_search_ends_the_reply_for_the_client(
+        world: Any) -> None:
+    gateway, model, _ = world
+    client = await gateway()
+    body = _body("x #client")
+    body["tools"].append({"name": "clock", "input_schema": {"type": "object"}})
+    message = await (await client.post("/v1/messages", json=body)).json()
+    assert [b["type"] for b in message["content"]] == [
+        "server_tool_use", "tool_use", "web_search_tool_result"]
+    assert message["stop_reason"] == "tool_use"
+    assert len(model.requests) == 1  # the client runs its tool first
+    search, call, _ = message["content"]
+    # the client answers its tool: the upstream sees both calls, then both results
+    body["messages"] += [{"role": "assistant", "content": message["content"]},
+                         {"role": "user", "content": [{"type": "tool_result",
+                                                       "tool_use_id": call["id"],
+                                                       "content": "noon"}]}]
+    assert (await client.post("/v1/messages", json=body)).status == 200
+    sent = model.requests[1]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
+    assert [c["id"] for c in sent[1]["tool_calls"]] == [search["id"], call["id"]]
+    assert [m["tool_call_id"] for m in sent[2:]] == [search["id"], call["id"]]
 
 
 async def test_max_uses_then_pause_turn(world: Any) -> None:

@@ -14,6 +14,7 @@ from gateway.messages import web_search as ws
 from gateway.messages.to_chat import to_chat
 from gateway.messages.validate import validate_messages
 from gateway.ops import config
+from gateway.tools.citations import Quotes
 from gateway.tools.domains import DomainFilter
 from gateway.tools.searxng import SearchFailed, language, parse_results, query_error
 
@@ -375,3 +376,39 @@ def test_web_search_config() -> None:
 def test_web_search_config_refused(table: dict[str, Any], key: str) -> None:
     with pytest.raises(config.ConfigError, match=key.replace(".", r"\.")):
         _config(table)
+
+
+# --- citations: verbatim quotes only --------------------------------------------------------
+
+SNIPPET = "Paris is the capital of France."
+SPLITS = [
+    # (text, pieces as (text, cited?), held)
+    ("Hello.", [("Hello.", False)], ""),
+    (f"As said: {SNIPPET} Yes.", [("As said: ", False), (SNIPPET, True), (" Yes.", False)], ""),
+    (SNIPPET, [(SNIPPET, True)], ""),
+    ("Known: Paris is the cap", [("Known: ", False)], "Paris is the cap"),  # may yet quote
+    ("Paris is the capital of Spain.", [("Paris is the capital of Spain.", False)], ""),
+    (SNIPPET.lower(), [(SNIPPET.lower(), False)], ""),  # not verbatim
+    ("Short.", [("Short.", False)], ""),  # a snippet under MIN_QUOTE is never looked for
+]
+
+
+@pytest.mark.parametrize("text,pieces,held", SPLITS)
+def test_only_a_verbatim_snippet_is_cited(text: str, pieces: list[tuple[str, bool]],
+                                          held: str) -> None:
+    quotes = Quotes(KEY)
+    quotes.add([{"url": "https://a.example/", "title": "A", "snippet": SNIPPET},
+                {"url": "https://b.example/", "title": "B", "snippet": "Short."}])
+    got, rest = quotes.split(text)
+    assert [(t, c is not None) for t, c in got] == pieces
+    assert rest == held
+    for t, c in got:
+        if c is not None:
+            assert c["url"] == "https://a.example/" and c["cited_text"] == t
+            assert ws.open_result((KEY,), c["encrypted_index"])["snippet"] == t
+
+
+def test_without_results_nothing_is_held_or_cited() -> None:
+    quotes = Quotes(KEY)
+    assert not quotes
+    assert quotes.split(SNIPPET) == ([(SNIPPET, None)], "")

@@ -64,8 +64,15 @@ class Model:
         if messages[-1]["role"] == "tool" and "always" not in query:
             urls = _URL.findall(messages[-1]["content"])
             text = f"See {urls[0]}" if urls else "Nothing found."
+            snippets = re.findall(r"^Snippet: (.*)$", messages[-1]["content"], re.M)
+            if "#quote" in query:  # a verbatim quote of the first snippet, a near miss of
+                # the second (its last character changed), in 7-character pieces
+                near = snippets[1][:-1] + "?"
+                text = f"They write: {snippets[0]} Others: {near} Done."
             await resp.write(_chunk({"role": "assistant", "content": ""}))
-            await resp.write(_chunk({"content": text}))
+            for at in range(0, len(text), 7 if "#quote" in query else len(text)):
+                await resp.write(_chunk({"content": text[at:at + 7 if "#quote" in query
+                                                             else len(text)]}))
             await resp.write(_chunk({}, "stop"))
         else:
             args = json.dumps({"query": query})
@@ -108,6 +115,9 @@ class Searx:
                     "content": f"About {q}.", "engine": "stub", "score": 1.0,
                     "category": "general", "publishedDate": "2026-05-01T10:00:00"}
                    for host in ("docs.example.org", "news.example.com")]
+        if "#quote" in q:
+            for n, result in enumerate(results):
+                result["content"] = f"A passage worth quoting, number {n}, about {q}."
         if "#big" in q:
             results[0]["content"] = "x" * 100_000
         return web.json_response({"query": q, "number_of_results": 2, "results": results,
@@ -348,3 +358,36 @@ async def test_without_the_table_a_web_search_tool_is_a_400(world: Any) -> None:
     assert error["type"] == "invalid_request_error"
     assert error["message"].startswith("tools.0.type: 'web_search_20250305' is an Anthropic")
     assert model.requests == []
+
+
+async def test_a_verbatim_quote_of_a_snippet_is_cited_and_nothing_else(world: Any) -> None:
+    gateway, _, _ = world
+    client = await gateway()
+    resp = await client.post("/v1/messages", json=_body("x #quote", stream=True))
+    events = _events(await resp.text())
+    after = [(name, data.get("index"), data.get("delta", data.get("content_block")))
+             for name, data in events[6:-2]]  # after the search's two blocks
+    snippet = "A passage worth quoting, number 0, about x #quote."
+    citations = [d["citation"] for name, _, d in after if name == "content_block_delta"
+                 and d["type"] == "citations_delta"]
+    assert len(citations) == 1
+    citation = citations[0]
+    assert citation == {"type": "web_search_result_location",
+                        "url": "https://docs.example.org/x-quote",
+                        "title": "x #quote on docs.example.org",
+                        "encrypted_index": citation["encrypted_index"], "cited_text": snippet}
+    text = [d["text"] for name, _, d in after if name == "content_block_delta"
+            and d["type"] == "text_delta"]
+    assert "".join(text) == (f"They write: {snippet} Others: A passage worth quoting, "
+                             "number 1, about x #quote? Done.")
+    blocks = [(i, d["type"]) for name, i, d in after if name == "content_block_start"]
+    assert blocks == [(2, "text"), (3, "text"), (4, "text")]
+    assert [(name, i) for name, i, d in after if d is None or d.get("type") != "text_delta"] == [
+        ("content_block_start", 2), ("content_block_stop", 2),
+        ("content_block_start", 3), ("content_block_delta", 3), ("content_block_stop", 3),
+        ("content_block_start", 4), ("content_block_stop", 4)]
+    buffered = await (await client.post("/v1/messages", json=_body("x #quote"))).json()
+    texts = buffered["content"][2:]
+    assert [t.get("citations") is not None for t in texts] == [False, True, False]
+    assert texts[1]["text"] == snippet
+    assert texts[1]["citations"][0]["cited_text"] == snippet

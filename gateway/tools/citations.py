@@ -76,12 +76,15 @@ class Quotes:
         """(the source whose snippet starts at ``at``, whether one may yet start there)."""
         maybe = False
         rest = len(text) - at
+        tail: str | None = None
         for source in self._sources:
             snippet = source["snippet"]
             if text.startswith(snippet, at):
                 return source, False
-            if rest < len(snippet) and snippet.startswith(text[at:]):
-                maybe = True
+            if not maybe and rest < len(snippet):
+                if tail is None:
+                    tail = text[at:]
+                maybe = snippet.startswith(tail)
         return None, maybe
 
     def _citation(self, source: Mapping[str, Any]) -> dict[str, Any]:

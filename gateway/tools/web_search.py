@@ -19,10 +19,10 @@ in rounds, all of them one reply to the client:
 4. a round without searches ends the reply: its ``message_delta`` with the usage of all
    rounds summed and ``usage.server_tool_use.web_search_requests``, then ``message_stop``.
    A round that also calls client tools ends it too (``stop_reason: tool_use``), after its
-   searches' results. Searches past the tool's ``max_uses`` (and the gateway's
-   ``web_search.max_searches``) get ``max_uses_exceeded``; two rounds past that, the reply
-   ends with ``stop_reason: pause_turn``, which the API uses for a turn the client resumes
-   by sending the reply back.
+   searches' results, as does one cut by ``max_tokens``. Searches past the tool's
+   ``max_uses`` (and the gateway's ``web_search.max_searches``) get ``max_uses_exceeded``;
+   two rounds past that, the reply ends with ``stop_reason: pause_turn``, which the API
+   uses for a turn the client resumes by sending the reply back.
 
 A buffered reply is the same events folded (:func:`gateway.messages.aggregate.aggregate`).
 A failure inside a round ends the stream with the round translator's envelope, rewritten
@@ -188,12 +188,21 @@ class WebSearchReply:
                 await write(self._finish(None))
                 return
             await write(await self._search(calls))
-            if self._client_tools or self.rounds >= max_rounds:
-                await write(self._finish(None if self._client_tools else "pause_turn"))
+            if self._client_tools or self._cut_short():
+                await write(self._finish(None))  # tool_use for the client, or max_tokens
+                return
+            if self.rounds >= max_rounds:
+                await write(self._finish("pause_turn"))
                 return
             self._call = await self._next_call()
             self._new_round()
             up = await self._call.send(self._request_id, self._session)
+
+    def _cut_short(self) -> bool:
+        """The round stopped for another reason than its calls (``max_tokens`` in the
+        middle of one): the reply ends there, as the model's would."""
+        held = self._held
+        return held is not None and held["delta"].get("stop_reason") != "tool_use"
 
     async def _search(self, calls: list[dict[str, Any]]) -> bytes:
         """Each call's search run and its result block (complete at its start)."""

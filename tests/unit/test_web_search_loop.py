@@ -86,7 +86,7 @@ class Model:
                 await resp.write(_chunk({"tool_calls": [
                     {"index": 1, "id": "call_clock", "type": "function",
                      "function": {"name": "clock", "arguments": "{}"}}]}))
-            await resp.write(_chunk({}, "tool_calls"))
+            await resp.write(_chunk({}, "length" if "#cut" in query else "tool_calls"))
         await resp.write(_USAGE)
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
@@ -391,3 +391,13 @@ async def test_a_verbatim_quote_of_a_snippet_is_cited_and_nothing_else(world: An
     assert [t.get("citations") is not None for t in texts] == [False, True, False]
     assert texts[1]["text"] == snippet
     assert texts[1]["citations"][0]["cited_text"] == snippet
+
+
+async def test_a_round_cut_by_max_tokens_ends_the_reply_after_its_searches(world: Any) -> None:
+    gateway, model, _ = world
+    client = await gateway()
+    message = await (await client.post("/v1/messages", json=_body("x #cut"))).json()
+    assert [b["type"] for b in message["content"]] == ["server_tool_use",
+                                                       "web_search_tool_result"]
+    assert message["stop_reason"] == "max_tokens"
+    assert len(model.requests) == 1

@@ -276,22 +276,13 @@ def _tool_use(block: Mapping[str, Any], path: str) -> None:
 
 def _server_tool_use(block: Mapping[str, Any], path: str) -> None:
     """A replayed ``server_tool_use`` block: only web search runs here."""
-    for key in ("id", "name"):
-        value = block.get(key)
-        if value is None:
-            raise fail(f"{path}.{key}", "Field required")
-        if not isinstance(value, str) or not value:
-            raise fail(f"{path}.{key}", "Input should be a non-empty string")
+    _tool_use(block, path)
     if block["name"] != "web_search":
         raise fail(f"{path}.name", f"'{echo(block['name'])}' is an Anthropic server tool "
                    "this gateway does not run; only web_search blocks can be replayed")
-    if "input" not in block:
-        raise fail(f"{path}.input", "Field required")
-    check_obj(block["input"], f"{path}.input")
 
 
 _RESULT_BLOCK_FIELDS = frozenset({"type", "tool_use_id", "content", "cache_control", "caller"})
-_RESULT_FIELDS = frozenset({"type", "url", "title", "encrypted_content", "page_age"})
 
 
 def _web_search_tool_result(block: Mapping[str, Any], path: str) -> None:
@@ -314,7 +305,6 @@ def _web_search_tool_result(block: Mapping[str, Any], path: str) -> None:
         for key in ("url", "title", "encrypted_content"):
             if not isinstance(item.get(key), str):
                 raise fail(f"{where}.{key}", "Field required")
-
 
 
 def _thinking(block: Mapping[str, Any], path: str) -> None:

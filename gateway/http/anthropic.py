@@ -98,9 +98,14 @@ async def _web_search(request: web.Request, backend: Searxng, req: dict[str, Any
                 if reply.stop_reason:
                     deps.metrics.stop_reasons.labels(route.name, reply.stop_reason).inc()
 
-            async with streaming.RelayedStream(request, "messages", route, reply,
-                                               content_type=_SSE, after=after) as relayed:
-                await reply.run(up, relayed.writer.write)
+            try:
+                async with streaming.RelayedStream(request, "messages", route, reply,
+                                                   content_type=_SSE, after=after) as relayed:
+                    await reply.run(up, relayed.writer.write)
+            finally:
+                if not reply.took_first:  # the stream never opened: drop the upstream's
+                    async with up:
+                        pass
             return relayed.writer.response
         events: list[bytes] = []
 

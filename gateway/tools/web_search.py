@@ -136,6 +136,7 @@ class WebSearchReply:
         self.error: errors.GatewayError | None = None
         self.stop_reason: str | None = None
         self.rounds = 0
+        self.took_first = False  # run() owns (and closes) the first round's response
         self._started = False
         self._errored = False
         self._next = 0  # the client's next block index
@@ -166,6 +167,7 @@ class WebSearchReply:
         """Every round, from the first round's open upstream response ``up``."""
         metrics = self._deps.metrics
         max_rounds = self._searches.limit + _ROUNDS_PAST_LIMIT
+        self.took_first = True
         while True:
             self.rounds += 1
             translator = self.translator = self._call.translator()

@@ -39,6 +39,8 @@ def aggregate(sse: bytes) -> dict[str, Any]:
             if dtype in _APPEND:
                 field = _APPEND[dtype]
                 block[field] += delta[field]
+            elif dtype == "citations_delta":
+                block.setdefault("citations", []).append(delta["citation"])
             elif dtype == "signature_delta":
                 block["signature"] = delta["signature"]
             elif dtype == "input_json_delta":

@@ -331,12 +331,15 @@ def _user(group: list[Mapping[str, Any]], render: _Render) -> list[Message]:
     return out
 
 
+_SEARCH_BLOCKS = frozenset({"server_tool_use", "web_search_tool_result"})
+
+
 def _assistant_turns(group: list[Mapping[str, Any]]) -> list[Message]:
     """An assistant turn (or a run of them) as chat messages: one assistant message, or,
     where web searches ran inside it, an assistant message with the search call and the
     search's ``tool`` message per search, the turn going on after it."""
     if not any(isinstance(turn["content"], list)
-               and any(b["type"] == "web_search_tool_result" for b in turn["content"])
+               and any(b["type"] in _SEARCH_BLOCKS for b in turn["content"])
                for turn in group):
         return [_assistant(group)]
     out: list[Message] = []

@@ -19,16 +19,17 @@ in rounds, all of them one reply to the client:
 4. a round without searches ends the reply: its ``message_delta`` with the usage of all
    rounds summed and ``usage.server_tool_use.web_search_requests``, then ``message_stop``.
    A round that also calls client tools ends it too (``stop_reason: tool_use``), after its
-   searches' results. Searches past the tool's ``max_uses`` (and the gateway's
-   ``web_search.max_searches``) get ``max_uses_exceeded``; two rounds past that, the reply
-   ends with ``stop_reason: pause_turn``, which the API uses for a turn the client resumes
-   by sending the reply back.
+   searches' results, as does one cut by ``max_tokens``. Searches past the tool's
+   ``max_uses`` (and the gateway's ``web_search.max_searches``) get ``max_uses_exceeded``;
+   two rounds past that, the reply ends with ``stop_reason: pause_turn``, which the API
+   uses for a turn the client resumes by sending the reply back.
 
 A buffered reply is the same events folded (:func:`gateway.messages.aggregate.aggregate`).
 A failure inside a round ends the stream with the round translator's envelope, rewritten
 the same way; one between rounds (the next upstream call refused) with an ``error`` event.
-Citations are not produced: the model's text is never matched against a result, so none is
-invented.
+Citations (:mod:`.citations`): a passage of the model's text that is a result's whole
+snippet, verbatim, becomes a text block of its own with a ``web_search_result_location``
+citation; nothing else is cited, so none is invented.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from gateway.messages.stream import StreamTranslator
 from gateway.ops.config import ModelRoute
 from gateway.text import ids, jsonutil
 from gateway.text.sse import encode_event
+from gateway.tools.citations import Piece, Quotes
 from gateway.tools.domains import DomainFilter
 from gateway.tools.searxng import SearchFailed, Searxng, language, query_error
 from gateway.upstream.client import UpstreamResponse
@@ -61,7 +63,7 @@ class Searches:
     """One request's searches: the limit, the text budget, the filters, the sealing."""
 
     __slots__ = ("_backend", "_keep", "_key", "_language", "attempts", "chars_left", "limit",
-                 "requests")
+                 "quotes", "requests")
 
     def __init__(self, backend: Searxng, tool: Mapping[str, Any], signing_key: bytes) -> None:
         config = backend.config
@@ -74,6 +76,7 @@ class Searches:
         self._key = signing_key
         self._keep = DomainFilter(tool.get("allowed_domains"), tool.get("blocked_domains"))
         self._language = language(tool.get("user_location"))
+        self.quotes = Quotes(signing_key)  # the results' snippets, for citations
 
     async def run(self, tool_input: Mapping[str, Any]) -> tuple[Any, str]:
         """(the result block's ``content``, the tool message the model gets) for one call."""
@@ -105,6 +108,7 @@ class Searches:
             kept.append(result)
             text = candidate
         self.chars_left -= len(text)
+        self.quotes.add(kept)
         content = [{"type": "web_search_result", "url": r["url"], "title": r["title"],
                     "encrypted_content": blocks.seal_result(self._key, r),
                     "page_age": r["page_age"]} for r in kept]
@@ -184,12 +188,21 @@ class WebSearchReply:
                 await write(self._finish(None))
                 return
             await write(await self._search(calls))
-            if self._client_tools or self.rounds >= max_rounds:
-                await write(self._finish(None if self._client_tools else "pause_turn"))
+            if self._client_tools or self._cut_short():
+                await write(self._finish(None))  # tool_use for the client, or max_tokens
+                return
+            if self.rounds >= max_rounds:
+                await write(self._finish("pause_turn"))
                 return
             self._call = await self._next_call()
             self._new_round()
             up = await self._call.send(self._request_id, self._session)
+
+    def _cut_short(self) -> bool:
+        """The round stopped for another reason than its calls (``max_tokens`` in the
+        middle of one): the reply ends there, as the model's would."""
+        held = self._held
+        return held is not None and held["delta"].get("stop_reason") != "tool_use"
 
     async def _search(self, calls: list[dict[str, Any]]) -> bytes:
         """Each call's search run and its result block (complete at its start)."""
@@ -241,6 +254,10 @@ class WebSearchReply:
         self._client_tools = False
         self._held: dict[str, Any] | None = None
         self._round_in = self._round_out = self._round_cache = 0
+        # the text block read for quotes: its translator index, held text, client index
+        self._quoting: int | None = None
+        self._quote_held = ""
+        self._quote_open: int | None = None
 
     def _rewrite(self, data: bytes) -> bytes:
         """A round's events as the client gets them (see the module docstring)."""
@@ -258,6 +275,9 @@ class WebSearchReply:
                 self._started = True
             elif kind == "content_block_start":
                 block = event["content_block"]
+                if block["type"] == "text" and self._searches.quotes:
+                    self._quoting = event["index"]  # opened with its first plain text
+                    continue
                 index = self._map[event["index"]] = self._next
                 self._next += 1
                 if block["type"] == "tool_use" and block["name"] == self._name:
@@ -268,6 +288,19 @@ class WebSearchReply:
                     self._client_tools = True
                 self._blocks[index] = dict(block)
                 event = {**event, "index": index, "content_block": block}
+            elif kind == "content_block_delta" and event["index"] == self._quoting:
+                if event["delta"]["type"] == "text_delta":
+                    pieces, self._quote_held = self._searches.quotes.split(
+                        self._quote_held + event["delta"]["text"])
+                    self._text_pieces(pieces, out)
+                continue
+            elif kind == "content_block_stop" and event["index"] == self._quoting:
+                if self._quote_held:
+                    self._text_pieces([(self._quote_held, None)], out)
+                if self._quote_open is not None:
+                    out.append(frames.CB_STOP % self._quote_open)
+                self._quoting, self._quote_held, self._quote_open = None, "", None
+                continue
             elif kind == "content_block_delta":
                 index = self._map[event["index"]]
                 self._fold(index, event["delta"])
@@ -288,6 +321,31 @@ class WebSearchReply:
                 self._errored = True
             out.append(encode_event(kind, jsonutil.dumpb(event)))
         return b"".join(out)
+
+    def _text_pieces(self, pieces: list[Piece], out: list[bytes]) -> None:
+        """Plain text into the open text block (opened if need be); a quote into a text
+        block of its own, its citation first (gateway/tools/citations.py)."""
+        for text, citation in pieces:
+            if citation is not None and self._quote_open is not None:
+                out.append(frames.CB_STOP % self._quote_open)
+                self._quote_open = None
+            if self._quote_open is None:
+                index = self._quote_open = self._next
+                self._next += 1
+                out.append(frames.CBS + b"%d" % index + frames.TEXT_SHELL)
+                self._blocks[index] = {"type": "text", "text": ""}
+            index = self._quote_open
+            if citation is not None:
+                self._blocks[index]["citations"] = [citation]
+                out.append(encode_event("content_block_delta", jsonutil.dumpb({
+                    "type": "content_block_delta", "index": index,
+                    "delta": {"type": "citations_delta", "citation": citation}})))
+            self._blocks[index]["text"] += text
+            out.append(frames.CBD + b"%d" % index + frames.TEXT_DELTA + frames.jstr(text)
+                       + frames.DELTA_END)
+            if citation is not None:
+                out.append(frames.CB_STOP % index)
+                self._quote_open = None
 
     def _fold(self, index: int, delta: Mapping[str, Any]) -> None:
         """A delta into the block kept for the next round's request."""

@@ -45,6 +45,9 @@ Markers in the query script the failure modes (the marker stays in the echoed ``
     #garbage   200 application/json whose body is not JSON
     #html      200 text/html (a login page of a proxy in front of the instance)
     #many      ten results instead of three (hosts cycle), for result caps
+    #odd       results as SearXNG may pass them on (:func:`odd_results`): an empty title, an
+               ``ftp://`` URL, a URL with a query string and non-ASCII path, a
+               ``publishedDate`` with a UTC offset, a long multi-line snippet
 
 ``GET /_requests`` returns every search request seen (method, path, its parameters as a
 dict); ``DELETE /_requests`` clears it.
@@ -109,6 +112,22 @@ def result(query: str, n: int, host: str) -> dict:
     }
 
 
+ODD_URL = "https://wiki.example.org/wiki/Z\u00fcrich?lang=de&x=1"
+
+
+def odd_results(query: str) -> list[dict]:
+    """``#odd``: five results whose fields are legal in SearXNG but awkward downstream."""
+    base = [result(query, n, HOSTS[(n - 1) % 3]) for n in range(1, 6)]
+    base[0]["title"] = ""
+    base[1].update(url="ftp://files.example.org/pub/notes.txt",
+                   parsed_url=["ftp", "files.example.org", "/pub/notes.txt", "", "", ""])
+    base[2].update(url=ODD_URL, parsed_url=["https", "wiki.example.org", "/wiki/Z\u00fcrich",
+                                            "", "lang=de&x=1", ""])
+    base[3].update(publishedDate="2026-03-13T09:26:53+02:00", pubdate="2026-03-13 09:26:53+0200")
+    base[4]["content"] = "\n\t".join(["A long line of page text."] * 200)
+    return base
+
+
 def search_response(query: str) -> dict:
     """The JSON body of a successful search for ``query``."""
     site = _SITE.search(query)
@@ -116,6 +135,8 @@ def search_response(query: str) -> dict:
     hosts = [site.group(1)] * count if site else [HOSTS[i % len(HOSTS)] for i in range(count)]
     results = [] if "#empty" in query else [
         result(query, i + 1, host) for i, host in enumerate(hosts)]
+    if "#odd" in query:
+        results = odd_results(query)
     body: dict = {"query": query, "number_of_results": 0, "results": results, "answers": [],
                   "corrections": [], "infoboxes": [], "suggestions": [],
                   "unresponsive_engines": []}

@@ -28,6 +28,8 @@ context_management, output_config, metadata and cache_control. The work director
                two more turns with ``--continue`` (``Go on``, ``And then?``) in the same
                session, the search in its history. Output adds ``steps`` (as the sessions
                below) and ``searches``: the requests the SearXNG stand-in received.
+``websearch-fail``  one run as ``websearch-session``'s first, the WebSearch query ending in
+               ``#fail``: the SearXNG stand-in answers 500.
 ``pdf``        ``tiny-demo`` -> ``cc-tool`` on doc.pdf.
 ``think``      ``tiny-demo`` -> ``think-tool:Read``: reasoning with each turn (``REASONING_<n>``).
 ``think-updates``  the same, with ``thinking.display: "updates"`` forced through
@@ -90,6 +92,7 @@ EXPLORE_PROMPT = "Read hello.txt and report what it says."
 LOCAL_MODES = ("text-tool", "broken-args", "inline-think")
 SESSION_MODES = ("compact", "compact-effort", "compact-bare")
 WEBSEARCH_SESSION = "websearch-session"
+WEBSEARCH_MODES = ("websearch", WEBSEARCH_SESSION, "websearch-fail")
 
 
 def _steps(mode: str, prompt: str, args: list[str]) -> list[list[str]]:
@@ -178,9 +181,10 @@ def _routes(mode: str, work: Path) -> list[tuple[str, str]]:
         return [(MODEL, "agent:Agent:" + json.dumps(call)), ("claude-*", f"cc-tool:{hello}")]
     if mode == "no-model":
         return [("claude-*", f"cc-tool:{hello}")]
-    if mode in ("websearch", WEBSEARCH_SESSION):
+    if mode in WEBSEARCH_MODES:
+        query = "gateway release notes" + (" #fail" if mode == "websearch-fail" else "")
         steps = [["ToolSearch", {"query": "select:WebSearch"}],
-                 ["WebSearch", {"query": "gateway release notes"}]]
+                 ["WebSearch", {"query": query}]]
         return [(MODEL, "cc-steps:" + json.dumps(steps)), ("claude-*", "ok")]
     if mode == "pdf":
         return [(MODEL, f"cc-tool:{pdf}")]
@@ -245,7 +249,7 @@ def main() -> int:
         stopper.append(stub.stop)
         wait_http(f"http://127.0.0.1:{port}/health")
         stub_url = f"http://127.0.0.1:{port}"
-        if mode == WEBSEARCH_SESSION:
+        if mode in (WEBSEARCH_SESSION, "websearch-fail"):
             sport = free_port()
             searx = Proc([sys.executable, str(REPO / "tests" / "searxng_stub.py"), str(sport)])
             stopper.append(searx.stop)
@@ -254,7 +258,7 @@ def main() -> int:
         cfg = _stub_config(stub_url, _routes(mode, work), searxng_url)
         if mode == "no-model":
             model = None
-        allowed = "Read,WebSearch" if mode in ("websearch", WEBSEARCH_SESSION) else "Read"
+        allowed = "Read,WebSearch" if mode in WEBSEARCH_MODES else "Read"
         args = ["--allowedTools", allowed, "--max-turns", "4"]
     # the thinking-signature key lives in the gateway's state directory: keep it in tmp
     gateway, url = start_gateway(cfg, tmp, env={"STATE_DIRECTORY": str(tmp / "state")})

@@ -96,3 +96,23 @@ def test_claude_code_web_search_runs_and_the_session_goes_on(tmp_path) -> None:
     assert "Go on" in json.dumps(main[-2]["messages"]) and "And then?" in json.dumps(
         main[-1]["messages"])
     assert all(URLS[0] in s["result"]["result"] for s in steps[1:])
+
+
+def test_claude_code_shows_a_failed_search_and_goes_on(tmp_path) -> None:
+    """The backend fails (500): the side request is still a whole 200 reply whose result
+    block is the error ``unavailable``; Claude Code hands the model ``Web search error:
+    unavailable`` as WebSearch's result, and the session goes on."""
+    run = _run(tmp_path, "websearch-fail", "Search the web for the gateway's release notes")
+    assert run["exit_code"] == 0, _brief(run)
+    assert run["result"]["is_error"] is False
+    posts = _messages_posts(run)
+    assert posts and all(a["status"] == 200 for a in posts), posts
+    assert [s["params"]["q"] for s in run["searches"]] == [QUERY + " #fail"]
+    sent = _sent(run)
+    result = next(b for m in sent[-1]["messages"] if m["role"] == "user"
+                  and isinstance(m["content"], list) for b in m["content"]
+                  if b.get("type") == "tool_result" and "Web search results" in json.dumps(b))
+    shown = json.dumps(result["content"])
+    assert "Web search error: unavailable" in shown
+    assert "The search found nothing: " in shown  # the model was told, and said so
+    assert "Web search error: unavailable" in run["result"]["result"]

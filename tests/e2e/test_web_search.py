@@ -49,7 +49,7 @@ from tests.anthropic_stream_check import check_stream
 from tests.conftest import clear_stub, stub_requests
 from tests.node import CLIENTS, ts_sdk_ready
 from tests.procs import Proc, free_port, start_gateway, wait_http
-from tests.searxng_stub import HOSTS, slug
+from tests.searxng_stub import HOSTS, ODD_URL, slug
 
 pytestmark = pytest.mark.e2e
 
@@ -510,6 +510,28 @@ def test_results_are_capped_per_search(client: anthropic.Anthropic, stub_url: st
         f"https://{HOSTS[i % 3]}/everything/{i + 1}" for i in range(MAX_RESULTS)]
     told = _text(_tool_messages(stub_requests(stub_url)[-1]["body"])[0]["content"])
     assert f"/everything/{MAX_RESULTS}" in told and f"/everything/{MAX_RESULTS + 1}" not in told
+
+
+def test_awkward_results_still_make_valid_blocks(client: anthropic.Anthropic,
+                                                stub_url: str) -> None:
+    """SearXNG results with an empty title, a URL with a query string and non-ASCII path, a
+    date with a UTC offset, a long multi-line snippet and an ftp:// URL: the client gets
+    blocks the SDK validates (a title always, URLs verbatim, only http(s)), the model one
+    bounded line per snippet."""
+    query = "awkward #odd"
+    msg = client.messages.create(model="ws", max_tokens=200, tools=[web_search()],
+                                 messages=[{"role": "user", "content": query}])
+    result = msg.content[1]
+    assert isinstance(result, WebSearchToolResultBlock) and isinstance(result.content, list)
+    urls = [r.url for r in result.content]
+    assert ODD_URL in urls and not any(u.startswith("ftp:") for u in urls), urls
+    assert len(urls) == MAX_RESULTS and urls[1] == ODD_URL  # the 2nd (ftp://) skipped
+    assert all(r.title for r in result.content)
+    assert result.content[2].page_age and "2026" in result.content[2].page_age
+    told = _text(_tool_messages(stub_requests(stub_url)[-1]["body"])[0]["content"])
+    assert ODD_URL in told and "ftp://" not in told
+    long = next(line for line in told.splitlines() if "A long line of page text." in line)
+    assert "\t" not in long and len(long) < 200 * len("A long line of page text.")
 
 
 def test_count_tokens_takes_the_tool_and_its_history(client: anthropic.Anthropic) -> None:

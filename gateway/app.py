@@ -58,6 +58,7 @@ from gateway.http.keys import (
     STATE,
     UPSTREAM_CALLS,
     UPSTREAMS,
+    WEB_SEARCH,
     AppState,
     RouteTag,
 )
@@ -70,6 +71,7 @@ from gateway.ops.budget import Budget
 from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
 from gateway.text.redact import Redactor
+from gateway.tools.searxng import Searxng
 from gateway.upstream import fleet
 from gateway.upstream.call import Upstreams
 
@@ -180,6 +182,16 @@ async def _loop_lag_ctx(app: web.Application) -> AsyncIterator[None]:
     log.flush()
 
 
+async def _web_search_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The web search backend's client session, open while the app serves."""
+    backend = app[WEB_SEARCH]
+    if backend is not None:
+        await backend.start()
+    yield
+    if backend is not None:
+        await backend.close()
+
+
 async def _pdf_pool_ctx(app: web.Application) -> AsyncIterator[None]:
     """The PDF worker processes (started on first use) are stopped with the app."""
     yield
@@ -243,6 +255,8 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
                                  pdfs=PdfPool(config.server.pdf_workers,
                                               config.server.pdf_cpu_seconds,
                                               config.server.pdf_request_cpu_seconds))
+    app[WEB_SEARCH] = (Searxng(config.web_search, metrics)
+                       if config.web_search is not None else None)
     app[STATE] = AppState(api_keys=tuple(k.encode() for k in config.server.api_keys),
                           decoding=decoding)
     for model in config.models.values():
@@ -295,6 +309,7 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
     app.cleanup_ctx.append(_fleet_ctx)
     app.cleanup_ctx.append(_loop_lag_ctx)
     app.cleanup_ctx.append(_pdf_pool_ctx)
+    app.cleanup_ctx.append(_web_search_ctx)
     app[DECODER] = Decoder()
     app.cleanup_ctx.append(decoder_ctx)
     return app

@@ -12,6 +12,13 @@ SSE decoders of the SDKs: ``anthropic/_streaming.py``, ``@anthropic-ai/sdk/core/
 - blocks one at a time, indexes 0..n-1, each started as an empty shell (thinking without a
   ``signature`` key), deltas of the block's kind, closed exactly once; a thinking block ends
   with exactly one non-empty ``signature_delta``;
+- web search (the ``web_search`` server tool): a ``server_tool_use`` block starts as
+  ``{type, id: "srvtoolu_…", name, input: {}}`` and gets ``input_json_delta`` pieces, as a
+  tool_use block does; a ``web_search_tool_result`` block is complete at its start
+  (``{type, tool_use_id, content}``, content a list of ``{type: "web_search_result", url,
+  title, encrypted_content, page_age}`` or one ``{type: "web_search_tool_result_error",
+  error_code}``), its ``tool_use_id`` the id of a server_tool_use block before it, and has
+  no deltas; ``message_delta.usage`` may end with ``server_tool_use: {web_search_requests}``;
 - a completed stream: one ``message_delta`` after the last block stop, its usage carrying
   only ``output_tokens``; every tool block's ``partial_json`` pieces join to a JSON object;
 - an error stream: no block left open, exactly one ``error`` event, then ``message_stop``;
@@ -48,7 +55,14 @@ _DELTA_FOR = {
     "text": {"text_delta": "text"},
     "thinking": {"thinking_delta": "thinking", "signature_delta": "signature"},
     "tool_use": {"input_json_delta": "partial_json"},
+    "server_tool_use": {"input_json_delta": "partial_json"},
+    "web_search_tool_result": {},  # complete at content_block_start
 }
+_RESULT_KEYS = ["type", "url", "title", "encrypted_content", "page_age"]
+WEB_SEARCH_ERROR_CODES = frozenset({
+    "invalid_tool_input", "unavailable", "max_uses_exceeded", "too_many_requests",
+    "query_too_long", "request_too_large",
+})  # anthropic/types/web_search_tool_result_error_code.py (SDK 2.15)
 
 
 _DELTA_USAGE_KEYS = (
@@ -134,11 +148,30 @@ def _check_shell(n: int, block: Any) -> str:
         ok = (list(block) == ["type", "id", "name", "input"] and block["input"] == {}
               and isinstance(block["id"], str) and block["id"] != ""
               and isinstance(block["name"], str) and block["name"] != "")  # fmt: skip
+    elif kind == "server_tool_use":
+        ok = (list(block) == ["type", "id", "name", "input"] and block["input"] == {}
+              and isinstance(block["id"], str) and block["id"].startswith("srvtoolu_")
+              and block["name"] == "web_search")  # fmt: skip
+    elif kind == "web_search_tool_result":
+        ok = (list(block) == ["type", "tool_use_id", "content"]
+              and _web_search_content_ok(block["content"]))  # fmt: skip
     else:
         ok = False
     if not ok:
         _fail(n, f"content_block_start is not an empty shell: {block!r}")
     return kind
+
+
+def _web_search_content_ok(content: Any) -> bool:
+    if isinstance(content, dict):
+        return (list(content) == ["type", "error_code"]
+                and content["type"] == "web_search_tool_result_error"
+                and content["error_code"] in WEB_SEARCH_ERROR_CODES)  # fmt: skip
+    return isinstance(content, list) and all(
+        isinstance(r, dict) and list(r) == _RESULT_KEYS and r["type"] == "web_search_result"
+        and all(isinstance(r[k], str) and r[k] for k in ("url", "title", "encrypted_content"))
+        and (r["page_age"] is None or isinstance(r["page_age"], str))
+        for r in content)
 
 
 def check_stream(raw: bytes) -> list[dict[str, Any]]:
@@ -152,6 +185,7 @@ def check_stream(raw: bytes) -> list[dict[str, Any]]:
     open_kind: str | None = None
     open_deltas: list[dict[str, Any]] = []
     tool_json: list[str] = []
+    server_ids: set[str] = set()
     outcome: str | None = None  # "message_delta" or "error"
     for pos, (n, ev) in enumerate(real):
         _check_shape(n, ev)
@@ -170,6 +204,11 @@ def check_stream(raw: bytes) -> list[dict[str, Any]]:
                 _fail(n, f"block index {ev['index']} != {next_index}")
             open_kind = _check_shell(n, ev["content_block"])
             open_deltas = []
+            block = ev["content_block"]
+            if open_kind == "server_tool_use":
+                server_ids.add(block["id"])
+            if open_kind == "web_search_tool_result" and block["tool_use_id"] not in server_ids:
+                _fail(n, f"web_search_tool_result for {block['tool_use_id']!r}, no such search")
         elif etype == "content_block_delta":
             if open_kind is None or ev["index"] != next_index:
                 _fail(n, f"delta for index {ev['index']} which is not the open block")
@@ -190,7 +229,7 @@ def check_stream(raw: bytes) -> list[dict[str, Any]]:
                 sigs = [d for d in open_deltas if d["type"] == "signature_delta"]
                 if len(sigs) != 1 or not sigs[0]["signature"]:
                     _fail(n, "thinking block without exactly one non-empty signature_delta")
-            if open_kind == "tool_use":
+            if open_kind in ("tool_use", "server_tool_use"):
                 tool_json.append("".join(d["partial_json"] for d in open_deltas))
             open_kind = None
             next_index += 1
@@ -226,7 +265,15 @@ def _check_message_delta(n: int, ev: dict[str, Any]) -> None:
         _fail(n, "stop_sequence must be set exactly when stop_reason is stop_sequence")
     # output_tokens always; the input side only as the upstream reported it, in the
     # buffered reply's order (gateway decision: "Usage" in shared/protocol.md)
-    if not isinstance(usage, dict) or list(usage) not in _DELTA_USAGE_KEYS:
+    if not isinstance(usage, dict):
+        _fail(n, f"message_delta.usage {usage!r}")
+    usage = dict(usage)
+    server = usage.pop("server_tool_use", None)
+    if server is not None and not (
+            isinstance(server, dict) and "web_search_requests" in server
+            and all(type(v) is int and v >= 0 for v in server.values())):  # fmt: skip
+        _fail(n, f"message_delta.usage.server_tool_use {server!r}")
+    if list(usage) not in _DELTA_USAGE_KEYS:
         _fail(n, f"message_delta.usage keys {list(usage)!r}")
     for key, value in usage.items():
         if type(value) is not int or value < 0:

@@ -51,6 +51,25 @@ route's ``upstream_model``), so one stub serves many gateway routes:
                     really sent), one write per event; buffered, the completion its deltas
                     join into (:func:`buffered_completion`)
 
+Web search (the gateway's ``web_search`` server tool, #27): whatever the model, a request
+that offers a function named ``web_search`` is one turn of a searching model (buffered or
+streamed; the turn is what follows the last ``role: "user"`` message):
+
+    - while fewer ``web_search`` calls than wanted have a ``tool`` answer, a call of
+      ``web_search`` with ``{"query": <the last user text>}`` (Claude Code's side-request
+      prefix ``Perform a web search for the query: `` taken off; the n-th call, n > 1, adds
+      `` (search n)``); arguments streamed in 3 pieces
+    - then, for the model ``search-tool:NAME:ARGS``, one call of the client tool NAME with the
+      JSON ARGS, until its ``tool`` answer
+    - then text: ``According to <URL>, that is the answer.`` naming the first ``http(s)://``
+      URL in the search results (the ``tool`` messages answering ``web_search``), or, when
+      none holds a URL, ``The search found nothing: <the last one's text>``
+
+    search:N        N searches in a turn (other models: one), e.g. past a ``max_uses``
+    search-parallel:N  the N searches at once: one assistant message with N ``web_search``
+                    calls (queries ``<text> (part k)``), each streamed in its own index
+    search-args:ARGS   the one search called with the raw arguments ARGS (e.g. no ``query``)
+
 Local engines without their parsers (Claude Code tests; ``LocalEngine`` below). Each
 answers a tool's result with text holding it: ``The file says: <its content>``:
 
@@ -256,6 +275,33 @@ def buffered_completion(upstream_sse: bytes) -> dict:
     return body
 
 
+SEARCH_PREFIX = "Perform a web search for the query: "  # Claude Code's WebSearch side request
+_URL = re.compile(r"https?://[^\s\"'<>()\[\]{},]+")
+
+
+def offers_web_search(body: Any) -> bool:
+    """Whether the request offers the model a function named ``web_search``."""
+    tools = body.get("tools") if isinstance(body, dict) else None
+    return any(isinstance(t, dict) and isinstance(t.get("function"), dict)
+               and t["function"].get("name") == "web_search" for t in tools or ())
+
+
+def search_turn(messages: list[dict]) -> dict:
+    """The current turn of a searching model (what follows the last user message): the
+    query (the last user text), how many ``web_search`` calls have a ``tool`` answer, those
+    answers' texts, and how many other tools' answers there are."""
+    start = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    query = _tool_text(messages[start]).strip() if start >= 0 else ""
+    query = query.removeprefix(SEARCH_PREFIX).strip()
+    names = {c.get("id"): (c.get("function") or {}).get("name")
+             for m in messages[start + 1:] if m.get("role") == "assistant"
+             for c in m.get("tool_calls") or ()}
+    answers = [m for m in messages[start + 1:] if m.get("role") == "tool"]
+    texts = [_tool_text(m) for m in answers if names.get(m.get("tool_call_id")) == "web_search"]
+    return {"query": " ".join(query.split()), "searches": len(texts), "search_texts": texts,
+            "client_results": len(answers) - len(texts)}
+
+
 def last_turn(messages: list[dict]) -> dict:
     """The last message that is not a ``role: "system"`` turn (or the last one)."""
     return next((m for m in reversed(messages) if m.get("role") != "system"), messages[-1])
@@ -453,6 +499,8 @@ class Stub:
                 assert request.transport is not None
                 request.transport.abort()  # connection cut before any response byte
                 await asyncio.sleep(3600)  # the handler is cancelled with the connection
+        if offers_web_search(body):
+            return await self.web_search_turn(request, body, model, stream)
         if model.startswith("cc-tool:"):
             return await self.tool_round_trip(request, body, model, stream)
         if model.startswith("agent:"):
@@ -662,6 +710,53 @@ class Stub:
                     {"content": ""})
         return await self._call_or_answer(request, model, stream, call=None,
                                           answer="The tool said: " + _tool_text(last))
+
+    async def web_search_turn(self, request: web.Request, body: dict, model: str,
+                              stream: bool) -> web.StreamResponse:
+        """A searching model's turn (see the docstring: web search): search, maybe call a
+        client tool (``search-tool:NAME:ARGS``), then answer citing the first URL found."""
+        turn = search_turn(body["messages"])
+        wanted = int(model.split(":")[1]) if model.startswith("search:") else 1
+        done = turn["searches"]
+        if model.startswith("search-parallel:") and not done:
+            count = int(model.split(":")[1])
+            return await self._parallel_calls(request, model, stream, [
+                (f"call_search_{k}", json.dumps({"query": f"{turn['query']} (part {k})"}))
+                for k in range(1, count + 1)])
+        if model.startswith("search-args:") and not done:
+            return await self._call_or_answer(request, model, stream, answer="", call=(
+                "call_search_1", "web_search", model.split(":", 1)[1]))
+        if done < wanted:
+            query = turn["query"] + (f" (search {done + 1})" if done else "")
+            return await self._call_or_answer(
+                request, model, stream, answer="", pieces=3,
+                call=(f"call_search_{done + 1}", "web_search", json.dumps({"query": query})))
+        if model.startswith("search-tool:") and not turn["client_results"]:
+            _, name, args = model.split(":", 2)
+            return await self._call_or_answer(request, model, stream, answer="", pieces=2,
+                                              call=("call_client_1", name, args))
+        url = next((u.rstrip(".:;") for text in turn["search_texts"] for u in _URL.findall(text)),
+                   None)
+        answer = (f"According to {url}, that is the answer." if url else
+                  "The search found nothing: " + (turn["search_texts"] or [""])[-1][:300])
+        return await self._call_or_answer(request, model, stream, call=None, answer=answer)
+
+    async def _parallel_calls(self, request: web.Request, model: str, stream: bool,
+                              calls: list[tuple[str, str]]) -> web.StreamResponse:
+        """One assistant turn calling ``web_search`` once per (id, arguments), in parallel."""
+        frames = [chunk(model, {"role": "assistant", "content": ""})]
+        for index, (call_id, args) in enumerate(calls):
+            frames.append(chunk(model, {"tool_calls": [
+                {"index": index, "id": call_id, "type": "function",
+                 "function": {"name": "web_search", "arguments": ""}}]}))
+            frames += [chunk(model, {"tool_calls": [{"index": index, "function": {
+                "arguments": args[i:i + 9]}}]}) for i in range(0, len(args), 9)]
+        frames += [chunk(model, {}, "tool_calls"), chunk(model, {}, usage=USAGE, choices=False)]
+        message = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": "web_search",
+                                                             "arguments": args}}
+            for call_id, args in calls]}
+        return await self._reply(request, model, frames, message, "tool_calls", stream)
 
     async def golden_replay(self, request: web.Request, model: str,
                             stream: bool) -> web.StreamResponse:

@@ -11,13 +11,16 @@ translator's failure envelope (the stream's lifecycle, shared with the OpenAI pa
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from aiohttp import web
 
+from gateway import errors
 from gateway.http import routing, streaming
 from gateway.http.admission import admitted
 from gateway.http.body import read_json
-from gateway.http.keys import MESSAGES, REQUEST_ID, STREAM
+from gateway.http.keys import MESSAGES, REQUEST_ID, STREAM, WEB_SEARCH
+from gateway.messages.aggregate import aggregate
 from gateway.messages.call import (
     Call,
     Timing,
@@ -33,15 +36,25 @@ from gateway.messages.call import (
 from gateway.messages.continuation import relay
 from gateway.messages.session import SESSION_HEADER, session_key
 from gateway.messages.validate import validate_messages
+from gateway.messages.web_search import web_search_tool
+from gateway.ops.config import ModelRoute
 from gateway.text import jsonutil
+from gateway.text.sse import SSEEventTooLarge
+from gateway.tools.searxng import Searxng
+from gateway.tools.web_search import Searches, WebSearchReply
 from gateway.upstream.client import UpstreamResponse
+
+_SSE = "text/event-stream; charset=utf-8"
 
 
 async def create_message(request: web.Request) -> web.StreamResponse:
     t0 = time.perf_counter()
     deps = request.app[MESSAGES]
-    req = validate_messages(await read_json(request))
+    backend = request.app[WEB_SEARCH]
+    req = validate_messages(await read_json(request), web_search=backend is not None)
     route = routing.resolve(request, req["model"])
+    if backend is not None and _searches(req):
+        return await _web_search(request, backend, req, route)
     call = await prepare(deps, req, route)
     request[STREAM] = call.stream
     overhead = time.perf_counter() - t0
@@ -55,6 +68,59 @@ async def create_message(request: web.Request) -> web.StreamResponse:
         body = jsonutil.dumpb(message)
     count_reply(deps.metrics, call.route, message)  # a fallback's, if one answered
     return web.Response(body=body, content_type="application/json",
+                        headers={"request-id": request[REQUEST_ID]})
+
+
+def _searches(req: dict[str, Any]) -> bool:
+    """Whether the request offers the web search tool, and the model may call it."""
+    choice = req.get("tool_choice")
+    return web_search_tool(req.get("tools")) is not None and (
+        choice is None or choice["type"] != "none")
+
+
+async def _web_search(request: web.Request, backend: Searxng, req: dict[str, Any],
+                      route: ModelRoute) -> web.StreamResponse:
+    """A reply with web search (gateway/tools/web_search.py): rounds of the Messages call,
+    streamed upstream, one message to the client, buffered or streamed."""
+    deps = request.app[MESSAGES]
+    stream = req.get("stream") is True
+    tool = web_search_tool(req.get("tools"))
+    assert tool is not None
+    call = await prepare(deps, {**req, "stream": True}, route)
+    request[STREAM] = stream
+    with admitted(request, route):
+        session = session_key(request.headers.get(SESSION_HEADER), req)
+        up = await call.send(request[REQUEST_ID], session)
+        reply = WebSearchReply(deps, call, Searches(backend, tool, deps.signing_key),
+                               tool["name"], request_id=request[REQUEST_ID], session=session)
+        if stream:
+            def after() -> None:
+                if reply.stop_reason:
+                    deps.metrics.stop_reasons.labels(route.name, reply.stop_reason).inc()
+
+            try:
+                async with streaming.RelayedStream(request, "messages", route, reply,
+                                                   content_type=_SSE, after=after) as relayed:
+                    await reply.run(up, relayed.writer.write)
+            finally:
+                if not reply.took_first:  # the stream never opened: drop the upstream's
+                    async with up:
+                        pass
+            return relayed.writer.response
+        events: list[bytes] = []
+
+        async def keep(data: bytes) -> None:
+            events.append(data)
+
+        try:
+            await reply.run(up, keep)
+        except SSEEventTooLarge:
+            raise errors.StreamProcessingError() from None
+        if reply.error is not None:
+            raise reply.error
+        message = aggregate(b"".join(events))
+    count_reply(deps.metrics, route, message)
+    return web.Response(body=jsonutil.dumpb(message), content_type="application/json",
                         headers={"request-id": request[REQUEST_ID]})
 
 
@@ -80,7 +146,7 @@ async def _stream(request: web.Request, call: Call, up: UpstreamResponse, t0: fl
             metrics.stop_reasons.labels(route.name, translator.stop_reason).inc()
 
     async with streaming.RelayedStream(request, "messages", route, translator,
-                                       content_type="text/event-stream; charset=utf-8",
+                                       content_type=_SSE,
                                        after=after) as stream:
         await relay(call, up, translator, stream.writer.write, timing,
                     metrics.inter_chunk.labels(route.name),
@@ -91,7 +157,8 @@ async def _stream(request: web.Request, call: Call, up: UpstreamResponse, t0: fl
 
 async def count_tokens(request: web.Request) -> web.Response:
     deps = request.app[MESSAGES]
-    req = validate_messages(await read_json(request), count_tokens=True)
+    req = validate_messages(await read_json(request), count_tokens=True,
+                            web_search=request.app[WEB_SEARCH] is not None)
     route = routing.resolve(request, req["model"])
     with deps.decoding.lease() as lease:  # restored reasoning counts until it is counted
         await restore(deps, req, lease)

@@ -64,6 +64,7 @@ from gateway.http.keys import (
 )
 from gateway.http.writer import StreamWriter
 from gateway.messages.validate import validate_messages
+from gateway.messages.web_search import TOOL_TYPES as WEB_SEARCH_TYPES
 from gateway.ops.config import Config, find_route
 from gateway.text import ids, jsonutil
 
@@ -267,6 +268,7 @@ class CreateParser:
         if isinstance(params, dict) and params.get("stream") not in (None, False):
             raise errors.InvalidRequest(f"{where}.params.stream",
                                         "streaming is not supported in message batches")
+        _no_web_search(params, where)
         try:
             req = validate_messages(params)
         except errors.InvalidRequest as exc:
@@ -278,6 +280,19 @@ class CreateParser:
             raise errors.InvalidRequest(f"{where}.params.model",
                                         f"model {errors.echo(req['model'], 256)} not found")
         return (custom_id, route.name, jsonutil.dumpb(params))
+
+
+def _no_web_search(params: Any, where: str) -> None:
+    """Web search runs in interactive requests only (gateway/tools/): a batch request
+    carrying the tool is refused by name, whether or not [web_search] is configured."""
+    tools = params.get("tools") if isinstance(params, dict) else None
+    if not isinstance(tools, list):
+        return
+    for i, tool in enumerate(tools):
+        if isinstance(tool, dict) and tool.get("type") in WEB_SEARCH_TYPES:
+            raise errors.InvalidRequest(f"{where}.params.tools.{i}.type",
+                                        "web search is not available in message batches on "
+                                        "this gateway; send the request to /v1/messages")
 
 
 async def _parse_create(cfg: Config, body: Any) -> list[tuple[str, str, bytes]]:

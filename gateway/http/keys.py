@@ -13,6 +13,7 @@ from gateway.ops.budget import Budget
 from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
 from gateway.text.redact import Redactor
+from gateway.tools.searxng import Searxng
 from gateway.upstream import UpstreamClient
 from gateway.upstream.call import Upstreams
 
@@ -51,6 +52,8 @@ SECRETS = web.AppKey("secrets", Redactor)
 # what the one upstream call and the one Messages call need, passed to them explicitly
 UPSTREAM_CALLS = web.AppKey("upstream_calls", Upstreams)
 MESSAGES = web.AppKey("messages", MessagesDeps)
+# the web_search server tool's backend; None: no [web_search] table (such tools get a 400)
+WEB_SEARCH: web.AppKey[Searxng | None] = web.AppKey("web_search")
 # Message Batches: the store and the scheduler (absent when batches are off)
 BATCH_STORE: web.AppKey[BatchStore] = web.AppKey("batch_store")
 SCHEDULER: web.AppKey[Scheduler] = web.AppKey("batch_scheduler")

@@ -39,6 +39,8 @@ def aggregate(sse: bytes) -> dict[str, Any]:
             if dtype in _APPEND:
                 field = _APPEND[dtype]
                 block[field] += delta[field]
+            elif dtype == "citations_delta":
+                block.setdefault("citations", []).append(delta["citation"])
             elif dtype == "signature_delta":
                 block["signature"] = delta["signature"]
             elif dtype == "input_json_delta":
@@ -63,10 +65,13 @@ def aggregate(sse: bytes) -> dict[str, Any]:
     }
 
 
-def _usage(usage: dict[str, int]) -> dict[str, int]:
-    """The buffered reply's usage fields, in its order (``tables.anthropic_usage``)."""
+def _usage(usage: dict[str, Any]) -> dict[str, Any]:
+    """The buffered reply's usage fields, in its order (``tables.anthropic_usage``), and
+    the server tools' counts where the reply ran them (web search, gateway/tools/)."""
     out = {"input_tokens": usage["input_tokens"]}
     if "cache_read_input_tokens" in usage:
         out["cache_read_input_tokens"] = usage["cache_read_input_tokens"]
     out["output_tokens"] = usage["output_tokens"]
+    if "server_tool_use" in usage:
+        out["server_tool_use"] = usage["server_tool_use"]
     return out

@@ -41,7 +41,7 @@ from gateway import errors
 from gateway.local.capabilities import LEARNED, Learned, may_fall_back, named_tool_choice
 from gateway.local.capabilities import text_only as route_text_only
 from gateway.local.normalise import ContentNormaliser
-from gateway.messages import documents, tokens
+from gateway.messages import documents, tokens, web_search
 from gateway.messages.aggregate import aggregate
 from gateway.messages.continuation import relay
 from gateway.messages.from_chat import from_chat
@@ -107,7 +107,9 @@ async def restore(deps: MessagesDeps, req: dict[str, Any], lease: Lease) -> None
     """Restore replayed reasoning from its signatures (:func:`restore_reasoning`), bounded
     per request and counted in ``lease``. Opening and inflating is CPU work: past
     :data:`_OFF_LOOP_SIGNATURES` characters of signatures it runs in a thread (zlib and
-    OpenSSL let go of the GIL; what a thread can restore is bounded by the same caps)."""
+    OpenSSL let go of the GIL; what a thread can restore is bounded by the same caps).
+    Replayed web search results are opened too (:func:`web_search.open_history`)."""
+    web_search.open_history(req, deps.opening_keys)
     blocks = restorable(req)
     if not blocks:
         return

@@ -21,8 +21,10 @@ Protocol facts relied on:
   run of references and each run of other parts is its own tool message.
 - Anthropic-defined client tools (``bash_*``, ``text_editor_*``, ``memory_*``,
   ``computer_*``) carry no schema; they go up as function tools under the client's name,
-  with the schema Anthropic documents (:mod:`.client_tools`). Server tools never get here:
-  validation refuses them.
+  with the schema Anthropic documents (:mod:`.client_tools`). Server tools never get here
+  (validation refuses them), except web search when the gateway runs it: a function
+  ``web_search(query)``; a replayed search (``server_tool_use`` + ``web_search_tool_result``)
+  is the assistant's call and the ``tool`` message it got (:mod:`.web_search`).
 - vLLM and SGLang accept ``stream_options.continuous_usage_stats`` (usage on every chunk,
   so the first one carries the prompt's token count); other servers may refuse it.
   llama.cpp instead takes ``return_progress: true``: its first chunks carry
@@ -54,6 +56,8 @@ from gateway.messages import tables, turn_control
 from gateway.messages.client_tools import to_function
 from gateway.messages.tables import LOCAL_STOP_KINDS
 from gateway.messages.validate import is_custom_tool
+from gateway.messages.web_search import OPENED, TOOL_TYPES, replayed_text
+from gateway.messages.web_search import function as web_search_function
 from gateway.text import jsonutil
 
 if TYPE_CHECKING:
@@ -189,7 +193,7 @@ def _messages(req: Mapping[str, Any], keep_billing_header: bool, render: _Render
         elif role == "user":
             out.extend(_user(group, render))
         else:
-            out.append(_assistant(group))
+            out.extend(_assistant_turns(group))
     return out
 
 
@@ -327,6 +331,43 @@ def _user(group: list[Mapping[str, Any]], render: _Render) -> list[Message]:
     return out
 
 
+_SEARCH_BLOCKS = frozenset({"server_tool_use", "web_search_tool_result"})
+
+
+def _assistant_turns(group: list[Mapping[str, Any]]) -> list[Message]:
+    """An assistant turn (or a run of them) as chat messages: one assistant message, or,
+    where web searches ran inside it, an assistant message with the search call and the
+    search's ``tool`` message per search, the turn going on after it."""
+    if not any(isinstance(turn["content"], list)
+               and any(b["type"] in _SEARCH_BLOCKS for b in turn["content"])
+               for turn in group):
+        return [_assistant(group)]
+    out: list[Message] = []
+    segment: list[Any] = []
+    answered = {b["tool_use_id"] for turn in group if isinstance(turn["content"], list)
+                for b in turn["content"] if b["type"] == "web_search_tool_result"}
+    for turn in group:
+        if isinstance(turn["content"], str):
+            segment.append({"type": "text", "text": turn["content"]})
+            continue
+        for block in turn["content"]:
+            if block["type"] == "server_tool_use" and block["id"] not in answered:
+                continue  # a search without its result: nothing the model can be shown
+            if block["type"] != "web_search_tool_result":
+                segment.append(block)
+                continue
+            if segment:
+                out.append(_assistant([{"content": segment}]))
+                segment = []
+            text = block.get(OPENED)
+            if text is None:  # not opened by the caller: title and URL only
+                text = replayed_text(block, ())
+            out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
+    if segment:
+        out.append(_assistant([{"content": segment}]))
+    return out
+
+
 def _assistant(group: list[Mapping[str, Any]]) -> Message:
     texts: list[str] = []
     reasoning: list[str] = []
@@ -343,7 +384,7 @@ def _assistant(group: list[Mapping[str, Any]]) -> Message:
             elif kind == "thinking":
                 if block["thinking"]:
                     reasoning.append(block["thinking"])
-            else:  # tool_use
+            else:  # tool_use, or a web search's server_tool_use
                 arguments = jsonutil.dumps(block["input"])
                 calls.append(
                     {
@@ -378,7 +419,9 @@ def _tools(req: Mapping[str, Any], out: dict[str, Any], named_choice: bool = Tru
             fn["parameters"] = schema if "type" in schema else {"type": "object", **schema}
             if tool.get("strict") is True:
                 fn["strict"] = True
-        else:  # validated: an Anthropic-defined client tool (server tools were refused)
+        elif tool.get("type") in TOOL_TYPES:  # validated: the gateway runs it (gateway/tools)
+            fn = web_search_function(tool)
+        else:  # validated: an Anthropic-defined client tool (other server tools were refused)
             fn = to_function(tool)
         if tool.get("defer_loading") is not None:
             fn["defer_loading"] = tool["defer_loading"]
@@ -447,12 +490,20 @@ def _output_config(req: Mapping[str, Any], out: dict[str, Any]) -> None:
         }
 
 
+def _ends_in_search(turn: Mapping[str, Any]) -> bool:
+    """An assistant turn whose last block is a search's result: the chat ends with that
+    ``tool`` message, which the model answers (no prefill to continue)."""
+    content = turn.get("content")
+    return (isinstance(content, list) and bool(content)
+            and content[-1].get("type") == "web_search_tool_result")
+
+
 def _prefill(req: Mapping[str, Any], out: dict[str, Any]) -> None:
     cont = req.get("continue_final_message")
     if cont is None:
         last = next((t for t in reversed(req["messages"])
                      if not turn_control.is_control_entry(t)), None)
-        cont = last is not None and last["role"] == "assistant"
+        cont = last is not None and last["role"] == "assistant" and not _ends_in_search(last)
         if not cont:
             return
     out["continue_final_message"] = cont

@@ -55,6 +55,8 @@ from gateway.messages.validate_content import (
     is_int,
     is_number,
 )
+from gateway.messages.web_search import TOOL_TYPES as WEB_SEARCH_TYPES
+from gateway.messages.web_search import check_tool as check_web_search_tool
 
 __all__ = ["is_custom_tool", "validate_messages"]
 
@@ -70,7 +72,7 @@ def is_custom_tool(tool: Mapping[str, Any]) -> bool:
     return kind is None or kind == "custom"
 
 
-def _tools(tools: Any) -> set[str]:
+def _tools(tools: Any, web_search: bool = False) -> set[str]:
     names: set[str] = set()
     if tools is None:
         return names
@@ -78,7 +80,12 @@ def _tools(tools: Any) -> set[str]:
         path = f"tools.{i}"
         check_obj(tool, path)
         custom = is_custom_tool(tool)
-        name = _custom_tool_name(tool, path) if custom else check_client_tool(tool, path)
+        if custom:
+            name = _custom_tool_name(tool, path)
+        elif web_search and tool.get("type") in WEB_SEARCH_TYPES:
+            name = check_web_search_tool(tool, path)
+        else:
+            name = check_client_tool(tool, path)
         if name in names:
             raise fail(f"{path}.name", f"Tool names must be unique: '{name}'")
         names.add(name)
@@ -249,8 +256,12 @@ def _server_side_features(body: Mapping[str, Any]) -> None:
         raise fail("container", "code execution containers are not available on this gateway")
 
 
-def validate_messages(body: object, *, count_tokens: bool = False) -> dict[str, Any]:
+def validate_messages(body: object, *, count_tokens: bool = False,
+                      web_search: bool = False) -> dict[str, Any]:
     """Return ``body`` if it is a valid Messages request, else raise InvalidRequest.
+
+    ``web_search``: the gateway runs the web search tool (``[web_search]`` is configured);
+    without it, a web search tool is refused like every other server tool.
 
     The model is only checked to be a string; routing answers 404 for unknown names.
     With ``count_tokens`` the generation-only fields are neither required nor checked.
@@ -272,7 +283,7 @@ def validate_messages(body: object, *, count_tokens: bool = False) -> dict[str, 
         _generation_fields(body)
     check_messages(body["messages"])
     check_system(body.get("system"))
-    _tool_choice(body.get("tool_choice"), _tools(body.get("tools")))
+    _tool_choice(body.get("tool_choice"), _tools(body.get("tools"), web_search))
     _thinking_config(body.get("thinking"), None if count_tokens else body.get("max_tokens"))
     _output_config(body.get("output_config"))
     _sampling(body)

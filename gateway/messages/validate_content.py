@@ -274,6 +274,39 @@ def _tool_use(block: Mapping[str, Any], path: str) -> None:
     check_depth(block["input"], f"{path}.input")
 
 
+def _server_tool_use(block: Mapping[str, Any], path: str) -> None:
+    """A replayed ``server_tool_use`` block: only web search runs here."""
+    _tool_use(block, path)
+    if block["name"] != "web_search":
+        raise fail(f"{path}.name", f"'{echo(block['name'])}' is an Anthropic server tool "
+                   "this gateway does not run; only web_search blocks can be replayed")
+
+
+_RESULT_BLOCK_FIELDS = frozenset({"type", "tool_use_id", "content", "cache_control", "caller"})
+
+
+def _web_search_tool_result(block: Mapping[str, Any], path: str) -> None:
+    """A replayed ``web_search_tool_result`` block."""
+    for key in block:
+        if key not in _RESULT_BLOCK_FIELDS:
+            raise fail(f"{path}.{echo(key)}", "Extra inputs are not permitted")
+    if not isinstance(block.get("tool_use_id"), str):
+        raise fail(f"{path}.tool_use_id", "Field required")
+    content = block.get("content")
+    if isinstance(content, Mapping):
+        if content.get("type") != "web_search_tool_result_error":
+            raise fail(f"{path}.content.type", "Input should be 'web_search_tool_result_error'")
+        return
+    for j, item in enumerate(check_list(content, f"{path}.content")):
+        where = f"{path}.content.{j}"
+        check_obj(item, where)
+        if item.get("type") != "web_search_result":
+            raise fail(f"{where}.type", "Input should be 'web_search_result'")
+        for key in ("url", "title", "encrypted_content"):
+            if not isinstance(item.get(key), str):
+                raise fail(f"{where}.{key}", "Field required")
+
+
 def _thinking(block: Mapping[str, Any], path: str) -> None:
     check_str(block, "thinking", path)
     check_str(block, "signature", path, required=False)
@@ -290,6 +323,9 @@ _ASSISTANT_BLOCKS: Mapping[str, Callable[[Mapping[str, Any], str], None]] = {
     "text": _text,
     "tool_use": _tool_use,
     "thinking": _thinking,
+    # a web search's blocks, replayed (gateway/messages/web_search.py)
+    "server_tool_use": _server_tool_use,
+    "web_search_tool_result": _web_search_tool_result,
 }
 _SYSTEM_BLOCKS: Mapping[str, Callable[[Mapping[str, Any], str], None]] = {"text": _text}
 

@@ -225,11 +225,28 @@ class BatchesConfig:
 
 
 @dataclass(frozen=True)
+class WebSearchConfig:
+    """``[web_search]``: the web_search server tool, run by the gateway (gateway/tools/)."""
+
+    searxng_url: str  # a SearXNG instance, http(s)://host[:port][/path]; its JSON API
+    timeout: float = _knob(10.0, bound=_POS)  # seconds one search may take, all in
+    max_results: int = _knob(5, bound=_POS)  # results kept per search (at most 20)
+    # characters of one result's snippet the model sees
+    max_result_chars: int = _knob(1000, bound=_POS)
+    # characters of search results the model sees in one request, all searches together
+    max_request_chars: int = _knob(40_000, bound=_POS)
+    # searches in one request, at most, whatever the tool's max_uses says
+    max_searches: int = _knob(8, bound=_POS)
+    max_response_bytes: int = _knob(2 * 1024 * 1024, bound=_POS)  # a backend reply, at most
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig
     upstreams: Mapping[str, UpstreamConfig]
     models: Mapping[str, ModelRoute]
     batches: BatchesConfig = field(default_factory=BatchesConfig)
+    web_search: WebSearchConfig | None = None  # None: no [web_search] table
     source: str = "<built-in default>"
     # set by --workers in each worker process (not TOML knobs): prometheus multiprocess
     # directory and SO_REUSEPORT on the listening socket
@@ -301,7 +318,7 @@ def knobs(cls: type) -> dict[str, Knob]:
 # Where each table sits in a file, as errors and documentation name its keys.
 TABLES: dict[str, type] = {
     "server": ServerConfig, "upstreams.<name>": UpstreamConfig, "models[]": ModelRoute,
-    "batches": BatchesConfig,
+    "batches": BatchesConfig, "web_search": WebSearchConfig,
 }
 
 
@@ -311,7 +328,7 @@ def schema() -> dict[str, Knob]:
             for table, cls in TABLES.items() for name, knob in knobs(cls).items()}
 
 
-_TOP_KEYS = ("server", "upstreams", "models", "batches")
+_TOP_KEYS = ("server", "upstreams", "models", "batches", "web_search")
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean",
                list: "an array of strings"}
 
@@ -455,7 +472,26 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         raise ConfigError(f"{src}: models: at least one [[models]] entry is required")
     models = _fallbacks(src, models)
     batches = _batches(src, data.get("batches", {}), env)
-    return Config(server=server, upstreams=upstreams, models=models, batches=batches, source=src)
+    web_search = _web_search(src, data["web_search"]) if "web_search" in data else None
+    return Config(server=server, upstreams=upstreams, models=models, batches=batches,
+                  web_search=web_search, source=src)
+
+
+MAX_SEARCH_RESULTS = 20
+
+
+def _web_search(src: str, table: Any) -> WebSearchConfig:
+    w = _check_table(src, "web_search", table, knobs(WebSearchConfig))
+    url = w["searxng_url"].rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
+        raise ConfigError(f"{src}: web_search.searxng_url: must be an http(s) URL "
+                          f"(scheme://host[:port][/path]), got {w['searxng_url']!r}")
+    if w["max_results"] > MAX_SEARCH_RESULTS:
+        raise ConfigError(f"{src}: web_search.max_results: must be at most "
+                          f"{MAX_SEARCH_RESULTS}, got {w['max_results']}")
+    w["searxng_url"] = url
+    return WebSearchConfig(**w)
 
 
 def _fallbacks(src: str, models: dict[str, ModelRoute]) -> dict[str, ModelRoute]:

@@ -199,6 +199,11 @@ class WorkerProcess:
                     gauge.set(sample.value)
 
 
+# the web_search_tool_result_error codes (gateway/messages/web_search.py: ERROR_CODES)
+WEB_SEARCH_ERROR_CODES = ("invalid_tool_input", "unavailable", "max_uses_exceeded",
+                          "too_many_requests", "query_too_long", "request_too_large")
+
+
 class Metrics:
     """The gateway's metrics on ``registry``; attribute names are what the handlers use.
 
@@ -346,6 +351,20 @@ class Metrics:
             p + "accept_errors_total",
             "accept() failures on a listener, by errno; each pauses accepting for a second",
             ["reason"], registry=r))
+        # the web_search server tool (gateway/tools/); backend: "searxng"
+        self.web_searches = _Memo(Counter(
+            p + "web_searches_total",
+            "Web searches run for the web_search tool, by backend and outcome (ok, error)",
+            ["backend", "outcome"], registry=r))
+        self.web_search_errors = _Memo(Counter(
+            p + "web_search_errors_total",
+            "Web searches that failed, by backend and the web_search_tool_result_error code "
+            "the reply carries (unavailable, too_many_requests, query_too_long, ...)",
+            ["backend", "error_code"], registry=r))
+        self.web_search_duration = _Memo(Histogram(
+            p + "web_search_duration_seconds",
+            "Time one web search took at its backend, answer read and decoded",
+            ["backend"], buckets=_LATENCY, registry=r))
         # Message Batches (gateway/batches/)
         self.batches_created = Counter(
             p + "batches_created_total", "Message batches created", registry=r)
@@ -427,6 +446,14 @@ class Metrics:
         for kind in PROTOCOL_ERRORS:
             self.upstream_protocol_errors.labels(upstream, kind)
         self.batch_in_flight.labels(upstream)
+
+    def add_web_search_backend(self, backend: str) -> None:
+        """Create a configured web search backend's series at zero (every error code)."""
+        for outcome in ("ok", "error"):
+            self.web_searches.labels(backend, outcome)
+        for code in WEB_SEARCH_ERROR_CODES:
+            self.web_search_errors.labels(backend, code)
+        self.web_search_duration.labels(backend)
 
     def drop_field(self, name: str) -> None:
         """Count a dropped request field; unknown names (client input) count as ``other``."""

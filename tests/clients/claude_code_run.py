@@ -22,6 +22,14 @@ context_management, output_config, metadata and cache_control. The work director
                ``web_search_20250305`` server tool, which the gateway refuses); then an answer
                holding the last tool result. ``claude-*`` -> ``ok``, in case the side request
                names another model.
+``websearch-session``  as ``websearch``, but the gateway has a ``[web_search]`` table naming
+               the SearXNG stand-in (tests/searxng_stub.py), so the side request is served:
+               the stub model searches and answers citing the first URL it was shown; then
+               two more turns with ``--continue`` (``Go on``, ``And then?``) in the same
+               session, the search in its history. Output adds ``steps`` (as the sessions
+               below) and ``searches``: the requests the SearXNG stand-in received.
+``websearch-fail``  one run as ``websearch-session``'s first, the WebSearch query ending in
+               ``#fail``: the SearXNG stand-in answers 500.
 ``pdf``        ``tiny-demo`` -> ``cc-tool`` on doc.pdf.
 ``think``      ``tiny-demo`` -> ``think-tool:Read``: reasoning with each turn (``REASONING_<n>``).
 ``think-updates``  the same, with ``thinking.display: "updates"`` forced through
@@ -83,11 +91,16 @@ MODEL = "tiny-demo"
 EXPLORE_PROMPT = "Read hello.txt and report what it says."
 LOCAL_MODES = ("text-tool", "broken-args", "inline-think")
 SESSION_MODES = ("compact", "compact-effort", "compact-bare")
+WEBSEARCH_SESSION = "websearch-session"
+WEBSEARCH_MODES = ("websearch", WEBSEARCH_SESSION, "websearch-fail")
 
 
 def _steps(mode: str, prompt: str, args: list[str]) -> list[list[str]]:
     """The ``claude`` argument lists to run, in order: one for a single-run mode."""
     out = ["--output-format", "json"]
+    if mode == WEBSEARCH_SESSION:
+        return [["-p", prompt, *args, *out], ["-p", "Go on", "--continue", *args, *out],
+                ["-p", "And then?", "--continue", *args, *out]]
     if mode not in SESSION_MODES:
         return [["-p", prompt, *args, *out, "--no-session-persistence"]]
     bare = ["--bare"] if mode == "compact-bare" else []
@@ -168,9 +181,10 @@ def _routes(mode: str, work: Path) -> list[tuple[str, str]]:
         return [(MODEL, "agent:Agent:" + json.dumps(call)), ("claude-*", f"cc-tool:{hello}")]
     if mode == "no-model":
         return [("claude-*", f"cc-tool:{hello}")]
-    if mode == "websearch":
+    if mode in WEBSEARCH_MODES:
+        query = "gateway release notes" + (" #fail" if mode == "websearch-fail" else "")
         steps = [["ToolSearch", {"query": "select:WebSearch"}],
-                 ["WebSearch", {"query": "gateway release notes"}]]
+                 ["WebSearch", {"query": query}]]
         return [(MODEL, "cc-steps:" + json.dumps(steps)), ("claude-*", "ok")]
     if mode == "pdf":
         return [(MODEL, f"cc-tool:{pdf}")]
@@ -185,7 +199,8 @@ def _routes(mode: str, work: Path) -> list[tuple[str, str]]:
     raise SystemExit(f"unknown mode {mode!r}")
 
 
-def _stub_config(stub_url: str, routes: list[tuple[str, str]]) -> str:
+def _stub_config(stub_url: str, routes: list[tuple[str, str]],
+                 searxng_url: str | None = None) -> str:
     text = f"""
 [server]
 host = "127.0.0.1"
@@ -201,6 +216,8 @@ idle_timeout = 3
     for name, scenario in routes:  # json.dumps quotes as a TOML basic string does
         text += (f"\n[[models]]\nname = {json.dumps(name)}\nupstream = \"stub\"\n"
                  f"upstream_model = {json.dumps(scenario)}\n")
+    if searxng_url is not None:
+        text += f'\n[web_search]\nsearxng_url = "{searxng_url}"\n'
     return text
 
 
@@ -212,7 +229,8 @@ def main() -> int:
     home.mkdir()
     work.mkdir()
     stopper = []
-    stub_url = None
+    stub_url = searxng_url = None
+    searches = None
     model: str | None = MODEL
     if mode == "llama":
         from gateway.demo.llama import LlamaServer
@@ -231,10 +249,16 @@ def main() -> int:
         stopper.append(stub.stop)
         wait_http(f"http://127.0.0.1:{port}/health")
         stub_url = f"http://127.0.0.1:{port}"
-        cfg = _stub_config(stub_url, _routes(mode, work))
+        if mode in (WEBSEARCH_SESSION, "websearch-fail"):
+            sport = free_port()
+            searx = Proc([sys.executable, str(REPO / "tests" / "searxng_stub.py"), str(sport)])
+            stopper.append(searx.stop)
+            wait_http(f"http://127.0.0.1:{sport}/healthz")
+            searxng_url = f"http://127.0.0.1:{sport}"
+        cfg = _stub_config(stub_url, _routes(mode, work), searxng_url)
         if mode == "no-model":
             model = None
-        allowed = "Read,WebSearch" if mode == "websearch" else "Read"
+        allowed = "Read,WebSearch" if mode in WEBSEARCH_MODES else "Read"
         args = ["--allowedTools", allowed, "--max-turns", "4"]
     # the thinking-signature key lives in the gateway's state directory: keep it in tmp
     gateway, url = start_gateway(cfg, tmp, env={"STATE_DIRECTORY": str(tmp / "state")})
@@ -285,6 +309,9 @@ def main() -> int:
         if stub_url:
             with urllib.request.urlopen(stub_url + "/_requests", timeout=5) as resp:
                 seen = json.loads(resp.read())
+        if searxng_url:
+            with urllib.request.urlopen(searxng_url + "/_requests", timeout=5) as resp:
+                searches = json.loads(resp.read())
     finally:
         recorder.stop()
         gateway.stop()
@@ -299,7 +326,7 @@ def main() -> int:
         "client_requests": recorder.requests,
         "file_path": str(work / "hello.txt"), "file_text": FILE_TEXT,
         "pdf_path": str(work / "doc.pdf"), "pdf_lines": PDF_LINES,
-        "explore_prompt": EXPLORE_PROMPT, "steps": steps,
+        "explore_prompt": EXPLORE_PROMPT, "steps": steps, "searches": searches,
     }))
     return 0
 

@@ -104,11 +104,14 @@ def _documented_default(knob: config.Knob) -> str:
 
 # a commented-out knob: "# key = value" (prose comments never have this shape)
 _COMMENTED_KNOB = re.compile(r"^#\s?([A-Za-z_][A-Za-z0-9_]*\s*=\s*\S.*)$")
+# a commented-out optional table: "# [web_search]"
+_COMMENTED_TABLE = re.compile(r"^#\s?(\[[a-z_]+\])\s*$")
 
 
 def _switch_on(text: str) -> str:
     return "\n".join(
-        m.group(1) if (m := _COMMENTED_KNOB.match(line)) else line for line in text.splitlines()
+        m.group(1) if (m := _COMMENTED_KNOB.match(line) or _COMMENTED_TABLE.match(line))
+        else line for line in text.splitlines()
     )
 
 
@@ -119,6 +122,7 @@ def _knobs_in(data: dict[str, Any]) -> set[str]:
     for table in data.get("models", []):
         knobs |= {f"models[].{k}" for k in table}
     knobs |= {f"batches.{k}" for k in data.get("batches", {})}
+    knobs |= {f"web_search.{k}" for k in data.get("web_search", {})}
     return knobs
 
 
@@ -182,6 +186,8 @@ def test_example_config_comments_every_knob() -> None:
     section, seen, uncommented = "", set(), []
     lines = EXAMPLE.read_text().splitlines()
     for i, line in enumerate(lines):
+        if _COMMENTED_TABLE.match(line):
+            line = line.lstrip("# ")
         if line.startswith("["):
             section = (
                 "models[]"
@@ -190,6 +196,8 @@ def test_example_config_comments_every_knob() -> None:
                 if line.startswith("[upstreams.")
                 else "batches"
                 if line.startswith("[batches]")
+                else "web_search"
+                if line.startswith("[web_search]")
                 else "server"
             )
             continue
@@ -224,6 +232,7 @@ def _first_values(data: dict[str, Any]) -> dict[str, Any]:
     tables += [("upstreams.<name>", t) for t in data.get("upstreams", {}).values()]
     tables += [("models[]", t) for t in data.get("models", [])]
     tables += [("batches", data.get("batches", {}))]
+    tables += [("web_search", data.get("web_search", {}))]
     shown: dict[str, Any] = {}
     for prefix, table in tables:
         for key, value in table.items():

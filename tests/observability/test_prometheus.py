@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -166,9 +167,14 @@ def _traffic_round(base: str) -> None:
     assert _post(msgs, {**demo, "model": "m-status:500"}) >= 500
     assert _post(msgs, {**demo, "model": "m-inband-error", "stream": True}) == 200
     assert _post(msgs, {**demo, "model": "m-dead"}) >= 500
+    # the web_search server tool against the SearXNG stub: a search, and a failing one
+    search = {**demo, "model": "m-search", "tools": [{"type": "web_search_20250305",
+                                                      "name": "web_search"}]}
+    assert _post(msgs, {**search, "messages": [{"role": "user", "content": "paris"}]}) == 200
+    assert _post(msgs, {**search, "messages": [{"role": "user", "content": "x #fail"}]}) == 200
 
 
-def _gateway_config(llama_url: str, stub_url: str) -> str:
+def _gateway_config(llama_url: str, stub_url: str, searxng_url: str) -> str:
     text = llama_config(llama_url)
     text += f"""
 [upstreams.stub]
@@ -193,6 +199,8 @@ health_timeout = 1
         text += f'\n[[models]]\nname = "m-{name}"\nupstream = "stub"\nupstream_model = "{name}"\n'
     text += '\n[[models]]\nname = "m-dead"\nupstream = "dead"\nupstream_model = "ok"\n'
     text += 'fallbacks = ["m-status:500"]\n'  # llm_gateway_fallbacks_total
+    text += '\n[[models]]\nname = "m-search"\nupstream = "stub"\nupstream_model = "ok"\n'
+    text += f'\n[web_search]\nsearxng_url = "{searxng_url}"\ntimeout = 5\n'
     return text
 
 
@@ -239,7 +247,11 @@ def scraped(tmp_path_factory: pytest.TempPathFactory, llama_server: str, stub_ur
     """(gateway URL, Prometheus) once traffic has flowed and Prometheus has the final values."""
     binary = _tool("prometheus")
     workdir = tmp_path_factory.mktemp("prometheus")
-    gateway, base = start_gateway(_gateway_config(llama_server, stub_url), workdir)
+    searxng_port = free_port()
+    searxng = Proc([sys.executable, str(REPO / "tests" / "searxng_stub.py"), str(searxng_port)])
+    wait_http(f"http://127.0.0.1:{searxng_port}/healthz", proc=searxng.popen)
+    searxng_url = f"http://127.0.0.1:{searxng_port}"
+    gateway, base = start_gateway(_gateway_config(llama_server, stub_url, searxng_url), workdir)
     prom = _Prometheus(binary, base.removeprefix("http://"), workdir)
     try:
         wait_http(prom.url + "/-/ready", timeout=20, proc=prom.proc.popen)
@@ -265,6 +277,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory, llama_server: str, stub_ur
     finally:
         prom.proc.stop()
         gateway.stop()
+        searxng.stop()
 
 
 
@@ -302,6 +315,10 @@ def test_key_panels_show_the_traffic_that_flowed(scraped) -> None:
         f'sum(rate(llm_gateway_upstream_requests_total{{code="500"}}{rate}))': "upstream 500",
         f'sum(rate(llm_gateway_rejected_total{{reason="unknown_model"}}{rate}))': "unknown model",
         f'sum(rate(llm_gateway_dropped_fields_total{{field="metadata"}}{rate}))': "dropped",
+        f'sum(rate(llm_gateway_web_searches_total{{backend="searxng",outcome="ok"}}{rate}))':
+            "web searches",
+        f'sum(rate(llm_gateway_web_search_errors_total{{error_code="unavailable"}}{rate}))':
+            "web search errors",
     }
     for expr, what in checks.items():
         got = prom.scalar(expr)
@@ -310,7 +327,7 @@ def test_key_panels_show_the_traffic_that_flowed(scraped) -> None:
     assert (prom.scalar('process_resident_memory_bytes{job="llm-gateway"}') or 0) > 10e6
     models = json.loads(_get(prom.url + "/api/v1/label/model/values?" + urllib.parse.urlencode(
         {"match[]": "llm_gateway_model_info"})))["data"]
-    assert sorted(models) == ["demo", "m-dead", "m-inband-error", "m-status:500"]
+    assert sorted(models) == ["demo", "m-dead", "m-inband-error", "m-search", "m-status:500"]
     # client-chosen names never become series
     assert prom.query('{__name__=~"llm_gateway_.*", model="not-configured"}') == []
 

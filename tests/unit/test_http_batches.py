@@ -52,6 +52,10 @@ BAD = [
                                                                              "content": "c"}])]},
      "requests.1.params.messages.0.role"),
     ("unknown model", {"requests": [_item(model="nope")]}, "requests.0.params.model"),
+    ("web search", {"requests": [_item(tools=[{"type": "custom", "name": "t", "input_schema": {}},
+                                              {"type": "web_search_20250305",
+                                               "name": "web_search"}])]},
+     "requests.0.params.tools.1.type"),  # interactive only (gateway/tools/)
 ]
 
 

@@ -3,7 +3,8 @@
 
 Layers, lowest first: shared text utilities (``text``), the error tree (``errors``),
 operations (``ops``), the upstream client (``upstream``), what local engines emit (``local``),
-the surfaces (``messages``, ``openai``), Message Batches (``batches``), the HTTP shell
+the surfaces (``messages``, ``openai``), the server tools the gateway runs (``tools``),
+Message Batches (``batches``), the HTTP shell
 (``http``), and the composition root (``app``, ``__main__``). The demo sits beside ops.
 Imports inside a function or under ``TYPE_CHECKING`` count too: a lazy upward import is still
 a seam.
@@ -28,6 +29,7 @@ LAYERS = {
     "local": 4,
     "messages": 5,
     "openai": 5,
+    "tools": 5.5,  # server tools the gateway runs (web search): they drive the Messages call
     "batches": 6,
     "http": 7,
     "app": 8,

@@ -181,10 +181,10 @@ REFUSED: list[tuple[str, dict[str, Any], str, str | None]] = [
         "redacted_thinking",
     ),
     (
-        "assistant-server-tool-use",
-        _assistant({"type": "server_tool_use", "id": "s", "name": "web_search", "input": {}}),
-        f"{A0}.type",
-        None,
+        "assistant-server-tool-use",  # only web search's blocks replay (gateway/tools/)
+        _assistant({"type": "server_tool_use", "id": "s", "name": "web_fetch", "input": {}}),
+        f"{A0}.name",
+        "web_search",
     ),
     (
         "thinking-text-missing",

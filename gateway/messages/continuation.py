@@ -11,11 +11,18 @@ next replica takes it when there is one; else the same upstream again) with
 ``{"role": "assistant", "content": <the answer so far>}`` appended to its messages:
 
 - vLLM and SGLang: with ``continue_final_message: true, add_generation_prompt: false``, so the
-  chat template leaves the final assistant message open;
-- llama.cpp (``llama-server``) and Ollama: a final assistant message is continued as it is;
-- reasoning streamed as ``reasoning_content`` goes back inline (``<think>...</think>``, the
-  text after it), which is what the engines' reasoning parsers read back (best effort: a
-  template may drop reasoning from history).
+  chat template leaves the final assistant message open (vLLM refuses the pair with
+  ``add_generation_prompt: true``; it renders through transformers' ``apply_chat_template``,
+  which cuts the rendered prompt after the final message's *content* and refuses a content
+  the template did not write out verbatim);
+- llama.cpp (``llama-server``, prefill on unless started with ``--no-prefill-assistant``):
+  a final assistant message is the prefill: the messages before it are rendered with the
+  generation prompt and the message is appended after it, no end of turn. Its reasoning goes
+  as the message's ``reasoning_content``, see :data:`_REASONING_FIELD_KINDS`;
+- Ollama: a final assistant message is continued as it is;
+- elsewhere reasoning streamed as ``reasoning_content`` goes back inline
+  (``<think>...</think>``, the text after it), which is what vLLM's and SGLang's reasoning
+  parsers read back (best effort: a template may drop reasoning from history).
 
 ``max_tokens`` is lowered by the tokens already generated. The continuation's chunks go
 through :class:`Continued` and are fed to the *same* translator: its role-only first chunk
@@ -63,6 +70,19 @@ _log = structlog.get_logger("gateway.messages")
 
 # kinds whose chat template needs telling to continue the final assistant message
 _CONTINUE_FLAG_KINDS = frozenset({"vllm", "sglang"})
+# kinds that take the reasoning so far as the prefill message's ``reasoning_content``, not
+# inline. llama-server (observed with xllamacpp 2026.10, tests/e2e/test_continuation_llama.py)
+# renders a final assistant message after the generation prompt as the template writes an
+# assistant turn: with ``reasoning_content`` and an empty content the reasoning is left open
+# (``<think>\nREASONING``) and the reply is parsed as reasoning until the model's
+# ``</think>``; with content too it is closed (``<think>\nREASONING\n</think>\n\nTEXT``).
+# Inline ``<think>`` in the content it precedes with an empty reasoning block
+# (``<think>\n\n</think>\n\n``) and parses nothing of the reply as reasoning, so a
+# continued thought, its ``</think>`` and the answer all came back as text. (Older
+# llama-server answered 400 "Assistant response prefill is incompatible with
+# enable_thinking" to any prefill with thinking on: the continuation is then not sent and the
+# stream ends as it would have.)
+_REASONING_FIELD_KINDS = frozenset({"llamacpp"})
 
 
 async def relay(call: Call, up: UpstreamResponse, translator: StreamTranslator,
@@ -140,16 +160,24 @@ def continuation_payload(call: Call, translator: StreamTranslator, *,
     ``max_tokens`` lowered by what was generated (None: the request set none).
 
     ``tool_calls``: the tool calls are to be generated again whole: the prefill is what came
-    before them (the reasoning closed: it ended when the calls began), and only the tokens
-    before them count as generated."""
+    before them (the reasoning closed: it ended when the calls began; llama.cpp's only when
+    text follows it, see :data:`_REASONING_FIELD_KINDS`), and only the tokens before them
+    count as generated."""
     body = jsonutil.loads(call.payload)
     text = translator.streamed_content
     reasoning = translator.streamed_reasoning
-    prefill = f"<think>{reasoning}</think>{text}" if reasoning and (text or tool_calls) else (
-        f"<think>{reasoning}" if reasoning else text)
-    if prefill:
-        body["messages"] = [*body["messages"], {"role": "assistant", "content": prefill}]
-        if call.route.upstream.kind in _CONTINUE_FLAG_KINDS:
+    kind = call.route.upstream.kind
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if reasoning and kind in _REASONING_FIELD_KINDS:
+        # open while no text follows it (before regenerated calls too: the calls' own
+        # reasoning, if the model thinks again, is dropped by Regenerated)
+        message["reasoning_content"] = reasoning
+    elif reasoning:
+        message["content"] = f"<think>{reasoning}</think>{text}" if text or tool_calls \
+            else f"<think>{reasoning}"
+    if text or reasoning:
+        body["messages"] = [*body["messages"], message]
+        if kind in _CONTINUE_FLAG_KINDS:
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
     max_tokens = body.get("max_tokens")

@@ -168,15 +168,25 @@ class CuttingProxy:
             return err
 
 
-@pytest.fixture
-def proxy(llama_upstream: LlamaServer) -> Iterator[CuttingProxy]:
-    assert llama_upstream.root_url is not None
-    p = CuttingProxy(llama_upstream.root_url)
+def _running_proxy(llama: LlamaServer) -> Iterator[CuttingProxy]:
+    assert llama.root_url is not None
+    p = CuttingProxy(llama.root_url)
     p.start()
     try:
         yield p
     finally:
         p.stop()
+
+
+@pytest.fixture
+def proxy(llama_upstream: LlamaServer) -> Iterator[CuttingProxy]:
+    yield from _running_proxy(llama_upstream)
+
+
+@pytest.fixture
+def second_proxy(llama_upstream: LlamaServer) -> Iterator[CuttingProxy]:
+    """Another way to the same engine: a second replica as the gateway sees it."""
+    yield from _running_proxy(llama_upstream)
 
 
 def _config(*base_urls: str) -> str:
@@ -196,10 +206,12 @@ context_window = 1024
 """
 
 
-def _stream(base: str, **body: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _stream(base: str, headers: dict[str, str] | None = None,
+            **body: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """A streamed reply through the gateway: its checked events and what they add up to."""
     req = {"model": "demo", "max_tokens": 200, "messages": HI, "stream": True, **body}
-    status, _, raw = post(f"{base}/llm/v1/messages", req, HEADERS, timeout=60)
+    status, _, raw = post(f"{base}/llm/v1/messages", req, {**HEADERS, **(headers or {})},
+                          timeout=60)
     assert status == 200, raw[:500]
     events = check_stream(raw)
     blocks: list[dict[str, Any]] = []
@@ -391,3 +403,28 @@ def test_a_text_tool_call_cut_midway(
     assert kind == "text" and text.startswith(prefill["content"])
     assert text != prefill["content"]
     assert text.endswith('"arguments": {"city": "demo"}}\n</tool_call>')
+
+
+def test_a_replica_that_cuts_every_stream_is_continued_on_the_other(
+        proxy: CuttingProxy, second_proxy: CuttingProxy, tiny_model: Any,
+        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    """``base_urls`` = two proxies to the one engine; the first cuts every stream after a
+    piece of text. Each session's reply is whole and well-formed; a cut one was continued on
+    the other replica (the cut one is ejected), with the text so far as the prefill."""
+    _, expect = tiny_model
+    answer = expect["answer"]
+    cutting, healthy = proxy, second_proxy
+    _, base = gateway_factory(_config(cutting.base_url, healthy.base_url))
+    cutting.arm(99, 4)  # the role, two progress chunks, one piece
+    healthy.arm(0, 0)
+    off = {"thinking": {"type": "disabled"}}
+    for n in range(8):
+        _, got = _stream(base, {"x-claude-code-session-id": f"cont-session-{n}"}, **off)
+        assert got["errors"] == [] and got["stop_reason"] == "end_turn", n
+        assert got["blocks"] in ([("text", answer)],
+                                 [("text", expect["answer_pieces"][0] + answer)]), n
+    assert cutting.cut >= 1  # some session was homed on it before it was ejected
+    assert cutting.cut == len(cutting.chats)  # it answered no stream whole
+    continued = [c for c in healthy.chats if c["messages"][-1]["role"] == "assistant"]
+    assert len(continued) == cutting.cut  # every cut one went on on the other replica
+    assert all(c["messages"][-1]["content"] == expect["answer_pieces"][0] for c in continued)

@@ -10,16 +10,29 @@ through :func:`gateway.upstream.call.send` (the cut replica is ejected first, so
 next replica takes it when there is one; else the same upstream again) with
 ``{"role": "assistant", "content": <the answer so far>}`` appended to its messages:
 
-- vLLM and SGLang: with ``continue_final_message: true, add_generation_prompt: false``, so the
-  chat template leaves the final assistant message open (vLLM refuses the pair with
-  ``add_generation_prompt: true``; it renders through transformers' ``apply_chat_template``,
-  which cuts the rendered prompt after the final message's *content* and refuses a content
-  the template did not write out verbatim);
+- vLLM and SGLang: with ``continue_final_message: true, add_generation_prompt: false``.
+  vLLM refuses the first with ``add_generation_prompt: true`` and renders through
+  transformers' ``apply_chat_template(continue_final_message=True)``, which cuts the
+  rendered prompt right after the final message's *content* and refuses (a 400 here: the
+  continuation is not sent, the stream ends as it would have) a content the template did not
+  write out verbatim: Qwen3-style templates rewrite a content holding ``</think>`` into
+  ``<think>\nR\n</think>\n\nTEXT``, so on vLLM a reply cut in its text after a thought
+  is not continued with such a template (unverified against a real vLLM). SGLang
+  (``serving_chat.py``, ``_handle_last_assistant_message``) removes the final assistant
+  message, renders the others and appends the tokens of its string ``content`` alone (any
+  ``reasoning_content`` is not read); without the flag it would make that message a *user*
+  turn;
 - llama.cpp (``llama-server``, prefill on unless started with ``--no-prefill-assistant``):
-  a final assistant message is the prefill: the messages before it are rendered with the
-  generation prompt and the message is appended after it, no end of turn. Its reasoning goes
-  as the message's ``reasoning_content``, see :data:`_REASONING_FIELD_KINDS`;
-- Ollama: a final assistant message is continued as it is;
+  the messages before it are rendered with the generation prompt and the final assistant
+  message after it, no end of turn; its reasoning goes as ``reasoning_content``, see
+  :data:`_REASONING_FIELD_KINDS` (verified against a real llama-server:
+  tests/e2e/test_continuation_llama.py);
+- Ollama (``/v1``: an assistant message's reasoning is its ``reasoning`` field, not
+  ``reasoning_content``; its Go renderers, e.g. ``model/renderers/qwen35.go``, leave a final
+  assistant message open, trim spaces around its content, and pull an inline
+  ``<think>R</think>`` out of the content as the thought): continued as it is. Its parsers
+  read the continuation as text when the prefill has content, so a cut mid-thought (sent as
+  ``<think>R``) comes back as text there too (unverified against a real Ollama);
 - elsewhere reasoning streamed as ``reasoning_content`` goes back inline
   (``<think>...</think>``, the text after it), which is what vLLM's and SGLang's reasoning
   parsers read back (best effort: a template may drop reasoning from history).

@@ -85,13 +85,13 @@ _log = structlog.get_logger("gateway.messages")
 _CONTINUE_FLAG_KINDS = frozenset({"vllm", "sglang"})
 # kinds that take the reasoning so far as the prefill message's ``reasoning_content``, not
 # inline. llama-server (observed with xllamacpp 2026.10, tests/e2e/test_continuation_llama.py)
-# renders a final assistant message after the generation prompt as the template writes an
-# assistant turn: with ``reasoning_content`` and an empty content the reasoning is left open
-# (``<think>\nREASONING``) and the reply is parsed as reasoning until the model's
+# writes a final assistant message itself after the generation prompt, with the template's
+# reasoning markers: with ``reasoning_content`` and an empty content the reasoning is left
+# open (``<think>\nREASONING``) and the reply is parsed as reasoning until the model's
 # ``</think>``; with content too it is closed (``<think>\nREASONING\n</think>\n\nTEXT``).
-# Inline ``<think>`` in the content it precedes with an empty reasoning block
-# (``<think>\n\n</think>\n\n``) and parses nothing of the reply as reasoning, so a
-# continued thought, its ``</think>`` and the answer all came back as text. (Older
+# Without ``reasoning_content`` it writes an empty block (``<think>\n\n</think>\n\n``)
+# before the content and parses nothing of the reply as reasoning, so an inline ``<think>``
+# thought went on as text: its rest, its ``</think>`` and the answer. (Older
 # llama-server answered 400 "Assistant response prefill is incompatible with
 # enable_thinking" to any prefill with thinking on: the continuation is then not sent and the
 # stream ends as it would have.)

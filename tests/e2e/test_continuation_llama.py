@@ -367,6 +367,10 @@ def test_llama_server_reads_a_continued_thought_as_reasoning(llama_upstream: Lla
     assert (reasoning, content) == (REASONING, ANSWER)
     reasoning, content = ask({"content": "<think>"})
     assert (reasoning, content) == ("", f"{REASONING}</think>\n\n{ANSWER}")
+    # a trailing space is kept as it is (on its own a token a BPE model seldom sees there)
+    prompt = _engine_prompt(llama_upstream, {"messages": [
+        *HI, {"role": "assistant", "content": "Hello! I am "}]})
+    assert prompt.endswith("</think>\n\nHello! I am ")
 
 
 TOOLS = [{"name": "get_weather", "description": "The weather in a city",
@@ -415,14 +419,16 @@ def test_a_replica_that_cuts_every_stream_is_continued_on_the_other(
     answer = expect["answer"]
     cutting, healthy = proxy, second_proxy
     _, base = gateway_factory(_config(cutting.base_url, healthy.base_url))
-    cutting.arm(99, 4)  # the role, two progress chunks, one piece
+    cutting.arm(99, 4)  # the role, two prompt-progress chunks, one piece
     healthy.arm(0, 0)
     off = {"thinking": {"type": "disabled"}}
-    for n in range(8):
+    for n in range(32):  # sessions are homed by rendezvous hashing of the replicas' URLs
         _, got = _stream(base, {"x-claude-code-session-id": f"cont-session-{n}"}, **off)
         assert got["errors"] == [] and got["stop_reason"] == "end_turn", n
         assert got["blocks"] in ([("text", answer)],
                                  [("text", expect["answer_pieces"][0] + answer)]), n
+        if cutting.cut and n >= 7:
+            break
     assert cutting.cut >= 1  # some session was homed on it before it was ejected
     assert cutting.cut == len(cutting.chats)  # it answered no stream whole
     continued = [c for c in healthy.chats if c["messages"][-1]["role"] == "assistant"]

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -209,7 +210,10 @@ context_window = 1024
 def _stream(base: str, headers: dict[str, str] | None = None,
             **body: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """A streamed reply through the gateway: its checked events and what they add up to."""
-    req = {"model": "demo", "max_tokens": 200, "messages": HI, "stream": True, **body}
+    # greedy (this model is deterministic at any temperature; a real one needs it for the
+    # continued text to be comparable)
+    req = {"model": "demo", "max_tokens": 200, "messages": HI, "stream": True,
+           "temperature": 0, **body}
     status, _, raw = post(f"{base}/llm/v1/messages", req, {**HEADERS, **(headers or {})},
                           timeout=60)
     assert status == 200, raw[:500]

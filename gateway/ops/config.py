@@ -88,6 +88,9 @@ class UpstreamConfig:
     # a stream the engine cuts mid-answer is sent again with the partial answer as a prefill,
     # at most this many times per reply (gateway/messages/continuation.py); 0: never
     max_continuations: int = _knob(2, bound=_NONNEG)
+    # which replica takes a request (gateway/upstream/replicas.py): "affinity" (a session stays
+    # on one replica), "round_robin" (in turn) or "least_busy" (fewest in flight)
+    balance: str = "affinity"
 
     @property
     def host(self) -> str:
@@ -100,6 +103,7 @@ class UpstreamConfig:
 
 
 INLINE_THINKING = ("auto", "opened", "off")
+BALANCE = ("affinity", "round_robin", "least_busy")  # gateway/upstream/replicas.py's policies
 KEEPALIVE = {True: "auto", False: "never", "auto": "auto", "always": "always", "never": "never"}
 CAPABILITY_SETTINGS = ("auto", "yes", "no")
 CAPABILITY_KNOBS = ("images", "tool_references", "named_tool_choice")
@@ -394,6 +398,8 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
             raise ConfigError(f"{src}: {where}.keepalive: must be \"auto\", \"always\", "
                               f"\"never\" or a boolean, got {up['keepalive']!r}")
         up["keepalive"] = KEEPALIVE[up["keepalive"]]
+        if up["balance"] not in BALANCE:
+            raise ConfigError(f"{src}: {where}.balance: must be one of {', '.join(BALANCE)}")
         if up["inline_thinking"] not in INLINE_THINKING:
             raise ConfigError(f"{src}: {where}.inline_thinking: must be one of "
                               f"{', '.join(INLINE_THINKING)}")

@@ -217,7 +217,7 @@ class UpstreamClient:
         self.hosts = tuple(dict.fromkeys(hosts))
         self.secrets = secrets_of(cfg)
         self.report = FailureLog(cfg.name)
-        self.replicas = Replicas(urls, on_health=self._health_changed)
+        self.replicas = Replicas(urls, on_health=self._health_changed, balance=cfg.balance)
         self._targets = [_paths(url) for url in urls]
         # (head, body) timeouts. A stream: the head within both timeouts, then no event for
         # idle_timeout. Buffered: the head, then the whole reply, each due from the send.

@@ -99,6 +99,9 @@ class UpstreamConfig:
     health_path: str = _knob("", shown="`/health` (`/api/version` for kind `ollama`)")
     health_interval: float = _knob(0.0, bound=_NONNEG)
     health_timeout: float = _knob(2.0, bound=_POS)
+    # which replica takes a request (gateway/upstream/replicas.py): "affinity" (a session stays
+    # on one replica), "round_robin" (in turn) or "least_busy" (fewest in flight)
+    balance: str = "affinity"
 
     @property
     def host(self) -> str:
@@ -111,6 +114,7 @@ class UpstreamConfig:
 
 
 INLINE_THINKING = ("auto", "opened", "off")
+BALANCE = ("affinity", "round_robin", "least_busy")  # gateway/upstream/replicas.py's policies
 KEEPALIVE = {True: "auto", False: "never", "auto": "auto", "always": "always", "never": "never"}
 CAPABILITY_SETTINGS = ("auto", "yes", "no")
 CAPABILITY_KNOBS = ("images", "tool_references", "named_tool_choice")
@@ -430,6 +434,8 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
             raise ConfigError(f"{src}: {where}.keepalive: must be \"auto\", \"always\", "
                               f"\"never\" or a boolean, got {up['keepalive']!r}")
         up["keepalive"] = KEEPALIVE[up["keepalive"]]
+        if up["balance"] not in BALANCE:
+            raise ConfigError(f"{src}: {where}.balance: must be one of {', '.join(BALANCE)}")
         if up["inline_thinking"] not in INLINE_THINKING:
             raise ConfigError(f"{src}: {where}.inline_thinking: must be one of "
                               f"{', '.join(INLINE_THINKING)}")

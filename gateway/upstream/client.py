@@ -222,7 +222,8 @@ class UpstreamClient:
         self.hosts = self._config_hosts
         self.secrets = secrets_of(cfg)
         self.report = FailureLog(cfg.name)
-        self.replicas = Replicas(urls, on_health=self._health_changed)
+        self.replicas = Replicas(urls, on_health=self._health_changed,
+                                 balance=cfg.balance)
         self._targets = {r.index: _paths(r.base_url) for r in self.replicas.all}
         # DNS discovery: address -> its replica; replica index -> its label's slot; the
         # removed replicas whose requests are still running (their pools closed after)

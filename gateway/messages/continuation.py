@@ -54,6 +54,20 @@ stream: its first call, which must name the same tool, goes into the open block 
 the held arguments; a reply that does not fit (text, another tool, no call) is a cut like
 any other. A call whose block has closed, or one written as text, is not continued.
 
+A call written as text (``<tool_call>{...}``, Llama's whole-message ``{"name": ...}``,
+``[TOOL_CALLS]...``: :mod:`gateway.local.text_tools`) is held by the translator's
+normaliser until it is whole, so a stream cut inside one has shown the client nothing of
+it: not the possible opener (``<tool_``), not the open block, not a whole message held as a
+possible call (only what came before it: text, a thought). It is treated like a native call
+cut mid-arguments: :meth:`StreamTranslator.drop_held_call` forgets the held text, so the
+prefill is only what the client was shown (whitespace the normaliser holds before it stays
+held, and in the prefill: text or a call decides it), ``max_tokens`` and the output tokens
+count only the deltas before it, and the model writes the call again whole, which the
+normaliser then makes a ``tool_use`` block as usual. Prefilled, the held text was resumed
+imperfectly (a real llama.cpp: ``{"nam`` went on ``ame"...``) and the garbled call reached
+the client as text. The same when the cut comes after a call is whole but before its
+delivery (a closed body that waits for the end, before ``</tool_call>``).
+
 The translator stays pure: it is read (what was streamed, whether a finish came, which call
 is open) and, when calls are generated again, told to forget the held ones.
 """
@@ -125,6 +139,9 @@ async def relay(call: Call, up: UpstreamResponse, translator: StreamTranslator,
                 await _give_up(cut, translator, write)
                 return
             budget -= 1
+            # a tool call written as text, held (never shown) when the cut came, is written
+            # again whole: the prefill is what came before it
+            held_dropped = regenerate is None and translator.drop_held_call()
             if spliced is None or not spliced.ended:
                 current.abandon()  # it cut the stream: not a new answer that did not fit
             await stack.aclose()  # the last continuation, if any, before the next is sent
@@ -133,7 +150,8 @@ async def relay(call: Call, up: UpstreamResponse, translator: StreamTranslator,
                          upstream=call.route.upstream.name, cause=_cause(cut),
                          streamed_chars=len(translator.streamed_content)
                          + len(translator.streamed_reasoning),
-                         tool_call_regenerated=regenerate is not None)
+                         tool_call_regenerated=regenerate is not None,
+                         text_call_regenerated=held_dropped)
             payload, max_tokens = continuation_payload(call, translator,
                                                        tool_calls=regenerate is not None)
             try:

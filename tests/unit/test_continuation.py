@@ -501,10 +501,12 @@ TEXT_CALL_CUTS = {
                                       HERMES),
     "no text before it": ([HERMES[:5], HERMES[5:20]], None, 0, HERMES),
     "a whole-message JSON": ([LLAMA[:10], LLAMA[10:30]], None, 0, LLAMA),
-    # the newline is held as the start of a possible <think>, and given to the call parser
-    # with the next delta: the hold began there, so the newline's delta counts
-    "a whole-message JSON after a newline": (["\n", LLAMA[:10], LLAMA[10:30]], None, 1,
+    "a whole-message JSON after a newline": (["\n", LLAMA[:10], LLAMA[10:30]], None, 0,
                                              LLAMA),
+    # held at the start by the inline-reasoning parser (it may open <think>), not yet by the
+    # call parser: not shown either
+    "a first <": (["<"], None, 0, HERMES),
+    "a first <t": (["\n", "<t"], None, 0, HERMES),
     "after an inline thought": (["<think>Hmm.", "</think>\n\n", LLAMA[:20]],
                                 "<think>Hmm.</think>\n\n", 2, LLAMA),
     "Mistral's marker": (["[TOOL_", "CALLS][{", '"name": "get'], None, 0, MISTRAL),

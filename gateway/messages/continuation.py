@@ -156,8 +156,8 @@ async def relay(call: Call, up: UpstreamResponse, translator: StreamTranslator,
                          + len(translator.streamed_reasoning),
                          tool_call_regenerated=regenerate is not None,
                          text_call_regenerated=held_dropped)
-            payload, max_tokens = continuation_payload(call, translator,
-                                                       tool_calls=regenerate is not None)
+            payload, max_tokens = continuation_payload(
+                call, translator, tool_calls=regenerate is not None or held_dropped)
             try:
                 nxt = await send(call.deps.upstreams, call.route, "/chat/completions", payload,
                                  stream=True, max_tokens=max_tokens, request_id=request_id,
@@ -197,7 +197,8 @@ def continuation_payload(call: Call, translator: StreamTranslator, *,
     ``tool_calls``: the tool calls are to be generated again whole: the prefill is what came
     before them (the reasoning closed: it ended when the calls began; llama.cpp's only when
     text follows it, see :data:`_REASONING_FIELD_KINDS`), and only the tokens before them
-    count as generated."""
+    count as generated. (A call written as text and held is already out of
+    ``streamed_content`` and the token count: :meth:`StreamTranslator.drop_held_call`.)"""
     body = jsonutil.loads(call.payload)
     text = translator.streamed_content
     reasoning = translator.streamed_reasoning

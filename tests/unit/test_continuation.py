@@ -561,3 +561,20 @@ async def test_held_text_is_dropped_only_when_a_call_may_be_held(
     assert text_of(events) == "Hello from\nthe stub."
     assert sent[0]["body"]["messages"][-1] == {"role": "assistant", "content": "Hello from\n"}
     assert sent[0]["body"]["max_tokens"] == 98
+
+
+@pytest.mark.parametrize(("kind", "prefill"), [
+    ("vllm", {"content": "<think>Hmm.</think>"}),  # closed: it ended as the call began
+    ("llamacpp", {"content": "", "reasoning_content": "Hmm."}),  # llama-server's way
+])
+async def test_a_thought_before_a_held_text_call_goes_back_without_the_call(
+        kind: str, prefill: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    first = FakeResponse([ROLE, chunk({"reasoning_content": "Hmm."}),
+                          chunk({"content": HERMES[:25]}), b"RAISE"])
+    norm = ContentNormaliser(thinking="auto", tool_names=["get_weather"])
+    events, sent = await run(first, [FakeResponse(text_call_answer(HERMES))], monkeypatch,
+                             call=make_call(kind), tr=translator(norm))
+    assert [b[1:] for b in tool_blocks(events)] == [("get_weather", {"city": "Paris"})]
+    assert final(events)["delta"]["stop_reason"] == "tool_use"
+    assert sent[0]["body"]["messages"][-1] == {"role": "assistant", **prefill}
+    assert sent[0]["body"]["max_tokens"] == 99  # the thought's delta only

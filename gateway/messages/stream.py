@@ -165,7 +165,8 @@ class StreamTranslator:
         self._calls_seen = False
         self._before_calls = (0, 0)  # (tokens_so_far, content chunks) as the first call came
         # (tokens_so_far, content chunks) before the delta in which the normaliser began to
-        # hold text that may be a tool call (see drop_held_call)
+        # hold text that may be a tool call (see drop_held_call); with a usage mid-stream,
+        # that delta is taken as one token
         self._before_held = (0, 0)
         self.ended_by_done = False  # the upstream's [DONE] ended it (its body ends next)
         # the open block

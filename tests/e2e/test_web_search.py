@@ -34,6 +34,7 @@ import anthropic
 import pydantic
 import pytest
 from anthropic.types import (
+    CitationsWebSearchResultLocation,
     Message,
     RawMessageStreamEvent,
     ServerToolUseBlock,
@@ -62,6 +63,7 @@ WEATHER = {"name": "get_weather", "description": "The weather in a city",
 # gateway alias -> the stub's scenario
 ROUTES = {"ws": "ok", "ws-twice": "search:2", "ws-parallel": "search-parallel:2",
           "ws-no-query": 'search-args:{"q": "x"}', "ws-bad-json": "search-args:{'query': ",
+          "ws-quote": "search-quote",
           "ws-tool": 'search-tool:get_weather:{"city": "Paris"}'}
 EVENT = pydantic.TypeAdapter(RawMessageStreamEvent)
 
@@ -274,6 +276,54 @@ def test_streamed_reply_equals_the_buffered_one(client: anthropic.Anthropic, gat
     (final,) = [e for e in events if e["type"] == "message_delta"]
     assert final["usage"]["server_tool_use"]["web_search_requests"] == 1
     assert final["delta"]["stop_reason"] == "end_turn"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "stream"])
+def test_a_quoted_snippet_is_cited(client: anthropic.Anthropic, gateway: str, stub_url: str,
+                                   stream: bool) -> None:
+    """The model's answer holds the first result's snippet verbatim: that passage is a text
+    block of its own with a ``web_search_result_location`` citation of that result (streamed:
+    its ``citations_delta`` before its text); the text around it has no citation."""
+    query = "gateway release notes"
+    snippet = f"Snippet 1 about {query}."
+    ask = {"model": "ws-quote", "max_tokens": 200, "tools": [web_search()],
+           "messages": [{"role": "user", "content": query}]}
+    if stream:
+        events = raw_stream(gateway, ask)
+        cited = [e for e in events if e["type"] == "content_block_delta"
+                 and e["delta"]["type"] == "citations_delta"]
+        assert len(cited) == 1
+        texts = [e for e in events if e["type"] == "content_block_delta"
+                 and e["index"] == cited[0]["index"] and e["delta"]["type"] == "text_delta"]
+        assert events.index(cited[0]) < events.index(texts[0])
+        assert "".join(e["delta"]["text"] for e in texts) == snippet
+        with client.messages.stream(**ask) as s:
+            msg = s.get_final_message()
+    else:
+        msg = client.messages.create(**ask)
+    result = msg.content[1]
+    assert isinstance(result, WebSearchToolResultBlock) and isinstance(result.content, list)
+    texts = [b for b in msg.content if isinstance(b, TextBlock)]
+    assert "".join(b.text for b in texts) == (
+        f"According to {expected_urls(query)[0]}: {snippet} That is all.")
+    quoted = [b for b in texts if b.citations]
+    assert len(quoted) == 1 and quoted[0].text == snippet, texts
+    (citation,) = quoted[0].citations or []
+    assert isinstance(citation, CitationsWebSearchResultLocation)
+    assert citation.url == result.content[0].url and citation.title == result.content[0].title
+    assert citation.cited_text == snippet and citation.encrypted_index
+    if stream:
+        return
+    # sent back, cited blocks and all: the upstream gets the answer's text whole
+    history = [*ask["messages"], {"role": "assistant", "content": [
+        b.model_dump(exclude_none=True) for b in msg.content]},
+        {"role": "user", "content": "thanks"}]
+    clear_stub(stub_url)
+    client.messages.create(**{**ask, "messages": history})
+    body = stub_requests(stub_url)[0]["body"]
+    said = [_text(m["content"]) for m in body["messages"]
+            if m["role"] == "assistant" and m.get("content")]
+    assert "".join(t.text for t in texts) in "".join(said), said
 
 
 # --- history: the search replayed -------------------------------------------------------

@@ -758,3 +758,28 @@ def test_ts_sdk_parses_every_block(gateway: str, query: str, max_uses: int) -> N
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
     starts = [e["content_block"] for e in out["events"] if e["type"] == "content_block_start"]
     assert starts[0]["input"] == {} and starts[1] == out["stream"]["content"][1]
+
+
+@pytest.mark.clients
+def test_ts_sdk_folds_a_citation(gateway: str) -> None:
+    """The TypeScript MessageStream folds ``citations_delta`` into the quoted text block:
+    finalMessage() equals messages.create()."""
+    ts_sdk_ready()
+    query = "gateway release notes"
+    proc = subprocess.run(["node", str(CLIENTS / "ts_web_search.mjs"), gateway, "ws-quote",
+                           query, "2"], capture_output=True, text=True, timeout=60, cwd=CLIENTS)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert lines, proc.stdout + proc.stderr
+    out = json.loads(lines[-1])
+    assert "fatal" not in out, out
+    for reply in (out["stream"], out["created"]):
+        quoted = [b for b in reply["content"] if b["type"] == "text" and b.get("citations")]
+        assert [b["text"] for b in quoted] == [f"Snippet 1 about {query}."], reply["content"]
+        (citation,) = quoted[0]["citations"]
+        assert citation["type"] == "web_search_result_location"
+        assert citation["url"] == expected_urls(query)[0]
+        assert citation["cited_text"] == quoted[0]["text"] and citation["encrypted_index"]
+    strip = [{k: v for k, v in b.items() if k not in ("id", "tool_use_id")}
+             for b in out["stream"]["content"]]
+    assert strip == [{k: v for k, v in b.items() if k not in ("id", "tool_use_id")}
+                     for b in out["created"]["content"]]

@@ -63,7 +63,7 @@ WEATHER = {"name": "get_weather", "description": "The weather in a city",
 # gateway alias -> the stub's scenario
 ROUTES = {"ws": "ok", "ws-twice": "search:2", "ws-parallel": "search-parallel:2",
           "ws-no-query": 'search-args:{"q": "x"}', "ws-bad-json": "search-args:{'query': ",
-          "ws-quote": "search-quote",
+          "ws-quote": "search-quote", "ws-3": "search:3", "ws-4": "search:4",
           "ws-tool": 'search-tool:get_weather:{"city": "Paris"}'}
 EVENT = pydantic.TypeAdapter(RawMessageStreamEvent)
 
@@ -104,7 +104,7 @@ def searches(searxng: str, *, clear: bool = True) -> list[dict]:
     return [s["params"] for s in seen]
 
 
-def config(stub_url: str, searxng: str | None) -> str:
+def config(stub_url: str, searxng: str | None, extra: str = "") -> str:
     text = f"""
 [server]
 host = "127.0.0.1"
@@ -122,7 +122,7 @@ idle_timeout = 3
                  f"upstream_model = {json.dumps(scenario)}\n")
     if searxng is not None:
         text += (f'\n[web_search]\nsearxng_url = "{searxng}"\ntimeout = {SEARCH_TIMEOUT}\n'
-                 f"max_results = {MAX_RESULTS}\n")
+                 f"max_results = {MAX_RESULTS}\n{extra}")
     return text
 
 
@@ -512,6 +512,68 @@ def test_a_search_call_without_a_query_is_invalid_tool_input(
     assert isinstance(msg.content[0], ServerToolUseBlock)
     assert isinstance(msg.content[0].input, dict)  # always an object, as the SDKs expect
     assert searches(searxng) == []
+
+
+def test_searching_on_past_max_uses_pauses_the_turn(client: anthropic.Anthropic,
+                                                     gateway: str, searxng: str) -> None:
+    """A model that keeps searching past ``max_uses`` is told ``max_uses_exceeded`` each
+    time; two rounds past the limit the reply ends with ``stop_reason: pause_turn`` (the
+    API's stop for a turn the client resumes), whole and well-formed."""
+    ask = {"model": "ws-4", "max_tokens": 200, "tools": [web_search(max_uses=1)],
+           "messages": [{"role": "user", "content": "keep searching"}]}
+    msg = client.messages.create(**ask)
+    assert msg.stop_reason == "pause_turn"
+    assert [b.type for b in msg.content] == ["server_tool_use", "web_search_tool_result"] * 3
+    errors = [b.content.error_code for b in msg.content
+              if isinstance(b, WebSearchToolResultBlock)
+              and isinstance(b.content, WebSearchToolResultError)]
+    assert errors == ["max_uses_exceeded", "max_uses_exceeded"]
+    assert msg.usage.server_tool_use and msg.usage.server_tool_use.web_search_requests == 1
+    assert len(searches(searxng)) == 1
+    events = raw_stream(gateway, ask)
+    (final,) = [e for e in events if e["type"] == "message_delta"]
+    assert final["delta"]["stop_reason"] == "pause_turn"
+
+
+@pytest.fixture(scope="module")
+def tight_gateway(stub_url: str, searxng: str, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[str]:
+    """A gateway whose searches may show the model 400 characters per request."""
+    proc, url = start_gateway(config(stub_url, searxng, "max_request_chars = 400\n"),
+                              tmp_path_factory.mktemp("ws-tight"))
+    try:
+        yield url + "/llm"
+    finally:
+        proc.stop()
+
+
+def test_result_text_is_capped_per_request(tight_gateway: str, stub_url: str,
+                                           searxng: str) -> None:
+    """Three searches under a 400-character budget: the results shown shrink as it runs
+    out (a search's first result always fits), and a search past it is not run:
+    ``request_too_large``. The client's blocks match what the model was shown."""
+    clear_stub(stub_url)
+    searches(searxng)
+    client = sdk.client(tight_gateway, api_key="k", max_retries=0,
+                        _strict_response_validation=True)
+    msg = client.messages.create(model="ws-3", max_tokens=200, tools=[web_search(max_uses=5)],
+                                 messages=[{"role": "user", "content": "a long query about"
+                                                                       " many things"}])
+    results = [b.content for b in msg.content if isinstance(b, WebSearchToolResultBlock)]
+    assert len(results) == 3 and msg.stop_reason == "end_turn"
+    first, second, third = results
+    assert isinstance(first, list) and isinstance(second, list)
+    assert 1 <= len(second) <= len(first) < 3
+    assert isinstance(third, WebSearchToolResultError)
+    assert third.error_code == "request_too_large"
+    assert msg.usage.server_tool_use and msg.usage.server_tool_use.web_search_requests == 2
+    assert len(searches(searxng)) == 2  # the third was not run
+    told = [_text(m["content"]) for m in _tool_messages(stub_requests(stub_url)[-1]["body"])]
+    assert len(told) == 3
+    for shown, block in zip(told, (first, second), strict=False):
+        assert all(r.url in shown for r in block)
+    kept = sum(len(b) for b in (first, second))
+    assert sum(shown.count("https://") for shown in told[:2]) == kept
 
 
 @pytest.mark.parametrize(("option", "keep"), [

@@ -279,7 +279,7 @@ def test_streamed_reply_equals_the_buffered_one(client: anthropic.Anthropic, gat
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["buffered", "stream"])
-def test_a_quoted_snippet_is_cited(client: anthropic.Anthropic, gateway: str, stub_url: str,
+def test_a_quoted_snippet_is_cited(client: anthropic.Anthropic, gateway: str,
                                    stream: bool) -> None:
     """The model's answer holds the first result's snippet verbatim: that passage is a text
     block of its own with a ``web_search_result_location`` citation of that result (streamed:
@@ -312,18 +312,30 @@ def test_a_quoted_snippet_is_cited(client: anthropic.Anthropic, gateway: str, st
     assert isinstance(citation, CitationsWebSearchResultLocation)
     assert citation.url == result.content[0].url and citation.title == result.content[0].title
     assert citation.cited_text == snippet and citation.encrypted_index
-    if stream:
-        return
-    # sent back, cited blocks and all: the upstream gets the answer's text whole
-    history = [*ask["messages"], {"role": "assistant", "content": [
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "gateway/messages/to_chat.py joins an assistant's text blocks with newlines, also the "
+    "blocks the gateway split off a quote itself (/work/prompts/websearch-findings.md)"))
+def test_a_cited_answer_sent_back_reaches_the_model_whole(client: anthropic.Anthropic,
+                                                          stub_url: str) -> None:
+    """The reply of :func:`test_a_quoted_snippet_is_cited` sent back, cited blocks and all:
+    the upstream gets the answer's text as the model wrote it, in one piece."""
+    ask = [{"role": "user", "content": "gateway release notes"}]
+    msg = client.messages.create(model="ws-quote", max_tokens=200, tools=[web_search()],
+                                 messages=ask)
+    wrote = "".join(b.text for b in msg.content if isinstance(b, TextBlock))
+    assert any(isinstance(b, TextBlock) and b.citations for b in msg.content)
+    history = [*ask, {"role": "assistant", "content": [
         b.model_dump(exclude_none=True) for b in msg.content]},
         {"role": "user", "content": "thanks"}]
     clear_stub(stub_url)
-    client.messages.create(**{**ask, "messages": history})
+    client.messages.create(model="ws-quote", max_tokens=200, tools=[web_search()],
+                           messages=history)
     body = stub_requests(stub_url)[0]["body"]
     said = [_text(m["content"]) for m in body["messages"]
             if m["role"] == "assistant" and m.get("content")]
-    assert "".join(t.text for t in texts) in "".join(said), said
+    assert said == [wrote]
 
 
 # --- history: the search replayed -------------------------------------------------------

@@ -19,6 +19,9 @@ SSE decoders of the SDKs: ``anthropic/_streaming.py``, ``@anthropic-ai/sdk/core/
   title, encrypted_content, page_age}`` or one ``{type: "web_search_tool_result_error",
   error_code}``), its ``tool_use_id`` the id of a server_tool_use block before it, and has
   no deltas; ``message_delta.usage`` may end with ``server_tool_use: {web_search_requests}``;
+  a text block may get ``citations_delta`` events whose ``citation`` is an object with the
+  API's keys for its type (``web_search_result_location``: ``url``, ``title``,
+  ``encrypted_index``, ``cited_text``);
 - a completed stream: one ``message_delta`` after the last block stop, its usage carrying
   only ``output_tokens``; every tool block's ``partial_json`` pieces join to a JSON object;
 - an error stream: no block left open, exactly one ``error`` event, then ``message_stop``;
@@ -52,13 +55,16 @@ _STOP_REASONS = {
     "model_context_window_exceeded",
 }  # fmt: skip
 _DELTA_FOR = {
-    "text": {"text_delta": "text"},
+    "text": {"text_delta": "text", "citations_delta": "citation"},
     "thinking": {"thinking_delta": "thinking", "signature_delta": "signature"},
     "tool_use": {"input_json_delta": "partial_json"},
     "server_tool_use": {"input_json_delta": "partial_json"},
     "web_search_tool_result": {},  # complete at content_block_start
 }
 _RESULT_KEYS = ["type", "url", "title", "encrypted_content", "page_age"]
+_CITATION_KEYS = {  # anthropic/types/citations_web_search_result_location.py (SDK 2.15)
+    "web_search_result_location": {"type", "url", "title", "encrypted_index", "cited_text"},
+}
 WEB_SEARCH_ERROR_CODES = frozenset({
     "invalid_tool_input", "unavailable", "max_uses_exceeded", "too_many_requests",
     "query_too_long", "request_too_large",
@@ -217,7 +223,13 @@ def check_stream(raw: bytes) -> list[dict[str, Any]]:
             dtype = delta.get("type") if isinstance(delta, dict) else None
             if dtype not in fields or list(delta) != ["type", fields[dtype]]:
                 _fail(n, f"delta {delta!r} on a {open_kind} block")
-            if not isinstance(delta[fields[dtype]], str):
+            if dtype == "citations_delta":
+                citation = delta["citation"]
+                kind = citation.get("type") if isinstance(citation, dict) else None
+                if kind not in _CITATION_KEYS or set(citation) != _CITATION_KEYS[kind] or not all(
+                        isinstance(citation[k], str) and citation[k] for k in citation):
+                    _fail(n, f"citation {citation!r}")
+            elif not isinstance(delta[fields[dtype]], str):
                 _fail(n, "delta value is not a string")
             if open_deltas and open_deltas[-1]["type"] == "signature_delta":
                 _fail(n, "delta after signature_delta")

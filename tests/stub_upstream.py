@@ -75,6 +75,8 @@ streamed; the turn is what follows the last ``role: "user"`` message):
     search-parallel:N  the N searches at once: one assistant message with N ``web_search``
                     calls (queries ``<text> (part k)``), each streamed in its own index
     search-args:ARGS   the one search called with the raw arguments ARGS (e.g. no ``query``)
+    search-quote    the answer quotes the first result's snippet verbatim (the SearXNG stub's
+                    ``Snippet 1 about ...``): ``According to <URL>: <snippet> That is all.``
 
 Local engines without their parsers (Claude Code tests; ``LocalEngine`` below). Each
 answers a tool's result with text holding it: ``The file says: <its content>``:
@@ -762,6 +764,9 @@ class Stub:
                    None)
         answer = (f"According to {url}, that is the answer." if url else
                   "The search found nothing: " + (turn["search_texts"] or [""])[-1][:300])
+        quote = re.search(r"Snippet 1 about .*?\.(?=\s|$)", "\n".join(turn["search_texts"]))
+        if model == "search-quote" and url and quote:
+            answer = f"According to {url}: {quote.group(0)} That is all."
         return await self._call_or_answer(request, model, stream, call=None, answer=answer)
 
     async def _parallel_calls(self, request: web.Request, model: str, stream: bool,

@@ -57,7 +57,8 @@ Their output adds ``steps``: per step its arguments, exit code, result and stder
 Claude Code talks to the gateway through a recording pass-through proxy (bytes relayed as
 they come), so a test sees what Claude Code itself sent: model names, thinking, tools.
 Writes one JSON object to OUT.json: exit code (None if Claude Code hung and was killed),
-Claude Code's JSON result, the requests it sent (``client_requests``), the gateway's
+Claude Code's JSON result, the requests it sent (``client_requests``; a request carrying a
+web search tool also keeps the reply it got, as text: ``response``), the gateway's
 access-log lines and (stub modes) the requests the stub received.
 """
 
@@ -149,8 +150,14 @@ class Recorder:
             body = json.loads(raw) if raw else None
         except ValueError:
             body = None
-        self.requests.append({"method": request.method, "path": request.path_qs, "body": body,
-                              "beta": request.headers.get("anthropic-beta")})
+        record = {"method": request.method, "path": request.path_qs, "body": body,
+                  "beta": request.headers.get("anthropic-beta")}
+        self.requests.append(record)
+        # a web search side request: its reply is kept too (text), for the tests to check
+        keep = isinstance(body, dict) and any(
+            isinstance(t, dict) and str(t.get("type", "")).startswith("web_search_")
+            for t in body.get("tools") or ())
+        kept: list[bytes] = []
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
         async with self._session.request(request.method, self.target + request.path_qs,
                                          data=raw, headers=headers) as up:
@@ -158,8 +165,12 @@ class Recorder:
                 k: v for k, v in up.headers.items() if k.lower() not in _HOP_BY_HOP})
             await resp.prepare(request)
             async for piece in up.content.iter_any():
+                if keep:
+                    kept.append(piece)
                 await resp.write(piece)
             await resp.write_eof()
+            if keep:
+                record["response"] = b"".join(kept).decode("utf-8", "replace")
             return resp
 
     def stop(self) -> None:

@@ -22,6 +22,7 @@ import json
 
 import pytest
 
+from tests.anthropic_stream_check import check_stream
 from tests.e2e.test_claude_code import _brief, _messages_posts, _run, _sent, _text
 from tests.searxng_stub import HOSTS, slug
 
@@ -56,6 +57,13 @@ def test_claude_code_web_search_runs_and_the_session_goes_on(tmp_path) -> None:
     assert request["tool_choice"] in ({"type": "auto"}, {"type": "tool", "name": "web_search"})
     assert request["stream"] is True
     assert json.dumps(request["messages"][-1]).count(f"for the query: {QUERY}") == 1
+    # what Claude Code read: one well-formed stream, the search, its results, the answer
+    (record,) = [r for r in run["client_requests"] if r["body"] == request]
+    events = check_stream(record["response"].encode())
+    blocks = [e["content_block"] for e in events if e["type"] == "content_block_start"]
+    assert [b["type"] for b in blocks] == ["server_tool_use", "web_search_tool_result", "text"]
+    assert [r["url"] for r in blocks[1]["content"]] == URLS
+    assert blocks[1]["tool_use_id"] == blocks[0]["id"]
 
     # SearXNG was asked once, for the query; the upstream model saw its pages
     assert [(s["params"]["q"], s["params"]["format"]) for s in run["searches"]] == [
@@ -108,6 +116,12 @@ def test_claude_code_shows_a_failed_search_and_goes_on(tmp_path) -> None:
     posts = _messages_posts(run)
     assert posts and all(a["status"] == 200 for a in posts), posts
     assert [s["params"]["q"] for s in run["searches"]] == [QUERY + " #fail"]
+    (side,) = [r for r in run["client_requests"] if "response" in r]
+    events = check_stream(side["response"].encode())
+    blocks = [e["content_block"] for e in events if e["type"] == "content_block_start"]
+    assert [b["type"] for b in blocks] == ["server_tool_use", "web_search_tool_result", "text"]
+    assert blocks[1]["content"] == {"type": "web_search_tool_result_error",
+                                    "error_code": "unavailable"}
     sent = _sent(run)
     result = next(b for m in sent[-1]["messages"] if m["role"] == "user"
                   and isinstance(m["content"], list) for b in m["content"]

@@ -22,9 +22,13 @@ DELTA = {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_seq
          "usage": {"output_tokens": 5, "server_tool_use": {"web_search_requests": 1}}}
 
 
+CITATION = {"type": "web_search_result_location", "url": RESULT["url"], "title": "A",
+            "encrypted_index": "sealed-index", "cited_text": "See A."}
+
+
 def _events(use: dict = USE, outcome: dict = OUTCOME, pieces: tuple[str, ...] = (
         '{"query": ', '"a"}'), extra: list[dict] | None = None,
-        delta: dict = DELTA) -> list[dict]:
+        delta: dict = DELTA, citation: dict | None = None) -> list[dict]:
     return [START,
             {"type": "content_block_start", "index": 0, "content_block": use},
             *({"type": "content_block_delta", "index": 0,
@@ -35,6 +39,9 @@ def _events(use: dict = USE, outcome: dict = OUTCOME, pieces: tuple[str, ...] = 
             {"type": "content_block_stop", "index": 1},
             {"type": "content_block_start", "index": 2,
              "content_block": {"type": "text", "text": ""}},
+            *([{"type": "content_block_delta", "index": 2,
+                "delta": {"type": "citations_delta", "citation": citation}}]
+              if citation is not None else []),
             {"type": "content_block_delta", "index": 2,
              "delta": {"type": "text_delta", "text": "See A."}},
             {"type": "content_block_stop", "index": 2},
@@ -52,6 +59,7 @@ def test_the_apis_shape_passes() -> None:
                                     "error_code": "max_uses_exceeded"}}
     check_stream(_raw(_events(outcome=error)))
     check_stream(_raw(_events(outcome={**OUTCOME, "content": []})))  # no results
+    check_stream(_raw(_events(citation=CITATION)))  # a quoted passage
 
 
 @pytest.mark.parametrize(("events", "why"), [
@@ -68,6 +76,10 @@ def test_the_apis_shape_passes() -> None:
     (_events(extra=[{"type": "content_block_delta", "index": 1,
                      "delta": {"type": "text_delta", "text": "x"}}]), "on a web_search"),
     (_events(pieces=('{"query": ',)), "partial_json joins"),
+    (_events(citation={**CITATION, "cited_text": ""}), "citation"),
+    (_events(citation={k: v for k, v in CITATION.items() if k != "encrypted_index"}),
+     "citation"),
+    (_events(citation={**CITATION, "type": "char_location"}), "citation"),
     (_events(delta={**DELTA, "usage": {"output_tokens": 5,
                                        "server_tool_use": {"web_search_requests": "1"}}}),
      "server_tool_use"),

@@ -368,19 +368,37 @@ def _assistant_turns(group: list[Mapping[str, Any]]) -> list[Message]:
     return out
 
 
+def _join_texts(texts: list[str], cited: list[bool]) -> str:
+    """The assistant's text blocks as one content string.
+
+    Blocks are joined with a newline, except next to a block carrying citations: the API (and
+    the gateway's web search, gateway/tools/citations.py) splits one run of the model's text
+    into blocks around each cited passage, so those pieces go back exactly as the model wrote
+    them, with nothing inserted.
+    """
+    out = [texts[0]]
+    for i in range(1, len(texts)):
+        out.append("" if cited[i] or cited[i - 1] else "\n")
+        out.append(texts[i])
+    return "".join(out)
+
+
 def _assistant(group: list[Mapping[str, Any]]) -> Message:
     texts: list[str] = []
+    cited: list[bool] = []  # per text: it carries citations
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
     for turn in group:
         content = turn["content"]
         if isinstance(content, str):
             texts.append(content)
+            cited.append(False)
             continue
         for block in content:
             kind = block["type"]
             if kind == "text":
                 texts.append(block["text"])
+                cited.append(bool(block.get("citations")))
             elif kind == "thinking":
                 if block["thinking"]:
                     reasoning.append(block["thinking"])
@@ -395,7 +413,7 @@ def _assistant(group: list[Mapping[str, Any]]) -> Message:
                 )
     message: Message = {
         "role": "assistant",
-        "content": "\n".join(texts) if texts else (None if calls else ""),
+        "content": _join_texts(texts, cited) if texts else (None if calls else ""),
     }
     if reasoning:
         message["reasoning_content"] = "\n".join(reasoning)

@@ -314,9 +314,6 @@ def test_a_quoted_snippet_is_cited(client: anthropic.Anthropic, gateway: str,
     assert citation.cited_text == snippet and citation.encrypted_index
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gateway/messages/to_chat.py joins an assistant's text blocks with newlines, also the "
-    "blocks the gateway split off a quote itself (/work/prompts/websearch-findings.md)"))
 def test_a_cited_answer_sent_back_reaches_the_model_whole(client: anthropic.Anthropic,
                                                           stub_url: str) -> None:
     """The reply of :func:`test_a_quoted_snippet_is_cited` sent back, cited blocks and all:

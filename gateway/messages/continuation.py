@@ -10,12 +10,32 @@ through :func:`gateway.upstream.call.send` (the cut replica is ejected first, so
 next replica takes it when there is one; else the same upstream again) with
 ``{"role": "assistant", "content": <the answer so far>}`` appended to its messages:
 
-- vLLM and SGLang: with ``continue_final_message: true, add_generation_prompt: false``, so the
-  chat template leaves the final assistant message open;
-- llama.cpp (``llama-server``) and Ollama: a final assistant message is continued as it is;
-- reasoning streamed as ``reasoning_content`` goes back inline (``<think>...</think>``, the
-  text after it), which is what the engines' reasoning parsers read back (best effort: a
-  template may drop reasoning from history).
+- vLLM and SGLang: with ``continue_final_message: true, add_generation_prompt: false``.
+  vLLM refuses the first with ``add_generation_prompt: true`` and renders through
+  transformers' ``apply_chat_template(continue_final_message=True)``, which cuts the
+  rendered prompt right after the final message's *content* and refuses (a 400 here: the
+  continuation is not sent, the stream ends as it would have) a content the template did not
+  write out verbatim: Qwen3-style templates rewrite a content holding ``</think>`` into
+  ``<think>\nR\n</think>\n\nTEXT``, so on vLLM a reply cut in its text after a thought
+  is not continued with such a template (unverified against a real vLLM). SGLang
+  (``serving_chat.py``, ``_handle_last_assistant_message``) removes the final assistant
+  message, renders the others and appends the tokens of its string ``content`` alone (any
+  ``reasoning_content`` is not read); without the flag it would make that message a *user*
+  turn;
+- llama.cpp (``llama-server``, prefill on unless started with ``--no-prefill-assistant``):
+  the messages before it are rendered with the generation prompt and the final assistant
+  message after it, no end of turn; its reasoning goes as ``reasoning_content``, see
+  :data:`_REASONING_FIELD_KINDS` (verified against a real llama-server:
+  tests/e2e/test_continuation_llama.py);
+- Ollama (``/v1``: an assistant message's reasoning is its ``reasoning`` field, not
+  ``reasoning_content``; its Go renderers, e.g. ``model/renderers/qwen35.go``, leave a final
+  assistant message open, trim spaces around its content, and pull an inline
+  ``<think>R</think>`` out of the content as the thought): continued as it is. Its parsers
+  read the continuation as text when the prefill has content, so a cut mid-thought (sent as
+  ``<think>R``) comes back as text there too (unverified against a real Ollama);
+- elsewhere reasoning streamed as ``reasoning_content`` goes back inline
+  (``<think>...</think>``, the text after it), which is what vLLM's and SGLang's reasoning
+  parsers read back (best effort: a template may drop reasoning from history).
 
 ``max_tokens`` is lowered by the tokens already generated. The continuation's chunks go
 through :class:`Continued` and are fed to the *same* translator: its role-only first chunk
@@ -63,6 +83,19 @@ _log = structlog.get_logger("gateway.messages")
 
 # kinds whose chat template needs telling to continue the final assistant message
 _CONTINUE_FLAG_KINDS = frozenset({"vllm", "sglang"})
+# kinds that take the reasoning so far as the prefill message's ``reasoning_content``, not
+# inline. llama-server (observed with xllamacpp 2026.10, tests/e2e/test_continuation_llama.py)
+# writes a final assistant message itself after the generation prompt, with the template's
+# reasoning markers: with ``reasoning_content`` and an empty content the reasoning is left
+# open (``<think>\nREASONING``) and the reply is parsed as reasoning until the model's
+# ``</think>``; with content too it is closed (``<think>\nREASONING\n</think>\n\nTEXT``).
+# Without ``reasoning_content`` it writes an empty block (``<think>\n\n</think>\n\n``)
+# before the content and parses nothing of the reply as reasoning, so an inline ``<think>``
+# thought went on as text: its rest, its ``</think>`` and the answer. (Older
+# llama-server answered 400 "Assistant response prefill is incompatible with
+# enable_thinking" to any prefill with thinking on: the continuation is then not sent and the
+# stream ends as it would have.)
+_REASONING_FIELD_KINDS = frozenset({"llamacpp"})
 
 
 async def relay(call: Call, up: UpstreamResponse, translator: StreamTranslator,
@@ -140,16 +173,24 @@ def continuation_payload(call: Call, translator: StreamTranslator, *,
     ``max_tokens`` lowered by what was generated (None: the request set none).
 
     ``tool_calls``: the tool calls are to be generated again whole: the prefill is what came
-    before them (the reasoning closed: it ended when the calls began), and only the tokens
-    before them count as generated."""
+    before them (the reasoning closed: it ended when the calls began; llama.cpp's only when
+    text follows it, see :data:`_REASONING_FIELD_KINDS`), and only the tokens before them
+    count as generated."""
     body = jsonutil.loads(call.payload)
     text = translator.streamed_content
     reasoning = translator.streamed_reasoning
-    prefill = f"<think>{reasoning}</think>{text}" if reasoning and (text or tool_calls) else (
-        f"<think>{reasoning}" if reasoning else text)
-    if prefill:
-        body["messages"] = [*body["messages"], {"role": "assistant", "content": prefill}]
-        if call.route.upstream.kind in _CONTINUE_FLAG_KINDS:
+    kind = call.route.upstream.kind
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if reasoning and kind in _REASONING_FIELD_KINDS:
+        # open while no text follows it (before regenerated calls too: the calls' own
+        # reasoning, if the model thinks again, is dropped by Regenerated)
+        message["reasoning_content"] = reasoning
+    elif reasoning:
+        message["content"] = f"<think>{reasoning}</think>{text}" if text or tool_calls \
+            else f"<think>{reasoning}"
+    if text or reasoning:
+        body["messages"] = [*body["messages"], message]
+        if kind in _CONTINUE_FLAG_KINDS:
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
     max_tokens = body.get("max_tokens")

@@ -94,6 +94,12 @@ async def pump(up: UpstreamResponse, translator: StreamTranslator,
     except errors.UpstreamError as err:
         if not resumable or translator.done:
             raise
+        if translator.finish_seen:
+            # the answer is whole (only its usage chunk or [DONE] was lost): asked again,
+            # the engine would answer it again after itself. It ends as the finish said,
+            # its usage the estimate (a partial last event is dropped)
+            await write(translator.eof())
+            return None
         return Cut(error=err)
     if resumable and not translator.finish_seen:
         return Cut()  # a partial last event is dropped: the continuation starts clean

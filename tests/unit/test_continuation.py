@@ -397,6 +397,21 @@ def test_reasoning_before_a_regenerated_call_goes_back_closed() -> None:
     assert max_tokens == 99 and decoded["max_tokens"] == 99
 
 
+@pytest.mark.parametrize("cut", ["raise", "eof"])
+async def test_a_stream_cut_after_its_finish_is_whole_and_not_asked_again(
+        cut: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp sends the finish, then the usage chunk, then [DONE]: a connection lost
+    between them lost no answer (asked again, the engine would repeat it after itself)."""
+    frames = [ROLE, *(chunk({"content": p}) for p in WHOLE), chunk({}, "stop")]
+    first = FakeResponse([*frames, b"RAISE"] if cut == "raise" else frames)
+    events, sent = await run(first, [FakeResponse(answer(WHOLE))], monkeypatch)
+    assert sent == []
+    assert text_of(events) == "Hello from the stub."
+    assert not any(e["type"] == "error" for e in events)
+    assert final(events)["delta"]["stop_reason"] == "end_turn"
+    assert final(events)["usage"] == {"output_tokens": len(WHOLE)}  # counted chunks
+
+
 async def test_an_unbroken_stream_sends_nothing_more(monkeypatch: pytest.MonkeyPatch) -> None:
     first = FakeResponse(answer(WHOLE))
     events, sent = await run(first, [], monkeypatch)
@@ -422,6 +437,37 @@ def test_reasoning_goes_back_inline() -> None:
     t.feed(chunk({"content": "Hel"})[len(b"data: "):-2])
     body, _ = continuation_payload(make_call(), t)
     assert json.loads(body)["messages"][-1]["content"] == "<think>Let me think.</think>Hel"
+
+
+@pytest.mark.parametrize(("kind", "reasoning", "text", "tool_calls", "prefill"), [
+    # vLLM/SGLang (and Ollama): the reasoning inline, open while nothing follows it
+    ("vllm", "Let me think.", "", False, {"content": "<think>Let me think."}),
+    ("vllm", "Let me think.", "Hel", False, {"content": "<think>Let me think.</think>Hel"}),
+    ("ollama", "Let me think.", "", True, {"content": "<think>Let me think.</think>"}),
+    ("sglang", "", "Hel", False, {"content": "Hel"}),
+    # llama-server: the reasoning as reasoning_content (inline, it parses none of the reply
+    # as reasoning); it leaves the reasoning open when the content is empty
+    ("llamacpp", "Let me think.", "", False,
+     {"content": "", "reasoning_content": "Let me think."}),
+    ("llamacpp", "Let me think.", "Hel", False,
+     {"content": "Hel", "reasoning_content": "Let me think."}),
+    ("llamacpp", "Let me think.", "", True,
+     {"content": "", "reasoning_content": "Let me think."}),
+    ("llamacpp", "", "Hel", False, {"content": "Hel"}),
+])
+def test_each_kind_gets_the_reasoning_its_way(kind: str, reasoning: str, text: str,
+                                              tool_calls: bool, prefill: dict[str, str]) -> None:
+    t = translator()
+    t.feed(ROLE[len(b"data: "):-2])
+    if reasoning:
+        t.feed(chunk({"reasoning_content": reasoning})[len(b"data: "):-2])
+    if text:
+        t.feed(chunk({"content": text})[len(b"data: "):-2])
+    decoded = json.loads(continuation_payload(make_call(kind), t, tool_calls=tool_calls)[0])
+    assert decoded["messages"][-1] == {"role": "assistant", **prefill}
+    flags = kind in ("vllm", "sglang")
+    assert decoded.get("continue_final_message") is (True if flags else None)
+    assert decoded.get("add_generation_prompt") is (False if flags else None)
 
 
 async def test_continued_drops_the_role_chunk_only() -> None:

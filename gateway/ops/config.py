@@ -48,6 +48,8 @@ class ConfigError(Exception):
 
 
 INLINE_THINKING = ("auto", "opened", "off")
+BALANCE = ("affinity", "round_robin", "least_busy")  # gateway/upstream/replicas.py's policies
+BALANCE = ("affinity", "round_robin", "least_busy")  # gateway/upstream/replicas.py's policies
 KEEPALIVE = {True: "auto", False: "never", "auto": "auto", "always": "always", "never": "never"}
 CAPABILITY_SETTINGS = ("auto", "yes", "no")
 CAPABILITY_KNOBS = ("images", "tool_references", "named_tool_choice")
@@ -155,6 +157,8 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
             raise ConfigError(f"{src}: {where}.keepalive: must be \"auto\", \"always\", "
                               f"\"never\" or a boolean, got {up['keepalive']!r}")
         up["keepalive"] = KEEPALIVE[up["keepalive"]]
+        if up["balance"] not in BALANCE:
+            raise ConfigError(f"{src}: {where}.balance: must be one of {', '.join(BALANCE)}")
         if up["inline_thinking"] not in INLINE_THINKING:
             raise ConfigError(f"{src}: {where}.inline_thinking: must be one of "
                               f"{', '.join(INLINE_THINKING)}")

@@ -84,6 +84,9 @@ class UpstreamConfig:
     health_path: str = _knob("", shown="`/health` (`/api/version` for kind `ollama`)")
     health_interval: float = _knob(0.0, bound=_NONNEG)
     health_timeout: float = _knob(2.0, bound=_POS)
+    # which replica takes a request (gateway/upstream/replicas.py): "affinity" (a session stays
+    # on one replica), "round_robin" (in turn) or "least_busy" (fewest in flight)
+    balance: str = "affinity"
 
     @property
     def host(self) -> str:

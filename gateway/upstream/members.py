@@ -62,7 +62,8 @@ class Members:
         urls = () if self.discover else cfg.replica_urls
         self._config_hosts = _hosts(cfg.replica_urls)
         self.hosts = self._config_hosts
-        self.replicas = Replicas(urls, on_health=self._health_changed)
+        self.replicas = Replicas(urls, on_health=self._health_changed,
+                                 balance=cfg.balance)
         # replica index -> (the base URL's path, the engine's root path)
         self.targets = {r.index: _paths(r.base_url) for r in self.replicas.all}
         self.pools: dict[int, Pool] = {}

@@ -11,6 +11,11 @@ without shared state, and a replica that leaves (ejected, removed) moves only th
 held: each of those goes to its own second choice, everyone else stays. A request without a
 key is given the least busy replica.
 
+``balance`` (the upstream's ``balance`` key) picks another first choice, for comparison or for
+replicas that share one cache: ``"round_robin"`` takes the replicas in turn, ``"least_busy"``
+the one with fewest requests in flight, both ignoring the session key. Health, spill and
+retries apply to every policy alike.
+
 Bounded load: a replica whose in-flight requests exceed ``SPILL_FACTOR`` times the average
 plus ``SPILL_SLACK`` is passed over for the session's next choice (it keeps its sessions; the
 spill lasts only while it is that far above the rest).
@@ -37,6 +42,7 @@ SPILL_SLACK = 2
 BACKOFF_START = 1.0
 BACKOFF_MAX = 60.0
 MAX_ATTEMPTS = 3  # replicas one request may try before its head
+BALANCE = ("affinity", "round_robin", "least_busy")  # the upstream's ``balance`` settings
 
 
 def score(key: bytes, replica: str) -> int:
@@ -90,7 +96,12 @@ class Replicas:
     """
 
     def __init__(self, base_urls: Sequence[str], *, clock: Callable[[], float] = time.monotonic,
-                 on_health: Callable[[Replica, bool], None] | None = None) -> None:
+                 on_health: Callable[[Replica, bool], None] | None = None,
+                 balance: str = "affinity") -> None:
+        if balance not in BALANCE:
+            raise ValueError(f"balance must be one of {', '.join(BALANCE)}, got {balance!r}")
+        self.balance = balance
+        self._turn = 0  # round_robin: the next replica's index
         self.all = [Replica(i, url) for i, url in enumerate(base_urls)]
         self._urls = [r.base_url for r in self.all]
         self._clock = clock
@@ -101,9 +112,12 @@ class Replicas:
     def order(self, key: bytes | None) -> list[Replica]:
         """The replicas to try for a request, best first (see the module docstring)."""
         replicas = self.all
-        if len(replicas) == 1:
+        if len(replicas) <= 1:  # one, or none yet (a DNS name with no address)
             return list(replicas)
-        if key is None:
+        if self.balance == "round_robin":
+            start, self._turn = self._turn, (self._turn + 1) % len(replicas)
+            ranked = replicas[start:] + replicas[:start]
+        elif key is None or self.balance == "least_busy":
             ranked = sorted(replicas, key=lambda r: r.in_flight)
         else:
             ranked = [replicas[i] for i in rendezvous(key, self._urls)]

@@ -115,3 +115,29 @@ def test_batches_run_reports_every_figure(tmp_path):
     for key in ("full_rps", "ratio_p50", "ratio_p99"):
         assert _number(r[key]), key
     assert _number(r["batch_only"]["rps"]) and _number(r["batch_only"]["ratio_to_full"])
+
+
+def test_affinity_run_reports_every_figure(tmp_path):
+    """Affinity against round-robin on two real llama.cpp replicas, tiny: every figure a
+    number, every turn answered under both policies, the engines' cache figures read."""
+    from tests.procs import require_demo_extra
+
+    require_demo_extra()
+    out = tmp_path / "affinity.json"
+    proc = subprocess.run([sys.executable, "-m", "tests.benchmarks.affinity", "--tiny", "--json",
+                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=_HANG_S)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "| figure | affinity | round-robin | round-robin ÷ affinity |" in proc.stdout
+    r = json.loads(out.read_text())
+    turns = r["settings"]["sessions"] * r["settings"]["turns"]
+    for policy in ("affinity", "round_robin"):
+        figures = r[policy]
+        assert figures["errors"] == 0 and figures["requests"] == turns, figures
+        for key in ("ttft_p50_ms", "ttft_p95_ms", "ttft_later_p50_ms", "ttft_later_p95_ms",
+                    "prompt_tokens_computed", "prompt_tokens_cached", "cache_hit_share"):
+            assert _number(figures[key]), (policy, key)
+        assert figures["prompt_tokens_computed"] > 0
+        assert sum(figures["requests_per_replica"]) == turns, figures
+    # round-robin: every replica takes its turn (the session count is no multiple of theirs)
+    assert all(n > 0 for n in r["round_robin"]["requests_per_replica"])
+    assert all(_number(v) for v in r["ratios"].values())

@@ -78,6 +78,10 @@ BAD = [
                                              'base_url = "http://127.0.0.1:8000/v1"\n'
                                              'keepalive = "no"'),
      {}, 'upstreams.local-vllm.keepalive: must be "auto", "always", "never" or a boolean'),
+    ("unknown balance", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
+                                     'base_url = "http://127.0.0.1:8000/v1"\n'
+                                     'balance = "random"'),
+     {}, "upstreams.local-vllm.balance: must be one of affinity, round_robin, least_busy"),
     ("api_key_env unset", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
                                        'base_url = "http://127.0.0.1:8000/v1"\n'
                                        'api_key_env = "NO_SUCH_VAR_X"'),

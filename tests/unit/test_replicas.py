@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gateway.messages.session import session_key
 from gateway.upstream.replicas import (
     BACKOFF_MAX,
@@ -129,3 +131,39 @@ def test_the_pass_through_session_key_is_the_header_else_user_else_the_chat_pref
     assert openai_key(None, {**turn1, "user": "u"}) == "u:u"
     assert openai_key(None, turn1) == openai_key(None, turn2) is not None
     assert openai_key(None, {"input": "embed me"}) is None  # the least busy replica
+
+
+def test_balance_settings_are_the_configs() -> None:
+    from gateway.ops.config import BALANCE as IN_CONFIG
+    from gateway.upstream.replicas import BALANCE
+
+    assert BALANCE == IN_CONFIG  # config.py cannot import replicas.py (layers): kept equal here
+    with pytest.raises(ValueError, match="balance"):
+        Replicas(URLS, balance="random")
+
+
+def test_round_robin_takes_the_replicas_in_turn_whatever_the_session() -> None:
+    reps = Replicas(URLS, balance="round_robin")
+    firsts = [reps.order(KEYS[0])[0].index for _ in range(6)]
+    assert firsts == [0, 1, 2, 0, 1, 2]  # one session, every replica in turn
+    assert [r.index for r in reps.order(None)] == [0, 1, 2]  # the rest follow in turn
+    affinity = Replicas(URLS)
+    assert len({affinity.order(KEYS[0])[0].index for _ in range(6)}) == 1
+
+
+def test_least_busy_ignores_the_session() -> None:
+    reps = Replicas(URLS, balance="least_busy")
+    for replica, busy in zip(reps.all, (2, 0, 1), strict=True):
+        for _ in range(busy):
+            reps.started(replica)
+    assert [r.index for r in reps.order(KEYS[0])] == [1, 2, 0]
+    assert [r.index for r in reps.order(KEYS[1])] == [1, 2, 0]
+
+
+@pytest.mark.parametrize("balance", ["affinity", "round_robin", "least_busy"])
+def test_every_policy_passes_over_an_ejected_replica(balance: str) -> None:
+    reps = Replicas(URLS, balance=balance, clock=Clock())
+    reps.failed(reps.all[1])
+    for key in KEYS[:20]:
+        order = reps.order(key)
+        assert order[0] is not reps.all[1] and order[-1] is reps.all[1]

@@ -47,6 +47,12 @@ route's ``upstream_model``), so one stub serves many gateway routes:
                     cut halfway (counted in ``cut``); a request ending in an assistant prefill
                     (a continuation) gets the call alone, with a new id; buffered: the whole
                     reply
+    text-tool-cut:N the same as ``tool-cut:N`` with the call written as text, as an engine
+                    without its tool parser writes it (``\n\n<tool_call>\n{...}\n</tool_call>``
+                    in 7-character deltas, finish "stop"): the first N streams of a
+                    conversation are cut halfway through the call text; a request ending in
+                    an assistant prefill gets the call text alone, whole (a model writing the
+                    call again, whatever the prefill)
     golden:CASE     replays ``tests/golden/streams/CASE/upstream.sse`` (what a local engine
                     really sent), one write per event; buffered, the completion its deltas
                     join into (:func:`buffered_completion`)
@@ -511,7 +517,7 @@ class Stub:
             return await self.tool_steps(request, body, model, stream)
         if model.startswith("golden:"):
             return await self.golden_replay(request, model, stream)
-        if model.startswith("tool-cut:"):
+        if model.startswith(("tool-cut:", "text-tool-cut:")):
             return await self.tool_cut(request, body, model, stream)
         if model.split(":", 1)[0] in LocalEngine.SCENARIOS:
             return await LocalEngine(model, body).reply(request, stream)
@@ -584,6 +590,11 @@ class Stub:
         seen = self.tool_cuts[key] = self.tool_cuts.get(key, 0) + 1
         say, whole = "Let me check the weather.", '{"city": "Paris"}'
         call_id = f"call_{seen}"
+        text = '\n\n<tool_call>\n{"name": "get_weather", "arguments": ' + whole \
+            + "}\n</tool_call>"
+        if not stream and model.startswith("text-tool-cut:"):
+            message = {"role": "assistant", "content": say + text}
+            return web.json_response(completion(model, message, "stop", USAGE), dumps=_compact)
         if not stream:
             message = {"role": "assistant", "content": say, "tool_calls": [
                 {"id": call_id, "type": "function",
@@ -594,6 +605,12 @@ class Stub:
         if not prefilled:
             frames += [chunk(model, {"content": "Let me check"}),
                        chunk(model, {"content": " the weather."})]
+        if model.startswith("text-tool-cut:"):
+            calls = [chunk(model, {"content": text[i:i + 7]}) for i in range(0, len(text), 7)]
+            half = len(frames) + len(calls) // 2  # cut halfway through the call text
+            frames += [*calls, chunk(model, {}, "stop"),
+                       chunk(model, {}, usage=USAGE, choices=False), b"data: [DONE]\n\n"]
+            return await self._cut_at(request, frames, half, seen, model)
         frames.append(chunk(model, {"tool_calls": [
             {"index": 0, "id": call_id, "type": "function",
              "function": {"name": "get_weather", "arguments": ""}}]}))
@@ -602,6 +619,12 @@ class Stub:
                    for a in (whole[:9], whole[9:])]
         frames += [chunk(model, {}, "tool_calls"), chunk(model, {}, usage=USAGE, choices=False),
                    b"data: [DONE]\n\n"]
+        return await self._cut_at(request, frames, half, seen, model)
+
+    async def _cut_at(self, request: web.Request, frames: list[bytes], half: int, seen: int,
+                      model: str) -> web.StreamResponse:
+        """Stream ``frames``, cut before frame ``half`` while ``seen`` is within the N of
+        ``model`` (``...:N``)."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for i, frame in enumerate(frames):

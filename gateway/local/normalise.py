@@ -61,6 +61,33 @@ class ContentNormaliser:
         """A ``</think>`` with no opener was seen (a template that opens it in the prompt)."""
         return self._think is not None and self._think.orphan_close
 
+    @property
+    def held_call(self) -> str:
+        """The end of the content held back because it may be a tool call written as text
+        (a possible opener such as ``<tool_``, an open ``<tool_call>`` block, a whole message
+        that may be Llama's ``{"name": ...}``; at the very start also what the inline
+        reasoning holds, whitespace and a ``<`` that may open ``<think>`` as well as a call):
+        never shown, an end of the raw content as the engine sent it (reasoning is decided
+        before a call can start, so nothing held follows it); "" when none is held, or no
+        tools were offered. Whitespace held after shown text, before it, is not part of it:
+        it stays held (text after it keeps it, a call drops it)."""
+        calls = self._calls
+        if calls is None:
+            return ""
+        if self._think is not None and self._think.undecided:
+            return self._think.undecided  # nothing has reached the call parser yet
+        return calls.held
+
+    def drop_held_call(self) -> None:
+        """Forget :attr:`held_call`: a stream cut inside it is asked again with only what
+        came before it as the prefill, and the model writes the call again whole (a
+        prefill ending inside a call's text is resumed imperfectly: a garbled call reaches
+        the client as text). See gateway/messages/continuation.py."""
+        if self._calls is not None:
+            if self._think is not None:
+                self._think.drop_undecided()
+            self._calls.drop_held()
+
     def plain(self, text: str) -> bool:
         """Take ``text`` as plain text if :meth:`feed` would return it as one text piece of
         itself with nothing held: True, and the caller uses ``text`` as it is (the stream's

@@ -80,6 +80,21 @@ class TextToolCalls:
     def __repr__(self) -> str:
         return f"TextToolCalls(held={len(self._held)}, whole={self._whole}, found={self.found})"
 
+    @property
+    def held(self) -> str:
+        """The text held back as a possible call, not yet passed on: the end of the text so
+        far (a tail that may begin a marker, an open block, or the whole message while it
+        may be Llama's whole-message JSON)."""
+        return self._held
+
+    def drop_held(self) -> None:
+        """Forget :attr:`held`: it was never passed on, and a mid-stream continuation has
+        the model write it again from where the text passed on ends
+        (gateway/messages/continuation.py). Whether the message may still be a
+        whole-message call is kept: what was passed on is unchanged."""
+        self._held = ""
+        self._memo = {}
+
     def passes(self, text: str) -> bool:
         """``feed(text)`` would return ``[text]`` and hold nothing: nothing is held, the
         message can no longer be a whole-message call, and no marker can start in it."""

@@ -88,6 +88,19 @@ class InlineThinking:
         """What is held back until the next delta or :meth:`flush` decides it."""
         return self._held
 
+    @property
+    def undecided(self) -> str:
+        """At the start of the content, what is held until it shows whether an opener comes
+        (leading whitespace, a prefix of ``<think>``): nothing has been passed on yet. ""
+        in any other phase."""
+        return self._held if self.phase is Phase.START else ""
+
+    def drop_undecided(self) -> None:
+        """Forget :attr:`undecided`: the content starts again (a mid-stream continuation
+        with nothing to prefill, gateway/messages/continuation.py)."""
+        if self.phase is Phase.START:
+            self._held = ""
+
     def passes(self, text: str) -> bool:
         """``feed(text)`` would return ``text`` itself as text and change nothing: a caller
         on the hot path may use ``text`` as it is instead (no list, no tuple)."""

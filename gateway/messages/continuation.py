@@ -52,7 +52,24 @@ are generated again whole: the prefill is the text (and the closed reasoning) be
 ``max_tokens`` is lowered by the tokens before them, and :class:`Regenerated` splices the new
 stream: its first call, which must name the same tool, goes into the open block in place of
 the held arguments; a reply that does not fit (text, another tool, no call) is a cut like
-any other. A call whose block has closed, or one written as text, is not continued.
+any other. A call whose block has closed, or one written as text that has already made
+its ``tool_use`` block, is not continued.
+
+A call written as text (``<tool_call>{...}``, Llama's whole-message ``{"name": ...}``,
+``[TOOL_CALLS]...``: :mod:`gateway.local.text_tools`) is held by the translator's
+normaliser until it is whole, so a stream cut inside one has shown the client nothing of
+it: not the possible opener (``<tool_``), not the open block, not a whole message held as a
+possible call, not the start of the content held until it shows whether ``<think>`` opens
+it (whitespace, ``<``); only what came before it (text, a thought). It is treated like a native call
+cut mid-arguments: :meth:`StreamTranslator.drop_held_call` forgets the held text, so the
+prefill is only what the client was shown (whitespace the normaliser holds before it stays
+held, and in the prefill: text or a call decides it), ``max_tokens`` and the output tokens
+count only the deltas before it, and the model writes the call again whole, which the
+normaliser then makes a ``tool_use`` block as usual. Prefilled, the held text was resumed
+imperfectly (a real llama.cpp: ``{"nam`` went on ``ame"...``) and the garbled call reached
+the client as text. The same when the cut comes after a call is whole but before its
+delivery (a closed body that waits for the end, before ``</tool_call>``). A cut inside a
+second call written as text, after a first one made its block, is not continued (as above).
 
 The translator stays pure: it is read (what was streamed, whether a finish came, which call
 is open) and, when calls are generated again, told to forget the held ones.
@@ -117,7 +134,8 @@ async def relay(call: Call, up: UpstreamResponse, translator: StreamTranslator,
             # would make the client wait idle_timeout more each time
             stuck = isinstance(cut.error, errors.UpstreamTimeout)
             # a tool call cut mid-arguments is generated again whole (its arguments were
-            # held); a call whose block closed, or one written as text, is not continued
+            # held); a call whose block closed, or one written as text and delivered, is not
+            # continued
             regenerate = translator.regenerable_call() if translator.tool_call_started \
                 else None
             if budget <= 0 or stuck or translator.done or (
@@ -125,6 +143,9 @@ async def relay(call: Call, up: UpstreamResponse, translator: StreamTranslator,
                 await _give_up(cut, translator, write)
                 return
             budget -= 1
+            # a tool call written as text, held (never shown) when the cut came, is written
+            # again whole: the prefill is what came before it
+            held_dropped = regenerate is None and translator.drop_held_call()
             if spliced is None or not spliced.ended:
                 current.abandon()  # it cut the stream: not a new answer that did not fit
             await stack.aclose()  # the last continuation, if any, before the next is sent
@@ -133,9 +154,10 @@ async def relay(call: Call, up: UpstreamResponse, translator: StreamTranslator,
                          upstream=call.route.upstream.name, cause=_cause(cut),
                          streamed_chars=len(translator.streamed_content)
                          + len(translator.streamed_reasoning),
-                         tool_call_regenerated=regenerate is not None)
-            payload, max_tokens = continuation_payload(call, translator,
-                                                       tool_calls=regenerate is not None)
+                         tool_call_regenerated=regenerate is not None,
+                         text_call_regenerated=held_dropped)
+            payload, max_tokens = continuation_payload(
+                call, translator, tool_calls=regenerate is not None or held_dropped)
             try:
                 nxt = await send(call.deps.upstreams, call.route, "/chat/completions", payload,
                                  stream=True, max_tokens=max_tokens, request_id=request_id,
@@ -175,7 +197,8 @@ def continuation_payload(call: Call, translator: StreamTranslator, *,
     ``tool_calls``: the tool calls are to be generated again whole: the prefill is what came
     before them (the reasoning closed: it ended when the calls began; llama.cpp's only when
     text follows it, see :data:`_REASONING_FIELD_KINDS`), and only the tokens before them
-    count as generated."""
+    count as generated. (A call written as text and held is already out of
+    ``streamed_content`` and the token count: :meth:`StreamTranslator.drop_held_call`.)"""
     body = jsonutil.loads(call.payload)
     text = translator.streamed_content
     reasoning = translator.streamed_reasoning

@@ -165,6 +165,10 @@ class StreamTranslator:
         self._reasoning: list[str] = []
         self._calls_seen = False
         self._before_calls = (0, 0)  # (tokens_so_far, content chunks) as the first call came
+        # (tokens_so_far, content chunks) before the delta in which the normaliser began to
+        # hold text that may be a tool call (see drop_held_call); with a usage mid-stream,
+        # that delta is taken as one token
+        self._before_held = (0, 0)
         self.ended_by_done = False  # the upstream's [DONE] ended it (its body ends next)
         # the open block
         self._tools = ToolBlocks()  # the tool calls: tool_use blocks' contents
@@ -248,6 +252,25 @@ class StreamTranslator:
         the open call's index and id. See :meth:`regenerable_call`."""
         self._tools.restart()
         self._content_chunks = self._before_calls[1]
+
+    def drop_held_call(self) -> bool:
+        """Forget the text the normaliser holds as a possible tool call written as text (a
+        mid-stream continuation, cut inside it): the client never saw it, so it leaves
+        :attr:`streamed_content` (the prefill is what the client was shown) and the output
+        tokens so far go back to before the delta it began in (that delta counted whole as
+        held: its shown part, if any, is not counted); the model then writes the call again
+        whole and the normaliser reads it as usual. True if anything was held."""
+        norm = self._norm
+        held = norm.held_call if norm is not None else ""
+        content = self.streamed_content
+        if norm is None or not held or not content.endswith(held):
+            return False  # (it always ends the content: see ContentNormaliser.held_call)
+        norm.drop_held_call()
+        self._content = [content[:len(content) - len(held)]]
+        tokens, self._content_chunks = self._before_held
+        if self._usage_seen:
+            self.output_tokens = tokens
+        return True
 
     @property
     def prompt_reported(self) -> bool:
@@ -402,8 +425,12 @@ class StreamTranslator:
                 norm = self._norm
                 if norm is None or norm.plain(content):
                     self._on_text(content, out)
-                elif not self._on_pieces(norm.feed(content), out):
-                    return
+                else:
+                    if not norm.held_call:  # this delta may begin a held call: count before it
+                        self._before_held = (max(0, self.tokens_so_far - 1),
+                                             self._content_chunks - 1)
+                    if not self._on_pieces(norm.feed(content), out):
+                        return
                 if self.state is not _BLOCK_OPEN:  # a stop sequence ended the message
                     return
             if calls:

@@ -382,35 +382,44 @@ TOOLS = [{"name": "get_weather", "description": "The weather in a city",
                            "required": ["city"]}}]
 
 
+# what the demo model writes, a character a token, for TOOLS (the gateway makes it a tool_use)
+CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "demo"}}\n</tool_call>'
+
+
 def test_a_text_tool_call_cut_midway(
         proxy: CuttingProxy, llama_upstream: LlamaServer,
         gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
     """The demo model writes its call as text, a character a token (gateway/demo/toolcall.py),
     which the gateway's text parser makes a tool_use block. Cut before the call: asked again,
-    the same call. Cut inside the call text: it is continued as text (a call written as text
-    is not regenerated), with the text so far as the prefill; this model's copy head then
-    resumes a character or so off (the prefill's BPE tokens are fewer than its characters),
-    so the reply is well-formed, end_turn, no error, but the call reaches the client as text."""
+    the same call. Cut inside the call text (a possible opener ``<tool_`` held, the open
+    block, the whole body before ``</tool_call>``, a partial close): the gateway held all of
+    it, so the client has seen none of it; the held text is dropped and the request is sent
+    again with no prefill (nothing else was shown), and the model writes the call again
+    whole: the same tool_use block as uncut, ``tool_use``, no error, the same output tokens.
+    (Prefilled with ``<tool_call>\n{"nam``, this model's copy head resumed a character or so
+    off, ``"namame"``, and the garbled call reached the client as text.)"""
     _, base = gateway_factory(_config(proxy.base_url))
     proxy.arm(0, 0)
     _, uncut = _stream(base, tools=TOOLS)
     assert uncut["blocks"] == [("tool_use", '{"city":"demo"}')]
     assert uncut["stop_reason"] == "tool_use"
+    assert uncut["usage"]["output_tokens"] >= len(CALL_TEXT)
     proxy.arm(1, 2)  # the role and a prompt-progress chunk
     _, got = _stream(base, tools=TOOLS)
     assert proxy.cut == 1 and _prefill(proxy) is None and len(proxy.chats) == 2
     assert got["blocks"] == uncut["blocks"] and got["errors"] == []
-    proxy.arm(1, 20)  # 17 characters of the call
-    _, got = _stream(base, tools=TOOLS)
-    prefill = _prefill(proxy)
-    assert proxy.cut == 1 and prefill is not None
-    assert prefill["content"] == '<tool_call>\n{"nam'
-    assert _engine_prompt(llama_upstream, proxy.chats[1]).endswith(prefill["content"])
-    assert got["errors"] == [] and got["stop_reason"] == "end_turn"
-    [(kind, text)] = got["blocks"]
-    assert kind == "text" and text.startswith(prefill["content"])
-    assert text != prefill["content"]
-    assert text.endswith('"arguments": {"city": "demo"}}\n</tool_call>')
+    # the role, two prompt-progress chunks, then a character of the call an event
+    for chars in (1, 6, 11, 17, 40, len(CALL_TEXT) - 12, len(CALL_TEXT) - 1):
+        proxy.arm(1, 3 + chars)
+        _, got = _stream(base, tools=TOOLS)
+        assert proxy.cut == 1 and len(proxy.chats) == 2, chars
+        assert _prefill(proxy) is None, chars  # the held call text is not sent back
+        first, again = proxy.chats
+        assert again["messages"] == first["messages"], chars
+        assert again["max_tokens"] == first["max_tokens"] == 200, chars  # nothing was shown
+        assert got["errors"] == [] and got["stop_reason"] == "tool_use", (chars, got)
+        assert got["blocks"] == uncut["blocks"], (chars, got)
+        assert got["usage"]["output_tokens"] == uncut["usage"]["output_tokens"], chars
 
 
 def test_a_replica_that_cuts_every_stream_is_continued_on_the_other(

@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway import errors
+from gateway.local.normalise import ContentNormaliser
 from gateway.messages import continuation
 from gateway.messages.continuation import Continued, continuation_payload, relay
 from gateway.messages.pump import Timing
@@ -106,13 +107,14 @@ def make_call(kind: str = "vllm", max_tokens: int | None = 100) -> Any:
                            deps=SimpleNamespace(upstreams=None, metrics=METRICS))
 
 
-def translator() -> StreamTranslator:
+def translator(normaliser: ContentNormaliser | None = None) -> StreamTranslator:
     return StreamTranslator(model="m", message_id="msg_1", signing_key=b"k" * 32,
-                            input_tokens=7)
+                            input_tokens=7, normaliser=normaliser)
 
 
 async def run(first: FakeResponse, later: list[FakeResponse], monkeypatch: pytest.MonkeyPatch,
-              call: Any = None, **kw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+              call: Any = None, tr: StreamTranslator | None = None,
+              **kw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Relay ``first``; each continuation is the next of ``later``. (events, sent bodies)"""
     sent: list[dict[str, Any]] = []
     queue = list(later)
@@ -134,7 +136,7 @@ async def run(first: FakeResponse, later: list[FakeResponse], monkeypatch: pytes
     async def write(data: bytes) -> None:
         out.append(data)
 
-    await relay(call or make_call(), first, translator(), write,  # type: ignore[arg-type]
+    await relay(call or make_call(), first, tr or translator(), write,  # type: ignore[arg-type]
                 Timing(0.0), Histogram(), **kw)
     return check_stream(b"".join(out)), sent
 
@@ -475,3 +477,104 @@ async def test_continued_drops_the_role_chunk_only() -> None:
     up = FakeResponse([ROLE, chunk({"content": "x"})])
     got = [c async for c in Continued(up, t).chunks()]  # type: ignore[arg-type]
     assert got == [chunk({"content": "x"})]
+
+
+# --- a tool call written as text, cut while the normaliser held it -----------------------
+
+HERMES = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+LLAMA = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+MISTRAL = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+
+# (the content deltas before the cut, the prefill's content (None: no prefill), the deltas
+# counted before the held text, the model's new answer after the prefill): the client was
+# shown the text before the held part only, so only that goes back
+TEXT_CALL_CUTS = {
+    "a possible opener": (["Let me check.", "\n\n", "<tool_"], "Let me check.\n\n", 2,
+                          HERMES),
+    "an opener split": (["Let me check.", " <tool", "_call>\n{"], "Let me check. ", 1,
+                        HERMES),
+    "mid-name": (["Let me check.", "\n\n<tool_call>\n", '{"nam'], "Let me check.\n\n", 1,
+                 HERMES),
+    "mid-arguments": (["Let me check.\n", HERMES[:30], HERMES[30:50]], "Let me check.\n", 1,
+                      HERMES),
+    "a whole body before its close": (["Let me check.", HERMES[:-14]], "Let me check.", 1,
+                                      HERMES),
+    "no text before it": ([HERMES[:5], HERMES[5:20]], None, 0, HERMES),
+    "a whole-message JSON": ([LLAMA[:10], LLAMA[10:30]], None, 0, LLAMA),
+    "a whole-message JSON after a newline": (["\n", LLAMA[:10], LLAMA[10:30]], None, 0,
+                                             LLAMA),
+    # held at the start by the inline-reasoning parser (it may open <think>), not yet by the
+    # call parser: not shown either
+    "a first <": (["<"], None, 0, HERMES),
+    "a first <t": (["\n", "<t"], None, 0, HERMES),
+    "after an inline thought": (["<think>Hmm.", "</think>\n\n", LLAMA[:20]],
+                                "<think>Hmm.</think>\n\n", 2, LLAMA),
+    "Mistral's marker": (["[TOOL_", "CALLS][{", '"name": "get'], None, 0, MISTRAL),
+}
+
+
+def text_call_answer(text: str) -> list[bytes]:
+    """The model writes the call again whole, in 9-character deltas, and finishes."""
+    usage = {"prompt_tokens": 30, "completion_tokens": 5, "total_tokens": 35}
+    return [ROLE, *(chunk({"content": text[i:i + 9]}) for i in range(0, len(text), 9)),
+            chunk({}, "stop", usage), b"data: [DONE]\n\n"]
+
+
+@pytest.mark.parametrize("case", sorted(TEXT_CALL_CUTS))
+@pytest.mark.parametrize("cut", ["eof", "raise"])
+async def test_a_cut_inside_a_call_written_as_text_writes_the_call_again(
+        case: str, cut: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    pieces, prefill, before, again = TEXT_CALL_CUTS[case]
+    first = FakeResponse([ROLE, *(chunk({"content": p}) for p in pieces), *CUTS[cut]])
+    norm = ContentNormaliser(thinking="auto", tool_names=["get_weather"])
+    tr = translator(norm)
+    events, sent = await run(first, [FakeResponse(text_call_answer(again))], monkeypatch,
+                             tr=tr)
+    assert not [e for e in events if e["type"] == "error"]
+    assert [b[1:] for b in tool_blocks(events)] == [("get_weather", {"city": "Paris"})]
+    delta = final(events)
+    assert delta["delta"]["stop_reason"] == "tool_use"
+    # the client's text is what it was shown before the call, none of the call's text
+    shown = text_of(events)
+    assert "get_weather" not in shown and "<tool" not in shown and "{" not in shown
+    assert shown == (prefill or "").removeprefix("<think>Hmm.</think>").strip()
+    # output: the deltas before the held text + the new answer's 5
+    assert delta["usage"] == {"output_tokens": before + 5}
+    assert len(sent) == 1 and first.abandoned
+    body = sent[0]["body"]
+    if prefill is None:  # nothing shown but the held text: asked again as it was
+        assert body["messages"] == [{"role": "user", "content": "Say hello"}]
+    else:
+        assert body["messages"][-1] == {"role": "assistant", "content": prefill}
+    assert body["max_tokens"] == sent[0]["max_tokens"] == 100 - before
+    assert norm.calls_found == 1 and tr.text_tool_calls == 1
+
+
+async def test_held_text_is_dropped_only_when_a_call_may_be_held(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prose with a trailing newline (held whitespace, no call) is continued as before."""
+    first = FakeResponse([ROLE, chunk({"content": "Hello"}), chunk({"content": " from\n"}),
+                          b"RAISE"])
+    again = answer(["the stub."])
+    norm = ContentNormaliser(thinking="auto", tool_names=["get_weather"])
+    events, sent = await run(first, [FakeResponse(again)], monkeypatch, tr=translator(norm))
+    assert text_of(events) == "Hello from\nthe stub."
+    assert sent[0]["body"]["messages"][-1] == {"role": "assistant", "content": "Hello from\n"}
+    assert sent[0]["body"]["max_tokens"] == 98
+
+
+@pytest.mark.parametrize(("kind", "prefill"), [
+    ("vllm", {"content": "<think>Hmm.</think>"}),  # closed: it ended as the call began
+    ("llamacpp", {"content": "", "reasoning_content": "Hmm."}),  # llama-server's way
+])
+async def test_a_thought_before_a_held_text_call_goes_back_without_the_call(
+        kind: str, prefill: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    first = FakeResponse([ROLE, chunk({"reasoning_content": "Hmm."}),
+                          chunk({"content": HERMES[:25]}), b"RAISE"])
+    norm = ContentNormaliser(thinking="auto", tool_names=["get_weather"])
+    events, sent = await run(first, [FakeResponse(text_call_answer(HERMES))], monkeypatch,
+                             call=make_call(kind), tr=translator(norm))
+    assert [b[1:] for b in tool_blocks(events)] == [("get_weather", {"city": "Paris"})]
+    assert final(events)["delta"]["stop_reason"] == "tool_use"
+    assert sent[0]["body"]["messages"][-1] == {"role": "assistant", **prefill}
+    assert sent[0]["body"]["max_tokens"] == 99  # the thought's delta only

@@ -27,6 +27,7 @@ import structlog
 
 from gateway import __version__
 from gateway.ops import config, log, notify
+from gateway.ops.config_schema import BatchesConfig, ServerConfig
 
 if TYPE_CHECKING:
     from gateway.batches.store import BatchStore
@@ -161,7 +162,7 @@ def _open_batch_store(cfg: config.Config) -> BatchStore | None:
 
 
 def open_batch_store(
-    batches: config.BatchesConfig,
+    batches: BatchesConfig,
 ) -> tuple[BatchStore | None, tuple[str | None, str] | None]:
     """(the store or None, None or (the state directory, why batches are off there)).
 
@@ -207,7 +208,7 @@ def _check_config(cfg: config.Config) -> int:
     return 0
 
 
-def _health_check(server: config.ServerConfig) -> int:
+def _health_check(server: ServerConfig) -> int:
     """--health-check: GET /health on the API listener (it serves /health whether or not
     server.metrics_port is set) at the config's host and port, a wildcard host asked on
     loopback; no proxy from the environment is used."""
@@ -227,7 +228,7 @@ def _health_check(server: config.ServerConfig) -> int:
     return 0 if ok else 1
 
 
-def _metrics_address(server: config.ServerConfig) -> str:
+def _metrics_address(server: ServerConfig) -> str:
     if not server.metrics_apart:
         return "api listener"
     return f"{server.metrics_host or server.host}:{server.metrics_port}"

@@ -60,7 +60,8 @@ from gateway.batches.store import BatchStore, Claimed, StoreError
 from gateway.messages.call import MessagesDeps, count_reply, prepare
 from gateway.messages.validate import validate_messages
 from gateway.ops import log
-from gateway.ops.config import BatchesConfig, ModelRoute, find_route
+from gateway.ops.config import ModelRoute, find_route
+from gateway.ops.config_schema import BatchesConfig
 from gateway.text import ids, jsonutil
 
 _log = structlog.get_logger("gateway.batches")

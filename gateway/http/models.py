@@ -18,7 +18,8 @@ from aiohttp import web
 
 from gateway import errors
 from gateway.http.keys import CONFIG, OPENAI_ERRORS
-from gateway.ops.config import ModelRoute, find_route, is_pattern
+from gateway.ops.config import ModelRoute, find_route
+from gateway.ops.config_schema import is_pattern
 from gateway.text import jsonutil
 
 

@@ -55,7 +55,7 @@ from gateway import errors
 from gateway.http import compat
 from gateway.http.listener import Listener, bind
 from gateway.ops import log
-from gateway.ops.config import ServerConfig
+from gateway.ops.config_schema import ServerConfig
 from gateway.ops.metrics import Metrics
 from gateway.text import ids
 

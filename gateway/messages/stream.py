@@ -40,8 +40,9 @@ Gateway decisions:
 - Reasoning when no thinking was asked for (``show_thinking`` False) makes no block at all
   (the API would not think); ``reasoning_hidden`` tells the caller, which counts it. It
   still counts as a content chunk for the output-token fallback, as it was generated.
-- A thinking block always ends with one ``signature_delta`` (the text streamed in it, sealed:
-  see :mod:`.signatures`), on the failure path too: partial thinking is still the gateway's.
+- Blocks are placed (opened, closed, a thinking block sealed with its ``signature_delta``,
+  on the failure path too) by :mod:`.stream_blocks`; a tool block's contents are
+  :mod:`.tool_blocks`'.
 - A tool call's arguments are held while its block is open and sent as one
   ``input_json_delta`` when it closes, repaired into an object where they are not one
   (:mod:`gateway.local.tool_args`; ``{}`` for a call that sent none), so the input always
@@ -85,9 +86,10 @@ from gateway import errors
 from gateway.local.normalise import TEXT as TEXT_PIECE
 from gateway.local.normalise import THINKING as THINKING_PIECE
 from gateway.local.normalise import ContentNormaliser
-from gateway.messages import frames, signatures, tables
+from gateway.messages import frames, tables
 from gateway.messages.stops import StopMatcher
-from gateway.messages.tool_blocks import NONE, TEXT, THINKING, TOOL, Call, Malformed, ToolBlocks
+from gateway.messages.stream_blocks import Blocks
+from gateway.messages.tool_blocks import TEXT, THINKING, TOOL, Malformed, ToolBlocks
 from gateway.text import jsonutil
 from gateway.text.redact import NO_SECRETS, Redactor
 from gateway.text.sse import encode_event
@@ -134,7 +136,6 @@ class StreamTranslator:
         self.state = State.PRE_START
         self._model = model
         self._message_id = message_id
-        self._key = signing_key
         self._stop_sequences = stop_sequences
         # the upstream cannot say which stop string matched (llama.cpp, Ollama): the gateway
         # matches text itself and holds back a tail that may be the start of one
@@ -170,12 +171,8 @@ class StreamTranslator:
         self._before_held = (0, 0)
         self.ended_by_done = False  # the upstream's [DONE] ended it (its body ends next)
         # the open block
-        self._kind = NONE
-        self._index = -1
-        self._next_index = 0
-        self._head = b""  # delta frame prefix of the open block, up to the delta body
-        self._thinking: list[str] = []
         self._tools = ToolBlocks()  # the tool calls: tool_use blocks' contents
+        self._blocks = Blocks(signing_key, self._stops, self._tools)
         # what local engines leave in content (inline <think>, tool calls written as text)
         self.normaliser = normaliser  # kept for the caller's counts once the stream ends
         self._norm = normaliser  # None once its content has ended
@@ -183,15 +180,15 @@ class StreamTranslator:
 
     def __repr__(self) -> str:
         return (
-            f"<StreamTranslator state={self.state.name} block={self._index}"
-            f" kind={('none', 'text', 'thinking', 'tool_use')[self._kind]}"
+            f"<StreamTranslator state={self.state.name} block={self._blocks.index}"
+            f" kind={('none', 'text', 'thinking', 'tool_use')[self._blocks.kind]}"
             f" termination={self.termination}>"
         )
 
     @property
     def output_started(self) -> bool:
         """A content block has been opened: the first token is on its way (TTFT)."""
-        return self._next_index > 0
+        return self._blocks.next_index > 0
 
     @property
     def dropped_tool_deltas(self) -> int:
@@ -235,7 +232,7 @@ class StreamTranslator:
         tool block has closed (the client has seen that block's start and nothing of any
         call's arguments, which are held until a block closes) and no call was written as
         text; else None."""
-        if (self.state is not _BLOCK_OPEN or self._kind != TOOL or self._finish is not None
+        if (self.state is not _BLOCK_OPEN or self._blocks.kind != TOOL or self._finish is not None
                 or self.text_tool_calls):
             return None
         call = self._tools.regenerable()
@@ -455,19 +452,20 @@ class StreamTranslator:
     def _on_text(self, text: str, out: list[bytes]) -> None:
         if self.state is not _BLOCK_OPEN:
             self._expect(_OPEN_ONLY, "text delta")
-        if self._kind != TEXT:
-            self._close_block(out, flush=True)
-            self._open(TEXT, frames.TEXT_SHELL, frames.TEXT_DELTA, out)
+        blocks = self._blocks
+        if blocks.kind != TEXT:
+            blocks.close(out, flush=True)
+            blocks.open(TEXT, frames.TEXT_SHELL, frames.TEXT_DELTA, out)
         if self._stops is not None:
             text, hit = self._stops.scan(text)
             if text:
-                out.append(self._head + frames.jstr(text) + frames.DELTA_END)
+                out.append(blocks.head + frames.jstr(text) + frames.DELTA_END)
             if hit is not None:  # a stop sequence: the message ends here
                 self._finish, self._matched = "stop", hit
                 self._norm = None  # what it holds comes after the stop
                 self._end(out)
             return
-        out.append(self._head + frames.jstr(text) + frames.DELTA_END)
+        out.append(blocks.head + frames.jstr(text) + frames.DELTA_END)
 
     def _on_pieces(self, pieces: list[tuple[int, Any]], out: list[bytes]) -> bool:
         """The normaliser's pieces of content, in order; False once the message ended."""
@@ -488,23 +486,24 @@ class StreamTranslator:
         self._expect(_OPEN_ONLY, "tool call delta")
         call = self._tools.delta(delta, out)
         if call is not None:  # a named call and none streaming: its block opens now
-            self._close_block(out, flush=True)
-            self._open_tool(call, out)
+            self._blocks.close(out, flush=True)
+            self._blocks.open_tool(call, out)
 
     def _on_thinking(self, text: str, out: list[bytes]) -> None:
         if self.state is not _BLOCK_OPEN:
             self._expect(_OPEN_ONLY, "thinking delta")
-        if self._kind != THINKING:
-            self._close_block(out, flush=True)
-            self._open(THINKING, frames.THINKING_SHELL, frames.THINKING_DELTA, out)
+        blocks = self._blocks
+        if blocks.kind != THINKING:
+            blocks.close(out, flush=True)
+            blocks.open(THINKING, frames.THINKING_SHELL, frames.THINKING_DELTA, out)
         try:
             body = jsonutil.dumpb_str(text)
         except UnicodeEncodeError:
             text = frames.clean(text)
             body = jsonutil.dumpb(text)
-        self._thinking.append(text)
+        blocks.thinking.append(text)
         if not self._hide_thinking:
-            out.append(self._head + body + frames.DELTA_END)
+            out.append(blocks.head + body + frames.DELTA_END)
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -526,49 +525,6 @@ class StreamTranslator:
         self.started = True
         self.state = _BLOCK_OPEN
 
-    def _open(self, kind: int, shell: bytes, delta: bytes, out: list[bytes]) -> None:
-        index = self._next_index
-        self._next_index = index + 1
-        number = b"%d" % index
-        out.append(frames.CBS + number + shell)
-        self._kind = kind
-        self._index = index
-        self._head = frames.CBD + number + delta
-
-    def _close_block(self, out: list[bytes], *, flush: bool) -> None:
-        kind = self._kind
-        if kind == NONE:
-            return
-        if kind == TEXT and self._stops is not None and self._stops.held:
-            # the block ends: the held tail was not a stop sequence after all
-            out.append(self._head + frames.jstr(self._stops.take_held()) + frames.DELTA_END)
-        elif kind == THINKING:
-            signature = signatures.seal(self._key, "".join(self._thinking))
-            out.append(
-                frames.CBD + b"%d" % self._index + frames.SIGNATURE_DELTA
-                + frames.jstr(signature) + frames.DELTA_END
-            )
-            self._thinking = []
-        elif kind == TOOL:
-            self._tools.finish(out)
-        out.append(frames.CB_STOP % self._index)
-        self._kind = NONE
-        if kind == TOOL and flush:
-            self._flush_buffered(out)
-
-    def _open_tool(self, call: Call, out: list[bytes]) -> None:
-        self._open(TOOL, self._tools.shell(call), frames.JSON_DELTA, out)
-        self._tools.stream(call, self._head, out)
-
-    def _flush_buffered(self, out: list[bytes]) -> None:
-        """The calls buffered while another streamed, each a whole block, in index order."""
-        tools = self._tools
-        for call in tools.waiting():
-            self._open_tool(call, out)
-            tools.finish(out)
-            out.append(frames.CB_STOP % self._index)
-            self._kind = NONE
-
     def _end(self, out: list[bytes]) -> None:
         """[DONE] or EOF: complete if a finish_reason came, else the stream was truncated."""
         if self._finish is None:
@@ -578,8 +534,8 @@ class StreamTranslator:
             norm, self._norm = self._norm, None
             if not self._on_pieces(norm.flush(), out):
                 return
-        self._close_block(out, flush=True)
-        self._flush_buffered(out)
+        self._blocks.close(out, flush=True)
+        self._blocks.flush_waiting(out)
         self._tools.drop_unnamed()
         has_tools = self._tools.opened
         finish = self._finish
@@ -614,7 +570,7 @@ class StreamTranslator:
     def _fail_into(self, out: list[bytes], err: errors.GatewayError, reason: str) -> None:
         if self.state is _PRE_START:
             self._start(out)
-        self._close_block(out, flush=False)
+        self._blocks.close(out, flush=False)
         out.append(errors.sse_error_event(err))
         out.append(frames.MESSAGE_STOP)
         self.state = State.ERRORED

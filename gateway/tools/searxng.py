@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 import structlog
 
-from gateway.ops.config import WebSearchConfig
+from gateway.ops.config_schema import WebSearchConfig
 from gateway.ops.metrics import Metrics
 from gateway.text import jsonutil
 

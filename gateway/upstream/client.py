@@ -42,7 +42,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlsplit
 
 import structlog
 
@@ -59,6 +58,7 @@ from gateway.upstream.exceptions import (
     ProtocolError,
 )
 from gateway.upstream.failures import _RETRIED, FailureLog, Failures, map_failure
+from gateway.upstream.members import Members
 from gateway.upstream.pool import Counter, Pool, Response
 from gateway.upstream.replicas import Replica, Replicas
 
@@ -72,6 +72,8 @@ _DRAIN_SECONDS = 0.1
 _RETRIED_HERE = frozenset(("closed", "misrouted"))
 # statuses that say "not now, here": the request goes to the next replica (before any byte)
 _RETRY_STATUSES = frozenset((502, 503, 504, 529))
+
+
 class UpstreamResponse:
     """A live upstream response; read it with :meth:`chunks` or :meth:`read`."""
 
@@ -131,7 +133,7 @@ class UpstreamResponse:
         is ejected now, as a lost connection would eject it, so the retry avoids it."""
         replica, self._replica = self._replica, None
         if replica is not None:
-            self._client.replica_finished(replica, errors.UpstreamUnavailable())
+            self._client.members.finished(replica, errors.UpstreamUnavailable())
 
     async def read(self) -> bytes:
         """The whole body; past the upstream's ``max_response_bytes``, a 500."""
@@ -155,7 +157,7 @@ class UpstreamResponse:
     ) -> None:
         replica, self._replica = self._replica, None
         if replica is not None:
-            self._client.replica_finished(replica, exc)
+            self._client.members.finished(replica, exc)
         if self._done and exc is None:
             self._resp.release()
         elif self._ending and exc is None:
@@ -184,26 +186,15 @@ async def _settle(resp: Response) -> None:
             resp.close()
 
 
-def _paths(base_url: str) -> tuple[str, str]:
-    """(the base URL's path, the engine's root path) for request targets."""
-    path = base_url.split("://", 1)[-1].partition("/")[2].rstrip("/")
-    path = "/" + path if path else ""
-    # llama.cpp's and vLLM's /tokenize, /apply-template live beside /v1, not under it
-    return path, path[:-3] if path.endswith("/v1") else path
-
-
 class UpstreamClient:
     """Pooled HTTP client for one upstream: a pool per replica.
 
-    ``hosts`` and ``secrets`` are what the scrubber removes from upstream text: every
-    replica's host names and base URL, and the upstream's key in every form (the key,
-    ``Bearer <key>``, the key URL-encoded). ``metrics`` (gateway/ops/metrics.py), when
-    given, gets the per-replica series.
-
-    With ``discover = "dns"`` the replicas are the addresses ``base_url``'s name resolves
-    to (gateway/upstream/discovery.py; ``resolve`` replaces the system resolver, for
-    tests): :meth:`resolve_now` joins and removes them; a removed replica takes no new
-    request and its pool is closed once the requests it holds have finished.
+    Its replicas, their pools, series, probes and DNS discovery are :attr:`members`
+    (gateway/upstream/members.py); this class is the request path over them. ``hosts`` and
+    ``secrets`` are what the scrubber removes from upstream text: every replica's host names
+    and base URL, and the upstream's key in every form (the key, ``Bearer <key>``, the key
+    URL-encoded). ``metrics`` (gateway/ops/metrics.py), when given, gets the per-replica
+    series; ``resolve`` replaces the system resolver under ``discover = "dns"``, for tests.
     """
 
     def __init__(self, cfg: UpstreamConfig, *, connections: Counter | None = None,
@@ -215,23 +206,8 @@ class UpstreamClient:
         self._protocol_errors = protocol_errors  # a labelled counter: (upstream, kind)
         self._metrics = metrics
         self.name = cfg.name
-        self.discover = cfg.discover == "dns"
-        self._resolve = resolve or discovery.resolve
-        urls = () if self.discover else cfg.replica_urls
-        self._config_hosts = _hosts(cfg.replica_urls)
-        self.hosts = self._config_hosts
         self.secrets = secrets_of(cfg)
         self.report = FailureLog(cfg.name)
-        self.replicas = Replicas(urls, on_health=self._health_changed,
-                                 balance=cfg.balance)
-        self._targets = {r.index: _paths(r.base_url) for r in self.replicas.all}
-        # DNS discovery: address -> its replica; replica index -> its label's slot; the
-        # removed replicas whose requests are still running (their pools closed after)
-        self._addresses: dict[str, Replica] = {}
-        self._slots: dict[int, int] = {}
-        self._leaving: dict[int, Replica] = {}
-        self._resolve_failing = False
-        self._started_up = False
         # (head, body) timeouts. A stream: the head within both timeouts, then no event for
         # idle_timeout. Buffered: the head, then the whole reply, each due from the send.
         self._stream_timeouts = (min(cfg.header_timeout, cfg.idle_timeout), cfg.idle_timeout)
@@ -241,38 +217,23 @@ class UpstreamClient:
         self._headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         if cfg.api_key:
             self._headers["Authorization"] = f"Bearer {cfg.api_key}"
-        self._pools: dict[int, Pool] = {}
-        self._retried_here = _RETRIED if len(urls) == 1 else _RETRIED_HERE
-        if metrics is not None:
-            for replica in self.replicas.all:
-                self._replica_series(replica)
-            metrics.upstream_replicas.labels(self.name).set(len(self.replicas.all))
-            for outcome in discovery.RESOLUTION_OUTCOMES if self.discover else ():
-                metrics.upstream_resolutions.labels(self.name, outcome)
+        self.members = Members(cfg, make_pool=self._pool, metrics=metrics, resolve=resolve)
+        self.discover = self.members.discover
 
-    def _replica_series(self, replica: Replica) -> None:
-        m = self._metrics
-        m.upstream_replica_in_flight.labels(self.name, replica.label)
-        m.upstream_replica_healthy.labels(self.name, replica.label).set(1)
-        for outcome in REPLICA_OUTCOMES:
-            m.upstream_replica_requests.labels(self.name, replica.label, outcome)
-        if self.cfg.health_interval:
-            for outcome in PROBE_OUTCOMES:
-                m.upstream_probes.labels(self.name, replica.label, outcome)
-        m.upstream_retries.labels(self.name)
+    @property
+    def replicas(self) -> Replicas:
+        return self.members.replicas
 
-    def _drop_series(self, replica: Replica) -> None:
-        """A replica that left: its series go (not under --workers, where the multiprocess
-        files keep them; its slot's label is bounded all the same)."""
-        m = self._metrics
-        if m is None or m.process is not None:
-            return
-        m.upstream_replica_in_flight.remove(self.name, replica.label)
-        m.upstream_replica_healthy.remove(self.name, replica.label)
-        for outcome in REPLICA_OUTCOMES:
-            m.upstream_replica_requests.remove(self.name, replica.label, outcome)
-        for outcome in PROBE_OUTCOMES if self.cfg.health_interval else ():
-            m.upstream_probes.remove(self.name, replica.label, outcome)
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """Every replica's host names and base URL (those that joined by DNS too)."""
+        return self.members.hosts
+
+    @property
+    def _retried_here(self) -> frozenset[str]:
+        # with other replicas to go to, only a connection the replica closed under us is
+        # retried on it
+        return _RETRIED if len(self.members.replicas.all) == 1 else _RETRIED_HERE
 
     def _pool(self, replica: Replica, address: str | None = None) -> Pool:
         cfg = self.cfg
@@ -283,153 +244,18 @@ class UpstreamClient:
                     on_keepalive=self._keepalive_changed, address=address)
 
     async def start(self) -> None:
-        """Open a pool per replica; under ``discover = "dns"``, resolve the name first (a
-        failure or no address leaves no replica: requests get a 529 until one resolves)."""
-        self._started_up = True
-        self._pools = {r.index: self._pool(r) for r in self.replicas.all}
-        if self.discover:
-            await self.resolve_now()
-        if self.cfg.health_interval:  # ready means each replica has had one probe
-            await self.probe_all()
+        """Open a pool per replica (:meth:`Members.start`: under ``discover = "dns"`` the
+        name resolved first, with ``health_interval`` one probe round)."""
+        await self.members.start()
         if self._keepalive is not None:
             self._keepalive.set(1 if self.keepalive else 0)
 
     async def close(self) -> None:
-        self._started_up = False
-        pools, self._pools = self._pools, {}
-        self._leaving.clear()
-        for pool in pools.values():
-            await pool.close()
-
-    # Active health probes (gateway/upstream/fleet.py runs them)
-
-    async def probe_all(self) -> None:
-        """One probe of every replica at once, each within ``health_timeout``."""
-        await asyncio.gather(*(self.probe(r) for r in list(self.replicas.all)))
-
-    async def probe(self, replica: Replica) -> str:
-        """GET the replica's health route (``health_path`` at its server root, beside
-        ``/v1``) and report the outcome to :class:`Replicas`; -> the outcome."""
-        pool = self._pools.get(replica.index)
-        if pool is None:
-            return "error"
-        cfg = self.cfg
-        status = 0
-        try:
-            path = cfg.health_path or ("/api/version" if cfg.kind == "ollama" else "/health")
-            status = await pool.probe(self._targets[replica.index][1] + path,
-                                      cfg.health_timeout)
-            outcome = "ok" if 200 <= status < 300 else "status"
-        except TimeoutError:
-            outcome = "timeout"
-        except Exception:  # (refused, reset, TLS, no status line: all "error")
-            outcome = "error"
-        if replica.index not in self._pools:  # it left while the probe was out
-            return outcome
-        if self._metrics is not None:
-            self._metrics.upstream_probes.labels(self.name, replica.label, outcome).inc()
-        was = replica.probe_failed
-        # out at least until the next probe has had its chance (a round, then the interval)
-        self.replicas.probed(replica, outcome == "ok",
-                             hold=cfg.health_interval + 2 * cfg.health_timeout)
-        if replica.probe_failed != was:
-            _log.info("upstream_probe", upstream=self.name, replica=replica.label,
-                      outcome=outcome, **({"status": status} if status else {}))
-        return outcome
-
-    # DNS discovery (gateway/upstream/discovery.py)
-
-    async def resolve_now(self) -> None:
-        """Resolve the name once and apply the change; a failure keeps the set."""
-        host, port = discovery.target(self.cfg.base_url)
-        try:
-            async with asyncio.timeout(discovery.RESOLVE_TIMEOUT):
-                answer = await self._resolve(host, port)
-        except Exception as exc:  # (gaierror, OSError, a timeout: all a failure)
-            self._resolved("failed", error=type(exc).__name__)
-            return
-        if not answer:
-            self._resolved("empty")
-            return
-        cap = self.cfg.max_replicas
-        change = discovery.diff(list(self._addresses), answer, cap)
-        for address in change.leave:
-            self._leave(address)
-        joined = [a for a in change.join if self._join(address=a)]
-        over = change.over + len(change.join) - len(joined)
-        self._resolved("ok")
-        if change.leave or joined or over:
-            _log.info("upstream_replicas_changed", upstream=self.name, joined=joined,
-                      left=list(change.leave), replicas=len(self.replicas.all),
-                      **({"over_cap": over} if over else {}))
-        if self._metrics is not None:
-            self._metrics.upstream_replicas.labels(self.name).set(len(self.replicas.all))
-
-    def _resolved(self, outcome: str, **fields: Any) -> None:
-        if self._metrics is not None:
-            self._metrics.upstream_resolutions.labels(self.name, outcome).inc()
-        failing = outcome != "ok"
-        if failing != self._resolve_failing:  # one line per change, not one per interval
-            self._resolve_failing = failing
-            if failing:
-                _log.warning("upstream_resolve_failed", upstream=self.name, outcome=outcome,
-                             replicas=len(self.replicas.all), **fields)
-            else:
-                _log.info("upstream_resolve_recovered", upstream=self.name)
-
-    def _join(self, *, address: str) -> bool:
-        """A new replica at ``address``; False when every label slot is held (replicas
-        that left still finishing their requests)."""
-        used = set(self._slots.values())
-        slot = next((n for n in range(2 * self.cfg.max_replicas) if n not in used), None)
-        if slot is None:
-            return False
-        replica = self.replicas.add(discovery.replica_url(self.cfg.base_url, address))
-        netloc = urlsplit(self.cfg.base_url).netloc.rpartition("@")[2]
-        replica.label = f"{netloc}#{slot}"
-        self._slots[replica.index] = slot
-        self._addresses[address] = replica
-        self._targets[replica.index] = _paths(replica.base_url)
-        if self._started_up:
-            self._pools[replica.index] = self._pool(replica, address)
-        self._members_changed()
-        if self._metrics is not None:
-            self._replica_series(replica)
-        _log.info("upstream_replica_joined", upstream=self.name, replica=replica.label,
-                  address=address)
-        return True
-
-    def _leave(self, address: str) -> None:
-        replica = self._addresses.pop(address)
-        self.replicas.remove(replica)
-        self._members_changed()
-        _log.info("upstream_replica_left", upstream=self.name, replica=replica.label,
-                  address=address, in_flight=replica.in_flight)
-        if replica.in_flight > 0:
-            self._leaving[replica.index] = replica  # closed when its last request ends
-        else:
-            self._retire(replica)
-
-    def _retire(self, replica: Replica) -> None:
-        """A replica that left and holds no request: its pool closed, its slot free."""
-        self._leaving.pop(replica.index, None)
-        pool = self._pools.pop(replica.index, None)
-        self._targets.pop(replica.index, None)
-        self._slots.pop(replica.index, None)
-        self._drop_series(replica)
-        if pool is not None:
-            task = asyncio.get_running_loop().create_task(pool.close())
-            _SETTLING.add(task)
-            task.add_done_callback(_SETTLING.discard)
-
-    def _members_changed(self) -> None:
-        self._retried_here = _RETRIED if len(self.replicas.all) == 1 else _RETRIED_HERE
-        self.hosts = tuple(dict.fromkeys(
-            self._config_hosts + _hosts([r.base_url for r in self.replicas.all])))
+        await self.members.close()
 
     @property
     def open_connections(self) -> int:
-        return sum(pool.open_connections for pool in self._pools.values())
+        return sum(pool.open_connections for pool in self.members.pools.values())
 
     def _keepalive_changed(self, on: bool) -> None:
         if self._keepalive is not None:
@@ -439,46 +265,12 @@ class UpstreamClient:
     @property
     def keepalive(self) -> bool:
         """Requests now reuse connections to this upstream (to any of its replicas)."""
-        return any(pool.reuse.keepalive for pool in self._pools.values())
+        return any(pool.reuse.keepalive for pool in self.members.pools.values())
 
     def _protocol_error(self, kind: str, phase: str, request_id: str | None) -> None:
         if self._protocol_errors is not None:
             self._protocol_errors.labels(self.name, kind).inc()
         self.report(phase, "protocol_error", request_id, kind=kind)
-
-    def _series(self, replica: Replica) -> bool:
-        """Whether ``replica``'s metric series may be written: not once it has left and its
-        series are gone (its slot's label may be another replica's by then)."""
-        return self._metrics is not None and (replica.index in self._pools
-                                              or not self._started_up)
-
-    def _health_changed(self, replica: Replica, healthy: bool) -> None:
-        if self._series(replica):
-            self._metrics.upstream_replica_healthy.labels(self.name, replica.label).set(
-                1 if healthy else 0)
-        _log.info("upstream_replica_health", upstream=self.name, replica=replica.label,
-                  healthy=healthy)
-
-    def _count(self, replica: Replica, outcome: str) -> None:
-        if self._series(replica):
-            self._metrics.upstream_replica_requests.labels(self.name, replica.label,
-                                                           outcome).inc()
-
-    def _started(self, replica: Replica) -> None:
-        self.replicas.started(replica)
-        if self._metrics is not None:
-            self._metrics.upstream_replica_in_flight.labels(self.name, replica.label).inc()
-
-    def replica_finished(self, replica: Replica, exc: BaseException | None = None) -> None:
-        """A request's in-flight count on ``replica`` ends; a body that failed in a way the
-        replica is to blame for (a timeout, a lost connection) ejects it."""
-        self.replicas.finished(replica)
-        if self._metrics is not None:
-            self._metrics.upstream_replica_in_flight.labels(self.name, replica.label).dec()
-        if isinstance(exc, errors.UpstreamTimeout | errors.UpstreamUnavailable):
-            self.replicas.failed(replica)
-        if replica.in_flight <= 0 and replica.index in self._leaving:
-            self._retire(replica)
 
     async def request(
         self,
@@ -499,7 +291,7 @@ class UpstreamClient:
         busy one. A failure before the reply's head is sent to the next replica, at most
         ``replicas.attempts`` in all, within the head timeout of the first.
         """
-        assert self._started_up, "UpstreamClient used before start()"
+        assert self.members.started_up, "UpstreamClient used before start()"
         head_timeout, body_timeout = self._stream_timeouts if stream else self._buffered_timeouts
         data = body if method == "POST" else None
         rid = request_id.encode("latin-1") if request_id else None
@@ -516,21 +308,21 @@ class UpstreamClient:
             remaining = deadline - loop.time()
             if n and remaining <= 0:
                 break
-            pool = self._pools.get(replica.index)
+            pool = self.members.pools.get(replica.index)
             if pool is None:  # it left (DNS) while an earlier attempt was out
                 if last:
                     raise errors.UpstreamUnavailable()
                 continue
-            paths = self._targets[replica.index]
+            paths = self.members.targets[replica.index]
             target = (paths[1] if at_root else paths[0]) + path
-            self._started(replica)
+            self.members.started(replica)
             try:
                 resp = await self._send(pool, method, target, data,
                                         head_timeout=remaining if n else head_timeout,
                                         body_timeout=body_timeout, stream=stream,
                                         request_id=rid, log_id=request_id)
             except BaseException as exc:
-                self.replica_finished(replica)
+                self.members.finished(replica)
                 mapped = map_failure(exc, "head", stream)
                 if mapped is None:  # cancelled: nothing learnt about the replica
                     replica.trial = False
@@ -538,7 +330,7 @@ class UpstreamClient:
                 err, phase, cause = mapped
                 if cause != "pool_timeout":
                     replicas.failed(replica)
-                self._count(replica, _outcome(err))
+                self.members.count(replica, _outcome(err))
                 if not isinstance(exc, ProtocolError):  # the pool has logged that one
                     self.report(phase, cause, request_id, **self._where(replica))
                 if last or not _retryable(exc, phase):
@@ -547,16 +339,16 @@ class UpstreamClient:
                 continue
             if resp.status < 300:
                 replicas.succeeded(replica)
-                self._count(replica, "ok")
+                self.members.count(replica, "ok")
                 return UpstreamResponse(resp, self, stream=stream, request_id=request_id,
                                         replica=replica)
-            self.replica_finished(replica)
+            self.members.finished(replica)
             if resp.status >= 500:
                 replicas.failed(replica)
-                self._count(replica, "status_5xx")
+                self.members.count(replica, "status_5xx")
             else:  # it answered: alive, whatever it thought of the request
                 replicas.succeeded(replica)
-                self._count(replica, "ok")
+                self.members.count(replica, "ok")
             if resp.status in _RETRY_STATUSES and not last:
                 resp.close()
                 self.report("head", "status", request_id, status=resp.status,
@@ -568,7 +360,7 @@ class UpstreamClient:
 
     def _where(self, replica: Replica) -> dict[str, str]:
         """The replica's log field, where there is more than one."""
-        return {"replica": replica.label} if len(self._pools) > 1 or self.discover else {}
+        return {"replica": replica.label} if len(self.members.pools) > 1 or self.discover else {}
 
     def _retried(self) -> None:
         if self._metrics is not None:
@@ -610,19 +402,7 @@ class UpstreamClient:
         return errors.from_upstream(status, raw, hosts=self.hosts, max_tokens=max_tokens)
 
 
-def _hosts(urls: Any) -> tuple[str, ...]:
-    """What the scrubber removes for these URLs: each host:port, host, and the URL."""
-    hosts: list[str] = []
-    for url in urls:
-        host = urlsplit(url).netloc
-        hosts += [host, host.rsplit(":", 1)[0], url]
-    return tuple(dict.fromkeys(hosts))
 
-
-# the ``outcome`` label of llm_gateway_upstream_probes_total
-PROBE_OUTCOMES = ("ok", "status", "timeout", "error")
-# the ``outcome`` label of llm_gateway_upstream_replica_requests_total
-REPLICA_OUTCOMES = ("ok", "status_5xx", "connect_error", "timeout", "bad_response")
 
 
 def _outcome(err: errors.GatewayError) -> str:

@@ -10,11 +10,11 @@ connection goes to the address, the ``Host`` header and TLS's server name stay t
 address URLs, so every gateway process that sees the same answer places sessions alike, and
 an address that comes or goes moves only the sessions it wins or held.
 
-This module is the pure part: :func:`diff` says which addresses join and leave; the client
-(gateway/upstream/client.py) opens and drains their pools. A resolution that fails, times
-out or answers nothing keeps the last good set: a DNS hiccup must not empty a working
-fleet. At most ``max_replicas`` addresses are replicas at once; the ones kept are the ones
-already in (in place), then the newcomers in address order.
+This module is the pure part: :func:`diff` says which addresses join and leave; the
+client's members (gateway/upstream/members.py) open and drain their pools. A resolution that
+fails, times out or answers nothing keeps the last good set: a DNS hiccup must not empty a
+working fleet. At most ``max_replicas`` addresses are replicas at once; the ones kept are the
+ones already in (in place), then the newcomers in address order.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ async def _resolving(client: UpstreamClient) -> None:
     while True:
         await asyncio.sleep(client.cfg.resolve_interval)
         try:
-            await client.resolve_now()
+            await client.members.resolve_now()
         except Exception as exc:  # (a bug must not end re-resolution for good)
             _log.error("upstream_resolve_error", upstream=client.name, error=type(exc).__name__)
 
@@ -53,6 +53,6 @@ async def _probing(client: UpstreamClient, draining: Callable[[], bool]) -> None
         if draining():
             return
         try:
-            await client.probe_all()
+            await client.members.probe_all()
         except Exception as exc:
             _log.error("upstream_probe_error", upstream=client.name, error=type(exc).__name__)

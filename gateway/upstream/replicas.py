@@ -1,7 +1,7 @@
 """Replicas of one upstream: which one takes a request, and which are fit to.
 
 An upstream configured with ``base_urls`` has one replica per URL, each with its own pool
-(gateway/upstream/client.py). This module holds no I/O: the client asks :meth:`Replicas.order`
+(gateway/upstream/members.py). This module holds no I/O: the client asks :meth:`Replicas.order`
 for the replicas to try, in order, and reports each attempt's outcome back.
 
 Choice (rendezvous, or highest-random-weight, hashing): every replica scores

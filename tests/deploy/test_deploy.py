@@ -1,8 +1,9 @@
 """The deployment files under deploy/, each checked without a Docker engine or a cluster.
 
 - The example config is accepted by the real loader, as it is and with its commented knob lines
-  switched on, and shows every knob of gateway/ops/config.py's schema (derived from its dataclasses)
-  with its default; README.md's configuration table lists exactly the same knobs and defaults.
+  switched on, and shows every knob of gateway/ops/config_schema.py's schema (derived from its
+  dataclasses) with its default; README.md's configuration table lists exactly the same knobs
+  and defaults.
 - The systemd unit passes ``systemd-analyze verify`` and ``systemd-analyze security
   --offline=yes`` holds its exposure score at or below ``SYSTEMD_EXPOSURE_MAX``.
 - The Dockerfile passes hadolint and has the lines that matter (multi-stage on a base pinned by
@@ -35,7 +36,7 @@ from typing import Any
 import pytest
 from packaging.requirements import Requirement
 
-from gateway.ops import config
+from gateway.ops import config, config_schema
 from tests.procs import REPO, Proc, free_port, wait_http
 
 try:
@@ -84,7 +85,7 @@ def _tool(name: str) -> str:
 
 
 def _schema_knobs() -> set[str]:
-    return set(config.schema())
+    return set(config_schema.schema())
 
 
 def _toml_literal(value: object) -> str:
@@ -93,7 +94,7 @@ def _toml_literal(value: object) -> str:
     return json.dumps(value) if isinstance(value, str) else repr(value)
 
 
-def _documented_default(knob: config.Knob) -> str:
+def _documented_default(knob: config_schema.Knob) -> str:
     """The default as README.md's table writes it."""
     if knob.shown is not None:
         return knob.shown
@@ -178,7 +179,8 @@ def test_example_config_shows_every_knob_of_the_schema() -> None:
     shown = _knobs_in(tomllib.loads(_switch_on(EXAMPLE.read_text())))
     schema = _schema_knobs()
     assert not schema - shown, f"knobs missing from {EXAMPLE.name}: {sorted(schema - shown)}"
-    assert not shown - schema, f"knobs unknown to gateway/ops/config.py: {sorted(shown - schema)}"
+    assert not shown - schema, \
+        f"knobs unknown to gateway/ops/config_schema.py: {sorted(shown - schema)}"
 
 
 def test_example_config_comments_every_knob() -> None:
@@ -244,7 +246,7 @@ def test_example_config_shows_the_real_defaults() -> None:
     """Every value the example shows (commented lines too) is the dataclass field's default."""
     shown = _first_values(tomllib.loads(_switch_on(EXAMPLE.read_text())))
     compared = 0
-    for name, knob in config.schema().items():
+    for name, knob in config_schema.schema().items():
         if knob.required or knob.default is None or knob.shown or name in ILLUSTRATED:
             continue
         assert shown[name] == knob.default, f"{name}: {shown[name]!r}, default {knob.default!r}"
@@ -271,7 +273,7 @@ def test_readme_config_table_lists_exactly_the_schema_knobs() -> None:
 
 
 def test_readme_config_table_shows_the_schema_defaults() -> None:
-    schema = config.schema()
+    schema = config_schema.schema()
     wrong = {
         knob: (cell, _documented_default(schema[knob]))
         for knob, cell in _readme_rows()
@@ -282,8 +284,8 @@ def test_readme_config_table_shows_the_schema_defaults() -> None:
 
 def test_schema_is_derived_from_the_dataclasses() -> None:
     """Types, required and defaults come from the fields; non-key fields are left out."""
-    schema = config.schema()
-    assert schema["server.ping_interval"] == config.Knob(
+    schema = config_schema.schema()
+    assert schema["server.ping_interval"] == config_schema.Knob(
         "ping_interval", (int, float), False, 10.0, "> 0", None
     )
     assert schema["server.api_keys_env"].types == (str,)
@@ -291,9 +293,9 @@ def test_schema_is_derived_from_the_dataclasses() -> None:
     assert schema["models[].upstream"].types == (str,)
     assert "upstreams.<name>.name" not in schema
     assert not {"server.api_keys", "server.signing_key", "upstreams.<name>.api_key"} & set(schema)
-    for table, cls in config.TABLES.items():
+    for table, cls in config_schema.TABLES.items():
         defaults = {f.name: f.default for f in fields(cls)}
-        for name, knob in config.knobs(cls).items():
+        for name, knob in config_schema.knobs(cls).items():
             assert knob.required or knob.default == defaults[name], f"{table}.{name}"
 
 

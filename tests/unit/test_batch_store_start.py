@@ -21,7 +21,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from gateway import __main__ as cli
-from gateway.ops import config
+from gateway.ops import config, config_schema
 
 GOOD = """
 [server]
@@ -38,7 +38,7 @@ upstream_model = "m"
 """
 
 
-def _batches(env: dict[str, str], table: str = "") -> config.BatchesConfig:
+def _batches(env: dict[str, str], table: str = "") -> config_schema.BatchesConfig:
     text = GOOD + (f"\n[batches]\n{table}\n" if table else "")
     return config.parse(tomllib.loads(text), "test.toml", env).batches
 
@@ -62,7 +62,7 @@ def test_the_location_is_explicit_only_when_the_config_names_it(tmp_path: Path) 
     assert default.database_url == f"sqlite:///{tmp_path}/sd/batches.sqlite3"
     assert _batches(env, 'database = "/x/y.sqlite3"').database_explicit
     assert _batches(env, 'database_env = "DB"').database_explicit
-    assert "database_explicit" not in config.schema()  # derived, not a TOML key
+    assert "database_explicit" not in config_schema.schema()  # derived, not a TOML key
 
 
 def test_the_default_folder_is_made_0700_and_the_store_opened(tmp_path: Path) -> None:

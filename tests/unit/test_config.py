@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.ops import config, signing_key
+from gateway.ops import config, config_schema, signing_key
 
 GOOD = """
 [server]
@@ -356,7 +356,7 @@ def test_a_model_name_past_the_limit_routes_nowhere(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text(PATTERNS)
     cfg = config.load(str(path), {})
-    fits = "claude-" + "o" * (config.MAX_MODEL_NAME_CHARS - len("claude-"))
+    fits = "claude-" + "o" * (config_schema.MAX_MODEL_NAME_CHARS - len("claude-"))
     assert config.find_route(cfg.models, fits).name == "claude-*"
     assert config.find_route(cfg.models, fits + "o") is None
 

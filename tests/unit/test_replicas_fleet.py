@@ -216,7 +216,7 @@ async def test_the_client_follows_the_name() -> None:
         assert _labels(metrics) == {"vllm.test:8000#0", "vllm.test:8000#1"}
         assert _value(metrics, "llm_gateway_upstream_replicas", upstream="fleet") == 2
         # the pools connect to the address and name the host
-        pool = client._pools[client.replicas.all[0].index]
+        pool = client.members.pools[client.replicas.all[0].index]
         assert (pool._address, pool._host) == ("10.0.0.1", "vllm.test")
         assert b"Host: vllm.test:8000\r\n" in pool._fixed
         assert "10.0.0.1" in client.hosts  # scrubbed from upstream error text
@@ -224,7 +224,7 @@ async def test_the_client_follows_the_name() -> None:
         # a failure, an empty answer, a timeout: the set stays, each counted
         for answer in (socket.gaierror(-2, "Name or service not known"), []):
             resolver.answer = answer
-            await client.resolve_now()
+            await client.members.resolve_now()
         assert len(client.replicas.all) == 2
         assert _value(metrics, "llm_gateway_upstream_resolutions_total", upstream="fleet",
                       outcome="failed") == 1
@@ -233,15 +233,15 @@ async def test_the_client_follows_the_name() -> None:
 
         # one leaves while a request holds it, two join (the cap is 3: one left out)
         leaving = client.replicas.all[0]
-        client._started(leaving)
+        client.members.started(leaving)
         resolver.answer = ["10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"]
-        await client.resolve_now()
+        await client.members.resolve_now()
         assert [r.base_url for r in client.replicas.all] == [
             "http://10.0.0.2:8000/v1", "http://10.0.0.3:8000/v1", "http://10.0.0.4:8000/v1"]
-        assert leaving.index in client._pools  # its request runs on
+        assert leaving.index in client.members.pools  # its request runs on
         assert _labels(metrics) == {f"vllm.test:8000#{n}" for n in range(4)}
-        client.replica_finished(leaving)
-        assert leaving.index not in client._pools  # closed after its last request
+        client.members.finished(leaving)
+        assert leaving.index not in client.members.pools  # closed after its last request
         assert _labels(metrics) == {f"vllm.test:8000#{n}" for n in (1, 2, 3)}
         client.replicas.failed(leaving)  # a late outcome writes no series for its old slot
         assert _labels(metrics) == {f"vllm.test:8000#{n}" for n in (1, 2, 3)}
@@ -258,7 +258,7 @@ async def test_churn_keeps_the_labels_bounded() -> None:
     try:
         for n in range(0, 60, 2):  # thirty rollouts, each a new pair of addresses
             resolver.answer = [f"10.0.1.{n}", f"10.0.1.{n + 1}"]
-            await client.resolve_now()
+            await client.members.resolve_now()
         assert len(client.replicas.all) == 2
         assert _labels(metrics) <= {f"vllm.test:8000#{n}" for n in range(4)}
     finally:
@@ -336,7 +336,7 @@ async def test_probes_eject_and_bring_back(
             (503, "status", False), (0, "timeout", False), (200, "ok", True)]
         for status, outcome, healthy in steps:
             health[0] = status
-            assert await client.probe(up) == outcome
+            assert await client.members.probe(up) == outcome
             assert (up.failures == 0) is healthy
             assert _value(metrics, "llm_gateway_upstream_replica_healthy", upstream="fleet",
                           replica=up.label) == (1 if healthy else 0)
@@ -355,8 +355,8 @@ async def test_probe_path_is_at_the_server_root() -> None:
 
     await client.start()
     try:
-        client._pools[0].probe = probe  # type: ignore[method-assign]
-        assert await client.probe(client.replicas.all[0]) == "ok"
+        client.members.pools[0].probe = probe  # type: ignore[method-assign]
+        assert await client.members.probe(client.replicas.all[0]) == "ok"
         assert targets == ["/serve/ping"]
     finally:
         await client.close()
@@ -374,7 +374,7 @@ async def test_probes_stop_when_the_gateway_drains() -> None:
         if len(rounds) == 3:
             draining[0] = True
 
-    client.probe_all = probe_all  # type: ignore[method-assign]
+    client.members.probe_all = probe_all  # type: ignore[method-assign]
     async with asyncio.timeout(5):
         await fleet.maintain(client, lambda: draining[0])  # returns: nothing else to run
     assert len(rounds) == 3

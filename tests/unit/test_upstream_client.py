@@ -314,7 +314,7 @@ async def test_each_anomaly_through_the_client_is_a_500_counted_and_clears_the_p
 
             assert await asyncio.gather(get("/warm1"), get("/warm2")) == [b"/v1/warm1",
                                                                           b"/v1/warm2"]
-            assert client._pools and client._pools[0].idle_connections == 2
+            assert client.members.pools and client.members.pools[0].idle_connections == 2
             with pytest.raises(errors.UpstreamError) as caught:
                 await get("/bad")
             assert (caught.value.status, caught.value.error_type) == (500, "api_error")

@@ -1,0 +1,269 @@
+"""A real sglang-router (``sglang_router.launch_router``, the Rust router of SGLang's
+``sglang-router`` wheel) as the gateway's one upstream, in front of two real llama.cpp workers
+(the demo model).
+
+What the router needs of a worker, found by running it against llama-server: it registers
+each ``--worker-urls`` entry after its ``/health`` answers 200; it asks ``/server_info`` then
+``/get_server_info`` and ``/model_info`` then ``/get_model_info`` for metadata and carries on
+when they are 404 (llama-server has none of them; the worker is registered with model
+``unknown``, which is what the router's own ``/v1/models`` lists); ``/v1/chat/completions``
+(buffered and streamed) is forwarded as is, ``model`` included. It does not forward
+llama-server's own routes (``/tokenize``, ``/apply-template``, ``/props``: 404), so
+``count_tokens`` through it is the gateway's estimate. The router's Prometheus listener is on
+0.0.0.0:29000 unless told otherwise: the test binds it to 127.0.0.1.
+
+Which worker served a request is read from the workers' own ``/metrics`` (requests go one at a
+time; the one whose counters moved served it). Checked: buffered and streamed replies are
+well-formed; under ``--policy cache_aware`` every session's turns stay on the worker of its
+first turn and are read from that worker's prompt cache, and the sessions (each with its own
+system prompt) spread over both workers (a prompt that matches no worker's tree goes to the
+worker whose tree is smallest). Then the worker holding most sessions is killed by its PID:
+the later turns see no error, and it is the router that retried (its
+``smg_worker_retries_total`` moved, the gateway's ``llm_gateway_upstream_retries_total`` did
+not). That needs ``--cb-failure-threshold 1``: with the defaults (10) cache_aware sends each of
+the router's 5 attempts of a request to the dead worker that holds the prefix, and the client
+gets a 500 until ten attempts have failed and the circuit opens (two requests, measured by hand
+with sglang-router 0.3.2; the gateway does not retry a 500, which is not an overload).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.anthropic_stream_check import check_stream
+from tests.fixtures_llama import *  # noqa: F403 - the pytest fixtures (tiny_model)
+from tests.procs import Proc, free_port, get, post, require_demo_extra, wait_http
+
+pytestmark = [pytest.mark.e2e, pytest.mark.llamacpp, pytest.mark.timeout(120)]
+
+WORKERS = 2
+SESSIONS = 4
+TURNS_BEFORE, TURNS_AFTER = 2, 2
+_COUNTERS = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total",
+             "llamacpp:tokens_predicted_total")
+HEADERS = {"anthropic-version": "2023-06-01"}
+
+
+def _require_router() -> None:
+    """Skip where sglang-router is not installed, except under CI (which installs the bench
+    extra, where it is)."""
+    if importlib.util.find_spec("sglang_router") is None:
+        reason = "sglang-router not installed (pip install '.[bench]')"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def workers(tiny_model: tuple[str, dict[str, Any]]) -> Iterator[list[Any]]:
+    _require_router()
+    require_demo_extra()
+    from gateway.demo.llama import LlamaServer
+
+    started: list[LlamaServer] = []
+    try:
+        for _ in range(WORKERS):
+            server = LlamaServer(tiny_model[0], ctx_size=8192, parallel=4, threads=1,
+                                 alias="demo", extra_args=("endpoint_metrics=true",))
+            server.start(timeout=60)
+            started.append(server)
+        yield started
+    finally:
+        for server in started:
+            server.stop()
+
+
+@pytest.fixture
+def router(workers: list[Any]) -> Iterator[tuple[str, str]]:
+    """The router on 127.0.0.1: (its root URL, its Prometheus URL)."""
+    port, prom = free_port(), free_port()
+    proc = Proc([sys.executable, "-m", "sglang_router.launch_router",
+                 "--host", "127.0.0.1", "--port", str(port),
+                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
+                 "--worker-urls", *[w.root_url for w in workers],
+                 "--policy", "cache_aware",
+                 "--cb-failure-threshold", "1",  # a worker that refuses is out at once
+                 "--log-level", "warn"])
+    try:
+        root = f"http://127.0.0.1:{port}"
+        try:
+            wait_http(f"{root}/health", timeout=30, proc=proc.popen)
+            # /health answers before the workers are registered; a worker listed is one taken
+            deadline = time.monotonic() + 30
+            while _router_metric(f"http://127.0.0.1:{prom}/metrics",
+                                 "smg_worker_health") < WORKERS:
+                assert time.monotonic() < deadline, proc.output()[-2000:]
+                time.sleep(0.1)
+        except Exception:
+            raise RuntimeError("router did not start:\n" + proc.output()[-2000:]) from None
+        yield root, f"http://127.0.0.1:{prom}/metrics"
+    finally:
+        proc.stop()
+
+
+def _samples(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            yield s.name, s.labels, s.value
+
+
+def _router_metric(url: str, name: str, **labels: str) -> float:
+    """The sum of a router metric's samples matching ``labels`` (0 when it has none yet)."""
+    try:
+        status, _, body = get(url)
+    except OSError:
+        return 0.0
+    if status != 200:
+        return 0.0
+    return sum(v for n, ls, v in _samples(body.decode())
+               if n == name and all(ls.get(k) == x for k, x in labels.items()))
+
+
+def _counters(root: str) -> dict[str, float]:
+    status, _, body = get(f"{root}/metrics")
+    assert status == 200
+    out = dict.fromkeys(_COUNTERS, 0.0)
+    for line in body.decode().splitlines():
+        name, _, value = line.partition(" ")
+        if name in out:
+            out[name] = float(value)
+    return out
+
+
+def _served_by(roots: list[str | None], before: list[dict[str, float] | None]
+               ) -> tuple[int, dict[str, float]]:
+    """The one live worker whose counters moved since ``before``: its index and the deltas."""
+    deadline = time.monotonic() + 10
+    while True:
+        moved = {}
+        for i, (root, was) in enumerate(zip(roots, before, strict=True)):
+            if root is None or was is None:
+                continue
+            now = _counters(root)
+            if now != was:
+                moved[i] = {k: now[k] - was[k] for k in _COUNTERS}
+        if len(moved) == 1:
+            return next(iter(moved.items()))
+        assert len(moved) < 2 and time.monotonic() < deadline, moved
+        time.sleep(0.02)
+
+
+def _config(router_root: str) -> str:
+    # kind names the engine behind the router (llama.cpp here), not the router
+    return f"""
+[server]
+host = "127.0.0.1"
+prefix = "/llm"
+
+[upstreams.fleet]
+base_url = "{router_root}/v1"
+kind = "llamacpp"
+
+[[models]]
+name = "m"
+upstream = "fleet"
+upstream_model = "demo"
+"""
+
+
+class _Session:
+    def __init__(self, s: int) -> None:
+        self.sid = f"7b2e1d3f-0000-4000-8000-{s:012d}"
+        # the session's own system prompt, some hundred tokens: the router's tree tells the
+        # sessions apart by it from the first characters on
+        self.system = f"You are agent {s}. " + " ".join(f"rule {s}.{i}: be exact." for i in
+                                                        range(40))
+        self.messages: list[dict[str, Any]] = [{"role": "user", "content": f"task {s}: begin"}]
+
+
+def _turn(base: str, session: _Session, turn: int, stream: bool) -> None:
+    """One turn, streamed or buffered; asserts a 200 and a well-formed reply ending end_turn."""
+    body = {"model": "m", "max_tokens": 200, "stream": stream, "system": session.system,
+            "messages": session.messages}
+    status, _, raw = post(f"{base}/llm/v1/messages", body,
+                          {**HEADERS, "x-claude-code-session-id": session.sid}, timeout=60)
+    assert status == 200, (session.sid, turn, status, raw[:300])
+    if stream:
+        events = check_stream(raw)
+        assert not [e for e in events if e["type"] == "error"], raw[-300:]
+        delta = next(e for e in events if e["type"] == "message_delta")
+        stop = delta["delta"]["stop_reason"]
+        text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta"
+                       and e["delta"]["type"] == "text_delta")
+    else:
+        import json
+
+        reply = json.loads(raw)
+        assert reply["type"] == "message" and reply["role"] == "assistant", reply
+        assert reply["model"] == "m" and reply["id"].startswith("msg_"), reply
+        assert reply["usage"]["input_tokens"] > 0 and reply["usage"]["output_tokens"] > 0
+        stop = reply["stop_reason"]
+        text = "".join(b["text"] for b in reply["content"] if b["type"] == "text")
+    assert stop == "end_turn", (stream, raw[-300:])
+    assert text
+    session.messages += [{"role": "assistant", "content": text},
+                         {"role": "user", "content": f"tool result {turn}: 3 tests pass"}]
+
+
+def _round(base: str, sessions: list[_Session], turns: range, roots: list[str | None],
+           placement: dict[int, list[int]]) -> None:
+    for turn in turns:
+        for s, session in enumerate(sessions):
+            before = [_counters(r) if r is not None else None for r in roots]
+            _turn(base, session, turn, stream=(s + turn) % 2 == 0)  # both kinds, every session
+            index, moved = _served_by(roots, before)
+            placement[s].append(index)
+            if turn and placement[s][-1] == placement[s][-2]:
+                # the worker that holds the session read its conversation from its cache
+                computed = moved["llamacpp:prompt_tokens_total"]
+                cached = moved["llamacpp:prompt_tokens_cached_total"]
+                assert cached > computed, (s, turn, moved)
+
+
+def test_sessions_follow_cache_aware_routing_and_survive_a_worker_killed(
+        workers: list[Any], router: tuple[str, str],
+        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    router_root, router_metrics = router
+    roots: list[str | None] = [w.root_url for w in workers]
+    _, base = gateway_factory(_config(router_root))
+    sessions = [_Session(s) for s in range(SESSIONS)]
+    placement: dict[int, list[int]] = {s: [] for s in range(SESSIONS)}
+
+    _round(base, sessions, range(TURNS_BEFORE), roots, placement)
+    assert all(len(set(p)) == 1 for p in placement.values()), placement
+    home = {s: p[0] for s, p in placement.items()}
+    shares = Counter(home.values())
+
+    victim = shares.most_common(1)[0][0]
+    pid, victim_root = workers[victim].pid, str(workers[victim].root_url)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    workers[victim].stop()  # reaped: gone before the next request
+    roots[victim] = None
+
+    _round(base, sessions, range(TURNS_BEFORE, TURNS_BEFORE + TURNS_AFTER), roots, placement)
+    for s, p in placement.items():
+        after = p[TURNS_BEFORE:]
+        assert victim not in after, (s, p)
+        if home[s] != victim:
+            assert set(after) == {home[s]}, (s, p)  # the live worker's sessions stayed
+
+    # the router retried on the live worker; the gateway saw no failure to retry
+    assert _router_metric(router_metrics, "smg_worker_retries_total") >= 1
+    assert _router_metric(router_metrics, "smg_worker_cb_state",
+                          worker=victim_root) == 1  # its circuit is open
+    _, _, metrics = get(f"{base}/metrics")
+    retries = sum(v for n, _, v in _samples(metrics.decode())
+                  if n == "llm_gateway_upstream_retries_total")
+    assert retries == 0

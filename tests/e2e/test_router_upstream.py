@@ -7,23 +7,29 @@ each ``--worker-urls`` entry after its ``/health`` answers 200; it asks ``/serve
 ``/get_server_info`` and ``/model_info`` then ``/get_model_info`` for metadata and carries on
 when they are 404 (llama-server has none of them; the worker is registered with model
 ``unknown``, which is what the router's own ``/v1/models`` lists); ``/v1/chat/completions``
-(buffered and streamed) is forwarded as is, ``model`` included. It does not forward
-llama-server's own routes (``/tokenize``, ``/apply-template``, ``/props``: 404), so
-``count_tokens`` through it is the gateway's estimate. The router's Prometheus listener is on
-0.0.0.0:29000 unless told otherwise: the test binds it to 127.0.0.1.
+(buffered and streamed) is forwarded as is, ``model`` included, and so is the worker's
+``X-Request-Id`` echo. It does not forward llama-server's own routes (``/tokenize``,
+``/apply-template``, ``/props``: an empty 404 of its own, with no echo), so ``count_tokens`` on
+a ``llamacpp`` route through it answers 500 (not tested here: it is a gap, not a behaviour to
+keep). The router's Prometheus listener is on 0.0.0.0:29000 unless told otherwise: the test
+binds it to 127.0.0.1.
 
 Which worker served a request is read from the workers' own ``/metrics`` (requests go one at a
 time; the one whose counters moved served it). Checked: buffered and streamed replies are
 well-formed; under ``--policy cache_aware`` every session's turns stay on the worker of its
-first turn and are read from that worker's prompt cache, and the sessions (each with its own
-system prompt) spread over both workers (a prompt that matches no worker's tree goes to the
-worker whose tree is smallest). Then the worker holding most sessions is killed by its PID:
+first turn and are read from that worker's prompt cache. A prompt that matches no worker's
+tree above ``--cache-threshold`` goes to the least loaded worker; with requests one at a time
+the loads tie and every session's first turn went to the same worker (not asserted: a
+tie-break). Then the worker holding most sessions is killed by its PID:
 the later turns see no error, and it is the router that retried (its
 ``smg_worker_retries_total`` moved, the gateway's ``llm_gateway_upstream_retries_total`` did
 not). That needs ``--cb-failure-threshold 1``: with the defaults (10) cache_aware sends each of
 the router's 5 attempts of a request to the dead worker that holds the prefix, and the client
 gets a 500 until ten attempts have failed and the circuit opens (two requests, measured by hand
 with sglang-router 0.3.2; the gateway does not retry a 500, which is not an overload).
+
+The second test cuts a stream between the router and a worker and checks the gateway's
+mid-stream continuation through the router.
 """
 
 from __future__ import annotations
@@ -82,30 +88,37 @@ def workers(tiny_model: tuple[str, dict[str, Any]]) -> Iterator[list[Any]]:
             server.stop()
 
 
-@pytest.fixture
-def router(workers: list[Any]) -> Iterator[tuple[str, str]]:
-    """The router on 127.0.0.1: (its root URL, its Prometheus URL)."""
+def _start_router(worker_roots: list[str]) -> tuple[Proc, str, str]:
+    """The router on 127.0.0.1 in front of ``worker_roots``, its workers registered:
+    (process, its root URL, its Prometheus URL)."""
     port, prom = free_port(), free_port()
     proc = Proc([sys.executable, "-m", "sglang_router.launch_router",
                  "--host", "127.0.0.1", "--port", str(port),
                  "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
-                 "--worker-urls", *[w.root_url for w in workers],
+                 "--worker-urls", *worker_roots,
                  "--policy", "cache_aware",
                  "--cb-failure-threshold", "1",  # a worker that refuses is out at once
                  "--log-level", "warn"])
+    root, metrics = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{prom}/metrics"
     try:
-        root = f"http://127.0.0.1:{port}"
-        try:
-            wait_http(f"{root}/health", timeout=30, proc=proc.popen)
-            # /health answers before the workers are registered; a worker listed is one taken
-            deadline = time.monotonic() + 30
-            while _router_metric(f"http://127.0.0.1:{prom}/metrics",
-                                 "smg_worker_health") < WORKERS:
-                assert time.monotonic() < deadline, proc.output()[-2000:]
-                time.sleep(0.1)
-        except Exception:
-            raise RuntimeError("router did not start:\n" + proc.output()[-2000:]) from None
-        yield root, f"http://127.0.0.1:{prom}/metrics"
+        wait_http(f"{root}/health", timeout=30, proc=proc.popen)
+        # /health answers before the workers are registered; a worker listed is one taken
+        deadline = time.monotonic() + 30
+        while _router_metric(metrics, "smg_worker_health") < len(worker_roots):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    except Exception:
+        proc.stop()
+        raise RuntimeError("router did not start:\n" + proc.output()[-2000:]) from None
+    return proc, root, metrics
+
+
+@pytest.fixture
+def router(workers: list[Any]) -> Iterator[tuple[str, str]]:
+    """The router in front of the workers: (its root URL, its Prometheus URL)."""
+    proc, root, metrics = _start_router([w.root_url for w in workers])
+    try:
+        yield root, metrics
     finally:
         proc.stop()
 
@@ -267,3 +280,49 @@ def test_sessions_follow_cache_aware_routing_and_survive_a_worker_killed(
     retries = sum(v for n, _, v in _samples(metrics.decode())
                   if n == "llm_gateway_upstream_retries_total")
     assert retries == 0
+
+
+def test_a_stream_cut_behind_the_router_is_continued_on_the_worker_that_began_it(
+        workers: list[Any], gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    """Each worker behind a proxy that cuts its next streamed chat completion after a few
+    events (tests/e2e/test_continuation_llama.py's CuttingProxy; the router sees the proxies as
+    its workers). The router passes the cut on; the gateway continues the stream through the
+    router, and cache_aware sends the continuation (the same messages plus the partial answer
+    as an assistant prefill) to the worker whose tree holds that prefix: the one that began."""
+    from tests.e2e.test_continuation_llama import CuttingProxy
+
+    proxies = [CuttingProxy(str(w.root_url)) for w in workers]
+    started: list[CuttingProxy] = []
+    router_proc = None
+    try:
+        for p in proxies:
+            p.start()
+            started.append(p)
+        router_proc, router_root, _ = _start_router([p.base_url.removesuffix("/v1")
+                                                     for p in proxies])
+        _, base = gateway_factory(_config(router_root).replace(
+            'kind = "llamacpp"', 'kind = "llamacpp"\nmax_continuations = 2'))
+        session = _Session(0)
+        for p in proxies:
+            p.arm(cuts=1, after=6)
+        _turn(base, session, 0, stream=True)  # a 200, well-formed, end_turn, no error event
+
+        [cutter] = [p for p in proxies if p.cut]
+        assert cutter.cut == 1
+        assert len(cutter.chats) == 2, cutter.chats  # the cut request, then its continuation
+        assert not [p for p in proxies if p is not cutter and p.chats]
+        prefill = cutter.chats[1]["messages"][-1]
+        assert prefill["role"] == "assistant", prefill
+        assert prefill.get("content") or prefill.get("reasoning_content"), prefill
+
+        # the router passed the worker's reset on as a read that failed (its own chunked
+        # body left unfinished), not as an error event or a clean end
+        _, _, metrics = get(f"{base}/metrics")
+        continued = {ls["cause"]: v for n, ls, v in _samples(metrics.decode())
+                     if n == "llm_gateway_stream_continuations_total" and v}
+        assert continued == {"read_failed": 1}, continued
+    finally:
+        if router_proc is not None:
+            router_proc.stop()
+        for p in started:
+            p.stop()

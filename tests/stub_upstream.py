@@ -839,6 +839,8 @@ class Stub:
         body = await request.json()
         self.requests.append({"method": "POST", "path": request.path, "body": body,
                               "headers": dict(request.headers), "raw": ""})
+        if str(body.get("model", "")).startswith("status:404"):  # a router: no such route
+            raise web.HTTPNotFound()
         n = len(json.dumps(body.get("messages", []))) // 3
         return web.json_response({"count": n, "max_model_len": 4096, "tokens": list(range(n))})
 

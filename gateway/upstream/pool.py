@@ -222,9 +222,13 @@ class Pool:
             data = head + body if len(body) < 16384 else (head, body)
         conn = await self._acquire(head_timeout, reuse=keep)
         try:
+            # The echo is required on a reused connection only: there a reply without it could
+            # be one a previous request left behind. The first reply on a new connection is
+            # this request's whatever it carries (one without the echo still counts against
+            # the upstream's proof, below: keep-alive goes off).
             conn.send(data, head_timeout=head_timeout, body_timeout=body_timeout,
-                      stream=stream, request_id=request_id, must_echo=reuse.must_echo and keep,
-                      reusable=keep)
+                      stream=stream, request_id=request_id,
+                      must_echo=reuse.must_echo and keep and conn.sent > 0, reusable=keep)
             await conn.read_head()
         except BaseException as exc:
             if isinstance(exc, ProtocolError) and exc.kind in MISROUTED and conn.sent > 1:

@@ -126,6 +126,23 @@ def test_count_tokens_uses_the_vllm_tokenizer_route(stub_url, gateway_factory) -
     assert counted.input_tokens == len(json.dumps(sent)) // 3
 
 
+@pytest.mark.parametrize("kind", ["vllm", "llamacpp"])
+def test_count_tokens_estimates_when_the_tokenizer_route_is_missing(
+        stub_url, gateway_factory, kind: str) -> None:
+    """A vLLM or llama.cpp route whose server does not serve the tokenizer routes (a router
+    such as sglang-router forwards the chat routes only: 404) counts by the estimate,
+    flagged, never an error."""
+    cfg = stub_config(stub_url, models=("status:404",)).replace(
+        "idle_timeout = 3", f'idle_timeout = 3\nkind = "{kind}"')
+    _, url = gateway_factory(cfg)
+    client = sdk.client(url + "/llm", api_key="k", max_retries=0,
+                        _strict_response_validation=True)
+    raw = client.messages.with_raw_response.count_tokens(
+        model="m-status:404", messages=[{"role": "user", "content": "x" * 400}])
+    assert raw.headers["x-token-count-estimated"] == "true"
+    assert 100 <= raw.parse().input_tokens <= 120
+
+
 def test_count_tokens_estimates_without_a_tokenizer(stub_gateway) -> None:
     _, base = stub_gateway
     client = sdk.client(base, api_key="k", max_retries=0)

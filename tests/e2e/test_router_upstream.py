@@ -10,8 +10,8 @@ when they are 404 (llama-server has none of them; the worker is registered with 
 (buffered and streamed) is forwarded as is, ``model`` included, and so is the worker's
 ``X-Request-Id`` echo. It does not forward llama-server's own routes (``/tokenize``,
 ``/apply-template``, ``/props``: an empty 404 of its own, with no echo), so ``count_tokens`` on
-a ``llamacpp`` route through it answers 500 (not tested here: it is a gap, not a behaviour to
-keep). The router's Prometheus listener is on 0.0.0.0:29000 unless told otherwise: the test
+a ``llamacpp`` route through it answers the estimate, flagged (checked below). The router's
+Prometheus listener is on 0.0.0.0:29000 unless told otherwise: the test
 binds it to 127.0.0.1.
 
 Which worker served a request is read from the workers' own ``/metrics`` (requests go one at a
@@ -35,6 +35,7 @@ mid-stream continuation through the router.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import sys
@@ -280,6 +281,25 @@ def test_sessions_follow_cache_aware_routing_and_survive_a_worker_killed(
     retries = sum(v for n, _, v in _samples(metrics.decode())
                   if n == "llm_gateway_upstream_retries_total")
     assert retries == 0
+
+
+def test_count_tokens_through_the_router_is_the_flagged_estimate(
+        workers: list[Any], router: tuple[str, str],
+        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    """The router answers llama.cpp's tokenizer routes with a 404 of its own (no echo): the
+    count is the estimate, flagged, and the next Messages request still goes through."""
+    router_root, _ = router
+    _, base = gateway_factory(_config(router_root))
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * 400}]}
+    for _ in range(2):
+        status, headers, raw = post(f"{base}/llm/v1/messages/count_tokens", body,
+                                    HEADERS)
+        assert status == 200, raw
+        assert headers["x-token-count-estimated"] == "true"
+        assert 100 <= json.loads(raw)["input_tokens"] <= 120
+    status, _, raw = post(f"{base}/llm/v1/messages", {**body, "max_tokens": 8},
+                          HEADERS)
+    assert status == 200, raw
 
 
 def test_a_stream_cut_behind_the_router_is_continued_on_the_worker_that_began_it(

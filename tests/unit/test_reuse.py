@@ -167,6 +167,40 @@ async def test_a_reply_without_the_echo_on_a_trusted_connection_is_refused(
         assert srv.connections == before + 1 and _closes(srv)[-1]
 
 
+async def test_a_reply_without_the_echo_on_a_new_trusted_connection_is_taken(
+        pools: Any) -> None:
+    """A new connection's first reply cannot be another request's: without the echo (a
+    router's own 404, an upstream restarted without the echo) it is this request's answer,
+    and keep-alive goes off until the upstream proves itself again."""
+    echo = [True]
+
+    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                request = await srv.read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            rid = re.search(rb"(?im)^x-request-id: *(\S+)\r$", request)
+            extra = (b"X-Request-Id: " + rid[1],) if rid and echo[0] else ()
+            writer.write(_reply(request.split(b" ")[1], *extra))
+
+    async with Upstream(handler) as srv:
+        switched: list[bool] = []
+        seen: list[Any] = []
+        pool = pools(srv.url, keepalive="auto", on_keepalive=switched.append,
+                     on_protocol_error=lambda *a: seen.append(a))
+        await _trusted(pool)
+        pool._close_idle()  # the kept connection gone: the next request opens a new one
+        await _settle(lambda: pool.open_connections == 0)
+        echo[0] = False
+        before = srv.connections
+        assert await _get(pool, "/fresh", "req_fresh") == b"/fresh"
+        assert srv.connections == before + 1
+        assert seen == []
+        assert switched == [True, False] and not pool.reuse.keepalive
+
+
 async def test_a_stray_reply_on_a_trusted_idle_connection_turns_keepalive_off(
         pools: Any) -> None:
     async with Upstream(_echoing(stray_after=0.02)) as srv:

@@ -91,7 +91,8 @@ async def _web_search(request: web.Request, backend: Searxng, req: dict[str, Any
     with admitted(request, route):
         session = session_key(request.headers.get(SESSION_HEADER), req)
         up = await call.send(request[REQUEST_ID], session)
-        reply = WebSearchReply(deps, call, Searches(backend, tool, deps.signing_key),
+        reply = WebSearchReply(deps, call, Searches(backend, tool, deps.signing_key,
+                                                      request_id=request[REQUEST_ID]),
                                tool["name"], request_id=request[REQUEST_ID], session=session)
         if stream:
             def after() -> None:

@@ -62,10 +62,11 @@ Write = Callable[[bytes], Awaitable[None]]
 class Searches:
     """One request's searches: the limit, the text budget, the filters, the sealing."""
 
-    __slots__ = ("_backend", "_keep", "_key", "_language", "attempts", "chars_left", "limit",
-                 "quotes", "requests")
+    __slots__ = ("_backend", "_keep", "_key", "_language", "_request_id", "attempts",
+                 "chars_left", "limit", "quotes", "requests")
 
-    def __init__(self, backend: Searxng, tool: Mapping[str, Any], signing_key: bytes) -> None:
+    def __init__(self, backend: Searxng, tool: Mapping[str, Any], signing_key: bytes, *,
+                 request_id: str | None = None) -> None:
         config = backend.config
         max_uses = tool.get("max_uses")
         self.limit = min(max_uses, config.max_searches) if max_uses else config.max_searches
@@ -76,6 +77,7 @@ class Searches:
         self._key = signing_key
         self._keep = DomainFilter(tool.get("allowed_domains"), tool.get("blocked_domains"))
         self._language = language(tool.get("user_location"))
+        self._request_id = request_id  # for the backend's failure log lines
         self.quotes = Quotes(signing_key)  # the results' snippets, for citations
 
     async def run(self, tool_input: Mapping[str, Any]) -> tuple[Any, str]:
@@ -90,7 +92,8 @@ class Searches:
             try:
                 results = await self._backend.search(query, language=self._language,
                                                       keep=self._keep,
-                                                      max_chars=self.chars_left)
+                                                      max_chars=self.chars_left,
+                                                      request_id=self._request_id)
             except SearchFailed as failed:
                 code = failed.code
         else:

@@ -401,3 +401,62 @@ async def test_a_round_cut_by_max_tokens_ends_the_reply_after_its_searches(world
                                                        "web_search_tool_result"]
     assert message["stop_reason"] == "max_tokens"
     assert len(model.requests) == 1
+
+
+def _sample(registry: Any, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+# (metric, its labels): what one Messages reply records, searched or not
+_REPLY_METRICS = [
+    ("llm_gateway_time_to_first_token_seconds_count", {"api": "messages", "model": "m"}),
+    ("llm_gateway_time_per_output_token_seconds_count", {"model": "m"}),
+    ("llm_gateway_overhead_seconds_count", {"api": "messages"}),
+    ("llm_gateway_stop_reasons_total", {"model": "m", "stop_reason": "end_turn"}),
+    ("llm_gateway_tokens_total", {"model": "m", "type": "input"}),
+    ("llm_gateway_tokens_total", {"model": "m", "type": "output"}),
+    ("llm_gateway_stream_terminations_total",
+     {"api": "messages", "model": "m", "reason": "completed"}),
+]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "buffered"])
+async def test_a_searched_reply_counts_once_like_any_reply(world: Any, stream: bool) -> None:
+    """A reply of two rounds (a search, then the answer) records what a reply without
+    search records, once: TTFT (streamed: its first content block), TPOT, the gateway's
+    overhead, the stop reason, and the tokens of both rounds summed, not per round."""
+    gateway, model, _ = world
+    client = await gateway()
+    registry = gateway.registry
+
+    def figures() -> list[float]:
+        return [_sample(registry, name, **labels) for name, labels in _REPLY_METRICS]
+
+    before = figures()
+    plain = {"model": "m", "max_tokens": 50, "stream": True,
+             "messages": [{"role": "user", "content": "hi"}]}
+    resp = await client.post("/v1/messages", json=plain)  # the plain reply, for comparison
+    assert resp.status == 200 and "event: message_stop" in await resp.text()
+    after_plain = figures()
+    resp = await client.post("/v1/messages", json=_body("paris", stream=stream))
+    assert resp.status == 200
+    if stream:
+        assert "web_search_tool_result" in await resp.text()
+    else:
+        assert (await resp.json())["usage"]["output_tokens"] == 6
+    after = figures()
+    assert len(model.requests) == 3  # the plain reply, then two rounds
+    plain_delta = [a - b for a, b in zip(after_plain, before, strict=True)]
+    searched = [a - b for a, b in zip(after, after_plain, strict=True)]
+    # the stub's every round reports 10 prompt and 3 completion tokens; offered no tool, it
+    # still calls one (stop_reason tool_use): a plain reply all the same
+    assert plain_delta == [1, 1, 1, 0, 10, 3, 1]
+    if stream:
+        assert searched == [1, 1, 1, 1, 20, 6, 1]
+    else:  # no first token on the wire, no stream: as a buffered reply without search
+        assert searched == [0, 0, 1, 1, 20, 6, 0]
+    ttft = _sample(registry, "llm_gateway_time_to_first_token_seconds_sum",
+                   api="messages", model="m")
+    took = _sample(registry, "llm_gateway_request_duration_seconds_sum", api="messages",
+                   model="m", stream="true")
+    assert 0 < ttft < took

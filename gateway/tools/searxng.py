@@ -8,16 +8,19 @@ enabled in its ``settings.yml`` under ``search.formats``) answers ``{"query",
 ``language`` parameter (``en-US``, ``de``, ``all``) picks the results' language.
 
 Bounds: a search takes at most ``web_search.timeout`` seconds, all in (connect, answer,
-body); a body past ``web_search.max_response_bytes`` is not read further; a big body is
-decoded in a thread (the decoder's own nesting and value caps apply), so neither a slow nor a
-large answer stalls the event loop; at most :data:`_MAX_SCANNED` results of a list are looked
-at. A backend is not trusted: a result keeps only an ``http(s)://`` URL with a host and
-nothing in it that could break a line (whitespace, control characters), its title, snippet
-and date are made one line of printable text (control and bidi-override characters and lone
+body); a body past ``web_search.max_response_bytes`` is not read further; a body past
+:data:`_OFF_LOOP_BYTES` is decoded in a thread (the decoder's nesting, value and digit caps
+apply): ujson holds the GIL while it parses (about 8 ms for 2 MiB of results here), the
+checking walk after it (about three times that) lets the loop run; at most
+:data:`_MAX_SCANNED` results of a list are looked at, each field cut before it is cleaned.
+
+A backend is not trusted: a result keeps only an ``http(s)://`` URL with a host and nothing
+in it that could break a line (whitespace, control characters), its title, snippet and date
+are made one line of printable text (control and bidi-override characters and lone
 surrogates dropped) and cut to their caps, and a field of another type is taken as absent.
 Failures are logged (``web_search_failed``) at most once a second per cause, the lines held
-back counted in the next (the upstream client's :class:`FailureLog`). What fails
-becomes the ``web_search_tool_result_error`` code the reply carries: HTTP 429 ->
+back counted in the next (the upstream client's :class:`FailureLog`). What fails becomes
+the ``web_search_tool_result_error`` code the reply carries: HTTP 429 ->
 ``too_many_requests``; any other status, a timeout, a connection error or a body that is not
 SearXNG's JSON -> ``unavailable``. The backend's address never reaches a client.
 

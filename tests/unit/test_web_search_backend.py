@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import zlib
 from typing import Any
 
 import pytest
@@ -113,6 +114,13 @@ def test_a_long_result_list_is_looked_at_only_so_far() -> None:
 _NESTED = ("[" * 5000 + "]" * 5000).encode()
 
 
+def _gzip_bomb(mib: int) -> bytes:
+    """``mib`` MiB of zeros, gzipped (about 1 KB a MiB)."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    zeros = bytes(1 << 20)
+    return b"".join(packer.compress(zeros) for _ in range(mib)) + packer.flush()
+
+
 def _body(results: list[Any]) -> bytes:
     return json.dumps(_answer(*results)).encode()
 
@@ -131,7 +139,16 @@ HTTP_CASES = {
     "ten_thousand_results": (_body([{"url": f"https://r{n}.example/", "title": "t" * 50}
                                     for n in range(10_000)]), 3),
     "big_but_under_the_cap": (_body([{**OK, "content": "y" * 1_500_000}]), 1),
+    # 256 MiB once inflated, sent as 256 KB with Content-Encoding: gzip: the cap counts the
+    # inflated bytes (aiohttp inflates a chunk at a time)
+    "gzip_bomb": (_gzip_bomb(256), "unavailable"),
 }
+
+
+CAUSES = {"past_max_response_bytes": "response_too_large", "deeply_nested": "not_json",
+          "nested_inside_a_result": "not_json", "not_json": "not_json",
+          "not_searxngs_shape": "not_searxng", "a_json_string": "not_searxng",
+          "gzip_bomb": "response_too_large"}
 
 
 @pytest.fixture
@@ -139,8 +156,11 @@ async def backend(aiohttp_server: Any) -> Any:
     served: dict[str, Any] = {"body": b"{}", "status": 200}
 
     async def search(request: web.Request) -> web.Response:
-        return web.Response(body=served["body"], status=served["status"],
-                            content_type="application/json")
+        body = served["body"]
+        gzipped = body[:2] == b"\x1f\x8b"
+        return web.Response(body=body, status=served["status"],
+                            content_type="application/json",
+                            headers={"Content-Encoding": "gzip"} if gzipped else None)
 
     app = web.Application()
     app.router.add_get("/search", search)
@@ -169,15 +189,17 @@ async def test_a_hostile_answer_is_bounded(backend: Any, case: str,
 
     monkeypatch.setattr(jsonutil, "loads", watched)
     if isinstance(want, str):
-        with pytest.raises(SearchFailed) as caught:
+        with capture_logs() as logs, pytest.raises(SearchFailed) as caught:
             await search_backend.search("q")
         assert caught.value.code == want
+        (line,) = logs
+        assert line["cause"] == CAUSES[case], line
     else:
         got = await search_backend.search("q")
         assert len(got) == want
     # a body past the off-loop size is decoded in a thread, a small one on the loop
     size = len(served["body"])
-    if size <= 2 * 1024 * 1024:
+    if size <= 2 * 1024 * 1024 and case != "gzip_bomb":
         assert decoded_in == [size <= searxng._OFF_LOOP_BYTES], decoded_in
 
 

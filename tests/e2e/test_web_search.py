@@ -776,13 +776,15 @@ def _until(pred: Any, what: str, bound: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "buffered"])
 def test_a_client_leaving_mid_search_cancels_it(stub_url: str, searxng: str,
-                                                gateway_factory: Any) -> None:
-    """The client closes its connection once the search's server_tool_use block has
-    arrived, while the search waits on a slow backend (its timeout far off): the search is
-    cancelled and its connection to the backend closed at once (the backend sees it go,
-    long before it would answer), no next round is asked for, the stream counts as
-    ``client_disconnect`` with none left in flight (as any stream the client leaves), and
+                                                gateway_factory: Any, stream: bool) -> None:
+    """The client closes its connection while the search waits on a slow backend (its
+    timeout far off): streamed, once the search's server_tool_use block has arrived;
+    buffered, once the backend has the search. The search is cancelled and its connection
+    to the backend closed at once (the backend sees it go, long before it would answer), no
+    next round is asked for; a stream counts as ``client_disconnect`` with none left in
+    flight (as any stream the client leaves), a buffered reply's access line says 499; and
     nothing is logged at error level or leaks, to the process's end (no pending task,
     unclosed session or never-retrieved exception)."""
     proc, url = gateway_factory(config(stub_url, searxng).replace(
@@ -792,7 +794,7 @@ def test_a_client_leaving_mid_search_cancels_it(stub_url: str, searxng: str,
     searches(searxng)
     left = _metric(base, "llm_gateway_stream_terminations_total", api="messages",
                    model="ws", reason="client_disconnect")
-    body = json.dumps({"model": "ws", "max_tokens": 200, "stream": True,
+    body = json.dumps({"model": "ws", "max_tokens": 200, "stream": stream,
                        "messages": [{"role": "user", "content": "wait for it #slow"}],
                        "tools": [web_search()]}).encode()
     where = urlsplit(base)
@@ -802,27 +804,30 @@ def test_a_client_leaving_mid_search_cancels_it(stub_url: str, searxng: str,
     try:
         sock.sendall(head.encode() + body)
         got = b""
-        while b'"type":"content_block_stop","index":0' not in got:
+        while stream and b'"type":"content_block_stop","index":0' not in got:
             chunk = sock.recv(65536)
             assert chunk, got
             got += chunk
-        assert b'"type":"server_tool_use"' in got
+        assert not stream or b'"type":"server_tool_use"' in got
         _until(lambda: any("#slow" in s["params"].get("q", "")
                            for s in _searched(searxng)), "the search reached the backend")
     finally:
         sock.close()
     _until(lambda: any(s.get("cancelled") for s in _searched(searxng)),
            "the backend saw the search's connection close")
-    _until(lambda: _metric(base, "llm_gateway_stream_terminations_total", api="messages",
-                           model="ws", reason="client_disconnect") == left + 1,
-           "the stream counted as client_disconnect")
+    # a stream's head was sent: it keeps that status, as any stream's
+    code = "200" if stream else "499"
+    _until(lambda: _metric(base, "llm_gateway_requests_total", api="messages", model="ws",
+                           code=code, stream=str(stream).lower()) == 1, "the request counted")
+    assert _metric(base, "llm_gateway_stream_terminations_total", api="messages",
+                   model="ws", reason="client_disconnect") == left + stream
     assert _metric(base, "llm_gateway_streams_in_flight", api="messages", model="ws") == 0
     assert len(stub_requests(stub_url)) == 1  # no second round was asked for
     assert proc.stop() == 0  # then what the process said, to its end
     out = proc.output()
     (access,) = [line for line in _log_lines(out) if line.get("event") == "access"
                  and line.get("route") == "messages"]
-    assert access["stream"] is True  # the access line of a stream whose head was sent
+    assert access["stream"] is stream and access["status"] == int(code)
     for leak in ("Task was destroyed", "Unclosed", "never retrieved", "Traceback"):
         assert leak not in out, out
     assert not [line for line in _log_lines(out) if line.get("level") in ("error", "critical")]

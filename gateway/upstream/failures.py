@@ -2,7 +2,8 @@
 from the pool or a connection becomes the GatewayError the client answers, and is logged once
 (``upstream_failure``: upstream, phase, cause, request id; at most one line per upstream and
 cause a second, the lines held back counted in the next). See :mod:`gateway.upstream.client`
-for what each failure becomes.
+for what each failure becomes. The web search backend (gateway/tools/searxng.py) logs its
+failures through the same :class:`FailureLog`, under its own event name.
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ Markers in the query script the failure modes (the marker stays in the echoed ``
                ``publishedDate`` with a UTC offset, a long multi-line snippet
 
 ``GET /_requests`` returns every search request seen (method, path, its parameters as a
-dict); ``DELETE /_requests`` clears it.
+dict, and ``"cancelled": true`` for a ``#slow`` one whose connection the gateway closed
+while it slept); ``DELETE /_requests`` clears it.
 """
 
 from __future__ import annotations
@@ -158,8 +159,8 @@ class SearxStub:
         params = dict(request.query)
         if request.method == "POST":
             params.update({k: str(v) for k, v in (await request.post()).items()})
-        self.requests.append({"method": request.method, "path": request.path,
-                              "params": params})
+        record: dict = {"method": request.method, "path": request.path, "params": params}
+        self.requests.append(record)
         if params.get("format", "html") != "json":
             return web.Response(status=403, text="403 Forbidden", content_type="text/html")
         query = params.get("q", "")
@@ -170,7 +171,11 @@ class SearxStub:
         if "#busy" in query:
             return web.Response(status=429, text="Too Many Requests", content_type="text/html")
         if "#slow" in query:
-            await asyncio.sleep(self.slow_seconds)
+            try:
+                await asyncio.sleep(self.slow_seconds)
+            except asyncio.CancelledError:  # the gateway closed the connection
+                record["cancelled"] = True
+                raise
         if "#garbage" in query:
             return web.Response(text='{"query": "trunc', content_type="application/json")
         if "#html" in query:

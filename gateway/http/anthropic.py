@@ -54,7 +54,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     req = validate_messages(await read_json(request), web_search=backend is not None)
     route = routing.resolve(request, req["model"])
     if backend is not None and _searches(req):
-        return await _web_search(request, backend, req, route)
+        return await _web_search(request, backend, req, route, t0)
     call = await prepare(deps, req, route)
     request[STREAM] = call.stream
     overhead = time.perf_counter() - t0
@@ -79,29 +79,40 @@ def _searches(req: dict[str, Any]) -> bool:
 
 
 async def _web_search(request: web.Request, backend: Searxng, req: dict[str, Any],
-                      route: ModelRoute) -> web.StreamResponse:
+                      route: ModelRoute, t0: float) -> web.StreamResponse:
     """A reply with web search (gateway/tools/web_search.py): rounds of the Messages call,
-    streamed upstream, one message to the client, buffered or streamed."""
+    streamed upstream, one message to the client, buffered or streamed. Its metrics are a
+    reply's, counted once (TTFT, TPOT, overhead, stop reason, tokens); the rounds' fixes
+    per round."""
     deps = request.app[MESSAGES]
+    metrics = deps.metrics
     stream = req.get("stream") is True
     tool = web_search_tool(req.get("tools"))
     assert tool is not None
     call = await prepare(deps, {**req, "stream": True}, route)
     request[STREAM] = stream
+    overhead = time.perf_counter() - t0
     with admitted(request, route):
         session = session_key(request.headers.get(SESSION_HEADER), req)
         up = await call.send(request[REQUEST_ID], session)
-        reply = WebSearchReply(deps, call, Searches(backend, tool, deps.signing_key),
+        reply = WebSearchReply(deps, call, Searches(backend, tool, deps.signing_key,
+                                                      request_id=request[REQUEST_ID]),
                                tool["name"], request_id=request[REQUEST_ID], session=session)
+        reply.overhead = overhead
         if stream:
             def after() -> None:
+                metrics.overhead.labels("messages").observe(reply.overhead)
+                tpot = reply.tpot
+                if tpot is not None:
+                    metrics.tpot.labels(route.name).observe(tpot)
                 if reply.stop_reason:
-                    deps.metrics.stop_reasons.labels(route.name, reply.stop_reason).inc()
+                    metrics.stop_reasons.labels(route.name, reply.stop_reason).inc()
 
             try:
                 async with streaming.RelayedStream(request, "messages", route, reply,
                                                    content_type=_SSE, after=after) as relayed:
-                    await reply.run(up, relayed.writer.write)
+                    await reply.run(up, relayed.writer.write,
+                                    ttft=metrics.ttft.labels("messages", route.name), t0=t0)
             finally:
                 if not reply.took_first:  # the stream never opened: drop the upstream's
                     async with up:
@@ -118,8 +129,10 @@ async def _web_search(request: web.Request, backend: Searxng, req: dict[str, Any
             raise errors.StreamProcessingError() from None
         if reply.error is not None:
             raise reply.error
+        t1 = time.perf_counter()
         message = aggregate(b"".join(events))
-    count_reply(deps.metrics, route, message)
+        metrics.overhead.labels("messages").observe(reply.overhead + time.perf_counter() - t1)
+    count_reply(metrics, route, message)
     return web.Response(body=jsonutil.dumpb(message), content_type="application/json",
                         headers={"request-id": request[REQUEST_ID]})
 

@@ -207,6 +207,9 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
 
 
 MAX_SEARCH_RESULTS = 20
+# a result's snippet, at most: a result is sealed whole in its encrypted_content, which the
+# gateway opens again only up to 64 K characters (gateway/messages/web_search.py)
+MAX_RESULT_CHARS = 8000
 
 
 def _web_search(src: str, table: Any) -> WebSearchConfig:
@@ -219,6 +222,9 @@ def _web_search(src: str, table: Any) -> WebSearchConfig:
     if w["max_results"] > MAX_SEARCH_RESULTS:
         raise ConfigError(f"{src}: web_search.max_results: must be at most "
                           f"{MAX_SEARCH_RESULTS}, got {w['max_results']}")
+    if w["max_result_chars"] > MAX_RESULT_CHARS:
+        raise ConfigError(f"{src}: web_search.max_result_chars: must be at most "
+                          f"{MAX_RESULT_CHARS}, got {w['max_result_chars']}")
     w["searxng_url"] = url
     return WebSearchConfig(**w)
 

@@ -213,7 +213,7 @@ class WebSearchConfig:
     searxng_url: str  # a SearXNG instance, http(s)://host[:port][/path]; its JSON API
     timeout: float = _knob(10.0, bound=_POS)  # seconds one search may take, all in
     max_results: int = _knob(5, bound=_POS)  # results kept per search (at most 20)
-    # characters of one result's snippet the model sees
+    # characters of one result's snippet the model sees (at most 8000)
     max_result_chars: int = _knob(1000, bound=_POS)
     # characters of search results the model sees in one request, all searches together
     max_request_chars: int = _knob(40_000, bound=_POS)

@@ -29,7 +29,8 @@ the interpreter's lowest digit limit (640 digits, ``sys.int_info``): the worst
 refused at its first. The cyclic garbage collector is off for the call: a tree
 of half a million lists decodes in 20 ms instead of 60 (each collection it
 triggered walked the tree built so far). Both are interpreter-wide, set for the
-ujson call only (ujson holds the GIL throughout) and restored at once.
+ujson call only (ujson holds the GIL throughout) and restored when the last
+decode running ends (one may run in a thread while another runs on the loop).
 
 Decoding memory is bounded before decoding: a value built from a few bytes
 (``[]`` is 3 bytes and 64 of Python objects) lets a 32 MiB body grow past
@@ -44,6 +45,7 @@ from __future__ import annotations
 import gc
 import re
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -107,13 +109,39 @@ def dumpb_str(text: str) -> bytes:
     return dumpb(text)
 
 
+# The digit limit and the collector are set while any decode runs and restored when the
+# last one ends: a decode may run in a thread (gateway/tools/searxng.py decodes a big search
+# answer in one) while another runs on the loop, and saving and restoring per call would
+# leave the interpreter at the lowered limit when the calls interleave.
+_SETTINGS = threading.Lock()
+_decoding = 0  # decodes running now
+_restore = (0, False)  # (the digit limit, the collector on?) before the first of them
+
+
+def _settle() -> None:
+    global _decoding, _restore
+    with _SETTINGS:
+        if not _decoding:
+            _restore = (sys.get_int_max_str_digits(), gc.isenabled())
+            sys.set_int_max_str_digits(_INT_DIGITS)
+            gc.disable()  # a decoded tree holds no cycle: collections while it grows are wasted
+        _decoding += 1
+
+
+def _unsettle() -> None:
+    global _decoding
+    with _SETTINGS:
+        _decoding -= 1
+        if not _decoding:
+            sys.set_int_max_str_digits(_restore[0])
+            if _restore[1]:
+                gc.enable()
+
+
 def loads(data: bytes | str) -> Any:
     """Decode strict JSON; raises ValueError on anything that is not, JSONInputError (a
     ValueError) naming the path for what no request may hold."""
-    saved = sys.get_int_max_str_digits()
-    sys.set_int_max_str_digits(_INT_DIGITS)
-    collecting = gc.isenabled()
-    gc.disable()  # a decoded tree holds no cycle: collections while it grows are wasted
+    _settle()
     try:
         value = ujson.loads(data)
     except (ValueError, OverflowError) as exc:  # ujson.JSONDecodeError is a ValueError
@@ -124,9 +152,7 @@ def loads(data: bytes | str) -> Any:
             raise JSONInputError("", f"a number has more than {_INT_DIGITS} digits") from None
         raise ValueError(text) from None
     finally:
-        sys.set_int_max_str_digits(saved)
-        if collecting:
-            gc.enable()
+        _unsettle()
     if _suspect(value):
         raise _first_problem(value)
     return value

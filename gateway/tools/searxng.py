@@ -8,9 +8,19 @@ enabled in its ``settings.yml`` under ``search.formats``) answers ``{"query",
 ``language`` parameter (``en-US``, ``de``, ``all``) picks the results' language.
 
 Bounds: a search takes at most ``web_search.timeout`` seconds, all in (connect, answer,
-body); a body past ``web_search.max_response_bytes`` is not read further; a big body is
-decoded in a thread, so neither a slow nor a large answer stalls the event loop. What fails
-becomes the ``web_search_tool_result_error`` code the reply carries: HTTP 429 ->
+body); a body past ``web_search.max_response_bytes`` is not read further; a body past
+:data:`_OFF_LOOP_BYTES` is decoded in a thread (the decoder's nesting, value and digit caps
+apply): ujson holds the GIL while it parses (about 8 ms for 2 MiB of results here), the
+checking walk after it (about three times that) lets the loop run; at most
+:data:`_MAX_SCANNED` results of a list are looked at, each field cut before it is cleaned.
+
+A backend is not trusted: a result keeps only an ``http(s)://`` URL with a host and nothing
+in it that could break a line (whitespace, control characters), its title, snippet and date
+are made one line of printable text (control and bidi-override characters and lone
+surrogates dropped) and cut to their caps, and a field of another type is taken as absent.
+Failures are logged (``web_search_failed``) at most once a second per cause, the lines held
+back counted in the next (the upstream client's :class:`FailureLog`). What fails becomes
+the ``web_search_tool_result_error`` code the reply carries: HTTP 429 ->
 ``too_many_requests``; any other status, a timeout, a connection error or a body that is not
 SearXNG's JSON -> ``unavailable``. The backend's address never reaches a client.
 
@@ -24,17 +34,19 @@ that client's boundary: aiohttp's errors are caught here and nowhere else in the
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
-import structlog
 
 from gateway.ops.config_schema import WebSearchConfig
 from gateway.ops.metrics import Metrics
 from gateway.text import jsonutil
+from gateway.upstream.failures import FailureLog
 
 __all__ = ["BACKEND", "Result", "SearchFailed", "Searxng", "language", "parse_results",
            "query_error"]
@@ -42,57 +54,91 @@ __all__ = ["BACKEND", "Result", "SearchFailed", "Searxng", "language", "parse_re
 BACKEND = "searxng"  # the metrics' backend label
 Result = dict[str, Any]  # {"url", "title", "page_age", "snippet"}
 
-_log = structlog.get_logger("gateway.tools.searxng")
 _OFF_LOOP_BYTES = 256 * 1024  # a body past this is decoded in a thread
 _MAX_URL = 2048
 _MAX_CONNECTIONS = 32  # searches at once to the backend; more wait for a connection
 _MAX_TITLE = 512
+_MAX_SCANNED = 500  # results of one answer looked at, at most (SearXNG pages hold ~10-30)
+_MAX_AGE = 64  # characters of a publishedDate kept when it is not an ISO date
+# what never reaches a client or the model from a backend's text: C0/C1 controls, bidi
+# overrides and isolates, the BOM, lone surrogates (not Unicode: the reply could not be
+# encoded)
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ufeff"
+                          "\ud800-\udfff]")
+# what a URL may not hold (a line of the model's tool message; a link a client shows)
+_BAD_URL = re.compile("[\x00-\x20\x7f-\xa0\u1680\u2000-\u200f\u2028-\u202f"
+                      "\u205f-\u206f\u3000\ufeff\ud800-\udfff]")
 
 
 class SearchFailed(Exception):
-    """A search that failed; ``code`` is the API's error code for it."""
+    """A search that failed; ``code`` is the API's error code for it, ``cause`` what the
+    log line says went wrong (None: nothing to log), ``status`` the backend's HTTP status."""
 
-    def __init__(self, code: str) -> None:
+    def __init__(self, code: str, cause: str | None = None, status: int | None = None) -> None:
         super().__init__(code)
         self.code = code
+        self.cause = cause
+        self.status = status
 
 
 def _page_age(value: Any) -> str | None:
-    """``publishedDate`` as the API writes ``page_age`` ("April 30, 2025"); None if absent."""
+    """``publishedDate`` as the API writes ``page_age`` ("April 30, 2025"); None if absent.
+    A date that is not ISO 8601 is kept as one short line of text."""
     if not isinstance(value, str) or not value:
         return None
+    value = value[:_MAX_AGE]
     try:
         when = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        return value[:64]
+        return _text(value, _MAX_AGE) or None
     return f"{when:%B} {when.day}, {when.year}"
 
 
 def _text(value: Any, limit: int) -> str:
+    """``value`` as one line of printable text of at most ``limit`` characters ("" if it
+    is not a string); the work is bounded by ``limit``, not by the value's size."""
     if not isinstance(value, str):
         return ""
-    text = " ".join(value.split())  # one line: the model reads one snippet per line
-    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+    cut = value[:limit * 4 + 64]  # whitespace runs collapse; more than this is never kept
+    text = _UNPRINTABLE.sub("", " ".join(cut.split()))  # one line: one snippet per line
+    if not text or (len(text) <= limit and len(cut) == len(value)):
+        return text
+    return text[:limit - 1].rstrip() + "…"
+
+
+def _url(value: Any) -> str | None:
+    """A result's URL, verbatim, when a client may be given it: ``http(s)://`` with a host,
+    at most :data:`_MAX_URL` characters, nothing that breaks or hides in a line."""
+    if (not isinstance(value, str) or len(value) > _MAX_URL
+            or not value.startswith(("http://", "https://")) or _BAD_URL.search(value)):
+        return None
+    try:
+        parts = urlsplit(value)
+        host = parts.hostname
+        parts.port  # noqa: B018  # raises for a port that is not one
+    except ValueError:  # a bracketed host that is not an IPv6 address, a bad port
+        return None
+    return value if host else None
 
 
 def parse_results(data: Any, *, max_results: int, max_chars: int,
                   keep: Any = None) -> list[Result]:
     """SearXNG's answer -> at most ``max_results`` results, each snippet at most
-    ``max_chars`` characters; ``keep(url)`` filters (the tool's domains). Results without an
-    http(s) URL are skipped, and a URL seen already. Raises SearchFailed("unavailable") for
-    an answer that is not SearXNG's shape."""
+    ``max_chars`` characters; ``keep(url)`` filters (the tool's domains). Results without a
+    URL a client may be given (:func:`_url`) are skipped, and a URL seen already; only the
+    first :data:`_MAX_SCANNED` are looked at. Raises SearchFailed("unavailable") for an
+    answer that is not SearXNG's shape."""
     if not isinstance(data, Mapping) or not isinstance(data.get("results"), list):
         raise SearchFailed("unavailable")
     out: list[Result] = []
     seen: set[str] = set()
-    for item in data["results"]:
+    for item in data["results"][:_MAX_SCANNED]:
         if len(out) >= max_results:
             break
         if not isinstance(item, Mapping):
             continue
-        url = item.get("url")
-        if (not isinstance(url, str) or len(url) > _MAX_URL or url in seen
-                or not url.startswith(("http://", "https://"))):
+        url = _url(item.get("url"))
+        if url is None or url in seen:
             continue
         if keep is not None and not keep(url):
             continue
@@ -109,13 +155,14 @@ def parse_results(data: Any, *, max_results: int, max_chars: int,
 class Searxng:
     """Searches one SearXNG instance (see the module docstring)."""
 
-    __slots__ = ("_config", "_metrics", "_session")
+    __slots__ = ("_config", "_metrics", "_report", "_session")
 
     def __init__(self, config: WebSearchConfig, metrics: Metrics,
                  session: aiohttp.ClientSession | None = None) -> None:
         self._config = config
         self._metrics = metrics
         self._session = session
+        self._report = FailureLog(BACKEND, event="web_search_failed", key="backend")
         metrics.add_web_search_backend(BACKEND)
 
     async def start(self) -> None:
@@ -135,16 +182,26 @@ class Searxng:
         return self._config
 
     async def search(self, query: str, *, language: str | None = None,
-                     keep: Any = None, max_chars: int | None = None) -> list[Result]:
-        """The results for ``query`` (filtered by ``keep``); raises SearchFailed."""
+                     keep: Any = None, max_chars: int | None = None,
+                     request_id: str | None = None) -> list[Result]:
+        """The results for ``query`` (filtered by ``keep``); raises SearchFailed (logged,
+        at most a line a second per cause). A cancellation (the client left) propagates,
+        the backend's connection closed on the way."""
         t0 = time.perf_counter()
         try:
             data = await self._fetch(query, language)
-            results = parse_results(
-                data, max_results=self._config.max_results,
-                max_chars=min(self._config.max_result_chars, max_chars or 1 << 30), keep=keep)
+            try:
+                results = parse_results(
+                    data, max_results=self._config.max_results,
+                    max_chars=min(self._config.max_result_chars, max_chars or 1 << 30),
+                    keep=keep)
+            except SearchFailed:
+                raise SearchFailed("unavailable", "not_searxng", 200) from None
         except SearchFailed as failed:
             self._count(failed.code, t0)
+            if failed.cause is not None:
+                self._report.warn(failed.cause, error_code=failed.code, status=failed.status,
+                                  request_id=request_id)
             raise
         self._count(None, t0)
         return results
@@ -173,26 +230,23 @@ class Searxng:
                                              headers={"Accept": "application/json"}) as resp:
                     status = resp.status
                     if status == 429:
-                        raise SearchFailed("too_many_requests")
+                        raise SearchFailed("too_many_requests", "too_many_requests", status)
                     if status != 200:
-                        raise SearchFailed("unavailable")
+                        # one cause per class of status: the log's rate limit stays bounded
+                        raise SearchFailed("unavailable", f"http_{status // 100}xx", status)
                     body = await _read(resp.content, config.max_response_bytes)
-        except SearchFailed as failed:
-            _log.warning("web_search_failed", backend=BACKEND, error_code=failed.code,
-                         status=status)
+        except SearchFailed:
             raise
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-            _log.warning("web_search_failed", backend=BACKEND, error_code="unavailable",
-                         status=status, cause=type(exc).__name__)
-            raise SearchFailed("unavailable") from None
+        except TimeoutError:
+            raise SearchFailed("unavailable", "timeout", status) from None
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            raise SearchFailed("unavailable", type(exc).__name__, status) from None
         try:
             if len(body) > _OFF_LOOP_BYTES:
                 return await asyncio.to_thread(jsonutil.loads, body)
             return jsonutil.loads(body)
-        except ValueError:
-            _log.warning("web_search_failed", backend=BACKEND, error_code="unavailable",
-                         status=status, cause="not_json")
-            raise SearchFailed("unavailable") from None
+        except (ValueError, RecursionError):
+            raise SearchFailed("unavailable", "not_json", status) from None
 
 
 async def _read(content: aiohttp.StreamReader, limit: int) -> bytes:
@@ -202,9 +256,7 @@ async def _read(content: aiohttp.StreamReader, limit: int) -> bytes:
     async for chunk in content.iter_chunked(64 * 1024):
         size += len(chunk)
         if size > limit:
-            _log.warning("web_search_failed", backend=BACKEND, error_code="unavailable",
-                         cause="response_too_large", limit=limit)
-            raise SearchFailed("unavailable")
+            raise SearchFailed("unavailable", "response_too_large", 200)
         parts.append(chunk)
     return b"".join(parts)
 

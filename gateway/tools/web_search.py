@@ -34,13 +34,22 @@ citation; nothing else is cited, so none is invented.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from gateway import errors
 from gateway.messages import frames
 from gateway.messages import web_search as blocks
-from gateway.messages.call import Call, MessagesDeps, Timing, restore
+from gateway.messages.call import (
+    Call,
+    MessagesDeps,
+    Timing,
+    bad_tool_args,
+    count_stream_fixes,
+    reasoning_hidden,
+    restore,
+)
 from gateway.messages.continuation import relay
 from gateway.messages.stream import StreamTranslator
 from gateway.ops.config import ModelRoute
@@ -62,10 +71,11 @@ Write = Callable[[bytes], Awaitable[None]]
 class Searches:
     """One request's searches: the limit, the text budget, the filters, the sealing."""
 
-    __slots__ = ("_backend", "_keep", "_key", "_language", "attempts", "chars_left", "limit",
-                 "quotes", "requests")
+    __slots__ = ("_backend", "_keep", "_key", "_language", "_request_id", "attempts",
+                 "chars_left", "limit", "quotes", "requests")
 
-    def __init__(self, backend: Searxng, tool: Mapping[str, Any], signing_key: bytes) -> None:
+    def __init__(self, backend: Searxng, tool: Mapping[str, Any], signing_key: bytes, *,
+                 request_id: str | None = None) -> None:
         config = backend.config
         max_uses = tool.get("max_uses")
         self.limit = min(max_uses, config.max_searches) if max_uses else config.max_searches
@@ -76,6 +86,7 @@ class Searches:
         self._key = signing_key
         self._keep = DomainFilter(tool.get("allowed_domains"), tool.get("blocked_domains"))
         self._language = language(tool.get("user_location"))
+        self._request_id = request_id  # for the backend's failure log lines
         self.quotes = Quotes(signing_key)  # the results' snippets, for citations
 
     async def run(self, tool_input: Mapping[str, Any]) -> tuple[Any, str]:
@@ -90,7 +101,8 @@ class Searches:
             try:
                 results = await self._backend.search(query, language=self._language,
                                                       keep=self._keep,
-                                                      max_chars=self.chars_left)
+                                                      max_chars=self.chars_left,
+                                                      request_id=self._request_id)
             except SearchFailed as failed:
                 code = failed.code
         else:
@@ -137,6 +149,12 @@ class WebSearchReply:
         self.stop_reason: str | None = None
         self.rounds = 0
         self.took_first = False  # run() owns (and closes) the first round's response
+        # the gateway's own time: the request's preparation (the caller's), then every
+        # round's translation, rewriting and next request (run())
+        self.overhead = 0.0
+        self._first_token = False  # a round's first content block went out (TTFT seen)
+        self._decode = 0.0  # seconds from each round's first token to its last chunk
+        self._decoded = 0  # output tokens after each round's first
         self._started = False
         self._errored = False
         self._next = 0  # the client's next block index
@@ -163,24 +181,40 @@ class WebSearchReply:
 
     # --- the rounds -----------------------------------------------------------------------
 
-    async def run(self, up: UpstreamResponse, write: Write) -> None:
-        """Every round, from the first round's open upstream response ``up``."""
+    async def run(self, up: UpstreamResponse, write: Write, *, ttft: Any = None,
+                  t0: float = 0.0) -> None:
+        """Every round, from the first round's open upstream response ``up``.
+
+        ``ttft`` (a histogram child, streamed replies only) is observed once, at the
+        reply's first content block, from ``t0`` (the request's arrival), as a reply
+        without search observes it. What each round's translator normalised is counted per
+        round (each is an engine reply); the gateway's own time (translation, rewriting,
+        the next rounds' requests) adds up in :attr:`overhead`, the decode time of the
+        rounds in :attr:`tpot`; the search's wait is in neither."""
         metrics = self._deps.metrics
         max_rounds = self._searches.limit + _ROUNDS_PAST_LIMIT
         self.took_first = True
+        clock = time.perf_counter
         while True:
             self.rounds += 1
             translator = self.translator = self._call.translator()
+            timing = Timing(0.0)
 
             async def sink(data: bytes) -> None:
+                began = clock()
                 out = self._rewrite(data)
+                self.overhead += clock() - began
                 if out:
                     await write(out)
 
-            async with up:
-                await relay(self._call, up, translator, sink, Timing(0.0),
-                            metrics.inter_chunk.labels(self._route.name),
-                            request_id=self._request_id)
+            try:
+                async with up:
+                    await relay(self._call, up, translator, sink, timing,
+                                metrics.inter_chunk.labels(self._route.name),
+                                None if self._first_token else ttft, t0,
+                                request_id=self._request_id)
+            finally:
+                self._count_round(translator, timing)
             if translator.termination != "completed":
                 self.termination = translator.termination
                 self.error = translator.error
@@ -196,9 +230,33 @@ class WebSearchReply:
             if self.rounds >= max_rounds:
                 await write(self._finish("pause_turn"))
                 return
+            began = clock()
             self._call = await self._next_call()
             self._new_round()
+            self.overhead += clock() - began
             up = await self._call.send(self._request_id, self._session)
+
+    def _count_round(self, translator: StreamTranslator, timing: Timing) -> None:
+        """One round's figures: its fixes counted, its times added to the reply's."""
+        metrics, model = self._deps.metrics, self._route.name
+        if translator.dropped_tool_deltas:
+            bad_tool_args(metrics, model, translator.dropped_tool_deltas)
+        count_stream_fixes(self._call, translator)
+        if translator.reasoning_hidden:
+            reasoning_hidden(metrics, model)
+        self.overhead += timing.translate
+        if timing.first_token:
+            self._first_token = True
+            tokens = translator.output_tokens
+            if tokens > 1:
+                self._decode += timing.last_chunk - timing.first_token
+                self._decoded += tokens - 1
+
+    @property
+    def tpot(self) -> float | None:
+        """The reply's mean decode time per output token after each round's first, the
+        searches and the rounds' prefills left out; None when no round decoded two."""
+        return self._decode / self._decoded if self._decoded else None
 
     def _cut_short(self) -> bool:
         """The round stopped for another reason than its calls (``max_tokens`` in the

@@ -2,7 +2,8 @@
 from the pool or a connection becomes the GatewayError the client answers, and is logged once
 (``upstream_failure``: upstream, phase, cause, request id; at most one line per upstream and
 cause a second, the lines held back counted in the next). See :mod:`gateway.upstream.client`
-for what each failure becomes.
+for what each failure becomes. The web search backend (gateway/tools/searxng.py) logs its
+failures through the same :class:`FailureLog`, under its own event name.
 """
 
 from __future__ import annotations
@@ -36,16 +37,27 @@ _LOG_EVERY = 1.0  # seconds between two failure lines of one upstream and cause
 
 
 class FailureLog:
-    """One warning per failure, at most one a second per cause; the rest are counted."""
+    """One warning per failure, at most one a second per cause; the rest are counted.
 
-    __slots__ = ("_last", "_loop", "_upstream")
+    The upstream client's (``upstream_failure``, keyed ``upstream=``) by default; the web
+    search backend's (gateway/tools/searxng.py) names its own ``event`` and ``key``."""
 
-    def __init__(self, upstream: str) -> None:
+    __slots__ = ("_event", "_key", "_last", "_loop", "_upstream")
+
+    def __init__(self, upstream: str, *, event: str = "upstream_failure",
+                 key: str = "upstream") -> None:
         self._upstream = upstream
+        self._event = event
+        self._key = key
         self._last: dict[str, list[float]] = {}  # cause -> [time of last line, held back]
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __call__(self, phase: str, cause: str, request_id: str | None, **fields: Any) -> None:
+        self.warn(cause, phase=phase, request_id=request_id, **fields)
+
+    def warn(self, cause: str, **fields: Any) -> None:
+        """Log ``cause`` (with ``fields``) unless a line of it went out less than a second
+        ago; the next line that goes out says how many were held back (``suppressed``)."""
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         now = self._loop.time()
@@ -57,8 +69,7 @@ class FailureLog:
         self._last[cause] = [now, 0]
         if suppressed:
             fields["suppressed"] = suppressed
-        _log.warning("upstream_failure", upstream=self._upstream, phase=phase, cause=cause,
-                     request_id=request_id, **fields)
+        _log.warning(self._event, **{self._key: self._upstream}, cause=cause, **fields)
 
 
 def map_failure(exc: BaseException, phase: str, stream: bool

@@ -20,6 +20,7 @@ result block the model is told about, never a dropped result, a 5xx or a leaked 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -765,6 +766,88 @@ def test_a_slow_search_does_not_hold_up_other_requests(client: anthropic.Anthrop
     finally:
         worker.join(30)
     assert done == ["quick", "slow"]
+
+
+def _until(pred: Any, what: str, bound: float = 10.0) -> None:
+    """Wait until ``pred()`` holds (a hang guard, not a claim about time)."""
+    deadline = time.monotonic() + bound
+    while not pred():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "buffered"])
+def test_a_client_leaving_mid_search_cancels_it(stub_url: str, searxng: str,
+                                                gateway_factory: Any, stream: bool) -> None:
+    """The client closes its connection while the search waits on a slow backend (its
+    timeout far off): streamed, once the search's server_tool_use block has arrived;
+    buffered, once the backend has the search. The search is cancelled and its connection
+    to the backend closed at once (the backend sees it go, long before it would answer), no
+    next round is asked for; a stream counts as ``client_disconnect`` with none left in
+    flight (as any stream the client leaves), a buffered reply's access line says 499; and
+    nothing is logged at error level or leaks, to the process's end (no pending task,
+    unclosed session or never-retrieved exception)."""
+    proc, url = gateway_factory(config(stub_url, searxng).replace(
+        f"timeout = {SEARCH_TIMEOUT}", "timeout = 60"))  # the stub's #slow sleeps 30 s
+    base = url + "/llm"
+    clear_stub(stub_url)
+    searches(searxng)
+    left = _metric(base, "llm_gateway_stream_terminations_total", api="messages",
+                   model="ws", reason="client_disconnect")
+    body = json.dumps({"model": "ws", "max_tokens": 200, "stream": stream,
+                       "messages": [{"role": "user", "content": "wait for it #slow"}],
+                       "tools": [web_search()]}).encode()
+    where = urlsplit(base)
+    head = (f"POST {where.path}/v1/messages HTTP/1.1\r\nHost: {where.netloc}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+    sock = socket.create_connection((where.hostname, where.port), timeout=20)
+    try:
+        sock.sendall(head.encode() + body)
+        got = b""
+        while stream and b'"type":"content_block_stop","index":0' not in got:
+            chunk = sock.recv(65536)
+            assert chunk, got
+            got += chunk
+        assert not stream or b'"type":"server_tool_use"' in got
+        _until(lambda: any("#slow" in s["params"].get("q", "")
+                           for s in _searched(searxng)), "the search reached the backend")
+    finally:
+        sock.close()
+    _until(lambda: any(s.get("cancelled") for s in _searched(searxng)),
+           "the backend saw the search's connection close")
+    # a stream's head was sent: it keeps that status, as any stream's
+    code = "200" if stream else "499"
+    _until(lambda: _metric(base, "llm_gateway_requests_total", api="messages", model="ws",
+                           code=code, stream=str(stream).lower()) == 1, "the request counted")
+    assert _metric(base, "llm_gateway_stream_terminations_total", api="messages",
+                   model="ws", reason="client_disconnect") == left + stream
+    assert _metric(base, "llm_gateway_streams_in_flight", api="messages", model="ws") == 0
+    assert len(stub_requests(stub_url)) == 1  # no second round was asked for
+    assert proc.stop() == 0  # then what the process said, to its end
+    out = proc.output()
+    (access,) = [line for line in _log_lines(out) if line.get("event") == "access"
+                 and line.get("route") == "messages"]
+    assert access["stream"] is stream and access["status"] == int(code)
+    for leak in ("Task was destroyed", "Unclosed", "never retrieved", "Traceback"):
+        assert leak not in out, out
+    assert not [line for line in _log_lines(out) if line.get("level") in ("error", "critical")]
+
+
+def _searched(searxng: str) -> list[dict]:
+    with urllib.request.urlopen(searxng + "/_requests", timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def _log_lines(out: str) -> list[dict]:
+    lines = []
+    for text in out.splitlines():
+        try:
+            line = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(line, dict):
+            lines.append(line)
+    return lines
 
 
 # --- without [web_search] ---------------------------------------------------------------

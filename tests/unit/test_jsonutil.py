@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import gc
+import sys
+import threading
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,3 +35,35 @@ def test_a_lone_surrogate_raises_as_dumpb_does(text: str) -> None:
         jsonutil.dumpb(text)
     with pytest.raises(UnicodeEncodeError):
         jsonutil.dumpb_str(text)
+
+
+def test_interleaved_decodes_in_threads_restore_the_interpreters_settings(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two decodes overlapping in two threads (a big web search answer is decoded in one
+    while a request body is decoded on the loop), the first ending first: the digit limit
+    and the collector are what they were before either began, and lowered while either
+    runs."""
+    inside = {name: threading.Event() for name in ("a", "b")}
+    go = {name: threading.Event() for name in ("a", "b")}
+    seen: dict[str, int] = {}
+
+    def fake_loads(data: str) -> Any:  # holds the decode open until released
+        inside[data].set()
+        assert go[data].wait(10)
+        seen[data] = sys.get_int_max_str_digits()
+        return []
+
+    monkeypatch.setattr(jsonutil.ujson, "loads", fake_loads)
+    before = (sys.get_int_max_str_digits(), gc.isenabled())
+    threads = {name: threading.Thread(target=jsonutil.loads, args=(name,))
+               for name in ("a", "b")}
+    threads["a"].start()
+    assert inside["a"].wait(10)
+    threads["b"].start()
+    assert inside["b"].wait(10)
+    go["a"].set()
+    threads["a"].join(10)
+    go["b"].set()
+    threads["b"].join(10)
+    assert seen == {"a": 640, "b": 640}
+    assert (sys.get_int_max_str_digits(), gc.isenabled()) == before

@@ -14,6 +14,7 @@ from gateway.messages import web_search as ws
 from gateway.messages.to_chat import to_chat
 from gateway.messages.validate import validate_messages
 from gateway.ops import config
+from gateway.tools import searxng
 from gateway.tools.citations import Quotes
 from gateway.tools.domains import DomainFilter
 from gateway.tools.searxng import SearchFailed, language, parse_results, query_error
@@ -371,11 +372,25 @@ def test_web_search_config() -> None:
     ({"searxng_url": "ftp://x"}, "web_search.searxng_url"),
     ({"searxng_url": "http://x", "timeout": 0}, "web_search.timeout"),
     ({"searxng_url": "http://x", "max_results": 21}, "web_search.max_results"),
+    ({"searxng_url": "http://x", "max_result_chars": 8001}, "web_search.max_result_chars"),
     ({"searxng_url": "http://x", "nope": 1}, "web_search.nope"),
 ])
 def test_web_search_config_refused(table: dict[str, Any], key: str) -> None:
     with pytest.raises(config.ConfigError, match=key.replace(".", r"\.")):
         _config(table)
+
+
+def test_the_largest_result_seals_small_enough_to_open_again() -> None:
+    """A result at every cap (URL, title, date, and the largest snippet the config allows),
+    each character the widest UTF-8 has: its encrypted_content opens again, so a replayed
+    search gives the model what it saw."""
+    wide = "\U0001f600"
+    result = {"url": "https://x.example/" + wide * (searxng._MAX_URL - 18),
+              "title": wide * searxng._MAX_TITLE, "page_age": wide * searxng._MAX_AGE,
+              "snippet": wide * config.MAX_RESULT_CHARS}
+    sealed = ws.seal_result(b"key", result)
+    assert len(sealed) <= ws._MAX_SEALED_CHARS
+    assert ws.open_result((b"key",), sealed) == result
 
 
 # --- citations: verbatim quotes only --------------------------------------------------------

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from gateway.app import build_app
 from gateway.messages import web_search as ws
 from gateway.ops import config
+from tests.anthropic_stream_check import check_stream
 
 SEARCH_TOOL = {"type": "web_search_20250305", "name": "web_search"}
 _URL = re.compile(r"https?://\S+")
@@ -95,15 +96,19 @@ class Model:
 
 class Searx:
     """SearXNG's JSON API, two results per query; ``#fail`` 500, ``#busy`` 429, ``#slow``
-    past the gateway's timeout, ``#big`` past its response cap."""
+    past the gateway's timeout, ``#big`` past its response cap, ``#wait`` until the test
+    releases it."""
 
     def __init__(self) -> None:
         self.queries: list[dict[str, str]] = []
+        self.release = asyncio.Event()  # ``#wait`` answers once it is set
 
     async def handle(self, request: web.Request) -> web.Response:
         params = dict(request.query)
         self.queries.append(params)
         q = params["q"]
+        if "#wait" in q:
+            await self.release.wait()
         if "#fail" in q:
             return web.json_response({"error": "search error"}, status=500)
         if "#busy" in q:
@@ -136,14 +141,16 @@ async def world(aiohttp_server: Any, aiohttp_client: Any) -> Any:
     up_server = await aiohttp_server(up)
     searx_server = await aiohttp_server(backend)
 
-    async def gateway(web_search: bool = True) -> Any:
+    async def gateway(web_search: bool = True, server: dict[str, Any] | None = None,
+                      search: dict[str, Any] | None = None) -> Any:
         data: dict[str, Any] = {
-            "server": {"prefix": ""},
+            "server": {"prefix": "", **(server or {})},
             "upstreams": {"u": {"base_url": f"http://127.0.0.1:{up_server.port}/v1"}},
             "models": [{"name": "m", "upstream": "u", "upstream_model": "up"}]}
         if web_search:
             data["web_search"] = {"searxng_url": f"http://127.0.0.1:{searx_server.port}",
-                                  "timeout": 0.5, "max_response_bytes": 50_000}
+                                  "timeout": 0.5, "max_response_bytes": 50_000,
+                                  **(search or {})}
         app = build_app(config.parse(data, "t.toml", {}), registry)
         return await aiohttp_client(app)
 
@@ -401,3 +408,98 @@ async def test_a_round_cut_by_max_tokens_ends_the_reply_after_its_searches(world
                                                        "web_search_tool_result"]
     assert message["stop_reason"] == "max_tokens"
     assert len(model.requests) == 1
+
+
+def _sample(registry: Any, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+# (metric, its labels): what one Messages reply records, searched or not
+_REPLY_METRICS = [
+    ("llm_gateway_time_to_first_token_seconds_count", {"api": "messages", "model": "m"}),
+    ("llm_gateway_time_per_output_token_seconds_count", {"model": "m"}),
+    ("llm_gateway_overhead_seconds_count", {"api": "messages"}),
+    ("llm_gateway_stop_reasons_total", {"model": "m", "stop_reason": "end_turn"}),
+    ("llm_gateway_tokens_total", {"model": "m", "type": "input"}),
+    ("llm_gateway_tokens_total", {"model": "m", "type": "output"}),
+    ("llm_gateway_stream_terminations_total",
+     {"api": "messages", "model": "m", "reason": "completed"}),
+]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "buffered"])
+async def test_a_searched_reply_counts_once_like_any_reply(world: Any, stream: bool) -> None:
+    """A reply of two rounds (a search, then the answer) records what a reply without
+    search records, once: TTFT (streamed: its first content block), TPOT, the gateway's
+    overhead, the stop reason, and the tokens of both rounds summed, not per round."""
+    gateway, model, _ = world
+    client = await gateway()
+    registry = gateway.registry
+
+    def figures() -> list[float]:
+        return [_sample(registry, name, **labels) for name, labels in _REPLY_METRICS]
+
+    before = figures()
+    plain = {"model": "m", "max_tokens": 50, "stream": True,
+             "messages": [{"role": "user", "content": "hi"}]}
+    resp = await client.post("/v1/messages", json=plain)  # the plain reply, for comparison
+    assert resp.status == 200 and "event: message_stop" in await resp.text()
+    after_plain = figures()
+    resp = await client.post("/v1/messages", json=_body("paris", stream=stream))
+    assert resp.status == 200
+    if stream:
+        assert "web_search_tool_result" in await resp.text()
+    else:
+        assert (await resp.json())["usage"]["output_tokens"] == 6
+    after = figures()
+    assert len(model.requests) == 3  # the plain reply, then two rounds
+    plain_delta = [a - b for a, b in zip(after_plain, before, strict=True)]
+    searched = [a - b for a, b in zip(after, after_plain, strict=True)]
+    # the stub's every round reports 10 prompt and 3 completion tokens; offered no tool, it
+    # still calls one (stop_reason tool_use): a plain reply all the same
+    assert plain_delta == [1, 1, 1, 0, 10, 3, 1]
+    if stream:
+        assert searched == [1, 1, 1, 1, 20, 6, 1]
+    else:  # no first token on the wire, no stream: as a buffered reply without search
+        assert searched == [0, 0, 1, 1, 20, 6, 0]
+    ttft = _sample(registry, "llm_gateway_time_to_first_token_seconds_sum",
+                   api="messages", model="m")
+    took = _sample(registry, "llm_gateway_request_duration_seconds_sum", api="messages",
+                   model="m", stream="true")
+    assert 0 < ttft < took
+
+
+async def test_a_stream_is_kept_alive_with_pings_while_a_search_runs(world: Any) -> None:
+    """The search waits (within its timeout) until the client has read a ping sent after
+    the search's server_tool_use block: the stream is kept alive as for a slow upstream,
+    and stays well-formed; the search then answers and the reply goes on. Without pings
+    the search would time out, and its result would be an error."""
+    gateway, _, searx = world
+    client = await gateway(server={"ping_interval": 0.05}, search={"timeout": 30})
+    resp = await client.post("/v1/messages", json=_body("x #wait", stream=True))
+    assert resp.status == 200
+    raw = b""
+    searching = False
+    pinged = 0
+    async for line in resp.content:
+        raw += line
+        if line != b"\n":
+            continue
+        frame = raw.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
+        if frame.startswith(b"event: content_block_stop") and b'"index":0' in frame:
+            searching = True  # the search call is out: the search runs now
+        elif frame.startswith(b"event: content_block_start") and searching:
+            searching = False  # its result came
+        elif frame.startswith(b"event: ping") and searching:
+            pinged += 1
+            searx.release.set()
+    assert pinged >= 1
+    events = check_stream(raw)
+    kinds = [e["type"] for e in events if e["type"] != "ping"]
+    assert kinds == ["message_start", "content_block_start", "content_block_delta",
+                     "content_block_stop", "content_block_start", "content_block_stop",
+                     "content_block_start", "content_block_delta", "content_block_stop",
+                     "message_delta", "message_stop"]
+    result = [e for e in events if e["type"] == "content_block_start"][1]["content_block"]
+    assert [r["url"] for r in result["content"]] == [  # the search answered, in time
+        "https://docs.example.org/x-wait", "https://news.example.com/x-wait"]

@@ -19,10 +19,11 @@ in rounds, all of them one reply to the client:
 4. a round without searches ends the reply: its ``message_delta`` with the usage of all
    rounds summed and ``usage.server_tool_use.web_search_requests``, then ``message_stop``.
    A round that also calls client tools ends it too (``stop_reason: tool_use``), after its
-   searches' results, as does one cut by ``max_tokens``. Searches past the tool's
-   ``max_uses`` (and the gateway's ``web_search.max_searches``) get ``max_uses_exceeded``;
-   two rounds past that, the reply ends with ``stop_reason: pause_turn``, which the API
-   uses for a turn the client resumes by sending the reply back.
+   searches' results, as does one cut by ``max_tokens`` (one budget for all rounds: each
+   round is asked for what the earlier ones left, and none left ends the reply). Searches
+   past the tool's ``max_uses`` (and the gateway's ``web_search.max_searches``) get
+   ``max_uses_exceeded``; two rounds past that, the reply ends with ``stop_reason:
+   pause_turn``, which the API uses for a turn the client resumes by sending the reply back.
 
 A buffered reply is the same events folded (:func:`gateway.messages.aggregate.aggregate`).
 A failure inside a round ends the stream with the round translator's envelope, rewritten
@@ -227,6 +228,9 @@ class WebSearchReply:
             if self._client_tools or self._cut_short():
                 await write(self._finish(None))  # tool_use for the client, or max_tokens
                 return
+            if self._output >= self._base["max_tokens"]:  # one budget for all rounds
+                await write(self._finish("max_tokens"))
+                return
             if self.rounds >= max_rounds:
                 await write(self._finish("pause_turn"))
                 return
@@ -293,7 +297,8 @@ class WebSearchReply:
             messages[-1] = {**last, "content": earlier + history}
         else:
             messages.append({"role": "assistant", "content": history})
-        nxt = {**req, "messages": messages}
+        # the client's max_tokens bounds the whole reply: this round gets what is left
+        nxt = {**req, "messages": messages, "max_tokens": req["max_tokens"] - self._output}
         nxt.pop("continue_final_message", None)
         choice = req.get("tool_choice")
         if choice is not None and (choice["type"] == "any" or (

@@ -503,3 +503,34 @@ async def test_a_stream_is_kept_alive_with_pings_while_a_search_runs(world: Any)
     result = [e for e in events if e["type"] == "content_block_start"][1]["content_block"]
     assert [r["url"] for r in result["content"]] == [  # the search answered, in time
         "https://docs.example.org/x-wait", "https://news.example.com/x-wait"]
+
+
+@pytest.mark.parametrize("max_tokens,rounds,second_max,stop_reason", [
+    (50, 2, 47, "end_turn"),  # round 1 spent 3 of the 50: round 2 may spend the rest
+    (4, 2, 1, "end_turn"),
+    (3, 1, None, "max_tokens"),  # nothing left for a round 2: the reply ends there
+])
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "buffered"])
+async def test_max_tokens_is_one_budget_for_all_rounds(
+        world: Any, stream: bool, max_tokens: int, rounds: int, second_max: int | None,
+        stop_reason: str) -> None:
+    """The client's max_tokens bounds the reply's output, every round's summed: each
+    round is asked for what the earlier rounds left, never the whole budget again."""
+    gateway, model, _ = world
+    client = await gateway()
+    body = {**_body("paris", stream=stream), "max_tokens": max_tokens}
+    resp = await client.post("/v1/messages", json=body)
+    assert resp.status == 200
+    if stream:
+        events = _events(await resp.text())
+        delta = next(e for name, e in events if name == "message_delta")
+        got_stop, output = delta["delta"]["stop_reason"], delta["usage"]["output_tokens"]
+    else:
+        message = await resp.json()
+        got_stop, output = message["stop_reason"], message["usage"]["output_tokens"]
+    assert len(model.requests) == rounds
+    assert model.requests[0]["max_tokens"] == max_tokens
+    if second_max is not None:
+        assert model.requests[1]["max_tokens"] == second_max
+    assert got_stop == stop_reason
+    assert output == 3 * rounds

@@ -29,11 +29,13 @@ f-strings; nothing is copied.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.errors import InvalidRequest, echo
 from gateway.messages import turn_control
+from gateway.ops.metrics import WEB_SEARCH_ERROR_CODES
 
 __all__ = [
     "EFFORTS",
@@ -280,8 +282,11 @@ def _server_tool_use(block: Mapping[str, Any], path: str) -> None:
     if block["name"] != "web_search":
         raise fail(f"{path}.name", f"'{echo(block['name'])}' is an Anthropic server tool "
                    "this gateway does not run; only web_search blocks can be replayed")
+    if not _SERVER_ID.fullmatch(block["id"]):
+        raise fail(f"{path}.id", f"String should match pattern '{_SERVER_ID.pattern}'")
 
 
+_SERVER_ID = re.compile(r"^srvtoolu_[a-zA-Z0-9_]+$")
 _RESULT_BLOCK_FIELDS = frozenset({"type", "tool_use_id", "content", "cache_control", "caller"})
 
 
@@ -296,6 +301,9 @@ def _web_search_tool_result(block: Mapping[str, Any], path: str) -> None:
     if isinstance(content, Mapping):
         if content.get("type") != "web_search_tool_result_error":
             raise fail(f"{path}.content.type", "Input should be 'web_search_tool_result_error'")
+        if content.get("error_code") not in WEB_SEARCH_ERROR_CODES:
+            raise fail(f"{path}.content.error_code", "Input should be one of "
+                       + ", ".join(f"'{c}'" for c in sorted(WEB_SEARCH_ERROR_CODES)))
         return
     for j, item in enumerate(check_list(content, f"{path}.content")):
         where = f"{path}.content.{j}"
@@ -305,6 +313,8 @@ def _web_search_tool_result(block: Mapping[str, Any], path: str) -> None:
         for key in ("url", "title", "encrypted_content"):
             if not isinstance(item.get(key), str):
                 raise fail(f"{where}.{key}", "Field required")
+        if item.get("page_age") is not None and not isinstance(item["page_age"], str):
+            raise fail(f"{where}.page_age", "Input should be a valid string")
 
 
 def _thinking(block: Mapping[str, Any], path: str) -> None:
@@ -339,10 +349,13 @@ def _refusal(role: str, kind: str) -> str:
 
 
 def check_messages(messages: Any) -> None:
+    searches: set[str] = set()  # server_tool_use ids of this run of assistant turns, unanswered
     for i, msg in enumerate(check_list(messages, "messages")):
         path = f"messages.{i}"
         check_obj(msg, path)
         role = msg.get("role")
+        if role != "assistant":
+            searches.clear()
         if role == "user":
             allowed = _USER_BLOCKS
         elif role == "assistant":
@@ -375,6 +388,13 @@ def check_messages(messages: Any) -> None:
             if check is None:
                 raise fail(f"{block_path}.type", _refusal(role, kind))
             check(block, block_path)
+            if kind == "server_tool_use":
+                searches.add(block["id"])
+            elif kind == "web_search_tool_result":
+                if block["tool_use_id"] not in searches:
+                    raise fail(f"{block_path}.tool_use_id", "a web_search_tool_result must "
+                               "follow the server_tool_use block it answers, once")
+                searches.discard(block["tool_use_id"])
     if not messages:
         raise fail("messages", "List should have at least 1 item")
 

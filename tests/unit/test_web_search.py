@@ -5,6 +5,8 @@ replayed search for the upstream (gateway/messages/web_search.py, gateway/tools/
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -177,6 +179,19 @@ def test_replayed_search_blocks_are_accepted_with_or_without_the_tool() -> None:
 
 # --- domain filters -------------------------------------------------------------------------
 
+
+def test_a_path_pattern_of_many_wildcards_does_not_stall() -> None:
+    """A client's allowed_domains entry with many "*" against a long result path: matched
+    in linear time (as ".*" regular expressions, 3 of them over 600 characters took 8 s
+    and 30 would never end, on the event loop); run apart, so a stall fails, not hangs."""
+    code = ("from gateway.tools.domains import DomainFilter as D\n"
+            "f = D(['example.com/' + '*a' * 600 + '*b', 'x.example/' + '*/a' * 300 + '*/b'])\n"
+            "assert not f('https://example.com/' + 'a' * 2000)\n"
+            "assert not f('https://x.example/' + '/a' * 1000)\n"
+            "assert f('https://example.com/' + 'a' * 2000 + 'b')\n")
+    done = subprocess.run([sys.executable, "-c", code], timeout=60, check=False)
+    assert done.returncode == 0
+
 DOMAINS = [
     # (allowed, blocked, url, kept)
     (["example.com"], None, "https://example.com/a", True),
@@ -196,6 +211,15 @@ DOMAINS = [
     (None, ["spam.example"], "https://ham.example/x", True),
     (None, None, "https://any.example/x", True),
     (["example.com"], None, "http://[::1/broken", False),
+    (["example.com/*/docs"], None, "https://example.com/v2/docsx", False),
+    (["example.com/*/docs"], None, "https://example.com/docs/v2/docs", True),
+    (["example.com/a*b*c"], None, "https://example.com/abxbc/d", True),  # a later "b"
+    (["example.com/a*b*c"], None, "https://example.com/axbc", True),
+    (["example.com/a*b*c"], None, "https://example.com/acb", False),
+    (["example.com/a*c"], None, "https://example.com/acx/ac", True),  # a later "c" ends it
+    (["example.com/a*c"], None, "https://example.com/acx", False),
+    (["example.com/blog*"], None, "https://example.com/blogger", True),
+    (["example.com/v*/x*"], None, "https://example.com/v1/x", True),
 ]
 
 

@@ -327,3 +327,16 @@ async def test_each_anomaly_through_the_client_is_a_500_counted_and_clears_the_p
             assert srv.connections == 2 + sent
         finally:
             await client.close()
+
+
+@pytest.mark.parametrize("urls", [
+    ("http://gpu-node-7:8000/v1",),
+    ("http://user:pw@gpu-node-7:8000/v1",),  # the userinfo is no part of the host quoted
+    ("http://other-node:1/v1", "http://user:pw@gpu-node-7:8000/v1"),
+])
+def test_a_replica_host_is_scrubbed_with_or_without_userinfo(urls: tuple[str, ...]) -> None:
+    cfg = UpstreamConfig(name="u", base_url=urls[0], base_urls=urls if len(urls) > 1 else ())
+    hosts = UpstreamClient(cfg).hosts
+    assert "gpu-node-7" in hosts
+    raw = b'{"error": {"message": "model not loaded on gpu-node-7, retry"}}'
+    assert "gpu-node-7" not in errors.from_upstream(400, raw, hosts=hosts).message

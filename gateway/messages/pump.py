@@ -77,6 +77,9 @@ async def pump(up: UpstreamResponse, translator: StreamTranslator,
                         await write(out)
                     if translator.done:
                         return None
+                    if translator.finish_seen:  # whole, as a read failing after it (below)
+                        await write(translator.eof())
+                        return None
                     return Cut(payload=failed)
             out = feed_all(payloads) if payloads else b""
             timing.translate += clock() - now

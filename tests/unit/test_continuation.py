@@ -399,13 +399,16 @@ def test_reasoning_before_a_regenerated_call_goes_back_closed() -> None:
     assert max_tokens == 99 and decoded["max_tokens"] == 99
 
 
-@pytest.mark.parametrize("cut", ["raise", "eof"])
+@pytest.mark.parametrize("cut", ["raise", "eof", "inband"])
 async def test_a_stream_cut_after_its_finish_is_whole_and_not_asked_again(
         cut: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """llama.cpp sends the finish, then the usage chunk, then [DONE]: a connection lost
-    between them lost no answer (asked again, the engine would repeat it after itself)."""
+    (or an in-band 5xx sent) between them lost no answer (asked again, the engine would
+    repeat it after itself)."""
     frames = [ROLE, *(chunk({"content": p}) for p in WHOLE), chunk({}, "stop")]
-    first = FakeResponse([*frames, b"RAISE"] if cut == "raise" else frames)
+    tail = {"raise": [b"RAISE"], "eof": [],
+            "inband": [b'data: {"error":{"message":"engine died","code":500}}\n\n']}[cut]
+    first = FakeResponse([*frames, *tail])
     events, sent = await run(first, [FakeResponse(answer(WHOLE))], monkeypatch)
     assert sent == []
     assert text_of(events) == "Hello from the stub."

@@ -78,12 +78,15 @@ class UpstreamResponse:
     """A live upstream response; read it with :meth:`chunks` or :meth:`read`."""
 
     __slots__ = ("_cap", "_client", "_done", "_ending", "_replica", "_request_id", "_resp",
-                 "_stream", "progress")
+                 "_stream", "_trial", "progress")
 
     def __init__(self, resp: Response, client: UpstreamClient, *, stream: bool,
-                 request_id: str | None, replica: Replica | None = None) -> None:
+                 request_id: str | None, replica: Replica | None = None,
+                 trial: bool = False) -> None:
         self._resp = resp
         self._replica = replica  # its in-flight count is ours until the response is left
+        # sent to a replica that was out: it is back in only once this reply ends whole
+        self._trial = trial
         self._client = client
         self._stream = stream
         self._request_id = request_id
@@ -158,6 +161,10 @@ class UpstreamResponse:
         replica, self._replica = self._replica, None
         if replica is not None:
             self._client.members.finished(replica, exc)
+            if self._trial and exc is None:
+                self._client.replicas.succeeded(replica)
+            elif self._trial:  # failed (ejected again, for longer), or nothing learnt
+                replica.trial = False
         if self._done and exc is None:
             self._resp.release()
         elif self._ending and exc is None:
@@ -315,6 +322,7 @@ class UpstreamClient:
                 continue
             paths = self.members.targets[replica.index]
             target = (paths[1] if at_root else paths[0]) + path
+            trial = replica.failures > 0  # judged by its whole reply, not by its head
             self.members.started(replica)
             try:
                 resp = await self._send(pool, method, target, data,
@@ -338,10 +346,11 @@ class UpstreamClient:
                 self._retried()
                 continue
             if resp.status < 300:
-                replicas.succeeded(replica)
+                if not trial:
+                    replicas.succeeded(replica)
                 self.members.count(replica, "ok")
                 return UpstreamResponse(resp, self, stream=stream, request_id=request_id,
-                                        replica=replica)
+                                        replica=replica, trial=trial)
             self.members.finished(replica)
             if resp.status >= 500:
                 replicas.failed(replica)

@@ -18,6 +18,7 @@ from gateway.ops.metrics import Metrics
 from gateway.upstream import fleet
 from gateway.upstream.client import UpstreamClient
 from gateway.upstream.discovery import Change, diff, replica_url, resolve
+from gateway.upstream.exceptions import BrokenResponse
 from gateway.upstream.replicas import Replicas, rendezvous
 
 # ---------------------------------------------------------------- discovery, pure
@@ -388,11 +389,14 @@ class _Head:
 
     def __init__(self) -> None:
         self._left = [b"data: {}\n\n"]
+        self.cut = False  # the connection is lost after the first chunk
 
     def progress(self) -> None:
         pass
 
     async def readany(self) -> bytes:
+        if not self._left and self.cut:
+            raise BrokenResponse("connection lost in the reply's body", cause="reset")
         return self._left.pop() if self._left else b""
 
     def release(self) -> None:
@@ -414,6 +418,7 @@ class _Pool:
     ("whole", 0, "healthy"),  # read to its end: back in
     ("cut", 2, "ejected"),  # its head came, its body was cut: out again, for twice as long
     ("abandoned", 2, "ejected"),  # a continuation went elsewhere (the same)
+    ("lost_caught", 2, "ejected"),  # its connection lost, the error handled by the reader
     ("client_left", 1, "trial"),  # nothing learnt: the next request is its trial
 ])
 async def test_a_trial_is_judged_by_its_whole_reply(ends: str, failures: int,
@@ -444,6 +449,11 @@ async def test_a_trial_is_judged_by_its_whole_reply(ends: str, failures: int,
                 raise errors.UpstreamUnavailable()
             elif ends == "abandoned":
                 up.abandon()
+            elif ends == "lost_caught":
+                up._resp.cut = True  # type: ignore[attr-defined]
+                with pytest.raises(errors.UpstreamError):
+                    async for _ in up.chunks():
+                        pass
             else:
                 raise asyncio.CancelledError
     except (errors.UpstreamUnavailable, asyncio.CancelledError):

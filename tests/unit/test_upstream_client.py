@@ -210,6 +210,42 @@ async def test_a_cut_body_is_a_500() -> None:
         assert [(e["phase"], e["cause"]) for e in logs] == [("body", "cut")]
 
 
+@pytest.mark.parametrize(("read", "how"), [
+    ("chunks", "close"), ("chunks", "abort"), ("read", "close"), ("read", "abort")])
+async def test_a_body_cut_by_its_replica_ejects_it(read: str, how: str) -> None:
+    """A connection lost in the body (cut or reset) is the replica's doing, as one lost
+    before the head is: a replica that cuts every buffered reply was never ejected."""
+    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        await srv.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhel")
+        await writer.drain()
+        if how == "abort":
+            writer.transport.abort()
+        else:
+            writer.close()
+
+    async with Upstream(handler) as srv:
+        urls = (srv.url + "/v1", f"http://127.0.0.1:{_refused_port()}/v1")
+        client = _client(srv, base_urls=urls)
+        await client.start()
+        cut = client.replicas.all[0]
+        try:
+            resp = await client.request("/chat/completions", b"{}", stream=read == "chunks")
+            assert resp._replica is cut
+            with pytest.raises(errors.UpstreamError) as caught:
+                async with resp:
+                    if read == "read":
+                        await resp.read()
+                    async for _ in resp.chunks():
+                        pass
+        finally:
+            await client.close()
+        assert caught.value.status == 500  # the client's error is as it was
+        assert (cut.failures, cut.in_flight) == (1, 0)
+        assert cut.state(cut.ejected_until - 0.1) == "ejected"
+
+
 async def test_a_stream_without_events_ends_at_idle_timeout_with_504() -> None:
     blank = _chunked(b"\n")[:-5]
     async with Upstream(_drip(_CHUNKED_HEAD, [blank] * 50, 0.02)) as srv:

@@ -67,7 +67,7 @@ async def pump(up: UpstreamResponse, translator: StreamTranslator,
                 inter_chunk.observe(now - timing.last_chunk)
             timing.last_chunk = now
             payloads = for_chunk(chunk)
-            if resumable and payloads and _ERROR_KEY in chunk:
+            if resumable and payloads:  # (each payload: an event may span two reads)
                 payloads, failed = _until_failure(payloads)
                 if failed is not None:
                     if payloads:

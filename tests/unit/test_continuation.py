@@ -54,6 +54,8 @@ def answer(pieces: list[str], *, cut: str | None = None, prompt: int = 12) -> li
         return [*frames, b'data: {"id":"c","choi']  # a partial last event, then EOF
     if cut == "inband":
         return [*frames, b'data: {"error":{"message":"engine died","code":500}}\n\n']
+    if cut == "inband_split":  # the error event in two reads, its key in the first
+        return [*frames, b'data: {"error":', b'{"message":"engine died","code":500}}\n\n']
     if cut == "raise":
         return [*frames, b"RAISE"]
     usage = {"prompt_tokens": prompt, "completion_tokens": len(pieces),
@@ -150,7 +152,7 @@ def final(events: list[dict[str, Any]]) -> dict[str, Any]:
     return next(e for e in events if e["type"] == "message_delta")
 
 
-@pytest.mark.parametrize("cut", ["eof", "inband", "raise"])
+@pytest.mark.parametrize("cut", ["eof", "inband", "inband_split", "raise"])
 async def test_a_cut_stream_is_continued_into_one_well_formed_stream(
         cut: str, monkeypatch: pytest.MonkeyPatch) -> None:
     first = FakeResponse(answer(WHOLE[:2], cut=cut))

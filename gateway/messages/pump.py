@@ -67,7 +67,7 @@ async def pump(up: UpstreamResponse, translator: StreamTranslator,
                 inter_chunk.observe(now - timing.last_chunk)
             timing.last_chunk = now
             payloads = for_chunk(chunk)
-            if resumable and payloads and _ERROR_KEY in chunk:
+            if resumable and payloads:  # (each payload: an event may span two reads)
                 payloads, failed = _until_failure(payloads)
                 if failed is not None:
                     if payloads:
@@ -76,6 +76,9 @@ async def pump(up: UpstreamResponse, translator: StreamTranslator,
                     if out:
                         await write(out)
                     if translator.done:
+                        return None
+                    if translator.finish_seen:  # whole, as a read failing after it (below)
+                        await write(translator.eof())
                         return None
                     return Cut(payload=failed)
             out = feed_all(payloads) if payloads else b""

@@ -77,19 +77,23 @@ _RETRY_STATUSES = frozenset((502, 503, 504, 529))
 class UpstreamResponse:
     """A live upstream response; read it with :meth:`chunks` or :meth:`read`."""
 
-    __slots__ = ("_cap", "_client", "_done", "_ending", "_replica", "_request_id", "_resp",
-                 "_stream", "progress")
+    __slots__ = ("_cap", "_client", "_done", "_ending", "_lost", "_replica", "_request_id",
+                 "_resp", "_stream", "_trial", "progress")
 
     def __init__(self, resp: Response, client: UpstreamClient, *, stream: bool,
-                 request_id: str | None, replica: Replica | None = None) -> None:
+                 request_id: str | None, replica: Replica | None = None,
+                 trial: bool = False) -> None:
         self._resp = resp
         self._replica = replica  # its in-flight count is ours until the response is left
+        # sent to a replica that was out: it is back in only once this reply ends whole
+        self._trial = trial
         self._client = client
         self._stream = stream
         self._request_id = request_id
         self._cap = client.max_response_bytes
         self._done = False
         self._ending = False
+        self._lost = False  # the replica cut or reset the connection in the body
         # A stream's reader calls this when the bytes it read carried an event (an SSE
         # payload): the stream's idle_timeout restarts from those bytes. Blank lines,
         # comments and bare framing do not count, so a trickle of them cannot keep a
@@ -109,7 +113,11 @@ class UpstreamResponse:
         readany = self._resp.readany
         with Failures(self._client.report, "body", self._request_id, self._stream):
             while True:
-                chunk = await readany()
+                try:
+                    chunk = await readany()
+                except BrokenResponse as exc:
+                    self._lost = _lost(exc)
+                    raise
                 if not chunk:
                     self._done = True
                     return
@@ -139,7 +147,8 @@ class UpstreamResponse:
         """The whole body; past the upstream's ``max_response_bytes``, a 500."""
         try:
             body = await self._resp.read(cap=self._cap)
-        except BaseException:
+        except BaseException as exc:
+            self._lost = _lost(exc)
             with Failures(self._client.report, "body", self._request_id, self._stream):
                 raise
             raise  # not reached: the map raises whatever it is given
@@ -157,7 +166,13 @@ class UpstreamResponse:
     ) -> None:
         replica, self._replica = self._replica, None
         if replica is not None:
-            self._client.members.finished(replica, exc)
+            # a connection the replica lost in the body ejects it, as one lost before the head
+            failure = errors.UpstreamUnavailable() if self._lost else exc
+            self._client.members.finished(replica, failure)
+            if self._trial and failure is None:
+                self._client.replicas.succeeded(replica)
+            elif self._trial:  # failed (ejected again, for longer), or nothing learnt
+                replica.trial = False
         if self._done and exc is None:
             self._resp.release()
         elif self._ending and exc is None:
@@ -315,6 +330,7 @@ class UpstreamClient:
                 continue
             paths = self.members.targets[replica.index]
             target = (paths[1] if at_root else paths[0]) + path
+            trial = replica.failures > 0  # judged by its whole reply, not by its head
             self.members.started(replica)
             try:
                 resp = await self._send(pool, method, target, data,
@@ -338,10 +354,11 @@ class UpstreamClient:
                 self._retried()
                 continue
             if resp.status < 300:
-                replicas.succeeded(replica)
+                if not trial:
+                    replicas.succeeded(replica)
                 self.members.count(replica, "ok")
                 return UpstreamResponse(resp, self, stream=stream, request_id=request_id,
-                                        replica=replica)
+                                        replica=replica, trial=trial)
             self.members.finished(replica)
             if resp.status >= 500:
                 replicas.failed(replica)
@@ -403,6 +420,12 @@ class UpstreamClient:
 
 
 
+
+
+def _lost(exc: BaseException) -> bool:
+    """The connection was cut or reset in the reply's body (not a malformed or too large
+    body: the same request would fail the same way anywhere)."""
+    return type(exc) is BrokenResponse and exc.cause in ("cut", "reset")
 
 
 def _outcome(err: errors.GatewayError) -> str:

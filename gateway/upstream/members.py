@@ -298,9 +298,11 @@ def _paths(base_url: str) -> tuple[str, str]:
 
 
 def _hosts(urls: Iterable[str]) -> tuple[str, ...]:
-    """What the scrubber removes for these URLs: each host:port, host, and the URL."""
+    """What the scrubber removes for these URLs: each host:port, host, and the URL (a
+    userinfo in the URL is no part of the host an upstream's text names)."""
     hosts: list[str] = []
     for url in urls:
-        host = urlsplit(url).netloc
-        hosts += [host, host.rsplit(":", 1)[0], url]
+        netloc = urlsplit(url).netloc
+        host = netloc.rpartition("@")[2]
+        hosts += [netloc, host, host.rsplit(":", 1)[0], url]
     return tuple(dict.fromkeys(hosts))

@@ -23,10 +23,10 @@ spill lasts only while it is that far above the rest).
 Passive health: a failure a replica is to blame for (no connection, a reset before the reply's
 head, a 5xx, a timeout) ejects it for ``BACKOFF_START`` seconds, doubling with each failure
 in a row up to ``BACKOFF_MAX``. When the time is up the replica is *on trial*: it takes one
-request at a time (the first whose order reaches it) until one succeeds (back in, back-off
-reset) or fails (ejected again, for twice as long). When every replica is out, requests still
-go to them, the one due back soonest first: a fleet with nowhere else to go does not refuse
-(and a lone replica is never ejected).
+request at a time (the first whose order reaches it) until one succeeds (its reply read
+whole, not just its head: back in, back-off reset) or fails (ejected again, for twice as
+long). When every replica is out, requests still go to them, the one due back soonest
+first: a fleet with nowhere else to go does not refuse (and a lone replica is never ejected).
 """
 
 from __future__ import annotations

@@ -54,6 +54,8 @@ def answer(pieces: list[str], *, cut: str | None = None, prompt: int = 12) -> li
         return [*frames, b'data: {"id":"c","choi']  # a partial last event, then EOF
     if cut == "inband":
         return [*frames, b'data: {"error":{"message":"engine died","code":500}}\n\n']
+    if cut == "inband_split":  # the error event in two reads, its key in the first
+        return [*frames, b'data: {"error":', b'{"message":"engine died","code":500}}\n\n']
     if cut == "raise":
         return [*frames, b"RAISE"]
     usage = {"prompt_tokens": prompt, "completion_tokens": len(pieces),
@@ -150,7 +152,7 @@ def final(events: list[dict[str, Any]]) -> dict[str, Any]:
     return next(e for e in events if e["type"] == "message_delta")
 
 
-@pytest.mark.parametrize("cut", ["eof", "inband", "raise"])
+@pytest.mark.parametrize("cut", ["eof", "inband", "inband_split", "raise"])
 async def test_a_cut_stream_is_continued_into_one_well_formed_stream(
         cut: str, monkeypatch: pytest.MonkeyPatch) -> None:
     first = FakeResponse(answer(WHOLE[:2], cut=cut))
@@ -399,13 +401,16 @@ def test_reasoning_before_a_regenerated_call_goes_back_closed() -> None:
     assert max_tokens == 99 and decoded["max_tokens"] == 99
 
 
-@pytest.mark.parametrize("cut", ["raise", "eof"])
+@pytest.mark.parametrize("cut", ["raise", "eof", "inband"])
 async def test_a_stream_cut_after_its_finish_is_whole_and_not_asked_again(
         cut: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """llama.cpp sends the finish, then the usage chunk, then [DONE]: a connection lost
-    between them lost no answer (asked again, the engine would repeat it after itself)."""
+    (or an in-band 5xx sent) between them lost no answer (asked again, the engine would
+    repeat it after itself)."""
     frames = [ROLE, *(chunk({"content": p}) for p in WHOLE), chunk({}, "stop")]
-    first = FakeResponse([*frames, b"RAISE"] if cut == "raise" else frames)
+    tail = {"raise": [b"RAISE"], "eof": [],
+            "inband": [b'data: {"error":{"message":"engine died","code":500}}\n\n']}[cut]
+    first = FakeResponse([*frames, *tail])
     events, sent = await run(first, [FakeResponse(answer(WHOLE))], monkeypatch)
     assert sent == []
     assert text_of(events) == "Hello from the stub."

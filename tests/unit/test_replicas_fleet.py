@@ -18,6 +18,7 @@ from gateway.ops.metrics import Metrics
 from gateway.upstream import fleet
 from gateway.upstream.client import UpstreamClient
 from gateway.upstream.discovery import Change, diff, replica_url, resolve
+from gateway.upstream.exceptions import BrokenResponse
 from gateway.upstream.replicas import Replicas, rendezvous
 
 # ---------------------------------------------------------------- discovery, pure
@@ -378,3 +379,87 @@ async def test_probes_stop_when_the_gateway_drains() -> None:
     async with asyncio.timeout(5):
         await fleet.maintain(client, lambda: draining[0])  # returns: nothing else to run
     assert len(rounds) == 3
+
+
+class _Head:
+    """A 200 head whose body is one chunk, then its end."""
+
+    status = 200
+    at_eof = False
+
+    def __init__(self) -> None:
+        self._left = [b"data: {}\n\n"]
+        self.cut = False  # the connection is lost after the first chunk
+
+    def progress(self) -> None:
+        pass
+
+    async def readany(self) -> bytes:
+        if not self._left and self.cut:
+            raise BrokenResponse("connection lost in the reply's body", cause="reset")
+        return self._left.pop() if self._left else b""
+
+    def release(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Pool:
+    async def request(self, *args: Any, **kwargs: Any) -> _Head:
+        return _Head()
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("ends", "failures", "state"), [
+    ("whole", 0, "healthy"),  # read to its end: back in
+    ("cut", 2, "ejected"),  # its head came, its body was cut: out again, for twice as long
+    ("abandoned", 2, "ejected"),  # a continuation went elsewhere (the same)
+    ("lost_caught", 2, "ejected"),  # its connection lost, the error handled by the reader
+    ("client_left", 1, "trial"),  # nothing learnt: the next request is its trial
+])
+async def test_a_trial_is_judged_by_its_whole_reply(ends: str, failures: int,
+                                                    state: str) -> None:
+    """A replica that answers heads and cuts every body was back in at each head: its
+    back-off never grew past the first second (one cut stream, continued, every second)."""
+    cfg = UpstreamConfig(name="u", base_url="http://a.test:1/v1",
+                         base_urls=("http://a.test:1/v1", "http://b.test:1/v1"))
+    client = UpstreamClient(cfg)
+    await client.start()
+    clock = Clock()
+    reps = client.replicas
+    reps._clock = clock
+    client.members.pools = {r.index: _Pool() for r in reps.all}  # type: ignore[misc]
+    key = next(k for k in (f"s{n}" for n in range(100))
+               if reps.order(k.encode())[0].index == 0)
+    a = reps.all[0]
+    reps.failed(a)  # its first cut: out for a second
+    clock.now += 1.0  # due for its trial
+    up = await client.request("/chat/completions", b"{}", stream=True, session=key)
+    assert a.trial and up._replica is a
+    try:
+        async with up:
+            if ends == "whole":
+                async for _ in up.chunks():
+                    pass
+            elif ends == "cut":
+                raise errors.UpstreamUnavailable()
+            elif ends == "abandoned":
+                up.abandon()
+            elif ends == "lost_caught":
+                up._resp.cut = True  # type: ignore[attr-defined]
+                with pytest.raises(errors.UpstreamError):
+                    async for _ in up.chunks():
+                        pass
+            else:
+                raise asyncio.CancelledError
+    except (errors.UpstreamUnavailable, asyncio.CancelledError):
+        pass
+    assert (a.failures, a.state(clock.now), a.trial, a.in_flight) == (failures, state,
+                                                                       False, 0)
+    if state == "ejected":
+        assert a.ejected_until == clock.now + 2.0
+    await client.close()

@@ -210,6 +210,42 @@ async def test_a_cut_body_is_a_500() -> None:
         assert [(e["phase"], e["cause"]) for e in logs] == [("body", "cut")]
 
 
+@pytest.mark.parametrize(("read", "how"), [
+    ("chunks", "close"), ("chunks", "abort"), ("read", "close"), ("read", "abort")])
+async def test_a_body_cut_by_its_replica_ejects_it(read: str, how: str) -> None:
+    """A connection lost in the body (cut or reset) is the replica's doing, as one lost
+    before the head is: a replica that cuts every buffered reply was never ejected."""
+    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        await srv.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhel")
+        await writer.drain()
+        if how == "abort":
+            writer.transport.abort()
+        else:
+            writer.close()
+
+    async with Upstream(handler) as srv:
+        urls = (srv.url + "/v1", f"http://127.0.0.1:{_refused_port()}/v1")
+        client = _client(srv, base_urls=urls)
+        await client.start()
+        cut = client.replicas.all[0]
+        try:
+            resp = await client.request("/chat/completions", b"{}", stream=read == "chunks")
+            assert resp._replica is cut
+            with pytest.raises(errors.UpstreamError) as caught:
+                async with resp:
+                    if read == "read":
+                        await resp.read()
+                    async for _ in resp.chunks():
+                        pass
+        finally:
+            await client.close()
+        assert caught.value.status == 500  # the client's error is as it was
+        assert (cut.failures, cut.in_flight) == (1, 0)
+        assert cut.state(cut.ejected_until - 0.1) == "ejected"
+
+
 async def test_a_stream_without_events_ends_at_idle_timeout_with_504() -> None:
     blank = _chunked(b"\n")[:-5]
     async with Upstream(_drip(_CHUNKED_HEAD, [blank] * 50, 0.02)) as srv:
@@ -327,3 +363,16 @@ async def test_each_anomaly_through_the_client_is_a_500_counted_and_clears_the_p
             assert srv.connections == 2 + sent
         finally:
             await client.close()
+
+
+@pytest.mark.parametrize("urls", [
+    ("http://gpu-node-7:8000/v1",),
+    ("http://user:pw@gpu-node-7:8000/v1",),  # the userinfo is no part of the host quoted
+    ("http://other-node:1/v1", "http://user:pw@gpu-node-7:8000/v1"),
+])
+def test_a_replica_host_is_scrubbed_with_or_without_userinfo(urls: tuple[str, ...]) -> None:
+    cfg = UpstreamConfig(name="u", base_url=urls[0], base_urls=urls if len(urls) > 1 else ())
+    hosts = UpstreamClient(cfg).hosts
+    assert "gpu-node-7" in hosts
+    raw = b'{"error": {"message": "model not loaded on gpu-node-7, retry"}}'
+    assert "gpu-node-7" not in errors.from_upstream(400, raw, hosts=hosts).message

@@ -175,11 +175,14 @@ class Call:
             route, keep_billing_header=self.deps.keep_billing_header, on_drop=on_drop,
             as_text=as_text, named_choice=named_tool_choice(route)))
 
-    async def send(self, request_id: str | None, session: str | None = None) -> UpstreamResponse:
+    async def send(self, request_id: str | None, session: str | None = None, *,
+                   fall_back: bool = True) -> UpstreamResponse:
         """Call the upstream (counted); a failure raises its GatewayError. A refusal of
         content the route may send as text is answered by one more call with it as text.
         When every replica of the upstream failed before replying, the route's fallbacks
         are tried in order (see :func:`falls_over`); the call is then the fallback's.
+        ``fall_back=False``: not (a later call of a reply part of which the client already
+        has, e.g. a web search's next round: another model would finish it).
 
         ``session``: the request's session key (:func:`~gateway.messages.session.session_key`
         of the client's session header); None: made from the request alone."""
@@ -189,7 +192,7 @@ class Call:
         try:
             return await self._send_or_as_text(request_id)
         except errors.GatewayError as err:
-            if not self.route.fallback_routes or not falls_over(err):
+            if not fall_back or not self.route.fallback_routes or not falls_over(err):
                 raise
             failed = err
         primary = self.route

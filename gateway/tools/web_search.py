@@ -238,7 +238,8 @@ class WebSearchReply:
             self._call = await self._next_call()
             self._new_round()
             self.overhead += clock() - began
-            up = await self._call.send(self._request_id, self._session)
+            # the model that answered the first round finishes the reply: no fallback now
+            up = await self._call.send(self._request_id, self._session, fall_back=False)
 
     def _count_round(self, translator: StreamTranslator, timing: Timing) -> None:
         """One round's figures: its fixes counted, its times added to the reply's."""

@@ -54,6 +54,8 @@ class Model:
         query = _last_user_text(messages)
         if "#die" in query and messages[-1]["role"] == "tool":
             return web.json_response({"error": {"message": "engine died"}}, status=500)
+        if "#down" in query and messages[-1]["role"] == "tool" and body["model"] == "up":
+            return web.json_response({"error": {"message": "overloaded"}}, status=503)
         if not body.get("stream"):  # a turn without the tool: a plain answer
             return web.json_response({
                 "id": "c", "object": "chat.completion", "model": "up", "choices": [{
@@ -142,11 +144,14 @@ async def world(aiohttp_server: Any, aiohttp_client: Any) -> Any:
     searx_server = await aiohttp_server(backend)
 
     async def gateway(web_search: bool = True, server: dict[str, Any] | None = None,
-                      search: dict[str, Any] | None = None) -> Any:
+                      search: dict[str, Any] | None = None, fallback: bool = False) -> Any:
         data: dict[str, Any] = {
             "server": {"prefix": "", **(server or {})},
             "upstreams": {"u": {"base_url": f"http://127.0.0.1:{up_server.port}/v1"}},
             "models": [{"name": "m", "upstream": "u", "upstream_model": "up"}]}
+        if fallback:  # another model (the same test server, upstream_model "spare")
+            data["models"][0]["fallbacks"] = ["spare"]
+            data["models"].append({"name": "spare", "upstream": "u", "upstream_model": "spare"})
         if web_search:
             data["web_search"] = {"searxng_url": f"http://127.0.0.1:{searx_server.port}",
                                   "timeout": 0.5, "max_response_bytes": 50_000,
@@ -284,6 +289,18 @@ async def test_an_upstream_failing_after_a_search_ends_the_stream_well_formed(
     buffered = await client.post("/v1/messages", json=_body("x #die"))
     assert buffered.status >= 500
     assert (await buffered.json())["type"] == "error"
+
+
+async def test_a_later_round_does_not_fall_back_to_another_model(world: Any) -> None:
+    """The first round's model began the reply: when it fails (503) in a later round, the
+    stream ends with the error event; the fallback model is not asked to finish it."""
+    gateway, model, _ = world
+    client = await gateway(fallback=True)
+    resp = await client.post("/v1/messages", json=_body("x #down", stream=True))
+    events = _events(await resp.text())
+    assert [name for name, _ in events][-2:] == ["error", "message_stop"]
+    assert events[-2][1]["error"]["type"] == "overloaded_error"
+    assert [r["model"] for r in model.requests] == ["up", "up"]
 
 
 async def test_a_client_tool_called_with_a_search_ends_the_reply_for_the_client(

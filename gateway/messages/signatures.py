@@ -74,20 +74,27 @@ MAX_EXPANSION = 32
 MAX_RESTORED_BYTES = 4 * 1024 * 1024
 MAX_RESTORED_CHARS = MAX_RESTORED_BYTES  # the name before the bound was counted in bytes
 
-# signing key -> (its cipher, a keyed hash to copy for nonces); one key per process
-_KEYS: dict[bytes, tuple[AESGCM, Any]] = {}
+# (signing key, purpose) -> (its cipher, a keyed hash to copy for nonces); a few per process
+_KEYS: dict[tuple[bytes, bytes], tuple[AESGCM, Any]] = {}
+_THINKING = b"llm-gateway thinking signature v1"
 
 
-def _keys(key: bytes) -> tuple[AESGCM, Any]:
-    keys = _KEYS.get(key)
+def derived_keys(key: bytes, purpose: bytes) -> tuple[AESGCM, Any]:
+    """The cipher and the nonce hash that ``key`` gives for ``purpose`` (HKDF-SHA256: one
+    signing key seals thinking signatures and web search results with keys of their own)."""
+    keys = _KEYS.get((key, purpose))
     if keys is None:
         if len(_KEYS) > 8:
             _KEYS.clear()
         derived = HKDF(algorithm=hashes.SHA256(), length=64, salt=None,
-                       info=b"llm-gateway thinking signature v1").derive(key)
-        keys = _KEYS[key] = (AESGCM(derived[:32]),
-                             hmac.new(derived[32:], digestmod=hashlib.sha256))
+                       info=purpose).derive(key)
+        keys = _KEYS[key, purpose] = (AESGCM(derived[:32]),
+                                      hmac.new(derived[32:], digestmod=hashlib.sha256))
     return keys
+
+
+def _keys(key: bytes) -> tuple[AESGCM, Any]:
+    return derived_keys(key, _THINKING)
 
 
 def _cipher(key: bytes) -> AESGCM:

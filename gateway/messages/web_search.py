@@ -34,17 +34,14 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
-import hmac
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from gateway.errors import echo
+from gateway.messages.signatures import derived_keys
 from gateway.messages.validate_content import check_int, check_list, check_obj, fail
 from gateway.ops.metrics import WEB_SEARCH_ERROR_CODES
 from gateway.text import jsonutil
@@ -182,20 +179,11 @@ def error_text(code: str) -> str:
 _VERSION = b"\x01"
 _NONCE = 12
 _AAD = b"llm-gateway web search result v1"
-_KEYS: dict[bytes, tuple[AESGCM, Any]] = {}
 _MAX_SEALED_CHARS = 64 * 1024  # far above a capped snippet; bounds what is opened
 
 
 def _keys(key: bytes) -> tuple[AESGCM, Any]:
-    keys = _KEYS.get(key)
-    if keys is None:
-        if len(_KEYS) > 8:
-            _KEYS.clear()
-        derived = HKDF(algorithm=hashes.SHA256(), length=64, salt=None,
-                       info=b"llm-gateway web search result v1").derive(key)
-        keys = _KEYS[key] = (AESGCM(derived[:32]),
-                             hmac.new(derived[32:], digestmod=hashlib.sha256))
-    return keys
+    return derived_keys(key, _AAD)
 
 
 def seal_result(key: bytes, result: Mapping[str, Any]) -> str:

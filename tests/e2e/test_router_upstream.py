@@ -46,8 +46,9 @@ from typing import Any
 
 import pytest
 
-from tests.anthropic_stream_check import check_stream
 from tests.fixtures_llama import *  # noqa: F403 - the pytest fixtures (tiny_model)
+from tests.llama_sessions import HEADERS, Session, play, turn
+from tests.llama_sessions import config as _shared_config
 from tests.procs import Proc, free_port, get, post, require_demo_extra, wait_http
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llamacpp, pytest.mark.timeout(120)]
@@ -55,11 +56,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.llamacpp, pytest.mark.timeout(120)]
 WORKERS = 2
 SESSIONS = 4
 TURNS_BEFORE, TURNS_AFTER = 2, 2
-_COUNTERS = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total",
-             "llamacpp:tokens_predicted_total")
-HEADERS = {"anthropic-version": "2023-06-01"}
-
-
 def _require_router() -> None:
     """Skip where sglang-router is not installed, except under CI (which installs the bench
     extra, where it is)."""
@@ -144,105 +140,9 @@ def _router_metric(url: str, name: str, **labels: str) -> float:
                if n == name and all(ls.get(k) == x for k, x in labels.items()))
 
 
-def _counters(root: str) -> dict[str, float]:
-    status, _, body = get(f"{root}/metrics")
-    assert status == 200
-    out = dict.fromkeys(_COUNTERS, 0.0)
-    for line in body.decode().splitlines():
-        name, _, value = line.partition(" ")
-        if name in out:
-            out[name] = float(value)
-    return out
-
-
-def _served_by(roots: list[str | None], before: list[dict[str, float] | None]
-               ) -> tuple[int, dict[str, float]]:
-    """The one live worker whose counters moved since ``before``: its index and the deltas."""
-    deadline = time.monotonic() + 10
-    while True:
-        moved = {}
-        for i, (root, was) in enumerate(zip(roots, before, strict=True)):
-            if root is None or was is None:
-                continue
-            now = _counters(root)
-            if now != was:
-                moved[i] = {k: now[k] - was[k] for k in _COUNTERS}
-        if len(moved) == 1:
-            return next(iter(moved.items()))
-        assert len(moved) < 2 and time.monotonic() < deadline, moved
-        time.sleep(0.02)
-
-
 def _config(router_root: str) -> str:
     # kind names the engine behind the router (llama.cpp here), not the router
-    return f"""
-[server]
-host = "127.0.0.1"
-prefix = "/llm"
-
-[upstreams.fleet]
-base_url = "{router_root}/v1"
-kind = "llamacpp"
-
-[[models]]
-name = "m"
-upstream = "fleet"
-upstream_model = "demo"
-"""
-
-
-class _Session:
-    def __init__(self, s: int) -> None:
-        self.sid = f"7b2e1d3f-0000-4000-8000-{s:012d}"
-        # the session's own system prompt, some hundred tokens: the router's tree tells the
-        # sessions apart by it from the first characters on
-        self.system = f"You are agent {s}. " + " ".join(f"rule {s}.{i}: be exact." for i in
-                                                        range(40))
-        self.messages: list[dict[str, Any]] = [{"role": "user", "content": f"task {s}: begin"}]
-
-
-def _turn(base: str, session: _Session, turn: int, stream: bool) -> None:
-    """One turn, streamed or buffered; asserts a 200 and a well-formed reply ending end_turn."""
-    body = {"model": "m", "max_tokens": 200, "stream": stream, "system": session.system,
-            "messages": session.messages}
-    status, _, raw = post(f"{base}/llm/v1/messages", body,
-                          {**HEADERS, "x-claude-code-session-id": session.sid}, timeout=60)
-    assert status == 200, (session.sid, turn, status, raw[:300])
-    if stream:
-        events = check_stream(raw)
-        assert not [e for e in events if e["type"] == "error"], raw[-300:]
-        delta = next(e for e in events if e["type"] == "message_delta")
-        stop = delta["delta"]["stop_reason"]
-        text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta"
-                       and e["delta"]["type"] == "text_delta")
-    else:
-        import json
-
-        reply = json.loads(raw)
-        assert reply["type"] == "message" and reply["role"] == "assistant", reply
-        assert reply["model"] == "m" and reply["id"].startswith("msg_"), reply
-        assert reply["usage"]["input_tokens"] > 0 and reply["usage"]["output_tokens"] > 0
-        stop = reply["stop_reason"]
-        text = "".join(b["text"] for b in reply["content"] if b["type"] == "text")
-    assert stop == "end_turn", (stream, raw[-300:])
-    assert text
-    session.messages += [{"role": "assistant", "content": text},
-                         {"role": "user", "content": f"tool result {turn}: 3 tests pass"}]
-
-
-def _round(base: str, sessions: list[_Session], turns: range, roots: list[str | None],
-           placement: dict[int, list[int]]) -> None:
-    for turn in turns:
-        for s, session in enumerate(sessions):
-            before = [_counters(r) if r is not None else None for r in roots]
-            _turn(base, session, turn, stream=(s + turn) % 2 == 0)  # both kinds, every session
-            index, moved = _served_by(roots, before)
-            placement[s].append(index)
-            if turn and placement[s][-1] == placement[s][-2]:
-                # the worker that holds the session read its conversation from its cache
-                computed = moved["llamacpp:prompt_tokens_total"]
-                cached = moved["llamacpp:prompt_tokens_cached_total"]
-                assert cached > computed, (s, turn, moved)
+    return _shared_config(f'base_url = "{router_root}/v1"')
 
 
 def test_sessions_follow_cache_aware_routing_and_survive_a_worker_killed(
@@ -251,10 +151,10 @@ def test_sessions_follow_cache_aware_routing_and_survive_a_worker_killed(
     router_root, router_metrics = router
     roots: list[str | None] = [w.root_url for w in workers]
     _, base = gateway_factory(_config(router_root))
-    sessions = [_Session(s) for s in range(SESSIONS)]
+    sessions = [Session(s) for s in range(SESSIONS)]
     placement: dict[int, list[int]] = {s: [] for s in range(SESSIONS)}
 
-    _round(base, sessions, range(TURNS_BEFORE), roots, placement)
+    play(base, sessions, range(TURNS_BEFORE), roots, placement, mixed=True)
     assert all(len(set(p)) == 1 for p in placement.values()), placement
     home = {s: p[0] for s, p in placement.items()}
     shares = Counter(home.values())
@@ -266,7 +166,8 @@ def test_sessions_follow_cache_aware_routing_and_survive_a_worker_killed(
     workers[victim].stop()  # reaped: gone before the next request
     roots[victim] = None
 
-    _round(base, sessions, range(TURNS_BEFORE, TURNS_BEFORE + TURNS_AFTER), roots, placement)
+    play(base, sessions, range(TURNS_BEFORE, TURNS_BEFORE + TURNS_AFTER), roots, placement,
+         mixed=True)
     for s, p in placement.items():
         after = p[TURNS_BEFORE:]
         assert victim not in after, (s, p)
@@ -322,10 +223,10 @@ def test_a_stream_cut_behind_the_router_is_continued_on_the_worker_that_began_it
                                                      for p in proxies])
         _, base = gateway_factory(_config(router_root).replace(
             'kind = "llamacpp"', 'kind = "llamacpp"\nmax_continuations = 2'))
-        session = _Session(0)
+        session = Session(0)
         for p in proxies:
             p.arm(cuts=1, after=6)
-        _turn(base, session, 0, stream=True)  # a 200, well-formed, end_turn, no error event
+        turn(base, session, 0, stream=True)  # a 200, well-formed, end_turn, no error event
 
         [cutter] = [p for p in proxies if p.cut]
         assert cutter.cut == 1

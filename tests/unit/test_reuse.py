@@ -132,12 +132,8 @@ async def _trusted(pool: Any) -> None:
     assert pool.reuse.keepalive
 
 
-async def test_a_reply_without_the_echo_on_a_trusted_connection_is_refused(
-        pools: Any) -> None:
-    """The upstream stops echoing (restarted without --enable-request-id-headers): the reply
-    is refused, its connection closed, and keep-alive is off until it proves itself again."""
-    echo = [True]
-
+def _echoing_while(echo: list[bool]) -> Any:
+    """Replies with the request's path, echoing its X-Request-Id while ``echo[0]``."""
     async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
         while True:
@@ -149,7 +145,15 @@ async def test_a_reply_without_the_echo_on_a_trusted_connection_is_refused(
             extra = (b"X-Request-Id: " + rid[1],) if rid and echo[0] else ()
             writer.write(_reply(request.split(b" ")[1], *extra))
 
-    async with Upstream(handler) as srv:
+    return handler
+
+
+async def test_a_reply_without_the_echo_on_a_trusted_connection_is_refused(
+        pools: Any) -> None:
+    """The upstream stops echoing (restarted without --enable-request-id-headers): the reply
+    is refused, its connection closed, and keep-alive is off until it proves itself again."""
+    echo = [True]
+    async with Upstream(_echoing_while(echo)) as srv:
         switched: list[bool] = []
         seen: list[tuple[str, str, str | None]] = []
         pool = pools(srv.url, keepalive="auto", on_keepalive=switched.append,
@@ -173,19 +177,7 @@ async def test_a_reply_without_the_echo_on_a_new_trusted_connection_is_taken(
     router's own 404, an upstream restarted without the echo) it is this request's answer,
     and keep-alive goes off until the upstream proves itself again."""
     echo = [True]
-
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
-        while True:
-            try:
-                request = await srv.read_request(reader)
-            except asyncio.IncompleteReadError:
-                return
-            rid = re.search(rb"(?im)^x-request-id: *(\S+)\r$", request)
-            extra = (b"X-Request-Id: " + rid[1],) if rid and echo[0] else ()
-            writer.write(_reply(request.split(b" ")[1], *extra))
-
-    async with Upstream(handler) as srv:
+    async with Upstream(_echoing_while(echo)) as srv:
         switched: list[bool] = []
         seen: list[Any] = []
         pool = pools(srv.url, keepalive="auto", on_keepalive=switched.append,

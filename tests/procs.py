@@ -132,3 +132,14 @@ def post(url: str, body: Any, headers: dict[str, str] | None = None,
 def get(url: str, headers: dict[str, str] | None = None,
         timeout: float = 10) -> tuple[int, dict[str, str], bytes]:
     return _call(urllib.request.Request(url, headers=headers or {}), timeout)
+
+
+def metric(base: str, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` on ``{base}/metrics`` whose labels include
+    ``labels`` (0 when there are none)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, _, body = get(f"{base}/metrics")
+    return sum(sample.value for family in text_string_to_metric_families(body.decode())
+               for sample in family.samples if sample.name == name
+               and all(sample.labels.get(k) == v for k, v in labels.items()))

@@ -29,7 +29,7 @@ import pytest
 
 from gateway.upstream.replicas import rendezvous
 from tests.fake_dns_gateway import write_answers
-from tests.procs import Proc, free_port, get, post, wait_http
+from tests.procs import Proc, free_port, metric, post, wait_http
 from tests.stub_upstream import TEXT, USAGE, completion
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -93,19 +93,6 @@ class _Replica(http.server.ThreadingHTTPServer):
         self.gate.set()
         self.shutdown()
         self.server_close()
-
-
-def _metric(base: str, name: str, **labels: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    _, _, body = get(f"{base}/metrics")
-    total = 0.0
-    for family in text_string_to_metric_families(body.decode()):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v
-                                           for k, v in labels.items()):
-                total += sample.value
-    return total
 
 
 def _until(what: Callable[[], bool], why: str, timeout: float = 15.0) -> None:
@@ -183,13 +170,13 @@ def test_a_replica_failing_its_health_route_gets_no_request_until_it_passes(
     _sessions(base, sids)
     assert b.chats == [] and len(a.chats) == SESSIONS
     assert b.probes >= 1
-    assert _metric(base, "llm_gateway_upstream_probes_total", replica=b_label,
+    assert metric(base, "llm_gateway_upstream_probes_total", replica=b_label,
                    outcome="status") >= 1
-    assert _metric(base, "llm_gateway_upstream_replica_healthy", replica=b_label) == 0
+    assert metric(base, "llm_gateway_upstream_replica_healthy", replica=b_label) == 0
 
     # its health route passes: back without a client request as its trial
     b.health = 200
-    _until(lambda: _metric(base, "llm_gateway_upstream_replica_healthy", replica=b_label) == 1,
+    _until(lambda: metric(base, "llm_gateway_upstream_replica_healthy", replica=b_label) == 1,
            "the replica is back after a passing probe")
     assert b.chats == []
     a.chats.clear()
@@ -198,12 +185,12 @@ def test_a_replica_failing_its_health_route_gets_no_request_until_it_passes(
 
     # failing again, while it still answers requests: the probes alone take it out
     b.health = 503
-    _until(lambda: _metric(base, "llm_gateway_upstream_replica_healthy", replica=b_label) == 0,
+    _until(lambda: metric(base, "llm_gateway_upstream_replica_healthy", replica=b_label) == 0,
            "the replica is ejected after a failing probe")
     b.chats.clear()
     _sessions(base, sids)
     assert b.chats == []
-    assert _metric(base, "llm_gateway_upstream_probes_total", replica=b_label,
+    assert metric(base, "llm_gateway_upstream_probes_total", replica=b_label,
                    outcome="ok") >= 1
 
 
@@ -257,7 +244,7 @@ def test_replicas_follow_the_dns_answer(trio: list[_Replica], tmp_path: Path) ->
         f'base_url = "http://{name}:{port}/v1"\ndiscover = "dns"\nresolve_interval = 0.2'),
         answers)
     try:
-        replicas = lambda: _metric(base, "llm_gateway_upstream_replicas",  # noqa: E731
+        replicas = lambda: metric(base, "llm_gateway_upstream_replicas",  # noqa: E731
                                    upstream="fleet")
         sids = [f"dns-session-{i}" for i in range(SESSIONS)]
 
@@ -301,7 +288,7 @@ def test_replicas_follow_the_dns_answer(trio: list[_Replica], tmp_path: Path) ->
 
         # the name stops resolving: the set stays, counted, requests still served
         write_answers(answers, {})
-        _until(lambda: _metric(base, "llm_gateway_upstream_resolutions_total",
+        _until(lambda: metric(base, "llm_gateway_upstream_resolutions_total",
                                upstream="fleet", outcome="failed") >= 2,
                "failed resolutions are counted")
         assert replicas() == 2
@@ -330,7 +317,7 @@ def test_a_name_with_no_address_at_start_is_a_529_until_one_appears(
         assert err["type"] == "error" and err["error"]["type"] == "overloaded_error"
         assert "fleet.test" not in reply.decode() and "127.0.0" not in reply.decode()
         write_answers(answers, {"fleet.test": ["127.0.0.3"]})
-        _until(lambda: _metric(base, "llm_gateway_upstream_replicas", upstream="fleet") == 1,
+        _until(lambda: metric(base, "llm_gateway_upstream_replicas", upstream="fleet") == 1,
                "the address appears")
         status, _, reply = post(f"{base}/llm/v1/messages", body)
         assert status == 200, reply

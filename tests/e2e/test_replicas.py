@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.procs import REPO, Proc, free_port, get, post, wait_http
+from tests.procs import REPO, Proc, free_port, get, metric, post, wait_http
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -146,19 +146,6 @@ def _placement(runs: dict[int, list[str]], served: dict[str, int]) -> dict[int, 
     return {s: [served[rid] for rid in ids] for s, ids in runs.items()}
 
 
-def _metric(base: str, name: str, **labels: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    _, _, body = get(f"{base}/metrics")
-    total = 0.0
-    for family in text_string_to_metric_families(body.decode()):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v
-                                           for k, v in labels.items()):
-                total += sample.value
-    return total
-
-
 def test_sessions_stay_on_one_replica_and_survive_one_refusing_connections(
         stubs: list[tuple[Proc, str]],
         gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
@@ -183,9 +170,9 @@ def test_sessions_stay_on_one_replica_and_survive_one_refusing_connections(
     assert stayed >= 0.9 * len(others), (home, after)
     assert all(set(r) <= {0, 1} for r in after.values())
     label = urls[2].split("://")[1]
-    assert _metric(base, "llm_gateway_upstream_replica_healthy", replica=label) == 0
-    assert _metric(base, "llm_gateway_upstream_retries_total", upstream="fleet") >= 1
-    assert _metric(base, "llm_gateway_upstream_replica_requests_total", replica=label,
+    assert metric(base, "llm_gateway_upstream_replica_healthy", replica=label) == 0
+    assert metric(base, "llm_gateway_upstream_retries_total", upstream="fleet") >= 1
+    assert metric(base, "llm_gateway_upstream_replica_requests_total", replica=label,
                    outcome="connect_error") >= 1
 
 
@@ -198,9 +185,9 @@ def test_a_replica_answering_503_to_everything_costs_no_client_an_error(
     served = _served(urls[:2])
     assert all(rid in served for ids in runs.values() for rid in ids)
     label = unavailable.split("://")[1]
-    assert _metric(base, "llm_gateway_upstream_replica_requests_total", replica=label,
+    assert metric(base, "llm_gateway_upstream_replica_requests_total", replica=label,
                    outcome="status_5xx") >= 1
-    assert _metric(base, "llm_gateway_upstream_retries_total", upstream="fleet") >= 1
+    assert metric(base, "llm_gateway_upstream_retries_total", upstream="fleet") >= 1
 
 
 def test_a_replica_cutting_every_stream_halfway_costs_no_client_a_word(

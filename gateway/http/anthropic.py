@@ -40,8 +40,9 @@ from gateway.messages.web_search import web_search_tool
 from gateway.ops.config import ModelRoute
 from gateway.text import jsonutil
 from gateway.text.sse import SSEEventTooLarge
+from gateway.tools.searches import Searches
 from gateway.tools.searxng import Searxng
-from gateway.tools.web_search import Searches, WebSearchReply
+from gateway.tools.web_search import WebSearchReply
 from gateway.upstream.client import UpstreamResponse
 
 _SSE = "text/event-stream; charset=utf-8"

@@ -11,9 +11,13 @@ Content the upstream cannot take (:mod:`gateway.local.capabilities`): what the r
 or has learnt to send as text goes as text from the start; an ``auto`` route's upstream
 refusing an image or a ``tool_reference`` part (:mod:`gateway.text.refusals`) is answered by
 sending the request again at once with that content as text, before any byte reached the
-client (the refusal is the reply's head), and the route remembers it (``LEARNED``), so the
-session's later requests, whose history still holds that image, go straight to text. Counted
-in ``llm_gateway_capability_fallbacks_total`` and logged once per route and capability.
+client (the refusal is the reply's head), and the route remembers it (``LEARNED``) for its
+``capability_ttl``, so the session's later requests, whose history still holds that image, go
+straight to text. Only a real refusal does either (:func:`fall_back`): the request held that
+content, the engine's whole message is the refusal, and, to teach the route every client
+shares, the request itself does not hold the refusal's wording (the engine may be quoting
+it). Counted in ``llm_gateway_capability_fallbacks_total`` and logged once per route,
+capability and ``capability_ttl``.
 
 Fallbacks (``[[models]] fallbacks``, off by default): when the route's upstream failed before
 any byte of a reply on every replica it tried (no connection, a reset before the head, a
@@ -38,7 +42,7 @@ from typing import Any
 import structlog
 
 from gateway import errors
-from gateway.local.capabilities import LEARNED, Learned, may_fall_back, named_tool_choice
+from gateway.local.capabilities import LEARNED, Learned, held, may_fall_back, named_tool_choice
 from gateway.local.capabilities import text_only as route_text_only
 from gateway.local.normalise import ContentNormaliser
 from gateway.messages import documents, tokens, web_search
@@ -56,6 +60,7 @@ from gateway.ops.budget import Budget, Lease
 from gateway.ops.config import ModelRoute
 from gateway.ops.metrics import Metrics
 from gateway.text import ids, jsonutil
+from gateway.text.refusals import echoed
 from gateway.text.sse import SSEEventTooLarge
 from gateway.upstream.call import Upstreams, send
 from gateway.upstream.client import UpstreamClient, UpstreamResponse
@@ -140,8 +145,8 @@ async def prepare(deps: MessagesDeps, req: dict[str, Any], route: ModelRoute) ->
 class Call:
     """One Messages request made ready for its upstream, and how its reply is read back."""
 
-    __slots__ = ("as_text", "client", "deps", "match_stops", "payload", "req", "route",
-                 "session", "stops", "stream", "upstream_stream")
+    __slots__ = ("as_text", "client", "deps", "held", "match_stops", "payload", "req",
+                 "route", "session", "stops", "stream", "upstream_stream")
 
     def __init__(self, deps: MessagesDeps, req: dict[str, Any], route: ModelRoute) -> None:
         self.deps = deps
@@ -159,21 +164,25 @@ class Call:
         match_stops = bool(self.stops) and route.upstream.kind in LOCAL_STOP_KINDS
         upstream_stream = self.stream or match_stops
         as_text = route_text_only(route, self.deps.learned)
-        payload = self._translate(route, upstream_stream, as_text, on_drop)
+        payload, holds = self._translate(route, upstream_stream, as_text, on_drop)
         self.route = route
         self.match_stops = match_stops
         self.upstream_stream = upstream_stream
         self.as_text = as_text
         self.payload = payload
+        self.held = holds
         self.client: UpstreamClient = self.deps.upstreams.client(route)
 
     def _translate(self, route: ModelRoute, upstream_stream: bool, as_text: frozenset[str],
-                   on_drop: Callable[[str], None] | None = None) -> bytes:
+                   on_drop: Callable[[str], None] | None = None
+                   ) -> tuple[bytes, frozenset[str]]:
+        """The payload for ``route``, and the capabilities whose content it holds."""
         req = self.req
-        return jsonutil.dumpb(to_chat(
+        chat = to_chat(
             req if upstream_stream == self.stream else {**req, "stream": True},
             route, keep_billing_header=self.deps.keep_billing_header, on_drop=on_drop,
-            as_text=as_text, named_choice=named_tool_choice(route)))
+            as_text=as_text, named_choice=named_tool_choice(route))
+        return jsonutil.dumpb(chat), held(chat["messages"])
 
     async def send(self, request_id: str | None, session: str | None = None, *,
                    fall_back: bool = True) -> UpstreamResponse:
@@ -217,11 +226,13 @@ class Call:
         try:
             return await self._send(request_id)
         except errors.GatewayError as err:
-            if err.refused is None or not fall_back(self.deps, self.route, self.as_text, err):
+            if err.refused is None or not fall_back(self.deps, self.route, self.as_text, err,
+                                                    self.held, self.payload):
                 raise
             refused = err.refused
         self.as_text = self.as_text | {refused}
-        self.payload = self._translate(self.route, self.upstream_stream, self.as_text)
+        self.payload, self.held = self._translate(self.route, self.upstream_stream,
+                                                  self.as_text)
         return await self._send(request_id)
 
     async def _send(self, request_id: str | None) -> UpstreamResponse:
@@ -331,19 +342,25 @@ def falls_over(err: errors.GatewayError) -> bool:
 
 
 def fall_back(deps: MessagesDeps, route: ModelRoute, as_text: frozenset[str],
-              err: errors.GatewayError) -> bool:
-    """Whether ``err`` is a refusal to answer by sending its content as text (then learnt
-    for the route, counted, and logged the first time)."""
+              err: errors.GatewayError, holds: frozenset[str], request: bytes) -> bool:
+    """Whether ``err`` is a refusal to answer by sending its content as text: the refused
+    request (``request``, the bytes sent, holding content of ``holds``) held that content.
+    Counted; learnt for the route (and logged the first time) unless the request's own bytes
+    hold the refusal's wording: the engine may be quoting them, and what the route learns
+    changes how every client's content is sent."""
     capability = err.refused
-    if capability is None or capability in as_text or not may_fall_back(route, capability):
+    if (capability is None or capability in as_text or capability not in holds
+            or not may_fall_back(route, capability)):
         return False
     deps.metrics.capability_fallbacks.labels(route.name, capability).inc()
-    if deps.learned.learn(route.name, capability):
+    if echoed(capability, request):
+        return True
+    if deps.learned.learn(route.name, capability, route.capability_ttl):
         _log.warning("capability_fallback", model=route.name, upstream=route.upstream.name,
                      capability=capability,
                      detail=f"the upstream refused {capability.replace('_', ' ')}: sent as "
-                     f"text from now on (set {capability} = \"no\" on this model to skip "
-                     "the refused first try)")
+                     f"text for capability_ttl = {route.capability_ttl:g} s, then tried again "
+                     f"(set {capability} = \"no\" on this model to skip the refused tries)")
     return True
 
 
@@ -362,7 +379,9 @@ async def count_input_tokens(deps: MessagesDeps, req: dict[str, Any], route: Mod
     try:
         return await tokens.count(deps.upstreams, route, chat_req, request_id)
     except errors.GatewayError as err:
-        if err.refused is None or not fall_back(deps, route, as_text, err):
+        if err.refused is None or not fall_back(deps, route, as_text, err,
+                                                held(chat_req["messages"]),
+                                                jsonutil.dumpb(chat_req)):
             raise
         as_text = as_text | {err.refused}
     return await tokens.count(deps.upstreams, route, translate(), request_id)

@@ -23,7 +23,7 @@ session is never poisoned by an image in its own history.
 What is learnt is shared by every client of the route, so a refusal teaches it only when it
 is one (the Messages call, :func:`gateway.messages.call.fall_back`): the refused request
 held that content (:func:`held`: an ``image_url`` or ``tool_reference`` part in its
-messages), the engine's message is the refusal's whole shape
+messages as sent), the engine's message is the refusal's whole shape
 (:func:`gateway.text.refusals.refusal`), and the request's own bytes do not hold the
 wording (:func:`gateway.text.refusals.echoed`: the error might then quote the client). It is
 forgotten after the route's ``capability_ttl`` seconds: the next request with that content
@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from gateway.ops.config import ModelRoute
+from gateway.text import jsonutil
 from gateway.text.refusals import CAPABILITIES
 
 __all__ = ["KIND_DEFAULTS", "LEARNED", "Learned", "held", "named_tool_choice", "text_only"]
@@ -112,21 +112,29 @@ def text_only(route: ModelRoute, learned: Learned) -> frozenset[str]:
                      if setting(route, c) == "no" or (c in refused and setting(route, c) != "yes"))
 
 
-# the chat content part types that hold each capability's content
+# the chat content part types that hold each capability's content, and how the payload's
+# encoding (ujson: no spaces) writes one: a payload without it holds no such part
 _PART_TYPES = {"image_url": "images", "tool_reference": "tool_references"}
+_PART_MARKS = tuple(b'"type":"%s"' % t.encode() for t in _PART_TYPES)
 
 
-def held(messages: Iterable[Mapping[str, Any]]) -> frozenset[str]:
-    """The capabilities whose content parts a chat request's ``messages`` hold (as sent:
-    what went as text is no longer such a part)."""
+def held(payload: bytes) -> frozenset[str]:
+    """The capabilities whose content parts a chat payload's messages hold (as sent: what
+    went as text is no longer such a part). Read only when an upstream refused the payload
+    (it is decoded again): nothing on the way of a request that is not refused."""
+    if not any(mark in payload for mark in _PART_MARKS):
+        return frozenset()
+    try:
+        messages = jsonutil.loads(payload).get("messages")
+    except ValueError:
+        return frozenset()
     found: set[str] = set()
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list):
-            for part in content:
-                capability = _PART_TYPES.get(part.get("type"))
-                if capability is not None:
-                    found.add(capability)
+    for message in messages if isinstance(messages, list) else ():
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind in _PART_TYPES:
+                found.add(_PART_TYPES[kind])
     return frozenset(found)
 
 

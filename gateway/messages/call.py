@@ -145,8 +145,8 @@ async def prepare(deps: MessagesDeps, req: dict[str, Any], route: ModelRoute) ->
 class Call:
     """One Messages request made ready for its upstream, and how its reply is read back."""
 
-    __slots__ = ("as_text", "client", "deps", "held", "match_stops", "payload", "req",
-                 "route", "session", "stops", "stream", "upstream_stream")
+    __slots__ = ("as_text", "client", "deps", "match_stops", "payload", "req", "route",
+                 "session", "stops", "stream", "upstream_stream")
 
     def __init__(self, deps: MessagesDeps, req: dict[str, Any], route: ModelRoute) -> None:
         self.deps = deps
@@ -164,25 +164,21 @@ class Call:
         match_stops = bool(self.stops) and route.upstream.kind in LOCAL_STOP_KINDS
         upstream_stream = self.stream or match_stops
         as_text = route_text_only(route, self.deps.learned)
-        payload, holds = self._translate(route, upstream_stream, as_text, on_drop)
+        payload = self._translate(route, upstream_stream, as_text, on_drop)
         self.route = route
         self.match_stops = match_stops
         self.upstream_stream = upstream_stream
         self.as_text = as_text
         self.payload = payload
-        self.held = holds
         self.client: UpstreamClient = self.deps.upstreams.client(route)
 
     def _translate(self, route: ModelRoute, upstream_stream: bool, as_text: frozenset[str],
-                   on_drop: Callable[[str], None] | None = None
-                   ) -> tuple[bytes, frozenset[str]]:
-        """The payload for ``route``, and the capabilities whose content it holds."""
+                   on_drop: Callable[[str], None] | None = None) -> bytes:
         req = self.req
-        chat = to_chat(
+        return jsonutil.dumpb(to_chat(
             req if upstream_stream == self.stream else {**req, "stream": True},
             route, keep_billing_header=self.deps.keep_billing_header, on_drop=on_drop,
-            as_text=as_text, named_choice=named_tool_choice(route))
-        return jsonutil.dumpb(chat), held(chat["messages"])
+            as_text=as_text, named_choice=named_tool_choice(route)))
 
     async def send(self, request_id: str | None, session: str | None = None, *,
                    fall_back: bool = True) -> UpstreamResponse:
@@ -227,12 +223,11 @@ class Call:
             return await self._send(request_id)
         except errors.GatewayError as err:
             if err.refused is None or not fall_back(self.deps, self.route, self.as_text, err,
-                                                    self.held, self.payload):
+                                                    self.payload):
                 raise
             refused = err.refused
         self.as_text = self.as_text | {refused}
-        self.payload, self.held = self._translate(self.route, self.upstream_stream,
-                                                  self.as_text)
+        self.payload = self._translate(self.route, self.upstream_stream, self.as_text)
         return await self._send(request_id)
 
     async def _send(self, request_id: str | None) -> UpstreamResponse:
@@ -342,15 +337,15 @@ def falls_over(err: errors.GatewayError) -> bool:
 
 
 def fall_back(deps: MessagesDeps, route: ModelRoute, as_text: frozenset[str],
-              err: errors.GatewayError, holds: frozenset[str], request: bytes) -> bool:
+              err: errors.GatewayError, request: bytes) -> bool:
     """Whether ``err`` is a refusal to answer by sending its content as text: the refused
-    request (``request``, the bytes sent, holding content of ``holds``) held that content.
+    request (``request``, the payload sent) held that content (:func:`held`).
     Counted; learnt for the route (and logged the first time) unless the request's own bytes
     hold the refusal's wording: the engine may be quoting them, and what the route learns
     changes how every client's content is sent."""
     capability = err.refused
-    if (capability is None or capability in as_text or capability not in holds
-            or not may_fall_back(route, capability)):
+    if (capability is None or capability in as_text or not may_fall_back(route, capability)
+            or capability not in held(request)):
         return False
     deps.metrics.capability_fallbacks.labels(route.name, capability).inc()
     if echoed(capability, request):
@@ -380,7 +375,6 @@ async def count_input_tokens(deps: MessagesDeps, req: dict[str, Any], route: Mod
         return await tokens.count(deps.upstreams, route, chat_req, request_id)
     except errors.GatewayError as err:
         if err.refused is None or not fall_back(deps, route, as_text, err,
-                                                held(chat_req["messages"]),
                                                 jsonutil.dumpb(chat_req)):
             raise
         as_text = as_text | {err.refused}

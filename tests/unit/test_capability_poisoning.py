@@ -23,7 +23,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway import errors
-from gateway.local.capabilities import Learned
+from gateway.local.capabilities import Learned, held
 from gateway.messages import call as messages_call
 from gateway.messages.call import MessagesDeps
 from gateway.messages.validate import validate_messages
@@ -351,3 +351,23 @@ def test_learned_routes_are_bounded_and_expire_with_the_clock() -> None:
     learned.learn("c", "images", 10)
     assert learned.refused("a") == frozenset()  # the oldest route forgotten past the bound
     assert len(learned._refused) == 2
+
+
+@pytest.mark.parametrize(("chat", "holds"), [
+    ({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]},
+     {"images"}),
+    ({"messages": [{"role": "tool", "tool_call_id": "c", "content": [
+        {"type": "tool_reference", "name": "Read"}]}]}, {"tool_references"}),
+    # the part's shape where no part is: in a schema, in text
+    ({"messages": [{"role": "user", "content": 'a "type":"image_url" part'}],
+      "response_format": {"type": "json_schema", "json_schema": {"schema": {
+          "type": "image_url", "properties": {"type": {"type": "tool_reference"}}}}},
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+          "type": "image_url"}}}]}, set()),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                   {"role": "assistant", "content": None}]}, set()),
+])
+def test_what_a_payload_holds_is_read_from_its_messages(chat: dict[str, Any],
+                                                        holds: set[str]) -> None:
+    assert held(jsonutil.dumpb(chat)) == holds

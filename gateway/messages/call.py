@@ -11,9 +11,13 @@ Content the upstream cannot take (:mod:`gateway.local.capabilities`): what the r
 or has learnt to send as text goes as text from the start; an ``auto`` route's upstream
 refusing an image or a ``tool_reference`` part (:mod:`gateway.text.refusals`) is answered by
 sending the request again at once with that content as text, before any byte reached the
-client (the refusal is the reply's head), and the route remembers it (``LEARNED``), so the
-session's later requests, whose history still holds that image, go straight to text. Counted
-in ``llm_gateway_capability_fallbacks_total`` and logged once per route and capability.
+client (the refusal is the reply's head), and the route remembers it (``LEARNED``) for its
+``capability_ttl``, so the session's later requests, whose history still holds that image, go
+straight to text. Only a real refusal does either (:func:`fall_back`): the request held that
+content, the engine's whole message is the refusal, and, to teach the route every client
+shares, the request itself does not hold the refusal's wording (the engine may be quoting
+it). Counted in ``llm_gateway_capability_fallbacks_total`` and logged once per route,
+capability and ``capability_ttl``.
 
 Fallbacks (``[[models]] fallbacks``, off by default): when the route's upstream failed before
 any byte of a reply on every replica it tried (no connection, a reset before the head, a
@@ -38,7 +42,7 @@ from typing import Any
 import structlog
 
 from gateway import errors
-from gateway.local.capabilities import LEARNED, Learned, may_fall_back, named_tool_choice
+from gateway.local.capabilities import LEARNED, Learned, held, may_fall_back, named_tool_choice
 from gateway.local.capabilities import text_only as route_text_only
 from gateway.local.normalise import ContentNormaliser
 from gateway.messages import documents, tokens, web_search
@@ -56,6 +60,7 @@ from gateway.ops.budget import Budget, Lease
 from gateway.ops.config import ModelRoute
 from gateway.ops.metrics import Metrics
 from gateway.text import ids, jsonutil
+from gateway.text.refusals import echoed
 from gateway.text.sse import SSEEventTooLarge
 from gateway.upstream.call import Upstreams, send
 from gateway.upstream.client import UpstreamClient, UpstreamResponse
@@ -217,7 +222,8 @@ class Call:
         try:
             return await self._send(request_id)
         except errors.GatewayError as err:
-            if err.refused is None or not fall_back(self.deps, self.route, self.as_text, err):
+            if err.refused is None or not fall_back(self.deps, self.route, self.as_text, err,
+                                                    self.payload):
                 raise
             refused = err.refused
         self.as_text = self.as_text | {refused}
@@ -331,19 +337,25 @@ def falls_over(err: errors.GatewayError) -> bool:
 
 
 def fall_back(deps: MessagesDeps, route: ModelRoute, as_text: frozenset[str],
-              err: errors.GatewayError) -> bool:
-    """Whether ``err`` is a refusal to answer by sending its content as text (then learnt
-    for the route, counted, and logged the first time)."""
+              err: errors.GatewayError, request: bytes) -> bool:
+    """Whether ``err`` is a refusal to answer by sending its content as text: the refused
+    request (``request``, the payload sent) held that content (:func:`held`).
+    Counted; learnt for the route (and logged the first time) unless the request's own bytes
+    hold the refusal's wording: the engine may be quoting them, and what the route learns
+    changes how every client's content is sent."""
     capability = err.refused
-    if capability is None or capability in as_text or not may_fall_back(route, capability):
+    if (capability is None or capability in as_text or not may_fall_back(route, capability)
+            or capability not in held(request)):
         return False
     deps.metrics.capability_fallbacks.labels(route.name, capability).inc()
-    if deps.learned.learn(route.name, capability):
+    if echoed(capability, request):
+        return True
+    if deps.learned.learn(route.name, capability, route.capability_ttl):
         _log.warning("capability_fallback", model=route.name, upstream=route.upstream.name,
                      capability=capability,
                      detail=f"the upstream refused {capability.replace('_', ' ')}: sent as "
-                     f"text from now on (set {capability} = \"no\" on this model to skip "
-                     "the refused first try)")
+                     f"text for capability_ttl = {route.capability_ttl:g} s, then tried again "
+                     f"(set {capability} = \"no\" on this model to skip the refused tries)")
     return True
 
 
@@ -362,7 +374,8 @@ async def count_input_tokens(deps: MessagesDeps, req: dict[str, Any], route: Mod
     try:
         return await tokens.count(deps.upstreams, route, chat_req, request_id)
     except errors.GatewayError as err:
-        if err.refused is None or not fall_back(deps, route, as_text, err):
+        if err.refused is None or not fall_back(deps, route, as_text, err,
+                                                jsonutil.dumpb(chat_req)):
             raise
         as_text = as_text | {err.refused}
     return await tokens.count(deps.upstreams, route, translate(), request_id)

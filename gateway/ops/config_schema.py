@@ -118,6 +118,8 @@ class ModelRoute:
     # tool_choice naming one tool, in OpenAI's object form; "no": only that tool is offered,
     # with tool_choice "required" (llama.cpp and Ollama ignore the object form)
     named_tool_choice: str = "auto"
+    # seconds an "auto" route remembers a refusal for; then the content is tried again
+    capability_ttl: float = _knob(600.0, bound=_POS)
     # other models (by name) that take a Messages request when this one's upstream failed
     # before its reply's head on every replica (gateway/messages/call.py), tried in order;
     # a fallback's own fallbacks are not followed

@@ -103,3 +103,42 @@ def test_route_that_insists_on_images_gets_a_400_naming_the_cause(
     assert reply["error"]["type"] == "invalid_request_error"
     assert reply["error"]["message"].startswith(
         "this model does not support images: image input is not supported")
+
+
+POISON = "image input is not supported"  # llama.cpp's refusal, as a client may write it
+
+
+def test_a_client_quoting_the_refusal_does_not_change_how_later_images_are_sent(
+        llama_gateway: Any) -> None:
+    """llama.cpp quotes a JSON schema's unknown ``type`` in its error (``400 "... JSON schema
+    error at #: unrecognized type image input is not supported"``): neither that request,
+    nor one holding an image too, teaches the route; a later client's image is still sent
+    as an image (llama.cpp's 500 refusal of it is what shows it)."""
+    proc, base = llama_gateway
+    root = base.removesuffix("/llm")
+    poisoned = {"type": "json_schema", "schema": {"type": POISON}}
+    # no image at all: llama.cpp's error quotes the schema; the client gets it, once
+    status, reply = _post(base, "/v1/messages", {
+        "model": "demo", "max_tokens": 8, "output_config": {"format": poisoned},
+        "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 400, reply
+    assert "unrecognized type" in reply["error"]["message"]
+    assert (_calls(root, "400"), _calls(root, "500")) == (1, 0)
+    # an image and the wording: the image is refused (llama.cpp's 500), sent again as text
+    # for this request (then the schema's 400), and nothing is learnt
+    status, reply = _post(base, "/v1/messages", {
+        "model": "demo", "max_tokens": 8, "tools": TOOLS, "messages": HISTORY,
+        "output_config": {"format": poisoned}})
+    assert status == 400, reply
+    assert (_calls(root, "400"), _calls(root, "500")) == (2, 1)
+
+    # a later client's image goes as an image: refused by this text-only llama.cpp, then text
+    body = {"model": "demo", "max_tokens": 8, "tools": TOOLS, "messages": HISTORY}
+    status, reply = _post(base, "/v1/messages", body)
+    assert status == 200, reply
+    assert (_calls(root, "500"), _calls(root, "200")) == (2, 1)
+    assert proc.output().count('"capability_fallback"') == 1  # learnt from this one only
+    # and from then on as text, straight away
+    status, reply = _post(base, "/v1/messages", body)
+    assert status == 200, reply
+    assert (_calls(root, "500"), _calls(root, "200")) == (2, 2)

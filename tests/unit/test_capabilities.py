@@ -108,13 +108,13 @@ def test_learned_refusals_per_route_bounded() -> None:
     learned = Learned(limit=2)
     route = _route("vllm")
     assert text_only(route, learned) == frozenset()
-    assert learned.learn("m", "images") is True
-    assert learned.learn("m", "images") is False  # logged once
+    assert learned.learn("m", "images", 600) is True
+    assert learned.learn("m", "images", 600) is False  # logged once
     assert text_only(route, learned) == {"images"}
     # a route that insists on images never goes to text
     assert text_only(replace(route, images="yes"), learned) == frozenset()
-    learned.learn("a", "images")
-    learned.learn("b", "images")
+    learned.learn("a", "images", 600)
+    learned.learn("b", "images", 600)
     assert learned.refused("m") == frozenset()  # the oldest forgotten past the bound
 
 

@@ -8,8 +8,10 @@ client's ``x-request-id``: a reply on a reused connection is matched to its requ
 of theirs would let a stray reply to one request pass for another's. It is ``gw-``, a random
 per-process prefix and a counter: unique within the process without a random draw per
 attempt, and apart from another process's (workers, other gateways before one engine). vLLM
-makes it its completion id (``chatcmpl-<id>``); the counter says how many attempts the process
-has made, nothing else.
+makes it its engine's request id, which must be unique among the requests it is running (a
+duplicate is refused, 400 "Request id ... already running"), and its completion id
+(``chatcmpl-<id>``, passed through to OpenAI clients: the counter says how many attempts the
+process has made, nothing else). Nothing in the gateway reads the completion id back.
 
 An upstream's tool-call id is kept when it is a safe token (Anthropic's clients send it
 back as ``tool_use_id``; the upstream then sees its own id again); anything else is

@@ -1,5 +1,17 @@
 """Ids the gateway makes: request ids (``req_``), message ids (``msg_``) and tool-use ids
-(``toolu_``), each a prefix and 24 random base62 characters, shaped like Anthropic's.
+(``toolu_``), each a prefix and 24 random base62 characters, shaped like Anthropic's; and the
+``X-Request-Id`` of each upstream attempt.
+
+An upstream attempt's id (:func:`new_upstream_request_id`) is the gateway's own, never the
+client's ``x-request-id``: a reply on a reused connection is matched to its request by that id
+(gateway/upstream/reuse.py), and clients repeat ids (a proxy that sets a fixed one), so an id
+of theirs would let a stray reply to one request pass for another's. It is ``gw-``, a random
+per-process prefix and a counter: unique within the process without a random draw per
+attempt, and apart from another process's (workers, other gateways before one engine). vLLM
+makes it its engine's request id, which must be unique among the requests it is running (a
+duplicate is refused, 400 "Request id ... already running"), and its completion id
+(``chatcmpl-<id>``, passed through to OpenAI clients: the counter says how many attempts the
+process has made, nothing else). Nothing in the gateway reads the completion id back.
 
 An upstream's tool-call id is kept when it is a safe token (Anthropic's clients send it
 back as ``tool_use_id``; the upstream then sees its own id again); anything else is
@@ -8,6 +20,8 @@ replaced by a new one.
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
 import secrets
 from typing import Any
@@ -34,6 +48,30 @@ def new_message_id() -> str:
 
 def new_tool_use_id() -> str:
     return "toolu_" + b62(24)
+
+
+class _UpstreamIds:
+    """The attempts' ids: a prefix drawn per process (again in a forked child), a counter."""
+
+    __slots__ = ("count", "prefix")
+
+    def __init__(self) -> None:
+        self.prefix = ""
+        self.count = itertools.count(1)
+        self.reset()
+
+    def reset(self) -> None:
+        self.prefix = f"gw-{b62(12)}-"
+        self.count = itertools.count(1)
+
+
+_upstream = _UpstreamIds()
+os.register_at_fork(after_in_child=_upstream.reset)
+
+
+def new_upstream_request_id() -> str:
+    """A new ``X-Request-Id`` for one upstream attempt (header-safe: ``[A-Za-z0-9-]``)."""
+    return f"{_upstream.prefix}{next(_upstream.count):x}"
 
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")

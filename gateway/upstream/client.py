@@ -31,6 +31,12 @@ sent once more, on a fresh connection. Whether connections are reused at all is 
 :class:`~gateway.upstream.reuse.Reuse` (``llm_gateway_upstream_keepalive{upstream}``; each
 change logged as ``upstream_keepalive``).
 
+Every attempt (each replica tried, each send again on the same one) goes out with an
+``X-Request-Id`` of its own, the gateway's (gateway/text/ids.py), whatever the client sent:
+the echo proves a reply answers *this* attempt only if no other request carried the id.
+The client's id is in the log lines (``request_id``), the attempt's beside it where the
+upstream's reply broke the framing (``upstream_request_id``).
+
 A response is used as an async context manager: leaving it early (client gone, stream
 translated to its end, an error) *closes* the connection, so the upstream sees the
 disconnect and stops generating; only a body read to its end goes back to the pool.
@@ -47,6 +53,7 @@ import structlog
 
 from gateway import errors
 from gateway.ops.config import UpstreamConfig
+from gateway.text import ids
 from gateway.text.redact import secrets_of
 from gateway.upstream import discovery
 from gateway.upstream.exceptions import (
@@ -72,6 +79,10 @@ _DRAIN_SECONDS = 0.1
 _RETRIED_HERE = frozenset(("closed", "misrouted"))
 # statuses that say "not now, here": the request goes to the next replica (before any byte)
 _RETRY_STATUSES = frozenset((502, 503, 504, 529))
+
+
+def _attempt_id() -> bytes:
+    return ids.new_upstream_request_id().encode("ascii")
 
 
 class UpstreamResponse:
@@ -282,10 +293,15 @@ class UpstreamClient:
         """Requests now reuse connections to this upstream (to any of its replicas)."""
         return any(pool.reuse.keepalive for pool in self.members.pools.values())
 
-    def _protocol_error(self, kind: str, phase: str, request_id: str | None) -> None:
+    def _protocol_error(self, kind: str, phase: str, request_id: str | None,
+                        upstream_id: str | None) -> None:
         if self._protocol_errors is not None:
             self._protocol_errors.labels(self.name, kind).inc()
-        self.report(phase, "protocol_error", request_id, kind=kind)
+        if upstream_id is None:
+            self.report(phase, "protocol_error", request_id, kind=kind)
+        else:
+            self.report(phase, "protocol_error", request_id, kind=kind,
+                        upstream_request_id=upstream_id)
 
     async def request(
         self,
@@ -301,7 +317,8 @@ class UpstreamClient:
     ) -> UpstreamResponse:
         """Send and wait for a 2xx response's head; anything else raises a GatewayError.
 
-        ``request_id`` (the gateway's own, header-safe) goes upstream as ``X-Request-Id``.
+        ``request_id`` (the client's) is for log lines only: each attempt goes upstream with
+        an ``X-Request-Id`` of its own (module docstring).
         ``session`` (opaque) keeps a session's requests on one replica; None: the least
         busy one. A failure before the reply's head is sent to the next replica, at most
         ``replicas.attempts`` in all, within the head timeout of the first.
@@ -309,7 +326,6 @@ class UpstreamClient:
         assert self.members.started_up, "UpstreamClient used before start()"
         head_timeout, body_timeout = self._stream_timeouts if stream else self._buffered_timeouts
         data = body if method == "POST" else None
-        rid = request_id.encode("latin-1") if request_id else None
         replicas = self.replicas
         order = replicas.order(session.encode() if session is not None else None)
         attempts = order[: replicas.attempts]
@@ -336,7 +352,7 @@ class UpstreamClient:
                 resp = await self._send(pool, method, target, data,
                                         head_timeout=remaining if n else head_timeout,
                                         body_timeout=body_timeout, stream=stream,
-                                        request_id=rid, log_id=request_id)
+                                        log_id=request_id)
             except BaseException as exc:
                 self.members.finished(replica)
                 mapped = map_failure(exc, "head", stream)
@@ -385,20 +401,21 @@ class UpstreamClient:
 
     async def _send(self, pool: Pool, method: str, target: str, data: bytes | None, *,
                     head_timeout: float, body_timeout: float, stream: bool,
-                    request_id: bytes | None, log_id: str | None) -> Response:
+                    log_id: str | None) -> Response:
         """One replica's reply head; a connection that ended before the upstream saw the
-        request (``_retried_here``) is tried once more on the same pool."""
+        request (``_retried_here``) is tried once more on the same pool. Each send is an
+        attempt with an id of its own."""
         try:
             return await pool.request(method, target, data, head_timeout=head_timeout,
                                       body_timeout=body_timeout, stream=stream,
-                                      request_id=request_id)
+                                      request_id=_attempt_id(), log_id=log_id)
         except BaseException as exc:
             mapped = map_failure(exc, "head", stream)
             if mapped is None or mapped[2] not in self._retried_here:
                 raise
         return await pool.request(method, target, data, head_timeout=head_timeout,
                                   body_timeout=body_timeout, stream=stream,
-                                  request_id=request_id)
+                                  request_id=_attempt_id(), log_id=log_id)
 
     async def _error_status(self, resp: Response, request_id: str | None,
                             max_tokens: int | None) -> errors.UpstreamError:

@@ -15,10 +15,11 @@ keeps only what llhttp leaves to its caller, each a protocol fact it relies on:
   ``Content-Length`` with ``Transfer-Encoding`` is refused by llhttp itself.
 * The gateway asks for ``Accept-Encoding: identity``, so any other
   ``Content-Encoding`` is a broken reply: nothing is ever decompressed.
-* The request carried ``X-Request-Id``; a reply echoing another one answers another
-  request, and where the pool requires the echo (``must_echo``: gateway/upstream/reuse.py
-  trusts this upstream's connections only because it echoes), a reply without one may
-  be anybody's. :attr:`Connection.echoed` says whether the reply named its request.
+* The request carried ``X-Request-Id`` (the attempt's own, never reused: see
+  gateway/text/ids.py); a reply echoing another one answers another request, and where the
+  pool requires the echo (``must_echo``: gateway/upstream/reuse.py trusts this upstream's
+  connections only because it echoes), a reply without one may be anybody's.
+  :attr:`Connection.echoed` says whether the reply named its request.
 * Bytes after a reply's end, in the same read, a later one or while the connection
   sits idle in the pool, are a reply to nobody: on a keep-alive connection they would
   be read as the next request's reply.
@@ -103,7 +104,7 @@ class Connection(asyncio.Protocol):
         "_interim", "_junk", "_kind", "_last_byte", "_loop", "_mark", "_must_echo", "_parser",
         "_paused", "_phase", "_pool", "_span", "_stream_span", "_timer", "_until_close",
         "_waiter", "closed", "echoed", "headers", "idle_since", "keep_alive", "length",
-        "request_id", "reusable", "sent", "status", "transport",
+        "log_id", "request_id", "reusable", "sent", "status", "transport",
     )
 
     def __init__(self, pool: Owner) -> None:
@@ -124,6 +125,7 @@ class Connection(asyncio.Protocol):
         self._paused = False
         self._phase = _IDLE
         self.request_id: bytes | None = None
+        self.log_id: str | None = None  # the request's id in the gateway's log lines
         self._must_echo = False
         self._fd = -1
         self.sent = 0  # requests sent on this connection
@@ -353,13 +355,14 @@ class Connection(asyncio.Protocol):
 
     def send(self, data: bytes | tuple[bytes, bytes], *, head_timeout: float,
              body_timeout: float, stream: bool, request_id: bytes | None = None,
-             must_echo: bool = False, reusable: bool = True) -> None:
+             must_echo: bool = False, reusable: bool = True, log_id: str | None = None) -> None:
         """Write a request; the head is due ``head_timeout`` from now.
 
         A buffered body is due ``body_timeout`` from now; a stream's body may go
         ``body_timeout`` without an event (see :meth:`progress`). ``must_echo``: a reply
         whose head does not carry ``request_id`` is refused. ``reusable``: the request
-        asked for keep-alive (it did not say ``Connection: close``).
+        asked for keep-alive (it did not say ``Connection: close``). ``log_id``: the request's
+        id in log lines (the client's), not sent.
         """
         self._reset()
         self._phase = _HEAD
@@ -369,6 +372,7 @@ class Connection(asyncio.Protocol):
         self._stream_span = body_timeout if stream else 0.0
         self._idle = False
         self.request_id = request_id
+        self.log_id = log_id
         self._must_echo = must_echo and request_id is not None
         self.reusable = reusable
         self.sent += 1

@@ -58,8 +58,9 @@ class Counter(Protocol):
     def dec(self, amount: float = 1) -> None: ...
 
 
-# (kind, phase, request id) of a framing anomaly, for the owner's metric and log line
-OnProtocolError = Callable[[str, str, str | None], None]
+# (kind, phase, the request's log id, the X-Request-Id it went out with) of a framing anomaly,
+# for the owner's metric and log line
+OnProtocolError = Callable[[str, str, str | None, str | None], None]
 # keep-alive turned on (True) or off (False), for the owner's gauge and log line
 OnKeepalive = Callable[[bool], None]
 # the anomalies that say a reply on a reused connection answered another request: nothing has
@@ -196,12 +197,15 @@ class Pool:
 
     async def request(self, method: str, target: str, body: bytes | None, *,
                       head_timeout: float, body_timeout: float, stream: bool = False,
-                      request_id: bytes | None = None) -> Response:
+                      request_id: bytes | None = None, log_id: str | None = None) -> Response:
         """Send one request and wait for the reply's final head (after any 1xx).
 
         The head is due ``head_timeout`` after the send (a pool slot is waited for at
         most as long, before); see :meth:`Connection.send` for ``body_timeout``.
-        ``request_id`` goes out as ``X-Request-Id``; a reply that echoes another fails.
+        ``request_id`` goes out as ``X-Request-Id``; a reply that echoes another fails. It
+        must name this attempt alone (an id sent twice would let the first request's stray
+        reply pass for the second's): the caller makes a new one per call. ``log_id``: the
+        request's id in log lines, never sent.
         Under ``auto`` a request without one always gets a fresh connection: its reply
         could not be told from a stray one.
         """
@@ -227,7 +231,7 @@ class Pool:
             # this request's whatever it carries (one without the echo still counts against
             # the upstream's proof, below: keep-alive goes off).
             conn.send(data, head_timeout=head_timeout, body_timeout=body_timeout,
-                      stream=stream, request_id=request_id,
+                      stream=stream, request_id=request_id, log_id=log_id,
                       must_echo=reuse.must_echo and keep and conn.sent > 0, reusable=keep)
             await conn.read_head()
         except BaseException as exc:
@@ -351,8 +355,12 @@ class Pool:
         self._close_idle()
         self._observe(Event.ANOMALY)
         if self._on_protocol_error is not None:
-            rid = conn.request_id if phase != "idle" else None  # idle: no request of its own
-            self._on_protocol_error(kind, phase, rid.decode("latin-1") if rid else None)
+            if phase == "idle":  # no request of its own
+                self._on_protocol_error(kind, phase, None, None)
+            else:
+                rid = conn.request_id
+                self._on_protocol_error(kind, phase, conn.log_id,
+                                        rid.decode("latin-1") if rid else None)
 
     def _close_idle(self) -> None:
         while self._idle:

@@ -6,9 +6,9 @@ twice, or answers nobody on an idle connection, puts every later reply on that c
 one request behind, and each client then gets the previous one's answer. Bytes that arrive
 while a connection is idle are caught (gateway/upstream/connection.py), but a stray reply
 that lands after the next request went out is indistinguishable from its answer, unless the
-reply names its request: the gateway sends ``X-Request-Id`` and vLLM (started with
-``--enable-request-id-headers``) echoes it. llama.cpp's server, SGLang and Ollama echo
-nothing.
+reply names its request: the gateway sends ``X-Request-Id`` (its own, one per attempt, never
+the client's: gateway/text/ids.py) and vLLM (started with ``--enable-request-id-headers``)
+echoes it. llama.cpp's server, SGLang and Ollama echo nothing.
 
 So the upstream's ``keepalive`` setting is one of :data:`MODES`:
 

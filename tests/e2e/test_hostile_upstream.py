@@ -797,14 +797,21 @@ def test_a_reset_is_a_retryable_529_and_a_malformed_head_a_500_without_retry_aft
 
 
 @pytest.mark.timeout(30)
-def test_the_request_id_goes_upstream_and_a_matching_echo_is_accepted(gateway: Gateway,
-                                                                       hostile: str) -> None:
-    token = _token()
-    reply = call(gateway, "messages", "ok", token=token, headers={"x-request-id": "req_e2e_15"})
-    assert reply.status == 200 and reply.header("request-id") == "req_e2e_15"
-    seen = [r for r in _hostile_log(hostile) if r["token"] == token]
-    assert [r["request_id"] for r in seen] == ["req_e2e_15"]
-    assert [r["auth"] for r in seen] == [f"Bearer {KEY}"]
+def test_the_gateways_own_id_goes_upstream_and_a_matching_echo_is_accepted(gateway: Gateway,
+                                                                            hostile: str) -> None:
+    """The client's id comes back to the client; upstream, each attempt has the gateway's
+    own (clients repeat ids, and the echo must name one attempt), on every route."""
+    apis = ["messages", *APIS]  # Messages twice: one client id, two requests
+    tokens = [_token() for _ in apis]
+    for api, token in zip(apis, tokens, strict=True):
+        reply = call(gateway, api, "ok", token=token, headers={"x-request-id": "req_e2e_15"})
+        assert reply.status == 200 and reply.header("request-id") == "req_e2e_15", api
+        assert outcome(api, False, reply).error is None, (api, reply.body[:300])
+    seen = [r for r in _hostile_log(hostile) if r["token"] in tokens]
+    sent = [r["request_id"] for r in seen]
+    assert len(sent) == len(apis) and len(set(sent)) == len(apis), sent
+    assert all(re.fullmatch(r"gw-[A-Za-z0-9]{12}-[0-9a-f]+", rid) for rid in sent), sent
+    assert [r["auth"] for r in seen] == [f"Bearer {KEY}"] * len(apis)
 
 
 @pytest.mark.timeout(30)

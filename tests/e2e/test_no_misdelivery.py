@@ -46,12 +46,12 @@ from tests.e2e.test_hostile_upstream import own_gateway as own_gateway
 pytestmark = pytest.mark.e2e
 
 EXTRA = ("ok:20", "ok:20@noecho", "double-late:10", "double-late:10@noecho", "unsolicited:300",
-         "unsolicited:300@noecho")
+         "unsolicited:300@noecho", "ok:100", "double-late:50")
 
 
-def _default_config(upstream_url: str) -> str:
+def _default_config(upstream_url: str, upstream_extra: str = "") -> str:
     """The hostile test config (no keepalive key: the default) with this module's models."""
-    text = _config(upstream_url)
+    text = _config(upstream_url, upstream_extra=upstream_extra)
     for name in EXTRA:
         text += (f'\n[[models]]\nname = "h-{name}"\nupstream = "hostile"\n'
                  f'upstream_model = "{name}"\n')
@@ -67,18 +67,21 @@ def gateway(hostile: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         gw.proc.stop()
 
 
-async def _load(gw: Gateway, plan: list[tuple[str, str, bool]], concurrency: int
+async def _load(gw: Gateway, plan: list[tuple[str, str, bool]], concurrency: int,
+                headers: dict[str, str] | None = None
                 ) -> list[tuple[str, str, bool, str, str | None, bool]]:
     """Run ``plan`` (api, scenario, stream) -> (api, scenario, stream, token, the reply's text
     or None, a clean broken-upstream error). A body that is not the shape asked for (another
-    request's stream given to a buffered request) reads as text ``"<unreadable>"``."""
+    request's stream given to a buffered request) reads as text ``"<unreadable>"``. Every
+    request carries ``headers``."""
     sem = asyncio.Semaphore(concurrency)
     results = []
 
     async def one(session: aiohttp.ClientSession, api: str, scenario: str, stream: bool) -> None:
         token = _token()
         async with sem, session.post(gw.root + "/llm" + APIS[api][0],
-                                     json=_body(api, f"h-{scenario}", token, stream)) as resp:
+                                     json=_body(api, f"h-{scenario}", token, stream),
+                                     headers=headers) as resp:
             data = await resp.read()
         reply = Reply(resp.status, resp.reason or "", list(resp.headers.items()), data, 0)
         try:
@@ -123,6 +126,34 @@ async def test_2000_requests_at_30_misdeliver_nothing_with_the_default_config(
     print(f"\n{late}: {len(results)} requests in {took:.1f} s, {strays} answered again later; "
           f"{len(wrong)} got another request's reply, {len(failed)} failed; "
           f"keepalive now {_keepalive(gateway)}")
+    assert len(results) == 2000
+    assert not wrong, f"{len(wrong)} clients got another request's reply: {wrong[:3]}"
+    assert all(r[5] for r in failed), failed[:3]  # each a clean 500 envelope
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("keepalive", ["auto", "always"])
+async def test_2000_requests_with_one_client_request_id_misdeliver_nothing(
+        hostile: str, own_gateway: list[Gateway], tmp_path: Path, keepalive: str) -> None:
+    """A proxy in front of the gateway sets one fixed ``x-request-id`` on every request: the
+    id the gateway sends upstream must still name one attempt, or a stray second reply (which
+    echoes the id of the request it answered) passes on a reused connection for the next
+    request's reply. Every request goes to the echoing upstream and takes 100 ms; 5% are
+    answered a second time 50 ms after the first. ``auto`` (the default) earns keep-alive and
+    loses it at each stray that lands on an idle connection; ``always`` keeps it (the operator
+    vouches for the upstream's echo). With the client's id sent upstream, 8 (auto) and 26
+    (always) of the 2,000 clients got another request's reply."""
+    gw = _start(tmp_path, _default_config(hostile, f'keepalive = "{keepalive}"'))
+    own_gateway.append(gw)
+    fixed = "req_from_a_proxy_0001"
+    plan = _plan(2000, {"double-late:50": 0.05}, "ok:100", seed=31)
+    t0 = time.monotonic()
+    results = await _load(gw, plan, concurrency=30, headers={"x-request-id": fixed})
+    took = time.monotonic() - t0
+    wrong = [r for r in results if r[4] is not None and r[4] != f"reply for {r[3]}"]
+    failed = [r for r in results if r[4] is None]
+    print(f"\nkeepalive {keepalive}, one x-request-id: {len(results)} requests in {took:.1f} s; "
+          f"{len(wrong)} got another request's reply, {len(failed)} failed")
     assert len(results) == 2000
     assert not wrong, f"{len(wrong)} clients got another request's reply: {wrong[:3]}"
     assert all(r[5] for r in failed), failed[:3]  # each a clean 500 envelope

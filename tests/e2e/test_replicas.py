@@ -1,7 +1,8 @@
 """Three scripted replicas of one upstream behind one model name, default settings.
 
 Which replica served a request is read back from the replicas themselves: each stub records
-the ``X-Request-Id`` the gateway sent it, which is the ``request-id`` the client got. Sessions
+the chat body the gateway sent it, and each turn's body is its own (the session's system
+prompt, the turn's number of assistant messages). Sessions
 are named three ways (Claude Code's header, ``metadata.user_id``, nothing: the stable prefix)
 and each sends several turns, so affinity is measured over what a session really repeats.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import re
 import sys
 import threading
 from collections import Counter
@@ -103,34 +105,36 @@ def _session_request(s: int, turn: int) -> tuple[dict[str, Any], dict[str, str]]
     return body, headers
 
 
-def _run(base: str) -> dict[int, list[str]]:
-    """Every session's turns (8 sessions at once); -> session -> its request ids."""
+def _run(base: str) -> dict[int, list[tuple[int, int]]]:
+    """Every session's turns (8 sessions at once); -> session -> its (session, turn)s."""
 
-    def session(s: int) -> list[str]:
-        ids = []
+    def session(s: int) -> list[tuple[int, int]]:
+        turns = []
         for turn in range(TURNS):
             body, headers = _session_request(s, turn)
-            status, got, reply = post(f"{base}/llm/v1/messages", body, headers)
+            status, _, reply = post(f"{base}/llm/v1/messages", body, headers)
             assert status == 200, (s, turn, status, reply[:300])
             if body["stream"]:
                 assert b"event: error" not in reply and b"message_stop" in reply, reply[-300:]
-            ids.append(got["request-id"])
-        return ids
+            turns.append((s, turn))
+        return turns
 
     with ThreadPoolExecutor(8) as pool:
         return dict(enumerate(pool.map(session, range(SESSIONS))))
 
 
-def _served(stub_urls: list[str]) -> dict[str, int]:
-    """request id -> index of the replica that answered it (then forget the requests)."""
+def _served(stub_urls: list[str]) -> dict[tuple[int, int], int]:
+    """(session, turn) -> index of the replica that answered it."""
     out = {}
     for i, url in enumerate(stub_urls):
         status, _, body = get(f"{url}/_requests")
         assert status == 200
         for req in json.loads(body):
-            rid = {k.lower(): v for k, v in req["headers"].items()}.get("x-request-id")
-            if rid and req["path"].endswith("/chat/completions"):
-                out[rid] = i
+            chat = req["body"]
+            agent = re.search(r"you are agent (\d+)", json.dumps(chat))
+            if agent and req["path"].endswith("/chat/completions"):
+                turn = sum(1 for m in chat["messages"] if m.get("role") == "assistant")
+                out[(int(agent[1]), turn)] = i
     return out
 
 
@@ -142,8 +146,9 @@ def _clear(stub_urls: list[str]) -> None:
                                timeout=5).close()
 
 
-def _placement(runs: dict[int, list[str]], served: dict[str, int]) -> dict[int, list[int]]:
-    return {s: [served[rid] for rid in ids] for s, ids in runs.items()}
+def _placement(runs: dict[int, list[tuple[int, int]]], served: dict[tuple[int, int], int]
+               ) -> dict[int, list[int]]:
+    return {s: [served[turn] for turn in turns] for s, turns in runs.items()}
 
 
 def test_sessions_stay_on_one_replica_and_survive_one_refusing_connections(
@@ -183,7 +188,7 @@ def test_a_replica_answering_503_to_everything_costs_no_client_an_error(
     _, base = gateway_factory(_config(urls))
     runs = _run(base)  # every reply a 200 (asserted inside)
     served = _served(urls[:2])
-    assert all(rid in served for ids in runs.values() for rid in ids)
+    assert all(turn in served for turns in runs.values() for turn in turns)
     label = unavailable.split("://")[1]
     assert metric(base, "llm_gateway_upstream_replica_requests_total", replica=label,
                    outcome="status_5xx") >= 1

@@ -433,10 +433,10 @@ class Anomalies:
     """An on_protocol_error callback that records what it is told."""
 
     def __init__(self) -> None:
-        self.seen: list[tuple[str, str, str | None]] = []
+        self.seen: list[tuple[str, str, str | None, str | None]] = []
 
-    def __call__(self, kind: str, phase: str, request_id: str | None) -> None:
-        self.seen.append((kind, phase, request_id))
+    def __call__(self, kind: str, phase: str, log_id: str | None, sent_id: str | None) -> None:
+        self.seen.append((kind, phase, log_id, sent_id))
 
 
 async def test_a_stray_reply_on_an_idle_connection_closes_every_idle_connection(
@@ -449,7 +449,7 @@ async def test_a_stray_reply_on_an_idle_connection_closes_every_idle_connection(
         assert (first, second) == (b"/a", b"/double")
         assert pool.idle_connections == 2
         await _settle(lambda: pool.open_connections == 0)  # the stray came to an idle one
-        assert seen.seen == [("extra_bytes", "idle", None)]
+        assert seen.seen == [("extra_bytes", "idle", None, None)]
         assert await _get(pool, "/next") == b"/next"  # on a fresh connection
         assert srv.connections == 3
 
@@ -468,8 +468,8 @@ async def test_a_stray_reply_after_the_next_request_is_refused_by_its_request_id
         resp.release()
         with pytest.raises(ProtocolError, match="request_id_mismatch"):
             await pool.request("GET", "/b", None, head_timeout=1, body_timeout=1,
-                               request_id=b"req_B")
-        assert seen.seen == [("request_id_mismatch", "head", "req_B")]
+                               request_id=b"req_B", log_id="client_B")
+        assert seen.seen == [("request_id_mismatch", "head", "client_B", "req_B")]
         assert pool.open_connections == 0
         assert srv.requests[1].count(b"X-Request-Id: req_B\r\n") == 1
 

@@ -4,8 +4,10 @@ how each failure is classified, counted and logged, and one retry of a disconnec
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -22,6 +24,7 @@ from tests.upstream_wire import (
     _CHUNKED_HEAD,
     _RID,
     ANOMALIES,
+    Handler,
     Row,
     Upstream,
     _chunked,
@@ -94,7 +97,7 @@ async def test_upstream_client_retries_only_once() -> None:
         assert srv.connections == 2
 
 
-async def test_the_request_id_goes_upstream_and_a_mismatch_is_a_500() -> None:
+async def test_the_attempts_own_id_goes_upstream_and_a_mismatch_is_a_500() -> None:
     async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
         await srv.read_request(reader)
@@ -111,14 +114,99 @@ async def test_the_request_id_goes_upstream_and_a_mismatch_is_a_500() -> None:
         finally:
             await client.close()
         assert (caught.value.status, caught.value.error_type) == (500, "api_error")
-        assert srv.requests[0].count(b"\r\nX-Request-Id: req_mine\r\n") == 1
+        sent = _sent_ids(srv)
+        assert len(sent) == 1 and _ATTEMPT_ID.fullmatch(sent[0]), srv.requests
         await asyncio.wait_for(srv.eof.wait(), 1.0)  # the connection was closed
         assert _protocol_errors(client, "request_id_mismatch") == 1
         assert all(_protocol_errors(client, k) == 0 for k in PROTOCOL_ERRORS
                    if k != "request_id_mismatch")
         assert logs == [{"event": "upstream_failure", "log_level": "warning", "upstream": "u",
                          "phase": "head", "cause": "protocol_error",
-                         "kind": "request_id_mismatch", "request_id": "req_mine"}]
+                         "kind": "request_id_mismatch", "request_id": "req_mine",
+                         "upstream_request_id": sent[0].decode()}]
+
+
+# --- the X-Request-Id sent upstream: the attempt's own, whatever the client sent ----------------
+
+_ATTEMPT_ID = re.compile(rb"gw-[A-Za-z0-9]{12}-[0-9a-f]+")
+
+
+def _sent_ids(srv: Upstream) -> list[bytes]:
+    """The X-Request-Id of each request the upstream read, in order (b"" for none)."""
+    return [m[1] if (m := re.search(rb"\r\nX-Request-Id: ([^\r]*)\r\n", r)) else b""
+            for r in srv.requests]
+
+
+def _503_first() -> Handler:
+    """The first request of all answered 503, every other as _echoing does."""
+    echoing = _echoing()
+
+    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        if index == 0:
+            await srv.read_request(reader)
+            writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+            await srv.wait_client_close(reader)
+            return
+        await echoing(srv, index, reader, writer)
+
+    return handler
+
+
+def _drops_the_second() -> Handler:
+    """Each connection answers its first request and drops its second unanswered (as a
+    server closing an idle keep-alive connection the moment a request arrives)."""
+    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        await srv.read_request(reader)
+        writer.write(_reply(srv.requests[-1].split(b" ")[1]))
+        try:
+            await srv.read_request(reader)
+        except asyncio.IncompleteReadError:
+            return
+
+    return handler
+
+
+@dataclass(frozen=True)
+class IdRow:
+    name: str
+    handler: Callable[[], Handler]
+    paths: tuple[str, ...]  # requested in turn, each with the same client x-request-id
+    sends: int  # requests the upstream read: one per attempt
+    replicas: int = 1  # of the one server
+
+
+ID_ROWS = [
+    IdRow("one client id on two requests", _echoing, ("/a", "/b"), 2),
+    # the copy of /double arrives while /b waits on the reused connection: with one id for
+    # both, the copy would pass for /b's reply; it is refused and /b sent again, fresh
+    IdRow("a stray copy read by the next request", _echoing, ("/double", "/b"), 3),
+    IdRow("a 503, then the next replica", _503_first, ("/a",), 2, replicas=2),
+    IdRow("a reused connection dropped, sent again on it", _drops_the_second, ("/a", "/b"), 3),
+]
+
+
+@pytest.mark.parametrize("row", ID_ROWS, ids=[r.name for r in ID_ROWS])
+async def test_every_attempt_goes_upstream_with_an_id_of_its_own(row: IdRow) -> None:
+    """The client sends one x-request-id every time (a proxy that sets a fixed one): each
+    attempt, retries included, still carries a new id, never the client's."""
+    async with Upstream(row.handler()) as srv:
+        client = _client(srv, base_urls=(srv.url + "/v1",) * row.replicas)
+        await client.start()
+        try:
+            bodies = []
+            for path in row.paths:
+                async with await client.request(path, b"{}", stream=False, at_root=True,
+                                                request_id="req_fixed") as resp:
+                    bodies.append(await resp.read())
+        finally:
+            await client.close()
+    assert bodies == [p.encode() for p in row.paths]  # each its own reply
+    sent = _sent_ids(srv)
+    assert len(sent) == row.sends, srv.requests
+    assert all(_ATTEMPT_ID.fullmatch(rid) for rid in sent), sent
+    assert len(set(sent)) == len(sent), sent
 
 
 async def test_keepalive_false_sends_connection_close_and_never_reuses() -> None:

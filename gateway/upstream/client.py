@@ -74,6 +74,8 @@ _DRAIN_SECONDS = 0.1
 _RETRIED_HERE = frozenset(("closed", "misrouted"))
 # statuses that say "not now, here": the request goes to the next replica (before any byte)
 _RETRY_STATUSES = frozenset((502, 503, 504, 529))
+# of those, the ones that say the replica is busy: never the request's fault
+_BUSY_STATUSES = frozenset((503, 529))
 
 
 class UpstreamResponse:
@@ -364,7 +366,7 @@ class UpstreamClient:
             self.members.finished(replica)
             poison = False
             if resp.status >= 500:
-                poison = failing.on(replicas, replica, "head")
+                poison = failing.on(replicas, replica, "head", resp.status)
                 self.members.count(replica, "status_5xx")
             else:  # it answered: alive, whatever it thought of the request
                 replicas.succeeded(replica)
@@ -440,9 +442,10 @@ def _outcome(err: errors.GatewayError) -> str:
 
 
 class _Failing:
-    """One request's failures on replicas: no connection ejects the replica; a failure
-    after it took the request is weighed against the request (its digest, computed at its
-    first such failure: gateway/upstream/replicas.py)."""
+    """One request's failures on replicas: no connection, a 503 or a 529 (the replica says
+    it is busy) is the replica's; any other failure after it took the request is weighed
+    against the request (its digest, computed at its first such failure:
+    gateway/upstream/replicas.py)."""
 
     __slots__ = ("_body", "_digest", "_path")
 
@@ -451,10 +454,12 @@ class _Failing:
         self._body = body
         self._digest: bytes | None = None
 
-    def on(self, replicas: Replicas, replica: Replica, phase: str) -> bool:
+    def on(self, replicas: Replicas, replica: Replica, phase: str, status: int = 0) -> bool:
         """-> True when the failure is the request's (send it to no other replica)."""
         if phase == "connect":
             return replicas.failed(replica, "connect")
+        if status in _BUSY_STATUSES:
+            return replicas.failed(replica, "request")
         if self._digest is None:
             self._digest = request_digest(self._path, self._body)
         return replicas.failed(replica, "request", request=self._digest)

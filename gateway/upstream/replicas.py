@@ -41,9 +41,10 @@ Evidence, and what outweighs what. Each ejection has a cause (:data:`CAUSES`):
 A passing probe says the server is up, not that it answers: it brings back a replica out for
 ``"probe"`` or ``"connect"``, never one out for ``"request"`` (that one comes back only through
 a real trial request, its back-off growing; a probe that kept reinstating it put it back in
-rotation at every round, a failed request each time). A ``"request"`` failure is checked
-against the request: a request (its body's digest, computed only when it fails) that has
-failed on another replica within ``BACKOFF_MAX`` is the request's fault (a *poison* request):
+rotation at every round, a failed request each time). A ``"request"`` failure (but a 503 or a 529:
+the replica saying it is busy) is checked against the request: a request (its body's digest,
+computed only when it fails) that has failed on another replica within ``BACKOFF_MAX`` is
+the request's fault (a *poison* request):
 it ejects no one, the first replica it put out is back in (when that was its only failure),
 and the client stops sending it to more replicas. And requests put out at most
 :func:`request_cap` replicas (half the fleet) at once: a client sending distinct poison

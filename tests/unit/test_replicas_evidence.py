@@ -183,11 +183,12 @@ def _poison(status: int) -> Script:
     # a 500 is not retried: the client sends it again, it fails on the second replica
     (_poison(500), [b"poison"] * 2, 0, 2),
     (_poison(500), [b"poison"] * 5, 0, 5),
-    # a 503 is retried on the next replica within the request: it stops at the second
-    (_poison(503), [b"poison"], 0, 2),
+    # a 502 is retried on the next replica within the request: it stops at the second
+    (_poison(502), [b"poison"], 0, 2),
+    (_poison(504), [b"poison"] * 3, 0, 4),  # then known: tried on one replica each time
     # distinct poisons, each failing once: at most half the fleet (one of three) goes out
     (_poison(500), [b"poison %d" % n for n in range(6)], 1, 6),
-    (_poison(503), [b"poison %d" % n for n in range(6)], 0, 12),  # each judged at once
+    (_poison(502), [b"poison %d" % n for n in range(6)], 0, 12),  # each judged at once
     # a broken replica fails everyone's distinct requests: it is ejected all the same
     (lambda index, body: 500 if index == 1 else 200, [b"r%d" % n for n in range(30)], 1, 0),
 ])
@@ -216,4 +217,19 @@ async def test_a_replica_failing_requests_after_a_poison_is_still_ejected() -> N
                if client.replicas.order(f"k{n}".encode())[0] is r0)
     assert not await _send(client, b"late", key)
     assert r0.failures == 1
+    await client.close()
+
+
+@pytest.mark.parametrize("status", [503, 529])
+async def test_two_busy_replicas_do_not_make_a_request_a_poison(status: int) -> None:
+    """A 503 or 529 is the replica saying it is busy, never the request's fault: with two of
+    three replicas busy, every request still reaches the third (a second 503 judged the
+    request a poison and stopped it short of the replica that would answer)."""
+    client, clock, engines = await _client(lambda index, body: status if index else 200)
+    results = []
+    for n in range(60):  # a request every 2 s: the busy ones come back for their trials
+        clock.now += 2.0
+        results.append(await _send(client, b"r%d" % n, f"s{n}"))
+    assert all(results)
+    assert len(engines[0].seen) == 60
     await client.close()

@@ -315,7 +315,7 @@ class UpstreamClient:
         data = body if method == "POST" else None
         rid = request_id.encode("latin-1") if request_id else None
         replicas = self.replicas
-        order = replicas.order(session.encode() if session is not None else None)
+        order = replicas.order(session)
         attempts = order[: replicas.attempts]
         if not attempts:  # discover = "dns" and no address yet: nowhere to send it
             self.report("connect", "no_replicas", request_id)

@@ -50,6 +50,11 @@ and the client stops sending it to more replicas. And requests put out at most
 :func:`request_cap` replicas (half the fleet) at once: a client sending distinct poison
 requests cannot empty the fleet, while a replica that fails everyone's requests is still
 ejected (the first one out).
+
+The session key is hashed once per request (:func:`session_digest`: its first
+``KEY_BYTES`` and its length, to a fixed-size digest); each replica's score combines that
+digest with its URL, so the work per replica does not grow with the key. A key is any
+``str`` (a header aiohttp decoded with surrogate escapes included) or ``bytes``.
 """
 
 from __future__ import annotations
@@ -67,18 +72,33 @@ BACKOFF_MAX = 60.0
 MAX_ATTEMPTS = 3  # replicas one request may try before its head
 BALANCE = ("affinity", "round_robin", "least_busy")  # the upstream's ``balance`` settings
 CAUSES = ("connect", "probe", "request")  # why a replica is out (see the docstring)
+KEY_BYTES = 1024  # a session key's leading bytes that are hashed (and a longer one's length)
 POISON_MEMORY = 256  # the failed requests' digests kept (each for BACKOFF_MAX)
 
 
-def score(key: bytes, replica: str) -> int:
-    """The rendezvous weight of ``replica`` for ``key`` (64 bits, the same in every process)."""
-    h = hashlib.blake2b(key, digest_size=8, key=replica.encode()[:64])
+def session_digest(key: str | bytes) -> bytes:
+    """A fixed-size digest of a session key, the work bounded: a key is hashed as UTF-8 (any
+    code point, lone surrogates included, so a ``bytes`` key is the ``str`` it encodes), its
+    first ``KEY_BYTES`` only, and a longer key's length with them."""
+    head = key[:KEY_BYTES]
+    raw = head.encode("utf-8", "surrogatepass") if isinstance(head, str) else head
+    h = hashlib.blake2b(raw[:KEY_BYTES], digest_size=16)
+    if len(raw) > KEY_BYTES or len(key) > KEY_BYTES:  # cut: the length tells them apart
+        h.update(b"\0" + len(key).to_bytes(8, "big"))
+    return h.digest()
+
+
+def score(digest: bytes, replica: str) -> int:
+    """The rendezvous weight of ``replica`` for a key's ``digest`` (64 bits, the same in
+    every process)."""
+    h = hashlib.blake2b(digest, digest_size=8, key=replica.encode()[:64])
     return int.from_bytes(h.digest(), "big")
 
 
-def rendezvous(key: bytes, replicas: Sequence[str]) -> list[int]:
+def rendezvous(key: str | bytes, replicas: Sequence[str]) -> list[int]:
     """Indices of ``replicas``, best first for ``key``."""
-    return sorted(range(len(replicas)), key=lambda i: score(key, replicas[i]), reverse=True)
+    digest = session_digest(key)
+    return sorted(range(len(replicas)), key=lambda i: score(digest, replicas[i]), reverse=True)
 
 
 def request_digest(path: str, body: bytes) -> bytes:
@@ -152,7 +172,7 @@ class Replicas:
         # (a poison request); oldest first, at most POISON_MEMORY, each for BACKOFF_MAX
         self._failed_requests: dict[bytes, tuple[int | None, float]] = {}
 
-    def order(self, key: bytes | None) -> list[Replica]:
+    def order(self, key: str | bytes | None) -> list[Replica]:
         """The replicas to try for a request, best first (see the module docstring)."""
         replicas = self.all
         if len(replicas) <= 1:  # one, or none yet (a DNS name with no address)

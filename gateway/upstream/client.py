@@ -5,7 +5,9 @@ closed by the app's cleanup_ctx; one replica per ``base_urls`` entry, or the one
 Which replica takes a request, and which are ejected, is gateway/upstream/replicas.py's call;
 a request that fails before any byte of its reply on one replica (no connection, a reset
 before the head, a 502/503/504/529) is sent to the next, up to ``Replicas.attempts`` replicas
-and within the first attempt's head timeout: the caller sees one reply or one error.
+and within the first attempt's head timeout: the caller sees one reply or one error. A
+request that a second replica fails as the first did goes to no third: the failure is the
+request's, and ejects no replica (``Replicas.failed``).
 
 Every failure is mapped once, by :mod:`gateway.upstream.failures`, and logged
 once (``upstream_failure``: upstream, phase, cause, request id; at most one line per
@@ -67,7 +69,7 @@ from gateway.upstream.exceptions import (
 from gateway.upstream.failures import _RETRIED, FailureLog, Failures, map_failure
 from gateway.upstream.members import Members
 from gateway.upstream.pool import Counter, Pool, Response
-from gateway.upstream.replicas import Replica, Replicas
+from gateway.upstream.replicas import Replica, Replicas, request_digest
 
 _log = structlog.get_logger("gateway.upstream")
 
@@ -79,6 +81,8 @@ _DRAIN_SECONDS = 0.1
 _RETRIED_HERE = frozenset(("closed", "misrouted"))
 # statuses that say "not now, here": the request goes to the next replica (before any byte)
 _RETRY_STATUSES = frozenset((502, 503, 504, 529))
+# of those, the ones that say the replica is busy: never the request's fault
+_BUSY_STATUSES = frozenset((503, 529))
 
 
 def _attempt_id() -> bytes:
@@ -327,13 +331,14 @@ class UpstreamClient:
         head_timeout, body_timeout = self._stream_timeouts if stream else self._buffered_timeouts
         data = body if method == "POST" else None
         replicas = self.replicas
-        order = replicas.order(session.encode() if session is not None else None)
+        order = replicas.order(session)
         attempts = order[: replicas.attempts]
         if not attempts:  # discover = "dns" and no address yet: nowhere to send it
             self.report("connect", "no_replicas", request_id)
             raise errors.UpstreamUnavailable()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + head_timeout
+        failing = _Failing(path, body)
         for n, replica in enumerate(attempts):
             last = n == len(attempts) - 1
             remaining = deadline - loop.time()
@@ -360,12 +365,11 @@ class UpstreamClient:
                     replica.trial = False
                     raise
                 err, phase, cause = mapped
-                if cause != "pool_timeout":
-                    replicas.failed(replica)
+                poison = cause != "pool_timeout" and failing.on(replicas, replica, phase)
                 self.members.count(replica, _outcome(err))
                 if not isinstance(exc, ProtocolError):  # the pool has logged that one
                     self.report(phase, cause, request_id, **self._where(replica))
-                if last or not _retryable(exc, phase):
+                if last or poison or not _retryable(exc, phase):
                     raise err from None
                 self._retried()
                 continue
@@ -376,13 +380,14 @@ class UpstreamClient:
                 return UpstreamResponse(resp, self, stream=stream, request_id=request_id,
                                         replica=replica, trial=trial)
             self.members.finished(replica)
+            poison = False
             if resp.status >= 500:
-                replicas.failed(replica)
+                poison = failing.on(replicas, replica, "head", resp.status)
                 self.members.count(replica, "status_5xx")
             else:  # it answered: alive, whatever it thought of the request
                 replicas.succeeded(replica)
                 self.members.count(replica, "ok")
-            if resp.status in _RETRY_STATUSES and not last:
+            if resp.status in _RETRY_STATUSES and not last and not poison:
                 resp.close()
                 self.report("head", "status", request_id, status=resp.status,
                             **self._where(replica))
@@ -451,6 +456,30 @@ def _outcome(err: errors.GatewayError) -> str:
     if isinstance(err, errors.UpstreamUnavailable):
         return "connect_error"
     return "bad_response"
+
+
+class _Failing:
+    """One request's failures on replicas: no connection, a 503 or a 529 (the replica says
+    it is busy) is the replica's; any other failure after it took the request is weighed
+    against the request (its digest, computed at its first such failure:
+    gateway/upstream/replicas.py)."""
+
+    __slots__ = ("_body", "_digest", "_path")
+
+    def __init__(self, path: str, body: bytes) -> None:
+        self._path = path
+        self._body = body
+        self._digest: bytes | None = None
+
+    def on(self, replicas: Replicas, replica: Replica, phase: str, status: int = 0) -> bool:
+        """-> True when the failure is the request's (send it to no other replica)."""
+        if phase == "connect":
+            return replicas.failed(replica, "connect")
+        if status in _BUSY_STATUSES:
+            return replicas.failed(replica, "request")
+        if self._digest is None:
+            self._digest = request_digest(self._path, self._body)
+        return replicas.failed(replica, "request", request=self._digest)
 
 
 def _retryable(exc: BaseException, phase: str) -> bool:

@@ -284,7 +284,7 @@ class Members:
         if self._metrics is not None:
             self._metrics.upstream_replica_in_flight.labels(self.name, replica.label).dec()
         if isinstance(exc, errors.UpstreamTimeout | errors.UpstreamUnavailable):
-            self.replicas.failed(replica)
+            self.replicas.failed(replica, "request")  # it had taken the request
         if replica.in_flight <= 0 and replica.index in self._leaving:
             self._retire(replica)
 

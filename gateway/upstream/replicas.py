@@ -20,13 +20,41 @@ Bounded load: a replica whose in-flight requests exceed ``SPILL_FACTOR`` times t
 plus ``SPILL_SLACK`` is passed over for the session's next choice (it keeps its sessions; the
 spill lasts only while it is that far above the rest).
 
-Passive health: a failure a replica is to blame for (no connection, a reset before the reply's
-head, a 5xx, a timeout) ejects it for ``BACKOFF_START`` seconds, doubling with each failure
-in a row up to ``BACKOFF_MAX``. When the time is up the replica is *on trial*: it takes one
-request at a time (the first whose order reaches it) until one succeeds (its reply read
-whole, not just its head: back in, back-off reset) or fails (ejected again, for twice as
-long). When every replica is out, requests still go to them, the one due back soonest
-first: a fleet with nowhere else to go does not refuse (and a lone replica is never ejected).
+Passive health: a failure a replica is to blame for ejects it for ``BACKOFF_START`` seconds,
+doubling with each failure in a row up to ``BACKOFF_MAX``. When the time is up the replica is
+*on trial*: it takes one request at a time (the first whose order reaches it) until one
+succeeds (its reply read whole, not just its head: back in, back-off reset) or fails (ejected
+again, for twice as long). When every replica is out, requests still go to them, the one due
+back soonest first: a fleet with nowhere else to go does not refuse (and a lone replica is
+never ejected).
+
+Evidence, and what outweighs what. Each ejection has a cause (:data:`CAUSES`):
+
+* ``"connect"``: no connection to the replica (refused, connect timeout). Only the replica
+  can be at fault.
+* ``"probe"``: its active health probe failed (gateway/upstream/fleet.py).
+* ``"request"``: it failed a real request after taking it (a 5xx, a timeout, a reset or a
+  cut reply). The strongest evidence that it does not serve, and the weakest that it alone
+  is to blame: a request can cause it (a body that makes the engine 500, a generation
+  longer than the timeout).
+
+A passing probe says the server is up, not that it answers: it brings back a replica out for
+``"probe"`` or ``"connect"``, never one out for ``"request"`` (that one comes back only through
+a real trial request, its back-off growing; a probe that kept reinstating it put it back in
+rotation at every round, a failed request each time). A ``"request"`` failure (but a 503 or a 529:
+the replica saying it is busy) is checked against the request: a request (its body's digest,
+computed only when it fails) that has failed on another replica within ``BACKOFF_MAX`` is
+the request's fault (a *poison* request):
+it ejects no one, the first replica it put out is back in (when that was its only failure),
+and the client stops sending it to more replicas. And requests put out at most
+:func:`request_cap` replicas (half the fleet) at once: a client sending distinct poison
+requests cannot empty the fleet, while a replica that fails everyone's requests is still
+ejected (the first one out).
+
+The session key is hashed once per request (:func:`session_digest`: its first
+``KEY_BYTES`` and its length, to a fixed-size digest); each replica's score combines that
+digest with its URL, so the work per replica does not grow with the key. A key is any
+``str`` (a header aiohttp decoded with surrogate escapes included) or ``bytes``.
 """
 
 from __future__ import annotations
@@ -43,17 +71,47 @@ BACKOFF_START = 1.0
 BACKOFF_MAX = 60.0
 MAX_ATTEMPTS = 3  # replicas one request may try before its head
 BALANCE = ("affinity", "round_robin", "least_busy")  # the upstream's ``balance`` settings
+CAUSES = ("connect", "probe", "request")  # why a replica is out (see the docstring)
+KEY_BYTES = 1024  # a session key's leading bytes that are hashed (and a longer one's length)
+POISON_MEMORY = 256  # the failed requests' digests kept (each for BACKOFF_MAX)
 
 
-def score(key: bytes, replica: str) -> int:
-    """The rendezvous weight of ``replica`` for ``key`` (64 bits, the same in every process)."""
-    h = hashlib.blake2b(key, digest_size=8, key=replica.encode()[:64])
+def session_digest(key: str | bytes) -> bytes:
+    """A fixed-size digest of a session key, the work bounded: a key is hashed as UTF-8 (any
+    code point, lone surrogates included, so a ``bytes`` key is the ``str`` it encodes), its
+    first ``KEY_BYTES`` only, and a longer key's length with them."""
+    head = key[:KEY_BYTES]
+    raw = head.encode("utf-8", "surrogatepass") if isinstance(head, str) else head
+    h = hashlib.blake2b(raw[:KEY_BYTES], digest_size=16)
+    if len(raw) > KEY_BYTES or len(key) > KEY_BYTES:  # cut: the length tells them apart
+        h.update(b"\0" + len(key).to_bytes(8, "big"))
+    return h.digest()
+
+
+def score(digest: bytes, replica: str) -> int:
+    """The rendezvous weight of ``replica`` for a key's ``digest`` (64 bits, the same in
+    every process)."""
+    h = hashlib.blake2b(digest, digest_size=8, key=replica.encode()[:64])
     return int.from_bytes(h.digest(), "big")
 
 
-def rendezvous(key: bytes, replicas: Sequence[str]) -> list[int]:
+def rendezvous(key: str | bytes, replicas: Sequence[str]) -> list[int]:
     """Indices of ``replicas``, best first for ``key``."""
-    return sorted(range(len(replicas)), key=lambda i: score(key, replicas[i]), reverse=True)
+    digest = session_digest(key)
+    return sorted(range(len(replicas)), key=lambda i: score(digest, replicas[i]), reverse=True)
+
+
+def request_digest(path: str, body: bytes) -> bytes:
+    """What names a request when it fails (its route and whole body; bounded by the body
+    limit, and computed only on a failure)."""
+    h = hashlib.blake2b(path.encode(), digest_size=16)
+    h.update(body)
+    return h.digest()
+
+
+def request_cap(replicas: int) -> int:
+    """How many of ``replicas`` failed requests may have out at once: half, at least one."""
+    return max(1, replicas // 2)
 
 
 def backoff(failures: int) -> float:
@@ -78,6 +136,8 @@ class Replica:
     trial: bool = False  # a trial request is out
     label: str = field(init=False)
     probe_failed: bool = False  # its last active probe failed (gateway/upstream/fleet.py)
+    cause: str = ""  # why it is out (one of CAUSES; "" when in): the strongest seen
+    ejected_by: bytes = b""  # the failed request's digest that put it out, if one did
 
     def __post_init__(self) -> None:
         self.label = urlsplit(self.base_url).netloc.rpartition("@")[2]
@@ -108,8 +168,11 @@ class Replicas:
         self._on_health = on_health
         self.attempts = min(len(self.all), MAX_ATTEMPTS)
         self._serial = len(self.all)  # the next added replica's index
+        # a failed request's digest -> the replica it failed on, or None: it failed on two
+        # (a poison request); oldest first, at most POISON_MEMORY, each for BACKOFF_MAX
+        self._failed_requests: dict[bytes, tuple[int | None, float]] = {}
 
-    def order(self, key: bytes | None) -> list[Replica]:
+    def order(self, key: str | bytes | None) -> list[Replica]:
         """The replicas to try for a request, best first (see the module docstring)."""
         replicas = self.all
         if len(replicas) <= 1:  # one, or none yet (a DNS name with no address)
@@ -144,17 +207,56 @@ class Replicas:
         if replica.failures:
             replica.failures = 0
             replica.ejected_until = 0.0
+            replica.cause = ""
+            replica.ejected_by = b""
             if self._on_health is not None:
                 self._on_health(replica, True)
 
-    def failed(self, replica: Replica) -> None:
+    def failed(self, replica: Replica, cause: str = "connect", *,
+               request: bytes | None = None) -> bool:
+        """A failure of ``replica`` (``cause``, one of :data:`CAUSES`); ``request``: the
+        failed request's digest (:func:`request_digest`), for a ``"request"`` failure.
+
+        -> True when the failure is the request's (a poison request: see the module
+        docstring): the replica is not ejected, and the request should go to no other."""
         replica.trial = False
         if len(self.all) == 1:  # nowhere else to send its requests: nothing to eject
-            return
+            return False
+        if cause == "request":
+            if request is not None and self._poison(replica, request):
+                return True
+            if not replica.failures and self._out_for_requests() >= request_cap(len(self.all)):
+                return False  # enough of the fleet is out for what requests did
+            if not replica.failures and request is not None:
+                replica.ejected_by = request
         replica.failures += 1
         replica.ejected_until = self._clock() + backoff(replica.failures)
+        if replica.cause != "request":  # only a real request's success outweighs that
+            replica.cause = cause
         if replica.failures == 1 and self._on_health is not None:
             self._on_health(replica, False)
+        return False
+
+    def _poison(self, replica: Replica, request: bytes) -> bool:
+        """Whether ``request`` failing on ``replica`` is the request's fault: it failed on
+        another replica (or was judged so) within BACKOFF_MAX. Remembers it otherwise."""
+        now = self._clock()
+        memory = self._failed_requests
+        while memory and (len(memory) >= POISON_MEMORY
+                          or next(iter(memory.values()))[1] <= now - BACKOFF_MAX):
+            del memory[next(iter(memory))]
+        seen = memory.pop(request, None)
+        if seen is None or seen[0] == replica.index:
+            memory[request] = (replica.index, now)
+            return False
+        memory[request] = (None, now)  # judged: it ejects no one while remembered
+        first = next((r for r in self.all if r.index == seen[0]), None)
+        if first is not None and first.failures == 1 and first.ejected_by == request:
+            self.succeeded(first)  # the request put it out, nothing else did
+        return True
+
+    def _out_for_requests(self) -> int:
+        return sum(1 for r in self.all if r.failures and r.cause == "request")
 
     # Membership (DNS discovery, gateway/upstream/discovery.py). A removed replica takes no
     # new request; the ones it holds finish (their outcomes still reported, harmlessly).
@@ -180,20 +282,17 @@ class Replicas:
 
         A failed probe ejects the replica as a failed request does (the same back-off), and
         for at least ``hold`` seconds (until the next probe has had its chance), so no trial
-        request reaches it while its probes fail. A passing probe brings back a replica its
-        probes had ejected; one ejected by failed *requests* is made due for its trial now
-        (a health route that answers says the server is up, not that it generates).
+        request reaches it while its probes fail. A passing probe brings back a replica out
+        for its probes or refused connections; one out for failed *requests* is left to its
+        back-off and trial (a health route that answers says the server is up, not that it
+        generates).
         """
         if not ok:
             replica.probe_failed = True
             if len(self.all) > 1:
-                self.failed(replica)
+                self.failed(replica, "probe")
                 replica.ejected_until = max(replica.ejected_until, self._clock() + hold)
             return
-        by_probe, replica.probe_failed = replica.probe_failed, False
-        if not replica.failures:
-            return
-        if by_probe:
+        replica.probe_failed = False
+        if replica.failures and replica.cause != "request":
             self.succeeded(replica)
-        else:
-            replica.ejected_until = min(replica.ejected_until, self._clock())

@@ -243,3 +243,58 @@ def test_a_replica_cutting_every_stream_halfway_costs_no_client_a_word(
     finally:
         cutter.stop()
         sdk.close_all()
+
+
+def _raw_post(base: str, path: str, body: dict[str, Any], session: bytes
+              ) -> tuple[int, dict[str, str], bytes]:
+    """POST with the session header's raw bytes (no client library encodes them for us)."""
+    import socket
+
+    host, port = base.split("://")[1].split(":")
+    data = json.dumps(body).encode()
+    head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head + b"x-claude-code-session-id: " + session + b"\r\n\r\n" + data)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    status_line, _, rest = reply.partition(b"\r\n")
+    raw_headers, _, payload = rest.partition(b"\r\n\r\n")
+    headers = {}
+    for line in raw_headers.decode("latin-1").split("\r\n"):
+        name, _, value = line.partition(": ")
+        headers[name.lower()] = value
+    return int(status_line.split()[1]), headers, payload
+
+
+# raw header bytes: latin-1, bytes no text has, UTF-8 (the control)
+NOT_UTF8 = [b"caf\xe9-1", b"\xff\xfe\x80\x81", "s\u00e9ance".encode()]
+
+
+def test_a_session_header_that_is_not_utf8_is_a_session_like_any(
+        stubs: list[tuple[Proc, str]],
+        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    """It was a 500 and a traceback in the log on every request (the key could not be
+    encoded to be hashed): now every turn is served, each session's on one replica."""
+    urls = [url for _, url in stubs]
+    proc, base = gateway_factory(_config(urls))
+    failed = []
+    for session in NOT_UTF8:
+        ids = []
+        for turn in range(3):
+            body, _ = _session_request(7, turn)
+            body["stream"] = False
+            chat = {"model": "m", "max_tokens": 8,
+                    "messages": [{"role": "user", "content": f"turn {turn}"}]}
+            for path, payload in (("/llm/v1/messages", body), ("/llm/v1/chat/completions", chat)):
+                status, headers, _ = _raw_post(base, path, payload, session)
+                if status != 200:
+                    failed.append((session, path, status))
+                elif path.endswith("/messages"):
+                    ids.append(headers["request-id"])
+        served = _served(urls)
+        assert len({served[rid] for rid in ids}) <= 1, session  # kept to one replica
+    assert failed == []
+    log = proc.output()
+    assert "Traceback" not in log and "unhandled_error" not in log

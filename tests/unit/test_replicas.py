@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gateway.messages.session import session_key
@@ -167,3 +169,65 @@ def test_every_policy_passes_over_an_ejected_replica(balance: str) -> None:
     for key in KEYS[:20]:
         order = reps.order(key)
         assert order[0] is not reps.all[1] and order[-1] is reps.all[1]
+
+
+class _HashLog:
+    """hashlib.blake2b that records the bytes each hash was fed."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.fed: list[int] = []
+
+    def __call__(self, data: bytes = b"", **kwargs: Any) -> Any:
+        self.fed.append(len(data))
+        log, h = self, self.real(data, **kwargs)
+
+        class _Logged:
+            def update(self, more: bytes) -> None:
+                log.fed.append(len(more))
+                h.update(more)
+
+            def digest(self) -> bytes:
+                return bytes(h.digest())
+
+        return _Logged()
+
+
+@pytest.mark.parametrize(("key_len", "replicas", "as_bytes"), [
+    (10, 3, False), (10, 64, False), (1_000_000, 3, False), (1_000_000, 64, False),
+    (10_000_000, 64, False), (1_000_000, 64, True)])
+def test_a_session_key_is_hashed_once_whatever_its_length_and_the_fleet(
+        monkeypatch: pytest.MonkeyPatch, key_len: int, replicas: int, as_bytes: bool) -> None:
+    """A long ``metadata.user_id`` was hashed in full once per replica, on the loop."""
+    import hashlib
+
+    from gateway.upstream import replicas as module
+
+    log = _HashLog(hashlib.blake2b)
+    monkeypatch.setattr(module.hashlib, "blake2b", log)
+    reps = Replicas([f"http://r{n}:8000/v1" for n in range(replicas)])
+    key = session_key(None, {"metadata": {"user_id": "u" * key_len}, "messages": []})
+    reps.order(key.encode() if as_bytes else key)
+    assert max(log.fed) <= 4096  # no hash sees the whole of a long key
+    assert sum(log.fed) <= 4096 + 64 * replicas  # a bounded digest, then a little per replica
+
+
+@pytest.mark.parametrize("header", [
+    "caf\udce9",  # latin-1 bytes, as aiohttp decodes them (surrogate escapes)
+    "\udcff\udcfe\udc80abc",  # no text at all
+    "\ud800",  # a lone surrogate of any kind
+    "é", "plain",
+])
+def test_any_session_header_is_a_key(header: str) -> None:
+    """A session header that is not UTF-8 was a 500 (its key could not be encoded)."""
+    for balance in ("affinity", "round_robin", "least_busy"):
+        reps = Replicas(URLS, balance=balance)
+        key = session_key(header, {"messages": []})
+        assert len(reps.order(key)) == 3
+    affinity = Replicas(URLS)
+    assert len({affinity.order(session_key(header, {}))[0].index for _ in range(5)}) == 1
+    assert rendezvous(session_key(header, {}), URLS) == rendezvous(
+        session_key(header, {}), list(URLS))
+    # the bytes of a key are the key (every process, and the tests' predictions, agree)
+    raw = session_key(header, {}).encode("utf-8", "surrogatepass")
+    assert rendezvous(raw, URLS) == rendezvous(session_key(header, {}), URLS)

@@ -85,7 +85,8 @@ def _state(reps: Replicas, now: float) -> str:
     ("healthy", False, "ejected", "ejected", 1),  # held out past its 1 s back-off
     ("probe_ejected", True, "healthy", "healthy", 0),  # back at once
     ("probe_ejected", False, "ejected", "ejected", 2),
-    ("request_ejected", True, "trial", "trial", 3),  # due its trial now, back-off kept
+    ("connect_ejected", True, "healthy", "healthy", 0),  # refused, now up: back at once
+    ("request_ejected", True, "ejected", "trial", 3),  # its back-off runs, then its trial
     ("request_ejected", False, "ejected", "ejected", 4),
 ])
 def test_probe_outcome_table(before: str, ok: bool, now_state: str, later_state: str,
@@ -95,9 +96,9 @@ def test_probe_outcome_table(before: str, ok: bool, now_state: str, later_state:
     r = reps.all[0]
     if before == "probe_ejected":
         reps.probed(r, False, HOLD)
-    elif before == "request_ejected":
+    elif before.endswith("_ejected"):
         for _ in range(3):
-            reps.failed(r)  # out for 4 s
+            reps.failed(r, before.removesuffix("_ejected"))  # out for 4 s
     reps.probed(r, ok, HOLD)
     assert r.failures == failures
     assert _state(reps, clock.now) == now_state

@@ -226,10 +226,8 @@ def _unwrap(raw: str) -> str:
 _TOKEN = re.compile(
     r"""
     (?P<ws>\s+)
-    | (?P<dq>"[^"\\]*+(?:\\[\s\S][^"\\]*+)*+")
-    | (?P<sq>'[^'\\]*+(?:\\[\s\S][^'\\]*+)*+')
-    | (?P<dq_cut>"[^"\\]*+(?:\\[\s\S][^"\\]*+)*+\\?\Z)
-    | (?P<sq_cut>'[^'\\]*+(?:\\[\s\S][^'\\]*+)*+\\?\Z)
+    | (?P<dq_cut>"[^"\\]*+(?:\\[\s\S][^"\\]*+)*+)(?:(?P<dq>")|\\?\Z)
+    | (?P<sq_cut>'[^'\\]*+(?:\\[\s\S][^'\\]*+)*+)(?:(?P<sq>')|\\?\Z)
     | (?P<comment>//[^\n]*+|/\*[\s\S]*?(?:\*/|\Z))
     | (?P<num>-?(?:\d++\.?\d*+|\.\d++)(?:[eE][+-]?\d++)?)
     | (?P<word>[A-Za-z_$][\w$]*+)
@@ -237,8 +235,10 @@ _TOKEN = re.compile(
     """,
     re.VERBOSE,
 )
-# The slice of a string token that is its body, by token kind (a cut one lost its end quote,
-# and may end in half an escape).
+# A string is read once: its closing quote is a group of its own, the last one matched (the
+# token's kind) when it is there; else the string was cut off. The slice of a string token
+# that is its body, by token kind (a cut one lost its end quote, and may end in half an
+# escape).
 _BODY = {"dq": (1, -1), "sq": (1, -1), "dq_cut": (1, None), "sq_cut": (1, None)}
 _LITERALS = {
     "true": "true", "True": "true", "false": "false", "False": "false",
@@ -250,8 +250,11 @@ _ESCAPE_OR_QUOTE = re.compile(r'\\([\s\S])|"')
 # what each split part of it becomes: a JSON escape kept, a bare quote (None) escaped
 _ESCAPED: dict[str | None, str] = {c: "\\" + c for c in '"\\/bfnrtu'}
 _ESCAPED[None] = '\\"'
-# a body whose every backslash starts a JSON escape: nothing to rewrite (one C-speed match)
+# a body whose every backslash starts a JSON escape: no escape to rewrite (one C-speed match);
+# and with no control character (or bare double quote): nothing to rewrite at all
 _JSON_BODY = re.compile(r'[^\\]*+(?:\\["\\/bfnrtu][^\\]*+)*+')
+_CLEAN_BODY = re.compile(r'[^\\\x00-\x1f]*+(?:\\["\\/bfnrtu][^\\\x00-\x1f]*+)*+')
+_CLEAN_SQ_BODY = re.compile(r'[^\\\x00-\x1f"]*+(?:\\["\\/bfnrtu][^\\\x00-\x1f"]*+)*+')
 _CONTROL = re.compile(r"[\x00-\x1f]")
 _CONTROL_ESCAPES = {c: f"\\u{c:04x}" for c in range(32)} | {
     ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t", ord("\b"): "\\b", ord("\f"): "\\f"}
@@ -368,6 +371,8 @@ def _scalar(kind: str | None, token: str, key: bool) -> str:
         body = token[start:end]
         if end is None and (len(body) - len(body.rstrip("\\"))) % 2:
             body = body[:-1]  # half an escape, cut off
+        if (_CLEAN_SQ_BODY if kind[0] == "s" else _CLEAN_BODY).fullmatch(body):
+            return f'"{body}"'  # what models mostly write: one scan, nothing to rewrite
         if (kind[0] == "s" and '"' in body) or ("\\" in body and not _JSON_BODY.fullmatch(body)):
             body = _json_escaped(body)
         return _quoted(body)

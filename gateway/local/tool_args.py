@@ -107,7 +107,7 @@ class RepairBudget:
         self.chars = chars
         self.tokens = tokens
         self.seconds = seconds
-        self.refused = 0  # repairs not tried: the budget was spent
+        self.refused = 0  # repairs not tried, or stopped, because the budget was spent
 
     def _afford(self, size: int) -> bool:
         if self.calls > 0 and self.chars >= size and self.tokens > 0 and self.seconds > 0:
@@ -173,9 +173,12 @@ def _repair(raw: str, budget: RepairBudget | None) -> Any:
     budget.calls -= 1
     budget.chars -= len(raw)
     try:
-        return _attempt(raw, budget)
+        value = _attempt(raw, budget)
     finally:
         budget.seconds -= time.perf_counter() - started
+    if value is _NOTHING and budget.tokens < 0:
+        budget.refused += 1  # the pass stopped where the reply's tokens ran out
+    return value
 
 
 def _attempt(raw: str, budget: RepairBudget) -> Any:

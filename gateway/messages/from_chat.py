@@ -58,13 +58,16 @@ def from_chat(
     on_reasoning_hidden: Callable[[], None] | None = None,
     hosts: Sequence[str] = (),
     secrets: Redactor = NO_SECRETS,
+    repair_budget: RepairBudget | None = None,
 ) -> dict[str, Any]:
     """Pure: OpenAI chat completion (already JSON-decoded) -> Anthropic Message dict.
 
     ``model`` is the name the client sent (echoed). ``message_id`` is injected by
-    tests (else a fresh ``msg_`` id). Without ``show_thinking`` (no thinking was asked
-    for) reasoning gets no block at all and ``on_reasoning_hidden`` is called; with
-    ``hide_thinking`` (display "omitted") its block has only the signature. Raises
+    tests (else a fresh ``msg_`` id). ``repair_budget``: what the repairs of the reply's tool
+    calls may spend together (None: a fresh one; the caller's, to read what it refused).
+    Without ``show_thinking`` (no thinking was asked for) reasoning gets no block at all and
+    ``on_reasoning_hidden`` is called; with ``hide_thinking`` (display "omitted") its block
+    has only the signature. Raises
     :class:`errors.UpstreamError` for an in-band error object (scrubbed of ``hosts``
     and ``secrets``) and :class:`errors.StreamProcessingError` (500) for anything
     that is not a completion with a choice.
@@ -80,7 +83,7 @@ def from_chat(
 
     # (kind, value) in order: "thinking" and "text" strings, "tool_use" blocks
     parts: list[tuple[str, Any]] = []
-    budget = RepairBudget()  # the repairs of this reply's calls, together
+    budget = repair_budget or RepairBudget()  # the repairs of this reply's calls, together
     reasoning = _reasoning(message)
     if reasoning:
         parts.append(("thinking", reasoning))

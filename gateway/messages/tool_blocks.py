@@ -82,6 +82,12 @@ class ToolBlocks:
         # one budget for all the repairs of the reply (waiting calls are repaired in one step)
         self._budget = RepairBudget()
 
+    @property
+    def over_budget(self) -> int:
+        """Calls left unrepaired because the reply's repair budget was spent (in
+        :attr:`unrepairable` too)."""
+        return self._budget.refused
+
     def delta(self, delta: Any, out: list[bytes]) -> Call | None:
         """One upstream tool_calls[] delta (the translator checked its state).
 

@@ -191,7 +191,7 @@ def _repairs_seen(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-def _buffered(arguments: list[str]) -> tuple[list[dict[str, Any]], int, int]:
+def _buffered(arguments: list[str]) -> tuple[list[dict[str, Any]], int, int, int]:
     from gateway.messages.from_chat import from_chat
 
     fixed = {"repaired": 0, "unrepairable": 0}
@@ -200,15 +200,16 @@ def _buffered(arguments: list[str]) -> tuple[list[dict[str, Any]], int, int]:
             {"id": f"call_{i}", "type": "function",
              "function": {"name": "write", "arguments": a}}
             for i, a in enumerate(arguments)]}}]}
+    budget = tool_args.RepairBudget()
     message = from_chat(
-        completion, model="m", signing_key=b"k" * 32,
+        completion, model="m", signing_key=b"k" * 32, repair_budget=budget,
         on_bad_tool_args=lambda: fixed.__setitem__("unrepairable", fixed["unrepairable"] + 1),
         on_repaired=lambda: fixed.__setitem__("repaired", fixed["repaired"] + 1))
     inputs = [block["input"] for block in message["content"]]
-    return inputs, fixed["repaired"], fixed["unrepairable"]
+    return inputs, fixed["repaired"], fixed["unrepairable"], budget.refused
 
 
-def _streamed(arguments: list[str]) -> tuple[list[dict[str, Any]], int, int]:
+def _streamed(arguments: list[str]) -> tuple[list[dict[str, Any]], int, int, int]:
     """Parallel calls in one read: the first streams, the others wait and are sent whole
     when its block closes (all their repairs in one step)."""
     from gateway.messages.aggregate import aggregate
@@ -227,7 +228,7 @@ def _streamed(arguments: list[str]) -> tuple[list[dict[str, Any]], int, int]:
     translator = StreamTranslator(model="m", message_id="msg_1", signing_key=b"k" * 32)
     message = aggregate(translator.feed_all(payloads) + translator.eof())
     inputs = [block["input"] for block in message["content"]]
-    return inputs, *translator.tool_arguments_fixed
+    return inputs, *translator.tool_arguments_fixed, translator.tool_arguments_over_budget
 
 
 @pytest.mark.parametrize("path", [_buffered, _streamed], ids=["buffered", "streamed"])
@@ -238,11 +239,12 @@ def test_a_reply_of_many_broken_calls_costs_a_bounded_repair(
         value: dict[str, Any]) -> None:
     """What the repairs of one reply read is bounded as a whole (the characters, calls and
     tokens of the passes tried), however many broken calls it holds; a call past the budget
-    is ``{}`` and counted as unrepairable, never dropped."""
+    is ``{}`` and counted as unrepairable (and as over the budget), never dropped."""
     seen = _repairs_seen(monkeypatch)
-    inputs, repaired, unrepairable = path([raw] * calls)
+    inputs, repaired, unrepairable, over_budget = path([raw] * calls)
     assert len(inputs) == calls
     assert repaired + unrepairable == calls
+    assert over_budget == unrepairable  # each call alone is repairable
     assert inputs[0] == value
     assert all(i in (value, {}) for i in inputs)
     assert sum(i == value for i in inputs) == repaired

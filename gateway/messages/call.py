@@ -45,6 +45,7 @@ from gateway import errors
 from gateway.local.capabilities import LEARNED, Learned, held, may_fall_back, named_tool_choice
 from gateway.local.capabilities import text_only as route_text_only
 from gateway.local.normalise import ContentNormaliser
+from gateway.local.tool_args import RepairBudget
 from gateway.messages import documents, tokens, web_search
 from gateway.messages.aggregate import aggregate
 from gateway.messages.continuation import relay
@@ -256,9 +257,10 @@ class Call:
         return ContentNormaliser(thinking=upstream.inline_thinking, tool_names=names)
 
     def count_fixes(self, *, repaired: int = 0, unrepairable: int = 0, text_calls: int = 0,
-                    normaliser: ContentNormaliser | None = None) -> None:
+                    normaliser: ContentNormaliser | None = None, over_budget: int = 0) -> None:
         """Count and log what was normalised in this reply (per model, so an operator sees
-        a model that writes broken calls)."""
+        a model that writes broken calls). ``over_budget``: of the unrepairable calls, those
+        the reply's repair budget had no room for (gateway/local/tool_args.py): logged."""
         found = {"tool_arguments_repaired": repaired,
                  "tool_arguments_unrepairable": unrepairable,
                  "text_tool_call": text_calls,
@@ -270,7 +272,7 @@ class Call:
                 fixes.labels(model, fix).inc(count)
         if repaired or unrepairable:
             _log.warning("tool_arguments_repaired", model=model, repaired=repaired,
-                         unrepairable=unrepairable)
+                         unrepairable=unrepairable, over_budget=over_budget)
         if normaliser is not None and normaliser.orphan_close:
             _log.warning("inline_thinking_opened_by_template", model=model,
                          upstream=self.route.upstream.name,
@@ -309,6 +311,7 @@ class Call:
             return lambda: fixed.__setitem__(key, fixed[key] + 1)
 
         normaliser = self.normaliser()
+        budget = RepairBudget()
         message = from_chat(
             completion, model=self.req["model"], stop_sequences=self.stops,
             signing_key=deps.signing_key,
@@ -316,9 +319,9 @@ class Call:
             normaliser=normaliser, hide_thinking=hides_thinking(self.req),
             show_thinking=shows_thinking(self.req),
             on_reasoning_hidden=lambda: reasoning_hidden(deps.metrics, self.route.name),
-            hosts=self.client.hosts, secrets=deps.upstreams.secrets,
+            hosts=self.client.hosts, secrets=deps.upstreams.secrets, repair_budget=budget,
         )
-        self.count_fixes(**fixed, normaliser=normaliser,
+        self.count_fixes(**fixed, normaliser=normaliser, over_budget=budget.refused,
                          text_calls=normaliser.calls_found if normaliser is not None else 0)
         return message
 
@@ -445,4 +448,5 @@ def count_stream_fixes(call: Call, translator: StreamTranslator) -> None:
     """What the normalisers fixed in a translated stream (see :meth:`Call.count_fixes`)."""
     repaired, unrepairable = translator.tool_arguments_fixed
     call.count_fixes(repaired=repaired, unrepairable=unrepairable,
+                     over_budget=translator.tool_arguments_over_budget,
                      text_calls=translator.text_tool_calls, normaliser=translator.normaliser)

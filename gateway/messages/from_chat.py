@@ -17,7 +17,8 @@ Protocol facts relied on:
   string; llama.cpp may report ``finish_reason: "stop"`` for a tool-call reply.
 * ``tool_calls[i].function.arguments`` is a JSON string (a few servers send
   the object itself). Anthropic's ``tool_use.input`` must be an object: arguments that are
-  not one are repaired (:mod:`gateway.local.tool_args`), as the stream repairs them.
+  not one are repaired (:mod:`gateway.local.tool_args`), as the stream repairs them, within
+  one repair budget for the whole reply (past it a call's input is ``{}``, unrepairable).
 * Local engines leave ``<think>`` reasoning and tool calls written as text in ``content``
   when their parsers are off: a ``normaliser`` (:mod:`gateway.local.normalise`, the
   stream's own) turns the content into thinking, text and tool_use blocks, in order.
@@ -34,7 +35,7 @@ from typing import Any
 
 from gateway import errors
 from gateway.local.normalise import CALL, THINKING, ContentNormaliser
-from gateway.local.tool_args import repair_arguments
+from gateway.local.tool_args import RepairBudget, repair_arguments
 from gateway.messages import signatures, tables
 from gateway.text import ids
 from gateway.text.redact import NO_SECRETS, Redactor
@@ -57,13 +58,16 @@ def from_chat(
     on_reasoning_hidden: Callable[[], None] | None = None,
     hosts: Sequence[str] = (),
     secrets: Redactor = NO_SECRETS,
+    repair_budget: RepairBudget | None = None,
 ) -> dict[str, Any]:
     """Pure: OpenAI chat completion (already JSON-decoded) -> Anthropic Message dict.
 
     ``model`` is the name the client sent (echoed). ``message_id`` is injected by
-    tests (else a fresh ``msg_`` id). Without ``show_thinking`` (no thinking was asked
-    for) reasoning gets no block at all and ``on_reasoning_hidden`` is called; with
-    ``hide_thinking`` (display "omitted") its block has only the signature. Raises
+    tests (else a fresh ``msg_`` id). ``repair_budget``: what the repairs of the reply's tool
+    calls may spend together (None: a fresh one; the caller's, to read what it refused).
+    Without ``show_thinking`` (no thinking was asked for) reasoning gets no block at all and
+    ``on_reasoning_hidden`` is called; with ``hide_thinking`` (display "omitted") its block
+    has only the signature. Raises
     :class:`errors.UpstreamError` for an in-band error object (scrubbed of ``hosts``
     and ``secrets``) and :class:`errors.StreamProcessingError` (500) for anything
     that is not a completion with a choice.
@@ -79,6 +83,7 @@ def from_chat(
 
     # (kind, value) in order: "thinking" and "text" strings, "tool_use" blocks
     parts: list[tuple[str, Any]] = []
+    budget = repair_budget or RepairBudget()  # the repairs of this reply's calls, together
     reasoning = _reasoning(message)
     if reasoning:
         parts.append(("thinking", reasoning))
@@ -90,10 +95,11 @@ def from_chat(
         for kind, value in normaliser.feed(text) + normaliser.flush():
             if kind == CALL:
                 parts.append(("tool_use", _tool_use(
-                    None, value.name, value.arguments, seen, on_bad_tool_args, on_repaired)))
+                    None, value.name, value.arguments, seen, budget, on_bad_tool_args,
+                    on_repaired)))
             else:
                 parts.append(("thinking" if kind == THINKING else "text", value))
-    tool_uses = _tool_uses(message, on_bad_tool_args, on_repaired)
+    tool_uses = _tool_uses(message, budget, on_bad_tool_args, on_repaired)
     parts.extend(("tool_use", block) for block in tool_uses)
     if not show_thinking and any(kind == "thinking" for kind, _ in parts):
         # no thinking was asked for: none is shown, as the API shows none (counted)
@@ -189,7 +195,8 @@ def _text(message: Mapping[str, Any]) -> str:
 
 
 def _tool_uses(
-    message: Mapping[str, Any], on_bad_tool_args: Callable[[], None] | None,
+    message: Mapping[str, Any], budget: RepairBudget,
+    on_bad_tool_args: Callable[[], None] | None,
     on_repaired: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
     calls = message.get("tool_calls")
@@ -207,12 +214,12 @@ def _tool_uses(
         if not isinstance(function, Mapping):
             function = {}
         blocks.append(_tool_use(call.get("id"), function.get("name"), function.get("arguments"),
-                                seen, on_bad_tool_args, on_repaired))
+                                seen, budget, on_bad_tool_args, on_repaired))
     return blocks
 
 
 def _tool_use(upstream_id: Any, name: Any, arguments: Any, seen: set[str],
-              on_bad_tool_args: Callable[[], None] | None,
+              budget: RepairBudget, on_bad_tool_args: Callable[[], None] | None,
               on_repaired: Callable[[], None] | None) -> dict[str, Any]:
     block_id = ids.tool_use_id(upstream_id)
     while block_id in seen:  # ids must be unique within a message
@@ -225,7 +232,7 @@ def _tool_use(upstream_id: Any, name: Any, arguments: Any, seen: set[str],
         if on_bad_tool_args is not None:
             on_bad_tool_args()
     else:
-        repaired = repair_arguments(arguments)
+        repaired = repair_arguments(arguments, budget)
         tool_input = repaired.value
         if repaired.outcome == "failed" and on_bad_tool_args is not None:
             on_bad_tool_args()

@@ -201,6 +201,11 @@ class StreamTranslator:
         return self._tools.repaired, self._tools.unrepairable
 
     @property
+    def tool_arguments_over_budget(self) -> int:
+        """Of the unrepairable ones, those the reply's repair budget had no room for."""
+        return self._tools.over_budget
+
+    @property
     def usage(self) -> tuple[int, int]:
         """(prompt, output) tokens so far, the prompt's cached part included: the upstream's
         usage, else the estimates."""

@@ -9,7 +9,8 @@ at once and the others wait, in index order, until it closes.
 A call's arguments are held until its block closes and then sent as one
 ``input_json_delta``: local models write arguments that are not JSON (a trailing comma,
 Python literals, a cut by ``max_tokens``), and only the whole can be repaired
-(:mod:`gateway.local.tool_args`) into the object the buffered reply carries too. What it
+(:mod:`gateway.local.tool_args`, within one repair budget for the reply) into the object
+the buffered reply carries too. What it
 costs a client: the block's start still comes at once, the arguments at its end instead of
 piece by piece (SDKs build ``input`` at the block's end either way).
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.local.tool_args import repair_arguments
+from gateway.local.tool_args import RepairBudget, repair_arguments
 from gateway.messages import frames
 from gateway.text import ids, jsonutil
 
@@ -66,8 +67,8 @@ class Call:
 class ToolBlocks:
     """Tool-call deltas -> the frames of ``tool_use`` blocks, arguments held and sent whole."""
 
-    __slots__ = ("_all", "_calls", "_head", "_tool", "dropped", "opened", "repaired",
-                 "unrepairable")
+    __slots__ = ("_all", "_budget", "_calls", "_head", "_tool", "dropped", "opened",
+                 "repaired", "unrepairable")
 
     def __init__(self) -> None:
         self._tool: Call | None = None  # the call streaming into the open block
@@ -78,6 +79,14 @@ class ToolBlocks:
         self.dropped = 0  # argument pieces that could not be delivered
         self.repaired = 0  # calls whose arguments were not a JSON object, repaired
         self.unrepairable = 0  # calls whose arguments could not be repaired: {} sent
+        # one budget for all the repairs of the reply (waiting calls are repaired in one step)
+        self._budget = RepairBudget()
+
+    @property
+    def over_budget(self) -> int:
+        """Calls left unrepaired because the reply's repair budget was spent (in
+        :attr:`unrepairable` too)."""
+        return self._budget.refused
 
     def delta(self, delta: Any, out: list[bytes]) -> Call | None:
         """One upstream tool_calls[] delta (the translator checked its state).
@@ -185,7 +194,7 @@ class ToolBlocks:
         raw = "".join(call.pieces)
         if not raw.strip():
             return "{}"
-        repaired = repair_arguments(raw)
+        repaired = repair_arguments(raw, self._budget)
         if repaired.outcome == "ok":
             return raw
         if repaired.outcome == "repaired":

@@ -13,6 +13,9 @@ HTTP/1.1 server (keep-alive, no framework) answering from precomputed bytes:
 * The request's ``model`` picks the scenario: ``bench:N:MS`` = N delta chunks, MS
   milliseconds apart (0: the whole body in one write, "bulk"); plain ``bench`` is
   ``bench:16:0``. Replies echo the model, as vLLM does.
+* ``tools:CALLS:KIB``: a reply of CALLS tool calls, each with KIB KiB of broken arguments (a
+  file's content, JSON-escaped code, cut off: what a model writes when ``max_tokens`` ends it),
+  streamed as 16 KiB argument pieces, all in one write; buffered, one completion.
 * ``GET /_stats``: streams open now, started, completed, aborted by the client.
 * ``GET /health``: 200.
 * ``--slots N [--prefill-ms P]``: capacity like a real inference server's. At most N
@@ -64,6 +67,9 @@ class _Scenario:
     __slots__ = ("buffered", "delay", "stream_bulk", "stream_events", "stream_head")
 
     def __init__(self, model: str) -> None:
+        if model.startswith("tools:"):
+            self._tools(model)
+            return
         n, self.delay = parse_model(model)
         half = n // 2
         events = [_chunk(model, {"role": "assistant", "content": ""})]
@@ -89,6 +95,41 @@ class _Scenario:
                 "content": words, "tool_calls": []},
                 "logprobs": None, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 12, "completion_tokens": n, "total_tokens": 12 + n},
+        })
+        self.buffered = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+    def _tools(self, model: str) -> None:
+        _, calls, kib = model.split(":")
+        line = json.dumps('def f(x):\n    return "x" * 2  # a line \\ of code\n')[1:-1]
+        arguments = '{"path": "a.py", "content": "' + line * (int(kib) * 1024 // len(line))
+        self.delay = 0.0
+        events = [_chunk(model, {"role": "assistant", "content": None})]
+        piece = 16 * 1024
+        for i in range(int(calls)):
+            for start in range(0, len(arguments), piece):
+                call: dict = {"index": i, "function": {"arguments": arguments[start:start + piece]}}
+                if start == 0:
+                    call.update(id=f"call_{i}", type="function")
+                    call["function"]["name"] = "write"
+                events.append(_chunk(model, {"tool_calls": [call]}))
+        events.append(_chunk(model, {}, "tool_calls"))
+        events.append(b"data: [DONE]\n\n")
+        self.stream_head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                            b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n")
+        self.stream_events = [_framed(e) for e in events] + [b"0\r\n\r\n"]
+        self.stream_bulk = self.stream_head + b"".join(self.stream_events)
+        body = _dump({
+            "id": "chatcmpl-bench", "object": "chat.completion", "created": CREATED,
+            "model": model,
+            "choices": [{"index": 0, "message": {
+                "role": "assistant", "content": None, "tool_calls": [
+                    {"id": f"call_{i}", "type": "function",
+                     "function": {"name": "write", "arguments": arguments}}
+                    for i in range(int(calls))]},
+                "logprobs": None, "finish_reason": "tool_calls"}],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13},
         })
         self.buffered = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))

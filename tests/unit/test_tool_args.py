@@ -165,3 +165,105 @@ def test_a_cut_object_repairs_to_an_object(value: dict[str, Any]) -> None:
     assert repair_arguments(text) == Repaired(value, "ok")
     for end in range(1, len(text), max(1, len(text) // 16)):
         assert type(repair_arguments(text[:end]).value) is dict
+
+
+# --- one reply's repairs, together ------------------------------------------------------
+
+_BIG = '{"content": "' + "x" * 200_000 + '",}'  # a file written with a trailing comma
+# a reply of many broken calls: (what each call's arguments are, how many, its repaired value)
+REPLIES = [
+    ("big", _BIG, 20, {"content": "x" * 200_000}),
+    ("small", "{'a': 1,}", 300, {"a": 1}),
+    ("tokens", "{" + "'k': 1, " * 2500 + "}", 20, {"k": 1}),  # 15,000 tokens each
+]
+
+
+def _repairs_seen(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The text of every repair pass tried, in order (the pass starts by unwrapping it)."""
+    seen: list[str] = []
+    unwrap = tool_args._unwrap
+
+    def spy(raw: str) -> str:
+        seen.append(raw)
+        return unwrap(raw)
+
+    monkeypatch.setattr(tool_args, "_unwrap", spy)
+    return seen
+
+
+def _buffered(arguments: list[str]) -> tuple[list[dict[str, Any]], int, int, int]:
+    from gateway.messages.from_chat import from_chat
+
+    fixed = {"repaired": 0, "unrepairable": 0}
+    completion = {"choices": [{"finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call_{i}", "type": "function",
+             "function": {"name": "write", "arguments": a}}
+            for i, a in enumerate(arguments)]}}]}
+    budget = tool_args.RepairBudget()
+    message = from_chat(
+        completion, model="m", signing_key=b"k" * 32, repair_budget=budget,
+        on_bad_tool_args=lambda: fixed.__setitem__("unrepairable", fixed["unrepairable"] + 1),
+        on_repaired=lambda: fixed.__setitem__("repaired", fixed["repaired"] + 1))
+    inputs = [block["input"] for block in message["content"]]
+    return inputs, fixed["repaired"], fixed["unrepairable"], budget.refused
+
+
+def _streamed(arguments: list[str]) -> tuple[list[dict[str, Any]], int, int, int]:
+    """Parallel calls in one read: the first streams, the others wait and are sent whole
+    when its block closes (all their repairs in one step)."""
+    from gateway.messages.aggregate import aggregate
+    from gateway.messages.stream import StreamTranslator
+    from gateway.text import jsonutil
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return jsonutil.dumpb({"id": "c", "object": "chat.completion.chunk", "choices": [
+            {"index": 0, "delta": delta, "finish_reason": finish}]})
+
+    payloads = [chunk({"role": "assistant", "content": None})]
+    payloads += [chunk({"tool_calls": [{"index": i, "id": f"call_{i}", "type": "function",
+                                        "function": {"name": "write", "arguments": a}}]})
+                 for i, a in enumerate(arguments)]
+    payloads += [chunk({}, "tool_calls"), b"[DONE]"]
+    translator = StreamTranslator(model="m", message_id="msg_1", signing_key=b"k" * 32)
+    message = aggregate(translator.feed_all(payloads) + translator.eof())
+    inputs = [block["input"] for block in message["content"]]
+    return inputs, *translator.tool_arguments_fixed, translator.tool_arguments_over_budget
+
+
+@pytest.mark.parametrize("path", [_buffered, _streamed], ids=["buffered", "streamed"])
+@pytest.mark.parametrize(("raw", "calls", "value"), [r[1:] for r in REPLIES],
+                         ids=[r[0] for r in REPLIES])
+def test_a_reply_of_many_broken_calls_costs_a_bounded_repair(
+        monkeypatch: pytest.MonkeyPatch, path: Any, raw: str, calls: int,
+        value: dict[str, Any]) -> None:
+    """What the repairs of one reply read is bounded as a whole (the characters, calls and
+    tokens of the passes tried), however many broken calls it holds; a call past the budget
+    is ``{}`` and counted as unrepairable (and as over the budget), never dropped."""
+    seen = _repairs_seen(monkeypatch)
+    inputs, repaired, unrepairable, over_budget = path([raw] * calls)
+    assert len(inputs) == calls
+    assert repaired + unrepairable == calls
+    assert over_budget == unrepairable  # each call alone is repairable
+    assert inputs[0] == value
+    assert all(i in (value, {}) for i in inputs)
+    assert sum(i == value for i in inputs) == repaired
+    assert len(seen) <= tool_args.MAX_REPLY_REPAIRS
+    assert sum(map(len, seen)) <= tool_args.MAX_REPLY_REPAIR_CHARS
+    read = sum(min(len(list(tool_args._TOKEN.finditer(text))), tool_args.MAX_REPAIR_TOKENS + 1)
+               for text in seen)
+    assert read <= tool_args.MAX_REPLY_REPAIR_TOKENS + tool_args.MAX_REPAIR_TOKENS + 1
+
+
+@pytest.mark.parametrize(("spent", "left"), [
+    ({"calls": 0}, False), ({"chars": 8}, False), ({"tokens": 0}, False),
+    ({"seconds": 0.0}, False), ({"chars": 9}, True), ({}, True)])
+def test_a_repair_the_budget_cannot_afford_is_not_tried(
+        monkeypatch: pytest.MonkeyPatch, spent: dict[str, Any], left: bool) -> None:
+    seen = _repairs_seen(monkeypatch)
+    budget = tool_args.RepairBudget(**spent)
+    result = repair_arguments("{'a': 1,}", budget)  # 9 characters
+    assert result == (Repaired({"a": 1}, "repaired") if left else Repaired({}, "failed"))
+    assert len(seen) == int(left)
+    assert budget.refused == int(not left)
+    assert repair_arguments('{"a": 1}', budget).outcome == "ok"  # strict JSON costs nothing

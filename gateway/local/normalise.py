@@ -78,6 +78,14 @@ class ContentNormaliser:
             return self._think.undecided  # nothing has reached the call parser yet
         return calls.held
 
+    @property
+    def holds_call(self) -> bool:
+        """:attr:`held_call` is not "", without joining what is held (asked per delta)."""
+        calls = self._calls
+        if calls is None:
+            return False
+        return bool(self._think is not None and self._think.undecided) or calls.holding
+
     def drop_held_call(self) -> None:
         """Forget :attr:`held_call`: a stream cut inside it is asked again with only what
         came before it as the prefill, and the model writes the call again whole (a

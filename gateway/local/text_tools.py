@@ -18,7 +18,9 @@ A call is recognised only when its name is one of the request's tools: anything 
 that mentions ``<tool_call>``, an unknown name, JSON that does not parse) stays text, byte for
 byte. The parser holds back only what may still become a call: a tail that may be the start
 of a tag, an open block, or a message that so far may be Llama's whole-message JSON (held to
-the end, because only the end tells). A held block over :data:`MAX_HELD` characters is text.
+the end, because only the end tells). A block that does not end within :data:`MAX_HELD`
+characters of its marker is text: its first ``MAX_HELD`` characters go out as such and the
+search for markers goes on after them; a message longer than that is no whole-message call.
 
 At the end of the stream an open ``<tool_call>`` block is still recognised when its body is
 complete: a whole JSON object, or a ``<function=...>`` closed by ``</function>``. Models often
@@ -26,136 +28,197 @@ stop at EOS before ``</tool_call>``, and a body that parses is not a guess; a bo
 middle stays text.
 
 Every decision depends only on the text, never on where it was cut into chunks:
-:func:`split_text_tool_calls` gives the same pieces as feeding any split of it.
+:func:`split_text_tool_calls` gives the same pieces as feeding any split of it. The work is
+linear in the text whatever the cut (a looping model writes thousands of openers without
+closers, one token a delta): an open block is read by a scanner that goes on from where the
+last delta left it (:mod:`.text_blocks`) and the held text is a list of the deltas, joined once
+when the block ends; every character is looked at by one block at most.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Collection
-from typing import Any, NamedTuple
 
-from gateway.text import jsonutil
+from gateway.local.text_blocks import (
+    HERMES_OPEN,
+    MISTRAL,
+    HermesBlock,
+    MistralBlock,
+    TextToolCall,
+    whole_call,
+)
 
 __all__ = ["MAX_HELD", "TextToolCall", "TextToolCalls", "split_text_tool_calls"]
 
 MAX_HELD = 256 * 1024
 
-
-class TextToolCall(NamedTuple):
-    name: str
-    arguments: str  # JSON text of the arguments object, repaired later (tool_args)
-
-
 Piece = str | TextToolCall
 
-_HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
-_MISTRAL = "[TOOL_CALLS]"
-_MISTRAL_ARGS = "[ARGS]"
 _PYTHON_TAG = "<|python_tag|>"
-_MARKERS = (_HERMES_OPEN, _MISTRAL)
+_MARKERS = (HERMES_OPEN, MISTRAL)
 _MARKER = re.compile("|".join(re.escape(marker) for marker in _MARKERS))
-_FUNCTION = re.compile(r"<function=([^>\n]+)>([\s\S]*?)</function>")
-_PARAMETER = re.compile(r"<parameter=([^>\n]+)>([\s\S]*?)</parameter>")
-# A JSON string, or a bracket: enough to find where a value ends.
-# An unclosed string runs to the end, so a bracket inside it is never taken for one.
-_JSON_PART = re.compile(r'"(?:[^"\\]|\\[\s\S])*+\\?(?:"|\Z)|[{}\[\]]')
-_NAME = re.compile(r"[\w.\-]*")
-_MAX_NAME = 256  # longer is no tool name: the marker was text
-_WHOLE = re.compile(r"\s*(?:<\|python_tag\|>)?\s*")
+_LONGEST = max(map(len, _MARKERS))
+_FIRSTS = "".join(sorted({marker[0] for marker in _MARKERS}))
+
+Block = HermesBlock | MistralBlock
 
 
 class TextToolCalls:
     """Content deltas in, text and calls out, in order; see the module docstring."""
 
+    __slots__ = ("_block", "_head", "_names", "_parts", "_size", "_sure", "_whole", "found")
+
     def __init__(self, tool_names: Collection[str]) -> None:
         self._names = frozenset(tool_names)
-        self._held = ""
-        # Where the scan of an open block at the start of _held stopped, so the next feed
-        # goes on from there instead of scanning the block again (quadratic otherwise).
-        self._memo: dict[int, tuple[int, int]] = {}
+        # The held text, as the deltas came (joined when something is decided: joining on
+        # every delta would copy all of it each time), and its length.
+        self._parts: list[str] = []
+        self._size = 0
+        self._block: Block | None = None  # the open block the held text starts with
         self._whole = bool(self._names)  # the message may still be Llama's whole-message call
+        self._head = ""  # while it may: its first characters after the leading whitespace
+        self._sure = False  # ... and they settle that it may, whatever follows
         self.found = 0
 
     def __repr__(self) -> str:
-        return f"TextToolCalls(held={len(self._held)}, whole={self._whole}, found={self.found})"
+        return f"TextToolCalls(held={self._size}, whole={self._whole}, found={self.found})"
 
     @property
     def held(self) -> str:
         """The text held back as a possible call, not yet passed on: the end of the text so
         far (a tail that may begin a marker, an open block, or the whole message while it
         may be Llama's whole-message JSON)."""
-        return self._held
+        if len(self._parts) > 1:
+            self._parts[:] = ["".join(self._parts)]
+        return self._parts[0] if self._parts else ""
+
+    @property
+    def holding(self) -> bool:
+        """Anything is held (:attr:`held` is not ""), without joining it."""
+        return self._size > 0
 
     def drop_held(self) -> None:
         """Forget :attr:`held`: it was never passed on, and a mid-stream continuation has
         the model write it again from where the text passed on ends
         (gateway/messages/continuation.py). Whether the message may still be a
         whole-message call is kept: what was passed on is unchanged."""
-        self._held = ""
-        self._memo = {}
+        self._parts = []
+        self._size = 0
+        self._block = None
+        self._head, self._sure = "", False
 
     def passes(self, text: str) -> bool:
         """``feed(text)`` would return ``[text]`` and hold nothing: nothing is held, the
         message can no longer be a whole-message call, and no marker can start in it."""
-        return (not self._held and not self._whole and _MISTRAL[0] not in text
-                and _HERMES_OPEN[0] not in text)
+        return (not self._size and not self._whole and MISTRAL[0] not in text
+                and HERMES_OPEN[0] not in text)
 
     def feed(self, text: str) -> list[Piece]:
-        if not self._names:
+        if not self._names or self.passes(text):
             return [text] if text else []
-        if self.passes(text):
-            return [text] if text else []
-        self._held += text
         out: list[Piece] = []
+        block = self._block
         if self._whole:
-            if _may_be_whole(self._held) and len(self._held) <= MAX_HELD:
+            self._hold(text)
+            if self._size <= MAX_HELD and self._may_be_whole(text):
                 return out
             self._whole = False
-        self._scan(out, final=False)
+            self._scan(self._take(), out, final=False)
+        elif block is not None:
+            # the block goes on from where it stopped; it is never longer than the cap
+            end = block.scan(text, 0, min(len(text), MAX_HELD + 1 - self._size))
+            self._hold(text)
+            if end is None and self._size <= MAX_HELD:
+                return out
+            self._block = None
+            self._scan(self._take(), out, final=False, opened=(block, end))
+        else:  # at most a marker's first characters are held
+            self._scan(self._take() + text, out, final=False)
         return out
 
     def flush(self) -> list[Piece]:
         out: list[Piece] = []
+        held = self._take()
         if self._whole:
             self._whole = False
-            call = _whole_call(self._held, self._names)
+            call = whole_call(held, self._names) if len(held) <= MAX_HELD else None
             if call is not None:
-                self._held = ""
                 self.found += 1
                 return [call]
-        self._scan(out, final=True)
+        block, self._block = self._block, None
+        self._scan(held, out, final=True, opened=None if block is None else (block, None))
         return out
 
-    def _scan(self, out: list[Piece], *, final: bool) -> None:
-        """Release all of the held text that can no longer become a call."""
-        held = self._held
+    def _hold(self, text: str) -> None:
+        self._parts.append(text)
+        self._size += len(text)
+
+    def _take(self) -> str:
+        held = self._parts[0] if len(self._parts) == 1 else "".join(self._parts)
+        self._parts = []
+        self._size = 0
+        return held
+
+    def _may_be_whole(self, text: str) -> bool:
+        """After whitespace, ``{`` or ``<|python_tag|>`` (or a start of it) so far: only the
+        first characters after the whitespace are looked at, once."""
+        if self._sure:
+            return True
+        head = self._head + (text if self._head else text.lstrip())
+        self._head = head = head[:len(_PYTHON_TAG)]
+        self._sure = head.startswith("{") or head == _PYTHON_TAG
+        return self._sure or _PYTHON_TAG.startswith(head)
+
+    def _scan(self, held: str, out: list[Piece], *, final: bool,
+              opened: tuple[Block, int | None] | None = None) -> None:
+        """Release all of ``held`` that can no longer become a call; ``opened``: a block
+        ``held`` starts with, and where it ends (None: not yet)."""
+        texts: list[str] = []  # text out since the last call, joined once
         start = 0
         while True:
-            marker = _MARKER.search(held, start)
-            if marker is None:
-                keep = 0 if final else _tag_prefix(held, start)
-                _text(out, held[start:len(held) - keep])
-                self._held = held[len(held) - keep:]
-                return
-            _text(out, held[start:marker.start()])
-            memo = self._memo if marker.start() == 0 else {}
-            end, calls = _block(held, marker.start(), marker[0], self._names, final, memo)
-            if end is None:  # open: held until it closes, unless too long
-                if marker.start() + MAX_HELD >= len(held):
-                    self._held = held[marker.start():]
-                    self._memo = memo if marker.start() == 0 else {}  # its offsets moved
-                    return
-                end, calls = marker.end(), None
-            elif end - marker.start() > MAX_HELD:
-                end, calls = marker.end(), None
-            if calls is None:
-                _text(out, held[marker.start():end])
+            if opened is not None:
+                at, (block, end) = 0, opened
+                opened = None
             else:
-                out.extend(calls)
-                self.found += len(calls)
-            start = end
-            self._memo = {}
+                marker = _MARKER.search(held, start)
+                if marker is None:
+                    keep = 0 if final else _tag_prefix(held, start)
+                    texts.append(held[start:len(held) - keep])
+                    if keep:
+                        self._hold(held[len(held) - keep:])
+                    break
+                at = marker.start()
+                texts.append(held[start:at])
+                block = HermesBlock() if marker[0] == HERMES_OPEN else MistralBlock()
+                end = block.scan(held, marker.end(), min(len(held), at + MAX_HELD + 1))
+                if end is None and not final and len(held) - at <= MAX_HELD:
+                    self._hold(held[at:])  # open: held until it ends
+                    self._block = block
+                    break
+            start = self._settle(held, at, block, end, final, texts, out)
+        _text(out, texts)
+
+    def _settle(self, held: str, at: int, block: Block, end: int | None, final: bool,
+                texts: list[str], out: list[Piece]) -> int:
+        """Pass on the block at ``at``, ending at ``at + end`` (None: open at the end of
+        the stream); where the scan goes on."""
+        if end is None and len(held) - at <= MAX_HELD:  # final: what it holds is complete
+            end = len(held) - at
+            calls = block.final(held, at, self._names)
+        elif end is None or end > MAX_HELD:  # too long: text, and the search goes on in it
+            texts.append(held[at:at + MAX_HELD])
+            return at + MAX_HELD
+        else:
+            calls = block.calls(held, at, end, self._names)
+        if calls is None:
+            texts.append(held[at:at + end])
+        else:
+            _text(out, texts)
+            texts.clear()
+            out.extend(calls)
+            self.found += len(calls)
+        return at + end
 
 
 def split_text_tool_calls(text: str, tool_names: Collection[str]) -> list[Piece]:
@@ -164,16 +227,10 @@ def split_text_tool_calls(text: str, tool_names: Collection[str]) -> list[Piece]
     return parser.feed(text) + parser.flush()
 
 
-def _text(out: list[Piece], text: str) -> None:
+def _text(out: list[Piece], texts: list[str]) -> None:
+    text = "".join(texts)
     if text:
-        if out and type(out[-1]) is str:
-            out[-1] += text
-        else:
-            out.append(text)
-
-
-_LONGEST = max(map(len, _MARKERS))
-_FIRSTS = "".join(sorted({marker[0] for marker in _MARKERS}))
+        out.append(text)
 
 
 def _tag_prefix(held: str, start: int) -> int:
@@ -189,150 +246,3 @@ def _tag_prefix(held: str, start: int) -> int:
                 return len(held) - at
     return 0
 
-
-def _may_be_whole(held: str) -> bool:
-    rest = held.lstrip()
-    if rest.startswith(_PYTHON_TAG):
-        return True
-    return _PYTHON_TAG.startswith(rest) or rest.startswith("{")
-
-
-def _whole_call(held: str, names: frozenset[str]) -> TextToolCall | None:
-    """Llama 3.x: the whole message, after whitespace and ``<|python_tag|>``, one call."""
-    body = held[_WHOLE.match(held).end():]  # type: ignore[union-attr]
-    if len(held) > MAX_HELD or not body.startswith("{"):
-        return None
-    value = _object(body)
-    if value is None:
-        return None
-    return _call(value, names, ("parameters", "arguments"))
-
-
-# --- blocks: where a call that starts at a marker ends, and what it holds ----------------
-
-
-def _block(held: str, at: int, marker: str, names: frozenset[str], final: bool,
-           memo: dict[int, tuple[int, int]]) -> tuple[int | None, list[Piece] | None]:
-    """(end of the block or None while open, its calls or None when it is text)."""
-    if marker == _HERMES_OPEN:
-        searched = memo.get(-1, (at + len(marker), 0))[0]
-        close = held.find(_HERMES_CLOSE, searched)
-        if close < 0:
-            memo[-1] = (max(searched, len(held) - len(_HERMES_CLOSE) + 1), 0)
-            if not final:
-                return None, None
-            calls = _tool_call_body(held[at + len(marker):], names, final=True)
-            return len(held), calls
-        end = close + len(_HERMES_CLOSE)
-        return end, _tool_call_body(held[at + len(marker):close], names, final=False)
-    return _mistral(held, at + len(marker), names, final, memo)
-
-
-def _tool_call_body(body: str, names: frozenset[str], *, final: bool) -> list[Piece] | None:
-    if "<function=" in body:
-        functions = list(_FUNCTION.finditer(body))
-        if not functions or (final and _FUNCTION.sub("", body).strip()):
-            return None
-        calls = [_coder_call(function, names) for function in functions]
-        return None if None in calls else calls  # type: ignore[return-value]
-    value = _object(body.strip())
-    if value is None:
-        return None
-    call = _call(value, names, ("arguments", "parameters"))
-    return None if call is None else [call]
-
-
-def _coder_call(function: re.Match[str], names: frozenset[str]) -> TextToolCall | None:
-    name = function[1].strip()
-    if name not in names:
-        return None
-    arguments: dict[str, Any] = {}
-    for parameter in _PARAMETER.finditer(function[2]):
-        value = parameter[2].removeprefix("\n").removesuffix("\n")
-        try:
-            arguments[parameter[1].strip()] = jsonutil.loads(value)
-        except ValueError:
-            arguments[parameter[1].strip()] = value
-    return TextToolCall(name, jsonutil.dumps(arguments))
-
-
-def _mistral(held: str, at: int, names: frozenset[str], final: bool,
-             memo: dict[int, tuple[int, int]]) -> tuple[int | None, list[Piece] | None]:
-    """``[TOOL_CALLS][...]`` or ``[TOOL_CALLS]name[ARGS]{...}``, ending where the JSON does.
-
-    Where the text after the marker can be neither, the marker alone is text (end ``at``).
-    """
-    open_: tuple[int | None, list[Piece] | None] = (len(held), None) if final else (None, None)
-    start = len(held) - len(held[at:].lstrip())
-    if start == len(held):
-        return open_
-    if held[start] == "[":
-        end = _json_end(held, start, memo)
-        if end is None:
-            return open_
-        try:
-            value = jsonutil.loads(held[start:end])
-        except ValueError:
-            return end, None
-        if type(value) is not list or not value:
-            return end, None
-        calls = [_call(item, names, ("arguments",)) if type(item) is dict else None
-                 for item in value]
-        return end, None if None in calls else calls  # type: ignore[return-value]
-    name_end = _NAME.match(held, at).end()  # type: ignore[union-attr]
-    if name_end - at > _MAX_NAME:
-        return at, None
-    if not held.startswith(_MISTRAL_ARGS, name_end):
-        cut = name_end == len(held) or _MISTRAL_ARGS.startswith(held[name_end:])
-        return open_ if cut else (at, None)
-    brace = name_end + len(_MISTRAL_ARGS)
-    if brace == len(held):
-        return open_
-    end = _json_end(held, brace, memo) if held[brace] == "{" else brace
-    if end is None:
-        return open_
-    name = held[at:name_end]
-    if end == brace or name not in names or _object(held[brace:end]) is None:
-        return end, None
-    return end, [TextToolCall(name, held[brace:end])]
-
-
-def _json_end(text: str, start: int, memo: dict[int, tuple[int, int]]) -> int | None:
-    """Where the JSON object or array opening at ``start`` closes, or None if it does not
-    yet; ``memo`` keeps where the scan stopped and its depth, for the next, longer text."""
-    position, depth = memo.get(start, (start, 0))
-    for part in _JSON_PART.finditer(text, position):
-        bracket = part[0]
-        if bracket == "{" or bracket == "[":
-            depth += 1
-        elif bracket == "}" or bracket == "]":
-            depth -= 1
-            if depth == 0:
-                return part.end()
-        elif part.end() == len(text) and (len(bracket) < 2 or bracket[-1] != '"'
-                                          or bracket[-2] == "\\"):
-            break  # a string still open: scanned again once it closes
-        position = part.end()
-    memo[start] = (position, depth)
-    return None
-
-
-def _object(text: str) -> dict[str, Any] | None:
-    try:
-        value = jsonutil.loads(text)
-    except ValueError:
-        return None
-    return value if type(value) is dict else None
-
-
-def _call(value: dict[str, Any], names: frozenset[str],
-          keys: tuple[str, ...]) -> TextToolCall | None:
-    name = value.get("name")
-    if type(name) is not str or name not in names:
-        return None
-    arguments: Any = next((value[key] for key in keys if key in value), {})
-    if type(arguments) is str:
-        return TextToolCall(name, arguments)
-    if type(arguments) is not dict:
-        return None
-    return TextToolCall(name, jsonutil.dumps(arguments))

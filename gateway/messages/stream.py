@@ -431,7 +431,7 @@ class StreamTranslator:
                 if norm is None or norm.plain(content):
                     self._on_text(content, out)
                 else:
-                    if not norm.held_call:  # this delta may begin a held call: count before it
+                    if not norm.holds_call:  # this delta may begin a held call: count before it
                         self._before_held = (max(0, self.tokens_so_far - 1),
                                              self._content_chunks - 1)
                     if not self._on_pieces(norm.feed(content), out):

@@ -133,3 +133,18 @@ def test_a_held_block_past_the_cap_is_text() -> None:
     streamed = [p for at in range(0, len(text), 4096) for p in parser.feed(text[at:at + 4096])]
     assert "".join(streamed + parser.flush()) == text  # type: ignore[arg-type]
     assert _merged(split_text_tool_calls(text, TOOLS)) == [text]
+
+
+@pytest.mark.parametrize("opener", ["<tool_call>", "[TOOL_CALLS][", "[TOOL_CALLS]read_file[ARGS]{",
+                                    "<tool_call>\n<function=read_file>\n"])
+def test_a_block_past_the_cap_is_text_and_calls_after_it_are_found(opener: str) -> None:
+    """A block not ended within MAX_HELD characters goes out as text, the search goes on
+    after them, whole or streamed: a looping model's call after the loop is still found."""
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    loop = opener + "[<" * text_tools.MAX_HELD
+    assert _merged(split_text_tool_calls(loop + call, TOOLS)) == [loop, W]
+    parser = TextToolCalls(TOOLS)
+    text = loop + call
+    pieces = [p for at in range(0, len(text), 1000) for p in parser.feed(text[at:at + 1000])]
+    assert len(parser.held) < len(call)
+    assert _merged(pieces + parser.flush()) == [loop, W]

@@ -222,8 +222,64 @@ DOMAINS = [
     (["example.com/v*/x*"], None, "https://example.com/v1/x", True),
 ]
 
+# A result URL's host as a browser reads it (WHATWG URL parsing), not as urlsplit does: each
+# row is a way past the filters before the host was read so.
+BROWSER_HOSTS = [
+    # (allowed, blocked, url, kept)
+    # a backslash ends the host: the browser goes to evil.com (urlsplit said allowed.com)
+    (["allowed.com"], None, "https://evil.com\\@allowed.com/", False),
+    (["allowed.com"], None, "https://evil.com\\.allowed.com/", False),
+    (None, ["evil.com"], "https://evil.com\\@allowed.com/", False),
+    (None, ["evil.com"], "https:\\\\evil.com/x", False),
+    (["allowed.com/blog"], None, "https://allowed.com\\blog\\post", True),
+    (["allowed.com"], None, "https://user@allowed.com/", True),
+    (["allowed.com"], None, "https://allowed.com@evil.com/", False),
+    # full-width and ideographic full stops are dots
+    (None, ["evil.com"], "https://evil\uff0ecom/", False),
+    (None, ["evil.com"], "https://evil\u3002com/", False),
+    (None, ["evil.com"], "https://evil\uff61com/", False),
+    (["allowed.com"], None, "https://allowed\uff0ecom/x", True),
+    (["allowed\u3002com"], None, "https://docs.allowed.com/x", True),
+    # U-labels and A-labels are one host, either side
+    (None, ["b\u00fccher.de"], "https://xn--bcher-kva.de/", False),
+    (None, ["xn--bcher-kva.de"], "https://b\u00fccher.de/", False),
+    (None, ["xn--bcher-kva.de"], "https://B\u00dcCHER.de/", False),
+    (None, ["XN--BCHER-KVA.DE"], "https://shop.b\u00fccher.de/", False),
+    (["b\u00fccher.de"], None, "https://xn--bcher-kva.de/x", True),
+    (None, ["fa\u00df.de"], "https://xn--fa-hia.de/", False),  # non-transitional: no "ss"
+    (["fa\u00df.de"], None, "https://fass.de/", False),
+    (None, ["evil.com"], "https://\uff45\uff56\uff49\uff4c.com/", False),  # full-width letters
+    (None, ["evil.com"], "https://evil%2ecom/", False),  # a host is percent-decoded
+    # upper case, trailing dots, ports
+    (None, ["evil.com"], "https://EVIL.COM./x", False),
+    (None, ["evil.com."], "https://www.evil.com/x", False),
+    (None, ["evil.com"], "HTTPS://evil.com:443/x", False),
+    (["allowed.com"], None, "https://allowed.com:8443/x", True),
+    # dot segments are resolved before a path entry matches
+    (["allowed.com/blog"], None, "https://allowed.com/blog/../admin", False),
+    (["allowed.com/blog"], None, "https://allowed.com/blog/%2e%2e/admin", False),
+    (["allowed.com/blog"], None, "https://allowed.com/x/../blog/a", True),
+    # IPv4 in any spelling is one address; an address has no subdomains
+    (None, ["127.0.0.1"], "http://0x7f.1/", False),
+    (None, ["127.0.0.1"], "http://2130706433/", False),
+    (None, ["0x7f.0.0.1"], "http://127.0.0.1/", False),
+    (["0.0.1"], None, "http://10.0.0.1/", False),
+    (None, ["[::1]"], "http://[0:0::1]:80/", False),
+    # a host a browser would not parse is dropped while a filter is set
+    (None, ["evil.com"], "https://xn--a.com/", False),  # invalid Punycode
+    (None, ["evil.com"], "https://xn--abc.com/", False),  # an A-label of ASCII only
+    (None, ["evil.com"], "https://ev%ffil.com/", False),  # not UTF-8
+    (None, ["evil.com"], "https://a<b.com/", False),  # a forbidden code point
+    (None, ["evil.com"], "https://1.2.3.256/", False),  # ends in a number, no address
+    (None, ["evil.com"], "https://ok.com:99999/", False),
+    (None, ["evil.com"], "ftp://ok.com/", False),
+    (None, ["evil.com"], "https://user@/x", False),
+    (None, None, "https://xn--a.com/", True),  # no filter: nothing to judge
+    (None, ["evil.com"], "https://ok.com/", True),
+]
 
-@pytest.mark.parametrize("allowed,blocked,url,kept", DOMAINS)
+
+@pytest.mark.parametrize("allowed,blocked,url,kept", DOMAINS + BROWSER_HOSTS)
 def test_domain_filters_match_as_the_api_documents(allowed: list[str] | None,
                                                    blocked: list[str] | None, url: str,
                                                    kept: bool) -> None:

@@ -212,7 +212,7 @@ def continuation_payload(call: Call, translator: StreamTranslator, *,
         message["content"] = f"<think>{reasoning}</think>{text}" if text or tool_calls \
             else f"<think>{reasoning}"
     if text or reasoning:
-        body["messages"] = [*body["messages"], message]
+        body["messages"] = _extended(body["messages"], message)
         if kind in _CONTINUE_FLAG_KINDS:
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
@@ -224,6 +224,25 @@ def continuation_payload(call: Call, translator: StreamTranslator, *,
     else:
         max_tokens = None
     return jsonutil.dumpb(body), max_tokens
+
+
+def _extended(messages: list[Any], message: dict[str, Any]) -> list[Any]:
+    """``messages`` with the answer so far: appended, or, when they end in the client's own
+    prefill (an assistant message without calls), added to it: one assistant turn, the
+    prefill then what followed it (two would be a finished turn and a new one)."""
+    last = messages[-1] if messages else None
+    if not (isinstance(last, dict) and last.get("role") == "assistant"
+            and not last.get("tool_calls")):
+        return [*messages, message]
+    content = last.get("content")
+    if isinstance(content, list):  # content parts: their text
+        content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    merged = {**last, "content": (content if isinstance(content, str) else "")
+              + message["content"]}
+    if "reasoning_content" in message:
+        merged["reasoning_content"] = (last.get("reasoning_content") or "") \
+            + message["reasoning_content"]
+    return [*messages[:-1], merged]
 
 
 class Continued:

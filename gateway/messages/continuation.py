@@ -328,7 +328,7 @@ class Continued:
             usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         chunk = {**chunk, "usage": usage}
         chunk.pop("timings", None)  # llama.cpp's cache figures are the continuation's
-        return jsonutil.dumpb(chunk)
+        return jsonutil.dumpb_upstream(chunk)
 
 
 class Regenerated(Continued):
@@ -398,7 +398,7 @@ class Regenerated(Continued):
         delta = {key: value for key, value in delta.items()
                  if key not in ("content", "reasoning_content", "reasoning")}
         chunk = {**chunk, "choices": [{**choice, "delta": delta}, *choices[1:]]}
-        return self._rewrite(self._map_calls(jsonutil.dumpb(chunk)))
+        return self._rewrite(self._map_calls(jsonutil.dumpb_upstream(chunk)))
 
     def _map_calls(self, payload: bytes) -> bytes:
         """The new calls' indexes (and the first call's id) as the open reply knows them."""
@@ -435,7 +435,7 @@ class Regenerated(Continued):
                 call["index"] += self._offset
             mapped.append(call)
         choice = {**choices[0], "delta": {**delta, "tool_calls": mapped}}
-        return jsonutil.dumpb({**chunk, "choices": [choice, *choices[1:]]})
+        return jsonutil.dumpb_upstream({**chunk, "choices": [choice, *choices[1:]]})
 
     def _mismatch(self, what: str) -> bytes | None:
         """This part ends here: it does not regenerate the open call."""

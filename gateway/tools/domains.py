@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.tools.hosts import canonical_host, host_and_path
+from gateway.tools.hosts import canonical_host, host_and_path, normal_path
 
 __all__ = ["DomainFilter"]
 
@@ -82,7 +82,7 @@ def _entry(text: str) -> _Entry:
     if not slash or not path.strip("/*"):
         return _Entry(host, None)
     # "/blog" covers "/blog", "/blog/..." and "/blog?..." but not "/blogger"
-    return _Entry(host, _Path("/" + path))
+    return _Entry(host, _Path(normal_path("/" + path)))
 
 
 class DomainFilter:

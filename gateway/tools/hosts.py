@@ -20,7 +20,9 @@ WHATWG URL Standard's facts for the special schemes (``http``, ``https``) this r
 - A host whose last label is a number (decimal, ``0x`` hex) is an IPv4 address, each of at
   most four parts decimal, octal (a leading ``0``) or hex: ``0x7f.1`` is ``127.0.0.1``.
 - The path's ``\\`` are ``/``; its ``.`` and ``..`` segments (also written ``%2e``) are
-  resolved.
+  resolved. A browser sends ``%62`` as it is, but a server reads it as ``b`` (RFC 3986
+  6.2.2.2: an escaped unreserved character is that character), so the filters compare
+  paths with those escapes decoded (:func:`normal_path`, for entries too).
 
 A browser keeps a host's trailing dot; the filters compare without it (``a.com.`` is the
 DNS name ``a.com``). The UTS #46 mapping is the ``idna`` package's table (aiohttp's yarl
@@ -38,7 +40,7 @@ from urllib.parse import unquote_to_bytes
 
 import idna
 
-__all__ = ["canonical_host", "host_and_path"]
+__all__ = ["canonical_host", "host_and_path", "normal_path"]
 
 _MAX_HOST = 1024  # characters of a host looked at; DNS names are at most 253
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):")
@@ -46,6 +48,8 @@ _STRIPPED = "".join(map(chr, range(0x21)))  # C0 controls and space
 _REMOVED = str.maketrans("", "", "\t\n\r")
 _FORBIDDEN = re.compile(r"[\x00-\x20#%/:<>?@\[\\\]^|\x7f]")
 _DOTS = re.compile("[\u3002\uff0e\uff61]")
+_ESCAPE = re.compile("%([0-9A-Fa-f]{2})")
+_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 _SINGLE_DOT = frozenset({".", "%2e"})
 _DOUBLE_DOT = frozenset({"..", ".%2e", "%2e.", "%2e%2e"})
 
@@ -202,8 +206,20 @@ def _ipv4_number(part: str) -> int | None:
         return None
 
 
+def normal_path(path: str) -> str:
+    """``path`` with its escaped unreserved characters decoded, other escapes upper case."""
+    return _ESCAPE.sub(_unescape, path) if "%" in path else path
+
+
+def _unescape(escape: re.Match[str]) -> str:
+    char = chr(int(escape.group(1), 16))
+    return char if char in _UNRESERVED else escape.group(0).upper()
+
+
 def _path(raw: str) -> str:
-    """The path as a browser resolves it: ``\\`` as ``/``, dot segments removed."""
+    """The path as a browser resolves it (``\\`` as ``/``, dot segments removed), its
+    escaped unreserved characters decoded."""
+    raw = normal_path(raw)
     segments = raw.replace("\\", "/").split("/")[1:] if raw else [""]
     out: list[str] = []
     for i, segment in enumerate(segments):

@@ -259,6 +259,11 @@ BROWSER_HOSTS = [
     (["allowed.com/blog"], None, "https://allowed.com/blog/../admin", False),
     (["allowed.com/blog"], None, "https://allowed.com/blog/%2e%2e/admin", False),
     (["allowed.com/blog"], None, "https://allowed.com/x/../blog/a", True),
+    # an escaped unreserved character is that character to a server (RFC 3986 6.2.2.2)
+    (None, ["example.com/blog"], "https://example.com/%62log/post", False),
+    (None, ["example.com/%62log"], "https://example.com/blog", False),
+    (["example.com/a%2fb"], None, "https://example.com/a%2Fb", True),
+    (["example.com/a%2fb"], None, "https://example.com/a/b", False),  # "/" is reserved
     # IPv4 in any spelling is one address; an address has no subdomains
     (None, ["127.0.0.1"], "http://0x7f.1/", False),
     (None, ["127.0.0.1"], "http://2130706433/", False),

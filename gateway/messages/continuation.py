@@ -212,7 +212,8 @@ def continuation_payload(call: Call, translator: StreamTranslator, *,
         message["content"] = f"<think>{reasoning}</think>{text}" if text or tool_calls \
             else f"<think>{reasoning}"
     if text or reasoning:
-        body["messages"] = _extended(body["messages"], message)
+        body["messages"] = _extended(body["messages"], message,
+                                     prefilled=body.get("continue_final_message") is not False)
         if kind in _CONTINUE_FLAG_KINDS:
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
@@ -226,12 +227,13 @@ def continuation_payload(call: Call, translator: StreamTranslator, *,
     return jsonutil.dumpb(body), max_tokens
 
 
-def _extended(messages: list[Any], message: dict[str, Any]) -> list[Any]:
+def _extended(messages: list[Any], message: dict[str, Any], *, prefilled: bool) -> list[Any]:
     """``messages`` with the answer so far: appended, or, when they end in the client's own
-    prefill (an assistant message without calls), added to it: one assistant turn, the
-    prefill then what followed it (two would be a finished turn and a new one)."""
+    prefill (an assistant message without calls, not sent as a finished turn with
+    ``continue_final_message: false``), added to it: one assistant turn, the prefill then
+    what followed it (two would be a finished turn and a new one)."""
     last = messages[-1] if messages else None
-    if not (isinstance(last, dict) and last.get("role") == "assistant"
+    if not (prefilled and isinstance(last, dict) and last.get("role") == "assistant"
             and not last.get("tool_calls")):
         return [*messages, message]
     content = last.get("content")

@@ -622,6 +622,22 @@ def test_a_cut_after_the_clients_prefill_goes_on_in_that_turn(
     assert decoded["messages"] == [{"role": "user", "content": "Say hello"}, turn]
 
 
+def test_a_final_assistant_turn_the_client_finished_gets_the_answer_after_it() -> None:
+    """``continue_final_message: false``: the client's last assistant turn was sent as a
+    finished one and the answer is a new turn: continued as a turn of its own."""
+    call = make_call("vllm")
+    body = json.loads(call.payload)
+    body["messages"].append({"role": "assistant", "content": "Done."})
+    body["continue_final_message"] = False
+    call.payload = json.dumps(body).encode()
+    t = translator()
+    t.feed(ROLE[len(b"data: "):-2])
+    t.feed(chunk({"content": "Next"})[len(b"data: "):-2])
+    decoded = json.loads(continuation_payload(call, t)[0])
+    assert decoded["messages"][1:] == [{"role": "assistant", "content": "Done."},
+                                       {"role": "assistant", "content": "Next"}]
+
+
 async def test_a_prefilled_stream_cut_is_continued_as_one_turn(
         monkeypatch: pytest.MonkeyPatch) -> None:
     call = make_call()

@@ -392,7 +392,7 @@ def from_inband(payload: Any, *, hosts: Iterable[str] = (), secrets: Secrets = N
     ``{"object": "error", "message", "code"}`` (SGLang, older vLLM).
     """
     status = (_status_code_of(payload) if isinstance(payload, Mapping) else None) or 500
-    return from_upstream(status, jsonutil.dumpb(payload), hosts=hosts, secrets=secrets)
+    return from_upstream(status, jsonutil.dumpb_upstream(payload), hosts=hosts, secrets=secrets)
 
 
 def inband_error(payload: Mapping[str, Any], *, hosts: Iterable[str] = (),

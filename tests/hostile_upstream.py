@@ -47,6 +47,9 @@ a test can check that each client got *its* reply. Every reply echoes the reques
                          escaped, event, type, text (see _disguised_leak)
     leak-inband:STATUS   a 200 carrying the same text as an in-band error: an error event
                          after the first chunk of a stream, or an error body when buffered
+    nan-inband           a 200 whose in-band error holds numbers JSON cannot (``"code": NaN``,
+                         ``Infinity``, ``1e400``; ujson reads them): after the first chunk of a
+                         stream, or as the body when buffered
     wrong-id             the reply, echoing an X-Request-Id that is not the request's
     reset                the connection reset (RST) before any byte of the reply
     malformed-head       a head with a line that is not a header
@@ -447,6 +450,18 @@ async def _answer(req: Request, writer: asyncio.StreamWriter) -> bool:
         error = {"error": {"message": _leak_text(req), "type": "BadRequestError",
                            "code": int(arg or 500)}}
         data = json.dumps(error).encode()
+        if stream:
+            w(_head("200 OK", [("content-type", "text/event-stream; charset=utf-8"),
+                               ("transfer-encoding", "chunked"), *_id_headers(req, echo)])
+              + _chunked(_events(model, text)[0]) + _chunked(b"data: " + data + b"\n\n")
+              + b"0\r\n\r\n")
+        else:
+            w(_head("200 OK", [("content-type", "application/json"),
+                               ("content-length", str(len(data))), *_id_headers(req, echo)])
+              + data)
+    elif scenario == "nan-inband":
+        data = (b'{"error":{"message":"sampling failed","type":"InternalServerError",'
+                b'"code":NaN,"param":Infinity,"details":[1e400,-Infinity]}}')
         if stream:
             w(_head("200 OK", [("content-type", "text/event-stream; charset=utf-8"),
                                ("transfer-encoding", "chunked"), *_id_headers(req, echo)])

@@ -45,6 +45,8 @@ Markers in the query script the failure modes (the marker stays in the echoed ``
     #garbage   200 application/json whose body is not JSON
     #html      200 text/html (a login page of a proxy in front of the instance)
     #many      ten results instead of three (hosts cycle), for result caps
+    #redirectN 302 to the same path and query on ``127.0.0.1:N`` (an instance behind a proxy
+               that sends a client elsewhere: the gateway must not follow it)
     #odd       results as SearXNG may pass them on (:func:`odd_results`): an empty title, an
                ``ftp://`` URL, a URL with a query string and non-ASCII path, a
                ``publishedDate`` with a UTC offset, a long multi-line snippet
@@ -70,6 +72,7 @@ ENGINES = ("duckduckgo", "brave", "wikipedia")
 PUBLISHED = datetime.datetime(2026, 3, 14, 9, 26, 53)
 _SITE = re.compile(r"(?:^|\s)site:(\S+)")
 _MARKER = re.compile(r"#\w+")
+_REDIRECT = re.compile(r"#redirect(\d+)")
 
 
 def slug(query: str) -> str:
@@ -166,6 +169,10 @@ class SearxStub:
         query = params.get("q", "")
         if not query:
             return web.json_response({"error": "No query"}, status=400)
+        redirect = _REDIRECT.search(query)
+        if redirect is not None:
+            target = f"http://127.0.0.1:{redirect.group(1)}{request.path_qs}"
+            return web.Response(status=302, headers={"Location": target})
         if "#fail" in query:
             return web.json_response({"error": "search error"}, status=500)
         if "#busy" in query:

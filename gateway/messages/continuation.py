@@ -212,7 +212,8 @@ def continuation_payload(call: Call, translator: StreamTranslator, *,
         message["content"] = f"<think>{reasoning}</think>{text}" if text or tool_calls \
             else f"<think>{reasoning}"
     if text or reasoning:
-        body["messages"] = [*body["messages"], message]
+        body["messages"] = _extended(body["messages"], message,
+                                     prefilled=body.get("continue_final_message") is not False)
         if kind in _CONTINUE_FLAG_KINDS:
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
@@ -224,6 +225,26 @@ def continuation_payload(call: Call, translator: StreamTranslator, *,
     else:
         max_tokens = None
     return jsonutil.dumpb(body), max_tokens
+
+
+def _extended(messages: list[Any], message: dict[str, Any], *, prefilled: bool) -> list[Any]:
+    """``messages`` with the answer so far: appended, or, when they end in the client's own
+    prefill (an assistant message without calls, not sent as a finished turn with
+    ``continue_final_message: false``), added to it: one assistant turn, the prefill then
+    what followed it (two would be a finished turn and a new one)."""
+    last = messages[-1] if messages else None
+    if not (prefilled and isinstance(last, dict) and last.get("role") == "assistant"
+            and not last.get("tool_calls")):
+        return [*messages, message]
+    content = last.get("content")
+    if isinstance(content, list):  # content parts: their text
+        content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    merged = {**last, "content": (content if isinstance(content, str) else "")
+              + message["content"]}
+    if "reasoning_content" in message:
+        merged["reasoning_content"] = (last.get("reasoning_content") or "") \
+            + message["reasoning_content"]
+    return [*messages[:-1], merged]
 
 
 class Continued:
@@ -309,7 +330,7 @@ class Continued:
             usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         chunk = {**chunk, "usage": usage}
         chunk.pop("timings", None)  # llama.cpp's cache figures are the continuation's
-        return jsonutil.dumpb(chunk)
+        return jsonutil.dumpb_upstream(chunk)
 
 
 class Regenerated(Continued):
@@ -379,7 +400,7 @@ class Regenerated(Continued):
         delta = {key: value for key, value in delta.items()
                  if key not in ("content", "reasoning_content", "reasoning")}
         chunk = {**chunk, "choices": [{**choice, "delta": delta}, *choices[1:]]}
-        return self._rewrite(self._map_calls(jsonutil.dumpb(chunk)))
+        return self._rewrite(self._map_calls(jsonutil.dumpb_upstream(chunk)))
 
     def _map_calls(self, payload: bytes) -> bytes:
         """The new calls' indexes (and the first call's id) as the open reply knows them."""
@@ -416,7 +437,7 @@ class Regenerated(Continued):
                 call["index"] += self._offset
             mapped.append(call)
         choice = {**choices[0], "delta": {**delta, "tool_calls": mapped}}
-        return jsonutil.dumpb({**chunk, "choices": [choice, *choices[1:]]})
+        return jsonutil.dumpb_upstream({**chunk, "choices": [choice, *choices[1:]]})
 
     def _mismatch(self, what: str) -> bytes | None:
         """This part ends here: it does not regenerate the open call."""

@@ -101,7 +101,7 @@ class InbandErrors:
             if not isinstance(response, dict) or response.get("error") is None:
                 return None
             response["error"] = self._failure(response["error"])
-            data = jsonutil.dumpb(obj)
+            data = jsonutil.dumpb_upstream(obj)
             return (b"event: " + name + b"\ndata: " if name else b"data: ") + data + b"\n\n"
         if kind == "error":
             err = errors.from_inband(obj, hosts=self._hosts, secrets=self._secrets)
@@ -125,7 +125,7 @@ class InbandErrors:
             if obj.get("error") is None:
                 return data
             obj["error"] = self._failure(obj["error"])
-            return jsonutil.dumpb(obj)
+            return jsonutil.dumpb_upstream(obj)
         err = errors.inband_error(obj, hosts=self._hosts, secrets=self._secrets)
         if err is not None:
             raise err

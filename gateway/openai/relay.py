@@ -74,12 +74,12 @@ class ModelRewriter:
         if isinstance(reported, str):
             # the upstream names its model its own way (llama.cpp: the file path);
             # learn it, so the following events take the byte-replace path again
-            needle = b'"model":' + jsonutil.dumpb(reported)
+            needle = b'"model":' + jsonutil.dumpb_upstream(reported)
             if needle in payload:
                 self._needle = needle
                 return payload.replace(needle, self._compact, 1)
         holder["model"] = self._alias
-        return jsonutil.dumpb(obj)
+        return jsonutil.dumpb_upstream(obj)
 
 
 def _model_holder(obj: Any) -> dict[str, Any] | None:

@@ -3,7 +3,12 @@
 ujson with its flags pinned so that golden bytes are stable: non-ASCII is
 written as UTF-8 (``ensure_ascii=False``), ``/`` is not escaped, and NaN or
 Infinity are never written (``allow_nan=False``). :func:`loads_upstream`
-decodes upstream payloads as they come (the hot path of a stream).
+decodes upstream payloads as they come (the hot path of a stream), unchecked:
+ujson reads ``NaN``, ``Infinity`` and ``1e400`` as floats and lone ``\\ud800``
+escapes as strings, which :func:`dumpb` then refuses (``OverflowError``,
+``UnicodeEncodeError``). What writes an upstream's value again (an in-band error
+body, a rewritten chunk) uses :func:`dumpb_upstream`: those become ``null`` and
+U+FFFD, at no cost to the values that encode.
 
 :func:`loads` decodes what a client sent, strictly and within bounds. What
 ujson accepts and a client body may not hold:
@@ -56,6 +61,7 @@ __all__ = [
     "MAX_VALUES",
     "JSONInputError",
     "dumpb",
+    "dumpb_upstream",
     "dumps",
     "loads",
     "loads_upstream",
@@ -93,6 +99,43 @@ def dumpb(obj: Any) -> bytes:
     return ujson.dumps(
         obj, ensure_ascii=False, escape_forward_slashes=False, allow_nan=False
     ).encode()
+
+
+def dumpb_upstream(obj: Any) -> bytes:
+    """:func:`dumpb` for a value decoded from an upstream (:func:`loads_upstream`): a
+    number JSON cannot hold (NaN, an infinity) written as null, a lone surrogate as U+FFFD
+    (see the module doc). Only a value that fails to encode is walked."""
+    try:
+        return dumpb(obj)
+    except (OverflowError, UnicodeEncodeError):
+        return dumpb(_encodable(obj))
+
+
+def _encodable(value: Any) -> Any:
+    """A copy of ``value`` that :func:`dumpb` writes; level by level, no recursion (a
+    decoded value nests up to ujson's 1,024 levels)."""
+    root: list[Any] = [None]
+    todo: list[tuple[Any, Any, Any]] = [(value, root, 0)]  # (value, its holder, its key)
+    while todo:
+        node, holder, key = todo.pop()
+        kind = type(node)
+        if kind is dict:
+            copy: Any = {}
+            for k, v in node.items():
+                k = _SURROGATE.sub("\ufffd", k) if type(k) is str else k
+                copy[k] = None  # the keys in their order; the values filled in below
+                todo.append((v, copy, k))
+        elif kind is list:
+            copy = [None] * len(node)
+            todo.extend((v, copy, i) for i, v in enumerate(node))
+        elif kind is float:
+            copy = node if node - node == 0.0 else None  # inf - inf and nan - nan are nan
+        elif kind is str:
+            copy = _SURROGATE.sub("\ufffd", node)
+        else:
+            copy = node
+        holder[key] = copy
+    return root[0]
 
 
 # A string with nothing JSON escapes (quote, backslash, control characters): with

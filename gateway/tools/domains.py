@@ -4,8 +4,13 @@ As the API documents them: an entry is a domain without its scheme (``example.co
 covers its subdomains (``example.com`` matches ``docs.example.com``), while a subdomain entry
 covers only itself and below (``docs.example.com`` does not match ``example.com`` or
 ``api.example.com``); an entry may carry a path (``example.com/blog``), which matches that
-path and everything under it, and a ``*`` in the path matches any characters. Matching is
-case-insensitive on the host; ``www.`` is not special. Pure.
+path and everything under it, and a ``*`` in the path matches any characters. ``www.`` is
+not special.
+
+A result's host and path are the ones a browser would go to (:mod:`.hosts`: a backslash
+ends the host, full-width dots are dots, U-labels and A-labels are one host, upper case and
+a trailing dot do not matter), and an entry's host is put in the same one form; a result
+whose URL a browser would not parse is dropped while any filter is set. Pure.
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+
+from gateway.tools.hosts import canonical_host, host_and_path, normal_path
 
 __all__ = ["DomainFilter"]
 
@@ -52,24 +58,31 @@ class _Path:
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
-    host: str
+    host: str | None  # None: a host no URL has (one a browser would not parse)
     path: _Path | None  # None: any path
 
     def matches(self, host: str, path: str) -> bool:
-        if host != self.host and not host.endswith("." + self.host):
+        if self.host is None:
+            return False
+        if host != self.host and (not host.endswith("." + self.host) or _is_address(host)):
             return False
         return self.path is None or self.path.match(path)
 
 
+def _is_address(host: str) -> bool:
+    """An IP address has no subdomains (a canonical domain never ends in a number)."""
+    return host.startswith("[") or host[-1].isdigit()
+
+
 def _entry(text: str) -> _Entry:
-    host, slash, path = text.strip().partition("/")
-    host = host.lower().rstrip(".")
-    if host.startswith("*."):  # a leading wildcard says what subdomain matching already does
-        host = host[2:]
+    name, slash, path = text.strip().partition("/")
+    if name.startswith("*."):  # a leading wildcard says what subdomain matching already does
+        name = name[2:]
+    host = canonical_host(name)
     if not slash or not path.strip("/*"):
         return _Entry(host, None)
     # "/blog" covers "/blog", "/blog/..." and "/blog?..." but not "/blogger"
-    return _Entry(host, _Path("/" + path))
+    return _Entry(host, _Path(normal_path("/" + path)))
 
 
 class DomainFilter:
@@ -83,12 +96,12 @@ class DomainFilter:
         self._blocked = [_entry(d) for d in blocked or ()]
 
     def __call__(self, url: str) -> bool:
-        try:
-            parts = urlsplit(url)
-            host = (parts.hostname or "").rstrip(".")
-        except ValueError:
+        if self._allowed is None and not self._blocked:
+            return True
+        parsed = host_and_path(url)
+        if parsed is None:
             return False
-        path = parts.path or "/"
+        host, path = parsed
         if any(e.matches(host, path) for e in self._blocked):
             return False
         return self._allowed is None or any(e.matches(host, path) for e in self._allowed)

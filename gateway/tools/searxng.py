@@ -27,8 +27,13 @@ SearXNG's JSON -> ``unavailable``. The backend's address never reaches a client.
 Client: aiohttp's own ``ClientSession`` (one per process, made and closed by the app), not
 the upstream pool: that pool is built for chat-completion streams (llhttp framing, replicas,
 continuation, per-upstream metrics), a search is one small GET to a different kind of server,
-and aiohttp's client gives the timeouts, redirects and keep-alive it needs. This module is
-that client's boundary: aiohttp's errors are caught here and nowhere else in the tools.
+and aiohttp's client gives the timeouts and keep-alive it needs. This module is that
+client's boundary: aiohttp's errors are caught here and nowhere else in the tools.
+
+Redirects are not followed: the operator names the instance, and a redirect (a proxy in
+front of it, a compromised or misconfigured instance) could send the search, its query
+and the gateway's connection to any host, also one inside the gateway's network. A 3xx
+answer is a failure like any other status (``unavailable``, logged as ``http_3xx``).
 """
 
 from __future__ import annotations
@@ -227,7 +232,8 @@ class Searxng:
             async with asyncio.timeout(config.timeout):
                 assert self._session is not None, "Searxng.start() was not called"
                 async with self._session.get(config.searxng_url + "/search", params=params,
-                                             headers={"Accept": "application/json"}) as resp:
+                                             headers={"Accept": "application/json"},
+                                             allow_redirects=False) as resp:
                     status = resp.status
                     if status == 429:
                         raise SearchFailed("too_many_requests", "too_many_requests", status)

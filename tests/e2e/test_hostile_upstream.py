@@ -73,7 +73,7 @@ SCENARIOS = (
     "drip-trailer:500", "gzip-bomb", "size-bomb:512", "leak:400", "leak:413", "leak:422",
     "leak:429", "leak:500", "leak-inband:400", "leak-inband:500", "leak-disguised:escaped",
     "leak-disguised:event", "leak-disguised:type", "leak-disguised:text", "wrong-id", "reset",
-    "malformed-head", "cut-body",
+    "malformed-head", "cut-body", "nan-inband",
 )
 
 # api -> (path under the prefix, does it stream)
@@ -761,6 +761,25 @@ def test_no_key_or_internal_host_reaches_a_client_or_a_log_line(gateway: Gateway
         print("  log:", line[:300])
     assert not problems, problems
     assert not log_leaks, log_leaks[:3]
+
+
+@pytest.mark.timeout(60)
+def test_an_inband_error_holding_nan_is_an_error_on_every_route(
+        hostile: str, own_gateway: list[Gateway], tmp_path: Path) -> None:
+    """An in-band error whose code is NaN (and other numbers JSON cannot hold: ujson reads
+    them) is an error envelope on every route, buffered and streamed, and no traceback in
+    the gateway's log (writing it again raised OverflowError)."""
+    gw = _start(tmp_path, _config(hostile))
+    own_gateway.append(gw)
+    for api, stream in ROUTES:
+        reply = call(gw, api, "nan-inband", stream=stream)
+        found = error_of(api, reply)
+        assert found is not None, (api, stream, reply.status, reply.body[-300:])
+        assert b"NaN" not in reply.body and b"Infinity" not in reply.body, (api, stream)
+    log = gw.log(flushed=True)
+    tracebacks = [line for line in log.splitlines()
+                  if "Traceback" in line or '"traceback"' in line or "OverflowError" in line]
+    assert not tracebacks, tracebacks[:3]
 
 
 # --- 7. refused, reset, malformed; the request id; keepalive = false ----------------------

@@ -583,3 +583,70 @@ async def test_a_thought_before_a_held_text_call_goes_back_without_the_call(
     assert final(events)["delta"]["stop_reason"] == "tool_use"
     assert sent[0]["body"]["messages"][-1] == {"role": "assistant", **prefill}
     assert sent[0]["body"]["max_tokens"] == 99  # the thought's delta only
+
+
+# (the client's final assistant turn as the chat request has it, the engine's kind, what
+# streamed before the cut: reasoning, text; the one assistant message the continuation ends in)
+PREFILLS = [
+    ({"role": "assistant", "content": "The answer is"}, "vllm", "", " forty",
+     {"role": "assistant", "content": "The answer is forty"}),
+    ({"role": "assistant", "content": "The answer is"}, "llamacpp", "", " forty",
+     {"role": "assistant", "content": "The answer is forty"}),
+    ({"role": "assistant", "content": "The answer is"}, "sglang", "Hmm.", " forty",
+     {"role": "assistant", "content": "The answer is<think>Hmm.</think> forty"}),
+    ({"role": "assistant", "content": "Sure:", "reasoning_content": "Asked before."},
+     "llamacpp", "More.", " yes",
+     {"role": "assistant", "content": "Sure: yes", "reasoning_content": "Asked before.More."}),
+    ({"role": "assistant", "content": [{"type": "text", "text": "Parts"}]}, "ollama", "",
+     " go on", {"role": "assistant", "content": "Parts go on"}),
+]
+
+
+@pytest.mark.parametrize(("prefill", "kind", "reasoning", "text", "turn"), PREFILLS)
+def test_a_cut_after_the_clients_prefill_goes_on_in_that_turn(
+        prefill: dict[str, Any], kind: str, reasoning: str, text: str,
+        turn: dict[str, Any]) -> None:
+    """The client ended its messages with an assistant turn (a prefill) and the answer that
+    continued it was cut: the continuation extends that one assistant turn with what
+    streamed, not a second assistant turn after it (a finished turn, then a new one)."""
+    call = make_call(kind)
+    body = json.loads(call.payload)
+    body["messages"].append(prefill)
+    call.payload = json.dumps(body).encode()
+    t = translator()
+    t.feed(ROLE[len(b"data: "):-2])
+    if reasoning:
+        t.feed(chunk({"reasoning_content": reasoning})[len(b"data: "):-2])
+    t.feed(chunk({"content": text})[len(b"data: "):-2])
+    decoded = json.loads(continuation_payload(call, t)[0])
+    assert decoded["messages"] == [{"role": "user", "content": "Say hello"}, turn]
+
+
+def test_a_final_assistant_turn_the_client_finished_gets_the_answer_after_it() -> None:
+    """``continue_final_message: false``: the client's last assistant turn was sent as a
+    finished one and the answer is a new turn: continued as a turn of its own."""
+    call = make_call("vllm")
+    body = json.loads(call.payload)
+    body["messages"].append({"role": "assistant", "content": "Done."})
+    body["continue_final_message"] = False
+    call.payload = json.dumps(body).encode()
+    t = translator()
+    t.feed(ROLE[len(b"data: "):-2])
+    t.feed(chunk({"content": "Next"})[len(b"data: "):-2])
+    decoded = json.loads(continuation_payload(call, t)[0])
+    assert decoded["messages"][1:] == [{"role": "assistant", "content": "Done."},
+                                       {"role": "assistant", "content": "Next"}]
+
+
+async def test_a_prefilled_stream_cut_is_continued_as_one_turn(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    call = make_call()
+    body = json.loads(call.payload)
+    body["messages"].append({"role": "assistant", "content": "Stub says:"})
+    call.payload = json.dumps(body).encode()
+    first = FakeResponse(answer(WHOLE[:2], cut="eof"))
+    events, sent = await run(first, [FakeResponse(answer(WHOLE[2:]))], monkeypatch, call=call)
+    assert text_of(events) == "Hello from the stub."
+    roles = [m["role"] for m in sent[0]["body"]["messages"]]
+    assert roles == ["user", "assistant"]
+    assert sent[0]["body"]["messages"][-1]["content"] == "Stub says:Hello from"

@@ -67,3 +67,22 @@ def test_interleaved_decodes_in_threads_restore_the_interpreters_settings(
     threads["b"].join(10)
     assert seen == {"a": 640, "b": 640}
     assert (sys.get_int_max_str_digits(), gc.isenabled()) == before
+
+
+# (what an upstream sent, what the gateway writes again): NaN, infinities and lone
+# surrogates, which ujson reads and dumpb refuses, anywhere in the value
+UPSTREAM_VALUES = [
+    (b'{"error":{"code":NaN,"message":"boom"}}', b'{"error":{"code":null,"message":"boom"}}'),
+    (b'{"a":[1,Infinity,-Infinity,1e400,{"b":NaN}],"c":2.5}',
+     b'{"a":[1,null,null,null,{"b":null}],"c":2.5}'),
+    (b'{"m":"x\\ud800y","\\udc00":1}', '{"m":"x\ufffdy","\ufffd":1}'.encode()),
+    (b'[' * 1000 + b'NaN' + b']' * 1000, b'[' * 1000 + b'null' + b']' * 1000),  # no recursion
+    (b'{"ok":[1,"two",true,null,{"x":1.5}]}', b'{"ok":[1,"two",true,null,{"x":1.5}]}'),
+]
+
+
+@pytest.mark.parametrize(("raw", "written"), UPSTREAM_VALUES,
+                         ids=["nan_code", "infinities", "surrogates", "deep", "plain"])
+def test_an_upstream_value_is_written_again_whatever_it_holds(raw: bytes,
+                                                              written: bytes) -> None:
+    assert jsonutil.dumpb_upstream(jsonutil.loads_upstream(raw)) == written

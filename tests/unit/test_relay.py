@@ -442,3 +442,37 @@ def test_buffered_error_body_raises_scrubbed(responses: bool) -> None:
     with pytest.raises(errors.UpstreamError) as info:
         inband.body(json.dumps({"error": {"message": LEAK, "code": 400}}).encode())
     assert (info.value.status, info.value.message) == (400, SCRUBBED)
+
+
+# An in-band error that holds a number JSON cannot (NaN, an infinity: ujson reads them,
+# and writing them again raised OverflowError, a traceback instead of an error)
+_NAN_ERRORS = [
+    b'{"error":{"message":"NaN in the logits","code":NaN}}',
+    b'{"error":{"message":"bad","code":400,"param":Infinity}}',
+    b'{"object":"error","message":"bad","code":NaN,"x":[1e400]}',
+]
+
+
+@pytest.mark.parametrize("responses", [False, True])
+@pytest.mark.parametrize("payload", _NAN_ERRORS)
+def test_an_inband_error_holding_nan_is_an_error_not_a_crash(responses: bool,
+                                                            payload: bytes) -> None:
+    inband = InbandErrors(responses=responses, secrets=SECRETS)
+    frame = inband.event(b"", payload)
+    assert frame is not None
+    body = json.loads(frame.split(b"data: ", 1)[1])  # well-formed JSON, no NaN
+    assert "NaN" not in json.dumps(body) and "Infinity" not in json.dumps(body)
+    with pytest.raises(errors.UpstreamError) as info:
+        inband.body(payload)
+    assert info.value.status in (400, 500)
+
+
+def test_a_failed_response_holding_nan_keeps_its_shape() -> None:
+    failed = json.dumps({**_FAILED, "temperature": float("nan")}).encode()
+    out = json.loads(InbandErrors(responses=True, secrets=SECRETS).body(failed))
+    assert out["temperature"] is None and out["error"]["code"] == "server_error"
+    event = InbandErrors(responses=True, secrets=SECRETS).event(
+        b"response.failed", json.dumps({"type": "response.failed", "sequence_number": 3,
+                                        "response": {**_FAILED, "temperature": float("inf")}}
+                                       ).encode())
+    assert event is not None and b"Infinity" not in event and b'"temperature":null' in event

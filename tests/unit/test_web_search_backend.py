@@ -9,6 +9,7 @@ import threading
 import zlib
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -20,6 +21,7 @@ from gateway.ops.metrics import Metrics
 from gateway.text import jsonutil
 from gateway.tools import searxng
 from gateway.tools.searxng import SearchFailed, Searxng, parse_results
+from tests import searxng_stub
 
 
 def _answer(*results: Any) -> dict[str, Any]:
@@ -243,3 +245,31 @@ async def test_a_dead_backend_is_logged_once_a_second_per_cause(unused_tcp_port:
     assert metrics.registry.get_sample_value(
         "llm_gateway_web_search_errors_total",
         {"backend": "searxng", "error_code": "unavailable"}) == 51
+
+
+async def test_a_redirect_to_another_host_is_not_followed(aiohttp_server: Any) -> None:
+    """The instance answers 302 to another server that would answer the search: the gateway
+    does not go there (a redirect could send the query, and the gateway's connection, to
+    any host), and the search fails as unavailable."""
+    front = await aiohttp_server(searxng_stub.make_app())
+    elsewhere = await aiohttp_server(searxng_stub.make_app())
+    metrics = Metrics(registry=CollectorRegistry())
+    backends = [Searxng(WebSearchConfig(searxng_url=f"http://127.0.0.1:{server.port}",
+                                        timeout=10), metrics)
+                for server in (front, elsewhere)]
+    for one in backends:
+        await one.start()
+    try:
+        assert len(await backends[1].search("oslo")) == 3  # the other server answers
+        async with aiohttp.ClientSession() as http:
+            await http.delete(f"http://127.0.0.1:{elsewhere.port}/_requests")
+            with capture_logs() as logs, pytest.raises(SearchFailed) as caught:
+                await backends[0].search(f"oslo #redirect{elsewhere.port}")
+            async with http.get(f"http://127.0.0.1:{elsewhere.port}/_requests") as seen:
+                assert await seen.json() == []
+    finally:
+        for one in backends:
+            await one.close()
+    assert caught.value.code == "unavailable"
+    (line,) = logs
+    assert line["cause"] == "http_3xx" and str(elsewhere.port) not in str(line)

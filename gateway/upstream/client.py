@@ -69,6 +69,7 @@ from gateway.upstream.exceptions import (
 from gateway.upstream.failures import _RETRIED, FailureLog, Failures, map_failure
 from gateway.upstream.members import Members
 from gateway.upstream.pool import Counter, Pool, Response
+from gateway.upstream.proof import BODY_PROOF, PROVABLE_PATH
 from gateway.upstream.replicas import Replica, Replicas, request_digest
 
 _log = structlog.get_logger("gateway.upstream")
@@ -271,7 +272,8 @@ class UpstreamClient:
                     connect_timeout=cfg.connect_timeout, extra_headers=self._headers,
                     gauge=self._connections, keepalive=cfg.keepalive,
                     on_protocol_error=self._protocol_error,
-                    on_keepalive=self._keepalive_changed, address=address)
+                    on_keepalive=self._keepalive_changed, address=address,
+                    body_proof=BODY_PROOF.get(cfg.kind))
 
     async def start(self) -> None:
         """Open a pool per replica (:meth:`Members.start`: under ``discover = "dns"`` the
@@ -357,7 +359,8 @@ class UpstreamClient:
                 resp = await self._send(pool, method, target, data,
                                         head_timeout=remaining if n else head_timeout,
                                         body_timeout=body_timeout, stream=stream,
-                                        log_id=request_id)
+                                        log_id=request_id,
+                                        provable=method == "POST" and path == PROVABLE_PATH)
             except BaseException as exc:
                 self.members.finished(replica)
                 mapped = map_failure(exc, "head", stream)
@@ -406,21 +409,25 @@ class UpstreamClient:
 
     async def _send(self, pool: Pool, method: str, target: str, data: bytes | None, *,
                     head_timeout: float, body_timeout: float, stream: bool,
-                    log_id: str | None) -> Response:
+                    log_id: str | None, provable: bool = False) -> Response:
         """One replica's reply head; a connection that ended before the upstream saw the
-        request (``_retried_here``) is tried once more on the same pool. Each send is an
-        attempt with an id of its own."""
+        request (``_retried_here``) is tried once more on the same pool, a reply refused as
+        another request's on a fresh connection. Each send is an attempt with an id of its
+        own. ``provable``: a chat completion, whose body may name its request."""
         try:
             return await pool.request(method, target, data, head_timeout=head_timeout,
                                       body_timeout=body_timeout, stream=stream,
-                                      request_id=_attempt_id(), log_id=log_id)
+                                      request_id=_attempt_id(), log_id=log_id,
+                                      provable=provable)
         except BaseException as exc:
             mapped = map_failure(exc, "head", stream)
             if mapped is None or mapped[2] not in self._retried_here:
                 raise
+            fresh = mapped[2] == "misrouted"
         return await pool.request(method, target, data, head_timeout=head_timeout,
                                   body_timeout=body_timeout, stream=stream,
-                                  request_id=_attempt_id(), log_id=log_id)
+                                  request_id=_attempt_id(), log_id=log_id,
+                                  provable=provable, fresh=fresh)
 
     async def _error_status(self, resp: Response, request_id: str | None,
                             max_tokens: int | None) -> errors.UpstreamError:

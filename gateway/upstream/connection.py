@@ -103,8 +103,9 @@ class Connection(asyncio.Protocol):
         "_body_span", "_buffered", "_chunks", "_eof", "_exc", "_fd", "_got_bytes", "_idle",
         "_interim", "_junk", "_kind", "_last_byte", "_loop", "_mark", "_must_echo", "_parser",
         "_paused", "_phase", "_pool", "_span", "_stream_span", "_timer", "_until_close",
-        "_waiter", "closed", "echoed", "headers", "idle_since", "keep_alive", "length",
-        "log_id", "request_id", "reusable", "sent", "status", "transport",
+        "_waiter", "body_id", "closed", "echoed", "headers", "idle_since", "keep_alive",
+        "length", "log_id", "must_echo", "proof_due", "request_id", "reusable", "sent",
+        "status", "transport", "unproven",
     )
 
     def __init__(self, pool: Owner) -> None:
@@ -126,7 +127,8 @@ class Connection(asyncio.Protocol):
         self._phase = _IDLE
         self.request_id: bytes | None = None
         self.log_id: str | None = None  # the request's id in the gateway's log lines
-        self._must_echo = False
+        self._must_echo = self.must_echo = False
+        self.body_id: bytes | None = None  # the completion id the reply's body must start with
         self._fd = -1
         self.sent = 0  # requests sent on this connection
         self.reusable = False  # the request in flight went out without Connection: close
@@ -146,6 +148,8 @@ class Connection(asyncio.Protocol):
         self.headers: dict[bytes, bytes] = {}
         self.keep_alive = False
         self.echoed = False  # the final head carried the request's own X-Request-Id
+        self.proof_due = False  # a 2xx without the echo: its body's completion id decides
+        self.unproven = False  # a reply the echo was required of, with no way to name it
         self.length = -1  # the final head's Content-Length, -1 without one
 
     # --- asyncio.Protocol -------------------------------------------------------------
@@ -256,7 +260,15 @@ class Connection(asyncio.Protocol):
         if rid is not None:
             echoed = headers.get(b"x-request-id")
             if echoed is None:
-                if self._must_echo:
+                if self.body_id is not None:
+                    # the body names the request (a completion id made of it): a 2xx's is read
+                    # before any of it is delivered; an error reply names nothing, and where
+                    # the echo is required it is refused (sent again on a fresh connection)
+                    if status < 300:
+                        self.proof_due = True
+                    elif self._must_echo:
+                        self.unproven = True
+                elif self._must_echo:
                     raise self._anomaly("request_id_missing")
             elif echoed.rstrip() != rid:
                 raise self._anomaly("request_id_mismatch")
@@ -355,14 +367,16 @@ class Connection(asyncio.Protocol):
 
     def send(self, data: bytes | tuple[bytes, bytes], *, head_timeout: float,
              body_timeout: float, stream: bool, request_id: bytes | None = None,
-             must_echo: bool = False, reusable: bool = True, log_id: str | None = None) -> None:
+             must_echo: bool = False, reusable: bool = True, log_id: str | None = None,
+             body_id: bytes | None = None) -> None:
         """Write a request; the head is due ``head_timeout`` from now.
 
         A buffered body is due ``body_timeout`` from now; a stream's body may go
         ``body_timeout`` without an event (see :meth:`progress`). ``must_echo``: a reply
         whose head does not carry ``request_id`` is refused. ``reusable``: the request
         asked for keep-alive (it did not say ``Connection: close``). ``log_id``: the request's
-        id in log lines (the client's), not sent.
+        id in log lines (the client's), not sent. ``body_id``: without the echo, a 2xx reply's
+        body must name the request with this completion id (gateway/upstream/proof.py).
         """
         self._reset()
         self._phase = _HEAD
@@ -373,7 +387,8 @@ class Connection(asyncio.Protocol):
         self._idle = False
         self.request_id = request_id
         self.log_id = log_id
-        self._must_echo = must_echo and request_id is not None
+        self._must_echo = self.must_echo = must_echo and request_id is not None
+        self.body_id = body_id if request_id is not None else None
         self.reusable = reusable
         self.sent += 1
         assert self.transport is not None
@@ -456,6 +471,12 @@ class Connection(asyncio.Protocol):
         else:
             self.abort()
         return False
+
+    def refuse(self, kind: str) -> ProtocolError:
+        """A reply found not to be this request's after its head (its body named another):
+        the connection is closed and its pool told, as for any framing anomaly."""
+        self._protocol_error(kind)
+        return ProtocolError(kind)
 
     def park(self) -> None:
         """Between requests (idle in the pool): no timer runs, any byte is an anomaly."""

@@ -42,6 +42,7 @@ from gateway.upstream.exceptions import (
     ProtocolError,
     TooLarge,
 )
+from gateway.upstream.proof import verdict, with_rid
 from gateway.upstream.reuse import Event, Reuse
 
 # Seconds an idle connection is kept for reuse: under the 5 s after which uvicorn (vLLM,
@@ -71,7 +72,7 @@ MISROUTED = frozenset(("request_id_mismatch", "request_id_missing"))
 class Response:
     """An upstream reply whose head has arrived; read the body, then release or close."""
 
-    __slots__ = ("_conn", "_pool", "_settled", "headers", "progress", "status")
+    __slots__ = ("_conn", "_expect", "_pool", "_settled", "headers", "progress", "status")
 
     def __init__(self, pool: Pool, conn: Connection) -> None:
         self._pool = pool
@@ -80,10 +81,43 @@ class Response:
         self.status = conn.status
         self.headers = conn.headers
         self.progress = conn.progress  # a stream's reader: "these bytes held an event"
+        # the completion id the body must open with before any of it is handed on
+        self._expect = conn.body_id if conn.proof_due else None
 
     async def readany(self) -> bytes:
         """The next body bytes as they arrive; b"" at the end."""
+        if self._expect is not None:
+            return await self._first()
         return await self._conn.readany()
+
+    async def _first(self) -> bytes:
+        """A body's first bytes, held until they show whose reply this is."""
+        expect = self._expect
+        assert expect is not None
+        data = b""
+        while True:
+            more = await self._conn.readany()
+            data += more
+            ok = verdict(data, expect, final=not more)
+            if ok is not None:
+                break
+        self._proved(data, ok)
+        return data
+
+    def _proved(self, data: bytes, ok: bool) -> None:
+        """Count the verdict; a reply the proof was required of that fails it is refused."""
+        self._expect = None
+        conn = self._conn
+        if ok:
+            self._pool.observe(Event.ECHO)
+        elif conn.must_echo:
+            kind = "request_id_mismatch" if b'"id"' in data[:256] else "request_id_missing"
+            self._settled = True
+            exc = conn.refuse(kind)  # closes it; the pool's anomaly turns keep-alive off
+            self._pool.release(conn)
+            raise exc
+        else:
+            self._pool.observe(Event.NO_ECHO)
 
     async def read(self, limit: int = 0, *, cap: int = 0) -> bytes:
         """The whole body: at most ``limit`` bytes when given; past ``cap``, TooLarge."""
@@ -103,6 +137,8 @@ class Response:
             if cap and size > cap:
                 raise TooLarge("reply larger than the cap")
         body = parts[0] if len(parts) == 1 else b"".join(parts)
+        if self._expect is not None:
+            self._proved(body, bool(verdict(body, self._expect, final=True)))
         return body[:limit] if limit else body
 
     @property
@@ -156,9 +192,13 @@ class Pool:
     def __init__(self, base_url: str, *, limit: int = 0, connect_timeout: float = 5.0,
                  extra_headers: dict[str, str] | None = None, gauge: Counter | None = None,
                  keepalive: str | bool = "auto", on_protocol_error: OnProtocolError | None = None,
-                 on_keepalive: OnKeepalive | None = None, address: str | None = None) -> None:
+                 on_keepalive: OnKeepalive | None = None, address: str | None = None,
+                 body_proof: tuple[bytes, bool] | None = None) -> None:
         """``address``: connect there instead of the URL's host (one address a DNS name
-        resolved to); the Host header and TLS's server name stay the URL's."""
+        resolved to); the Host header and TLS's server name stay the URL's. ``body_proof``:
+        how this upstream's chat completions name their request (gateway/upstream/proof.py
+        ``BODY_PROOF``: the completion id's prefix, whether the id goes in the body as
+        ``rid``), None: they do not."""
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("base_url must be an http(s) URL")
@@ -173,6 +213,8 @@ class Pool:
         if isinstance(keepalive, bool):
             keepalive = "always" if keepalive else "never"
         self.reuse = Reuse(keepalive)
+        self._body_proof = body_proof
+        self._echoes = False  # the last reply echoed X-Request-Id: any request can be proved
         self._on_protocol_error = on_protocol_error
         self._on_keepalive = on_keepalive
         self._idle: collections.deque[Connection] = collections.deque()  # oldest first
@@ -197,7 +239,8 @@ class Pool:
 
     async def request(self, method: str, target: str, body: bytes | None, *,
                       head_timeout: float, body_timeout: float, stream: bool = False,
-                      request_id: bytes | None = None, log_id: str | None = None) -> Response:
+                      request_id: bytes | None = None, log_id: str | None = None,
+                      provable: bool = False, fresh: bool = False) -> Response:
         """Send one request and wait for the reply's final head (after any 1xx).
 
         The head is due ``head_timeout`` after the send (a pool slot is waited for at
@@ -207,12 +250,23 @@ class Pool:
         reply pass for the second's): the caller makes a new one per call. ``log_id``: the
         request's id in log lines, never sent.
         Under ``auto`` a request without one always gets a fresh connection: its reply
-        could not be told from a stray one.
+        could not be told from a stray one; so does one whose reply nothing would name (an
+        upstream that does not echo the header, a request whose body is not ``provable``: a
+        chat completion the upstream's ``body_proof`` names). ``fresh``: a new connection
+        whatever the state (the send again of a reply refused on a reused one).
         """
         if method != "POST" and method != "GET":
             raise ValueError("the gateway sends GET and POST only")  # a HEAD reply has no body
         reuse = self.reuse
-        keep = reuse.keepalive and (request_id is not None or not reuse.must_echo)
+        body_id = None
+        proof = self._body_proof
+        if provable and proof is not None and request_id is not None and body is not None:
+            named_body = with_rid(body, request_id) if proof[1] else body
+            if named_body is not None:  # else not a body the gateway wrote: sent as it was
+                body = named_body
+                body_id = proof[0] + request_id
+        named = request_id is not None and (body_id is not None or self._echoes)
+        keep = not fresh and reuse.keepalive and (named or not reuse.must_echo)
         head = self._head(method, target)
         if request_id is not None:
             head += b"X-Request-Id: " + request_id + b"\r\n"
@@ -232,8 +286,11 @@ class Pool:
             # the upstream's proof, below: keep-alive goes off).
             conn.send(data, head_timeout=head_timeout, body_timeout=body_timeout,
                       stream=stream, request_id=request_id, log_id=log_id,
-                      must_echo=reuse.must_echo and keep and conn.sent > 0, reusable=keep)
+                      must_echo=reuse.must_echo and keep and conn.sent > 0, reusable=keep,
+                      body_id=body_id)
             await conn.read_head()
+            if conn.unproven:  # an error reply, on a reused connection, naming no request
+                raise ProtocolError("request_id_missing")
         except BaseException as exc:
             if isinstance(exc, ProtocolError) and exc.kind in MISROUTED and conn.sent > 1:
                 exc.cause = "misrouted"  # a stray reply read on a reused connection: retried
@@ -241,10 +298,16 @@ class Pool:
             self.release(conn)
             raise
         if request_id is not None:
-            self._observe(Event.ECHO if conn.echoed else Event.NO_ECHO)
+            self._echoes = conn.echoed
+            if conn.echoed:
+                self.observe(Event.ECHO)
+            elif body_id is None:
+                self.observe(Event.NO_ECHO)
+            # else: the body decides (Response), or an error reply that names nothing: no count
         return Response(self, conn)
 
-    def _observe(self, event: Event) -> None:
+    def observe(self, event: Event) -> None:
+        """One reply's verdict (or an anomaly) for :class:`Reuse`."""
         if self.reuse.observe(event):
             on = self.reuse.keepalive
             if not on:
@@ -353,7 +416,7 @@ class Pool:
         Under ``auto``, keep-alive is off until the upstream has proved itself again.
         """
         self._close_idle()
-        self._observe(Event.ANOMALY)
+        self.observe(Event.ANOMALY)
         if self._on_protocol_error is not None:
             if phase == "idle":  # no request of its own
                 self._on_protocol_error(kind, phase, None, None)

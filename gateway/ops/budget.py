@@ -97,10 +97,12 @@ class Budget:
 
     def _release(self, lease: Lease) -> None:
         with self._lock:
+            lease.closed = True
+            if not lease.held:  # most requests restore nothing: nothing to publish
+                return
             for budget in self._chain:
                 budget.held -= lease.held
             lease.held = 0
-            lease.closed = True
             self._publish()
 
     def _publish(self) -> None:

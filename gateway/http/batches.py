@@ -359,6 +359,8 @@ async def _parse_items(cfg: Config, items: ArrayItems, lease: Lease
                 while not items.done:
                     items.next()
                     rest += 1
+                    if not rest % PARSE_SLICE:
+                        await asyncio.sleep(0)
                 raise errors.InvalidRequest("requests", f"List should have at most {limit} "
                                             f"items, not {limit + rest}")
             try:

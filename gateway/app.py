@@ -67,7 +67,7 @@ from gateway.messages.call import MessagesDeps
 from gateway.messages.pdf_pool import PdfPool
 from gateway.openai.apis import APIS as OPENAI_APIS
 from gateway.ops import log
-from gateway.ops.budget import Budget
+from gateway.ops.budget import budgets
 from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
 from gateway.text.redact import Redactor
@@ -246,11 +246,12 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
         metrics.add_upstream(name)
     app[SECRETS] = Redactor.of(config.upstreams.values())
     app[UPSTREAM_CALLS] = Upstreams(app[UPSTREAMS], metrics, app[SECRETS])
-    decoding = Budget(config.server.max_decoding_bytes)
+    memory, decoding = budgets(config.server.memory_budget_mb,
+                               config.server.max_decoding_bytes, metrics)
     app[MESSAGES] = MessagesDeps(app[UPSTREAM_CALLS], config.server.signing_key,
                                  config.server.keep_billing_header,
                                  config.server.previous_signing_keys,
-                                 decoding=decoding,
+                                 decoding=decoding, memory=memory,
                                  max_restored_bytes=config.server.max_restored_reasoning_bytes,
                                  pdfs=PdfPool(config.server.pdf_workers,
                                               config.server.pdf_cpu_seconds,
@@ -258,7 +259,7 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
     app[WEB_SEARCH] = (Searxng(config.web_search, metrics)
                        if config.web_search is not None else None)
     app[STATE] = AppState(api_keys=tuple(k.encode() for k in config.server.api_keys),
-                          decoding=decoding)
+                          decoding=decoding, memory=memory)
     for model in config.models.values():
         metrics.add_model(model.name, model.upstream.name, model.upstream_model,
                           model.fallbacks)

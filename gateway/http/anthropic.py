@@ -37,6 +37,7 @@ from gateway.messages.continuation import relay
 from gateway.messages.session import SESSION_HEADER, session_key
 from gateway.messages.validate import validate_messages
 from gateway.messages.web_search import web_search_tool
+from gateway.ops.budget import Lease
 from gateway.ops.config import ModelRoute
 from gateway.text import jsonutil
 from gateway.text.sse import SSEEventTooLarge
@@ -54,9 +55,17 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     backend = request.app[WEB_SEARCH]
     req = validate_messages(await read_json(request), web_search=backend is not None)
     route = routing.resolve(request, req["model"])
-    if backend is not None and _searches(req):
-        return await _web_search(request, backend, req, route, t0)
-    call = await prepare(deps, req, route)
+    # what the request restores from signatures counts until its reply has ended
+    with deps.memory.lease() as lease:
+        if backend is not None and _searches(req):
+            return await _web_search(request, backend, req, route, t0, lease)
+        return await _reply(request, req, route, t0, lease)
+
+
+async def _reply(request: web.Request, req: dict[str, Any], route: ModelRoute, t0: float,
+                 lease: Lease) -> web.StreamResponse:
+    deps = request.app[MESSAGES]
+    call = await prepare(deps, req, route, lease)
     request[STREAM] = call.stream
     overhead = time.perf_counter() - t0
     with admitted(request, route):
@@ -80,7 +89,7 @@ def _searches(req: dict[str, Any]) -> bool:
 
 
 async def _web_search(request: web.Request, backend: Searxng, req: dict[str, Any],
-                      route: ModelRoute, t0: float) -> web.StreamResponse:
+                      route: ModelRoute, t0: float, lease: Lease) -> web.StreamResponse:
     """A reply with web search (gateway/tools/web_search.py): rounds of the Messages call,
     streamed upstream, one message to the client, buffered or streamed. Its metrics are a
     reply's, counted once (TTFT, TPOT, overhead, stop reason, tokens); the rounds' fixes
@@ -90,7 +99,7 @@ async def _web_search(request: web.Request, backend: Searxng, req: dict[str, Any
     stream = req.get("stream") is True
     tool = web_search_tool(req.get("tools"))
     assert tool is not None
-    call = await prepare(deps, {**req, "stream": True}, route)
+    call = await prepare(deps, {**req, "stream": True}, route, lease)
     request[STREAM] = stream
     overhead = time.perf_counter() - t0
     with admitted(request, route):
@@ -174,7 +183,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     req = validate_messages(await read_json(request), count_tokens=True,
                             web_search=request.app[WEB_SEARCH] is not None)
     route = routing.resolve(request, req["model"])
-    with deps.decoding.lease() as lease:  # restored reasoning counts until it is counted
+    with deps.memory.lease() as lease:  # restored reasoning counts until it is counted
         await restore(deps, req, lease)
         req = await pdfs_as_text(deps, req)
         with admitted(request, route):

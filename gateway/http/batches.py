@@ -51,7 +51,7 @@ from aiohttp import web
 
 from gateway import errors
 from gateway.batches.store import BatchRow, BatchStore, StoreError, StoreFull
-from gateway.http.body import read_json
+from gateway.http.body import decode_json, read_bytes
 from gateway.http.keys import (
     BATCH_STORE,
     CLIENT_KEY,
@@ -60,13 +60,16 @@ from gateway.http.keys import (
     REQUEST_ID,
     ROUTE_TAGS,
     SCHEDULER,
+    STATE,
     RouteTag,
 )
 from gateway.http.writer import StreamWriter
 from gateway.messages.validate import validate_messages
 from gateway.messages.web_search import TOOL_TYPES as WEB_SEARCH_TYPES
+from gateway.ops.budget import Lease
 from gateway.ops.config import Config, find_route
 from gateway.text import ids, jsonutil
+from gateway.text.json_items import ArrayItems, NotPlain
 
 _log = structlog.get_logger("gateway.batches")
 T = TypeVar("T")
@@ -214,7 +217,7 @@ class CreateParser:
     the handler can give the event loop a turn between slices. Each request's decoded
     params are dropped from the body once encoded, so a request is held once, as JSON."""
 
-    __slots__ = ("_cfg", "_next", "_reqs", "_seen", "out")
+    __slots__ = ("_next", "_reader", "_reqs", "out")
 
     def __init__(self, cfg: Config, body: Any) -> None:
         if not isinstance(body, dict):
@@ -230,10 +233,9 @@ class CreateParser:
         if len(reqs) > cfg.batches.max_requests:
             raise errors.InvalidRequest("requests", f"List should have at most "
                                         f"{cfg.batches.max_requests} items, not {len(reqs)}")
-        self._cfg = cfg
         self._reqs: list[Any] = reqs
         self._next = 0
-        self._seen: set[str] = set()
+        self._reader = RequestReader(cfg)
         self.out: list[tuple[str, str, bytes]] = []
 
     @property
@@ -243,11 +245,22 @@ class CreateParser:
     def step(self, count: int) -> None:
         stop = min(self._next + count, len(self._reqs))
         for i in range(self._next, stop):
-            self.out.append(self._one(i, self._reqs[i]))
+            self.out.append(self._reader.read(i, self._reqs[i]))
             self._reqs[i] = None  # its objects go now; the JSON bytes stay
         self._next = stop
 
-    def _one(self, i: int, item: Any) -> tuple[str, str, bytes]:
+
+class RequestReader:
+    """Each request of a create checked, in order (``custom_id`` unique in the batch), and
+    made ``(custom_id, route name, params JSON)``."""
+
+    __slots__ = ("_cfg", "_seen")
+
+    def __init__(self, cfg: Config) -> None:
+        self._cfg = cfg
+        self._seen: set[str] = set()
+
+    def read(self, i: int, item: Any) -> tuple[str, str, bytes]:
         where = f"requests.{i}"
         if not isinstance(item, dict):
             raise errors.InvalidRequest(where, "Input should be an object")
@@ -305,16 +318,77 @@ async def _parse_create(cfg: Config, body: Any) -> list[tuple[str, str, bytes]]:
     return parser.out
 
 
+# what one parsed request holds beyond its params JSON: its tuple, the bytes' and the
+# custom_id's headers, its slot in the list
+_ENTRY_BYTES = 200
+BATCH_BUSY = "Overloaded: too many large requests are being held at once; retry shortly"
+
+
+async def _parse_body(request: web.Request, cfg: Config, raw: bytearray,
+                      lease: Lease) -> list[tuple[str, str, bytes]]:
+    """The create's requests, each read from the body alone (:class:`ArrayItems`) and
+    counted in ``lease`` as it is encoded; a body of another shape is decoded whole, as
+    it always was, and answered as it always was."""
+    held = lease.held
+    try:
+        items = ArrayItems(raw, "requests", max_values=MAX_BATCH_VALUES,
+                           max_item_values=jsonutil.MAX_VALUES)
+        return await _parse_items(cfg, items, lease)
+    except NotPlain:
+        lease.give(lease.held - held)  # what was parsed is dropped
+    body = await decode_json(request, raw, MAX_BATCH_VALUES)
+    return await _parse_create(cfg, body)
+
+
+async def _parse_items(cfg: Config, items: ArrayItems, lease: Lease
+                       ) -> list[tuple[str, str, bytes]]:
+    """:func:`_parse_create` of the body's items, one at a time, giving the event loop a
+    turn between slices; a request that does not decode is :class:`NotPlain` (the whole
+    decode names what is wrong as it always did). A create of more than
+    ``batches.max_requests`` is refused once the count passes it (the rest only counted)."""
+    reader = RequestReader(cfg)
+    out: list[tuple[str, str, bytes]] = []
+    limit = cfg.batches.max_requests
+    while not items.done:
+        for _ in range(PARSE_SLICE):
+            if items.done:
+                break
+            text = items.next()
+            if len(out) == limit:
+                rest = 1
+                while not items.done:
+                    items.next()
+                    rest += 1
+                    if not rest % PARSE_SLICE:
+                        await asyncio.sleep(0)
+                raise errors.InvalidRequest("requests", f"List should have at most {limit} "
+                                            f"items, not {limit + rest}")
+            try:
+                item = jsonutil.loads(text)
+            except ValueError:
+                raise NotPlain from None
+            entry = reader.read(len(out), item)
+            if not lease.take(len(entry[2]) + _ENTRY_BYTES):
+                raise errors.Overloaded(BATCH_BUSY)
+            out.append(entry)
+        await asyncio.sleep(0)
+    return out
+
+
 async def create(request: web.Request) -> web.Response:
     store = _store(request)
     cfg = request.app[CONFIG]
-    body = await read_json(request, max_bytes=cfg.batches.max_body_bytes,
-                           max_values=MAX_BATCH_VALUES)
-    requests = await _parse_create(cfg, body)
-    del body
-    now = time.time()
-    row = await _ask(store.create(new_batch_id(), owner_of(request), requests, now,
-                                  now + cfg.batches.expire_after))
+    # the body, then the requests made from it, count in the memory budget until stored
+    with request.app[STATE].memory.lease() as lease:
+        raw = await read_bytes(request, lease, cfg.batches.max_body_bytes)
+        requests = await _parse_body(request, cfg, raw, lease)
+        size = len(raw)
+        del raw
+        lease.give(size)
+        now = time.time()
+        row = await _ask(store.create(new_batch_id(), owner_of(request), requests, now,
+                                      now + cfg.batches.expire_after))
+        del requests
     request.app[METRICS].batches_created.inc()
     scheduler = request.app.get(SCHEDULER)
     if scheduler is not None:

@@ -22,13 +22,17 @@ a 32 MiB prompt costs the loop the 7 ms of loading its ``marshal`` form instead 
 0.3-0.5 s, and a body over the value bound costs it nothing. Smaller bodies decode on the
 loop (a Claude Code request: 0.24 ms). The budget is released once the body is decoded;
 what a valid request holds after that is its own, except the reasoning a Messages request
-restores from signatures, which counts against the same budget while the request is
-prepared (:mod:`gateway.ops.budget`).
+restores from signatures, which counts in the process-wide memory budget (which holds the
+decoding budget) until its reply has ended (:mod:`gateway.ops.budget`).
+
+:func:`read_bytes` reads a body undecoded into one buffer counted in the caller's lease (a
+Message Batches create, whose requests are decoded one at a time).
 """
 
 from __future__ import annotations
 
 import marshal
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -36,9 +40,10 @@ from aiohttp import web
 from gateway import errors
 from gateway.http.decoder import DECODER
 from gateway.http.keys import API, CONFIG, METRICS, STATE
+from gateway.ops.budget import Lease
 from gateway.text import jsonutil
 
-__all__ = ["read_json"]
+__all__ = ["decode_json", "read_bytes", "read_json"]
 
 BUSY_MESSAGE = ("Overloaded: too many large request bodies are being received at once; "
                 "retry shortly")
@@ -51,36 +56,57 @@ async def read_json(request: web.Request, *, max_bytes: int | None = None,
     ``max_bytes`` (default ``server.max_body_bytes``) and ``max_values`` are the route's own
     bounds where it has larger ones (a message batch)."""
     app = request.app
-    server = app[CONFIG].server
-    limit = server.max_body_bytes if max_bytes is None else max_bytes
+    limit = app[CONFIG].server.max_body_bytes if max_bytes is None else max_bytes
     chunks: list[bytes] = []
     with app[STATE].decoding.lease() as held:  # this body's bytes, counted in the budget
-        while chunk := await request.content.readany():
-            size = len(chunk)
-            if held.held + size > limit:
-                _reject(request, "body_too_large")
-                raise errors.RequestTooLarge(f"Request exceeds the maximum size of {limit} bytes")
-            if not held.take(size):
-                _reject(request, "overloaded")
-                raise errors.Overloaded(BUSY_MESSAGE)
-            chunks.append(chunk)
+        await _receive(request, held, limit, chunks.append)
         raw = b"".join(chunks)
         chunks.clear()
-        if server.decode_offload_bytes and len(raw) > server.decode_offload_bytes:
-            return await _decode_in_child(request, raw, max_values)
-        if jsonutil.too_many_values(raw, max_values):
+        return await decode_json(request, raw, max_values)
+
+
+async def read_bytes(request: web.Request, lease: Lease, max_bytes: int) -> bytearray:
+    """The request's body, undecoded, counted in ``lease`` (which the caller holds as long
+    as it keeps the bytes); the same 413 and 529 as :func:`read_json`. One buffer grown in
+    place (no list of chunks joined into a second copy)."""
+    buf = bytearray()
+    await _receive(request, lease, max_bytes, buf.extend)
+    return buf
+
+
+async def _receive(request: web.Request, held: Lease, limit: int,
+                   keep: Callable[[bytes], object]) -> None:
+    while chunk := await request.content.readany():
+        size = len(chunk)
+        if held.held + size > limit:
             _reject(request, "body_too_large")
-            raise errors.RequestTooLarge(
-                f"Request body holds more than {max_values} JSON values")
-        try:
-            return jsonutil.loads(raw)
-        except jsonutil.JSONInputError as exc:
-            raise errors.InvalidRequest(exc.path, exc.why) from None
-        except ValueError:
-            raise errors.InvalidRequest("", "request body is not valid JSON") from None
+            raise errors.RequestTooLarge(f"Request exceeds the maximum size of {limit} bytes")
+        if not held.take(size):
+            _reject(request, "overloaded")
+            raise errors.Overloaded(BUSY_MESSAGE)
+        keep(chunk)
 
 
-async def _decode_in_child(request: web.Request, raw: bytes, max_values: int) -> Any:
+async def decode_json(request: web.Request, raw: bytes | bytearray, max_values: int) -> Any:
+    """``raw`` decoded strictly (in the child past ``server.decode_offload_bytes``); raises
+    the error to answer instead."""
+    offload = request.app[CONFIG].server.decode_offload_bytes
+    if offload and len(raw) > offload:
+        return await _decode_in_child(request, raw, max_values)
+    if jsonutil.too_many_values(raw, max_values):
+        _reject(request, "body_too_large")
+        raise errors.RequestTooLarge(
+            f"Request body holds more than {max_values} JSON values")
+    try:
+        return jsonutil.loads(raw)
+    except jsonutil.JSONInputError as exc:
+        raise errors.InvalidRequest(exc.path, exc.why) from None
+    except ValueError:
+        raise errors.InvalidRequest("", "request body is not valid JSON") from None
+
+
+async def _decode_in_child(request: web.Request, raw: bytes | bytearray, max_values: int
+                           ) -> Any:
     outcome = await request.app[DECODER].decode(raw, max_values)
     del raw
     match outcome:

@@ -24,7 +24,7 @@ class Decoder:
     def __init__(self) -> None:
         self._pool: ProcessPoolExecutor | None = None
 
-    async def decode(self, raw: bytes, max_values: int) -> json_child.Outcome:
+    async def decode(self, raw: bytes | bytearray, max_values: int) -> json_child.Outcome:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
                 max_workers=1, mp_context=multiprocessing.get_context("forkserver"))

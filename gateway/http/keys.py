@@ -34,8 +34,9 @@ class AppState:
     draining: bool = False
     in_flight: dict[str, int] = field(default_factory=dict)  # model alias -> requests now
     streams: set[Drainable] = field(default_factory=set)  # live streams, for the drain
-    # bytes being decoded or expanded now: request bodies (gateway/http/body.py) and restored
-    # reasoning (gateway/messages/call.py); the one server.max_decoding_bytes budget
+    # request bodies being received and decoded (gateway/http/body.py), within memory: what
+    # requests in flight hold (gateway/ops/budget.py)
+    memory: Budget = field(default_factory=lambda: Budget(512 * 1024 * 1024))
     decoding: Budget = field(default_factory=lambda: Budget(64 * 1024 * 1024))
     # called with a model's name when one of its interactive requests ends (the batch
     # scheduler, waiting for the upstream to be free); None: nobody waits

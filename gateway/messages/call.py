@@ -84,9 +84,11 @@ class MessagesDeps:
     previous_signing_keys: tuple[bytes, ...] = ()
     # what routes' upstreams refused (process-wide by default)
     learned: Learned = LEARNED
-    # the process-wide server.max_decoding_bytes budget (shared with gateway/http/body.py):
-    # reasoning restored from signatures counts in it while a request is prepared
+    # request bodies being decoded (server.max_decoding_bytes, gateway/http/body.py), within
+    # memory (server.memory_budget_mb): what requests in flight hold, the reasoning they
+    # restore from signatures among it (gateway/ops/budget.py)
     decoding: Budget = field(default_factory=lambda: Budget(64 * 1024 * 1024))
+    memory: Budget = field(default_factory=lambda: Budget(512 * 1024 * 1024))
     max_restored_bytes: int = 4 * 1024 * 1024  # server.max_restored_reasoning_bytes
     # the worker processes that read PDFs (server.pdf_workers and its CPU budgets)
     pdfs: PdfPool = field(default_factory=PdfPool)
@@ -111,7 +113,8 @@ async def pdfs_as_text(deps: MessagesDeps, req: dict[str, Any]) -> dict[str, Any
 
 async def restore(deps: MessagesDeps, req: dict[str, Any], lease: Lease) -> None:
     """Restore replayed reasoning from its signatures (:func:`restore_reasoning`), bounded
-    per request and counted in ``lease``. Opening and inflating is CPU work: past
+    per request and counted in ``lease`` (:data:`RESTORED_COPIES` times: reserved before a
+    signature is opened, what it did not use given back). Opening and inflating is CPU work: past
     :data:`_OFF_LOOP_SIGNATURES` characters of signatures it runs in a thread (zlib and
     OpenSSL let go of the GIL; what a thread can restore is bounded by the same caps).
     Replayed web search results are opened too (:func:`web_search.open_history`)."""
@@ -120,12 +123,24 @@ async def restore(deps: MessagesDeps, req: dict[str, Any], lease: Lease) -> None
     if not blocks:
         return
     keys = deps.opening_keys
+
+    def take(size: int) -> bool:
+        return lease.take(RESTORED_COPIES * size)
+
+    def give(size: int) -> None:
+        lease.give(RESTORED_COPIES * size)
+
     if sum(len(block["signature"]) for _, _, block in blocks) <= _OFF_LOOP_SIGNATURES:
-        restore_reasoning(req, keys, max_bytes=deps.max_restored_bytes, take=lease.take,
+        restore_reasoning(req, keys, max_bytes=deps.max_restored_bytes, take=take, give=give,
                           blocks=blocks)
         return
     await asyncio.to_thread(restore_reasoning, req, keys, max_bytes=deps.max_restored_bytes,
-                            take=lease.take, blocks=blocks)
+                            take=take, give=give, blocks=blocks)
+
+
+# Copies of restored reasoning a request holds until its reply ends: the text in the request
+# (kept: a fallback route or a refused image translates it again) and in the upstream payload.
+RESTORED_COPIES = 2
 
 
 # Signature characters opened on the event loop, at most: 64 K of signature restores at most
@@ -133,13 +148,18 @@ async def restore(deps: MessagesDeps, req: dict[str, Any], lease: Lease) -> None
 _OFF_LOOP_SIGNATURES = 64 * 1024
 
 
-async def prepare(deps: MessagesDeps, req: dict[str, Any], route: ModelRoute) -> Call:
+async def prepare(deps: MessagesDeps, req: dict[str, Any], route: ModelRoute,
+                  lease: Lease | None = None) -> Call:
     """A validated request's replayed reasoning restored and its PDFs made text, ready.
 
-    The restored reasoning holds its share of the decoding budget until the upstream payload
-    is built (the payload is the request's own from then on, as a decoded body is)."""
-    with deps.decoding.lease() as lease:
+    The restored reasoning counts in ``lease`` (of ``deps.memory``), which the caller
+    holds until the reply has ended; without one, in a lease of its own until the upstream
+    payload is built."""
+    if lease is not None:
         await restore(deps, req, lease)
+        return Call(deps, await pdfs_as_text(deps, req), route)
+    with deps.memory.lease() as own:
+        await restore(deps, req, own)
         return Call(deps, await pdfs_as_text(deps, req), route)
 
 

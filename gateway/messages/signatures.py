@@ -25,8 +25,8 @@ Opening one is bounded by the request that replays it (:func:`restore_reasoning`
 signature restores at most :data:`MAX_EXPANSION` bytes per character of itself (:func:`seal`
 pads a looping model's reasoning so its own signatures always do), a request at most
 ``server.max_restored_reasoning_bytes``, and what is restored counts in the process-wide
-decoding budget (:mod:`gateway.ops.budget`) while the request is prepared. Nothing is
-inflated past the bound left.
+memory budget (:mod:`gateway.ops.budget`), reserved before the signature is opened.
+Nothing is inflated past the bound left.
 
 Library: ``cryptography`` (AES-GCM from OpenSSL): an authenticated cipher is not something
 to write here.
@@ -205,6 +205,7 @@ def restorable(req: Mapping[str, Any]) -> list[Restorable]:
 def restore_reasoning(req: Mapping[str, Any], keys: bytes | Sequence[bytes], *,
                       max_bytes: int = MAX_RESTORED_BYTES,
                       take: Callable[[int], bool] | None = None,
+                      give: Callable[[int], None] | None = None,
                       blocks: Sequence[Restorable] | None = None) -> int:
     """Put back the reasoning of every replayed thinking block that left its text out; the
     bytes restored.
@@ -217,8 +218,9 @@ def restore_reasoning(req: Mapping[str, Any], keys: bytes | Sequence[bytes], *,
 
     Every expansion is bounded by the request (each refusal names the block's signature):
     one signature restores at most :data:`MAX_EXPANSION` times its length (400); all of a
-    request's at most ``max_bytes`` (413); and each block's bytes are offered to ``take``
-    (the process-wide decoding budget's lease), whose False is a 529 ``overloaded_error``.
+    request's at most ``max_bytes`` (413). Before a signature is opened, the most it may
+    restore is offered to ``take`` (a lease of the process-wide memory budget), whose False
+    is a 529 ``overloaded_error``; once it is open, what it did not use goes to ``give``.
     No signature is inflated past what is left of either bound.
     """
     restored = 0
@@ -226,26 +228,42 @@ def restore_reasoning(req: Mapping[str, Any], keys: bytes | Sequence[bytes], *,
         path = f"messages.{i}.content.{j}.signature"
         signature = block["signature"]
         left = max_bytes - restored
-        try:
-            reasoning = open_bounded(keys, signature, left)
-        except TooMuchReasoning:
-            one = min(MAX_REASONING_BYTES, MAX_EXPANSION * len(signature))
-            if one < left:
-                raise InvalidRequest(path, f"`signature` in `thinking` block holds more "
-                                           f"reasoning than one signature may restore ({one} "
-                                           f"bytes: at most {MAX_EXPANSION} per character of "
-                                           "it)") from None
-            raise RequestTooLarge(f"{path}: reasoning restored from `thinking` block "
-                                  f"signatures exceeds {max_bytes} bytes in this request"
-                                  ) from None
-        if reasoning is None:
-            raise InvalidRequest(path, "Invalid `signature` in `thinking` block")
-        size = len(reasoning.encode("utf-8")) if not reasoning.isascii() else len(reasoning)
-        if take is not None and not take(size):
+        bound = min(left, MAX_REASONING_BYTES, MAX_EXPANSION * len(signature))
+        if take is not None and not take(bound):
             raise Overloaded(RESTORE_BUSY)
+        try:
+            reasoning = _open_one(keys, signature, left, path, max_bytes)
+        except BaseException:
+            if give is not None:
+                give(bound)
+            raise
+        size = len(reasoning.encode("utf-8")) if not reasoning.isascii() else len(reasoning)
+        if give is not None:
+            give(bound - size)
         restored += size
         block["thinking"] = reasoning
     return restored
+
+
+def _open_one(keys: bytes | Sequence[bytes], signature: str, left: int, path: str,
+              max_bytes: int) -> str:
+    """One replayed block's reasoning, or the error that refuses it (see
+    :func:`restore_reasoning`)."""
+    try:
+        reasoning = open_bounded(keys, signature, left)
+    except TooMuchReasoning:
+        one = min(MAX_REASONING_BYTES, MAX_EXPANSION * len(signature))
+        if one < left:
+            raise InvalidRequest(path, f"`signature` in `thinking` block holds more "
+                                       f"reasoning than one signature may restore ({one} "
+                                       f"bytes: at most {MAX_EXPANSION} per character of "
+                                       "it)") from None
+        raise RequestTooLarge(f"{path}: reasoning restored from `thinking` block "
+                              f"signatures exceeds {max_bytes} bytes in this request"
+                              ) from None
+    if reasoning is None:
+        raise InvalidRequest(path, "Invalid `signature` in `thinking` block")
+    return reasoning
 
 
 RESTORE_BUSY = ("Overloaded: too much reasoning is being restored from thinking signatures "

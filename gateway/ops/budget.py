@@ -1,40 +1,73 @@
-"""The process-wide decoding budget: bytes that requests expand into, held at once.
+"""Process-wide memory budgets: bytes that requests in flight hold at once.
 
-``server.max_decoding_bytes`` bounds what every request together holds while it is being
-turned into something the gateway can use:
+Two budgets, one inside the other (:func:`budgets` builds them from the config):
 
-* a request body while it is received and decoded (:mod:`gateway.http.body`);
-* the reasoning restored from thinking-block signatures while a Messages request is
-  prepared, until its upstream payload is built (:mod:`gateway.messages.call`): a 42 KB
-  signature can hold megabytes of a looping model's reasoning, and that expansion is
-  the request's, not a free side effect of it.
+* ``memory`` (``server.memory_budget_mb``): everything below, plus what lives as long as
+  a request does:
 
-Each request holds a :class:`Lease`; what it takes counts until the lease is released. A
-lease that holds nothing may take any size (a lone body of any size gets through, as
-before); otherwise a take that would pass the limit is refused, and the caller answers
-529 ``overloaded_error`` with ``retry-after``, which every SDK retries.
+  - the reasoning a Messages request restores from thinking-block signatures
+    (:mod:`gateway.messages.call`), counted twice (the text in the request and its copy in
+    the upstream payload) from before it is inflated until the reply has ended: a 170 KB
+    body can hold 4 MiB of a looping model's reasoning, and 150 of them in flight against a
+    slow engine took the process to 1.3 GiB;
+  - a Message Batches create (:mod:`gateway.http.batches`): its body and the encoded
+    requests made from it, until they are in the store.
+
+* ``decoding`` (``server.max_decoding_bytes``): request bodies while they are received and
+  decoded (:mod:`gateway.http.body`). A body counts in both.
+
+Each request holds a :class:`Lease`, a context manager: what it takes counts until it is
+released, whatever ends the request (an error, a cancelled handler when the client hung
+up). A take is made before the memory is: a caller reserves its bound, and gives back
+what it did not use. A lease that holds nothing may take any size while nothing else is
+held in a budget (a lone body or batch of any size gets through, as before: the size limits
+are their own knobs); otherwise a take that would pass a budget's limit is refused, counted
+in ``llm_gateway_memory_budget_sheds_total{budget}``, and the caller answers 529
+``overloaded_error`` with ``retry-after``, which every SDK retries.
+``llm_gateway_memory_budget_bytes{budget}`` is what is held now.
 
 Takes may come from a worker thread (signatures opened off the event loop), so the count
-is under a lock; a lease released while its thread still runs takes nothing more.
+is under a lock (one for both budgets); a lease released while its thread still runs takes
+nothing more.
 """
 
 from __future__ import annotations
 
 import threading
 from types import TracebackType
+from typing import TYPE_CHECKING, Protocol
 
-__all__ = ["Budget", "Lease"]
+if TYPE_CHECKING:
+    from gateway.ops.metrics import Metrics
+
+__all__ = ["Budget", "Lease", "budgets"]
+
+MIB = 1024 * 1024
+
+
+class _Gauge(Protocol):
+    def set(self, value: float) -> None: ...
+
+
+class _Counter(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
 
 
 class Budget:
-    """Bytes held at once across the process, at most ``limit`` (but see :class:`Lease`)."""
+    """Bytes held at once across the process, at most ``limit`` (but see :class:`Lease`);
+    a take counts in ``parent`` too, and must fit there as well."""
 
-    __slots__ = ("_lock", "held", "limit")
+    __slots__ = ("_chain", "_lock", "held", "held_gauge", "limit", "parent", "sheds")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, parent: Budget | None = None, *,
+                 held_gauge: _Gauge | None = None, sheds: _Counter | None = None) -> None:
         self.limit = limit
         self.held = 0
-        self._lock = threading.Lock()
+        self.parent = parent
+        self.held_gauge = held_gauge
+        self.sheds = sheds
+        self._lock: threading.Lock = parent._lock if parent is not None else threading.Lock()
+        self._chain: tuple[Budget, ...] = (self, *(parent._chain if parent else ()))
 
     def lease(self) -> Lease:
         return Lease(self)
@@ -43,17 +76,39 @@ class Budget:
         with self._lock:
             if lease.closed:
                 return False
-            if self.held > lease.held and self.held + size > self.limit:
-                return False
-            self.held += size
+            for budget in self._chain:
+                if budget.held > lease.held and budget.held + size > budget.limit:
+                    if budget.sheds is not None:
+                        budget.sheds.inc()
+                    return False
+            for budget in self._chain:
+                budget.held += size
             lease.held += size
+            self._publish()
             return True
+
+    def _give(self, lease: Lease, size: int) -> None:
+        with self._lock:
+            size = min(size, lease.held)
+            for budget in self._chain:
+                budget.held -= size
+            lease.held -= size
+            self._publish()
 
     def _release(self, lease: Lease) -> None:
         with self._lock:
-            self.held -= lease.held
-            lease.held = 0
             lease.closed = True
+            if not lease.held:  # most requests restore nothing: nothing to publish
+                return
+            for budget in self._chain:
+                budget.held -= lease.held
+            lease.held = 0
+            self._publish()
+
+    def _publish(self) -> None:
+        for budget in self._chain:
+            if budget.held_gauge is not None:
+                budget.held_gauge.set(budget.held)
 
 
 class Lease:
@@ -70,6 +125,10 @@ class Lease:
         """Count ``size`` more bytes; False (nothing counted) when they do not fit."""
         return self._budget._take(self, size)
 
+    def give(self, size: int) -> None:
+        """Stop counting ``size`` of the bytes taken (a reservation's unused part)."""
+        self._budget._give(self, size)
+
     def release(self) -> None:
         self._budget._release(self)
 
@@ -79,3 +138,18 @@ class Lease:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.release()
+
+
+def budgets(memory_mb: int, decoding_bytes: int,
+            metrics: Metrics | None = None) -> tuple[Budget, Budget]:
+    """(memory, decoding): the two budgets, ``decoding`` inside ``memory``, published in
+    ``metrics`` when given."""
+    def made(name: str, limit: int, parent: Budget | None = None) -> Budget:
+        if metrics is None:
+            return Budget(limit, parent)
+        metrics.budget_limit.labels(name).set(limit)
+        return Budget(limit, parent, held_gauge=metrics.budget_held.labels(name),
+                      sheds=metrics.budget_sheds.labels(name))
+
+    memory = made("memory", memory_mb * MIB)
+    return memory, made("decoding", decoding_bytes, memory)

@@ -137,10 +137,15 @@ class ServerConfig:
     prefix: str = "/llm"
     ping_interval: float = _knob(10.0, bound=_POS)
     max_body_bytes: int = _knob(32 * 1024 * 1024, bound=_POS)
-    # request bodies being read and decoded at once
+    # request bodies being read and decoded at once (inside memory_budget_mb)
     max_decoding_bytes: int = _knob(64 * 1024 * 1024, bound=_POS)
+    # MiB that requests in flight may hold at once (gateway/ops/budget.py): bodies being
+    # decoded, reasoning restored from signatures (until the reply ends), batch creates;
+    # past it, 529 overloaded_error. Half the shipped 1 GiB container limit: the rest is
+    # the process itself, its worker processes and what is not counted
+    memory_budget_mb: int = _knob(512, bound=_POS)
     # reasoning one Messages request may restore from thinking signatures (also counted in
-    # max_decoding_bytes while the request is prepared)
+    # memory_budget_mb, twice: the text and its copy in the upstream payload)
     max_restored_reasoning_bytes: int = _knob(4 * 1024 * 1024, bound=_POS)
     # PDF text extraction (gateway/messages/pdf_pool.py): worker processes, and the CPU
     # seconds one document and one request may use

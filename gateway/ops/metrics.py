@@ -97,6 +97,7 @@ _OVERHEAD = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025
 # why an upstream stream was continued (llm_gateway_stream_continuations_total's cause label)
 CONTINUATION_CAUSES = ("no_finish", "inband_error", "read_failed")
 # what gateway/local/ normalised in a reply (llm_gateway_local_fixes_total's fix label)
+BUDGETS = ("memory", "decoding")  # gateway/ops/budget.py
 LOCAL_FIXES = ("tool_arguments_repaired", "tool_arguments_unrepairable", "text_tool_call",
                "inline_thinking")
 
@@ -388,6 +389,18 @@ class Metrics:
             p + "client_http_errors_total",
             "Requests refused for broken HTTP framing, and client deadlines missed, by kind",
             ["kind"], registry=r))
+        # process-wide memory budgets (gateway/ops/budget.py); budget: memory, decoding
+        self.budget_held = _Memo(Gauge(
+            p + "memory_budget_bytes",
+            "Bytes requests in flight hold now, as counted in each memory budget",
+            ["budget"], registry=r, multiprocess_mode="livesum"))
+        self.budget_limit = _Memo(Gauge(
+            p + "memory_budget_limit_bytes", "Each memory budget's limit (configured)",
+            ["budget"], registry=r, multiprocess_mode="livemax"))
+        self.budget_sheds = _Memo(Counter(
+            p + "memory_budget_sheds_total",
+            "Requests refused with 529 overloaded_error because a memory budget was full",
+            ["budget"], registry=r))
         self.loop_lag = _Memo(Gauge(
             p + "event_loop_lag_seconds", "How late the event loop ran a timer, last probe",
             registry=r, multiprocess_mode="livemax"))
@@ -410,6 +423,9 @@ class Metrics:
             self.client_http_errors.labels(kind)
         for status in BATCH_STATUSES:
             self.batches.labels(status)
+        for budget in BUDGETS:
+            self.budget_held.labels(budget)
+            self.budget_sheds.labels(budget)
 
     def add_model(self, model: str, upstream: str, upstream_model: str,
                   fallbacks: tuple[str, ...] = ()) -> None:

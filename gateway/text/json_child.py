@@ -22,7 +22,7 @@ from gateway.text import jsonutil
 Outcome = tuple[str, ...] | tuple[str, bytes]
 
 
-def decode(raw: bytes, max_values: int) -> Outcome:
+def decode(raw: bytes | bytearray, max_values: int) -> Outcome:
     """Count, decode and check ``raw`` as :func:`gateway.http.body.read_json` does in process."""
     if jsonutil.too_many_values(raw, max_values):
         return ("too_many",)

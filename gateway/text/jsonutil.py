@@ -181,7 +181,7 @@ def _unsettle() -> None:
                 gc.enable()
 
 
-def loads(data: bytes | str) -> Any:
+def loads(data: bytes | bytearray | str) -> Any:
     """Decode strict JSON; raises ValueError on anything that is not, JSONInputError (a
     ValueError) naming the path for what no request may hold."""
     _settle()
@@ -346,11 +346,11 @@ def _problem(parts: Sequence[str], why: str, *, cut: bool = False) -> JSONInputE
 _SEPARATORS = (b",", b":", b"[", b"{")  # the byte before every value but the first
 
 
-def _separators(raw: bytes) -> int:
+def _separators(raw: bytes | bytearray) -> int:
     return sum(map(raw.count, _SEPARATORS))
 
 
-def too_many_values(raw: bytes, limit: int = MAX_VALUES) -> bool:
+def too_many_values(raw: bytes | bytearray, limit: int = MAX_VALUES) -> bool:
     """Whether ``raw`` could decode to more than ``limit`` values (decided before decoding).
 
     Every value but the top-level one follows a ``,``, ``:``, ``[`` or ``{`` of its own, up
@@ -377,7 +377,7 @@ def too_many_values(raw: bytes, limit: int = MAX_VALUES) -> bool:
 _FEW_QUOTES = 4096  # below it, strings are measured in place; above, split out (a copy)
 
 
-def _separators_in_strings(raw: bytes, quotes: int) -> int:
+def _separators_in_strings(raw: bytes | bytearray, quotes: int) -> int:
     if quotes > _FEW_QUOTES:
         return _separators(b"".join(raw.split(b'"')[1::2]))
     inside = 0

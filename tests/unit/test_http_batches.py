@@ -3,15 +3,22 @@ is, the batch object follows the API's rules (counts move at the end, results_ur
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import json
 from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 
 from gateway import errors
 from gateway.batches.store import BatchRow
 from gateway.http import batches as api
+from gateway.http.keys import CONFIG
 from gateway.ops import config
-from gateway.text import jsonutil
+from gateway.ops.budget import Budget
+from gateway.text import json_items, jsonutil
 
 CFG = config.parse({
     "upstreams": {"u": {"base_url": "http://127.0.0.1:9/v1"}},
@@ -62,7 +69,7 @@ BAD = [
 @pytest.mark.parametrize(("body", "path"), [c[1:] for c in BAD], ids=[c[0] for c in BAD])
 def test_a_bad_create_is_a_400_naming_the_field(body: Any, path: str) -> None:
     with pytest.raises(errors.InvalidRequest) as caught:
-        api.parse_create(CFG, body)
+        api.parse_create(CFG, copy.deepcopy(body))  # it drops each request it reads
     assert caught.value.path == path
     assert caught.value.status == 400 and caught.value.message.startswith(path)
 
@@ -139,3 +146,108 @@ async def test_a_large_create_gives_the_event_loop_a_turn_between_slices(
     assert len(out) == n and out[-1][0] == str(n - 1)
     assert len(set(seen)) >= 4  # the ticker ran between slices
     assert body["requests"] == [None] * n
+
+
+# --- a create read one request at a time (gateway/text/json_items.py) ----------------------
+
+async def _parse_raw(cfg: Any, raw: bytes, budget: Budget | None = None
+                     ) -> tuple[list[tuple[str, str, bytes]], int]:
+    """The create parsed from its bytes as the route does (the whole decode as the fallback,
+    on the loop: no child process); -> (requests, bytes the lease held after parsing)."""
+    request = make_mocked_request("POST", "/", app=_app(cfg))
+    with (budget or Budget(1 << 30)).lease() as lease:
+        assert lease.take(len(raw))  # the body, as read_bytes counts it
+        out = await api._parse_body(request, cfg, bytearray(raw), lease)
+        return out, lease.held - len(raw)
+
+
+def _app(cfg: Any) -> web.Application:
+    app = web.Application()
+    app[CONFIG] = dataclasses.replace(cfg, server=dataclasses.replace(
+        cfg.server, decode_offload_bytes=0))
+    return app
+
+
+@pytest.mark.parametrize(("body", "path"), [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+async def test_a_bad_create_read_from_its_bytes_is_the_same_400(body: Any, path: str) -> None:
+    with pytest.raises(errors.InvalidRequest) as caught:
+        await _parse_raw(CFG, json.dumps(body).encode())
+    assert caught.value.path == path
+    assert caught.value.status == 400 and caught.value.message.startswith(path)
+
+
+# (name, body bytes): shapes read whole (json_items.NotPlain), answered as before
+ODD = [
+    ("spaces and newlines", b' \n{ "requests" :\n[ %s ,\r\n\t%s ] }\n'),
+    ("key escaped", b'{"requ\\u0065sts": [%s, %s]}'),
+    ("item with NaN", b'{"requests": [%s, %s, {"custom_id": "z", "params": NaN}]}'),
+    ("not JSON", b'{"requests": [%s, %s, {"custom_id": "z",]}'),
+    ("trailing bytes", b'{"requests": [%s, %s]} x'),
+    ("repeated key", b'{"requests": [], "requests": [%s, %s]}'),
+    ("non-ASCII and an emoji", b'{"requests": [%s, %s]}'),
+]
+
+
+@pytest.mark.parametrize(("template",), [c[1:] for c in ODD], ids=[c[0] for c in ODD])
+async def test_any_create_is_answered_as_its_whole_decode_is(template: bytes) -> None:
+    items = (json.dumps(_item("a")).encode(),
+             json.dumps(_item("b", messages=[{"role": "user", "content": "é ✓ 😀"}]),
+                        ensure_ascii=False).encode())
+    raw = template % items
+    try:
+        expected: Any = api.parse_create(CFG, jsonutil.loads(raw))
+    except jsonutil.JSONInputError as exc:
+        expected = ("400", exc.path)
+    except ValueError:
+        expected = ("400", "")
+    try:
+        got: Any = (await _parse_raw(CFG, raw))[0]
+    except errors.InvalidRequest as exc:
+        got = ("400", exc.path)
+    assert got == expected
+
+
+async def test_a_create_holds_its_requests_in_the_memory_budget() -> None:
+    """Each request counts in the create's lease as it is encoded (its JSON and a fixed
+    overhead); past the budget, with another request holding some, a 529."""
+    body = {"requests": [_item(str(i)) for i in range(3)]}
+    raw = json.dumps(body).encode()
+    out, held = await _parse_raw(CFG, raw)
+    assert len(out) == 3 and held == sum(len(p) for _, _, p in out) + 3 * api._ENTRY_BYTES
+    budget = Budget(len(raw) + held - 1)
+    with budget.lease() as other:
+        assert other.take(1)
+        with pytest.raises(errors.Overloaded) as caught:
+            await _parse_raw(CFG, raw, budget)
+        assert caught.value.status == 529 and budget.held == 1
+    assert budget.held == 0
+
+
+@pytest.mark.parametrize("size", [10, 3000])
+def test_items_are_found_across_window_edges(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
+    """Items, whitespace and separators cut anywhere by a small window, multi-byte
+    characters cut by a chunk included: each item's text is exactly its JSON."""
+    monkeypatch.setattr(json_items, "WINDOW", 7)
+    items = [{"custom_id": f"r{i}", "params": {"t": "é😀 ]}\\\"" * (i % 5), "n": [i, {}]}}
+             for i in range(size // 10)]
+    raw = (' { "requests" : [ ' + " ,\n ".join(json.dumps(x, ensure_ascii=False)
+                                              for x in items) + " ] } ").encode()
+    reader = json_items.ArrayItems(raw, "requests", max_values=1 << 20, max_item_values=1 << 19)
+    got = []
+    while not reader.done:
+        got.append(json.loads(reader.next()))
+    assert got == items
+
+
+def test_an_item_with_too_many_values_is_not_scanned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An item past the window holding more separators than max_item_values, or a body
+    past max_values, is left to the whole decode (which bounds values before decoding)."""
+    monkeypatch.setattr(json_items, "WINDOW", 64)
+    big = b'{"requests": [{"x": [' + b"0," * 200 + b'0]}]}'
+    with pytest.raises(json_items.NotPlain):
+        json_items.ArrayItems(big, "requests", max_values=1 << 20, max_item_values=100).next()
+    many = b'{"requests": [' + b",".join([b'{"x": 1}'] * 100) + b"]}"
+    reader = json_items.ArrayItems(many, "requests", max_values=150, max_item_values=100)
+    with pytest.raises(json_items.NotPlain):
+        while not reader.done:
+            reader.next()

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.errors import InvalidRequest, Overloaded, RequestTooLarge
 from gateway.messages import signatures
-from gateway.messages.signatures import open_signature, restore_reasoning, seal
+from gateway.messages.signatures import MAX_EXPANSION, open_signature, restore_reasoning, seal
 from gateway.ops.budget import Budget
 
 KEY = b"k" * 32
@@ -215,20 +215,36 @@ def test_restored_reasoning_is_bounded_per_request() -> None:
         restore_reasoning(small, KEY, max_bytes=1000)
 
 
-def test_restored_reasoning_counts_in_the_decoding_budget() -> None:
-    """What a request restores is offered to the process-wide budget block by block; a
-    refusal is a 529 the SDKs retry, and nothing more is restored."""
+def test_restored_reasoning_is_reserved_before_it_is_inflated() -> None:
+    """Each block's bound (MAX_EXPANSION times its signature) is offered to the budget before
+    the signature is opened, and what it did not use given back; a refusal is a 529 the
+    SDKs retry, and nothing more is opened. A block that fails gives its reservation back."""
     budget = Budget(3 << 20)
     other = budget.lease()
     assert other.take(1 << 20)  # another request's body, being decoded
     sig = seal(KEY, "b" * (1 << 20))
+    bound = MAX_EXPANSION * len(sig)
+    assert (1 << 20) < bound < (3 << 19)  # the reservation is more than what it restores
+    offered: list[int] = []
+
+    def take(size: int) -> bool:
+        offered.append(size)
+        return lease.take(size)
+
     req = _history(*({"type": "thinking", "thinking": "", "signature": sig} for _ in range(3)))
     with budget.lease() as lease:
         with pytest.raises(Overloaded) as info:
-            restore_reasoning(req, KEY, take=lease.take)
-        assert lease.held == 2 << 20 and budget.held == 3 << 20
+            restore_reasoning(req, KEY, take=take, give=lease.give)
+        assert offered == [bound, bound]  # the second did not fit beside the first's 1 MiB
+        assert lease.held == 1 << 20 and budget.held == 2 << 20
+        assert req["messages"][1]["content"][1]["thinking"] == ""  # never opened
     assert info.value.status == 529 and "retry-after" in info.value.headers
     assert budget.held == 1 << 20  # the lease gave back what it took
+    bad = _history({"type": "thinking", "thinking": "", "signature": sig[:-8] + "AAAAAAA="})
+    with budget.lease() as lease:
+        with pytest.raises(InvalidRequest):
+            restore_reasoning(bad, KEY, take=lease.take, give=lease.give)
+        assert lease.held == 0
     other.release()
     assert budget.held == 0
 
@@ -244,16 +260,17 @@ def test_a_lease_alone_takes_any_size_and_a_released_one_nothing() -> None:
     assert not second.take(1) and budget.held == 0  # a thread that outlived its request
 
 
-async def test_prepare_holds_the_restored_reasoning_until_the_payload_is_built(
+async def test_prepare_counts_the_restored_reasoning_in_the_callers_lease(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Messages call's prepare: restored bytes are in the budget while it runs (a 529
-    when they do not fit), and given back once the call is built; large signature sets are
-    opened in a thread with the same bounds."""
+    """The Messages call's prepare: restored bytes count twice (the text and its copy in
+    the upstream payload) in the memory budget, in the caller's lease until the caller
+    releases it (the reply has ended), or in prepare's own until the call is built; a
+    529 when they do not fit; large signature sets are opened in a thread, same bounds."""
     from gateway.messages import call
 
     seen: list[int] = []
-    budget = Budget(4 << 20)
-    deps = call.MessagesDeps(upstreams=None, signing_key=KEY, decoding=budget,  # type: ignore[arg-type]
+    budget = Budget(10 << 20)
+    deps = call.MessagesDeps(upstreams=None, signing_key=KEY, memory=budget,  # type: ignore[arg-type]
                              max_restored_bytes=3 << 20)
 
     class _Call:
@@ -263,16 +280,22 @@ async def test_prepare_holds_the_restored_reasoning_until_the_payload_is_built(
     monkeypatch.setattr(call, "Call", _Call)
     monkeypatch.setattr(call, "_OFF_LOOP_SIGNATURES", 0)  # through the thread
     sig = seal(KEY, "c" * (1 << 20))
-    req = _history(*({"type": "thinking", "thinking": "", "signature": sig} for _ in range(2)))
-    await call.prepare(deps, req, None)  # type: ignore[arg-type]
-    assert seen == [2 << 20] and budget.held == 0
+
+    def req() -> dict[str, Any]:
+        return _history(*({"type": "thinking", "thinking": "", "signature": sig}
+                          for _ in range(2)))
+
+    await call.prepare(deps, req(), None)  # type: ignore[arg-type]
+    assert seen == [call.RESTORED_COPIES * (2 << 20)] and budget.held == 0
+    with budget.lease() as lease:
+        await call.prepare(deps, req(), None, lease)  # type: ignore[arg-type]
+        assert budget.held == lease.held == call.RESTORED_COPIES * (2 << 20)
+    assert budget.held == 0
     with budget.lease() as other:
-        assert other.take(3 << 20)
-        again = _history(*({"type": "thinking", "thinking": "", "signature": sig}
-                           for _ in range(2)))
+        assert other.take(7 << 20)
         with pytest.raises(Overloaded):
-            await call.prepare(deps, again, None)  # type: ignore[arg-type]
-        assert budget.held == 3 << 20
+            await call.prepare(deps, req(), None)  # type: ignore[arg-type]
+        assert budget.held == 7 << 20
     assert budget.held == 0
 
 

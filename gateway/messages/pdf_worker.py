@@ -3,14 +3,18 @@
 Reads jobs from stdin and writes replies to stdout, each a frame of a 4-byte big-endian
 length and a JSON object (stdlib ``json``: it round-trips any string a PDF's text may hold)::
 
-    job:   {"docs": [[path, base64 data], ...], "doc_cpu": s, "request_cpu": s}
-    reply: {"texts": [text, ...]}  or  {"error": [path, why]}
+    job:   {"docs": [[path, base64 data], ...], "doc_cpu": s, "request_cpu": s,
+            "used": s, "chars": n}
+    reply: {"texts": [text, ...], "cpu": s}  or  {"error": [path, why]}
 
-One job is one request's PDFs, read in order with
-:func:`gateway.messages.documents.pdf_text` under two CPU-time budgets: ``doc_cpu``
-seconds a document and ``request_cpu`` for them all. ``ITIMER_PROF`` counts this process's
-CPU time (user and system) and raises :class:`_OutOfCpu` in the middle of pypdf's work: a
-``BaseException``, so no ``except Exception`` on the way swallows it. Wall-clock time is
+A job is some of one request's PDFs (the pool sends one at a time, so requests take turns
+at the workers), read in order with :func:`gateway.messages.documents.pdf_text` under two
+CPU-time budgets: ``doc_cpu`` seconds a document and ``request_cpu`` for all of the
+request's, of which its earlier jobs ``used`` some; ``chars``: the text the request may
+still take. ``cpu`` in the reply: the request's CPU time with this job's. ``ITIMER_PROF``
+counts this process's CPU time (user and system) and raises :class:`_OutOfCpu` in the
+middle of pypdf's work: a ``BaseException``, so no ``except Exception`` on the way
+swallows it. Wall-clock time is
 the parent's business (it kills a worker that overstays, or whose client left).
 
 The worker exits when stdin closes (its gateway is gone). It writes nothing else to
@@ -47,8 +51,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """One request's PDFs as text, or the first failure (path, why)."""
     doc_cpu = float(job["doc_cpu"])
     request_cpu = float(job["request_cpu"])
-    chars = MAX_TEXT_CHARS
-    used = 0.0
+    chars = int(job.get("chars", MAX_TEXT_CHARS))
+    used = float(job.get("used", 0.0))
     texts: list[str] = []
     for path, data in job["docs"]:
         left = request_cpu - used
@@ -68,7 +72,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             used += time.process_time() - t0
         chars -= len(text)
         texts.append(text)
-    return {"texts": texts}
+    return {"texts": texts, "cpu": used}
 
 
 def _cpu_why(doc_cpu: float, request_cpu: float, *, per_request: bool) -> str:

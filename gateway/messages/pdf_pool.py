@@ -67,7 +67,8 @@ class _Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.messages.pdf_worker", stdin=asyncio.subprocess.PIPE,
+            sys.executable, "-m", "gateway.messages.pdf_worker", str(os.getpid()),
+            stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env)
         return cls(proc)
 

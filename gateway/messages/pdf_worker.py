@@ -17,7 +17,10 @@ middle of pypdf's work: a ``BaseException``, so no ``except Exception`` on the w
 swallows it. Wall-clock time is
 the parent's business (it kills a worker that overstays, or whose client left).
 
-The worker exits when stdin closes (its gateway is gone). It writes nothing else to
+The worker dies with its gateway (:mod:`gateway.ops.lifeline`: the gateway's pid is its
+argument), even in the middle of a job: on Linux by ``PR_SET_PDEATHSIG``, elsewhere when
+stdin reaches end of file, which a reader thread notices at once (jobs pass to the main
+thread, where the CPU-time signal is handled). It writes nothing else to
 stdout: stray output goes to stderr, and pypdf's warnings about hostile input are muted.
 """
 
@@ -26,15 +29,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import signal
 import struct
 import sys
+import threading
 import time
 from types import FrameType
 from typing import Any, BinaryIO
 
 from gateway.errors import InvalidRequest
 from gateway.messages.documents import MAX_TEXT_CHARS, pdf_text
+from gateway.ops import lifeline
 
 _HEAD = struct.Struct(">I")
 
@@ -93,18 +99,29 @@ def _read(stream: BinaryIO, size: int) -> bytes | None:
     return data
 
 
+def _reader(stdin: BinaryIO, jobs: queue.Queue[bytes]) -> None:
+    """Jobs from stdin to the main thread; at end of file (the gateway is gone, even mid
+    job) the process exits."""
+    while (head := _read(stdin, _HEAD.size)) is not None:
+        body = _read(stdin, _HEAD.unpack(head)[0])
+        if body is None:
+            break
+        jobs.put(body)
+    os._exit(0)
+
+
 def main() -> None:
+    if len(sys.argv) > 1:
+        lifeline.die_with_parent(int(sys.argv[1]))
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # a stray print goes to stderr, never into a frame
     logging.getLogger("pypdf").setLevel(logging.CRITICAL)
     signal.signal(signal.SIGPROF, _on_timer)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us (stdin closes, or a kill)
-    stdin = sys.stdin.buffer
-    while (head := _read(stdin, _HEAD.size)) is not None:
-        body = _read(stdin, _HEAD.unpack(head)[0])
-        if body is None:
-            return
-        reply = json.dumps(run_job(json.loads(body))).encode()
+    jobs: queue.Queue[bytes] = queue.Queue(maxsize=1)  # the pool sends one job at a time
+    threading.Thread(target=_reader, args=(sys.stdin.buffer, jobs), daemon=True).start()
+    while True:
+        reply = json.dumps(run_job(json.loads(jobs.get()))).encode()
         out.write(_HEAD.pack(len(reply)) + reply)
         out.flush()
 

@@ -34,7 +34,11 @@ queued on a shared database is not left waiting), or until a wake (a batch creat
 batch request ending, an interactive request ending while work is held back): 150 batches in
 back-off cost two queries per upstream every five seconds, not one per batch per poll. With
 nothing queued at all it looks once per ``batches.poll_interval`` (one query), as other
-processes (``--workers``, replicas on one PostgreSQL) may queue work at any time.
+processes (``--workers``, replicas on one PostgreSQL) may queue work at any time. An
+upstream that cannot start work (at its limit, or held back for interactive traffic) sets no
+deadline at all: the wake that frees it (a batch request ending, the interactive request
+ending) brings the next round, so the scheduler's one timer is the earliest real deadline
+and a round never repeats on a deadline already past.
 
 Every ``_SWEEP`` seconds (or a tenth of ``batches.expire_after``, at least a second, when
 that is shorter) the scheduler also ends expired batches (their unfinished requests
@@ -45,6 +49,7 @@ refreshes the queue and batch gauges from the store.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 import socket
@@ -157,15 +162,42 @@ class Scheduler:
             heartbeat.cancel()
 
     def _sleep(self, now: float) -> float:
-        """Seconds until the next round is needed without a wake: the next sweep; the
-        next due request of an upstream whose queue came back short; ``poll_interval`` for
-        one with work still queued (full or held back: such a round queries nothing, and
-        notices an upstream turning idle)."""
+        """Seconds until the next round is needed without a wake: the earliest of the next
+        sweep and each upstream's own deadline (:meth:`_deadline`). One timer: the wait on
+        the wake event is bounded by it."""
         until = self._last_sweep + self._sweep_every()
-        for upstream, has_work in self._has_work.items():
-            until = min(until, now + self._cfg.poll_interval if has_work
-                        else self._due[upstream])
+        if not self._draining():
+            clock = time.monotonic()
+            for upstream in self._routes:
+                until = min(until, self._deadline(upstream, now, clock))
         return max(0.0, until - now)
+
+    def _deadline(self, upstream: str, now: float, clock: float) -> float:
+        """When ``upstream`` needs a round that no wake brings (epoch seconds; inf: never).
+
+        An upstream that cannot start work now has no deadline of its own: at its limit, a
+        batch request ending wakes the scheduler; at the interactive threshold, it is held
+        back (``_deferred``) and the interactive request ending wakes it. Giving such an
+        upstream the deadline it had (a due request, a poll) made every round find it still
+        blocked and the deadline still past: a busy loop for as long as one interactive
+        request was in flight (a 6 s stream cost the gateway 5 CPU seconds). Otherwise: its
+        next due request (or look for other processes' work) once its claim came back short;
+        at its limit, the moment it turns idle and takes ``max_in_flight_idle``."""
+        cfg = self._cfg
+        limit = self._limit(upstream, clock)
+        if self._running[upstream] >= limit:
+            if limit < cfg.max_in_flight_idle:  # it may turn idle and take more
+                return now + max(0.0, self._last_interactive[upstream] + cfg.idle_after - clock)
+            return math.inf
+        if self._interactive(self._routes[upstream]) >= cfg.interactive_threshold:
+            # held back (deferred): the interactive request ending wakes it; work not yet
+            # due gets one round when it is (which holds it back)
+            if self._has_work[upstream] or upstream in self._deferred:
+                return math.inf
+            return self._due[upstream]
+        # work queued and room for it: only after a round that failed (the store down, or
+        # the first round) is this not already running; look again at the next poll
+        return now + cfg.poll_interval if self._has_work[upstream] else self._due[upstream]
 
     def _sweep_every(self) -> float:
         return min(_SWEEP, max(1.0, self._cfg.expire_after / 10))
@@ -208,7 +240,7 @@ class Scheduler:
             if free <= 0:
                 continue
             if interactive >= self._cfg.interactive_threshold:
-                if self._has_work[upstream]:
+                if self._has_work[upstream] or now >= self._due[upstream]:
                     self._deferred.add(upstream)  # look again when one of them ends
                 continue
             self._deferred.discard(upstream)

@@ -23,12 +23,22 @@ Facts the code relies on:
   ``expire`` counts it canceled, so the batch ends instead of waiting for its expiry.
 - Database failures become ``StoreError`` with the driver's first line; the password, if any,
   is scrubbed out of it, and the URL is never quoted.
+- A full disk. In WAL mode every write, even one that shrinks rows (a cancel drops its
+  requests' params) or deletes them, first appends pages to the ``-wal`` file, so on a full
+  disk cancel and delete failed like creates, and nothing could free space. A SQLite file
+  store keeps a reserve file beside it (``<database>.reserve``, ``RESERVE_BYTES``): an
+  operation that ends or removes work (cancel, delete, and the sweep's expire and purge)
+  that fails on a full disk spends the reserve (deletes the file) and runs again; a create
+  is refused (``StoreFull``) while the reserve is spent and cannot be made again, so creates
+  never eat the space cancel and delete need. (PostgreSQL manages its own disk.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +48,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.engine import Connection, Engine
 
-from gateway.batches.engines import open_engine
+from gateway.batches.engines import open_engine, sqlite_path
 from gateway.batches.schema import (
     BATCH_COLS,
     BATCHES,
@@ -71,9 +81,60 @@ def _full(e: BaseException) -> bool:
             or "disk is full" in str(orig))
 
 
+RESERVE_BYTES = 16 * 1024 * 1024  # the reserve file: room for a cancel or delete's WAL pages
+# the operations that end or remove work: run on the reserve when the disk is full
+_FREEING = frozenset({"cancel", "delete", "expire", "purge"})
 _INSERT_SLICE = 1000  # request rows per INSERT of a create
 _DB_ERRORS = (exc.SQLAlchemyError, sqlite3.Error, OSError)
 _b, _r = BATCHES.c, REQUESTS.c
+
+
+class _Reserve:
+    """``size`` bytes of disk held in a file beside the SQLite database (see the module
+    docstring); all its calls run on the store's worker thread."""
+
+    def __init__(self, path: str, size: int) -> None:
+        self.path = path
+        self.size = size
+
+    def keep(self) -> bool:
+        """Whether the reserve is in place: present, or made now (False: no room for it)."""
+        with contextlib.suppress(OSError):
+            if os.path.getsize(self.path) >= self.size:
+                return True
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                _allocate(fd, self.size)
+            finally:
+                os.close(fd)
+            return True
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            return False
+
+    def spend(self) -> bool:
+        """Give the reserve's space back to the disk. -> whether there was one to give."""
+        try:
+            os.unlink(self.path)
+            return True
+        except OSError:
+            return False
+
+
+def _allocate(fd: int, size: int) -> None:
+    """Allocate ``size`` bytes of ``fd`` on disk (not a sparse file): ENOSPC if no room."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return
+    except (AttributeError, OSError) as e:  # no fallocate here, or not on this filesystem
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            raise
+    chunk = bytes(1 << 20)
+    for start in range(0, size, len(chunk)):
+        os.pwrite(fd, chunk[:size - start], start)
+    os.fsync(fd)
 
 
 # -- the store ------------------------------------------------------------------------------
@@ -90,9 +151,10 @@ class BatchStore:
         self._password = password
         self._executor = executor
         self._closed = False
+        self._reserve: _Reserve | None = None
 
     @classmethod
-    def open(cls, url: str) -> BatchStore:
+    def open(cls, url: str, reserve_bytes: int = RESERVE_BYTES) -> BatchStore:
         """Open (and create if absent) the store at ``url``: ``sqlite:///ABS/PATH``, a bare
         file path (SQLite), or ``postgresql://user:pw@host:port/db`` (psycopg 3). Creates
         the tables if absent (several processes may do so at once), checks the schema with
@@ -100,6 +162,10 @@ class BatchStore:
         engine, where, password = open_engine(url)
         store = cls(engine, where, password,
                     ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-store"))
+        path = None if store._pg else sqlite_path(url)
+        if path is not None and reserve_bytes > 0:
+            store._reserve = _Reserve(path + ".reserve", reserve_bytes)
+            store._executor.submit(store._reserve.keep)  # best effort: creates retry it
         try:
             store._executor.submit(store._call, "open", store._setup, True).result()
         except BaseException:
@@ -128,7 +194,21 @@ class BatchStore:
     # -- plumbing --
 
     def _call(self, op: str, fn: Callable[[Connection], T], write: bool) -> T:
-        """Run ``fn`` in one transaction (on the worker thread); failures become StoreError."""
+        """Run ``fn`` in one transaction (on the worker thread); failures become StoreError.
+        The reserve (see the module docstring): a create needs it in place; an operation
+        that ends or removes work spends it when the disk is full."""
+        reserve = self._reserve
+        if op == "create" and reserve is not None and not reserve.keep():
+            raise StoreFull(f"batch store {op} refused ({self._where}): the disk is full "
+                            "(no room for the reserve that cancel and delete need)")
+        try:
+            return self._transaction(op, fn, write)
+        except StoreFull:
+            if op not in _FREEING or reserve is None or not reserve.spend():
+                raise
+            return self._transaction(op, fn, write)
+
+    def _transaction(self, op: str, fn: Callable[[Connection], T], write: bool) -> T:
         try:
             with (self._engine if write else self._reader).begin() as conn:
                 return fn(conn)

@@ -11,6 +11,11 @@ The bounds:
 
 * ``server.pdf_workers`` processes at most: the CPU cores PDFs can take at once; a request
   waits for a free worker (and waits no longer once its client has gone).
+* Turns: a job is one document, not a request's all, and a request has one document in a
+  worker at a time; a freed worker goes to the waiting request that has had the fewest
+  documents read (then the first to come). When one request's PDFs were one job, two
+  requests of many heavy PDFs held both workers for their whole CPU budgets while another
+  request's one-page PDF waited (59 s); now it waits for one document at most.
 * ``server.pdf_cpu_seconds`` of CPU time a document and ``server.pdf_request_cpu_seconds``
   for all of a request's documents, enforced in the worker with a CPU-time timer; past
   either, 400 ``invalid_request_error`` naming the document (``messages.N.content.M``).
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import struct
@@ -61,7 +67,8 @@ class _Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.messages.pdf_worker", stdin=asyncio.subprocess.PIPE,
+            sys.executable, "-m", "gateway.messages.pdf_worker", str(os.getpid()),
+            stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env)
         return cls(proc)
 
@@ -88,7 +95,10 @@ class PdfPool:
         self.workers = workers
         self.doc_cpu = doc_cpu
         self.request_cpu = request_cpu
-        self._slots: asyncio.Semaphore | None = None  # made on the loop that uses it
+        self._free = workers  # worker slots no request holds
+        # requests waiting for a slot: ((documents read, arrival), the future handed it)
+        self._waiting: list[tuple[tuple[int, int], asyncio.Future[None]]] = []
+        self._arrivals = itertools.count()
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
         self._reaping: set[asyncio.Task[Any]] = set()
@@ -97,44 +107,83 @@ class PdfPool:
     async def to_text(self, req: Mapping[str, Any], where: Sequence[documents.Location]
                       ) -> dict[str, Any]:
         """A copy of ``req`` with each PDF at ``where`` replaced by its text (as
-        :func:`documents.pdfs_to_text`), read in a worker; raises InvalidRequest naming the
-        first PDF that cannot be read or runs out of CPU time."""
+        :func:`documents.pdfs_to_text`), read in a worker one document at a time; raises
+        InvalidRequest naming the first PDF that cannot be read or runs out of CPU time."""
         documents.check_count(where)
-        paths = [documents.location_path(*loc) for loc in where]
-        job = json.dumps({"docs": [[path, documents.pdf_data(req, loc)]
-                                   for path, loc in zip(paths, where, strict=True)],
-                          "doc_cpu": self.doc_cpu, "request_cpu": self.request_cpu}).encode()
-        reply = await self._run(job, paths[0])
-        if "error" in reply:
-            path, why = reply["error"]
-            raise InvalidRequest(path, why)
-        return documents.with_texts(req, where, reply["texts"])
+        arrival = next(self._arrivals)
+        texts: list[str] = []
+        used = 0.0  # CPU seconds the request's documents took so far
+        chars = documents.MAX_TEXT_CHARS
+        for served, loc in enumerate(where):
+            path = documents.location_path(*loc)
+            job = json.dumps({"docs": [[path, documents.pdf_data(req, loc)]],
+                              "doc_cpu": self.doc_cpu, "request_cpu": self.request_cpu,
+                              "used": used, "chars": chars}).encode()
+            reply = await self._run(job, path, (served, arrival))
+            if "error" in reply:
+                error_path, why = reply["error"]
+                raise InvalidRequest(error_path, why)
+            text: str = reply["texts"][0]
+            texts.append(text)
+            used = float(reply["cpu"])
+            chars -= len(text)
+        return documents.with_texts(req, where, texts)
 
-    async def _run(self, job: bytes, first: str) -> dict[str, Any]:
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.workers)
-        async with self._slots:
-            worker = self._idle.pop() if self._idle else await _Worker.start()
-            self._busy.add(worker)
-            done = False
-            try:
-                async with asyncio.timeout(_wall_limit(self.request_cpu)):
-                    reply = await worker.call(job)
-                done = True
-                return reply
-            except TimeoutError:
-                raise InvalidRequest(first, "PDF documents could not be read in time") from None
-            except (asyncio.IncompleteReadError, ConnectionError, ValueError):
-                _log.warning("pdf_worker_failed", returncode=worker.proc.returncode)
-                raise InvalidRequest(first, "PDF could not be read (corrupt or not a PDF)"
-                                     ) from None
-            finally:
-                self._busy.discard(worker)
-                if done:
-                    self._idle.append(worker)
-                else:  # cancelled (the client left), overstayed or broken: stop it now
-                    self.killed += 1
-                    self._stop(worker)
+    async def _turn(self, key: tuple[int, int]) -> None:
+        """Wait for a worker slot; among waiters, the lowest ``key`` is served first."""
+        if self._free > 0 and not self._waiting:
+            self._free -= 1
+            return
+        entry = (key, asyncio.get_running_loop().create_future())
+        self._waiting.append(entry)
+        try:
+            await entry[1]
+        except asyncio.CancelledError:
+            if entry in self._waiting:
+                self._waiting.remove(entry)
+            elif entry[1].done() and not entry[1].cancelled():
+                self._pass_on()  # handed a slot just as the client left: the next one's
+            raise
+
+    def _pass_on(self) -> None:
+        """A slot is freed: to the waiter with the lowest key, or back to the pool."""
+        while self._waiting:
+            entry = min(self._waiting, key=lambda e: e[0])
+            self._waiting.remove(entry)
+            if not entry[1].done():
+                entry[1].set_result(None)
+                return
+        self._free += 1
+
+    async def _run(self, job: bytes, first: str, key: tuple[int, int]) -> dict[str, Any]:
+        await self._turn(key)
+        try:
+            return await self._call(job, first)
+        finally:
+            self._pass_on()
+
+    async def _call(self, job: bytes, first: str) -> dict[str, Any]:
+        worker = self._idle.pop() if self._idle else await _Worker.start()
+        self._busy.add(worker)
+        done = False
+        try:
+            async with asyncio.timeout(_wall_limit(min(self.doc_cpu, self.request_cpu))):
+                reply = await worker.call(job)
+            done = True
+            return reply
+        except TimeoutError:
+            raise InvalidRequest(first, "PDF documents could not be read in time") from None
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            _log.warning("pdf_worker_failed", returncode=worker.proc.returncode)
+            raise InvalidRequest(first, "PDF could not be read (corrupt or not a PDF)"
+                                 ) from None
+        finally:
+            self._busy.discard(worker)
+            if done:
+                self._idle.append(worker)
+            else:  # cancelled (the client left), overstayed or broken: stop it now
+                self.killed += 1
+                self._stop(worker)
 
     def _stop(self, worker: _Worker) -> None:
         worker.kill()

@@ -3,17 +3,24 @@
 Reads jobs from stdin and writes replies to stdout, each a frame of a 4-byte big-endian
 length and a JSON object (stdlib ``json``: it round-trips any string a PDF's text may hold)::
 
-    job:   {"docs": [[path, base64 data], ...], "doc_cpu": s, "request_cpu": s}
-    reply: {"texts": [text, ...]}  or  {"error": [path, why]}
+    job:   {"docs": [[path, base64 data], ...], "doc_cpu": s, "request_cpu": s,
+            "used": s, "chars": n}
+    reply: {"texts": [text, ...], "cpu": s}  or  {"error": [path, why]}
 
-One job is one request's PDFs, read in order with
-:func:`gateway.messages.documents.pdf_text` under two CPU-time budgets: ``doc_cpu``
-seconds a document and ``request_cpu`` for them all. ``ITIMER_PROF`` counts this process's
-CPU time (user and system) and raises :class:`_OutOfCpu` in the middle of pypdf's work: a
-``BaseException``, so no ``except Exception`` on the way swallows it. Wall-clock time is
+A job is some of one request's PDFs (the pool sends one at a time, so requests take turns
+at the workers), read in order with :func:`gateway.messages.documents.pdf_text` under two
+CPU-time budgets: ``doc_cpu`` seconds a document and ``request_cpu`` for all of the
+request's, of which its earlier jobs ``used`` some; ``chars``: the text the request may
+still take. ``cpu`` in the reply: the request's CPU time with this job's. ``ITIMER_PROF``
+counts this process's CPU time (user and system) and raises :class:`_OutOfCpu` in the
+middle of pypdf's work: a ``BaseException``, so no ``except Exception`` on the way
+swallows it. Wall-clock time is
 the parent's business (it kills a worker that overstays, or whose client left).
 
-The worker exits when stdin closes (its gateway is gone). It writes nothing else to
+The worker dies with its gateway (:mod:`gateway.ops.lifeline`: the gateway's pid is its
+argument), even in the middle of a job: on Linux by ``PR_SET_PDEATHSIG``, elsewhere when
+stdin reaches end of file, which a reader thread notices at once (jobs pass to the main
+thread, where the CPU-time signal is handled). It writes nothing else to
 stdout: stray output goes to stderr, and pypdf's warnings about hostile input are muted.
 """
 
@@ -22,15 +29,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import signal
 import struct
 import sys
+import threading
 import time
 from types import FrameType
 from typing import Any, BinaryIO
 
 from gateway.errors import InvalidRequest
 from gateway.messages.documents import MAX_TEXT_CHARS, pdf_text
+from gateway.ops import lifeline
 
 _HEAD = struct.Struct(">I")
 
@@ -47,8 +57,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """One request's PDFs as text, or the first failure (path, why)."""
     doc_cpu = float(job["doc_cpu"])
     request_cpu = float(job["request_cpu"])
-    chars = MAX_TEXT_CHARS
-    used = 0.0
+    chars = int(job.get("chars", MAX_TEXT_CHARS))
+    used = float(job.get("used", 0.0))
     texts: list[str] = []
     for path, data in job["docs"]:
         left = request_cpu - used
@@ -68,7 +78,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             used += time.process_time() - t0
         chars -= len(text)
         texts.append(text)
-    return {"texts": texts}
+    return {"texts": texts, "cpu": used}
 
 
 def _cpu_why(doc_cpu: float, request_cpu: float, *, per_request: bool) -> str:
@@ -89,18 +99,29 @@ def _read(stream: BinaryIO, size: int) -> bytes | None:
     return data
 
 
+def _reader(stdin: BinaryIO, jobs: queue.Queue[bytes]) -> None:
+    """Jobs from stdin to the main thread; at end of file (the gateway is gone, even mid
+    job) the process exits."""
+    while (head := _read(stdin, _HEAD.size)) is not None:
+        body = _read(stdin, _HEAD.unpack(head)[0])
+        if body is None:
+            break
+        jobs.put(body)
+    os._exit(0)
+
+
 def main() -> None:
+    if len(sys.argv) > 1:
+        lifeline.die_with_parent(int(sys.argv[1]))
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # a stray print goes to stderr, never into a frame
     logging.getLogger("pypdf").setLevel(logging.CRITICAL)
     signal.signal(signal.SIGPROF, _on_timer)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us (stdin closes, or a kill)
-    stdin = sys.stdin.buffer
-    while (head := _read(stdin, _HEAD.size)) is not None:
-        body = _read(stdin, _HEAD.unpack(head)[0])
-        if body is None:
-            return
-        reply = json.dumps(run_job(json.loads(body))).encode()
+    jobs: queue.Queue[bytes] = queue.Queue(maxsize=1)  # the pool sends one job at a time
+    threading.Thread(target=_reader, args=(sys.stdin.buffer, jobs), daemon=True).start()
+    while True:
+        reply = json.dumps(run_job(json.loads(jobs.get()))).encode()
         out.write(_HEAD.pack(len(reply)) + reply)
         out.flush()
 

@@ -18,6 +18,7 @@ When every current worker has, the supervisor logs ``workers_ready`` and sends
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import shutil
@@ -32,7 +33,7 @@ import time
 import structlog
 from prometheus_client import multiprocess
 
-from gateway.ops import log, notify
+from gateway.ops import lifeline, log, notify
 from gateway.ops.config import WORKER_ENV
 from gateway.ops.signing_key import SHARED_KEY_ENV
 
@@ -115,7 +116,11 @@ def supervise(args: list[str], workers: int, metrics_dir: str | None,
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
 
-    procs = [subprocess.Popen(cmd, env=env) for _ in range(workers)]
+    # a worker drains and stops when the supervisor dies, even of a SIGKILL (lifeline);
+    # the supervisor has no threads, so a preexec_fn is safe here
+    start = functools.partial(subprocess.Popen, cmd, env=env, preexec_fn=functools.partial(
+        lifeline.die_with_parent, os.getpid(), signal.SIGTERM))
+    procs = [start() for _ in range(workers)]
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     _say("workers_started", workers=workers, pids=[p.pid for p in procs], metrics_dir=path)
@@ -142,7 +147,7 @@ def supervise(args: list[str], workers: int, metrics_dir: str | None,
                     break
                 # worker_pid: the pipeline's own pid field is the supervisor's
                 _log.warning("worker_replaced", worker_pid=proc.pid, exit_code=code)
-                procs[i] = subprocess.Popen(cmd, env=env)
+                procs[i] = start()
     finally:
         if ready_sock is not None:
             ready_sock.close()

@@ -5,7 +5,10 @@ In back-off: a look for work costs one query, whatever the number of waiting bat
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +53,54 @@ async def test_a_full_disk_is_a_507_and_cancel_and_delete_still_work(tmp_path: P
         assert await store.delete("msgbatch_a", "o") is True
         row = await store.cancel("msgbatch_b", "o", time.time())
         assert row is not None and row.canceled == 200
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 2 MiB filesystem (tmpfs): the disk itself fills, not a page cap. Needs the
+    right to mount (root); skipped elsewhere."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)],
+            capture_output=True, timeout=10).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=10)
+
+
+async def test_cancel_and_delete_work_when_the_disk_itself_is_full(small_disk: Path) -> None:
+    """In WAL mode every write appends pages to the -wal file first, a cancel and a delete
+    too: on a really full disk (not a page cap) both failed like creates, so nothing could
+    free space. The reserve file beside the database is spent for them; creates stay
+    refused while it cannot be made again."""
+    store = BatchStore.open(f"sqlite:///{small_disk / 'b.sqlite3'}", reserve_bytes=256 * 1024)
+    try:
+        now = time.time()
+        for name in ("msgbatch_a", "msgbatch_b", "msgbatch_c"):
+            await store.create(name, "o", _requests(50, 100), now, now + 3600)
+        assert (small_disk / "b.sqlite3.reserve").stat().st_size == 256 * 1024
+        with pytest.raises(StoreFull):
+            for i in range(1000):  # big ones, then small ones: to the last block
+                await store.create(f"msgbatch_x{i}", "o", _requests(5, 2000), now, now + 3600)
+        with pytest.raises(StoreFull):
+            for i in range(1000):
+                await store.create(f"msgbatch_y{i}", "o", _requests(1, 10), now, now + 3600)
+        assert os.statvfs(small_disk).f_bavail == 0
+        row = await store.cancel("msgbatch_a", "o", time.time())
+        assert row is not None and row.ended_at is not None and row.canceled == 50
+        assert await store.delete("msgbatch_a", "o") is True
+        row = await store.cancel("msgbatch_b", "o", time.time())
+        assert row is not None and row.canceled == 50
+        assert not (small_disk / "b.sqlite3.reserve").exists()  # spent on them
+        with pytest.raises(StoreFull) as refused:  # no room to make it again: refused
+            await store.create("msgbatch_z", "o", _requests(1, 10), now, now + 3600)
+        assert api._failed(refused.value).status == 507
+        assert await store.get("msgbatch_c", "o") is not None  # the rest is intact
     finally:
         await store.close()
 

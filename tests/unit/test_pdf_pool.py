@@ -96,3 +96,51 @@ async def test_a_cancelled_extraction_kills_its_worker() -> None:
         assert worker.proc.returncode is not None  # reaped, not a zombie
     finally:
         await pool.close()
+
+
+@pytest.mark.parametrize(("docs", "order"), [
+    # one request's many PDFs were one job: the one-page request waited for all of them
+    ({"many": 3, "one": 1}, ["one", "many"]),
+    ({"many": 3, "more": 3, "one": 1}, ["one", "many", "more"]),
+    ({"one": 1, "many": 3}, ["one", "many"]),
+    ({"two": 2, "three": 3, "four": 4}, ["two", "three", "four"]),
+])
+async def test_requests_take_turns_at_the_workers(docs: dict[str, int],
+                                                  order: list[str]) -> None:
+    """One worker, requests started together in this order: a freed worker goes to the
+    request that has had the fewest documents read, so requests end in the order of their
+    document counts, not of their arrival."""
+    pool = PdfPool(1)
+    ended: list[str] = []
+
+    async def one(name: str, count: int) -> None:
+        await _to_text(pool, _req(*(document(make_pdf([[f"{name} {i}"]]))
+                                    for i in range(count))))
+        ended.append(name)
+
+    try:
+        await asyncio.gather(*(one(name, count) for name, count in docs.items()))
+        assert ended == order
+        assert len(pool._idle) == 1 and pool._free == 1 and not pool._waiting
+    finally:
+        await pool.close()
+
+
+async def test_a_request_cancelled_while_waiting_for_its_turn_gives_it_on() -> None:
+    pool = PdfPool(1)
+    try:
+        first = asyncio.create_task(_to_text(pool, _req(document(make_pdf([["a"]])))))
+        gone = asyncio.create_task(_to_text(pool, _req(document(make_pdf([["b"]])))))
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if pool._waiting:
+                break
+        gone.cancel()
+        await first
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert not pool._waiting and pool._free == 1 and pool.killed == 0
+        out = await _to_text(pool, _req(document(make_pdf([["after"]]))))
+        assert "after" in out["messages"][0]["content"][1]["source"]["data"]
+    finally:
+        await pool.close()

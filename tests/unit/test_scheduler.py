@@ -157,3 +157,85 @@ async def test_nothing_due_costs_no_store_query_until_a_retry_falls_due() -> Non
     finally:
         await s.stop()
         await asyncio.wait_for(task, 10)
+
+
+class _DeadlineStore:
+    """Nothing is ever claimable; ``next_due`` answers the first of ``deadlines`` still
+    ahead (epoch seconds), None past the last. Counts claims."""
+
+    def __init__(self, deadlines: list[float]) -> None:
+        self.deadlines = deadlines
+        self.claims = 0
+
+    async def claim(self, *args: Any) -> list[Any]:
+        self.claims += 1
+        return []
+
+    async def next_due(self, _models: Any, now: float) -> float | None:
+        return next((d for d in self.deadlines if d > now), None)
+
+
+def _interactive(s: scheduler.Scheduler) -> None:
+    s._in_flight["m"] = s._in_flight["n"] = 1  # one slow stream on each upstream
+
+
+def _at_capacity(s: scheduler.Scheduler) -> None:
+    # the upstream is down and slow to say so: both batch requests hang in connect while
+    # the back-off of the others falls due
+    s._running["u"] = s._running["v"] = 2
+
+
+# retries falling due inside the window, then one far beyond it
+_DEADLINES = (0.1, 0.2, 0.3, 30.0)
+
+
+@pytest.mark.parametrize(("why", "setup", "deadlines", "most"), [
+    # the poll that falls due while blocked (then held back), and a spare
+    ("interactive stream in flight, nothing queued", _interactive, (), 2),
+    ("interactive stream in flight, work in back-off", _interactive, _DEADLINES, 2),
+    ("at capacity, work in back-off", _at_capacity, _DEADLINES, 2),
+    # nothing blocks: one round per deadline inside the window, and a spare
+    ("150 batches in back-off, three deadlines", lambda s: None, _DEADLINES, 3 + 1),
+])
+async def test_rounds_are_bounded_by_deadlines_not_time(
+        why: str, setup: Any, deadlines: tuple[float, ...], most: int) -> None:
+    """While any request was in flight (or an upstream was at its limit), a deadline that
+    fell due stayed due: every round found the upstream still blocked and ran again at
+    once, a busy loop (one 6 s stream from a slow engine cost the gateway 5 CPU seconds).
+    Now a blocked upstream waits for the wake that unblocks it, and the rounds in a window
+    are bounded by the deadlines in it, however long the window."""
+    s = _scheduler(poll_interval=0.05)
+    s._last_sweep = time.time()  # the next sweep is 30 s away
+    store = _DeadlineStore([time.time() + d for d in deadlines])
+    s._store = store  # type: ignore[assignment]
+    rounds = 0
+    one_round = s._round
+
+    async def counted() -> None:
+        nonlocal rounds
+        rounds += 1
+        await one_round()
+
+    s._round = counted  # type: ignore[method-assign]
+    task = asyncio.create_task(s.run())
+    try:
+        for _ in range(500):  # the first look: a claim per upstream, both short
+            if store.claims >= 2:
+                break
+            await asyncio.sleep(0.01)
+        setup(s)  # then the stream starts, or the upstream fills
+        rounds = 0
+        await asyncio.sleep(0.8)  # every deadline and poll above falls inside
+        assert rounds <= most, (why, rounds)
+        if setup is _interactive:  # the stream ends: held-back work is looked at once
+            before = store.claims
+            s._in_flight["m"] = 0
+            s.interactive_ended("m")
+            for _ in range(500):
+                if store.claims > before:
+                    break
+                await asyncio.sleep(0.01)
+            assert store.claims == before + 1, why
+    finally:
+        await s.stop()
+        await asyncio.wait_for(task, 10)

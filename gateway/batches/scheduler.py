@@ -372,9 +372,10 @@ class Scheduler:
         route = find_route(self._models, req["model"])
         if route is None:  # the config changed since the batch was created
             raise errors.NotFound(f"model: {errors.echo(req['model'], 256)}")
-        call = await prepare(self._deps, req, route)
-        async with await call.send(request_id) as up:
-            message = await call.reply(up)
+        with self._deps.memory.lease() as lease:  # restored reasoning, until the reply ends
+            call = await prepare(self._deps, req, route, lease)
+            async with await call.send(request_id) as up:
+                message = await call.reply(up)
         count_reply(self._deps.metrics, call.route, message)  # a fallback's, if one answered
         return message, route.name
 

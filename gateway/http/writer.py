@@ -142,7 +142,25 @@ async def send_buffered(request: web.Request, resp: web.StreamResponse,
                         write_timeout: float) -> bool:
     """Send a handler's whole reply, headers and body, within ``write_timeout``; False when
     the client is gone or stopped reading (its connection is then aborted). aiohttp's own
-    prepare and write_eof that follow the middleware find the reply sent and do nothing."""
+    prepare and write_eof that follow the middleware find the reply sent and do nothing.
+
+    A reply that fits the transport's room (nothing waiting in its buffer, and head and body
+    under its high-water mark) cannot wait on the client: aiohttp's drain returns at once,
+    so it is sent without a timer (the usual case: a reading client, a reply of a few KB)."""
+    transport = request.transport
+    body = resp.body if isinstance(resp, web.Response) else None
+    if (transport is not None and isinstance(body, bytes) and not resp.compression
+            and not transport.is_closing()):
+        size = transport.get_write_buffer_size()
+        low, high = transport.get_write_buffer_limits()  # type: ignore[attr-defined]
+        head = sum(len(k) + len(v) + 4 for k, v in resp.headers.items())  # + what aiohttp adds
+        if size <= low and size + len(body) + head + _FRAMING < high:
+            try:
+                await resp.prepare(request)
+                await resp.write_eof()
+            except (ConnectionError, RuntimeError):
+                return False
+            return True
     try:
         async with asyncio.timeout(write_timeout):
             await resp.prepare(request)

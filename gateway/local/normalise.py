@@ -27,7 +27,7 @@ from collections.abc import Collection
 from typing import Any
 
 from gateway.local.text_tools import TextToolCall, TextToolCalls
-from gateway.local.think import InlineThinking
+from gateway.local.think import InlineThinking, Phase
 
 __all__ = ["CALL", "TEXT", "THINKING", "ContentNormaliser"]
 
@@ -123,6 +123,18 @@ class ContentNormaliser:
             else:
                 self._text(piece, out)
         return out
+
+    def whole(self, text: str) -> list[Piece]:
+        """A whole content (a buffered reply): ``feed(text) + flush()``. Text with no ``<``
+        where only inline reasoning in "auto" mode is looked for (no tool was offered, or
+        text calls are off) is one text piece as it is: no opener, no orphan close, nothing
+        held (a whole content of whitespace is text too, once flushed)."""
+        think = self._think
+        if (self._calls is None and think is not None and think.mode == "auto"
+                and think.phase is Phase.START and not think.held and "<" not in text):
+            think.phase = Phase.DONE  # as flush() leaves it
+            return [(TEXT, text)] if text else []
+        return self.feed(text) + self.flush()
 
     def flush(self) -> list[Piece]:
         """The end of the content: whatever was held, resolved."""

@@ -281,6 +281,9 @@ class Call:
         """Count and log what was normalised in this reply (per model, so an operator sees
         a model that writes broken calls). ``over_budget``: of the unrepairable calls, those
         the reply's repair budget had no room for (gateway/local/tool_args.py): logged."""
+        if not (repaired or unrepairable or text_calls) and (
+                normaliser is None or not (normaliser.thinking_found or normaliser.orphan_close)):
+            return  # nothing was fixed: the usual reply
         found = {"tool_arguments_repaired": repaired,
                  "tool_arguments_unrepairable": unrepairable,
                  "text_tool_call": text_calls,

@@ -92,7 +92,7 @@ def from_chat(
         parts.append(("text", text))
     elif text and normaliser is not None:
         seen: set[str] = set()
-        for kind, value in normaliser.feed(text) + normaliser.flush():
+        for kind, value in normaliser.whole(text):
             if kind == CALL:
                 parts.append(("tool_use", _tool_use(
                     None, value.name, value.arguments, seen, budget, on_bad_tool_args,

@@ -126,3 +126,19 @@ def _pieces(deltas: list[str]) -> list[Any]:
         else:
             merged.append((kind, value))
     return merged
+
+
+_WHOLE_TEXTS = ["", "Hello there.", "  \n", "  lead and trail \n", "a < b", "<think>r</think>t",
+                "text</think> more", "<thi", "\n\n<think>\nr\n</think>\n\nt", "x" * 5000]
+
+
+@pytest.mark.parametrize("mode", ["auto", "opened"])
+@pytest.mark.parametrize("tools", [(), ("get_weather",)], ids=["no-tools", "tools"])
+@pytest.mark.parametrize("text", _WHOLE_TEXTS)
+def test_whole_content_is_feed_then_flush(text: str, tools: tuple[str, ...], mode: str) -> None:
+    """``whole`` (the buffered reply's one call, with its shortcut for text that cannot hold
+    a tag) gives the pieces and the findings ``feed`` + ``flush`` give."""
+    fast, slow = (ContentNormaliser(thinking=mode, tool_names=tools) for _ in range(2))
+    assert fast.whole(text) == slow.feed(text) + slow.flush()
+    assert (fast.thinking_found, fast.orphan_close, fast.calls_found) == (
+        slow.thinking_found, slow.orphan_close, slow.calls_found)

@@ -16,10 +16,12 @@ import asyncio
 import socket
 from collections.abc import Awaitable, Callable
 
+import aiohttp
+import pytest
 from aiohttp import web
 
 from gateway.http.keys import REQUEST_ID
-from gateway.http.writer import ClientGone, StreamWriter
+from gateway.http.writer import ClientGone, StreamWriter, send_buffered
 
 _WRITE_TIMEOUT = 0.2
 # How late a timer may fire on a loaded machine: "hung" means no timeout at all
@@ -136,3 +138,46 @@ async def test_closing_a_stream_to_a_client_that_stopped_reading_is_bounded() ->
 
     result = await _serve_a_client_that_never_reads(handler, outcome)
     assert result == "closed", result
+
+
+@pytest.mark.parametrize(("size", "timers"), [
+    (1000, 0),          # a reply of a few KB to a reading client: no timer
+    (30 * 1024, 0),     # well under the transport's 64 KiB high-water mark
+    (200 * 1024, 1),    # past it: the write may wait on the client, so it is timed
+], ids=["1k", "30k", "200k"])
+async def test_send_buffered_times_only_a_reply_that_may_wait(
+        size: int, timers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A buffered reply whose head and body fit the transport's room cannot wait on the
+    client (aiohttp's drain returns at once): it is sent without a timer; one that may
+    fill the buffer is sent under write_timeout. Either way the client gets it whole."""
+    made = []
+    real = asyncio.timeout
+
+    def counted(delay: float | None) -> asyncio.Timeout:
+        made.append(delay)
+        return real(delay)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.Response(body=b"x" * size, content_type="application/json")
+        monkeypatch.setattr(asyncio, "timeout", counted)
+        try:
+            assert await send_buffered(request, resp, 5.0)
+        finally:
+            monkeypatch.setattr(asyncio, "timeout", real)
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        async with aiohttp.ClientSession() as session, \
+                session.get(f"http://127.0.0.1:{port}/") as got:
+            assert got.status == 200
+            assert len(await got.read()) == size
+    finally:
+        await runner.cleanup()
+    assert made.count(5.0) == timers, made

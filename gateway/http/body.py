@@ -45,11 +45,13 @@ BUSY_MESSAGE = ("Overloaded: too many large request bodies are being received at
 
 
 async def read_json(request: web.Request, *, max_bytes: int | None = None,
-                    max_values: int = jsonutil.MAX_VALUES) -> Any:
+                    max_values: int = jsonutil.MAX_VALUES,
+                    keep: list[bytes] | None = None) -> Any:
     """The request's body, decoded strictly; raises the error to answer instead.
 
     ``max_bytes`` (default ``server.max_body_bytes``) and ``max_values`` are the route's own
-    bounds where it has larger ones (a message batch)."""
+    bounds where it has larger ones (a message batch). The body's bytes are appended to
+    ``keep`` when given (the pass-through forwards them rather than encode the body again)."""
     app = request.app
     server = app[CONFIG].server
     limit = server.max_body_bytes if max_bytes is None else max_bytes
@@ -66,6 +68,8 @@ async def read_json(request: web.Request, *, max_bytes: int | None = None,
             chunks.append(chunk)
         raw = b"".join(chunks)
         chunks.clear()
+        if keep is not None:
+            keep.append(raw)
         if server.decode_offload_bytes and len(raw) > server.decode_offload_bytes:
             return await _decode_in_child(request, raw, max_values)
         if jsonutil.too_many_values(raw, max_values):

@@ -74,7 +74,7 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
     client = ups.client(route)
     session = _session(request, client, body)
     data = raw.pop()
-    span = model_span(data, body["model"])
+    span = model_span(data, body["model"], stream=api.streams and "stream" in body)
     if span is None:  # the bytes do not say for certain where model is: encoded again
         body["model"] = route.upstream_model
         payload = jsonutil.dumpb(body)

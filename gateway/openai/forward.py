@@ -16,16 +16,20 @@ The value is spliced only where a scan of the bytes is certain which bytes hold 
   occurs: JSON writes a letter either as itself or as such an escape, so the top-level key
   the decode found is written as those bytes, and no other key, nested object or string holds
   them (a duplicate ``model`` key, which the decode resolved to its last value, falls back);
-* the bytes ``"stream"`` occur at most once: the gateway reads ``stream`` to choose how to
-  relay the reply, and decoders disagree on a duplicate key (ujson keeps the last, others the
-  first, some refuse it), so an upstream must see the one value the gateway read; a body the
-  gateway re-encodes has each key once. Other duplicate keys reach the upstream as the client
-  wrote them;
+* where the body has a top-level ``stream`` and the route reads it (not embeddings), the bytes
+  ``"stream"`` occur at most once: the gateway reads it to choose how to relay the reply,
+  and decoders disagree on a duplicate key (ujson keeps the last, others the first, some
+  refuse it), so an upstream must see the one value the gateway read (a body without it has
+  no such key, however spelled: the decode would have found it). Other duplicate keys reach
+  the upstream as the client wrote them, where the body encoded again had each key once;
 * its value is a string written without escapes, equal (as UTF-8) to the alias decoded.
 
-Each test is a ``bytes.count``/``find`` or an anchored match (at C speed); a ``\\u00``
-escape, rare in a client's body (non-ASCII text escaped is ``\\u00e9`` or past it), costs one
-regex search.
+The scan reads the whole body once for ``"model"``, once more for ``"stream"`` where it is
+read, and once more for ``\\u00`` where the body holds a backslash (found first by
+``memchr``, 40 times faster than a search for several bytes); each pass costs about a third of
+encoding the decoded body again on a 200 KB chat (ujson writes a long plain string at near
+``memcpy`` speed), so on text the splice costs about what the encode did, and less on a body
+of many small values (token ids, tool schemas); then one copy of the body.
 """
 
 from __future__ import annotations
@@ -45,16 +49,20 @@ _ESCAPED_LETTER = re.compile(rb"\\u00[4-7][0-9a-fA-F]")
 _PLAIN_VALUE = re.compile(rb'[ \t\n\r]*:[ \t\n\r]*"([^"\\]*)"')
 
 
-def model_span(raw: bytes, alias: str) -> tuple[int, int] | None:
+def model_span(raw: bytes, alias: str, *, stream: bool = True) -> tuple[int, int] | None:
     """Where the top-level ``model``'s value (``alias``, as decoded) is in ``raw``, its
     quotes included, or None where the bytes do not say for certain (see the module
     docstring). ``raw`` must be a body that decoded to an object whose ``model`` is
-    ``alias``."""
-    if raw.count(_MODEL) != 1 or raw.count(_STREAM) > 1:
+    ``alias``; ``stream``: whether it has a top-level ``stream`` the gateway reads."""
+    key = raw.find(_MODEL)
+    if key < 0 or raw.find(_MODEL, key + len(_MODEL)) >= 0:
         return None
-    if b"\\u00" in raw and _ESCAPED_LETTER.search(raw) is not None:
+    if stream and raw.count(_STREAM) > 1:
         return None
-    value = _PLAIN_VALUE.match(raw, raw.find(_MODEL) + len(_MODEL))
+    if (raw.find(b"\\") >= 0 and b"\\u00" in raw  # memchr first: most bodies have no escape
+            and _ESCAPED_LETTER.search(raw) is not None):
+        return None
+    value = _PLAIN_VALUE.match(raw, key + len(_MODEL))
     if value is None or value[1] != alias.encode():
         return None
     return value.start(1) - 1, value.end(1) + 1

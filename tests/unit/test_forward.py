@@ -44,6 +44,9 @@ SPLICE: list[tuple[str, bytes, str, bytes | None]] = [
     ("escaped alias", b'{"model":"a\\/m"}', UP, None),
     ("duplicate stream key", b'{"model":"m","stream":false,"stream":true}', UP, None),
     ("stream key escaped", b'{"model":"m","str\\u0065am":true}', UP, None),
+    # no top-level stream: the gateway reads none, nested ones are the upstream's
+    ("stream keys nested", b'{"model":"m","a":{"stream":1},"b":{"stream":2}}', UP,
+     b'{"model":"up/model-7","a":{"stream":1},"b":{"stream":2}}'),
 ]
 
 
@@ -52,7 +55,7 @@ SPLICE: list[tuple[str, bytes, str, bytes | None]] = [
 def test_the_model_is_spliced_only_where_the_scan_is_certain(raw: bytes, upstream: str,
                                                             spliced: bytes | None) -> None:
     body = jsonutil.loads(raw)
-    span = forward.model_span(raw, body["model"])
+    span = forward.model_span(raw, body["model"], stream="stream" in body)
     sent = None if span is None else forward.splice(raw, span, upstream)
     assert sent == spliced
     if sent is not None:  # the request the upstream read when the body was encoded again

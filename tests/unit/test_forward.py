@@ -7,6 +7,7 @@ a session key; a route of several replicas balanced by affinity still gets one.
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 
@@ -75,7 +76,7 @@ async def _upstream(aiohttp_server: Any, seen: list[bytes]) -> str:
                                   "usage": {"prompt_tokens": 1, "completion_tokens": 1,
                                             "total_tokens": 2}})
 
-    app = web.Application()
+    app = web.Application(client_max_size=8 << 20)
     app.router.add_post("/v1/chat/completions", chat)
     server = await aiohttp_server(app)
     return f"http://127.0.0.1:{server.port}/v1"
@@ -92,16 +93,20 @@ def _gateway(urls: list[str]) -> web.Application:
 
 CHAT = b'{"model":"m","user":"u1","messages":[{"role":"user","content":"hi"}]}'
 TWICE = b'{"model":"x","user":"u1","model":"m","messages":[]}'
+# past server.decode_offload_bytes (1 MiB): decoded in the child process, spliced the same
+LARGE = b'{"messages":[{"role":"user","content":"%s"}],"model":"m"}' % (b"w " * (1 << 20))
 # (body, replicas, what the upstream gets, bodies encoded again, session keys made)
 HANDLED: list[tuple[bytes, int, bytes, int, int]] = [
     (CHAT, 1, CHAT.replace(b'"m"', b'"%s"' % UP.encode()), 0, 0),
     (CHAT, 2, CHAT.replace(b'"m"', b'"%s"' % UP.encode()), 0, 1),  # affinity keys a replica
     # a duplicate model key: encoded again from the decode (the last wins), as before
     (TWICE, 1, b'{"model":"%s","user":"u1","messages":[]}' % UP.encode(), 1, 0),
+    (LARGE, 1, LARGE.replace(b'"model":"m"', b'"model":"%s"' % UP.encode()), 0, 0),
 ]
 
 
-@pytest.mark.parametrize(("raw", "replicas", "upstream", "encodes", "sessions"), HANDLED)
+@pytest.mark.parametrize(("raw", "replicas", "upstream", "encodes", "sessions"), HANDLED,
+                         ids=["one replica", "two replicas", "duplicate model", "2 MiB"])
 async def test_a_one_replica_route_neither_encodes_again_nor_keys_a_session(
         aiohttp_client: Any, aiohttp_server: Any, monkeypatch: pytest.MonkeyPatch,
         raw: bytes, replicas: int, upstream: bytes, encodes: int, sessions: int) -> None:
@@ -122,7 +127,7 @@ async def test_a_one_replica_route_neither_encodes_again_nor_keys_a_session(
 
     monkeypatch.setattr(jsonutil, "dumpb", counted_dumpb)
     monkeypatch.setattr(passthrough, "session_key", counted_key)
-    resp = await client.post("/llm/v1/chat/completions", data=raw)
+    resp = await client.post("/llm/v1/chat/completions", data=io.BytesIO(raw))
     assert resp.status == 200, await resp.text()
     assert seen == [upstream]
     assert len(keyed) == sessions

@@ -43,6 +43,8 @@ SPLICE: list[tuple[str, bytes, str, bytes | None]] = [
     ("model's bytes in a string", b'{"p":"say \\"model","model":"m"}', UP, None),
     ("model's bytes as a value", b'{"p":"model","model":"m"}', UP, None),
     ("escaped alias", b'{"model":"a\\/m"}', UP, None),
+    ("escaped quote in the alias", b'{"model":"a\\"m","n":"x"}', UP, None),
+    ("escaped alias, spaced", b'{"model" : "a\\/m"}', UP, None),
     ("duplicate stream key", b'{"model":"m","stream":false,"stream":true}', UP, None),
     ("stream key escaped", b'{"model":"m","str\\u0065am":true}', UP, None),
     # no top-level stream: the gateway reads none, nested ones are the upstream's

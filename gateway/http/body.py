@@ -50,11 +50,13 @@ BUSY_MESSAGE = ("Overloaded: too many large request bodies are being received at
 
 
 async def read_json(request: web.Request, *, max_bytes: int | None = None,
-                    max_values: int = jsonutil.MAX_VALUES) -> Any:
+                    max_values: int = jsonutil.MAX_VALUES,
+                    keep: list[bytes] | None = None) -> Any:
     """The request's body, decoded strictly; raises the error to answer instead.
 
     ``max_bytes`` (default ``server.max_body_bytes``) and ``max_values`` are the route's own
-    bounds where it has larger ones (a message batch)."""
+    bounds where it has larger ones (a message batch). The body's bytes are appended to
+    ``keep`` when given (the pass-through forwards them rather than encode the body again)."""
     app = request.app
     limit = app[CONFIG].server.max_body_bytes if max_bytes is None else max_bytes
     chunks: list[bytes] = []
@@ -62,6 +64,8 @@ async def read_json(request: web.Request, *, max_bytes: int | None = None,
         await _receive(request, held, limit, chunks.append)
         raw = b"".join(chunks)
         chunks.clear()
+        if keep is not None:
+            keep.append(raw)
         return await decode_json(request, raw, max_values)
 
 

@@ -5,7 +5,11 @@ The client's body (read bounded and strict by :mod:`gateway.http.body`: a lone s
 NaN or nesting past 128 levels is a 400 naming the path) must be a JSON object with a
 string ``model`` (an alias); it goes upstream with ``model`` replaced by the route's
 ``upstream_model`` and nothing else changed (``stream`` and ``stream_options``
-included); nothing else of the client's request (headers included) is forwarded.
+included): the client's own bytes with the new value spliced in where a scan is certain
+of its place, else the decoded body encoded again (:mod:`gateway.openai.forward`). Nothing
+else of the client's request (headers included) is forwarded. A session key (the client's
+header, ``user``, the chat's stable prefix: :mod:`gateway.openai.session`) is made only
+for an upstream of several replicas balanced by affinity, the one place it is read.
 Replies come back byte for byte except ``model`` (see :mod:`gateway.openai.relay`). Streams are
 relayed as they come, each write awaited; a failure after the first byte ends the
 stream with the dialect's error event (the stream's lifecycle, shared with the Messages
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -29,6 +34,7 @@ from gateway.http.body import read_json
 from gateway.http.keys import METRICS, REQUEST_ID, SECRETS, STREAM, UPSTREAM_CALLS
 from gateway.messages.session import SESSION_HEADER
 from gateway.openai.apis import RESPONSES, OpenAIApi
+from gateway.openai.forward import model_span, splice
 from gateway.openai.inband import InbandErrors
 from gateway.openai.relay import ModelRewriter, Relay
 from gateway.openai.responses_index import ResponsesIndexer
@@ -36,7 +42,7 @@ from gateway.openai.session import session_key
 from gateway.ops.config import ModelRoute
 from gateway.text import jsonutil
 from gateway.upstream.call import send
-from gateway.upstream.client import UpstreamResponse
+from gateway.upstream.client import UpstreamClient, UpstreamResponse
 
 _EVENT = b"data:"  # relayed bytes holding an event's data (a comment or blank line does not)
 _PING = b": ping\n\n"
@@ -55,7 +61,8 @@ def handler(api: OpenAIApi) -> Handler:
 
 async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamResponse:
     t0 = time.perf_counter()
-    body = await read_json(request)
+    raw: list[bytes] = []
+    body = await read_json(request, keep=raw)
     if not isinstance(body, dict):
         raise errors.InvalidRequest("", "request body must be a JSON object")
     if not isinstance(body.get("model"), str):
@@ -63,14 +70,21 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
     route = routing.resolve(request, body["model"], openai=True)
     stream = api.streams and body.get("stream") is True
     request[STREAM] = stream
-    body["model"] = route.upstream_model
-    session = session_key(request.headers.get(SESSION_HEADER), body)
-    payload = jsonutil.dumpb(body)
-    del body  # a large body is held once, as the payload, while the upstream answers
-    metrics = request.app[METRICS]
-    metrics.overhead.labels(api.name).observe(time.perf_counter() - t0)
     ups = request.app[UPSTREAM_CALLS]
     client = ups.client(route)
+    session = _session(request, client, body)
+    data = raw.pop()
+    span = model_span(data, body["model"], stream=api.streams and "stream" in body)
+    if span is None:  # the bytes do not say for certain where model is: encoded again
+        body["model"] = route.upstream_model
+        payload = jsonutil.dumpb(body)
+        del body
+    else:
+        del body  # before the copy: a large body is held as bytes only
+        payload = splice(data, span, route.upstream_model)
+    del data  # held once, as the payload, while the upstream answers
+    metrics = request.app[METRICS]
+    metrics.overhead.labels(api.name).observe(time.perf_counter() - t0)
     rewrite = ModelRewriter(route.upstream_model, route.name)
     with admitted(request, route):
         up = await send(ups, route, api.path, payload, stream=stream,
@@ -116,6 +130,15 @@ async def _relay(request: web.Request, api: OpenAIApi, route: ModelRoute, up: Up
         if out:
             await write(out)
     return stream.writer.response
+
+
+def _session(request: web.Request, client: UpstreamClient, body: dict[str, Any]) -> str | None:
+    """The session key, made only where it chooses the replica: an upstream of several,
+    balanced by affinity (one replica, or another balance, ignores it)."""
+    replicas = client.replicas
+    if len(replicas.all) < 2 or replicas.balance != "affinity":
+        return None
+    return session_key(request.headers.get(SESSION_HEADER), body)
 
 
 def _indexer(api: OpenAIApi, route: ModelRoute) -> ResponsesIndexer | None:

@@ -45,8 +45,8 @@ class ModelRewriter:
 
     def __init__(self, upstream_model: str, alias: str) -> None:
         self._alias = alias
-        self._needle = b'"model":' + jsonutil.dumpb(upstream_model)
-        self._compact = b'"model":' + jsonutil.dumpb(alias)
+        self._needle = b'"model":' + jsonutil.dumpb_str(upstream_model)  # one per request:
+        self._compact = b'"model":' + jsonutil.dumpb_str(alias)  # no ujson call for a plain name
 
     def block(self, data: bytes) -> bytes | None:
         """Whole SSE events at once; None when one needs :meth:`__call__` (another name

@@ -46,7 +46,11 @@ bench_run.MODES["guard"] = {
 
 
 class _GuardBench(bench_run.Bench):
-    """The benchmark's setup; with ``regress_us`` the gateway burns that much per request."""
+    """The benchmark's setup, the stub echoing ``X-Request-Id`` as vLLM does (so the gateway
+    keeps its upstream connections alive, as the floors do); with ``regress_us`` the gateway
+    burns that much per request."""
+
+    stub_args = ("--echo",)
 
     def __init__(self, regress_us: float) -> None:
         super().__init__("guard")

@@ -168,6 +168,8 @@ kind = "vllm"
 
 
 class Bench:
+    stub_args: tuple[str, ...] = ()  # e.g. ("--echo",): the stub echoes X-Request-Id
+
     def __init__(self, mode_name: str) -> None:
         self.mode_name = mode_name
         self.mode = MODES[mode_name]
@@ -179,7 +181,8 @@ class Bench:
             os.sched_setaffinity(0, {0})
         self.stub_port = _free_port()
         self.stub = Proc("stub", [sys.executable, "-m", "tests.benchmarks.stub_fast",
-                                  str(self.stub_port)], core=self.client_core, logdir=self.tmp,
+                                  str(self.stub_port), *self.stub_args],
+                         core=self.client_core, logdir=self.tmp,
                          health=f"http://{HOST}:{self.stub_port}/health")
         self.stub_url = f"http://{HOST}:{self.stub_port}/v1"
         self.models = _models(self.mode)

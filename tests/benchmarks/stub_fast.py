@@ -18,6 +18,8 @@ HTTP/1.1 server (keep-alive, no framework) answering from precomputed bytes:
   streamed as 16 KiB argument pieces, all in one write; buffered, one completion.
 * ``GET /_stats``: streams open now, started, completed, aborted by the client.
 * ``GET /health``: 200.
+* ``--echo``: every reply's head carries the request's ``X-Request-Id``, as vLLM's does with
+  ``--enable-request-id-headers`` (so the gateway's ``keepalive = "auto"`` turns keep-alive on).
 * ``--slots N [--prefill-ms P]``: capacity like a real inference server's. At most N
   completions (streamed or buffered) are served at once, the rest wait for a slot; each
   holds its slot for P ms (prefill, before the first chunk) plus its N chunks' pacing (a
@@ -34,6 +36,7 @@ import sys
 CREATED = 1700000000
 _MODEL = re.compile(rb'"model"\s*:\s*"([^"]*)"')
 _STREAM = re.compile(rb'"stream"\s*:\s*true')
+_REQUEST_ID = re.compile(rb'(?im)^x-request-id:[ \t]*([^\r\n]*?)[ \t]*$')
 _WORDS = [" alpha", " beta", " gamma", " delta", " epsilon", " zeta", " eta", " theta"]
 
 
@@ -135,6 +138,18 @@ class _Scenario:
                          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
 
 
+    def echoing(self, request_id: bytes) -> _Scenario:
+        """The same replies, their heads carrying ``X-Request-Id: request_id``."""
+        header = b"\r\nX-Request-Id: " + request_id
+        sc = object.__new__(_Scenario)
+        sc.delay = self.delay
+        sc.stream_events = self.stream_events
+        sc.stream_head = self.stream_head.replace(b"\r\n", header + b"\r\n", 1)
+        sc.stream_bulk = sc.stream_head + self.stream_bulk[len(self.stream_head):]
+        sc.buffered = self.buffered.replace(b"\r\n", header + b"\r\n", 1)
+        return sc
+
+
 class Stats:
     open = 0
     started = 0
@@ -215,6 +230,10 @@ class _Server(asyncio.Protocol):
             return
         m = _MODEL.search(body)
         sc = _scenario(m.group(1).decode() if m else "bench")
+        if Echo.on:
+            rid = _REQUEST_ID.search(head)
+            if rid is not None:
+                sc = sc.echoing(rid.group(1))
         if Slots.sem is not None:
             self.busy = True
             self.task = asyncio.ensure_future(self._slotted(sc, bool(_STREAM.search(body))))
@@ -295,6 +314,12 @@ class _Server(asyncio.Protocol):
             self.data_received(b"")
 
 
+class Echo:
+    """``--echo``: replies carry the request's ``X-Request-Id``."""
+
+    on = False
+
+
 class Slots:
     """``--slots``: the completions served at once (None: no limit)."""
 
@@ -309,7 +334,9 @@ def _slot_args(argv: list[str]) -> list[str]:
     """Takes ``--slots N`` and ``--prefill-ms P`` out of argv (the rest stays positional)."""
     rest, it = [], iter(argv)
     for arg in it:
-        if arg == "--slots":
+        if arg == "--echo":
+            Echo.on = True
+        elif arg == "--slots":
             Slots.size = int(next(it))
         elif arg == "--prefill-ms":
             Slots.prefill = float(next(it)) / 1000.0

@@ -248,6 +248,7 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
     app[UPSTREAM_CALLS] = Upstreams(app[UPSTREAMS], metrics, app[SECRETS])
     memory, decoding = budgets(config.server.memory_budget_mb,
                                config.server.max_decoding_bytes, metrics)
+    app[DECODER] = decoder = Decoder()
     app[MESSAGES] = MessagesDeps(app[UPSTREAM_CALLS], config.server.signing_key,
                                  config.server.keep_billing_header,
                                  config.server.previous_signing_keys,
@@ -255,7 +256,11 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
                                  max_restored_bytes=config.server.max_restored_reasoning_bytes,
                                  pdfs=PdfPool(config.server.pdf_workers,
                                               config.server.pdf_cpu_seconds,
-                                              config.server.pdf_request_cpu_seconds))
+                                              config.server.pdf_request_cpu_seconds),
+                                 decode_offload_bytes=config.server.decode_offload_bytes,
+                                 loads_off_loop=(decoder.loads_upstream
+                                                 if config.server.decode_offload_bytes
+                                                 else None))
     app[WEB_SEARCH] = (Searxng(config.web_search, metrics)
                        if config.web_search is not None else None)
     app[STATE] = AppState(api_keys=tuple(k.encode() for k in config.server.api_keys),
@@ -311,6 +316,5 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
     app.cleanup_ctx.append(_loop_lag_ctx)
     app.cleanup_ctx.append(_pdf_pool_ctx)
     app.cleanup_ctx.append(_web_search_ctx)
-    app[DECODER] = Decoder()
     app.cleanup_ctx.append(decoder_ctx)
     return app

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +92,10 @@ class MessagesDeps:
     max_restored_bytes: int = 4 * 1024 * 1024  # server.max_restored_reasoning_bytes
     # the worker processes that read PDFs (server.pdf_workers and its CPU budgets)
     pdfs: PdfPool = field(default_factory=PdfPool)
+    # a buffered upstream reply past decode_offload_bytes is decoded by loads_off_loop (the
+    # decoder child, gateway/http/decoder.py); None: every reply on the loop
+    decode_offload_bytes: int = 0
+    loads_off_loop: Callable[[bytes], Awaitable[Any]] | None = None
 
     @property
     def opening_keys(self) -> tuple[bytes, ...]:
@@ -317,17 +321,21 @@ class Call:
         else:
             raw = await up.read()
             t1 = time.perf_counter()
-            message = self._from_chat(raw)
+            off_loop = self.deps.loads_off_loop
+            try:  # a large body decodes in the decoder child, not on the loop
+                completion = (await off_loop(raw) if off_loop is not None
+                              and len(raw) > self.deps.decode_offload_bytes
+                              else jsonutil.loads_upstream(raw))
+            except ValueError:
+                raise errors.StreamProcessingError() from None
+            del raw
+            message = self._from_chat(completion)
         if overhead is not None:
             metrics.overhead.labels("messages").observe(overhead + time.perf_counter() - t1)
         return message
 
-    def _from_chat(self, raw: bytes) -> dict[str, Any]:
+    def _from_chat(self, completion: Any) -> dict[str, Any]:
         deps = self.deps
-        try:
-            completion = jsonutil.loads_upstream(raw)
-        except ValueError:
-            raise errors.StreamProcessingError() from None
         fixed = {"repaired": 0, "unrepairable": 0}
 
         def count(key: str) -> Callable[[], None]:

@@ -33,3 +33,12 @@ def decode(raw: bytes | bytearray, max_values: int) -> Outcome:
     except ValueError:
         return ("not_json",)
     return ("ok", marshal.dumps(value))
+
+
+def decode_upstream(raw: bytes | bytearray) -> Outcome:
+    """An upstream body decoded as :func:`jsonutil.loads_upstream` does (no checks)."""
+    try:
+        value = jsonutil.loads_upstream(bytes(raw) if isinstance(raw, bytearray) else raw)
+    except ValueError:
+        return ("not_json",)
+    return ("ok", marshal.dumps(value))

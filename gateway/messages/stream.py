@@ -115,7 +115,7 @@ _ERRORED = State.ERRORED
 _LIVE = (State.PRE_START, State.BLOCK_OPEN)
 _OPEN_ONLY = (State.BLOCK_OPEN,)
 
-_KEPT_PIECES = 64  # deltas kept as they came before they are joined into one string
+_KEPT_PIECES = 16  # deltas kept as they came before they are joined into one string
 
 
 class _Kept:
@@ -146,6 +146,16 @@ class _Kept:
 
 class StreamTranslator:
     """One per streamed request; see the module docstring for the transition table."""
+
+    # one per open stream, thousands at once: no per-instance dict (~1.6 KB)
+    __slots__ = (
+        "_before_calls", "_before_held", "_blocks", "_calls_seen", "_content",
+        "_content_chunks", "_finish", "_hide_thinking", "_hosts", "_matched", "_message_id",
+        "_model", "_norm", "_prompt_reported", "_reasoning", "_secrets", "_show_thinking",
+        "_stop_sequences", "_stops", "_tools", "_usage_seen", "cache_read", "ended_by_done",
+        "error", "input_tokens", "normaliser", "output_tokens", "reasoning_hidden", "started",
+        "state", "stop_reason", "termination", "text_tool_calls",
+    )
 
     def __init__(
         self,

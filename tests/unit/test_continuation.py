@@ -722,3 +722,17 @@ def test_the_prefill_is_made_from_the_clients_request() -> None:
             "continue_final_message", "add_generation_prompt")} == {
         k: v for k, v in sent.items() if k not in ("messages", "max_tokens")}
     assert max_tokens == decoded["max_tokens"] == 99
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 40])
+def test_kept_text_is_whole_however_many_deltas(n: int) -> None:
+    """The kept deltas are joined in groups (fewer objects per stream): none is lost or
+    repeated, for a count below, at and past a group's size."""
+    t = translator()
+    t.feed(ROLE[len(b"data: "):-2])
+    pieces = [f"p{i} " for i in range(n)]
+    for piece in pieces:
+        t.feed(chunk({"content": piece})[len(b"data: "):-2])
+        t.feed(chunk({"reasoning_content": piece.upper()})[len(b"data: "):-2])
+    assert t.streamed_content == "".join(pieces)
+    assert t.streamed_reasoning == "".join(pieces).upper()

@@ -61,7 +61,9 @@ Gateway decisions:
   discarded), one ``error`` event, ``message_stop``.
 - ``normaliser`` (:mod:`gateway.local.normalise`): what local engines leave in ``content``
   (inline ``<think>``, tool calls written as text) becomes thinking, text and tool_use
-  blocks in order; at the end its held text is flushed before the blocks close.
+  blocks in order; at the end its held text is flushed before the blocks close. Reasoning
+  in its own field (the engine's reasoning parser is on) before any content ends the look
+  for inline ``<think>``; with no tools offered, content is then text, not fed to it.
 
 Transitions (``State``; every ``_on_*`` method names the states it accepts and raises
 ``IllegalTransition`` otherwise)::
@@ -467,6 +469,8 @@ class StreamTranslator:
                     raise Malformed
                 if self._reasoning is not None:
                     self._reasoning.add(reasoning)
+                if self._norm is not None and self._norm.reasoning_parsed():
+                    self._norm = None  # the engine parses reasoning: content is text
                 if self._show_thinking:
                     self._on_thinking(reasoning, out)
                 else:

@@ -86,6 +86,16 @@ class ContentNormaliser:
             return False
         return bool(self._think is not None and self._think.undecided) or calls.holding
 
+    def reasoning_parsed(self) -> bool:
+        """The engine sent reasoning in a field of its own: its reasoning parser is on, and
+        content never carries an inline ``<think>``, so it is no longer looked for (unless
+        content already came and is held at its start). True when nothing is left to look
+        for (no tool calls either): the caller may stop feeding content here."""
+        think = self._think
+        if think is not None and think.phase is Phase.START and not think.held:
+            self._think = None
+        return self._think is None and self._calls is None
+
     def drop_held_call(self) -> None:
         """Forget :attr:`held_call`: a stream cut inside it is asked again with only what
         came before it as the prefill, and the model writes the call again whole (a

@@ -205,6 +205,14 @@ class Call:
             route, keep_billing_header=self.deps.keep_billing_header, on_drop=on_drop,
             as_text=as_text, named_choice=named_tool_choice(route)))
 
+    def chat_request(self) -> dict[str, Any]:
+        """The streamed chat request this call sends, made again from the client's request
+        (a mid-stream continuation adds its prefill to it: gateway/messages/continuation.py);
+        cheaper than decoding :attr:`payload`, which the text of a long prompt makes long."""
+        return to_chat({**self.req, "stream": True}, self.route,
+                       keep_billing_header=self.deps.keep_billing_header,
+                       as_text=self.as_text, named_choice=named_tool_choice(self.route))
+
     async def send(self, request_id: str | None, session: str | None = None, *,
                    fall_back: bool = True) -> UpstreamResponse:
         """Call the upstream (counted); a failure raises its GatewayError. A refusal of
@@ -262,6 +270,7 @@ class Call:
 
     def translator(self) -> StreamTranslator:
         deps = self.deps
+        # only a route that continues cut streams keeps their text (for the prefill)
         return StreamTranslator(
             model=self.req["model"], message_id=ids.new_message_id(),
             signing_key=deps.signing_key, stop_sequences=self.stops,
@@ -269,7 +278,8 @@ class Call:
             input_tokens=tokens.estimate_from_bytes(len(self.payload)),
             hosts=self.client.hosts, secrets=deps.upstreams.secrets,
             hide_thinking=hides_thinking(self.req), show_thinking=shows_thinking(self.req),
-            normaliser=self.normaliser())
+            normaliser=self.normaliser(),
+            keep_streamed=self.route.upstream.max_continuations > 0)
 
     def normaliser(self) -> ContentNormaliser | None:
         """What reads the engine's content for inline reasoning and text tool calls (one

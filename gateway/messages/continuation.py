@@ -79,22 +79,56 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 
 from gateway import errors
-from gateway.messages.pump import Cut, Timing, pump
+from gateway.messages.pump import Body, Cut, Timing, pump
 from gateway.messages.stream import StreamTranslator
+from gateway.ops.config import ModelRoute
+from gateway.ops.metrics import Metrics
 from gateway.text import jsonutil
 from gateway.text.sse import SSEDecoder
-from gateway.upstream.call import send
+from gateway.upstream.call import Upstreams, send
 from gateway.upstream.client import UpstreamResponse
 
-if TYPE_CHECKING:
-    from gateway.messages.call import Call
+__all__ = ["Continuable", "Continued", "Regenerated", "Upstream", "continuation_payload",
+           "relay"]
 
-__all__ = ["Continued", "Regenerated", "continuation_payload", "relay"]
+
+class Upstream(Body, Protocol):
+    """The reply a stream began with (:class:`~gateway.upstream.client.UpstreamResponse`)."""
+
+    def abandon(self) -> None:
+        """It cut the stream: its replica is ejected, so the continuation goes elsewhere."""
+
+
+class _Deps(Protocol):
+    @property
+    def upstreams(self) -> Upstreams: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+
+class Continuable(Protocol):
+    """What a continuation needs of the Messages call (:class:`gateway.messages.call.Call`,
+    which imports this module: the call is known by this shape only)."""
+
+    @property
+    def route(self) -> ModelRoute: ...
+
+    @property
+    def deps(self) -> _Deps: ...
+
+    @property
+    def session(self) -> str | None: ...
+
+    def chat_request(self) -> dict[str, Any]:
+        """The chat request the call sent, as a fresh dict the caller may change (made from
+        the client's request again: the payload's bytes are not decoded)."""
+        ...
 
 _log = structlog.get_logger("gateway.messages")
 
@@ -115,18 +149,22 @@ _CONTINUE_FLAG_KINDS = frozenset({"vllm", "sglang"})
 _REASONING_FIELD_KINDS = frozenset({"llamacpp"})
 
 
-async def relay(call: Call, up: UpstreamResponse, translator: StreamTranslator,
+async def relay(call: Continuable, up: Upstream, translator: StreamTranslator,
                 write: Callable[[bytes], Awaitable[None]], timing: Timing, inter_chunk: Any,
                 ttft: Any = None, t0: float = 0.0, *, request_id: str | None = None,
                 budget: int | None = None) -> None:
-    """:func:`~gateway.messages.call.pump` that continues a cut stream (see the module
-    docstring); ``up`` stays the caller's to close, continuations are closed here."""
+    """:func:`~gateway.messages.pump.pump` that continues a cut stream (see the module
+    docstring); ``up`` stays the caller's to close, continuations are closed here. Only a
+    translator that keeps what was streamed (``keep_streamed``: the route continues cut
+    streams) is continued; any other stream is pumped as it is."""
     if budget is None:
         budget = call.route.upstream.max_continuations
+    if not translator.keeps_streamed:
+        budget = 0
     cut = await pump(up, translator, write, timing, inter_chunk, ttft, t0, resumable=budget > 0)
     if cut is None:
         return
-    current = up
+    current: Upstream = up
     spliced: Continued | None = None
     async with AsyncExitStack() as stack:
         while cut is not None:
@@ -168,8 +206,8 @@ async def relay(call: Call, up: UpstreamResponse, translator: StreamTranslator,
             current = await stack.enter_async_context(nxt)
             spliced = Continued(nxt, translator) if regenerate is None else Regenerated(
                 nxt, translator, regenerate, model=call.route.name)
-            cut = await pump(spliced, translator,  # type: ignore[arg-type]
-                             write, timing, inter_chunk, None, t0, resumable=True)
+            cut = await pump(spliced, translator, write, timing, inter_chunk, None, t0,
+                             resumable=True)
 
 
 def _cause(cut: Cut) -> str:
@@ -189,7 +227,7 @@ async def _give_up(cut: Cut, translator: StreamTranslator,
         await write(translator.eof())
 
 
-def continuation_payload(call: Call, translator: StreamTranslator, *,
+def continuation_payload(call: Continuable, translator: StreamTranslator, *,
                          tool_calls: bool = False) -> tuple[bytes, int | None]:
     """The call's chat request with the answer so far as an assistant prefill, and its
     ``max_tokens`` lowered by what was generated (None: the request set none).
@@ -199,7 +237,7 @@ def continuation_payload(call: Call, translator: StreamTranslator, *,
     text follows it, see :data:`_REASONING_FIELD_KINDS`), and only the tokens before them
     count as generated. (A call written as text and held is already out of
     ``streamed_content`` and the token count: :meth:`StreamTranslator.drop_held_call`.)"""
-    body = jsonutil.loads(call.payload)
+    body = call.chat_request()
     text = translator.streamed_content
     reasoning = translator.streamed_reasoning
     kind = call.route.upstream.kind

@@ -87,6 +87,8 @@ def from_chat(
     reasoning = _reasoning(message)
     if reasoning:
         parts.append(("thinking", reasoning))
+        if normaliser is not None and normaliser.reasoning_parsed():
+            normaliser = None  # the engine parses reasoning: content is text (as streamed)
     text = _text(message)
     if text and normaliser is None:
         parts.append(("text", text))

@@ -10,16 +10,31 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
 
 from gateway import errors
 from gateway.messages.stream import StreamTranslator
 from gateway.text import jsonutil
 from gateway.text.sse import SSEDecoder
-from gateway.upstream.client import UpstreamResponse
 
-__all__ = ["EVENTS_PER_STEP", "Cut", "Timing", "pump"]
+__all__ = ["EVENTS_PER_STEP", "Body", "Cut", "Timing", "pump"]
+
+
+class Body(Protocol):
+    """What :func:`pump` reads of a streamed reply: an upstream response
+    (:class:`gateway.upstream.client.UpstreamResponse`) or a continuation's view of one
+    (:class:`gateway.messages.continuation.Continued`)."""
+
+    def progress(self) -> None:
+        """Bytes that carried an event arrived: the stream's idle timeout restarts."""
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive; a failure raises its GatewayError."""
+        ...
+
+    def release_if_complete(self, *, ended: bool = False) -> None:
+        """Mark the response reusable when its body has been read to the end."""
 
 # A read holds at most this many events' translation before the event loop runs again: a
 # read is up to 256 KiB (the connection's pause mark) plus one socket read, and a fast stream
@@ -53,7 +68,7 @@ class Cut:
 _ERROR_KEY = b'"error"'  # in a chunk only as an error's key or value: JSON text escapes quotes
 
 
-async def pump(up: UpstreamResponse, translator: StreamTranslator,
+async def pump(up: Body, translator: StreamTranslator,
                write: Callable[[bytes], Awaitable[None]], timing: Timing, inter_chunk: Any,
                ttft: Any = None, t0: float = 0.0, *, resumable: bool = False) -> Cut | None:
     """The hot path: per upstream read, one decode, one translation, one write.

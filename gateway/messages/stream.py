@@ -61,7 +61,9 @@ Gateway decisions:
   discarded), one ``error`` event, ``message_stop``.
 - ``normaliser`` (:mod:`gateway.local.normalise`): what local engines leave in ``content``
   (inline ``<think>``, tool calls written as text) becomes thinking, text and tool_use
-  blocks in order; at the end its held text is flushed before the blocks close.
+  blocks in order; at the end its held text is flushed before the blocks close. Reasoning
+  in its own field (the engine's reasoning parser is on) before any content ends the look
+  for inline ``<think>``; with no tools offered, content is then text, not fed to it.
 
 Transitions (``State``; every ``_on_*`` method names the states it accepts and raises
 ``IllegalTransition`` otherwise)::
@@ -115,8 +117,47 @@ _ERRORED = State.ERRORED
 _LIVE = (State.PRE_START, State.BLOCK_OPEN)
 _OPEN_ONLY = (State.BLOCK_OPEN,)
 
+_KEPT_PIECES = 16  # deltas kept as they came before they are joined into one string
+
+
+class _Kept:
+    """Text kept as it streams, in few objects: each :data:`_KEPT_PIECES` deltas are joined
+    into one string (a delta's own ``str`` costs about 50 bytes besides its text), and no
+    join copies what an earlier one made."""
+
+    __slots__ = ("_joined", "_pieces")
+
+    def __init__(self) -> None:
+        self._joined: list[str] = []
+        self._pieces: list[str] = []
+
+    def add(self, text: str) -> None:
+        pieces = self._pieces
+        pieces.append(text)
+        if len(pieces) >= _KEPT_PIECES:
+            self._joined.append("".join(pieces))
+            self._pieces = []
+
+    def text(self) -> str:
+        return "".join(self._joined) + "".join(self._pieces)
+
+    def replace(self, text: str) -> None:
+        self._joined = [text]
+        self._pieces = []
+
+
 class StreamTranslator:
     """One per streamed request; see the module docstring for the transition table."""
+
+    # one per open stream, thousands at once: no per-instance dict (~1.6 KB)
+    __slots__ = (
+        "_before_calls", "_before_held", "_blocks", "_calls_seen", "_content",
+        "_content_chunks", "_finish", "_hide_thinking", "_hosts", "_matched", "_message_id",
+        "_model", "_norm", "_prompt_reported", "_reasoning", "_secrets", "_show_thinking",
+        "_stop_sequences", "_stops", "_tools", "_usage_seen", "cache_read", "ended_by_done",
+        "error", "input_tokens", "normaliser", "output_tokens", "reasoning_hidden", "started",
+        "state", "stop_reason", "termination", "text_tool_calls",
+    )
 
     def __init__(
         self,
@@ -132,6 +173,7 @@ class StreamTranslator:
         hide_thinking: bool = False,
         show_thinking: bool = True,
         normaliser: ContentNormaliser | None = None,
+        keep_streamed: bool = False,
     ) -> None:
         self.state = State.PRE_START
         self._model = model
@@ -160,9 +202,10 @@ class StreamTranslator:
         self._prompt_reported = False  # its usage said how long the prompt was
         self._content_chunks = 0
         # what the engine has streamed, as it sent it (read by a mid-stream continuation,
-        # gateway/messages/continuation.py, to send it back as the answer's prefill)
-        self._content: list[str] = []
-        self._reasoning: list[str] = []
+        # gateway/messages/continuation.py, to send it back as the answer's prefill); None:
+        # kept nowhere (the route does not continue cut streams: ``keep_streamed`` False)
+        self._content = _Kept() if keep_streamed else None
+        self._reasoning = _Kept() if keep_streamed else None
         self._calls_seen = False
         self._before_calls = (0, 0)  # (tokens_so_far, content chunks) as the first call came
         # (tokens_so_far, content chunks) before the delta in which the normaliser began to
@@ -217,14 +260,20 @@ class StreamTranslator:
         return self._finish is not None
 
     @property
+    def keeps_streamed(self) -> bool:
+        """What the engine streamed is kept (``keep_streamed``): the stream may be continued."""
+        return self._content is not None
+
+    @property
     def streamed_content(self) -> str:
-        """The engine's ``content`` so far, as it sent it (before any normalising)."""
-        return "".join(self._content)
+        """The engine's ``content`` so far, as it sent it (before any normalising); "" when
+        it is not kept."""
+        return self._content.text() if self._content is not None else ""
 
     @property
     def streamed_reasoning(self) -> str:
-        """The engine's reasoning so far, shown or not."""
-        return "".join(self._reasoning)
+        """The engine's reasoning so far, shown or not; "" when it is not kept."""
+        return self._reasoning.text() if self._reasoning is not None else ""
 
     @property
     def tool_call_started(self) -> bool:
@@ -268,10 +317,10 @@ class StreamTranslator:
         norm = self._norm
         held = norm.held_call if norm is not None else ""
         content = self.streamed_content
-        if norm is None or not held or not content.endswith(held):
+        if norm is None or not held or not content.endswith(held) or self._content is None:
             return False  # (it always ends the content: see ContentNormaliser.held_call)
         norm.drop_held_call()
-        self._content = [content[:len(content) - len(held)]]
+        self._content.replace(content[:len(content) - len(held)])
         tokens, self._content_chunks = self._before_held
         if self._usage_seen:
             self.output_tokens = tokens
@@ -418,7 +467,10 @@ class StreamTranslator:
             if reasoning:
                 if type(reasoning) is not str:
                     raise Malformed
-                self._reasoning.append(reasoning)
+                if self._reasoning is not None:
+                    self._reasoning.add(reasoning)
+                if self._norm is not None and self._norm.reasoning_parsed():
+                    self._norm = None  # the engine parses reasoning: content is text
                 if self._show_thinking:
                     self._on_thinking(reasoning, out)
                 else:
@@ -426,7 +478,8 @@ class StreamTranslator:
             if content:
                 if type(content) is not str:
                     raise Malformed
-                self._content.append(content)
+                if self._content is not None:
+                    self._content.add(content)
                 norm = self._norm
                 if norm is None or norm.plain(content):
                     self._on_text(content, out)

@@ -104,14 +104,22 @@ def make_call(kind: str = "vllm", max_tokens: int | None = 100) -> Any:
     if max_tokens is not None:
         payload["max_tokens"] = max_tokens
     upstream = SimpleNamespace(kind=kind, name="up", max_continuations=BUDGET)
-    return SimpleNamespace(payload=json.dumps(payload).encode(), session="s1",
-                           route=SimpleNamespace(name="m", upstream=upstream),
-                           deps=SimpleNamespace(upstreams=None, metrics=METRICS))
+    return FakeCall(payload=json.dumps(payload).encode(), session="s1",
+                    route=SimpleNamespace(name="m", upstream=upstream),
+                    deps=SimpleNamespace(upstreams=None, metrics=METRICS))
+
+
+class FakeCall(SimpleNamespace):
+    """The call a continuation reads (gateway.messages.continuation.Continuable): the chat
+    request it sent is ``payload``, which a test may change."""
+
+    def chat_request(self) -> dict[str, Any]:
+        return json.loads(self.payload)  # type: ignore[no-any-return]
 
 
 def translator(normaliser: ContentNormaliser | None = None) -> StreamTranslator:
     return StreamTranslator(model="m", message_id="msg_1", signing_key=b"k" * 32,
-                            input_tokens=7, normaliser=normaliser)
+                            input_tokens=7, normaliser=normaliser, keep_streamed=True)
 
 
 async def run(first: FakeResponse, later: list[FakeResponse], monkeypatch: pytest.MonkeyPatch,
@@ -650,3 +658,81 @@ async def test_a_prefilled_stream_cut_is_continued_as_one_turn(
     roles = [m["role"] for m in sent[0]["body"]["messages"]]
     assert roles == ["user", "assistant"]
     assert sent[0]["body"]["messages"][-1]["content"] == "Stub says:Hello from"
+
+
+def _real_call(max_continuations: int) -> Any:
+    """A Messages call on a route with ``max_continuations`` (gateway/messages/call.py)."""
+    from gateway.messages.call import Call, MessagesDeps
+    from gateway.messages.validate import validate_messages
+    from gateway.ops.config import ModelRoute, UpstreamConfig
+    from gateway.text.redact import NO_SECRETS
+    from gateway.upstream.call import Upstreams
+    from gateway.upstream.client import UpstreamClient
+
+    upstream = UpstreamConfig(name="u", base_url="http://127.0.0.1:9/v1", kind="vllm",
+                              max_continuations=max_continuations)
+    route = ModelRoute(name="m", upstream=upstream, upstream_model="m")
+    deps = MessagesDeps(upstreams=Upstreams(clients={"u": UpstreamClient(upstream)},
+                                            metrics=METRICS, secrets=NO_SECRETS),
+                        signing_key=b"k" * 32)
+    req = validate_messages({"model": "m", "max_tokens": 100, "stream": True,
+                             "messages": [{"role": "user", "content": "Say hello"}]})
+    return Call(deps, req, route)
+
+
+@pytest.mark.parametrize(("max_continuations", "kept"), [(0, ""), (1, "Hello from"),
+                                                          (2, "Hello from")])
+def test_a_stream_keeps_its_text_only_where_it_may_be_continued(max_continuations: int,
+                                                               kept: str) -> None:
+    """A route that never continues a cut stream keeps none of its text (it would be held
+    for the stream's whole life for nothing); one that does keeps it for the prefill."""
+    call = _real_call(max_continuations)
+    t = call.translator()
+    for frame in answer(WHOLE[:2], cut="eof")[:-1]:
+        t.feed(frame[len(b"data: "):-2])
+    t.feed(chunk({"reasoning_content": "Hm"})[len(b"data: "):-2])
+    assert t.keeps_streamed is bool(kept)
+    assert (t.streamed_content, t.streamed_reasoning) == (kept, "Hm" if kept else "")
+    assert (t._content is None, t._reasoning is None) == (not kept, not kept)
+
+
+async def test_a_translator_that_keeps_nothing_is_not_continued(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Relayed with a budget but a translator that kept no text: the cut ends the stream
+    as it would without continuations (a prefill of nothing would start the answer again)."""
+    tr = StreamTranslator(model="m", message_id="msg_1", signing_key=b"k" * 32)
+    events, sent = await run(FakeResponse(answer(WHOLE[:2], cut="eof")),
+                             [FakeResponse(answer(WHOLE[2:]))], monkeypatch, tr=tr)
+    assert sent == []
+    assert events[-2]["type"] == "error"
+
+
+def test_the_prefill_is_made_from_the_clients_request() -> None:
+    """The continuation's chat request is the call's, made again from the client's request
+    (not its payload's bytes decoded): the same messages, with the prefill after them."""
+    call = _real_call(2)
+    t = call.translator()
+    t.feed(ROLE[len(b"data: "):-2])
+    t.feed(chunk({"content": "Hel"})[len(b"data: "):-2])
+    sent = json.loads(call.payload)
+    body, max_tokens = continuation_payload(call, t)
+    decoded = json.loads(body)
+    assert decoded["messages"] == [*sent["messages"], {"role": "assistant", "content": "Hel"}]
+    assert {k: v for k, v in decoded.items() if k not in ("messages", "max_tokens",
+            "continue_final_message", "add_generation_prompt")} == {
+        k: v for k, v in sent.items() if k not in ("messages", "max_tokens")}
+    assert max_tokens == decoded["max_tokens"] == 99
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 40])
+def test_kept_text_is_whole_however_many_deltas(n: int) -> None:
+    """The kept deltas are joined in groups (fewer objects per stream): none is lost or
+    repeated, for a count below, at and past a group's size."""
+    t = translator()
+    t.feed(ROLE[len(b"data: "):-2])
+    pieces = [f"p{i} " for i in range(n)]
+    for piece in pieces:
+        t.feed(chunk({"content": piece})[len(b"data: "):-2])
+        t.feed(chunk({"reasoning_content": piece.upper()})[len(b"data: "):-2])
+    assert t.streamed_content == "".join(pieces)
+    assert t.streamed_reasoning == "".join(pieces).upper()

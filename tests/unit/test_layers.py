@@ -94,3 +94,87 @@ def test_every_package_has_a_layer() -> None:
     packages = {p.name for p in GATEWAY.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     modules = {p.stem for p in GATEWAY.glob("*.py") if p.name != "__init__.py"}
     assert packages | modules <= set(LAYERS)
+
+
+def _module_level(tree: ast.Module) -> list[ast.stmt]:
+    """The statements run at import: the module's own, and those under its ``if``/``try``
+    (``if TYPE_CHECKING:`` too: a cycle type checkers and refactors trip on), not a
+    function's or class's body."""
+    out: list[ast.stmt] = []
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if isinstance(node, ast.If):
+            todo += node.body + node.orelse
+        elif isinstance(node, ast.Try):
+            todo += node.body + node.orelse + node.finalbody
+            todo += [stmt for handler in node.handlers for stmt in handler.body]
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    """gateway module -> the gateway modules it imports at module level (``from package
+    import module`` names the module)."""
+    paths = {".".join(p.relative_to(GATEWAY.parent).with_suffix("").parts)
+             .removesuffix(".__init__"): p for p in GATEWAY.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        found: set[str] = set()
+        for node in _module_level(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name in paths}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                if base not in paths:
+                    continue
+                subs = {f"{base}.{a.name}" for a in node.names} & paths.keys()
+                found |= subs or {base}
+                if len(subs) < len(node.names):
+                    found.add(base)
+        graph[module] = found - {module}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle through each module that is on one (depth-first search)."""
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt):], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return cycles
+
+
+def test_no_import_cycle_inside_the_package() -> None:
+    """No gateway module imports, at module level, one that imports it back (directly or
+    through others): a cycle makes the import order matter and hides a seam. A module that
+    needs one importing it takes a ``typing.Protocol`` of what it uses (e.g.
+    gateway/messages/continuation.py's ``Continuable``)."""
+    assert [" -> ".join(cycle) for cycle in _cycles(_graph())] == []
+
+
+@pytest.mark.parametrize(("graph", "cyclic"), [
+    ({"a": {"b"}, "b": {"a"}}, True),
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, True),
+    ({"a": {"b", "c"}, "b": {"c"}, "c": set()}, False),
+])
+def test_the_cycle_check_finds_cycles(graph: dict[str, set[str]], cyclic: bool) -> None:
+    assert bool(_cycles(graph)) is cyclic

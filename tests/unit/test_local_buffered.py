@@ -142,3 +142,19 @@ def test_whole_content_is_feed_then_flush(text: str, tools: tuple[str, ...], mod
     assert fast.whole(text) == slow.feed(text) + slow.flush()
     assert (fast.thinking_found, fast.orphan_close, fast.calls_found) == (
         slow.thinking_found, slow.orphan_close, slow.calls_found)
+
+
+@pytest.mark.parametrize(("mode", "content", "text"), [
+    ("auto", "<think>x</think>y", "<think>x</think>y"),
+    ("opened", "x</think>y", "x</think>y"),
+])
+def test_a_reply_with_parsed_reasoning_keeps_its_content_as_text(mode: str, content: str,
+                                                                  text: str) -> None:
+    """As streamed (tests/unit/test_stream.py): reasoning in its own field means the engine
+    parses reasoning, so content holds no inline ``<think>`` to split."""
+    message = from_chat(
+        {"choices": [{"index": 0, "finish_reason": "stop", "message": {
+            "role": "assistant", "reasoning_content": "r", "content": content}}]},
+        model="m", signing_key=b"k", normaliser=ContentNormaliser(thinking=mode))
+    assert [(b["type"], b.get("text", b.get("thinking"))) for b in message["content"]] == [
+        ("thinking", "r"), ("text", text)]

@@ -416,3 +416,41 @@ def test_feed_all_stops_at_the_end_of_the_message() -> None:
     out = t.feed_all([chunk, b"{not json", chunk])
     assert t.state is State.ERRORED and out.count(b"text_delta") == 1
     assert not t.ended_by_done
+
+
+# (inline_thinking, tools offered, deltas, streamed blocks (kind, text), normaliser kept)
+_PARSED = [
+    # reasoning in its field first: the engine's parser is on, content is text as sent
+    ("auto", (), [{"reasoning_content": "r"}, {"content": "<think>x</think>y"}],
+     [("thinking", "r"), ("text", "<think>x</think>y")], False),
+    ("opened", (), [{"reasoning": "r"}, {"content": "x</think>y"}],
+     [("thinking", "r"), ("text", "x</think>y")], False),
+    # no reasoning field: inline <think> is still read
+    ("auto", (), [{"content": "<think>x</think>y"}], [("thinking", "x"), ("text", "y")], True),
+    # content held at its start before the reasoning field: still looked at
+    ("auto", (), [{"content": "<thi"}, {"reasoning_content": "r"}, {"content": "nk>x"}],
+     [("thinking", "r"), ("thinking", "x")], True),
+    # tools offered: calls written as text are still looked for
+    ("auto", ("get",), [{"reasoning_content": "r"}, {"content": "ok"}],
+     [("thinking", "r"), ("text", "ok")], True),
+]
+
+
+@pytest.mark.parametrize(("mode", "tools", "deltas", "blocks", "kept"), _PARSED)
+def test_reasoning_in_its_field_ends_the_look_for_inline_thinking(
+        mode: str, tools: tuple[str, ...], deltas: list[dict[str, Any]],
+        blocks: list[tuple[str, str]], kept: bool) -> None:
+    """An engine that sends reasoning in its own field has its reasoning parser on: the
+    content after it carries no inline ``<think>``, and with no tools offered the stream
+    stops feeding the normaliser (per-chunk work for nothing)."""
+    t = _t(normaliser=ContentNormaliser(thinking=mode, tool_names=tools))
+    out = b"".join(t.feed(_chunk(d)) for d in deltas)
+    assert (t._norm is not None) is kept  # (before the end, which lets go of it)
+    out += t.feed(_chunk({}, "stop")) + t.feed(b"[DONE]")
+    got: list[tuple[str, str]] = []
+    for event in check_stream(out):
+        if event["type"] == "content_block_delta" and "text" in event["delta"]:
+            got.append(("text", event["delta"]["text"]))
+        elif event["type"] == "content_block_delta" and "thinking" in event["delta"]:
+            got.append(("thinking", event["delta"]["thinking"]))
+    assert got == blocks

@@ -4,9 +4,10 @@
 
 Runs the real gateway (everything on, as in ``tests.benchmarks.run``), the leanest Anthropic
 translator (``lean_floor.py``) and the bare pass-through (``bare_relay.py``) against the same
-stub upstream, the targets taking turns (3 repetitions, order rotated, medians), and compares
+stub upstream, the targets taking turns (5 repetitions, order rotated, medians), and compares
 the gateway's CPU per request and per 1,000 streamed chunks with the floor's. It exits 1 when a
-ratio passes its limit in :data:`LIMITS`.
+ratio passes its limit in :data:`LIMITS` in two runs in a row (a figure over its limit is
+measured once more, and the lower of the two counts: a regression stays, a noisy run does not).
 
 The limits are ratios, not times: CPU time of each server process (``/proc/PID/task/*/
 schedstat``), so a busy machine moves both sides alike. Each limit is today's ratio (the
@@ -32,15 +33,15 @@ from tests.benchmarks import run as bench_run
 
 # figure -> (limit, today's ratio when the limit was set): gateway ÷ floor, CPU.
 LIMITS: dict[str, tuple[float, float]] = {
-    "anthropic buffered c1, CPU/request": (2.6, 2.0),
-    "anthropic buffered c16, CPU/request": (2.6, 2.0),
-    "anthropic stream paced, CPU/1k chunks": (1.8, 1.4),
-    "anthropic stream bulk, CPU/1k chunks": (2.0, 1.5),
-    "openai pass-through c16, CPU/request vs relay": (2.6, 2.0),
+    "anthropic buffered c1, CPU/request": (1.8, 1.37),
+    "anthropic buffered c16, CPU/request": (2.2, 1.57),
+    "anthropic stream paced, CPU/1k chunks": (1.35, 1.01),
+    "anthropic stream bulk, CPU/1k chunks": (1.95, 1.41),
+    "openai pass-through c16, CPU/request vs relay": (1.7, 1.23),
 }
 
 bench_run.MODES["guard"] = {
-    "reps": 3, "buffered": {1: 300, 16: 1200}, "ttft": 3, "bulk": (8, 30, 256),
+    "reps": 5, "buffered": {1: 300, 16: 1200}, "ttft": 3, "bulk": (8, 30, 256),
     "paced": (16, 128, 10), "slow": (0, 0, 0), "abandon": 0,
 }
 
@@ -91,6 +92,14 @@ async def _measure(bench: _GuardBench) -> dict[str, float]:
     }
 
 
+def _run(regress_us: float) -> dict[str, float]:
+    bench = _GuardBench(regress_us)
+    try:
+        return asyncio.run(_measure(bench))
+    finally:
+        bench.close()
+
+
 def check(figures: dict[str, float]) -> list[tuple[str, float, float, float, bool]]:
     """(figure, ratio, limit, ratio when the limit was set, holds) for every limit."""
     return [(name, figures[name], limit, then, figures[name] <= limit)
@@ -104,11 +113,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="burn this many µs of CPU per request in the gateway (to see it fail)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    bench = _GuardBench(args.regress_us)
-    try:
-        figures = asyncio.run(_measure(bench))
-    finally:
-        bench.close()
+    figures = _run(args.regress_us)
+    if not all(r[4] for r in check(figures)):  # once more: the lower of two runs counts
+        again = _run(args.regress_us)
+        figures = {k: min(v, again[k]) for k, v in figures.items()}
     rows = check(figures)
     print("| figure (gateway ÷ floor, CPU) | ratio | limit | when set | holds |")
     print("| --- | ---: | ---: | ---: | :---: |")

@@ -36,7 +36,7 @@ import sys
 CREATED = 1700000000
 _MODEL = re.compile(rb'"model"\s*:\s*"([^"]*)"')
 _STREAM = re.compile(rb'"stream"\s*:\s*true')
-_REQUEST_ID = re.compile(rb'(?im)^x-request-id:[ \t]*([^\r\n]*?)[ \t]*$')
+_REQUEST_ID = re.compile(rb'(?i)\r\nx-request-id:[ \t]*([^\r\n \t]*)')
 _WORDS = [" alpha", " beta", " gamma", " delta", " epsilon", " zeta", " eta", " theta"]
 
 

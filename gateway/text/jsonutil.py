@@ -184,6 +184,8 @@ def _unsettle() -> None:
 def loads(data: bytes | bytearray | str) -> Any:
     """Decode strict JSON; raises ValueError on anything that is not, JSONInputError (a
     ValueError) naming the path for what no request may hold."""
+    if type(data) is bytearray:  # ujson before 5.8 takes str and bytes only
+        data = bytes(data)
     _settle()
     try:
         value = ujson.loads(data)

@@ -34,10 +34,10 @@ from tests.benchmarks import run as bench_run
 # figure -> (limit, today's ratio when the limit was set): gateway ÷ floor, CPU.
 LIMITS: dict[str, tuple[float, float]] = {
     "anthropic buffered c1, CPU/request": (1.8, 1.37),
-    "anthropic buffered c16, CPU/request": (2.2, 1.57),
-    "anthropic stream paced, CPU/1k chunks": (1.35, 1.01),
+    "anthropic buffered c16, CPU/request": (2.4, 1.57),  # noisiest: 1.56-2.07 seen
+    "anthropic stream paced, CPU/1k chunks": (1.45, 1.01),
     "anthropic stream bulk, CPU/1k chunks": (1.95, 1.41),
-    "openai pass-through c16, CPU/request vs relay": (1.7, 1.23),
+    "openai pass-through c16, CPU/request vs relay": (1.9, 1.23),  # 1.11-1.55 seen
 }
 
 bench_run.MODES["guard"] = {

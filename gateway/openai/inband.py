@@ -47,11 +47,16 @@ _DONE = b"[DONE]"
 def suspect(block: bytes) -> bool:
     """Whether ``block`` (whole events, or one event's data) may report an error: only those
     are decoded (see the module doc)."""
-    if NEEDLE in block or _ESCAPE in block or b"event: error" in block \
-            or b"event:error" in block:
+    if NEEDLE in block or _ESCAPE in block:
+        return True
+    # one search for what chunk streams never hold, the two spellings only where found
+    if b"event:" in block and (b"event: error" in block or b"event:error" in block):
         return True
     data = block.count(b"data:")
-    return data != block.count(b"data: {") + block.count(b"data: [DONE]")
+    objects = block.count(b"data: {")
+    # every [DONE] is a data: that opens no object, so data == objects means none: one
+    # count fewer on the blocks that end no stream
+    return data != objects and data != objects + block.count(b"data: [DONE]")
 
 
 class InbandErrors:

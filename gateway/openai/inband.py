@@ -47,11 +47,16 @@ _DONE = b"[DONE]"
 def suspect(block: bytes) -> bool:
     """Whether ``block`` (whole events, or one event's data) may report an error: only those
     are decoded (see the module doc)."""
-    if NEEDLE in block or _ESCAPE in block or b"event: error" in block \
-            or b"event:error" in block:
+    if NEEDLE in block or _ESCAPE in block:
+        return True
+    # one search for what chunk streams never hold, the two spellings only where found
+    if b"event:" in block and (b"event: error" in block or b"event:error" in block):
         return True
     data = block.count(b"data:")
-    return data != block.count(b"data: {") + block.count(b"data: [DONE]")
+    objects = block.count(b"data: {")
+    # every [DONE] is a data: that opens no object, so data == objects means none: one
+    # count fewer on the blocks that end no stream
+    return data != objects and data != objects + block.count(b"data: [DONE]")
 
 
 class InbandErrors:
@@ -117,7 +122,14 @@ class InbandErrors:
     def body(self, data: bytes) -> bytes:
         """A buffered 200 reply: an error body raises its error, scrubbed, and so does one
         that is no JSON object; a failed Response comes back with only its ``error``
-        replaced; anything else as it is, without secrets."""
+        replaced; anything else as it is, without secrets.
+
+        A chat or completions body whose bytes cannot hold an error (no ``"error"``, no
+        ``\\u00`` escape: :func:`suspect`) and that is framed as an object is not decoded
+        (the hot path: a decode cost as much as the rest of the reply's handling); a body
+        framed otherwise is still decoded, and so refused if it is no JSON object."""
+        if not self._responses and _plain_object(data):
+            return self._secrets.redact_bytes(data)
         obj = _object(data)
         if obj is None:
             raise self._error(None)
@@ -142,6 +154,16 @@ class InbandErrors:
     def _failure(self, error: Any) -> dict[str, Any]:
         err = errors.from_inband({"error": error}, hosts=self._hosts, secrets=self._secrets)
         return errors.responses_failure(err)
+
+
+_JSON_SPACE = b" \t\r\n"
+
+
+def _plain_object(data: bytes) -> bool:
+    """A body framed as one JSON object (``{`` first and ``}`` last, JSON whitespace aside)
+    whose bytes cannot spell an error's key or value (see :func:`suspect`)."""
+    return (NEEDLE not in data and _ESCAPE not in data
+            and data.lstrip(_JSON_SPACE)[:1] == b"{" and data.rstrip(_JSON_SPACE)[-1:] == b"}")
 
 
 def _object(payload: bytes) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ keeps its bytes, less any upstream secret.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -45,8 +46,8 @@ class ModelRewriter:
 
     def __init__(self, upstream_model: str, alias: str) -> None:
         self._alias = alias
-        self._needle = b'"model":' + jsonutil.dumpb_str(upstream_model)  # one per request:
-        self._compact = b'"model":' + jsonutil.dumpb_str(alias)  # no ujson call for a plain name
+        # each route's pair encoded once, not per request (a pattern route may name many)
+        self._needle, self._compact = _pairs(upstream_model, alias)
 
     def block(self, data: bytes) -> bytes | None:
         """Whole SSE events at once; None when one needs :meth:`__call__` (another name
@@ -80,6 +81,13 @@ class ModelRewriter:
                 return payload.replace(needle, self._compact, 1)
         holder["model"] = self._alias
         return jsonutil.dumpb_upstream(obj)
+
+
+@functools.lru_cache(maxsize=256)
+def _pairs(upstream_model: str, alias: str) -> tuple[bytes, bytes]:
+    """The compact ``"model":`` pairs of the upstream's name and of the alias."""
+    return (b'"model":' + jsonutil.dumpb_str(upstream_model),
+            b'"model":' + jsonutil.dumpb_str(alias))
 
 
 def _model_holder(obj: Any) -> dict[str, Any] | None:

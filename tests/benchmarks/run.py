@@ -1,6 +1,6 @@
 """The benchmark: the gateway against a direct upstream, a lean floor and a bare relay.
 
-    python -m tests.benchmarks.run [--quick | --tiny] [--json out.json]
+    python -m tests.benchmarks.run [--quick | --tiny] [--echo] [--json out.json]
 
 Everything is measured in one run, the targets taking turns (the order rotates each
 repetition) so a noisy neighbour hurts them alike; figures are medians over the
@@ -170,7 +170,9 @@ kind = "vllm"
 class Bench:
     stub_args: tuple[str, ...] = ()  # e.g. ("--echo",): the stub echoes X-Request-Id
 
-    def __init__(self, mode_name: str) -> None:
+    def __init__(self, mode_name: str, *, echo: bool = False) -> None:
+        if echo:
+            self.stub_args = ("--echo",)
         self.mode_name = mode_name
         self.mode = MODES[mode_name]
         self.tmp = Path(tempfile.mkdtemp(prefix="llm-gateway-bench-"))
@@ -650,12 +652,13 @@ async def _run_all(bench: Bench) -> dict[str, Any]:
     return r
 
 
-def run(mode_name: str = "full") -> dict[str, Any]:
+def run(mode_name: str = "full", *, echo: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
-    bench = Bench(mode_name)
+    bench = Bench(mode_name, echo=echo)
     try:
         result: dict[str, Any] = {
             "mode": mode_name,
+            "stub_echo": bool(bench.stub_args),
             "machine": {"cpus": os.cpu_count(), "pinned": bench.pin,
                         "loadavg_before": os.getloadavg(),
                         "python": sys.version.split()[0]},
@@ -683,13 +686,18 @@ def main(argv: list[str] | None = None) -> int:
     group = ap.add_mutually_exclusive_group()
     group.add_argument("--quick", action="store_true", help="fewer, shorter runs (< 2 min)")
     group.add_argument("--tiny", action="store_true", help="seconds: proves it runs (tests)")
+    ap.add_argument("--echo", action="store_true",
+                    help="the stub echoes X-Request-Id as vLLM does with its flag, so the "
+                         "gateway keeps upstream connections alive (default: no echo, a "
+                         "connection per request, as with llama.cpp or Ollama)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
-    result = run(mode)
+    result = run(mode, echo=args.echo)
     print(table(result))
     print(f"\nmode {mode}, {result['elapsed_s']:.0f} s, cpus {result['machine']['cpus']}, "
-          f"pinned {result['machine']['pinned']}, load average before/after "
+          f"pinned {result['machine']['pinned']}, stub echoes X-Request-Id "
+          f"{result['stub_echo']}, load average before/after "
           f"{result['machine']['loadavg_before'][0]:.2f}/"
           f"{result['machine']['loadavg_after'][0]:.2f}, gateway error log lines "
           f"{result['gateway_error_lines']}")

@@ -122,14 +122,7 @@ class InbandErrors:
     def body(self, data: bytes) -> bytes:
         """A buffered 200 reply: an error body raises its error, scrubbed, and so does one
         that is no JSON object; a failed Response comes back with only its ``error``
-        replaced; anything else as it is, without secrets.
-
-        A chat or completions body whose bytes cannot hold an error (no ``"error"``, no
-        ``\\u00`` escape: :func:`suspect`) and that is framed as an object is not decoded
-        (the hot path: a decode cost as much as the rest of the reply's handling); a body
-        framed otherwise is still decoded, and so refused if it is no JSON object."""
-        if not self._responses and _plain_object(data):
-            return self._secrets.redact_bytes(data)
+        replaced; anything else as it is, without secrets."""
         obj = _object(data)
         if obj is None:
             raise self._error(None)
@@ -154,16 +147,6 @@ class InbandErrors:
     def _failure(self, error: Any) -> dict[str, Any]:
         err = errors.from_inband({"error": error}, hosts=self._hosts, secrets=self._secrets)
         return errors.responses_failure(err)
-
-
-_JSON_SPACE = b" \t\r\n"
-
-
-def _plain_object(data: bytes) -> bool:
-    """A body framed as one JSON object (``{`` first and ``}`` last, JSON whitespace aside)
-    whose bytes cannot spell an error's key or value (see :func:`suspect`)."""
-    return (NEEDLE not in data and _ESCAPE not in data
-            and data.lstrip(_JSON_SPACE)[:1] == b"{" and data.rstrip(_JSON_SPACE)[-1:] == b"}")
 
 
 def _object(payload: bytes) -> dict[str, Any] | None:

@@ -36,8 +36,9 @@ Protocol facts relied on:
   (:mod:`gateway.text.redact`), then traceback lines, URLs, IP addresses (IPv4, and
   IPv6 bare or bracketed, with a port or not), ``host:port`` tokens, the
   upstream's host names and file paths, and is capped at 500 characters.
-  :func:`from_upstream` keeps the reply it mapped on the error, so a caller that
-  knows every upstream's secrets maps it again (:func:`rescrub`).
+  :func:`from_upstream` is the one map of an upstream's error (a status reply, an in-band
+  error object), run once per error with the redactor of every secret the process knows
+  (gateway/upstream/known.py); the error keeps its message only, never the body.
 * An upstream 503 means "busy": it is answered as 529 ``overloaded_error``.
   A 401/403/404 from the upstream is the gateway's own misconfiguration (its
   key or its ``upstream_model``), so the client gets a 500 it should not retry.
@@ -241,10 +242,6 @@ class Overloaded(GatewayError):
 class UpstreamError(GatewayError):
     """A failure that came from (or on the way to) the upstream."""
 
-    # (status, body, max_tokens) of the upstream reply this error was mapped from: never
-    # rendered nor logged, only mapped again by :func:`rescrub`
-    reply: tuple[int, bytes, int | None] | None = None
-
 
 class UpstreamUnavailable(UpstreamError):
     status = 529
@@ -317,33 +314,50 @@ def _status_code_of(payload: Mapping[str, Any]) -> int | None:
     return None
 
 
+# the longest upstream body the mapping reads (the client reads at most this of a status
+# reply's body); nothing of it outlives the mapping: the error keeps only its message
+MAX_UPSTREAM_BODY = 64 * 1024
+
+
 def from_upstream(
     status: int,
-    raw: bytes,
+    body: bytes | Mapping[str, Any],
     *,
     hosts: Iterable[str] = (),
     secrets: Secrets = NO_SECRETS,
     max_tokens: int | None = None,
 ) -> UpstreamError:
-    """Map an upstream error reply (status + body) to the error the client sees."""
-    err = _map_upstream(status, raw, hosts, secrets, max_tokens)
-    err.reply = (status, raw, max_tokens)
+    """THE map of an upstream's error to the error the client sees, scrubbed once.
+
+    ``body`` is a status reply's raw body (at most :data:`MAX_UPSTREAM_BODY` bytes are
+    read), or the decoded error object of an in-band error (:func:`from_inband`).
+    ``secrets`` is the app's redactor of every secret the process knows
+    (gateway/upstream/known.py), ``hosts`` the answering upstream's host names. The error
+    holds the status, the type and the scrubbed message (:data:`_MAX_MESSAGE` characters
+    of upstream text), never the body."""
+    if isinstance(body, Mapping):
+        decoded: Any = body
+        raw_text = ""
+    else:
+        raw = body[:MAX_UPSTREAM_BODY]
+        try:
+            decoded = jsonutil.loads(raw) if raw else None
+        except ValueError:
+            decoded = None
+        raw_text = raw.decode("utf-8", "replace") if decoded is None else ""
+    err = _map_upstream(status, decoded, raw_text, hosts, secrets, max_tokens)
     err.upstream_status = status
     return err
 
 
-def _map_upstream(status: int, raw: bytes, hosts: Iterable[str], secrets: Secrets,
-                  max_tokens: int | None) -> UpstreamError:
-    try:
-        body = jsonutil.loads(raw) if raw else None
-    except ValueError:
-        body = None
+def _map_upstream(status: int, body: Any, raw_text: str, hosts: Iterable[str],
+                  secrets: Secrets, max_tokens: int | None) -> UpstreamError:
     if body is not None:
         text, anthropic_type = _message_of(body)
     else:
-        # whole (the reader caps it at 64 KiB), as a JSON message is: a cut before scrub()
+        # whole (at most MAX_UPSTREAM_BODY), as a JSON message is: a cut before scrub()
         # would leave the start of a key, address or host name that no rule then matches
-        text, anthropic_type = raw.decode("utf-8", "replace"), None
+        text, anthropic_type = raw_text, None
         if text.lstrip().startswith("<"):  # an HTML error page from a proxy: no words worth keeping
             text = ""
     if status not in (401, 403, 404, 429, 503, 529):
@@ -374,14 +388,14 @@ def _map_upstream(status: int, raw: bytes, hosts: Iterable[str], secrets: Secret
                          error_type=anthropic_type)
 
 
-def rescrub(err: GatewayError, *, hosts: Iterable[str] = (), secrets: Secrets = NO_SECRETS
-            ) -> GatewayError:
-    """``err`` mapped again from the upstream reply it came from, with ``secrets`` (every
-    upstream's, where the code that mapped it first knew at most its own); else ``err``."""
-    if not isinstance(err, UpstreamError) or err.reply is None or not secrets:
-        return err
-    status, raw, max_tokens = err.reply
-    return from_upstream(status, raw, hosts=hosts, secrets=secrets, max_tokens=max_tokens)
+def inband_status(payload: Mapping[str, Any]) -> int | None:
+    """The status an in-band error in ``payload`` stands for (no code: 500), without
+    mapping it; None when ``payload`` reports no error."""
+    if payload.get("error") is not None:
+        return _status_code_of(payload) or 500
+    if payload.get("object") == "error" or payload.get("type") == "error":
+        return _status_code_of({"error": payload}) or 500
+    return None
 
 
 def from_inband(payload: Any, *, hosts: Iterable[str] = (), secrets: Secrets = NO_SECRETS
@@ -391,8 +405,10 @@ def from_inband(payload: Any, *, hosts: Iterable[str] = (), secrets: Secrets = N
     Shapes: ``{"error": {"message", "code"?, ...}}`` (vLLM, llama.cpp, Ollama) and
     ``{"object": "error", "message", "code"}`` (SGLang, older vLLM).
     """
-    status = (_status_code_of(payload) if isinstance(payload, Mapping) else None) or 500
-    return from_upstream(status, jsonutil.dumpb_upstream(payload), hosts=hosts, secrets=secrets)
+    if not isinstance(payload, Mapping):
+        return from_upstream(500, b"", hosts=hosts, secrets=secrets)
+    return from_upstream(_status_code_of(payload) or 500, payload, hosts=hosts,
+                         secrets=secrets)
 
 
 def inband_error(payload: Mapping[str, Any], *, hosts: Iterable[str] = (),

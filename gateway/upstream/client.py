@@ -23,10 +23,11 @@ upstream and cause a second, the lines held back counted in the next):
   (504);
 * a malformed, cut or oversized (``max_response_bytes``) reply -> UpstreamError 500
   ``api_error``: the same request would fail the same way, so it is not an overload;
-* an HTTP error status -> errors.from_upstream, the one map of an upstream's error, run
-  here once with ``secrets`` (the app's redactor of every secret the process knows:
-  gateway/upstream/known.py); at most ``errors.MAX_UPSTREAM_BODY`` (64 KiB) of the body is
-  read, and dropped once mapped: the error keeps its scrubbed message only.
+* an HTTP error status -> errors.from_upstream (gateway/errors/upstream_map.py), the one
+  map of an upstream's error, run here once with ``secrets`` (the app's redactor of every
+  secret the process knows: gateway/upstream/known.py); at most ``errors.MAX_UPSTREAM_BODY``
+  (64 KiB) of the body is read, and dropped once mapped: the error keeps its scrubbed
+  message only.
 
 A framing anomaly (gateway/upstream/connection.py) is also counted in
 ``llm_gateway_upstream_protocol_errors_total{upstream,kind}``, and the pool closes the
@@ -57,6 +58,7 @@ from typing import Any
 import structlog
 
 from gateway import errors
+from gateway.errors import upstream_map
 from gateway.ops.config import UpstreamConfig
 from gateway.text import ids
 from gateway.text.redact import Redactor, secrets_of
@@ -451,8 +453,8 @@ class UpstreamClient:
             return err
         if status >= 500:
             self.report("head", "status", request_id, status=status)
-        return errors.from_upstream(status, raw, hosts=self.hosts, secrets=self.redactor,
-                                    max_tokens=max_tokens)
+        return upstream_map.from_upstream(status, raw, hosts=self.hosts,
+                                          secrets=self.redactor, max_tokens=max_tokens)
 
 
 

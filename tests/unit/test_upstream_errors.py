@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway import errors
 from gateway.app import build_app
+from gateway.errors import upstream_map
 from gateway.ops import config
 from gateway.upstream.known import known_secrets
 
@@ -159,7 +160,7 @@ async def _failure(aiohttp_client: Any, aiohttp_server: Any, monkeypatch: pytest
         mapped.append((status, len(body) if isinstance(body, bytes) else 0, err))
         return err
 
-    monkeypatch.setattr(errors, "from_upstream", counted)
+    monkeypatch.setattr(upstream_map, "from_upstream", counted)
     body: dict[str, Any] = {"model": scenario, **MESSAGES}
     if stream:
         body["stream"] = True

@@ -25,8 +25,9 @@ dialect, whether it needs a client key, whether it is logged), which the middlew
 Any other path is a 404 ``not_found_error`` in Anthropic's envelope.
 
 Upstream sessions are owned by a cleanup_ctx: opened at startup, closed at
-shutdown. ``state.ready`` turns true once they are open. The redactor of every
-upstream's secrets is built once, here (``app[SECRETS]``).
+shutdown. ``state.ready`` turns true once they are open. The redactor of every secret
+the process knows is built once, here (``app[SECRETS]``, gateway/upstream/known.py), and
+every upstream client scrubs its error replies with it.
 """
 
 from __future__ import annotations
@@ -70,10 +71,10 @@ from gateway.ops import log
 from gateway.ops.budget import budgets
 from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
-from gateway.text.redact import Redactor
 from gateway.tools.searxng import Searxng
 from gateway.upstream import fleet
 from gateway.upstream.call import Upstreams
+from gateway.upstream.known import known_secrets
 
 if TYPE_CHECKING:
     from gateway.batches.store import BatchStore
@@ -236,15 +237,15 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
     metrics = Metrics(defined, info_registry=info,
                       per_worker_process=config.metrics_dir is not None)
     app[METRICS] = metrics
+    app[SECRETS] = known_secrets(config)
     app[UPSTREAMS] = {
         name: UpstreamClient(cfg, connections=metrics.upstream_connections.labels(name),
                              protocol_errors=metrics.upstream_protocol_errors,
                              keepalive=metrics.upstream_keepalive.labels(name),
-                             metrics=metrics)
+                             metrics=metrics, secrets=app[SECRETS])
         for name, cfg in config.upstreams.items()}
     for name in config.upstreams:
         metrics.add_upstream(name)
-    app[SECRETS] = Redactor.of(config.upstreams.values())
     app[UPSTREAM_CALLS] = Upstreams(app[UPSTREAMS], metrics, app[SECRETS])
     memory, decoding = budgets(config.server.memory_budget_mb,
                                config.server.max_decoding_bytes, metrics)

@@ -165,5 +165,5 @@ def _server_error(payload: bytes) -> bool:
         return False
     if type(chunk) is not dict:
         return False
-    err = errors.inband_error(chunk)
-    return err is not None and (err.upstream_status or err.status) >= 500
+    status = errors.inband_status(chunk)  # not mapped here: the translator maps it, once
+    return status is not None and status >= 500

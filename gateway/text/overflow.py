@@ -5,6 +5,34 @@ does not fit: it offers compaction) and ``input length and `max_tokens` exceed
 context limit: P + C > M`` (it retries at once with a smaller ``max_tokens``).
 vLLM, SGLang and llama.cpp each word the overflow their own way; the patterns
 below read the numbers out of every wording found in their sources.
+
+Wordings recognised (checked against the servers' sources):
+
+  - vLLM <= 0.10: "This model's maximum context length is M tokens. However,
+    you requested T tokens (P in the messages, C in the completion)." and
+    "... However, your request has P input tokens." and "'max_tokens' or
+    'max_completion_tokens' is too large: C. This model's maximum context
+    length is M tokens and your request has P input tokens (C > M - P)."
+  - vLLM renderer (0.11-0.17): "You passed P input tokens and requested C
+    output tokens. However, the model's context length is only M tokens, ..."
+    and the same with "input characters" (then only a bound on P is known).
+  - vLLM >= 0.18: "This model's maximum context length is M tokens. However,
+    you requested C output tokens and your prompt contains [at least ]P input
+    tokens, for a total of [at least ]T tokens." (or "... contains N
+    characters (more than X characters, which is the upper bound for Y input
+    tokens)"), and "max_tokens=C cannot be greater than
+    max_model_len=max_total_tokens=M".
+  - vLLM engine: "The decoder prompt (length P) is longer than the maximum
+    model length of M."
+  - SGLang: "The input (P tokens) is longer than the model's context length
+    (M tokens)." and "Requested token count exceeds the model's maximum
+    context length of M tokens. You requested a total of T tokens: P tokens
+    from the input messages and C tokens for the completion." and (scheduler)
+    "Input length (P tokens) exceeds the maximum allowed length (X tokens)".
+  - llama.cpp: ``{"error":{"code":400,"message":"request (P tokens) exceeds
+    the available context size (M tokens), try increasing it","type":
+    "exceed_context_size_error","n_prompt_tokens":P,"n_ctx":M}}``, and the
+    older "input (P tokens) is larger than the max context size (M tokens)".
 """
 
 from __future__ import annotations

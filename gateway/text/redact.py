@@ -12,6 +12,11 @@ Facts relied on:
   texts that word, never the key.
 * Several upstreams may sit behind one proxy, so one upstream's error can quote another's key:
   the redactor holds every configured upstream's secrets, not only the one answering.
+* Upstream error text may also quote what the gateway never sends upstream but a prompt or a
+  log may carry (a client's key, the signing key, the batch database's URL) and the other
+  upstreams' host names: the app's redactor holds those too (``text_only`` and ``hosts``),
+  for error text only. Relayed bytes lose the upstream keys alone (the hot path: a model's
+  own answer may name a host, and one search per block stays short).
 
 :func:`secrets_of` is pure and per upstream (the upstream client may expose it as its
 ``secrets``); :class:`Redactor` compiles them all into one alternation, longest first, so
@@ -26,7 +31,8 @@ from collections.abc import Iterable
 from typing import Protocol
 from urllib.parse import quote
 
-__all__ = ["NO_SECRETS", "REDACTED", "Redactor", "Secrets", "redactor", "secrets_of"]
+__all__ = ["NO_SECRETS", "REDACTED", "Redactor", "Secrets", "key_forms", "redactor",
+           "secrets_of"]
 
 REDACTED = "[redacted]"
 _HEX_ESCAPE = re.compile(r"%[0-9A-F]{2}")
@@ -41,7 +47,12 @@ class Keyed(Protocol):
 
 def secrets_of(cfg: Keyed) -> tuple[str, ...]:
     """Every form of ``cfg``'s key an upstream could quote back; () without a key."""
-    key = cfg.api_key
+    return key_forms(cfg.api_key) if cfg.api_key else ()
+
+
+def key_forms(key: str) -> tuple[str, ...]:
+    """Every form of ``key`` a text could quote: bare, as a ``Bearer`` header value,
+    percent-encoded (either hex case), JSON-escaped."""
     if not key:
         return ()
     encoded = quote(key, safe="")
@@ -51,17 +62,32 @@ def secrets_of(cfg: Keyed) -> tuple[str, ...]:
     return tuple(dict.fromkeys(forms))  # in order, each once
 
 
+def _alternation(forms: Iterable[str], flags: int = 0) -> re.Pattern[str] | None:
+    """One pattern of ``forms``, longest first (a key holding another is never cut in two)."""
+    ordered = sorted({f for f in forms if f}, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, ordered)), flags) if ordered else None
+
+
 class Redactor:
-    """``redactor(text)``: ``text`` with every secret replaced by ``[redacted]``, in one pass."""
+    """``redactor(text)``: ``text`` with every secret replaced by ``[redacted]``, in one pass.
 
-    __slots__ = ("_bytes_pattern", "_count", "_pattern")
+    ``secrets`` go from text and from relayed bytes (:meth:`redact_bytes`); ``text_only``
+    from text alone; ``hosts`` (host names, ``host:port``, base URLs, any letter case) are
+    what :func:`gateway.text.scrub.clean` removes from upstream error text besides the
+    answering upstream's (:attr:`hosts_pattern`)."""
 
-    def __init__(self, secrets: Iterable[str]) -> None:
-        forms = sorted({s for s in secrets if s}, key=len, reverse=True)
+    __slots__ = ("_bytes_pattern", "_count", "_pattern", "hosts_pattern")
+
+    def __init__(self, secrets: Iterable[str], *, text_only: Iterable[str] = (),
+                 hosts: Iterable[str] = ()) -> None:
+        relayed = {s for s in secrets if s}
+        forms = relayed | {s for s in text_only if s}
         self._count = len(forms)
-        self._pattern = re.compile("|".join(map(re.escape, forms))) if forms else None
-        self._bytes_pattern = (re.compile(b"|".join(re.escape(f.encode()) for f in forms))
-                               if forms else None)
+        self._pattern = _alternation(forms)
+        ordered = sorted(relayed, key=len, reverse=True)
+        self._bytes_pattern = (re.compile(b"|".join(re.escape(f.encode()) for f in ordered))
+                               if ordered else None)
+        self.hosts_pattern = _alternation(hosts, re.IGNORECASE)
 
     @classmethod
     def of(cls, upstreams: Iterable[Keyed]) -> Redactor:
@@ -82,7 +108,7 @@ class Redactor:
         return pattern.sub(REDACTED.encode(), data)
 
     def __bool__(self) -> bool:
-        return self._pattern is not None
+        return self._pattern is not None or self.hosts_pattern is not None
 
     def __repr__(self) -> str:  # never the secrets themselves
         return f"<Redactor of {self._count} secret forms>"

@@ -95,9 +95,12 @@ def _drop_traceback(message: str) -> list[str]:
 def clean(message: str, hosts: Iterable[str] = (), secrets: Secrets = NO_SECRETS) -> str:
     """``message`` without secrets, tracebacks, URLs, addresses, host names and paths.
 
-    ``secrets`` is a :class:`gateway.text.redact.Redactor`, or the strings themselves.
+    ``secrets`` is a :class:`gateway.text.redact.Redactor` (with the host names of every
+    configured upstream, besides ``hosts``: the answering one's, DNS joins included), or the
+    strings themselves.
     """
-    text = "\n".join(_drop_traceback(redactor(secrets)(message))).strip()
+    known = redactor(secrets)
+    text = "\n".join(_drop_traceback(known(message))).strip()
     text = _URL.sub(REDACTED, text)
     text = _IPV6.sub(_ipv6, text)
     text = _IPV4.sub(REDACTED, text)
@@ -105,5 +108,7 @@ def clean(message: str, hosts: Iterable[str] = (), secrets: Secrets = NO_SECRETS
     for host in hosts:
         if host:
             text = re.sub(re.escape(host), REDACTED, text, flags=re.IGNORECASE)
+    if known.hosts_pattern is not None:  # every configured upstream's, not only this one's
+        text = known.hosts_pattern.sub(REDACTED, text)
     text = _PATH.sub(REDACTED, text)
     return _RUNS.sub(REDACTED, text)

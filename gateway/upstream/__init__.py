@@ -10,7 +10,8 @@ pool, the client (requests, deadlines, caps, one error map) and the one call ove
     members.py      the replica set: pools, targets, series, probes, DNS joins and leaves
     discovery.py    replicas from a DNS name (discover = "dns"): resolution, the set's diff
     fleet.py        the background work: re-resolution and active health probes
-    call.py         send(): the one upstream call every caller makes, counted and re-scrubbed
+    call.py         send(): the one upstream call every caller makes, counted
+    known.py        every secret the process knows: the redactor error text is scrubbed with
     exceptions.py   the errors below the client, each naming its cause
 """
 

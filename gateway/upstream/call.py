@@ -11,8 +11,9 @@ status the upstream did not send. A reply's head is also timed, per model and up
 ``llm_gateway_upstream_response_headers_seconds``.
 
 A failure is raised as a :class:`~gateway.errors.GatewayError`; one that is the upstream's own
-error reply carries its status in ``upstream_status`` and is scrubbed again with every
-upstream's secrets (one upstream's error may quote another's key behind a shared proxy).
+error reply carries its status in ``upstream_status``, mapped and scrubbed once by the client
+(:func:`gateway.errors.from_upstream`, with the app's redactor of every secret the process
+knows: one upstream's error may quote another's key behind a shared proxy).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ __all__ = ["Upstreams", "send"]
 @dataclass(frozen=True, slots=True)
 class Upstreams:
     """What an upstream call needs, passed in: the clients by upstream name, the metrics, and
-    the redactor of every configured upstream's secrets."""
+    the redactor of every secret the process knows (gateway/upstream/known.py), for the
+    in-band errors the callers map."""
 
     clients: dict[str, UpstreamClient]
     metrics: Metrics
@@ -78,10 +80,7 @@ async def send(
                                   at_root=at_root, request_id=request_id, session=session)
     except errors.GatewayError as err:
         metrics.upstream_requests.labels(route.name, client.name, _outcome_code(err)).inc()
-        scrubbed = errors.rescrub(err, hosts=client.hosts, secrets=ups.secrets)
-        if scrubbed is err:
-            raise
-        raise scrubbed from None
+        raise
     metrics.upstream_requests.labels(route.name, client.name, str(up.status)).inc()
     metrics.upstream_headers.labels(route.name, client.name).observe(time.perf_counter() - t)
     return up

@@ -23,7 +23,11 @@ upstream and cause a second, the lines held back counted in the next):
   (504);
 * a malformed, cut or oversized (``max_response_bytes``) reply -> UpstreamError 500
   ``api_error``: the same request would fail the same way, so it is not an overload;
-* an HTTP error status -> errors.from_upstream (scrubbed, mapped).
+* an HTTP error status -> errors.from_upstream (gateway/errors/upstream_map.py), the one
+  map of an upstream's error, run here once with ``secrets`` (the app's redactor of every
+  secret the process knows: gateway/upstream/known.py); at most ``errors.MAX_UPSTREAM_BODY``
+  (64 KiB) of the body is read, and dropped once mapped: the error keeps its scrubbed
+  message only.
 
 A framing anomaly (gateway/upstream/connection.py) is also counted in
 ``llm_gateway_upstream_protocol_errors_total{upstream,kind}``, and the pool closes the
@@ -54,9 +58,10 @@ from typing import Any
 import structlog
 
 from gateway import errors
+from gateway.errors import upstream_map
 from gateway.ops.config import UpstreamConfig
 from gateway.text import ids
-from gateway.text.redact import secrets_of
+from gateway.text.redact import Redactor, secrets_of
 from gateway.upstream import discovery
 from gateway.upstream.exceptions import (
     BrokenResponse,
@@ -74,7 +79,6 @@ from gateway.upstream.replicas import Replica, Replicas, request_digest
 
 _log = structlog.get_logger("gateway.upstream")
 
-_ERROR_BODY_CAP = 64 * 1024
 # after [DONE]: how much more body, and how long, to wait for to keep the connection
 _DRAIN_BYTES = 16 * 1024
 _DRAIN_SECONDS = 0.1
@@ -224,13 +228,16 @@ class UpstreamClient:
     (gateway/upstream/members.py); this class is the request path over them. ``hosts`` and
     ``secrets`` are what the scrubber removes from upstream text: every replica's host names
     and base URL, and the upstream's key in every form (the key, ``Bearer <key>``, the key
-    URL-encoded). ``metrics`` (gateway/ops/metrics.py), when given, gets the per-replica
-    series; ``resolve`` replaces the system resolver under ``discover = "dns"``, for tests.
+    URL-encoded). ``redactor`` is what an error reply is scrubbed with: the app's, of every
+    secret the process knows (else this upstream's key alone). ``metrics``
+    (gateway/ops/metrics.py), when given, gets the per-replica series; ``resolve`` replaces
+    the system resolver under ``discover = "dns"``, for tests.
     """
 
     def __init__(self, cfg: UpstreamConfig, *, connections: Counter | None = None,
                  protocol_errors: Any = None, keepalive: Any = None,
-                 metrics: Any = None, resolve: discovery.Resolve | None = None) -> None:
+                 metrics: Any = None, resolve: discovery.Resolve | None = None,
+                 secrets: Redactor | None = None) -> None:
         self.cfg = cfg
         self._connections = connections
         self._keepalive = keepalive  # a gauge's child: 1 while connections are reused
@@ -238,6 +245,7 @@ class UpstreamClient:
         self._metrics = metrics
         self.name = cfg.name
         self.secrets = secrets_of(cfg)
+        self.redactor = secrets if secrets is not None else Redactor(self.secrets)
         self.report = FailureLog(cfg.name)
         # (head, body) timeouts. A stream: the head within both timeouts, then no event for
         # idle_timeout. Buffered: the head, then the whole reply, each due from the send.
@@ -433,7 +441,7 @@ class UpstreamClient:
                             max_tokens: int | None) -> errors.UpstreamError:
         status = resp.status
         try:
-            raw = await resp.read(_ERROR_BODY_CAP)
+            raw = await resp.read(errors.MAX_UPSTREAM_BODY)
         except (HTTPClientError, TimeoutError, OSError):
             raw = b""
         finally:
@@ -445,7 +453,8 @@ class UpstreamClient:
             return err
         if status >= 500:
             self.report("head", "status", request_id, status=status)
-        return errors.from_upstream(status, raw, hosts=self.hosts, max_tokens=max_tokens)
+        return upstream_map.from_upstream(status, raw, hosts=self.hosts,
+                                          secrets=self.redactor, max_tokens=max_tokens)
 
 
 

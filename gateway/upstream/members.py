@@ -60,7 +60,7 @@ class Members:
         self._metrics = metrics
         self._resolve = resolve or discovery.resolve
         urls = () if self.discover else cfg.replica_urls
-        self._config_hosts = _hosts(cfg.replica_urls)
+        self._config_hosts = hosts_of(cfg.replica_urls)
         self.hosts = self._config_hosts
         self.replicas = Replicas(urls, on_health=self._health_changed,
                                  balance=cfg.balance)
@@ -249,7 +249,7 @@ class Members:
 
     def _members_changed(self) -> None:
         self.hosts = tuple(dict.fromkeys(
-            self._config_hosts + _hosts([r.base_url for r in self.replicas.all])))
+            self._config_hosts + hosts_of([r.base_url for r in self.replicas.all])))
 
     # Each request's start and end on a replica (the client's request path reports them)
 
@@ -297,7 +297,7 @@ def _paths(base_url: str) -> tuple[str, str]:
     return path, path[:-3] if path.endswith("/v1") else path
 
 
-def _hosts(urls: Iterable[str]) -> tuple[str, ...]:
+def hosts_of(urls: Iterable[str]) -> tuple[str, ...]:
     """What the scrubber removes for these URLs: each host:port, host, and the URL (a
     userinfo in the URL is no part of the host an upstream's text names)."""
     hosts: list[str] = []

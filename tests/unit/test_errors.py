@@ -574,22 +574,6 @@ def test_from_upstream_redacts_every_secret(upstream_status: int, body: Any) -> 
         assert leak not in err.message
 
 
-def test_rescrub_maps_the_reply_again_with_every_secret() -> None:
-    """The upstream client knows at most its own key; routing maps its error again."""
-    first = errors.from_upstream(400, _body(_vllm(f"key {OTHER_KEY} refused")), hosts=HOSTS)
-    assert OTHER_KEY in first.message  # what the client alone could do
-    again = errors.rescrub(first, hosts=HOSTS, secrets=SECRETS)
-    assert (again.status, again.error_type, again.message) == (
-        400, "invalid_request_error", "key [redacted] refused")
-    assert errors.rescrub(first, hosts=HOSTS) is first  # nothing more to redact
-    timeout = errors.UpstreamTimeout()
-    assert errors.rescrub(timeout, secrets=SECRETS) is timeout  # no reply behind it
-    too_long = errors.from_upstream(400, _body(_sglang(
-        "The input (5000 tokens) is longer than the model's context length (4096 tokens).")),
-        max_tokens=10)
-    assert errors.rescrub(too_long, secrets=SECRETS).message == TOO_LONG.format(5000, 4096)
-
-
 @pytest.mark.parametrize(("payload", "message"), [
     ({"error": {"message": f"bad key {KEY}", "code": 400}}, "bad key [redacted]"),
     (_sglang(f"bad key {KEY}"), "bad key [redacted]"),
@@ -758,3 +742,27 @@ def test_from_upstream_redacts_a_key_across_the_plain_text_cut() -> None:
         text = f"{url[:8192 - 4 - len(leak) // 2]} {leak} tail"
         message = errors.from_upstream(400, text.encode(), hosts=HOSTS).message
         assert message == "[redacted] [redacted] tail", message
+
+
+@pytest.mark.parametrize(("payload", "status"), [
+    ({"error": {"message": "bad", "code": 400}}, 400),
+    ({"error": {"message": "bad", "code": "429"}}, 429),
+    ({"error": {"message": "engine died"}}, 500),  # no code: a 5xx
+    ({"error": "plain words"}, 500),
+    (_sglang("bad"), 400),
+    ({"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}, 500),
+    ({"choices": [], "error": None}, None),  # no error
+    ({"choices": [{"delta": {"content": "error"}}]}, None),
+])
+def test_inband_status_is_the_mapped_status_without_mapping(
+        monkeypatch: pytest.MonkeyPatch, payload: dict[str, Any], status: int | None) -> None:
+    """The resumable pump asks only whether an in-band error is a 5xx: it gets the status the
+    map would give, and the map (run once, later, by the translator) does not run."""
+    mapped = errors.inband_error(payload)
+    assert (None if mapped is None else mapped.upstream_status) == status
+
+    def no_map(*args: Any, **kw: Any) -> errors.UpstreamError:
+        raise AssertionError("mapped")
+
+    monkeypatch.setattr(errors.upstream_map, "from_upstream", no_map)
+    assert errors.inband_status(payload) == status

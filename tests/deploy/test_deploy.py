@@ -2,7 +2,7 @@
 
 - The example config is accepted by the real loader, as it is and with its commented knob lines
   switched on, and shows every knob of gateway/ops/config_schema.py's schema (derived from its
-  dataclasses) with its default; README.md's configuration table lists exactly the same knobs
+  dataclasses) with its default; docs/configuration.md's table lists exactly the same knobs
   and defaults.
 - The systemd unit passes ``systemd-analyze verify`` and ``systemd-analyze security
   --offline=yes`` holds its exposure score at or below ``SYSTEMD_EXPOSURE_MAX``.
@@ -95,7 +95,7 @@ def _toml_literal(value: object) -> str:
 
 
 def _documented_default(knob: config_schema.Knob) -> str:
-    """The default as README.md's table writes it."""
+    """The default as docs/configuration.md's table writes it."""
     if knob.shown is not None:
         return knob.shown
     if knob.required:
@@ -256,20 +256,17 @@ def test_example_config_shows_the_real_defaults() -> None:
 
 
 def _readme_rows() -> list[tuple[str, str]]:
-    """(knob, default cell) of each row of README.md's configuration table."""
-    text = (REPO / "README.md").read_text()
-    start = text.index("\n## Configuration\n")
-    end = text.find("\n## ", start + 1)
-    section = text[start : end if end != -1 else None]
-    return re.findall(r"^\|\s*`([^`]+)`\s*\|\s*([^|]*?)\s*\|", section, flags=re.M)
+    """(knob, default cell) of each row of docs/configuration.md's table."""
+    text = (REPO / "docs" / "configuration.md").read_text()
+    return re.findall(r"^\|\s*`([^`]+)`\s*\|\s*([^|]*?)\s*\|", text, flags=re.M)
 
 
 def test_readme_config_table_lists_exactly_the_schema_knobs() -> None:
     listed = [knob for knob, _ in _readme_rows()]
     assert len(listed) == len(set(listed)), "a knob is listed twice"
     schema, readme = _schema_knobs(), set(listed)
-    assert not schema - readme, f"knobs missing from README.md: {sorted(schema - readme)}"
-    assert not readme - schema, f"README.md lists unknown knobs: {sorted(readme - schema)}"
+    assert not schema - readme, f"knobs missing from docs/configuration.md: {sorted(schema - readme)}"
+    assert not readme - schema, f"docs/configuration.md lists unknown knobs: {sorted(readme - schema)}"
 
 
 def test_readme_config_table_shows_the_schema_defaults() -> None:
@@ -279,7 +276,7 @@ def test_readme_config_table_shows_the_schema_defaults() -> None:
         for knob, cell in _readme_rows()
         if knob in schema and cell != _documented_default(schema[knob])
     }
-    assert not wrong, f"README.md defaults (shown, expected): {wrong}"
+    assert not wrong, f"docs/configuration.md defaults (shown, expected): {wrong}"
 
 
 def test_schema_is_derived_from_the_dataclasses() -> None:

@@ -1,4 +1,4 @@
-"""README.md's "Fleets" section: every TOML example in it loads with the real config loader
+"""docs/fleets.md's "Fleets" section: every TOML example in it loads with the real config loader
 (gateway.ops.config), so the documented fallback, router and Service setups cannot drift from
 the schema."""
 
@@ -10,11 +10,11 @@ import tomllib
 from gateway.ops import config
 from tests.procs import REPO
 
-HEADING = "\n### Fleets: fallbacks, and a router or a Service as the upstream\n"
+HEADING = "\n## Fleets: fallbacks, and a router or a Service as the upstream\n"
 
 
 def _blocks(lang: str) -> list[str]:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "fleets.md").read_text()
     start = text.index(HEADING)
     end = text.find("\n##", start + len(HEADING))
     section = text[start:end if end != -1 else None]
@@ -22,7 +22,7 @@ def _blocks(lang: str) -> list[str]:
 
 
 def _load(text: str) -> config.Config:
-    return config.parse(tomllib.loads(text), "README.md", {})
+    return config.parse(tomllib.loads(text), "docs/fleets.md", {})
 
 
 def test_the_section_shows_a_fallback_a_router_and_a_service() -> None:

@@ -2,7 +2,7 @@
 
 Every metric the module defines (the per-worker ``process_*`` ones too) is a row with its
 exposed name, type and labels, and every row is a defined metric: a metric added, renamed or
-relabelled without its row (or a row left behind) fails here. README.md links to the table
+relabelled without its row (or a row left behind) fails here. docs/metrics.md links to the table
 instead of keeping a second one, which had drifted.
 """
 
@@ -61,7 +61,8 @@ def test_every_defined_metric_is_in_the_table_and_every_row_is_defined() -> None
     assert not wrong, f"(table, module) type and labels differ: {wrong}"
 
 
-def test_readme_keeps_no_second_table_and_links_the_one() -> None:
-    readme = (REPO / "README.md").read_text()
-    assert "(grafana/METRICS.md)" in readme
-    assert not re.search(r"^\| `(llm_gateway|process)_", readme, re.M)
+def test_docs_keep_no_second_table_and_link_the_one() -> None:
+    page = (REPO / "docs" / "metrics.md").read_text()
+    assert "(../grafana/METRICS.md)" in page
+    for doc in [REPO / "README.md", *(REPO / "docs").glob("*.md")]:
+        assert not re.search(r"^\| `(llm_gateway|process)_", doc.read_text(), re.M), doc.name

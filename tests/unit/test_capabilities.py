@@ -24,7 +24,7 @@ from gateway.ops.config import ConfigError, ModelRoute, UpstreamConfig, parse
 from gateway.text import jsonutil
 from gateway.text.refusals import REFUSALS
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "local-engines.md"
 LLAMA_IMAGE = ("image input is not supported - hint: if this is unexpected, you may need to "
                "provide the mmproj")
 PNG = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJ"
@@ -76,9 +76,9 @@ def test_from_upstream_reads_refusals(status: int, raw: bytes, want: int, etype:
 
 
 def test_readme_table_lists_every_refusal_pattern() -> None:
-    """README's "Upstream errors" table names each pattern of gateway/text/refusals.py."""
+    """docs/local-engines.md's "Upstream errors" table names each pattern of gateway/text/refusals.py."""
     text = README.read_text("utf-8")
-    section = text.split("### Capabilities and upstream errors", 1)[1].split("\n## ", 1)[0]
+    section = text.split("## Capabilities and upstream errors", 1)[1].split("\n## ", 1)[0]
     shown = set()
     for line in section.splitlines():
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]

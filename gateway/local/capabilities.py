@@ -1,6 +1,6 @@
 """What a route's upstream takes: images, ``tool_reference`` parts, a named ``tool_choice``.
 
-Per upstream kind, from what each engine really does (README.md, "Upstream errors"):
+Per upstream kind, from what each engine really does (docs/local-engines.md, "Upstream errors"):
 
 * llama.cpp refuses every content part type but ``text``, ``image_url`` and ``input_audio``
   with ``400 unsupported content[].type`` (``oaicompat_chat_params_parse``), so

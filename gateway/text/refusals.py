@@ -11,7 +11,8 @@ again with that content rendered as text.
 Wordings, checked against the servers (llama.cpp: ``tools/server/server-common.cpp``,
 ``oaicompat_chat_params_parse`` and ``format_error_response``, and answered so by the
 xllamacpp build the tests run; vLLM: ``vllm/multimodal/parse.py``'s limit check; Ollama:
-``model/model.go``'s ``ErrNoVisionModel``). README.md's "Upstream errors" table lists them;
+``model/model.go``'s ``ErrNoVisionModel``). The "Upstream errors" table of
+docs/local-engines.md lists them;
 ``tests/unit/test_capabilities.py`` checks that table against :data:`REFUSALS`.
 
 A refusal is the engine's whole message, never a wording found somewhere in it: engines quote
@@ -51,9 +52,10 @@ CAPABILITIES = ("images", "tool_references")
 class Refusal:
     """One upstream wording: who sends it, with what status, and what it refuses."""
 
-    engines: str  # as README.md names them
-    status: str  # the HTTP status the engine answers with, as README.md writes it
-    # the wording (as README.md shows it); searched, in any case, in a request's own bytes
+    engines: str  # as docs/local-engines.md names them
+    status: str  # the HTTP status the engine answers with, as docs/local-engines.md writes it
+    # the wording (as docs/local-engines.md shows it); searched, in any case, in a
+    # request's own bytes
     pattern: re.Pattern[str]
     # the capability refused (a value of CAPABILITIES), or "server" for a route the
     # engine's server does not offer (answered 501)

@@ -11,7 +11,7 @@ measured once more, and the lower of the two counts: a regression stays, a noisy
 
 The limits are ratios, not times: CPU time of each server process (``/proc/PID/task/*/
 schedstat``), so a busy machine moves both sides alike. Each limit is today's ratio (the
-README's "Performance" section, re-measured when the limit is changed) times about 1.3: the
+docs/performance.md, re-measured when the limit is changed) times about 1.3: the
 ratios of one run move by up to about 15% on a shared 2-core machine, and a step of 1.5x in
 the gateway's cost passes the limit. ``--regress-us N`` starts the gateway with a middleware
 that burns N µs of CPU per request (``tests/benchmarks/regressed.py``): how the guard was

@@ -2,7 +2,7 @@
 
     python -m tests.benchmarks.hostile_bodies
 
-The decode runs on the event loop (README, "Reliability"): a 32 MiB prompt takes 0.3-0.5 s
+The decode runs on the event loop (docs/reliability.md): a 32 MiB prompt takes 0.3-0.5 s
 to decode, check and re-encode, so /health is held meanwhile. This prints the slowest
 /health probe (one every 20 ms) and the gateway's peak RSS for the two loads that
 tests/e2e/test_hostile_input.py checks for correctness: four 32 MiB ``[[],[],...]`` bodies

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.e2e
 MIB = 2**20
 BODY_CAP = 32 * MIB  # server.max_body_bytes' default
 MAX_VALUES = 1 << 19  # gateway.text.jsonutil.MAX_VALUES
-# The documented figure (README, Reliability): four maximum-size hostile bodies at once
+# The documented figure (docs/reliability.md): four maximum-size hostile bodies at once
 # keep the gateway under this peak RSS (the Kubernetes pod limit is 1 GiB).
 PEAK_RSS_BOUND_MB = 300
 # A hang guard, not a latency claim: /health must keep answering while the bodies are decoded

@@ -76,7 +76,7 @@ def test_from_upstream_reads_refusals(status: int, raw: bytes, want: int, etype:
 
 
 def test_readme_table_lists_every_refusal_pattern() -> None:
-    """docs/local-engines.md's "Upstream errors" table names each pattern of gateway/text/refusals.py."""
+    """docs/local-engines.md's "Upstream errors" table names each pattern of refusals.py."""
     text = README.read_text("utf-8")
     section = text.split("## Capabilities and upstream errors", 1)[1].split("\n## ", 1)[0]
     shown = set()

@@ -25,6 +25,8 @@ from gateway.text import jsonutil
 
 _PROMPT = b'{"prompt":'
 _TOKENIZE_TAIL = b',"add_special":true,"parse_special":true}'
+_TOKENS = b'{"tokens":['
+_DIGITS = b"0123456789"
 # what an object or array costs to encode, in bytes of string it weighs as (size_at_least)
 _NODE_BYTES = 16
 
@@ -86,7 +88,12 @@ def llamacpp_tokenize_body(template_reply: bytes) -> bytes | None:
 
 def token_count(reply: bytes, key: str) -> int | None:
     """The count in a tokenize reply: ``reply[key]`` if an integer, its length if a list
-    (llama.cpp's tokens); None when the reply has neither."""
+    (llama.cpp's tokens); None when the reply has neither. llama.cpp's compact reply is
+    counted without a decode (a list of 7.8 million ids: 1 s to build, 40 ms to check)."""
+    if key == "tokens":
+        ids = _compact_ids(reply)
+        if ids is not None:
+            return ids.count(b",") + 1 if ids else 0
     try:
         value = jsonutil.loads_upstream(reply)
     except ValueError:
@@ -97,3 +104,17 @@ def token_count(reply: bytes, key: str) -> int | None:
     if isinstance(got, int) and not isinstance(got, bool):
         return got
     return None
+
+
+def _compact_ids(reply: bytes) -> bytes | None:
+    """The ``1,2,3`` of a ``{"tokens":[1,2,3]}`` reply: digits and single commas only;
+    None for any other reply."""
+    text = reply.strip()
+    if not (text.startswith(_TOKENS) and text.endswith(b"]}")):
+        return None
+    ids = text[len(_TOKENS):-2]
+    if ids.translate(None, _DIGITS + b",") or b",," in ids:
+        return None
+    if ids and (ids[:1] == b"," or ids[-1:] == b","):
+        return None
+    return ids

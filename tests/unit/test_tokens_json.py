@@ -49,7 +49,9 @@ def _engine(seen: list[str]) -> web.Application:
         body = await request.json()
         if "content" in body:  # llama.cpp
             assert {k: body[k] for k in TAIL} == TAIL
-            return web.json_response({"tokens": list(range(len(body["content"]) // 4))})
+            tokens = list(range(len(body["content"]) // 4))  # compact, as llama.cpp answers
+            return web.Response(body=json.dumps({"tokens": tokens}, separators=(",", ":")),
+                                content_type="application/json")
         n = len(_template(body["messages"])) // 4
         return web.json_response({"count": n, "max_model_len": 4096, "tokens": list(range(n))})
 
@@ -121,7 +123,7 @@ def _chat(size: int) -> dict[str, Any]:
 
 # (kind, what the engine counts, exact?, the prompt's encodes, large decodes) on the loop
 ON_LOOP_CASES = [
-    ("llamacpp", True, 1, 2),  # the request; the template reply checked, the tokens decoded
+    ("llamacpp", True, 1, 1),  # the request; the template reply checked, the tokens counted
     ("vllm", True, 1, 1),
     ("openai", False, 1, 0),  # the estimate: the request's size as JSON
 ]
@@ -208,6 +210,16 @@ def test_the_tokenize_body_from_the_template_reply(reply: bytes, prompt: str | N
 TOKEN_REPLIES: list[tuple[str, bytes, str, int | None]] = [
     ("llama.cpp tokens", b'{"tokens":[1,2,3]}', "tokens", 3),
     ("llama.cpp no tokens", b'{"tokens":[]}', "tokens", 0),
+    ("llama.cpp one token", b'{"tokens":[7]}\n', "tokens", 1),
+    ("llama.cpp spaced", b'{"tokens": [1, 2, 3]}', "tokens", 3),
+    ("llama.cpp with pieces", b'{"tokens":[{"id":1,"piece":"a,b"},{"id":2,"piece":"c"}]}',
+     "tokens", 2),
+    ("an empty id", b'{"tokens":[1,,2]}', "tokens", None),
+    ("a leading comma", b'{"tokens":[,1]}', "tokens", None),
+    ("a trailing comma", b'{"tokens":[1,]}', "tokens", None),
+    ("a lone comma", b'{"tokens":[,]}', "tokens", None),
+    ("another key after", b'{"tokens":[1,2],"x":[3]}', "tokens", 2),
+    ("a negative id", b'{"tokens":[-1,2]}', "tokens", 2),
     ("vLLM count", b'{"count":7,"max_model_len":4096,"tokens":[1]}', "count", 7),
     ("count a bool", b'{"count":true}', "count", None),
     ("count a string", b'{"count":"7"}', "count", None),

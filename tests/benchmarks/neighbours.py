@@ -9,7 +9,9 @@ and median latency of both (a stall of the event loop shows in them whole), the 
 peak RSS, and the loads' statuses. Neighbours (``--only``: those whose name holds WORD),
 after a baseline row with none:
 
-* 4 x 30 MiB prompts at once (count_tokens: decoded, validated, counted);
+* 4 x 30 MiB prompts at once (count_tokens: decoded, validated, counted), on a route of
+  the stub (an estimate) and on a llama.cpp route of ``stub_fast.py`` (``/apply-template``,
+  then ``/tokenize``);
 * 4 x 32 MiB ``[[],[],...]`` bodies at once (refused past the value bound);
 * one batch create of ``--batch-requests`` requests (20,000 by default);
 * replies of 20 tool calls of 250 KiB broken arguments each (JSON-escaped code cut off),
@@ -152,6 +154,9 @@ def main() -> None:
                 'upstream_model = "tools:20:250"\n'
                 '\n[[models]]\nname = "m-tiny"\nupstream = "fast"\n'
                 'upstream_model = "bench:20000:0"\n'
+                f'\n[upstreams.llama]\nbase_url = "http://127.0.0.1:{fast_port}/v1"\n'
+                'kind = "llamacpp"\nheader_timeout = 30\nidle_timeout = 30\n'
+                '\n[[models]]\nname = "m-llama"\nupstream = "llama"\nupstream_model = "llama"\n'
                 f"\n[batches]\ndatabase = {json.dumps(str(Path(tmp) / 'b.sqlite3'))}\n"
                 f"max_requests = {max(args.batch_requests, 100_000)}\n"
                 "max_body_bytes = 268435456\n")
@@ -163,6 +168,10 @@ def main() -> None:
                     lambda: [], _SMALL_MESSAGE),
                 "4 x 30 MiB prompts (count_tokens)": (
                     lambda: [(ROUTES["count_tokens"][0], _prompt(30 * _MIB))] * 4, _SMALL),
+                "4 x 30 MiB prompts (count_tokens, llama.cpp)": (
+                    lambda: [(ROUTES["count_tokens"][0],
+                              _prompt(30 * _MIB).replace(b'"m-ok"', b'"m-llama"', 1))] * 4,
+                    _SMALL),
                 "4 x 32 MiB [[],[],...] bodies": (
                     lambda: [(ROUTES[r][0], _hostile_body(r))
                              for r in ("messages", "count_tokens", "chat", "embeddings")],

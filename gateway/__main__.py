@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import os
 import resource
 import signal
@@ -77,6 +78,7 @@ async def _serve(cfg: config.Config, notifier: notify.Notifier | None = None) ->
         runners.append(web.AppRunner(ops_app, handler_cancellation=True, access_log=None,
                                      shutdown_timeout=1.0))
         await runners[1].setup()
+    frozen = settle_heap()  # before a client can wait on it
     try:
         listeners = listen(runner.server, cfg.server, app[METRICS],
                            ops_server=runners[1].server if ops_app is not None else None,
@@ -90,7 +92,7 @@ async def _serve(cfg: config.Config, notifier: notify.Notifier | None = None) ->
         raise SystemExit(1) from None
     logger.info("listening", host=cfg.server.host, port=cfg.server.port,
                 prefix=cfg.server.prefix, models=sorted(cfg.models), config=cfg.source,
-                metrics=_metrics_address(cfg.server), fd_limit=fd_limit)
+                metrics=_metrics_address(cfg.server), fd_limit=fd_limit, frozen_objects=frozen)
     for event, detail in start_warnings(cfg, batches=store is not None):
         logger.warning(event, detail=detail)
     stop = asyncio.Event()
@@ -118,6 +120,18 @@ async def _serve(cfg: config.Config, notifier: notify.Notifier | None = None) ->
     for r in reversed(runners):
         await r.cleanup()
     logger.info("stopped")
+
+
+def settle_heap() -> int:
+    """Move what the start made (modules, classes, the app: about 55,000 objects, none of
+    them ever garbage) out of the collector's reach; -> how many objects. A full collection
+    walks every tracked object, and one came every few seconds under load (a batch create's
+    parse, a large reply's translation), each a stop of the event loop: 90-120 ms measured in
+    a gateway beside a 20,000-request batch create, on a loaded 2-core machine. Frozen, a
+    collection walks only what requests made since."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def start_warnings(cfg: config.Config, *, batches: bool) -> list[tuple[str, str]]:

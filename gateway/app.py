@@ -261,7 +261,9 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
                                  decode_offload_bytes=config.server.decode_offload_bytes,
                                  loads_off_loop=(decoder.loads_upstream
                                                  if config.server.decode_offload_bytes
-                                                 else None))
+                                                 else None),
+                                 run_off_loop=(decoder.run if config.server.decode_offload_bytes
+                                               else None))
     app[WEB_SEARCH] = (Searxng(config.web_search, metrics)
                        if config.web_search is not None else None)
     app[STATE] = AppState(api_keys=tuple(k.encode() for k in config.server.api_keys),

@@ -12,10 +12,11 @@ waits for it (measured: the loop stopped 1.06 s when this ran on it, under four 
 bodies). Bodies queue for it in arrival order; the event loop only sends the bytes and loads
 the ``marshal`` reply. ``decode_offload_bytes = 0`` decodes every body on the loop, as before.
 
-Two kinds of body go there: a client's request body (:meth:`Decoder.decode`, strict) and a
+Three kinds of work go there: a client's request body (:meth:`Decoder.decode`, strict) and a
 buffered upstream reply (:meth:`Decoder.loads_upstream`, as
 :func:`gateway.text.jsonutil.loads_upstream` decodes it: 20 tool calls of 250 KiB
-arguments, 5.9 MB, held the loop about 60 ms).
+arguments, 5.9 MB, held the loop about 60 ms), and ``count_tokens``' large JSON
+(:meth:`Decoder.run`: gateway/text/tokenizer_json.py).
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ import multiprocessing
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from gateway.ops import lifeline
 from gateway.text import json_child
 
+T = TypeVar("T")
 
 def _start() -> ProcessPoolExecutor:
     """A pool whose one child is up (run in a thread: the spawn blocks until it is)."""
@@ -64,8 +66,12 @@ class Decoder:
                 return marshal.loads(packed)
         raise ValueError("the upstream body is not JSON")
 
-    async def _run(self, fn: Callable[..., json_child.Outcome], *args: Any
-                   ) -> json_child.Outcome:
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in the child: a pure module's function (the child imports it),
+        picklable arguments and result (count_tokens' JSON, gateway/messages/tokens.py)."""
+        return await self._run(fn, *args)
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         pool = self._pool
         if pool is None:
             async with self._starting:
@@ -77,7 +83,8 @@ class Decoder:
                     self._pool = started
                 pool = self._pool
         try:
-            return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+            result: T = await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+            return result
         except BrokenProcessPool:  # the child died (OOM-killed): a fresh one next time
             if self._pool is pool:
                 self._pool = None

@@ -96,6 +96,8 @@ class MessagesDeps:
     # decoder child, gateway/http/decoder.py); None: every reply on the loop
     decode_offload_bytes: int = 0
     loads_off_loop: Callable[[bytes], Awaitable[Any]] | None = None
+    # fn(*args) in the decoder child: count_tokens' JSON past decode_offload_bytes
+    run_off_loop: Callable[..., Awaitable[Any]] | None = None
 
     @property
     def opening_keys(self) -> tuple[bytes, ...]:
@@ -414,15 +416,16 @@ async def count_input_tokens(deps: MessagesDeps, req: dict[str, Any], route: Mod
                        count_tokens=True, on_drop=on_drop, as_text=as_text,
                        named_choice=named_tool_choice(route))
 
+    off = tokens.OffLoop(deps.run_off_loop, deps.decode_offload_bytes)
     chat_req = translate(deps.metrics.drop_field)
     try:
-        return await tokens.count(deps.upstreams, route, chat_req, request_id)
+        return await tokens.count(deps.upstreams, route, chat_req, request_id, off=off)
     except errors.GatewayError as err:
         if err.refused is None or not fall_back(deps, route, as_text, err,
                                                 jsonutil.dumpb(chat_req)):
             raise
         as_text = as_text | {err.refused}
-    return await tokens.count(deps.upstreams, route, translate(), request_id)
+    return await tokens.count(deps.upstreams, route, translate(), request_id, off=off)
 
 
 def count_reply(metrics: Metrics, route: ModelRoute, message: dict[str, Any]) -> None:

@@ -16,6 +16,10 @@ HTTP/1.1 server (keep-alive, no framework) answering from precomputed bytes:
 * ``tools:CALLS:KIB``: a reply of CALLS tool calls, each with KIB KiB of broken arguments (a
   file's content, JSON-escaped code, cut off: what a model writes when ``max_tokens`` ends it),
   streamed as 16 KiB argument pieces, all in one write; buffered, one completion.
+* ``POST /apply-template`` and ``POST /tokenize``: llama.cpp's tokenizer routes (what
+  ``count_tokens`` calls on a ``kind = "llamacpp"`` upstream): the prompt a template makes of
+  the messages (compact ``{"prompt":...}``), and one token per 4 characters of ``content``
+  (ids of four digits, as a real vocabulary's: ``{"tokens":[1234,...]}``).
 * ``GET /_stats``: streams open now, started, completed, aborted by the client.
 * ``GET /health``: 200.
 * ``--echo``: every reply's head carries the request's ``X-Request-Id``, as vLLM's does with
@@ -167,6 +171,17 @@ def _scenario(model: str) -> _Scenario:
     return sc
 
 
+def _tokenizer(path: bytes, body: bytes) -> bytes:
+    req = json.loads(body)
+    if path == b"/apply-template":
+        prompt = "".join(f"<|{m['role']}|>{m['content']}<|end|>" for m in req["messages"]
+                         if isinstance(m.get("content"), str)) + "<|assistant|>"
+        return json.dumps({"prompt": prompt}, ensure_ascii=False,
+                          separators=(",", ":")).encode()
+    n = max(1, len(req.get("content", "")) // 4)
+    return b'{"tokens":[' + b"1234," * (n - 1) + b"1234]}"
+
+
 def _content_length(head: bytes) -> int:
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
@@ -182,7 +197,7 @@ def _simple(status: str, body: bytes) -> bytes:
 
 class _Server(asyncio.Protocol):
     def __init__(self) -> None:
-        self.buf = b""
+        self.buf = bytearray()  # appended in place: a 30 MiB body arrives in many reads
         self.transport: asyncio.Transport | None = None
         self.task: asyncio.Task[None] | None = None
         self.busy = False
@@ -200,12 +215,12 @@ class _Server(asyncio.Protocol):
             end = self.buf.find(b"\r\n\r\n")
             if end < 0:
                 return
-            head = self.buf[:end]
+            head = bytes(self.buf[:end])
             length = _content_length(head)
             if len(self.buf) < end + 4 + length:
                 return
-            body = self.buf[end + 4: end + 4 + length]
-            self.buf = self.buf[end + 4 + length:]
+            body = bytes(self.buf[end + 4: end + 4 + length])
+            del self.buf[:end + 4 + length]
             self._handle(head, body)
 
     def _handle(self, head: bytes, body: bytes) -> None:
@@ -224,6 +239,9 @@ class _Server(asyncio.Protocol):
             return
         if method == b"GET" and path == b"/health":
             self.transport.write(_simple("200 OK", b'{"status":"ok"}'))
+            return
+        if method == b"POST" and path in (b"/apply-template", b"/tokenize"):
+            self.transport.write(_simple("200 OK", _tokenizer(path, body)))
             return
         if method != b"POST" or not path.endswith(b"/chat/completions"):
             self.transport.write(_simple("404 Not Found", b'{"error":"not found"}'))

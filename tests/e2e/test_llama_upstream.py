@@ -285,6 +285,29 @@ def test_apply_template_then_tokenize_counts_the_prompt(llama_upstream, tiny_mod
     assert json.loads(raw)["tokens"] == list(b"xxx")  # a run of one letter: a token per byte
 
 
+def test_count_tokens_reads_the_real_replies_without_a_new_encode(llama_upstream,
+                                                                   monkeypatch):
+    """llama-server's /apply-template reply is compact, so count_tokens sends its prompt string
+    on as it came; its /tokenize reply is compact, so its ids are counted, not decoded
+    (gateway/text/tokenizer_json.py)."""
+    from gateway.text import jsonutil, tokenizer_json
+
+    root = llama_upstream.root_url
+    text = 'Grüße "quoted" \\ back\tslash\n' * 20
+    status, _, raw = _post(f"{root}/apply-template",
+                           {"messages": [{"role": "user", "content": text}]})
+    assert status == 200
+    encodes: list[object] = []
+    monkeypatch.setattr(jsonutil, "dumpb", lambda obj: encodes.append(obj) or b"")
+    body = tokenizer_json.llamacpp_tokenize_body(raw)
+    assert body is not None and not encodes  # spliced
+    assert json.loads(body)["content"] == json.loads(raw)["prompt"]
+    status, _, counted = _post(f"{root}/tokenize", json.loads(body))
+    assert status == 200
+    assert tokenizer_json._compact_ids(counted) is not None  # counted without a decode
+    assert tokenizer_json.token_count(counted, "tokens") == len(json.loads(counted)["tokens"])
+
+
 def test_tokenizer_counts_as_the_python_encoder_does(llama_upstream):
     """tinymodel.count_tokens (which tests use to size prompts) is llama.cpp's tokenizer."""
     from gateway.demo.tinymodel import count_tokens

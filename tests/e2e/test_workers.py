@@ -124,3 +124,21 @@ def test_process_metrics_describe_all_workers(stub_url, tmp_path) -> None:
         assert cpu[-1] > cpu[0]
     finally:
         proc.stop()
+
+
+def test_a_started_gateway_freezes_its_start_heap(stub_url, gateway_factory) -> None:
+    """What the start made (modules, classes, the app) is out of the collector's reach before
+    the socket is bound, so a full collection under load walks only what requests made: its
+    ``listening`` line says how many objects were frozen (the process has tens of thousands)."""
+    proc, _ = gateway_factory(stub_config(stub_url, models=("ok",)))
+    lines: list[dict[str, object]] = []
+    for _ in range(200):  # logged just after the bind, maybe after /health first answered
+        complete = proc.output().split("\n")[:-1]
+        lines = [json.loads(ln) for ln in complete if ln.startswith("{")]
+        if any(e.get("event") == "listening" for e in lines):
+            break
+        time.sleep(0.05)
+    listening = [e for e in lines if e.get("event") == "listening"]
+    assert len(listening) == 1, proc.output()
+    assert isinstance(listening[0].get("frozen_objects"), int)
+    assert listening[0]["frozen_objects"] >= 10_000

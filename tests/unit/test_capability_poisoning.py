@@ -193,7 +193,8 @@ async def _call(monkeypatch: pytest.MonkeyPatch, deps: MessagesDeps, route: Mode
 
 async def _count_tokens(monkeypatch: pytest.MonkeyPatch, deps: MessagesDeps,
                         route: ModelRoute, engine: Engine, req: dict[str, Any]) -> Any:
-    async def fake_count(ups: Any, route: Any, chat: dict[str, Any], request_id: Any) -> Any:
+    async def fake_count(ups: Any, route: Any, chat: dict[str, Any], request_id: Any,
+                         **kw: Any) -> Any:
         answer = engine.answer(jsonutil.dumpb(chat))
         if answer is not None:
             raise errors.from_upstream(*answer)

@@ -62,7 +62,8 @@ import structlog
 
 from gateway import errors
 from gateway.batches.store import BatchStore, Claimed, StoreError
-from gateway.messages.call import MessagesDeps, count_reply, prepare
+from gateway.messages.call import MessagesDeps, prepare
+from gateway.messages.reply import Reply
 from gateway.messages.validate import validate_messages
 from gateway.ops import log
 from gateway.ops.config import ModelRoute, find_route
@@ -373,10 +374,13 @@ class Scheduler:
         if route is None:  # the config changed since the batch was created
             raise errors.NotFound(f"model: {errors.echo(req['model'], 256)}")
         with self._deps.memory.lease() as lease:  # restored reasoning, until the reply ends
-            call = await prepare(self._deps, req, route, lease)
-            async with await call.send(request_id) as up:
-                message = await call.reply(up)
-        count_reply(self._deps.metrics, call.route, message)  # a fallback's, if one answered
+            # the same reply as an interactive one, its figures (a fallback's, if one answered)
+            # written once; not timed: no client waits on its overhead
+            reply = Reply(await prepare(self._deps, req, route, lease), stream=False,
+                          request_id=request_id)
+            await reply.send()
+            async with reply:
+                message = await reply.buffered()
         return message, route.name
 
     def _access(self, item: Claimed, model: str, upstream: str, request_id: str, status: int,

@@ -18,9 +18,11 @@ stream in ``llm_gateway_streams_in_flight`` and registers it for the SIGTERM dra
 - a bug of ours ends it the same way, as ``gateway_error``, logged with its traceback;
 - the client leaving (``ClientGone``, a real cancellation) propagates: the middleware logs a
   499, and the termination is ``client_disconnect`` (nothing more reached the client);
-- always: pings stop, the gauge goes down, the drain registration goes, the termination reason
-  and the tokens are counted (``Metrics.count_tokens``, which buffered replies use too), then the
-  caller's ``after`` hook runs (its own metrics); the response is ended unless the client left.
+- always: pings stop, the gauge goes down, the drain registration goes, and the stream's
+  figures are recorded: by the caller's ``end`` hook, given how the stream ended (a Messages
+  reply writes its one record of figures, :mod:`gateway.messages.figures`); without one, the
+  termination reason and the source's tokens are counted here (the pass-through); the response
+  is ended unless the client left.
 
 The source is what turns upstream bytes into client bytes (the ``StreamTranslator``, the
 pass-through's ``Relay``): it says how the stream ended (``termination``), what it used
@@ -86,21 +88,21 @@ def stream_failure(exc: BaseException, handle: DrainHandle
 class RelayedStream:
     """One stream to a client, from its first byte to its end (see the module docstring)."""
 
-    __slots__ = ("_after", "_api", "_content_type", "_gauge", "_handle", "_metrics", "_model",
+    __slots__ = ("_api", "_content_type", "_end_hook", "_gauge", "_handle", "_metrics", "_model",
                  "_ping_frame", "_request", "_source", "writer")
 
     writer: StreamWriter
 
     def __init__(self, request: web.Request, api: str, route: ModelRoute, source: Source, *,
                  content_type: str, ping_frame: bytes = PING,
-                 after: Callable[[], None] | None = None) -> None:
+                 end: Callable[[str], None] | None = None) -> None:
         self._request = request
         self._api = api
         self._model = route.name
         self._source = source
         self._content_type = content_type
         self._ping_frame = ping_frame
-        self._after = after
+        self._end_hook = end  # records the stream's figures, given its termination reason
         self._metrics = request.app[METRICS]
 
     async def __aenter__(self) -> RelayedStream:
@@ -147,9 +149,10 @@ class RelayedStream:
         self._gauge.dec()
         self._handle.release()
         source = self._source
+        reason = source.termination or "client_disconnect"
+        if self._end_hook is not None:
+            self._end_hook(reason)
+            return
         metrics = self._metrics
-        metrics.terminations.labels(self._api, self._model,
-                                    source.termination or "client_disconnect").inc()
+        metrics.terminations.labels(self._api, self._model, reason).inc()
         metrics.count_tokens(self._model, source.usage)
-        if self._after is not None:
-            self._after()

@@ -49,6 +49,7 @@ from gateway.local.tool_args import RepairBudget
 from gateway.messages import documents, tokens, web_search
 from gateway.messages.aggregate import aggregate
 from gateway.messages.continuation import relay
+from gateway.messages.figures import Figures
 from gateway.messages.from_chat import from_chat
 from gateway.messages.pdf_pool import PdfPool
 from gateway.messages.pump import Cut, Timing, pump
@@ -66,8 +67,8 @@ from gateway.text.sse import SSEEventTooLarge
 from gateway.upstream.call import Upstreams, send
 from gateway.upstream.client import UpstreamClient, UpstreamResponse
 
-__all__ = ["Call", "Cut", "MessagesDeps", "Timing", "count_input_tokens", "count_reply",
-           "count_stream_fixes", "prepare", "pump", "reasoning_hidden", "restore"]
+__all__ = ["Call", "Cut", "MessagesDeps", "Timing", "count_input_tokens", "prepare", "pump",
+           "restore"]
 
 _log = structlog.get_logger("gateway.messages")
 
@@ -292,42 +293,15 @@ class Call:
             return None
         return ContentNormaliser(thinking=upstream.inline_thinking, tool_names=names)
 
-    def count_fixes(self, *, repaired: int = 0, unrepairable: int = 0, text_calls: int = 0,
-                    normaliser: ContentNormaliser | None = None, over_budget: int = 0) -> None:
-        """Count and log what was normalised in this reply (per model, so an operator sees
-        a model that writes broken calls). ``over_budget``: of the unrepairable calls, those
-        the reply's repair budget had no room for (gateway/local/tool_args.py): logged."""
-        if not (repaired or unrepairable or text_calls) and (
-                normaliser is None or not (normaliser.thinking_found or normaliser.orphan_close)):
-            return  # nothing was fixed: the usual reply
-        found = {"tool_arguments_repaired": repaired,
-                 "tool_arguments_unrepairable": unrepairable,
-                 "text_tool_call": text_calls,
-                 "inline_thinking": int(normaliser is not None and normaliser.thinking_found)}
-        model = self.route.name
-        fixes = self.deps.metrics.local_fixes
-        for fix, count in found.items():
-            if count:
-                fixes.labels(model, fix).inc(count)
-        if repaired or unrepairable:
-            _log.warning("tool_arguments_repaired", model=model, repaired=repaired,
-                         unrepairable=unrepairable, over_budget=over_budget)
-        if normaliser is not None and normaliser.orphan_close:
-            _log.warning("inline_thinking_opened_by_template", model=model,
-                         upstream=self.route.upstream.name,
-                         detail="content had </think> without <think>: set "
-                         "inline_thinking = \"opened\" on this upstream")
-
-    async def reply(self, up: UpstreamResponse, overhead: float | None = None,
+    async def reply(self, up: UpstreamResponse, figures: Figures,
                     request_id: str | None = None) -> dict[str, Any]:
         """The buffered reply (a ``message`` object) from the upstream's answer; a failure
-        raises its GatewayError. ``overhead``: the time spent before the upstream call, to
-        observe with this translation's as the request's own CPU-bound time."""
-        metrics = self.deps.metrics
+        raises its GatewayError. What was fixed, and the time the translation took (the
+        gateway's own), go into ``figures`` (the caller writes them)."""
         if self.upstream_stream:
             translator = self.translator()
             events = await _collect(self, up, translator, request_id)
-            count_stream_fixes(self, translator)
+            figures.add_translator(translator)
             t1 = time.perf_counter()
             message = aggregate(events)
         else:
@@ -341,17 +315,19 @@ class Call:
             except ValueError:
                 raise errors.StreamProcessingError() from None
             del raw
-            message = self._from_chat(completion)
-        if overhead is not None:
-            metrics.overhead.labels("messages").observe(overhead + time.perf_counter() - t1)
+            message = self._from_chat(completion, figures)
+        figures.add_overhead(time.perf_counter() - t1)
         return message
 
-    def _from_chat(self, completion: Any) -> dict[str, Any]:
+    def _from_chat(self, completion: Any, figures: Figures) -> dict[str, Any]:
         deps = self.deps
         fixed = {"repaired": 0, "unrepairable": 0}
 
         def count(key: str) -> Callable[[], None]:
             return lambda: fixed.__setitem__(key, fixed[key] + 1)
+
+        def hidden() -> None:
+            figures.reasoning_hidden += 1
 
         normaliser = self.normaliser()
         budget = RepairBudget()
@@ -360,12 +336,11 @@ class Call:
             signing_key=deps.signing_key,
             on_bad_tool_args=count("unrepairable"), on_repaired=count("repaired"),
             normaliser=normaliser, hide_thinking=hides_thinking(self.req),
-            show_thinking=shows_thinking(self.req),
-            on_reasoning_hidden=lambda: reasoning_hidden(deps.metrics, self.route.name),
+            show_thinking=shows_thinking(self.req), on_reasoning_hidden=hidden,
             hosts=self.client.hosts, secrets=deps.upstreams.secrets, repair_budget=budget,
         )
-        self.count_fixes(**fixed, normaliser=normaliser, over_budget=budget.refused,
-                         text_calls=normaliser.calls_found if normaliser is not None else 0)
+        figures.add_fixes(**fixed, normaliser=normaliser, over_budget=budget.refused,
+                          text_calls=normaliser.calls_found if normaliser is not None else 0)
         return message
 
 
@@ -428,33 +403,12 @@ async def count_input_tokens(deps: MessagesDeps, req: dict[str, Any], route: Mod
     return await tokens.count(deps.upstreams, route, translate(), request_id, off=off)
 
 
-def count_reply(metrics: Metrics, route: ModelRoute, message: dict[str, Any]) -> None:
-    """A buffered reply's stop reason and tokens (a stream's are counted as it ends)."""
-    stop = message.get("stop_reason")
-    if stop:
-        metrics.stop_reasons.labels(route.name, stop).inc()
-    usage = message["usage"]
-    prompt = usage["input_tokens"] + usage.get("cache_read_input_tokens", 0)
-    metrics.count_tokens(route.name, (prompt, usage["output_tokens"]))
-
-
-def bad_tool_args(metrics: Metrics, model: str, count: int) -> None:
-    """Tool-argument pieces that could not be delivered (no named call, or its block already
-    closed): warn and count. Arguments that are not JSON are repaired (``local_fixes``)."""
-    _log.warning("tool_arguments_dropped", model=model, count=count)
-    metrics.tool_arg_errors.labels(model).inc(count)
-
-
 def _tool_names(req: dict[str, Any]) -> tuple[str, ...]:
     """The names of the tools the request offers (what a call written as text may name)."""
     tools = req.get("tools") or ()
     if req.get("tool_choice", {}).get("type") == "none":
         return ()
     return tuple(t["name"] for t in tools if isinstance(t.get("name"), str))
-def reasoning_hidden(metrics: Metrics, model: str) -> None:
-    """A reply whose reasoning was not shown: no thinking was asked for, and the upstream
-    reasoned anyway (its template ignored the switch, or it has none)."""
-    metrics.reasoning_hidden.labels(model).inc()
 
 
 def _stops(req: dict[str, Any]) -> tuple[str, ...]:
@@ -481,16 +435,4 @@ async def _collect(call: Call, up: UpstreamResponse, translator: StreamTranslato
         raise errors.StreamProcessingError() from None
     if translator.error is not None:
         raise translator.error
-    if translator.dropped_tool_deltas:
-        bad_tool_args(metrics, route.name, translator.dropped_tool_deltas)
-    if translator.reasoning_hidden:
-        reasoning_hidden(metrics, route.name)
     return b"".join(events)
-
-
-def count_stream_fixes(call: Call, translator: StreamTranslator) -> None:
-    """What the normalisers fixed in a translated stream (see :meth:`Call.count_fixes`)."""
-    repaired, unrepairable = translator.tool_arguments_fixed
-    call.count_fixes(repaired=repaired, unrepairable=unrepairable,
-                     over_budget=translator.tool_arguments_over_budget,
-                     text_calls=translator.text_tool_calls, normaliser=translator.normaliser)

@@ -150,8 +150,8 @@ _REASONING_FIELD_KINDS = frozenset({"llamacpp"})
 
 
 async def relay(call: Continuable, up: Upstream, translator: StreamTranslator,
-                write: Callable[[bytes], Awaitable[None]], timing: Timing, inter_chunk: Any,
-                ttft: Any = None, t0: float = 0.0, *, request_id: str | None = None,
+                write: Callable[[bytes], Awaitable[None]], timing: Timing, inter_chunk: Any, *,
+                request_id: str | None = None,
                 budget: int | None = None) -> None:
     """:func:`~gateway.messages.pump.pump` that continues a cut stream (see the module
     docstring); ``up`` stays the caller's to close, continuations are closed here. Only a
@@ -161,7 +161,7 @@ async def relay(call: Continuable, up: Upstream, translator: StreamTranslator,
         budget = call.route.upstream.max_continuations
     if not translator.keeps_streamed:
         budget = 0
-    cut = await pump(up, translator, write, timing, inter_chunk, ttft, t0, resumable=budget > 0)
+    cut = await pump(up, translator, write, timing, inter_chunk, resumable=budget > 0)
     if cut is None:
         return
     current: Upstream = up
@@ -206,8 +206,7 @@ async def relay(call: Continuable, up: Upstream, translator: StreamTranslator,
             current = await stack.enter_async_context(nxt)
             spliced = Continued(nxt, translator) if regenerate is None else Regenerated(
                 nxt, translator, regenerate, model=call.route.name)
-            cut = await pump(spliced, translator, write, timing, inter_chunk, None, t0,
-                             resumable=True)
+            cut = await pump(spliced, translator, write, timing, inter_chunk, resumable=True)
 
 
 def _cause(cut: Cut) -> str:

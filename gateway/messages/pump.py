@@ -44,6 +44,8 @@ EVENTS_PER_STEP = 256
 
 
 class Timing:
+    """One upstream stream's clock (a reply's, or a web search round's)."""
+
     __slots__ = ("first_token", "last_chunk", "translate")
 
     def __init__(self, overhead: float) -> None:
@@ -69,12 +71,13 @@ _ERROR_KEY = b'"error"'  # in a chunk only as an error's key or value: JSON text
 
 
 async def pump(up: Body, translator: StreamTranslator,
-               write: Callable[[bytes], Awaitable[None]], timing: Timing, inter_chunk: Any,
-               ttft: Any = None, t0: float = 0.0, *, resumable: bool = False) -> Cut | None:
+               write: Callable[[bytes], Awaitable[None]], timing: Timing, inter_chunk: Any, *,
+               resumable: bool = False) -> Cut | None:
     """The hot path: per upstream read, one decode, one translation, one write.
 
-    ``ttft`` (a histogram child) is observed at the first content block; None skips it
-    (a buffered reply has no first token on the wire).
+    ``timing`` keeps the clock: the gateway's own time (``translate``), the first content
+    block's arrival (``first_token``: the reply's TTFT and TPOT are read from it when it ends,
+    gateway/messages/figures.py) and the last chunk's.
 
     ``resumable``: a cut (the body failing, an in-band 5xx, the end without a
     ``finish_reason``) is returned as a :class:`Cut` with the translator left open, for
@@ -118,8 +121,6 @@ async def pump(up: Body, translator: StreamTranslator,
                     progress()  # events, not blank lines or comments, keep a stream alive
                     if not timing.first_token and translator.output_started:
                         timing.first_token = now
-                        if ttft is not None:
-                            ttft.observe(now - t0)
                     if out:
                         await write(out)
                 if translator.done:

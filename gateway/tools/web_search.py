@@ -42,16 +42,9 @@ from typing import Any
 from gateway import errors
 from gateway.messages import frames
 from gateway.messages import web_search as blocks
-from gateway.messages.call import (
-    Call,
-    MessagesDeps,
-    Timing,
-    bad_tool_args,
-    count_stream_fixes,
-    reasoning_hidden,
-    restore,
-)
+from gateway.messages.call import Call, MessagesDeps, Timing, restore
 from gateway.messages.continuation import relay
+from gateway.messages.figures import Figures
 from gateway.messages.stream import StreamTranslator
 from gateway.ops.config import ModelRoute
 from gateway.text import ids, jsonutil
@@ -70,8 +63,8 @@ Write = Callable[[bytes], Awaitable[None]]
 class WebSearchReply:
     """One reply with web search: the rounds' driver and their events' rewriter.
 
-    Also the stream's source (:class:`gateway.http.streaming.Source`): ``termination``,
-    ``usage`` and ``fail``."""
+    The :class:`~gateway.messages.reply.Reply`'s rounds, and its stream's source
+    (:class:`gateway.http.streaming.Source`): ``termination``, ``usage`` and ``fail``."""
 
     def __init__(self, deps: MessagesDeps, call: Call, searches: Searches, name: str, *,
                  request_id: str | None, session: str | None) -> None:
@@ -88,13 +81,6 @@ class WebSearchReply:
         self.error: errors.GatewayError | None = None
         self.stop_reason: str | None = None
         self.rounds = 0
-        self.took_first = False  # run() owns (and closes) the first round's response
-        # the gateway's own time: the request's preparation (the caller's), then every
-        # round's translation, rewriting and next request (run())
-        self.overhead = 0.0
-        self._first_token = False  # a round's first content block went out (TTFT seen)
-        self._decode = 0.0  # seconds from each round's first token to its last chunk
-        self._decoded = 0  # output tokens after each round's first
         self._started = False
         self._errored = False
         self._next = 0  # the client's next block index
@@ -121,19 +107,17 @@ class WebSearchReply:
 
     # --- the rounds -----------------------------------------------------------------------
 
-    async def run(self, up: UpstreamResponse, write: Write, *, ttft: Any = None,
+    async def run(self, up: UpstreamResponse, write: Write, figures: Figures,
                   t0: float = 0.0) -> None:
-        """Every round, from the first round's open upstream response ``up``.
+        """Every round, from the first round's open upstream response ``up`` (closed here).
 
-        ``ttft`` (a histogram child, streamed replies only) is observed once, at the
-        reply's first content block, from ``t0`` (the request's arrival), as a reply
-        without search observes it. What each round's translator normalised is counted per
-        round (each is an engine reply); the gateway's own time (translation, rewriting,
-        the next rounds' requests) adds up in :attr:`overhead`, the decode time of the
-        rounds in :attr:`tpot`; the search's wait is in neither."""
+        Each round's translator's figures go into the reply's one record (``figures``, as
+        the round ends, however it ended): what it normalised, its decode time, the reply's
+        first token (``t0``: the request's arrival) if no round had one before; the
+        gateway's own time (translation, rewriting, the next rounds' requests) adds up in
+        its overhead; the search's wait is in neither."""
         metrics = self._deps.metrics
         max_rounds = self._searches.limit + _ROUNDS_PAST_LIMIT
-        self.took_first = True
         clock = time.perf_counter
         while True:
             self.rounds += 1
@@ -143,7 +127,7 @@ class WebSearchReply:
             async def sink(data: bytes) -> None:
                 began = clock()
                 out = self._rewrite(data)
-                self.overhead += clock() - began
+                figures.add_overhead(clock() - began)
                 if out:
                     await write(out)
 
@@ -151,10 +135,9 @@ class WebSearchReply:
                 async with up:
                     await relay(self._call, up, translator, sink, timing,
                                 metrics.inter_chunk.labels(self._route.name),
-                                None if self._first_token else ttft, t0,
                                 request_id=self._request_id)
             finally:
-                self._count_round(translator, timing)
+                figures.add_stream(translator, timing, t0)
             if translator.termination != "completed":
                 self.termination = translator.termination
                 self.error = translator.error
@@ -176,31 +159,9 @@ class WebSearchReply:
             began = clock()
             self._call = await self._next_call()
             self._new_round()
-            self.overhead += clock() - began
+            figures.add_overhead(clock() - began)
             # the model that answered the first round finishes the reply: no fallback now
             up = await self._call.send(self._request_id, self._session, fall_back=False)
-
-    def _count_round(self, translator: StreamTranslator, timing: Timing) -> None:
-        """One round's figures: its fixes counted, its times added to the reply's."""
-        metrics, model = self._deps.metrics, self._route.name
-        if translator.dropped_tool_deltas:
-            bad_tool_args(metrics, model, translator.dropped_tool_deltas)
-        count_stream_fixes(self._call, translator)
-        if translator.reasoning_hidden:
-            reasoning_hidden(metrics, model)
-        self.overhead += timing.translate
-        if timing.first_token:
-            self._first_token = True
-            tokens = translator.output_tokens
-            if tokens > 1:
-                self._decode += timing.last_chunk - timing.first_token
-                self._decoded += tokens - 1
-
-    @property
-    def tpot(self) -> float | None:
-        """The reply's mean decode time per output token after each round's first, the
-        searches and the rounds' prefills left out; None when no round decoded two."""
-        return self._decode / self._decoded if self._decoded else None
 
     def _cut_short(self) -> bool:
         """The round stopped for another reason than its calls (``max_tokens`` in the

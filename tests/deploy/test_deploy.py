@@ -285,9 +285,11 @@ def test_readme_config_table_shows_the_schema_defaults() -> None:
 def test_schema_is_derived_from_the_dataclasses() -> None:
     """Types, required and defaults come from the fields; non-key fields are left out."""
     schema = config_schema.schema()
-    assert schema["server.ping_interval"] == config_schema.Knob(
-        "ping_interval", (int, float), False, 10.0, "> 0", None
-    )
+    ping = schema["server.ping_interval"]
+    assert (ping.name, ping.types, ping.required, ping.default, ping.gt, ping.ge, ping.le,
+            ping.shown) == ("ping_interval", (int, float), False, 10.0, 0, None, None, None)
+    assert schema["server.port"].allowed() == "0..65535"
+    assert schema["upstreams.<name>.balance"].choices == ("affinity", "round_robin", "least_busy")
     assert schema["server.api_keys_env"].types == (str,)
     assert not schema["upstreams.<name>.base_url"].required  # or base_urls: one of them
     assert schema["models[].upstream"].types == (str,)

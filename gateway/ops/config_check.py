@@ -1,6 +1,6 @@
 """The one generic pass: a table of the config file checked against its schema.
 
-Each key's :class:`~gateway.ops.config_schema.Knob` says what its value may be; this pass
+Each key's :class:`~gateway.ops.config_knob.Knob` says what its value may be; this pass
 checks, key by key: the key is known, a required key is present, the value's TOML type (and
 an array's items: strings), its value set (an alias mapped to its choice first), its bounds and
 its format. A refusal is one line naming the key, ``PATH: must ..., got VALUE``. Rules that
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.ops.config_schema import FORMATS, Knob
+from gateway.ops.config_knob import FORMATS, Knob
 
 
 class ConfigError(Exception):

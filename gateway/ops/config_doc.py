@@ -13,7 +13,8 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 
-from gateway.ops.config_schema import TABLES, Knob, _toml, knobs
+from gateway.ops.config_knob import Knob, _toml, knobs
+from gateway.ops.config_schema import TABLES
 
 COMMAND = "python -m gateway.ops.config_doc > docs/configuration.md"
 _TYPE_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean",

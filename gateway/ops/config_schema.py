@@ -1,92 +1,130 @@
-"""The config file's schema: one frozen dataclass per table, each field a key.
+"""The config file's schema, the one source of every key: one frozen dataclass per table.
 
 Every field is a TOML key of its table unless its metadata says ``toml: False`` (set by the
-loader from the table's name, the environment or other keys). A key's TOML types come from its
-annotation (a float takes an integer too), it is required when the field has no default, and
-its default is the field's. Metadata: ``bound`` ("> 0" or ">= 0") is checked by the loader
-(gateway/ops/config.py); ``types`` overrides the annotation's; ``shown`` is the default as
-README.md's table writes it when it is not the value itself. :func:`knobs` and :func:`schema`
-derive the keys from the fields; README.md's table and deploy/gateway.example.toml are tested
-against them.
+loader from the table's name, the environment or other keys). Each key is declared with
+:func:`~gateway.ops.config_knob._knob` (gateway/ops/config_knob.py): its default, value set,
+bounds, format and one-line description; nothing about a key's own value is written elsewhere.
+To add a key: one field with ``_knob(default, doc=..., gt=/ge=/le=/choices=/fmt=...)``, then
+regenerate the page (``python -m gateway.ops.config_doc > docs/configuration.md``) and add its
+row to README.md's table and its line to deploy/gateway.example.toml.
+
+One generic pass (gateway/ops/config_check.py) checks each key against its :class:`Knob`; the
+loader's ``parse`` (gateway/ops/config.py) keeps only the rules that relate keys to one another.
+README.md's table, deploy/gateway.example.toml and docs/configuration.md are tested against
+:func:`schema`.
 
 Also here: :func:`find_route`, a client's model name to its configured :class:`ModelRoute`.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, get_type_hints
+from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
+# _knob declares a key; _POS/_NONNEG (its old bound= spelling) and FORMATS are re-exported
+# for callers and branches that import them from here
+from gateway.ops.config_knob import _NONNEG as _NONNEG
+from gateway.ops.config_knob import _POS as _POS
+from gateway.ops.config_knob import FORMATS as FORMATS
+from gateway.ops.config_knob import MAX_MODEL_NAME_CHARS, Knob, _knob, _not_toml, knobs
 from gateway.text.glob import glob_match
 
+# ---------------------------------------------------------------- value sets and caps
 
-def _not_toml(default: Any, *, secret: bool = False) -> Any:
-    """A field that is no TOML key: set by parse() from the table's name, env or other keys."""
-    return field(default=default, repr=not secret, metadata={"toml": False})
-
-
-def _knob(default: Any, *, bound: str | None = None, shown: str | None = None) -> Any:
-    meta: dict[str, Any] = {}
-    if bound is not None:
-        meta["bound"] = bound
-    if shown is not None:
-        meta["shown"] = shown
-    return field(default=default, metadata=meta)
-
-
-_POS, _NONNEG = "> 0", ">= 0"
-
+UPSTREAM_KINDS = ("openai", "vllm", "sglang", "llamacpp", "ollama")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+INLINE_THINKING = ("auto", "opened", "off")
+BALANCE = ("affinity", "round_robin", "least_busy")  # gateway/upstream/replicas.py's policies
+DISCOVER = ("none", "dns")
+CAPABILITY_SETTINGS = ("auto", "yes", "no")
+# keepalive: TOML true was the default before keep-alive had to be earned; it now means "auto"
+KEEPALIVE_CHOICES = ("auto", "always", "never")
+KEEPALIVE_ALIASES: dict[Any, str] = {True: "auto", False: "never"}
+MAX_REPLICAS = 256  # max_replicas' own cap: the per-replica metric series stay few
+MAX_BATCH_IN_FLIGHT = 64
+MAX_SEARCH_RESULTS = 20
+# a result's snippet, at most: a result is sealed whole in its encrypted_content, which the
+# gateway opens again only up to 64 K characters (gateway/messages/web_search.py)
+MAX_RESULT_CHARS = 8000
 
 @dataclass(frozen=True)
 class UpstreamConfig:
+    """``[upstreams.NAME]``: one OpenAI-compatible server (or replicas of one)."""
+
     name: str = field(metadata={"toml": False})  # the table's name, upstreams.<name>
     # exactly one of base_url and base_urls; parse() sets base_url to the first of base_urls
-    base_url: str = _knob("", shown="required unless `base_urls`")
-    # replicas of one server (gateway/upstream/replicas.py); every other key applies to each
-    base_urls: tuple[str, ...] = field(default=(), metadata={"types": (list,),
-                                                              "shown": "unset"})
-    kind: str = "openai"
-    api_key_env: str | None = None
+    base_url: str = _knob(
+        "", fmt="http_url", shown="required unless `base_urls`",
+        doc="the server's OpenAI base URL (`/chat/completions` is appended); https is verified "
+            "against the system CAs")
+    base_urls: tuple[str, ...] = _knob(
+        (), fmt="http_url", types=(list,), shown="unset",
+        doc="instead of `base_url`: the base URLs of replicas of one server; every other key "
+            "applies to each")
+    kind: str = _knob(
+        "openai", choices=UPSTREAM_KINDS,
+        doc="the engine: request-side extras (usage on the first chunk, token counting) and "
+            "defaults of `health_path` and the capabilities")
+    api_key_env: str | None = _knob(
+        None, doc="env var holding the upstream's key, sent as `Authorization: Bearer <key>`")
     api_key: str | None = _not_toml(None, secret=True)
-    pool_size: int = _knob(0, bound=_NONNEG)  # 0: no limit (each stream holds one connection)
-    connect_timeout: float = _knob(5.0, bound=_POS)
-    header_timeout: float = _knob(600.0, bound=_POS)  # from the send to the final reply head
-    idle_timeout: float = _knob(300.0, bound=_POS)  # a stream's longest gap between events
-    # from the send to a buffered reply's last byte
-    response_timeout: float = _knob(900.0, bound=_POS)
-    max_response_bytes: int = _knob(64 * 1024 * 1024, bound=_POS)  # a buffered reply's size cap
+    pool_size: int = _knob(
+        0, ge=0, doc="connections to this upstream at once (each stream holds one); past it "
+                     "streams queue; 0: no limit")
+    connect_timeout: float = _knob(5.0, gt=0, doc="seconds to connect")
+    header_timeout: float = _knob(
+        600.0, gt=0, doc="seconds from sending a request to the reply's final head (a deadline)")
+    idle_timeout: float = _knob(
+        300.0, gt=0,
+        doc="seconds an upstream **stream** may go without an event before it is ended "
+            "(not `server.idle_timeout`: an idle client connection)")
+    response_timeout: float = _knob(
+        900.0, gt=0, doc="seconds from sending a request to a buffered reply's last byte")
+    max_response_bytes: int = _knob(
+        64 * 1024 * 1024, gt=0,
+        doc="largest buffered reply read from this **upstream** (64 MiB), larger: 500 "
+            "(not `web_search.max_response_bytes`: a search backend's reply)")
     # "auto": a fresh connection per request (Connection: close) until the upstream's replies
     # have echoed X-Request-Id (gateway/upstream/reuse.py), then keep-alive with the echo
-    # required; "always": keep-alive (the operator vouches); "never": a connection per
-    # request. TOML true is "auto" (it was the default), false is "never".
-    keepalive: str = field(default="auto", metadata={"types": (str, bool)})
-    # what the engine leaves in content when its parsers are off (gateway/local/):
-    # "auto": a leading <think> opens reasoning; "opened": the chat template opens <think> in
-    # the prompt, so content starts inside reasoning; "off": content is text, as sent
-    inline_thinking: str = "auto"
-    # tool calls written as text in the model's native format become tool_use blocks (for
-    # tools the request offered); false: content is never read for calls
-    text_tool_calls: bool = True
-    # a stream the engine cuts mid-answer is sent again with the partial answer as a prefill,
-    # at most this many times per reply (gateway/messages/continuation.py); 0: never
-    max_continuations: int = _knob(2, bound=_NONNEG)
-    # the fleet (gateway/upstream/discovery.py, gateway/upstream/fleet.py): "dns": the host of
-    # base_url is resolved every resolve_interval seconds and each address (A and AAAA) is a
-    # replica, at most max_replicas of them; "none": the URLs as written
-    discover: str = "none"
-    resolve_interval: float = _knob(10.0, bound=_POS)
-    max_replicas: int = _knob(16, bound=_POS)
-    # active health probes: GET health_path at each replica's server root every
-    # health_interval seconds (0: no probes), each due within health_timeout
-    health_path: str = _knob("", shown="`/health` (`/api/version` for kind `ollama`)")
-    health_interval: float = _knob(0.0, bound=_NONNEG)
-    health_timeout: float = _knob(2.0, bound=_POS)
-    # which replica takes a request (gateway/upstream/replicas.py): "affinity" (a session stays
-    # on one replica), "round_robin" (in turn) or "least_busy" (fewest in flight)
-    balance: str = "affinity"
+    # required; "always": keep-alive (the operator vouches); "never": a connection per request
+    keepalive: str = _knob(
+        "auto", choices=KEEPALIVE_CHOICES, aliases=KEEPALIVE_ALIASES, types=(str, bool),
+        doc="`auto`: keep-alive once replies echo `X-Request-Id`; `always`; `never` (a "
+            "connection per request); true means `auto`, false `never`")
+    # what the engine leaves in content when its parsers are off (gateway/local/)
+    inline_thinking: str = _knob(
+        "auto", choices=INLINE_THINKING,
+        doc="reasoning left in content: `auto` (a leading `<think>` opens it), `opened` (the "
+            "template opened `<think>`), `off` (content is text)")
+    text_tool_calls: bool = _knob(
+        True, doc="tool calls written as text in the model's native format become `tool_use` "
+                  "blocks (for offered tools); false: content is never read for calls")
+    # gateway/messages/continuation.py
+    max_continuations: int = _knob(
+        2, ge=0, doc="times per reply a stream the engine cut mid-answer is sent again with "
+                     "the partial answer as a prefill; 0: never")
+    # the fleet (gateway/upstream/discovery.py, gateway/upstream/fleet.py)
+    discover: str = _knob(
+        "none", choices=DISCOVER,
+        doc="`dns`: every address `base_url`'s host resolves to is a replica (re-resolved); "
+            "`none`: the URLs as written")
+    resolve_interval: float = _knob(
+        10.0, gt=0, doc="seconds between two resolutions of the name (`discover = \"dns\"`)")
+    max_replicas: int = _knob(
+        16, gt=0, le=MAX_REPLICAS, doc="most addresses of one name that are replicas at once")
+    health_path: str = _knob(
+        "", fmt="request_path", shown="`/health` (`/api/version` for kind `ollama`)",
+        doc="the active probe's path at each replica's server root")
+    health_interval: float = _knob(
+        0.0, ge=0, doc="seconds between active health probes of each replica; 0: no probes")
+    health_timeout: float = _knob(2.0, gt=0, doc="seconds a probe's status line may take")
+    # gateway/upstream/replicas.py
+    balance: str = _knob(
+        "affinity", choices=BALANCE,
+        doc="which replica takes a request: `affinity` (a session stays on one), "
+            "`round_robin`, `least_busy` (fewest in flight)")
 
     @property
     def host(self) -> str:
@@ -97,34 +135,46 @@ class UpstreamConfig:
         """The base URL of each replica: ``base_urls``, or the one ``base_url``."""
         return self.base_urls or (self.base_url,)
 
-# the longest model name a client may send or the config may hold; longer names route nowhere
-MAX_MODEL_NAME_CHARS = 256
 
 @dataclass(frozen=True)
 class ModelRoute:
-    name: str
-    upstream: UpstreamConfig = field(metadata={"types": (str,)})  # TOML: the upstream's name
-    upstream_model: str
-    max_concurrency: int = _knob(0, bound=_NONNEG)  # 0: unlimited
-    display_name: str = _knob("", shown="the name")  # parse() sets it to the name
-    created_at: str = "2025-01-01T00:00:00Z"
-    context_window: int = _knob(0, bound=_NONNEG)  # 0: unknown
-    # what the upstream takes (gateway/local/capabilities.py): "auto" (the upstream kind's
-    # default; images and tool_reference parts are sent, and on the server's refusal sent
-    # again as text and remembered for the route), "yes" (always sent as such) or "no" (always
-    # sent as text)
-    images: str = "auto"
-    tool_references: str = "auto"
-    # tool_choice naming one tool, in OpenAI's object form; "no": only that tool is offered,
-    # with tool_choice "required" (llama.cpp and Ollama ignore the object form)
-    named_tool_choice: str = "auto"
-    # seconds an "auto" route remembers a refusal for; then the content is tried again
-    capability_ttl: float = _knob(600.0, bound=_POS)
-    # other models (by name) that take a Messages request when this one's upstream failed
-    # before its reply's head on every replica (gateway/messages/call.py), tried in order;
-    # a fallback's own fallbacks are not followed
-    fallbacks: tuple[str, ...] = field(default=(), metadata={"types": (list,),
-                                                              "shown": "unset"})
+    """``[[models]]``: a name clients send, and where it goes."""
+
+    name: str = _knob(
+        fmt="model_name",
+        doc="what clients send as `model`; with `*` a pattern (`claude-*`): exact names win, "
+            "patterns in config order")
+    # TOML: the upstream's name, which parse() resolves
+    upstream: UpstreamConfig = _knob(  # noqa: RUF009 (a field specifier, as field() is)
+        types=(str,), doc="the `[upstreams.NAME]` it goes to")
+    upstream_model: str = _knob(doc="the model name sent upstream")
+    max_concurrency: int = _knob(
+        0, ge=0, doc="requests at once for this model, past it 529 `overloaded_error`; "
+                     "0: unlimited")
+    display_name: str = _knob("", shown="the name", doc="shown by `/v1/models`")
+    created_at: str = _knob("2025-01-01T00:00:00Z", doc="shown by `/v1/models`")
+    context_window: int = _knob(
+        0, ge=0, doc="the model's context size, `/v1/models`' `max_input_tokens`; 0: unknown")
+    # what the upstream takes (gateway/local/capabilities.py)
+    images: str = _knob(
+        "auto", choices=CAPABILITY_SETTINGS,
+        doc="whether the upstream takes images: `auto` (the kind's default; refused, sent "
+            "as text and remembered), `yes`, `no` (as text)")
+    tool_references: str = _knob(
+        "auto", choices=CAPABILITY_SETTINGS,
+        doc="whether it takes `tool_reference` content parts; as `images`")
+    named_tool_choice: str = _knob(
+        "auto", choices=CAPABILITY_SETTINGS,
+        doc="whether it honours `tool_choice` naming one tool; `no`: only that tool is "
+            "offered, with `required`")
+    capability_ttl: float = _knob(
+        600.0, gt=0, doc="seconds an `auto` route remembers a refusal; then the content is "
+                         "tried again")
+    # gateway/messages/call.py; a fallback's own fallbacks are not followed
+    fallbacks: tuple[str, ...] = _knob(
+        (), types=(list,), shown="unset",
+        doc="other models, in order, that take a Messages request when this one's upstream "
+            "failed before replying on every replica")
     # their routes, set by parse()
     fallback_routes: tuple[ModelRoute, ...] = field(default=(), repr=False,
                                                     metadata={"toml": False})
@@ -132,48 +182,73 @@ class ModelRoute:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8080
-    prefix: str = "/llm"
-    ping_interval: float = _knob(10.0, bound=_POS)
-    max_body_bytes: int = _knob(32 * 1024 * 1024, bound=_POS)
+    """``[server]``: the listener and what every request shares."""
+
+    host: str = _knob("127.0.0.1", doc="listen address")
+    port: int = _knob(8080, ge=0, le=65535, doc="listen port")
+    prefix: str = _knob("/llm", fmt="prefix", doc="path prefix of every API route")
+    ping_interval: float = _knob(
+        10.0, gt=0, doc="seconds of upstream silence before a `ping` event is sent on a stream")
+    max_body_bytes: int = _knob(
+        32 * 1024 * 1024, gt=0,
+        doc="largest **request** body (32 MiB), larger: 413 (not `batches.max_body_bytes`: "
+            "a batch create body)")
     # request bodies being read and decoded at once (inside memory_budget_mb)
-    max_decoding_bytes: int = _knob(64 * 1024 * 1024, bound=_POS)
-    # MiB that requests in flight may hold at once (gateway/ops/budget.py): bodies being
-    # decoded, reasoning restored from signatures (until the reply ends), batch creates;
-    # past it, 529 overloaded_error. Half the shipped 1 GiB container limit: the rest is
-    # the process itself, its worker processes and what is not counted
-    memory_budget_mb: int = _knob(512, bound=_POS)
-    # reasoning one Messages request may restore from thinking signatures (also counted in
-    # memory_budget_mb, twice: the text and its copy in the upstream payload)
-    max_restored_reasoning_bytes: int = _knob(4 * 1024 * 1024, bound=_POS)
-    # PDF text extraction (gateway/messages/pdf_pool.py): worker processes, and the CPU
-    # seconds one document and one request may use
-    pdf_workers: int = _knob(2, bound=_POS)
-    pdf_cpu_seconds: float = _knob(5.0, bound=_POS)
-    pdf_request_cpu_seconds: float = _knob(20.0, bound=_POS)
-    # bodies larger than this are counted and decoded in a child process; 0: all on the loop
-    decode_offload_bytes: int = _knob(1024 * 1024, bound=_NONNEG)
-    shutdown_grace: float = _knob(30.0, bound=_POS)
-    write_timeout: float = _knob(60.0, bound=_POS)
+    max_decoding_bytes: int = _knob(
+        64 * 1024 * 1024, gt=0,
+        doc="request body bytes being received and decoded at once, all routes; past it 529")
+    # gateway/ops/budget.py. Half the shipped 1 GiB container limit: the rest is the process
+    # itself, its worker processes and what is not counted
+    memory_budget_mb: int = _knob(
+        512, gt=0, doc="MiB requests in flight may hold at once (bodies, restored reasoning, "
+                       "batch creates); past it 529")
+    # also counted in memory_budget_mb, twice: the text and its copy in the upstream payload
+    max_restored_reasoning_bytes: int = _knob(
+        4 * 1024 * 1024, gt=0,
+        doc="reasoning one request may restore from thinking signatures; past it 413")
+    # gateway/messages/pdf_pool.py
+    pdf_workers: int = _knob(2, gt=0, doc="worker processes that extract PDF text")
+    pdf_cpu_seconds: float = _knob(5.0, gt=0, doc="CPU seconds one PDF document may take")
+    pdf_request_cpu_seconds: float = _knob(
+        20.0, gt=0, doc="CPU seconds all the PDFs of one request may take together")
+    decode_offload_bytes: int = _knob(
+        1024 * 1024, ge=0, advanced=True,
+        doc="bodies larger than this are counted and decoded in a child process; 0: all on "
+            "the event loop")
+    shutdown_grace: float = _knob(
+        30.0, gt=0, doc="seconds streams may run on after SIGTERM before they are ended")
+    write_timeout: float = _knob(
+        60.0, gt=0, doc="seconds a write may wait on a client that stopped reading")
     # client connections (gateway/http/protocol.py, gateway/http/listener.py)
-    # a connection waiting for a request head, from accept or reply
-    idle_timeout: float = _knob(60.0, bound=_POS)
-    request_head_timeout: float = _knob(30.0, bound=_POS)  # from a head's first byte to its last
-    # from the end of the head to the body's last byte
-    request_body_timeout: float = _knob(60.0, bound=_POS)
-    max_connections: int = _knob(0, bound=_NONNEG)  # API connections at once; 0: unlimited
-    metrics_host: str = _knob("", shown="`server.host`")  # "": server.host
-    metrics_port: int = 0  # 0: /metrics on the API listener
-    log_level: str = "info"
-    api_keys_env: str | None = None
+    idle_timeout: float = _knob(
+        60.0, gt=0,
+        doc="seconds a **client connection** may wait for a request head, from accept or a "
+            "reply (not `upstreams.NAME.idle_timeout`: a quiet upstream stream)")
+    request_head_timeout: float = _knob(
+        30.0, gt=0, doc="seconds from a request head's first byte to its last")
+    request_body_timeout: float = _knob(
+        60.0, gt=0, doc="seconds from the end of a head to the body's last byte; past it 408")
+    max_connections: int = _knob(
+        0, ge=0, doc="client connections on the API listener at once; 0: unlimited")
+    metrics_host: str = _knob(
+        "", shown="`server.host`", doc="the metrics listener's address (needs `metrics_port`)")
+    metrics_port: int = _knob(
+        0, ge=0, le=65535,
+        doc="`/metrics` on a listener of its own on this port; 0: on the API listener")
+    log_level: str = _knob("info", choices=LOG_LEVELS, doc="the lowest level logged")
+    api_keys_env: str | None = _knob(
+        None, doc="env var holding the accepted client keys, comma-separated; unset: no auth")
     api_keys: tuple[str, ...] = _not_toml((), secret=True)
-    keep_billing_header: bool = False
-    signing_key_env: str | None = None
+    keep_billing_header: bool = _knob(
+        False, doc="keep Claude Code's `x-anthropic-billing-header:` system line (dropping it "
+                   "keeps the prefix cache warm)")
+    signing_key_env: str | None = _knob(
+        None, doc="env var holding the key that seals thinking signatures; unset: a key kept "
+                  "in the state directory")
     signing_key: bytes = _not_toml(b"", secret=True)
-    # an env var holding earlier signing keys, comma-separated: signatures made under them
-    # still open (a key rotation), new ones are made under signing_key only
-    previous_signing_keys_env: str | None = None
+    previous_signing_keys_env: str | None = _knob(
+        None, doc="env var holding earlier signing keys, comma-separated: their signatures "
+                  "still open (a key rotation)")
     previous_signing_keys: tuple[bytes, ...] = _not_toml((), secret=True)
     # where it came from: "env", "file" (the state directory's key) or "random" (this process)
     signing_key_source: str = _not_toml("random")
@@ -188,25 +263,40 @@ class ServerConfig:
 class BatchesConfig:
     """``[batches]``: Message Batches (gateway/batches/)."""
 
-    enabled: bool = True
-    # "": a SQLite file in the state directory; "sqlite:///PATH", a path, or "postgresql://..."
-    database: str = _knob("", shown="`batches.sqlite3` in the state directory")
-    database_env: str | None = None  # an env var holding the database URL (a password in it)
-    max_in_flight: int = _knob(2, bound=_POS)  # batch requests at once per upstream, <= 64
-    # batch requests at once on an upstream no interactive request has used for idle_after
-    # seconds (0: max_in_flight); up to the upstream's slots fills an idle server
-    max_in_flight_idle: int = _knob(0, bound=_NONNEG)
-    idle_after: float = _knob(10.0, bound=_POS)
-    # batch work starts new requests on an upstream only while fewer interactive requests
-    # than this are in flight on it
-    interactive_threshold: int = _knob(1, bound=_POS)
-    expire_after: float = _knob(86400.0, bound=_POS)  # seconds: the API's 24 hours
-    retention_days: float = _knob(29.0, bound=_POS)  # an ended batch's results are kept
-    public_base_url: str = _knob("", shown="the request's own scheme and host")
-    max_requests: int = _knob(100_000, bound=_POS)
-    max_body_bytes: int = _knob(256 * 1024 * 1024, bound=_POS)
-    poll_interval: float = _knob(1.0, bound=_POS)  # seconds between looks for work when idle
-    lease: float = _knob(60.0, bound=_POS)  # seconds a claim lasts unless renewed
+    enabled: bool = _knob(True, doc="serve the Message Batches routes; false: 404, no database")
+    database: str = _knob(
+        "", fmt="database", shown="`batches.sqlite3` in the state directory",
+        doc="where batches are kept: SQLite (a file) or PostgreSQL (shared by workers and "
+            "replicas)")
+    database_env: str | None = _knob(
+        None, doc="env var holding the database URL (one with a password in it)")
+    max_in_flight: int = _knob(
+        2, gt=0, le=MAX_BATCH_IN_FLIGHT, doc="batch requests running at once per upstream")
+    max_in_flight_idle: int = _knob(
+        0, ge=0, le=MAX_BATCH_IN_FLIGHT,
+        doc="batch requests at once on an upstream idle for `idle_after` seconds; 0: "
+            "`max_in_flight`")
+    idle_after: float = _knob(
+        10.0, gt=0, doc="seconds without interactive requests before an upstream is idle")
+    interactive_threshold: int = _knob(
+        1, gt=0, doc="new batch requests start on an upstream only while fewer interactive "
+                     "requests than this run on it")
+    expire_after: float = _knob(
+        86400.0, gt=0, doc="seconds after creation at which a batch ends (the API's 24 hours)")
+    retention_days: float = _knob(29.0, gt=0, doc="days an ended batch's results are kept")
+    public_base_url: str = _knob(
+        "", fmt="http_base_or_empty", shown="the request's own scheme and host",
+        doc="the gateway's public origin for `results_url` behind a reverse proxy")
+    max_requests: int = _knob(100_000, gt=0, doc="most requests in one batch")
+    max_body_bytes: int = _knob(
+        256 * 1024 * 1024, gt=0,
+        doc="largest **batch create** body (256 MiB), larger: 413 (not "
+            "`server.max_body_bytes`: every other request)")
+    poll_interval: float = _knob(
+        1.0, gt=0, advanced=True, doc="seconds between looks for work when idle")
+    lease: float = _knob(
+        60.0, gt=0, advanced=True,
+        doc="seconds a process's claim on a request lasts unless renewed")
     database_url: str = _not_toml("", secret=True)  # resolved: database, database_env or default
     # True when database or database_env named the location: a store that cannot be opened
     # there stops the start; False (the state directory's file): batches are turned off instead
@@ -217,16 +307,21 @@ class BatchesConfig:
 class WebSearchConfig:
     """``[web_search]``: the web_search server tool, run by the gateway (gateway/tools/)."""
 
-    searxng_url: str  # a SearXNG instance, http(s)://host[:port][/path]; its JSON API
-    timeout: float = _knob(10.0, bound=_POS)  # seconds one search may take, all in
-    max_results: int = _knob(5, bound=_POS)  # results kept per search (at most 20)
-    # characters of one result's snippet the model sees (at most 8000)
-    max_result_chars: int = _knob(1000, bound=_POS)
-    # characters of search results the model sees in one request, all searches together
-    max_request_chars: int = _knob(40_000, bound=_POS)
-    # searches in one request, at most, whatever the tool's max_uses says
-    max_searches: int = _knob(8, bound=_POS)
-    max_response_bytes: int = _knob(2 * 1024 * 1024, bound=_POS)  # a backend reply, at most
+    searxng_url: str = _knob(
+        fmt="http_base", doc="a SearXNG instance (its JSON API); without `[web_search]` a web "
+                             "search tool is a 400")
+    timeout: float = _knob(10.0, gt=0, doc="seconds one search may take, all in")
+    max_results: int = _knob(5, gt=0, le=MAX_SEARCH_RESULTS, doc="results kept per search")
+    max_result_chars: int = _knob(
+        1000, gt=0, le=MAX_RESULT_CHARS, doc="characters of one result's snippet the model sees")
+    max_request_chars: int = _knob(
+        40_000, gt=0, doc="characters of search results the model sees in one request")
+    max_searches: int = _knob(
+        8, gt=0, doc="searches in one request, at most, whatever the tool's `max_uses` says")
+    max_response_bytes: int = _knob(
+        2 * 1024 * 1024, gt=0,
+        doc="largest reply read from the **search backend** (2 MiB), larger: `unavailable` "
+            "(not `upstreams.NAME.max_response_bytes`)")
 
 
 @dataclass(frozen=True)
@@ -241,38 +336,6 @@ class Config:
     # directory and SO_REUSEPORT on the listening socket
     metrics_dir: str | None = None
     reuse_port: bool = False
-
-@dataclass(frozen=True)
-class Knob:
-    """One TOML key of the schema, derived from its dataclass field."""
-
-    name: str
-    types: tuple[type, ...]
-    required: bool
-    default: Any  # None when required or unset
-    bound: str | None  # "> 0", ">= 0" or None
-    shown: str | None  # the default as documentation writes it, when not the value itself
-
-
-_TOML_TYPES: dict[Any, tuple[type, ...]] = {
-    str: (str,), int: (int,), float: (int, float), bool: (bool,), str | None: (str,),
-}
-
-
-@functools.cache
-def knobs(cls: type) -> dict[str, Knob]:
-    """The TOML keys of one table (ServerConfig, UpstreamConfig or ModelRoute), in order."""
-    hints = get_type_hints(cls)
-    out: dict[str, Knob] = {}
-    for f in fields(cls):
-        if not f.metadata.get("toml", True):
-            continue
-        required = f.default is MISSING and f.default_factory is MISSING
-        types = f.metadata.get("types") or _TOML_TYPES[hints[f.name]]
-        out[f.name] = Knob(f.name, types, required, None if required else f.default,
-                           f.metadata.get("bound"), f.metadata.get("shown"))
-    return out
-
 
 # Where each table sits in a file, as errors and documentation name its keys.
 TABLES: dict[str, type] = {

@@ -77,7 +77,8 @@ BAD = [
     ("keepalive not a boolean", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
                                              'base_url = "http://127.0.0.1:8000/v1"\n'
                                              'keepalive = "no"'),
-     {}, 'upstreams.local-vllm.keepalive: must be "auto", "always", "never" or a boolean'),
+     {}, "upstreams.local-vllm.keepalive: must be one of auto, always, never "
+         "(or true for auto, false for never), got 'no'"),
     ("unknown balance", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
                                      'base_url = "http://127.0.0.1:8000/v1"\n'
                                      'balance = "random"'),
@@ -364,7 +365,8 @@ def test_a_model_name_past_the_limit_routes_nowhere(tmp_path: Path) -> None:
 def test_a_configured_model_name_past_the_limit_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text(GOOD + MODEL.format(name="m" * 257, up="local-vllm"))
-    with pytest.raises(config.ConfigError, match=r"name: at most 256 characters"):
+    with pytest.raises(config.ConfigError,
+                       match=r"models\[1\]\.name: must be at most 256 characters"):
         config.load(str(path), {})
 
 

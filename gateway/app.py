@@ -65,7 +65,7 @@ from gateway.http.keys import (
 )
 from gateway.http.middleware import gateway_middleware
 from gateway.messages.call import MessagesDeps
-from gateway.messages.pdf_pool import PdfPool
+from gateway.messages.documents.pdf_pool import PdfPool
 from gateway.openai.apis import APIS as OPENAI_APIS
 from gateway.ops import log
 from gateway.ops.budget import budgets
@@ -73,8 +73,8 @@ from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
 from gateway.tools.searxng import Searxng
 from gateway.upstream import fleet
-from gateway.upstream.call import Upstreams
 from gateway.upstream.known import known_secrets
+from gateway.upstream.send import Upstreams
 
 if TYPE_CHECKING:
     from gateway.batches.store import BatchStore

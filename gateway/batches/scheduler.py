@@ -64,7 +64,7 @@ from gateway import errors
 from gateway.batches.store import BatchStore, Claimed, StoreError
 from gateway.messages.call import MessagesDeps, prepare
 from gateway.messages.reply import Reply
-from gateway.messages.validate import validate_messages
+from gateway.messages.request.validate import validate_messages
 from gateway.ops import log
 from gateway.ops.config import ModelRoute, find_route
 from gateway.ops.config_schema import BatchesConfig

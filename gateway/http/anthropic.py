@@ -23,9 +23,9 @@ from gateway.http.body import read_json
 from gateway.http.keys import MESSAGES, REQUEST_ID, STREAM, WEB_SEARCH
 from gateway.messages.call import Call, count_input_tokens, pdfs_as_text, prepare, restore
 from gateway.messages.reply import Reply, Rounds
-from gateway.messages.session import SESSION_HEADER, session_key
-from gateway.messages.validate import validate_messages
-from gateway.messages.web_search import web_search_tool
+from gateway.messages.request.validate import validate_messages
+from gateway.messages.search_blocks import web_search_tool
+from gateway.messages.session_key import SESSION_HEADER, session_key
 from gateway.ops.budget import Lease
 from gateway.ops.config import ModelRoute
 from gateway.text import jsonutil

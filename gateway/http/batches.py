@@ -64,8 +64,8 @@ from gateway.http.keys import (
     RouteTag,
 )
 from gateway.http.writer import StreamWriter
-from gateway.messages.validate import validate_messages
-from gateway.messages.web_search import TOOL_TYPES as WEB_SEARCH_TYPES
+from gateway.messages.request.validate import validate_messages
+from gateway.messages.search_blocks import TOOL_TYPES as WEB_SEARCH_TYPES
 from gateway.ops.budget import Lease
 from gateway.ops.config import Config, find_route
 from gateway.text import ids, jsonutil

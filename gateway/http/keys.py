@@ -15,7 +15,7 @@ from gateway.ops.metrics import Metrics
 from gateway.text.redact import Redactor
 from gateway.tools.searxng import Searxng
 from gateway.upstream import UpstreamClient
-from gateway.upstream.call import Upstreams
+from gateway.upstream.send import Upstreams
 
 if TYPE_CHECKING:  # the SQL layer is imported only when batches are on
     from gateway.batches.scheduler import Scheduler

@@ -8,7 +8,7 @@ string ``model`` (an alias); it goes upstream with ``model`` replaced by the rou
 included): the client's own bytes with the new value spliced in where a scan is certain
 of its place, else the decoded body encoded again (:mod:`gateway.openai.forward`). Nothing
 else of the client's request (headers included) is forwarded. A session key (the client's
-header, ``user``, the chat's stable prefix: :mod:`gateway.openai.session`) is made only
+header, ``user``, the chat's stable prefix: :mod:`gateway.openai.session_scan`) is made only
 for an upstream of several replicas balanced by affinity, the one place it is read.
 Replies come back byte for byte except ``model`` (see :mod:`gateway.openai.relay`). Streams are
 relayed as they come, each write awaited; a failure after the first byte ends the
@@ -32,17 +32,17 @@ from gateway.http import routing, streaming
 from gateway.http.admission import admitted
 from gateway.http.body import read_json
 from gateway.http.keys import METRICS, REQUEST_ID, SECRETS, STREAM, UPSTREAM_CALLS
-from gateway.messages.session import SESSION_HEADER
+from gateway.messages.session_key import SESSION_HEADER
 from gateway.openai.apis import RESPONSES, OpenAIApi
 from gateway.openai.forward import model_span, splice
 from gateway.openai.inband import InbandErrors
 from gateway.openai.relay import ModelRewriter, Relay
 from gateway.openai.responses_index import ResponsesIndexer
-from gateway.openai.session import session_key
+from gateway.openai.session_scan import session_key
 from gateway.ops.config import ModelRoute
 from gateway.text import jsonutil
-from gateway.upstream.call import send
 from gateway.upstream.client import UpstreamClient, UpstreamResponse
+from gateway.upstream.send import send
 
 _EVENT = b"data:"  # relayed bytes holding an event's data (a comment or blank line does not)
 _PING = b": ping\n\n"

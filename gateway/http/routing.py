@@ -1,6 +1,6 @@
 """Model routing shared by every API: a client's model name to its route (:func:`resolve`),
 noted on the request for the access line and metrics. The upstream call itself is
-:func:`gateway.upstream.call.send`.
+:func:`gateway.upstream.send.send`.
 
 The concurrency gate is :mod:`gateway.http.admission`, the SIGTERM drain of live streams
 :mod:`gateway.http.drain`, a stream's lifecycle :mod:`gateway.http.streaming`.

@@ -20,9 +20,9 @@ stream in ``llm_gateway_streams_in_flight`` and registers it for the SIGTERM dra
   499, and the termination is ``client_disconnect`` (nothing more reached the client);
 - always: pings stop, the gauge goes down, the drain registration goes, and the stream's
   figures are recorded: by the caller's ``end`` hook, given how the stream ended (a Messages
-  reply writes its one record of figures, :mod:`gateway.messages.figures`); without one, the
-  termination reason and the source's tokens are counted here (the pass-through); the response
-  is ended unless the client left.
+  reply writes its one record of figures, :mod:`gateway.messages.from_chat.figures`);
+  without one, the termination reason and the source's tokens are counted here (the
+  pass-through); the response is ended unless the client left.
 
 The source is what turns upstream bytes into client bytes (the ``StreamTranslator``, the
 pass-through's ``Relay``): it says how the stream ended (``termination``), what it used

@@ -5,9 +5,9 @@ An engine started without its reasoning parser leaves ``<think>…</think>`` in 
 model's native format (:mod:`.text_tools`). :class:`ContentNormaliser` runs both over the
 content deltas of one reply, in that order, and yields ordered pieces:
 
-* ``(THINKING, str)``: reasoning found inline;
-* ``(TEXT, str)``: what the model said;
-* ``(CALL, TextToolCall)``: a tool call written as text, for a tool the request offered.
+* ``(THINKING_PIECE, str)``: reasoning found inline;
+* ``(TEXT_PIECE, str)``: what the model said;
+* ``(CALL_PIECE, TextToolCall)``: a tool call written as text, for a tool the request offered.
 
 Where calls are looked for, whitespace at the end of the text so far (the newlines a model
 writes before a call, in a delta of their own or at the end of a sentence's) is held until
@@ -29,9 +29,9 @@ from typing import Any
 from gateway.local.text_tools import TextToolCall, TextToolCalls
 from gateway.local.think import InlineThinking, Phase
 
-__all__ = ["CALL", "TEXT", "THINKING", "ContentNormaliser"]
+__all__ = ["CALL_PIECE", "TEXT_PIECE", "THINKING_PIECE", "ContentNormaliser"]
 
-THINKING, TEXT, CALL = 0, 1, 2
+THINKING_PIECE, TEXT_PIECE, CALL_PIECE = 0, 1, 2
 
 Piece = tuple[int, Any]
 _MAX_SPACE = 4096  # whitespace held at most; past it, it is text like any other
@@ -129,7 +129,7 @@ class ContentNormaliser:
         for reasoning, piece in think.feed(text):
             if reasoning:
                 self.thinking_found = True
-                out.append((THINKING, piece))
+                out.append((THINKING_PIECE, piece))
             else:
                 self._text(piece, out)
         return out
@@ -143,7 +143,7 @@ class ContentNormaliser:
         if (self._calls is None and think is not None and think.mode == "auto"
                 and think.phase is Phase.START and not think.held and "<" not in text):
             think.phase = Phase.DONE  # as flush() leaves it
-            return [(TEXT, text)] if text else []
+            return [(TEXT_PIECE, text)] if text else []
         return self.feed(text) + self.flush()
 
     def flush(self) -> list[Piece]:
@@ -153,13 +153,13 @@ class ContentNormaliser:
             for reasoning, piece in self._think.flush():
                 if reasoning:
                     self.thinking_found = True
-                    out.append((THINKING, piece))
+                    out.append((THINKING_PIECE, piece))
                 else:
                     self._text(piece, out)
         if self._calls is not None:
             self._pieces(self._calls.flush(), out)
         if self._space and not self._after_call:
-            out.append((TEXT, self._space))
+            out.append((TEXT_PIECE, self._space))
         self._space = ""
         return out
 
@@ -177,7 +177,7 @@ class ContentNormaliser:
                 self._space = ""
                 self._after_call = True
                 self.calls_found += 1
-                out.append((CALL, piece))
+                out.append((CALL_PIECE, piece))
 
     def _plain(self, text: str, out: list[Piece]) -> None:
         if not text:
@@ -197,7 +197,7 @@ class ContentNormaliser:
             self._after_call = False
             if len(self._space) > _MAX_SPACE:
                 body, self._space = body + self._space, ""
-            out.append((TEXT, body))
+            out.append((TEXT_PIECE, body))
             return
-        out.append((TEXT, text))
+        out.append((TEXT_PIECE, text))
 

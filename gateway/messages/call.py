@@ -3,8 +3,9 @@
 Used by ``/v1/messages`` and ``count_tokens`` (:mod:`gateway.http.anthropic`) and by the batch
 scheduler (:mod:`gateway.batches.scheduler`), so a batch request is exactly what the same
 interactive request would be: reasoning replayed from signatures restored (bounded), PDFs made text
-(in worker processes), the request translated once (:func:`~gateway.messages.to_chat.to_chat`),
-the call made through :func:`gateway.upstream.call.send`, and the reply translated back by the
+(in worker processes), the request translated once
+(:func:`~gateway.messages.to_chat.translate.to_chat`),
+the call made through :func:`gateway.upstream.send.send`, and the reply translated back by the
 same code (buffered: ``from_chat``; streamed upstream: the :class:`StreamTranslator`).
 
 Content the upstream cannot take (:mod:`gateway.local.capabilities`): what the route is set
@@ -46,26 +47,28 @@ from gateway.local.capabilities import LEARNED, Learned, held, may_fall_back, na
 from gateway.local.capabilities import text_only as route_text_only
 from gateway.local.normalise import ContentNormaliser
 from gateway.local.tool_args import RepairBudget
-from gateway.messages import documents, tokens, web_search
-from gateway.messages.aggregate import aggregate
+from gateway.messages import search_blocks as web_search
+from gateway.messages import tokens
 from gateway.messages.continuation import relay
-from gateway.messages.figures import Figures
-from gateway.messages.from_chat import from_chat
-from gateway.messages.pdf_pool import PdfPool
-from gateway.messages.pump import Cut, Timing, pump
-from gateway.messages.session import session_key
-from gateway.messages.signatures import restorable, restore_reasoning
-from gateway.messages.stream import StreamTranslator
-from gateway.messages.tables import LOCAL_STOP_KINDS, hides_thinking, shows_thinking
-from gateway.messages.to_chat import to_chat
+from gateway.messages.documents import pdf_text as documents
+from gateway.messages.documents.pdf_pool import PdfPool
+from gateway.messages.from_chat.aggregate import aggregate
+from gateway.messages.from_chat.figures import Figures
+from gateway.messages.from_chat.message import from_chat
+from gateway.messages.from_chat.signatures import restorable, restore_reasoning
+from gateway.messages.from_chat.tables import LOCAL_STOP_KINDS, hides_thinking, shows_thinking
+from gateway.messages.session_key import session_key
+from gateway.messages.stream.pump import Cut, Timing, pump
+from gateway.messages.stream.translator import StreamTranslator
+from gateway.messages.to_chat.translate import to_chat
 from gateway.ops.budget import Budget, Lease
 from gateway.ops.config import ModelRoute
 from gateway.ops.metrics import Metrics
 from gateway.text import ids, jsonutil
 from gateway.text.refusals import echoed
 from gateway.text.sse import SSEEventTooLarge
-from gateway.upstream.call import Upstreams, send
 from gateway.upstream.client import UpstreamClient, UpstreamResponse
+from gateway.upstream.send import Upstreams, send
 
 __all__ = ["Call", "Cut", "MessagesDeps", "Timing", "count_input_tokens", "prepare", "pump",
            "restore"]
@@ -225,7 +228,7 @@ class Call:
         ``fall_back=False``: not (a later call of a reply part of which the client already
         has, e.g. a web search's next round: another model would finish it).
 
-        ``session``: the request's session key (:func:`~gateway.messages.session.session_key`
+        ``session``: the request's session key (:func:`~gateway.messages.session_key.session_key`
         of the client's session header); None: made from the request alone."""
         if session is None:
             session = session_key(None, self.req)

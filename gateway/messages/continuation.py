@@ -6,7 +6,7 @@ A cut (see :class:`~gateway.messages.call.Cut`) is the body failing while it is 
 connection), an in-band 5xx error chunk, or the body ending without a ``finish_reason``; a
 stream that stopped sending (``idle_timeout``) is stuck, not cut, and is not asked again (the
 client would wait ``idle_timeout`` more each time). The same chat request is sent again
-through :func:`gateway.upstream.call.send` (the cut replica is ejected first, so the session's
+through :func:`gateway.upstream.send.send` (the cut replica is ejected first, so the session's
 next replica takes it when there is one; else the same upstream again) with
 ``{"role": "assistant", "content": <the answer so far>}`` appended to its messages:
 
@@ -84,14 +84,14 @@ from typing import Any, Protocol
 import structlog
 
 from gateway import errors
-from gateway.messages.pump import Body, Cut, Timing, pump
-from gateway.messages.stream import StreamTranslator
+from gateway.messages.stream.pump import Body, Cut, Timing, pump
+from gateway.messages.stream.translator import StreamTranslator
 from gateway.ops.config import ModelRoute
 from gateway.ops.metrics import Metrics
 from gateway.text import jsonutil
 from gateway.text.sse import SSEDecoder
-from gateway.upstream.call import Upstreams, send
 from gateway.upstream.client import UpstreamResponse
+from gateway.upstream.send import Upstreams, send
 
 __all__ = ["Continuable", "Continued", "Regenerated", "Upstream", "continuation_payload",
            "relay"]
@@ -153,7 +153,7 @@ async def relay(call: Continuable, up: Upstream, translator: StreamTranslator,
                 write: Callable[[bytes], Awaitable[None]], timing: Timing, inter_chunk: Any, *,
                 request_id: str | None = None,
                 budget: int | None = None) -> None:
-    """:func:`~gateway.messages.pump.pump` that continues a cut stream (see the module
+    """:func:`~gateway.messages.stream.pump.pump` that continues a cut stream (see the module
     docstring); ``up`` stays the caller's to close, continuations are closed here. Only a
     translator that keeps what was streamed (``keep_streamed``: the route continues cut
     streams) is continued; any other stream is pumped as it is."""

@@ -10,7 +10,7 @@ of a prepared :class:`~gateway.messages.call.Call` and::
                                              # shell's stream (source: reply.source, its
                                              # end: reply.end)
 
-Every kind fills one :class:`~gateway.messages.figures.Figures`, written once: a buffered
+Every kind fills one :class:`~gateway.messages.from_chat.figures.Figures`, written once: a buffered
 reply when its message is made, a stream when it ends (:meth:`Reply.end`, however it ended).
 A reply with a server tool (the web search: :mod:`gateway.tools.web_search`, a layer above,
 so it comes in as :class:`Rounds`) runs its rounds through the same record.
@@ -24,12 +24,12 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from gateway import errors
-from gateway.messages.aggregate import aggregate
 from gateway.messages.call import Call
 from gateway.messages.continuation import relay
-from gateway.messages.figures import Figures
-from gateway.messages.pump import Timing
-from gateway.messages.stream import StreamTranslator
+from gateway.messages.from_chat.aggregate import aggregate
+from gateway.messages.from_chat.figures import Figures
+from gateway.messages.stream.pump import Timing
+from gateway.messages.stream.translator import StreamTranslator
 from gateway.text.sse import SSEEventTooLarge
 from gateway.upstream.client import UpstreamResponse
 

@@ -32,7 +32,7 @@ from gateway import errors
 from gateway.ops.config import ModelRoute
 from gateway.text import tokenizer_json
 from gateway.text.tokenizer_json import encode, encoded_size, llamacpp_tokenize_body, token_count
-from gateway.upstream.call import Upstreams, send
+from gateway.upstream.send import Upstreams, send
 
 _log = structlog.get_logger("gateway.tokens")
 _TEMPLATE_KEYS = ("tools", "chat_template_kwargs")

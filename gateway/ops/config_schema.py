@@ -46,7 +46,7 @@ MAX_REPLICAS = 256  # max_replicas' own cap: the per-replica metric series stay 
 MAX_BATCH_IN_FLIGHT = 64
 MAX_SEARCH_RESULTS = 20
 # a result's snippet, at most: a result is sealed whole in its encrypted_content, which the
-# gateway opens again only up to 64 K characters (gateway/messages/web_search.py)
+# gateway opens again only up to 64 K characters (gateway/messages/search_blocks.py)
 MAX_RESULT_CHARS = 8000
 
 @dataclass(frozen=True)
@@ -206,7 +206,7 @@ class ServerConfig:
     max_restored_reasoning_bytes: int = _knob(
         4 * 1024 * 1024, gt=0,
         doc="reasoning one request may restore from thinking signatures; past it 413")
-    # gateway/messages/pdf_pool.py
+    # gateway/messages/documents/pdf_pool.py
     pdf_workers: int = _knob(2, gt=0, doc="worker processes that extract PDF text")
     pdf_cpu_seconds: float = _knob(5.0, gt=0, doc="CPU seconds one PDF document may take")
     pdf_request_cpu_seconds: float = _knob(

@@ -200,7 +200,7 @@ class WorkerProcess:
                     gauge.set(sample.value)
 
 
-# the web_search_tool_result_error codes (gateway/messages/web_search.py: ERROR_CODES)
+# the web_search_tool_result_error codes (gateway/messages/search_blocks.py: ERROR_CODES)
 WEB_SEARCH_ERROR_CODES = ("invalid_tool_input", "unavailable", "max_uses_exceeded",
                           "too_many_requests", "query_too_long", "request_too_large")
 

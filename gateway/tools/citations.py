@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gateway.messages import web_search as blocks
+from gateway.messages import search_blocks as blocks
 
 __all__ = ["MIN_QUOTE", "Quotes"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.messages import web_search as blocks
+from gateway.messages import search_blocks as blocks
 from gateway.tools.citations import Quotes
 from gateway.tools.domains import DomainFilter
 from gateway.tools.searxng import SearchFailed, Searxng, language, query_error

@@ -4,7 +4,7 @@ A request offering a web search tool (validated with ``[web_search]`` configured
 in rounds, all of them one reply to the client:
 
 1. the Messages call (:mod:`gateway.messages.call`) streams the model's answer; the model
-   was offered a function ``web_search(query)`` (:mod:`gateway.messages.web_search`);
+   was offered a function ``web_search(query)`` (:mod:`gateway.messages.search_blocks`);
 2. its events are rewritten on their way to the client (:meth:`WebSearchReply._rewrite`):
    only the first round's ``message_start`` passes, block indexes continue across rounds, a
    call of the search function becomes a ``server_tool_use`` block (``srvtoolu_`` id, its
@@ -25,7 +25,7 @@ in rounds, all of them one reply to the client:
    ``max_uses_exceeded``; two rounds past that, the reply ends with ``stop_reason:
    pause_turn``, which the API uses for a turn the client resumes by sending the reply back.
 
-A buffered reply is the same events folded (:func:`gateway.messages.aggregate.aggregate`).
+A buffered reply is the same events folded (:func:`gateway.messages.from_chat.aggregate.aggregate`).
 A failure inside a round ends the stream with the round translator's envelope, rewritten
 the same way; one between rounds (the next upstream call refused) with an ``error`` event.
 Citations (:mod:`.citations`): a passage of the model's text that is a result's whole
@@ -40,12 +40,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from gateway import errors
-from gateway.messages import frames
-from gateway.messages import web_search as blocks
+from gateway.messages import search_blocks as blocks
 from gateway.messages.call import Call, MessagesDeps, Timing, restore
 from gateway.messages.continuation import relay
-from gateway.messages.figures import Figures
-from gateway.messages.stream import StreamTranslator
+from gateway.messages.from_chat.figures import Figures
+from gateway.messages.stream import frames
+from gateway.messages.stream.translator import StreamTranslator
 from gateway.ops.config import ModelRoute
 from gateway.text import ids, jsonutil
 from gateway.text.sse import encode_event

@@ -45,7 +45,7 @@ PROOF = 8  # echoed replies in a row before auto turns keep-alive on
 MAX_PROOF = 1024
 
 
-class State(enum.Enum):
+class ReuseState(enum.Enum):
     PROBING = "probing"  # a connection per request; counting echoes
     TRUSTED = "trusted"  # keep-alive; every reply must echo its request's id
 
@@ -57,13 +57,13 @@ class Event(enum.Enum):
 
 
 # (state, event) -> (next state, what happens to the streak): "+1", "0"; "0*" doubles proof
-TRANSITIONS: dict[tuple[State, Event], tuple[State, str]] = {
-    (State.PROBING, Event.ECHO): (State.PROBING, "+1"),
-    (State.PROBING, Event.NO_ECHO): (State.PROBING, "0"),
-    (State.PROBING, Event.ANOMALY): (State.PROBING, "0*"),
-    (State.TRUSTED, Event.ECHO): (State.TRUSTED, "+1"),
-    (State.TRUSTED, Event.NO_ECHO): (State.PROBING, "0"),
-    (State.TRUSTED, Event.ANOMALY): (State.PROBING, "0*"),
+TRANSITIONS: dict[tuple[ReuseState, Event], tuple[ReuseState, str]] = {
+    (ReuseState.PROBING, Event.ECHO): (ReuseState.PROBING, "+1"),
+    (ReuseState.PROBING, Event.NO_ECHO): (ReuseState.PROBING, "0"),
+    (ReuseState.PROBING, Event.ANOMALY): (ReuseState.PROBING, "0*"),
+    (ReuseState.TRUSTED, Event.ECHO): (ReuseState.TRUSTED, "+1"),
+    (ReuseState.TRUSTED, Event.NO_ECHO): (ReuseState.PROBING, "0"),
+    (ReuseState.TRUSTED, Event.ANOMALY): (ReuseState.PROBING, "0*"),
 }
 
 
@@ -78,7 +78,7 @@ class Reuse:
         self.mode = mode
         self.proof = PROOF if proof is None else proof
         self.streak = 0
-        self.state = State.TRUSTED if mode == "always" else State.PROBING
+        self.state = ReuseState.TRUSTED if mode == "always" else ReuseState.PROBING
 
     def __repr__(self) -> str:
         return f"<Reuse {self.mode} {self.state.value} {self.streak}/{self.proof}>"
@@ -86,7 +86,7 @@ class Reuse:
     @property
     def keepalive(self) -> bool:
         """May a request now go out on a reused (or reusable) connection?"""
-        return self.mode != "never" and self.state is State.TRUSTED
+        return self.mode != "never" and self.state is ReuseState.TRUSTED
 
     @property
     def must_echo(self) -> bool:
@@ -101,8 +101,8 @@ class Reuse:
         state, streak = TRANSITIONS[(before, event)]
         if streak == "+1":
             self.streak += 1
-            if state is State.PROBING and self.streak >= self.proof:
-                state = State.TRUSTED
+            if state is ReuseState.PROBING and self.streak >= self.proof:
+                state = ReuseState.TRUSTED
         else:
             self.streak = 0
             if streak == "0*":

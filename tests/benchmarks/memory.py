@@ -31,7 +31,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.messages import signatures
+from gateway.messages.from_chat import signatures
 from tests.procs import free_port, metric, post, start_gateway
 
 MIB = 2**20

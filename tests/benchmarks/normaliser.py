@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from gateway.local.normalise import ContentNormaliser
-from gateway.messages.stream import StreamTranslator
+from gateway.messages.stream.translator import StreamTranslator
 from gateway.text import jsonutil
 
 CHUNKS = 2000

@@ -4,7 +4,7 @@ leaves (issue 25), against the real gateway process in front of the scripted stu
 Protocol facts these tests rely on:
 
 * A thinking block replayed with ``"thinking": ""`` and its signature gets its reasoning
-  back from the signature (gateway/messages/signatures.py). Deflate shrinks a looping
+  back from the signature (gateway/messages/from_chat/signatures.py). Deflate shrinks a looping
   model's reasoning some 200 to 1: sealed without a bound, 8 MiB fit in a 42 KB signature.
 * ``/proc/PID/status`` ``VmHWM`` is a process's peak resident set since it started;
   ``/proc/PID/stat`` fields 14-17 are its user and system CPU time and those of its reaped
@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from gateway.messages import signatures
+from gateway.messages.from_chat import signatures
 from tests.conftest import stub_config
 from tests.pdfs import document, hostile_pdf
 from tests.procs import get, post

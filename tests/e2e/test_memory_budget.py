@@ -4,7 +4,7 @@ the real gateway process in front of the scripted stub.
 Protocol facts these tests rely on:
 
 * A thinking block replayed with ``"thinking": ""`` and its signature gets its reasoning
-  back from the signature (gateway/messages/signatures.py); the gateway holds it, and its
+  back from the signature (gateway/messages/from_chat/signatures.py); the gateway holds it, and its
   copy in the upstream payload, until the reply has ended.
 * The stub's ``delay:MS`` scenario answers after MS milliseconds: requests stay in flight.
 * 529 ``overloaded_error`` is Anthropic's status for an overloaded API; the SDKs retry it.
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from gateway.messages import signatures
+from gateway.messages.from_chat import signatures
 from tests.conftest import stub_config
 from tests.procs import metric, post
 

@@ -1,5 +1,5 @@
 """One upstream call for every caller: a batch request's upstream outcome is counted with the
-same codes and histograms as an interactive request's (gateway/upstream/call.py).
+same codes and histograms as an interactive request's (gateway/upstream/send.py).
 
 Before the upstream call was written once, the batch scheduler counted a connect failure as
 ``529`` and a timeout as ``504`` (codes no upstream sent) and skipped the response-headers

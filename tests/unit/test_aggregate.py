@@ -8,7 +8,7 @@ import pathlib
 import anthropic.types
 import pytest
 
-from gateway.messages.aggregate import aggregate
+from gateway.messages.from_chat.aggregate import aggregate
 
 GOLDEN = pathlib.Path(__file__).resolve().parent.parent / "golden" / "streams"
 CASES = sorted(p.name for p in GOLDEN.iterdir()

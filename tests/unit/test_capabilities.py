@@ -18,8 +18,8 @@ import pytest
 
 from gateway import errors
 from gateway.local.capabilities import Learned, named_tool_choice, setting, text_only
-from gateway.messages.to_chat import to_chat
-from gateway.messages.validate import validate_messages
+from gateway.messages.request.validate import validate_messages
+from gateway.messages.to_chat.translate import to_chat
 from gateway.ops.config import ConfigError, ModelRoute, UpstreamConfig, parse
 from gateway.text import jsonutil
 from gateway.text.refusals import REFUSALS

@@ -26,14 +26,14 @@ from gateway import errors
 from gateway.local.capabilities import Learned, held
 from gateway.messages import call as messages_call
 from gateway.messages.call import MessagesDeps
-from gateway.messages.validate import validate_messages
+from gateway.messages.request.validate import validate_messages
 from gateway.ops.config import ModelRoute, UpstreamConfig
 from gateway.ops.metrics import Metrics
 from gateway.text import jsonutil
 from gateway.text.redact import NO_SECRETS
 from gateway.text.refusals import refusal
-from gateway.upstream.call import Upstreams
 from gateway.upstream.client import UpstreamClient
+from gateway.upstream.send import Upstreams
 
 PNG = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJ"
        "RU5ErkJggg==")

@@ -17,10 +17,10 @@ import pytest
 from anthropic.types.beta.beta_tool_union_param import BetaToolUnionParam
 
 from gateway.errors import InvalidRequest
-from gateway.messages.client_tools import CLIENT_TOOLS
-from gateway.messages.from_chat import from_chat
-from gateway.messages.to_chat import to_chat
-from gateway.messages.validate import validate_messages
+from gateway.messages.from_chat.message import from_chat
+from gateway.messages.request.validate import validate_messages
+from gateway.messages.to_chat.client_tools import CLIENT_TOOLS
+from gateway.messages.to_chat.translate import to_chat
 from gateway.ops.config import ModelRoute, UpstreamConfig
 
 ROUTE = ModelRoute(

@@ -16,8 +16,8 @@ from gateway import errors
 from gateway.local.normalise import ContentNormaliser
 from gateway.messages import continuation
 from gateway.messages.continuation import Continued, continuation_payload, relay
-from gateway.messages.pump import Timing
-from gateway.messages.stream import StreamTranslator
+from gateway.messages.stream.pump import Timing
+from gateway.messages.stream.translator import StreamTranslator
 from gateway.ops.metrics import Metrics
 from tests.anthropic_stream_check import check_stream
 
@@ -663,11 +663,11 @@ async def test_a_prefilled_stream_cut_is_continued_as_one_turn(
 def _real_call(max_continuations: int) -> Any:
     """A Messages call on a route with ``max_continuations`` (gateway/messages/call.py)."""
     from gateway.messages.call import Call, MessagesDeps
-    from gateway.messages.validate import validate_messages
+    from gateway.messages.request.validate import validate_messages
     from gateway.ops.config import ModelRoute, UpstreamConfig
     from gateway.text.redact import NO_SECRETS
-    from gateway.upstream.call import Upstreams
     from gateway.upstream.client import UpstreamClient
+    from gateway.upstream.send import Upstreams
 
     upstream = UpstreamConfig(name="u", base_url="http://127.0.0.1:9/v1", kind="vllm",
                               max_continuations=max_continuations)

@@ -1,4 +1,4 @@
-"""Base64 PDF documents -> text with page markers (gateway/messages/documents.py).
+"""Base64 PDF documents -> text with page markers (gateway/messages/documents/pdf_text.py).
 
 An OpenAI-compatible upstream reads no PDF, and Claude Code's Read of a PDF puts a base64
 ``application/pdf`` document into a ``tool_result``, where it stays for the rest of the
@@ -17,10 +17,10 @@ import pytest
 from pypdf import PageObject
 
 from gateway.errors import InvalidRequest
-from gateway.messages import documents
-from gateway.messages.documents import find_pdfs, pdf_text, pdfs_to_text
-from gateway.messages.to_chat import to_chat
-from gateway.messages.validate import validate_messages
+from gateway.messages.documents import pdf_text as documents
+from gateway.messages.documents.pdf_text import find_pdfs, pdf_text, pdfs_to_text
+from gateway.messages.request.validate import validate_messages
+from gateway.messages.to_chat.translate import to_chat
 from gateway.ops.config import ModelRoute, UpstreamConfig
 from tests.pdfs import b64, document, encrypt, make_pdf
 

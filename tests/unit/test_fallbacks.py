@@ -17,8 +17,8 @@ from gateway.messages.call import MessagesDeps, falls_over
 from gateway.ops import config
 from gateway.ops.metrics import Metrics
 from gateway.text.redact import NO_SECRETS
-from gateway.upstream.call import Upstreams
 from gateway.upstream.client import UpstreamClient
+from gateway.upstream.send import Upstreams
 
 UPSTREAMS = """
 [upstreams.main]

@@ -18,10 +18,10 @@ import anthropic
 import pytest
 
 from gateway import errors
-from gateway.messages import signatures, tables
-from gateway.messages.aggregate import aggregate
-from gateway.messages.from_chat import from_chat
-from gateway.messages.stream import StreamTranslator
+from gateway.messages.from_chat import signatures, tables
+from gateway.messages.from_chat.aggregate import aggregate
+from gateway.messages.from_chat.message import from_chat
+from gateway.messages.stream.translator import StreamTranslator
 from gateway.text import jsonutil
 
 CASES = Path(__file__).resolve().parent.parent / "golden" / "responses"

@@ -84,7 +84,7 @@ def test_no_import_runs_upward() -> None:
 @pytest.mark.parametrize("package", ["messages", "upstream", "batches", "local", "openai"])
 def test_the_http_shell_is_not_imported_from_below(package: str) -> None:
     """The messages core, the upstream client and batches know nothing of aiohttp's server
-    side: what they need is passed in (gateway/messages/call.py, gateway/upstream/call.py)."""
+    side: what they need is passed in (gateway/messages/call.py, gateway/upstream/send.py)."""
     for path in (GATEWAY / package).rglob("*.py"):
         for imported, line in _imports(path):
             assert _layer(imported) not in ("http", "app"), f"{path}:{line} {imported}"
@@ -178,3 +178,25 @@ def test_no_import_cycle_inside_the_package() -> None:
 ])
 def test_the_cycle_check_finds_cycles(graph: dict[str, set[str]], cyclic: bool) -> None:
     assert bool(_cycles(graph)) is cyclic
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in GATEWAY.rglob("*.py") if p.name != "__init__.py")
+
+
+def test_no_two_modules_share_a_file_name() -> None:
+    """A name says where a thing is: ``call.py`` twice (a Messages call, an upstream send)
+    sent readers to the wrong file."""
+    seen: dict[str, list[str]] = {}
+    for path in _modules():
+        seen.setdefault(path.name, []).append(str(path.relative_to(GATEWAY)))
+    assert {name: where for name, where in seen.items() if len(where) > 1} == {}
+
+
+def test_no_two_classes_share_a_name() -> None:
+    seen: dict[str, list[str]] = {}
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                seen.setdefault(node.name, []).append(str(path.relative_to(GATEWAY)))
+    assert {name: where for name, where in seen.items() if len(where) > 1} == {}

@@ -19,8 +19,8 @@ import pytest
 
 from gateway.local.normalise import ContentNormaliser
 from gateway.local.tool_args import repair_arguments
-from gateway.messages.aggregate import aggregate
-from gateway.messages.from_chat import from_chat
+from gateway.messages.from_chat.aggregate import aggregate
+from gateway.messages.from_chat.message import from_chat
 from gateway.text import jsonutil
 from tests.stub_upstream import buffered_completion
 from tests.unit.test_stream import GOLDEN, LOCAL_CASES, normaliser, run_case

@@ -1,5 +1,5 @@
-"""PDF text extraction in worker processes (gateway/messages/pdf_pool.py): CPU-time budgets
-per document and per request, answered with a 400 naming the document, and a worker killed
+"""PDF text extraction in worker processes (gateway/messages/documents/pdf_pool.py): CPU-time
+budgets per document and per request, answered with a 400 naming the document, and a worker killed
 as soon as its caller is cancelled (aiohttp cancels a handler whose client hung up).
 
 Protocol facts: a PDF's content stream is a list of operators that pypdf interprets one by
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.messages import documents
-from gateway.messages.pdf_pool import PdfPool
+from gateway.messages.documents import pdf_text as documents
+from gateway.messages.documents.pdf_pool import PdfPool
 from tests.pdfs import document, hostile_pdf, make_pdf
 
 HOSTILE = hostile_pdf()

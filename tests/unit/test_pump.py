@@ -1,4 +1,4 @@
-"""gateway/messages/pump.py: a read of many events is translated a step at a time, the event
+"""gateway/messages/stream/pump.py: a read of many events is translated a step at a time, the event
 loop let run between two steps; a read of a few events costs no await of its own."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gateway.messages.pump import EVENTS_PER_STEP, Timing, pump
-from gateway.messages.stream import StreamTranslator
+from gateway.messages.stream.pump import EVENTS_PER_STEP, Timing, pump
+from gateway.messages.stream.translator import StreamTranslator
 from gateway.text.sse import SSEDecoder
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.messages.session import session_key
+from gateway.messages.session_key import session_key
 from gateway.upstream.replicas import (
     BACKOFF_MAX,
     Replicas,
@@ -124,7 +124,7 @@ def test_the_session_key_is_the_header_else_user_id_else_the_stable_prefix() -> 
 
 
 def test_the_pass_through_session_key_is_the_header_else_user_else_the_chat_prefix() -> None:
-    from gateway.openai.session import session_key as openai_key
+    from gateway.openai.session_scan import session_key as openai_key
 
     turn1 = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}]}
     turn2 = {"messages": [*turn1["messages"], {"role": "assistant", "content": "b"},

@@ -1,6 +1,6 @@
-"""One reply, one record (gateway/messages/figures.py): each kind of Messages reply records
-its own series exactly once, whatever ran it (gateway/messages/reply.py): buffered, streamed,
-a cut stream continued (buffered and streamed), a web search's two rounds (buffered and
+"""One reply, one record (gateway/messages/from_chat/figures.py): each kind of Messages reply
+records its own series exactly once, whatever ran it (gateway/messages/reply.py): buffered,
+streamed, a cut stream continued (buffered and streamed), a web search's two rounds (buffered and
 streamed), a batch request. The real app in process, against an in-test scripted model and
 an in-test SearXNG."""
 

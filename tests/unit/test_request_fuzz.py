@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import InvalidRequest
-from gateway.messages import documents
-from gateway.messages.to_chat import to_chat
-from gateway.messages.validate import validate_messages
+from gateway.messages.documents import pdf_text as documents
+from gateway.messages.request.validate import validate_messages
+from gateway.messages.to_chat.translate import to_chat
 from gateway.ops.config import ModelRoute, UpstreamConfig
 from gateway.text import jsonutil
 from tests.fuzzing import EXAMPLES

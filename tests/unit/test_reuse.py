@@ -18,7 +18,7 @@ import pytest
 from gateway.upstream import UpstreamClient
 from gateway.upstream import reuse as reuse_module
 from gateway.upstream.exceptions import ProtocolError
-from gateway.upstream.reuse import MAX_PROOF, PROOF, TRANSITIONS, Event, Reuse, State
+from gateway.upstream.reuse import MAX_PROOF, PROOF, TRANSITIONS, Event, Reuse, ReuseState
 from tests.upstream_wire import Upstream, _echoing, _reply, _settle, _upstream_config
 
 E, N, A = Event.ECHO, Event.NO_ECHO, Event.ANOMALY
@@ -28,34 +28,34 @@ E, N, A = Event.ECHO, Event.NO_ECHO, Event.ANOMALY
 
 
 def test_every_state_has_a_transition_for_every_event() -> None:
-    assert set(TRANSITIONS) == {(s, e) for s in State for e in Event}
+    assert set(TRANSITIONS) == {(s, e) for s in ReuseState for e in Event}
 
 
 def test_auto_starts_without_keepalive_and_turns_it_on_after_proof_echoes() -> None:
     reuse = Reuse("auto")
-    assert (reuse.keepalive, reuse.must_echo, reuse.state) == (False, True, State.PROBING)
+    assert (reuse.keepalive, reuse.must_echo, reuse.state) == (False, True, ReuseState.PROBING)
     flips = [reuse.observe(E) for _ in range(PROOF)]
     assert flips == [False] * (PROOF - 1) + [True]
-    assert reuse.keepalive and reuse.state is State.TRUSTED
+    assert reuse.keepalive and reuse.state is ReuseState.TRUSTED
     assert reuse.observe(E) is False  # staying trusted is no change
 
 
 @pytest.mark.parametrize(("events", "state", "streak", "proof"), [
-    ([E] * (PROOF - 1) + [N], State.PROBING, 0, PROOF),  # one reply without the echo: start over
-    ([E] * (PROOF - 1) + [N] + [E] * (PROOF - 1), State.PROBING, PROOF - 1, PROOF),
-    ([E] * 3 + [A], State.PROBING, 0, 2 * PROOF),  # an anomaly while probing: twice the proof
-    ([E] * PROOF + [N], State.PROBING, 0, PROOF),  # it stopped echoing (restarted without it?)
-    ([E] * PROOF + [A], State.PROBING, 0, 2 * PROOF),
-    ([E] * PROOF + [A] + [E] * (2 * PROOF), State.TRUSTED, 2 * PROOF, 2 * PROOF),
-    ([A] * 20, State.PROBING, 0, MAX_PROOF),  # the proof asked for is bounded
+    ([E] * (PROOF - 1) + [N], ReuseState.PROBING, 0, PROOF),  # no echo: start over
+    ([E] * (PROOF - 1) + [N] + [E] * (PROOF - 1), ReuseState.PROBING, PROOF - 1, PROOF),
+    ([E] * 3 + [A], ReuseState.PROBING, 0, 2 * PROOF),  # an anomaly while probing: twice the proof
+    ([E] * PROOF + [N], ReuseState.PROBING, 0, PROOF),  # it stopped echoing (restarted without it?)
+    ([E] * PROOF + [A], ReuseState.PROBING, 0, 2 * PROOF),
+    ([E] * PROOF + [A] + [E] * (2 * PROOF), ReuseState.TRUSTED, 2 * PROOF, 2 * PROOF),
+    ([A] * 20, ReuseState.PROBING, 0, MAX_PROOF),  # the proof asked for is bounded
 ], ids=["no-echo-resets", "streak-after-reset", "anomaly-probing", "trusted-no-echo",
         "trusted-anomaly", "earned-again", "proof-capped"])
-def test_transitions(events: list[Event], state: State, streak: int, proof: int) -> None:
+def test_transitions(events: list[Event], state: ReuseState, streak: int, proof: int) -> None:
     reuse = Reuse("auto")
     for event in events:
         reuse.observe(event)
     assert (reuse.state, reuse.streak, reuse.proof) == (state, streak, proof), repr(reuse)
-    assert reuse.keepalive is (state is State.TRUSTED)
+    assert reuse.keepalive is (state is ReuseState.TRUSTED)
 
 
 @pytest.mark.parametrize(("mode", "keepalive"), [("always", True), ("never", False)])

@@ -10,8 +10,13 @@ from typing import Any
 import pytest
 
 from gateway.errors import InvalidRequest, Overloaded, RequestTooLarge
-from gateway.messages import signatures
-from gateway.messages.signatures import MAX_EXPANSION, open_signature, restore_reasoning, seal
+from gateway.messages.from_chat import signatures
+from gateway.messages.from_chat.signatures import (
+    MAX_EXPANSION,
+    open_signature,
+    restore_reasoning,
+    seal,
+)
 from gateway.ops.budget import Budget
 
 KEY = b"k" * 32

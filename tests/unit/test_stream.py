@@ -25,8 +25,8 @@ import pytest
 
 from gateway import errors
 from gateway.local.normalise import ContentNormaliser
-from gateway.messages import signatures, tables
-from gateway.messages.stream import IllegalTransition, State, StreamTranslator
+from gateway.messages.from_chat import signatures, tables
+from gateway.messages.stream.translator import IllegalTransition, State, StreamTranslator
 from gateway.text import jsonutil
 from gateway.text.sse import SSEDecoder
 from tests.anthropic_stream_check import check_stream

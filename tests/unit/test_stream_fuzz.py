@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.messages.stream import StreamTranslator
+from gateway.messages.stream.translator import StreamTranslator
 from gateway.text.sse import SSEDecoder, SSEEventTooLarge
 from tests.anthropic_stream_check import check_stream
 from tests.fuzzing import EXAMPLES

@@ -2,7 +2,7 @@
 
 Each directory under tests/golden/requests/ holds ``anthropic.json`` (what the client
 sent) and ``openai.json`` (exactly what the upstream must receive); base64 PDFs become
-text first (gateway/messages/documents.py), as the handler does. Optional files:
+text first (gateway/messages/documents/pdf_text.py), as the handler does. Optional files:
 ``route.json`` (``kind``: the upstream kind, default vllm; ``keep_billing_header``;
 ``count_tokens``) and ``dropped.json`` (the names reported through ``on_drop``; absent
 means none may be reported).
@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from gateway.messages import documents
-from gateway.messages.to_chat import to_chat
-from gateway.messages.validate import validate_messages
+from gateway.messages.documents import pdf_text as documents
+from gateway.messages.request.validate import validate_messages
+from gateway.messages.to_chat.translate import to_chat
 from gateway.ops.config import ModelRoute, UpstreamConfig
 from gateway.text import jsonutil
 

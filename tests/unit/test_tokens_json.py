@@ -24,8 +24,8 @@ from gateway.ops.config import ModelRoute, UpstreamConfig
 from gateway.ops.metrics import Metrics
 from gateway.text import jsonutil, tokenizer_json
 from gateway.text.redact import NO_SECRETS
-from gateway.upstream.call import Upstreams
 from gateway.upstream.client import UpstreamClient
+from gateway.upstream.send import Upstreams
 
 MARK = "a prompt of code, \"quoted\",\n\ttabbed, non-ASCII é and 😀 "
 TAIL = {"add_special": True, "parse_special": True}

@@ -192,7 +192,7 @@ def _repairs_seen(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def _buffered(arguments: list[str]) -> tuple[list[dict[str, Any]], int, int, int]:
-    from gateway.messages.from_chat import from_chat
+    from gateway.messages.from_chat.message import from_chat
 
     fixed = {"repaired": 0, "unrepairable": 0}
     completion = {"choices": [{"finish_reason": "tool_calls", "message": {
@@ -212,8 +212,8 @@ def _buffered(arguments: list[str]) -> tuple[list[dict[str, Any]], int, int, int
 def _streamed(arguments: list[str]) -> tuple[list[dict[str, Any]], int, int, int]:
     """Parallel calls in one read: the first streams, the others wait and are sent whole
     when its block closes (all their repairs in one step)."""
-    from gateway.messages.aggregate import aggregate
-    from gateway.messages.stream import StreamTranslator
+    from gateway.messages.from_chat.aggregate import aggregate
+    from gateway.messages.stream.translator import StreamTranslator
     from gateway.text import jsonutil
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.errors import InvalidRequest, anthropic_body
-from gateway.messages.validate import validate_messages
+from gateway.messages.request.validate import validate_messages
 from gateway.text import jsonutil
 
 DEL = object()

@@ -1,6 +1,6 @@
 """The web_search server tool's pure parts: the tool's validation, the replayed blocks'
 validation, domain filters, sealed results, SearXNG's JSON read, and the translation of a
-replayed search for the upstream (gateway/messages/web_search.py, gateway/tools/)."""
+replayed search for the upstream (gateway/messages/search_blocks.py, gateway/tools/)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.messages import web_search as ws
-from gateway.messages.to_chat import to_chat
-from gateway.messages.validate import validate_messages
+from gateway.messages import search_blocks as ws
+from gateway.messages.request.validate import validate_messages
+from gateway.messages.to_chat.translate import to_chat
 from gateway.ops import config
 from gateway.tools import searxng
 from gateway.tools.citations import Quotes

@@ -15,7 +15,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from gateway.messages import web_search as blocks
+from gateway.messages import search_blocks as blocks
 from gateway.ops.config_schema import WebSearchConfig
 from gateway.ops.metrics import Metrics
 from gateway.text import jsonutil

@@ -14,7 +14,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gateway.app import build_app
-from gateway.messages import web_search as ws
+from gateway.messages import search_blocks as ws
 from gateway.ops import config
 from tests.anthropic_stream_check import check_stream
 

@@ -42,13 +42,13 @@ from typing import Any
 import structlog
 
 from gateway.errors import InvalidRequest
-from gateway.messages import documents
+from gateway.messages.documents import pdf_text as documents
 
 __all__ = ["PdfPool"]
 
 _HEAD = struct.Struct(">I")
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_log = structlog.get_logger("gateway.messages.pdf_pool")
+_log = structlog.get_logger("gateway.messages.documents.pdf_pool")
 
 
 def _wall_limit(request_cpu: float) -> float:
@@ -67,7 +67,7 @@ class _Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.messages.pdf_worker", str(os.getpid()),
+            sys.executable, "-m", "gateway.messages.documents.pdf_worker", str(os.getpid()),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env)
         return cls(proc)

@@ -1,4 +1,4 @@
-"""The session key of a pass-through request (see gateway/messages/session.py).
+"""The session key of a pass-through request (see gateway/messages/session_key.py).
 
 The client's ``x-claude-code-session-id`` header, else OpenAI's ``user`` field, else the
 stable prefix of a chat: its leading system (or developer) messages and first user message.

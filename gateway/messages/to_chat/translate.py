@@ -44,13 +44,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from gateway.messages import tables, turn_control
-from gateway.messages.chat_turns import Render, messages
-from gateway.messages.client_tools import to_function
-from gateway.messages.tables import LOCAL_STOP_KINDS
-from gateway.messages.validate import is_custom_tool
-from gateway.messages.web_search import TOOL_TYPES
-from gateway.messages.web_search import function as web_search_function
+from gateway.messages.from_chat import tables
+from gateway.messages.from_chat.tables import LOCAL_STOP_KINDS
+from gateway.messages.request.validate import is_custom_tool
+from gateway.messages.search_blocks import TOOL_TYPES
+from gateway.messages.search_blocks import function as web_search_function
+from gateway.messages.to_chat import turn_control
+from gateway.messages.to_chat.client_tools import to_function
+from gateway.messages.to_chat.turns import Render, messages
 from gateway.text import jsonutil
 
 if TYPE_CHECKING:

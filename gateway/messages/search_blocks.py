@@ -41,8 +41,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from gateway.errors import echo
-from gateway.messages.signatures import derived_keys
-from gateway.messages.validate_content import check_int, check_list, check_obj, fail
+from gateway.messages.from_chat.signatures import derived_keys
+from gateway.messages.request.content import check_int, check_list, check_obj, fail
 from gateway.ops.metrics import WEB_SEARCH_ERROR_CODES
 from gateway.text import jsonutil
 

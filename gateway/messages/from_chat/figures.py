@@ -8,7 +8,7 @@ buffered reply has no first token on the wire), the gateway's own time (``overhe
 the caller timed it: a batch request has none), what the gateway fixed in the engine's
 answer (``local_fixes``, dropped tool-argument pieces, reasoning hidden) and, for a stream,
 how it ended (``stream_terminations``). Nothing here runs per chunk: a stream's clock is
-its :class:`~gateway.messages.pump.Timing`, read once per round (:meth:`Figures.add_stream`).
+its :class:`~gateway.messages.stream.pump.Timing`, read once per round (:meth:`Figures.add_stream`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import structlog
 from gateway.ops.metrics import Metrics
 
 if TYPE_CHECKING:
-    from gateway.messages.pump import Timing
-    from gateway.messages.stream import StreamTranslator
+    from gateway.messages.stream.pump import Timing
+    from gateway.messages.stream.translator import StreamTranslator
 
 __all__ = ["Figures"]
 

@@ -85,13 +85,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gateway import errors
-from gateway.local.normalise import TEXT as TEXT_PIECE
-from gateway.local.normalise import THINKING as THINKING_PIECE
-from gateway.local.normalise import ContentNormaliser
-from gateway.messages import frames, tables
-from gateway.messages.stops import StopMatcher
-from gateway.messages.stream_blocks import Blocks
-from gateway.messages.tool_blocks import TEXT, THINKING, TOOL, Malformed, ToolBlocks
+from gateway.local.normalise import TEXT_PIECE, THINKING_PIECE, ContentNormaliser
+from gateway.messages.from_chat import tables
+from gateway.messages.stream import frames
+from gateway.messages.stream.blocks import Blocks
+from gateway.messages.stream.stops import StopMatcher
+from gateway.messages.stream.tool_blocks import TEXT, THINKING, TOOL, Malformed, ToolBlocks
 from gateway.text import jsonutil
 from gateway.text.redact import NO_SECRETS, Redactor
 from gateway.text.sse import encode_event

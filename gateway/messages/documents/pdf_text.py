@@ -33,7 +33,7 @@ by the page and PDF caps, by pypdf's own decompression caps (75 MB a stream), an
 It is still CPU work without a bound of its own (a 1.4 KB PDF of 200,000 no-op drawing
 operators costs 2.3 CPU seconds): the gateway reads PDFs in worker processes, under a
 CPU-time budget per document and per request, killed when the client leaves
-(:mod:`gateway.messages.pdf_pool`), and only when :func:`find_pdfs` found a PDF (a walk of
+(:mod:`gateway.messages.documents.pdf_pool`), and only when :func:`find_pdfs` found a PDF (a walk of
 user blocks, without copies).
 """
 

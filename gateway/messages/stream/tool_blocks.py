@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.local.tool_args import RepairBudget, repair_arguments
-from gateway.messages import frames
+from gateway.messages.stream import frames
 from gateway.text import ids, jsonutil
 
 
@@ -49,7 +49,7 @@ NONE, TEXT, THINKING, TOOL = 0, 1, 2, 3
 PENDING, STREAMING, CLOSED = 0, 1, 2
 
 
-class Call:
+class StreamedCall:
     """One upstream tool call, by arrival."""
 
     __slots__ = ("held", "id", "index", "name", "pieces", "seq", "state")
@@ -71,9 +71,9 @@ class ToolBlocks:
                  "repaired", "unrepairable")
 
     def __init__(self) -> None:
-        self._tool: Call | None = None  # the call streaming into the open block
-        self._calls: dict[int, Call] = {}  # latest call per upstream index
-        self._all: list[Call] = []
+        self._tool: StreamedCall | None = None  # the call streaming into the open block
+        self._calls: dict[int, StreamedCall] = {}  # latest call per upstream index
+        self._all: list[StreamedCall] = []
         self._head = b""  # delta frame prefix of the streaming call's block
         self.opened = False  # a tool_use block was sent
         self.dropped = 0  # argument pieces that could not be delivered
@@ -88,7 +88,7 @@ class ToolBlocks:
         :attr:`unrepairable` too)."""
         return self._budget.refused
 
-    def delta(self, delta: Any, out: list[bytes]) -> Call | None:
+    def delta(self, delta: Any, out: list[bytes]) -> StreamedCall | None:
         """One upstream tool_calls[] delta (the translator checked its state).
 
         Returns a named call whose block must open now (no call is streaming): the
@@ -117,7 +117,7 @@ class ToolBlocks:
                 if args:
                     self.dropped += 1
                 return None
-            call = Call(len(self._all) if type(index) is not int else index, len(self._all))
+            call = StreamedCall(len(self._all) if type(index) is not int else index, len(self._all))
             self._calls[call.index] = call
             self._all.append(call)
         if upstream_id and call.id is None:
@@ -138,13 +138,13 @@ class ToolBlocks:
             return call
         return None
 
-    def _hold(self, call: Call, args: str) -> None:
+    def _hold(self, call: StreamedCall, args: str) -> None:
         call.held += len(args)
         if call.held > MAX_HELD_ARGUMENTS:  # a hostile or looping upstream: end the stream
             raise Malformed
         call.pieces.append(args)
 
-    def _find_call(self, index: Any, upstream_id: Any) -> Call | None:
+    def _find_call(self, index: Any, upstream_id: Any) -> StreamedCall | None:
         if type(index) is int:
             call = self._calls.get(index)
             if call is not None and upstream_id and call.id and call.id != upstream_id:
@@ -160,7 +160,7 @@ class ToolBlocks:
         return self._all[-1] if self._all else None
 
     @staticmethod
-    def shell(call: Call) -> bytes:
+    def shell(call: StreamedCall) -> bytes:
         """The ``content_block`` of the call's ``content_block_start``, after its index."""
         return (
             b',"content_block":{"type":"tool_use","id":'
@@ -170,7 +170,7 @@ class ToolBlocks:
             + b',"input":{}}}\n\n'
         )
 
-    def stream(self, call: Call, head: bytes, out: list[bytes]) -> None:
+    def stream(self, call: StreamedCall, head: bytes, out: list[bytes]) -> None:
         """The call's block was opened (``head``: its delta prefix); its arguments keep being
         held until :meth:`finish` sends them whole."""
         call.state = STREAMING
@@ -188,7 +188,7 @@ class ToolBlocks:
             call.state = CLOSED
             self._tool = None
 
-    def _arguments(self, call: Call) -> str:
+    def _arguments(self, call: StreamedCall) -> str:
         """The call's arguments as JSON text of an object: as sent when they are one, else
         repaired (:mod:`gateway.local.tool_args`, the same repair a buffered reply gets)."""
         raw = "".join(call.pieces)
@@ -203,13 +203,13 @@ class ToolBlocks:
             self.unrepairable += 1
         return jsonutil.dumps(repaired.value)
 
-    def waiting(self) -> list[Call]:
+    def waiting(self) -> list[StreamedCall]:
         """The named calls buffered while another streamed, in upstream index order."""
         waiting = [c for c in self._all if c.state == PENDING and c.name is not None]
         waiting.sort(key=lambda c: (c.index, c.seq))
         return waiting
 
-    def regenerable(self) -> Call | None:
+    def regenerable(self) -> StreamedCall | None:
         """The call streaming into the open block when no call's block has closed yet: then
         nothing of any call's arguments has reached the client (only that block's start),
         and the calls may be generated again whole (gateway/messages/continuation.py)."""

@@ -10,8 +10,8 @@ Gateway decisions:
   sealed: see :mod:`.signatures`), on the failure path too: partial thinking is still the
   gateway's. Its text is kept while it is open, whether it is shown or not.
 - A text block that ends while a tail that may begin a stop sequence is held back
-  (:class:`~gateway.messages.stops.StopMatcher`) sends that tail first: it was no stop.
-- A tool block's contents are :class:`~gateway.messages.tool_blocks.ToolBlocks`'s; when
+  (:class:`~gateway.messages.stream.stops.StopMatcher`) sends that tail first: it was no stop.
+- A tool block's contents are :class:`~gateway.messages.stream.tool_blocks.ToolBlocks`'s; when
   one closes (``flush``), the calls that waited behind it are sent, each a whole block, in
   upstream index order. On the failure path they are not (``flush=False``).
 
@@ -22,9 +22,10 @@ caller's ``out`` list.
 
 from __future__ import annotations
 
-from gateway.messages import frames, signatures
-from gateway.messages.stops import StopMatcher
-from gateway.messages.tool_blocks import NONE, TEXT, THINKING, TOOL, Call, ToolBlocks
+from gateway.messages.from_chat import signatures
+from gateway.messages.stream import frames
+from gateway.messages.stream.stops import StopMatcher
+from gateway.messages.stream.tool_blocks import NONE, TEXT, THINKING, TOOL, StreamedCall, ToolBlocks
 
 
 class Blocks:
@@ -72,7 +73,7 @@ class Blocks:
         if kind == TOOL and flush:
             self.flush_waiting(out)
 
-    def open_tool(self, call: Call, out: list[bytes]) -> None:
+    def open_tool(self, call: StreamedCall, out: list[bytes]) -> None:
         self.open(TOOL, self._tools.shell(call), frames.JSON_DELTA, out)
         self._tools.stream(call, self.head, out)
 

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.errors import InvalidRequest, echo
-from gateway.messages import turn_control
+from gateway.messages.to_chat import turn_control
 from gateway.ops.metrics import WEB_SEARCH_ERROR_CODES
 
 __all__ = [
@@ -333,7 +333,7 @@ _ASSISTANT_BLOCKS: Mapping[str, Callable[[Mapping[str, Any], str], None]] = {
     "text": _text,
     "tool_use": _tool_use,
     "thinking": _thinking,
-    # a web search's blocks, replayed (gateway/messages/web_search.py)
+    # a web search's blocks, replayed (gateway/messages/search_blocks.py)
     "server_tool_use": _server_tool_use,
     "web_search_tool_result": _web_search_tool_result,
 }

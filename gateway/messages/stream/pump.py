@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 from gateway import errors
-from gateway.messages.stream import StreamTranslator
+from gateway.messages.stream.translator import StreamTranslator
 from gateway.text import jsonutil
 from gateway.text.sse import SSEDecoder
 
@@ -77,7 +77,7 @@ async def pump(up: Body, translator: StreamTranslator,
 
     ``timing`` keeps the clock: the gateway's own time (``translate``), the first content
     block's arrival (``first_token``: the reply's TTFT and TPOT are read from it when it ends,
-    gateway/messages/figures.py) and the last chunk's.
+    gateway/messages/from_chat/figures.py) and the last chunk's.
 
     ``resumable``: a cut (the body failing, an in-band 5xx, the end without a
     ``finish_reason``) is returned as a :class:`Cut` with the translator left open, for

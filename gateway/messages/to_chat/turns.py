@@ -1,5 +1,5 @@
 """Pure translation of a validated request's conversation: Anthropic system prompt and turns
--> OpenAI chat messages (the ``messages`` of :func:`gateway.messages.to_chat.to_chat`).
+-> OpenAI chat messages (the ``messages`` of :func:`gateway.messages.to_chat.translate.to_chat`).
 
 Protocol facts relied on:
 
@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from gateway.messages import turn_control
-from gateway.messages.web_search import OPENED, replayed_text
+from gateway.messages.search_blocks import OPENED, replayed_text
+from gateway.messages.to_chat import turn_control
 from gateway.text import jsonutil
 
 __all__ = ["BILLING_HEADER_PREFIX", "PLAIN", "Message", "Render", "messages"]

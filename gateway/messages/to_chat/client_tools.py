@@ -48,7 +48,7 @@ from functools import partial
 from typing import Any
 
 from gateway.errors import echo
-from gateway.messages.validate_content import check_int, fail
+from gateway.messages.request.content import check_int, fail
 
 __all__ = ["CLIENT_TOOLS", "check_client_tool", "to_function"]
 

@@ -1,4 +1,5 @@
-"""A PDF worker process: ``python -m gateway.messages.pdf_worker``, run by :mod:`.pdf_pool`.
+"""A PDF worker process (``python -m gateway.messages.documents.pdf_worker``), run by
+:mod:`.pdf_pool`.
 
 Reads jobs from stdin and writes replies to stdout, each a frame of a 4-byte big-endian
 length and a JSON object (stdlib ``json``: it round-trips any string a PDF's text may hold)::
@@ -8,7 +9,7 @@ length and a JSON object (stdlib ``json``: it round-trips any string a PDF's tex
     reply: {"texts": [text, ...], "cpu": s}  or  {"error": [path, why]}
 
 A job is some of one request's PDFs (the pool sends one at a time, so requests take turns
-at the workers), read in order with :func:`gateway.messages.documents.pdf_text` under two
+at the workers), read in order with :func:`gateway.messages.documents.pdf_text.pdf_text` under two
 CPU-time budgets: ``doc_cpu`` seconds a document and ``request_cpu`` for all of the
 request's, of which its earlier jobs ``used`` some; ``chars``: the text the request may
 still take. ``cpu`` in the reply: the request's CPU time with this job's. ``ITIMER_PROF``
@@ -39,7 +40,7 @@ from types import FrameType
 from typing import Any, BinaryIO
 
 from gateway.errors import InvalidRequest
-from gateway.messages.documents import MAX_TEXT_CHARS, pdf_text
+from gateway.messages.documents.pdf_text import MAX_TEXT_CHARS, pdf_text
 from gateway.ops import lifeline
 
 _HEAD = struct.Struct(">I")

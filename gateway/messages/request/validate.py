@@ -41,8 +41,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.errors import echo
-from gateway.messages.client_tools import check_client_tool
-from gateway.messages.validate_content import (
+from gateway.messages.request.content import (
     EFFORTS,
     check_depth,
     check_int,
@@ -55,8 +54,9 @@ from gateway.messages.validate_content import (
     is_int,
     is_number,
 )
-from gateway.messages.web_search import TOOL_TYPES as WEB_SEARCH_TYPES
-from gateway.messages.web_search import check_tool as check_web_search_tool
+from gateway.messages.search_blocks import TOOL_TYPES as WEB_SEARCH_TYPES
+from gateway.messages.search_blocks import check_tool as check_web_search_tool
+from gateway.messages.to_chat.client_tools import check_client_tool
 
 __all__ = ["is_custom_tool", "validate_messages"]
 

@@ -34,9 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gateway import errors
-from gateway.local.normalise import CALL, THINKING, ContentNormaliser
+from gateway.local.normalise import CALL_PIECE, THINKING_PIECE, ContentNormaliser
 from gateway.local.tool_args import RepairBudget, repair_arguments
-from gateway.messages import signatures, tables
+from gateway.messages.from_chat import signatures, tables
 from gateway.text import ids
 from gateway.text.redact import NO_SECRETS, Redactor
 
@@ -95,12 +95,12 @@ def from_chat(
     elif text and normaliser is not None:
         seen: set[str] = set()
         for kind, value in normaliser.whole(text):
-            if kind == CALL:
+            if kind == CALL_PIECE:
                 parts.append(("tool_use", _tool_use(
                     None, value.name, value.arguments, seen, budget, on_bad_tool_args,
                     on_repaired)))
             else:
-                parts.append(("thinking" if kind == THINKING else "text", value))
+                parts.append(("thinking" if kind == THINKING_PIECE else "text", value))
     tool_uses = _tool_uses(message, budget, on_bad_tool_args, on_repaired)
     parts.extend(("tool_use", block) for block in tool_uses)
     if not show_thinking and any(kind == "thinking" for kind, _ in parts):

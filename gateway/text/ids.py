@@ -23,18 +23,53 @@ from __future__ import annotations
 import itertools
 import os
 import re
-import secrets
+import threading
 from typing import Any
 
 _B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-# Random bytes mapped onto base62 with one translate() call (a ~1 us id, where 24
-# secrets.choice calls cost ~30 us). 256 % 62 leaves a small bias, harmless for ids.
+# Random bytes mapped onto base62 with one translate() call (where 24 secrets.choice calls
+# cost ~30 us). 256 % 62 leaves a small bias, harmless for ids.
 _TO_B62 = bytes(ord(_B62[b % 62]) for b in range(256))
+# Characters drawn from os.urandom at once: an id is a slice of them (a request made three
+# ids, each its own urandom call, ~1.5 us of a ~30 us buffered request; now one call per
+# ~128 ids). The characters are as random as before and held only in this process.
+_DRAW = 24 * 128
+
+
+class _Characters:
+    """Random base62 characters drawn in bulk, handed out once each (again in a forked
+    child: the parent's would repeat there)."""
+
+    __slots__ = ("lock", "pos", "text")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.text = ""
+        self.pos = 0
+
+    def reset(self) -> None:
+        self.lock = threading.Lock()  # a lock held by another thread at fork stays held
+        self.text = ""
+        self.pos = 0
+
+    def take(self, n: int) -> str:
+        with self.lock:
+            pos = self.pos
+            end = pos + n
+            if end > len(self.text):
+                self.text = os.urandom(max(n, _DRAW)).translate(_TO_B62).decode("ascii")
+                pos, end = 0, n
+            self.pos = end
+            return self.text[pos:end]
+
+
+_characters = _Characters()
+os.register_at_fork(after_in_child=_characters.reset)
 
 
 def b62(n: int) -> str:
     """n random base62 characters."""
-    return secrets.token_bytes(n).translate(_TO_B62).decode("ascii")
+    return _characters.take(n)
 
 
 def new_request_id() -> str:

@@ -65,3 +65,4 @@ def test_forked_child_draws_its_own() -> None:
         os.waitpid(pid, 0)
     assert re.fullmatch(r"req_[0-9A-Za-z]{24}", child)
     assert child != ids.new_request_id()
+

@@ -105,9 +105,24 @@ class Learned:
 LEARNED = Learned()
 
 
+# route (by identity; the route is held, so its id is not reused) -> what it sets "no": the
+# answer of every request while nothing is learnt, made once (each request asked again)
+_SET_NO: dict[int, tuple[ModelRoute, frozenset[str]]] = {}
+_SET_NO_LIMIT = 1024  # routes remembered (a config's; a reloaded one's replace them)
+
+
 def text_only(route: ModelRoute, learned: Learned) -> frozenset[str]:
     """The content the route's upstream gets as text: set "no", or learnt refused."""
     refused = learned.refused(route.name)
+    if not refused:
+        known = _SET_NO.get(id(route))
+        if known is not None and known[0] is route:
+            return known[1]
+        if len(_SET_NO) >= _SET_NO_LIMIT:
+            _SET_NO.clear()
+        no = frozenset(c for c in CAPABILITIES if setting(route, c) == "no")
+        _SET_NO[id(route)] = (route, no)
+        return no
     return frozenset(c for c in CAPABILITIES
                      if setting(route, c) == "no" or (c in refused and setting(route, c) != "yes"))
 

@@ -126,6 +126,52 @@ class _Observer:
         return getattr(self.child, name)
 
 
+class _Count:
+    """A counter child whose ``inc`` goes straight to the child's value.
+
+    prometheus-client's ``inc`` checks the metric's type again and for an exemplar on every
+    call; the gateway counts a dozen times a request. The value is the child's own (its lock,
+    per-process or multiprocess alike); everything else is the child's.
+    """
+
+    __slots__ = ("_value", "child")
+
+    def __init__(self, child: Counter) -> None:
+        self.child = child
+        self._value = child._value
+
+    def inc(self, amount: float = 1) -> None:
+        if amount < 0:
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        self._value.inc(amount)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.child, name)
+
+
+class _Level:
+    """A gauge child whose ``inc``, ``dec`` and ``set`` go straight to the child's value
+    (as :class:`_Count`; no gauge here is in ``mostrecent`` mode, which needs a timestamp)."""
+
+    __slots__ = ("_value", "child")
+
+    def __init__(self, child: Gauge) -> None:
+        self.child = child
+        self._value = child._value
+
+    def inc(self, amount: float = 1) -> None:
+        self._value.inc(amount)
+
+    def dec(self, amount: float = 1) -> None:
+        self._value.inc(-amount)
+
+    def set(self, value: float) -> None:
+        self._value.set(float(value))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.child, name)
+
+
 class _Memo:
     """A metric whose ``labels()`` children are cached by label values.
 
@@ -146,6 +192,10 @@ class _Memo:
             child = self.metric.labels(*values)
             if isinstance(child, Histogram):
                 child = _Observer(child)
+            elif isinstance(child, Counter):
+                child = _Count(child)
+            elif isinstance(child, Gauge) and not child._is_most_recent:
+                child = _Level(child)
             self._children[values] = child
         return child
 

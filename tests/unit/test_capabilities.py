@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from gateway import errors
+from gateway.local import capabilities
 from gateway.local.capabilities import Learned, named_tool_choice, setting, text_only
 from gateway.messages.request.validate import validate_messages
 from gateway.messages.to_chat.translate import to_chat
@@ -172,3 +173,33 @@ def test_named_tool_choice(named_choice: bool, tools: list[str], choice: Any) ->
     out = to_chat(req, _route(), named_choice=named_choice)
     assert [t["function"]["name"] for t in out["tools"]] == tools
     assert out["tool_choice"] == choice
+
+
+@pytest.mark.parametrize(("kind", "knobs", "expected"), [
+    ("vllm", {}, frozenset()),
+    ("llamacpp", {}, frozenset({"tool_references"})),
+    ("vllm", {"images": "no"}, frozenset({"images"})),
+    ("ollama", {"tool_references": "yes", "images": "no"}, frozenset({"images"})),
+])
+def test_text_only_with_nothing_learnt_is_made_once_per_route(
+        kind: str, knobs: dict[str, str], expected: frozenset[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    learned = Learned()
+    route = _route(kind, **knobs)
+    calls: list[str] = []
+    real = capabilities.setting
+
+    def counted(route: Any, capability: str) -> str:
+        calls.append(capability)
+        return real(route, capability)
+
+    monkeypatch.setattr(capabilities, "setting", counted)
+    assert text_only(route, learned) == expected
+    made = len(calls)
+    assert text_only(route, learned) == expected
+    assert len(calls) == made  # the second request asks nothing again
+    # what is learnt still counts, and an equal route made anew is its own
+    learned.learn("m", "images", 600)
+    assert text_only(route, learned) == expected | (
+        {"images"} if knobs.get("images") != "yes" else set())
+    assert text_only(replace(route, images="yes"), Learned()) == expected - {"images"}

@@ -41,6 +41,8 @@ from gateway.text import ids
 from gateway.text.redact import NO_SECRETS, Redactor
 
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
+# dict first: a decoded completion's objects are dicts, found without the ABC's check
+_MAPPING = (dict, Mapping)
 
 
 def from_chat(
@@ -72,13 +74,13 @@ def from_chat(
     and ``secrets``) and :class:`errors.StreamProcessingError` (500) for anything
     that is not a completion with a choice.
     """
-    if not isinstance(completion, Mapping):
+    if not isinstance(completion, _MAPPING):
         raise errors.StreamProcessingError()
     if _is_error_object(completion):
         raise errors.from_inband(completion, hosts=hosts, secrets=secrets)
     choice = _first_choice(completion)
     message = choice.get("message")
-    if not isinstance(message, Mapping):
+    if not isinstance(message, _MAPPING):
         raise errors.StreamProcessingError()
 
     # (kind, value) in order: "thinking" and "text" strings, "tool_use" blocks
@@ -163,7 +165,7 @@ def _is_error_object(completion: Mapping[str, Any]) -> bool:
 
 def _first_choice(completion: Mapping[str, Any]) -> Mapping[str, Any]:
     choices = completion.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], _MAPPING):
         raise errors.StreamProcessingError()
     return choices[0]
 
@@ -205,15 +207,15 @@ def _tool_uses(
     if not isinstance(calls, list):
         calls = []
     legacy = message.get("function_call")
-    if not calls and isinstance(legacy, Mapping):
+    if not calls and legacy is not None and isinstance(legacy, _MAPPING):
         calls = [{"function": legacy}]
     blocks: list[dict[str, Any]] = []
     seen: set[str] = set()
     for call in calls:
-        if not isinstance(call, Mapping):
+        if not isinstance(call, _MAPPING):
             continue
         function = call.get("function")
-        if not isinstance(function, Mapping):
+        if not isinstance(function, _MAPPING):
             function = {}
         blocks.append(_tool_use(call.get("id"), function.get("name"), function.get("arguments"),
                                 seen, budget, on_bad_tool_args, on_repaired))

@@ -25,6 +25,8 @@ FINISH_TO_STOP: Mapping[str, str] = {
 }
 
 _MATCHED_STOP_FIELDS = ("stop_reason", "matched_stop", "stopping_word")
+# dict first: a decoded body's objects are dicts, found without the ABC's check
+_MAPPING = (dict, Mapping)
 
 # Upstreams whose OpenAI routes never say which stop string ended a generation
 # (llama.cpp only in a server-wide debug field, Ollama not at all). For them the
@@ -79,7 +81,7 @@ def usage_from_chat(usage: Any, timings: Any = None) -> Usage | None:
     prompt/completion/total only). ``prompt_tokens`` counts the cached part too; Anthropic's
     ``input_tokens`` does not, so it is taken out.
     """
-    if not isinstance(usage, Mapping):
+    if not isinstance(usage, _MAPPING):
         return None
     prompt = _count(usage.get("prompt_tokens"))
     cached = _cached(usage, timings)
@@ -104,9 +106,11 @@ def anthropic_usage(usage: Usage | None) -> dict[str, int]:
 
 def _cached(usage: Mapping[str, Any], timings: Any) -> int | None:
     details = usage.get("prompt_tokens_details")
-    if isinstance(details, Mapping) and _is_count(details.get("cached_tokens")):
+    if details is not None and isinstance(details, _MAPPING) and _is_count(
+            details.get("cached_tokens")):
         return int(details["cached_tokens"])
-    if isinstance(timings, Mapping) and _is_count(timings.get("cache_n")):
+    if timings is not None and isinstance(timings, _MAPPING) and _is_count(
+            timings.get("cache_n")):
         return int(timings["cache_n"])
     return None
 
@@ -131,7 +135,8 @@ def hides_thinking(req: Mapping[str, Any]) -> bool:
     ``thinking_delta``.
     """
     thinking = req.get("thinking")
-    return isinstance(thinking, Mapping) and thinking.get("display") in _HIDDEN_DISPLAYS
+    return (thinking is not None and isinstance(thinking, _MAPPING)
+            and thinking.get("display") in _HIDDEN_DISPLAYS)
 
 
 _THINKING_SWITCHES = ("enable_thinking", "thinking")
@@ -146,7 +151,9 @@ def shows_thinking(req: Mapping[str, Any]) -> bool:
     another thing: the block is there, with an empty ``thinking`` and its signature.
     """
     thinking = req.get("thinking")
-    if isinstance(thinking, Mapping) and thinking.get("type") != "disabled":
+    if (thinking is not None and isinstance(thinking, _MAPPING)
+            and thinking.get("type") != "disabled"):
         return True
     kwargs = req.get("chat_template_kwargs")
-    return isinstance(kwargs, Mapping) and any(kwargs.get(k) is True for k in _THINKING_SWITCHES)
+    return kwargs is not None and isinstance(kwargs, _MAPPING) and any(
+        kwargs.get(k) is True for k in _THINKING_SWITCHES)

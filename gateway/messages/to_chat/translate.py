@@ -236,8 +236,11 @@ def _ends_in_search(turn: Mapping[str, Any]) -> bool:
 def _prefill(req: Mapping[str, Any], out: dict[str, Any]) -> None:
     cont = req.get("continue_final_message")
     if cont is None:
-        last = next((t for t in reversed(req["messages"])
-                     if not turn_control.is_control_entry(t)), None)
+        turns = req["messages"]
+        last = turns[-1] if turns else None
+        if last is not None and turn_control.is_control_entry(last):
+            last = next((t for t in reversed(turns) if not turn_control.is_control_entry(t)),
+                        None)
         cont = last is not None and last["role"] == "assistant" and not _ends_in_search(last)
         if not cont:
             return

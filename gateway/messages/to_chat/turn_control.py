@@ -71,13 +71,22 @@ def output_config(req: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return {**(top or {}), **per_turn}
 
 
+_NONE: frozenset[int] = frozenset()
+
+
 def hidden_turns(messages: Sequence[Mapping[str, Any]]) -> frozenset[int]:
     """Indexes of system turns with ``clear_at: "next_user_message"`` that a later user
     message has cleared."""
     last_user = -1
+    system = False
     for i, turn in enumerate(messages):
-        if turn["role"] == "user":
+        role = turn["role"]
+        if role == "user":
             last_user = i
+        elif role == "system":
+            system = True
+    if not system:  # the usual conversation: no system turn to hide
+        return _NONE
     return frozenset(
         i for i, turn in enumerate(messages[:last_user])
         if turn["role"] == "system" and turn.get("clear_at") == "next_user_message"

@@ -100,6 +100,9 @@ def _system_text(content: Any, keep_billing_header: bool) -> str | None:
 
 def _collapse(parts: list[Part]) -> str | list[Part]:
     """Plain text when every part is text (templates handle strings best), else parts."""
+    if len(parts) == 1:  # the usual turn: one string or one text block
+        part = parts[0]
+        return part["text"] if part["type"] == "text" else parts
     if all(p["type"] == "text" for p in parts):
         return "\n".join(p["text"] for p in parts)
     return parts

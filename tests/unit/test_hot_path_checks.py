@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from gateway.messages import tables
-from gateway.messages.from_chat import from_chat
+from gateway.messages.from_chat import tables
+from gateway.messages.from_chat.message import from_chat
 
 COMPLETION = {
     "id": "chatcmpl-1", "object": "chat.completion",

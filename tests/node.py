@@ -15,7 +15,7 @@ def ts_sdk_ready() -> None:
     """Skip (fail under CI) unless node and the TypeScript SDK are installed."""
     if shutil.which("node") and (CLIENTS / "node_modules" / "@anthropic-ai" / "sdk").is_dir():
         return
-    message = "TypeScript SDK not installed: (cd tests/clients && npm install)"
+    message = "TypeScript SDK not installed: (cd tests/clients && npm ci)"
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)

@@ -14,9 +14,9 @@ once (``upstream_failure``: upstream, phase, cause, request id; at most one line
 upstream and cause a second, the lines held back counted in the next):
 
 * refused, reset or closed before any byte of the reply -> UpstreamUnavailable (529,
-  retryable); retried once on the same replica when it is the only one (a reused
-  connection the upstream had closed), else on the next replica (nothing has reached the
-  client);
+  retryable; no connection at all says "Upstream unreachable: <cause>"); retried once on
+  the same replica when it is the only one (a reused connection the upstream had closed),
+  else on the next replica (nothing has reached the client);
 * no final head within ``header_timeout`` of the send (interim 1xx replies do not
   extend it), a buffered reply not whole within ``response_timeout``, a stream with no
   event for ``idle_timeout``, no pool slot within the head timeout -> UpstreamTimeout
@@ -71,7 +71,7 @@ from gateway.upstream.exceptions import (
     PoolTimeout,
     ProtocolError,
 )
-from gateway.upstream.failures import _RETRIED, FailureLog, Failures, map_failure
+from gateway.upstream.failures import _RETRIED, FailureLog, Failures, map_failure, unreachable
 from gateway.upstream.members import Members
 from gateway.upstream.pool import Counter, Pool, Response
 from gateway.upstream.proof import BODY_PROOF, PROVABLE_PATH
@@ -345,7 +345,7 @@ class UpstreamClient:
         attempts = order[: replicas.attempts]
         if not attempts:  # discover = "dns" and no address yet: nowhere to send it
             self.report("connect", "no_replicas", request_id)
-            raise errors.UpstreamUnavailable()
+            raise unreachable("no_replicas")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + head_timeout
         failing = _Failing(path, body)
@@ -357,7 +357,7 @@ class UpstreamClient:
             pool = self.members.pools.get(replica.index)
             if pool is None:  # it left (DNS) while an earlier attempt was out
                 if last:
-                    raise errors.UpstreamUnavailable()
+                    raise unreachable("no_replicas")
                 continue
             paths = self.members.targets[replica.index]
             target = (paths[1] if at_root else paths[0]) + path

@@ -25,7 +25,7 @@ from gateway.upstream.exceptions import (
     TooLarge,
 )
 
-__all__ = ["FailureLog", "Failures", "map_failure"]
+__all__ = ["FailureLog", "Failures", "map_failure", "unreachable"]
 
 _log = structlog.get_logger("gateway.upstream")
 
@@ -34,6 +34,24 @@ _log = structlog.get_logger("gateway.upstream")
 # on a fresh connection)
 _RETRIED = frozenset(("refused", "reset", "closed", "misrouted"))
 _LOG_EVERY = 1.0  # seconds between two failure lines of one upstream and cause
+# What the client reads when no connection could be made, by ConnectFailed's cause: the
+# cause in words, never the host, address or port (the URL is a secret: house rule 5), so
+# "no engine running" reads as such instead of a bare "Overloaded". Still a 529, which the
+# SDKs retry (an engine that is starting up answers a moment later).
+_UNREACHABLE = {
+    "refused": "connection refused",
+    "reset": "connection reset",
+    "tls": "TLS handshake failed",
+    "dns": "host name not resolved",
+    "no_replicas": "no replica address known",
+}
+
+
+def unreachable(cause: str) -> errors.UpstreamUnavailable:
+    """The client's error when the upstream could not be reached (``cause``: a
+    :class:`ConnectFailed` cause, or ``no_replicas``)."""
+    return errors.UpstreamUnavailable(
+        f"Upstream unreachable: {_UNREACHABLE.get(cause, 'could not connect')}")
 
 
 class FailureLog:
@@ -77,7 +95,7 @@ def map_failure(exc: BaseException, phase: str, stream: bool
     """(the client's error, phase, cause) for a foreign exception; None: not ours."""
     if isinstance(exc, ConnectFailed):
         err: errors.GatewayError = (errors.UpstreamTimeout() if exc.cause == "timeout"
-                                    else errors.UpstreamUnavailable())
+                                    else unreachable(exc.cause))
         return err, "connect", exc.cause
     if isinstance(exc, PoolTimeout):
         return errors.UpstreamTimeout(), "connect", exc.cause

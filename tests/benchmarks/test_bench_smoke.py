@@ -7,8 +7,10 @@ test material.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -38,6 +40,11 @@ def _number(value: object) -> bool:
 
 
 def test_tiny_run_reports_every_figure(tmp_path):
+    """Every figure, the Rust router's too where the bench extra is installed; without it
+    (the README's test command leaves it out) the router's figures and targets are empty and
+    the run says why. CI installs it: there, its absence fails."""
+    if os.environ.get("CI") and importlib.util.find_spec("sglang_router") is None:
+        pytest.fail("sglang-router is not installed (pip install '.[bench]'; CI must)")
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "tests.benchmarks.run", "--tiny", "--json",
                            str(out)], cwd=REPO, capture_output=True, text=True, timeout=_HANG_S)
@@ -78,7 +85,10 @@ def test_tiny_run_reports_every_figure(tmp_path):
     for name in ("gateway", "floor", "relay"):
         assert _number(r["startup"][name]["startup_s"])
         assert _number(r["startup"][name]["idle_rss_mb"])
-    assert {t["target"] for t in r["targets"]} and all(_number(t["value"]) for t in r["targets"])
+    assert r["targets"]
+    for t in r["targets"]:  # a target without a value: only the router's, where it is absent
+        assert _number(t["value"]) or (
+            t["value"] is None and r["router_missing"] and "Rust router" in t["target"]), t
     assert isinstance(r["gateway_error_lines"], int)
 
 

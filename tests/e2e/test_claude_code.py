@@ -33,7 +33,7 @@ CLAUDE = REPO / "tests" / "clients" / "node_modules" / ".bin" / "claude"
 def _run(tmp_path: Path, mode: str, prompt: str, timeout: float = 280) -> dict:
     missing = []
     if not CLAUDE.exists():
-        missing.append("Claude Code (cd tests/clients && npm install)")
+        missing.append("Claude Code (cd tests/clients && npm ci)")
     if os.geteuid() != 0 or not shutil.which("unshare"):
         missing.append("root and unshare, for a loopback-only network namespace")
     if missing:

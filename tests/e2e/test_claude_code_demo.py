@@ -45,7 +45,7 @@ LATER_TURN_SECONDS = 5
 def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     missing = []
     if not CLAUDE.exists():
-        missing.append("Claude Code (cd tests/clients && npm install)")
+        missing.append("Claude Code (cd tests/clients && npm ci)")
     if os.geteuid() != 0 or not shutil.which("unshare"):
         missing.append("root and unshare, for a loopback-only network namespace")
     for module in ("xllamacpp", "gguf", "numpy"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,16 +19,19 @@ from pathlib import Path
 import pytest
 
 from gateway.demo.tinymodel import ANSWER_TEXT
-from tests.procs import Proc, free_port, get, wait_http
+from tests.procs import Proc, free_port, get, require_demo_extra, wait_http
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llamacpp]
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    for module in ("xllamacpp", "gguf", "numpy", "openai"):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"{module} not installed")
+    require_demo_extra()
+    if importlib.util.find_spec("openai") is None:
+        reason = "openai is not installed (pip install '.[test]')"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
     tmp: Path = tmp_path_factory.mktemp("demo-openai")
     port = free_port()
     proc = Proc([sys.executable, "-m", "gateway", "--demo", "--port", str(port)],

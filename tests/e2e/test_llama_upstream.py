@@ -18,7 +18,6 @@ These pin what the gateway relies on from this upstream, as observed:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import threading
 import urllib.error
@@ -32,6 +31,7 @@ from gateway.demo import toolcall
 from gateway.demo.llama import LlamaServer, _assign
 from tests.fixtures_llama import *  # noqa: F403 - the pytest fixtures
 from tests.fixtures_llama import UNIFIED_CTX_SIZE
+from tests.procs import require_demo_extra
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llamacpp]
 
@@ -384,8 +384,7 @@ def test_server_is_healthy_and_owned(llama_upstream):
 def test_start_failure_reports_the_log(tmp_path):
     bogus = tmp_path / "not-a-model.gguf"
     bogus.write_bytes(b"not a gguf")
-    if importlib.util.find_spec("xllamacpp") is None:
-        pytest.skip("xllamacpp not installed")
+    require_demo_extra()
     server = LlamaServer(str(bogus))
     with pytest.raises(RuntimeError, match="did not start"):
         server.start(timeout=30)

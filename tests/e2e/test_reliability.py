@@ -232,8 +232,23 @@ def test_sigterm_drains_then_ends_streams_with_the_envelope(stub_url, gateway_fa
 
 # --- many concurrent streams ---------------------------------------------------------------
 
+# The shared stub config's upstream timeouts (2 s to connect, 3 s to a head or between
+# events) make the timeout tests quick. Here they would be a claim about speed: a thousand
+# streams at once on a busy two-core machine can keep the stub from answering one for more
+# than 3 s, and the gateway then rightly ends that stream with a timeout error. This test is
+# about counts (every stream ends well-formed, none is left open), so its upstream waits as
+# long as the test's own hang guard.
+_PATIENT = {"connect_timeout = 2": "connect_timeout = 90", "header_timeout = 3":
+            "header_timeout = 90", "idle_timeout = 3": "idle_timeout = 90"}
+
+
+@pytest.mark.timeout(400)  # the hang guards below, and the gateway's start and stop
 def test_thousand_concurrent_streams(stub_url, gateway_factory) -> None:
-    _, url = gateway_factory(stub_config(stub_url, models=("ok",)))
+    config = stub_config(stub_url, models=("ok",))
+    for quick, patient in _PATIENT.items():
+        assert quick in config
+        config = config.replace(quick, patient)
+    _, url = gateway_factory(config)
     base = url + "/llm"
     n = 1000
 
@@ -245,15 +260,18 @@ def test_thousand_concurrent_streams(stub_url, gateway_factory) -> None:
                         "model": "m-ok", "max_tokens": 5, "stream": True,
                         "messages": [{"role": "user", "content": "hi"}]}) as resp:
                     return await resp.read()
-            return await asyncio.wait_for(asyncio.gather(*(one() for _ in range(n))), 90)
+            # a hang guard, not a claim about speed (6 to 20 s on two cores at load 6 to 8)
+            return await asyncio.wait_for(asyncio.gather(*(one() for _ in range(n))), 240)
 
     bodies = asyncio.run(run())
     for body in bodies:
         events = check_stream(body)
         assert events[-1]["type"] == "message_stop"
         assert not [e for e in events if e["type"] == "error"]
-    _wait_for(lambda: _metric(base, "llm_gateway_streams_in_flight") == 0, 5)
-    _wait_for(lambda: _stats(stub_url)["open_streams"] == 0 and _stats(stub_url)["active"] == 0, 5)
+    # every stream has ended for the client: what is left is bookkeeping (60 s: hang guards)
+    _wait_for(lambda: _metric(base, "llm_gateway_streams_in_flight") == 0, 60)
+    _wait_for(lambda: _stats(stub_url)["open_streams"] == 0 and _stats(stub_url)["active"] == 0,
+              60)
     assert _metric(base, "llm_gateway_stream_terminations_total", reason="completed") >= n
 
 

@@ -25,7 +25,13 @@ in rounds, all of them one reply to the client:
    ``max_uses_exceeded``; two rounds past that, the reply ends with ``stop_reason:
    pause_turn``, which the API uses for a turn the client resumes by sending the reply back.
 
-A buffered reply is the same events folded (:func:`gateway.messages.from_chat.aggregate.aggregate`).
+The rewriter reads the round translator's output by its frames' prefixes
+(:mod:`gateway.messages.stream.frames`, pre-encoded: the index respliced, the rest passed as
+it is) and the translator's state (usage, stop reason), never decoding an event whole: a
+block's text, signature and input are kept as the encoded delta bodies and decoded once, as
+the round ends, for the next round's request. Those blocks are also the buffered reply
+(:meth:`WebSearchReply.message`), equal to the stream's events folded as the SDKs fold them
+(:func:`gateway.messages.from_chat.aggregate.aggregate`), without folding them again.
 A failure inside a round ends the stream with the round translator's envelope, rewritten
 the same way; one between rounds (the next upstream call refused) with an ``error`` event.
 Citations (:mod:`.citations`): a passage of the model's text that is a result's whole
@@ -36,7 +42,7 @@ citation; nothing else is cited, so none is invented.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway import errors
@@ -57,6 +63,22 @@ __all__ = ["WebSearchReply"]
 
 _ROUNDS_PAST_LIMIT = 2  # rounds after the search limit before the reply pauses
 
+# the translator's frames (gateway/messages/stream/frames.py), recognised by their prefix
+_CBS_LEN = len(frames.CBS)
+_CBD_LEN = len(frames.CBD)
+_CB_STOP = frames.CB_STOP.split(b"%d")[0]
+_CB_STOP_LEN = len(_CB_STOP)
+_TEXT_SHELL = frames.TEXT_SHELL.removesuffix(b"\n\n")
+_THINKING_SHELL = frames.THINKING_SHELL.removesuffix(b"\n\n")
+_TEXT_DELTA, _TEXT_DELTA_LEN = frames.TEXT_DELTA, len(frames.TEXT_DELTA)
+_THINKING_DELTA, _THINKING_DELTA_LEN = frames.THINKING_DELTA, len(frames.THINKING_DELTA)
+_SIGNATURE_DELTA, _SIGNATURE_DELTA_LEN = frames.SIGNATURE_DELTA, len(frames.SIGNATURE_DELTA)
+_JSON_DELTA, _JSON_DELTA_LEN = frames.JSON_DELTA, len(frames.JSON_DELTA)
+_MESSAGE_START = b"event: message_start\n"
+_MESSAGE_DELTA = b"event: message_delta\n"
+_MESSAGE_STOP = b"event: message_stop\n"
+_ERROR = b"event: error\n"
+
 Write = Callable[[bytes], Awaitable[None]]
 
 
@@ -74,6 +96,11 @@ class WebSearchReply:
         self._base = call.req  # the first round's request (replays restored, PDFs as text)
         self._searches = searches
         self._name = name
+        # a call of the search function: the end of its tool_use shell (tool_blocks.shell)
+        self._search_tail = b',"name":' + frames.jstr(name) + b',"input":{}}}'
+        self._message_id = self._model = ""
+        self._stop_sequence: str | None = None
+        self._usage: dict[str, Any] = {}
         self._request_id = request_id
         self._session = session
         self.translator: StreamTranslator | None = None
@@ -122,6 +149,8 @@ class WebSearchReply:
         while True:
             self.rounds += 1
             translator = self.translator = self._call.translator()
+            if self.rounds == 1:
+                self._message_id, self._model = translator.message_id, translator.model
             timing = Timing(0.0)
 
             async def sink(data: bytes) -> None:
@@ -167,7 +196,7 @@ class WebSearchReply:
         """The round stopped for another reason than its calls (``max_tokens`` in the
         middle of one): the reply ends there, as the model's would."""
         held = self._held
-        return held is not None and held["delta"].get("stop_reason") != "tool_use"
+        return held is not None and held[0] != "tool_use"
 
     async def _search(self, calls: list[dict[str, Any]]) -> bytes:
         """Each call's search run and its result block (complete at its start)."""
@@ -189,7 +218,9 @@ class WebSearchReply:
         assistant's turn (after a prefill, appended to it)."""
         req = self._base
         messages = list(req["messages"])
-        history = list(self._history)
+        # copies: restoring the reasoning of earlier rounds writes into the request's blocks,
+        # and the history is also the buffered reply's content (message())
+        history = [dict(block) for block in self._history]
         last = messages[-1] if messages else None
         if last is not None and last["role"] == "assistant":
             content = last["content"]
@@ -215,10 +246,14 @@ class WebSearchReply:
     def _new_round(self) -> None:
         self._map: dict[int, int] = {}
         self._blocks: dict[int, dict[str, Any]] = {}
-        self._json: dict[int, list[str]] = {}
+        # the blocks' delta bodies as the translator encoded them (JSON strings), decoded
+        # once per block as the round ends: the text (or thinking), the signature, the input
+        self._parts: dict[int, list[bytes]] = {}
+        self._signature: dict[int, bytes] = {}
+        self._json: dict[int, list[bytes]] = {}
         self._calls: list[int] = []  # client indexes of this round's server_tool_use blocks
         self._client_tools = False
-        self._held: dict[str, Any] | None = None
+        self._held: tuple[str | None, str | None] | None = None  # stop reason, sequence
         self._round_in = self._round_out = self._round_cache = 0
         # the text block read for quotes: its translator index, held text, client index
         self._quoting: int | None = None
@@ -226,67 +261,101 @@ class WebSearchReply:
         self._quote_open: int | None = None
 
     def _rewrite(self, data: bytes) -> bytes:
-        """A round's events as the client gets them (see the module docstring)."""
+        """A round's events as the client gets them (see the module docstring).
+
+        ``data`` is the round translator's output, in the frames of
+        :mod:`gateway.messages.stream.frames`: each is recognised by its prefix and its
+        index respliced, never decoded whole; what the round's end needs (usage, stop
+        reason) is read from the translator itself."""
         out: list[bytes] = []
         for frame in data.split(b"\n\n"):
-            at = frame.find(b"\ndata: ")
-            if at < 0:
-                continue
-            event = jsonutil.loads(frame[at + 7:])
-            kind = event["type"]
-            if kind == "message_start":
-                self._round_in = event["message"]["usage"].get("input_tokens", 0)
-                if self._started:
-                    continue
-                self._started = True
-            elif kind == "content_block_start":
-                block = event["content_block"]
-                if block["type"] == "text" and self._searches.quotes:
-                    self._quoting = event["index"]  # opened with its first plain text
-                    continue
-                index = self._map[event["index"]] = self._next
-                self._next += 1
-                if block["type"] == "tool_use" and block["name"] == self._name:
-                    block = {"type": "server_tool_use", "id": "srvtoolu_" + ids.b62(24),
-                             "name": blocks.NAME, "input": {}}
-                    self._calls.append(index)
-                elif block["type"] == "tool_use":
-                    self._client_tools = True
-                self._blocks[index] = dict(block)
-                event = {**event, "index": index, "content_block": block}
-            elif kind == "content_block_delta" and event["index"] == self._quoting:
-                if event["delta"]["type"] == "text_delta":
-                    pieces, self._quote_held = self._searches.quotes.split(
-                        self._quote_held + event["delta"]["text"])
-                    self._text_pieces(pieces, out)
-                continue
-            elif kind == "content_block_stop" and event["index"] == self._quoting:
-                if self._quote_held:
-                    self._text_pieces([(self._quote_held, None)], out)
-                if self._quote_open is not None:
-                    out.append(frames.CB_STOP % self._quote_open)
-                self._quoting, self._quote_held, self._quote_open = None, "", None
-                continue
-            elif kind == "content_block_delta":
-                index = self._map[event["index"]]
-                self._fold(index, event["delta"])
-                event = {**event, "index": index}
-            elif kind == "content_block_stop":
-                event = {**event, "index": self._map[event["index"]]}
-            elif kind == "message_delta":
-                usage = event.get("usage") or {}
-                self._round_out = usage.get("output_tokens", 0)
-                self._round_in = usage.get("input_tokens", self._round_in)
-                self._round_cache = usage.get("cache_read_input_tokens", 0)
-                self._held = event
-                continue
-            elif kind == "message_stop":
-                if not self._errored:
-                    continue
-            elif kind == "error":
-                self._errored = True
-            out.append(encode_event(kind, jsonutil.dumpb(event)))
+            if frame.startswith(frames.CBD):
+                self._delta(frame, out)
+            elif frame.startswith(frames.CBS):
+                self._block_start(frame, out)
+            elif frame.startswith(_CB_STOP):
+                self._block_stop(frame, out)
+            elif frame.startswith(_MESSAGE_START):
+                translator = self.translator
+                assert translator is not None
+                self._round_in = translator.input_tokens
+                if not self._started:
+                    self._started = True
+                    out.append(frame + b"\n\n")
+            elif frame.startswith(_MESSAGE_DELTA):
+                translator = self.translator
+                assert translator is not None
+                self._round_out = translator.output_tokens
+                self._round_in = translator.input_tokens
+                self._round_cache = (translator.cache_read or 0) if (
+                    translator.prompt_reported) else 0
+                self._held = (translator.stop_reason, translator.stop_sequence)
+            elif frame.startswith(_MESSAGE_STOP):
+                if self._errored:
+                    out.append(frames.MESSAGE_STOP)
+            elif frame:
+                if frame.startswith(_ERROR):
+                    self._errored = True
+                out.append(frame + b"\n\n")
         return b"".join(out)
+
+    def _block_start(self, frame: bytes, out: list[bytes]) -> None:
+        comma = frame.index(b",", _CBS_LEN)
+        upstream = int(frame[_CBS_LEN:comma])
+        shell = frame[comma:]
+        block: dict[str, Any]
+        if shell == _TEXT_SHELL:
+            if self._searches.quotes:
+                self._quoting = upstream  # opened with its first plain text
+                return
+            block = {"type": "text", "text": ""}
+        elif shell == _THINKING_SHELL:
+            block = {"type": "thinking", "thinking": ""}
+        elif shell.endswith(self._search_tail):  # a call of the search function
+            block = {"type": "server_tool_use", "id": "srvtoolu_" + ids.b62(24),
+                     "name": blocks.NAME, "input": {}}
+            shell = b',"content_block":' + jsonutil.dumpb(block) + b"}"
+        else:  # a client tool's call: its shell, decoded once for the next round's request
+            block = jsonutil.loads(b"{" + shell[1:])["content_block"]
+            self._client_tools = True
+        index = self._map[upstream] = self._next
+        self._next += 1
+        if block["type"] == "server_tool_use":
+            self._calls.append(index)
+        self._blocks[index] = block
+        out.append(frames.CBS + b"%d" % index + shell + b"\n\n")
+
+    def _delta(self, frame: bytes, out: list[bytes]) -> None:
+        comma = frame.index(b",", _CBD_LEN)
+        upstream = int(frame[_CBD_LEN:comma])
+        rest = frame[comma:]
+        if upstream == self._quoting:
+            if rest.startswith(_TEXT_DELTA):
+                text = jsonutil.loads(rest[_TEXT_DELTA_LEN:-2])
+                pieces, self._quote_held = self._searches.quotes.split(self._quote_held + text)
+                self._text_pieces(pieces, out)
+            return
+        index = self._map[upstream]
+        if rest.startswith(_TEXT_DELTA):
+            self._parts.setdefault(index, []).append(rest[_TEXT_DELTA_LEN:-2])
+        elif rest.startswith(_THINKING_DELTA):
+            self._parts.setdefault(index, []).append(rest[_THINKING_DELTA_LEN:-2])
+        elif rest.startswith(_SIGNATURE_DELTA):
+            self._signature[index] = rest[_SIGNATURE_DELTA_LEN:-2]
+        elif rest.startswith(_JSON_DELTA):
+            self._json.setdefault(index, []).append(rest[_JSON_DELTA_LEN:-2])
+        out.append(frames.CBD + b"%d" % index + rest + b"\n\n")
+
+    def _block_stop(self, frame: bytes, out: list[bytes]) -> None:
+        upstream = int(frame[_CB_STOP_LEN:-1])
+        if upstream == self._quoting:
+            if self._quote_held:
+                self._text_pieces([(self._quote_held, None)], out)
+            if self._quote_open is not None:
+                out.append(frames.CB_STOP % self._quote_open)
+            self._quoting, self._quote_held, self._quote_open = None, "", None
+            return
+        out.append(frames.CB_STOP % self._map[upstream])
 
     def _text_pieces(self, pieces: list[Piece], out: list[bytes]) -> None:
         """Plain text into the open text block (opened if need be); a quote into a text
@@ -313,26 +382,20 @@ class WebSearchReply:
                 out.append(frames.CB_STOP % index)
                 self._quote_open = None
 
-    def _fold(self, index: int, delta: Mapping[str, Any]) -> None:
-        """A delta into the block kept for the next round's request."""
-        block = self._blocks[index]
-        kind = delta["type"]
-        if kind == "text_delta":
-            block["text"] = block.get("text", "") + delta["text"]
-        elif kind == "thinking_delta":
-            block["thinking"] = block.get("thinking", "") + delta["thinking"]
-        elif kind == "signature_delta":
-            block["signature"] = delta["signature"]
-        elif kind == "input_json_delta":
-            self._json.setdefault(index, []).append(delta["partial_json"])
-
     def _end_round(self) -> list[dict[str, Any]]:
         """The round's blocks into the history; its search calls (their blocks)."""
         for index in sorted(self._blocks):
             block = self._blocks[index]
-            if block["type"] in ("tool_use", "server_tool_use"):
+            kind = block["type"]
+            parts = self._parts.get(index)
+            if parts:
+                block["text" if kind == "text" else "thinking"] = _joined(parts)
+            signature = self._signature.get(index)
+            if signature is not None:
+                block["signature"] = jsonutil.loads(signature)
+            if kind in ("tool_use", "server_tool_use"):
                 try:
-                    value = jsonutil.loads("".join(self._json.get(index, ())) or "{}")
+                    value = jsonutil.loads(_joined(self._json.get(index, [])) or "{}")
                 except ValueError:
                     value = {}
                 block["input"] = value if isinstance(value, dict) else {}
@@ -345,19 +408,40 @@ class WebSearchReply:
 
     def _finish(self, stop_reason: str | None) -> bytes:
         """The reply's ``message_delta`` (usage of every round) and ``message_stop``."""
-        held = self._held or {"type": "message_delta",
-                              "delta": {"stop_reason": "end_turn", "stop_sequence": None}}
-        delta = dict(held["delta"])
-        if stop_reason is not None:
-            delta["stop_reason"] = stop_reason
-            delta["stop_sequence"] = None
-        self.stop_reason = delta["stop_reason"]
+        held_reason, held_sequence = self._held or ("end_turn", None)
+        if stop_reason is None:
+            stop_reason, sequence = held_reason, held_sequence
+        else:
+            sequence = None
+        self.stop_reason = stop_reason
+        self._stop_sequence = sequence
         usage: dict[str, Any] = {"input_tokens": self._input}
         if self._cache_read:
             usage["cache_read_input_tokens"] = self._cache_read
         usage["output_tokens"] = self._output
         usage["server_tool_use"] = {"web_search_requests": self._searches.requests,
                                     "web_fetch_requests": 0}
-        body = {"type": "message_delta", "delta": delta, "usage": usage}
+        self._usage = usage
+        body = {"type": "message_delta",
+                "delta": {"stop_reason": stop_reason, "stop_sequence": sequence},
+                "usage": usage}
         self.termination = "completed"
         return encode_event("message_delta", jsonutil.dumpb(body)) + frames.MESSAGE_STOP
+
+    def message(self) -> dict[str, Any]:
+        """The reply as one buffered Message (after :meth:`run` completed it): the blocks
+        its stream carried, as the SDKs would fold its events, made from what the rounds
+        kept for their requests instead of folding the events again."""
+        content = [{k: v for k, v in block.items() if k != blocks.OPENED}
+                   for block in self._history]
+        return {"id": self._message_id, "type": "message", "role": "assistant",
+                "model": self._model, "content": content or [{"type": "text", "text": ""}],
+                "stop_reason": self.stop_reason, "stop_sequence": self._stop_sequence,
+                "usage": self._usage}
+
+
+def _joined(parts: list[bytes]) -> str:
+    """JSON strings' bodies, decoded once as one string (the text they hold, joined)."""
+    if len(parts) == 1:
+        return jsonutil.loads(parts[0])  # type: ignore[no-any-return]
+    return jsonutil.loads(b'"' + b"".join([part[1:-1] for part in parts]) + b'"')  # type: ignore[no-any-return]

@@ -55,8 +55,8 @@ from gateway.messages.stream.translator import StreamTranslator
 from gateway.ops.config import ModelRoute
 from gateway.text import ids, jsonutil
 from gateway.text.sse import encode_event
-from gateway.tools.citations import Piece
-from gateway.tools.searches import Searches
+from gateway.tools.web_search.citations import Piece
+from gateway.tools.web_search.searches import Searches
 from gateway.upstream.client import UpstreamResponse
 
 __all__ = ["WebSearchReply"]
@@ -359,7 +359,7 @@ class WebSearchReply:
 
     def _text_pieces(self, pieces: list[Piece], out: list[bytes]) -> None:
         """Plain text into the open text block (opened if need be); a quote into a text
-        block of its own, its citation first (gateway/tools/citations.py)."""
+        block of its own, its citation first (gateway/tools/web_search/citations.py)."""
         for text, citation in pieces:
             if citation is not None and self._quote_open is not None:
                 out.append(frames.CB_STOP % self._quote_open)

@@ -8,8 +8,9 @@ its figures in the reply's one record. The HTTP shell (:mod:`gateway.http.anthro
 the :class:`loop.WebSearchReply` and hands it to the :class:`~gateway.messages.reply.Reply`
 as its ``Rounds``.
 
-- :mod:`.loop`: the rounds (the Messages call, the searches it asks for, the call again)
-  and the rewriting of each round translator's frames;
+- :mod:`.loop`: the rounds (the Messages call, the searches it asks for, the call again);
+- :mod:`.round_events`: each round translator's frames rewritten into the reply's one
+  stream, and the blocks kept of them (the next round's request, the buffered reply);
 - :mod:`.searches`: one request's searches (limits, text budget, filters, sealing);
 - :mod:`.searxng`: the backend, a SearXNG instance the operator runs (bounded reads);
 - :mod:`.citations`: a result's snippet quoted verbatim becomes a cited text block;

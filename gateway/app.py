@@ -71,7 +71,7 @@ from gateway.ops import log
 from gateway.ops.budget import budgets
 from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
-from gateway.tools.searxng import Searxng
+from gateway.tools.web_search.searxng import Searxng
 from gateway.upstream import fleet
 from gateway.upstream.known import known_secrets
 from gateway.upstream.send import Upstreams

@@ -29,9 +29,9 @@ from gateway.messages.session_key import SESSION_HEADER, session_key
 from gateway.ops.budget import Lease
 from gateway.ops.config import ModelRoute
 from gateway.text import jsonutil
-from gateway.tools.searches import Searches
-from gateway.tools.searxng import Searxng
-from gateway.tools.web_search import WebSearchReply
+from gateway.tools.web_search.loop import WebSearchReply
+from gateway.tools.web_search.searches import Searches
+from gateway.tools.web_search.searxng import Searxng
 
 _SSE = "text/event-stream; charset=utf-8"
 
@@ -57,7 +57,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
 
 async def _prepare(request: web.Request, req: dict[str, Any], route: ModelRoute, t0: float,
                    lease: Lease) -> Reply:
-    """The reply to make: with web search (gateway/tools/web_search.py: rounds of the
+    """The reply to make: with web search (gateway/tools/web_search/loop.py: rounds of the
     Messages call, streamed upstream, one message to the client, buffered or streamed) when
     the request offers the tool and the model may call it, else a plain one."""
     deps = request.app[MESSAGES]

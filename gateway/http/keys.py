@@ -13,7 +13,7 @@ from gateway.ops.budget import Budget
 from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
 from gateway.text.redact import Redactor
-from gateway.tools.searxng import Searxng
+from gateway.tools.web_search.searxng import Searxng
 from gateway.upstream import UpstreamClient
 from gateway.upstream.send import Upstreams
 

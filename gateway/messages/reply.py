@@ -12,7 +12,7 @@ of a prepared :class:`~gateway.messages.call.Call` and::
 
 Every kind fills one :class:`~gateway.messages.from_chat.figures.Figures`, written once: a buffered
 reply when its message is made, a stream when it ends (:meth:`Reply.end`, however it ended).
-A reply with a server tool (the web search: :mod:`gateway.tools.web_search`, a layer above,
+A reply with a server tool (the web search: :mod:`gateway.tools.web_search.loop`, a layer above,
 so it comes in as :class:`Rounds`) runs its rounds through the same record.
 """
 
@@ -26,7 +26,6 @@ from typing import Any, Protocol
 from gateway import errors
 from gateway.messages.call import Call
 from gateway.messages.continuation import relay
-from gateway.messages.from_chat.aggregate import aggregate
 from gateway.messages.from_chat.figures import Figures
 from gateway.messages.stream.pump import Timing
 from gateway.messages.stream.translator import StreamTranslator
@@ -50,6 +49,9 @@ class Rounds(Protocol):
     def usage(self) -> tuple[int, int] | None: ...
 
     def fail(self, err: errors.GatewayError, reason: str) -> bytes: ...
+
+    def message(self) -> dict[str, Any]:
+        """The completed reply as one buffered Message (its stream's events, folded)."""
 
     async def run(self, up: UpstreamResponse, write: Write, figures: Figures,
                   t0: float) -> None:
@@ -130,15 +132,14 @@ class Reply:
 
     async def _buffered_rounds(self, rounds: Rounds) -> dict[str, Any]:
         assert self._up is not None
-        events: list[bytes] = []
 
-        async def keep(data: bytes) -> None:
-            events.append(data)
+        async def drop(data: bytes) -> None:  # the rounds keep the blocks: message()
+            pass
 
         self._taken = True
         figures = self.figures
         try:
-            await rounds.run(self._up, keep, figures, self.t0 or 0.0)
+            await rounds.run(self._up, drop, figures, self.t0 or 0.0)
         except SSEEventTooLarge:
             self._failed()
             raise errors.StreamProcessingError() from None
@@ -149,7 +150,7 @@ class Reply:
             self._failed()
             raise rounds.error
         t1 = time.perf_counter()
-        message = aggregate(b"".join(events))
+        message = rounds.message()
         figures.add_overhead(time.perf_counter() - t1)
         return message
 

@@ -1,7 +1,11 @@
 """The ``web_search`` server tool's surface: its definition, its blocks, its sealed results.
 
-The gateway runs the search itself (:mod:`gateway.tools`); this module is the pure part that
-validation, translation and the loop share.
+The gateway runs the search itself (:mod:`gateway.tools.web_search`, the feature's one
+package); this module is the pure part that validation, translation and the loop share. It
+stays in ``messages`` because the layers there read it (``messages/request`` validates the
+tool, ``messages/to_chat`` replays its blocks into chat turns, ``messages/call`` opens
+replayed results, ``http/batches`` refuses it), and ``tools`` sits above ``messages``: an
+import from here into ``tools`` would run upward.
 
 Protocol facts relied on (Anthropic's web search tool docs; SDK 2.15's
 ``WebSearchTool20250305Param`` / ``…20260209`` / ``…20260318``, ``ServerToolUseBlock``,

@@ -153,7 +153,7 @@ def dumpb_str(text: str) -> bytes:
 
 
 # The digit limit and the collector are set while any decode runs and restored when the
-# last one ends: a decode may run in a thread (gateway/tools/searxng.py decodes a big search
+# last one ends: a decode may run in a thread (tools/web_search/searxng.py decodes a big search
 # answer in one) while another runs on the loop, and saving and restoring per call would
 # leave the interpreter at the lowered limit when the calls interleave.
 _SETTINGS = threading.Lock()

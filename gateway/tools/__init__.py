@@ -1,2 +1,2 @@
-"""Server tools the gateway runs itself: web search (:mod:`.web_search`) against a search
-engine the operator runs (:mod:`.searxng`), with the tool's domain filters (:mod:`.domains`)."""
+"""Server tools the gateway runs itself: web search (:mod:`.web_search`, the whole feature
+in one package) against a search engine the operator runs."""

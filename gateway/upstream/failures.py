@@ -2,7 +2,7 @@
 from the pool or a connection becomes the GatewayError the client answers, and is logged once
 (``upstream_failure``: upstream, phase, cause, request id; at most one line per upstream and
 cause a second, the lines held back counted in the next). See :mod:`gateway.upstream.client`
-for what each failure becomes. The web search backend (gateway/tools/searxng.py) logs its
+for what each failure becomes. The web search backend (gateway/tools/web_search/searxng.py) logs its
 failures through the same :class:`FailureLog`, under its own event name.
 """
 
@@ -58,7 +58,7 @@ class FailureLog:
     """One warning per failure, at most one a second per cause; the rest are counted.
 
     The upstream client's (``upstream_failure``, keyed ``upstream=``) by default; the web
-    search backend's (gateway/tools/searxng.py) names its own ``event`` and ``key``."""
+    search backend's (gateway/tools/web_search/searxng.py) names its own ``event`` and ``key``."""
 
     __slots__ = ("_event", "_key", "_last", "_loop", "_upstream")
 

@@ -16,10 +16,10 @@ from gateway.messages import search_blocks as ws
 from gateway.messages.request.validate import validate_messages
 from gateway.messages.to_chat.translate import to_chat
 from gateway.ops import config
-from gateway.tools import searxng
-from gateway.tools.citations import Quotes
-from gateway.tools.domains import DomainFilter
-from gateway.tools.searxng import SearchFailed, language, parse_results, query_error
+from gateway.tools.web_search import searxng
+from gateway.tools.web_search.citations import Quotes
+from gateway.tools.web_search.domains import DomainFilter
+from gateway.tools.web_search.searxng import SearchFailed, language, parse_results, query_error
 
 KEY = b"k" * 32
 OTHER_KEY = b"o" * 32
@@ -184,7 +184,7 @@ def test_a_path_pattern_of_many_wildcards_does_not_stall() -> None:
     """A client's allowed_domains entry with many "*" against a long result path: matched
     in linear time (as ".*" regular expressions, 3 of them over 600 characters took 8 s
     and 30 would never end, on the event loop); run apart, so a stall fails, not hangs."""
-    code = ("from gateway.tools.domains import DomainFilter as D\n"
+    code = ("from gateway.tools.web_search.domains import DomainFilter as D\n"
             "f = D(['example.com/' + '*a' * 600 + '*b', 'x.example/' + '*/a' * 300 + '*/b'])\n"
             "assert not f('https://example.com/' + 'a' * 2000)\n"
             "assert not f('https://x.example/' + '/a' * 1000)\n"
@@ -554,7 +554,7 @@ def test_without_results_nothing_is_held_or_cited() -> None:
 
 _GROWTH = '''
 import time
-from gateway.tools.citations import Quotes
+from gateway.tools.web_search.citations import Quotes
 
 def cost(scale):
     """split() of 12,500 * scale characters against 10 * scale snippets of 250 * scale

@@ -1,5 +1,5 @@
-"""The SearXNG backend against a hostile or dead instance (gateway/tools/searxng.py): what a
-result may carry to a client and to the model, bounded work, and the failure log's rate
+"""The SearXNG backend against a hostile or dead instance (gateway/tools/web_search/searxng.py):
+what a result may carry to a client and to the model, bounded work, and the failure log's rate
 limit. The HTTP cases run against a real aiohttp server answering fixed bodies."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from gateway.messages import search_blocks as blocks
 from gateway.ops.config_schema import WebSearchConfig
 from gateway.ops.metrics import Metrics
 from gateway.text import jsonutil
-from gateway.tools import searxng
-from gateway.tools.searxng import SearchFailed, Searxng, parse_results
+from gateway.tools.web_search import searxng
+from gateway.tools.web_search.searxng import SearchFailed, Searxng, parse_results
 from tests import searxng_stub
 
 

@@ -1,4 +1,4 @@
-"""The web search loop in process (gateway/tools/web_search.py): the gateway app against an
+"""The web search loop in process (gateway/tools/web_search/loop.py): the gateway app against an
 in-test scripted model (an OpenAI-compatible stream) and an in-test SearXNG, buffered and
 streamed; the streamed reply's events compared exactly (ids normalised)."""
 
@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import sys
 from typing import Any
 
 import pytest
@@ -15,7 +17,9 @@ from prometheus_client import CollectorRegistry
 
 from gateway.app import build_app
 from gateway.messages import search_blocks as ws
+from gateway.messages.from_chat.aggregate import aggregate
 from gateway.ops import config
+from gateway.text import jsonutil
 from tests.anthropic_stream_check import check_stream
 
 SEARCH_TOOL = {"type": "web_search_20250305", "name": "web_search"}
@@ -73,9 +77,10 @@ class Model:
                 near = snippets[1][:-1] + "?"
                 text = f"They write: {snippets[0]} Others: {near} Done."
             await resp.write(_chunk({"role": "assistant", "content": ""}))
-            for at in range(0, len(text), 7 if "#quote" in query else len(text)):
-                await resp.write(_chunk({"content": text[at:at + 7 if "#quote" in query
-                                                             else len(text)]}))
+            # the text in 7-character pieces (#quote), one character at a time (#many)
+            step = 7 if "#quote" in query else 1 if "#many" in query else len(text)
+            for at in range(0, len(text), step):
+                await resp.write(_chunk({"content": text[at:at + step]}))
             await resp.write(_chunk({}, "stop"))
         else:
             args = json.dumps({"query": query})
@@ -551,3 +556,63 @@ async def test_max_tokens_is_one_budget_for_all_rounds(
         assert model.requests[1]["max_tokens"] == second_max
     assert got_stop == stop_reason
     assert output == 3 * rounds
+
+
+_IDS = re.compile(r'"(srvtoolu|toolu|msg)_[A-Za-z0-9_-]+"|"(encrypted_content|encrypted_index|'
+                  r'signature)":"[^"]*"')
+
+
+def _normalised(message: dict[str, Any]) -> str:
+    """A message's JSON with its ids and sealed fields (new in every reply) normalised."""
+    return _IDS.sub(lambda m: f'"{m[1]}_"' if m[1] else f'"{m[2]}":""',
+                    json.dumps(message, separators=(",", ":")))
+
+
+@pytest.mark.parametrize("query,tools", [
+    ("paris", []), ("x #quote", []), ("x #fail", []), ("x #many", []), ("x #cut", []),
+    ("always", []), ("x #client", [{"name": "clock", "input_schema": {"type": "object"}}]),
+])
+async def test_the_buffered_reply_is_its_stream_folded(world: Any, query: str,
+                                                       tools: list[Any]) -> None:
+    """The buffered reply (made of the blocks the rounds keep) equals the streamed reply's
+    events folded the way the SDKs fold them."""
+    gateway, _, _ = world
+    client = await gateway()
+    body = _body(query, max_uses=1)
+    body["tools"] += tools
+    streamed = await (await client.post("/v1/messages", json={**body, "stream": True})).read()
+    buffered = await (await client.post("/v1/messages", json=body)).json()
+    assert _normalised(buffered) == _normalised(aggregate(streamed))
+    assert buffered["content"][0]["type"] == "server_tool_use"
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "buffered"])
+async def test_the_rounds_do_not_parse_their_events_again(world: Any, monkeypatch: Any,
+                                                          stream: bool) -> None:
+    """The rounds read the translator's frames by their prefixes and decode only what the
+    next round's request needs, once per block: JSON decodes in the web search modules
+    (and in folding events into a message) do not grow with the stream's events."""
+    gateway, _, _ = world
+    client = await gateway()
+    counts = {"re-parsed": 0}
+    real_loads, real_upstream = jsonutil.loads, jsonutil.loads_upstream
+
+    def counted(real: Any) -> Any:
+        def loads(data: Any) -> Any:
+            caller = sys._getframe(1).f_code.co_filename
+            if f"{os.sep}tools{os.sep}" in caller or caller.endswith("aggregate.py"):
+                counts["re-parsed"] += 1
+            return real(data)
+        return loads
+
+    monkeypatch.setattr(jsonutil, "loads", counted(real_loads))
+    monkeypatch.setattr(jsonutil, "loads_upstream", counted(real_upstream))
+    # a failed search (no snippets to quote), then "Nothing found." one character a chunk
+    resp = await client.post("/v1/messages", json=_body("x #many #fail", stream=stream))
+    assert resp.status == 200
+    text = await resp.text()
+    assert text.count("text_delta") > 10 if stream else "Nothing found." in text
+    # the search call's input (its delta body, its JSON) and the text block: 3, where
+    # parsing every event again took one per event (25 streamed; 49 buffered, folding
+    # the events into the message once more)
+    assert counts["re-parsed"] <= 4

@@ -228,6 +228,19 @@ class StreamTranslator:
         )
 
     @property
+    def message_id(self) -> str:
+        return self._message_id
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def stop_sequence(self) -> str | None:
+        """The stop sequence that ended the message (its ``message_delta``'s), else None."""
+        return self._matched if self.stop_reason == "stop_sequence" else None
+
+    @property
     def output_started(self) -> bool:
         """A content block has been opened: the first token is on its way (TTFT)."""
         return self._blocks.next_index > 0

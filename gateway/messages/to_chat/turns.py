@@ -261,7 +261,7 @@ def _join_texts(texts: list[str], cited: list[bool]) -> str:
     """The assistant's text blocks as one content string.
 
     Blocks are joined with a newline, except next to a block carrying citations: the API (and
-    the gateway's web search, gateway/tools/citations.py) splits one run of the model's text
+    gateway/tools/web_search/citations.py) splits one run of the model's text
     into blocks around each cited passage, so those pieces go back exactly as the model wrote
     them, with nothing inserted.
     """

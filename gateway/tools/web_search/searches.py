@@ -3,7 +3,7 @@ result-text budget, its domain filters and language, and the sealing of each res
 
 :class:`Searches` runs one call of the model's search function against the backend
 (:mod:`.searxng`) and answers with the ``web_search_tool_result`` block's content and the
-tool message the model gets; the round loop is :mod:`.web_search`'s.
+tool message the model gets; the round loop is :mod:`.loop`'s.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.messages import search_blocks as blocks
-from gateway.tools.citations import Quotes
-from gateway.tools.domains import DomainFilter
-from gateway.tools.searxng import SearchFailed, Searxng, language, query_error
+from gateway.tools.web_search.citations import Quotes
+from gateway.tools.web_search.domains import DomainFilter
+from gateway.tools.web_search.searxng import SearchFailed, Searxng, language, query_error
 
 __all__ = ["MAX_QUERY_CHARS", "Searches"]
 

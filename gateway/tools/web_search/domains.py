@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.tools.hosts import canonical_host, host_and_path, normal_path
+from gateway.tools.web_search.hosts import canonical_host, host_and_path, normal_path
 
 __all__ = ["DomainFilter"]
 

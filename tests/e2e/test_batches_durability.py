@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests import pg
-from tests.conftest import clear_stub, stub_config
-from tests.e2e.test_batches import (
+from tests.batch_client import (
     batches_toml,
     calls_per_id,
     create,
@@ -32,6 +31,7 @@ from tests.e2e.test_batches import (
     results_of,
     wait_ended,
 )
+from tests.conftest import clear_stub, stub_config
 from tests.procs import Proc, free_port, get, post, start_gateway
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.test_deploy import COMPOSE, EXAMPLE, K8S, _env_names
+from tests.deploy_files import COMPOSE, EXAMPLE, K8S, env_names
 from tests.procs import REPO, Proc, free_port, get, post, wait_http
 
 yaml = pytest.importorskip("yaml")
@@ -100,7 +100,7 @@ def _start(text: str, folder: Path, env: dict[str, str]) -> tuple[Proc, str, dic
     path = folder / "gateway.toml"
     path.write_text(text)
     os.chown(path, UID, GID)
-    keys = {name: "test-secret" for name in _env_names(data)}
+    keys = {name: "test-secret" for name in env_names(data)}
     keys[data["server"].get("api_keys_env", "GATEWAY_API_KEYS")] = API_KEY
     port = free_port()
     proc = Proc(_as_image_user(_runnable_env({**keys, **env}), sys.executable, "-m", "gateway",

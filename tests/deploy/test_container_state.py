@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy_files import COMPOSE, EXAMPLE, K8S, env_names
+from tests.logs import log_lines, matching
 from tests.procs import REPO, Proc, free_port, get, post, wait_http
 
 yaml = pytest.importorskip("yaml")
@@ -115,8 +116,7 @@ def _start(text: str, folder: Path, env: dict[str, str]) -> tuple[Proc, str, dic
 
 
 def _events(output: str, name: str) -> list[dict[str, object]]:
-    return [e for line in output.splitlines() if line.startswith("{")
-            for e in [json.loads(line)] if e.get("event") == name]
+    return matching(log_lines(output), name)
 
 
 def _batch_body(data: dict[str, object]) -> dict[str, object]:

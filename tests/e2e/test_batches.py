@@ -42,6 +42,7 @@ from tests.batch_client import (
     wait_ended,
 )
 from tests.conftest import clear_stub, stub_config, stub_requests
+from tests.logs import access_lines
 from tests.node import CLIENTS, ts_sdk_ready
 from tests.procs import Proc, free_port, get, post, require_demo_extra, start_gateway, wait_http
 
@@ -642,10 +643,8 @@ def test_batch_runs_are_counted_and_logged(stub_url: str,
         ("m-fail-first:1:503", "retried"): 1.0, ("m-fail-first:1:503", "succeeded"): 1.0}
     assert _sample(metrics, "llm_gateway_batches_created_total") == 1.0
     assert _sample(metrics, "llm_gateway_batches", status="in_progress") == 0.0
-    lines = [json.loads(line) for line in proc.output().splitlines()
-             if line.startswith("{") and '"batch_request"' in line]
-    runs = sorted((e["custom_id"], e["attempt"], e["status"], e["error_type"]) for e in lines
-                  if e.get("route") == "batch_request")
+    lines = access_lines(proc.output(), route="batch_request")
+    runs = sorted((e["custom_id"], e["attempt"], e["status"], e["error_type"]) for e in lines)
     assert runs == [("fine", 1, 200, None), ("flaky", 1, 529, "overloaded_error"),
                     ("flaky", 2, 200, None), ("refused", 1, 400, "invalid_request_error")]
     assert {e["batch_id"] for e in lines} == {made["id"]}

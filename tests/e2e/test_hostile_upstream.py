@@ -68,6 +68,7 @@ from tests.hostile_gateway import (
 )
 from tests.hostile_gateway import hostile as hostile  # the module's fixtures
 from tests.hostile_gateway import own_gateway as own_gateway
+from tests.logs import log_lines
 from tests.procs import free_port
 
 pytestmark = pytest.mark.e2e
@@ -103,15 +104,7 @@ def _protocol_errors(gw: Gateway) -> dict[str, float]:
 
 
 def _warnings(log: str) -> list[dict]:
-    out = []
-    for line in log.splitlines():
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(doc, dict) and doc.get("level") in ("warning", "error"):
-            out.append(doc)
-    return out
+    return [doc for doc in log_lines(log) if doc.get("level") in ("warning", "error")]
 
 
 _LOG_GAP = 1.1  # the gateway logs at most one upstream failure a second per cause

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.procs import REPO, Proc, free_port, start_gateway, wait_http
+from tests.waits import wait_until
 
 KEY = "sk-hostile+Key=7f3a9b2c"  # '+' and '=' so that its URL-encoded form differs
 KEY_ENV = "HOSTILE_UPSTREAM_KEY"
@@ -93,11 +94,8 @@ class Gateway:
             return self.proc.output()
         with urllib.request.urlopen(self.root + "/llm/v1/models", timeout=10) as resp:
             marker = resp.headers["request-id"]
-        deadline = time.monotonic() + 10
-        while marker not in (out := self.proc.output()):
-            assert time.monotonic() < deadline, "the log was never flushed"
-            time.sleep(0.05)
-        return out
+        wait_until(lambda: marker in self.proc.output(), "the log flushed", every=0.05)
+        return self.proc.output()
 
 
 def start_hostile_gateway(tmp_path: Path, config: str) -> Gateway:

@@ -1,8 +1,8 @@
 """The tests' own shape, checked on their import graph.
 
 A test module (``test_*.py``) holds tests; what several of them share lives in a helper module
-with public names (``tests/*.py``: processes in ``procs.py``, the upstream wire in
-``upstream_wire.py``, stubs and clients in their own modules). So no module under tests/
+with public names (``tests/*.py``, listed in tests/__init__.py: processes in ``procs.py``,
+the log in ``logs.py``, waiting in ``waits.py``, ...). So no module under tests/
 imports from a test module (importing one runs its module-level code, a module-level skip
 included, and a helper that moves with its test file breaks its importers), and none imports
 another module's private (``_``) name. Imports inside a function count too.

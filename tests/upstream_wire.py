@@ -25,6 +25,7 @@ from gateway.upstream.exceptions import (
 )
 from gateway.upstream.pool import Pool
 from tests.fuzzing import EXAMPLES
+from tests.waits import eventually
 
 FAST = settings(
     max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -436,11 +437,7 @@ async def pool_get(pool: Pool, target: str = "/v1/models", body: bytes | None = 
 
 async def settle(condition: Callable[[], bool]) -> None:
     """Until ``condition()`` holds (closes land a few loop iterations later); 1 s at most."""
-    for _ in range(200):
-        if condition():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("condition not reached within 1 s")
+    await eventually(condition, "the connections settled", within=1.0, every=0.005)
 
 
 def drip_handler(head: bytes, pieces: list[bytes], gap: float) -> Handler:

@@ -94,10 +94,8 @@ def test_process_metrics_describe_all_workers(stub_url, tmp_path) -> None:
                        "messages": [{"role": "user", "content": "hi"}]}).encode()
     try:
         wait_http(base + "/health", proc=proc.popen)
-        deadline = time.monotonic() + 20
-        while len(_scrape(base).get("process_resident_memory_bytes", [])) < 2:
-            assert time.monotonic() < deadline, "both workers never wrote their RSS"
-            time.sleep(0.1)
+        wait_until(lambda: len(_scrape(base).get("process_resident_memory_bytes", [])) >= 2,
+                   "both workers wrote their RSS", timeout=20, every=0.1)
         cpu = []
         for _ in range(8):
             for _ in range(10):  # a little load, spread over the workers

@@ -38,6 +38,7 @@ from tests.upstream_wire import (
     pool_get,
     settle,
 )
+from tests.waits import eventually
 
 # --- the pool over real sockets --------------------------------------------------------------
 
@@ -76,7 +77,7 @@ async def test_pool_limit_makes_the_second_request_wait_for_the_first(pools: Any
         pool = pools(srv.url, limit=1)
         first = await pool.request("GET", "/a", None, head_timeout=1, body_timeout=1)
         second = asyncio.create_task(pool_get(pool, "/b"))
-        await asyncio.sleep(0.05)
+        await eventually(lambda: len(pool._waiters) == 1, "the second request queued")
         assert not second.done()
         assert len(srv.requests) == 1  # the second has not been sent
         assert await first.read() == b"ok"
@@ -91,7 +92,7 @@ async def test_a_freed_slot_goes_to_the_oldest_waiter_not_a_newcomer(pools: Any)
         pool = pools(srv.url, limit=1)
         first = await pool.request("GET", "/first", None, head_timeout=1, body_timeout=1)
         waiting = asyncio.create_task(pool_get(pool, "/waiting"))
-        await asyncio.sleep(0.05)
+        await eventually(lambda: len(pool._waiters) == 1, "the waiter queued")
         assert await first.read() == b"ok"
         first.release()  # the waiter is woken holding the slot...
         async with asyncio.timeout(1.0):  # in this task, before the waiter's turn comes
@@ -290,7 +291,7 @@ async def test_pool_close_closes_every_connection_and_fails_waiters(pools: Any) 
         busy1 = await pool.request("GET", "/", None, head_timeout=1, body_timeout=1)
         busy2 = await pool.request("GET", "/", None, head_timeout=1, body_timeout=1)
         waiter = asyncio.create_task(pool_get(pool))
-        await asyncio.sleep(0.02)
+        await eventually(lambda: len(pool._waiters) == 1, "the third request queued")
         assert not waiter.done()
         assert pool.open_connections == 2 and srv.connections == 2
         await pool.close()

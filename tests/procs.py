@@ -143,3 +143,12 @@ def metric(base: str, name: str, **labels: str) -> float:
     return sum(sample.value for family in text_string_to_metric_families(body.decode())
                for sample in family.samples if sample.name == name
                and all(sample.labels.get(k) == v for k, v in labels.items()))
+
+
+def peak_rss_mb(pid: int) -> float:
+    """A process's peak resident set since it started (``VmHWM``), in MiB."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")

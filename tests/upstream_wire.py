@@ -25,6 +25,7 @@ from gateway.upstream.exceptions import (
 )
 from gateway.upstream.pool import Pool
 from tests.fuzzing import EXAMPLES
+from tests.waits import eventually
 
 FAST = settings(
     max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -83,10 +84,10 @@ class RecordingPool(Pool):
 
 
 _REQUEST = b"GET /v1/models HTTP/1.1\r\nHost: up\r\n\r\n"
-_RID = b"req_abc123"
+RID = b"req_abc123"
 
 
-async def _feed(
+async def feed(
     pieces: list[bytes], *, eof: bool = False, stream: bool = False,
     within: float = _PARSER_TIMEOUT,
 ) -> tuple[Connection, FakeTransport]:
@@ -95,7 +96,7 @@ async def _feed(
     transport = FakeTransport()
     conn.connection_made(transport)  # type: ignore[arg-type]
     conn.send(_REQUEST, head_timeout=within, body_timeout=within, stream=stream,
-              request_id=_RID)
+              request_id=RID)
     assert transport.calls == [("write", _REQUEST)]
     for piece in pieces:
         conn.data_received(piece)
@@ -104,7 +105,7 @@ async def _feed(
     return conn, transport
 
 
-async def _read_all(conn: Connection) -> bytes:
+async def read_all(conn: Connection) -> bytes:
     await conn.read_head()
     parts = []
     while data := await conn.readany():
@@ -112,12 +113,12 @@ async def _read_all(conn: Connection) -> bytes:
     return b"".join(parts)
 
 
-async def _outcome(pieces: list[bytes], *, eof: bool = False) -> tuple:
+async def outcome(pieces: list[bytes], *, eof: bool = False) -> tuple:
     """(status, body, reusable) for a reply; (exception type,) for a failed one, with the
     kind for a protocol error (which must also have aborted the connection, once)."""
-    conn, transport = await _feed(pieces, eof=eof)
+    conn, transport = await feed(pieces, eof=eof)
     try:
-        body = await _read_all(conn)
+        body = await read_all(conn)
     except ProtocolError as exc:
         pool = conn._pool
         assert isinstance(pool, RecordingPool)
@@ -129,14 +130,14 @@ async def _outcome(pieces: list[bytes], *, eof: bool = False) -> tuple:
     return (conn.status, body, conn.keep_alive and conn.complete)
 
 
-def _chunked(*chunks: bytes, trailers: bytes = b"") -> bytes:
+def chunked_body(*chunks: bytes, trailers: bytes = b"") -> bytes:
     return b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n" + trailers + b"\r\n"
 
 
 _TEXT = b'{"id":"chatcmpl-1","choices":[{"message":{"content":"Hello there"}}]}'
 _GZ = gzip.compress(_TEXT)
-_OK_HEAD = b"HTTP/1.1 200 OK\r\n"
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+OK_HEAD = b"HTTP/1.1 200 OK\r\n"
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 @dataclass(frozen=True)
@@ -152,49 +153,49 @@ def _anomaly(name: str, wire: bytes, kind: str, *, eof: bool = False) -> Row:
 
 
 GOOD = [
-    Row("content-length", _OK_HEAD + b"Content-Length: 5\r\n\r\nhello", (200, b"hello", True)),
-    Row("content-length zero", _OK_HEAD + b"Content-Length: 0\r\n\r\n", (200, b"", True)),
+    Row("content-length", OK_HEAD + b"Content-Length: 5\r\n\r\nhello", (200, b"hello", True)),
+    Row("content-length zero", OK_HEAD + b"Content-Length: 0\r\n\r\n", (200, b"", True)),
     Row("status without reason phrase", b"HTTP/1.1 200\r\nContent-Length: 2\r\n\r\nok",
         (200, b"ok", True)),
     Row("error status with body", b"HTTP/1.1 503 Busy\r\nContent-Length: 4\r\n\r\nbusy",
         (503, b"busy", True)),
     Row("chunked with extensions and trailers",
-        _OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
+        OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
         b"5;name=value\r\nhello\r\n1;a;b=\"q\"\r\n \r\nA;ext\r\n0123456789\r\n"
         b"b\r\n, and more.\r\n0;last\r\nX-Trailer: t\r\nX-Other: u\r\n\r\n",
         (200, b"hello 0123456789, and more.", True)),
-    Row("chunked without trailers", _OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
-        + _chunked(b"ab", b"c" * 300), (200, b"ab" + b"c" * 300, True)),
-    Row("chunked, any case", _OK_HEAD + b"transfer-encoding: Chunked \r\n\r\n" + _chunked(b"ok"),
+    Row("chunked without trailers", OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
+        + chunked_body(b"ab", b"c" * 300), (200, b"ab" + b"c" * 300, True)),
+    Row("chunked, any case", OK_HEAD + b"transfer-encoding: Chunked \r\n\r\n" + chunked_body(b"ok"),
         (200, b"ok", True)),
-    Row("chunked, empty body", _OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    Row("chunked, empty body", OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
         (200, b"", True)),
     Row("http/1.0 without framing: until close", b"HTTP/1.0 200 OK\r\nServer: x\r\n\r\nall of it",
         (200, b"all of it", False), eof=True),
-    Row("http/1.1 without framing: until close", _OK_HEAD + b"Server: x\r\n\r\nall of it",
+    Row("http/1.1 without framing: until close", OK_HEAD + b"Server: x\r\n\r\nall of it",
         (200, b"all of it", False), eof=True),
     Row("until close, empty body", b"HTTP/1.0 200 OK\r\n\r\n", (200, b"", False), eof=True),
-    Row("100 continue, then 200", _CONTINUE + _OK_HEAD + b"Content-Length: 2\r\n\r\nok",
+    Row("100 continue, then 200", CONTINUE + OK_HEAD + b"Content-Length: 2\r\n\r\nok",
         (200, b"ok", True)),
     Row("two interim replies with headers, then 201",
-        _CONTINUE + b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
+        CONTINUE + b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
         b"HTTP/1.1 201 Created\r\nContent-Length: 3\r\n\r\nnew", (201, b"new", True)),
     Row(f"{MAX_INTERIM} interim replies, then 200",
-        _CONTINUE * MAX_INTERIM + _OK_HEAD + b"Content-Length: 2\r\n\r\nok", (200, b"ok", True)),
+        CONTINUE * MAX_INTERIM + OK_HEAD + b"Content-Length: 2\r\n\r\nok", (200, b"ok", True)),
     Row("204 has no body", b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n",
         (204, b"", True)),
     Row("304 has no body", b"HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n",
         (304, b"", True)),
     Row("identity encoding",
-        _OK_HEAD + b"Content-Encoding: identity\r\nContent-Length: 2\r\n\r\nok",
+        OK_HEAD + b"Content-Encoding: identity\r\nContent-Length: 2\r\n\r\nok",
         (200, b"ok", True)),
     Row("request id echoed back",
-        _OK_HEAD + b"X-Request-Id: " + _RID + b"\r\nContent-Length: 2\r\n\r\nok",
+        OK_HEAD + b"X-Request-Id: " + RID + b"\r\nContent-Length: 2\r\n\r\nok",
         (200, b"ok", True)),
     Row("connection: close -> not reusable",
-        _OK_HEAD + b"Connection: close\r\nContent-Length: 2\r\n\r\nok", (200, b"ok", False)),
+        OK_HEAD + b"Connection: close\r\nContent-Length: 2\r\n\r\nok", (200, b"ok", False)),
     Row("connection: Close, case-insensitive",
-        _OK_HEAD + b"connection:  Keep-Alive, Close\r\nContent-Length: 2\r\n\r\nok",
+        OK_HEAD + b"connection:  Keep-Alive, Close\r\nContent-Length: 2\r\n\r\nok",
         (200, b"ok", False)),
     Row("http/1.0 with keep-alive -> reusable",
         b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok",
@@ -206,55 +207,55 @@ GOOD = [
 # Every row here closes the connection and the upstream's idle ones, and is counted.
 ANOMALIES = [
     _anomaly("extra bytes after a content-length body",
-             _OK_HEAD + b"Content-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n", "extra_bytes"),
+             OK_HEAD + b"Content-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n", "extra_bytes"),
     _anomaly("a second whole reply after the first (a double reply)",
-             _OK_HEAD + b"Content-Length: 2\r\n\r\nok" + _OK_HEAD + b"Content-Length: 2\r\n\r\nno",
+             OK_HEAD + b"Content-Length: 2\r\n\r\nok" + OK_HEAD + b"Content-Length: 2\r\n\r\nno",
              "extra_bytes"),
     _anomaly("body past its content-length",
-             _OK_HEAD + b"Content-Length: 2\r\nConnection: close\r\n\r\nokay", "extra_bytes"),
+             OK_HEAD + b"Content-Length: 2\r\nConnection: close\r\n\r\nokay", "extra_bytes"),
     _anomaly("extra bytes after a chunked body",
-             _OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(b"ok") + b"junk",
+             OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked_body(b"ok") + b"junk",
              "extra_bytes"),
     _anomaly("extra bytes after a 204", b"HTTP/1.1 204 No Content\r\n\r\njunk", "extra_bytes"),
     _anomaly("extra bytes after content-length 0",
-             _OK_HEAD + b"Content-Length: 0\r\n\r\njunk", "extra_bytes"),
+             OK_HEAD + b"Content-Length: 0\r\n\r\njunk", "extra_bytes"),
     _anomaly("content-length and chunked",
-             _OK_HEAD + b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
-             + _chunked(b"hello"), "length_and_chunked"),
+             OK_HEAD + b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+             + chunked_body(b"hello"), "length_and_chunked"),
     _anomaly("chunked and content-length",
-             _OK_HEAD + b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n"
-             + _chunked(b"hello"), "length_and_chunked"),
+             OK_HEAD + b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n"
+             + chunked_body(b"hello"), "length_and_chunked"),
     _anomaly("http/1.0, chunked, keep-alive",
              b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"
-             + _chunked(b"ok"), "http10_chunked"),
-    _anomaly("transfer coding gzip, chunked", _OK_HEAD + b"Transfer-Encoding: gzip, chunked"
+             + chunked_body(b"ok"), "http10_chunked"),
+    _anomaly("transfer coding gzip, chunked", OK_HEAD + b"Transfer-Encoding: gzip, chunked"
              b"\r\n\r\n2\r\nok\r\n0\r\n\r\n", "transfer_coding"),
-    _anomaly("transfer coding chunked, gzip", _OK_HEAD + b"Transfer-Encoding: chunked, gzip"
+    _anomaly("transfer coding chunked, gzip", OK_HEAD + b"Transfer-Encoding: chunked, gzip"
              b"\r\n\r\n2\r\nok\r\n0\r\n\r\n", "transfer_coding"),
-    _anomaly("transfer coding identity", _OK_HEAD + b"Transfer-Encoding: identity\r\n\r\nok",
+    _anomaly("transfer coding identity", OK_HEAD + b"Transfer-Encoding: identity\r\n\r\nok",
              "transfer_coding"),
     _anomaly("101 switching protocols",
              b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: upgrade\r\n\r\n"
              b"PRI *", "upgrade"),
-    _anomaly("101 without upgrade headers", b"HTTP/1.1 101 Switching\r\n\r\n" + _OK_HEAD
+    _anomaly("101 without upgrade headers", b"HTTP/1.1 101 Switching\r\n\r\n" + OK_HEAD
              + b"Content-Length: 2\r\n\r\nok", "upgrade"),
     _anomaly("status 000", b"HTTP/1.1 000 OK\r\nContent-Length: 0\r\n\r\n", "bad_status"),
     _anomaly("status 099", b"HTTP/1.1 099 OK\r\nContent-Length: 0\r\n\r\n", "bad_status"),
     _anomaly("status 600", b"HTTP/1.1 600 OK\r\nContent-Length: 0\r\n\r\n", "bad_status"),
     _anomaly("status 1000", b"HTTP/1.1 1000 OK\r\nContent-Length: 0\r\n\r\n", "bad_status"),
     _anomaly(f"{MAX_INTERIM + 1} interim replies",
-             _CONTINUE * (MAX_INTERIM + 1) + _OK_HEAD + b"Content-Length: 2\r\n\r\nok",
+             CONTINUE * (MAX_INTERIM + 1) + OK_HEAD + b"Content-Length: 2\r\n\r\nok",
              "interim_flood"),
-    _anomaly("gzip content-encoding", _OK_HEAD + b"Content-Encoding: gzip\r\nContent-Length: %d"
+    _anomaly("gzip content-encoding", OK_HEAD + b"Content-Encoding: gzip\r\nContent-Length: %d"
              b"\r\n\r\n" % len(_GZ) + _GZ, "content_encoding"),
-    _anomaly("x-gzip content-encoding, chunked", _OK_HEAD + b"Content-Encoding: X-GZIP\r\n"
-             b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(_GZ), "content_encoding"),
+    _anomaly("x-gzip content-encoding, chunked", OK_HEAD + b"Content-Encoding: X-GZIP\r\n"
+             b"Transfer-Encoding: chunked\r\n\r\n" + chunked_body(_GZ), "content_encoding"),
     _anomaly("deflate content-encoding, until close", b"HTTP/1.0 200 OK\r\n"
              b"Content-Encoding: deflate\r\n\r\nxx", "content_encoding", eof=True),
-    _anomaly("br content-encoding", _OK_HEAD + b"Content-Encoding: br\r\nContent-Length: 2"
+    _anomaly("br content-encoding", OK_HEAD + b"Content-Encoding: br\r\nContent-Length: 2"
              b"\r\n\r\nok", "content_encoding"),
     _anomaly("another request's id echoed",
-             _OK_HEAD + b"X-Request-Id: req_other\r\nContent-Length: 2\r\n\r\nok",
+             OK_HEAD + b"X-Request-Id: req_other\r\nContent-Length: 2\r\n\r\nok",
              "request_id_mismatch"),
     # whatever else llhttp refuses
     _anomaly("status line: not HTTP/1.x", b"HTTP/2 200 OK\r\nContent-Length: 0\r\n\r\n",
@@ -266,55 +267,55 @@ ANOMALIES = [
     _anomaly("status line: short code", b"HTTP/1.1 20\r\n\r\n", "malformed"),
     _anomaly("status line: garbage", b"<html>oops</html>\r\n\r\n", "malformed"),
     _anomaly("bare LF line ends", b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok", "malformed"),
-    _anomaly("chunk size 0x10", _OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n0x10\r\n"
+    _anomaly("chunk size 0x10", OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n0x10\r\n"
              + b"a" * 16 + b"\r\n0\r\n\r\n", "malformed"),
-    _anomaly("chunk size -1", _OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n-1\r\nx\r\n0\r\n\r\n",
+    _anomaly("chunk size -1", OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n-1\r\nx\r\n0\r\n\r\n",
              "malformed"),
-    _anomaly("chunk size empty", _OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n\r\nx\r\n0\r\n"
+    _anomaly("chunk size empty", OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n\r\nx\r\n0\r\n"
              b"\r\n", "malformed"),
-    _anomaly("chunk size with a space before its extension", _OK_HEAD
+    _anomaly("chunk size with a space before its extension", OK_HEAD
              + b"Transfer-Encoding: chunked\r\n\r\nA ; ext\r\n0123456789\r\n0\r\n\r\n",
              "malformed"),
-    _anomaly("chunk data longer than its size", _OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
+    _anomaly("chunk data longer than its size", OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
              b"2\r\nabc\r\n0\r\n\r\n", "malformed"),
-    _anomaly("content-length -1", _OK_HEAD + b"Content-Length: -1\r\n\r\nx", "malformed"),
-    _anomaly("content-length non-digit", _OK_HEAD + b"Content-Length: 12a\r\n\r\nx", "malformed"),
-    _anomaly("content-length empty", _OK_HEAD + b"Content-Length:\r\n\r\nx", "malformed"),
-    _anomaly("content-length of 30 digits", _OK_HEAD + b"Content-Length: " + b"9" * 30
+    _anomaly("content-length -1", OK_HEAD + b"Content-Length: -1\r\n\r\nx", "malformed"),
+    _anomaly("content-length non-digit", OK_HEAD + b"Content-Length: 12a\r\n\r\nx", "malformed"),
+    _anomaly("content-length empty", OK_HEAD + b"Content-Length:\r\n\r\nx", "malformed"),
+    _anomaly("content-length of 30 digits", OK_HEAD + b"Content-Length: " + b"9" * 30
              + b"\r\n\r\nx", "malformed"),
-    _anomaly("content-length with a control character", _OK_HEAD + b"Content-Length: \x0b2"
+    _anomaly("content-length with a control character", OK_HEAD + b"Content-Length: \x0b2"
              b"\r\n\r\nok", "malformed"),
-    _anomaly("conflicting content-length", _OK_HEAD + b"Content-Length: 2\r\nContent-Length: 3"
+    _anomaly("conflicting content-length", OK_HEAD + b"Content-Length: 2\r\nContent-Length: 3"
              b"\r\n\r\nabc", "malformed"),
-    _anomaly("identical repeated content-length", _OK_HEAD + b"Content-Length: 5\r\n"
+    _anomaly("identical repeated content-length", OK_HEAD + b"Content-Length: 5\r\n"
              b"Content-Length: 5\r\n\r\nhello", "malformed"),
-    _anomaly("header line without a colon", _OK_HEAD + b"Content-Length 2\r\n\r\nok", "malformed"),
-    _anomaly("header name followed by a space", _OK_HEAD + b"Content-Length : 2\r\n\r\nok",
+    _anomaly("header line without a colon", OK_HEAD + b"Content-Length 2\r\n\r\nok", "malformed"),
+    _anomaly("header name followed by a space", OK_HEAD + b"Content-Length : 2\r\n\r\nok",
              "malformed"),
-    _anomaly("header with an empty name", _OK_HEAD + b": 2\r\n\r\nok", "malformed"),
-    _anomaly("control character in a header value", _OK_HEAD + b"X-A: a\x01b\r\n"
+    _anomaly("header with an empty name", OK_HEAD + b": 2\r\n\r\nok", "malformed"),
+    _anomaly("control character in a header value", OK_HEAD + b"X-A: a\x01b\r\n"
              b"Content-Length: 2\r\n\r\nok", "malformed"),
-    _anomaly("folded header line", _OK_HEAD + b"X-A: 1\r\n  2\r\nContent-Length: 2\r\n\r\nok",
+    _anomaly("folded header line", OK_HEAD + b"X-A: 1\r\n  2\r\nContent-Length: 2\r\n\r\nok",
              "malformed"),
 ]
 
 CUT = [
-    Row("cut mid-body (content-length)", _OK_HEAD + b"Content-Length: 10\r\n\r\nhello",
+    Row("cut mid-body (content-length)", OK_HEAD + b"Content-Length: 10\r\n\r\nhello",
         (BrokenResponse,), eof=True),
-    Row("cut mid-body (chunked)", _OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhel",
+    Row("cut mid-body (chunked)", OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhel",
         (BrokenResponse,), eof=True),
-    Row("cut in the trailers", _OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\nX: 1",
+    Row("cut in the trailers", OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\nX: 1",
         (BrokenResponse,), eof=True),
-    Row("cut in the head, after some bytes", _OK_HEAD + b"Content-Len", (BrokenResponse,),
+    Row("cut in the head, after some bytes", OK_HEAD + b"Content-Len", (BrokenResponse,),
         eof=True),
-    Row("cut after a 100 continue", _CONTINUE, (BrokenResponse,), eof=True),
+    Row("cut after a 100 continue", CONTINUE, (BrokenResponse,), eof=True),
     Row("closed before any byte", b"", (Disconnected,), eof=True),
 ]
 
 TABLE = GOOD + ANOMALIES + CUT
 
 
-def _params(rows: list[Row]) -> Any:
+def table_params(rows: list[Row]) -> Any:
     return pytest.mark.parametrize("row", rows, ids=[r.name for r in rows])
 
 
@@ -396,12 +397,12 @@ class Upstream:
         self.eof.set()
 
 
-def _reply(body: bytes = b"ok", *extra: bytes) -> bytes:
+def http_reply(body: bytes = b"ok", *extra: bytes) -> bytes:
     return (b"HTTP/1.1 200 OK\r\n" + b"".join(h + b"\r\n" for h in extra)
             + b"Content-Length: %d\r\n\r\n" % len(body) + body)
 
 
-async def _keep_serving(srv: Upstream, index: int, reader: asyncio.StreamReader,
+async def keep_serving(srv: Upstream, index: int, reader: asyncio.StreamReader,
                         writer: asyncio.StreamWriter) -> None:
     """Replies "ok" to every request on every connection, until the client closes."""
     while True:
@@ -412,10 +413,10 @@ async def _keep_serving(srv: Upstream, index: int, reader: asyncio.StreamReader,
             srv.eofs += 1
             srv.eof.set()
             return
-        writer.write(_reply())
+        writer.write(http_reply())
 
 
-def _partial_body(length: int, first: bytes) -> Handler:
+def partial_body_handler(length: int, first: bytes) -> Handler:
     """Replies with the head and the first bytes of a ``length``-byte body, then waits."""
     async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
@@ -426,7 +427,7 @@ def _partial_body(length: int, first: bytes) -> Handler:
     return handler
 
 
-async def _get(pool: Pool, target: str = "/v1/models", body: bytes | None = None,
+async def pool_get(pool: Pool, target: str = "/v1/models", body: bytes | None = None,
                *, method: str = "GET") -> bytes:
     resp = await pool.request(method, target, body, head_timeout=1.0, body_timeout=1.0)
     data = await resp.read()
@@ -434,16 +435,12 @@ async def _get(pool: Pool, target: str = "/v1/models", body: bytes | None = None
     return data
 
 
-async def _settle(condition: Callable[[], bool]) -> None:
+async def settle(condition: Callable[[], bool]) -> None:
     """Until ``condition()`` holds (closes land a few loop iterations later); 1 s at most."""
-    for _ in range(200):
-        if condition():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("condition not reached within 1 s")
+    await eventually(condition, "the connections settled", within=1.0, every=0.005)
 
 
-def _drip(head: bytes, pieces: list[bytes], gap: float) -> Handler:
+def drip_handler(head: bytes, pieces: list[bytes], gap: float) -> Handler:
     """Replies with ``head``, then each piece ``gap`` seconds apart, then the chunked end."""
     async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
@@ -458,16 +455,16 @@ def _drip(head: bytes, pieces: list[bytes], gap: float) -> Handler:
     return handler
 
 
-_CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 
-def _upstream_config(srv: Upstream) -> UpstreamConfig:
+def upstream_config(srv: Upstream) -> UpstreamConfig:
     # keep-alive from the first request ("auto" is tests/unit/test_reuse.py's subject)
     return UpstreamConfig(name="u", base_url=srv.url + "/v1", connect_timeout=1.0,
                           header_timeout=1.0, idle_timeout=1.0, keepalive="always")
 
 
-def _echoing(stray_after: float = 0.05) -> Handler:
+def echo_handler(stray_after: float = 0.05) -> Handler:
     """Replies with the request's path as its body, echoing its X-Request-Id; a request to
     /double is answered twice, the second copy ``stray_after`` seconds later."""
     async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
@@ -482,9 +479,9 @@ def _echoing(stray_after: float = 0.05) -> Handler:
             path = request.split(b" ")[1]
             rid = re.search(rb"(?im)^x-request-id: *(\S+)\r$", request)
             echo = (b"X-Request-Id: " + rid[1],) if rid else ()
-            writer.write(_reply(path, *echo))
+            writer.write(http_reply(path, *echo))
             if path == b"/double":
                 await asyncio.sleep(stray_after)
-                writer.write(_reply(path, *echo))
+                writer.write(http_reply(path, *echo))
 
     return handler

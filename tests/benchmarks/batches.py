@@ -175,7 +175,7 @@ async def bench(mode: dict[str, Any]) -> dict[str, Any]:
     if pin:
         os.sched_setaffinity(0, {0})
     model = f"bench:{MODEL_CHUNKS}:{mode['chunk_ms']}"
-    stub_port, port = run._free_port(), run._free_port()
+    stub_port, port = run.free_port(), run.free_port()
     procs: list[run.Proc] = []
     try:
         procs.append(run.Proc(

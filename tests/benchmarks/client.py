@@ -39,8 +39,8 @@ from typing import Any
 
 from gateway.ops.config import UpstreamConfig
 from gateway.upstream import UpstreamClient
-from tests.benchmarks.run import Proc, _free_port
-from tests.benchmarks.stub_fast import _Scenario
+from tests.benchmarks.run import Proc, free_port
+from tests.benchmarks.stub_fast import Scenario
 
 
 def _body(model: str, stream: bool) -> bytes:
@@ -158,7 +158,7 @@ def _pool_module() -> Any:
 
 async def _in_process(reps: int, requests: int) -> dict[str, float]:
     module = _pool_module()
-    bulk, paced = _Scenario("bench:256:0"), _Scenario("bench:256:0")
+    bulk, paced = Scenario("bench:256:0"), Scenario("bench:256:0")
     replies = {False: [bulk.buffered], True: [bulk.stream_bulk]}
 
     async def connect(pool: Any) -> Any:
@@ -208,7 +208,7 @@ def main(argv: list[str]) -> int:
         import tempfile
         from pathlib import Path
 
-        port = _free_port()
+        port = free_port()
         with tempfile.TemporaryDirectory() as logdir:
             stub = Proc("stub", [sys.executable, "-m", "tests.benchmarks.stub_fast", str(port)],
                         core=0 if pin else None, logdir=Path(logdir),

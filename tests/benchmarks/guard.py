@@ -60,7 +60,7 @@ class _GuardBench(bench_run.Bench):
     def start(self, name: str) -> bench_run.Proc:
         if name != "gateway" or not self.regress_us:
             return super().start(name)
-        port = bench_run._free_port()
+        port = bench_run.free_port()
         args = [sys.executable, "-m", "tests.benchmarks.regressed", str(self.regress_us),
                 "--config", str(self.cfg), "--port", str(port)]
         env = {"BENCH_GATEWAY_KEYS": bench_run.API_KEY,

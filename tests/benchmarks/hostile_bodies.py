@@ -18,21 +18,14 @@ import tempfile
 from pathlib import Path
 
 from tests.conftest import stub_config
-from tests.e2e.test_hostile_input import (
-    BODY_CAP,
-    ROUTES,
-    _body,
-    _hostile_body,
-    _peak_rss_mb,
-    _run_at_once,
-)
-from tests.procs import REPO, Proc, free_port, start_gateway, wait_http
+from tests.procs import REPO, Proc, free_port, peak_rss_mb, start_gateway, wait_http
+from tests.route_bodies import BODY_CAP, ROUTES, hostile_body, route_body, run_at_once
 
 
 def _csv_prompt() -> bytes:
     row = "1,2,3,[4],{5:6}, \"seven\"\n"
     text = (row * ((BODY_CAP - 200) // (len(row) + 4))).encode()
-    return _body("count_tokens", json.dumps(text.decode()).encode())
+    return route_body("count_tokens", json.dumps(text.decode()).encode())
 
 
 def main() -> None:
@@ -46,17 +39,17 @@ def main() -> None:
                 stub_config(f"http://127.0.0.1:{port}/v1", models=("ok",)), Path(tmp))
             loads = {
                 "4 x 32 MiB [[],[],...] at once": [
-                    (ROUTES[r][0], _hostile_body(r))
+                    (ROUTES[r][0], hostile_body(r))
                     for r in ("messages", "count_tokens", "chat", "embeddings")],
                 "one 32 MiB CSV prompt": [(ROUTES["count_tokens"][0], _csv_prompt())],
             }
             print("| load | replies | seconds | /health max ms | probes | peak RSS MB |")
             print("| --- | --- | --- | --- | --- | --- |")
             for name, jobs in loads.items():
-                replies, latencies, elapsed = _run_at_once(url, jobs)
+                replies, latencies, elapsed = run_at_once(url, jobs)
                 statuses = sorted(status for _, status, _, _ in replies)
                 print(f"| {name} | {statuses} | {elapsed:.2f} | {max(latencies) * 1000:.0f} "
-                      f"| {len(latencies)} | {_peak_rss_mb(gateway.pid):.0f} |")
+                      f"| {len(latencies)} | {peak_rss_mb(gateway.pid):.0f} |")
             gateway.stop()
             gateway = None
     finally:

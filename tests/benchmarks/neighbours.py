@@ -39,11 +39,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.conftest import stub_config
-from tests.e2e.test_hostile_input import ROUTES, _body, _hostile_body, _peak_rss_mb
-from tests.procs import REPO, Proc, free_port, start_gateway, wait_http
+from tests.procs import REPO, Proc, free_port, peak_rss_mb, start_gateway, wait_http
+from tests.route_bodies import ROUTES, hostile_body, route_body
 
-_SMALL = (ROUTES["count_tokens"][0], _body("count_tokens", b'"hello there"'))
-_SMALL_MESSAGE = (ROUTES["messages"][0], _body("messages", b'"hello there"'))
+_SMALL = (ROUTES["count_tokens"][0], route_body("count_tokens", b'"hello there"'))
+_SMALL_MESSAGE = (ROUTES["messages"][0], route_body("messages", b'"hello there"'))
 _TOOLS = {"tools": [{"name": "write", "description": "Write a file", "input_schema": {
     "type": "object", "properties": {"path": {"type": "string"},
                                      "content": {"type": "string"}}}}]}
@@ -55,11 +55,11 @@ def _prompt(size: int) -> bytes:
     line = "def f(x):\n    return x * 2  # a line of code, \"quoted\"\n"
     encoded = len(json.dumps(line)) - 2
     text = line * ((size - 300) // encoded)
-    return _body("count_tokens", json.dumps(text).encode())
+    return route_body("count_tokens", json.dumps(text).encode())
 
 
 def _batch(n: int) -> bytes:
-    params = json.loads(_body("messages"))
+    params = json.loads(route_body("messages"))
     return json.dumps({"requests": [{"custom_id": f"r{i}", "params": params}
                                     for i in range(n)]}).encode()
 
@@ -173,7 +173,7 @@ def main() -> None:
                               _prompt(30 * _MIB).replace(b'"m-ok"', b'"m-llama"', 1))] * 4,
                     _SMALL),
                 "4 x 32 MiB [[],[],...] bodies": (
-                    lambda: [(ROUTES[r][0], _hostile_body(r))
+                    lambda: [(ROUTES[r][0], hostile_body(r))
                              for r in ("messages", "count_tokens", "chat", "embeddings")],
                     _SMALL),
                 f"a {args.batch_requests:,}-request batch create": (
@@ -194,7 +194,7 @@ def main() -> None:
                 print(f"| {name} | {statuses} | {elapsed:.2f} "
                       f"| {max(health) * 1000:.0f} / {statistics.median(health) * 1000:.0f} "
                       f"| {max(small) * 1000:.0f} / {statistics.median(small) * 1000:.0f} "
-                      f"| {_peak_rss_mb(gateway.pid):.0f} |", flush=True)
+                      f"| {peak_rss_mb(gateway.pid):.0f} |", flush=True)
             gateway.stop()
             gateway = None
     finally:

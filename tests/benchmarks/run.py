@@ -61,7 +61,7 @@ MODES: dict[str, dict[str, Any]] = {
 
 # --- processes ------------------------------------------------------------------------
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:
@@ -181,7 +181,7 @@ class Bench:
         self.client_core = 0 if self.pin else None
         if self.pin:
             os.sched_setaffinity(0, {0})
-        self.stub_port = _free_port()
+        self.stub_port = free_port()
         self.stub = Proc("stub", [sys.executable, "-m", "tests.benchmarks.stub_fast",
                                   str(self.stub_port), *self.stub_args],
                          core=self.client_core, logdir=self.tmp,
@@ -195,7 +195,7 @@ class Bench:
 
     # server processes, started on demand, restarted for clean memory figures
     def start(self, name: str) -> Proc:
-        port = _free_port()
+        port = free_port()
         if name == "gateway":
             args = [sys.executable, "-m", "gateway", "--config", str(self.cfg), "--port",
                     str(port)]
@@ -206,7 +206,7 @@ class Bench:
             args = [sys.executable, "-m", "sglang_router.launch_router", "--host", HOST,
                     "--port", str(port), "--worker-urls", self.stub_url.removesuffix("/v1"),
                     "--backend", "openai", "--log-level", "warn",
-                    "--prometheus-port", str(_free_port())]
+                    "--prometheus-port", str(free_port())]
             env = {}
         else:
             module = {"floor": "lean_floor", "relay": "bare_relay"}[name]

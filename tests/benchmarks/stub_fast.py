@@ -68,7 +68,7 @@ def parse_model(model: str) -> tuple[int, float]:
     return n, ms / 1000.0
 
 
-class _Scenario:
+class Scenario:
     """Every byte one model name needs, built once."""
 
     __slots__ = ("buffered", "delay", "stream_bulk", "stream_events", "stream_head")
@@ -142,10 +142,10 @@ class _Scenario:
                          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
 
 
-    def echoing(self, request_id: bytes) -> _Scenario:
+    def echoing(self, request_id: bytes) -> Scenario:
         """The same replies, their heads carrying ``X-Request-Id: request_id``."""
         header = b"\r\nX-Request-Id: " + request_id
-        sc = object.__new__(_Scenario)
+        sc = object.__new__(Scenario)
         sc.delay = self.delay
         sc.stream_events = self.stream_events
         sc.stream_head = self.stream_head.replace(b"\r\n", header + b"\r\n", 1)
@@ -161,13 +161,13 @@ class Stats:
     aborted = 0
 
 
-_SCENARIOS: dict[str, _Scenario] = {}
+_SCENARIOS: dict[str, Scenario] = {}
 
 
-def _scenario(model: str) -> _Scenario:
+def _scenario(model: str) -> Scenario:
     sc = _SCENARIOS.get(model)
     if sc is None:
-        sc = _SCENARIOS[model] = _Scenario(model)
+        sc = _SCENARIOS[model] = Scenario(model)
     return sc
 
 
@@ -267,7 +267,7 @@ class _Server(asyncio.Protocol):
         self.busy = True
         self.task = asyncio.ensure_future(self._paced(sc))
 
-    async def _paced(self, sc: _Scenario) -> None:
+    async def _paced(self, sc: Scenario) -> None:
         transport = self.transport
         assert transport is not None
         Stats.open += 1
@@ -295,7 +295,7 @@ class _Server(asyncio.Protocol):
             self.data_received(b"")
 
 
-    async def _slotted(self, sc: _Scenario, stream: bool) -> None:
+    async def _slotted(self, sc: Scenario, stream: bool) -> None:
         """One completion served within a slot (``--slots``)."""
         transport = self.transport
         assert transport is not None and Slots.sem is not None

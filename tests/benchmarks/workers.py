@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="llm-gateway-workers-"))
     model = f"bench:{args.chunks}:{args.interval_ms}"
-    stub_port, port = run._free_port(), run._free_port()
+    stub_port, port = run.free_port(), run.free_port()
     try:
         run.Proc("stub", [sys.executable, "-m", "tests.benchmarks.stub_fast", str(stub_port)],
                  core=None, logdir=tmp, health=f"http://{run.HOST}:{stub_port}/health")

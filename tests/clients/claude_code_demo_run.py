@@ -46,6 +46,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from tests.logs import access_lines  # noqa: E402
 from tests.procs import Proc, free_port, wait_http  # noqa: E402
 
 CLAUDE = REPO / "tests" / "clients" / "node_modules" / ".bin" / "claude"
@@ -71,8 +72,7 @@ def _children(pid: int) -> list[int]:
 
 
 def _access(gateway: Proc) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in gateway.output().splitlines()
-            if line.startswith("{") and '"access"' in line]
+    return access_lines(gateway.output())
 
 
 def _new_access(gateway: Proc, seen: int) -> list[dict[str, Any]]:

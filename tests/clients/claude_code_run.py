@@ -82,6 +82,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tests.conftest import llama_config  # noqa: E402
+from tests.logs import access_lines  # noqa: E402
 from tests.pdfs import make_pdf  # noqa: E402
 from tests.procs import Proc, free_port, start_gateway, wait_http  # noqa: E402
 
@@ -328,8 +329,7 @@ def main() -> int:
         gateway.stop()
         for stop in stopper:
             stop()
-    access = [json.loads(ln) for ln in gateway.output().splitlines()
-              if ln.startswith("{") and '"access"' in ln]
+    access = access_lines(gateway.output())
     shutil.rmtree(tmp, ignore_errors=True)
     Path(out_path).write_text(json.dumps({
         "exit_code": exit_code, "result": result, "stdout": stdout[-2000:],

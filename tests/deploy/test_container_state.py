@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.test_deploy import COMPOSE, EXAMPLE, K8S, _env_names
+from tests.deploy_files import COMPOSE, EXAMPLE, K8S, env_names
+from tests.logs import log_lines, matching
 from tests.procs import REPO, Proc, free_port, get, post, wait_http
 
 yaml = pytest.importorskip("yaml")
@@ -104,7 +105,7 @@ def _start(text: str, folder: Path, env: dict[str, str]) -> tuple[Proc, str, dic
     path = folder / "gateway.toml"
     path.write_text(text)
     os.chown(path, UID, GID)
-    keys = {name: "test-secret" for name in _env_names(data)}
+    keys = {name: "test-secret" for name in env_names(data)}
     keys[data["server"].get("api_keys_env", "GATEWAY_API_KEYS")] = API_KEY
     port = free_port()
     proc = Proc(_as_image_user(_runnable_env({**keys, **env}), sys.executable, "-m", "gateway",
@@ -119,8 +120,7 @@ def _start(text: str, folder: Path, env: dict[str, str]) -> tuple[Proc, str, dic
 
 
 def _events(output: str, name: str) -> list[dict[str, object]]:
-    return [e for line in output.splitlines() if line.startswith("{")
-            for e in [json.loads(line)] if e.get("event") == name]
+    return matching(log_lines(output), name)
 
 
 def _batch_body(data: dict[str, object]) -> dict[str, object]:

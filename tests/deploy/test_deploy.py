@@ -37,6 +37,25 @@ import pytest
 from packaging.requirements import Requirement
 
 from gateway.ops import config, config_schema
+from tests.deploy_files import (
+    COMPOSE,
+    CONSTRAINTS,
+    DOCKERFILE,
+    DOCKERIGNORE,
+    DRAIN_TAIL_S,
+    EXAMPLE,
+    K8S,
+    PROMETHEUS,
+    UNIT,
+    UNIT_BINARY,
+    UNIT_CONFIG,
+    env_names,
+    final_stage,
+    image_state_directory,
+    instructions,
+    need,
+    parse_with_env,
+)
 from tests.procs import REPO, Proc, free_port, wait_http
 
 try:
@@ -46,37 +65,14 @@ except ImportError:  # PyYAML comes with the test extra; CI must not skip for wa
         raise
     pytest.skip("PyYAML is not installed", allow_module_level=True)
 
-DEPLOY = REPO / "deploy"
-EXAMPLE = DEPLOY / "gateway.example.toml"
-UNIT = DEPLOY / "systemd" / "llm-gateway.service"
-DOCKERFILE = DEPLOY / "Dockerfile"
-DOCKERIGNORE = DEPLOY / "Dockerfile.dockerignore"
-CONSTRAINTS = DEPLOY / "constraints.txt"
-COMPOSE = DEPLOY / "compose.yaml"
-PROMETHEUS = DEPLOY / "prometheus.yml"
-K8S = DEPLOY / "kubernetes"
-
 # `systemd-analyze security --offline=yes` on systemd 252 scores the unit 1.2; what remains is
 # network access (the gateway's job), AF_UNIX, the host's root directory and @resources.
 SYSTEMD_EXPOSURE_MAX = 1.5
-K8S_VERSION = "1.30.0"
-# The drain finishes streams within shutdown_grace, then waits up to this long for the ends.
-DRAIN_TAIL_S = 2.0
-UNIT_BINARY = "/opt/llm-gateway/bin/llm-gateway"
-UNIT_CONFIG = "/etc/llm-gateway/gateway.toml"
-
-
-def _need(ok: object, why: str) -> None:
-    """A missing tool: skip locally, fail under CI (where .ci/run must have installed it)."""
-    if not ok:
-        if os.environ.get("CI"):
-            pytest.fail(f"{why} (CI must install it)")
-        pytest.skip(why)
 
 
 def _tool(name: str) -> str:
     path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
-    _need(path, f"{name} is not installed")
+    need(path, f"{name} is not installed")
     assert path
     return path
 
@@ -118,20 +114,6 @@ def _knobs_in(data: dict[str, Any]) -> set[str]:
     return knobs
 
 
-def _env_names(data: dict[str, Any]) -> set[str]:
-    """Every environment variable a config names (the *_env keys)."""
-    tables = [data.get("server", {}), *data.get("upstreams", {}).values(), data.get("batches", {})]
-    return {v for t in tables for k, v in t.items() if k.endswith("_env")}
-
-
-def _parse_with_env(text: str, src: str) -> config.Config:
-    data = tomllib.loads(text)
-    env = {name: "test-secret" for name in _env_names(data)}
-    if name := data.get("batches", {}).get("database_env"):  # a URL, not a key
-        env[name] = "postgresql://gateway:test-secret@db.internal:5432/gateway"
-    return config.parse(data, src, env)
-
-
 def _own_env(tmp_path: Path) -> dict[str, str]:
     """The test's environment without GATEWAY_* and with a state directory of its own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
@@ -157,11 +139,11 @@ def test_example_config_passes_check_config_as_it_is(tmp_path: Path) -> None:
 def test_example_config_with_every_commented_knob_switched_on_loads() -> None:
     text = _switch_on(EXAMPLE.read_text())
     data = tomllib.loads(text)
-    assert _env_names(data) == {
+    assert env_names(data) == {
         "GATEWAY_API_KEYS", "GATEWAY_SIGNING_KEY", "GATEWAY_PREVIOUS_SIGNING_KEYS",
         "VLLM_API_KEY", "GATEWAY_BATCHES_DATABASE"
     }
-    cfg = _parse_with_env(text, str(EXAMPLE))
+    cfg = parse_with_env(text, str(EXAMPLE))
     assert cfg.server.api_keys == ("test-secret",)
     assert cfg.upstreams["local-vllm"].api_key == "test-secret"
 
@@ -391,31 +373,6 @@ def test_unit_security_exposure_is_held(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- (c) Dockerfile
 
 
-def _instructions(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    out, buf = [], ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not buf and (not line or line.startswith("#")):
-            continue
-        if line.startswith("#"):
-            continue
-        if line.endswith("\\"):
-            buf += line[:-1] + " "
-            continue
-        buf += line
-        word, _, rest = buf.partition(" ")
-        out.append((word.upper(), rest.strip()))
-        buf = ""
-    return out
-
-
-def _final_stage() -> list[tuple[str, str]]:
-    ins = _instructions(DOCKERFILE.read_text())
-    last_from = max(i for i, (word, _) in enumerate(ins) if word == "FROM")
-    return ins[last_from:]
-
-
 def _one(stage: list[tuple[str, str]], word: str) -> str:
     found = [args for w, args in stage if w == word]
     assert len(found) == 1, f"{word}: {found}"
@@ -423,7 +380,7 @@ def _one(stage: list[tuple[str, str]], word: str) -> str:
 
 
 def test_dockerfile_is_multi_stage_on_slim_python_311() -> None:
-    ins = _instructions(DOCKERFILE.read_text())
+    ins = instructions(DOCKERFILE.read_text())
     froms = [args for word, args in ins if word == "FROM"]
     assert len(froms) >= 2
     assert re.search(r"\bAS build$", froms[0], flags=re.I), froms[0]
@@ -433,7 +390,7 @@ def test_dockerfile_is_multi_stage_on_slim_python_311() -> None:
         base = args.get(base.strip("${}"), base) if base.startswith("$") else base
         # by digest: a rebuild starts from the same bytes, wherever the tag has moved since
         assert re.fullmatch(r"python:3\.11(\.\d+)?-slim(-\w+)?" + _DIGEST, base), base
-    assert any(w == "COPY" and a.startswith("--from=build ") for w, a in _final_stage())
+    assert any(w == "COPY" and a.startswith("--from=build ") for w, a in final_stage())
 
 
 _DIGEST = r"@sha256:[0-9a-f]{64}"
@@ -469,7 +426,7 @@ def _runtime_requirements() -> list[Requirement]:
 
 def test_dockerfile_installs_with_the_constraints_file() -> None:
     """The build stage copies deploy/constraints.txt and its one pip install obeys it."""
-    ins = _instructions(DOCKERFILE.read_text())
+    ins = instructions(DOCKERFILE.read_text())
     froms = [i for i, (word, _) in enumerate(ins) if word == "FROM"]
     build = ins[froms[0]:froms[1]]
     copied = [src for w, a in build if w == "COPY" for src in a.split()[:-1]]
@@ -513,7 +470,7 @@ def test_constraints_pin_the_transitive_dependencies() -> None:
 
 
 def test_dockerfile_final_stage_runs_unprivileged() -> None:
-    user = _one(_final_stage(), "USER").split(":")[0]
+    user = _one(final_stage(), "USER").split(":")[0]
     assert user not in ("root", "0") and user.isdigit(), "a numeric non-root USER"
     # The Kubernetes pod runs with the same uid.
     deployment = yaml.safe_load((K8S / "base" / "deployment.yaml").read_text())
@@ -522,14 +479,14 @@ def test_dockerfile_final_stage_runs_unprivileged() -> None:
 
 
 def test_dockerfile_entrypoint_is_exec_form() -> None:
-    assert json.loads(_one(_final_stage(), "ENTRYPOINT")) == ["llm-gateway"]
-    cmd = json.loads(_one(_final_stage(), "CMD"))
+    assert json.loads(_one(final_stage(), "ENTRYPOINT")) == ["llm-gateway"]
+    cmd = json.loads(_one(final_stage(), "CMD"))
     assert cmd[:2] == ["--config", UNIT_CONFIG] and "--host" in cmd
 
 
 def _healthcheck_command() -> list[str]:
     """The HEALTHCHECK's argv: the gateway's own --health-check on the image's config."""
-    args = _one(_final_stage(), "HEALTHCHECK")
+    args = _one(final_stage(), "HEALTHCHECK")
     _, _, cmd = args.partition("CMD ")
     argv = json.loads(cmd)  # exec form: no shell in a slim image is assumed
     assert argv[0] == "llm-gateway" and "--health-check" in argv
@@ -548,7 +505,7 @@ def _run_healthcheck(argv: list[str], config_path: Path, port: int,
 
 def test_dockerfile_exposes_the_port_the_healthcheck_asks() -> None:
     """The health check reads the image's config: its port is the one EXPOSEd."""
-    port = _one(_final_stage(), "EXPOSE")
+    port = _one(final_stage(), "EXPOSE")
     assert port == "8080"
     _healthcheck_command()
     assert tomllib.loads(EXAMPLE.read_text())["server"]["port"] == int(port)
@@ -579,7 +536,7 @@ def test_dockerfile_healthcheck_and_probes_against_a_real_gateway(
     config_path = EXAMPLE
     if metrics_apart:
         config_path = _example_with(tmp_path, metrics_port=free_port())
-    cmd = json.loads(_one(_final_stage(), "CMD"))
+    cmd = json.loads(_one(final_stage(), "CMD"))
     cmd = [str(config_path) if a == UNIT_CONFIG else "127.0.0.1" if a == "0.0.0.0" else a
            for a in cmd]
     env = _own_env(tmp_path)
@@ -599,8 +556,8 @@ def test_dockerfile_healthcheck_and_probes_against_a_real_gateway(
 
 def test_dockerfile_gives_the_gateway_a_state_directory() -> None:
     """STATE_DIRECTORY is set, made by the build for the image's user (0700), and a VOLUME."""
-    stage = _final_stage()
-    state = _image_state_directory()
+    stage = final_stage()
+    state = image_state_directory()
     assert json.loads(_one(stage, "VOLUME")) == [state]
     user = _one(stage, "USER")
     made = [a for w, a in stage if w == "RUN" and f" {state}" in a]
@@ -609,13 +566,6 @@ def test_dockerfile_gives_the_gateway_a_state_directory() -> None:
     assert argv[:2] == ["install", "-d"] and argv[-1] == state, argv
     opts = dict(zip(argv[2:-1:2], argv[3:-1:2], strict=True))
     assert f"{opts['-o']}:{opts['-g']}" == user and opts["-m"] == "0700", opts
-
-
-def _image_state_directory() -> str:
-    envs = [a for w, a in _final_stage() if w == "ENV"]
-    found = [m[1] for a in envs for m in [re.search(r"\bSTATE_DIRECTORY=(\S+)", a)] if m]
-    assert len(found) == 1, envs
-    return found[0]
 
 
 def _dockerignore_regex(pattern: str) -> re.Pattern[str]:
@@ -652,7 +602,7 @@ def test_dockerignore_sends_what_the_build_copies_and_nothing_else() -> None:
         if ln.strip() and not ln.startswith("#")
     ]
     sources = []
-    for word, args in _instructions(DOCKERFILE.read_text()):
+    for word, args in instructions(DOCKERFILE.read_text()):
         if word == "COPY" and not args.startswith("--from"):
             sources += args.split()[:-1]
     assert sources
@@ -700,7 +650,7 @@ def _compose() -> dict[str, Any]:
 
 def _compose_gateway_config() -> tuple[dict[str, Any], config.Config]:
     text = _compose()["configs"]["gateway-toml"]["content"]
-    return tomllib.loads(text), _parse_with_env(text, "compose.yaml")
+    return tomllib.loads(text), parse_with_env(text, "compose.yaml")
 
 
 def _image_default(image: str) -> str:
@@ -763,7 +713,7 @@ def test_compose_gateway_builds_this_repo_and_drains() -> None:
 def test_compose_gateway_keeps_its_state_in_a_named_volume() -> None:
     compose = _compose()
     volumes = compose["services"]["gateway"]["volumes"]
-    named = [v.split(":") for v in volumes if v.split(":")[1] == _image_state_directory()]
+    named = [v.split(":") for v in volumes if v.split(":")[1] == image_state_directory()]
     assert len(named) == 1 and named[0][0] in compose["volumes"], volumes
     # thinking signatures sealed under a key from the environment, as the other keys
     _, cfg = _compose_gateway_config()
@@ -781,7 +731,7 @@ def test_compose_gateway_config_loads_and_points_at_compose_services() -> None:
         host = up.host.split(":")[0]
         assert host in services, f"{up.name}: {host} is not a compose service"
     # every key variable the config names is given to the container
-    assert _env_names(data) <= set(services["gateway"]["environment"])
+    assert env_names(data) <= set(services["gateway"]["environment"])
     assert services["vllm"]["profiles"] == ["gpu"]
     gpus = services["vllm"]["deploy"]["resources"]["reservations"]["devices"]
     assert gpus[0]["capabilities"] == ["gpu"]
@@ -814,7 +764,7 @@ def test_compose_grafana_is_provisioned_from_the_grafana_folder() -> None:
     # and reach Prometheus by its compose name.
     providers = sorted((REPO / "grafana" / "provisioning" / "dashboards").glob("*.y*ml"))
     datasources = sorted((REPO / "grafana" / "provisioning" / "datasources").glob("*.y*ml"))
-    _need(providers and datasources, "grafana/provisioning is not written yet")
+    need(providers and datasources, "grafana/provisioning is not written yet")
     for path in providers:
         for provider in yaml.safe_load(path.read_text())["providers"]:
             assert provider["options"]["path"].startswith(dashboards_at), path

@@ -32,14 +32,15 @@ from prometheus_client import CollectorRegistry
 from gateway.ops import config
 from gateway.ops.metrics import Metrics
 from tests.deploy import kustomize
-from tests.deploy.test_deploy import (
+from tests.deploy_files import (
     DRAIN_TAIL_S,
     K8S,
     K8S_VERSION,
     UNIT_CONFIG,
-    _env_names,
-    _need,
-    _parse_with_env,
+    env_names,
+    image_state_directory,
+    need,
+    parse_with_env,
 )
 
 BASE = K8S / "base"
@@ -67,7 +68,7 @@ def _overlay(kind: str) -> dict[str, Any]:
 
 def _gateway_config() -> tuple[dict[str, Any], config.Config]:
     text = _base("ConfigMap")["data"]["gateway.toml"]
-    return tomllib.loads(text), _parse_with_env(text, "gateway.toml")
+    return tomllib.loads(text), parse_with_env(text, "gateway.toml")
 
 
 def _validator() -> Any:
@@ -75,7 +76,7 @@ def _validator() -> Any:
         import kubernetes_validate
     except ImportError:
         kubernetes_validate = None
-    _need(kubernetes_validate, "kubernetes-validate is not installed")
+    need(kubernetes_validate, "kubernetes-validate is not installed")
     return kubernetes_validate
 
 
@@ -95,7 +96,7 @@ def _by_name(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("root", [K8S, BASE, OVERLAY], ids=["root", "base", "overlay"])
 def test_kustomize_builds_what_kubectl_builds(root: Path) -> None:
     kubectl = shutil.which("kubectl")
-    if not kubectl:  # not _need: CI has no kubectl, and the build below does its work there
+    if not kubectl:  # not need: CI has no kubectl, and the build below does its work there
         pytest.skip("kubectl is not installed; tests/deploy/kustomize.py builds alone")
     run = subprocess.run(
         [kubectl, "kustomize", str(root)], capture_output=True, text=True, timeout=60
@@ -271,17 +272,15 @@ def test_k8s_config_comes_from_the_generated_configmap_and_keys_from_the_secret(
     data, cfg = _gateway_config()
     assert cfg.server.host == "0.0.0.0"
     from_secret = {e["name"] for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})}
-    assert _env_names(data) == from_secret == {"GATEWAY_API_KEYS", "GATEWAY_SIGNING_KEY"}
+    assert env_names(data) == from_secret == {"GATEWAY_API_KEYS", "GATEWAY_SIGNING_KEY"}
 
 
 def test_k8s_state_directory_is_a_writable_volume() -> None:
     """STATE_DIRECTORY (the image's, set here too) is a mounted volume, since the root file
     system is read-only: an emptyDir on disk (batches live as long as the pod) or a claim."""
-    from tests.deploy.test_deploy import _image_state_directory
-
     c = _container()
     pod = _base("Deployment")["spec"]["template"]["spec"]
-    state = _image_state_directory()
+    state = image_state_directory()
     assert {"name": "STATE_DIRECTORY", "value": state} in c["env"]
     [mount] = [m for m in c["volumeMounts"] if m["mountPath"] == state]
     assert not mount.get("readOnly")

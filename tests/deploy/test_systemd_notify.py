@@ -8,7 +8,6 @@ the file the gateway's stderr goes to, as systemd does for a journal stream.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import stub_config
+from tests.logs import parse_line
 from tests.procs import REPO, free_port
 
 UNIT = REPO / "deploy" / "systemd" / "llm-gateway.service"
@@ -91,7 +91,7 @@ def test_ready_arrives_after_bind_and_stopping_at_the_drain(
         stderr.close()
         sock.close()
     lines = (tmp_path / "stderr.log").read_bytes().splitlines()
-    events = {json.loads(ln[3:])["event"]: ln[:3] for ln in lines if ln[3:4] == b"{"}
+    events = {doc["event"]: ln[:3] for ln in lines if (doc := parse_line(ln))}
     # every line carries journald's priority prefix: stderr is the journal stream here
     assert all(ln[:1] == b"<" for ln in lines if ln.strip()), lines[:5]
     assert events["listening"] == b"<6>"
@@ -122,7 +122,7 @@ def test_journal_priority_prefix_only_when_stderr_is_the_journal_stream(
                        check=True, cwd=REPO, timeout=30)
     lines = out.read_bytes().splitlines()
     prefixes = [ln[: ln.index(b"{")] for ln in lines]
-    events = [json.loads(ln[ln.index(b"{"):])["event"] for ln in lines]
+    events = [doc["event"] for ln in lines if (doc := parse_line(ln))]
     assert events == ["d", "i", "w", "e", "access"]
     want = [b"<7>", b"<6>", b"<4>", b"<3>", b"<6>"] if matches else [b""] * 5
     assert prefixes == want

@@ -23,10 +23,10 @@ Protocol facts these tests pin down:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,8 +34,10 @@ import pytest
 
 from tests import sdk
 from tests.conftest import stub_config, stub_requests
+from tests.logs import access_lines
 from tests.node import CLIENTS, ts_sdk_ready
 from tests.procs import Proc
+from tests.waits import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.clients]
 
@@ -73,14 +75,10 @@ def _upstream_requests(stub_url: str, since: int) -> list[dict[str, Any]]:
 def _access(proc: Proc, count: int) -> list[dict[str, Any]]:
     """The gateway's access lines for /v1/messages, once ``count`` are written (flushed every
     0.5 s)."""
-    deadline = time.monotonic() + 5
-    while True:
-        lines = [json.loads(ln) for ln in proc.output().splitlines() if ln.startswith("{")]
-        access = [ln for ln in lines if ln.get("event") == "access"
-                  and ln.get("route") == "messages"]
-        if len(access) >= count or time.monotonic() > deadline:
-            return access
-        time.sleep(0.1)
+    with contextlib.suppress(AssertionError):  # the caller's assertion shows what came
+        wait_until(lambda: len(access_lines(proc.output(), route="messages")) >= count,
+                   f"{count} access lines", timeout=5)
+    return access_lines(proc.output(), route="messages")
 
 
 def _text(message: dict[str, Any]) -> str:

@@ -18,13 +18,10 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +31,18 @@ import pytest
 
 from gateway.demo.tinymodel import ANSWER_TEXT
 from tests import sdk
+from tests.batch_client import (
+    assert_error,
+    batches_toml,
+    bodyless,
+    calls_per_id,
+    create,
+    request,
+    results_of,
+    wait_ended,
+)
 from tests.conftest import clear_stub, stub_config, stub_requests
+from tests.logs import access_lines
 from tests.node import CLIENTS, ts_sdk_ready
 from tests.procs import Proc, free_port, get, post, require_demo_extra, start_gateway, wait_http
 
@@ -42,93 +50,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 BIG_REPEAT = 1500  # "lorem ipsum dolor sit amet " times this: about a second of the demo model
 DAY = 86400
-
-
-# --- helpers shared with test_batches_durability.py ------------------------------------------
-
-def batches_toml(database: str | Path, **knobs: Any) -> str:
-    """A ``[batches]`` table on ``database`` with quick polling, plus ``knobs``."""
-    knobs = {"poll_interval": 0.2, **knobs}
-    lines = ["", "[batches]", f"database = {json.dumps(str(database))}"]
-    lines += [f"{k} = {json.dumps(v)}" for k, v in knobs.items()]
-    return "\n".join(lines) + "\n"
-
-
-_NAMED = re.compile(r'"batch request ([A-Za-z0-9_-]{1,64})"')
-
-
-def text_of(cid: str) -> str:
-    """The user message of batch request ``cid``: the stub's record of it names the request."""
-    return f"batch request {cid}"
-
-
-def request(cid: str, model: str, **params: Any) -> dict[str, Any]:
-    return {"custom_id": cid, "params": {
-        "model": model, "max_tokens": 32,
-        "messages": [{"role": "user", "content": text_of(cid)}], **params}}
-
-
-def calls_per_id(stub_url: str, cids: list[str]) -> dict[str, int]:
-    """Upstream chat calls per custom_id, from every request the stub recorded."""
-    counts = dict.fromkeys(cids, 0)
-    for seen in stub_requests(stub_url):
-        if not seen["path"].endswith("/chat/completions") or not isinstance(seen["body"], dict):
-            continue
-        named = set(_NAMED.findall(json.dumps(seen["body"].get("messages"))))
-        for cid in named & counts.keys():
-            counts[cid] += 1
-    return counts
-
-
-def wait_ended(base: str, batch_id: str, timeout: float = 30.0,
-               headers: dict[str, str] | None = None) -> dict[str, Any]:
-    """Poll a batch (raw HTTP, so any gateway of the store will do) until it has ended."""
-    deadline = time.monotonic() + timeout
-    while True:
-        status, _, body = get(f"{base}/v1/messages/batches/{batch_id}", headers=headers)
-        assert status == 200, body
-        batch = json.loads(body)
-        if batch["processing_status"] == "ended":
-            return batch
-        assert time.monotonic() < deadline, f"batch did not end within {timeout}s: {batch}"
-        time.sleep(0.1)
-
-
-def results_of(base: str, batch_id: str, headers: dict[str, str] | None = None
-               ) -> list[dict[str, Any]]:
-    status, _, body = get(f"{base}/v1/messages/batches/{batch_id}/results", headers=headers)
-    assert status == 200, body
-    return [json.loads(line) for line in body.decode().splitlines()]
-
-
-def call(method: str, url: str, headers: dict[str, str] | None = None
-         ) -> tuple[int, dict[str, Any]]:
-    """A body-less request (POST with an empty body): (status, its JSON)."""
-    req = urllib.request.Request(url, method=method, headers=headers or {},
-                                 data=b"" if method == "POST" else None)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code, json.loads(exc.read())
-
-
-def create(base: str, requests: Any, headers: dict[str, str] | None = None
-           ) -> tuple[int, dict[str, Any]]:
-    status, _, body = post(f"{base}/v1/messages/batches", {"requests": requests},
-                           headers=headers)
-    return status, json.loads(body)
-
-
-def assert_error(status: int, body: dict[str, Any], want_status: int, error_type: str,
-                 mentions: str = "") -> None:
-    """Anthropic's error envelope: {"type": "error", "error": {"type", "message"}}."""
-    assert status == want_status, body
-    assert body["type"] == "error", body
-    assert body["error"]["type"] == error_type, body
-    assert isinstance(body["error"]["message"], str) and body["error"]["message"], body
-    assert mentions in body["error"]["message"], body
 
 
 # --- the demo: both SDKs on a real llama.cpp upstream ------------------------------------------
@@ -415,7 +336,7 @@ def test_unknown_and_malformed_batch_ids_are_404(stub_base: str) -> None:
     for batch_id in ("msgbatch_doesnotexist0000", "not-a-batch-id"):
         for method, suffix in (("GET", ""), ("GET", "/results"), ("POST", "/cancel"),
                                ("DELETE", "")):
-            status, body = call(method, f"{stub_base}/v1/messages/batches/{batch_id}{suffix}")
+            status, body = bodyless(method, f"{stub_base}/v1/messages/batches/{batch_id}{suffix}")
             assert_error(status, body, 404, "not_found_error")
 
 
@@ -535,7 +456,7 @@ def test_a_batch_belongs_to_the_key_that_made_it(keyed_base: str) -> None:
     assert len(results_of(keyed_base, batch_id, headers=alice)) == 1
     for method, suffix in (("GET", ""), ("GET", "/results"), ("POST", "/cancel"),
                            ("DELETE", "")):
-        status, body = call(method, f"{keyed_base}/v1/messages/batches/{batch_id}{suffix}",
+        status, body = bodyless(method, f"{keyed_base}/v1/messages/batches/{batch_id}{suffix}",
                             headers=bob)
         assert_error(status, body, 404, "not_found_error")
     status, _, raw = get(f"{keyed_base}/v1/messages/batches", headers=bob)
@@ -609,7 +530,7 @@ def test_an_ended_batch_is_deleted_after_its_retention(
     while get(f"{base}/v1/messages/batches/{made['id']}")[0] == 200:
         assert time.monotonic() < deadline, "the ended batch was never purged"
         time.sleep(0.2)
-    status, body = call("GET", f"{base}/v1/messages/batches/{made['id']}/results")
+    status, body = bodyless("GET", f"{base}/v1/messages/batches/{made['id']}/results")
     assert_error(status, body, 404, "not_found_error")
     assert json.loads(get(f"{base}/v1/messages/batches")[2])["data"] == []
 
@@ -722,10 +643,8 @@ def test_batch_runs_are_counted_and_logged(stub_url: str,
         ("m-fail-first:1:503", "retried"): 1.0, ("m-fail-first:1:503", "succeeded"): 1.0}
     assert _sample(metrics, "llm_gateway_batches_created_total") == 1.0
     assert _sample(metrics, "llm_gateway_batches", status="in_progress") == 0.0
-    lines = [json.loads(line) for line in proc.output().splitlines()
-             if line.startswith("{") and '"batch_request"' in line]
-    runs = sorted((e["custom_id"], e["attempt"], e["status"], e["error_type"]) for e in lines
-                  if e.get("route") == "batch_request")
+    lines = access_lines(proc.output(), route="batch_request")
+    runs = sorted((e["custom_id"], e["attempt"], e["status"], e["error_type"]) for e in lines)
     assert runs == [("fine", 1, 200, None), ("flaky", 1, 529, "overloaded_error"),
                     ("flaky", 2, 200, None), ("refused", 1, 400, "invalid_request_error")]
     assert {e["batch_id"] for e in lines} == {made["id"]}

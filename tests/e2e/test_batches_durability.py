@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests import pg
-from tests.conftest import clear_stub, stub_config
-from tests.e2e.test_batches import (
+from tests.batch_client import (
     batches_toml,
     calls_per_id,
     create,
@@ -32,6 +31,8 @@ from tests.e2e.test_batches import (
     results_of,
     wait_ended,
 )
+from tests.conftest import clear_stub, stub_config
+from tests.logs import access_lines, log_lines, matching
 from tests.procs import Proc, free_port, get, post, start_gateway
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
@@ -50,14 +51,8 @@ def _db_states(db: Path, batch_id: str) -> dict[str, str]:
 
 def _batch_pids(*procs: Proc) -> set[int]:
     """The pids of the processes that ran batch requests (their access lines)."""
-    pids = set()
-    for proc in procs:
-        for line in proc.output().splitlines():
-            if line.startswith("{") and '"batch_request"' in line:
-                entry = json.loads(line)
-                if entry.get("route") == "batch_request" and entry.get("status") == 200:
-                    pids.add(entry["pid"])
-    return pids
+    return {line["pid"] for proc in procs
+            for line in access_lines(proc.output(), route="batch_request", status=200)}
 
 
 def _check_results(base: str, batch_id: str, ids: list[str]) -> None:
@@ -181,8 +176,7 @@ def test_a_database_that_cannot_be_opened_stops_the_start(stub_url: str, tmp_pat
     code, output = _refused_start(stub_config(stub_url, models=("ok",)) + batches_toml(db),
                                   tmp_path)
     assert code == 1, output
-    failed = [json.loads(line) for line in output.splitlines()
-              if line.startswith("{") and '"batch_store_failed"' in line]
+    failed = matching(log_lines(output), "batch_store_failed")
     assert len(failed) == 1, output
     assert failed[0]["level"] == "error"
     assert str(db) in failed[0]["detail"] or str(db.parent) in failed[0]["detail"], failed

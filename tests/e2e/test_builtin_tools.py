@@ -16,8 +16,8 @@ import anthropic
 import pytest
 
 from tests import sdk
+from tests.client_tool_schemas import BASH, NEW_EDITOR
 from tests.conftest import clear_stub, stub_config, stub_requests
-from tests.unit.test_client_tools import BASH, NEW_EDITOR
 
 pytestmark = pytest.mark.e2e
 

@@ -16,70 +16,28 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.node import (
+    claude_code_brief,
+    claude_code_posts,
+    claude_code_sent,
+    content_text,
+    run_claude_code,
+)
+
 pytestmark = [pytest.mark.e2e, pytest.mark.clients]
-
-REPO = Path(__file__).resolve().parents[2]
-CLAUDE = REPO / "tests" / "clients" / "node_modules" / ".bin" / "claude"
-
-
-def _run(tmp_path: Path, mode: str, prompt: str, timeout: float = 280) -> dict:
-    missing = []
-    if not CLAUDE.exists():
-        missing.append("Claude Code (cd tests/clients && npm ci)")
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        missing.append("root and unshare, for a loopback-only network namespace")
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail("; ".join(missing))
-        pytest.skip("; ".join(missing))
-    out = tmp_path / "cc.json"
-    proc = subprocess.run(["unshare", "-n", sys.executable,
-                           str(REPO / "tests" / "clients" / "claude_code_run.py"), str(out),
-                           mode, prompt], capture_output=True, text=True, timeout=timeout)
-    assert out.exists(), proc.stdout + proc.stderr
-    return json.loads(out.read_text())
-
-
-def _messages_posts(run: dict) -> list[dict]:
-    return [a for a in run["access"] if a["route"] == "messages"]
-
-
-def _sent(run: dict) -> list[dict]:
-    """The bodies of Claude Code's own POST /v1/messages requests, in order."""
-    return [r["body"] for r in run["client_requests"]
-            if r["method"] == "POST" and r["path"].split("?")[0].endswith("/v1/messages")]
-
-
-def _brief(run: dict) -> dict:
-    """A failed run, short enough to read in an assertion message."""
-    return {"exit_code": run["exit_code"], "result": run["result"], "stderr": run["stderr"],
-            "access": [(a["model"], a["status"], a["error"]) for a in run["access"]]}
-
-
-def _text(content: str | list[dict]) -> str:
-    """An OpenAI message's content as text (a string, or a list of parts)."""
-    if isinstance(content, str):
-        return content
-    return "".join(p.get("text", "") for p in content)
-
 
 @pytest.mark.llamacpp
 def test_claude_code_one_turn_against_real_upstream(tmp_path, tiny_model) -> None:
-    run = _run(tmp_path, "llama", "Say hi")
+    run = run_claude_code(tmp_path, "llama", "Say hi")
     result = run["result"]
     assert run["exit_code"] == 0, run
     assert result["is_error"] is False
     assert result["result"] == tiny_model[1]["answer"]
     assert result["usage"]["input_tokens"] > 0 and result["usage"]["output_tokens"] > 0
-    posts = _messages_posts(run)
+    posts = claude_code_posts(run)
     assert all(a["status"] == 200 for a in posts), posts  # every request accepted
     streamed = [i for i, a in enumerate(posts) if a["stream"]]
     assert len(streamed) == 1 and posts[streamed[0]]["query"] == "beta"  # names only
@@ -88,10 +46,10 @@ def test_claude_code_one_turn_against_real_upstream(tmp_path, tiny_model) -> Non
 
 
 def test_claude_code_tool_round_trip_in_full_mode(tmp_path) -> None:
-    run = _run(tmp_path, "tool", "Read the file hello.txt and tell me what it says")
+    run = run_claude_code(tmp_path, "tool", "Read the file hello.txt and tell me what it says")
     assert run["exit_code"] == 0, run
     assert run["file_text"] in run["result"]["result"]
-    posts = _messages_posts(run)
+    posts = claude_code_posts(run)
     assert all(a["status"] == 200 for a in posts), posts  # every request accepted
     assert [a["stream"] for a in posts] == [True, True]  # two turns, both streamed, no fallback
     first, second = (r["body"] for r in run["upstream_requests"])
@@ -116,12 +74,13 @@ def test_claude_code_explore_subagent_with_only_anthropic_model(tmp_path) -> Non
     opus / haiku / fable), and with no ``ANTHROPIC_DEFAULT_HAIKU_MODEL`` Claude Code sends its
     own haiku id (``claude-haiku-5-5`` in 2.1.332). Only a ``claude-*`` pattern route serves it.
     """
-    run = _run(tmp_path, "explore", "Use an Explore agent to find out what hello.txt says")
-    assert run["exit_code"] == 0, _brief(run)
+    run = run_claude_code(tmp_path, "explore",
+                          "Use an Explore agent to find out what hello.txt says")
+    assert run["exit_code"] == 0, claude_code_brief(run)
     assert run["file_text"] in run["result"]["result"]  # the subagent's report came back
-    posts = _messages_posts(run)
+    posts = claude_code_posts(run)
     assert posts and all(a["status"] == 200 for a in posts), posts
-    sent = _sent(run)
+    sent = claude_code_sent(run)
     call = next(b for m in sent[-1]["messages"] if m["role"] == "assistant"
                 for b in m["content"] if b["type"] == "tool_use")
     assert call["name"] == "Agent" and call["input"]["subagent_type"] == "Explore"
@@ -136,18 +95,19 @@ def test_claude_code_explore_subagent_with_only_anthropic_model(tmp_path) -> Non
     upstream = [r["body"] for r in run["upstream_requests"]]
     assert [b["model"].startswith("cc-tool:") for b in upstream] == [b in sub for b in sent]
     report = next(m for m in upstream[-1]["messages"] if m["role"] == "tool")
-    assert report["tool_call_id"] == call["id"] and run["file_text"] in _text(report["content"])
+    assert report["tool_call_id"] == call["id"]
+    assert run["file_text"] in content_text(report["content"])
 
 
 def test_claude_code_with_no_model_variables(tmp_path) -> None:
     """No ``ANTHROPIC_MODEL`` nor ``ANTHROPIC_DEFAULT_*``: every request names Claude Code's own
     default (``claude-opus-5-5`` in 2.1.332), which a ``claude-*`` route serves."""
-    run = _run(tmp_path, "no-model", "Read the file hello.txt and tell me what it says")
-    assert run["exit_code"] == 0, _brief(run)
+    run = run_claude_code(tmp_path, "no-model", "Read the file hello.txt and tell me what it says")
+    assert run["exit_code"] == 0, claude_code_brief(run)
     assert run["file_text"] in run["result"]["result"]
-    posts = _messages_posts(run)
+    posts = claude_code_posts(run)
     assert [(a["status"], a["stream"], a["model"]) for a in posts] == [(200, True, "claude-*")] * 2
-    models = {b["model"] for b in _sent(run)}
+    models = {b["model"] for b in claude_code_sent(run)}
     assert len(models) == 1 and models.pop().startswith("claude-opus-")
     assert all(r["body"]["model"].startswith("cc-tool:") for r in run["upstream_requests"])
 
@@ -157,10 +117,10 @@ def test_claude_code_web_search_is_refused_and_the_session_goes_on(tmp_path) -> 
     tool. The gateway cannot run it, so it answers 400 naming ``tools.0`` instead of letting the
     model invent search results; Claude Code hands the error to the model as the tool's result
     (``is_error``) and the session goes on."""
-    run = _run(tmp_path, "websearch", "Search the web for the gateway's release notes")
-    assert run["exit_code"] == 0, _brief(run)
+    run = run_claude_code(tmp_path, "websearch", "Search the web for the gateway's release notes")
+    assert run["exit_code"] == 0, claude_code_brief(run)
     assert run["result"]["is_error"] is False
-    sent, posts = _sent(run), _messages_posts(run)
+    sent, posts = claude_code_sent(run), claude_code_posts(run)
     side = [b for b in sent if [t.get("type") for t in b.get("tools", [])] == [
         "web_search_20250305"]]
     assert side, [[t.get("type", t.get("name")) for t in b.get("tools", [])] for b in sent]
@@ -181,25 +141,26 @@ def test_claude_code_web_search_is_refused_and_the_session_goes_on(tmp_path) -> 
     assert result["is_error"] is True and "tools.0" in json.dumps(result["content"])
     tool = upstream[-1]["messages"][-1]
     assert tool["role"] == "tool" and tool["tool_call_id"] == result["tool_use_id"]
-    assert "server tool" in _text(tool["content"]) and "tools.0" in _text(tool["content"])
-    assert run["result"]["result"] == "The tool said: " + _text(tool["content"])
+    told = content_text(tool["content"])
+    assert "server tool" in told and "tools.0" in told
+    assert run["result"]["result"] == "The tool said: " + content_text(tool["content"])
 
 
 def test_claude_code_reads_a_pdf(tmp_path) -> None:
     """Claude Code's Read of a PDF puts a base64 ``application/pdf`` document into the
     tool_result; the upstream gets the PDF's text with page markers, never the bytes."""
-    run = _run(tmp_path, "pdf", "Read doc.pdf and tell me what it says")
-    assert run["exit_code"] == 0, _brief(run)
-    posts = _messages_posts(run)
+    run = run_claude_code(tmp_path, "pdf", "Read doc.pdf and tell me what it says")
+    assert run["exit_code"] == 0, claude_code_brief(run)
+    posts = claude_code_posts(run)
     assert [(a["status"], a["stream"]) for a in posts] == [(200, True)] * 2, posts
-    result = next(b for b in _sent(run)[-1]["messages"][-1]["content"]
+    result = next(b for b in claude_code_sent(run)[-1]["messages"][-1]["content"]
                   if b["type"] == "tool_result")
     doc = next(b for b in result["content"] if b["type"] == "document")
     assert doc["source"]["media_type"] == "application/pdf"
     assert base64.b64decode(doc["source"]["data"]).startswith(b"%PDF-")
     tool = run["upstream_requests"][-1]["body"]["messages"][-1]
     assert tool["role"] == "tool" and tool["tool_call_id"] == result["tool_use_id"]
-    text = _text(tool["content"])
+    text = content_text(tool["content"])
     assert "--- Page 1 of 1 ---\n" + "\n".join(run["pdf_lines"]) in text
     assert doc["source"]["data"][:40] not in run["upstream_requests"][-1]["raw"]
     assert run["pdf_lines"][0] in run["result"]["result"]
@@ -212,12 +173,12 @@ def test_claude_code_thinking_tool_loop_keeps_the_reasoning(tmp_path, mode: str,
     when its connector-text experiment is on; forced here through ``CLAUDE_CODE_EXTRA_BODY``),
     gets empty signed thinking blocks and replays them as ``{"thinking": "", "signature"}``. The
     signature carries the reasoning sealed, so the upstream gets turn 1's reasoning back."""
-    run = _run(tmp_path, mode, "Read the file hello.txt and tell me what it says")
-    assert run["exit_code"] == 0, _brief(run)
+    run = run_claude_code(tmp_path, mode, "Read the file hello.txt and tell me what it says")
+    assert run["exit_code"] == 0, claude_code_brief(run)
     assert run["file_text"] in run["result"]["result"]
-    posts = _messages_posts(run)
+    posts = claude_code_posts(run)
     assert [(a["status"], a["stream"]) for a in posts] == [(200, True)] * 2, posts
-    first, second = _sent(run)
+    first, second = claude_code_sent(run)
     assert first["thinking"] == {"type": "adaptive", "display": display}
     replayed = next(m for m in second["messages"] if m["role"] == "assistant")["content"]
     assert replayed[0]["type"] == "thinking" and replayed[0]["thinking"] == ""
@@ -236,12 +197,12 @@ READ_PROMPT = "Read the file hello.txt and tell me what it says"
 def _read_round_trip(run: dict) -> None:
     """Checks a two-turn Read loop that Claude Code ran: every request accepted and streamed,
     Read called with hello.txt's path, its text sent upstream."""
-    assert run["exit_code"] == 0, _brief(run)
+    assert run["exit_code"] == 0, claude_code_brief(run)
     assert run["result"]["is_error"] is False
     assert run["file_text"] in run["result"]["result"]
-    posts = _messages_posts(run)
+    posts = claude_code_posts(run)
     assert [(a["status"], a["stream"]) for a in posts] == [(200, True)] * 2, posts
-    sent = _sent(run)
+    sent = claude_code_sent(run)
     assert len(sent) == 2
     call = next(b for m in sent[1]["messages"] if m["role"] == "assistant"
                 for b in m["content"] if b["type"] == "tool_use")
@@ -253,7 +214,8 @@ def _read_round_trip(run: dict) -> None:
     assert upcall["function"]["name"] == "Read"
     assert json.loads(upcall["function"]["arguments"]) == {"file_path": run["file_path"]}
     tool = next(m for m in second["messages"] if m["role"] == "tool")
-    assert tool["tool_call_id"] == upcall["id"] and run["file_text"] in _text(tool["content"])
+    assert tool["tool_call_id"] == upcall["id"]
+    assert run["file_text"] in content_text(tool["content"])
 
 
 def test_claude_code_runs_a_tool_call_written_as_text(tmp_path) -> None:
@@ -261,20 +223,20 @@ def test_claude_code_runs_a_tool_call_written_as_text(tmp_path) -> None:
     (``<tool_call>{...}</tool_call>``, finish "stop", no ``tool_calls``), in 7-character
     chunks that split the tags. Claude Code gets a tool_use block, runs Read, and the text
     before the call stays a text block."""
-    run = _run(tmp_path, "text-tool", READ_PROMPT)
+    run = run_claude_code(tmp_path, "text-tool", READ_PROMPT)
     _read_round_trip(run)
-    assistant = next(m for m in _sent(run)[1]["messages"] if m["role"] == "assistant")
+    assistant = next(m for m in claude_code_sent(run)[1]["messages"] if m["role"] == "assistant")
     texts = [b["text"] for b in assistant["content"] if b["type"] == "text"]
     # the newline before the call goes with it (gateway/local/normalise.py), whatever the split
     assert texts == ["I'll read it."], assistant["content"]
-    assert "<tool_call>" not in json.dumps(_sent(run)[1]), assistant["content"]
+    assert "<tool_call>" not in json.dumps(claude_code_sent(run)[1]), assistant["content"]
 
 
 def test_claude_code_runs_a_tool_call_with_broken_arguments(tmp_path) -> None:
     """A real ``tool_calls`` Read whose arguments are ``{'file_path': '<path>',}`` (Python
     quotes, trailing comma), streamed in 5 pieces: repaired into the JSON object Claude Code
     executes."""
-    _read_round_trip(_run(tmp_path, "broken-args", READ_PROMPT))
+    _read_round_trip(run_claude_code(tmp_path, "broken-args", READ_PROMPT))
 
 
 def test_claude_code_inline_think_never_shows_the_tag(tmp_path) -> None:
@@ -282,9 +244,9 @@ def test_claude_code_inline_think_never_shows_the_tag(tmp_path) -> None:
     parser). Claude Code asks for adaptive thinking with ``display: "omitted"``: the
     reasoning becomes a signed thinking block, never ``<think>`` text in the result or
     history; the Read call after it (written as text) still runs."""
-    run = _run(tmp_path, "inline-think", READ_PROMPT)
+    run = run_claude_code(tmp_path, "inline-think", READ_PROMPT)
     _read_round_trip(run)
-    first, second = _sent(run)
+    first, second = claude_code_sent(run)
     assert first["thinking"] == {"type": "adaptive", "display": "omitted"}
     assert "<think>" not in run["result"]["result"] and "</think>" not in run["result"]["result"]
     assert run["result"]["result"].startswith("The file says: ")
@@ -317,11 +279,11 @@ def test_claude_code_session_with_compact_and_continue(tmp_path, mode: str) -> N
     of its own) sends it as a control entry ``{"role":"system","content":[],
     "output_config":{"effort":...}}`` right after the user turn it belongs to, on every
     request, the compaction's and the compacted session's too."""
-    run = _run(tmp_path, mode, "Say hello", timeout=400)
+    run = run_claude_code(tmp_path, mode, "Say hello", timeout=400)
     steps = run["steps"]
-    assert [s["exit_code"] for s in steps] == [0, 0, 0], _brief(run)
+    assert [s["exit_code"] for s in steps] == [0, 0, 0], claude_code_brief(run)
     assert all(s["result"]["is_error"] is False for s in steps), steps
-    posts, sent = _messages_posts(run), _sent(run)
+    posts, sent = claude_code_posts(run), claude_code_sent(run)
     assert posts and all(a["status"] == 200 for a in posts), posts
     assert len(posts) == len(sent) == len(run["upstream_requests"]), posts
     # one compaction request, then the next turn goes on from its summary
@@ -353,7 +315,7 @@ def test_claude_code_session_with_compact_and_continue(tmp_path, mode: str) -> N
             b["messages"] for b in sent]
     # nothing empty went upstream; the per-turn effort reached it
     for body in (r["body"] for r in run["upstream_requests"]):
-        assert all(_text(m.get("content") or "").strip() or m.get("tool_calls")
+        assert all(content_text(m.get("content") or "").strip() or m.get("tool_calls")
                    for m in body["messages"]), body["messages"]
         assert body["stream"] is True
     if mode != "compact":

@@ -23,7 +23,13 @@ import json
 import pytest
 
 from tests.anthropic_stream_check import check_stream
-from tests.e2e.test_claude_code import _brief, _messages_posts, _run, _sent, _text
+from tests.node import (
+    claude_code_brief,
+    claude_code_posts,
+    claude_code_sent,
+    content_text,
+    run_claude_code,
+)
 from tests.searxng_stub import HOSTS, slug
 
 pytestmark = [pytest.mark.e2e, pytest.mark.clients]
@@ -37,12 +43,12 @@ def _offers_search(body: dict) -> bool:
 
 
 def test_claude_code_web_search_runs_and_the_session_goes_on(tmp_path) -> None:
-    run = _run(tmp_path, "websearch-session", "Search the web for the gateway's release notes",
-               timeout=400)
+    run = run_claude_code(tmp_path, "websearch-session",
+                          "Search the web for the gateway's release notes", timeout=400)
     steps = run["steps"]
-    assert [s["exit_code"] for s in steps] == [0, 0, 0], _brief(run)
+    assert [s["exit_code"] for s in steps] == [0, 0, 0], claude_code_brief(run)
     assert all(s["result"]["is_error"] is False for s in steps), steps
-    sent, posts = _sent(run), _messages_posts(run)
+    sent, posts = claude_code_sent(run), claude_code_posts(run)
     assert posts and all(a["status"] == 200 for a in posts), posts  # nothing refused now
     assert len(posts) == len(sent)
 
@@ -76,7 +82,7 @@ def test_claude_code_web_search_runs_and_the_session_goes_on(tmp_path) -> None:
     assert json.loads(call["function"]["arguments"]) == {"query": QUERY}
     told = searching[1]["messages"][-1]
     assert told["role"] == "tool" and told["tool_call_id"] == call["id"]
-    assert all(url in _text(told["content"]) for url in URLS)
+    assert all(url in content_text(told["content"]) for url in URLS)
     # after the search the model is free to answer: not forced to search again
     assert "web_search" not in json.dumps(searching[1].get("tool_choice"))
 
@@ -100,7 +106,7 @@ def test_claude_code_web_search_runs_and_the_session_goes_on(tmp_path) -> None:
         assert len(web) == 1 and json.loads(web[0]["function"]["arguments"])["query"] == QUERY
         answer = next(m for m in body["messages"] if m["role"] == "tool"
                       and m["tool_call_id"] == web[0]["id"])
-        assert URLS[0] in _text(answer["content"])
+        assert URLS[0] in content_text(answer["content"])
     assert "Go on" in json.dumps(main[-2]["messages"]) and "And then?" in json.dumps(
         main[-1]["messages"])
     assert all(URLS[0] in s["result"]["result"] for s in steps[1:])
@@ -110,10 +116,11 @@ def test_claude_code_shows_a_failed_search_and_goes_on(tmp_path) -> None:
     """The backend fails (500): the side request is still a whole 200 reply whose result
     block is the error ``unavailable``; Claude Code hands the model ``Web search error:
     unavailable`` as WebSearch's result, and the session goes on."""
-    run = _run(tmp_path, "websearch-fail", "Search the web for the gateway's release notes")
-    assert run["exit_code"] == 0, _brief(run)
+    run = run_claude_code(tmp_path, "websearch-fail",
+                          "Search the web for the gateway's release notes")
+    assert run["exit_code"] == 0, claude_code_brief(run)
     assert run["result"]["is_error"] is False
-    posts = _messages_posts(run)
+    posts = claude_code_posts(run)
     assert posts and all(a["status"] == 200 for a in posts), posts
     assert [s["params"]["q"] for s in run["searches"]] == [QUERY + " #fail"]
     (side,) = [r for r in run["client_requests"] if "response" in r]
@@ -122,7 +129,7 @@ def test_claude_code_shows_a_failed_search_and_goes_on(tmp_path) -> None:
     assert [b["type"] for b in blocks] == ["server_tool_use", "web_search_tool_result", "text"]
     assert blocks[1]["content"] == {"type": "web_search_tool_result_error",
                                     "error_code": "unavailable"}
-    sent = _sent(run)
+    sent = claude_code_sent(run)
     result = next(b for m in sent[-1]["messages"] if m["role"] == "user"
                   and isinstance(m["content"], list) for b in m["content"]
                   if b.get("type") == "tool_result" and "Web search results" in json.dumps(b))

@@ -7,7 +7,6 @@ upstream records what it received (``GET /_requests``).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import anthropic
@@ -15,6 +14,7 @@ import pytest
 
 from tests import sdk
 from tests.conftest import clear_stub, stub_config, stub_requests
+from tests.logs import log_lines
 from tests.pdfs import document, make_pdf
 
 pytestmark = pytest.mark.e2e
@@ -74,8 +74,7 @@ def test_a_corrupt_pdf_is_a_400_naming_the_field(stub_url, gateway_factory, rout
                    "(corrupt or not a PDF)"}
     assert stub_requests(stub_url) == []  # refused before any upstream call
     proc.stop()
-    for line in proc.output().splitlines():  # pypdf's complaints stay out of the log
-        json.loads(line)
+    log_lines(proc.output(), strict=True)  # pypdf's complaints stay out of the log
 
 
 def test_count_tokens_counts_the_text(stub_url, gateway_factory) -> None:

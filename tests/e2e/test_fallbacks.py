@@ -14,7 +14,7 @@ import anthropic
 import pytest
 
 from tests import sdk
-from tests.e2e.test_batches import batches_toml, results_of, wait_ended
+from tests.batch_client import batches_toml, results_of, wait_ended
 from tests.procs import Proc, free_port, get, post
 from tests.stub_upstream import TEXT
 

@@ -19,7 +19,6 @@ import http.server
 import json
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,6 +30,7 @@ from gateway.upstream.replicas import rendezvous
 from tests.fake_dns_gateway import write_answers
 from tests.procs import Proc, free_port, metric, post, wait_http
 from tests.stub_upstream import TEXT, USAGE, completion
+from tests.waits import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -93,14 +93,6 @@ class _Replica(http.server.ThreadingHTTPServer):
         self.gate.set()
         self.shutdown()
         self.server_close()
-
-
-def _until(what: Callable[[], bool], why: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not what():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {why}")
-        time.sleep(0.05)
 
 
 def _sessions(base: str, sids: list[str], model: str = "m") -> None:
@@ -176,8 +168,8 @@ def test_a_replica_failing_its_health_route_gets_no_request_until_it_passes(
 
     # its health route passes: back without a client request as its trial
     b.health = 200
-    _until(lambda: metric(base, "llm_gateway_upstream_replica_healthy", replica=b_label) == 1,
-           "the replica is back after a passing probe")
+    wait_until(lambda: metric(base, "llm_gateway_upstream_replica_healthy", replica=b_label) == 1,
+               "the replica is back after a passing probe", timeout=15)
     assert b.chats == []
     a.chats.clear()
     _sessions(base, sids)
@@ -185,8 +177,8 @@ def test_a_replica_failing_its_health_route_gets_no_request_until_it_passes(
 
     # failing again, while it still answers requests: the probes alone take it out
     b.health = 503
-    _until(lambda: metric(base, "llm_gateway_upstream_replica_healthy", replica=b_label) == 0,
-           "the replica is ejected after a failing probe")
+    wait_until(lambda: metric(base, "llm_gateway_upstream_replica_healthy", replica=b_label) == 0,
+               "the replica is ejected after a failing probe", timeout=15)
     b.chats.clear()
     _sessions(base, sids)
     assert b.chats == []
@@ -259,7 +251,7 @@ def test_replicas_follow_the_dns_answer(trio: list[_Replica], tmp_path: Path) ->
 
         # a third address joins: it takes its sessions, every other session stays put
         write_answers(answers, {name: ["127.0.0.1", "127.0.0.2", "127.0.0.3"]})
-        _until(lambda: replicas() == 3, "the third address joins")
+        wait_until(lambda: replicas() == 3, "the third address joins", timeout=15)
         for r in trio:
             r.chats.clear()
         three = [url[1], url[2], url[3]]
@@ -276,9 +268,9 @@ def test_replicas_follow_the_dns_answer(trio: list[_Replica], tmp_path: Path) ->
         trio[1].gate.clear()
         with ThreadPoolExecutor(3) as pool:
             slow = pool.map(lambda s: _sessions(base, [s], model="slow"), mine)
-            _until(lambda: len(trio[1].chats) == 3, "the slow requests reach .2")
+            wait_until(lambda: len(trio[1].chats) == 3, "the slow requests reach .2", timeout=15)
             write_answers(answers, {name: ["127.0.0.1", "127.0.0.3"]})
-            _until(lambda: replicas() == 2, "the address leaves")
+            wait_until(lambda: replicas() == 2, "the address leaves", timeout=15)
             _sessions(base, sids)
             assert len(trio[1].chats) == 3  # only the slow ones
             trio[1].gate.set()
@@ -288,9 +280,9 @@ def test_replicas_follow_the_dns_answer(trio: list[_Replica], tmp_path: Path) ->
 
         # the name stops resolving: the set stays, counted, requests still served
         write_answers(answers, {})
-        _until(lambda: metric(base, "llm_gateway_upstream_resolutions_total",
-                               upstream="fleet", outcome="failed") >= 2,
-               "failed resolutions are counted")
+        wait_until(lambda: metric(base, "llm_gateway_upstream_resolutions_total",
+                                  upstream="fleet", outcome="failed") >= 2,
+                   "failed resolutions are counted", timeout=15)
         assert replicas() == 2
         for r in trio:
             r.chats.clear()
@@ -317,8 +309,8 @@ def test_a_name_with_no_address_at_start_is_a_529_until_one_appears(
         assert err["type"] == "error" and err["error"]["type"] == "overloaded_error"
         assert "fleet.test" not in reply.decode() and "127.0.0" not in reply.decode()
         write_answers(answers, {"fleet.test": ["127.0.0.3"]})
-        _until(lambda: metric(base, "llm_gateway_upstream_replicas", upstream="fleet") == 1,
-               "the address appears")
+        wait_until(lambda: metric(base, "llm_gateway_upstream_replicas", upstream="fleet") == 1,
+                   "the address appears", timeout=15)
         status, _, reply = post(f"{base}/llm/v1/messages", body)
         assert status == 200, reply
         assert len(trio[2].chats) == 1

@@ -39,7 +39,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import stub_config
+from tests.logs import log_lines, wait_for_line
 from tests.procs import Proc, free_port, start_gateway, wait_http
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -93,33 +95,17 @@ def _flushed(proc: Proc, url: str) -> None:
         raise AssertionError("the marker request needs a key")
     except urllib.error.HTTPError as exc:  # 401: logged like any request
         marker = exc.headers["request-id"]
-    deadline = time.monotonic() + 10
-    while marker not in proc.output():
-        assert time.monotonic() < deadline, "the log was never flushed"
-        time.sleep(0.05)
+    wait_until(lambda: marker in proc.output(), "the log flushed", every=0.05)
 
 
 def _log_lines(proc: Proc) -> list[dict[str, Any]]:
     """Every stderr line, each of which must be one JSON object."""
-    out = []
-    for line in proc.output().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pytest.fail(f"a stderr line is not JSON: {line[:300]!r}")
-    return out
+    return log_lines(proc.output(), strict=True)
 
 
 def _wait_log(proc: Proc, pred: Callable[[dict[str, Any]], bool], timeout: float = 5.0
               ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        for line in _log_lines(proc):
-            if pred(line):
-                return line
-        if time.monotonic() > deadline:
-            pytest.fail("no such log line; the log:\n" + proc.output()[-3000:])
-        time.sleep(0.1)
+    return wait_for_line(proc.output, pred, timeout=timeout)
 
 
 def _metric(url: str, name: str, headers: dict[str, str] | None = None, **labels: str

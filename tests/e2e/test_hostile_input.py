@@ -18,66 +18,34 @@ Everything runs on 127.0.0.1; every request has a timeout, every loop a count.
 
 from __future__ import annotations
 
-import http.client
 import json
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from tests.conftest import stub_config
-from tests.procs import get, post, start_gateway
+from tests.procs import peak_rss_mb, post, start_gateway
+from tests.route_bodies import (
+    BODY_CAP,
+    ROUTES,
+    hostile_body,
+    route_body,
+    run_at_once,
+)
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.e2e
 
-MIB = 2**20
-BODY_CAP = 32 * MIB  # server.max_body_bytes' default
 MAX_VALUES = 1 << 19  # gateway.text.jsonutil.MAX_VALUES
 # The documented figure (docs/reliability.md): four maximum-size hostile bodies at once
 # keep the gateway under this peak RSS (the Kubernetes pod limit is 1 GiB).
 PEAK_RSS_BOUND_MB = 300
-# A hang guard, not a latency claim: /health must keep answering while the bodies are decoded
-# (each probe is a 200 within this many seconds). How fast it answers is a figure this test
-# prints (``-s``) and ``python -m tests.benchmarks.hostile_bodies`` reports.
-HEALTH_HANG_S = 10.0
-SLOT = "@@slot@@"
-
 HI = [{"role": "user", "content": "hi"}]
-# route -> (path, body with SLOT where the text goes, the text's path, OpenAI shape)
-ROUTES: dict[str, tuple[str, dict[str, Any], str, bool]] = {
-    "messages": ("/v1/messages", {"model": "m-ok", "max_tokens": 5,
-                                  "messages": [{"role": "user", "content": SLOT}]},
-                 "messages.0.content", False),
-    "count_tokens": ("/v1/messages/count_tokens",
-                     {"model": "m-ok", "messages": [{"role": "user", "content": SLOT}]},
-                     "messages.0.content", False),
-    "chat": ("/v1/chat/completions", {"model": "m-ok", "max_tokens": 5,
-                                      "messages": [{"role": "user", "content": SLOT}]},
-             "messages.0.content", True),
-    "completions": ("/v1/completions", {"model": "m-ok", "max_tokens": 5, "prompt": SLOT},
-                    "prompt", True),
-    "embeddings": ("/v1/embeddings", {"model": "m-ok", "input": SLOT}, "input", True),
-    "responses": ("/v1/responses", {"model": "m-ok", "input": SLOT}, "input", True),
-}
 
 
 def _nest(levels: int, inner: bytes = b"0") -> bytes:
     return b"[" * levels + inner + b"]" * levels
-
-
-def _body(route: str, text: bytes = b'"hi"', **fields: bytes) -> bytes:
-    """The route's body as bytes: ``text`` (raw JSON) where the text goes, and each extra
-    field with a raw JSON value (``model`` replaced when given)."""
-    base = dict(ROUTES[route][1])
-    extra = {k: SLOT + k for k in fields}
-    if "model" in fields:
-        del base["model"]
-    raw = json.dumps({**base, **extra}).encode().replace(json.dumps(SLOT).encode(), text)
-    for key, value in fields.items():
-        raw = raw.replace(json.dumps(SLOT + key).encode(), value)
-    return raw
 
 
 # (case, route -> body, status, the path the message must start with (None: any))
@@ -89,49 +57,49 @@ def _text_path(route: str) -> str:
 
 
 EVERY_ROUTE: list[Case] = [
-    ("surrogate-escape-in-text", lambda r: _body(r, b'"a\\ud800b"'), 400, _text_path),
-    ("low-surrogate-in-text", lambda r: _body(r, b'"\\uDC00"'), 400, _text_path),
-    ("surrogate-bytes-in-text", lambda r: _body(r, b'"\xed\xa0\x80"'), 400, _text_path),
-    ("surrogate-as-model", lambda r: _body(r, model=b'"\\ud800"'), 400, lambda r: "model"),
+    ("surrogate-escape-in-text", lambda r: route_body(r, b'"a\\ud800b"'), 400, _text_path),
+    ("low-surrogate-in-text", lambda r: route_body(r, b'"\\uDC00"'), 400, _text_path),
+    ("surrogate-bytes-in-text", lambda r: route_body(r, b'"\xed\xa0\x80"'), 400, _text_path),
+    ("surrogate-as-model", lambda r: route_body(r, model=b'"\\ud800"'), 400, lambda r: "model"),
     # the route's pattern (m-claude-*) would take it: the name is refused before routing
-    ("surrogate-in-pattern-model", lambda r: _body(r, model=b'"m-claude-\\ud83d"'), 400,
+    ("surrogate-in-pattern-model", lambda r: route_body(r, model=b'"m-claude-\\ud83d"'), 400,
      lambda r: "model"),
-    ("surrogate-key", lambda r: _body(r, x=b'{"\\ud800":1}'), 400, lambda r: "x"),
-    ("nan", lambda r: _body(r, temperature=b"NaN"), 400, lambda r: "temperature"),
-    ("infinity", lambda r: _body(r, temperature=b"-Infinity"), 400, lambda r: "temperature"),
-    ("overflow-1e400", lambda r: _body(r, x=b"[1e400]"), 400, lambda r: "x.0"),
-    ("nesting-980-with-nan", lambda r: _body(r, x=_nest(980), y=b'"NaN"'), 400,
+    ("surrogate-key", lambda r: route_body(r, x=b'{"\\ud800":1}'), 400, lambda r: "x"),
+    ("nan", lambda r: route_body(r, temperature=b"NaN"), 400, lambda r: "temperature"),
+    ("infinity", lambda r: route_body(r, temperature=b"-Infinity"), 400, lambda r: "temperature"),
+    ("overflow-1e400", lambda r: route_body(r, x=b"[1e400]"), 400, lambda r: "x.0"),
+    ("nesting-980-with-nan", lambda r: route_body(r, x=_nest(980), y=b'"NaN"'), 400,
      lambda r: "x.0.0"),
-    ("nesting-980-with-5e100", lambda r: _body(r, x=_nest(980), y=b"5e100"), 400,
+    ("nesting-980-with-5e100", lambda r: route_body(r, x=_nest(980), y=b"5e100"), 400,
      lambda r: "x.0.0"),
-    ("nesting-5000", lambda r: _body(r, x=_nest(5000)), 400, lambda r: None),
-    ("integer-700-digits", lambda r: _body(r, x=b"9" * 700), 400, lambda r: None),
+    ("nesting-5000", lambda r: route_body(r, x=_nest(5000)), 400, lambda r: None),
+    ("integer-700-digits", lambda r: route_body(r, x=b"9" * 700), 400, lambda r: None),
     ("not-json", lambda r: b'{"model": "m-ok", ', 400, lambda r: None),
-    ("too-many-values", lambda r: _body(r, x=b"[" + b"[]," * MAX_VALUES + b"[]]"), 413,
+    ("too-many-values", lambda r: route_body(r, x=b"[" + b"[]," * MAX_VALUES + b"[]]"), 413,
      lambda r: None),
 ]
 # count_tokens takes max_tokens unchecked and never forwards it (validate.py)
 MESSAGES_ONLY: list[Case] = [
-    ("max-tokens-400-digits", lambda r: _body(r, max_tokens=b"9" * 400), 400,
+    ("max-tokens-400-digits", lambda r: route_body(r, max_tokens=b"9" * 400), 400,
      lambda r: "max_tokens"),
-    ("max-tokens-2**64", lambda r: _body(r, max_tokens=str(2**64).encode()), 400,
+    ("max-tokens-2**64", lambda r: route_body(r, max_tokens=str(2**64).encode()), 400,
      lambda r: "max_tokens"),
 ]
 ANTHROPIC_ONLY: list[Case] = [
     ("budget-tokens-2**64",
-     lambda r: _body(r, max_tokens=b"4096",
+     lambda r: route_body(r, max_tokens=b"4096",
                      thinking=b'{"type":"enabled","budget_tokens":%d}' % 2**64), 400,
      lambda r: "thinking.budget_tokens"),
-    ("top-k-2**64", lambda r: _body(r, top_k=str(2**64).encode()), 400, lambda r: "top_k"),
-    ("surrogate-in-system", lambda r: _body(r, system=b'[{"type":"text","text":"\\udbff"}]'),
+    ("top-k-2**64", lambda r: route_body(r, top_k=str(2**64).encode()), 400, lambda r: "top_k"),
+    ("surrogate-in-system", lambda r: route_body(r, system=b'[{"type":"text","text":"\\udbff"}]'),
      400, lambda r: "system.0.text"),
-    ("surrogate-in-stop-sequence", lambda r: _body(r, stop_sequences=b'["\\ud800"]'), 400,
+    ("surrogate-in-stop-sequence", lambda r: route_body(r, stop_sequences=b'["\\ud800"]'), 400,
      lambda r: "stop_sequences.0"),
     ("surrogate-in-tool-schema",
-     lambda r: _body(r, tools=b'[{"name":"f","input_schema":{"description":"\\ud800"}}]'),
+     lambda r: route_body(r, tools=b'[{"name":"f","input_schema":{"description":"\\ud800"}}]'),
      400, lambda r: "tools.0.input_schema.description"),
     ("surrogate-in-tool-input",
-     lambda r: _body(r, messages=b'[{"role":"user","content":"q"},{"role":"assistant",'
+     lambda r: route_body(r, messages=b'[{"role":"user","content":"q"},{"role":"assistant",'
                                  b'"content":[{"type":"tool_use","id":"t","name":"f",'
                                  b'"input":{"a":"\\ud800"}}]}]'),
      400, lambda r: "messages.1.content.0.input.a"),
@@ -195,7 +163,7 @@ def test_the_pass_through_forwards_an_integer_it_does_not_bound(gateway: Any) ->
     _, base = gateway
     for value in (str(2**64).encode(), b"9" * 400):
         status, headers, raw = post(base + "/v1/chat/completions",
-                                    _body("chat", max_tokens=value), timeout=30)
+                                    route_body("chat", max_tokens=value), timeout=30)
         assert status < 500 and headers["content-type"].startswith("application/json"), raw
 
 
@@ -203,83 +171,16 @@ def test_the_gateway_logged_no_traceback(gateway: Any) -> None:
     """Run last in this module (pytest keeps file order): none of the cases above made the
     gateway log a traceback or an error line."""
     proc, base = gateway
-    _, headers, _ = post(base + "/v1/messages", _body("messages", b'"\\ud800"'), timeout=30)
-    deadline = time.monotonic() + 10  # lines are flushed in order, every 0.5 s
-    while headers["request-id"] not in (out := proc.output()):
-        assert time.monotonic() < deadline, "the last request's access line never came"
-        time.sleep(0.05)
+    _, headers, _ = post(base + "/v1/messages", route_body("messages", b'"\\ud800"'), timeout=30)
+    # lines are flushed in order, every 0.5 s
+    wait_until(lambda: headers["request-id"] in proc.output(), "the last request's access line",
+               every=0.05)
+    out = proc.output()
     assert "Traceback" not in out and "unhandled_error" not in out
     assert '"level":"error"' not in out
 
 
 # --- amplification: maximum-size hostile bodies at once ------------------------------------
-
-
-def _peak_rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmHWM")
-
-
-def _hostile_body(route: str) -> bytes:
-    """A 32 MiB body: a valid request whose unknown field ``x`` holds ``[[],[],...]`` (855 MB
-    of Python objects once decoded, before the value bound)."""
-    head = _body(route, x=b"@@x@@")
-    before, after = head.split(b"@@x@@")
-    count = (BODY_CAP - len(before) - len(after) - 2) // 3
-    return before + b"[" + b"[]," * (count - 1) + b"[]]" + after
-
-
-Reply = tuple[str, int, dict[str, str], bytes]  # path, status, headers, body
-
-
-def _send(port: int, path: str, body: bytes, out: list[Reply]) -> None:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        conn.request("POST", "/llm" + path, body=body,
-                     headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        headers = {k.lower(): v for k, v in resp.getheaders()}
-        out.append((path, resp.status, headers, resp.read()))
-    finally:
-        conn.close()
-
-
-def _probe_health(url: str, stop: threading.Event, latencies: list[float]) -> None:
-    for _ in range(2000):  # bounded: 2,000 probes at most
-        if stop.is_set():
-            return
-        t0 = time.monotonic()
-        status, _, _ = get(url, timeout=HEALTH_HANG_S)
-        latencies.append(time.monotonic() - t0)
-        assert status == 200
-        time.sleep(0.02)
-
-
-def _run_at_once(base: str, jobs: list[tuple[str, bytes]]
-                 ) -> tuple[list[Reply], list[float], float]:
-    """Send every (path, body) at once while probing /health; -> (replies, latencies, s)."""
-    port = int(base.rsplit(":", 1)[1])
-    replies: list[Reply] = []
-    latencies: list[float] = []
-    stop = threading.Event()
-    probe = threading.Thread(target=_probe_health, args=(base + "/health", stop, latencies))
-    probe.start()
-    t0 = time.monotonic()
-    senders = [threading.Thread(target=_send, args=(port, path, body, replies))
-               for path, body in jobs]
-    for sender in senders:
-        sender.start()
-    for sender in senders:
-        sender.join(90)
-    elapsed = time.monotonic() - t0
-    time.sleep(0.2)  # a probe or two after the last reply
-    stop.set()
-    probe.join(15)
-    assert len(replies) == len(jobs) and latencies
-    return replies, latencies, elapsed
 
 
 @pytest.mark.timeout(180)
@@ -289,12 +190,12 @@ def test_four_maximum_size_hostile_bodies_at_once(stub_url: str, gateway_factory
     the gateway's peak RSS stays under the documented figure and /health keeps answering
     throughout (its latency is printed, not asserted)."""
     proc, url = gateway_factory(stub_config(stub_url, models=("ok",)))
-    start_mb = _peak_rss_mb(proc.pid)
+    start_mb = peak_rss_mb(proc.pid)
     routes = ("messages", "count_tokens", "chat", "embeddings")
-    jobs = [(ROUTES[r][0], _hostile_body(r)) for r in routes]
+    jobs = [(ROUTES[r][0], hostile_body(r)) for r in routes]
     assert all(len(body) <= BODY_CAP for _, body in jobs)
-    replies, latencies, elapsed = _run_at_once(url, jobs)
-    peak_mb = _peak_rss_mb(proc.pid)
+    replies, latencies, elapsed = run_at_once(url, jobs)
+    peak_mb = peak_rss_mb(proc.pid)
     statuses = sorted(status for _, status, _, _ in replies)
     print(f"\n4 x 32 MiB hostile bodies: statuses {statuses}, {elapsed:.2f} s; peak RSS "
           f"{peak_mb:.0f} MB (at start {start_mb:.0f} MB); /health max "
@@ -323,11 +224,11 @@ def test_a_32_mib_prompt_full_of_separators_passes_the_bound(stub_url: str,
     proc, url = gateway_factory(stub_config(stub_url, models=("ok",)))
     row = "1,2,3,[4],{5:6}, \"seven\"\n"
     text = (row * ((BODY_CAP - 200) // (len(row) + 4))).encode()
-    body = _body("count_tokens", json.dumps(text.decode()).encode())
+    body = route_body("count_tokens", json.dumps(text.decode()).encode())
     assert len(body) <= BODY_CAP and body.count(b",") > 2 * MAX_VALUES
-    replies, latencies, elapsed = _run_at_once(url, [(ROUTES["count_tokens"][0], body)])
+    replies, latencies, elapsed = run_at_once(url, [(ROUTES["count_tokens"][0], body)])
     _, status, _, raw = replies[0]
     print(f"\n32 MiB CSV prompt: {status} in {elapsed:.2f} s; /health max "
-          f"{max(latencies) * 1000:.0f} ms; peak RSS {_peak_rss_mb(proc.pid):.0f} MB")
+          f"{max(latencies) * 1000:.0f} ms; peak RSS {peak_rss_mb(proc.pid):.0f} MB")
     assert status == 200, raw[:300]
     assert json.loads(raw)["input_tokens"] > 0

@@ -30,31 +30,49 @@ Everything runs on 127.0.0.1; every request has a timeout, every loop a count.
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
-import random
 import re
 import signal
 import statistics
-import sys
 import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from tests.procs import REPO, Proc, free_port, start_gateway, wait_http
+from tests.hostile_gateway import (
+    APIS,
+    KEY,
+    SCENARIOS,
+    TOKEN_RE,
+    Gateway,
+    Outcome,
+    Reply,
+    call,
+    error_of,
+    hostile_config,
+    is_broken_upstream,
+    load_plan,
+    metric_samples,
+    new_token,
+    outcome,
+    request_body,
+    start_hostile_gateway,
+    text_of,
+    upstream_requests,
+)
+from tests.hostile_gateway import hostile as hostile  # the module's fixtures
+from tests.hostile_gateway import own_gateway as own_gateway
+from tests.logs import log_lines
+from tests.procs import free_port
 
 pytestmark = pytest.mark.e2e
 
-KEY = "sk-hostile+Key=7f3a9b2c"  # '+' and '=' so that its URL-encoded form differs
-KEY_ENV = "HOSTILE_UPSTREAM_KEY"
 # What must never reach a client or a log line, in any letter case.
 SECRETS = (KEY, urllib.parse.quote(KEY, safe=""), "gpu-node-7", "internal.example", "fd00::17")
 PEAK_RSS_BOUND = 300 * 2**20
@@ -64,312 +82,29 @@ HEADER_TIMEOUT, IDLE_TIMEOUT, RESPONSE_TIMEOUT = 2.0, 2.0, 3.0
 RESPONSE_TIMEOUT_KNOB = "response_timeout"
 MARGIN = 1.5  # seconds past a deadline a request may take on a busy two-core machine
 
-SCENARIOS = (
-    "ok", "ok:300", "ok@noecho", "double", "double@noecho", "double-late:3", "overrun:30",
-    "overrun:30@noecho", "cl-te", "http10-chunked", "bad-status:000", "bad-status:099",
-    "bad-status:101", "bad-header:space-name", "bad-header:ctl-name", "bad-header:ctl-value",
-    "bad-header:ws-value", "bad-header:te-ctl", "bad-header:leak", "cl30", "bare-lf",
-    "flood-1xx", "drip-head:500", "drip-1xx:500", "drip-body:500", "drip-stream:500",
-    "drip-trailer:500", "gzip-bomb", "size-bomb:512", "leak:400", "leak:413", "leak:422",
-    "leak:429", "leak:500", "leak-inband:400", "leak-inband:500", "leak-disguised:escaped",
-    "leak-disguised:event", "leak-disguised:type", "leak-disguised:text", "wrong-id", "reset",
-    "malformed-head", "cut-body", "nan-inband",
-)
-
-# api -> (path under the prefix, does it stream)
-APIS = {
-    "messages": ("/v1/messages", True),
-    "chat": ("/v1/chat/completions", True),
-    "completions": ("/v1/completions", True),
-    "embeddings": ("/v1/embeddings", False),
-    "responses": ("/v1/responses", True),
-}
-
-
-# --- processes -------------------------------------------------------------------------
-
-
-def _config(upstream_url: str, *, upstream_extra: str = "", header: float = 3.0,
-            idle: float = 3.0) -> str:
-    text = f"""
-[server]
-host = "127.0.0.1"
-port = 8080
-prefix = "/llm"
-
-[upstreams.hostile]
-base_url = "{upstream_url}/v1"
-api_key_env = "{KEY_ENV}"
-connect_timeout = 2
-header_timeout = {header}
-idle_timeout = {idle}
-{upstream_extra}
-"""
-    for name in SCENARIOS:
-        text += (f'\n[[models]]\nname = "h-{name}"\nupstream = "hostile"\n'
-                 f'upstream_model = "{name}"\n')
-    return text
-
-
-@dataclass
-class Gateway:
-    proc: Proc
-    root: str  # http://127.0.0.1:PORT
-
-    @property
-    def host_port(self) -> tuple[str, int]:
-        host, port = self.root.removeprefix("http://").split(":")
-        return host, int(port)
-
-    def log(self, *, flushed: bool = False) -> str:
-        """stderr so far; ``flushed``: once every line logged until now is written (info
-        lines are flushed every 0.5 s, in order: a marker request's access line comes last)."""
-        if not flushed:
-            return self.proc.output()
-        with urllib.request.urlopen(self.root + "/llm/v1/models", timeout=10) as resp:
-            marker = resp.headers["request-id"]
-        deadline = time.monotonic() + 10
-        while marker not in (out := self.proc.output()):
-            assert time.monotonic() < deadline, "the log was never flushed"
-            time.sleep(0.05)
-        return out
-
-
-def _start(tmp_path: Path, config: str) -> Gateway:
-    proc, root = start_gateway(config, tmp_path, env={KEY_ENV: KEY})
-    return Gateway(proc, root)
-
-
-@pytest.fixture(scope="module")
-def hostile() -> Iterator[str]:
-    """The misbehaving upstream process; yields its root URL."""
-    port = free_port()
-    proc = Proc([sys.executable, str(REPO / "tests" / "hostile_upstream.py"), str(port)])
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", proc=proc.popen)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.stop()
-
 
 @pytest.fixture(scope="module")
 def gateway(hostile: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """One gateway for the tests that need no special settings (the default pool)."""
-    gw = _start(tmp_path_factory.mktemp("gw"), _config(hostile))
+    gw = start_hostile_gateway(tmp_path_factory.mktemp("gw"), hostile_config(hostile))
     try:
         yield gw
     finally:
         gw.proc.stop()
 
 
-@pytest.fixture
-def own_gateway() -> Iterator[list[Gateway]]:
-    """Gateways a test starts for itself; stopped at its end."""
-    started: list[Gateway] = []
-    yield started
-    for gw in started:
-        gw.proc.stop()
-
-
-def _hostile_log(hostile: str) -> list[dict]:
-    with urllib.request.urlopen(hostile + "/_requests", timeout=5) as resp:
-        return json.loads(resp.read())  # type: ignore[no-any-return]
-
-
 def _conn_of(hostile: str, token: str) -> list[int]:
     """The connections on which the upstream saw requests carrying ``token``."""
-    return [r["conn"] for r in _hostile_log(hostile) if r["token"] == token]
-
-
-# --- the client side ---------------------------------------------------------------------
-
-
-@dataclass
-class Reply:
-    status: int
-    reason: str
-    headers: list[tuple[str, str]]
-    body: bytes
-    seconds: float
-
-    def header(self, name: str) -> str | None:
-        return next((v for k, v in self.headers if k.lower() == name), None)
-
-    @property
-    def visible(self) -> str:
-        """Every byte a client sees (status line, headers, body without chunk framing)."""
-        head = f"{self.status} {self.reason}\n" + "".join(f"{k}: {v}\n" for k, v in self.headers)
-        return head + self.body.decode("utf-8", "replace")
-
-
-_counter = iter(range(10**9))
-_READ_CAP = 8 * 2**20
-
-
-_TOKEN = re.compile(r"tok-\d+-\d+")
-
-
-def _token() -> str:
-    return f"tok-{next(_counter)}-{random.randrange(10**9)}"
-
-
-def _body(api: str, alias: str, token: str, stream: bool) -> dict:
-    if api == "messages":
-        return {"model": alias, "max_tokens": 32, "stream": stream,
-                "messages": [{"role": "user", "content": token}]}
-    if api == "chat":
-        return {"model": alias, "stream": stream, "messages": [{"role": "user", "content": token}]}
-    if api == "completions":
-        return {"model": alias, "stream": stream, "prompt": token}
-    if api == "embeddings":
-        return {"model": alias, "input": token}
-    return {"model": alias, "stream": stream, "input": token}
-
-
-def call(gw: Gateway, api: str, scenario: str, *, stream: bool = False, token: str | None = None,
-         headers: dict[str, str] | None = None, timeout: float = 30.0) -> Reply:
-    """POST one request through the gateway; a cut reply returns what arrived."""
-    body = json.dumps(_body(api, f"h-{scenario}", token or _token(), stream))
-    conn = http.client.HTTPConnection(*gw.host_port, timeout=timeout)
-    t0 = time.monotonic()
-    try:
-        conn.request("POST", "/llm" + APIS[api][0], body=body,
-                     headers={"content-type": "application/json", **(headers or {})})
-        resp = conn.getresponse()
-        data = b""
-        try:
-            while len(data) < _READ_CAP:  # a bomb passed on is not held whole here either
-                piece = resp.read(65536)
-                if not piece:
-                    break
-                data += piece
-        except (http.client.IncompleteRead, OSError):
-            pass  # a cut reply: what arrived is what the client saw
-        return Reply(resp.status, resp.reason, resp.getheaders(), data, time.monotonic() - t0)
-    finally:
-        conn.close()
-
-
-def _events(body: bytes) -> list[tuple[str | None, str]]:
-    """(event name, data) of each SSE event."""
-    out = []
-    for block in body.decode("utf-8", "replace").split("\n\n"):
-        name, data = None, []
-        for line in block.splitlines():
-            if line.startswith("event:"):
-                name = line[6:].strip()
-            elif line.startswith("data:"):
-                data.append(line[5:].strip())
-        if data:
-            out.append((name, "\n".join(data)))
-    return out
-
-
-def _stream_text(api: str, events: list[tuple[str | None, str]]) -> str:
-    parts = []
-    for _, data in events:
-        if data == "[DONE]":
-            continue
-        doc = json.loads(data)
-        if api == "messages":
-            if doc.get("type") == "content_block_delta" and doc["delta"]["type"] == "text_delta":
-                parts.append(doc["delta"]["text"])
-        elif doc.get("choices"):
-            parts.append(doc["choices"][0]["delta"].get("content") or "")
-    return "".join(parts)
-
-
-def text_of(api: str, stream: bool, body: bytes) -> str:
-    """The reply's text (a success's)."""
-    if stream:
-        return _stream_text(api, _events(body))
-    doc = json.loads(body)
-    if api == "messages":
-        return "".join(b.get("text", "") for b in doc["content"])
-    return doc["choices"][0]["message"]["content"]  # type: ignore[no-any-return]
-
-
-@dataclass
-class Outcome:
-    text: str | None  # the reply's text, when the client got a whole reply
-    error: tuple[int | None, str] | None  # the error envelope it got, in-band ones included
-    after_end: list[str]  # events after a stream's last one (message_stop, [DONE]): none
-    strays: set[str] = field(default_factory=set)  # other requests' tokens in the reply
-
-
-def outcome(api: str, stream: bool, reply: Reply) -> Outcome:
-    err = error_of(api, reply)
-    if not stream or reply.status != 200:
-        return Outcome(text_of(api, False, reply.body) if err is None else None, err, [])
-    events = _events(reply.body)
-    ends = [i for i, (name, data) in enumerate(events)
-            if (name == "message_stop" if api == "messages" else data == "[DONE]")]
-    if not ends:
-        return Outcome(None, err, [])
-    whole, after = events[:ends[0] + 1], events[ends[0] + 1:]
-    broken = any(name == "error" or data.startswith('{"error"') for name, data in whole)
-    return Outcome(None if broken else _stream_text(api, whole), err, [d for _, d in after])
-
-
-def _broken_upstream(err: tuple[int | None, str] | None) -> bool:
-    """The envelope of a broken upstream reply: 500 api_error (server_error on OpenAI
-    routes), or the same in-band; never an overload the client would retry."""
-    return err is not None and err[0] in (500, None) and err[1] in ("api_error", "server_error")
-
-
-def error_of(api: str, reply: Reply) -> tuple[int | None, str] | None:
-    """(status, error type) of an error reply, an in-band one included (its status is its
-    ``code`` on OpenAI routes, None on Anthropic's); None for a success."""
-    def from_doc(doc: object, status: int | None) -> tuple[int | None, str] | None:
-        if not isinstance(doc, dict) or not isinstance(doc.get("error"), dict):
-            return None
-        err = doc["error"]
-        if api == "messages":
-            assert doc.get("type") == "error", doc
-            assert isinstance(err.get("message"), str) and err["message"], doc
-            return status, err["type"]
-        code = err.get("code")
-        return (code if isinstance(code, int) else status), str(err.get("type"))
-
-    if reply.status != 200:
-        found = from_doc(json.loads(reply.body), reply.status)
-        assert found is not None, f"{reply.status} without an error envelope: {reply.body[:300]!r}"
-        return found
-    ctype = reply.header("content-type") or ""
-    if not ctype.startswith("text/event-stream"):
-        return from_doc(json.loads(reply.body), None if api == "messages" else 200)
-    for name, data in _events(reply.body):
-        if name == "error" or data.startswith('{"error"'):
-            return from_doc(json.loads(data), None)
-    return None
-
-
-def _metric_samples(gw: Gateway, name: str) -> dict[str, float]:
-    with urllib.request.urlopen(gw.root + "/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            labels, _, value = line.rpartition(" ")
-            out[labels] = float(value)
-    return out
+    return [r["conn"] for r in upstream_requests(hostile) if r["token"] == token]
 
 
 def _protocol_errors(gw: Gateway) -> dict[str, float]:
-    samples = _metric_samples(gw, "llm_gateway_upstream_protocol_errors_total")
+    samples = metric_samples(gw, "llm_gateway_upstream_protocol_errors_total")
     return {k: v for k, v in samples.items() if 'upstream="hostile"' in k}
 
 
 def _warnings(log: str) -> list[dict]:
-    out = []
-    for line in log.splitlines():
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(doc, dict) and doc.get("level") in ("warning", "error"):
-            out.append(doc)
-    return out
+    return [doc for doc in log_lines(log) if doc.get("level") in ("warning", "error")]
 
 
 _LOG_GAP = 1.1  # the gateway logs at most one upstream failure a second per cause
@@ -400,34 +135,19 @@ async def _load(gw: Gateway, plan: list[tuple[str, str, bool]], concurrency: int
     results = []
 
     async def one(session: aiohttp.ClientSession, api: str, scenario: str, stream: bool) -> None:
-        token = _token()
-        async with sem, session.post(gw.root + "/llm" + APIS[api][0],
-                                     json=_body(api, f"h-{scenario}", token, stream)) as resp:
+        token = new_token()
+        body = request_body(api, f"h-{scenario}", token, stream)
+        async with sem, session.post(gw.root + "/llm" + APIS[api][0], json=body) as resp:
             data = await resp.read()
         reply = Reply(resp.status, resp.reason or "", list(resp.headers.items()), data, 0)
         got = outcome(api, stream, reply)
-        got.strays = set(_TOKEN.findall(reply.visible)) - {token}
+        got.strays = set(TOKEN_RE.findall(reply.visible)) - {token}
         results.append((api, scenario, stream, token, resp.status, got))
 
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         await asyncio.gather(*(one(session, *p) for p in plan))
     return results
-
-
-def _plan(n: int, doubles: dict[str, float], ok: str, seed: int) -> list[tuple[str, str, bool]]:
-    rnd = random.Random(seed)
-    plan = []
-    for _ in range(n):
-        x = rnd.random()
-        scenario = ok
-        for name, share in doubles.items():
-            if x < share:
-                scenario = name
-                break
-            x -= share
-        plan.append((rnd.choice(("messages", "chat")), scenario, rnd.random() < 0.5))
-    return plan
 
 
 @pytest.mark.timeout(120)
@@ -438,8 +158,8 @@ async def test_under_load_with_double_replies_no_client_gets_another_requests_re
     Part B: no echo, so only framing can tell; 12% answered twice at once."""
     errors_before = sum(_protocol_errors(gateway).values())
     log_before = len(_warnings(gateway.log()))
-    part_a = _plan(600, {"double": 0.08, "double-late:3": 0.06}, "ok", seed=15)
-    part_b = _plan(400, {"double@noecho": 0.12}, "ok@noecho", seed=16)
+    part_a = load_plan(600, {"double": 0.08, "double-late:3": 0.06}, "ok", seed=15)
+    part_b = load_plan(400, {"double@noecho": 0.12}, "ok@noecho", seed=16)
     t0 = time.monotonic()
     results = await _load(gateway, part_a, concurrency=48)
     results += await _load(gateway, part_b, concurrency=48)
@@ -459,7 +179,7 @@ async def test_under_load_with_double_replies_no_client_gets_another_requests_re
           "after their end")
     assert not wrong, f"{len(wrong)} clients got another request's reply: {wrong[:3]}"
     # a failure is a clean envelope, never a stray reply
-    assert all(_broken_upstream(r[5].error) for r in failed), failed[:3]
+    assert all(is_broken_upstream(r[5].error) for r in failed), failed[:3]
     # without echo, only double-replied requests may fail; with it, at most one innocent
     # request per late duplicate (the one that read it and was failed on the id)
     assert not [r for r in innocent_failed if r[1] == "ok@noecho"], innocent_failed[:3]
@@ -496,7 +216,7 @@ def _rss(pid: int, field: str) -> int:
 @pytest.mark.timeout(150)
 def test_gzip_and_size_bombs_keep_rss_under_300_mib_and_end_in_a_clean_error(
         hostile: str, own_gateway: list[Gateway], tmp_path: Path) -> None:
-    gw = _start(tmp_path, _config(hostile, header=20, idle=20))
+    gw = start_hostile_gateway(tmp_path, hostile_config(hostile, header=20, idle=20))
     own_gateway.append(gw)
     pid = gw.proc.pid
     peak = [_rss(pid, "VmRSS"), 0]  # [overall, this case]
@@ -598,7 +318,7 @@ def test_health_answers_within_half_a_second_during_a_1xx_flood(gateway: Gateway
     assert worst < HEALTH_BOUND
     for reply, api in outcomes:  # a handful of interim heads at most: then a broken upstream
         assert reply.status == 500, (reply.status, reply.body[:200])
-        assert _broken_upstream(error_of(api, reply))
+        assert is_broken_upstream(error_of(api, reply))
         assert reply.header("retry-after") is None
 
 
@@ -629,8 +349,9 @@ def test_drip_fed_replies_end_at_their_deadline(hostile: str, own_gateway: list[
     Head: header_timeout from send to the final head; a buffered body or its trailers:
     the reply's total deadline; a stream of comments and blank lines: idle_timeout, which
     only event-carrying bytes reset."""
-    gw = _start(tmp_path, _config(hostile, header=HEADER_TIMEOUT, idle=IDLE_TIMEOUT,
-                                  upstream_extra=f"{RESPONSE_TIMEOUT_KNOB} = {RESPONSE_TIMEOUT}"))
+    gw = start_hostile_gateway(tmp_path, hostile_config(
+        hostile, header=HEADER_TIMEOUT, idle=IDLE_TIMEOUT,
+        upstream_extra=f"{RESPONSE_TIMEOUT_KNOB} = {RESPONSE_TIMEOUT}"))
     own_gateway.append(gw)
     with ThreadPoolExecutor(len(DRIPS)) as pool:
         replies = list(pool.map(lambda d: call(gw, d[0], d[1], stream=d[2], timeout=40), DRIPS))
@@ -693,13 +414,13 @@ def test_a_framing_anomaly_is_a_clean_500_and_its_connection_is_not_reused(
     with ThreadPoolExecutor(2) as pool:
         warm = list(pool.map(lambda _: call(gateway, "messages", "ok:300"), range(2)))
     assert [w.status for w in warm] == [200, 200]
-    seen = max(r["conn"] for r in _hostile_log(hostile))
+    seen = max(r["conn"] for r in upstream_requests(hostile))
     errors_before = sum(_protocol_errors(gateway).values())
     if idle_closed:  # so that this anomaly's warning is not held back by the rate limit
         time.sleep(max(0.0, _last_anomaly[0] + _LOG_GAP - time.monotonic()))
     warnings_before = len(_warnings(gateway.log()))
 
-    token = _token()
+    token = new_token()
     reply = call(gateway, api, scenario, stream=stream, token=token, timeout=20)
     _anomalies_done()
     got = outcome(api, stream, reply)
@@ -708,7 +429,7 @@ def test_a_framing_anomaly_is_a_clean_500_and_its_connection_is_not_reused(
         assert got.text == f"reply for {token}"
     else:
         # a stream found broken after its head ends with the same envelope in-band
-        assert _broken_upstream(got.error), (scenario, reply.status, reply.body[:300])
+        assert is_broken_upstream(got.error), (scenario, reply.status, reply.body[:300])
         assert reply.header("retry-after") is None
         assert reply.header("x-should-retry") != "true"
     assert not got.after_end, f"events after the stream's end: {got.after_end}"
@@ -716,7 +437,7 @@ def test_a_framing_anomaly_is_a_clean_500_and_its_connection_is_not_reused(
     time.sleep(0.1)  # the rest of an overrun arrives 30 ms later
 
     conn_a = _conn_of(hostile, token)
-    nxt = _token()
+    nxt = new_token()
     after = call(gateway, api, "ok", token=nxt)
     assert after.status == 200, after.body[:300]
     assert text_of(api, False, after.body) == f"reply for {nxt}"
@@ -769,7 +490,7 @@ def test_an_inband_error_holding_nan_is_an_error_on_every_route(
     """An in-band error whose code is NaN (and other numbers JSON cannot hold: ujson reads
     them) is an error envelope on every route, buffered and streamed, and no traceback in
     the gateway's log (writing it again raised OverflowError)."""
-    gw = _start(tmp_path, _config(hostile))
+    gw = start_hostile_gateway(tmp_path, hostile_config(hostile))
     own_gateway.append(gw)
     for api, stream in ROUTES:
         reply = call(gw, api, "nan-inband", stream=stream)
@@ -788,7 +509,7 @@ def test_an_inband_error_holding_nan_is_an_error_on_every_route(
 @pytest.mark.timeout(30)
 def test_a_refused_connection_is_a_retryable_529_and_its_cause_is_logged(
         own_gateway: list[Gateway], tmp_path: Path) -> None:
-    gw = _start(tmp_path, _config(f"http://127.0.0.1:{free_port()}"))
+    gw = start_hostile_gateway(tmp_path, hostile_config(f"http://127.0.0.1:{free_port()}"))
     own_gateway.append(gw)
     for api, stream, status in (("messages", False, 529), ("messages", True, 529),
                                 ("chat", False, 503)):
@@ -821,12 +542,12 @@ def test_the_gateways_own_id_goes_upstream_and_a_matching_echo_is_accepted(gatew
     """The client's id comes back to the client; upstream, each attempt has the gateway's
     own (clients repeat ids, and the echo must name one attempt), on every route."""
     apis = ["messages", *APIS]  # Messages twice: one client id, two requests
-    tokens = [_token() for _ in apis]
+    tokens = [new_token() for _ in apis]
     for api, token in zip(apis, tokens, strict=True):
         reply = call(gateway, api, "ok", token=token, headers={"x-request-id": "req_e2e_15"})
         assert reply.status == 200 and reply.header("request-id") == "req_e2e_15", api
         assert outcome(api, False, reply).error is None, (api, reply.body[:300])
-    seen = [r for r in _hostile_log(hostile) if r["token"] in tokens]
+    seen = [r for r in upstream_requests(hostile) if r["token"] in tokens]
     sent = [r["request_id"] for r in seen]
     assert len(sent) == len(apis) and len(set(sent)) == len(apis), sent
     assert all(re.fullmatch(r"gw-[A-Za-z0-9]{12}-[0-9a-f]+", rid) for rid in sent), sent
@@ -837,9 +558,10 @@ def test_the_gateways_own_id_goes_upstream_and_a_matching_echo_is_accepted(gatew
 def test_keepalive_false_opens_a_connection_per_request(hostile: str,
                                                         own_gateway: list[Gateway],
                                                         tmp_path: Path) -> None:
-    gw = _start(tmp_path, _config(hostile, upstream_extra="keepalive = false"))
+    gw = start_hostile_gateway(tmp_path,
+                               hostile_config(hostile, upstream_extra="keepalive = false"))
     own_gateway.append(gw)
-    tokens = [_token() for _ in range(3)]
+    tokens = [new_token() for _ in range(3)]
     for token in tokens:
         reply = call(gw, "messages", "ok", token=token)
         assert reply.status == 200
@@ -860,8 +582,9 @@ def test_hostile_replies_log_warnings_not_errors_on_every_route(
     """An upstream's misbehaviour is not the gateway's fault: each hostile scenario on every
     route (the four OpenAI pass-through routes and Messages), buffered and streamed, logs at
     most a warning, never an error-level line or a traceback (those page whoever runs it)."""
-    gw = _start(tmp_path, _config(hostile, header=HEADER_TIMEOUT, idle=IDLE_TIMEOUT,
-                                  upstream_extra=f"{RESPONSE_TIMEOUT_KNOB} = {RESPONSE_TIMEOUT}"))
+    gw = start_hostile_gateway(tmp_path, hostile_config(
+        hostile, header=HEADER_TIMEOUT, idle=IDLE_TIMEOUT,
+        upstream_extra=f"{RESPONSE_TIMEOUT_KNOB} = {RESPONSE_TIMEOUT}"))
     own_gateway.append(gw)
     cases = [(scenario, api, stream) for scenario in SCENARIOS for api, stream in _EVERY_ROUTE]
     with ThreadPoolExecutor(32) as pool:

@@ -23,25 +23,25 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.e2e.test_hostile_upstream import (
-    _TOKEN,
+from tests.hostile_gateway import (
     APIS,
+    TOKEN_RE,
     Gateway,
     Reply,
-    _body,
-    _broken_upstream,
-    _config,
-    _hostile_log,
-    _metric_samples,
-    _plan,
-    _start,
-    _token,
     call,
+    hostile_config,
+    is_broken_upstream,
+    load_plan,
+    metric_samples,
+    new_token,
     outcome,
+    request_body,
+    start_hostile_gateway,
     text_of,
+    upstream_requests,
 )
-from tests.e2e.test_hostile_upstream import hostile as hostile  # its module fixtures
-from tests.e2e.test_hostile_upstream import own_gateway as own_gateway
+from tests.hostile_gateway import hostile as hostile  # the module's fixtures
+from tests.hostile_gateway import own_gateway as own_gateway
 
 pytestmark = pytest.mark.e2e
 
@@ -51,7 +51,7 @@ EXTRA = ("ok:20", "ok:20@noecho", "double-late:10", "double-late:10@noecho", "un
 
 def _default_config(upstream_url: str, upstream_extra: str = "") -> str:
     """The hostile test config (no keepalive key: the default) with this module's models."""
-    text = _config(upstream_url, upstream_extra=upstream_extra)
+    text = hostile_config(upstream_url, upstream_extra=upstream_extra)
     for name in EXTRA:
         text += (f'\n[[models]]\nname = "h-{name}"\nupstream = "hostile"\n'
                  f'upstream_model = "{name}"\n')
@@ -60,7 +60,7 @@ def _default_config(upstream_url: str, upstream_extra: str = "") -> str:
 
 @pytest.fixture(scope="module")
 def gateway(hostile: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    gw = _start(tmp_path_factory.mktemp("gw"), _default_config(hostile))
+    gw = start_hostile_gateway(tmp_path_factory.mktemp("gw"), _default_config(hostile))
     try:
         yield gw
     finally:
@@ -78,16 +78,16 @@ async def _load(gw: Gateway, plan: list[tuple[str, str, bool]], concurrency: int
     results = []
 
     async def one(session: aiohttp.ClientSession, api: str, scenario: str, stream: bool) -> None:
-        token = _token()
+        token = new_token()
         async with sem, session.post(gw.root + "/llm" + APIS[api][0],
-                                     json=_body(api, f"h-{scenario}", token, stream),
+                                     json=request_body(api, f"h-{scenario}", token, stream),
                                      headers=headers) as resp:
             data = await resp.read()
         reply = Reply(resp.status, resp.reason or "", list(resp.headers.items()), data, 0)
         try:
             got = outcome(api, stream, reply)
-            text, clean = got.text, _broken_upstream(got.error)
-            if set(_TOKEN.findall(reply.visible)) - {token}:
+            text, clean = got.text, is_broken_upstream(got.error)
+            if set(TOKEN_RE.findall(reply.visible)) - {token}:
                 text = "<another request's token>"
         except (ValueError, KeyError, IndexError, TypeError):
             text, clean = "<unreadable>", False
@@ -101,7 +101,7 @@ async def _load(gw: Gateway, plan: list[tuple[str, str, bool]], concurrency: int
 
 
 def _keepalive(gw: Gateway) -> float | None:
-    samples = _metric_samples(gw, "llm_gateway_upstream_keepalive")
+    samples = metric_samples(gw, "llm_gateway_upstream_keepalive")
     return next((v for k, v in samples.items() if 'upstream="hostile"' in k), None)
 
 
@@ -115,8 +115,8 @@ async def test_2000_requests_at_30_misdeliver_nothing_with_the_default_config(
     request); in each half ``share`` of the requests get a second reply ``late``. The others
     take 20 ms, so a kept-alive connection is mostly busy with its next request when the
     stray reply lands (with keep-alive by default, that request read it as its own)."""
-    plan = _plan(1000, {late: share}, "ok:20", seed=25)
-    plan += _plan(1000, {late + "@noecho": share}, "ok:20@noecho", seed=26)
+    plan = load_plan(1000, {late: share}, "ok:20", seed=25)
+    plan += load_plan(1000, {late + "@noecho": share}, "ok:20@noecho", seed=26)
     t0 = time.monotonic()
     results = await _load(gateway, plan, concurrency=30)
     took = time.monotonic() - t0
@@ -143,10 +143,10 @@ async def test_2000_requests_with_one_client_request_id_misdeliver_nothing(
     loses it at each stray that lands on an idle connection; ``always`` keeps it (the operator
     vouches for the upstream's echo). With the client's id sent upstream, 8 (auto) and 26
     (always) of the 2,000 clients got another request's reply."""
-    gw = _start(tmp_path, _default_config(hostile, f'keepalive = "{keepalive}"'))
+    gw = start_hostile_gateway(tmp_path, _default_config(hostile, f'keepalive = "{keepalive}"'))
     own_gateway.append(gw)
     fixed = "req_from_a_proxy_0001"
-    plan = _plan(2000, {"double-late:50": 0.05}, "ok:100", seed=31)
+    plan = load_plan(2000, {"double-late:50": 0.05}, "ok:100", seed=31)
     t0 = time.monotonic()
     results = await _load(gw, plan, concurrency=30, headers={"x-request-id": fixed})
     took = time.monotonic() - t0
@@ -160,17 +160,17 @@ async def test_2000_requests_with_one_client_request_id_misdeliver_nothing(
 
 
 def _conns(hostile: str, tokens: list[str]) -> list[int]:
-    log = {r["token"]: r["conn"] for r in _hostile_log(hostile)}
+    log = {r["token"]: r["conn"] for r in upstream_requests(hostile)}
     return [log[t] for t in tokens]
 
 
 @pytest.mark.timeout(60)
 def test_an_echoing_upstream_earns_keepalive_and_a_wrong_echo_closes_it(
         hostile: str, own_gateway: list[Gateway], tmp_path: Path) -> None:
-    gw = _start(tmp_path, _default_config(hostile))
+    gw = start_hostile_gateway(tmp_path, _default_config(hostile))
     own_gateway.append(gw)
     assert _keepalive(gw) == 0  # auto starts with a connection per request
-    tokens = [_token() for _ in range(30)]
+    tokens = [new_token() for _ in range(30)]
     for token in tokens:
         reply = call(gw, "messages", "ok", token=token)
         assert text_of("messages", False, reply.body) == f"reply for {token}"
@@ -181,9 +181,9 @@ def test_an_echoing_upstream_earns_keepalive_and_a_wrong_echo_closes_it(
     assert _keepalive(gw) == 1
 
     bad = call(gw, "messages", "wrong-id")  # a reply naming another request
-    assert bad.status == 500 and _broken_upstream(outcome("messages", False, bad).error)
+    assert bad.status == 500 and is_broken_upstream(outcome("messages", False, bad).error)
     assert _keepalive(gw) == 0
-    after = [_token() for _ in range(3)]
+    after = [new_token() for _ in range(3)]
     for token in after:
         reply = call(gw, "messages", "ok", token=token)
         assert text_of("messages", False, reply.body) == f"reply for {token}"
@@ -194,9 +194,9 @@ def test_an_echoing_upstream_earns_keepalive_and_a_wrong_echo_closes_it(
 @pytest.mark.timeout(60)
 def test_an_upstream_that_never_echoes_never_gets_a_reused_connection(
         hostile: str, own_gateway: list[Gateway], tmp_path: Path) -> None:
-    gw = _start(tmp_path, _default_config(hostile))
+    gw = start_hostile_gateway(tmp_path, _default_config(hostile))
     own_gateway.append(gw)
-    tokens = [_token() for _ in range(20)]
+    tokens = [new_token() for _ in range(20)]
     for token in tokens:
         assert call(gw, "chat", "ok@noecho", token=token).status == 200
     assert len(set(_conns(hostile, tokens))) == 20

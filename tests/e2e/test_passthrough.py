@@ -8,11 +8,11 @@ client's own credentials never reach the upstream.
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from tests.conftest import clear_stub, stub_config, stub_requests
+from tests.logs import access_lines, wait_for_line
 from tests.procs import free_port, get, post
 from tests.stub_upstream import script
 
@@ -157,14 +157,9 @@ def test_health_and_ready(stub_gateway) -> None:
 def test_access_log_is_json_with_request_fields(stub_gateway) -> None:
     proc, base = stub_gateway
     post(base + "/v1/chat/completions", CHAT, {"x-request-id": "log-check-1"})
-    deadline = time.monotonic() + 3  # log lines are flushed every 0.5 s
-    while True:
-        lines = [json.loads(ln) for ln in proc.output().splitlines() if ln.startswith("{")]
-        access = [ln for ln in lines if ln.get("event") == "access"
-                  and ln.get("request_id") == "log-check-1"]
-        if access or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+    wait_for_line(proc.output, lambda ln: ln.get("request_id") == "log-check-1",
+                  "the access line", timeout=3)  # log lines are flushed every 0.5 s
+    access = access_lines(proc.output(), request_id="log-check-1")
     assert len(access) == 1
     line = access[0]
     assert (line["method"], line["route"], line["model"], line["upstream"], line["status"]) == (

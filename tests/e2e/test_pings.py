@@ -16,7 +16,7 @@ import pytest
 from tests import sdk
 from tests.anthropic_stream_check import check_stream
 from tests.conftest import stub_config
-from tests.e2e.test_ts_sdk import run_ts
+from tests.node import run_ts
 
 pytestmark = pytest.mark.e2e
 

@@ -19,6 +19,7 @@ import pytest
 
 from tests.anthropic_stream_check import check_stream
 from tests.conftest import stub_config
+from tests.logs import access_lines
 from tests.procs import get as _get
 from tests.procs import post as _post
 
@@ -297,18 +298,6 @@ def test_client_that_stops_reading_is_dropped_after_write_timeout(stub_url,
                               reason="client_disconnect") >= 1, 3)
 
 
-def _access_lines(log: str, route: str) -> list[dict]:
-    out = []
-    for line in log.splitlines():
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(doc, dict) and doc.get("route") == route and "status" in doc:
-            out.append(doc)
-    return out
-
-
 def test_a_buffered_reply_to_a_client_that_stops_reading_ends_at_write_timeout(
         stub_url, gateway_factory) -> None:
     """A buffered reply is one write of the whole body, made by aiohttp after the handler
@@ -325,8 +314,8 @@ def test_a_buffered_reply_to_a_client_that_stops_reading_ends_at_write_timeout(
     try:
         sock.sendall(raw)  # and never read a byte until the gateway has given up
         # 60 s: a hang guard, not a claim about how long it takes
-        _wait_for(lambda: _access_lines(proc.output(), "messages"), 60)
-        [line] = _access_lines(proc.output(), "messages")
+        _wait_for(lambda: access_lines(proc.output(), route="messages"), 60)
+        [line] = access_lines(proc.output(), route="messages")
         assert line["status"] == 499, line
         # the connection is closed: what the kernel still held, then the end
         sock.settimeout(30)

@@ -46,6 +46,7 @@ from typing import Any
 
 import pytest
 
+from tests.cutting_proxy import CuttingProxy
 from tests.fixtures_llama import *  # noqa: F403 - the pytest fixtures (tiny_model)
 from tests.llama_sessions import HEADERS, Session, play, turn
 from tests.llama_sessions import config as _shared_config
@@ -206,12 +207,10 @@ def test_count_tokens_through_the_router_is_the_flagged_estimate(
 def test_a_stream_cut_behind_the_router_is_continued_on_the_worker_that_began_it(
         workers: list[Any], gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
     """Each worker behind a proxy that cuts its next streamed chat completion after a few
-    events (tests/e2e/test_continuation_llama.py's CuttingProxy; the router sees the proxies as
+    events (tests/cutting_proxy.py; the router sees the proxies as
     its workers). The router passes the cut on; the gateway continues the stream through the
     router, and cache_aware sends the continuation (the same messages plus the partial answer
     as an assistant prefill) to the worker whose tree holds that prefix: the one that began."""
-    from tests.e2e.test_continuation_llama import CuttingProxy
-
     proxies = [CuttingProxy(str(w.root_url)) for w in workers]
     started: list[CuttingProxy] = []
     router_proc = None

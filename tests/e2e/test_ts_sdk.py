@@ -2,27 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-
 import pytest
 
 from tests.conftest import stub_config
-from tests.node import CLIENTS, ts_sdk_ready
+from tests.node import run_ts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.clients]
-
-
-
-
-
-def run_ts(base: str, model: str, mode: str = "ok") -> dict:
-    ts_sdk_ready()
-    proc = subprocess.run(["node", str(CLIENTS / "ts_sdk.mjs"), base, model, mode],
-                          capture_output=True, text=True, timeout=60, cwd=CLIENTS)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    assert lines, proc.stdout + proc.stderr
-    return json.loads(lines[-1])
 
 
 @pytest.mark.llamacpp

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.batch_client import batches_toml, create, request
 from tests.conftest import stub_config
-from tests.e2e.test_batches import batches_toml, create, request
 from tests.procs import Proc, free_port, get, post
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]

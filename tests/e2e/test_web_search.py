@@ -49,9 +49,11 @@ from anthropic.types import (
 from tests import sdk
 from tests.anthropic_stream_check import check_stream
 from tests.conftest import clear_stub, stub_requests
+from tests.logs import access_lines, log_lines
 from tests.node import CLIENTS, ts_sdk_ready
 from tests.procs import Proc, free_port, start_gateway, wait_http
 from tests.searxng_stub import HOSTS, ODD_URL, slug
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -768,14 +770,6 @@ def test_a_slow_search_does_not_hold_up_other_requests(client: anthropic.Anthrop
     assert done == ["quick", "slow"]
 
 
-def _until(pred: Any, what: str, bound: float = 10.0) -> None:
-    """Wait until ``pred()`` holds (a hang guard, not a claim about time)."""
-    deadline = time.monotonic() + bound
-    while not pred():
-        assert time.monotonic() < deadline, f"never: {what}"
-        time.sleep(0.02)
-
-
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "buffered"])
 def test_a_client_leaving_mid_search_cancels_it(stub_url: str, searxng: str,
                                                 gateway_factory: Any, stream: bool) -> None:
@@ -809,45 +803,33 @@ def test_a_client_leaving_mid_search_cancels_it(stub_url: str, searxng: str,
             assert chunk, got
             got += chunk
         assert not stream or b'"type":"server_tool_use"' in got
-        _until(lambda: any("#slow" in s["params"].get("q", "")
-                           for s in _searched(searxng)), "the search reached the backend")
+        wait_until(lambda: any("#slow" in s["params"].get("q", "")
+                               for s in _searched(searxng)), "the search reached the backend")
     finally:
         sock.close()
-    _until(lambda: any(s.get("cancelled") for s in _searched(searxng)),
-           "the backend saw the search's connection close")
+    wait_until(lambda: any(s.get("cancelled") for s in _searched(searxng)),
+               "the backend saw the search's connection close")
     # a stream's head was sent: it keeps that status, as any stream's
     code = "200" if stream else "499"
-    _until(lambda: _metric(base, "llm_gateway_requests_total", api="messages", model="ws",
-                           code=code, stream=str(stream).lower()) == 1, "the request counted")
+    wait_until(lambda: _metric(base, "llm_gateway_requests_total", api="messages", model="ws",
+                               code=code, stream=str(stream).lower()) == 1,
+               "the request counted")
     assert _metric(base, "llm_gateway_stream_terminations_total", api="messages",
                    model="ws", reason="client_disconnect") == left + stream
     assert _metric(base, "llm_gateway_streams_in_flight", api="messages", model="ws") == 0
     assert len(stub_requests(stub_url)) == 1  # no second round was asked for
     assert proc.stop() == 0  # then what the process said, to its end
     out = proc.output()
-    (access,) = [line for line in _log_lines(out) if line.get("event") == "access"
-                 and line.get("route") == "messages"]
+    (access,) = access_lines(out, route="messages")
     assert access["stream"] is stream and access["status"] == int(code)
     for leak in ("Task was destroyed", "Unclosed", "never retrieved", "Traceback"):
         assert leak not in out, out
-    assert not [line for line in _log_lines(out) if line.get("level") in ("error", "critical")]
+    assert not [line for line in log_lines(out) if line.get("level") in ("error", "critical")]
 
 
 def _searched(searxng: str) -> list[dict]:
     with urllib.request.urlopen(searxng + "/_requests", timeout=5) as resp:
         return json.loads(resp.read())
-
-
-def _log_lines(out: str) -> list[dict]:
-    lines = []
-    for text in out.splitlines():
-        try:
-            line = json.loads(text)
-        except ValueError:
-            continue
-        if isinstance(line, dict):
-            lines.append(line)
-    return lines
 
 
 # --- without [web_search] ---------------------------------------------------------------

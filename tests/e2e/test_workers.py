@@ -11,7 +11,9 @@ import urllib.request
 import pytest
 
 from tests.conftest import stub_config
+from tests.logs import access_lines, log_lines, matching
 from tests.procs import Proc, free_port, wait_http
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -23,9 +25,7 @@ def _metric_lines(url: str, name: str) -> list[str]:
 
 
 def _listening_pids(proc: Proc) -> set[int]:
-    complete = proc.output().split("\n")[:-1]  # the last line may be half written
-    lines = [json.loads(ln) for ln in complete if ln.startswith("{")]
-    return {e["pid"] for e in lines if e.get("event") == "listening"}
+    return {e["pid"] for e in matching(log_lines(proc.output()), "listening")}
 
 
 def test_two_workers_share_a_port_and_sum_metrics(stub_url, tmp_path) -> None:
@@ -38,13 +38,11 @@ def test_two_workers_share_a_port_and_sum_metrics(stub_url, tmp_path) -> None:
     try:
         wait_http(base + "/health", proc=proc.popen)
         # the supervisor's own line is written at once, not when it exits
-        started = [json.loads(ln) for ln in proc.output().splitlines() if ln.startswith("{")]
-        assert any(e["event"] == "workers_started" and len(e["pids"]) == 2 for e in started)
-        deadline = time.monotonic() + 20
-        while len(_listening_pids(proc)) < 2:  # each worker logs it once its socket is bound
-            assert time.monotonic() < deadline, "both workers never bound the port"
-            time.sleep(0.05)
-        pids = set()
+        started = matching(log_lines(proc.output()), "workers_started")
+        assert any(len(e["pids"]) == 2 for e in started)
+        # each worker logs it once its socket is bound
+        wait_until(lambda: len(_listening_pids(proc)) >= 2, "both workers bound the port",
+                   timeout=20)
         n = 40
         for _ in range(n):  # new connection each time: the kernel spreads them
             req = urllib.request.Request(
@@ -60,9 +58,8 @@ def test_two_workers_share_a_port_and_sum_metrics(stub_url, tmp_path) -> None:
         assert _metric_lines(base, "llm_gateway_build_info{")
         proc.signal(signal.SIGTERM)
         assert proc.wait(20) == 0
-        for line in proc.output().splitlines():  # log lines are all flushed at exit
-            if line.startswith("{") and json.loads(line).get("event") == "access":
-                pids.add(json.loads(line)["pid"])
+        # log lines are all flushed at exit
+        pids = {line["pid"] for line in access_lines(proc.output())}
         assert len(pids) == 2, f"requests were served by {pids}"
     finally:
         proc.stop()
@@ -97,10 +94,8 @@ def test_process_metrics_describe_all_workers(stub_url, tmp_path) -> None:
                        "messages": [{"role": "user", "content": "hi"}]}).encode()
     try:
         wait_http(base + "/health", proc=proc.popen)
-        deadline = time.monotonic() + 20
-        while len(_scrape(base).get("process_resident_memory_bytes", [])) < 2:
-            assert time.monotonic() < deadline, "both workers never wrote their RSS"
-            time.sleep(0.1)
+        wait_until(lambda: len(_scrape(base).get("process_resident_memory_bytes", [])) >= 2,
+                   "both workers wrote their RSS", timeout=20, every=0.1)
         cpu = []
         for _ in range(8):
             for _ in range(10):  # a little load, spread over the workers

@@ -35,6 +35,7 @@ from gateway.ops.metrics import (
 )
 from tests.procs import free_port
 from tests.stub_upstream import USAGE, make_app
+from tests.waits import eventually  # streams are counted when the handler returns
 
 SCENARIOS = ("ok", "length", "tools", "malformed", "inband-error", "cut-mid", "eof-no-finish",
              "hang-mid", "hang-headers", "status:500", "status:429", "status:400", "slow:50",
@@ -94,15 +95,6 @@ async def gateway(aiohttp_server: Any, aiohttp_client: Any) -> GatewayFactory:
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
     got = registry.get_sample_value(name, labels)
     return 0.0 if got is None else got
-
-
-async def eventually(check: Callable[[], bool], within: float = 5.0) -> None:
-    """Streams are counted when the handler returns, which may follow the client's last read."""
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 async def _messages(client: TestClient, model: str, *, stream: bool = False,

@@ -38,6 +38,7 @@ from gateway.app import default_registry
 from gateway.ops.metrics import Metrics
 from tests.conftest import llama_config
 from tests.procs import REPO, Proc, free_port, start_gateway, wait_http
+from tests.waits import wait_until
 
 DASHBOARD = REPO / "grafana" / "dashboards" / "llm-gateway.json"
 SCRAPE_INTERVAL = 1.0
@@ -257,10 +258,8 @@ def scraped(tmp_path_factory: pytest.TempPathFactory, llama_server: str, stub_ur
         wait_http(prom.url + "/-/ready", timeout=20, proc=prom.proc.popen)
         # ready is not scraped: counters must already exist at the first sample, or their first
         # increments are invisible to rate()
-        deadline = time.monotonic() + 15
-        while prom.scalar('up{job="llm-gateway"}') != 1:
-            assert time.monotonic() < deadline, "Prometheus never scraped the gateway"
-            time.sleep(0.1)
+        wait_until(lambda: prom.scalar('up{job="llm-gateway"}') == 1,
+                   "Prometheus scraped the gateway", timeout=15, every=0.1)
         started = time.monotonic()
         rounds = 0
         while rounds < 3 or time.monotonic() - started < TRAFFIC_SECONDS:
@@ -268,11 +267,12 @@ def scraped(tmp_path_factory: pytest.TempPathFactory, llama_server: str, stub_ur
             rounds += 1
             time.sleep(0.2)
         expected = _requests_total(_get(base + "/metrics").decode())
-        deadline = time.monotonic() + 15
-        while prom.scalar("sum(llm_gateway_requests_total)") != expected:
-            assert time.monotonic() < deadline, "Prometheus never scraped the final values"
-            time.sleep(0.2)
-        time.sleep(2 * SCRAPE_INTERVAL)  # one more sample after the last change for every rate
+        wait_until(lambda: prom.scalar("sum(llm_gateway_requests_total)") == expected,
+                   "Prometheus scraped the final values", timeout=15, every=0.2)
+        # one more sample after the last change for every rate: two scrapes past this one
+        last = prom.scalar('timestamp(up{job="llm-gateway"})') or 0.0
+        wait_until(lambda: (prom.scalar('timestamp(up{job="llm-gateway"})') or 0.0)
+                   > last + SCRAPE_INTERVAL, "two more scrapes", timeout=15, every=0.2)
         yield base, prom
     finally:
         prom.proc.stop()

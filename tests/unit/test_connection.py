@@ -41,19 +41,19 @@ from gateway.upstream.exceptions import (
     ProtocolError,
 )
 from tests.upstream_wire import (
-    _CONTINUE,
-    _OK_HEAD,
     ANOMALIES,
+    CONTINUE,
     CUT,
     FAST,
     LATE,
+    OK_HEAD,
     TABLE,
     Row,
-    _chunked,
-    _feed,
-    _outcome,
-    _params,
-    _read_all,
+    chunked_body,
+    feed,
+    outcome,
+    read_all,
+    table_params,
 )
 
 
@@ -63,18 +63,18 @@ def test_every_anomaly_kind_is_a_metric_label() -> None:
     assert kinds | {"head_too_large", "request_id_missing"} == set(PROTOCOL_ERRORS)
 
 
-@_params(TABLE)
+@table_params(TABLE)
 async def test_table_whole(row: Row) -> None:
     pieces = [row.wire] if row.wire else []
-    assert await _outcome(pieces, eof=row.eof) == row.expected
+    assert await outcome(pieces, eof=row.eof) == row.expected
 
 
-@_params(TABLE)
+@table_params(TABLE)
 async def test_table_split_at_every_offset(row: Row) -> None:
     """Where TCP cuts the bytes changes nothing."""
     for cut in range(1, len(row.wire)):
         pieces = [row.wire[:cut], row.wire[cut:]]
-        assert await _outcome(pieces, eof=row.eof) == row.expected, cut
+        assert await outcome(pieces, eof=row.eof) == row.expected, cut
 
 
 _BYTEWISE = [r for r in TABLE if r.name in {
@@ -84,10 +84,10 @@ _BYTEWISE = [r for r in TABLE if r.name in {
 }]
 
 
-@_params(_BYTEWISE)
+@table_params(_BYTEWISE)
 async def test_table_byte_by_byte(row: Row) -> None:
     pieces = [row.wire[i:i + 1] for i in range(len(row.wire))]
-    assert await _outcome(pieces, eof=row.eof) == row.expected
+    assert await outcome(pieces, eof=row.eof) == row.expected
 
 
 _HEAD_ERRORS = [r for r in ANOMALIES + CUT if r.name.startswith(("status line", "header"))
@@ -98,20 +98,20 @@ _HEAD_ERRORS = [r for r in ANOMALIES + CUT if r.name.startswith(("status line", 
                               f"{MAX_INTERIM + 1} interim replies"}]
 
 
-@_params(_HEAD_ERRORS)
+@table_params(_HEAD_ERRORS)
 async def test_a_broken_head_raises_from_read_head(row: Row) -> None:
     """So Pool.request raises it, where UpstreamClient retries a Disconnected."""
-    conn, _ = await _feed([row.wire] if row.wire else [], eof=row.eof)
+    conn, _ = await feed([row.wire] if row.wire else [], eof=row.eof)
     with pytest.raises(row.expected[0]):
         await conn.read_head()
     assert conn.status == 0
 
 
-@_params([r for r in ANOMALIES if r.name.startswith(("extra bytes", "a second", "body past"))])
+@table_params([r for r in ANOMALIES if r.name.startswith(("extra bytes", "a second", "body past"))])
 async def test_bytes_after_a_whole_reply_fail_it_after_its_body(row: Row) -> None:
     """The reply read so far may itself be the stray one (a double reply answers the
     previous request first): the body comes out, then the anomaly, never a clean end."""
-    conn, _ = await _feed([row.wire])
+    conn, _ = await feed([row.wire])
     await conn.read_head()
     got = b""
     with pytest.raises(ProtocolError):
@@ -124,8 +124,8 @@ async def test_bytes_after_a_whole_reply_fail_it_after_its_body(row: Row) -> Non
 async def test_a_flood_of_interim_replies_is_cut_at_the_limit_in_one_pass() -> None:
     """1 MiB of ``100 Continue`` heads in one read: llhttp reads them in one linear pass
     and the connection stops at the (MAX_INTERIM + 1)-th, never reslicing the rest."""
-    flood = _CONTINUE * (1024 * 1024 // len(_CONTINUE))
-    conn, transport = await _feed([flood])
+    flood = CONTINUE * (1024 * 1024 // len(CONTINUE))
+    conn, transport = await feed([flood])
     assert conn._interim == MAX_INTERIM + 1
     assert transport.count("abort") == 1
     with pytest.raises(ProtocolError) as caught:
@@ -135,7 +135,7 @@ async def test_a_flood_of_interim_replies_is_cut_at_the_limit_in_one_pass() -> N
 
 async def test_interim_replies_do_not_extend_the_head_deadline() -> None:
     """A 1xx every 50 ms is still no final head: the deadline from the send holds."""
-    conn, _ = await _feed([], within=0.25)
+    conn, _ = await feed([], within=0.25)
     loop = asyncio.get_running_loop()
     start = loop.time()
 
@@ -157,32 +157,32 @@ async def test_interim_replies_do_not_extend_the_head_deadline() -> None:
 
 async def test_headers_lowercased_and_repeats_joined() -> None:
     """llhttp drops the whitespace before a value; the few values read strip the rest."""
-    conn, _ = await _feed([_OK_HEAD + b"Content-Type:  application/json \r\nX-A: 1\r\n"
+    conn, _ = await feed([OK_HEAD + b"Content-Type:  application/json \r\nX-A: 1\r\n"
                            b"x-a: 2\r\nContent-Length: 2\r\n\r\nok"])
-    assert await _read_all(conn) == b"ok"
+    assert await read_all(conn) == b"ok"
     assert conn.headers == {b"content-type": b"application/json ", b"x-a": b"1, 2",
                             b"content-length": b"2"}
 
 
 async def test_trailers_do_not_reach_the_headers() -> None:
-    conn, _ = await _feed([_OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
-                           + _chunked(b"ok", trailers=b"X-T: 1\r\n")])
-    assert await _read_all(conn) == b"ok"
+    conn, _ = await feed([OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
+                           + chunked_body(b"ok", trailers=b"X-T: 1\r\n")])
+    assert await read_all(conn) == b"ok"
     assert conn.headers == {b"transfer-encoding": b"chunked"}
 
 
 async def test_malformed_reply_aborts_the_connection() -> None:
     """Bytes that break the framing leave the socket unusable: it is dropped at once."""
-    conn, transport = await _feed([_OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n"])
+    conn, transport = await feed([OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n"])
     assert transport.count("abort") == 1
     assert conn.closed and not conn.keep_alive
     with pytest.raises(ProtocolError):
-        await _read_all(conn)
+        await read_all(conn)
 
 
 async def test_bytes_after_the_reply_in_a_later_packet_abort_the_connection() -> None:
-    conn, transport = await _feed([_OK_HEAD + b"Content-Length: 2\r\n\r\nok"])
-    assert await _read_all(conn) == b"ok"
+    conn, transport = await feed([OK_HEAD + b"Content-Length: 2\r\n\r\nok"])
+    assert await read_all(conn) == b"ok"
     assert conn.keep_alive and transport.count("abort") == 0
     conn.data_received(b"HTTP/1.1 200 OK\r\n")
     assert transport.count("abort") == 1
@@ -191,8 +191,8 @@ async def test_bytes_after_the_reply_in_a_later_packet_abort_the_connection() ->
 
 
 async def test_bytes_while_parked_are_an_anomaly_of_the_idle_phase() -> None:
-    conn, transport = await _feed([_OK_HEAD + b"Content-Length: 2\r\n\r\nok"])
-    assert await _read_all(conn) == b"ok"
+    conn, transport = await feed([OK_HEAD + b"Content-Length: 2\r\n\r\nok"])
+    assert await read_all(conn) == b"ok"
     conn.park()
     conn.data_received(b"\r\n")
     assert transport.count("abort") == 1
@@ -200,40 +200,40 @@ async def test_bytes_while_parked_are_an_anomaly_of_the_idle_phase() -> None:
 
 
 async def test_head_over_64_kib_without_its_end_is_refused() -> None:
-    big = _OK_HEAD + b"X-Big: " + b"a" * (64 * 1024)
+    big = OK_HEAD + b"X-Big: " + b"a" * (64 * 1024)
     pieces = [big[i:i + 8192] for i in range(0, len(big), 8192)]
-    conn, transport = await _feed(pieces)
+    conn, transport = await feed(pieces)
     with pytest.raises(ProtocolError, match="head_too_large"):
         await conn.read_head()
     assert transport.count("abort") == 1
 
 
 async def test_head_just_under_64_kib_is_accepted() -> None:
-    head = _OK_HEAD + b"X-Big: " + b"a" * (60 * 1024) + b"\r\nContent-Length: 2\r\n\r\n"
+    head = OK_HEAD + b"X-Big: " + b"a" * (60 * 1024) + b"\r\nContent-Length: 2\r\n\r\n"
     pieces = [head[i:i + 8192] for i in range(0, len(head), 8192)] + [b"ok"]
-    conn, _ = await _feed(pieces)
-    assert await _read_all(conn) == b"ok"
+    conn, _ = await feed(pieces)
+    assert await read_all(conn) == b"ok"
 
 
 @pytest.mark.parametrize("cut", [0, 40 * 1024], ids=["one read", "two reads"])
 async def test_head_over_64_kib_is_refused_however_it_arrives(cut: int) -> None:
-    wire = _OK_HEAD + b"X-Big: " + b"a" * (70 * 1024) + b"\r\nContent-Length: 2\r\n\r\nok"
+    wire = OK_HEAD + b"X-Big: " + b"a" * (70 * 1024) + b"\r\nContent-Length: 2\r\n\r\nok"
     pieces = [wire[:cut], wire[cut:]] if cut else [wire]
-    assert await _outcome(pieces) == (ProtocolError, "head_too_large")
+    assert await outcome(pieces) == (ProtocolError, "head_too_large")
 
 
 @pytest.mark.parametrize("junk", [b"X-T: " + b"t" * (70 * 1024), b"1;" + b"x" * (70 * 1024)],
                          ids=["a trailer", "a chunk extension"])
 async def test_framing_without_body_past_64_kib_is_refused(junk: bytes) -> None:
     """llhttp holds a trailer until it ends: a never-ending one must not grow us."""
-    wire = _OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n2\r\nok\r\n" + (
+    wire = OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n2\r\nok\r\n" + (
         b"0\r\n" + junk if junk.startswith(b"X-T") else junk)
     pieces = [wire[i:i + 4096] for i in range(0, len(wire), 4096)]
-    assert await _outcome(pieces) == (ProtocolError, "head_too_large")
+    assert await outcome(pieces) == (ProtocolError, "head_too_large")
 
 
 async def test_body_delivered_before_a_cut_is_readable_then_the_cut_raises() -> None:
-    conn, _ = await _feed([_OK_HEAD + b"Content-Length: 10\r\n\r\nhello"], eof=True)
+    conn, _ = await feed([OK_HEAD + b"Content-Length: 10\r\n\r\nhello"], eof=True)
     await conn.read_head()
     assert await conn.readany() == b"hello"
     with pytest.raises(BrokenResponse):
@@ -243,10 +243,10 @@ async def test_body_delivered_before_a_cut_is_readable_then_the_cut_raises() -> 
 
 async def test_until_close_body_ended_by_a_reset_is_broken() -> None:
     """Only an orderly close delimits a close-framed body; a reset means it was cut."""
-    conn, _ = await _feed([b"HTTP/1.0 200 OK\r\n\r\npartial"])
+    conn, _ = await feed([b"HTTP/1.0 200 OK\r\n\r\npartial"])
     conn.connection_lost(ConnectionResetError(104, "Connection reset by peer"))
     with pytest.raises(BrokenResponse) as caught:
-        await _read_all(conn)
+        await read_all(conn)
     assert caught.value.cause == "reset"
 
 
@@ -276,7 +276,7 @@ def _replies(draw: st.DrawFn) -> tuple[bytes, list[bytes], bool, bool]:
     else:
         head += b"Connection: close\r\n"
         framed = body
-    head = _CONTINUE * draw(st.integers(0, MAX_INTERIM)) + head
+    head = CONTINUE * draw(st.integers(0, MAX_INTERIM)) + head
     wire = head + b"\r\n" + framed
     cuts = sorted(set(draw(st.lists(st.integers(0, len(wire)), max_size=12))))
     pieces = [wire[a:b] for a, b in zip([0, *cuts], [*cuts, len(wire)], strict=True) if b > a]
@@ -288,7 +288,7 @@ def _replies(draw: st.DrawFn) -> tuple[bytes, list[bytes], bool, bool]:
 def test_any_framing_any_cuts_reads_the_body(reply: tuple[bytes, list[bytes], bool, bool]
                                              ) -> None:
     body, pieces, eof, reusable = reply
-    assert asyncio.run(_outcome(pieces, eof=eof)) == (200, body, reusable)
+    assert asyncio.run(outcome(pieces, eof=eof)) == (200, body, reusable)
 
 
 # --- deadlines, through the fake transport ----------------------------------------------------
@@ -297,8 +297,8 @@ def test_any_framing_any_cuts_reads_the_body(reply: tuple[bytes, list[bytes], bo
 async def test_a_drip_fed_head_ends_at_the_head_deadline() -> None:
     """A byte of head every 20 ms is progress of a kind, but not a head: header_timeout is
     a deadline from the send, not a silence."""
-    conn, _ = await _feed([], within=0.2)
-    wire = _OK_HEAD + b"X-Slow: " + b"s" * 100
+    conn, _ = await feed([], within=0.2)
+    wire = OK_HEAD + b"X-Slow: " + b"s" * 100
 
     async def drip() -> None:
         for i in range(len(wire)):
@@ -319,7 +319,7 @@ async def test_a_drip_fed_head_ends_at_the_head_deadline() -> None:
 async def test_a_stream_dripping_blank_lines_ends_at_its_idle_timeout() -> None:
     """Only bytes that carry an event restart a stream's idle time (the reader says so
     with progress()); a trickle of blank lines or comments does not."""
-    conn, _ = await _feed([_OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"], stream=True,
+    conn, _ = await feed([OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"], stream=True,
                           within=0.2)
     await conn.read_head()
     loop = asyncio.get_running_loop()
@@ -346,7 +346,7 @@ async def test_a_stream_dripping_blank_lines_ends_at_its_idle_timeout() -> None:
 
 
 async def test_a_stream_with_events_lives_past_its_idle_timeout() -> None:
-    conn, _ = await _feed([_OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"], stream=True,
+    conn, _ = await feed([OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"], stream=True,
                           within=0.5)
     await conn.read_head()
 
@@ -368,7 +368,7 @@ async def test_a_stream_with_events_lives_past_its_idle_timeout() -> None:
 async def test_a_buffered_body_is_due_at_its_deadline_whatever_arrives() -> None:
     loop = asyncio.get_running_loop()
     sent = loop.time()
-    conn, _ = await _feed([_OK_HEAD + b"Content-Length: 1000\r\n\r\n"], within=0.25)
+    conn, _ = await feed([OK_HEAD + b"Content-Length: 1000\r\n\r\n"], within=0.25)
     await conn.read_head()
 
     async def drip() -> None:
@@ -391,7 +391,7 @@ async def test_a_buffered_body_is_due_at_its_deadline_whatever_arrives() -> None
 
 async def test_more_than_256_kib_unread_pauses_reading_once_and_readany_resumes() -> None:
     total = 600 * 1024
-    conn, transport = await _feed([_OK_HEAD + b"Content-Length: %d\r\n\r\n" % total])
+    conn, transport = await feed([OK_HEAD + b"Content-Length: %d\r\n\r\n" % total])
     await conn.read_head()
     conn.data_received(b"a" * (256 * 1024))
     assert transport.count("pause_reading") == 0  # at the mark: not past it

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from gateway.demo import llama, run, tinymodel
 from gateway.ops import config, log
+from tests.logs import log_lines, matching
 
 
 class _FakeServer:
@@ -35,8 +34,7 @@ def test_demo_upstream_started_logs_the_child_pid(monkeypatch: pytest.MonkeyPatc
     log.configure("info")
     assert run.run_demo(config.load(None, {}), serve, explicit_config=False) == 0
     log.flush()
-    lines = [json.loads(ln) for ln in capfd.readouterr().err.splitlines() if ln.startswith("{")]
-    started = [ln for ln in lines if ln["event"] == "demo_upstream_started"]
+    started = matching(log_lines(capfd.readouterr().err), "demo_upstream_started")
     assert started and started[0]["upstream_pid"] == _FakeServer.pid
     assert served and "demo" in served[0].models
     # only what the demo serves: not the built-in default's reasoning / qwen2.5 routes

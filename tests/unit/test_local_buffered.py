@@ -22,8 +22,8 @@ from gateway.local.tool_args import repair_arguments
 from gateway.messages.from_chat.aggregate import aggregate
 from gateway.messages.from_chat.message import from_chat
 from gateway.text import jsonutil
+from tests.golden_streams import GOLDEN, LOCAL_CASES, normaliser, run_case
 from tests.stub_upstream import buffered_completion
-from tests.unit.test_stream import GOLDEN, LOCAL_CASES, normaliser, run_case
 
 _GENERATED = re.compile(r"toolu_[0-9A-Za-z]{24}")
 

@@ -26,30 +26,31 @@ from gateway.upstream.exceptions import (
 )
 from gateway.upstream.pool import Pool, Response
 from tests.upstream_wire import (
-    _CHUNKED_HEAD,
+    CHUNKED_HEAD,
     LATE,
     Upstream,
-    _chunked,
-    _drip,
-    _echoing,
-    _get,
-    _keep_serving,
-    _partial_body,
-    _reply,
-    _settle,
+    chunked_body,
+    drip_handler,
+    echo_handler,
+    http_reply,
+    keep_serving,
+    partial_body_handler,
+    pool_get,
+    settle,
 )
+from tests.waits import eventually
 
 # --- the pool over real sockets --------------------------------------------------------------
 
 
 async def test_keep_alive_reuses_one_connection_and_sends_exact_request_bytes(pools: Any) -> None:
-    async with Upstream(_keep_serving) as srv:
+    async with Upstream(keep_serving) as srv:
         pool = pools(srv.url, extra_headers={"Content-Type": "application/json",
                                              "Authorization": "Bearer k"})
         big = b"x" * 20000  # past 16 KiB the head and body go out as two buffers
-        assert await _get(pool, "/v1/chat/completions", b'{"a":1}', method="POST") == b"ok"
-        assert await _get(pool, "/v1/chat/completions", big, method="POST") == b"ok"
-        assert await _get(pool) == b"ok"
+        assert await pool_get(pool, "/v1/chat/completions", b'{"a":1}', method="POST") == b"ok"
+        assert await pool_get(pool, "/v1/chat/completions", big, method="POST") == b"ok"
+        assert await pool_get(pool) == b"ok"
         assert srv.connections == 1
         assert pool.open_connections == 1
         fixed = (b"Host: " + srv.host.encode() + b"\r\nContent-Type: application/json\r\n"
@@ -64,19 +65,19 @@ async def test_keep_alive_reuses_one_connection_and_sends_exact_request_bytes(po
 
 
 async def test_userinfo_never_reaches_the_host_header(pools: Any) -> None:
-    async with Upstream(_keep_serving) as srv:
+    async with Upstream(keep_serving) as srv:
         pool = pools(srv.url.replace("//", "//user:secret@"))
-        assert await _get(pool) == b"ok"
+        assert await pool_get(pool) == b"ok"
         assert srv.requests == [b"GET /v1/models HTTP/1.1\r\nHost: " + srv.host.encode()
                                 + b"\r\n\r\n"]
 
 
 async def test_pool_limit_makes_the_second_request_wait_for_the_first(pools: Any) -> None:
-    async with Upstream(_keep_serving) as srv:
+    async with Upstream(keep_serving) as srv:
         pool = pools(srv.url, limit=1)
         first = await pool.request("GET", "/a", None, head_timeout=1, body_timeout=1)
-        second = asyncio.create_task(_get(pool, "/b"))
-        await asyncio.sleep(0.05)
+        second = asyncio.create_task(pool_get(pool, "/b"))
+        await eventually(lambda: len(pool._waiters) == 1, "the second request queued")
         assert not second.done()
         assert len(srv.requests) == 1  # the second has not been sent
         assert await first.read() == b"ok"
@@ -87,21 +88,21 @@ async def test_pool_limit_makes_the_second_request_wait_for_the_first(pools: Any
 
 
 async def test_a_freed_slot_goes_to_the_oldest_waiter_not_a_newcomer(pools: Any) -> None:
-    async with Upstream(_keep_serving) as srv:
+    async with Upstream(keep_serving) as srv:
         pool = pools(srv.url, limit=1)
         first = await pool.request("GET", "/first", None, head_timeout=1, body_timeout=1)
-        waiting = asyncio.create_task(_get(pool, "/waiting"))
-        await asyncio.sleep(0.05)
+        waiting = asyncio.create_task(pool_get(pool, "/waiting"))
+        await eventually(lambda: len(pool._waiters) == 1, "the waiter queued")
         assert await first.read() == b"ok"
         first.release()  # the waiter is woken holding the slot...
         async with asyncio.timeout(1.0):  # in this task, before the waiter's turn comes
-            newcomer = await _get(pool, "/newcomer")  # ...so this one queues behind it
+            newcomer = await pool_get(pool, "/newcomer")  # ...so this one queues behind it
         assert newcomer == b"ok" and await waiting == b"ok"
         assert [r.split(b" ")[1] for r in srv.requests] == [b"/first", b"/waiting", b"/newcomer"]
 
 
 async def test_waiting_for_a_pool_slot_counts_against_the_head_timeout(pools: Any) -> None:
-    async with Upstream(_keep_serving) as srv:
+    async with Upstream(keep_serving) as srv:
         pool = pools(srv.url, limit=1)
         first = await pool.request("GET", "/a", None, head_timeout=1, body_timeout=1)
         loop = asyncio.get_running_loop()
@@ -112,7 +113,7 @@ async def test_waiting_for_a_pool_slot_counts_against_the_head_timeout(pools: An
         assert len(srv.requests) == 1  # the second was never sent
         assert await first.read() == b"ok"
         first.release()
-        assert await asyncio.wait_for(_get(pool, "/c"), 1.0) == b"ok"  # no slot leaked
+        assert await asyncio.wait_for(pool_get(pool, "/c"), 1.0) == b"ok"  # no slot leaked
 
 
 async def test_failed_request_gives_its_pool_slot_back(pools: Any) -> None:
@@ -123,14 +124,14 @@ async def test_failed_request_gives_its_pool_slot_back(pools: Any) -> None:
             writer.write(b"NOT HTTP\r\n\r\n")
             await srv.wait_client_close(reader)
         else:
-            writer.write(_reply())
+            writer.write(http_reply())
             await srv.stop.wait()
 
     async with Upstream(handler) as srv:
         pool = pools(srv.url, limit=1)
         with pytest.raises(BrokenResponse):
-            await _get(pool)
-        assert await asyncio.wait_for(_get(pool), 1.0) == b"ok"
+            await pool_get(pool)
+        assert await asyncio.wait_for(pool_get(pool), 1.0) == b"ok"
         assert srv.connections == 2
         assert srv.eofs == 1  # the broken connection was closed
 
@@ -142,7 +143,7 @@ async def test_connect_refused_is_connect_failed_and_frees_the_slot(pools: Any) 
     pool = pools(f"http://127.0.0.1:{port}", limit=1, connect_timeout=1.0)
     for _ in range(2):  # a leaked slot would make the second wait forever
         with pytest.raises(ConnectFailed) as caught:
-            await asyncio.wait_for(_get(pool), 1.0)
+            await asyncio.wait_for(pool_get(pool), 1.0)
         assert caught.value.cause == "refused"
     assert pool.open_connections == 0
 
@@ -167,7 +168,7 @@ async def test_no_reply_times_out_after_head_timeout(pools: Any) -> None:
 async def test_a_stalled_buffered_body_times_out_at_its_deadline_from_the_send(
     pools: Any,
 ) -> None:
-    async with Upstream(_partial_body(10, b"hello")) as srv:
+    async with Upstream(partial_body_handler(10, b"hello")) as srv:
         pool = pools(srv.url)
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -182,8 +183,8 @@ async def test_a_stalled_buffered_body_times_out_at_its_deadline_from_the_send(
 
 async def test_a_slow_steady_stream_is_not_a_timeout(pools: Any) -> None:
     """A stream's timeout bounds the gap between events, not the whole body."""
-    events = [_chunked(b"data: %d\n\n" % i)[:-5] for i in range(6)]  # without the last chunk
-    async with Upstream(_drip(_CHUNKED_HEAD, events, 0.1)) as srv:
+    events = [chunked_body(b"data: %d\n\n" % i)[:-5] for i in range(6)]  # without the last chunk
+    async with Upstream(drip_handler(CHUNKED_HEAD, events, 0.1)) as srv:
         pool = pools(srv.url)
         resp = await pool.request("GET", "/", None, head_timeout=0.5, body_timeout=0.5,
                                   stream=True)
@@ -197,7 +198,7 @@ async def test_a_slow_steady_stream_is_not_a_timeout(pools: Any) -> None:
 
 async def test_a_slow_steady_buffered_body_is_due_at_its_deadline(pools: Any) -> None:
     """A buffered reply dripping a byte at a time still ends at response_timeout."""
-    async with Upstream(_drip(_CHUNKED_HEAD, [b"1\r\nx\r\n"] * 200, 0.02)) as srv:
+    async with Upstream(drip_handler(CHUNKED_HEAD, [b"1\r\nx\r\n"] * 200, 0.02)) as srv:
         pool = pools(srv.url)
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -215,14 +216,14 @@ async def test_upstream_closing_a_reused_connection_before_replying_is_disconnec
     async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
         await srv.read_request(reader)
-        writer.write(_reply())
+        writer.write(http_reply())
         await srv.read_request(reader)  # the second request on this connection: dropped
 
     async with Upstream(handler) as srv:
         pool = pools(srv.url)
-        assert await _get(pool) == b"ok"
+        assert await pool_get(pool) == b"ok"
         with pytest.raises(Disconnected):
-            await _get(pool)
+            await pool_get(pool)
         assert srv.connections == 1
         assert pool.open_connections == 0
 
@@ -231,18 +232,18 @@ async def test_an_idle_connection_closed_by_the_upstream_is_not_reused(pools: An
     async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
         await srv.read_request(reader)
-        writer.write(_reply())  # then closes, though the reply allowed keep-alive
+        writer.write(http_reply())  # then closes, though the reply allowed keep-alive
 
     async with Upstream(handler) as srv:
         pool = pools(srv.url)
-        assert await _get(pool) == b"ok"
-        await _settle(lambda: pool.open_connections == 0)
-        assert await _get(pool) == b"ok"
+        assert await pool_get(pool) == b"ok"
+        await settle(lambda: pool.open_connections == 0)
+        assert await pool_get(pool) == b"ok"
         assert srv.connections == 2
 
 
 async def test_response_close_mid_body_closes_the_upstream_socket(pools: Any) -> None:
-    async with Upstream(_partial_body(1000, b"first")) as srv:
+    async with Upstream(partial_body_handler(1000, b"first")) as srv:
         pool = pools(srv.url)
         resp = await pool.request("GET", "/", None, head_timeout=1, body_timeout=1)
         assert await resp.readany() == b"first"
@@ -256,7 +257,7 @@ async def test_release_before_the_end_of_the_body_closes_instead_of_pooling(pool
     async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
         await srv.read_request(reader)
-        writer.write(_reply(b"0123456789") if index else
+        writer.write(http_reply(b"0123456789") if index else
                      b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n01234")
         await srv.wait_client_close(reader)
 
@@ -266,12 +267,12 @@ async def test_release_before_the_end_of_the_body_closes_instead_of_pooling(pool
         assert await resp.readany() == b"01234"
         resp.release()
         await asyncio.wait_for(srv.eof.wait(), 1.0)
-        assert await _get(pool) == b"0123456789"
+        assert await pool_get(pool) == b"0123456789"
         assert srv.connections == 2
 
 
 async def test_read_with_a_limit_stops_there() -> None:
-    async with Upstream(_keep_serving) as srv:
+    async with Upstream(keep_serving) as srv:
         pool = Pool(srv.url)
         try:
             resp = await pool.request("GET", "/", None, head_timeout=1, body_timeout=1)
@@ -284,22 +285,22 @@ async def test_read_with_a_limit_stops_there() -> None:
 
 
 async def test_pool_close_closes_every_connection_and_fails_waiters(pools: Any) -> None:
-    async with Upstream(_keep_serving) as srv:
+    async with Upstream(keep_serving) as srv:
         pool = pools(srv.url, limit=2)
-        assert await _get(pool) == b"ok"  # back in the pool, idle
+        assert await pool_get(pool) == b"ok"  # back in the pool, idle
         busy1 = await pool.request("GET", "/", None, head_timeout=1, body_timeout=1)
         busy2 = await pool.request("GET", "/", None, head_timeout=1, body_timeout=1)
-        waiter = asyncio.create_task(_get(pool))
-        await asyncio.sleep(0.02)
+        waiter = asyncio.create_task(pool_get(pool))
+        await eventually(lambda: len(pool._waiters) == 1, "the third request queued")
         assert not waiter.done()
         assert pool.open_connections == 2 and srv.connections == 2
         await pool.close()
         assert pool.open_connections == 0
-        await _settle(lambda: srv.eofs == 2)
+        await settle(lambda: srv.eofs == 2)
         with pytest.raises(Disconnected):
             await asyncio.wait_for(waiter, 1.0)
         with pytest.raises(Disconnected):
-            await _get(pool)
+            await pool_get(pool)
         busy1.release()
         busy2.close()
         assert pool.open_connections == 0
@@ -311,13 +312,13 @@ async def test_idle_connection_older_than_keepalive_is_not_reused(
     pools: Any, monkeypatch: pytest.MonkeyPatch, idle: float, connections: int
 ) -> None:
     monkeypatch.setattr(pool_module, "KEEPALIVE", 0.05)
-    async with Upstream(_keep_serving) as srv:
+    async with Upstream(keep_serving) as srv:
         pool = pools(srv.url)
-        assert await _get(pool) == b"ok"
+        assert await pool_get(pool) == b"ok"
         await asyncio.sleep(idle)
-        assert await _get(pool) == b"ok"
+        assert await pool_get(pool) == b"ok"
         assert srv.connections == connections
-        await _settle(lambda: srv.eofs == connections - 1)  # the stale one was closed
+        await settle(lambda: srv.eofs == connections - 1)  # the stale one was closed
         assert pool.open_connections == 1
 
 
@@ -326,17 +327,17 @@ async def test_a_quiet_pool_closes_its_idle_connections(
 ) -> None:
     """No request comes after: the sweep timer still closes the idle sockets."""
     monkeypatch.setattr(pool_module, "KEEPALIVE", 0.05)
-    async with Upstream(_keep_serving) as srv:
+    async with Upstream(keep_serving) as srv:
         pool = pools(srv.url)
-        assert await _get(pool) == b"ok"
+        assert await pool_get(pool) == b"ok"
         assert pool.open_connections == 1
-        await _settle(lambda: srv.eofs == 1)
+        await settle(lambda: srv.eofs == 1)
         assert pool.open_connections == 0
 
 
 async def test_close_after_the_whole_body_still_drops_the_connection(pools: Any) -> None:
     """close() is the error path (an error status read, then dropped): never pooled."""
-    async with Upstream(_keep_serving) as srv:
+    async with Upstream(keep_serving) as srv:
         pool = pools(srv.url)
         resp = await pool.request("GET", "/", None, head_timeout=1, body_timeout=1)
         assert await resp.read() == b"ok"
@@ -344,7 +345,7 @@ async def test_close_after_the_whole_body_still_drops_the_connection(pools: Any)
         resp.close()
         await asyncio.wait_for(srv.eof.wait(), 1.0)
         assert pool.open_connections == 0
-        assert await _get(pool) == b"ok"
+        assert await pool_get(pool) == b"ok"
         assert srv.connections == 2
 
 
@@ -403,10 +404,10 @@ async def test_https_upstream_is_verified_and_kept_alive(
     pools: Any, tls_cert: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SSL_CERT_FILE", str(tls_cert[0]))  # trusted as a CA would be
-    async with Upstream(_keep_serving, tls=_server_tls(*tls_cert)) as srv:
+    async with Upstream(keep_serving, tls=_server_tls(*tls_cert)) as srv:
         pool = pools(srv.url)
-        assert await _get(pool) == b"ok"
-        assert await _get(pool, "/v1/chat/completions", b"{}", method="POST") == b"ok"
+        assert await pool_get(pool) == b"ok"
+        assert await pool_get(pool, "/v1/chat/completions", b"{}", method="POST") == b"ok"
         assert srv.connections == 1
         assert srv.requests[1].startswith(b"POST /v1/chat/completions HTTP/1.1\r\nHost: ")
 
@@ -415,7 +416,7 @@ async def test_https_upstream_with_an_untrusted_certificate_is_unavailable(
     tls_cert: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
-    async with Upstream(_keep_serving, tls=_server_tls(*tls_cert)) as srv:
+    async with Upstream(keep_serving, tls=_server_tls(*tls_cert)) as srv:
         client = UpstreamClient(UpstreamConfig(name="tls", base_url=srv.url + "/v1"))
         await client.start()
         try:
@@ -442,15 +443,15 @@ class Anomalies:
 async def test_a_stray_reply_on_an_idle_connection_closes_every_idle_connection(
     pools: Any,
 ) -> None:
-    async with Upstream(_echoing()) as srv:
+    async with Upstream(echo_handler()) as srv:
         seen = Anomalies()
         pool = pools(srv.url, on_protocol_error=seen)
-        first, second = await asyncio.gather(_get(pool, "/a"), _get(pool, "/double"))
+        first, second = await asyncio.gather(pool_get(pool, "/a"), pool_get(pool, "/double"))
         assert (first, second) == (b"/a", b"/double")
         assert pool.idle_connections == 2
-        await _settle(lambda: pool.open_connections == 0)  # the stray came to an idle one
+        await settle(lambda: pool.open_connections == 0)  # the stray came to an idle one
         assert seen.seen == [("extra_bytes", "idle", None, None)]
-        assert await _get(pool, "/next") == b"/next"  # on a fresh connection
+        assert await pool_get(pool, "/next") == b"/next"  # on a fresh connection
         assert srv.connections == 3
 
 
@@ -459,7 +460,7 @@ async def test_a_stray_reply_after_the_next_request_is_refused_by_its_request_id
 ) -> None:
     """The connection was reused before the stray copy arrived: without the echoed id it
     would read as the next request's reply. The next request fails instead."""
-    async with Upstream(_echoing(stray_after=0.1)) as srv:
+    async with Upstream(echo_handler(stray_after=0.1)) as srv:
         seen = Anomalies()
         pool = pools(srv.url, on_protocol_error=seen)
         resp = await pool.request("GET", "/double", None, head_timeout=1, body_timeout=1,
@@ -488,15 +489,15 @@ async def test_a_body_past_its_content_length_never_reaches_the_next_request(
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstray")
         while True:
             await srv.read_request(reader)
-            writer.write(_reply(b"mine"))
+            writer.write(http_reply(b"mine"))
 
     async with Upstream(handler) as srv:
         pool = pools(srv.url, on_protocol_error=Anomalies())
         try:
-            first = await _get(pool)
+            first = await pool_get(pool)
         except ProtocolError:
             first = b"refused"
         await asyncio.sleep(gap + 0.05)
         assert first in (b"ok", b"refused")
-        assert await _get(pool) == b"mine"  # a fresh connection, never the stray bytes
+        assert await pool_get(pool) == b"mine"  # a fresh connection, never the stray bytes
         assert srv.connections == 2

@@ -19,7 +19,7 @@ from gateway.upstream import UpstreamClient
 from gateway.upstream import reuse as reuse_module
 from gateway.upstream.exceptions import ProtocolError
 from gateway.upstream.reuse import MAX_PROOF, PROOF, TRANSITIONS, Event, Reuse, ReuseState
-from tests.upstream_wire import Upstream, _echoing, _reply, _settle, _upstream_config
+from tests.upstream_wire import Upstream, echo_handler, http_reply, settle, upstream_config
 
 E, N, A = Event.ECHO, Event.NO_ECHO, Event.ANOMALY
 
@@ -84,12 +84,12 @@ def _silent() -> Any:
                 request = await srv.read_request(reader)
             except asyncio.IncompleteReadError:
                 return
-            writer.write(_reply(request.split(b" ")[1]))
+            writer.write(http_reply(request.split(b" ")[1]))
 
     return handler
 
 
-async def _get(pool: Any, path: str, rid: str) -> bytes:
+async def pool_get(pool: Any, path: str, rid: str) -> bytes:
     resp = await pool.request("GET", path, None, head_timeout=1, body_timeout=1,
                               request_id=rid.encode())
     body: bytes = await resp.read()
@@ -106,19 +106,19 @@ async def test_an_upstream_that_never_echoes_gets_a_connection_per_request(pools
         switched: list[bool] = []
         pool = pools(srv.url, keepalive="auto", on_keepalive=switched.append)
         for i in range(3 * PROOF):
-            assert await _get(pool, f"/{i}", f"req_{i}") == f"/{i}".encode()
+            assert await pool_get(pool, f"/{i}", f"req_{i}") == f"/{i}".encode()
         assert srv.connections == 3 * PROOF
         assert all(_closes(srv))
         assert switched == [] and not pool.reuse.keepalive
-        await _settle(lambda: pool.open_connections == 0)
+        await settle(lambda: pool.open_connections == 0)
 
 
 async def test_an_echoing_upstream_earns_keepalive_after_proof_replies(pools: Any) -> None:
-    async with Upstream(_echoing()) as srv:
+    async with Upstream(echo_handler()) as srv:
         switched: list[bool] = []
         pool = pools(srv.url, keepalive="auto", on_keepalive=switched.append)
         for i in range(PROOF + 5):
-            assert await _get(pool, f"/{i}", f"req_{i}") == f"/{i}".encode()
+            assert await pool_get(pool, f"/{i}", f"req_{i}") == f"/{i}".encode()
         # PROOF fresh connections (Connection: close), then one kept for the rest
         assert srv.connections == PROOF + 1
         assert _closes(srv) == [True] * PROOF + [False] * 5
@@ -128,7 +128,7 @@ async def test_an_echoing_upstream_earns_keepalive_after_proof_replies(pools: An
 
 async def _trusted(pool: Any) -> None:
     for i in range(PROOF):
-        await _get(pool, "/warm", f"warm_{i}")
+        await pool_get(pool, "/warm", f"warm_{i}")
     assert pool.reuse.keepalive
 
 
@@ -143,7 +143,7 @@ def _echoing_while(echo: list[bool]) -> Any:
                 return
             rid = re.search(rb"(?im)^x-request-id: *(\S+)\r$", request)
             extra = (b"X-Request-Id: " + rid[1],) if rid and echo[0] else ()
-            writer.write(_reply(request.split(b" ")[1], *extra))
+            writer.write(http_reply(request.split(b" ")[1], *extra))
 
     return handler
 
@@ -159,15 +159,15 @@ async def test_a_reply_without_the_echo_on_a_trusted_connection_is_refused(
         pool = pools(srv.url, keepalive="auto", on_keepalive=switched.append,
                      on_protocol_error=lambda *a: seen.append(a))
         await _trusted(pool)
-        await _get(pool, "/kept", "req_kept")
+        await pool_get(pool, "/kept", "req_kept")
         echo[0] = False
         with pytest.raises(ProtocolError, match="request_id_missing"):
-            await _get(pool, "/stray", "req_stray")
+            await pool_get(pool, "/stray", "req_stray")
         assert seen == [("request_id_missing", "head", None, "req_stray")]
         assert switched == [True, False] and not pool.reuse.keepalive
         assert pool.open_connections == 0
         before = srv.connections
-        assert await _get(pool, "/next", "req_next") == b"/next"  # a fresh one, to close
+        assert await pool_get(pool, "/next", "req_next") == b"/next"  # a fresh one, to close
         assert srv.connections == before + 1 and _closes(srv)[-1]
 
 
@@ -184,10 +184,10 @@ async def test_a_reply_without_the_echo_on_a_new_trusted_connection_is_taken(
                      on_protocol_error=lambda *a: seen.append(a))
         await _trusted(pool)
         pool._close_idle()  # the kept connection gone: the next request opens a new one
-        await _settle(lambda: pool.open_connections == 0)
+        await settle(lambda: pool.open_connections == 0)
         echo[0] = False
         before = srv.connections
-        assert await _get(pool, "/fresh", "req_fresh") == b"/fresh"
+        assert await pool_get(pool, "/fresh", "req_fresh") == b"/fresh"
         assert srv.connections == before + 1
         assert seen == []
         assert switched == [True, False] and not pool.reuse.keepalive
@@ -195,12 +195,12 @@ async def test_a_reply_without_the_echo_on_a_new_trusted_connection_is_taken(
 
 async def test_a_stray_reply_on_a_trusted_idle_connection_turns_keepalive_off(
         pools: Any) -> None:
-    async with Upstream(_echoing(stray_after=0.02)) as srv:
+    async with Upstream(echo_handler(stray_after=0.02)) as srv:
         switched: list[bool] = []
         pool = pools(srv.url, keepalive="auto", on_keepalive=switched.append)
         await _trusted(pool)
-        assert await _get(pool, "/double", "req_double") == b"/double"
-        await _settle(lambda: switched == [True, False])
+        assert await pool_get(pool, "/double", "req_double") == b"/double"
+        await settle(lambda: switched == [True, False])
         assert pool.open_connections == 0 and pool.reuse.proof == 2 * PROOF
 
 
@@ -212,16 +212,16 @@ async def test_a_stray_reply_not_yet_read_is_found_before_reuse(pools: Any) -> N
     async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
         writers.append(writer)
-        await _echoing()(srv, index, reader, writer)
+        await echo_handler()(srv, index, reader, writer)
 
     async with Upstream(handler) as srv:
         seen: list[tuple[str, str, str | None, str | None]] = []
         pool = pools(srv.url, on_protocol_error=lambda *a: seen.append(a))  # always
-        assert await _get(pool, "/a", "req_a") == b"/a"
+        assert await pool_get(pool, "/a", "req_a") == b"/a"
         assert pool.idle_connections == 1
-        writers[0].write(_reply(b"/stray", b"X-Request-Id: req_a"))  # sent now, not yet read
+        writers[0].write(http_reply(b"/stray", b"X-Request-Id: req_a"))  # sent now, not yet read
         await asyncio.get_running_loop().run_in_executor(None, lambda: None)  # no read between
-        assert await _get(pool, "/b", "req_b") == b"/b"
+        assert await pool_get(pool, "/b", "req_b") == b"/b"
         assert seen == [("extra_bytes", "idle", None, None)]
         assert srv.connections == 2
 
@@ -232,8 +232,8 @@ async def test_a_misrouted_reply_is_sent_again_on_a_fresh_connection(
     id tells, the client never sees it, and the request gets its own reply from a fresh
     connection."""
     monkeypatch.setattr(reuse_module, "PROOF", 2)
-    async with Upstream(_echoing(stray_after=0.1)) as srv:
-        client = UpstreamClient(replace(_upstream_config(srv), keepalive="auto"))
+    async with Upstream(echo_handler(stray_after=0.1)) as srv:
+        client = UpstreamClient(replace(upstream_config(srv), keepalive="auto"))
         await client.start()
         try:
             async def get(path: str, rid: str) -> bytes:

@@ -17,93 +17,24 @@ normaliser. A bug fix adds a case directory. To add a recording, drop in
 from __future__ import annotations
 
 import os
-import pathlib
-import re
 from typing import Any
 
 import pytest
 
 from gateway import errors
 from gateway.local.normalise import ContentNormaliser
-from gateway.messages.from_chat import signatures, tables
+from gateway.messages.from_chat import signatures
 from gateway.messages.stream.translator import IllegalTransition, State, StreamTranslator
 from gateway.text import jsonutil
-from gateway.text.sse import SSEDecoder
 from tests.anthropic_stream_check import check_stream
-
-GOLDEN = pathlib.Path(__file__).resolve().parent.parent / "golden" / "streams"
-CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "upstream.sse").exists())
-
-
-NORMALISER_KEYS = ("tool_names", "inline_thinking", "text_tool_calls")
-
-
-def normaliser(meta: dict[str, Any]) -> ContentNormaliser | None:
-    """The ContentNormaliser a case's meta asks for (as ``Call.normaliser`` builds it)."""
-    if not any(key in meta for key in NORMALISER_KEYS):
-        return None
-    return ContentNormaliser(thinking=meta.get("inline_thinking", "auto"),
-                             tool_names=meta.get("tool_names", ()),
-                             text_calls=meta.get("text_tool_calls", True))
-
-
-def _translator(meta: dict[str, Any]) -> StreamTranslator:
-    return StreamTranslator(
-        model=meta["model"],
-        message_id=meta.get("message_id", "msg_golden01"),
-        signing_key=meta.get("signing_key", "golden-key").encode(),
-        stop_sequences=meta.get("stop_sequences", ()),
-        match_stops=meta.get("match_stops", False),
-        input_tokens=meta.get("input_tokens", 0),
-        hosts=meta.get("hosts", ()),
-        hide_thinking=meta.get("hide_thinking", False),
-        show_thinking=tables.shows_thinking({"thinking": meta.get("thinking")}),
-        normaliser=normaliser(meta),
-    )
-
-
-def run_case(
-    upstream: bytes, meta: dict[str, Any], step: int = 0, reads: list[bytes] | None = None
-) -> tuple[bytes, StreamTranslator]:
-    """Drive decoder + translator as the handler does; ``step`` > 0 splits the body, or
-    ``reads`` gives the reads it arrives in."""
-    translator = _translator(meta)
-    decoder = SSEDecoder()
-    out: list[bytes] = []
-    if reads is None:
-        reads = ([upstream[i : i + step] for i in range(0, len(upstream), step)] if step
-                 else [upstream])
-    for read in [*reads, None]:
-        payloads = decoder.feed(read) if read is not None else decoder.flush()
-        for payload in payloads:
-            out.append(translator.feed(payload))
-            if translator.done:
-                break
-        if translator.done:
-            break
-    if not translator.done:
-        fail = meta.get("fail")
-        if fail:
-            err = getattr(errors, fail["error"])()
-            out.append(translator.fail(err, reason=fail["reason"]))
-        else:
-            out.append(translator.eof())
-    return b"".join(out), translator
-
-
-# A tool_use block's id is the upstream's call id; a call the model wrote as text has none,
-# so the gateway makes a random one: goldens hold it as this placeholder.
-_GENERATED_ID = re.compile(rb'"id":"toolu_[0-9A-Za-z]{24}"')
-GENERATED_ID = b'"id":"toolu_generatedbythegateway000"'
-
-
-def mask_generated_ids(raw: bytes) -> bytes:
-    return _GENERATED_ID.sub(GENERATED_ID, raw)
-
-
-def _load(case: str) -> tuple[bytes, dict[str, Any]]:
-    d = GOLDEN / case
-    return (d / "upstream.sse").read_bytes(), jsonutil.loads((d / "meta.json").read_bytes())
+from tests.golden_streams import (
+    CASES,
+    GOLDEN,
+    LOCAL_CASES,
+    load_case,
+    mask_generated_ids,
+    run_case,
+)
 
 
 def test_enough_golden_cases() -> None:
@@ -112,7 +43,7 @@ def test_enough_golden_cases() -> None:
 
 @pytest.mark.parametrize("case", CASES)
 def test_golden(case: str) -> None:
-    upstream, meta = _load(case)
+    upstream, meta = load_case(case)
     got, translator = run_case(upstream, meta)
     expected_path = GOLDEN / case / "expected.sse"
     if os.environ.get("GOLDEN_WRITE") == "1" and not expected_path.exists():
@@ -131,12 +62,10 @@ def test_golden(case: str) -> None:
 @pytest.mark.parametrize("case", CASES)
 def test_golden_split_reads(case: str, step: int) -> None:
     """The output does not depend on how the upstream body was cut into reads."""
-    upstream, meta = _load(case)
+    upstream, meta = load_case(case)
     got, _ = run_case(upstream, meta, step)
     assert mask_generated_ids(got) == (GOLDEN / case / "expected.sse").read_bytes()
 
-
-LOCAL_CASES = [case for case in CASES if case.startswith("local_")]
 
 
 def test_local_engine_cases_are_there() -> None:
@@ -148,7 +77,7 @@ def test_local_golden_cut_at_every_offset(case: str) -> None:
     """What local engines leave in content is normalised the same wherever the body is cut:
     every cut of the body into two reads gives the golden bytes (a tag, a call or an
     argument piece split between reads included)."""
-    upstream, meta = _load(case)
+    upstream, meta = load_case(case)
     expected = (GOLDEN / case / "expected.sse").read_bytes()
     for cut in range(1, len(upstream)):
         got, _ = run_case(upstream, meta, reads=[upstream[:cut], upstream[cut:]])

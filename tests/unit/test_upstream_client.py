@@ -21,19 +21,19 @@ from gateway.text.redact import secrets_of
 from gateway.upstream import UpstreamClient
 from gateway.upstream import failures as failures_module
 from tests.upstream_wire import (
-    _CHUNKED_HEAD,
-    _RID,
     ANOMALIES,
+    CHUNKED_HEAD,
+    RID,
     Handler,
     Row,
     Upstream,
-    _chunked,
-    _drip,
-    _echoing,
-    _params,
-    _reply,
-    _settle,
-    _upstream_config,
+    chunked_body,
+    drip_handler,
+    echo_handler,
+    http_reply,
+    settle,
+    table_params,
+    upstream_config,
 )
 
 # --- the client: deadlines, caps, classification, logs -------------------------------------------
@@ -43,7 +43,7 @@ def _client(srv: Upstream, **cfg: Any) -> UpstreamClient:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     metrics.add_upstream("u")
-    client = UpstreamClient(replace(_upstream_config(srv), **cfg),
+    client = UpstreamClient(replace(upstream_config(srv), **cfg),
                             protocol_errors=metrics.upstream_protocol_errors)
     client.registry = registry  # type: ignore[attr-defined]
     return client
@@ -58,14 +58,14 @@ async def test_upstream_client_retries_a_disconnect_once_and_succeeds() -> None:
     async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
         await srv.read_request(reader)
-        writer.write(_reply(b'{"n":%d}' % len(srv.requests)))
+        writer.write(http_reply(b'{"n":%d}' % len(srv.requests)))
         if index == 0:
             await srv.read_request(reader)  # dropped unanswered
         else:
             await srv.wait_client_close(reader)
 
     async with Upstream(handler) as srv:
-        client = UpstreamClient(_upstream_config(srv))
+        client = UpstreamClient(upstream_config(srv))
         await client.start()
         try:
             bodies = []
@@ -87,7 +87,7 @@ async def test_upstream_client_retries_only_once() -> None:
         await srv.read_request(reader)  # every request dropped unanswered
 
     async with Upstream(handler) as srv:
-        client = UpstreamClient(_upstream_config(srv))
+        client = UpstreamClient(upstream_config(srv))
         await client.start()
         try:
             with pytest.raises(errors.UpstreamUnavailable):
@@ -101,7 +101,7 @@ async def test_the_attempts_own_id_goes_upstream_and_a_mismatch_is_a_500() -> No
     async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
         await srv.read_request(reader)
-        writer.write(_reply(b"{}", b"X-Request-Id: req_someone_else"))
+        writer.write(http_reply(b"{}", b"X-Request-Id: req_someone_else"))
         await srv.wait_client_close(reader)
 
     async with Upstream(handler) as srv:
@@ -138,8 +138,8 @@ def _sent_ids(srv: Upstream) -> list[bytes]:
 
 
 def _503_first() -> Handler:
-    """The first request of all answered 503, every other as _echoing does."""
-    echoing = _echoing()
+    """The first request of all answered 503, every other as echo_handler does."""
+    echoing = echo_handler()
 
     async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
@@ -159,7 +159,7 @@ def _drops_the_second() -> Handler:
     async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
         await srv.read_request(reader)
-        writer.write(_reply(srv.requests[-1].split(b" ")[1]))
+        writer.write(http_reply(srv.requests[-1].split(b" ")[1]))
         try:
             await srv.read_request(reader)
         except asyncio.IncompleteReadError:
@@ -178,10 +178,10 @@ class IdRow:
 
 
 ID_ROWS = [
-    IdRow("one client id on two requests", _echoing, ("/a", "/b"), 2),
+    IdRow("one client id on two requests", echo_handler, ("/a", "/b"), 2),
     # the copy of /double arrives while /b waits on the reused connection: with one id for
     # both, the copy would pass for /b's reply; it is refused and /b sent again, fresh
-    IdRow("a stray copy read by the next request", _echoing, ("/double", "/b"), 3),
+    IdRow("a stray copy read by the next request", echo_handler, ("/double", "/b"), 3),
     IdRow("a 503, then the next replica", _503_first, ("/a",), 2, replicas=2),
     IdRow("a reused connection dropped, sent again on it", _drops_the_second, ("/a", "/b"), 3),
 ]
@@ -210,7 +210,7 @@ async def test_every_attempt_goes_upstream_with_an_id_of_its_own(row: IdRow) -> 
 
 
 async def test_keepalive_false_sends_connection_close_and_never_reuses() -> None:
-    async with Upstream(_echoing()) as srv:
+    async with Upstream(echo_handler()) as srv:
         client = _client(srv, keepalive=False)
         await client.start()
         try:
@@ -218,7 +218,7 @@ async def test_keepalive_false_sends_connection_close_and_never_reuses() -> None
                 resp = await client.request("/chat/completions", b"{}", stream=False)
                 async with resp:
                     assert await resp.read() == b"/v1/chat/completions"
-            await _settle(lambda: client.open_connections == 0)
+            await settle(lambda: client.open_connections == 0)
         finally:
             await client.close()
         assert srv.connections == 3
@@ -235,9 +235,10 @@ async def test_a_buffered_reply_over_max_response_bytes_is_a_500_and_closes(
                       writer: asyncio.StreamWriter) -> None:
         await srv.read_request(reader)
         if framing == "chunked":
-            writer.write(_CHUNKED_HEAD + _chunked(*[body[i:i + 100] for i in range(0, 5000, 100)]))
+            pieces = [body[i:i + 100] for i in range(0, 5000, 100)]
+            writer.write(CHUNKED_HEAD + chunked_body(*pieces))
         else:
-            writer.write(_reply(body))
+            writer.write(http_reply(body))
         await srv.wait_client_close(reader)
 
     async with Upstream(handler) as srv:
@@ -335,8 +336,8 @@ async def test_a_body_cut_by_its_replica_ejects_it(read: str, how: str) -> None:
 
 
 async def test_a_stream_without_events_ends_at_idle_timeout_with_504() -> None:
-    blank = _chunked(b"\n")[:-5]
-    async with Upstream(_drip(_CHUNKED_HEAD, [blank] * 50, 0.02)) as srv:
+    blank = chunked_body(b"\n")[:-5]
+    async with Upstream(drip_handler(CHUNKED_HEAD, [blank] * 50, 0.02)) as srv:
         client = _client(srv, idle_timeout=0.2)
         await client.start()
         try:
@@ -407,7 +408,7 @@ def test_protocol_error_series_start_at_zero_for_each_upstream() -> None:
                                          {"upstream": "a", "kind": kind}) == 0
 
 
-@_params(ANOMALIES)
+@table_params(ANOMALIES)
 async def test_each_anomaly_through_the_client_is_a_500_counted_and_clears_the_pool(
     row: Row,
 ) -> None:
@@ -425,14 +426,14 @@ async def test_each_anomaly_through_the_client_is_a_500_counted_and_clears_the_p
                     writer.write_eof()
                 await srv.stop.wait()
                 return
-            writer.write(_reply(path))
+            writer.write(http_reply(path))
 
     async with Upstream(handler) as srv:
         client = _client(srv)
         await client.start()
         try:
             async def get(path: str) -> bytes:
-                resp = await client.request(path, b"{}", stream=False, request_id=_RID.decode())
+                resp = await client.request(path, b"{}", stream=False, request_id=RID.decode())
                 async with resp:
                     return await resp.read()
 
@@ -446,7 +447,7 @@ async def test_each_anomaly_through_the_client_is_a_500_counted_and_clears_the_p
             # client: the request went out once more, on a fresh connection (refused again)
             sent = 2 if row.expected[1] == "request_id_mismatch" else 1
             assert _protocol_errors(client, row.expected[1]) == sent
-            await _settle(lambda: client.open_connections == 0)
+            await settle(lambda: client.open_connections == 0)
             assert await get("/next") == b"/v1/next"
             assert srv.connections == 2 + sent
         finally:

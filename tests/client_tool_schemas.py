@@ -1,7 +1,7 @@
 """The documented schemas of Anthropic's client tools (bash, text editor, memory, computer),
 exactly as the gateway must send each upstream as a function tool's parameters.
 
-Shared by tests/unit/test_client_tools.py (every type) and tests/e2e/test_builtin_tools.py.
+Shared by tests/unit/messages/test_client_tools.py (every type) and tests/e2e/test_builtin_tools.py.
 """
 
 from __future__ import annotations

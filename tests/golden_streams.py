@@ -1,8 +1,8 @@
 """The golden streams of ``tests/golden/streams`` and the driver that plays one through
-the SSE decoder and the stream translator as the handler does (tests/unit/test_stream.py
+the SSE decoder and the stream translator as the handler does (tests/unit/messages/test_stream.py
 says what a case directory holds).
 
-Shared by tests/unit/test_stream.py and tests/unit/test_local_buffered.py.
+Shared by tests/unit/messages/test_stream.py and tests/unit/local/test_local_buffered.py.
 """
 
 from __future__ import annotations

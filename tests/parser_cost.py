@@ -1,5 +1,5 @@
 """Replies a looping or hostile model writes, and what parsing them costs, for
-tests/unit/test_parser_cost.py: ``python -m tests.parser_cost NAME`` prints the CPU seconds
+tests/integration/test_parser_cost.py: ``python -m tests.parser_cost NAME`` prints the CPU seconds
 one case costs at :data:`SIZE` and at 4 x SIZE characters, fed whole and one character a
 delta (best of 3 each; a whole reply is parsed as many times as it takes to cost 20 ms at
 SIZE, the same number of times at 4 x SIZE). Run alone in a process: nothing else imported,

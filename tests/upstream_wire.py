@@ -459,7 +459,7 @@ CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 
 def upstream_config(srv: Upstream) -> UpstreamConfig:
-    # keep-alive from the first request ("auto" is tests/unit/test_reuse.py's subject)
+    # keep-alive from the first request ("auto" is tests/unit/upstream/test_reuse.py's subject)
     return UpstreamConfig(name="u", base_url=srv.url + "/v1", connect_timeout=1.0,
                           header_timeout=1.0, idle_timeout=1.0, keepalive="always")
 

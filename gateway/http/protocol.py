@@ -2,7 +2,7 @@
 
 aiohttp parses each request (llhttp) in ``web.RequestHandler``; :class:`GatewayProtocol`
 adds what must happen before any middleware or handler runs. Protocol facts relied on
-(aiohttp 3.14.0 to 3.14.5, :mod:`gateway.http.compat`; ``tests/unit/test_protocol.py``
+(aiohttp 3.14.0 to 3.14.5, :mod:`gateway.http.compat`; ``tests/unit/http/test_protocol.py``
 fails loudly when they change):
 
 * A request the parser refuses (a line or header over 8,190 bytes, more than 128 headers,

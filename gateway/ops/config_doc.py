@@ -5,7 +5,7 @@
 One section per table, one row per key (type, default, allowed values or bounds, its
 description); the keys marked ``advanced`` (internals exposed as knobs) in a part of their own;
 then the key names that mean different things in different tables, side by side.
-tests/unit/test_config_doc.py holds the committed page equal to :func:`render`'s output.
+tests/unit/ops/test_config_doc.py holds the committed page equal to :func:`render`'s output.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Wordings, checked against the servers (llama.cpp: ``tools/server/server-common.c
 xllamacpp build the tests run; vLLM: ``vllm/multimodal/parse.py``'s limit check; Ollama:
 ``model/model.go``'s ``ErrNoVisionModel``). The "Upstream errors" table of
 docs/local-engines.md lists them;
-``tests/unit/test_capabilities.py`` checks that table against :data:`REFUSALS`.
+``tests/unit/local/test_capabilities.py`` checks that table against :data:`REFUSALS`.
 
 A refusal is the engine's whole message, never a wording found somewhere in it: engines quote
 the client's input in their errors (llama.cpp answers a JSON schema ``{"type": "<text>"}`` with

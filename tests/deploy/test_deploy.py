@@ -3,7 +3,7 @@
 - The example config is accepted by the real loader, as it is and with its commented knob lines
   switched on, and shows every knob of gateway/ops/config_schema.py's schema (derived from its
   dataclasses) with its default (docs/configuration.md is generated from the same schema and
-  tested current in tests/unit/test_config_doc.py).
+  tested current in tests/unit/ops/test_config_doc.py).
 - The systemd unit passes ``systemd-analyze verify`` and ``systemd-analyze security
   --offline=yes`` holds its exposure score at or below ``SYSTEMD_EXPOSURE_MAX``.
 - The Dockerfile passes hadolint and has the lines that matter (multi-stage on a base pinned by
@@ -611,7 +611,7 @@ def test_dockerignore_sends_what_the_build_copies_and_nothing_else() -> None:
         probe = f"{src.rstrip('/')}/config.py" if (REPO / src).is_dir() else src
         assert not _ignored(probe, patterns), f"{probe} is copied but ignored"
     for path in (
-        "tests/unit/test_config.py",
+        "tests/unit/ops/test_config.py",
         ".git/HEAD",
         "tests/clients/node_modules/x.js",
         "gateway/__pycache__",

@@ -17,7 +17,7 @@ async def pools() -> Any:
 
     def make(url: str, **kwargs: Any) -> Pool:
         # the pool's mechanics (reuse, limits, sweeps) with keep-alive on from the start;
-        # "auto" (the config's default) is tests/unit/test_reuse.py's subject
+        # "auto" (the config's default) is tests/unit/upstream/test_reuse.py's subject
         kwargs.setdefault("keepalive", "always")
         pool = Pool(url, **kwargs)
         made.append(pool)

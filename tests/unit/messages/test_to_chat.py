@@ -23,7 +23,7 @@ from gateway.messages.to_chat.translate import to_chat
 from gateway.ops.config import ModelRoute, UpstreamConfig
 from gateway.text import jsonutil
 
-GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "requests"
+GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "requests"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "anthropic.json").is_file())
 # No thinking asked for: a vLLM/SGLang/llama.cpp template is asked not to think.
 THINKING_OFF = {"thinking": False, "enable_thinking": False}
@@ -92,7 +92,7 @@ def test_on_drop_is_optional() -> None:
 
 def test_each_dropped_field_is_reported_once() -> None:
     """Top-level names come once each; tools are never reported: a client tool is
-    translated (tests/unit/test_client_tools.py) and a server tool refused before this."""
+    translated (tests/unit/messages/test_client_tools.py) and a server tool refused before this."""
     tools = [
         {"type": "bash_20250124", "name": "bash", "cache_control": {"type": "ephemeral"}},
         {"type": "memory_20250818", "name": "memory"},

@@ -24,7 +24,7 @@ from gateway.messages.from_chat.message import from_chat
 from gateway.messages.stream.translator import StreamTranslator
 from gateway.text import jsonutil
 
-CASES = Path(__file__).resolve().parent.parent / "golden" / "responses"
+CASES = Path(__file__).resolve().parents[2] / "golden" / "responses"
 KEY = b"test-key"
 MESSAGE_ID = "msg_01GoldenResponse0000000A"
 

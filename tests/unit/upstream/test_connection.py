@@ -59,7 +59,7 @@ from tests.upstream_wire import (
 
 def test_every_anomaly_kind_is_a_metric_label() -> None:
     kinds = {row.expected[1] for row in ANOMALIES}
-    # request_id_missing needs a pool that requires the echo: tests/unit/test_reuse.py
+    # request_id_missing needs a pool that requires the echo: tests/unit/upstream/test_reuse.py
     assert kinds | {"head_too_large", "request_id_missing"} == set(PROTOCOL_ERRORS)
 
 

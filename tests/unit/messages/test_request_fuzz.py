@@ -192,7 +192,7 @@ bodies = st.fixed_dictionaries(
 )
 
 
-GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "requests"
+GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "requests"
 GOLDEN_BODIES = [json.loads(p.read_text("utf-8")) for p in sorted(GOLDEN.glob("*/anthropic.json"))]
 
 

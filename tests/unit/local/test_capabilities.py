@@ -25,7 +25,7 @@ from gateway.ops.config import ConfigError, ModelRoute, UpstreamConfig, parse
 from gateway.text import jsonutil
 from gateway.text.refusals import REFUSALS
 
-README = Path(__file__).resolve().parents[2] / "docs" / "local-engines.md"
+README = Path(__file__).resolve().parents[3] / "docs" / "local-engines.md"
 LLAMA_IMAGE = ("image input is not supported - hint: if this is unexpected, you may need to "
                "provide the mmproj")
 PNG = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJ"

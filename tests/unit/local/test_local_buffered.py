@@ -150,7 +150,7 @@ def test_whole_content_is_feed_then_flush(text: str, tools: tuple[str, ...], mod
 ])
 def test_a_reply_with_parsed_reasoning_keeps_its_content_as_text(mode: str, content: str,
                                                                   text: str) -> None:
-    """As streamed (tests/unit/test_stream.py): reasoning in its own field means the engine
+    """As streamed (tests/unit/messages/test_stream.py): reasoning in its own field means the engine
     parses reasoning, so content holds no inline ``<think>`` to split."""
     message = from_chat(
         {"choices": [{"index": 0, "finish_reason": "stop", "message": {

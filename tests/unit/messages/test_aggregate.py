@@ -10,7 +10,7 @@ import pytest
 
 from gateway.messages.from_chat.aggregate import aggregate
 
-GOLDEN = pathlib.Path(__file__).resolve().parent.parent / "golden" / "streams"
+GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "golden" / "streams"
 CASES = sorted(p.name for p in GOLDEN.iterdir()
                if (p / "expected.sse").exists()
                and b"event: error" not in (p / "expected.sse").read_bytes())

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +70,7 @@ def sqlite_engine(path: str | None) -> Engine:
         cur = dbapi_conn.cursor()
         try:
             cur.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-            cur.execute("PRAGMA journal_mode = WAL")
+            _wal(cur)
             cur.execute("PRAGMA synchronous = NORMAL")
             cur.execute("PRAGMA foreign_keys = ON")
         finally:
@@ -80,6 +82,21 @@ def sqlite_engine(path: str | None) -> Engine:
         conn.exec_driver_sql("BEGIN" if read else "BEGIN IMMEDIATE")
 
     return engine
+
+
+def _wal(cur: Any) -> None:
+    """Switch to WAL. On a new file the switch takes an exclusive lock without waiting out
+    ``busy_timeout``: several stores opening one new file at once (``--workers``, two
+    gateways) get "database is locked" at once; retried within the busy timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)  # a store opens in a thread of its own, never on the loop
 
 
 def sqlite_path(url: str) -> str | None:

@@ -35,20 +35,36 @@ if TYPE_CHECKING:
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="llm-gateway", description=(
-        "Anthropic Messages API gateway in front of OpenAI-compatible upstreams."))
+    ap = argparse.ArgumentParser(
+        prog="llm-gateway",
+        description=("Anthropic Messages API gateway in front of OpenAI-compatible upstreams."),
+    )
     ap.add_argument("--config", help="TOML config file (default: $GATEWAY_CONFIG, else built-in)")
     ap.add_argument("--host", help="listen address (overrides server.host)")
     ap.add_argument("--port", type=int, help="listen port (overrides server.port)")
-    ap.add_argument("--check-config", action="store_true",
-                    help="validate the config, open the batch store, and exit")
-    ap.add_argument("--health-check", action="store_true",
-                    help="ask the running gateway's /health (the config's host and port) and "
-                    "exit 0 if it answers 200, else 1 (a container HEALTHCHECK)")
-    ap.add_argument("--workers", type=int, default=1, metavar="N",
-                    help="run N worker processes on one port (SO_REUSEPORT); default 1")
-    ap.add_argument("--demo", action="store_true",
-                    help="start an embedded llama.cpp upstream serving a tiny model as `demo`")
+    ap.add_argument(
+        "--check-config",
+        action="store_true",
+        help="validate the config, open the batch store, and exit",
+    )
+    ap.add_argument(
+        "--health-check",
+        action="store_true",
+        help="ask the running gateway's /health (the config's host and port) and "
+        "exit 0 if it answers 200, else 1 (a container HEALTHCHECK)",
+    )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N worker processes on one port (SO_REUSEPORT); default 1",
+    )
+    ap.add_argument(
+        "--demo",
+        action="store_true",
+        help="start an embedded llama.cpp upstream serving a tiny model as `demo`",
+    )
     ap.add_argument("--version", action="version", version=f"llm-gateway {__version__}")
     return ap.parse_args(argv)
 
@@ -68,31 +84,49 @@ async def _serve(cfg: config.Config, notifier: notify.Notifier | None = None) ->
     fd_limit = _raise_fd_limit()
     store = _open_batch_store(cfg)
     app = build_app(cfg, batch_store=store)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=1.0)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     assert runner.server is not None
     runners = [runner]
     ops_app = app[OPS_APP]
     if ops_app is not None:  # server.metrics_port: the metrics listener's own application
-        runners.append(web.AppRunner(ops_app, handler_cancellation=True, access_log=None,
-                                     shutdown_timeout=1.0))
+        runners.append(
+            web.AppRunner(ops_app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+        )
         await runners[1].setup()
     frozen = settle_heap()  # before a client can wait on it
     try:
-        listeners = listen(runner.server, cfg.server, app[METRICS],
-                           ops_server=runners[1].server if ops_app is not None else None,
-                           openai_paths=app[OPENAI_PATHS], reuse_port=cfg.reuse_port)
+        listeners = listen(
+            runner.server,
+            cfg.server,
+            app[METRICS],
+            ops_server=runners[1].server if ops_app is not None else None,
+            openai_paths=app[OPENAI_PATHS],
+            reuse_port=cfg.reuse_port,
+        )
     except OSError as exc:
-        logger.error("listen_failed", host=cfg.server.host, port=cfg.server.port,
-                     metrics_port=cfg.server.metrics_port or None, errno=exc.errno,
-                     detail=exc.strerror)
+        logger.error(
+            "listen_failed",
+            host=cfg.server.host,
+            port=cfg.server.port,
+            metrics_port=cfg.server.metrics_port or None,
+            errno=exc.errno,
+            detail=exc.strerror,
+        )
         for r in reversed(runners):
             await r.cleanup()
         raise SystemExit(1) from None
-    logger.info("listening", host=cfg.server.host, port=cfg.server.port,
-                prefix=cfg.server.prefix, models=sorted(cfg.models), config=cfg.source,
-                metrics=_metrics_address(cfg.server), fd_limit=fd_limit, frozen_objects=frozen)
+    logger.info(
+        "listening",
+        host=cfg.server.host,
+        port=cfg.server.port,
+        prefix=cfg.server.prefix,
+        models=sorted(cfg.models),
+        config=cfg.source,
+        metrics=_metrics_address(cfg.server),
+        fd_limit=fd_limit,
+        frozen_objects=frozen,
+    )
     for event, detail in start_warnings(cfg, batches=store is not None):
         logger.warning(event, detail=detail)
     stop = asyncio.Event()
@@ -106,8 +140,9 @@ async def _serve(cfg: config.Config, notifier: notify.Notifier | None = None) ->
     state.draining = True
     if notifier is not None:
         notifier.send("STOPPING=1")
-    logger.info("draining", grace_s=cfg.server.shutdown_grace,
-                in_flight=sum(state.in_flight.values()))
+    logger.info(
+        "draining", grace_s=cfg.server.shutdown_grace, in_flight=sum(state.in_flight.values())
+    )
     deadline = loop.time() + cfg.server.shutdown_grace
     while sum(state.in_flight.values()) and loop.time() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.05)  # a poll: requests finish in many places
@@ -138,23 +173,37 @@ def start_warnings(cfg: config.Config, *, batches: bool) -> list[tuple[str, str]
     """(event, detail) of each warning the start logs about the config it runs with."""
     out = []
     if cfg.server.signing_key_source == "random":
-        out.append(("signing_key_ephemeral",
-                    "no server.signing_key_env and no writable state directory: thinking "
-                    "signatures made now stop opening after a restart"))
+        out.append(
+            (
+                "signing_key_ephemeral",
+                "no server.signing_key_env and no writable state directory: thinking "
+                "signatures made now stop opening after a restart",
+            )
+        )
     if not cfg.server.api_keys:
-        out.append(("auth_disabled", "no API keys configured (server.api_keys_env); "
-                    "every client is accepted"))
+        out.append(
+            (
+                "auth_disabled",
+                "no API keys configured (server.api_keys_env); every client is accepted",
+            )
+        )
         if batches:
             # batches are owned by the client key that made them; without keys, all by one
-            out.append(("batches_unowned",
-                        "message batches are on without client keys (server.api_keys_env): "
-                        "every client can list, read, cancel and delete every batch and "
-                        "its results; set api_keys_env, or batches.enabled = false"))
+            out.append(
+                (
+                    "batches_unowned",
+                    "message batches are on without client keys (server.api_keys_env): "
+                    "every client can list, read, cancel and delete every batch and "
+                    "its results; set api_keys_env, or batches.enabled = false",
+                )
+            )
     return out
 
 
-_STATE_FIX = ("set STATE_DIRECTORY to a writable folder (a volume mounted there in a "
-              "container), or set batches.database")
+_STATE_FIX = (
+    "set STATE_DIRECTORY to a writable folder (a volume mounted there in a "
+    "container), or set batches.database"
+)
 
 
 def _open_batch_store(cfg: config.Config) -> BatchStore | None:
@@ -190,14 +239,18 @@ def open_batch_store(
     if batches.database_explicit:
         return BatchStore.open(batches.database_url), None
     if not batches.database_url:
-        return None, (None, "no state directory: STATE_DIRECTORY, XDG_STATE_HOME and HOME "
-                      "are unset")
+        return None, (
+            None,
+            "no state directory: STATE_DIRECTORY, XDG_STATE_HOME and HOME are unset",
+        )
     folder = os.path.dirname(batches.database_url.removeprefix("sqlite:///"))
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
     except OSError as exc:
-        return None, (folder, f"cannot create the state directory {folder}: "
-                      f"{exc.strerror or type(exc).__name__}")
+        return None, (
+            folder,
+            f"cannot create the state directory {folder}: {exc.strerror or type(exc).__name__}",
+        )
     try:
         return BatchStore.open(batches.database_url), None
     except StoreError as exc:
@@ -217,8 +270,10 @@ def _check_config(cfg: config.Config) -> int:
         asyncio.run(store.close())
     print(f"llm-gateway: config ok: {cfg.source} ({len(cfg.models)} models)")
     if off is not None:
-        print(f"llm-gateway: warning: batches would be disabled: {off[1]}; {_STATE_FIX}",
-              file=sys.stderr)
+        print(
+            f"llm-gateway: warning: batches would be disabled: {off[1]}; {_STATE_FIX}",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -281,19 +336,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.workers > 1:
         if args.demo or cfg.server.port == 0:
-            print("llm-gateway: --workers needs a fixed port and cannot run --demo",
-                  file=sys.stderr)
+            print(
+                "llm-gateway: --workers needs a fixed port and cannot run --demo", file=sys.stderr
+            )
             return 2
         from gateway.ops.workers import strip_workers_flag, supervise
 
-        return supervise(strip_workers_flag(sys.argv[1:] if argv is None else argv),
-                         args.workers, cfg.metrics_dir, notifier)
+        return supervise(
+            strip_workers_flag(sys.argv[1:] if argv is None else argv),
+            args.workers,
+            cfg.metrics_dir,
+            notifier,
+        )
     if args.demo:
         from gateway.demo.run import run_demo
 
         explicit = bool(args.config or os.environ.get("GATEWAY_CONFIG"))
-        return run_demo(cfg, functools.partial(_serve, notifier=notifier),
-                        explicit_config=explicit)
+        return run_demo(cfg, functools.partial(_serve, notifier=notifier), explicit_config=explicit)
     _run(_serve(cfg, notifier))
     return 0
 

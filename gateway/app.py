@@ -84,16 +84,24 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OPS = RouteTag(None, needs_key=False, logged=False)
 
 
-def _ops_routes(app: web.Application, exposed: CollectorRegistry, *, serve_metrics: bool,
-                metrics_key: bool = False) -> None:
+def _ops_routes(
+    app: web.Application,
+    exposed: CollectorRegistry,
+    *,
+    serve_metrics: bool,
+    metrics_key: bool = False,
+) -> None:
     """``/health`` and ``/ready``, and ``/metrics`` when ``serve_metrics`` (not on the API
     application when the metrics listener has its own); ``metrics_key``: /metrics asks for a
     client key when keys are set (it names every upstream model)."""
     tags = app[ROUTE_TAGS]
     if serve_metrics:
-        app.router.add_route("GET", "/metrics",
-                             make_aiohttp_handler(exposed, disable_compression=True),
-                             name="metrics")
+        app.router.add_route(
+            "GET",
+            "/metrics",
+            make_aiohttp_handler(exposed, disable_compression=True),
+            name="metrics",
+        )
         tags["metrics"] = RouteTag(None, needs_key=metrics_key, logged=False)
     app.router.add_route("GET", "/health", _health, name="health")
     app.router.add_route("GET", "/ready", _ready, name="ready")
@@ -154,8 +162,11 @@ async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     """DNS re-resolution and health probes (gateway/upstream/fleet.py), one task per
     upstream that has either; stopped before the upstreams' pools are closed."""
     state = app[STATE]
-    tasks = [asyncio.create_task(fleet.maintain(client, lambda: state.draining))
-             for client in app[UPSTREAMS].values() if fleet.needed(client)]
+    tasks = [
+        asyncio.create_task(fleet.maintain(client, lambda: state.draining))
+        for client in app[UPSTREAMS].values()
+        if fleet.needed(client)
+    ]
     yield
     for task in tasks:
         task.cancel()
@@ -207,8 +218,9 @@ def default_registry() -> CollectorRegistry:
     return registry
 
 
-def _registries(config: Config, registry: CollectorRegistry | None
-                ) -> tuple[CollectorRegistry, CollectorRegistry, CollectorRegistry | None]:
+def _registries(
+    config: Config, registry: CollectorRegistry | None
+) -> tuple[CollectorRegistry, CollectorRegistry, CollectorRegistry | None]:
     """(where metrics are defined, what /metrics serves, where build info goes).
 
     With --workers (prometheus multiprocess mode) every worker writes its values to files in
@@ -226,51 +238,62 @@ def _registries(config: Config, registry: CollectorRegistry | None
     return CollectorRegistry(), exposed, exposed
 
 
-def build_app(config: Config, registry: CollectorRegistry | None = None,
-              batch_store: BatchStore | None = None) -> web.Application:
+def build_app(
+    config: Config, registry: CollectorRegistry | None = None, batch_store: BatchStore | None = None
+) -> web.Application:
     """The application; ``batch_store`` (opened by the caller, which reports a database
     that cannot be opened before serving) enables Message Batches and their scheduler."""
     defined, exposed, info = _registries(config, registry)
-    app = web.Application(middlewares=[gateway_middleware],
-                          client_max_size=config.server.max_body_bytes)
+    app = web.Application(
+        middlewares=[gateway_middleware], client_max_size=config.server.max_body_bytes
+    )
     app[CONFIG] = config
-    metrics = Metrics(defined, info_registry=info,
-                      per_worker_process=config.metrics_dir is not None)
+    metrics = Metrics(
+        defined, info_registry=info, per_worker_process=config.metrics_dir is not None
+    )
     app[METRICS] = metrics
     app[SECRETS] = known_secrets(config)
     app[UPSTREAMS] = {
-        name: UpstreamClient(cfg, connections=metrics.upstream_connections.labels(name),
-                             protocol_errors=metrics.upstream_protocol_errors,
-                             keepalive=metrics.upstream_keepalive.labels(name),
-                             metrics=metrics, secrets=app[SECRETS])
-        for name, cfg in config.upstreams.items()}
+        name: UpstreamClient(
+            cfg,
+            connections=metrics.upstream_connections.labels(name),
+            protocol_errors=metrics.upstream_protocol_errors,
+            keepalive=metrics.upstream_keepalive.labels(name),
+            metrics=metrics,
+            secrets=app[SECRETS],
+        )
+        for name, cfg in config.upstreams.items()
+    }
     for name in config.upstreams:
         metrics.add_upstream(name)
     app[UPSTREAM_CALLS] = Upstreams(app[UPSTREAMS], metrics, app[SECRETS])
-    memory, decoding = budgets(config.server.memory_budget_mb,
-                               config.server.max_decoding_bytes, metrics)
+    memory, decoding = budgets(
+        config.server.memory_budget_mb, config.server.max_decoding_bytes, metrics
+    )
     app[DECODER] = decoder = Decoder()
-    app[MESSAGES] = MessagesDeps(app[UPSTREAM_CALLS], config.server.signing_key,
-                                 config.server.keep_billing_header,
-                                 config.server.previous_signing_keys,
-                                 decoding=decoding, memory=memory,
-                                 max_restored_bytes=config.server.max_restored_reasoning_bytes,
-                                 pdfs=PdfPool(config.server.pdf_workers,
-                                              config.server.pdf_cpu_seconds,
-                                              config.server.pdf_request_cpu_seconds),
-                                 decode_offload_bytes=config.server.decode_offload_bytes,
-                                 loads_off_loop=(decoder.loads_upstream
-                                                 if config.server.decode_offload_bytes
-                                                 else None),
-                                 run_off_loop=(decoder.run if config.server.decode_offload_bytes
-                                               else None))
-    app[WEB_SEARCH] = (Searxng(config.web_search, metrics)
-                       if config.web_search is not None else None)
-    app[STATE] = AppState(api_keys=tuple(k.encode() for k in config.server.api_keys),
-                          decoding=decoding, memory=memory)
+    app[MESSAGES] = MessagesDeps(
+        app[UPSTREAM_CALLS],
+        config.server.signing_key,
+        config.server.keep_billing_header,
+        config.server.previous_signing_keys,
+        decoding=decoding,
+        memory=memory,
+        max_restored_bytes=config.server.max_restored_reasoning_bytes,
+        pdfs=PdfPool(
+            config.server.pdf_workers,
+            config.server.pdf_cpu_seconds,
+            config.server.pdf_request_cpu_seconds,
+        ),
+        decode_offload_bytes=config.server.decode_offload_bytes,
+        loads_off_loop=(decoder.loads_upstream if config.server.decode_offload_bytes else None),
+        run_off_loop=(decoder.run if config.server.decode_offload_bytes else None),
+    )
+    app[WEB_SEARCH] = Searxng(config.web_search, metrics) if config.web_search is not None else None
+    app[STATE] = AppState(
+        api_keys=tuple(k.encode() for k in config.server.api_keys), decoding=decoding, memory=memory
+    )
     for model in config.models.values():
-        metrics.add_model(model.name, model.upstream.name, model.upstream_model,
-                          model.fallbacks)
+        metrics.add_model(model.name, model.upstream.name, model.upstream_model, model.fallbacks)
 
     p = config.server.prefix
     tags: dict[str, RouteTag] = {}
@@ -281,14 +304,23 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
         tags[name] = tag
 
     route("POST", f"{p}/v1/messages", messages.create_message, "messages", RouteTag("messages"))
-    route("POST", f"{p}/v1/messages/count_tokens", messages.count_tokens, "count_tokens",
-          RouteTag("count_tokens"))
+    route(
+        "POST",
+        f"{p}/v1/messages/count_tokens",
+        messages.count_tokens,
+        "count_tokens",
+        RouteTag("count_tokens"),
+    )
     route("GET", f"{p}/v1/models", models.list_models, "models", RouteTag("models"))
-    route("GET", f"{p}/v1/models/{{model_id}}", models.get_model, "models_get",
-          RouteTag("models"))
+    route("GET", f"{p}/v1/models/{{model_id}}", models.get_model, "models_get", RouteTag("models"))
     for api in OPENAI_APIS:
-        route("POST", f"{p}/v1{api.path}", passthrough.handler(api), api.name,
-              RouteTag(api.name, openai=True))
+        route(
+            "POST",
+            f"{p}/v1{api.path}",
+            passthrough.handler(api),
+            api.name,
+            RouteTag(api.name, openai=True),
+        )
     app[OPENAI_PATHS] = frozenset(f"{p}/v1{api.path}".encode() for api in OPENAI_APIS)
     not_implemented: tuple[str, ...] = _NOT_IMPLEMENTED
     if batch_store is not None:
@@ -298,17 +330,27 @@ def build_app(config: Config, registry: CollectorRegistry | None = None,
 
         app[BATCH_STORE] = batch_store
         state = app[STATE]
-        scheduler = Scheduler(config.batches, app[MESSAGES], batch_store,
-                              routes=config.models, in_flight=state.in_flight,
-                              draining=lambda: state.draining)
+        scheduler = Scheduler(
+            config.batches,
+            app[MESSAGES],
+            batch_store,
+            routes=config.models,
+            in_flight=state.in_flight,
+            draining=lambda: state.draining,
+        )
         app[SCHEDULER] = scheduler
         app[STATE].on_request_end = scheduler.interactive_ended
         batches_api.add_routes(app, p)
         app.cleanup_ctx.append(batches_api.scheduler_ctx)
         not_implemented = tuple(e for e in not_implemented if e != "messages/batches")
     endpoints = "|".join(re.escape(e) for e in not_implemented)
-    route("*", f"{p}/v1/{{endpoint:(?:{endpoints})(?:/.*)?}}", _not_supported, "not_supported",
-          RouteTag(None, needs_key=False))
+    route(
+        "*",
+        f"{p}/v1/{{endpoint:(?:{endpoints})(?:/.*)?}}",
+        _not_supported,
+        "not_supported",
+        RouteTag(None, needs_key=False),
+    )
     route("HEAD", p or "/", _head_ok, "root", RouteTag(None, needs_key=False))
     if p:
         route("HEAD", p + "/", _head_ok, "root_slash", RouteTag(None, needs_key=False))

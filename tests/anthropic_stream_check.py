@@ -65,10 +65,16 @@ _RESULT_KEYS = ["type", "url", "title", "encrypted_content", "page_age"]
 _CITATION_KEYS = {  # anthropic/types/citations_web_search_result_location.py (SDK 2.15)
     "web_search_result_location": {"type", "url", "title", "encrypted_index", "cited_text"},
 }
-WEB_SEARCH_ERROR_CODES = frozenset({
-    "invalid_tool_input", "unavailable", "max_uses_exceeded", "too_many_requests",
-    "query_too_long", "request_too_large",
-})  # anthropic/types/web_search_tool_result_error_code.py (SDK 2.15)
+WEB_SEARCH_ERROR_CODES = frozenset(
+    {
+        "invalid_tool_input",
+        "unavailable",
+        "max_uses_exceeded",
+        "too_many_requests",
+        "query_too_long",
+        "request_too_large",
+    }
+)  # anthropic/types/web_search_tool_result_error_code.py (SDK 2.15)
 
 
 _DELTA_USAGE_KEYS = (
@@ -174,10 +180,13 @@ def _web_search_content_ok(content: Any) -> bool:
                 and content["type"] == "web_search_tool_result_error"
                 and content["error_code"] in WEB_SEARCH_ERROR_CODES)  # fmt: skip
     return isinstance(content, list) and all(
-        isinstance(r, dict) and list(r) == _RESULT_KEYS and r["type"] == "web_search_result"
+        isinstance(r, dict)
+        and list(r) == _RESULT_KEYS
+        and r["type"] == "web_search_result"
         and all(isinstance(r[k], str) and r[k] for k in ("url", "title", "encrypted_content"))
         and (r["page_age"] is None or isinstance(r["page_age"], str))
-        for r in content)
+        for r in content
+    )
 
 
 def check_stream(raw: bytes) -> list[dict[str, Any]]:
@@ -226,8 +235,11 @@ def check_stream(raw: bytes) -> list[dict[str, Any]]:
             if dtype == "citations_delta":
                 citation = delta["citation"]
                 kind = citation.get("type") if isinstance(citation, dict) else None
-                if kind not in _CITATION_KEYS or set(citation) != _CITATION_KEYS[kind] or not all(
-                        isinstance(citation[k], str) and citation[k] for k in citation):
+                if (
+                    kind not in _CITATION_KEYS
+                    or set(citation) != _CITATION_KEYS[kind]
+                    or not all(isinstance(citation[k], str) and citation[k] for k in citation)
+                ):
                     _fail(n, f"citation {citation!r}")
             elif not isinstance(delta[fields[dtype]], str):
                 _fail(n, "delta value is not a string")

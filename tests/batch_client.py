@@ -35,9 +35,15 @@ def text_of(cid: str) -> str:
 
 
 def request(cid: str, model: str, **params: Any) -> dict[str, Any]:
-    return {"custom_id": cid, "params": {
-        "model": model, "max_tokens": 32,
-        "messages": [{"role": "user", "content": text_of(cid)}], **params}}
+    return {
+        "custom_id": cid,
+        "params": {
+            "model": model,
+            "max_tokens": 32,
+            "messages": [{"role": "user", "content": text_of(cid)}],
+            **params,
+        },
+    }
 
 
 def calls_per_id(stub_url: str, cids: list[str]) -> dict[str, int]:
@@ -52,8 +58,9 @@ def calls_per_id(stub_url: str, cids: list[str]) -> dict[str, int]:
     return counts
 
 
-def wait_ended(base: str, batch_id: str, timeout: float = 30.0,
-               headers: dict[str, str] | None = None) -> dict[str, Any]:
+def wait_ended(
+    base: str, batch_id: str, timeout: float = 30.0, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Poll a batch (raw HTTP, so any gateway of the store will do) until it has ended."""
     deadline = time.monotonic() + timeout
     while True:
@@ -66,18 +73,21 @@ def wait_ended(base: str, batch_id: str, timeout: float = 30.0,
         time.sleep(0.1)
 
 
-def results_of(base: str, batch_id: str, headers: dict[str, str] | None = None
-               ) -> list[dict[str, Any]]:
+def results_of(
+    base: str, batch_id: str, headers: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     status, _, body = get(f"{base}/v1/messages/batches/{batch_id}/results", headers=headers)
     assert status == 200, body
     return [json.loads(line) for line in body.decode().splitlines()]
 
 
-def bodyless(method: str, url: str, headers: dict[str, str] | None = None
-         ) -> tuple[int, dict[str, Any]]:
+def bodyless(
+    method: str, url: str, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
     """A body-less request (POST with an empty body): (status, its JSON)."""
-    req = urllib.request.Request(url, method=method, headers=headers or {},
-                                 data=b"" if method == "POST" else None)
+    req = urllib.request.Request(
+        url, method=method, headers=headers or {}, data=b"" if method == "POST" else None
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, json.loads(resp.read())
@@ -86,15 +96,16 @@ def bodyless(method: str, url: str, headers: dict[str, str] | None = None
             return exc.code, json.loads(exc.read())
 
 
-def create(base: str, requests: Any, headers: dict[str, str] | None = None
-           ) -> tuple[int, dict[str, Any]]:
-    status, _, body = post(f"{base}/v1/messages/batches", {"requests": requests},
-                           headers=headers)
+def create(
+    base: str, requests: Any, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
+    status, _, body = post(f"{base}/v1/messages/batches", {"requests": requests}, headers=headers)
     return status, json.loads(body)
 
 
-def assert_error(status: int, body: dict[str, Any], want_status: int, error_type: str,
-                 mentions: str = "") -> None:
+def assert_error(
+    status: int, body: dict[str, Any], want_status: int, error_type: str, mentions: str = ""
+) -> None:
     """Anthropic's error envelope: {"type": "error", "error": {"type", "message"}}."""
     assert status == want_status, body
     assert body["type"] == "error", body

@@ -33,13 +33,34 @@ def stub_url() -> Iterator[str]:
         proc.stop()
 
 
-STUB_MODELS = ("ok", "reasoning", "tools", "length", "status:500:traceback", "status:503",
-               "status:429", "status:400:context", "status:400", "status:404", "hang-headers",
-               "hang-mid", "cut-mid", "malformed", "inband-error", "eof-no-finish", "slow:50")
+STUB_MODELS = (
+    "ok",
+    "reasoning",
+    "tools",
+    "length",
+    "status:500:traceback",
+    "status:503",
+    "status:429",
+    "status:400:context",
+    "status:400",
+    "status:404",
+    "hang-headers",
+    "hang-mid",
+    "cut-mid",
+    "malformed",
+    "inband-error",
+    "eof-no-finish",
+    "slow:50",
+)
 
 
-def stub_config(stub_url: str, *, extra_server: str = "", extra_upstream: str = "",
-                models: tuple[str, ...] = STUB_MODELS) -> str:
+def stub_config(
+    stub_url: str,
+    *,
+    extra_server: str = "",
+    extra_upstream: str = "",
+    models: tuple[str, ...] = STUB_MODELS,
+) -> str:
     """A gateway config routing alias ``m-<scenario>`` to each stub scenario."""
     text = f"""
 [server]
@@ -89,8 +110,9 @@ def gateway_factory(tmp_path: Path) -> Iterator[Callable[..., tuple[Proc, str]]]
 
 
 @pytest.fixture(scope="module")
-def stub_gateway(stub_url: str, tmp_path_factory: pytest.TempPathFactory
-                 ) -> Iterator[tuple[Proc, str]]:
+def stub_gateway(
+    stub_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Proc, str]]:
     """A gateway in front of the stub, shared by a module's tests: (process, base URL with the
     /llm prefix). Its tests only send requests and read replies (a log line by its request
     id); one that kills it, reads its metrics or needs another config uses gateway_factory."""
@@ -139,8 +161,9 @@ context_window = 1024
 
 
 @pytest.fixture
-def llama_gateway(llama_server: str, gateway_factory: Callable[..., tuple[Proc, str]]
-                  ) -> tuple[Proc, str]:
+def llama_gateway(
+    llama_server: str, gateway_factory: Callable[..., tuple[Proc, str]]
+) -> tuple[Proc, str]:
     """A gateway process routed to the real llama.cpp server; (process, base URL with /llm)."""
     proc, url = gateway_factory(llama_config(llama_server))
     return proc, url + "/llm"

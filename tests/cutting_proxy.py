@@ -58,8 +58,7 @@ class CuttingProxy:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        server = self._loop.run_until_complete(
-            asyncio.start_server(self._handle, "127.0.0.1", 0))
+        server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
         self.port = server.sockets[0].getsockname()[1]
         self._ready.set()
         try:
@@ -91,12 +90,15 @@ class CuttingProxy:
                 if payload.get("stream") and self._cuts_left > 0:
                     self._cuts_left -= 1
                     cut_after = self._after
-        response = await asyncio.to_thread(self._forward, method, path, body,
-                                           headers.get("content-type"))
+        response = await asyncio.to_thread(
+            self._forward, method, path, body, headers.get("content-type")
+        )
         with response:
-            writer.write(f"HTTP/1.1 {response.status} {response.reason}\r\n"
-                         f"Content-Type: {response.headers.get('Content-Type', '')}\r\n"
-                         "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n".encode())
+            writer.write(
+                f"HTTP/1.1 {response.status} {response.reason}\r\n"
+                f"Content-Type: {response.headers.get('Content-Type', '')}\r\n"
+                "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n".encode()
+            )
             events, pending = 0, b""
             while True:
                 data = await asyncio.to_thread(response.read1, 65536)
@@ -124,8 +126,12 @@ class CuttingProxy:
             await writer.drain()
 
     def _forward(self, method: str, path: str, body: bytes, ctype: str | None) -> Any:
-        req = urllib.request.Request(self.target + path, data=body or None, method=method,
-                                     headers={"Content-Type": ctype or "application/json"})
+        req = urllib.request.Request(
+            self.target + path,
+            data=body or None,
+            method=method,
+            headers={"Content-Type": ctype or "application/json"},
+        )
         try:
             return urllib.request.urlopen(req, timeout=60)
         except urllib.error.HTTPError as err:

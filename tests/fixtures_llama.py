@@ -33,8 +33,10 @@ UNIFIED_CTX_SIZE = 256
 def _require(*modules: str) -> None:
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
-        reason = (f"real llama.cpp upstream unavailable: {', '.join(missing)} not installed "
-                  "(pip install '.[demo]')")
+        reason = (
+            f"real llama.cpp upstream unavailable: {', '.join(missing)} not installed "
+            "(pip install '.[demo]')"
+        )
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)

@@ -30,9 +30,11 @@ def normaliser(meta: dict[str, Any]) -> ContentNormaliser | None:
     """The ContentNormaliser a case's meta asks for (as ``Call.normaliser`` builds it)."""
     if not any(key in meta for key in NORMALISER_KEYS):
         return None
-    return ContentNormaliser(thinking=meta.get("inline_thinking", "auto"),
-                             tool_names=meta.get("tool_names", ()),
-                             text_calls=meta.get("text_tool_calls", True))
+    return ContentNormaliser(
+        thinking=meta.get("inline_thinking", "auto"),
+        tool_names=meta.get("tool_names", ()),
+        text_calls=meta.get("text_tool_calls", True),
+    )
 
 
 def translator_for(meta: dict[str, Any]) -> StreamTranslator:
@@ -59,8 +61,9 @@ def run_case(
     decoder = SSEDecoder()
     out: list[bytes] = []
     if reads is None:
-        reads = ([upstream[i : i + step] for i in range(0, len(upstream), step)] if step
-                 else [upstream])
+        reads = (
+            [upstream[i : i + step] for i in range(0, len(upstream), step)] if step else [upstream]
+        )
     for read in [*reads, None]:
         payloads = decoder.feed(read) if read is not None else decoder.flush()
         for payload in payloads:

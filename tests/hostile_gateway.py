@@ -31,15 +31,51 @@ from tests.waits import wait_until
 KEY = "sk-hostile+Key=7f3a9b2c"  # '+' and '=' so that its URL-encoded form differs
 KEY_ENV = "HOSTILE_UPSTREAM_KEY"
 SCENARIOS = (
-    "ok", "ok:300", "ok@noecho", "double", "double@noecho", "double-late:3", "overrun:30",
-    "overrun:30@noecho", "cl-te", "http10-chunked", "bad-status:000", "bad-status:099",
-    "bad-status:101", "bad-header:space-name", "bad-header:ctl-name", "bad-header:ctl-value",
-    "bad-header:ws-value", "bad-header:te-ctl", "bad-header:leak", "cl30", "bare-lf",
-    "flood-1xx", "drip-head:500", "drip-1xx:500", "drip-body:500", "drip-stream:500",
-    "drip-trailer:500", "gzip-bomb", "size-bomb:512", "leak:400", "leak:413", "leak:422",
-    "leak:429", "leak:500", "leak-inband:400", "leak-inband:500", "leak-disguised:escaped",
-    "leak-disguised:event", "leak-disguised:type", "leak-disguised:text", "wrong-id", "reset",
-    "malformed-head", "cut-body", "nan-inband",
+    "ok",
+    "ok:300",
+    "ok@noecho",
+    "double",
+    "double@noecho",
+    "double-late:3",
+    "overrun:30",
+    "overrun:30@noecho",
+    "cl-te",
+    "http10-chunked",
+    "bad-status:000",
+    "bad-status:099",
+    "bad-status:101",
+    "bad-header:space-name",
+    "bad-header:ctl-name",
+    "bad-header:ctl-value",
+    "bad-header:ws-value",
+    "bad-header:te-ctl",
+    "bad-header:leak",
+    "cl30",
+    "bare-lf",
+    "flood-1xx",
+    "drip-head:500",
+    "drip-1xx:500",
+    "drip-body:500",
+    "drip-stream:500",
+    "drip-trailer:500",
+    "gzip-bomb",
+    "size-bomb:512",
+    "leak:400",
+    "leak:413",
+    "leak:422",
+    "leak:429",
+    "leak:500",
+    "leak-inband:400",
+    "leak-inband:500",
+    "leak-disguised:escaped",
+    "leak-disguised:event",
+    "leak-disguised:type",
+    "leak-disguised:text",
+    "wrong-id",
+    "reset",
+    "malformed-head",
+    "cut-body",
+    "nan-inband",
 )
 
 # api -> (path under the prefix, does it stream)
@@ -55,8 +91,9 @@ APIS = {
 # --- processes -------------------------------------------------------------------------
 
 
-def hostile_config(upstream_url: str, *, upstream_extra: str = "", header: float = 3.0,
-            idle: float = 3.0) -> str:
+def hostile_config(
+    upstream_url: str, *, upstream_extra: str = "", header: float = 3.0, idle: float = 3.0
+) -> str:
     text = f"""
 [server]
 host = "127.0.0.1"
@@ -72,8 +109,9 @@ idle_timeout = {idle}
 {upstream_extra}
 """
     for name in SCENARIOS:
-        text += (f'\n[[models]]\nname = "h-{name}"\nupstream = "hostile"\n'
-                 f'upstream_model = "{name}"\n')
+        text += (
+            f'\n[[models]]\nname = "h-{name}"\nupstream = "hostile"\nupstream_model = "{name}"\n'
+        )
     return text
 
 
@@ -164,8 +202,12 @@ def new_token() -> str:
 
 def request_body(api: str, alias: str, token: str, stream: bool) -> dict:
     if api == "messages":
-        return {"model": alias, "max_tokens": 32, "stream": stream,
-                "messages": [{"role": "user", "content": token}]}
+        return {
+            "model": alias,
+            "max_tokens": 32,
+            "stream": stream,
+            "messages": [{"role": "user", "content": token}],
+        }
     if api == "chat":
         return {"model": alias, "stream": stream, "messages": [{"role": "user", "content": token}]}
     if api == "completions":
@@ -175,15 +217,27 @@ def request_body(api: str, alias: str, token: str, stream: bool) -> dict:
     return {"model": alias, "stream": stream, "input": token}
 
 
-def call(gw: Gateway, api: str, scenario: str, *, stream: bool = False, token: str | None = None,
-         headers: dict[str, str] | None = None, timeout: float = 30.0) -> Reply:
+def call(
+    gw: Gateway,
+    api: str,
+    scenario: str,
+    *,
+    stream: bool = False,
+    token: str | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 30.0,
+) -> Reply:
     """POST one request through the gateway; a cut reply returns what arrived."""
     body = json.dumps(request_body(api, f"h-{scenario}", token or new_token(), stream))
     conn = http.client.HTTPConnection(*gw.host_port, timeout=timeout)
     t0 = time.monotonic()
     try:
-        conn.request("POST", "/llm" + APIS[api][0], body=body,
-                     headers={"content-type": "application/json", **(headers or {})})
+        conn.request(
+            "POST",
+            "/llm" + APIS[api][0],
+            body=body,
+            headers={"content-type": "application/json", **(headers or {})},
+        )
         resp = conn.getresponse()
         data = b""
         try:
@@ -251,11 +305,14 @@ def outcome(api: str, stream: bool, reply: Reply) -> Outcome:
     if not stream or reply.status != 200:
         return Outcome(text_of(api, False, reply.body) if err is None else None, err, [])
     events = sse_events(reply.body)
-    ends = [i for i, (name, data) in enumerate(events)
-            if (name == "message_stop" if api == "messages" else data == "[DONE]")]
+    ends = [
+        i
+        for i, (name, data) in enumerate(events)
+        if (name == "message_stop" if api == "messages" else data == "[DONE]")
+    ]
     if not ends:
         return Outcome(None, err, [])
-    whole, after = events[:ends[0] + 1], events[ends[0] + 1:]
+    whole, after = events[: ends[0] + 1], events[ends[0] + 1 :]
     broken = any(name == "error" or data.startswith('{"error"') for name, data in whole)
     return Outcome(None if broken else stream_text(api, whole), err, [d for _, d in after])
 
@@ -269,6 +326,7 @@ def is_broken_upstream(err: tuple[int | None, str] | None) -> bool:
 def error_of(api: str, reply: Reply) -> tuple[int | None, str] | None:
     """(status, error type) of an error reply, an in-band one included (its status is its
     ``code`` on OpenAI routes, None on Anthropic's); None for a success."""
+
     def from_doc(doc: object, status: int | None) -> tuple[int | None, str] | None:
         if not isinstance(doc, dict) or not isinstance(doc.get("error"), dict):
             return None
@@ -304,8 +362,7 @@ def metric_samples(gw: Gateway, name: str) -> dict[str, float]:
     return out
 
 
-def load_plan(n: int, doubles: dict[str, float], ok: str, seed: int
-              ) -> list[tuple[str, str, bool]]:
+def load_plan(n: int, doubles: dict[str, float], ok: str, seed: int) -> list[tuple[str, str, bool]]:
     """``n`` requests (api, scenario, stream): each scenario of ``doubles`` takes its share,
     the rest are ``ok``; seeded, so a failure replays."""
     rnd = random.Random(seed)

@@ -84,8 +84,9 @@ _MIB = 1 << 20
 class Request:
     __slots__ = ("body", "conn", "headers", "method", "path", "seq")
 
-    def __init__(self, method: str, path: str, headers: dict[str, str], body: bytes,
-                 conn: int, seq: int) -> None:
+    def __init__(
+        self, method: str, path: str, headers: dict[str, str], body: bytes, conn: int, seq: int
+    ) -> None:
         self.method = method
         self.path = path
         self.headers = headers
@@ -165,27 +166,46 @@ def _head(status: str, headers: list[tuple[str, str]], *, version: str = "HTTP/1
 
 
 def _completion(model: str, text: str) -> bytes:
-    return json.dumps({
-        "id": "chatcmpl-hostile", "object": "chat.completion", "created": CREATED, "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                     "logprobs": None, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11},
-    }, separators=(",", ":")).encode()
+    return json.dumps(
+        {
+            "id": "chatcmpl-hostile",
+            "object": "chat.completion",
+            "created": CREATED,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11},
+        },
+        separators=(",", ":"),
+    ).encode()
 
 
 def _chunk(model: str, delta: dict[str, Any], finish: str | None = None) -> bytes:
-    body = {"id": "chatcmpl-hostile", "object": "chat.completion.chunk", "created": CREATED,
-            "model": model, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                         "finish_reason": finish}]}
+    body = {
+        "id": "chatcmpl-hostile",
+        "object": "chat.completion.chunk",
+        "created": CREATED,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
     return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 
 def _events(model: str, text: str) -> list[bytes]:
     words = text.split(" ")
     pieces = [w if i == 0 else " " + w for i, w in enumerate(words)]
-    return [_chunk(model, {"role": "assistant", "content": ""}),
-            *[_chunk(model, {"content": p}) for p in pieces],
-            _chunk(model, {}, "stop"), b"data: [DONE]\n\n"]
+    return [
+        _chunk(model, {"role": "assistant", "content": ""}),
+        *[_chunk(model, {"content": p}) for p in pieces],
+        _chunk(model, {}, "stop"),
+        b"data: [DONE]\n\n",
+    ]
 
 
 def _chunked(data: bytes) -> bytes:
@@ -197,52 +217,94 @@ def _id_headers(req: Request, echo: bool, request_id: str | None = None) -> list
     return [("x-request-id", rid)] if echo and rid else []
 
 
-def _reply(req: Request, model: str, text: str, stream: bool, echo: bool,
-           *, request_id: str | None = None, version: str = "HTTP/1.1",
-           extra: tuple[tuple[str, str], ...] = ()) -> bytes:
+def _reply(
+    req: Request,
+    model: str,
+    text: str,
+    stream: bool,
+    echo: bool,
+    *,
+    request_id: str | None = None,
+    version: str = "HTTP/1.1",
+    extra: tuple[tuple[str, str], ...] = (),
+) -> bytes:
     """One whole, well-framed reply."""
     ids = _id_headers(req, echo, request_id)
     if stream:
-        head = _head("200 OK", [("content-type", "text/event-stream; charset=utf-8"),
-                                ("transfer-encoding", "chunked"), *ids, *extra], version=version)
+        head = _head(
+            "200 OK",
+            [
+                ("content-type", "text/event-stream; charset=utf-8"),
+                ("transfer-encoding", "chunked"),
+                *ids,
+                *extra,
+            ],
+            version=version,
+        )
         return head + b"".join(_chunked(e) for e in _events(model, text)) + b"0\r\n\r\n"
     body = _completion(model, text)
-    head = _head("200 OK", [("content-type", "application/json"),
-                            ("content-length", str(len(body))), *ids, *extra], version=version)
+    head = _head(
+        "200 OK",
+        [("content-type", "application/json"), ("content-length", str(len(body))), *ids, *extra],
+        version=version,
+    )
     return head + body
 
 
 def _leak_text(req: Request) -> str:
     auth = req.headers.get("authorization", "")
     key = auth.removeprefix("Bearer ")
-    return (f"Invalid request: the key {key} was rejected (header '{auth}', "
-            f"query api_key={urllib.parse.quote(key, safe='')}); backend "
-            f"{INTERNAL_HOSTS[0]} via [{INTERNAL_HOSTS[1]}]:8000 and {INTERNAL_HOSTS[1]} "
-            "refused it")
+    return (
+        f"Invalid request: the key {key} was rejected (header '{auth}', "
+        f"query api_key={urllib.parse.quote(key, safe='')}); backend "
+        f"{INTERNAL_HOSTS[0]} via [{INTERNAL_HOSTS[1]}]:8000 and {INTERNAL_HOSTS[1]} "
+        "refused it"
+    )
 
 
-def _disguised_leak(req: Request, model: str, text: str, how: str, stream: bool,
-                    echo: bool) -> bytes:
+def _disguised_leak(
+    req: Request, model: str, text: str, how: str, stream: bool, echo: bool
+) -> bytes:
     """An error that a grep for the bytes ``"error"`` misses: its key spelt with an escape
     (``escaped``), non-JSON data in an ``event: error`` (``event``), ``{"type": "error"}``
     without an ``error`` key (``type``), or the key in a non-JSON data line (``text``)."""
     msg = _leak_text(req)
     if how == "escaped":
-        data = json.dumps({"error": {"message": msg, "code": 500}}).replace(
-            '"error"', '"\\u0065rror"', 1).encode()
+        data = (
+            json.dumps({"error": {"message": msg, "code": 500}})
+            .replace('"error"', '"\\u0065rror"', 1)
+            .encode()
+        )
     elif how == "type":
         data = json.dumps({"type": "error", "message": msg, "code": 500}).encode()
     else:
         data = msg.encode()
     if not stream:
-        return _head("200 OK", [("content-type", "application/json"),
-                                ("content-length", str(len(data))),
-                                *_id_headers(req, echo)]) + data
+        return (
+            _head(
+                "200 OK",
+                [
+                    ("content-type", "application/json"),
+                    ("content-length", str(len(data))),
+                    *_id_headers(req, echo),
+                ],
+            )
+            + data
+        )
     name = b"event: error\n" if how == "event" else b""
-    return (_head("200 OK", [("content-type", "text/event-stream; charset=utf-8"),
-                             ("transfer-encoding", "chunked"), *_id_headers(req, echo)])
-            + _chunked(_events(model, text)[0]) + _chunked(name + b"data: " + data + b"\n\n")
-            + b"0\r\n\r\n")
+    return (
+        _head(
+            "200 OK",
+            [
+                ("content-type", "text/event-stream; charset=utf-8"),
+                ("transfer-encoding", "chunked"),
+                *_id_headers(req, echo),
+            ],
+        )
+        + _chunked(_events(model, text)[0])
+        + _chunked(name + b"data: " + data + b"\n\n")
+        + b"0\r\n\r\n"
+    )
 
 
 def _gzip_bomb(model: str) -> bytes:
@@ -264,22 +326,26 @@ def _gzip_bomb(model: str) -> bytes:
             crc = zlib.crc32(block, crc)
         crc = zlib.crc32(tail, crc)
         size = (1024 * _MIB + len(tail)) & 0xFFFFFFFF
-        _BOMB = (b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + first + again * 1023
-                 + end + struct.pack("<II", crc, size))
+        _BOMB = (
+            b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+            + first
+            + again * 1023
+            + end
+            + struct.pack("<II", crc, size)
+        )
     return _BOMB
 
 
 # --- serving -----------------------------------------------------------------------
 
 
-async def _drip(writer: asyncio.StreamWriter, data: bytes, every: float,
-                chunk: int = 1) -> None:
+async def _drip(writer: asyncio.StreamWriter, data: bytes, every: float, chunk: int = 1) -> None:
     """``data`` ``chunk`` bytes at a time, one every ``every`` seconds, for at most a minute."""
     deadline = time.monotonic() + _DRIP_LIMIT
     for i in range(0, len(data), chunk):
         if time.monotonic() > deadline:
             return
-        writer.write(data[i:i + chunk])
+        writer.write(data[i : i + chunk])
         await writer.drain()
         await asyncio.sleep(every)
 
@@ -315,8 +381,9 @@ async def _size_bomb(writer: asyncio.StreamWriter, model: str, mib: int, stream:
     writer.write(_head("200 OK", [("content-type", ctype), ("transfer-encoding", "chunked")]))
     block = _chunked(b"a" * 65536 if stream else b" " * 65536)
     if stream:
-        writer.write(_chunked(b'data: {"id":"chatcmpl-hostile","choices":[{"index":0,'
-                              b'"delta":{"content":"'))
+        writer.write(
+            _chunked(b'data: {"id":"chatcmpl-hostile","choices":[{"index":0,"delta":{"content":"')
+        )
     for _ in range(mib * 16):
         writer.write(block)
         await writer.drain()
@@ -337,9 +404,17 @@ async def _answer(req: Request, writer: asyncio.StreamWriter) -> bool:
     token = _token(body)
     text = f"reply for {token}"
     stream = body.get("stream") is True
-    STATS.log.append({"conn": req.conn, "seq": req.seq, "model": model, "token": token,
-                      "request_id": req.headers.get("x-request-id"),
-                      "auth": req.headers.get("authorization"), "path": req.path})
+    STATS.log.append(
+        {
+            "conn": req.conn,
+            "seq": req.seq,
+            "model": model,
+            "token": token,
+            "request_id": req.headers.get("x-request-id"),
+            "auth": req.headers.get("authorization"),
+            "path": req.path,
+        }
+    )
     ms = float(arg) / 1000 if arg.replace(".", "", 1).isdigit() else 0.0
     w = writer.write
 
@@ -365,23 +440,57 @@ async def _answer(req: Request, writer: asyncio.StreamWriter) -> bool:
         _write_later(writer, ms, smuggled[40:])
     elif scenario == "cl-te":
         data = _completion(model, text)
-        w(_head("200 OK", [("content-type", "application/json"),
-                           ("content-length", str(len(data))), ("transfer-encoding", "chunked"),
-                           *_id_headers(req, echo)]) + _chunked(data) + b"0\r\n\r\n")
+        w(
+            _head(
+                "200 OK",
+                [
+                    ("content-type", "application/json"),
+                    ("content-length", str(len(data))),
+                    ("transfer-encoding", "chunked"),
+                    *_id_headers(req, echo),
+                ],
+            )
+            + _chunked(data)
+            + b"0\r\n\r\n"
+        )
     elif scenario == "http10-chunked":
-        w(_reply(req, model, text, True, echo, version="HTTP/1.0",
-                 extra=(("connection", "keep-alive"),)) if stream else
-          _head("200 OK", [("content-type", "application/json"), ("transfer-encoding", "chunked"),
-                           ("connection", "keep-alive"), *_id_headers(req, echo)],
-                version="HTTP/1.0") + _chunked(_completion(model, text)) + b"0\r\n\r\n")
+        w(
+            _reply(
+                req,
+                model,
+                text,
+                True,
+                echo,
+                version="HTTP/1.0",
+                extra=(("connection", "keep-alive"),),
+            )
+            if stream
+            else _head(
+                "200 OK",
+                [
+                    ("content-type", "application/json"),
+                    ("transfer-encoding", "chunked"),
+                    ("connection", "keep-alive"),
+                    *_id_headers(req, echo),
+                ],
+                version="HTTP/1.0",
+            )
+            + _chunked(_completion(model, text))
+            + b"0\r\n\r\n"
+        )
     elif scenario == "bad-status":
         if arg == "101":
-            w(b"HTTP/1.1 101 Switching Protocols\r\nconnection: Upgrade\r\nupgrade: websocket"
-              b"\r\n\r\n" + _reply(req, model, text, stream, echo))
+            w(
+                b"HTTP/1.1 101 Switching Protocols\r\nconnection: Upgrade\r\nupgrade: websocket"
+                b"\r\n\r\n" + _reply(req, model, text, stream, echo)
+            )
         else:
             data = _completion(model, text)
-            w(f"HTTP/1.1 {arg} OK\r\ncontent-type: application/json\r\ncontent-length: "
-              f"{len(data)}\r\n\r\n".encode() + data)
+            w(
+                f"HTTP/1.1 {arg} OK\r\ncontent-type: application/json\r\ncontent-length: "
+                f"{len(data)}\r\n\r\n".encode()
+                + data
+            )
     elif scenario == "bad-header":
         data = _completion(model, text)
         n = len(data)
@@ -394,11 +503,17 @@ async def _answer(req: Request, writer: asyncio.StreamWriter) -> bool:
             "leak": f"x-debug: {_leak_text(req)}\x01\r\ncontent-length: {n}",
         }[arg]
         framed = _chunked(data) + b"0\r\n\r\n" if arg == "te-ctl" else data
-        w(("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + header
-           + "\r\n\r\n").encode("latin-1") + framed)
+        w(
+            ("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + header + "\r\n\r\n").encode(
+                "latin-1"
+            )
+            + framed
+        )
     elif scenario == "cl30":
-        w(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-          b"123456789012345678901234567890\r\n\r\n" + _completion(model, text))
+        w(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+            b"123456789012345678901234567890\r\n\r\n" + _completion(model, text)
+        )
     elif scenario == "bare-lf":
         w(_reply(req, model, text, False, echo).replace(b"\r\n", b"\n"))
     elif scenario == "flood-1xx":
@@ -417,60 +532,143 @@ async def _answer(req: Request, writer: asyncio.StreamWriter) -> bool:
         w(reply[:cut])
         await _drip(writer, reply[cut:], ms)
     elif scenario == "drip-stream":
-        w(_head("200 OK", [("content-type", "text/event-stream; charset=utf-8"),
-                           ("transfer-encoding", "chunked"), *_id_headers(req, echo)])
-          + b"".join(_chunked(e) for e in _events(model, text)[:2]))
+        w(
+            _head(
+                "200 OK",
+                [
+                    ("content-type", "text/event-stream; charset=utf-8"),
+                    ("transfer-encoding", "chunked"),
+                    *_id_headers(req, echo),
+                ],
+            )
+            + b"".join(_chunked(e) for e in _events(model, text)[:2])
+        )
         await _drip_forever(writer, [_chunked(b": keep-alive\n\n"), _chunked(b"\n")], ms)
         return False
     elif scenario == "drip-trailer":
         data = _completion(model, text)
-        w(_head("200 OK", [("content-type", "application/json"), ("transfer-encoding", "chunked"),
-                           ("trailer", "x-checksum"), *_id_headers(req, echo)])
-          + _chunked(data) + b"0\r\n")
+        w(
+            _head(
+                "200 OK",
+                [
+                    ("content-type", "application/json"),
+                    ("transfer-encoding", "chunked"),
+                    ("trailer", "x-checksum"),
+                    *_id_headers(req, echo),
+                ],
+            )
+            + _chunked(data)
+            + b"0\r\n"
+        )
         await _drip(writer, b"x-checksum: " + b"a" * 200 + b"\r\n\r\n", ms)
     elif scenario == "gzip-bomb":
         bomb = _gzip_bomb(model)
         ctype = "text/event-stream" if stream else "application/json"
-        w(_head("200 OK", [("content-type", ctype), ("content-encoding", "gzip"),
-                           ("content-length", str(len(bomb))), *_id_headers(req, echo)]))
+        w(
+            _head(
+                "200 OK",
+                [
+                    ("content-type", ctype),
+                    ("content-encoding", "gzip"),
+                    ("content-length", str(len(bomb))),
+                    *_id_headers(req, echo),
+                ],
+            )
+        )
         w(bomb)
     elif scenario == "size-bomb":
         await _size_bomb(writer, model, int(arg or 512), stream)
     elif scenario == "leak":
         status = int(arg or 400)
         msg = _leak_text(req)
-        data = json.dumps({"object": "error", "message": msg, "type": "BadRequestError",
-                           "param": None, "code": status}).encode()
-        w(_head(f"{status} Error", [("content-type", "application/json"),
-                                    ("content-length", str(len(data))),
-                                    ("x-backend", INTERNAL_HOSTS[0]),
-                                    ("x-upstream-auth", req.headers.get("authorization", "")),
-                                    *_id_headers(req, echo)]) + data)
+        data = json.dumps(
+            {
+                "object": "error",
+                "message": msg,
+                "type": "BadRequestError",
+                "param": None,
+                "code": status,
+            }
+        ).encode()
+        w(
+            _head(
+                f"{status} Error",
+                [
+                    ("content-type", "application/json"),
+                    ("content-length", str(len(data))),
+                    ("x-backend", INTERNAL_HOSTS[0]),
+                    ("x-upstream-auth", req.headers.get("authorization", "")),
+                    *_id_headers(req, echo),
+                ],
+            )
+            + data
+        )
     elif scenario == "leak-inband":
-        error = {"error": {"message": _leak_text(req), "type": "BadRequestError",
-                           "code": int(arg or 500)}}
+        error = {
+            "error": {
+                "message": _leak_text(req),
+                "type": "BadRequestError",
+                "code": int(arg or 500),
+            }
+        }
         data = json.dumps(error).encode()
         if stream:
-            w(_head("200 OK", [("content-type", "text/event-stream; charset=utf-8"),
-                               ("transfer-encoding", "chunked"), *_id_headers(req, echo)])
-              + _chunked(_events(model, text)[0]) + _chunked(b"data: " + data + b"\n\n")
-              + b"0\r\n\r\n")
+            w(
+                _head(
+                    "200 OK",
+                    [
+                        ("content-type", "text/event-stream; charset=utf-8"),
+                        ("transfer-encoding", "chunked"),
+                        *_id_headers(req, echo),
+                    ],
+                )
+                + _chunked(_events(model, text)[0])
+                + _chunked(b"data: " + data + b"\n\n")
+                + b"0\r\n\r\n"
+            )
         else:
-            w(_head("200 OK", [("content-type", "application/json"),
-                               ("content-length", str(len(data))), *_id_headers(req, echo)])
-              + data)
+            w(
+                _head(
+                    "200 OK",
+                    [
+                        ("content-type", "application/json"),
+                        ("content-length", str(len(data))),
+                        *_id_headers(req, echo),
+                    ],
+                )
+                + data
+            )
     elif scenario == "nan-inband":
-        data = (b'{"error":{"message":"sampling failed","type":"InternalServerError",'
-                b'"code":NaN,"param":Infinity,"details":[1e400,-Infinity]}}')
+        data = (
+            b'{"error":{"message":"sampling failed","type":"InternalServerError",'
+            b'"code":NaN,"param":Infinity,"details":[1e400,-Infinity]}}'
+        )
         if stream:
-            w(_head("200 OK", [("content-type", "text/event-stream; charset=utf-8"),
-                               ("transfer-encoding", "chunked"), *_id_headers(req, echo)])
-              + _chunked(_events(model, text)[0]) + _chunked(b"data: " + data + b"\n\n")
-              + b"0\r\n\r\n")
+            w(
+                _head(
+                    "200 OK",
+                    [
+                        ("content-type", "text/event-stream; charset=utf-8"),
+                        ("transfer-encoding", "chunked"),
+                        *_id_headers(req, echo),
+                    ],
+                )
+                + _chunked(_events(model, text)[0])
+                + _chunked(b"data: " + data + b"\n\n")
+                + b"0\r\n\r\n"
+            )
         else:
-            w(_head("200 OK", [("content-type", "application/json"),
-                               ("content-length", str(len(data))), *_id_headers(req, echo)])
-              + data)
+            w(
+                _head(
+                    "200 OK",
+                    [
+                        ("content-type", "application/json"),
+                        ("content-length", str(len(data))),
+                        *_id_headers(req, echo),
+                    ],
+                )
+                + data
+            )
     elif scenario == "leak-disguised":
         w(_disguised_leak(req, model, text, arg, stream, echo))
     elif scenario == "wrong-id":
@@ -483,8 +681,17 @@ async def _answer(req: Request, writer: asyncio.StreamWriter) -> bool:
     elif scenario == "malformed-head":
         w(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nthis is not a header\r\n\r\n")
     elif scenario == "cut-body":
-        w(_head("200 OK", [("content-type", "application/json"), ("content-length", "1000"),
-                           *_id_headers(req, echo)]) + _completion(model, text)[:100])
+        w(
+            _head(
+                "200 OK",
+                [
+                    ("content-type", "application/json"),
+                    ("content-length", "1000"),
+                    *_id_headers(req, echo),
+                ],
+            )
+            + _completion(model, text)[:100]
+        )
         await writer.drain()
         return False
     else:
@@ -498,12 +705,15 @@ async def _get(req: Request, writer: asyncio.StreamWriter) -> None:
     if req.path == "/_requests":
         data = json.dumps(list(STATS.log)).encode()
     elif req.path == "/_stats":
-        data = json.dumps({"connections": STATS.accepted, "open": STATS.open,
-                           "requests": STATS.requests}).encode()
+        data = json.dumps(
+            {"connections": STATS.accepted, "open": STATS.open, "requests": STATS.requests}
+        ).encode()
     else:
         data = b"ok"
-    writer.write(_head("200 OK", [("content-type", "application/json"),
-                                  ("content-length", str(len(data)))]) + data)
+    writer.write(
+        _head("200 OK", [("content-type", "application/json"), ("content-length", str(len(data)))])
+        + data
+    )
     await writer.drain()
 
 

@@ -16,8 +16,11 @@ from typing import Any
 from tests.anthropic_stream_check import check_stream
 from tests.procs import get, post
 
-COUNTERS = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total",
-            "llamacpp:tokens_predicted_total")
+COUNTERS = (
+    "llamacpp:prompt_tokens_total",
+    "llamacpp:prompt_tokens_cached_total",
+    "llamacpp:tokens_predicted_total",
+)
 HEADERS = {"anthropic-version": "2023-06-01"}
 
 
@@ -33,8 +36,9 @@ def counters(root: str) -> dict[str, float]:
     return out
 
 
-def served_by(roots: list[str | None], before: list[dict[str, float] | None]
-              ) -> tuple[int, dict[str, float]]:
+def served_by(
+    roots: list[str | None], before: list[dict[str, float] | None]
+) -> tuple[int, dict[str, float]]:
     """The one live engine whose counters moved since ``before`` (it updates them as its slot
     is released, which may be just after the reply's last byte): its index and the deltas."""
     deadline = time.monotonic() + 10
@@ -76,26 +80,39 @@ class Session:
 
     def __init__(self, s: int) -> None:
         self.sid = f"6a1f0c2e-0000-4000-8000-{s:012d}"
-        self.system = f"You are agent {s}. " + " ".join(f"rule {s}.{i}: be exact." for i in
-                                                        range(40))
+        self.system = f"You are agent {s}. " + " ".join(
+            f"rule {s}.{i}: be exact." for i in range(40)
+        )
         self.messages: list[dict[str, Any]] = [{"role": "user", "content": f"task {s}: begin"}]
 
 
 def turn(base: str, session: Session, n: int, *, stream: bool = True) -> None:
     """Turn ``n``, streamed or buffered; asserts a 200 and a well-formed reply ending
     end_turn, then adds the answer and a tool result to the session."""
-    body = {"model": "m", "max_tokens": 200, "stream": stream, "system": session.system,
-            "messages": session.messages}
-    status, _, raw = post(f"{base}/llm/v1/messages", body,
-                          {**HEADERS, "x-claude-code-session-id": session.sid}, timeout=60)
+    body = {
+        "model": "m",
+        "max_tokens": 200,
+        "stream": stream,
+        "system": session.system,
+        "messages": session.messages,
+    }
+    status, _, raw = post(
+        f"{base}/llm/v1/messages",
+        body,
+        {**HEADERS, "x-claude-code-session-id": session.sid},
+        timeout=60,
+    )
     assert status == 200, (session.sid, n, status, raw[:300])
     if stream:
         events = check_stream(raw)
         assert not [e for e in events if e["type"] == "error"], raw[-300:]
         delta = next(e for e in events if e["type"] == "message_delta")
         stop = delta["delta"]["stop_reason"]
-        text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta"
-                       and e["delta"]["type"] == "text_delta")
+        text = "".join(
+            e["delta"]["text"]
+            for e in events
+            if e["type"] == "content_block_delta" and e["delta"]["type"] == "text_delta"
+        )
     else:
         reply = json.loads(raw)
         assert reply["type"] == "message" and reply["role"] == "assistant", reply
@@ -105,12 +122,21 @@ def turn(base: str, session: Session, n: int, *, stream: bool = True) -> None:
         text = "".join(b["text"] for b in reply["content"] if b["type"] == "text")
     assert stop == "end_turn", (stream, raw[-300:])
     assert text
-    session.messages += [{"role": "assistant", "content": text},
-                         {"role": "user", "content": f"tool result {n}: 3 tests pass"}]
+    session.messages += [
+        {"role": "assistant", "content": text},
+        {"role": "user", "content": f"tool result {n}: 3 tests pass"},
+    ]
 
 
-def play(base: str, sessions: list[Session], turns: range, roots: list[str | None],
-         placement: dict[int, list[int]], *, mixed: bool = False) -> None:
+def play(
+    base: str,
+    sessions: list[Session],
+    turns: range,
+    roots: list[str | None],
+    placement: dict[int, list[int]],
+    *,
+    mixed: bool = False,
+) -> None:
     """Every session's ``turns``, interleaved, one request at a time; appends the engine that
     served each to ``placement`` and asserts that a turn on the engine of the session's
     previous turn was read from its cache. ``mixed``: streamed and buffered in turn."""

@@ -27,7 +27,7 @@ def parse_line(line: str | bytes) -> Line | None:
     text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
     text = text.strip()
     if text.startswith("<") and "{" in text:  # a journald priority prefix
-        text = text[text.index("{"):]
+        text = text[text.index("{") :]
     if not text.startswith("{"):
         return None
     try:
@@ -56,8 +56,12 @@ def log_lines(output: str | bytes, *, strict: bool = False) -> list[Line]:
 def matching(lines: list[Line], event: str | None = None, **fields: Any) -> list[Line]:
     """The lines whose ``event`` is ``event`` (any, when None) and whose ``fields`` have these
     values."""
-    return [ln for ln in lines if (event is None or ln.get("event") == event)
-            and all(ln.get(k) == v for k, v in fields.items())]
+    return [
+        ln
+        for ln in lines
+        if (event is None or ln.get("event") == event)
+        and all(ln.get(k) == v for k, v in fields.items())
+    ]
 
 
 def access_lines(output: str | bytes, **fields: Any) -> list[Line]:
@@ -65,10 +69,16 @@ def access_lines(output: str | bytes, **fields: Any) -> list[Line]:
     return matching(log_lines(output), "access", **fields)
 
 
-def wait_for_line(output: Callable[[], str], predicate: Callable[[Line], bool],
-                  what: str = "the log line", *, timeout: float = 10.0) -> Line:
+def wait_for_line(
+    output: Callable[[], str],
+    predicate: Callable[[Line], bool],
+    what: str = "the log line",
+    *,
+    timeout: float = 10.0,
+) -> Line:
     """The first line of ``output()`` for which ``predicate`` holds, once it is written; fails
     after ``timeout`` seconds with the end of the log."""
+
     def found() -> Line | None:
         return next((ln for ln in log_lines(output()) if predicate(ln)), None)
 

@@ -28,8 +28,13 @@ def ts_sdk_ready() -> None:
 def run_ts(base: str, model: str, mode: str = "ok") -> dict:
     """tests/clients/ts_sdk.mjs against ``base``: its last JSON line."""
     ts_sdk_ready()
-    proc = subprocess.run(["node", str(CLIENTS / "ts_sdk.mjs"), base, model, mode],
-                          capture_output=True, text=True, timeout=60, cwd=CLIENTS)
+    proc = subprocess.run(
+        ["node", str(CLIENTS / "ts_sdk.mjs"), base, model, mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=CLIENTS,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert lines, proc.stdout + proc.stderr
     return json.loads(lines[-1])  # type: ignore[no-any-return]
@@ -55,9 +60,20 @@ def run_claude_code(tmp_path: Path, mode: str, prompt: str, timeout: float = 280
             pytest.fail("; ".join(missing))
         pytest.skip("; ".join(missing))
     out = tmp_path / "cc.json"
-    proc = subprocess.run(["unshare", "-n", sys.executable,
-                           str(CLIENTS / "claude_code_run.py"), str(out),
-                           mode, prompt], capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [
+            "unshare",
+            "-n",
+            sys.executable,
+            str(CLIENTS / "claude_code_run.py"),
+            str(out),
+            mode,
+            prompt,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert out.exists(), proc.stdout + proc.stderr
     return json.loads(out.read_text())
 
@@ -69,14 +85,21 @@ def claude_code_posts(run: dict) -> list[dict]:
 
 def claude_code_sent(run: dict) -> list[dict]:
     """The bodies of Claude Code's own POST /v1/messages requests, in order."""
-    return [r["body"] for r in run["client_requests"]
-            if r["method"] == "POST" and r["path"].split("?")[0].endswith("/v1/messages")]
+    return [
+        r["body"]
+        for r in run["client_requests"]
+        if r["method"] == "POST" and r["path"].split("?")[0].endswith("/v1/messages")
+    ]
 
 
 def claude_code_brief(run: dict) -> dict:
     """A failed run, short enough to read in an assertion message."""
-    return {"exit_code": run["exit_code"], "result": run["result"], "stderr": run["stderr"],
-            "access": [(a["model"], a["status"], a["error"]) for a in run["access"]]}
+    return {
+        "exit_code": run["exit_code"],
+        "result": run["result"],
+        "stderr": run["stderr"],
+        "access": [(a["model"], a["status"], a["error"]) for a in run["access"]],
+    }
 
 
 def content_text(content: str | list[dict]) -> str:

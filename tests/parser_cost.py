@@ -28,10 +28,17 @@ def _times(unit: str, size: int) -> str:
 # name: (parser, the reply at a size in characters)
 CASES: dict[str, tuple[str, Callable[[int], str]]] = {
     "coder functions without closers": (
-        "calls", lambda n: "<tool_call>\n" + _times("<function=read_file>\n", n)),
+        "calls",
+        lambda n: "<tool_call>\n" + _times("<function=read_file>\n", n),
+    ),
     "coder parameters without closers": (
-        "calls", lambda n: "<tool_call>\n<function=read_file>\n"
-        + _times("<parameter=path>\n", n) + "</function>\n</tool_call>"),
+        "calls",
+        lambda n: (
+            "<tool_call>\n<function=read_file>\n"
+            + _times("<parameter=path>\n", n)
+            + "</function>\n</tool_call>"
+        ),
+    ),
     "coder names that never end": ("calls", lambda n: "<tool_call>" + _times("<function=", n)),
     "hermes openers": ("calls", lambda n: _times("<tool_call>", n)),
     "hermes argument string": ("calls", lambda n: "<tool_call>" + _ARG + _times("x", n)),
@@ -42,7 +49,9 @@ CASES: dict[str, tuple[str, Callable[[int], str]]] = {
     "mistral v11 nesting": ("calls", lambda n: "[TOOL_CALLS]read_file[ARGS]{" + _times("[", n)),
     "mistral markers as text": ("calls", lambda n: _times("[TOOL_CALLS]x ", n)),
     "llama whole message": (
-        "calls", lambda n: ' {"name": "read_file", "parameters": {"path": "' + _times("x", n)),
+        "calls",
+        lambda n: ' {"name": "read_file", "parameters": {"path": "' + _times("x", n),
+    ),
     "llama python tag": ("calls", lambda n: "<|python_tag|>" + _times("{", n)),
     "tag prefixes in prose": ("calls", lambda n: _times("<tool_ [TOOL_", n)),
     "think reasoning": ("think", lambda n: "<think>\n" + _times("</thin \n", n)),
@@ -50,7 +59,9 @@ CASES: dict[str, tuple[str, Callable[[int], str]]] = {
     "think whitespace": ("think", lambda n: _times(" ", 32) + "<think>" + _times(" \r\n", n)),
     "normaliser whitespace": ("normaliser", lambda n: "text" + _times(" \n\t", n)),
     "normaliser think then calls": (
-        "normaliser", lambda n: "<think>x</think>" + _times("<tool_call><function=", n)),
+        "normaliser",
+        lambda n: "<think>x</think>" + _times("<tool_call><function=", n),
+    ),
 }
 
 

@@ -15,8 +15,10 @@ from collections.abc import Sequence
 
 from pypdf import PdfReader, PdfWriter
 
-_IMAGE = (b"<< /Type /XObject /Subtype /Image /Width 1 /Height 1 /ColorSpace /DeviceGray "
-          b"/BitsPerComponent 8 /Length 1 >>\nstream\n\x80\nendstream")
+_IMAGE = (
+    b"<< /Type /XObject /Subtype /Image /Width 1 /Height 1 /ColorSpace /DeviceGray "
+    b"/BitsPerComponent 8 /Length 1 >>\nstream\n\x80\nendstream"
+)
 
 
 def _escape(line: str) -> bytes:
@@ -45,7 +47,8 @@ def make_pdf(pages: Sequence[Sequence[str] | None], *, catalog_extra: bytes = b"
         objects.append(
             b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources "
             b"<< /Font << /F1 3 0 R >> /XObject << /Im1 4 0 R >> >> /Contents %d 0 R >>"
-            % (first + 2 * i + 1))
+            % (first + 2 * i + 1)
+        )
         if lines is None:
             objects.append(_stream(b"q 612 0 0 792 0 0 cm /Im1 Do Q"))
         else:
@@ -60,7 +63,9 @@ def make_pdf(pages: Sequence[Sequence[str] | None], *, catalog_extra: bytes = b"
     out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
     out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
     out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
-        len(objects) + 1, xref)
+        len(objects) + 1,
+        xref,
+    )
     return bytes(out)
 
 
@@ -70,8 +75,7 @@ def hostile_pdf(operators: int = 200_000) -> bytes:
     CPU time from a request of a few kilobytes."""
     content = b"BT /F1 12 Tf " + b"T* " * operators + b"72 720 Td (Hostile) Tj ET"
     packed = zlib.compress(content, 9)
-    stream = b"<< /Length %d /Filter /FlateDecode >>\nstream\n%s\nendstream" % (
-        len(packed), packed)
+    stream = b"<< /Length %d /Filter /FlateDecode >>\nstream\n%s\nendstream" % (len(packed), packed)
     pdf = make_pdf([["placeholder"]])
     start = pdf.index(b"6 0 obj\n") + len(b"6 0 obj\n")
     end = pdf.index(b"\nendobj", start)
@@ -89,15 +93,16 @@ def _fix_xref(pdf: bytes) -> bytes:
     out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(offsets) + 1)
     out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
     out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
-        len(offsets) + 1, xref)
+        len(offsets) + 1,
+        xref,
+    )
     return bytes(out)
 
 
 def encrypt(pdf: bytes, *, user_password: str, owner_password: str = "owner") -> bytes:
     """The same PDF encrypted (RC4, which pypdf opens without a cipher library)."""
     writer = PdfWriter(clone_from=PdfReader(io.BytesIO(pdf)))
-    writer.encrypt(user_password=user_password, owner_password=owner_password,
-                   algorithm="RC4-128")
+    writer.encrypt(user_password=user_password, owner_password=owner_password, algorithm="RC4-128")
     buf = io.BytesIO()
     writer.write(buf)
     return buf.getvalue()
@@ -109,5 +114,8 @@ def b64(pdf: bytes) -> str:
 
 def document(pdf: bytes, **fields: str) -> dict[str, object]:
     """An Anthropic base64 PDF document block."""
-    return {"type": "document", **fields,
-            "source": {"type": "base64", "media_type": "application/pdf", "data": b64(pdf)}}
+    return {
+        "type": "document",
+        **fields,
+        "source": {"type": "base64", "media_type": "application/pdf", "data": b64(pdf)},
+    }

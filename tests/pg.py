@@ -76,10 +76,19 @@ class PgServer:
         return f"postgresql://{USER}:{PASSWORD}@127.0.0.1:{port or self.port}/{db}"
 
     def _run(self, args: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "TZ": "UTC",
-               "HOME": str(self.dir)}
-        return subprocess.Popen(args, env=env, cwd=self.dir, **self._user,  # type: ignore[call-overload]
-                                **kwargs)
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "LC_ALL": "C",
+            "TZ": "UTC",
+            "HOME": str(self.dir),
+        }
+        return subprocess.Popen(
+            args,
+            env=env,
+            cwd=self.dir,
+            **self._user,  # type: ignore[call-overload]
+            **kwargs,
+        )
 
     def start(self, timeout: float = 30.0) -> None:
         pwfile = self.dir / "pw"
@@ -87,20 +96,51 @@ class PgServer:
         if self._user:
             os.chown(pwfile, self._user["user"], self._user["group"])  # type: ignore[arg-type]
         data = self.dir / "data"
-        init = self._run([str(self.bindir / "initdb"), "-D", str(data), "-U", USER,
-                          f"--pwfile={pwfile}", "--auth-local=trust",
-                          "--auth-host=scram-sha-256", "-E", "UTF8", "--locale=C", "--no-sync"],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        init = self._run(
+            [
+                str(self.bindir / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                USER,
+                f"--pwfile={pwfile}",
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         out, _ = init.communicate(timeout=120)
         if init.returncode != 0:
             raise RuntimeError(f"initdb failed:\n{out.decode(errors='replace')}")
         with open(self.log, "wb") as log:
             self.proc = self._run(
-                [str(self.bindir / "postgres"), "-D", str(data), "-p", str(self.port),
-                 "-k", str(self.dir), "-c", "listen_addresses=127.0.0.1",
-                 "-c", "fsync=off", "-c", "synchronous_commit=off",
-                 "-c", "full_page_writes=off", "-c", "max_connections=100"],
-                stdout=log, stderr=subprocess.STDOUT)
+                [
+                    str(self.bindir / "postgres"),
+                    "-D",
+                    str(data),
+                    "-p",
+                    str(self.port),
+                    "-k",
+                    str(self.dir),
+                    "-c",
+                    "listen_addresses=127.0.0.1",
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "synchronous_commit=off",
+                    "-c",
+                    "full_page_writes=off",
+                    "-c",
+                    "max_connections=100",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         self._wait(timeout)
 
     def _wait(self, timeout: float) -> None:
@@ -110,8 +150,10 @@ class PgServer:
         while True:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise RuntimeError(f"postgres exited with {self.proc.returncode}:\n"
-                                   + self.log.read_text(errors="replace"))
+                raise RuntimeError(
+                    f"postgres exited with {self.proc.returncode}:\n"
+                    + self.log.read_text(errors="replace")
+                )
             try:
                 with psycopg.connect(self.url(), connect_timeout=2):
                     return

@@ -56,13 +56,15 @@ def wait_http(url: str, timeout: float = 15.0, proc: subprocess.Popen[bytes] | N
 class Proc:
     """A child process whose stderr goes to a file we can read back."""
 
-    def __init__(self, args: list[str], *, env: dict[str, str] | None = None,
-                 cwd: Path | None = None) -> None:
+    def __init__(
+        self, args: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> None:
         self.log = tempfile.NamedTemporaryFile(prefix="proc-", suffix=".log", delete=False)
         full_env = {**os.environ, **(env or {})}
         full_env.setdefault("PYTHONUNBUFFERED", "1")
-        self.popen = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
-                                      env=full_env, cwd=str(cwd or REPO))
+        self.popen = subprocess.Popen(
+            args, stdout=self.log, stderr=subprocess.STDOUT, env=full_env, cwd=str(cwd or REPO)
+        )
 
     @property
     def pid(self) -> int:
@@ -90,8 +92,13 @@ class Proc:
         return self.popen.returncode
 
 
-def start_gateway(config_text: str, tmp_path: Path, *, env: dict[str, str] | None = None,
-                  extra_args: tuple[str, ...] = ()) -> tuple[Proc, str]:
+def start_gateway(
+    config_text: str,
+    tmp_path: Path,
+    *,
+    env: dict[str, str] | None = None,
+    extra_args: tuple[str, ...] = (),
+) -> tuple[Proc, str]:
     """Write the config, start ``python -m gateway`` and wait for /health. -> (proc, base url)"""
     port = free_port()
     cfg = tmp_path / f"gateway-{port}.toml"
@@ -101,8 +108,10 @@ def start_gateway(config_text: str, tmp_path: Path, *, env: dict[str, str] | Non
         # the test's own state directory (signing key, batch database): gateways of one test
         # share it, and no batch a test leaves behind is picked up by another test's gateway
         env["XDG_STATE_HOME"] = str(tmp_path / "state")
-    proc = Proc([sys.executable, "-m", "gateway", "--config", str(cfg), "--port", str(port),
-                 *extra_args], env=env)
+    proc = Proc(
+        [sys.executable, "-m", "gateway", "--config", str(cfg), "--port", str(port), *extra_args],
+        env=env,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", proc=proc.popen)
     except Exception:
@@ -120,17 +129,25 @@ def _call(req: urllib.request.Request, timeout: float) -> tuple[int, dict[str, s
             return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
 
 
-def post(url: str, body: Any, headers: dict[str, str] | None = None,
-         timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+def post(
+    url: str, body: Any, headers: dict[str, str] | None = None, timeout: float = 30
+) -> tuple[int, dict[str, str], bytes]:
     """POST JSON (or raw bytes); -> (status, lower-cased headers, body), errors included."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return _call(urllib.request.Request(
-        url, data=data, method="POST",
-        headers={"Content-Type": "application/json", **(headers or {})}), timeout)
+    return _call(
+        urllib.request.Request(
+            url,
+            data=data,
+            method="POST",
+            headers={"Content-Type": "application/json", **(headers or {})},
+        ),
+        timeout,
+    )
 
 
-def get(url: str, headers: dict[str, str] | None = None,
-        timeout: float = 10) -> tuple[int, dict[str, str], bytes]:
+def get(
+    url: str, headers: dict[str, str] | None = None, timeout: float = 10
+) -> tuple[int, dict[str, str], bytes]:
     return _call(urllib.request.Request(url, headers=headers or {}), timeout)
 
 
@@ -140,9 +157,12 @@ def metric(base: str, name: str, **labels: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
     _, _, body = get(f"{base}/metrics")
-    return sum(sample.value for family in text_string_to_metric_families(body.decode())
-               for sample in family.samples if sample.name == name
-               and all(sample.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 def peak_rss_mb(pid: int) -> float:

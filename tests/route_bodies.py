@@ -31,17 +31,30 @@ SLOT = "@@slot@@"
 
 # route -> (path, body with SLOT where the text goes, the text's path, OpenAI shape)
 ROUTES: dict[str, tuple[str, dict[str, Any], str, bool]] = {
-    "messages": ("/v1/messages", {"model": "m-ok", "max_tokens": 5,
-                                  "messages": [{"role": "user", "content": SLOT}]},
-                 "messages.0.content", False),
-    "count_tokens": ("/v1/messages/count_tokens",
-                     {"model": "m-ok", "messages": [{"role": "user", "content": SLOT}]},
-                     "messages.0.content", False),
-    "chat": ("/v1/chat/completions", {"model": "m-ok", "max_tokens": 5,
-                                      "messages": [{"role": "user", "content": SLOT}]},
-             "messages.0.content", True),
-    "completions": ("/v1/completions", {"model": "m-ok", "max_tokens": 5, "prompt": SLOT},
-                    "prompt", True),
+    "messages": (
+        "/v1/messages",
+        {"model": "m-ok", "max_tokens": 5, "messages": [{"role": "user", "content": SLOT}]},
+        "messages.0.content",
+        False,
+    ),
+    "count_tokens": (
+        "/v1/messages/count_tokens",
+        {"model": "m-ok", "messages": [{"role": "user", "content": SLOT}]},
+        "messages.0.content",
+        False,
+    ),
+    "chat": (
+        "/v1/chat/completions",
+        {"model": "m-ok", "max_tokens": 5, "messages": [{"role": "user", "content": SLOT}]},
+        "messages.0.content",
+        True,
+    ),
+    "completions": (
+        "/v1/completions",
+        {"model": "m-ok", "max_tokens": 5, "prompt": SLOT},
+        "prompt",
+        True,
+    ),
     "embeddings": ("/v1/embeddings", {"model": "m-ok", "input": SLOT}, "input", True),
     "responses": ("/v1/responses", {"model": "m-ok", "input": SLOT}, "input", True),
 }
@@ -75,8 +88,7 @@ Reply = tuple[str, int, dict[str, str], bytes]  # path, status, headers, body
 def _send(port: int, path: str, body: bytes, out: list[Reply]) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
-        conn.request("POST", "/llm" + path, body=body,
-                     headers={"Content-Type": "application/json"})
+        conn.request("POST", "/llm" + path, body=body, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         headers = {k.lower(): v for k, v in resp.getheaders()}
         out.append((path, resp.status, headers, resp.read()))
@@ -95,8 +107,7 @@ def _probe_health(url: str, stop: threading.Event, latencies: list[float]) -> No
         time.sleep(0.02)
 
 
-def run_at_once(base: str, jobs: list[tuple[str, bytes]]
-                 ) -> tuple[list[Reply], list[float], float]:
+def run_at_once(base: str, jobs: list[tuple[str, bytes]]) -> tuple[list[Reply], list[float], float]:
     """Send every (path, body) at once while probing /health; -> (replies, latencies, s)."""
     port = int(base.rsplit(":", 1)[1])
     replies: list[Reply] = []
@@ -105,8 +116,9 @@ def run_at_once(base: str, jobs: list[tuple[str, bytes]]
     probe = threading.Thread(target=_probe_health, args=(base + "/health", stop, latencies))
     probe.start()
     t0 = time.monotonic()
-    senders = [threading.Thread(target=_send, args=(port, path, body, replies))
-               for path, body in jobs]
+    senders = [
+        threading.Thread(target=_send, args=(port, path, body, replies)) for path, body in jobs
+    ]
     for sender in senders:
         sender.start()
     for sender in senders:

@@ -91,8 +91,14 @@ def result(query: str, n: int, host: str) -> dict:
     return {
         "url": url,
         "engine": engine,
-        "parsed_url": [parsed.scheme, parsed.netloc, parsed.path, parsed.params,
-                       parsed.query, parsed.fragment],
+        "parsed_url": [
+            parsed.scheme,
+            parsed.netloc,
+            parsed.path,
+            parsed.params,
+            parsed.query,
+            parsed.fragment,
+        ],
         "template": "default.html",
         "title": f"{shown} - result {n}",
         "content": f"Snippet {n} about {shown}.",
@@ -123,10 +129,14 @@ def odd_results(query: str) -> list[dict]:
     """``#odd``: five results whose fields are legal in SearXNG but awkward downstream."""
     base = [result(query, n, HOSTS[(n - 1) % 3]) for n in range(1, 6)]
     base[0]["title"] = ""
-    base[1].update(url="ftp://files.example.org/pub/notes.txt",
-                   parsed_url=["ftp", "files.example.org", "/pub/notes.txt", "", "", ""])
-    base[2].update(url=ODD_URL, parsed_url=["https", "wiki.example.org", "/wiki/Z\u00fcrich",
-                                            "", "lang=de&x=1", ""])
+    base[1].update(
+        url="ftp://files.example.org/pub/notes.txt",
+        parsed_url=["ftp", "files.example.org", "/pub/notes.txt", "", "", ""],
+    )
+    base[2].update(
+        url=ODD_URL,
+        parsed_url=["https", "wiki.example.org", "/wiki/Z\u00fcrich", "", "lang=de&x=1", ""],
+    )
     base[3].update(publishedDate="2026-03-13T09:26:53+02:00", pubdate="2026-03-13 09:26:53+0200")
     base[4]["content"] = "\n\t".join(["A long line of page text."] * 200)
     return base
@@ -137,13 +147,21 @@ def search_response(query: str) -> dict:
     site = _SITE.search(query)
     count = 10 if "#many" in query else 3
     hosts = [site.group(1)] * count if site else [HOSTS[i % len(HOSTS)] for i in range(count)]
-    results = [] if "#empty" in query else [
-        result(query, i + 1, host) for i, host in enumerate(hosts)]
+    results = (
+        [] if "#empty" in query else [result(query, i + 1, host) for i, host in enumerate(hosts)]
+    )
     if "#odd" in query:
         results = odd_results(query)
-    body: dict = {"query": query, "number_of_results": 0, "results": results, "answers": [],
-                  "corrections": [], "infoboxes": [], "suggestions": [],
-                  "unresponsive_engines": []}
+    body: dict = {
+        "query": query,
+        "number_of_results": 0,
+        "results": results,
+        "answers": [],
+        "corrections": [],
+        "infoboxes": [],
+        "suggestions": [],
+        "unresponsive_engines": [],
+    }
     if "#empty" in query:
         body["unresponsive_engines"] = [["brave", "CAPTCHA"], ["duckduckgo", "timeout"]]
     else:
@@ -186,10 +204,10 @@ class SearxStub:
         if "#garbage" in query:
             return web.Response(text='{"query": "trunc', content_type="application/json")
         if "#html" in query:
-            return web.Response(text="<html><body>Sign in</body></html>",
-                                content_type="text/html")
-        return web.Response(text=json.dumps(search_response(query)),
-                            content_type="application/json")
+            return web.Response(text="<html><body>Sign in</body></html>", content_type="text/html")
+        return web.Response(
+            text=json.dumps(search_response(query)), content_type="application/json"
+        )
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="OK", content_type="text/plain")
@@ -216,5 +234,11 @@ def make_app(slow_seconds: float = 30.0) -> web.Application:
 
 if __name__ == "__main__":
     slow = float(sys.argv[2]) if len(sys.argv) > 2 else 30.0
-    web.run_app(make_app(slow), host="127.0.0.1", port=int(sys.argv[1]), print=None,
-                handler_cancellation=True, access_log=None)
+    web.run_app(
+        make_app(slow),
+        host="127.0.0.1",
+        port=int(sys.argv[1]),
+        print=None,
+        handler_cancellation=True,
+        access_log=None,
+    )

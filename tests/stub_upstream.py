@@ -136,20 +136,34 @@ CREATED = 1700000000
 GOLDEN_STREAMS = Path(__file__).resolve().parent / "golden" / "streams"
 _CASE_NAME = re.compile(r"[a-z0-9_]+")
 TEXT = ["Hello", " from", " the", " stub", "."]
-TRACEBACK = ('Traceback (most recent call last):\n  File "/opt/vllm/entrypoints/openai/'
-             'serving_chat.py", line 42, in create\nRuntimeError: CUDA out of memory at '
-             'http://10.1.2.3:8000/v1')
-CONTEXT = ("This model's maximum context length is 4096 tokens. However, you requested 5000 "
-           "tokens (4000 in the messages, 1000 in the completion). Please reduce the length "
-           "of the messages or completion.")
+TRACEBACK = (
+    'Traceback (most recent call last):\n  File "/opt/vllm/entrypoints/openai/'
+    'serving_chat.py", line 42, in create\nRuntimeError: CUDA out of memory at '
+    "http://10.1.2.3:8000/v1"
+)
+CONTEXT = (
+    "This model's maximum context length is 4096 tokens. However, you requested 5000 "
+    "tokens (4000 in the messages, 1000 in the completion). Please reduce the length "
+    "of the messages or completion."
+)
 
 
-def chunk(model: str, delta: dict, finish: str | None = None, usage: dict | None = None,
-          choices: bool = True) -> bytes:
-    body: dict = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": CREATED,
-                  "model": model}
-    body["choices"] = ([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
-                       if choices else [])
+def chunk(
+    model: str,
+    delta: dict,
+    finish: str | None = None,
+    usage: dict | None = None,
+    choices: bool = True,
+) -> bytes:
+    body: dict = {
+        "id": "chatcmpl-stub",
+        "object": "chat.completion.chunk",
+        "created": CREATED,
+        "model": model,
+    }
+    body["choices"] = (
+        [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}] if choices else []
+    )
     if usage is not None:
         body["usage"] = usage
     return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
@@ -171,13 +185,20 @@ def _compact(obj: object) -> str:
 
 
 def completion(model: str, message: dict, finish: str, usage: dict) -> dict:
-    return {"id": "chatcmpl-stub", "object": "chat.completion", "created": CREATED,
-            "model": model, "choices": [{"index": 0, "message": message, "logprobs": None,
-                                         "finish_reason": finish}], "usage": usage}
+    return {
+        "id": "chatcmpl-stub",
+        "object": "chat.completion",
+        "created": CREATED,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+        "usage": usage,
+    }
 
 
-INBAND_ERROR = (b'data: {"error":{"message":"boom at http://10.0.0.9/x",'
-                b'"type":"InternalServerError","code":500}}\n\n')
+INBAND_ERROR = (
+    b'data: {"error":{"message":"boom at http://10.0.0.9/x",'
+    b'"type":"InternalServerError","code":500}}\n\n'
+)
 USAGE = {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}
 USAGE_CACHED = {**USAGE, "prompt_tokens_details": {"cached_tokens": 8}}
 
@@ -189,20 +210,42 @@ def script(model: str) -> tuple[list[bytes], dict]:
         frames = [role] + [chunk(model, {"reasoning_content": t}) for t in ["Let me", " think."]]
         frames += [chunk(model, {"content": t}) for t in TEXT]
         frames += [chunk(model, {}, "stop"), chunk(model, {}, usage=USAGE, choices=False)]
-        body = completion(model, {"role": "assistant", "content": "".join(TEXT),
-                                  "reasoning_content": "Let me think."}, "stop", USAGE)
+        body = completion(
+            model,
+            {"role": "assistant", "content": "".join(TEXT), "reasoning_content": "Let me think."},
+            "stop",
+            USAGE,
+        )
         return [*frames, b"data: [DONE]\n\n"], body
     if model == "tools":
-        call = {"index": 0, "id": "call_1", "type": "function",
-                "function": {"name": "get_weather", "arguments": ""}}
+        call = {
+            "index": 0,
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": ""},
+        }
         frames = [role, chunk(model, {"tool_calls": [call]})]
-        frames += [chunk(model, {"tool_calls": [{"index": 0, "function": {"arguments": a}}]})
-                   for a in ['{"city": ', '"Paris"}']]
+        frames += [
+            chunk(model, {"tool_calls": [{"index": 0, "function": {"arguments": a}}]})
+            for a in ['{"city": ', '"Paris"}']
+        ]
         frames += [chunk(model, {}, "tool_calls", usage=USAGE)]
-        body = completion(model, {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function",
-             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-            "tool_calls", USAGE)
+        body = completion(
+            model,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
+            "tool_calls",
+            USAGE,
+        )
         return [*frames, b"data: [DONE]\n\n"], body
     finish = "length" if model == "length" else "stop"
     usage = USAGE_CACHED if model == "cached" else USAGE
@@ -227,10 +270,13 @@ def _prefill(body: Any) -> str | None:
 
 def continued_frames(model: str, prefill: str) -> list[bytes]:
     """The ok stream's frames continuing ``prefill``: the rest of the ok text, in pieces."""
-    rest = "".join(TEXT)[len(prefill):]
+    rest = "".join(TEXT)[len(prefill) :]
     pieces = re.findall(r"\s*\S+|\s+", rest)
-    usage = {"prompt_tokens": 20, "completion_tokens": len(pieces),
-             "total_tokens": 20 + len(pieces)}
+    usage = {
+        "prompt_tokens": 20,
+        "completion_tokens": len(pieces),
+        "total_tokens": 20 + len(pieces),
+    }
     frames = [chunk(model, {"role": "assistant", "content": ""})]
     frames += [chunk(model, {"content": p}) for p in pieces]
     frames += [chunk(model, {}, "stop"), chunk(model, {}, usage=usage, choices=False)]
@@ -261,8 +307,11 @@ def buffered_completion(upstream_sse: bytes) -> dict:
             for tc in delta.get("tool_calls") or ():
                 call = at.get(tc["index"])
                 if call is None or (tc.get("id") and call["id"] and tc["id"] != call["id"]):
-                    call = {"id": tc.get("id"), "type": "function",
-                            "function": {"name": None, "arguments": ""}}
+                    call = {
+                        "id": tc.get("id"),
+                        "type": "function",
+                        "function": {"name": None, "arguments": ""},
+                    }
                     at[tc["index"]] = call
                     calls.append(call)
                 function = tc.get("function") or {}
@@ -274,10 +323,13 @@ def buffered_completion(upstream_sse: bytes) -> dict:
         message["reasoning_content"] = "".join(reasoning)
     if calls:
         message["tool_calls"] = calls
-    body = {"id": first.get("id", "chatcmpl-stub"), "object": "chat.completion",
-            "created": first.get("created", CREATED), "model": first.get("model", ""),
-            "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": finish}]}
+    body = {
+        "id": first.get("id", "chatcmpl-stub"),
+        "object": "chat.completion",
+        "created": first.get("created", CREATED),
+        "model": first.get("model", ""),
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+    }
     if usage is not None:
         body["usage"] = usage
     return body
@@ -290,8 +342,12 @@ _URL = re.compile(r"https?://[^\s\"'<>()\[\]{},]+")
 def offers_web_search(body: Any) -> bool:
     """Whether the request offers the model a function named ``web_search``."""
     tools = body.get("tools") if isinstance(body, dict) else None
-    return any(isinstance(t, dict) and isinstance(t.get("function"), dict)
-               and t["function"].get("name") == "web_search" for t in tools or ())
+    return any(
+        isinstance(t, dict)
+        and isinstance(t.get("function"), dict)
+        and t["function"].get("name") == "web_search"
+        for t in tools or ()
+    )
 
 
 def search_turn(messages: list[dict]) -> dict:
@@ -301,13 +357,20 @@ def search_turn(messages: list[dict]) -> dict:
     start = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
     query = _tool_text(messages[start]).strip() if start >= 0 else ""
     query = query.removeprefix(SEARCH_PREFIX).strip()
-    names = {c.get("id"): (c.get("function") or {}).get("name")
-             for m in messages[start + 1:] if m.get("role") == "assistant"
-             for c in m.get("tool_calls") or ()}
-    answers = [m for m in messages[start + 1:] if m.get("role") == "tool"]
+    names = {
+        c.get("id"): (c.get("function") or {}).get("name")
+        for m in messages[start + 1 :]
+        if m.get("role") == "assistant"
+        for c in m.get("tool_calls") or ()
+    }
+    answers = [m for m in messages[start + 1 :] if m.get("role") == "tool"]
     texts = [_tool_text(m) for m in answers if names.get(m.get("tool_call_id")) == "web_search"]
-    return {"query": " ".join(query.split()), "searches": len(texts), "search_texts": texts,
-            "client_results": len(answers) - len(texts)}
+    return {
+        "query": " ".join(query.split()),
+        "searches": len(texts),
+        "search_texts": texts,
+        "client_results": len(answers) - len(texts),
+    }
 
 
 def last_turn(messages: list[dict]) -> dict:
@@ -320,9 +383,11 @@ def quoted_key(headers: Mapping[str, str]) -> str:
     was sent: the header, the bare key, its URL-encoded form, and internal addresses."""
     auth = headers.get("Authorization", "")
     key = auth.removeprefix("Bearer ")
-    return (f"invalid key '{key}' (header 'Authorization: {auth}', query key="
-            f"{quote(key, safe='')}) refused by gpu-node-7.internal.example:8000 via fd00::17"
-            f" and [fd00::17]:8000")
+    return (
+        f"invalid key '{key}' (header 'Authorization: {auth}', query key="
+        f"{quote(key, safe='')}) refused by gpu-node-7.internal.example:8000 via fd00::17"
+        f" and [fd00::17]:8000"
+    )
 
 
 def status_reply(model: str, headers: Mapping[str, str] | None = None) -> web.Response:
@@ -333,27 +398,62 @@ def status_reply(model: str, headers: Mapping[str, str] | None = None) -> web.Re
     if kind == "traceback":
         return web.Response(status=code, text=TRACEBACK)
     if kind == "quote-key":
-        return web.json_response({"object": "error", "message": quoted_key(headers or {}),
-                                  "type": "BadRequestError", "param": None, "code": code},
-                                 status=code)
+        return web.json_response(
+            {
+                "object": "error",
+                "message": quoted_key(headers or {}),
+                "type": "BadRequestError",
+                "param": None,
+                "code": code,
+            },
+            status=code,
+        )
     if kind == "context":
-        return web.json_response({"object": "error", "message": CONTEXT,
-                                  "type": "BadRequestError", "param": None,
-                                  "code": code}, status=code)
-    return web.json_response({"object": "error", "message": f"stub says {code}",
-                              "type": "Error", "param": None, "code": code}, status=code)
+        return web.json_response(
+            {
+                "object": "error",
+                "message": CONTEXT,
+                "type": "BadRequestError",
+                "param": None,
+                "code": code,
+            },
+            status=code,
+        )
+    return web.json_response(
+        {
+            "object": "error",
+            "message": f"stub says {code}",
+            "type": "Error",
+            "param": None,
+            "code": code,
+        },
+        status=code,
+    )
 
 
 # --- the other OpenAI routes, shaped as vLLM's ---------------------------------------------
 
 
-def text_completion_chunk(model: str, text: str, finish: str | None = None,
-                          usage: dict | None = None) -> bytes:
-    body: dict = {"id": "cmpl-stub", "object": "text_completion", "created": CREATED,
-                  "model": model, "choices": []}
+def text_completion_chunk(
+    model: str, text: str, finish: str | None = None, usage: dict | None = None
+) -> bytes:
+    body: dict = {
+        "id": "cmpl-stub",
+        "object": "text_completion",
+        "created": CREATED,
+        "model": model,
+        "choices": [],
+    }
     if usage is None:
-        body["choices"] = [{"index": 0, "text": text, "logprobs": None,
-                            "finish_reason": finish, "stop_reason": None}]
+        body["choices"] = [
+            {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+            }
+        ]
     else:
         body["usage"] = usage
     return b"data: " + _compact(body).encode() + b"\n\n"
@@ -366,11 +466,23 @@ def completions_script(model: str, body: dict) -> tuple[list[bytes], dict]:
     frames.append(text_completion_chunk(model, "", "stop"))
     if options.get("include_usage"):
         frames.append(text_completion_chunk(model, "", usage=USAGE))
-    buffered = {"id": "cmpl-stub", "object": "text_completion", "created": CREATED,
-                "model": model, "choices": [{"index": 0, "text": "".join(TEXT),
-                                             "logprobs": None, "finish_reason": "stop",
-                                             "stop_reason": None, "prompt_logprobs": None}],
-                "usage": USAGE}
+    buffered = {
+        "id": "cmpl-stub",
+        "object": "text_completion",
+        "created": CREATED,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "text": "".join(TEXT),
+                "logprobs": None,
+                "finish_reason": "stop",
+                "stop_reason": None,
+                "prompt_logprobs": None,
+            }
+        ],
+        "usage": USAGE,
+    }
     return [*frames, b"data: [DONE]\n\n"], buffered
 
 
@@ -381,8 +493,9 @@ def embedding_vector(i: int) -> list[float]:
 def embeddings_reply(model: str, body: dict) -> dict:
     """``/v1/embeddings``: one 4-dimension vector per input, as floats or base64 float32."""
     given = body.get("input")
-    inputs = given if isinstance(given, list) and given and not isinstance(
-        given[0], int) else [given]
+    inputs = (
+        given if isinstance(given, list) and given and not isinstance(given[0], int) else [given]
+    )
     data = []
     for i in range(len(inputs)):
         vector = embedding_vector(i)
@@ -390,25 +503,56 @@ def embeddings_reply(model: str, body: dict) -> dict:
         if body.get("encoding_format") == "base64":
             value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
         data.append({"index": i, "object": "embedding", "embedding": value})
-    return {"id": "embd-stub", "object": "list", "created": CREATED, "model": model,
-            "data": data, "usage": {"prompt_tokens": USAGE["prompt_tokens"],
-                                    "total_tokens": USAGE["prompt_tokens"],
-                                    "completion_tokens": 0, "prompt_tokens_details": None}}
+    return {
+        "id": "embd-stub",
+        "object": "list",
+        "created": CREATED,
+        "model": model,
+        "data": data,
+        "usage": {
+            "prompt_tokens": USAGE["prompt_tokens"],
+            "total_tokens": USAGE["prompt_tokens"],
+            "completion_tokens": 0,
+            "prompt_tokens_details": None,
+        },
+    }
 
 
-RESPONSE_USAGE = {"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0},
-                  "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0},
-                  "total_tokens": 17}
+RESPONSE_USAGE = {
+    "input_tokens": 12,
+    "input_tokens_details": {"cached_tokens": 0},
+    "output_tokens": 5,
+    "output_tokens_details": {"reasoning_tokens": 0},
+    "total_tokens": 17,
+}
 
 
 def response_object(model: str, status: str, output: list, usage: dict | None) -> dict:
-    return {"id": "resp_stub", "created_at": CREATED, "incomplete_details": None,
-            "instructions": None, "metadata": None, "model": model, "object": "response",
-            "output": output, "parallel_tool_calls": True, "temperature": 1.0,
-            "tool_choice": "auto", "tools": [], "top_p": 1.0, "background": False,
-            "max_output_tokens": None, "previous_response_id": None, "reasoning": None,
-            "service_tier": "auto", "status": status, "text": None, "truncation": "disabled",
-            "usage": usage, "user": None}
+    return {
+        "id": "resp_stub",
+        "created_at": CREATED,
+        "incomplete_details": None,
+        "instructions": None,
+        "metadata": None,
+        "model": model,
+        "object": "response",
+        "output": output,
+        "parallel_tool_calls": True,
+        "temperature": 1.0,
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": 1.0,
+        "background": False,
+        "max_output_tokens": None,
+        "previous_response_id": None,
+        "reasoning": None,
+        "service_tier": "auto",
+        "status": status,
+        "text": None,
+        "truncation": "disabled",
+        "usage": usage,
+        "user": None,
+    }
 
 
 def responses_script(model: str, body: dict) -> tuple[list[bytes], dict]:
@@ -417,8 +561,13 @@ def responses_script(model: str, body: dict) -> tuple[list[bytes], dict]:
     ``[DONE]``."""
     text = "".join(TEXT)
     part = {"annotations": [], "text": "", "type": "output_text", "logprobs": []}
-    message = {"id": "msg_stub", "content": [{**part, "text": text}], "role": "assistant",
-               "status": "completed", "type": "message"}
+    message = {
+        "id": "msg_stub",
+        "content": [{**part, "text": text}],
+        "role": "assistant",
+        "status": "completed",
+        "type": "message",
+    }
     at = {"item_id": "msg_stub", "output_index": 0, "content_index": 0}
     seq = itertools.count()
 
@@ -427,18 +576,26 @@ def responses_script(model: str, body: dict) -> tuple[list[bytes], dict]:
         return b"event: " + kind.encode() + b"\ndata: " + data.encode() + b"\n\n"
 
     started = response_object(model, "in_progress", [], None)
-    frames = [event("response.created", response=started),
-              event("response.in_progress", response=started),
-              event("response.output_item.added", item={**message, "content": [],
-                                                        "status": "in_progress"},
-                    output_index=0),
-              event("response.content_part.added", **at, part=part)]
+    frames = [
+        event("response.created", response=started),
+        event("response.in_progress", response=started),
+        event(
+            "response.output_item.added",
+            item={**message, "content": [], "status": "in_progress"},
+            output_index=0,
+        ),
+        event("response.content_part.added", **at, part=part),
+    ]
     frames += [event("response.output_text.delta", **at, delta=t, logprobs=[]) for t in TEXT]
-    frames += [event("response.output_text.done", **at, text=text, logprobs=[]),
-               event("response.content_part.done", **at, part={**part, "text": text}),
-               event("response.output_item.done", item=message, output_index=0),
-               event("response.completed",
-                     response=response_object(model, "completed", [message], RESPONSE_USAGE))]
+    frames += [
+        event("response.output_text.done", **at, text=text, logprobs=[]),
+        event("response.content_part.done", **at, part={**part, "text": text}),
+        event("response.output_item.done", item=message, output_index=0),
+        event(
+            "response.completed",
+            response=response_object(model, "completed", [message], RESPONSE_USAGE),
+        ),
+    ]
     return frames, response_object(model, "completed", [message], RESPONSE_USAGE)
 
 
@@ -477,10 +634,16 @@ class Stub:
         except ValueError:
             body = None
         peer = request.transport.get_extra_info("peername") if request.transport else None
-        self.requests.append({"method": request.method, "path": request.path_qs,
-                              "headers": dict(request.headers), "body": body,
-                              "raw": raw.decode("utf-8", "replace"),
-                              "peer": peer[1] if peer else None})
+        self.requests.append(
+            {
+                "method": request.method,
+                "path": request.path_qs,
+                "headers": dict(request.headers),
+                "body": body,
+                "raw": raw.decode("utf-8", "replace"),
+                "peer": peer[1] if peer else None,
+            }
+        )
         return body
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -523,19 +686,19 @@ class Stub:
             return await self.tool_cut(request, body, model, stream)
         if model.split(":", 1)[0] in LocalEngine.SCENARIOS:
             return await LocalEngine(model, body).reply(request, stream)
-        frames, buffered = script(model if model in ("reasoning", "tools", "length", "cached")
-                                  else "ok")
-        frames = [f.replace(b'"model":"ok"', b'"model":' + json.dumps(model).encode())
-                  for f in frames]
+        frames, buffered = script(
+            model if model in ("reasoning", "tools", "length", "cached") else "ok"
+        )
+        frames = [
+            f.replace(b'"model":"ok"', b'"model":' + json.dumps(model).encode()) for f in frames
+        ]
         if not stream:
             buffered["model"] = model
             if model.startswith("big:"):
-                buffered["choices"][0]["message"]["content"] = "x" * 1000 * int(
-                    model.split(":")[1])
+                buffered["choices"][0]["message"]["content"] = "x" * 1000 * int(model.split(":")[1])
             return web.json_response(buffered, dumps=_compact)
         prefill = _prefill(body)
-        if prefill is not None and (model in ("ok", "cut-mid")
-                                    or model.startswith("cut-every:")):
+        if prefill is not None and (model in ("ok", "cut-mid") or model.startswith("cut-every:")):
             frames = continued_frames(model, prefill)
         cut = model == "cut-mid" or (self.cut_all and model == "ok")
         if model.startswith("cut-every:"):
@@ -583,8 +746,9 @@ class Stub:
             self.open_streams -= 1
         return resp
 
-    async def tool_cut(self, request: web.Request, body: dict, model: str,
-                       stream: bool) -> web.StreamResponse:
+    async def tool_cut(
+        self, request: web.Request, body: dict, model: str, stream: bool
+    ) -> web.StreamResponse:
         """``tool-cut:N``: see the module docstring."""
         messages = body["messages"]
         prefilled = messages[-1].get("role") == "assistant"
@@ -592,39 +756,71 @@ class Stub:
         seen = self.tool_cuts[key] = self.tool_cuts.get(key, 0) + 1
         say, whole = "Let me check the weather.", '{"city": "Paris"}'
         call_id = f"call_{seen}"
-        text = '\n\n<tool_call>\n{"name": "get_weather", "arguments": ' + whole \
-            + "}\n</tool_call>"
+        text = '\n\n<tool_call>\n{"name": "get_weather", "arguments": ' + whole + "}\n</tool_call>"
         if not stream and model.startswith("text-tool-cut:"):
             message = {"role": "assistant", "content": say + text}
             return web.json_response(completion(model, message, "stop", USAGE), dumps=_compact)
         if not stream:
-            message = {"role": "assistant", "content": say, "tool_calls": [
-                {"id": call_id, "type": "function",
-                 "function": {"name": "get_weather", "arguments": whole}}]}
-            return web.json_response(completion(model, message, "tool_calls", USAGE),
-                                     dumps=_compact)
+            message = {
+                "role": "assistant",
+                "content": say,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": whole},
+                    }
+                ],
+            }
+            return web.json_response(
+                completion(model, message, "tool_calls", USAGE), dumps=_compact
+            )
         frames = [chunk(model, {"role": "assistant", "content": ""})]
         if not prefilled:
-            frames += [chunk(model, {"content": "Let me check"}),
-                       chunk(model, {"content": " the weather."})]
+            frames += [
+                chunk(model, {"content": "Let me check"}),
+                chunk(model, {"content": " the weather."}),
+            ]
         if model.startswith("text-tool-cut:"):
-            calls = [chunk(model, {"content": text[i:i + 7]}) for i in range(0, len(text), 7)]
+            calls = [chunk(model, {"content": text[i : i + 7]}) for i in range(0, len(text), 7)]
             half = len(frames) + len(calls) // 2  # cut halfway through the call text
-            frames += [*calls, chunk(model, {}, "stop"),
-                       chunk(model, {}, usage=USAGE, choices=False), b"data: [DONE]\n\n"]
+            frames += [
+                *calls,
+                chunk(model, {}, "stop"),
+                chunk(model, {}, usage=USAGE, choices=False),
+                b"data: [DONE]\n\n",
+            ]
             return await self._cut_at(request, frames, half, seen, model)
-        frames.append(chunk(model, {"tool_calls": [
-            {"index": 0, "id": call_id, "type": "function",
-             "function": {"name": "get_weather", "arguments": ""}}]}))
+        frames.append(
+            chunk(
+                model,
+                {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": call_id,
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": ""},
+                        }
+                    ]
+                },
+            )
+        )
         half = len(frames) + 1  # the stream is cut after the first half of the arguments
-        frames += [chunk(model, {"tool_calls": [{"index": 0, "function": {"arguments": a}}]})
-                   for a in (whole[:9], whole[9:])]
-        frames += [chunk(model, {}, "tool_calls"), chunk(model, {}, usage=USAGE, choices=False),
-                   b"data: [DONE]\n\n"]
+        frames += [
+            chunk(model, {"tool_calls": [{"index": 0, "function": {"arguments": a}}]})
+            for a in (whole[:9], whole[9:])
+        ]
+        frames += [
+            chunk(model, {}, "tool_calls"),
+            chunk(model, {}, usage=USAGE, choices=False),
+            b"data: [DONE]\n\n",
+        ]
         return await self._cut_at(request, frames, half, seen, model)
 
-    async def _cut_at(self, request: web.Request, frames: list[bytes], half: int, seen: int,
-                      model: str) -> web.StreamResponse:
+    async def _cut_at(
+        self, request: web.Request, frames: list[bytes], half: int, seen: int, model: str
+    ) -> web.StreamResponse:
         """Stream ``frames``, cut before frame ``half`` while ``seen`` is within the N of
         ``model`` (``...:N``)."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -639,8 +835,15 @@ class Stub:
         await resp.write_eof()
         return resp
 
-    async def _reply(self, request: web.Request, model: str, frames: list[bytes],
-                     message: dict, finish: str, stream: bool) -> web.StreamResponse:
+    async def _reply(
+        self,
+        request: web.Request,
+        model: str,
+        frames: list[bytes],
+        message: dict,
+        finish: str,
+        stream: bool,
+    ) -> web.StreamResponse:
         """A scripted turn: the buffered completion, or its frames then ``[DONE]``."""
         if not stream:
             return web.json_response(completion(model, message, finish, USAGE), dumps=_compact)
@@ -651,60 +854,99 @@ class Stub:
         await resp.write_eof()
         return resp
 
-    async def _call_or_answer(self, request: web.Request, model: str, stream: bool, *,
-                              call: tuple[str, str, str] | None, answer: str,
-                              reasoning: str = "", pieces: int = 1) -> web.StreamResponse:
+    async def _call_or_answer(
+        self,
+        request: web.Request,
+        model: str,
+        stream: bool,
+        *,
+        call: tuple[str, str, str] | None,
+        answer: str,
+        reasoning: str = "",
+        pieces: int = 1,
+    ) -> web.StreamResponse:
         """Reply with the tool ``call`` (id, name, arguments sent in ``pieces``), or, when it
         is None, with the text ``answer``; ``reasoning`` first, in two chunks, if given."""
         frames = [chunk(model, {"role": "assistant", "content": ""})]
         message: dict = {"role": "assistant"}
         if reasoning:
-            frames += [chunk(model, {"reasoning_content": reasoning[:12]}),
-                       chunk(model, {"reasoning_content": reasoning[12:]})]
+            frames += [
+                chunk(model, {"reasoning_content": reasoning[:12]}),
+                chunk(model, {"reasoning_content": reasoning[12:]}),
+            ]
             message["reasoning_content"] = reasoning
         if call is None:
-            frames += [chunk(model, {"content": answer}), chunk(model, {}, "stop"),
-                       chunk(model, {}, usage=USAGE, choices=False)]
-            return await self._reply(request, model, frames, {**message, "content": answer},
-                                     "stop", stream)
+            frames += [
+                chunk(model, {"content": answer}),
+                chunk(model, {}, "stop"),
+                chunk(model, {}, usage=USAGE, choices=False),
+            ]
+            return await self._reply(
+                request, model, frames, {**message, "content": answer}, "stop", stream
+            )
         call_id, name, args = call
-        frames.append(chunk(model, {"tool_calls": [
-            {"index": 0, "id": call_id, "type": "function",
-             "function": {"name": name, "arguments": ""}}]}))
+        frames.append(
+            chunk(
+                model,
+                {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": call_id,
+                            "type": "function",
+                            "function": {"name": name, "arguments": ""},
+                        }
+                    ]
+                },
+            )
+        )
         size = -(-len(args) // pieces) or 1
-        frames += [chunk(model, {"tool_calls": [{"index": 0, "function": {"arguments": a}}]})
-                   for a in (args[i:i + size] for i in range(0, len(args), size))]
+        frames += [
+            chunk(model, {"tool_calls": [{"index": 0, "function": {"arguments": a}}]})
+            for a in (args[i : i + size] for i in range(0, len(args), size))
+        ]
         frames += [chunk(model, {}, "tool_calls"), chunk(model, {}, usage=USAGE, choices=False)]
-        message.update(content=None, tool_calls=[
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}])
+        message.update(
+            content=None,
+            tool_calls=[
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+            ],
+        )
         return await self._reply(request, model, frames, message, "tool_calls", stream)
 
-    async def tool_round_trip(self, request: web.Request, body: dict, model: str,
-                              stream: bool) -> web.StreamResponse:
+    async def tool_round_trip(
+        self, request: web.Request, body: dict, model: str, stream: bool
+    ) -> web.StreamResponse:
         """Ask for the `Read` tool on the file named in the model; then answer with its text."""
         last = last_turn(body["messages"])
         if last.get("role") == "tool":
             text = _tool_text(last, as_json=True).strip().replace("\n", " ")[:200]
-            return await self._call_or_answer(request, model, stream, call=None,
-                                              answer="The file says: " + text)
+            return await self._call_or_answer(
+                request, model, stream, call=None, answer="The file says: " + text
+            )
         args = json.dumps({"file_path": model.split(":", 1)[1]})
-        return await self._call_or_answer(request, model, stream, answer="", pieces=2,
-                                          call=("call_read_1", "Read", args))
+        return await self._call_or_answer(
+            request, model, stream, answer="", pieces=2, call=("call_read_1", "Read", args)
+        )
 
-    async def agent_round_trip(self, request: web.Request, body: dict, model: str,
-                               stream: bool) -> web.StreamResponse:
+    async def agent_round_trip(
+        self, request: web.Request, body: dict, model: str, stream: bool
+    ) -> web.StreamResponse:
         """``agent:NAME:ARGS``: call tool NAME with ARGS; once its result is the last message,
         answer with that result's text, so a final answer proves the tool result arrived."""
         _, name, args = model.split(":", 2)
         last = last_turn(body["messages"])
         if last.get("role") == "tool":
-            return await self._call_or_answer(request, model, stream, call=None,
-                                              answer="The tool said: " + _tool_text(last))
-        return await self._call_or_answer(request, model, stream, answer="", pieces=2,
-                                          call=("call_agent_1", name, args))
+            return await self._call_or_answer(
+                request, model, stream, call=None, answer="The tool said: " + _tool_text(last)
+            )
+        return await self._call_or_answer(
+            request, model, stream, answer="", pieces=2, call=("call_agent_1", name, args)
+        )
 
-    async def thinking_round_trip(self, request: web.Request, body: dict, model: str,
-                                  stream: bool) -> web.StreamResponse:
+    async def thinking_round_trip(
+        self, request: web.Request, body: dict, model: str, stream: bool
+    ) -> web.StreamResponse:
         """``think-tool:NAME:ARGS``: reason, then call tool NAME with ARGS; once its result is
         the last message, reason again and answer with it. Each turn's reasoning names the
         turn (``REASONING_1``...), so a test can see which reasoning came back upstream."""
@@ -714,14 +956,21 @@ class Stub:
         last = last_turn(body["messages"])
         if last.get("role") == "tool":
             text = "The tool said: " + _tool_text(last, as_json=True).strip()[:200]
-            return await self._call_or_answer(request, model, stream, call=None, answer=text,
-                                              reasoning=reasoning)
-        return await self._call_or_answer(request, model, stream, answer="",
-                                          call=(f"call_think_{turn}", name, args),
-                                          reasoning=reasoning)
+            return await self._call_or_answer(
+                request, model, stream, call=None, answer=text, reasoning=reasoning
+            )
+        return await self._call_or_answer(
+            request,
+            model,
+            stream,
+            answer="",
+            call=(f"call_think_{turn}", name, args),
+            reasoning=reasoning,
+        )
 
-    async def tool_steps(self, request: web.Request, body: dict, model: str,
-                         stream: bool) -> web.StreamResponse:
+    async def tool_steps(
+        self, request: web.Request, body: dict, model: str, stream: bool
+    ) -> web.StreamResponse:
         """``cc-steps:STEPS``: the n-th assistant turn calls the n-th ``[NAME, ARGS]`` of
         STEPS; after the last, text holding the last tool result (a multi-tool script, e.g.
         ToolSearch to load a deferred tool, then that tool)."""
@@ -729,15 +978,19 @@ class Stub:
         done = sum(1 for m in body["messages"] if m.get("role") == "assistant")
         if done < len(steps):
             name, args = steps[done][0], json.dumps(steps[done][1])
-            return await self._call_or_answer(request, model, stream, answer="",
-                                              call=(f"call_step_{done + 1}", name, args))
-        last = next((m for m in reversed(body["messages"]) if m.get("role") == "tool"),
-                    {"content": ""})
-        return await self._call_or_answer(request, model, stream, call=None,
-                                          answer="The tool said: " + _tool_text(last))
+            return await self._call_or_answer(
+                request, model, stream, answer="", call=(f"call_step_{done + 1}", name, args)
+            )
+        last = next(
+            (m for m in reversed(body["messages"]) if m.get("role") == "tool"), {"content": ""}
+        )
+        return await self._call_or_answer(
+            request, model, stream, call=None, answer="The tool said: " + _tool_text(last)
+        )
 
-    async def web_search_turn(self, request: web.Request, body: dict, model: str,
-                              stream: bool) -> web.StreamResponse:
+    async def web_search_turn(
+        self, request: web.Request, body: dict, model: str, stream: bool
+    ) -> web.StreamResponse:
         """A searching model's turn (see the docstring: web search): search, maybe call a
         client tool (``search-tool:NAME:ARGS``), then answer citing the first URL found."""
         turn = search_turn(body["messages"])
@@ -745,49 +998,97 @@ class Stub:
         done = turn["searches"]
         if model.startswith("search-parallel:") and not done:
             count = int(model.split(":")[1])
-            return await self._parallel_calls(request, model, stream, [
-                (f"call_search_{k}", json.dumps({"query": f"{turn['query']} (part {k})"}))
-                for k in range(1, count + 1)])
+            return await self._parallel_calls(
+                request,
+                model,
+                stream,
+                [
+                    (f"call_search_{k}", json.dumps({"query": f"{turn['query']} (part {k})"}))
+                    for k in range(1, count + 1)
+                ],
+            )
         if model.startswith("search-args:") and not done:
-            return await self._call_or_answer(request, model, stream, answer="", call=(
-                "call_search_1", "web_search", model.split(":", 1)[1]))
+            return await self._call_or_answer(
+                request,
+                model,
+                stream,
+                answer="",
+                call=("call_search_1", "web_search", model.split(":", 1)[1]),
+            )
         if done < wanted:
             query = turn["query"] + (f" (search {done + 1})" if done else "")
             return await self._call_or_answer(
-                request, model, stream, answer="", pieces=3,
-                call=(f"call_search_{done + 1}", "web_search", json.dumps({"query": query})))
+                request,
+                model,
+                stream,
+                answer="",
+                pieces=3,
+                call=(f"call_search_{done + 1}", "web_search", json.dumps({"query": query})),
+            )
         if model.startswith("search-tool:") and not turn["client_results"]:
             _, name, args = model.split(":", 2)
-            return await self._call_or_answer(request, model, stream, answer="", pieces=2,
-                                              call=("call_client_1", name, args))
-        url = next((u.rstrip(".:;") for text in turn["search_texts"] for u in _URL.findall(text)),
-                   None)
-        answer = (f"According to {url}, that is the answer." if url else
-                  "The search found nothing: " + (turn["search_texts"] or [""])[-1][:300])
+            return await self._call_or_answer(
+                request, model, stream, answer="", pieces=2, call=("call_client_1", name, args)
+            )
+        url = next(
+            (u.rstrip(".:;") for text in turn["search_texts"] for u in _URL.findall(text)), None
+        )
+        answer = (
+            f"According to {url}, that is the answer."
+            if url
+            else "The search found nothing: " + (turn["search_texts"] or [""])[-1][:300]
+        )
         quote = re.search(r"Snippet 1 about .*?\.(?=\s|$)", "\n".join(turn["search_texts"]))
         if model == "search-quote" and url and quote:
             answer = f"According to {url}: {quote.group(0)} That is all."
         return await self._call_or_answer(request, model, stream, call=None, answer=answer)
 
-    async def _parallel_calls(self, request: web.Request, model: str, stream: bool,
-                              calls: list[tuple[str, str]]) -> web.StreamResponse:
+    async def _parallel_calls(
+        self, request: web.Request, model: str, stream: bool, calls: list[tuple[str, str]]
+    ) -> web.StreamResponse:
         """One assistant turn calling ``web_search`` once per (id, arguments), in parallel."""
         frames = [chunk(model, {"role": "assistant", "content": ""})]
         for index, (call_id, args) in enumerate(calls):
-            frames.append(chunk(model, {"tool_calls": [
-                {"index": index, "id": call_id, "type": "function",
-                 "function": {"name": "web_search", "arguments": ""}}]}))
-            frames += [chunk(model, {"tool_calls": [{"index": index, "function": {
-                "arguments": args[i:i + 9]}}]}) for i in range(0, len(args), 9)]
+            frames.append(
+                chunk(
+                    model,
+                    {
+                        "tool_calls": [
+                            {
+                                "index": index,
+                                "id": call_id,
+                                "type": "function",
+                                "function": {"name": "web_search", "arguments": ""},
+                            }
+                        ]
+                    },
+                )
+            )
+            frames += [
+                chunk(
+                    model,
+                    {"tool_calls": [{"index": index, "function": {"arguments": args[i : i + 9]}}]},
+                )
+                for i in range(0, len(args), 9)
+            ]
         frames += [chunk(model, {}, "tool_calls"), chunk(model, {}, usage=USAGE, choices=False)]
-        message = {"role": "assistant", "content": None, "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": "web_search",
-                                                             "arguments": args}}
-            for call_id, args in calls]}
+        message = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "web_search", "arguments": args},
+                }
+                for call_id, args in calls
+            ],
+        }
         return await self._reply(request, model, frames, message, "tool_calls", stream)
 
-    async def golden_replay(self, request: web.Request, model: str,
-                            stream: bool) -> web.StreamResponse:
+    async def golden_replay(
+        self, request: web.Request, model: str, stream: bool
+    ) -> web.StreamResponse:
         """``golden:CASE``: a recorded golden stream, replayed (or its buffered equal)."""
         case = model.split(":", 1)[1]
         if not _CASE_NAME.fullmatch(case) or not (GOLDEN_STREAMS / case).is_dir():
@@ -803,30 +1104,53 @@ class Stub:
         await resp.write_eof()
         return resp
 
-    async def quote_key(self, request: web.Request, route: str, model: str, body: dict,
-                        stream: bool) -> web.StreamResponse:
+    async def quote_key(
+        self, request: web.Request, route: str, model: str, body: dict, stream: bool
+    ) -> web.StreamResponse:
         """``quote-key:CODE`` on ``route`` (chat, completions, embeddings, responses)."""
         message = quoted_key(request.headers)
-        error = {"message": message, "type": "BadRequestError", "param": None,
-                 "code": int(model.split(":")[1])}
-        failed = {**response_object(model, "failed", [], None),
-                  "error": {"code": "server_error", "message": message}}
+        error = {
+            "message": message,
+            "type": "BadRequestError",
+            "param": None,
+            "code": int(model.split(":")[1]),
+        }
+        failed = {
+            **response_object(model, "failed", [], None),
+            "error": {"code": "server_error", "message": message},
+        }
         if not stream:
             reply = failed if route == "responses" else {"error": error}
             return web.json_response(reply, dumps=_compact)
         if route == "responses":
             frames = responses_script(model, body)[0][:2]
-            frames += [b"event: error\ndata: " + _compact(
-                {"type": "error", "code": str(error["code"]), "message": message,
-                 "param": None, "sequence_number": 2}).encode() + b"\n\n",
-                b"event: response.failed\ndata: " + _compact(
-                {"response": failed, "sequence_number": 3, "type": "response.failed"}
-            ).encode() + b"\n\n"]
+            frames += [
+                b"event: error\ndata: "
+                + _compact(
+                    {
+                        "type": "error",
+                        "code": str(error["code"]),
+                        "message": message,
+                        "param": None,
+                        "sequence_number": 2,
+                    }
+                ).encode()
+                + b"\n\n",
+                b"event: response.failed\ndata: "
+                + _compact(
+                    {"response": failed, "sequence_number": 3, "type": "response.failed"}
+                ).encode()
+                + b"\n\n",
+            ]
         else:
-            head = (completions_script(model, body) if route == "completions"
-                    else script(model))[0][:2]
-            frames = [*head, b"data: " + _compact({"error": error}).encode() + b"\n\n",
-                      b"data: [DONE]\n\n"]
+            head = (completions_script(model, body) if route == "completions" else script(model))[
+                0
+            ][:2]
+            frames = [
+                *head,
+                b"data: " + _compact({"error": error}).encode() + b"\n\n",
+                b"data: [DONE]\n\n",
+            ]
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for frame in frames:
@@ -837,8 +1161,15 @@ class Stub:
     async def tokenize(self, request: web.Request) -> web.Response:
         """vLLM's /tokenize with chat messages: {"count", "max_model_len", "tokens"}."""
         body = await request.json()
-        self.requests.append({"method": "POST", "path": request.path, "body": body,
-                              "headers": dict(request.headers), "raw": ""})
+        self.requests.append(
+            {
+                "method": "POST",
+                "path": request.path,
+                "body": body,
+                "headers": dict(request.headers),
+                "raw": "",
+            }
+        )
         if str(body.get("model", "")).startswith("status:404"):  # a router: no such route
             raise web.HTTPNotFound()
         n = len(json.dumps(body.get("messages", []))) // 3
@@ -852,9 +1183,15 @@ class Stub:
         return web.json_response({})
 
     async def stats(self, request: web.Request) -> web.Response:
-        return web.json_response({"open_streams": self.open_streams,
-                                  "client_gone": self.client_gone, "active": self.active,
-                                  "cancelled": self.cancelled, "cut": self.cut})
+        return web.json_response(
+            {
+                "open_streams": self.open_streams,
+                "client_gone": self.client_gone,
+                "active": self.active,
+                "cancelled": self.cancelled,
+                "cut": self.cut,
+            }
+        )
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -863,9 +1200,16 @@ class Stub:
         """``/v1/completions``, ``/v1/embeddings``, ``/v1/responses``."""
         body = await self._record(request)
         if not isinstance(body, dict):
-            return web.json_response({"object": "error", "message": "not JSON",
-                                      "type": "BadRequestError", "param": None, "code": 400},
-                                     status=400)
+            return web.json_response(
+                {
+                    "object": "error",
+                    "message": "not JSON",
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": 400,
+                },
+                status=400,
+            )
         model = str(body.get("model", "ok"))
         if model.startswith("status:"):
             return status_reply(model, request.headers)
@@ -907,8 +1251,10 @@ class LocalEngine:
         self.messages = body.get("messages") or []
 
     def _frames(self, content: str, size: int) -> list[bytes]:
-        return [chunk(self.model, {"content": content[i:i + size]})
-                for i in range(0, len(content), size)]
+        return [
+            chunk(self.model, {"content": content[i : i + size]})
+            for i in range(0, len(content), size)
+        ]
 
     def turn(self) -> tuple[list[bytes], dict, str]:
         """(content and tool_calls frames, the buffered message, finish_reason)."""
@@ -922,23 +1268,39 @@ class LocalEngine:
             return self._frames(text, self.CHUNK), {"content": text}, "stop"
         think = "<think>\nI should read the file.\n</think>\n\n"
         if last.get("role") == "tool":
-            text = "The file says: " + _tool_text(last, as_json=True).strip().replace(
-                "\n", " ")[:200]
+            text = (
+                "The file says: " + _tool_text(last, as_json=True).strip().replace("\n", " ")[:200]
+            )
             if self.kind == "inline-think":
                 text = think.replace("read the file", "quote the file") + text
             return self._frames(text, self.CHUNK), {"content": text}, "stop"
         if self.kind == "broken-args":
             args = "{'file_path': " + repr(self.path) + ",}"
-            call = {"index": 0, "id": "call_broken_1", "type": "function",
-                    "function": {"name": "Read", "arguments": ""}}
+            call = {
+                "index": 0,
+                "id": "call_broken_1",
+                "type": "function",
+                "function": {"name": "Read", "arguments": ""},
+            }
             size = -(-len(args) // 5)
             frames = [chunk(self.model, {"tool_calls": [call]})]
-            frames += [chunk(self.model, {"tool_calls": [
-                {"index": 0, "function": {"arguments": args[i:i + size]}}]})
-                for i in range(0, len(args), size)]
-            message = {"content": None, "tool_calls": [
-                {"id": "call_broken_1", "type": "function",
-                 "function": {"name": "Read", "arguments": args}}]}
+            frames += [
+                chunk(
+                    self.model,
+                    {"tool_calls": [{"index": 0, "function": {"arguments": args[i : i + size]}}]},
+                )
+                for i in range(0, len(args), size)
+            ]
+            message = {
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_broken_1",
+                        "type": "function",
+                        "function": {"name": "Read", "arguments": args},
+                    }
+                ],
+            }
             return frames, message, "tool_calls"
         call = json.dumps({"name": "Read", "arguments": {"file_path": self.path}})
         text = f"I'll read it.\n<tool_call>\n{call}\n</tool_call>"
@@ -950,11 +1312,14 @@ class LocalEngine:
         frames, message, finish = self.turn()
         message = {"role": "assistant", **message}
         if not stream:
-            return web.json_response(completion(self.model, message, finish, USAGE),
-                                     dumps=_compact)
-        frames = [chunk(self.model, {"role": "assistant", "content": ""}), *frames,
-                  chunk(self.model, {}, finish),
-                  chunk(self.model, {}, usage=USAGE, choices=False), b"data: [DONE]\n\n"]
+            return web.json_response(completion(self.model, message, finish, USAGE), dumps=_compact)
+        frames = [
+            chunk(self.model, {"role": "assistant", "content": ""}),
+            *frames,
+            chunk(self.model, {}, finish),
+            chunk(self.model, {}, usage=USAGE, choices=False),
+            b"data: [DONE]\n\n",
+        ]
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for frame in frames:
@@ -978,5 +1343,11 @@ def make_app(*, cut_all: bool = False) -> web.Application:
 
 
 if __name__ == "__main__":
-    web.run_app(make_app(cut_all=sys.argv[2:3] == ["cut-all"]), host="127.0.0.1",
-                port=int(sys.argv[1]), print=None, handler_cancellation=True, access_log=None)
+    web.run_app(
+        make_app(cut_all=sys.argv[2:3] == ["cut-all"]),
+        host="127.0.0.1",
+        port=int(sys.argv[1]),
+        print=None,
+        handler_cancellation=True,
+        access_log=None,
+    )

@@ -53,29 +53,35 @@ def _violations(path: Path, root: Path = TESTS) -> list[str]:
             found.append(f"{where}:{line} imports test module {module}")
         private = [n for n in names if n.startswith("_") and not n.startswith("__")]
         if private:
-            found.append(f"{where}:{line} imports private "
-                         f"{', '.join(private)} from {module}")
+            found.append(f"{where}:{line} imports private {', '.join(private)} from {module}")
     return found
 
 
 def test_no_module_imports_a_test_module_or_a_private_name() -> None:
-    found = [v for path in sorted(TESTS.rglob("*.py")) if "node_modules" not in path.parts
-             for v in _violations(path)]
+    found = [
+        v
+        for path in sorted(TESTS.rglob("*.py"))
+        if "node_modules" not in path.parts
+        for v in _violations(path)
+    ]
     assert not found, "\n".join(found)
 
 
-@pytest.mark.parametrize(("source", "bad"), [
-    ("from tests.e2e.test_batches import create\n", True),
-    ("def f():\n    from tests.unit.test_stream import run_case\n", True),
-    ("import tests.deploy.test_deploy\n", True),
-    ("from tests.e2e import test_ts_sdk\n", True),
-    ("from .test_deploy import need\n", True),
-    ("from tests.upstream_wire import _settle\n", True),
-    ("from tests.batch_client import create, wait_ended\n", False),
-    ("from tests.deploy import kustomize\n", False),
-    ("from aiohttp.test_utils import TestClient\n", False),
-    ("from tests.hostile_gateway import hostile as hostile\n", False),
-])
+@pytest.mark.parametrize(
+    ("source", "bad"),
+    [
+        ("from tests.e2e.test_batches import create\n", True),
+        ("def f():\n    from tests.unit.test_stream import run_case\n", True),
+        ("import tests.deploy.test_deploy\n", True),
+        ("from tests.e2e import test_ts_sdk\n", True),
+        ("from .test_deploy import need\n", True),
+        ("from tests.upstream_wire import _settle\n", True),
+        ("from tests.batch_client import create, wait_ended\n", False),
+        ("from tests.deploy import kustomize\n", False),
+        ("from aiohttp.test_utils import TestClient\n", False),
+        ("from tests.hostile_gateway import hostile as hostile\n", False),
+    ],
+)
 def test_the_check_sees_each_form_of_import(tmp_path: Path, source: str, bad: bool) -> None:
     """The walk above catches every spelling of such an import, and passes the allowed ones."""
     folder = tmp_path / "tests" / "deploy"

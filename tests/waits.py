@@ -16,8 +16,13 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_until(condition: Callable[[], T], what: str = "the condition", *,
-               timeout: float = 10.0, every: float = 0.02) -> T:
+def wait_until(
+    condition: Callable[[], T],
+    what: str = "the condition",
+    *,
+    timeout: float = 10.0,
+    every: float = 0.02,
+) -> T:
     """Call ``condition()`` until it returns something truthy, and return that (so a search
     can be the condition); fail naming ``what`` once ``timeout`` seconds have passed."""
     deadline = time.monotonic() + timeout
@@ -30,8 +35,13 @@ def wait_until(condition: Callable[[], T], what: str = "the condition", *,
         time.sleep(every)
 
 
-async def eventually(condition: Callable[[], T], what: str = "the condition", *,
-                     within: float = 5.0, every: float = 0.01) -> T:
+async def eventually(
+    condition: Callable[[], T],
+    what: str = "the condition",
+    *,
+    within: float = 5.0,
+    every: float = 0.01,
+) -> T:
     """:func:`wait_until` on the event loop: the loop runs between the checks (a handler that
     counts a stream after the client's last read, a close a few iterations later)."""
     deadline = time.monotonic() + within

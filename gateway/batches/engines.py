@@ -22,7 +22,10 @@ BUSY_TIMEOUT_S = 30.0
 _PG_BOUNDS: dict[str, Any] = {
     "connect_timeout": 10,
     "options": "-c statement_timeout=30000 -c lock_timeout=30000",
-    "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
     "tcp_user_timeout": 30000,
 }
 
@@ -38,17 +41,23 @@ def open_engine(url: str) -> tuple[Engine, str, str | None]:
         except (exc.ArgumentError, ValueError):
             raise StoreError("batch database: malformed postgresql URL") from None
         password = parsed.password if isinstance(parsed.password, str) else None
-        where = (f"postgresql database {parsed.database or '?'} at "
-                 f"{parsed.host or 'localhost'}:{parsed.port or 5432}")
+        where = (
+            f"postgresql database {parsed.database or '?'} at "
+            f"{parsed.host or 'localhost'}:{parsed.port or 5432}"
+        )
         try:
             engine = sa.create_engine(parsed, pool_pre_ping=True, connect_args=_PG_BOUNDS)
         except (exc.SQLAlchemyError, ImportError) as e:
-            raise StoreError(f"{where}: {type(e).__name__} (is the postgresql extra "
-                             "installed? pip install 'llm-gateway[postgresql]')") from None
+            raise StoreError(
+                f"{where}: {type(e).__name__} (is the postgresql extra "
+                "installed? pip install 'llm-gateway[postgresql]')"
+            ) from None
     elif "://" in url and not url.startswith("sqlite:"):
         scheme = url.split("://", 1)[0]
-        raise StoreError(f"batch database: unsupported URL scheme {scheme!r} "
-                         "(sqlite:///PATH, a file path, or postgresql://)")
+        raise StoreError(
+            f"batch database: unsupported URL scheme {scheme!r} "
+            "(sqlite:///PATH, a file path, or postgresql://)"
+        )
     else:
         path = sqlite_path(url)
         where = path or "in-memory sqlite database"
@@ -62,7 +71,8 @@ def sqlite_engine(path: str | None) -> Engine:
     """An engine whose write transactions are BEGIN IMMEDIATE (reads: a deferred BEGIN)."""
     engine = sa.create_engine(
         f"sqlite:///{path}" if path else "sqlite://",
-        connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False})
+        connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False},
+    )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:

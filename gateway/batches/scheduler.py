@@ -92,9 +92,16 @@ def backoff(attempts: int) -> float:
 
 
 class Scheduler:
-    def __init__(self, cfg: BatchesConfig, deps: MessagesDeps, store: BatchStore, *,
-                 routes: Mapping[str, ModelRoute], in_flight: Mapping[str, int],
-                 draining: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        cfg: BatchesConfig,
+        deps: MessagesDeps,
+        store: BatchStore,
+        *,
+        routes: Mapping[str, ModelRoute],
+        in_flight: Mapping[str, int],
+        draining: Callable[[], bool],
+    ) -> None:
         """``routes``: the configured models; ``in_flight``: interactive requests now per
         model (kept by the HTTP shell's admission); ``draining``: whether the process is
         shutting down (no new work is claimed then)."""
@@ -140,8 +147,10 @@ class Scheduler:
         upstream = self._upstream_of.get(route)
         if upstream is not None:
             self._last_interactive[upstream] = time.monotonic()
-        if (upstream in self._deferred
-                and self._interactive(self._routes[upstream]) < self._cfg.interactive_threshold):
+        if (
+            upstream in self._deferred
+            and self._interactive(self._routes[upstream]) < self._cfg.interactive_threshold
+        ):
             self._wake.set()
 
     # --- the loop ----------------------------------------------------------------------
@@ -260,8 +269,11 @@ class Scheduler:
                 # in back-off: sleep until it is due, looking across processes every
                 # _LOOK_ACROSS seconds at least
                 poll = self._cfg.poll_interval
-                self._due[upstream] = (now + poll if due is None else min(
-                    max(due, now + poll), now + max(_LOOK_ACROSS, poll)))
+                self._due[upstream] = (
+                    now + poll
+                    if due is None
+                    else min(max(due, now + poll), now + max(_LOOK_ACROSS, poll))
+                )
             for item in claimed:
                 self._start(upstream, item)
 
@@ -269,8 +281,10 @@ class Scheduler:
         """``max_in_flight``, or ``max_in_flight_idle`` once the upstream has had no
         interactive request for ``idle_after`` seconds."""
         cfg = self._cfg
-        if (cfg.max_in_flight_idle > cfg.max_in_flight
-                and clock - self._last_interactive[upstream] >= cfg.idle_after):
+        if (
+            cfg.max_in_flight_idle > cfg.max_in_flight
+            and clock - self._last_interactive[upstream] >= cfg.idle_after
+        ):
             return cfg.max_in_flight_idle
         return cfg.max_in_flight
 
@@ -300,8 +314,9 @@ class Scheduler:
             if not self._leases:
                 continue
             try:
-                await self._store.renew(self.worker, list(self._leases),
-                                        time.time() + self._cfg.lease)
+                await self._store.renew(
+                    self.worker, list(self._leases), time.time() + self._cfg.lease
+                )
             except StoreError as exc:
                 self._store_failed(exc)
 
@@ -345,11 +360,14 @@ class Scheduler:
                 inner: dict[str, Any] = {"type": err.error_type, "message": err.message}
                 if err.details is not None:
                     inner["details"] = err.details
-                result = {"type": "errored",
-                          "error": {"type": "error", "error": inner, "request_id": request_id}}
+                result = {
+                    "type": "errored",
+                    "error": {"type": "error", "error": inner, "request_id": request_id},
+                }
             kind: str = result["type"]
-            committed = await self._store.finish(self.worker, item.batch_id, item.idx, kind,
-                                                 jsonutil.dumpb(result), time.time())
+            committed = await self._store.finish(
+                self.worker, item.batch_id, item.idx, kind, jsonutil.dumpb(result), time.time()
+            )
             metrics.batch_requests.labels(route_name, kind if committed else "superseded").inc()
         except StoreError as exc:  # the lease lapses: the request runs again later
             self._store_failed(exc)
@@ -362,8 +380,9 @@ class Scheduler:
             self._running[upstream] -= 1
             self._leases.pop((item.batch_id, item.idx), None)
             metrics.batch_in_flight.labels(upstream).dec()
-            self._access(item, route_name, upstream, request_id, status, error,
-                         time.perf_counter() - t0)
+            self._access(
+                item, route_name, upstream, request_id, status, error, time.perf_counter() - t0
+            )
             self._wake.set()
 
     async def _call(self, item: Claimed, request_id: str) -> tuple[dict[str, Any], str]:
@@ -376,19 +395,38 @@ class Scheduler:
         with self._deps.memory.lease() as lease:  # restored reasoning, until the reply ends
             # the same reply as an interactive one, its figures (a fallback's, if one answered)
             # written once; not timed: no client waits on its overhead
-            reply = Reply(await prepare(self._deps, req, route, lease), stream=False,
-                          request_id=request_id)
+            reply = Reply(
+                await prepare(self._deps, req, route, lease), stream=False, request_id=request_id
+            )
             await reply.send()
             async with reply:
                 message = await reply.buffered()
         return message, route.name
 
-    def _access(self, item: Claimed, model: str, upstream: str, request_id: str, status: int,
-                error: errors.GatewayError | None, duration: float) -> None:
-        log.access(log.Access(
-            request_id, "batch_request", status, model=model, upstream=upstream,
-            duration_ms=round(duration * 1000, 3),
-            error_type=error.error_type if error is not None else None,
-            error=error.message if error is not None and error.status < 500 else None,
-            extra={"batch_id": item.batch_id, "custom_id": item.custom_id,
-                   "attempt": item.attempts}))
+    def _access(
+        self,
+        item: Claimed,
+        model: str,
+        upstream: str,
+        request_id: str,
+        status: int,
+        error: errors.GatewayError | None,
+        duration: float,
+    ) -> None:
+        log.access(
+            log.Access(
+                request_id,
+                "batch_request",
+                status,
+                model=model,
+                upstream=upstream,
+                duration_ms=round(duration * 1000, 3),
+                error_type=error.error_type if error is not None else None,
+                error=error.message if error is not None and error.status < 500 else None,
+                extra={
+                    "batch_id": item.batch_id,
+                    "custom_id": item.custom_id,
+                    "attempt": item.attempts,
+                },
+            )
+        )

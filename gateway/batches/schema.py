@@ -51,9 +51,14 @@ METADATA = sa.MetaData()
 # ``seq`` orders batches; it is the integer primary key because SQLite autoincrements only
 # that (a rowid alias). ``id`` is unique and what requests refer to.
 BATCHES = sa.Table(
-    "llm_gateway_batches", METADATA,
-    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True,
-              autoincrement=True),
+    "llm_gateway_batches",
+    METADATA,
+    sa.Column(
+        "seq",
+        sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
     sa.Column("id", sa.String(64), nullable=False, unique=True),
     sa.Column("owner", sa.Text, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
@@ -67,9 +72,14 @@ BATCHES = sa.Table(
     sa.Column("expired", sa.Integer, nullable=False, server_default="0"),
 )
 REQUESTS = sa.Table(
-    "llm_gateway_batch_requests", METADATA,
-    sa.Column("batch_id", sa.String(64),
-              sa.ForeignKey("llm_gateway_batches.id", ondelete="CASCADE"), primary_key=True),
+    "llm_gateway_batch_requests",
+    METADATA,
+    sa.Column(
+        "batch_id",
+        sa.String(64),
+        sa.ForeignKey("llm_gateway_batches.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
     sa.Column("idx", sa.Integer, primary_key=True),
     sa.Column("custom_id", sa.String(64), nullable=False),
     sa.Column("model", sa.Text, nullable=False),
@@ -87,13 +97,34 @@ REQUESTS = sa.Table(
     sa.Index("llm_gateway_batch_requests_state_model", "state", "model"),
 )
 _b = BATCHES.c
-BATCH_COLS = (_b.id, _b.owner, _b.created_at, _b.expires_at, _b.ended_at,
-              _b.cancel_initiated_at, _b.total, _b.succeeded, _b.errored, _b.canceled,
-              _b.expired)
+BATCH_COLS = (
+    _b.id,
+    _b.owner,
+    _b.created_at,
+    _b.expires_at,
+    _b.ended_at,
+    _b.cancel_initiated_at,
+    _b.total,
+    _b.succeeded,
+    _b.errored,
+    _b.canceled,
+    _b.expired,
+)
 UNFINISHED = ("queued", "running")
+
 
 def batch_row(r: Any) -> BatchRow:
     """A result row of BATCH_COLS as a BatchRow."""
-    return BatchRow(r.id, r.owner, r.created_at, r.expires_at, r.ended_at,
-                    r.cancel_initiated_at, r.total, r.succeeded, r.errored, r.canceled,
-                    r.expired)
+    return BatchRow(
+        r.id,
+        r.owner,
+        r.created_at,
+        r.expires_at,
+        r.ended_at,
+        r.cancel_initiated_at,
+        r.total,
+        r.succeeded,
+        r.errored,
+        r.canceled,
+        r.expired,
+    )

@@ -75,10 +75,12 @@ _PG_DISK_FULL = "53100"
 def _full(e: BaseException) -> bool:
     """Whether a database error says the disk (or the database's size cap) is full."""
     orig = e.orig if isinstance(e, exc.DBAPIError) and e.orig is not None else e
-    return (getattr(orig, "sqlite_errorcode", None) == _SQLITE_FULL
-            or getattr(orig, "sqlstate", None) == _PG_DISK_FULL
-            or getattr(orig, "errno", None) == errno.ENOSPC
-            or "disk is full" in str(orig))
+    return (
+        getattr(orig, "sqlite_errorcode", None) == _SQLITE_FULL
+        or getattr(orig, "sqlstate", None) == _PG_DISK_FULL
+        or getattr(orig, "errno", None) == errno.ENOSPC
+        or "disk is full" in str(orig)
+    )
 
 
 RESERVE_BYTES = 16 * 1024 * 1024  # the reserve file: room for a cancel or delete's WAL pages
@@ -133,17 +135,19 @@ def _allocate(fd: int, size: int) -> None:
             raise
     chunk = bytes(1 << 20)
     for start in range(0, size, len(chunk)):
-        os.pwrite(fd, chunk[:size - start], start)
+        os.pwrite(fd, chunk[: size - start], start)
     os.fsync(fd)
 
 
 # -- the store ------------------------------------------------------------------------------
 
+
 class BatchStore:
     """Batches and their requests in one database; see the module docstring."""
 
-    def __init__(self, engine: Engine, where: str, password: str | None,
-                 executor: ThreadPoolExecutor) -> None:
+    def __init__(
+        self, engine: Engine, where: str, password: str | None, executor: ThreadPoolExecutor
+    ) -> None:
         self._engine = engine
         self._reader = engine.execution_options(gateway_read=True)
         self._pg = engine.dialect.name == "postgresql"
@@ -160,8 +164,12 @@ class BatchStore:
         the tables if absent (several processes may do so at once), checks the schema with
         a cheap query, and raises StoreError naming the file or server on any failure."""
         engine, where, password = open_engine(url)
-        store = cls(engine, where, password,
-                    ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-store"))
+        store = cls(
+            engine,
+            where,
+            password,
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-store"),
+        )
         path = None if store._pg else sqlite_path(url)
         if path is not None and reserve_bytes > 0:
             store._reserve = _Reserve(path + ".reserve", reserve_bytes)
@@ -199,8 +207,10 @@ class BatchStore:
         that ends or removes work spends it when the disk is full."""
         reserve = self._reserve
         if op == "create" and reserve is not None and not reserve.keep():
-            raise StoreFull(f"batch store {op} refused ({self._where}): the disk is full "
-                            "(no room for the reserve that cancel and delete need)")
+            raise StoreFull(
+                f"batch store {op} refused ({self._where}): the disk is full "
+                "(no room for the reserve that cancel and delete need)"
+            )
         try:
             return self._transaction(op, fn, write)
         except StoreFull:
@@ -227,7 +237,8 @@ class BatchStore:
     async def _run(self, op: str, fn: Callable[[Connection], T], write: bool = True) -> T:
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._call, op, fn, write)
+                self._executor, self._call, op, fn, write
+            )
         except RuntimeError as e:  # the executor was shut down
             raise StoreError(f"batch store {op} failed: the store is closed") from e
 
@@ -241,43 +252,74 @@ class BatchStore:
 
     # -- batches --
 
-    async def create(self, batch_id: str, owner: str,
-                     requests: Sequence[tuple[str, str, bytes]], now: float,
-                     expires_at: float) -> BatchRow:
+    async def create(
+        self,
+        batch_id: str,
+        owner: str,
+        requests: Sequence[tuple[str, str, bytes]],
+        now: float,
+        expires_at: float,
+    ) -> BatchRow:
         """Insert the batch and all its ``(custom_id, model, params)`` requests (idx in
         order, all queued) in one transaction. -> the new batch."""
         row = BatchRow(batch_id, owner, now, expires_at, None, None, len(requests), 0, 0, 0, 0)
 
         def tx(conn: Connection) -> BatchRow:
-            conn.execute(BATCHES.insert().values(
-                id=batch_id, owner=owner, created_at=now, expires_at=expires_at,
-                total=len(requests), succeeded=0, errored=0, canceled=0, expired=0))
+            conn.execute(
+                BATCHES.insert().values(
+                    id=batch_id,
+                    owner=owner,
+                    created_at=now,
+                    expires_at=expires_at,
+                    total=len(requests),
+                    succeeded=0,
+                    errored=0,
+                    canceled=0,
+                    expired=0,
+                )
+            )
             # in slices: the row dicts of one slice at a time, not of the whole batch
             for start in range(0, len(requests), _INSERT_SLICE):
-                conn.execute(REQUESTS.insert(), [
-                    {"batch_id": batch_id, "idx": i, "custom_id": cid, "model": model,
-                     "params": params, "state": "queued", "attempts": 0, "not_before": 0.0}
-                    for i, (cid, model, params) in enumerate(
-                        requests[start:start + _INSERT_SLICE], start)])
+                conn.execute(
+                    REQUESTS.insert(),
+                    [
+                        {
+                            "batch_id": batch_id,
+                            "idx": i,
+                            "custom_id": cid,
+                            "model": model,
+                            "params": params,
+                            "state": "queued",
+                            "attempts": 0,
+                            "not_before": 0.0,
+                        }
+                        for i, (cid, model, params) in enumerate(
+                            requests[start : start + _INSERT_SLICE], start
+                        )
+                    ],
+                )
             return row
 
         return await self._run("create", tx)
 
     async def get(self, batch_id: str, owner: str | None) -> BatchRow | None:
         """The batch, or None if absent or (``owner`` not None) another owner's."""
+
         def tx(conn: Connection) -> BatchRow | None:
             r = conn.execute(sa.select(*BATCH_COLS).where(self._owned(batch_id, owner))).first()
             return None if r is None else batch_row(r)
 
         return await self._run("get", tx, write=False)
 
-    async def page(self, owner: str | None, limit: int, before_id: str | None,
-                   after_id: str | None) -> tuple[list[BatchRow], bool]:
+    async def page(
+        self, owner: str | None, limit: int, before_id: str | None, after_id: str | None
+    ) -> tuple[list[BatchRow], bool]:
         """A page of ``owner``'s batches (any owner's if None), newest first. ``after_id``:
         the ``limit`` batches that follow it in that order (older); ``before_id``: the
         ``limit`` that precede it (newer), still newest first. -> (rows, has_more: more exist
         beyond the page in the direction of travel). An unknown cursor (or another owner's)
         gives an empty page with has_more False."""
+
         def cursor_seq(conn: Connection, cursor: str) -> int | None:
             r = conn.execute(sa.select(_b.seq).where(self._owned(cursor, owner))).first()
             return None if r is None else int(r.seq)
@@ -308,6 +350,7 @@ class BatchStore:
         canceling: set cancel_initiated_at, every queued request becomes done/canceled
         (counted), and the batch ends now if none is running. Idempotent; an ended batch is
         returned unchanged. -> the batch as it is after."""
+
         def tx(conn: Connection) -> BatchRow | None:
             r = self._lock_batch(conn, self._owned(batch_id, owner))
             if r is None:
@@ -316,16 +359,30 @@ class BatchStore:
                 return batch_row(r)
             # a canceled request never runs: its params go, so the update shrinks the rows
             # and a cancel works on a full disk (it frees space instead of needing it)
-            n = conn.execute(REQUESTS.update()
-                             .where(_r.batch_id == batch_id, _r.state == "queued")
-                             .values(state="done", result_type="canceled", result=None,
-                                     params=b"", lease_owner=None,
-                                     lease_until=None)).rowcount
-            running = conn.execute(sa.select(_r.idx).where(
-                _r.batch_id == batch_id, _r.state.in_(UNFINISHED)).limit(1)).first()
-            conn.execute(BATCHES.update().where(_b.id == batch_id).values(
-                cancel_initiated_at=now, canceled=_b.canceled + n,
-                ended_at=None if running else now))
+            n = conn.execute(
+                REQUESTS.update()
+                .where(_r.batch_id == batch_id, _r.state == "queued")
+                .values(
+                    state="done",
+                    result_type="canceled",
+                    result=None,
+                    params=b"",
+                    lease_owner=None,
+                    lease_until=None,
+                )
+            ).rowcount
+            running = conn.execute(
+                sa.select(_r.idx).where(_r.batch_id == batch_id, _r.state.in_(UNFINISHED)).limit(1)
+            ).first()
+            conn.execute(
+                BATCHES.update()
+                .where(_b.id == batch_id)
+                .values(
+                    cancel_initiated_at=now,
+                    canceled=_b.canceled + n,
+                    ended_at=None if running else now,
+                )
+            )
             return batch_row(conn.execute(sa.select(*BATCH_COLS).where(_b.id == batch_id)).one())
 
         return await self._run("cancel", tx)
@@ -333,6 +390,7 @@ class BatchStore:
     async def delete(self, batch_id: str, owner: str | None) -> bool | None:
         """Delete an ended batch and its requests. -> None if absent or not owned, False
         (nothing done) if it has not ended, True once deleted."""
+
         def tx(conn: Connection) -> bool | None:
             r = self._lock_batch(conn, self._owned(batch_id, owner))
             if r is None:
@@ -347,8 +405,9 @@ class BatchStore:
 
     # -- the queue --
 
-    async def claim(self, worker: str, models: Sequence[str], limit: int, now: float,
-                    lease: float) -> list[Claimed]:
+    async def claim(
+        self, worker: str, models: Sequence[str], limit: int, now: float, lease: float
+    ) -> list[Claimed]:
         """Lease up to ``limit`` requests for ``worker``: those whose model is in ``models``
         that are queued with not_before <= now, or running with a lapsed lease (their worker
         died: run again), in batches not ended, not canceling, not expired; oldest batch
@@ -359,26 +418,44 @@ class BatchStore:
             return []
         models = list(models)
 
-        due = sa.or_(sa.and_(_r.state == "queued", _r.not_before <= now),
-                     sa.and_(_r.state == "running", _r.lease_until < now))
+        due = sa.or_(
+            sa.and_(_r.state == "queued", _r.not_before <= now),
+            sa.and_(_r.state == "running", _r.lease_until < now),
+        )
 
         def tx(conn: Connection) -> list[Claimed]:
             # only the batches with due work: 150 batches whose requests all wait in back-off
             # cost one query a look, not one per batch (an idle gateway spent a third of a
             # core looking)
-            batch_ids = conn.execute(
-                sa.select(_b.id).where(_b.ended_at.is_(None), _b.cancel_initiated_at.is_(None),
-                                       _b.expires_at > now,
-                                       sa.exists().where(_r.batch_id == _b.id,
-                                                         _r.model.in_(models), due))
-                .order_by(_b.seq)).scalars().all()
+            batch_ids = (
+                conn.execute(
+                    sa.select(_b.id)
+                    .where(
+                        _b.ended_at.is_(None),
+                        _b.cancel_initiated_at.is_(None),
+                        _b.expires_at > now,
+                        sa.exists().where(_r.batch_id == _b.id, _r.model.in_(models), due),
+                    )
+                    .order_by(_b.seq)
+                )
+                .scalars()
+                .all()
+            )
             claimed: list[Claimed] = []
             for batch_id in batch_ids:
-                q = (sa.select(_r.idx, _r.custom_id, _r.model, _r.params, _r.attempts)
-                     .where(_r.batch_id == batch_id, _r.model.in_(models), sa.or_(
-                         sa.and_(_r.state == "queued", _r.not_before <= now),
-                         sa.and_(_r.state == "running", _r.lease_until < now)))
-                     .order_by(_r.idx).limit(limit - len(claimed)))
+                q = (
+                    sa.select(_r.idx, _r.custom_id, _r.model, _r.params, _r.attempts)
+                    .where(
+                        _r.batch_id == batch_id,
+                        _r.model.in_(models),
+                        sa.or_(
+                            sa.and_(_r.state == "queued", _r.not_before <= now),
+                            sa.and_(_r.state == "running", _r.lease_until < now),
+                        ),
+                    )
+                    .order_by(_r.idx)
+                    .limit(limit - len(claimed))
+                )
                 if self._pg:
                     q = q.with_for_update(skip_locked=True)
                 rows = conn.execute(q).all()
@@ -387,10 +464,17 @@ class BatchStore:
                 conn.execute(
                     REQUESTS.update()
                     .where(_r.batch_id == batch_id, _r.idx.in_([r.idx for r in rows]))
-                    .values(state="running", lease_owner=worker, lease_until=now + lease,
-                            attempts=_r.attempts + 1))
-                claimed += [Claimed(batch_id, r.idx, r.custom_id, r.model, bytes(r.params),
-                                    r.attempts + 1) for r in rows]
+                    .values(
+                        state="running",
+                        lease_owner=worker,
+                        lease_until=now + lease,
+                        attempts=_r.attempts + 1,
+                    )
+                )
+                claimed += [
+                    Claimed(batch_id, r.idx, r.custom_id, r.model, bytes(r.params), r.attempts + 1)
+                    for r in rows
+                ]
                 if len(claimed) >= limit:
                     break
             return claimed
@@ -408,19 +492,22 @@ class BatchStore:
         models = list(models)
 
         def tx(conn: Connection) -> float | None:
-            active = sa.select(_b.id).where(_b.ended_at.is_(None),
-                                            _b.cancel_initiated_at.is_(None), _b.expires_at > now)
+            active = sa.select(_b.id).where(
+                _b.ended_at.is_(None), _b.cancel_initiated_at.is_(None), _b.expires_at > now
+            )
             when = sa.case((_r.state == "queued", _r.not_before), else_=_r.lease_until)
             value = conn.execute(
                 sa.select(sa.func.min(when)).where(
-                    _r.batch_id.in_(active), _r.model.in_(models),
-                    _r.state.in_(("queued", "running")))).scalar()
+                    _r.batch_id.in_(active),
+                    _r.model.in_(models),
+                    _r.state.in_(("queued", "running")),
+                )
+            ).scalar()
             return None if value is None else float(value)
 
         return await self._run("next_due", tx, write=False)
 
-    async def renew(self, worker: str, keys: Sequence[tuple[str, int]],
-                    lease_until: float) -> None:
+    async def renew(self, worker: str, keys: Sequence[tuple[str, int]], lease_until: float) -> None:
         """Extend to ``lease_until`` the leases of those (batch_id, idx) still running under
         ``worker``; the others are left alone."""
         if not keys:
@@ -429,15 +516,27 @@ class BatchStore:
         def tx(conn: Connection) -> None:
             conn.execute(
                 REQUESTS.update()
-                .where(_r.batch_id == sa.bindparam("b_id"), _r.idx == sa.bindparam("b_idx"),
-                       _r.state == "running", _r.lease_owner == worker)
+                .where(
+                    _r.batch_id == sa.bindparam("b_id"),
+                    _r.idx == sa.bindparam("b_idx"),
+                    _r.state == "running",
+                    _r.lease_owner == worker,
+                )
                 .values(lease_until=lease_until),
-                [{"b_id": b, "b_idx": i} for b, i in keys])
+                [{"b_id": b, "b_idx": i} for b, i in keys],
+            )
 
         await self._run("renew", tx)
 
-    async def finish(self, worker: str, batch_id: str, idx: int, result_type: str,
-                     result: bytes | None, now: float) -> bool:
+    async def finish(
+        self,
+        worker: str,
+        batch_id: str,
+        idx: int,
+        result_type: str,
+        result: bytes | None,
+        now: float,
+    ) -> bool:
         """Commit a request's result (``result_type`` succeeded or errored) only if it is
         still running under ``worker``: otherwise (expired, canceled, or re-claimed after
         our lease lapsed) nothing changes and -> False. In the same transaction, count it on
@@ -450,14 +549,25 @@ class BatchStore:
             self._lock_batch(conn, _b.id == batch_id)
             done = conn.execute(
                 REQUESTS.update()
-                .where(_r.batch_id == batch_id, _r.idx == idx, _r.state == "running",
-                       _r.lease_owner == worker)
-                .values(state="done", result_type=result_type, result=result,
-                        lease_owner=None, lease_until=None)).rowcount
+                .where(
+                    _r.batch_id == batch_id,
+                    _r.idx == idx,
+                    _r.state == "running",
+                    _r.lease_owner == worker,
+                )
+                .values(
+                    state="done",
+                    result_type=result_type,
+                    result=result,
+                    lease_owner=None,
+                    lease_until=None,
+                )
+            ).rowcount
             if not done:
                 return False
-            left = conn.execute(sa.select(_r.idx).where(
-                _r.batch_id == batch_id, _r.state.in_(UNFINISHED)).limit(1)).first()
+            left = conn.execute(
+                sa.select(_r.idx).where(_r.batch_id == batch_id, _r.state.in_(UNFINISHED)).limit(1)
+            ).first()
             values: dict[str, Any] = {result_type: _b[result_type] + 1}
             if left is None:
                 values["ended_at"] = now
@@ -469,13 +579,18 @@ class BatchStore:
     async def release(self, worker: str, batch_id: str, idx: int, not_before: float) -> None:
         """A retryable failure: the request goes back to queued, claimable from
         ``not_before``, its lease cleared (only if still running under ``worker``)."""
+
         def tx(conn: Connection) -> None:
             conn.execute(
                 REQUESTS.update()
-                .where(_r.batch_id == batch_id, _r.idx == idx, _r.state == "running",
-                       _r.lease_owner == worker)
-                .values(state="queued", not_before=not_before, lease_owner=None,
-                        lease_until=None))
+                .where(
+                    _r.batch_id == batch_id,
+                    _r.idx == idx,
+                    _r.state == "running",
+                    _r.lease_owner == worker,
+                )
+                .values(state="queued", not_before=not_before, lease_owner=None, lease_until=None)
+            )
 
         await self._run("release", tx)
 
@@ -484,30 +599,50 @@ class BatchStore:
         or running) become done/expired (counted), ended_at = now. Also end a canceling
         batch whose running requests all have lapsed leases (their workers died): those
         become canceled. -> the number of batches ended."""
+
         def tx(conn: Connection) -> int:
             ended = 0
-            due = conn.execute(sa.select(_b.id, _b.expires_at, _b.cancel_initiated_at).where(
-                _b.ended_at.is_(None),
-                sa.or_(_b.expires_at <= now, _b.cancel_initiated_at.is_not(None)))
-                .order_by(_b.seq)).all()
+            due = conn.execute(
+                sa.select(_b.id, _b.expires_at, _b.cancel_initiated_at)
+                .where(
+                    _b.ended_at.is_(None),
+                    sa.or_(_b.expires_at <= now, _b.cancel_initiated_at.is_not(None)),
+                )
+                .order_by(_b.seq)
+            ).all()
             for d in due:
                 r = self._lock_batch(conn, _b.id == d.id)
                 if r is None or r.ended_at is not None:
                     continue
                 mine = _r.batch_id == d.id
                 if r.expires_at <= now:
-                    n = conn.execute(REQUESTS.update().where(mine, _r.state.in_(UNFINISHED))
-                                     .values(state="done", result_type="expired", result=None,
-                                             lease_owner=None, lease_until=None)).rowcount
+                    n = conn.execute(
+                        REQUESTS.update()
+                        .where(mine, _r.state.in_(UNFINISHED))
+                        .values(
+                            state="done",
+                            result_type="expired",
+                            result=None,
+                            lease_owner=None,
+                            lease_until=None,
+                        )
+                    ).rowcount
                     values: dict[str, Any] = {"expired": _b.expired + n, "ended_at": now}
                 else:  # canceling
-                    n = conn.execute(REQUESTS.update()
-                                     .where(mine, _r.state == "running", _r.lease_until < now)
-                                     .values(state="done", result_type="canceled",
-                                             result=None, lease_owner=None,
-                                             lease_until=None)).rowcount
-                    left = conn.execute(sa.select(_r.idx).where(
-                        mine, _r.state.in_(UNFINISHED)).limit(1)).first()
+                    n = conn.execute(
+                        REQUESTS.update()
+                        .where(mine, _r.state == "running", _r.lease_until < now)
+                        .values(
+                            state="done",
+                            result_type="canceled",
+                            result=None,
+                            lease_owner=None,
+                            lease_until=None,
+                        )
+                    ).rowcount
+                    left = conn.execute(
+                        sa.select(_r.idx).where(mine, _r.state.in_(UNFINISHED)).limit(1)
+                    ).first()
                     values = {"canceled": _b.canceled + n}
                     if left is None:
                         values["ended_at"] = now
@@ -522,10 +657,14 @@ class BatchStore:
     async def purge(self, now: float, retention: float) -> int:
         """Delete the batches (and their requests) that ended before now - retention.
         -> how many batches."""
+
         def tx(conn: Connection) -> int:
             old = _b.ended_at < now - retention
-            conn.execute(REQUESTS.delete().where(
-                _r.batch_id.in_(sa.select(_b.id).where(old).scalar_subquery())))
+            conn.execute(
+                REQUESTS.delete().where(
+                    _r.batch_id.in_(sa.select(_b.id).where(old).scalar_subquery())
+                )
+            )
             return int(conn.execute(BATCHES.delete().where(old)).rowcount)
 
         return await self._run("purge", tx)
@@ -536,17 +675,24 @@ class BatchStore:
         keyset query (idx > the last one seen) on the worker thread."""
         last = -1
         while True:
+
             def tx(conn: Connection, after: int = last) -> list[Any]:
-                return list(conn.execute(
-                    sa.select(_r.idx, _r.custom_id, _r.result_type, _r.result)
-                    .where(_r.batch_id == batch_id, _r.idx > after)
-                    .order_by(_r.idx).limit(_RESULTS_PAGE)).all())
+                return list(
+                    conn.execute(
+                        sa.select(_r.idx, _r.custom_id, _r.result_type, _r.result)
+                        .where(_r.batch_id == batch_id, _r.idx > after)
+                        .order_by(_r.idx)
+                        .limit(_RESULTS_PAGE)
+                    ).all()
+                )
 
             rows = await self._run("results", tx, write=False)
             if not rows:
                 return
-            yield [(r.custom_id, r.result_type,
-                    None if r.result is None else bytes(r.result)) for r in rows]
+            yield [
+                (r.custom_id, r.result_type, None if r.result is None else bytes(r.result))
+                for r in rows
+            ]
             if len(rows) < _RESULTS_PAGE:
                 return
             last = rows[-1].idx
@@ -554,17 +700,24 @@ class BatchStore:
     async def stats(self) -> dict[str, dict[str, int]]:
         """``{"batches": {"in_progress", "canceling", "ended"}, "queued": {model: requests
         queued or running}}``."""
-        status = sa.case((_b.ended_at.is_not(None), "ended"),
-                         (_b.cancel_initiated_at.is_not(None), "canceling"),
-                         else_="in_progress")
+        status = sa.case(
+            (_b.ended_at.is_not(None), "ended"),
+            (_b.cancel_initiated_at.is_not(None), "canceling"),
+            else_="in_progress",
+        )
 
         def tx(conn: Connection) -> dict[str, dict[str, int]]:
             batches = {"in_progress": 0, "canceling": 0, "ended": 0}
             for name, n in conn.execute(sa.select(status, sa.func.count()).group_by(status)):
                 batches[name] = int(n)
-            queued = {m: int(n) for m, n in conn.execute(
-                sa.select(_r.model, sa.func.count()).where(_r.state.in_(UNFINISHED))
-                .group_by(_r.model))}
+            queued = {
+                m: int(n)
+                for m, n in conn.execute(
+                    sa.select(_r.model, sa.func.count())
+                    .where(_r.state.in_(UNFINISHED))
+                    .group_by(_r.model)
+                )
+            }
             return {"batches": batches, "queued": queued}
 
         return await self._run("stats", tx, write=False)

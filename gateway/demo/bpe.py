@@ -38,9 +38,7 @@ N_MERGES = 16000
 
 # \p{L} and \p{N} in Python's re: a letter is a word character that is not a digit or "_".
 _L = r"[^\W\d_]"
-_WORD = re.compile(
-    rf"'s|'t|'re|'ve|'m|'ll|'d| ?{_L}+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+"
-)
+_WORD = re.compile(rf"'s|'t|'re|'ve|'m|'ll|'d| ?{_L}+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+")
 
 
 def _byte_alphabet() -> dict[int, str]:

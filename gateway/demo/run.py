@@ -47,32 +47,49 @@ _PROMPT_CACHE_MIB = 256
 
 def with_demo_route(cfg: Config, base_url: str) -> Config:
     upstream = UpstreamConfig(name="demo-llamacpp", base_url=base_url, kind="llamacpp")
-    route = ModelRoute(name=DEMO_MODEL, upstream=upstream, upstream_model=DEMO_MODEL,
-                       display_name="Tiny demo model (llama.cpp)", context_window=SLOT_CONTEXT)
-    claude = replace(route, name=CLAUDE_PATTERN,
-                     display_name="Claude Code on the tiny demo model")
-    return replace(cfg, upstreams={**cfg.upstreams, upstream.name: upstream},
-                   models={**cfg.models, DEMO_MODEL: route, CLAUDE_PATTERN: claude})
+    route = ModelRoute(
+        name=DEMO_MODEL,
+        upstream=upstream,
+        upstream_model=DEMO_MODEL,
+        display_name="Tiny demo model (llama.cpp)",
+        context_window=SLOT_CONTEXT,
+    )
+    claude = replace(route, name=CLAUDE_PATTERN, display_name="Claude Code on the tiny demo model")
+    return replace(
+        cfg,
+        upstreams={**cfg.upstreams, upstream.name: upstream},
+        models={**cfg.models, DEMO_MODEL: route, CLAUDE_PATTERN: claude},
+    )
 
 
-def run_demo(cfg: Config, serve: Callable[[Config], Coroutine[Any, Any, None]], *,
-             explicit_config: bool) -> int:
+def run_demo(
+    cfg: Config, serve: Callable[[Config], Coroutine[Any, Any, None]], *, explicit_config: bool
+) -> int:
     if not explicit_config:
         # the built-in default's routes (reasoning, qwen2.5:3b-instruct) name servers the demo
         # does not run: /v1/models lists only what the demo serves
         cfg = replace(cfg, upstreams={}, models={})
     missing = [m for m in ("xllamacpp", "gguf", "numpy") if importlib.util.find_spec(m) is None]
     if missing:
-        print(f"llm-gateway: --demo needs the demo extra ({', '.join(missing)} missing): "
-              "pip install '.[demo]'", file=sys.stderr)
+        print(
+            f"llm-gateway: --demo needs the demo extra ({', '.join(missing)} missing): "
+            "pip install '.[demo]'",
+            file=sys.stderr,
+        )
         return 2
     from gateway.demo.llama import LlamaServer, LlamaServerError
     from gateway.demo.tinymodel import ensure_model
 
     log = structlog.get_logger("gateway.demo")
     path, _ = ensure_model()
-    server = LlamaServer(path, ctx_size=SLOT_CONTEXT * SLOTS, parallel=SLOTS, threads=1,
-                         alias=DEMO_MODEL, extra_args=(f"cache_ram_mib={_PROMPT_CACHE_MIB}",))
+    server = LlamaServer(
+        path,
+        ctx_size=SLOT_CONTEXT * SLOTS,
+        parallel=SLOTS,
+        threads=1,
+        alias=DEMO_MODEL,
+        extra_args=(f"cache_ram_mib={_PROMPT_CACHE_MIB}",),
+    )
     try:
         base_url = server.start(timeout=120)
     except LlamaServerError:
@@ -84,8 +101,9 @@ def run_demo(cfg: Config, serve: Callable[[Config], Coroutine[Any, Any, None]], 
     if not cfg.batches.database and not cfg.batches.database_env:
         # --demo keeps its batches in a temporary database unless the config names one
         scratch = tempfile.mkdtemp(prefix="llm-gateway-demo-")
-        cfg = replace(cfg, batches=replace(
-            cfg.batches, database_url=f"sqlite:///{scratch}/batches.sqlite3"))
+        cfg = replace(
+            cfg, batches=replace(cfg.batches, database_url=f"sqlite:///{scratch}/batches.sqlite3")
+        )
     try:
         asyncio.run(serve(with_demo_route(cfg, base_url)))
     finally:

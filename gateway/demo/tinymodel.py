@@ -105,7 +105,9 @@ _PARAGRAPH = "\n\n"
 # what the template writes after the copy tokens: toolcall.attention_weights needs its length
 _CALL_TAIL = "<|im_end|>\n<|im_start|>assistant\n<think></think>"
 
-CHAT_TEMPLATE = toolcall.TEMPLATE_MACRO + """\
+CHAT_TEMPLATE = (
+    toolcall.TEMPLATE_MACRO
+    + """\
 {%- macro text_of(content) -%}
 {%- if content is string -%}{{- content -}}
 {%- elif content -%}{%- for part in content -%}
@@ -157,6 +159,7 @@ and messages[-1]['role'] in ['user', 'system'] -%}
 {%- endif -%}
 {%- endif -%}
 """
+)
 
 
 @dataclass(frozen=True)
@@ -229,8 +232,13 @@ def reserved_spellings() -> frozenset[str]:
     """The vocabulary entries no BPE merge may build: special tokens and the reply's pieces."""
     reasoning, answer = _pieces()
     specials = {text for text, _ in _SPECIALS}
-    return frozenset({*specials, *toolcall.copy_tokens(),
-                      *(_spell(p) for p in (_PARAGRAPH, *reasoning, *answer))})
+    return frozenset(
+        {
+            *specials,
+            *toolcall.copy_tokens(),
+            *(_spell(p) for p in (_PARAGRAPH, *reasoning, *answer)),
+        }
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -352,7 +360,8 @@ def _weights(plan: _Plan) -> dict[str, Any]:
         embed[token, _COPY_CODE] = bits
         head[emitted, _COPY_CODE] = np.asarray(bits) * _LOGIT_WEIGHT
     copy_head = toolcall.attention_weights(
-        _N_EMBD, _HEAD_DIM, range(len(state) + 1), _COPY_FLAG, _COPY_CODE, copy_distance())
+        _N_EMBD, _HEAD_DIM, range(len(state) + 1), _COPY_FLAG, _COPY_CODE, copy_distance()
+    )
 
     def rand(rows: int, cols: int, scale: float = 1.0) -> Any:
         return (rng.normal(0.0, 1.0 / np.sqrt(cols), (rows, cols)) * scale).astype(np.float32)

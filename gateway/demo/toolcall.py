@@ -123,18 +123,28 @@ def demo_call(tools: list[dict[str, Any]]) -> tuple[str, dict[str, Any]] | None:
         name = fn["name"]
         params = fn.get("parameters") or {}
         props = params.get("properties", {})
-        fill: dict[str, Any] = {"string": "demo", "integer": 1, "number": 1, "boolean": True,
-                                "array": [], "object": {}}
-        args = {key: fill.get((props.get(key) or {}).get("type", ""))
-                for key in params.get("required", [])}
+        fill: dict[str, Any] = {
+            "string": "demo",
+            "integer": 1,
+            "number": 1,
+            "boolean": True,
+            "array": [],
+            "object": {},
+        }
+        args = {
+            key: fill.get((props.get(key) or {}).get("type", ""))
+            for key in params.get("required", [])
+        }
     if len(call_text(name, args)) >= N_SLOTS:
         return None
     return name, args
 
 
 def call_text(name: str, args: dict[str, Any]) -> str:
-    return (f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": {json.dumps(args)}}}\n'
-            "</tool_call>")
+    return (
+        f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": {json.dumps(args)}}}\n'
+        "</tool_call>"
+    )
 
 
 def _rope_thetas() -> list[float]:
@@ -144,12 +154,20 @@ def _rope_thetas() -> list[float]:
 def score_curve(distance_from_target: int) -> float:
     """The head's score for a copy token this many positions off the one to copy, before
     llama.cpp's 1/sqrt(head_dim) scale."""
-    return _PEAK / 4 * math.sqrt(8) * sum(
-        math.cos(theta * distance_from_target) for theta in _rope_thetas())
+    return (
+        _PEAK
+        / 4
+        * math.sqrt(8)
+        * sum(math.cos(theta * distance_from_target) for theta in _rope_thetas())
+    )
 
 
 def attention_weights(
-    n_embd: int, head_dim: int, state_dims: range, flag_dim: int, code_dims: range,
+    n_embd: int,
+    head_dim: int,
+    state_dims: range,
+    flag_dim: int,
+    code_dims: range,
     distance: int,
 ) -> dict[str, Any]:
     """Q, K, V and output projections of the copy head (numpy arrays, float32).
@@ -183,8 +201,10 @@ def attention_weights(
     wo = np.zeros((n_embd, head_dim))
     for bit, d in enumerate(code_dims):
         wo[d, bit] = 1000.0  # far above a token's own embedding (magnitude 1)
-    return {name: array.astype(np.float32) for name, array in
-            (("attn_q", wq), ("attn_k", wk), ("attn_v", wv), ("attn_output", wo))}
+    return {
+        name: array.astype(np.float32)
+        for name, array in (("attn_q", wq), ("attn_k", wk), ("attn_v", wv), ("attn_output", wo))
+    }
 
 
 def code_bits(value: int) -> list[float]:

@@ -23,8 +23,15 @@ from typing import Any
 from gateway.errors.tree import GatewayError, renderable
 from gateway.text import jsonutil
 
-__all__ = ["anthropic_body", "openai_body", "openai_sse_error", "openai_status",
-           "responses_failure", "responses_sse_error", "sse_error_event"]
+__all__ = [
+    "anthropic_body",
+    "openai_body",
+    "openai_sse_error",
+    "openai_status",
+    "responses_failure",
+    "responses_sse_error",
+    "sse_error_event",
+]
 
 
 def _encode(body: dict[str, Any]) -> bytes:
@@ -99,8 +106,13 @@ def responses_sse_error(err: GatewayError, sequence_number: int | None = None) -
     ``message``, ``param``, and the upstream event's ``sequence_number`` when it replaces
     one), with the ``error`` member the OpenAI SDKs raise on."""
     error = _openai_error(err)
-    body: dict[str, Any] = {"type": "error", "code": error["type"], "message": err.message,
-                            "param": None, "error": error}
+    body: dict[str, Any] = {
+        "type": "error",
+        "code": error["type"],
+        "message": err.message,
+        "param": None,
+        "error": error,
+    }
     if sequence_number is not None:
         body["sequence_number"] = sequence_number
     return b"event: error\ndata: " + _encode(body) + b"\n\n"

@@ -131,8 +131,7 @@ class GatewayError(Exception):
 class InvalidRequest(GatewayError):
     status = 400
 
-    def __init__(self, path: str, why: str, *, details: Mapping[str, Any] | None = None
-                 ) -> None:
+    def __init__(self, path: str, why: str, *, details: Mapping[str, Any] | None = None) -> None:
         self.path = path
         self.why = why
         if details is not None:

@@ -38,8 +38,14 @@ from gateway.text.redact import NO_SECRETS, Secrets
 from gateway.text.refusals import refusal
 from gateway.text.scrub import clean
 
-__all__ = ["MAX_UPSTREAM_BODY", "from_inband", "from_upstream", "inband_error",
-           "inband_status", "scrub"]
+__all__ = [
+    "MAX_UPSTREAM_BODY",
+    "from_inband",
+    "from_upstream",
+    "inband_error",
+    "inband_status",
+    "scrub",
+]
 
 _ANTHROPIC_TYPES = frozenset(STATUS_TYPES.values())
 _MAX_MESSAGE = 500  # characters of an upstream's (scrubbed) words a client reads
@@ -58,8 +64,9 @@ _FALLBACK_MESSAGES: Mapping[str, str] = {
 }
 
 
-def scrub(status: int, message: str, hosts: Iterable[str] = (),
-          secrets: Secrets = NO_SECRETS) -> str:
+def scrub(
+    status: int, message: str, hosts: Iterable[str] = (), secrets: Secrets = NO_SECRETS
+) -> str:
     """Make upstream text safe for a client. One function for every path: a 5xx message is
     replaced whole; a 4xx one loses what :func:`gateway.text.scrub.clean` removes."""
     if status >= 500:
@@ -147,8 +154,14 @@ def from_upstream(
     return err
 
 
-def _map_upstream(status: int, body: Any, raw_text: str, hosts: Iterable[str],
-                  secrets: Secrets, max_tokens: int | None) -> UpstreamError:
+def _map_upstream(
+    status: int,
+    body: Any,
+    raw_text: str,
+    hosts: Iterable[str],
+    secrets: Secrets,
+    max_tokens: int | None,
+) -> UpstreamError:
     if body is not None:
         text, anthropic_type = _message_of(body)
     else:
@@ -165,13 +178,15 @@ def _map_upstream(status: int, body: Any, raw_text: str, hosts: Iterable[str],
             return UpstreamError(overflow, status=400, error_type="invalid_request_error")
     known = refusal(status, text) if status not in (401, 403, 404, 429, 503, 529) else None
     if known is not None and known.refuses != "server":
-        err = UpstreamError(f"{known.says}: {scrub(400, text, hosts, secrets)}", status=400,
-                            error_type="invalid_request_error")
+        err = UpstreamError(
+            f"{known.says}: {scrub(400, text, hosts, secrets)}",
+            status=400,
+            error_type="invalid_request_error",
+        )
         err.refused = known.refuses
         return err
     if status == 501 or known is not None:
-        return UpstreamError("Not supported by this model's server", status=501,
-                             should_retry=False)
+        return UpstreamError("Not supported by this model's server", status=501, should_retry=False)
     if status in (503, 529):
         return UpstreamError("Overloaded", status=529)
     if status in (401, 403, 404):
@@ -181,8 +196,9 @@ def _map_upstream(status: int, body: Any, raw_text: str, hosts: Iterable[str],
         return UpstreamError(status=504 if status == 504 else 500)
     if status not in STATUS_TYPES:
         status = 400
-    return UpstreamError(scrub(status, text, hosts, secrets), status=status,
-                         error_type=anthropic_type)
+    return UpstreamError(
+        scrub(status, text, hosts, secrets), status=status, error_type=anthropic_type
+    )
 
 
 def inband_status(payload: Mapping[str, Any]) -> int | None:
@@ -195,8 +211,9 @@ def inband_status(payload: Mapping[str, Any]) -> int | None:
     return None
 
 
-def from_inband(payload: Any, *, hosts: Iterable[str] = (), secrets: Secrets = NO_SECRETS
-                ) -> UpstreamError:
+def from_inband(
+    payload: Any, *, hosts: Iterable[str] = (), secrets: Secrets = NO_SECRETS
+) -> UpstreamError:
     """An error object inside an upstream 200 reply or SSE stream; no code counts as 5xx.
 
     Shapes: ``{"error": {"message", "code"?, ...}}`` (vLLM, llama.cpp, Ollama) and
@@ -204,12 +221,12 @@ def from_inband(payload: Any, *, hosts: Iterable[str] = (), secrets: Secrets = N
     """
     if not isinstance(payload, Mapping):
         return from_upstream(500, b"", hosts=hosts, secrets=secrets)
-    return from_upstream(_status_code_of(payload) or 500, payload, hosts=hosts,
-                         secrets=secrets)
+    return from_upstream(_status_code_of(payload) or 500, payload, hosts=hosts, secrets=secrets)
 
 
-def inband_error(payload: Mapping[str, Any], *, hosts: Iterable[str] = (),
-                 secrets: Secrets = NO_SECRETS) -> UpstreamError | None:
+def inband_error(
+    payload: Mapping[str, Any], *, hosts: Iterable[str] = (), secrets: Secrets = NO_SECRETS
+) -> UpstreamError | None:
     """The error a decoded chunk or reply reports in-band (``{"error": {...}}``,
     ``{"object": "error", ...}`` or ``{"type": "error", ...}``), scrubbed; None when it is
     no error."""

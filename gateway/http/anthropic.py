@@ -38,8 +38,9 @@ _SSE = "text/event-stream; charset=utf-8"
 
 async def create_message(request: web.Request) -> web.StreamResponse:
     t0 = time.perf_counter()
-    req = validate_messages(await read_json(request),
-                            web_search=request.app[WEB_SEARCH] is not None)
+    req = validate_messages(
+        await read_json(request), web_search=request.app[WEB_SEARCH] is not None
+    )
     route = routing.resolve(request, req["model"])
     # what the request restores from signatures counts until its reply has ended
     with request.app[MESSAGES].memory.lease() as lease:
@@ -51,12 +52,14 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                 if reply.stream:
                     return await _stream(request, reply)
                 body = jsonutil.dumpb(await reply.buffered())
-    return web.Response(body=body, content_type="application/json",
-                        headers={"request-id": request[REQUEST_ID]})
+    return web.Response(
+        body=body, content_type="application/json", headers={"request-id": request[REQUEST_ID]}
+    )
 
 
-async def _prepare(request: web.Request, req: dict[str, Any], route: ModelRoute, t0: float,
-                   lease: Lease) -> Reply:
+async def _prepare(
+    request: web.Request, req: dict[str, Any], route: ModelRoute, t0: float, lease: Lease
+) -> Reply:
     """The reply to make: with web search (gateway/tools/web_search/loop.py: rounds of the
     Messages call, streamed upstream, one message to the client, buffered or streamed) when
     the request offers the tool and the model may call it, else a plain one."""
@@ -65,23 +68,33 @@ async def _prepare(request: web.Request, req: dict[str, Any], route: ModelRoute,
     tool = web_search_tool(req.get("tools")) if backend is not None else None
     choice = req.get("tool_choice")
     if tool is None or (choice is not None and choice["type"] == "none"):
-        return Reply(await prepare(deps, req, route, lease), t0=t0,
-                     request_id=request[REQUEST_ID])
+        return Reply(await prepare(deps, req, route, lease), t0=t0, request_id=request[REQUEST_ID])
     call = await prepare(deps, {**req, "stream": True}, route, lease)
-    return Reply(call, stream=req.get("stream") is True, t0=t0, request_id=request[REQUEST_ID],
-                 rounds=_searching(request, backend, tool))
+    return Reply(
+        call,
+        stream=req.get("stream") is True,
+        t0=t0,
+        request_id=request[REQUEST_ID],
+        rounds=_searching(request, backend, tool),
+    )
 
 
-def _searching(request: web.Request, backend: Searxng | None, tool: Mapping[str, Any]
-               ) -> Callable[[Call, str | None], Rounds]:
+def _searching(
+    request: web.Request, backend: Searxng | None, tool: Mapping[str, Any]
+) -> Callable[[Call, str | None], Rounds]:
     request_id = request[REQUEST_ID]
     deps = request.app[MESSAGES]
     assert backend is not None
 
     def rounds(call: Call, session: str | None) -> Rounds:
-        return WebSearchReply(deps, call, Searches(backend, tool, deps.signing_key,
-                                                   request_id=request_id),
-                              tool["name"], request_id=request_id, session=session)
+        return WebSearchReply(
+            deps,
+            call,
+            Searches(backend, tool, deps.signing_key, request_id=request_id),
+            tool["name"],
+            request_id=request_id,
+            session=session,
+        )
 
     return rounds
 
@@ -89,16 +102,18 @@ def _searching(request: web.Request, backend: Searxng | None, tool: Mapping[str,
 async def _stream(request: web.Request, reply: Reply) -> web.StreamResponse:
     """The reply to the client's stream; every path ends it well-formed, and its figures
     are written as it ends (:meth:`Reply.end`)."""
-    async with streaming.RelayedStream(request, "messages", reply.call.route, reply.source,
-                                       content_type=_SSE, end=reply.end) as stream:
+    async with streaming.RelayedStream(
+        request, "messages", reply.call.route, reply.source, content_type=_SSE, end=reply.end
+    ) as stream:
         await reply.stream_to(stream.writer.write)
     return stream.writer.response
 
 
 async def count_tokens(request: web.Request) -> web.Response:
     deps = request.app[MESSAGES]
-    req = validate_messages(await read_json(request), count_tokens=True,
-                            web_search=request.app[WEB_SEARCH] is not None)
+    req = validate_messages(
+        await read_json(request), count_tokens=True, web_search=request.app[WEB_SEARCH] is not None
+    )
     route = routing.resolve(request, req["model"])
     with deps.memory.lease() as lease:  # restored reasoning counts until it is counted
         await restore(deps, req, lease)
@@ -108,5 +123,8 @@ async def count_tokens(request: web.Request) -> web.Response:
     headers = {"request-id": request[REQUEST_ID]}
     if not exact:
         headers["x-token-count-estimated"] = "true"
-    return web.Response(body=jsonutil.dumpb({"input_tokens": count}),
-                        content_type="application/json", headers=headers)
+    return web.Response(
+        body=jsonutil.dumpb({"input_tokens": count}),
+        content_type="application/json",
+        headers=headers,
+    )

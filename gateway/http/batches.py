@@ -109,11 +109,15 @@ def status_of(row: BatchRow) -> str:
 def render(row: BatchRow, base: str) -> dict[str, Any]:
     """The ``message_batch`` object; ``base``: the batches route's absolute URL."""
     ended = row.ended_at is not None
-    counts = {"processing": row.total, "succeeded": 0, "errored": 0, "canceled": 0,
-              "expired": 0}
+    counts = {"processing": row.total, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
     if ended:  # requests move out of processing only once the whole batch ends
-        counts = {"processing": 0, "succeeded": row.succeeded, "errored": row.errored,
-                  "canceled": row.canceled, "expired": row.expired}
+        counts = {
+            "processing": 0,
+            "succeeded": row.succeeded,
+            "errored": row.errored,
+            "canceled": row.canceled,
+            "expired": row.expired,
+        }
     return {
         "id": row.id,
         "type": "message_batch",
@@ -137,16 +141,18 @@ def _base(request: web.Request) -> str:
 
 
 def _json(request: web.Request, body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=jsonutil.dumpb(body), status=status,
-                        content_type="application/json",
-                        headers={"request-id": request[REQUEST_ID]})
+    return web.Response(
+        body=jsonutil.dumpb(body),
+        status=status,
+        content_type="application/json",
+        headers={"request-id": request[REQUEST_ID]},
+    )
 
 
 def _store(request: web.Request) -> BatchStore:
     store = request.app.get(BATCH_STORE)
     if store is None:
-        raise errors.NotFound("Message Batches are not enabled on this gateway "
-                              "(batches.enabled)")
+        raise errors.NotFound("Message Batches are not enabled on this gateway (batches.enabled)")
     return store
 
 
@@ -183,9 +189,11 @@ class _StoreFailed(errors.GatewayError):
 
 class _StoreFull(errors.GatewayError):
     status = 507
-    default_message = ("The batch store's disk is full: cancel or delete ended batches "
-                       "(their results are freed), or free space on the server; creates "
-                       "are refused until then")
+    default_message = (
+        "The batch store's disk is full: cancel or delete ended batches "
+        "(their results are freed), or free space on the server; creates "
+        "are refused until then"
+    )
 
 
 def _failed(exc: StoreError) -> errors.GatewayError:
@@ -234,8 +242,10 @@ class CreateParser:
         if not reqs:
             raise errors.InvalidRequest("requests", "List should have at least 1 item")
         if len(reqs) > cfg.batches.max_requests:
-            raise errors.InvalidRequest("requests", f"List should have at most "
-                                        f"{cfg.batches.max_requests} items, not {len(reqs)}")
+            raise errors.InvalidRequest(
+                "requests",
+                f"List should have at most {cfg.batches.max_requests} items, not {len(reqs)}",
+            )
         self._reqs: list[Any] = reqs
         self._next = 0
         self._reader = RequestReader(cfg)
@@ -272,29 +282,35 @@ class RequestReader:
                 raise errors.InvalidRequest(f"{where}.{key}", "Extra inputs are not permitted")
         custom_id = item.get("custom_id")
         if not isinstance(custom_id, str) or not _CUSTOM_ID.fullmatch(custom_id):
-            raise errors.InvalidRequest(f"{where}.custom_id", "must be a string of 1 to 64 "
-                                        "characters from a-z, A-Z, 0-9, '-' and '_'")
+            raise errors.InvalidRequest(
+                f"{where}.custom_id",
+                "must be a string of 1 to 64 characters from a-z, A-Z, 0-9, '-' and '_'",
+            )
         if custom_id in self._seen:
-            raise errors.InvalidRequest(f"{where}.custom_id", f"duplicate custom_id "
-                                        f"{custom_id!r}: each must be unique in the batch")
+            raise errors.InvalidRequest(
+                f"{where}.custom_id",
+                f"duplicate custom_id {custom_id!r}: each must be unique in the batch",
+            )
         self._seen.add(custom_id)
         params = item.get("params")
         if "params" not in item:
             raise errors.InvalidRequest(f"{where}.params", "Field required")
         if isinstance(params, dict) and params.get("stream") not in (None, False):
-            raise errors.InvalidRequest(f"{where}.params.stream",
-                                        "streaming is not supported in message batches")
+            raise errors.InvalidRequest(
+                f"{where}.params.stream", "streaming is not supported in message batches"
+            )
         _no_web_search(params, where)
         try:
             req = validate_messages(params)
         except errors.InvalidRequest as exc:
             path = f"{where}.params" + (f".{exc.path}" if exc.path else "")
-            why = exc.message[len(exc.path) + 2:] if exc.path else exc.message
+            why = exc.message[len(exc.path) + 2 :] if exc.path else exc.message
             raise errors.InvalidRequest(path, why, details=exc.details) from None
         route = find_route(self._cfg.models, req["model"])
         if route is None:
-            raise errors.InvalidRequest(f"{where}.params.model",
-                                        f"model {errors.echo(req['model'], 256)} not found")
+            raise errors.InvalidRequest(
+                f"{where}.params.model", f"model {errors.echo(req['model'], 256)} not found"
+            )
         return (custom_id, route.name, jsonutil.dumpb(params))
 
 
@@ -306,9 +322,11 @@ def _no_web_search(params: Any, where: str) -> None:
         return
     for i, tool in enumerate(tools):
         if isinstance(tool, dict) and tool.get("type") in WEB_SEARCH_TYPES:
-            raise errors.InvalidRequest(f"{where}.params.tools.{i}.type",
-                                        "web search is not available in message batches on "
-                                        "this gateway; send the request to /v1/messages")
+            raise errors.InvalidRequest(
+                f"{where}.params.tools.{i}.type",
+                "web search is not available in message batches on "
+                "this gateway; send the request to /v1/messages",
+            )
 
 
 async def _parse_create(cfg: Config, body: Any) -> list[tuple[str, str, bytes]]:
@@ -327,15 +345,17 @@ _ENTRY_BYTES = 200
 BATCH_BUSY = "Overloaded: too many large requests are being held at once; retry shortly"
 
 
-async def _parse_body(request: web.Request, cfg: Config, raw: bytearray,
-                      lease: Lease) -> list[tuple[str, str, bytes]]:
+async def _parse_body(
+    request: web.Request, cfg: Config, raw: bytearray, lease: Lease
+) -> list[tuple[str, str, bytes]]:
     """The create's requests, each read from the body alone (:class:`ArrayItems`) and
     counted in ``lease`` as it is encoded; a body of another shape is decoded whole, as
     it always was, and answered as it always was."""
     held = lease.held
     try:
-        items = ArrayItems(raw, "requests", max_values=MAX_BATCH_VALUES,
-                           max_item_values=jsonutil.MAX_VALUES)
+        items = ArrayItems(
+            raw, "requests", max_values=MAX_BATCH_VALUES, max_item_values=jsonutil.MAX_VALUES
+        )
         return await _parse_items(cfg, items, lease)
     except NotPlain:
         lease.give(lease.held - held)  # what was parsed is dropped
@@ -343,8 +363,9 @@ async def _parse_body(request: web.Request, cfg: Config, raw: bytearray,
     return await _parse_create(cfg, body)
 
 
-async def _parse_items(cfg: Config, items: ArrayItems, lease: Lease
-                       ) -> list[tuple[str, str, bytes]]:
+async def _parse_items(
+    cfg: Config, items: ArrayItems, lease: Lease
+) -> list[tuple[str, str, bytes]]:
     """:func:`_parse_create` of the body's items, one at a time, giving the event loop a
     turn between slices; a request that does not decode is :class:`NotPlain` (the whole
     decode names what is wrong as it always did). A create of more than
@@ -360,8 +381,9 @@ async def _parse_items(cfg: Config, items: ArrayItems, lease: Lease
             while not items.done:
                 rest += 1
                 await turn.after(items.next())
-            raise errors.InvalidRequest("requests", f"List should have at most {limit} "
-                                        f"items, not {limit + rest}")
+            raise errors.InvalidRequest(
+                "requests", f"List should have at most {limit} items, not {limit + rest}"
+            )
         try:
             item = jsonutil.loads(text)
         except ValueError:
@@ -403,8 +425,11 @@ async def create(request: web.Request) -> web.Response:
         del raw
         lease.give(size)
         now = time.time()
-        row = await _ask(store.create(new_batch_id(), owner_of(request), requests, now,
-                                      now + cfg.batches.expire_after))
+        row = await _ask(
+            store.create(
+                new_batch_id(), owner_of(request), requests, now, now + cfg.batches.expire_after
+            )
+        )
         del requests
     request.app[METRICS].batches_created.inc()
     scheduler = request.app.get(SCHEDULER)
@@ -415,6 +440,7 @@ async def create(request: web.Request) -> web.Response:
 
 
 # --- list, retrieve, cancel, delete ------------------------------------------------------
+
 
 def _limit(request: web.Request) -> int:
     raw = request.query.get("limit")
@@ -442,9 +468,15 @@ async def list_batches(request: web.Request) -> web.Response:
     rows, has_more = await _ask(store.page(owner_of(request), limit, before, after))
     base = _base(request)
     data = [render(row, base) for row in rows]
-    return _json(request, {"data": data, "has_more": has_more,
-                           "first_id": data[0]["id"] if data else None,
-                           "last_id": data[-1]["id"] if data else None})
+    return _json(
+        request,
+        {
+            "data": data,
+            "has_more": has_more,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+        },
+    )
 
 
 async def retrieve(request: web.Request) -> web.Response:
@@ -455,8 +487,7 @@ async def retrieve(request: web.Request) -> web.Response:
 
 async def cancel(request: web.Request) -> web.Response:
     batch_id = _batch_id(request)
-    row = await _found(_store(request).cancel(batch_id, owner_of(request), time.time()),
-                       batch_id)
+    row = await _found(_store(request).cancel(batch_id, owner_of(request), time.time()), batch_id)
     _log.info("batch_cancel", batch_id=batch_id, status=status_of(row))
     return _json(request, render(row, _base(request)))
 
@@ -465,8 +496,11 @@ async def delete(request: web.Request) -> web.Response:
     batch_id = _batch_id(request)
     deleted = await _found(_store(request).delete(batch_id, owner_of(request)), batch_id)
     if not deleted:
-        raise errors.InvalidRequest("", f"message batch {batch_id} cannot be deleted while it "
-                                    "is processing; cancel it and wait until it has ended")
+        raise errors.InvalidRequest(
+            "",
+            f"message batch {batch_id} cannot be deleted while it "
+            "is processing; cancel it and wait until it has ended",
+        )
     return _json(request, {"id": batch_id, "type": "message_batch_deleted"})
 
 
@@ -481,22 +515,32 @@ async def results(request: web.Request) -> web.StreamResponse:
     batch_id = _batch_id(request)
     row = await _found(store.get(batch_id, owner_of(request)), batch_id)
     if row.ended_at is None:
-        raise errors.InvalidRequest("", f"message batch {batch_id} has not ended yet: its "
-                                    "results are available once processing_status is ended")
+        raise errors.InvalidRequest(
+            "",
+            f"message batch {batch_id} has not ended yet: its "
+            "results are available once processing_status is ended",
+        )
     pages = store.results(batch_id)
     page = await _ask(anext(pages, None))  # before the status is sent: a 500 still can be
     # the stream writer: a client that stops reading is dropped after server.write_timeout
-    writer = await StreamWriter.open(request, content_type="application/binary",
-                                     write_timeout=request.app[CONFIG].server.write_timeout,
-                                     ping_interval=None)
+    writer = await StreamWriter.open(
+        request,
+        content_type="application/binary",
+        write_timeout=request.app[CONFIG].server.write_timeout,
+        ping_interval=None,
+    )
     try:
         while page is not None:
             lines = []
             for custom_id, kind, result in page:
-                body = result if result is not None else (
-                    _CANCELED if kind == "canceled" else _EXPIRED)
-                lines.append(b'{"custom_id":%s,"result":%s}\n'
-                             % (jsonutil.dumpb_str(custom_id), body))
+                body = (
+                    result
+                    if result is not None
+                    else (_CANCELED if kind == "canceled" else _EXPIRED)
+                )
+                lines.append(
+                    b'{"custom_id":%s,"result":%s}\n' % (jsonutil.dumpb_str(custom_id), body)
+                )
             await writer.write(b"".join(lines))
             page = await anext(pages, None)
     except StoreError as exc:  # the status is sent: end the body short; the client sees a cut
@@ -511,12 +555,13 @@ async def results(request: web.Request) -> web.StreamResponse:
 def add_routes(app: web.Application, prefix: str) -> None:
     base = f"{prefix}/v1/messages/batches"
     for method, path, handler, name in (
-            ("POST", base, create, "batches_create"),
-            ("GET", base, list_batches, "batches_list"),
-            ("GET", base + "/{batch_id}", retrieve, "batches_get"),
-            ("POST", base + "/{batch_id}/cancel", cancel, "batches_cancel"),
-            ("DELETE", base + "/{batch_id}", delete, "batches_delete"),
-            ("GET", base + "/{batch_id}/results", results, "batches_results")):
+        ("POST", base, create, "batches_create"),
+        ("GET", base, list_batches, "batches_list"),
+        ("GET", base + "/{batch_id}", retrieve, "batches_get"),
+        ("POST", base + "/{batch_id}/cancel", cancel, "batches_cancel"),
+        ("DELETE", base + "/{batch_id}", delete, "batches_delete"),
+        ("GET", base + "/{batch_id}/results", results, "batches_results"),
+    ):
         app.router.add_route(method, path, handler, name=name)
         app[ROUTE_TAGS][name] = RouteTag("batches")
 

@@ -45,13 +45,16 @@ from gateway.text import jsonutil
 
 __all__ = ["decode_json", "read_bytes", "read_json"]
 
-BUSY_MESSAGE = ("Overloaded: too many large request bodies are being received at once; "
-                "retry shortly")
+BUSY_MESSAGE = "Overloaded: too many large request bodies are being received at once; retry shortly"
 
 
-async def read_json(request: web.Request, *, max_bytes: int | None = None,
-                    max_values: int = jsonutil.MAX_VALUES,
-                    keep: list[bytes] | None = None) -> Any:
+async def read_json(
+    request: web.Request,
+    *,
+    max_bytes: int | None = None,
+    max_values: int = jsonutil.MAX_VALUES,
+    keep: list[bytes] | None = None,
+) -> Any:
     """The request's body, decoded strictly; raises the error to answer instead.
 
     ``max_bytes`` (default ``server.max_body_bytes``) and ``max_values`` are the route's own
@@ -78,8 +81,9 @@ async def read_bytes(request: web.Request, lease: Lease, max_bytes: int) -> byte
     return buf
 
 
-async def _receive(request: web.Request, held: Lease, limit: int,
-                   keep: Callable[[bytes], object]) -> None:
+async def _receive(
+    request: web.Request, held: Lease, limit: int, keep: Callable[[bytes], object]
+) -> None:
     while chunk := await request.content.readany():
         size = len(chunk)
         if held.held + size > limit:
@@ -99,8 +103,7 @@ async def decode_json(request: web.Request, raw: bytes | bytearray, max_values: 
         return await _decode_in_child(request, raw, max_values)
     if jsonutil.too_many_values(raw, max_values):
         _reject(request, "body_too_large")
-        raise errors.RequestTooLarge(
-            f"Request body holds more than {max_values} JSON values")
+        raise errors.RequestTooLarge(f"Request body holds more than {max_values} JSON values")
     try:
         return jsonutil.loads(raw)
     except jsonutil.JSONInputError as exc:
@@ -109,8 +112,7 @@ async def decode_json(request: web.Request, raw: bytes | bytearray, max_values: 
         raise errors.InvalidRequest("", "request body is not valid JSON") from None
 
 
-async def _decode_in_child(request: web.Request, raw: bytes | bytearray, max_values: int
-                           ) -> Any:
+async def _decode_in_child(request: web.Request, raw: bytes | bytearray, max_values: int) -> Any:
     outcome = await request.app[DECODER].decode(raw, max_values)
     del raw
     match outcome:

@@ -51,8 +51,12 @@ def answer_as_http11(request: web.BaseRequest) -> None:
 def parser_refused(protocol: web.RequestHandler) -> bool:
     """Did the last read end in a parser error (queued as the next "request")?"""
     queued = getattr(protocol, "_messages", None)
-    return (_ERR_INFO is not None and queued is not None and len(queued) > 0
-            and isinstance(queued[-1][0], _ERR_INFO))
+    return (
+        _ERR_INFO is not None
+        and queued is not None
+        and len(queued) > 0
+        and isinstance(queued[-1][0], _ERR_INFO)
+    )
 
 
 def wrap_request_factory(server: web.Server, before: Callable[..., None]) -> None:
@@ -60,8 +64,9 @@ def wrap_request_factory(server: web.Server, before: Callable[..., None]) -> Non
     request as aiohttp would."""
     make = server.request_factory
 
-    def started(message: Any, payload: Any, protocol: web.RequestHandler, writer: Any,
-                task: Any) -> web.BaseRequest:
+    def started(
+        message: Any, payload: Any, protocol: web.RequestHandler, writer: Any, task: Any
+    ) -> web.BaseRequest:
         before(protocol, payload)
         return make(message, payload, protocol, writer, task)
 

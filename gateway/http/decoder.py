@@ -36,10 +36,14 @@ from gateway.text import json_child
 
 T = TypeVar("T")
 
+
 def _start() -> ProcessPoolExecutor:
     """A pool whose one child is up (run in a thread: the spawn blocks until it is)."""
-    pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=lifeline.die_with_parent)
+    pool = ProcessPoolExecutor(
+        max_workers=1,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=lifeline.die_with_parent,
+    )
     try:
         pool.submit(int).result()
     except BaseException:

@@ -34,17 +34,21 @@ _log = structlog.get_logger("gateway.http.listener")
 RETRY_AFTER = 1.0  # seconds accepting pauses after a failed accept() (asyncio's delay)
 BACKLOG = 2048
 _BATCH = 64  # accepts per readiness event, so one listener cannot starve the loop
-_ACCEPT_ERRNOS = {errno.EMFILE: "emfile", errno.ENFILE: "enfile", errno.ENOBUFS: "enobufs",
-                  errno.ENOMEM: "enomem"}
+_ACCEPT_ERRNOS = {
+    errno.EMFILE: "emfile",
+    errno.ENFILE: "enfile",
+    errno.ENOBUFS: "enobufs",
+    errno.ENOMEM: "enomem",
+}
 _CAP_LOG_EVERY = 10.0  # seconds between two max_connections_reached lines
 
 
-def bind(host: str, port: int, *, reuse_port: bool = False,
-         backlog: int = BACKLOG) -> list[socket.socket]:
+def bind(
+    host: str, port: int, *, reuse_port: bool = False, backlog: int = BACKLOG
+) -> list[socket.socket]:
     """Non-blocking listening sockets on every address of ``host`` (as asyncio binds them:
     SO_REUSEADDR, IPv6 sockets v6-only, SO_REUSEPORT when asked)."""
-    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                               flags=socket.AI_PASSIVE)
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     socks: list[socket.socket] = []
     try:
         for family, kind, proto, _, addr in dict.fromkeys(infos):
@@ -72,9 +76,15 @@ class Listener:
     reads).
     """
 
-    def __init__(self, name: str, sockets: list[socket.socket],
-                 factory: Callable[[], asyncio.Protocol], *, max_connections: int,
-                 metrics: Metrics) -> None:
+    def __init__(
+        self,
+        name: str,
+        sockets: list[socket.socket],
+        factory: Callable[[], asyncio.Protocol],
+        *,
+        max_connections: int,
+        metrics: Metrics,
+    ) -> None:
         self.name = name
         self._sockets = sockets
         self._factory = factory
@@ -176,8 +186,14 @@ class Listener:
     def _failed(self, exc: OSError) -> None:
         reason = _ACCEPT_ERRNOS.get(exc.errno or 0, "other")
         self._metrics.accept_errors.labels(reason).inc()
-        _log.warning("accept_failed", listener=self.name, reason=reason, errno=exc.errno,
-                     open_connections=self._open, retry_in_s=RETRY_AFTER)
+        _log.warning(
+            "accept_failed",
+            listener=self.name,
+            reason=reason,
+            errno=exc.errno,
+            open_connections=self._open,
+            retry_in_s=RETRY_AFTER,
+        )
         self._pause()
         if self._retry is None and not self._closed:
             self._retry = self._loop.call_later(RETRY_AFTER, self._retry_now)
@@ -186,6 +202,9 @@ class Listener:
         now = self._loop.time()
         if now - self._cap_logged >= _CAP_LOG_EVERY:
             self._cap_logged = now
-            _log.warning("max_connections_reached", listener=self.name,
-                         max_connections=self._cap,
-                         detail="accepting paused; new connections wait in the backlog")
+            _log.warning(
+                "max_connections_reached",
+                listener=self.name,
+                max_connections=self._cap,
+                detail="accepting paused; new connections wait in the backlog",
+            )

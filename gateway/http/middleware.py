@@ -76,8 +76,9 @@ def _query_names(raw: str) -> str:
     """A raw (still percent-encoded) query string's parameter names: ``a&b``, no values."""
     if "&" not in raw:  # one parameter (?beta=true on every Claude Code request)
         return raw.partition("=")[0][:64]
-    names = (part.split("=", 1)[0][:64] for part in raw.split("&", _MAX_QUERY_NAMES)[
-        :_MAX_QUERY_NAMES])
+    names = (
+        part.split("=", 1)[0][:64] for part in raw.split("&", _MAX_QUERY_NAMES)[:_MAX_QUERY_NAMES]
+    )
     return "&".join(name for name in names if name)
 
 
@@ -102,10 +103,18 @@ def _authorized(keys: tuple[bytes, ...], presented: bytes | None) -> bool:
 
 def render_error(request: web.Request, err: errors.GatewayError, request_id: str) -> web.Response:
     if request.get(OPENAI_ERRORS, False):
-        return web.Response(status=errors.openai_status(err), body=errors.openai_body(err),
-                            content_type="application/json", headers=err.headers)
-    return web.Response(status=err.status, body=errors.anthropic_body(err, request_id),
-                        content_type="application/json", headers=err.headers)
+        return web.Response(
+            status=errors.openai_status(err),
+            body=errors.openai_body(err),
+            content_type="application/json",
+            headers=err.headers,
+        )
+    return web.Response(
+        status=err.status,
+        body=errors.anthropic_body(err, request_id),
+        content_type="application/json",
+        headers=err.headers,
+    )
 
 
 def _from_http_exception(exc: web.HTTPException) -> errors.GatewayError:
@@ -114,8 +123,9 @@ def _from_http_exception(exc: web.HTTPException) -> errors.GatewayError:
     if exc.status == 404:
         return errors.NotFound("Not found")
     if exc.status == 405:
-        return errors.GatewayError("Method not allowed", status=405,
-                                   error_type="invalid_request_error")
+        return errors.GatewayError(
+            "Method not allowed", status=405, error_type="invalid_request_error"
+        )
     return errors.GatewayError(exc.reason, status=exc.status)
 
 
@@ -152,8 +162,11 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
     response: web.StreamResponse | None = None
     try:
         server = app[CONFIG].server
-        if tag.needs_key and server.api_keys and not _authorized(app[STATE].api_keys,
-                                                                 request[CLIENT_KEY]):
+        if (
+            tag.needs_key
+            and server.api_keys
+            and not _authorized(app[STATE].api_keys, request[CLIENT_KEY])
+        ):
             if api is not None:
                 metrics.rejected.labels(api, "auth").inc()
             raise errors.AuthenticationFailed()
@@ -162,8 +175,11 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
                 metrics.rejected.labels(api, "draining").inc()
                 raise errors.Overloaded(DRAINING_MESSAGE)
             length = request.content_length
-            limit = (server.max_body_bytes if route != "batches_create"
-                     else app[CONFIG].batches.max_body_bytes)
+            limit = (
+                server.max_body_bytes
+                if route != "batches_create"
+                else app[CONFIG].batches.max_body_bytes
+            )
             if length is not None and length > limit:
                 metrics.rejected.labels(api, "body_too_large").inc()
                 raise errors.RequestTooLarge(f"Request exceeds the maximum size of {limit} bytes")
@@ -174,8 +190,9 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
                 raise
             raise _from_http_exception(exc) from None
         except RequestBodyTimeout as exc:
-            raise errors.GatewayError(f"Request body not received within {exc.seconds:g} "
-                                      "seconds", status=408) from None
+            raise errors.GatewayError(
+                f"Request body not received within {exc.seconds:g} seconds", status=408
+            ) from None
         except web.RequestPayloadError:
             raise errors.InvalidRequest("", "Malformed request body framing") from None
         status = response.status
@@ -200,8 +217,9 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         if response is None:  # cancelled: the client went away
             prepared = _prepared(request)
             status = prepared.status if prepared is not None else 499
-        elif (not response.prepared and status != 499
-              and not isinstance(response, web.HTTPException)):
+        elif (
+            not response.prepared and status != 499 and not isinstance(response, web.HTTPException)
+        ):
             # a buffered reply: sent here, bounded by write_timeout, so that a client that
             # stops reading is dropped (and its access line says so) as a stream's would be
             response.headers["request-id"] = request_id
@@ -217,13 +235,21 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             error = request[ERROR]
             redact = app[SECRETS]
             query = request.rel_url.raw_query_string
-            log.access(log.Access(
-                request_id, route, status, method=request.method, model=model or None,
-                upstream=request[UPSTREAM], duration_ms=round(duration * 1000, 3),
-                stream=request[STREAM],
-                query=redact(_query_names(query)) or None if query else None,
-                error_type=error[0] if error else None,
-                error=redact(error[1]) if error and error[1] is not None else None))
+            log.access(
+                log.Access(
+                    request_id,
+                    route,
+                    status,
+                    method=request.method,
+                    model=model or None,
+                    upstream=request[UPSTREAM],
+                    duration_ms=round(duration * 1000, 3),
+                    stream=request[STREAM],
+                    query=redact(_query_names(query)) or None if query else None,
+                    error_type=error[0] if error else None,
+                    error=redact(error[1]) if error and error[1] is not None else None,
+                )
+            )
     if not response.prepared:
         response.headers["request-id"] = request_id
     return response

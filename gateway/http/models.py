@@ -26,8 +26,12 @@ from gateway.text import jsonutil
 def _anthropic(route: ModelRoute, model_id: str) -> dict[str, object]:
     shown = route.display_name if route.name == model_id else model_id
     info: dict[str, object] = {
-        "type": "model", "id": model_id, "display_name": shown or model_id,
-        "created_at": route.created_at, "lifecycle": "active"}
+        "type": "model",
+        "id": model_id,
+        "display_name": shown or model_id,
+        "created_at": route.created_at,
+        "lifecycle": "active",
+    }
     if route.context_window:
         info["max_input_tokens"] = route.context_window  # optional field of the model object
     return info
@@ -38,8 +42,7 @@ def _openai(route: ModelRoute, model_id: str) -> dict[str, object]:
         created = int(datetime.fromisoformat(route.created_at.replace("Z", "+00:00")).timestamp())
     except ValueError:
         created = 0
-    return {"id": model_id, "object": "model", "created": created,
-            "owned_by": route.upstream.name}
+    return {"id": model_id, "object": "model", "created": created, "owned_by": route.upstream.name}
 
 
 def _json(body: object) -> web.Response:
@@ -72,14 +75,16 @@ async def list_models(request: web.Request) -> web.Response:
         has_more = start > 0
     else:
         start = ids.index(after) + 1 if after in ids else (len(ids) if after else 0)
-        page = routes[start:start + limit]
+        page = routes[start : start + limit]
         has_more = start + limit < len(routes)
-    return _json({
-        "data": [_anthropic(r, r.name) for r in page],
-        "has_more": has_more,
-        "first_id": page[0].name if page else None,
-        "last_id": page[-1].name if page else None,
-    })
+    return _json(
+        {
+            "data": [_anthropic(r, r.name) for r in page],
+            "has_more": has_more,
+            "first_id": page[0].name if page else None,
+            "last_id": page[-1].name if page else None,
+        }
+    )
 
 
 async def get_model(request: web.Request) -> web.Response:

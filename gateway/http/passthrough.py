@@ -87,30 +87,59 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
     metrics.overhead.labels(api.name).observe(time.perf_counter() - t0)
     rewrite = ModelRewriter(route.upstream_model, route.name)
     with admitted(request, route):
-        up = await send(ups, route, api.path, payload, stream=stream,
-                        request_id=request[REQUEST_ID], session=session)
+        up = await send(
+            ups,
+            route,
+            api.path,
+            payload,
+            stream=stream,
+            request_id=request[REQUEST_ID],
+            session=session,
+        )
         async with up:
             if not stream:
                 data = await up.read()
-                inband = InbandErrors(responses=api.dialect.responses, hosts=client.hosts,
-                                      secrets=request.app[SECRETS])
+                inband = InbandErrors(
+                    responses=api.dialect.responses,
+                    hosts=client.hosts,
+                    secrets=request.app[SECRETS],
+                )
                 reply = inband.body(rewrite(data))  # an error body raises, scrubbed
                 metrics.count_tokens(route.name, api.dialect.usage(data))
-                return web.Response(body=reply, status=200,
-                                    content_type="application/json",
-                                    headers={"request-id": request[REQUEST_ID]})
-            return await _relay(request, api, route, up,
-                                Relay(rewrite, api.dialect, hosts=client.hosts,
-                                      secrets=request.app[SECRETS],
-                                      indexer=_indexer(api, route)), t0)
+                return web.Response(
+                    body=reply,
+                    status=200,
+                    content_type="application/json",
+                    headers={"request-id": request[REQUEST_ID]},
+                )
+            return await _relay(
+                request,
+                api,
+                route,
+                up,
+                Relay(
+                    rewrite,
+                    api.dialect,
+                    hosts=client.hosts,
+                    secrets=request.app[SECRETS],
+                    indexer=_indexer(api, route),
+                ),
+                t0,
+            )
 
 
-async def _relay(request: web.Request, api: OpenAIApi, route: ModelRoute, up: UpstreamResponse,
-                 relay: Relay, t0: float) -> web.StreamResponse:
+async def _relay(
+    request: web.Request,
+    api: OpenAIApi,
+    route: ModelRoute,
+    up: UpstreamResponse,
+    relay: Relay,
+    t0: float,
+) -> web.StreamResponse:
     metrics = request.app[METRICS]
-    async with streaming.RelayedStream(request, api.name, route, relay,
-                                       content_type="text/event-stream",
-                                       ping_frame=_PING) as stream:
+    async with streaming.RelayedStream(
+        request, api.name, route, relay, content_type="text/event-stream", ping_frame=_PING
+    ) as stream:
         write = stream.writer.write
         progress = up.progress
         timed = False  # time to first token observed

@@ -100,7 +100,7 @@ _MESSAGES = {
     "line_too_long": f"A request line or header is longer than {MAX_LINE} bytes",
     "too_many_headers": f"More than {MAX_HEADERS} request headers",
     "bad_header": "A request header is malformed or missing (a name must be a token, a "
-                  "value holds no control character, HTTP/1.1 needs Host)",
+    "value holds no control character, HTTP/1.1 needs Host)",
     "bad_request_line": "Malformed request line",
     "length_and_chunked": "Transfer-Encoding and Content-Length must not both be present",
     "bad_content_length": "Invalid Content-Length",
@@ -154,15 +154,31 @@ class ConnectionPolicy:
 class GatewayProtocol(web.RequestHandler):
     """One client connection (see the module docstring)."""
 
-    __slots__ = ("_body", "_busy", "_clock", "_counted", "_deadline", "_failed", "_openai",
-                 "_phase", "_policy", "_timer", "_timer_at")
+    __slots__ = (
+        "_body",
+        "_busy",
+        "_clock",
+        "_counted",
+        "_deadline",
+        "_failed",
+        "_openai",
+        "_phase",
+        "_policy",
+        "_timer",
+        "_timer_at",
+    )
 
     def __init__(self, manager: web.Server, policy: ConnectionPolicy) -> None:
         loop = asyncio.get_running_loop()
-        super().__init__(manager, loop=loop, keepalive_timeout=policy.server.idle_timeout,
-                         access_log=None,  # type: ignore[arg-type]  # ours: the middleware's
-                         max_line_size=MAX_LINE, max_field_size=MAX_LINE,
-                         max_headers=MAX_HEADERS)
+        super().__init__(
+            manager,
+            loop=loop,
+            keepalive_timeout=policy.server.idle_timeout,
+            access_log=None,  # type: ignore[arg-type]  # ours: the middleware's
+            max_line_size=MAX_LINE,
+            max_field_size=MAX_LINE,
+            max_headers=MAX_HEADERS,
+        )
         self._policy = policy
         self._clock = loop
         self._busy = False  # a request's head is parsed and its answer not yet written
@@ -223,8 +239,9 @@ class GatewayProtocol(web.RequestHandler):
             self._body = None
             self._deadline = 0.0
 
-    def log_access(self, request: web.BaseRequest, response: web.StreamResponse,
-                   time: float | None) -> None:
+    def log_access(
+        self, request: web.BaseRequest, response: web.StreamResponse, time: float | None
+    ) -> None:
         # the answer is written: the access line is the middleware's (or handle_error's)
         self._busy = False
         self._body = None
@@ -237,12 +254,18 @@ class GatewayProtocol(web.RequestHandler):
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
         exc = kw.get("exc_info")
-        _log.error("connection_error", **log.exception_fields(
-            exc if isinstance(exc, BaseException) else None))
+        _log.error(
+            "connection_error",
+            **log.exception_fields(exc if isinstance(exc, BaseException) else None),
+        )
 
-    def handle_error(self, request: web.BaseRequest, status: int = 500,
-                     exc: BaseException | None = None, message: str | None = None
-                     ) -> web.StreamResponse:
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
         self._deadline = 0.0
         if request.writer.output_size > 0:  # as aiohttp: an answer has begun, none can follow
             raise ConnectionError("Response is sent already")
@@ -259,12 +282,24 @@ class GatewayProtocol(web.RequestHandler):
             status, body = errors.openai_status(err), errors.openai_body(err)
         else:
             status, body = err.status, errors.anthropic_body(err, request_id)
-        resp = web.Response(status=status, body=body, content_type="application/json",
-                            headers={"request-id": request_id, **err.headers})
+        resp = web.Response(
+            status=status,
+            body=body,
+            content_type="application/json",
+            headers={"request-id": request_id, **err.headers},
+        )
         resp.force_close()
         compat.answer_as_http11(request)  # the placeholder request is HTTP/1.0
-        log.access(log.Access(request_id, "http_error", status, error_type=err.error_type,
-                              error=err.message, extra={"kind": kind}))
+        log.access(
+            log.Access(
+                request_id,
+                "http_error",
+                status,
+                error_type=err.error_type,
+                error=err.message,
+                extra={"kind": kind},
+            )
+        )
         return resp
 
     def _arm(self, phase: str, seconds: float) -> None:
@@ -294,8 +329,7 @@ class GatewayProtocol(web.RequestHandler):
 
     def _head_expired(self) -> None:
         self._policy.metrics.client_http_errors.labels("head_timeout").inc()
-        _log.info("client_timeout", phase="head",
-                  seconds=self._policy.server.request_head_timeout)
+        _log.info("client_timeout", phase="head", seconds=self._policy.server.request_head_timeout)
         self.force_close()
 
     def _body_expired(self, payload: StreamReader) -> None:
@@ -306,7 +340,6 @@ class GatewayProtocol(web.RequestHandler):
         self._body = None
         self._failed = True
         payload.set_exception(RequestBodyTimeout(seconds))
-
 
 
 def track_request_starts(server: web.Server) -> None:
@@ -320,9 +353,15 @@ def track_request_starts(server: web.Server) -> None:
     compat.wrap_request_factory(server, started)
 
 
-def listen(server: web.Server, config: ServerConfig, metrics: Metrics, *,
-           ops_server: web.Server | None = None, openai_paths: frozenset[bytes] = frozenset(),
-           reuse_port: bool = False) -> list[Listener]:
+def listen(
+    server: web.Server,
+    config: ServerConfig,
+    metrics: Metrics,
+    *,
+    ops_server: web.Server | None = None,
+    openai_paths: frozenset[bytes] = frozenset(),
+    reuse_port: bool = False,
+) -> list[Listener]:
     """Bind and start the API listener (``server``) and, when ``metrics_port`` is set, the
     metrics one (``ops_server``: the metrics application's ``/metrics``, ``/health`` and
     ``/ready`` only; ``/metrics`` then leaves the API's)."""
@@ -330,15 +369,27 @@ def listen(server: web.Server, config: ServerConfig, metrics: Metrics, *,
     roles = [("api", server, config.host, config.port, openai_paths, config.max_connections)]
     if config.metrics_apart:
         assert ops_server is not None, "metrics_port set: the metrics application is needed"
-        roles.append(("metrics", ops_server, config.metrics_host or config.host,
-                      config.metrics_port, frozenset(), 0))
+        roles.append(
+            (
+                "metrics",
+                ops_server,
+                config.metrics_host or config.host,
+                config.metrics_port,
+                frozenset(),
+                0,
+            )
+        )
     try:
         for name, srv, host, port, paths, cap in roles:
             track_request_starts(srv)
             policy = ConnectionPolicy(config, metrics, paths)
-            listener = Listener(name, bind(host, port, reuse_port=reuse_port),
-                                functools.partial(GatewayProtocol, srv, policy),
-                                max_connections=cap, metrics=metrics)
+            listener = Listener(
+                name,
+                bind(host, port, reuse_port=reuse_port),
+                functools.partial(GatewayProtocol, srv, policy),
+                max_connections=cap,
+                metrics=metrics,
+            )
             policy.on_open, policy.on_close = listener.opened, listener.closed
             listeners.append(listener)
     except OSError:

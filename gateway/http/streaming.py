@@ -64,8 +64,9 @@ class Source(Protocol):
         """End the stream with ``err`` (client-safe): the envelope to write."""
 
 
-def stream_failure(exc: BaseException, handle: DrainHandle
-                   ) -> tuple[errors.GatewayError, str] | None:
+def stream_failure(
+    exc: BaseException, handle: DrainHandle
+) -> tuple[errors.GatewayError, str] | None:
     """How an exception met while relaying a stream ends it, for both APIs.
 
     (the error its envelope carries, the termination reason), or None when the
@@ -88,14 +89,33 @@ def stream_failure(exc: BaseException, handle: DrainHandle
 class RelayedStream:
     """One stream to a client, from its first byte to its end (see the module docstring)."""
 
-    __slots__ = ("_api", "_content_type", "_end_hook", "_gauge", "_handle", "_metrics", "_model",
-                 "_ping_frame", "_request", "_source", "writer")
+    __slots__ = (
+        "_api",
+        "_content_type",
+        "_end_hook",
+        "_gauge",
+        "_handle",
+        "_metrics",
+        "_model",
+        "_ping_frame",
+        "_request",
+        "_source",
+        "writer",
+    )
 
     writer: StreamWriter
 
-    def __init__(self, request: web.Request, api: str, route: ModelRoute, source: Source, *,
-                 content_type: str, ping_frame: bytes = PING,
-                 end: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        request: web.Request,
+        api: str,
+        route: ModelRoute,
+        source: Source,
+        *,
+        content_type: str,
+        ping_frame: bytes = PING,
+        end: Callable[[str], None] | None = None,
+    ) -> None:
         self._request = request
         self._api = api
         self._model = route.name
@@ -108,15 +128,23 @@ class RelayedStream:
     async def __aenter__(self) -> RelayedStream:
         server = self._request.app[CONFIG].server
         self.writer = await StreamWriter.open(
-            self._request, content_type=self._content_type, write_timeout=server.write_timeout,
-            ping_interval=server.ping_interval, ping_frame=self._ping_frame)
+            self._request,
+            content_type=self._content_type,
+            write_timeout=server.write_timeout,
+            ping_interval=server.ping_interval,
+            ping_frame=self._ping_frame,
+        )
         self._gauge = self._metrics.in_flight.labels(self._api, self._model)
         self._gauge.inc()
         self._handle = drainable(self._request)
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> bool:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
         source = self._source
         try:
             if exc is not None:

@@ -42,8 +42,14 @@ class StreamWriter:
         "_write_timeout",
     )
 
-    def __init__(self, resp: web.StreamResponse, *, write_timeout: float,
-                 ping_interval: float | None, ping_frame: bytes = PING) -> None:
+    def __init__(
+        self,
+        resp: web.StreamResponse,
+        *,
+        write_timeout: float,
+        ping_interval: float | None,
+        ping_frame: bytes = PING,
+    ) -> None:
         self._resp = resp
         self._write_timeout = write_timeout
         self._ping_interval = ping_interval
@@ -55,8 +61,15 @@ class StreamWriter:
         self._water = (0, 0)  # the transport's (low, high) write-buffer marks
 
     @classmethod
-    async def open(cls, request: web.Request, *, content_type: str, write_timeout: float,
-                   ping_interval: float | None, ping_frame: bytes = PING) -> StreamWriter:
+    async def open(
+        cls,
+        request: web.Request,
+        *,
+        content_type: str,
+        write_timeout: float,
+        ping_interval: float | None,
+        ping_frame: bytes = PING,
+    ) -> StreamWriter:
         resp = web.StreamResponse(
             status=200,
             headers={
@@ -71,8 +84,9 @@ class StreamWriter:
             await resp.prepare(request)
         except (ConnectionError, RuntimeError) as exc:
             raise ClientGone() from exc
-        self = cls(resp, write_timeout=write_timeout, ping_interval=ping_interval,
-                   ping_frame=ping_frame)
+        self = cls(
+            resp, write_timeout=write_timeout, ping_interval=ping_interval, ping_frame=ping_frame
+        )
         transport = request.transport
         if transport is not None:  # None: the client is already gone
             self._transport = transport  # type: ignore[assignment]
@@ -138,8 +152,9 @@ class StreamWriter:
             pass
 
 
-async def send_buffered(request: web.Request, resp: web.StreamResponse,
-                        write_timeout: float) -> bool:
+async def send_buffered(
+    request: web.Request, resp: web.StreamResponse, write_timeout: float
+) -> bool:
     """Send a handler's whole reply, headers and body, within ``write_timeout``; False when
     the client is gone or stopped reading (its connection is then aborted). aiohttp's own
     prepare and write_eof that follow the middleware find the reply sent and do nothing.
@@ -149,8 +164,12 @@ async def send_buffered(request: web.Request, resp: web.StreamResponse,
     so it is sent without a timer (the usual case: a reading client, a reply of a few KB)."""
     transport = request.transport
     body = resp.body if isinstance(resp, web.Response) else None
-    if (transport is not None and isinstance(body, bytes) and not resp.compression
-            and not transport.is_closing()):
+    if (
+        transport is not None
+        and isinstance(body, bytes)
+        and not resp.compression
+        and not transport.is_closing()
+    ):
         size = transport.get_write_buffer_size()
         low, high = transport.get_write_buffer_limits()  # type: ignore[attr-defined]
         head = sum(len(k) + len(v) + 4 for k, v in resp.headers.items())  # + what aiohttp adds

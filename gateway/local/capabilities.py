@@ -71,8 +71,7 @@ class Learned:
     the route's ``capability_ttl``); at most ``limit`` routes (the oldest forgotten first).
     One per process (:data:`LEARNED`). ``clock``: seconds, monotonic (tests inject one)."""
 
-    def __init__(self, limit: int = 1024, clock: Callable[[], float] = time.monotonic
-                 ) -> None:
+    def __init__(self, limit: int = 1024, clock: Callable[[], float] = time.monotonic) -> None:
         self._limit = limit
         self._clock = clock
         # route -> {capability: the deadline past which it is tried again}
@@ -123,8 +122,11 @@ def text_only(route: ModelRoute, learned: Learned) -> frozenset[str]:
         no = frozenset(c for c in CAPABILITIES if setting(route, c) == "no")
         _SET_NO[id(route)] = (route, no)
         return no
-    return frozenset(c for c in CAPABILITIES
-                     if setting(route, c) == "no" or (c in refused and setting(route, c) != "yes"))
+    return frozenset(
+        c
+        for c in CAPABILITIES
+        if setting(route, c) == "no" or (c in refused and setting(route, c) != "yes")
+    )
 
 
 # the chat content part types that hold each capability's content, and how the payload's

@@ -47,8 +47,9 @@ class ContentNormaliser:
 
     __slots__ = ("_after_call", "_calls", "_space", "_think", "calls_found", "thinking_found")
 
-    def __init__(self, *, thinking: str = "auto", tool_names: Collection[str] = (),
-                 text_calls: bool = True) -> None:
+    def __init__(
+        self, *, thinking: str = "auto", tool_names: Collection[str] = (), text_calls: bool = True
+    ) -> None:
         self._think = InlineThinking(thinking) if thinking != "off" else None
         self._calls = TextToolCalls(tool_names) if text_calls and tool_names else None
         self._space = ""  # whitespace-only text held until something follows it
@@ -140,8 +141,14 @@ class ContentNormaliser:
         text calls are off) is one text piece as it is: no opener, no orphan close, nothing
         held (a whole content of whitespace is text too, once flushed)."""
         think = self._think
-        if (self._calls is None and think is not None and think.mode == "auto"
-                and think.phase is Phase.START and not think.held and "<" not in text):
+        if (
+            self._calls is None
+            and think is not None
+            and think.mode == "auto"
+            and think.phase is Phase.START
+            and not think.held
+            and "<" not in text
+        ):
             think.phase = Phase.DONE  # as flush() leaves it
             return [(TEXT_PIECE, text)] if text else []
         return self.feed(text) + self.flush()
@@ -186,7 +193,7 @@ class ContentNormaliser:
             body = text.rstrip()
             if self._space:
                 body = self._space + body if body else ""
-            held = text[len(text.rstrip()):]
+            held = text[len(text.rstrip()) :]
             if not body:  # only whitespace so far
                 self._space += held
                 if len(self._space) <= _MAX_SPACE:
@@ -200,4 +207,3 @@ class ContentNormaliser:
             out.append((TEXT_PIECE, body))
             return
         out.append((TEXT_PIECE, text))
-

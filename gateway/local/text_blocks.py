@@ -16,8 +16,7 @@ from typing import Any, NamedTuple
 
 from gateway.text import jsonutil
 
-__all__ = ["HERMES_OPEN", "MISTRAL", "HermesBlock", "MistralBlock", "TextToolCall",
-           "whole_call"]
+__all__ = ["HERMES_OPEN", "MISTRAL", "HermesBlock", "MistralBlock", "TextToolCall", "whole_call"]
 
 HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL, _MISTRAL_ARGS = "[TOOL_CALLS]", "[ARGS]"
@@ -92,7 +91,7 @@ class HermesBlock:
     def scan(self, text: str, lo: int, hi: int) -> int | None:
         """Read ``text[lo:hi]``, what follows the block so far; where the block ends."""
         if self.tail:  # a close tag that began before this piece
-            joint = self.tail + text[lo:min(hi, lo + len(_HERMES_CLOSE) - 1)]
+            joint = self.tail + text[lo : min(hi, lo + len(_HERMES_CLOSE) - 1)]
             close = joint.find(_HERMES_CLOSE)
             if close >= 0:
                 return self.seen - len(self.tail) + close + len(_HERMES_CLOSE)
@@ -100,20 +99,19 @@ class HermesBlock:
         if close >= 0:
             return self.seen + close - lo + len(_HERMES_CLOSE)
         keep = len(_HERMES_CLOSE) - 1
-        self.tail = (self.tail + text[max(lo, hi - keep):hi])[-keep:]
+        self.tail = (self.tail + text[max(lo, hi - keep) : hi])[-keep:]
         self.seen += hi - lo
         return None
 
     @staticmethod
-    def calls(held: str, at: int, end: int,
-              names: frozenset[str]) -> list[TextToolCall] | None:
-        body = held[at + len(HERMES_OPEN):at + end - len(_HERMES_CLOSE)]
+    def calls(held: str, at: int, end: int, names: frozenset[str]) -> list[TextToolCall] | None:
+        body = held[at + len(HERMES_OPEN) : at + end - len(_HERMES_CLOSE)]
         return _tool_call_body(body, names, final=False)
 
     @staticmethod
     def final(held: str, at: int, names: frozenset[str]) -> list[TextToolCall] | None:
         """Open at the end of the stream: its calls if what it holds is whole."""
-        return _tool_call_body(held[at + len(HERMES_OPEN):], names, final=True)
+        return _tool_call_body(held[at + len(HERMES_OPEN) :], names, final=True)
 
 
 _SPACES, _NAMING, _ARGS, _BRACE, _JSON = range(5)
@@ -125,8 +123,7 @@ class MistralBlock:
     Where the text after the marker can be neither, the marker alone is a block of text;
     ``[ARGS]`` followed by anything but ``{`` ends a block of text there."""
 
-    __slots__ = ("args", "json", "json_at", "listed", "name_len", "phase", "seen", "spaced",
-                 "text")
+    __slots__ = ("args", "json", "json_at", "listed", "name_len", "phase", "seen", "spaced", "text")
 
     def __init__(self) -> None:
         self.seen = len(MISTRAL)
@@ -187,11 +184,12 @@ class MistralBlock:
         self.text = True
         return end
 
-    def calls(self, held: str, at: int, end: int,
-              names: frozenset[str]) -> list[TextToolCall] | None:
+    def calls(
+        self, held: str, at: int, end: int, names: frozenset[str]
+    ) -> list[TextToolCall] | None:
         if self.text:
             return None
-        value_text = held[at + self.json_at:at + end]
+        value_text = held[at + self.json_at : at + end]
         if self.listed:
             try:
                 value = jsonutil.loads(value_text)
@@ -199,10 +197,11 @@ class MistralBlock:
                 return None
             if type(value) is not list or not value:
                 return None
-            calls = [_call(item, names, ("arguments",)) if type(item) is dict else None
-                     for item in value]
+            calls = [
+                _call(item, names, ("arguments",)) if type(item) is dict else None for item in value
+            ]
             return None if None in calls else calls  # type: ignore[return-value]
-        name = held[at + len(MISTRAL):at + len(MISTRAL) + self.name_len]
+        name = held[at + len(MISTRAL) : at + len(MISTRAL) + self.name_len]
         if name not in names or _object(value_text) is None:
             return None
         return [TextToolCall(name, value_text)]
@@ -215,7 +214,7 @@ class MistralBlock:
 
 def whole_call(held: str, names: frozenset[str]) -> TextToolCall | None:
     """Llama 3.x: the whole message, after whitespace and ``<|python_tag|>``, one call."""
-    body = held[_WHOLE.match(held).end():]  # type: ignore[union-attr]
+    body = held[_WHOLE.match(held).end() :]  # type: ignore[union-attr]
     if not body.startswith("{"):
         return None
     value = _object(body)
@@ -227,8 +226,7 @@ def whole_call(held: str, names: frozenset[str]) -> TextToolCall | None:
 # --- what a block holds --------------------------------------------------------------------
 
 
-def _tool_call_body(body: str, names: frozenset[str], *,
-                    final: bool) -> list[TextToolCall] | None:
+def _tool_call_body(body: str, names: frozenset[str], *, final: bool) -> list[TextToolCall] | None:
     if _FUNCTION[0] in body:
         functions, stray = _tags(body, 0, len(body), _FUNCTION)
         if not functions or (final and stray):
@@ -242,8 +240,9 @@ def _tool_call_body(body: str, names: frozenset[str], *,
     return None if call is None else [call]
 
 
-def _tags(text: str, lo: int, hi: int,
-          tag: tuple[str, str]) -> tuple[list[tuple[str, int, int]], bool]:
+def _tags(
+    text: str, lo: int, hi: int, tag: tuple[str, str]
+) -> tuple[list[tuple[str, int, int]], bool]:
     """The ``<tag=NAME>VALUE</tag>`` in ``text[lo:hi]`` as (NAME, where VALUE starts, where
     it ends), as the regular expression ``<tag=([^>\\n]+)>([\\s\\S]*?)</tag>`` finds them,
     and whether anything but whitespace lies outside them.
@@ -283,8 +282,9 @@ def _stray(text: str, lo: int, hi: int) -> bool:
     return hi > lo and not text[lo:hi].isspace()
 
 
-def _coder_call(body: str, function: tuple[str, int, int],
-                names: frozenset[str]) -> TextToolCall | None:
+def _coder_call(
+    body: str, function: tuple[str, int, int], names: frozenset[str]
+) -> TextToolCall | None:
     name = function[0].strip()
     if name not in names:
         return None
@@ -306,8 +306,9 @@ def _object(text: str) -> dict[str, Any] | None:
     return value if type(value) is dict else None
 
 
-def _call(value: dict[str, Any], names: frozenset[str],
-          keys: tuple[str, ...]) -> TextToolCall | None:
+def _call(
+    value: dict[str, Any], names: frozenset[str], keys: tuple[str, ...]
+) -> TextToolCall | None:
     name = value.get("name")
     if type(name) is not str or name not in names:
         return None

@@ -111,8 +111,12 @@ class TextToolCalls:
     def passes(self, text: str) -> bool:
         """``feed(text)`` would return ``[text]`` and hold nothing: nothing is held, the
         message can no longer be a whole-message call, and no marker can start in it."""
-        return (not self._size and not self._whole and MISTRAL[0] not in text
-                and HERMES_OPEN[0] not in text)
+        return (
+            not self._size
+            and not self._whole
+            and MISTRAL[0] not in text
+            and HERMES_OPEN[0] not in text
+        )
 
     def feed(self, text: str) -> list[Piece]:
         if not self._names or self.passes(text):
@@ -166,12 +170,18 @@ class TextToolCalls:
         if self._sure:
             return True
         head = self._head + (text if self._head else text.lstrip())
-        self._head = head = head[:len(_PYTHON_TAG)]
+        self._head = head = head[: len(_PYTHON_TAG)]
         self._sure = head.startswith("{") or head == _PYTHON_TAG
         return self._sure or _PYTHON_TAG.startswith(head)
 
-    def _scan(self, held: str, out: list[Piece], *, final: bool,
-              opened: tuple[Block, int | None] | None = None) -> None:
+    def _scan(
+        self,
+        held: str,
+        out: list[Piece],
+        *,
+        final: bool,
+        opened: tuple[Block, int | None] | None = None,
+    ) -> None:
         """Release all of ``held`` that can no longer become a call; ``opened``: a block
         ``held`` starts with, and where it ends (None: not yet)."""
         texts: list[str] = []  # text out since the last call, joined once
@@ -184,9 +194,9 @@ class TextToolCalls:
                 marker = _MARKER.search(held, start)
                 if marker is None:
                     keep = 0 if final else _tag_prefix(held, start)
-                    texts.append(held[start:len(held) - keep])
+                    texts.append(held[start : len(held) - keep])
                     if keep:
-                        self._hold(held[len(held) - keep:])
+                        self._hold(held[len(held) - keep :])
                     break
                 at = marker.start()
                 texts.append(held[start:at])
@@ -199,20 +209,28 @@ class TextToolCalls:
             start = self._settle(held, at, block, end, final, texts, out)
         _text(out, texts)
 
-    def _settle(self, held: str, at: int, block: Block, end: int | None, final: bool,
-                texts: list[str], out: list[Piece]) -> int:
+    def _settle(
+        self,
+        held: str,
+        at: int,
+        block: Block,
+        end: int | None,
+        final: bool,
+        texts: list[str],
+        out: list[Piece],
+    ) -> int:
         """Pass on the block at ``at``, ending at ``at + end`` (None: open at the end of
         the stream); where the scan goes on."""
         if end is None and len(held) - at <= MAX_HELD:  # final: what it holds is complete
             end = len(held) - at
             calls = block.final(held, at, self._names)
         elif end is None or end > MAX_HELD:  # too long: text, and the search goes on in it
-            texts.append(held[at:at + MAX_HELD])
+            texts.append(held[at : at + MAX_HELD])
             return at + MAX_HELD
         else:
             calls = block.calls(held, at, end, self._names)
         if calls is None:
-            texts.append(held[at:at + end])
+            texts.append(held[at : at + end])
         else:
             _text(out, texts)
             texts.clear()
@@ -245,4 +263,3 @@ def _tag_prefix(held: str, start: int) -> int:
             if any(marker.startswith(tail) for marker in _MARKERS):
                 return len(held) - at
     return 0
-

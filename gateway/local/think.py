@@ -105,7 +105,8 @@ class InlineThinking:
         """``feed(text)`` would return ``text`` itself as text and change nothing: a caller
         on the hot path may use ``text`` as it is instead (no list, no tuple)."""
         return self.phase is Phase.TEXT and (
-            not self._watch or (not self._tail and "<" not in text))
+            not self._watch or (not self._tail and "<" not in text)
+        )
 
     def feed(self, text: str) -> list[Piece]:
         """One content delta in; the pieces it decides, in order, same-kind pieces merged."""

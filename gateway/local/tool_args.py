@@ -100,9 +100,14 @@ class RepairBudget:
 
     __slots__ = ("calls", "chars", "refused", "seconds", "tokens")
 
-    def __init__(self, *, calls: int = MAX_REPLY_REPAIRS, chars: int = MAX_REPLY_REPAIR_CHARS,
-                 tokens: int = MAX_REPLY_REPAIR_TOKENS,
-                 seconds: float = MAX_REPLY_REPAIR_SECONDS) -> None:
+    def __init__(
+        self,
+        *,
+        calls: int = MAX_REPLY_REPAIRS,
+        chars: int = MAX_REPLY_REPAIR_CHARS,
+        tokens: int = MAX_REPLY_REPAIR_TOKENS,
+        seconds: float = MAX_REPLY_REPAIR_SECONDS,
+    ) -> None:
         self.calls = calls
         self.chars = chars
         self.tokens = tokens
@@ -220,8 +225,8 @@ def _unwrap(raw: str) -> str:
         return ""
     if text[start.start()] in "\"'" and start.start() > 0:
         brace = text.find("{")  # prose quoting a word before the object
-        return text[brace:] if brace >= 0 else text[start.start():]
-    return text[start.start():]
+        return text[brace:] if brace >= 0 else text[start.start() :]
+    return text[start.start() :]
 
 
 # --- rewrite: almost-JSON tokens to strict JSON text ------------------------------------
@@ -260,7 +265,12 @@ _CLEAN_BODY = re.compile(r'[^\\\x00-\x1f]*+(?:\\["\\/bfnrtu][^\\\x00-\x1f]*+)*+'
 _CLEAN_SQ_BODY = re.compile(r'[^\\\x00-\x1f"]*+(?:\\["\\/bfnrtu][^\\\x00-\x1f"]*+)*+')
 _CONTROL = re.compile(r"[\x00-\x1f]")
 _CONTROL_ESCAPES = {c: f"\\u{c:04x}" for c in range(32)} | {
-    ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t", ord("\b"): "\\b", ord("\f"): "\\f"}
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    ord("\t"): "\\t",
+    ord("\b"): "\\b",
+    ord("\f"): "\\f",
+}
 
 # What was written last: the states of a JSON text that matter to close it.
 _OPEN, _COMMA, _KEY, _COLON, _VALUE = range(5)

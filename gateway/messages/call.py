@@ -70,8 +70,16 @@ from gateway.text.sse import SSEEventTooLarge
 from gateway.upstream.client import UpstreamClient, UpstreamResponse
 from gateway.upstream.send import Upstreams, send
 
-__all__ = ["Call", "Cut", "MessagesDeps", "Timing", "count_input_tokens", "prepare", "pump",
-           "restore"]
+__all__ = [
+    "Call",
+    "Cut",
+    "MessagesDeps",
+    "Timing",
+    "count_input_tokens",
+    "prepare",
+    "pump",
+    "restore",
+]
 
 _log = structlog.get_logger("gateway.messages")
 
@@ -141,11 +149,19 @@ async def restore(deps: MessagesDeps, req: dict[str, Any], lease: Lease) -> None
         lease.give(RESTORED_COPIES * size)
 
     if sum(len(block["signature"]) for _, _, block in blocks) <= _OFF_LOOP_SIGNATURES:
-        restore_reasoning(req, keys, max_bytes=deps.max_restored_bytes, take=take, give=give,
-                          blocks=blocks)
+        restore_reasoning(
+            req, keys, max_bytes=deps.max_restored_bytes, take=take, give=give, blocks=blocks
+        )
         return
-    await asyncio.to_thread(restore_reasoning, req, keys, max_bytes=deps.max_restored_bytes,
-                            take=take, give=give, blocks=blocks)
+    await asyncio.to_thread(
+        restore_reasoning,
+        req,
+        keys,
+        max_bytes=deps.max_restored_bytes,
+        take=take,
+        give=give,
+        blocks=blocks,
+    )
 
 
 # Copies of restored reasoning a request holds until its reply ends: the text in the request
@@ -158,8 +174,9 @@ RESTORED_COPIES = 2
 _OFF_LOOP_SIGNATURES = 64 * 1024
 
 
-async def prepare(deps: MessagesDeps, req: dict[str, Any], route: ModelRoute,
-                  lease: Lease | None = None) -> Call:
+async def prepare(
+    deps: MessagesDeps, req: dict[str, Any], route: ModelRoute, lease: Lease | None = None
+) -> Call:
     """A validated request's replayed reasoning restored and its PDFs made text, ready.
 
     The restored reasoning counts in ``lease`` (of ``deps.memory``), which the caller
@@ -176,8 +193,19 @@ async def prepare(deps: MessagesDeps, req: dict[str, Any], route: ModelRoute,
 class Call:
     """One Messages request made ready for its upstream, and how its reply is read back."""
 
-    __slots__ = ("as_text", "client", "deps", "match_stops", "payload", "req", "route",
-                 "session", "stops", "stream", "upstream_stream")
+    __slots__ = (
+        "as_text",
+        "client",
+        "deps",
+        "match_stops",
+        "payload",
+        "req",
+        "route",
+        "session",
+        "stops",
+        "stream",
+        "upstream_stream",
+    )
 
     def __init__(self, deps: MessagesDeps, req: dict[str, Any], route: ModelRoute) -> None:
         self.deps = deps
@@ -203,24 +231,40 @@ class Call:
         self.payload = payload
         self.client: UpstreamClient = self.deps.upstreams.client(route)
 
-    def _translate(self, route: ModelRoute, upstream_stream: bool, as_text: frozenset[str],
-                   on_drop: Callable[[str], None] | None = None) -> bytes:
+    def _translate(
+        self,
+        route: ModelRoute,
+        upstream_stream: bool,
+        as_text: frozenset[str],
+        on_drop: Callable[[str], None] | None = None,
+    ) -> bytes:
         req = self.req
-        return jsonutil.dumpb(to_chat(
-            req if upstream_stream == self.stream else {**req, "stream": True},
-            route, keep_billing_header=self.deps.keep_billing_header, on_drop=on_drop,
-            as_text=as_text, named_choice=named_tool_choice(route)))
+        return jsonutil.dumpb(
+            to_chat(
+                req if upstream_stream == self.stream else {**req, "stream": True},
+                route,
+                keep_billing_header=self.deps.keep_billing_header,
+                on_drop=on_drop,
+                as_text=as_text,
+                named_choice=named_tool_choice(route),
+            )
+        )
 
     def chat_request(self) -> dict[str, Any]:
         """The streamed chat request this call sends, made again from the client's request
         (a mid-stream continuation adds its prefill to it: gateway/messages/continuation.py);
         cheaper than decoding :attr:`payload`, which the text of a long prompt makes long."""
-        return to_chat({**self.req, "stream": True}, self.route,
-                       keep_billing_header=self.deps.keep_billing_header,
-                       as_text=self.as_text, named_choice=named_tool_choice(self.route))
+        return to_chat(
+            {**self.req, "stream": True},
+            self.route,
+            keep_billing_header=self.deps.keep_billing_header,
+            as_text=self.as_text,
+            named_choice=named_tool_choice(self.route),
+        )
 
-    async def send(self, request_id: str | None, session: str | None = None, *,
-                   fall_back: bool = True) -> UpstreamResponse:
+    async def send(
+        self, request_id: str | None, session: str | None = None, *, fall_back: bool = True
+    ) -> UpstreamResponse:
         """Call the upstream (counted); a failure raises its GatewayError. A refusal of
         content the route may send as text is answered by one more call with it as text.
         When every replica of the upstream failed before replying, the route's fallbacks
@@ -246,9 +290,14 @@ class Call:
             except errors.GatewayError:  # the request does not translate for it
                 continue
             self.deps.metrics.fallbacks.labels(primary.name, fallback.name).inc()
-            _log.warning("model_fallback", model=primary.name, fallback=fallback.name,
-                         upstream=fallback.upstream.name, failed_status=failed.status,
-                         request_id=request_id)
+            _log.warning(
+                "model_fallback",
+                model=primary.name,
+                fallback=fallback.name,
+                upstream=fallback.upstream.name,
+                failed_status=failed.status,
+                request_id=request_id,
+            )
             try:
                 return await self._send_or_as_text(request_id)
             except errors.GatewayError as err:
@@ -261,8 +310,9 @@ class Call:
         try:
             return await self._send(request_id)
         except errors.GatewayError as err:
-            if err.refused is None or not fall_back(self.deps, self.route, self.as_text, err,
-                                                    self.payload):
+            if err.refused is None or not fall_back(
+                self.deps, self.route, self.as_text, err, self.payload
+            ):
                 raise
             refused = err.refused
         self.as_text = self.as_text | {refused}
@@ -270,22 +320,34 @@ class Call:
         return await self._send(request_id)
 
     async def _send(self, request_id: str | None) -> UpstreamResponse:
-        return await send(self.deps.upstreams, self.route, "/chat/completions", self.payload,
-                          stream=self.upstream_stream, max_tokens=self.req.get("max_tokens"),
-                          request_id=request_id, session=self.session)
+        return await send(
+            self.deps.upstreams,
+            self.route,
+            "/chat/completions",
+            self.payload,
+            stream=self.upstream_stream,
+            max_tokens=self.req.get("max_tokens"),
+            request_id=request_id,
+            session=self.session,
+        )
 
     def translator(self) -> StreamTranslator:
         deps = self.deps
         # only a route that continues cut streams keeps their text (for the prefill)
         return StreamTranslator(
-            model=self.req["model"], message_id=ids.new_message_id(),
-            signing_key=deps.signing_key, stop_sequences=self.stops,
+            model=self.req["model"],
+            message_id=ids.new_message_id(),
+            signing_key=deps.signing_key,
+            stop_sequences=self.stops,
             match_stops=self.match_stops,
             input_tokens=tokens.estimate_from_bytes(len(self.payload)),
-            hosts=self.client.hosts, secrets=deps.upstreams.secrets,
-            hide_thinking=hides_thinking(self.req), show_thinking=shows_thinking(self.req),
+            hosts=self.client.hosts,
+            secrets=deps.upstreams.secrets,
+            hide_thinking=hides_thinking(self.req),
+            show_thinking=shows_thinking(self.req),
             normaliser=self.normaliser(),
-            keep_streamed=self.route.upstream.max_continuations > 0)
+            keep_streamed=self.route.upstream.max_continuations > 0,
+        )
 
     def normaliser(self) -> ContentNormaliser | None:
         """What reads the engine's content for inline reasoning and text tool calls (one
@@ -296,8 +358,9 @@ class Call:
             return None
         return ContentNormaliser(thinking=upstream.inline_thinking, tool_names=names)
 
-    async def reply(self, up: UpstreamResponse, figures: Figures,
-                    request_id: str | None = None) -> dict[str, Any]:
+    async def reply(
+        self, up: UpstreamResponse, figures: Figures, request_id: str | None = None
+    ) -> dict[str, Any]:
         """The buffered reply (a ``message`` object) from the upstream's answer; a failure
         raises its GatewayError. What was fixed, and the time the translation took (the
         gateway's own), go into ``figures`` (the caller writes them)."""
@@ -312,9 +375,11 @@ class Call:
             t1 = time.perf_counter()
             off_loop = self.deps.loads_off_loop
             try:  # a large body decodes in the decoder child, not on the loop
-                completion = (await off_loop(raw) if off_loop is not None
-                              and len(raw) > self.deps.decode_offload_bytes
-                              else jsonutil.loads_upstream(raw))
+                completion = (
+                    await off_loop(raw)
+                    if off_loop is not None and len(raw) > self.deps.decode_offload_bytes
+                    else jsonutil.loads_upstream(raw)
+                )
             except ValueError:
                 raise errors.StreamProcessingError() from None
             del raw
@@ -335,15 +400,26 @@ class Call:
         normaliser = self.normaliser()
         budget = RepairBudget()
         message = from_chat(
-            completion, model=self.req["model"], stop_sequences=self.stops,
+            completion,
+            model=self.req["model"],
+            stop_sequences=self.stops,
             signing_key=deps.signing_key,
-            on_bad_tool_args=count("unrepairable"), on_repaired=count("repaired"),
-            normaliser=normaliser, hide_thinking=hides_thinking(self.req),
-            show_thinking=shows_thinking(self.req), on_reasoning_hidden=hidden,
-            hosts=self.client.hosts, secrets=deps.upstreams.secrets, repair_budget=budget,
+            on_bad_tool_args=count("unrepairable"),
+            on_repaired=count("repaired"),
+            normaliser=normaliser,
+            hide_thinking=hides_thinking(self.req),
+            show_thinking=shows_thinking(self.req),
+            on_reasoning_hidden=hidden,
+            hosts=self.client.hosts,
+            secrets=deps.upstreams.secrets,
+            repair_budget=budget,
         )
-        figures.add_fixes(**fixed, normaliser=normaliser, over_budget=budget.refused,
-                          text_calls=normaliser.calls_found if normaliser is not None else 0)
+        figures.add_fixes(
+            **fixed,
+            normaliser=normaliser,
+            over_budget=budget.refused,
+            text_calls=normaliser.calls_found if normaliser is not None else 0,
+        )
         return message
 
 
@@ -357,50 +433,72 @@ def falls_over(err: errors.GatewayError) -> bool:
     route's fallbacks: no connection or one lost before the reply's head, a timeout, or a
     502/503/504/529 answer. Anything else (a 4xx, a 500) the fallback would answer alike."""
     return isinstance(err, errors.UpstreamUnavailable | errors.UpstreamTimeout) or (
-        err.upstream_status in _FALLBACK_STATUSES)
+        err.upstream_status in _FALLBACK_STATUSES
+    )
 
 
-def fall_back(deps: MessagesDeps, route: ModelRoute, as_text: frozenset[str],
-              err: errors.GatewayError, request: bytes) -> bool:
+def fall_back(
+    deps: MessagesDeps,
+    route: ModelRoute,
+    as_text: frozenset[str],
+    err: errors.GatewayError,
+    request: bytes,
+) -> bool:
     """Whether ``err`` is a refusal to answer by sending its content as text: the refused
     request (``request``, the payload sent) held that content (:func:`held`).
     Counted; learnt for the route (and logged the first time) unless the request's own bytes
     hold the refusal's wording: the engine may be quoting them, and what the route learns
     changes how every client's content is sent."""
     capability = err.refused
-    if (capability is None or capability in as_text or not may_fall_back(route, capability)
-            or capability not in held(request)):
+    if (
+        capability is None
+        or capability in as_text
+        or not may_fall_back(route, capability)
+        or capability not in held(request)
+    ):
         return False
     deps.metrics.capability_fallbacks.labels(route.name, capability).inc()
     if echoed(capability, request):
         return True
     if deps.learned.learn(route.name, capability, route.capability_ttl):
-        _log.warning("capability_fallback", model=route.name, upstream=route.upstream.name,
-                     capability=capability,
-                     detail=f"the upstream refused {capability.replace('_', ' ')}: sent as "
-                     f"text for capability_ttl = {route.capability_ttl:g} s, then tried again "
-                     f"(set {capability} = \"no\" on this model to skip the refused tries)")
+        _log.warning(
+            "capability_fallback",
+            model=route.name,
+            upstream=route.upstream.name,
+            capability=capability,
+            detail=f"the upstream refused {capability.replace('_', ' ')}: sent as "
+            f"text for capability_ttl = {route.capability_ttl:g} s, then tried again "
+            f'(set {capability} = "no" on this model to skip the refused tries)',
+        )
     return True
 
 
-async def count_input_tokens(deps: MessagesDeps, req: dict[str, Any], route: ModelRoute,
-                             request_id: str | None) -> tuple[int, bool]:
+async def count_input_tokens(
+    deps: MessagesDeps, req: dict[str, Any], route: ModelRoute, request_id: str | None
+) -> tuple[int, bool]:
     """``count_tokens``: (input_tokens, exact?) of a validated request, translated as the
     Messages call would send it (its content as text where the route's upstream needs it)."""
     as_text = route_text_only(route, deps.learned)
 
     def translate(on_drop: Callable[[str], None] | None = None) -> dict[str, Any]:
-        return to_chat(req, route, keep_billing_header=deps.keep_billing_header,
-                       count_tokens=True, on_drop=on_drop, as_text=as_text,
-                       named_choice=named_tool_choice(route))
+        return to_chat(
+            req,
+            route,
+            keep_billing_header=deps.keep_billing_header,
+            count_tokens=True,
+            on_drop=on_drop,
+            as_text=as_text,
+            named_choice=named_tool_choice(route),
+        )
 
     off = tokens.OffLoop(deps.run_off_loop, deps.decode_offload_bytes)
     chat_req = translate(deps.metrics.drop_field)
     try:
         return await tokens.count(deps.upstreams, route, chat_req, request_id, off=off)
     except errors.GatewayError as err:
-        if err.refused is None or not fall_back(deps, route, as_text, err,
-                                                jsonutil.dumpb(chat_req)):
+        if err.refused is None or not fall_back(
+            deps, route, as_text, err, jsonutil.dumpb(chat_req)
+        ):
             raise
         as_text = as_text | {err.refused}
     return await tokens.count(deps.upstreams, route, translate(), request_id, off=off)
@@ -421,8 +519,9 @@ def _stops(req: dict[str, Any]) -> tuple[str, ...]:
     return tuple(stops or ())
 
 
-async def _collect(call: Call, up: UpstreamResponse, translator: StreamTranslator,
-                   request_id: str | None) -> bytes:
+async def _collect(
+    call: Call, up: UpstreamResponse, translator: StreamTranslator, request_id: str | None
+) -> bytes:
     """Translate a whole upstream stream for a buffered reply (a cut stream continued); a
     failure raises."""
     metrics, route = call.deps.metrics, call.route
@@ -432,8 +531,15 @@ async def _collect(call: Call, up: UpstreamResponse, translator: StreamTranslato
         events.append(data)
 
     try:
-        await relay(call, up, translator, keep, Timing(0.0),
-                    metrics.inter_chunk.labels(route.name), request_id=request_id)
+        await relay(
+            call,
+            up,
+            translator,
+            keep,
+            Timing(0.0),
+            metrics.inter_chunk.labels(route.name),
+            request_id=request_id,
+        )
     except SSEEventTooLarge:
         raise errors.StreamProcessingError() from None
     if translator.error is not None:

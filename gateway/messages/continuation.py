@@ -93,8 +93,7 @@ from gateway.text.sse import SSEDecoder
 from gateway.upstream.client import UpstreamResponse
 from gateway.upstream.send import Upstreams, send
 
-__all__ = ["Continuable", "Continued", "Regenerated", "Upstream", "continuation_payload",
-           "relay"]
+__all__ = ["Continuable", "Continued", "Regenerated", "Upstream", "continuation_payload", "relay"]
 
 
 class Upstream(Body, Protocol):
@@ -130,6 +129,7 @@ class Continuable(Protocol):
         the client's request again: the payload's bytes are not decoded)."""
         ...
 
+
 _log = structlog.get_logger("gateway.messages")
 
 # kinds whose chat template needs telling to continue the final assistant message
@@ -149,10 +149,17 @@ _CONTINUE_FLAG_KINDS = frozenset({"vllm", "sglang"})
 _REASONING_FIELD_KINDS = frozenset({"llamacpp"})
 
 
-async def relay(call: Continuable, up: Upstream, translator: StreamTranslator,
-                write: Callable[[bytes], Awaitable[None]], timing: Timing, inter_chunk: Any, *,
-                request_id: str | None = None,
-                budget: int | None = None) -> None:
+async def relay(
+    call: Continuable,
+    up: Upstream,
+    translator: StreamTranslator,
+    write: Callable[[bytes], Awaitable[None]],
+    timing: Timing,
+    inter_chunk: Any,
+    *,
+    request_id: str | None = None,
+    budget: int | None = None,
+) -> None:
     """:func:`~gateway.messages.stream.pump.pump` that continues a cut stream (see the module
     docstring); ``up`` stays the caller's to close, continuations are closed here. Only a
     translator that keeps what was streamed (``keep_streamed``: the route continues cut
@@ -174,10 +181,13 @@ async def relay(call: Continuable, up: Upstream, translator: StreamTranslator,
             # a tool call cut mid-arguments is generated again whole (its arguments were
             # held); a call whose block closed, or one written as text and delivered, is not
             # continued
-            regenerate = translator.regenerable_call() if translator.tool_call_started \
-                else None
-            if budget <= 0 or stuck or translator.done or (
-                    translator.tool_call_started and regenerate is None):
+            regenerate = translator.regenerable_call() if translator.tool_call_started else None
+            if (
+                budget <= 0
+                or stuck
+                or translator.done
+                or (translator.tool_call_started and regenerate is None)
+            ):
                 await _give_up(cut, translator, write)
                 return
             budget -= 1
@@ -188,24 +198,39 @@ async def relay(call: Continuable, up: Upstream, translator: StreamTranslator,
                 current.abandon()  # it cut the stream: not a new answer that did not fit
             await stack.aclose()  # the last continuation, if any, before the next is sent
             call.deps.metrics.stream_continuations.labels(call.route.name, _cause(cut)).inc()
-            _log.warning("stream_continued", model=call.route.name,
-                         upstream=call.route.upstream.name, cause=_cause(cut),
-                         streamed_chars=len(translator.streamed_content)
-                         + len(translator.streamed_reasoning),
-                         tool_call_regenerated=regenerate is not None,
-                         text_call_regenerated=held_dropped)
+            _log.warning(
+                "stream_continued",
+                model=call.route.name,
+                upstream=call.route.upstream.name,
+                cause=_cause(cut),
+                streamed_chars=len(translator.streamed_content)
+                + len(translator.streamed_reasoning),
+                tool_call_regenerated=regenerate is not None,
+                text_call_regenerated=held_dropped,
+            )
             payload, max_tokens = continuation_payload(
-                call, translator, tool_calls=regenerate is not None or held_dropped)
+                call, translator, tool_calls=regenerate is not None or held_dropped
+            )
             try:
-                nxt = await send(call.deps.upstreams, call.route, "/chat/completions", payload,
-                                 stream=True, max_tokens=max_tokens, request_id=request_id,
-                                 session=call.session)
+                nxt = await send(
+                    call.deps.upstreams,
+                    call.route,
+                    "/chat/completions",
+                    payload,
+                    stream=True,
+                    max_tokens=max_tokens,
+                    request_id=request_id,
+                    session=call.session,
+                )
             except errors.GatewayError:
                 await _give_up(cut, translator, write)
                 return
             current = await stack.enter_async_context(nxt)
-            spliced = Continued(nxt, translator) if regenerate is None else Regenerated(
-                nxt, translator, regenerate, model=call.route.name)
+            spliced = (
+                Continued(nxt, translator)
+                if regenerate is None
+                else Regenerated(nxt, translator, regenerate, model=call.route.name)
+            )
             cut = await pump(spliced, translator, write, timing, inter_chunk, resumable=True)
 
 
@@ -215,8 +240,9 @@ def _cause(cut: Cut) -> str:
     return "inband_error" if cut.payload is not None else "no_finish"
 
 
-async def _give_up(cut: Cut, translator: StreamTranslator,
-                   write: Callable[[bytes], Awaitable[None]]) -> None:
+async def _give_up(
+    cut: Cut, translator: StreamTranslator, write: Callable[[bytes], Awaitable[None]]
+) -> None:
     """End the stream as it would have ended with no continuation."""
     if cut.error is not None:
         raise cut.error
@@ -226,8 +252,9 @@ async def _give_up(cut: Cut, translator: StreamTranslator,
         await write(translator.eof())
 
 
-def continuation_payload(call: Continuable, translator: StreamTranslator, *,
-                         tool_calls: bool = False) -> tuple[bytes, int | None]:
+def continuation_payload(
+    call: Continuable, translator: StreamTranslator, *, tool_calls: bool = False
+) -> tuple[bytes, int | None]:
     """The call's chat request with the answer so far as an assistant prefill, and its
     ``max_tokens`` lowered by what was generated (None: the request set none).
 
@@ -246,11 +273,13 @@ def continuation_payload(call: Continuable, translator: StreamTranslator, *,
         # reasoning, if the model thinks again, is dropped by Regenerated)
         message["reasoning_content"] = reasoning
     elif reasoning:
-        message["content"] = f"<think>{reasoning}</think>{text}" if text or tool_calls \
-            else f"<think>{reasoning}"
+        message["content"] = (
+            f"<think>{reasoning}</think>{text}" if text or tool_calls else f"<think>{reasoning}"
+        )
     if text or reasoning:
-        body["messages"] = _extended(body["messages"], message,
-                                     prefilled=body.get("continue_final_message") is not False)
+        body["messages"] = _extended(
+            body["messages"], message, prefilled=body.get("continue_final_message") is not False
+        )
         if kind in _CONTINUE_FLAG_KINDS:
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
@@ -270,17 +299,21 @@ def _extended(messages: list[Any], message: dict[str, Any], *, prefilled: bool) 
     ``continue_final_message: false``), added to it: one assistant turn, the prefill then
     what followed it (two would be a finished turn and a new one)."""
     last = messages[-1] if messages else None
-    if not (prefilled and isinstance(last, dict) and last.get("role") == "assistant"
-            and not last.get("tool_calls")):
+    if not (
+        prefilled
+        and isinstance(last, dict)
+        and last.get("role") == "assistant"
+        and not last.get("tool_calls")
+    ):
         return [*messages, message]
     content = last.get("content")
     if isinstance(content, list):  # content parts: their text
         content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
-    merged = {**last, "content": (content if isinstance(content, str) else "")
-              + message["content"]}
+    merged = {**last, "content": (content if isinstance(content, str) else "") + message["content"]}
     if "reasoning_content" in message:
-        merged["reasoning_content"] = (last.get("reasoning_content") or "") \
-            + message["reasoning_content"]
+        merged["reasoning_content"] = (last.get("reasoning_content") or "") + message[
+            "reasoning_content"
+        ]
     return [*messages[:-1], merged]
 
 
@@ -363,7 +396,8 @@ class Continued:
             if self._cache is not None:
                 usage["prompt_tokens_details"] = {"cached_tokens": self._cache}
         if isinstance(usage.get("prompt_tokens"), int) and isinstance(
-                usage.get("completion_tokens"), int):
+            usage.get("completion_tokens"), int
+        ):
             usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         chunk = {**chunk, "usage": usage}
         chunk.pop("timings", None)  # llama.cpp's cache figures are the continuation's
@@ -385,8 +419,14 @@ class Regenerated(Continued):
 
     __slots__ = ("_first", "_model", "_offset", "_open", "_translator")
 
-    def __init__(self, up: UpstreamResponse, translator: StreamTranslator,
-                 open_call: tuple[int, str | None, str], *, model: str = "") -> None:
+    def __init__(
+        self,
+        up: UpstreamResponse,
+        translator: StreamTranslator,
+        open_call: tuple[int, str | None, str],
+        *,
+        model: str = "",
+    ) -> None:
         super().__init__(up, translator)
         self._translator = translator
         self._open = open_call
@@ -407,8 +447,11 @@ class Regenerated(Continued):
             chunk = jsonutil.loads_upstream(payload)
         except ValueError:
             return payload  # the translator ends the stream as malformed
-        if type(chunk) is not dict or chunk.get("error") is not None \
-                or chunk.get("object") == "error":
+        if (
+            type(chunk) is not dict
+            or chunk.get("error") is not None
+            or chunk.get("object") == "error"
+        ):
             return payload  # an in-band error: a cut, or the translator's envelope
         choices = chunk.get("choices")
         if type(choices) is not list or not choices or type(choices[0]) is not dict:
@@ -421,8 +464,7 @@ class Regenerated(Continued):
             return self._mismatch("text")
         calls = delta.get("tool_calls")
         if not calls:
-            return self._mismatch("finish") if choice.get("finish_reason") is not None \
-                else None
+            return self._mismatch("finish") if choice.get("finish_reason") is not None else None
         first = calls[0] if type(calls) is list else None
         function = first.get("function") if type(first) is dict else None
         name = function.get("name") if type(function) is dict else None
@@ -434,8 +476,11 @@ class Regenerated(Continued):
         if type(first.get("index")) is int:
             self._offset = index - first["index"]
         self._translator.restart_tool_calls()
-        delta = {key: value for key, value in delta.items()
-                 if key not in ("content", "reasoning_content", "reasoning")}
+        delta = {
+            key: value
+            for key, value in delta.items()
+            if key not in ("content", "reasoning_content", "reasoning")
+        }
         chunk = {**chunk, "choices": [{**choice, "delta": delta}, *choices[1:]]}
         return self._rewrite(self._map_calls(jsonutil.dumpb_upstream(chunk)))
 
@@ -462,7 +507,8 @@ class Regenerated(Continued):
                 continue
             call = dict(call)
             same = call.get("index") == first_index and (
-                call.get("id") is None or call.get("id") == first_id)
+                call.get("id") is None or call.get("id") == first_id
+            )
             if same:
                 call["index"] = index
                 if "id" in call:

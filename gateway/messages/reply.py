@@ -53,8 +53,7 @@ class Rounds(Protocol):
     def message(self) -> dict[str, Any]:
         """The completed reply as one buffered Message (its stream's events, folded)."""
 
-    async def run(self, up: UpstreamResponse, write: Write, figures: Figures,
-                  t0: float) -> None:
+    async def run(self, up: UpstreamResponse, write: Write, figures: Figures, t0: float) -> None:
         """Every round from the first's open response ``up`` (closed by it), each round's
         figures into ``figures``."""
 
@@ -62,12 +61,29 @@ class Rounds(Protocol):
 class Reply:
     """One Messages reply (see the module docstring)."""
 
-    __slots__ = ("_rounds", "_taken", "_timing", "_translator", "_up", "call", "figures",
-                 "make_rounds", "request_id", "stream", "t0")
+    __slots__ = (
+        "_rounds",
+        "_taken",
+        "_timing",
+        "_translator",
+        "_up",
+        "call",
+        "figures",
+        "make_rounds",
+        "request_id",
+        "stream",
+        "t0",
+    )
 
-    def __init__(self, call: Call, *, stream: bool | None = None, t0: float | None = None,
-                 request_id: str | None = None,
-                 rounds: Callable[[Call, str | None], Rounds] | None = None) -> None:
+    def __init__(
+        self,
+        call: Call,
+        *,
+        stream: bool | None = None,
+        t0: float | None = None,
+        request_id: str | None = None,
+        rounds: Callable[[Call, str | None], Rounds] | None = None,
+    ) -> None:
         """``t0``: the request's arrival (perf_counter), from which the gateway's own time
         and the TTFT are measured; None: not timed (a batch request). ``stream``: whether
         the client reads a stream (default: as the call's request says). ``rounds``: the
@@ -99,8 +115,12 @@ class Reply:
     async def __aenter__(self) -> Reply:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         up = self._up
         if up is None or self._taken:
             return
@@ -172,9 +192,15 @@ class Reply:
         translator = self.source
         assert isinstance(translator, StreamTranslator) and self._timing is not None
         call = self.call
-        await relay(call, self._up, translator, write, self._timing,
-                    call.deps.metrics.inter_chunk.labels(call.route.name),
-                    request_id=self.request_id)
+        await relay(
+            call,
+            self._up,
+            translator,
+            write,
+            self._timing,
+            call.deps.metrics.inter_chunk.labels(call.route.name),
+            request_id=self.request_id,
+        )
 
     def end(self, termination: str) -> None:
         """The stream ended (``termination``: how): its figures, written."""

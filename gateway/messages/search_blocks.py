@@ -50,9 +50,20 @@ from gateway.messages.request.content import check_int, check_list, check_obj, f
 from gateway.ops.metrics import WEB_SEARCH_ERROR_CODES
 from gateway.text import jsonutil
 
-__all__ = ["ERROR_CODES", "TOOL_TYPES", "check_tool", "error_text", "function", "open_history",
-           "open_result", "replayed_text", "result_lines", "results_text", "seal_result",
-           "web_search_tool"]
+__all__ = [
+    "ERROR_CODES",
+    "TOOL_TYPES",
+    "check_tool",
+    "error_text",
+    "function",
+    "open_history",
+    "open_result",
+    "replayed_text",
+    "result_lines",
+    "results_text",
+    "seal_result",
+    "web_search_tool",
+]
 
 TOOL_TYPES = frozenset({"web_search_20250305", "web_search_20260209", "web_search_20260318"})
 NAME = "web_search"
@@ -61,9 +72,20 @@ ERROR_CODES = WEB_SEARCH_ERROR_CODES
 # validation refuses unknown fields on these blocks)
 OPENED = "_opened"
 
-_FIELDS = frozenset({"type", "name", "max_uses", "allowed_domains", "blocked_domains",
-                     "user_location", "cache_control", "defer_loading", "strict",
-                     "allowed_callers"})
+_FIELDS = frozenset(
+    {
+        "type",
+        "name",
+        "max_uses",
+        "allowed_domains",
+        "blocked_domains",
+        "user_location",
+        "cache_control",
+        "defer_loading",
+        "strict",
+        "allowed_callers",
+    }
+)
 _FIELDS_BY_TYPE = {"web_search_20260318": _FIELDS | {"response_inclusion"}}
 _LOCATION_FIELDS = frozenset({"type", "city", "region", "country", "timezone"})
 _MAX_DOMAINS = 100  # entries per list (far above any real one; bounds the matching work)
@@ -71,7 +93,8 @@ _MAX_DOMAINS = 100  # entries per list (far above any real one; bounds the match
 _DESCRIPTION = (
     "Search the web. Returns a list of results, each with its title, URL and a snippet of "
     "the page. Use it for current events and for facts you do not know; write the query "
-    "as you would type it into a search engine.")
+    "as you would type it into a search engine."
+)
 _PARAMETERS = {
     "type": "object",
     "properties": {"query": {"type": "string", "description": "The search query."}},
@@ -119,11 +142,14 @@ def check_tool(tool: Mapping[str, Any], path: str) -> str:
             if not isinstance(domain, str) or not domain or len(domain) > 253 + 1024:
                 raise fail(f"{path}.{key}.{j}", "Input should be a domain name")
             if "://" in domain:
-                raise fail(f"{path}.{key}.{j}", "a domain is written without its scheme "
-                           "(example.com, not https://example.com)")
+                raise fail(
+                    f"{path}.{key}.{j}",
+                    "a domain is written without its scheme (example.com, not https://example.com)",
+                )
     if tool.get("allowed_domains") is not None and tool.get("blocked_domains") is not None:
-        raise fail(f"{path}.blocked_domains",
-                   "use either allowed_domains or blocked_domains, not both")
+        raise fail(
+            f"{path}.blocked_domains", "use either allowed_domains or blocked_domains, not both"
+        )
     _check_location(tool.get("user_location"), f"{path}.user_location")
     inclusion = tool.get("response_inclusion")
     if inclusion is not None and inclusion not in ("full", "excluded"):
@@ -197,8 +223,9 @@ def seal_result(key: bytes, result: Mapping[str, Any]) -> str:
     nonce_mac = mac.copy()
     nonce_mac.update(plain)
     nonce = nonce_mac.digest()[:_NONCE]
-    return base64.urlsafe_b64encode(_VERSION + nonce + cipher.encrypt(nonce, plain, _AAD)
-                                    ).decode("ascii")
+    return base64.urlsafe_b64encode(_VERSION + nonce + cipher.encrypt(nonce, plain, _AAD)).decode(
+        "ascii"
+    )
 
 
 def open_result(keys: Sequence[bytes], sealed: str) -> dict[str, Any] | None:
@@ -211,7 +238,7 @@ def open_result(keys: Sequence[bytes], sealed: str) -> dict[str, Any] | None:
         return None
     if len(raw) < 1 + _NONCE + 16 or raw[:1] != _VERSION:
         return None
-    nonce, body = raw[1:1 + _NONCE], raw[1 + _NONCE:]
+    nonce, body = raw[1 : 1 + _NONCE], raw[1 + _NONCE :]
     for key in keys:
         try:
             plain = _keys(key)[0].decrypt(nonce, body, _AAD)
@@ -235,8 +262,11 @@ def replayed_text(block: Mapping[str, Any], keys: Sequence[bytes]) -> str:
         opened = open_result(keys, item.get("encrypted_content", ""))
         if opened is None or opened.get("url") != item.get("url"):
             # not sealed here (or not for this URL): what the block itself says
-            opened = {"url": item.get("url"), "title": item.get("title"),
-                      "page_age": item.get("page_age")}
+            opened = {
+                "url": item.get("url"),
+                "title": item.get("title"),
+                "page_age": item.get("page_age"),
+            }
         results.append(opened)
     return results_text(results)
 

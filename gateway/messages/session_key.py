@@ -33,7 +33,9 @@ def session_key(header: str | None, req: dict[str, Any]) -> str:
 
 def prefix_key(system: Any, messages: Any) -> str:
     """A hash of the system prompt and the first user message (its content as sent)."""
-    first = next((m.get("content") for m in messages
-                  if isinstance(m, dict) and m.get("role") == "user"), None)
+    first = next(
+        (m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"),
+        None,
+    )
     digest = hashlib.blake2b(jsonutil.dumpb([system, first]), digest_size=16).hexdigest()
     return "p:" + digest

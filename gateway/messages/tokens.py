@@ -82,15 +82,21 @@ async def _estimate(chat_req: dict[str, Any], off: OffLoop) -> int:
     return estimate_from_bytes(await off(off.weighs(values), encoded_size, *values))
 
 
-async def _post(ups: Upstreams, route: ModelRoute, path: str, body: bytes,
-                request_id: str | None) -> bytes:
+async def _post(
+    ups: Upstreams, route: ModelRoute, path: str, body: bytes, request_id: str | None
+) -> bytes:
     up = await send(ups, route, path, body, stream=False, at_root=True, request_id=request_id)
     async with up:
         return await up.read()
 
 
-async def count(ups: Upstreams, route: ModelRoute, chat_req: dict[str, Any],
-                request_id: str | None = None, off: OffLoop = ON_LOOP) -> tuple[int, bool]:
+async def count(
+    ups: Upstreams,
+    route: ModelRoute,
+    chat_req: dict[str, Any],
+    request_id: str | None = None,
+    off: OffLoop = ON_LOOP,
+) -> tuple[int, bool]:
     """(input_tokens, exact?) for a translated request."""
     kind = route.upstream.kind
     if kind in ("vllm", "llamacpp"):
@@ -99,21 +105,35 @@ async def count(ups: Upstreams, route: ModelRoute, chat_req: dict[str, Any],
         except errors.GatewayError as exc:
             if exc.upstream_status not in _NOT_SERVED:
                 raise
-            _log.info("token_count_estimated", model=route.name, kind=kind,
-                      reason="no_tokenizer_route", upstream_status=exc.upstream_status)
+            _log.info(
+                "token_count_estimated",
+                model=route.name,
+                kind=kind,
+                reason="no_tokenizer_route",
+                upstream_status=exc.upstream_status,
+            )
             return await _estimate(chat_req, off), False
     _log.info("token_count_estimated", model=route.name, kind=kind)
     return await _estimate(chat_req, off), False
 
 
-async def _exact(ups: Upstreams, route: ModelRoute, chat_req: dict[str, Any],
-                 request_id: str | None, off: OffLoop) -> int:
+async def _exact(
+    ups: Upstreams,
+    route: ModelRoute,
+    chat_req: dict[str, Any],
+    request_id: str | None,
+    off: OffLoop,
+) -> int:
     """The count from a vLLM's or a llama.cpp server's own tokenizer routes."""
     extras = {k: chat_req[k] for k in _TEMPLATE_KEYS if k in chat_req}
     big = off.weighs((chat_req["messages"], extras))
     if route.upstream.kind == "vllm":
-        body = {"model": route.upstream_model, "messages": chat_req["messages"],
-                "add_generation_prompt": chat_req.get("add_generation_prompt", True), **extras}
+        body = {
+            "model": route.upstream_model,
+            "messages": chat_req["messages"],
+            "add_generation_prompt": chat_req.get("add_generation_prompt", True),
+            **extras,
+        }
         raw = await _post(ups, route, "/tokenize", await off(big, encode, body), request_id)
         return _counted(await off(len(raw) > off.past, token_count, raw, "count"))
     body = {"messages": chat_req["messages"], **extras}

@@ -60,13 +60,16 @@ def model_span(raw: bytes, alias: str, *, stream: bool = True) -> tuple[int, int
         return None
     if stream and raw.count(_STREAM) > 1:
         return None
-    if (raw.find(b"\\") >= 0 and b"\\u00" in raw  # memchr first: most bodies have no escape
-            and _ESCAPED_LETTER.search(raw) is not None):
+    if (
+        raw.find(b"\\") >= 0
+        and b"\\u00" in raw  # memchr first: most bodies have no escape
+        and _ESCAPED_LETTER.search(raw) is not None
+    ):
         return None
     start = key + len(_MODEL)
-    if raw[start:start + 2] == b':"':  # compact, as most clients write it: no regex
+    if raw[start : start + 2] == b':"':  # compact, as most clients write it: no regex
         end = raw.find(b'"', start + 2)
-        if raw.find(b"\\", start + 2, end) >= 0 or raw[start + 2:end] != alias.encode():
+        if raw.find(b"\\", start + 2, end) >= 0 or raw[start + 2 : end] != alias.encode():
             return None
         return start + 1, end + 1
     value = _PLAIN_VALUE.match(raw, start)
@@ -78,9 +81,8 @@ def model_span(raw: bytes, alias: str, *, stream: bool = True) -> tuple[int, int
 def splice(raw: bytes, span: tuple[int, int], upstream_model: str) -> bytes:
     """``raw`` with the bytes of ``span`` replaced by ``upstream_model`` as a JSON string
     (one copy of the body)."""
-    return b"".join((raw[:span[0]], _encoded(upstream_model), memoryview(raw)[span[1]:]))
+    return b"".join((raw[: span[0]], _encoded(upstream_model), memoryview(raw)[span[1] :]))
 
 
 # the routes' upstream model names, each encoded once (bounded: a pattern route may name many)
 _encoded = functools.lru_cache(maxsize=256)(jsonutil.dumpb_str)
-

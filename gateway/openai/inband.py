@@ -64,8 +64,9 @@ class InbandErrors:
 
     __slots__ = ("_hosts", "_responses", "_secrets")
 
-    def __init__(self, *, responses: bool, hosts: Sequence[str] = (),
-                 secrets: Redactor = NO_SECRETS) -> None:
+    def __init__(
+        self, *, responses: bool, hosts: Sequence[str] = (), secrets: Redactor = NO_SECRETS
+    ) -> None:
         self._responses = responses  # the Responses API's shapes, else chat and completions
         self._hosts = hosts
         self._secrets = secrets
@@ -95,7 +96,8 @@ class InbandErrors:
             if self._responses:
                 seq = None if obj is None else obj.get("sequence_number")
                 return errors.responses_sse_error(
-                    err, seq if isinstance(seq, int) and not isinstance(seq, bool) else None)
+                    err, seq if isinstance(seq, int) and not isinstance(seq, bool) else None
+                )
             return errors.openai_sse_error(err)
         if not self._responses:
             found = errors.inband_error(obj, hosts=self._hosts, secrets=self._secrets)
@@ -117,7 +119,8 @@ class InbandErrors:
             err = found
         seq = obj.get("sequence_number")
         return errors.responses_sse_error(
-            err, seq if isinstance(seq, int) and not isinstance(seq, bool) else None)
+            err, seq if isinstance(seq, int) and not isinstance(seq, bool) else None
+        )
 
     def body(self, data: bytes) -> bytes:
         """A buffered 200 reply: an error body raises its error, scrubbed, and so does one
@@ -141,8 +144,7 @@ class InbandErrors:
         if obj is None:
             return errors.from_inband({}, hosts=self._hosts, secrets=self._secrets)
         found = errors.inband_error(obj, hosts=self._hosts, secrets=self._secrets)
-        return found or errors.from_inband({"error": obj}, hosts=self._hosts,
-                                           secrets=self._secrets)
+        return found or errors.from_inband({"error": obj}, hosts=self._hosts, secrets=self._secrets)
 
     def _failure(self, error: Any) -> dict[str, Any]:
         err = errors.from_inband({"error": error}, hosts=self._hosts, secrets=self._secrets)

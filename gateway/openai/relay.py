@@ -37,8 +37,14 @@ from gateway.text import jsonutil
 from gateway.text.redact import NO_SECRETS, Redactor
 from gateway.text.sse import MAX_EVENT_BYTES, SSEDecoder, SSEEventTooLarge
 
-__all__ = ["CHAT_CHUNKS", "COMPLETION_CHUNKS", "RESPONSE_EVENTS", "Dialect", "ModelRewriter",
-           "Relay"]
+__all__ = [
+    "CHAT_CHUNKS",
+    "COMPLETION_CHUNKS",
+    "RESPONSE_EVENTS",
+    "Dialect",
+    "ModelRewriter",
+    "Relay",
+]
 
 
 class ModelRewriter:
@@ -86,8 +92,10 @@ class ModelRewriter:
 @functools.lru_cache(maxsize=256)
 def _pairs(upstream_model: str, alias: str) -> tuple[bytes, bytes]:
     """The compact ``"model":`` pairs of the upstream's name and of the alias."""
-    return (b'"model":' + jsonutil.dumpb_str(upstream_model),
-            b'"model":' + jsonutil.dumpb_str(alias))
+    return (
+        b'"model":' + jsonutil.dumpb_str(upstream_model),
+        b'"model":' + jsonutil.dumpb_str(alias),
+    )
 
 
 def _model_holder(obj: Any) -> dict[str, Any] | None:
@@ -109,13 +117,28 @@ class Dialect:
     output; ``token_marker``: bytes that are output whatever follows (a tool call).
     """
 
-    __slots__ = ("_completion", "_completion_key", "_prompt", "_token_keys", "_token_marker",
-                 "ended", "inband_error", "prompt_key", "responses")
+    __slots__ = (
+        "_completion",
+        "_completion_key",
+        "_prompt",
+        "_token_keys",
+        "_token_marker",
+        "ended",
+        "inband_error",
+        "prompt_key",
+        "responses",
+    )
 
-    def __init__(self, *, token_keys: tuple[bytes, ...], token_marker: bytes | None,
-                 usage_keys: tuple[bytes, bytes], ended: Callable[[bytes], bool],
-                 inband_error: Callable[[errors.GatewayError], bytes],
-                 responses: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        token_keys: tuple[bytes, ...],
+        token_marker: bytes | None,
+        usage_keys: tuple[bytes, bytes],
+        ended: Callable[[bytes], bool],
+        inband_error: Callable[[errors.GatewayError], bytes],
+        responses: bool = False,
+    ) -> None:
         self._token_keys = token_keys
         self._token_marker = token_marker
         self.prompt_key, self._completion_key = usage_keys  # every usage has prompt_key
@@ -131,7 +154,7 @@ class Dialect:
             i = payload.find(key)
             while i >= 0:
                 i += len(key)
-                if payload[i:i + 1] != b'"':
+                if payload[i : i + 1] != b'"':
                     return True
                 i = payload.find(key, i)
         return self._token_marker is not None and self._token_marker in payload
@@ -170,16 +193,18 @@ def _has_done_line(block: bytes) -> bool:
     while i >= 0:
         for prefix in (b"data: ", b"data:"):
             start = i - len(prefix)
-            if start >= 0 and block[start:i] == prefix and (
-                    start == 0 or block[start - 1:start] == b"\n") and (
-                    block[i + 6:i + 7] in (b"", b"\n")):
+            if (
+                start >= 0
+                and block[start:i] == prefix
+                and (start == 0 or block[start - 1 : start] == b"\n")
+                and (block[i + 6 : i + 7] in (b"", b"\n"))
+            ):
                 return True
         i = block.find(b"[DONE]", i + 6)
     return False
 
 
-_LAST_RESPONSE_EVENTS = (b'"response.completed"', b'"response.incomplete"',
-                         b'"response.failed"')
+_LAST_RESPONSE_EVENTS = (b'"response.completed"', b'"response.incomplete"', b'"response.failed"')
 
 
 def _has_last_response_event(block: bytes) -> bool:
@@ -195,16 +220,27 @@ _CHUNK_USAGE = (b'"prompt_tokens"', b'"completion_tokens"')
 
 CHAT_CHUNKS = Dialect(
     token_keys=(b'"content":"', b'"reasoning_content":"', b'"reasoning":"'),
-    token_marker=b'"tool_calls":[', usage_keys=_CHUNK_USAGE, ended=_has_done_line,
-    inband_error=errors.openai_sse_error)
+    token_marker=b'"tool_calls":[',
+    usage_keys=_CHUNK_USAGE,
+    ended=_has_done_line,
+    inband_error=errors.openai_sse_error,
+)
 COMPLETION_CHUNKS = Dialect(
-    token_keys=(b'"text":"',), token_marker=None, usage_keys=_CHUNK_USAGE,
-    ended=_has_done_line, inband_error=errors.openai_sse_error)
+    token_keys=(b'"text":"',),
+    token_marker=None,
+    usage_keys=_CHUNK_USAGE,
+    ended=_has_done_line,
+    inband_error=errors.openai_sse_error,
+)
 # output_text, reasoning_text and function_call_arguments deltas all carry "delta"
 RESPONSE_EVENTS = Dialect(
-    token_keys=(b'"delta":"',), token_marker=None,
-    usage_keys=(b'"input_tokens"', b'"output_tokens"'), ended=_has_last_response_event,
-    inband_error=errors.responses_sse_error, responses=True)
+    token_keys=(b'"delta":"',),
+    token_marker=None,
+    usage_keys=(b'"input_tokens"', b'"output_tokens"'),
+    ended=_has_last_response_event,
+    inband_error=errors.responses_sse_error,
+    responses=True,
+)
 
 
 def _frame(name: bytes, data: bytes) -> bytes:
@@ -227,14 +263,33 @@ class Relay:
     :class:`gateway.http.streaming.RelayedStream`.
     """
 
-    __slots__ = ("_decoder", "_dialect", "_ended", "_framed_cr", "_has_token", "_inband",
-                 "_indexer", "_rewrite", "_secrets", "_tail", "_usage_key", "done",
-                 "first_token",
-                 "termination", "usage")
+    __slots__ = (
+        "_decoder",
+        "_dialect",
+        "_ended",
+        "_framed_cr",
+        "_has_token",
+        "_inband",
+        "_indexer",
+        "_rewrite",
+        "_secrets",
+        "_tail",
+        "_usage_key",
+        "done",
+        "first_token",
+        "termination",
+        "usage",
+    )
 
-    def __init__(self, rewrite: ModelRewriter, dialect: Dialect, *, hosts: Sequence[str] = (),
-                 secrets: Redactor = NO_SECRETS,
-                 indexer: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        rewrite: ModelRewriter,
+        dialect: Dialect,
+        *,
+        hosts: Sequence[str] = (),
+        secrets: Redactor = NO_SECRETS,
+        indexer: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
         self._rewrite = rewrite
         # events re-encoded with what the SDKs need (llama.cpp's Responses stream): every
         # event then goes through the decoder
@@ -325,8 +380,11 @@ class Relay:
             data = self._rewrite(payload)
             if self._indexer is not None:
                 data = self._index(data)
-            scrubbed = (self._inband.event(name, data)
-                        if name == b"error" or suspect(b"data: " + data) else None)
+            scrubbed = (
+                self._inband.event(name, data)
+                if name == b"error" or suspect(b"data: " + data)
+                else None
+            )
             frames.append(scrubbed or _frame(name, data))
         block = b"".join(frames)
         self._observe(block)

@@ -59,8 +59,14 @@ class Budget:
 
     __slots__ = ("_chain", "_lock", "held", "held_gauge", "limit", "parent", "sheds")
 
-    def __init__(self, limit: int, parent: Budget | None = None, *,
-                 held_gauge: _Gauge | None = None, sheds: _Counter | None = None) -> None:
+    def __init__(
+        self,
+        limit: int,
+        parent: Budget | None = None,
+        *,
+        held_gauge: _Gauge | None = None,
+        sheds: _Counter | None = None,
+    ) -> None:
         self.limit = limit
         self.held = 0
         self.parent = parent
@@ -135,21 +141,28 @@ class Lease:
     def __enter__(self) -> Lease:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.release()
 
 
-def budgets(memory_mb: int, decoding_bytes: int,
-            metrics: Metrics | None = None) -> tuple[Budget, Budget]:
+def budgets(
+    memory_mb: int, decoding_bytes: int, metrics: Metrics | None = None
+) -> tuple[Budget, Budget]:
     """(memory, decoding): the two budgets, ``decoding`` inside ``memory``, published in
     ``metrics`` when given."""
+
     def made(name: str, limit: int, parent: Budget | None = None) -> Budget:
         if metrics is None:
             return Budget(limit, parent)
         metrics.budget_limit.labels(name).set(limit)
-        return Budget(limit, parent, held_gauge=metrics.budget_held.labels(name),
-                      sheds=metrics.budget_sheds.labels(name))
+        return Budget(
+            limit,
+            parent,
+            held_gauge=metrics.budget_held.labels(name),
+            sheds=metrics.budget_sheds.labels(name),
+        )
 
     memory = made("memory", memory_mb * MIB)
     return memory, made("decoding", decoding_bytes, memory)

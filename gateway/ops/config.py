@@ -44,10 +44,28 @@ from gateway.ops.config_schema import (
 from gateway.ops.signing_key import default_signing_key, state_dir
 
 # the schema's names most callers import from here (the rest: gateway/ops/config_schema.py)
-__all__ = ["BALANCE", "CAPABILITY_SETTINGS", "DISCOVER", "INLINE_THINKING", "LOG_LEVELS",
-           "MAX_BATCH_IN_FLIGHT", "MAX_MODEL_NAME_CHARS", "MAX_REPLICAS", "MAX_RESULT_CHARS",
-           "MAX_SEARCH_RESULTS", "UPSTREAM_KINDS", "WORKER_ENV", "Config", "ConfigError",
-           "ModelRoute", "UpstreamConfig", "find_route", "load", "parse", "with_overrides"]
+__all__ = [
+    "BALANCE",
+    "CAPABILITY_SETTINGS",
+    "DISCOVER",
+    "INLINE_THINKING",
+    "LOG_LEVELS",
+    "MAX_BATCH_IN_FLIGHT",
+    "MAX_MODEL_NAME_CHARS",
+    "MAX_REPLICAS",
+    "MAX_RESULT_CHARS",
+    "MAX_SEARCH_RESULTS",
+    "UPSTREAM_KINDS",
+    "WORKER_ENV",
+    "Config",
+    "ConfigError",
+    "ModelRoute",
+    "UpstreamConfig",
+    "find_route",
+    "load",
+    "parse",
+    "with_overrides",
+]
 
 _TOP_KEYS = ("server", "upstreams", "models", "batches", "web_search")
 _TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")  # what a bearer token may hold
@@ -73,18 +91,27 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
     batches = _batches(src, data.get("batches", {}), env)
     web_search = None
     if "web_search" in data:
-        web_search = WebSearchConfig(**check_table(src, "web_search", data["web_search"],
-                                                   knobs(WebSearchConfig)))
-    return Config(server=server, upstreams=upstreams, models=models, batches=batches,
-                  web_search=web_search, source=src)
+        web_search = WebSearchConfig(
+            **check_table(src, "web_search", data["web_search"], knobs(WebSearchConfig))
+        )
+    return Config(
+        server=server,
+        upstreams=upstreams,
+        models=models,
+        batches=batches,
+        web_search=web_search,
+        source=src,
+    )
 
 
 def _server(src: str, table: Any, env: Mapping[str, str]) -> ServerConfig:
     srv = check_table(src, "server", table, knobs(ServerConfig))
     # cross-key: the metrics listener is a second listener beside server.port's
     if srv["metrics_port"] and srv["metrics_port"] == srv["port"]:
-        raise ConfigError(f"{src}: server.metrics_port: must differ from server.port "
-                          "(0 serves /metrics on the API listener)")
+        raise ConfigError(
+            f"{src}: server.metrics_port: must differ from server.port "
+            "(0 serves /metrics on the API listener)"
+        )
     # cross-key: metrics_host is the address of metrics_port's listener, which 0 leaves out
     if srv["metrics_host"] and not srv["metrics_port"]:
         raise ConfigError(f"{src}: server.metrics_host: needs server.metrics_port")
@@ -99,14 +126,22 @@ def _server(src: str, table: Any, env: Mapping[str, str]) -> ServerConfig:
         signing_key, key_source = default_signing_key(env)
     previous: tuple[bytes, ...] = ()
     if srv["previous_signing_keys_env"] is not None:
-        raw = _env(env, src, "server.previous_signing_keys_env",
-                   srv["previous_signing_keys_env"])
+        raw = _env(env, src, "server.previous_signing_keys_env", srv["previous_signing_keys_env"])
         # cross-key: the current signing key is no previous one
-        previous = tuple(dict.fromkeys(
-            k.strip().encode() for k in raw.split(",") if k.strip() and k.strip().encode()
-            != signing_key))
-    return ServerConfig(**srv, api_keys=api_keys, signing_key=signing_key,
-                        signing_key_source=key_source, previous_signing_keys=previous)
+        previous = tuple(
+            dict.fromkeys(
+                k.strip().encode()
+                for k in raw.split(",")
+                if k.strip() and k.strip().encode() != signing_key
+            )
+        )
+    return ServerConfig(
+        **srv,
+        api_keys=api_keys,
+        signing_key=signing_key,
+        signing_key_source=key_source,
+        previous_signing_keys=previous,
+    )
 
 
 def _upstream(src: str, name: str, table: Any, env: Mapping[str, str]) -> UpstreamConfig:
@@ -115,8 +150,9 @@ def _upstream(src: str, name: str, table: Any, env: Mapping[str, str]) -> Upstre
     _base_urls(src, where, table, up)
     # cross-key: "dns" follows one name, base_url's host
     if up["discover"] == "dns" and "base_urls" in table:
-        raise ConfigError(f"{src}: {where}.discover: \"dns\" takes base_url (one name to "
-                          "resolve), not base_urls")
+        raise ConfigError(
+            f'{src}: {where}.discover: "dns" takes base_url (one name to resolve), not base_urls'
+        )
     # cross-key: health_path's default depends on kind
     if not up["health_path"]:
         up["health_path"] = "/api/version" if up["kind"] == "ollama" else "/health"
@@ -126,8 +162,10 @@ def _upstream(src: str, name: str, table: Any, env: Mapping[str, str]) -> Upstre
         api_key = api_key.strip()
         if not _TOKEN_CHARS.fullmatch(api_key):
             # the environment's value goes into an HTTP header line: a newline would end it
-            raise ConfigError(f"{src}: {where}.api_key_env: the key in {key_env} "
-                              "must be printable ASCII without spaces")
+            raise ConfigError(
+                f"{src}: {where}.api_key_env: the key in {key_env} "
+                "must be printable ASCII without spaces"
+            )
     return UpstreamConfig(name=name, api_key=api_key, **up)
 
 

@@ -19,8 +19,13 @@ class ConfigError(Exception):
     """Bad configuration; the message names the file and the key."""
 
 
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean",
-               list: "an array of strings"}
+_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+    list: "an array of strings",
+}
 _SHOWN_CHARS = 80  # a value echoed in a message, at most (a 257-character name, say)
 
 

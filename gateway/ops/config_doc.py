@@ -17,10 +17,14 @@ from gateway.ops.config_knob import Knob, _toml, knobs
 from gateway.ops.config_schema import TABLES
 
 COMMAND = "python -m gateway.ops.config_doc > docs/configuration.md"
-_TYPE_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean",
-               list: "array of strings"}
-_HEADER = ("| Key | Type | Default | Allowed | Description |\n"
-           "|---|---|---|---|---|\n")
+_TYPE_NAMES = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    list: "array of strings",
+}
+_HEADER = "| Key | Type | Default | Allowed | Description |\n|---|---|---|---|---|\n"
 
 
 def render() -> str:
@@ -32,16 +36,25 @@ def render() -> str:
         advanced += [(_path(table, k.name), k) for k in knobs(cls).values() if k.advanced]
         summary = (cls.__doc__ or "").strip().splitlines()[0].replace("``", "`")
         summary = summary.split(": ", 1)[1] if summary.startswith("`[") else summary
-        parts.append(f"## `{_heading(table)}`\n\n{summary[:1].upper()}{summary[1:]}\n\n"
-                     + _HEADER + "".join(_row(f"`{k.name}`", k) for k in rows))
+        parts.append(
+            f"## `{_heading(table)}`\n\n{summary[:1].upper()}{summary[1:]}\n\n"
+            + _HEADER
+            + "".join(_row(f"`{k.name}`", k) for k in rows)
+        )
         apart = [k.name for k in knobs(cls).values() if k.advanced]
         if apart:
-            parts[-1] += ("\nAdvanced: " + ", ".join(f"`{n}`" for n in apart)
-                          + " (see [Advanced](#advanced-internals)).\n")
-    parts.append("## Advanced (internals)\n\n"
-                 "Internals exposed as knobs: they keep working, but the defaults suit every "
-                 "deployment measured so far; change one only to follow a measurement.\n\n"
-                 + _HEADER + "".join(_row(f"`{path}`", k) for path, k in advanced))
+            parts[-1] += (
+                "\nAdvanced: "
+                + ", ".join(f"`{n}`" for n in apart)
+                + " (see [Advanced](#advanced-internals)).\n"
+            )
+    parts.append(
+        "## Advanced (internals)\n\n"
+        "Internals exposed as knobs: they keep working, but the defaults suit every "
+        "deployment measured so far; change one only to follow a measurement.\n\n"
+        + _HEADER
+        + "".join(_row(f"`{path}`", k) for path, k in advanced)
+    )
     parts.append(_two_meanings())
     return "\n".join(parts)
 
@@ -79,9 +92,13 @@ def _path(table: str, name: str) -> str:
 
 
 def _row(key: str, knob: Knob) -> str:
-    cells = (key, " or ".join(_TYPE_NAMES[t] for t in knob.types if t is not int
-                              or float not in knob.types), _default(knob), knob.allowed(),
-             knob.doc)
+    cells = (
+        key,
+        " or ".join(_TYPE_NAMES[t] for t in knob.types if t is not int or float not in knob.types),
+        _default(knob),
+        knob.allowed(),
+        knob.doc,
+    )
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |\n"
 
 
@@ -101,10 +118,15 @@ def _two_meanings() -> str:
             where[name].append((_path(table, name), knob))
     rows = "".join(
         f"| `{name}` | `{path}` | {knob.doc} |\n"
-        for name, places in where.items() if len(places) > 1 for path, knob in places)
-    return ("## Names with two meanings\n\n"
-            "The same key name in two tables means two different things:\n\n"
-            "| Name | Key | Meaning |\n|---|---|---|\n" + rows)
+        for name, places in where.items()
+        if len(places) > 1
+        for path, knob in places
+    )
+    return (
+        "## Names with two meanings\n\n"
+        "The same key name in two tables means two different things:\n\n"
+        "| Name | Key | Meaning |\n|---|---|---|\n" + rows
+    )
 
 
 def main() -> None:

@@ -48,8 +48,11 @@ def _http_url(value: str, *, path_only: bool = False, empty: bool = False) -> st
         return url
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc or (path_only and parts.query):
-        raise ValueError("must be an http(s) URL (scheme://host[:port][/path])" if path_only
-                         else "must be an http(s) URL")
+        raise ValueError(
+            "must be an http(s) URL (scheme://host[:port][/path])"
+            if path_only
+            else "must be an http(s) URL"
+        )
     return url
 
 
@@ -84,16 +87,22 @@ def _model_name(value: str) -> str:
 
 FORMATS: dict[str, Format] = {
     "http_url": Format("an http(s) URL", _http_url),
-    "http_base": Format("an http(s) URL, `scheme://host[:port][/path]`, no query",
-                        functools.partial(_http_url, path_only=True)),
-    "http_base_or_empty": Format("empty, or an http(s) URL `scheme://host[:port][/path]`",
-                                 functools.partial(_http_url, path_only=True, empty=True)),
+    "http_base": Format(
+        "an http(s) URL, `scheme://host[:port][/path]`, no query",
+        functools.partial(_http_url, path_only=True),
+    ),
+    "http_base_or_empty": Format(
+        "empty, or an http(s) URL `scheme://host[:port][/path]`",
+        functools.partial(_http_url, path_only=True, empty=True),
+    ),
     "prefix": Format("empty, or starts with `/` and does not end with `/`", _prefix),
     "request_path": Format("empty, or `/` then printable ASCII without spaces", _request_path),
-    "database": Format("empty, `sqlite:///PATH`, an absolute path or `postgresql://...`",
-                       _database, echo=False),
-    "model_name": Format(f"1 to {MAX_MODEL_NAME_CHARS} characters; `*` makes it a pattern",
-                         _model_name),
+    "database": Format(
+        "empty, `sqlite:///PATH`, an absolute path or `postgresql://...`", _database, echo=False
+    ),
+    "model_name": Format(
+        f"1 to {MAX_MODEL_NAME_CHARS} characters; `*` makes it a pattern", _model_name
+    ),
 }
 
 # ---------------------------------------------------------------- declaring a key
@@ -107,18 +116,36 @@ def _not_toml(default: Any, *, secret: bool = False) -> Any:
 _POS, _NONNEG = "> 0", ">= 0"  # the old spelling of gt=0 and ge=0 (``bound=``), still taken
 
 
-def _knob(default: Any = MISSING, *, doc: str = "", choices: tuple[Any, ...] | None = None,
-          aliases: Mapping[Any, Any] | None = None, gt: float | None = None,
-          ge: float | None = None, le: float | None = None, fmt: str | None = None,
-          types: tuple[type, ...] | None = None, shown: str | None = None,
-          advanced: bool = False, bound: str | None = None) -> Any:
+def _knob(
+    default: Any = MISSING,
+    *,
+    doc: str = "",
+    choices: tuple[Any, ...] | None = None,
+    aliases: Mapping[Any, Any] | None = None,
+    gt: float | None = None,
+    ge: float | None = None,
+    le: float | None = None,
+    fmt: str | None = None,
+    types: tuple[type, ...] | None = None,
+    shown: str | None = None,
+    advanced: bool = False,
+    bound: str | None = None,
+) -> Any:
     """One TOML key: its default (none: required) and what the module docstring lists."""
     if bound is not None:
         gt, ge = (0, ge) if bound == _POS else (gt, 0)
     assert fmt is None or fmt in FORMATS, fmt
     meta: dict[str, Any] = {"doc": doc, "advanced": advanced}
-    for name, value in (("choices", choices), ("aliases", aliases), ("gt", gt), ("ge", ge),
-                        ("le", le), ("fmt", fmt), ("types", types), ("shown", shown)):
+    for name, value in (
+        ("choices", choices),
+        ("aliases", aliases),
+        ("gt", gt),
+        ("ge", ge),
+        ("le", le),
+        ("fmt", fmt),
+        ("types", types),
+        ("shown", shown),
+    ):
         if value is not None:
             meta[name] = value
     return field(default=default, metadata=meta)
@@ -151,8 +178,11 @@ class Knob:
             return ("each " if list in self.types else "") + FORMATS[self.fmt].text
         if self.ge is not None and self.le is not None:
             return f"{self.ge}..{self.le}"
-        low = f"> {self.gt}" if self.gt is not None else (
-            f">= {self.ge}" if self.ge is not None else "")
+        low = (
+            f"> {self.gt}"
+            if self.gt is not None
+            else (f">= {self.ge}" if self.ge is not None else "")
+        )
         high = f"<= {self.le}" if self.le is not None else ""
         return ", ".join(t for t in (low, high) if t)
 
@@ -165,7 +195,11 @@ def _toml(value: Any) -> str:
 
 
 _TOML_TYPES: dict[Any, tuple[type, ...]] = {
-    str: (str,), int: (int,), float: (int, float), bool: (bool,), str | None: (str,),
+    str: (str,),
+    int: (int,),
+    float: (int, float),
+    bool: (bool,),
+    str | None: (str,),
 }
 
 
@@ -180,9 +214,18 @@ def knobs(cls: type) -> dict[str, Knob]:
             continue
         required = f.default is MISSING and f.default_factory is MISSING
         out[f.name] = Knob(
-            f.name, meta.get("types") or _TOML_TYPES[hints[f.name]], required,
-            None if required else f.default, shown=meta.get("shown"), doc=meta.get("doc", ""),
-            choices=meta.get("choices"), aliases=tuple((meta.get("aliases") or {}).items()),
-            gt=meta.get("gt"), ge=meta.get("ge"), le=meta.get("le"), fmt=meta.get("fmt"),
-            advanced=meta.get("advanced", False))
+            f.name,
+            meta.get("types") or _TOML_TYPES[hints[f.name]],
+            required,
+            None if required else f.default,
+            shown=meta.get("shown"),
+            doc=meta.get("doc", ""),
+            choices=meta.get("choices"),
+            aliases=tuple((meta.get("aliases") or {}).items()),
+            gt=meta.get("gt"),
+            ge=meta.get("ge"),
+            le=meta.get("le"),
+            fmt=meta.get("fmt"),
+            advanced=meta.get("advanced", False),
+        )
     return out

@@ -49,6 +49,7 @@ MAX_SEARCH_RESULTS = 20
 # gateway opens again only up to 64 K characters (gateway/messages/search_blocks.py)
 MAX_RESULT_CHARS = 8000
 
+
 @dataclass(frozen=True)
 class UpstreamConfig:
     """``[upstreams.NAME]``: one OpenAI-compatible server (or replicas of one)."""
@@ -56,75 +57,115 @@ class UpstreamConfig:
     name: str = field(metadata={"toml": False})  # the table's name, upstreams.<name>
     # exactly one of base_url and base_urls; parse() sets base_url to the first of base_urls
     base_url: str = _knob(
-        "", fmt="http_url", shown="required unless `base_urls`",
+        "",
+        fmt="http_url",
+        shown="required unless `base_urls`",
         doc="the server's OpenAI base URL (`/chat/completions` is appended); https is verified "
-            "against the system CAs")
+        "against the system CAs",
+    )
     base_urls: tuple[str, ...] = _knob(
-        (), fmt="http_url", types=(list,), shown="unset",
+        (),
+        fmt="http_url",
+        types=(list,),
+        shown="unset",
         doc="instead of `base_url`: the base URLs of replicas of one server; every other key "
-            "applies to each")
+        "applies to each",
+    )
     kind: str = _knob(
-        "openai", choices=UPSTREAM_KINDS,
+        "openai",
+        choices=UPSTREAM_KINDS,
         doc="the engine: request-side extras (usage on the first chunk, token counting) and "
-            "defaults of `health_path` and the capabilities")
+        "defaults of `health_path` and the capabilities",
+    )
     api_key_env: str | None = _knob(
-        None, doc="env var holding the upstream's key, sent as `Authorization: Bearer <key>`")
+        None, doc="env var holding the upstream's key, sent as `Authorization: Bearer <key>`"
+    )
     api_key: str | None = _not_toml(None, secret=True)
     pool_size: int = _knob(
-        0, ge=0, doc="connections to this upstream at once (each stream holds one); past it "
-                     "streams queue; 0: no limit")
+        0,
+        ge=0,
+        doc="connections to this upstream at once (each stream holds one); past it "
+        "streams queue; 0: no limit",
+    )
     connect_timeout: float = _knob(5.0, gt=0, doc="seconds to connect")
     header_timeout: float = _knob(
-        600.0, gt=0, doc="seconds from sending a request to the reply's final head (a deadline)")
+        600.0, gt=0, doc="seconds from sending a request to the reply's final head (a deadline)"
+    )
     idle_timeout: float = _knob(
-        300.0, gt=0,
+        300.0,
+        gt=0,
         doc="seconds an upstream **stream** may go without an event before it is ended "
-            "(not `server.idle_timeout`: an idle client connection)")
+        "(not `server.idle_timeout`: an idle client connection)",
+    )
     response_timeout: float = _knob(
-        900.0, gt=0, doc="seconds from sending a request to a buffered reply's last byte")
+        900.0, gt=0, doc="seconds from sending a request to a buffered reply's last byte"
+    )
     max_response_bytes: int = _knob(
-        64 * 1024 * 1024, gt=0,
+        64 * 1024 * 1024,
+        gt=0,
         doc="largest buffered reply read from this **upstream** (64 MiB), larger: 500 "
-            "(not `web_search.max_response_bytes`: a search backend's reply)")
+        "(not `web_search.max_response_bytes`: a search backend's reply)",
+    )
     # "auto": a fresh connection per request (Connection: close) until the upstream's replies
     # have echoed X-Request-Id (gateway/upstream/reuse.py), then keep-alive with the echo
     # required; "always": keep-alive (the operator vouches); "never": a connection per request
     keepalive: str = _knob(
-        "auto", choices=KEEPALIVE_CHOICES, aliases=KEEPALIVE_ALIASES, types=(str, bool),
+        "auto",
+        choices=KEEPALIVE_CHOICES,
+        aliases=KEEPALIVE_ALIASES,
+        types=(str, bool),
         doc="`auto`: keep-alive once replies echo `X-Request-Id`; `always`; `never` (a "
-            "connection per request); true means `auto`, false `never`")
+        "connection per request); true means `auto`, false `never`",
+    )
     # what the engine leaves in content when its parsers are off (gateway/local/)
     inline_thinking: str = _knob(
-        "auto", choices=INLINE_THINKING,
+        "auto",
+        choices=INLINE_THINKING,
         doc="reasoning left in content: `auto` (a leading `<think>` opens it), `opened` (the "
-            "template opened `<think>`), `off` (content is text)")
+        "template opened `<think>`), `off` (content is text)",
+    )
     text_tool_calls: bool = _knob(
-        True, doc="tool calls written as text in the model's native format become `tool_use` "
-                  "blocks (for offered tools); false: content is never read for calls")
+        True,
+        doc="tool calls written as text in the model's native format become `tool_use` "
+        "blocks (for offered tools); false: content is never read for calls",
+    )
     # gateway/messages/continuation.py
     max_continuations: int = _knob(
-        2, ge=0, doc="times per reply a stream the engine cut mid-answer is sent again with "
-                     "the partial answer as a prefill; 0: never")
+        2,
+        ge=0,
+        doc="times per reply a stream the engine cut mid-answer is sent again with "
+        "the partial answer as a prefill; 0: never",
+    )
     # the fleet (gateway/upstream/discovery.py, gateway/upstream/fleet.py)
     discover: str = _knob(
-        "none", choices=DISCOVER,
+        "none",
+        choices=DISCOVER,
         doc="`dns`: every address `base_url`'s host resolves to is a replica (re-resolved); "
-            "`none`: the URLs as written")
+        "`none`: the URLs as written",
+    )
     resolve_interval: float = _knob(
-        10.0, gt=0, doc="seconds between two resolutions of the name (`discover = \"dns\"`)")
+        10.0, gt=0, doc='seconds between two resolutions of the name (`discover = "dns"`)'
+    )
     max_replicas: int = _knob(
-        16, gt=0, le=MAX_REPLICAS, doc="most addresses of one name that are replicas at once")
+        16, gt=0, le=MAX_REPLICAS, doc="most addresses of one name that are replicas at once"
+    )
     health_path: str = _knob(
-        "", fmt="request_path", shown="`/health` (`/api/version` for kind `ollama`)",
-        doc="the active probe's path at each replica's server root")
+        "",
+        fmt="request_path",
+        shown="`/health` (`/api/version` for kind `ollama`)",
+        doc="the active probe's path at each replica's server root",
+    )
     health_interval: float = _knob(
-        0.0, ge=0, doc="seconds between active health probes of each replica; 0: no probes")
+        0.0, ge=0, doc="seconds between active health probes of each replica; 0: no probes"
+    )
     health_timeout: float = _knob(2.0, gt=0, doc="seconds a probe's status line may take")
     # gateway/upstream/replicas.py
     balance: str = _knob(
-        "affinity", choices=BALANCE,
+        "affinity",
+        choices=BALANCE,
         doc="which replica takes a request: `affinity` (a session stays on one), "
-            "`round_robin`, `least_busy` (fewest in flight)")
+        "`round_robin`, `least_busy` (fewest in flight)",
+    )
 
     @property
     def host(self) -> str:
@@ -143,41 +184,56 @@ class ModelRoute:
     name: str = _knob(
         fmt="model_name",
         doc="what clients send as `model`; with `*` a pattern (`claude-*`): exact names win, "
-            "patterns in config order")
+        "patterns in config order",
+    )
     # TOML: the upstream's name, which parse() resolves
     upstream: UpstreamConfig = _knob(  # noqa: RUF009 (a field specifier, as field() is)
-        types=(str,), doc="the `[upstreams.NAME]` it goes to")
+        types=(str,), doc="the `[upstreams.NAME]` it goes to"
+    )
     upstream_model: str = _knob(doc="the model name sent upstream")
     max_concurrency: int = _knob(
-        0, ge=0, doc="requests at once for this model, past it 529 `overloaded_error`; "
-                     "0: unlimited")
+        0, ge=0, doc="requests at once for this model, past it 529 `overloaded_error`; 0: unlimited"
+    )
     display_name: str = _knob("", shown="the name", doc="shown by `/v1/models`")
     created_at: str = _knob("2025-01-01T00:00:00Z", doc="shown by `/v1/models`")
     context_window: int = _knob(
-        0, ge=0, doc="the model's context size, `/v1/models`' `max_input_tokens`; 0: unknown")
+        0, ge=0, doc="the model's context size, `/v1/models`' `max_input_tokens`; 0: unknown"
+    )
     # what the upstream takes (gateway/local/capabilities.py)
     images: str = _knob(
-        "auto", choices=CAPABILITY_SETTINGS,
+        "auto",
+        choices=CAPABILITY_SETTINGS,
         doc="whether the upstream takes images: `auto` (the kind's default; refused, sent "
-            "as text and remembered), `yes`, `no` (as text)")
+        "as text and remembered), `yes`, `no` (as text)",
+    )
     tool_references: str = _knob(
-        "auto", choices=CAPABILITY_SETTINGS,
-        doc="whether it takes `tool_reference` content parts; as `images`")
+        "auto",
+        choices=CAPABILITY_SETTINGS,
+        doc="whether it takes `tool_reference` content parts; as `images`",
+    )
     named_tool_choice: str = _knob(
-        "auto", choices=CAPABILITY_SETTINGS,
+        "auto",
+        choices=CAPABILITY_SETTINGS,
         doc="whether it honours `tool_choice` naming one tool; `no`: only that tool is "
-            "offered, with `required`")
+        "offered, with `required`",
+    )
     capability_ttl: float = _knob(
-        600.0, gt=0, doc="seconds an `auto` route remembers a refusal; then the content is "
-                         "tried again")
+        600.0,
+        gt=0,
+        doc="seconds an `auto` route remembers a refusal; then the content is tried again",
+    )
     # gateway/messages/call.py; a fallback's own fallbacks are not followed
     fallbacks: tuple[str, ...] = _knob(
-        (), types=(list,), shown="unset",
+        (),
+        types=(list,),
+        shown="unset",
         doc="other models, in order, that take a Messages request when this one's upstream "
-            "failed before replying on every replica")
+        "failed before replying on every replica",
+    )
     # their routes, set by parse()
-    fallback_routes: tuple[ModelRoute, ...] = field(default=(), repr=False,
-                                                    metadata={"toml": False})
+    fallback_routes: tuple[ModelRoute, ...] = field(
+        default=(), repr=False, metadata={"toml": False}
+    )
 
 
 @dataclass(frozen=True)
@@ -188,67 +244,99 @@ class ServerConfig:
     port: int = _knob(8080, ge=0, le=65535, doc="listen port")
     prefix: str = _knob("/llm", fmt="prefix", doc="path prefix of every API route")
     ping_interval: float = _knob(
-        10.0, gt=0, doc="seconds of upstream silence before a `ping` event is sent on a stream")
+        10.0, gt=0, doc="seconds of upstream silence before a `ping` event is sent on a stream"
+    )
     max_body_bytes: int = _knob(
-        32 * 1024 * 1024, gt=0,
+        32 * 1024 * 1024,
+        gt=0,
         doc="largest **request** body (32 MiB), larger: 413 (not `batches.max_body_bytes`: "
-            "a batch create body)")
+        "a batch create body)",
+    )
     # request bodies being read and decoded at once (inside memory_budget_mb)
     max_decoding_bytes: int = _knob(
-        64 * 1024 * 1024, gt=0,
-        doc="request body bytes being received and decoded at once, all routes; past it 529")
+        64 * 1024 * 1024,
+        gt=0,
+        doc="request body bytes being received and decoded at once, all routes; past it 529",
+    )
     # gateway/ops/budget.py. Half the shipped 1 GiB container limit: the rest is the process
     # itself, its worker processes and what is not counted
     memory_budget_mb: int = _knob(
-        512, gt=0, doc="MiB requests in flight may hold at once (bodies, restored reasoning, "
-                       "batch creates); past it 529")
+        512,
+        gt=0,
+        doc="MiB requests in flight may hold at once (bodies, restored reasoning, "
+        "batch creates); past it 529",
+    )
     # also counted in memory_budget_mb, twice: the text and its copy in the upstream payload
     max_restored_reasoning_bytes: int = _knob(
-        4 * 1024 * 1024, gt=0,
-        doc="reasoning one request may restore from thinking signatures; past it 413")
+        4 * 1024 * 1024,
+        gt=0,
+        doc="reasoning one request may restore from thinking signatures; past it 413",
+    )
     # gateway/messages/documents/pdf_pool.py
     pdf_workers: int = _knob(2, gt=0, doc="worker processes that extract PDF text")
     pdf_cpu_seconds: float = _knob(5.0, gt=0, doc="CPU seconds one PDF document may take")
     pdf_request_cpu_seconds: float = _knob(
-        20.0, gt=0, doc="CPU seconds all the PDFs of one request may take together")
+        20.0, gt=0, doc="CPU seconds all the PDFs of one request may take together"
+    )
     decode_offload_bytes: int = _knob(
-        1024 * 1024, ge=0, advanced=True,
+        1024 * 1024,
+        ge=0,
+        advanced=True,
         doc="bodies larger than this are counted and decoded in a child process; 0: all on "
-            "the event loop")
+        "the event loop",
+    )
     shutdown_grace: float = _knob(
-        30.0, gt=0, doc="seconds streams may run on after SIGTERM before they are ended")
+        30.0, gt=0, doc="seconds streams may run on after SIGTERM before they are ended"
+    )
     write_timeout: float = _knob(
-        60.0, gt=0, doc="seconds a write may wait on a client that stopped reading")
+        60.0, gt=0, doc="seconds a write may wait on a client that stopped reading"
+    )
     # client connections (gateway/http/protocol.py, gateway/http/listener.py)
     idle_timeout: float = _knob(
-        60.0, gt=0,
+        60.0,
+        gt=0,
         doc="seconds a **client connection** may wait for a request head, from accept or a "
-            "reply (not `upstreams.NAME.idle_timeout`: a quiet upstream stream)")
+        "reply (not `upstreams.NAME.idle_timeout`: a quiet upstream stream)",
+    )
     request_head_timeout: float = _knob(
-        30.0, gt=0, doc="seconds from a request head's first byte to its last")
+        30.0, gt=0, doc="seconds from a request head's first byte to its last"
+    )
     request_body_timeout: float = _knob(
-        60.0, gt=0, doc="seconds from the end of a head to the body's last byte; past it 408")
+        60.0, gt=0, doc="seconds from the end of a head to the body's last byte; past it 408"
+    )
     max_connections: int = _knob(
-        0, ge=0, doc="client connections on the API listener at once; 0: unlimited")
+        0, ge=0, doc="client connections on the API listener at once; 0: unlimited"
+    )
     metrics_host: str = _knob(
-        "", shown="`server.host`", doc="the metrics listener's address (needs `metrics_port`)")
+        "", shown="`server.host`", doc="the metrics listener's address (needs `metrics_port`)"
+    )
     metrics_port: int = _knob(
-        0, ge=0, le=65535,
-        doc="`/metrics` on a listener of its own on this port; 0: on the API listener")
+        0,
+        ge=0,
+        le=65535,
+        doc="`/metrics` on a listener of its own on this port; 0: on the API listener",
+    )
     log_level: str = _knob("info", choices=LOG_LEVELS, doc="the lowest level logged")
     api_keys_env: str | None = _knob(
-        None, doc="env var holding the accepted client keys, comma-separated; unset: no auth")
+        None, doc="env var holding the accepted client keys, comma-separated; unset: no auth"
+    )
     api_keys: tuple[str, ...] = _not_toml((), secret=True)
     keep_billing_header: bool = _knob(
-        False, doc="keep Claude Code's `x-anthropic-billing-header:` system line (dropping it "
-                   "keeps the prefix cache warm)")
+        False,
+        doc="keep Claude Code's `x-anthropic-billing-header:` system line (dropping it "
+        "keeps the prefix cache warm)",
+    )
     signing_key_env: str | None = _knob(
-        None, doc="env var holding the key that seals thinking signatures; unset: a key kept "
-                  "in the state directory")
+        None,
+        doc="env var holding the key that seals thinking signatures; unset: a key kept "
+        "in the state directory",
+    )
     signing_key: bytes = _not_toml(b"", secret=True)
     previous_signing_keys_env: str | None = _knob(
-        None, doc="env var holding earlier signing keys, comma-separated: their signatures "
-                  "still open (a key rotation)")
+        None,
+        doc="env var holding earlier signing keys, comma-separated: their signatures "
+        "still open (a key rotation)",
+    )
     previous_signing_keys: tuple[bytes, ...] = _not_toml((), secret=True)
     # where it came from: "env", "file" (the state directory's key) or "random" (this process)
     signing_key_source: str = _not_toml("random")
@@ -265,38 +353,57 @@ class BatchesConfig:
 
     enabled: bool = _knob(True, doc="serve the Message Batches routes; false: 404, no database")
     database: str = _knob(
-        "", fmt="database", shown="`batches.sqlite3` in the state directory",
+        "",
+        fmt="database",
+        shown="`batches.sqlite3` in the state directory",
         doc="where batches are kept: SQLite (a file) or PostgreSQL (shared by workers and "
-            "replicas)")
+        "replicas)",
+    )
     database_env: str | None = _knob(
-        None, doc="env var holding the database URL (one with a password in it)")
+        None, doc="env var holding the database URL (one with a password in it)"
+    )
     max_in_flight: int = _knob(
-        2, gt=0, le=MAX_BATCH_IN_FLIGHT, doc="batch requests running at once per upstream")
+        2, gt=0, le=MAX_BATCH_IN_FLIGHT, doc="batch requests running at once per upstream"
+    )
     max_in_flight_idle: int = _knob(
-        0, ge=0, le=MAX_BATCH_IN_FLIGHT,
+        0,
+        ge=0,
+        le=MAX_BATCH_IN_FLIGHT,
         doc="batch requests at once on an upstream idle for `idle_after` seconds; 0: "
-            "`max_in_flight`")
+        "`max_in_flight`",
+    )
     idle_after: float = _knob(
-        10.0, gt=0, doc="seconds without interactive requests before an upstream is idle")
+        10.0, gt=0, doc="seconds without interactive requests before an upstream is idle"
+    )
     interactive_threshold: int = _knob(
-        1, gt=0, doc="new batch requests start on an upstream only while fewer interactive "
-                     "requests than this run on it")
+        1,
+        gt=0,
+        doc="new batch requests start on an upstream only while fewer interactive "
+        "requests than this run on it",
+    )
     expire_after: float = _knob(
-        86400.0, gt=0, doc="seconds after creation at which a batch ends (the API's 24 hours)")
+        86400.0, gt=0, doc="seconds after creation at which a batch ends (the API's 24 hours)"
+    )
     retention_days: float = _knob(29.0, gt=0, doc="days an ended batch's results are kept")
     public_base_url: str = _knob(
-        "", fmt="http_base_or_empty", shown="the request's own scheme and host",
-        doc="the gateway's public origin for `results_url` behind a reverse proxy")
+        "",
+        fmt="http_base_or_empty",
+        shown="the request's own scheme and host",
+        doc="the gateway's public origin for `results_url` behind a reverse proxy",
+    )
     max_requests: int = _knob(100_000, gt=0, doc="most requests in one batch")
     max_body_bytes: int = _knob(
-        256 * 1024 * 1024, gt=0,
+        256 * 1024 * 1024,
+        gt=0,
         doc="largest **batch create** body (256 MiB), larger: 413 (not "
-            "`server.max_body_bytes`: every other request)")
+        "`server.max_body_bytes`: every other request)",
+    )
     poll_interval: float = _knob(
-        1.0, gt=0, advanced=True, doc="seconds between looks for work when idle")
+        1.0, gt=0, advanced=True, doc="seconds between looks for work when idle"
+    )
     lease: float = _knob(
-        60.0, gt=0, advanced=True,
-        doc="seconds a process's claim on a request lasts unless renewed")
+        60.0, gt=0, advanced=True, doc="seconds a process's claim on a request lasts unless renewed"
+    )
     database_url: str = _not_toml("", secret=True)  # resolved: database, database_env or default
     # True when database or database_env named the location: a store that cannot be opened
     # there stops the start; False (the state directory's file): batches are turned off instead
@@ -308,20 +415,26 @@ class WebSearchConfig:
     """``[web_search]``: the web_search server tool, run by the gateway (gateway/tools/)."""
 
     searxng_url: str = _knob(
-        fmt="http_base", doc="a SearXNG instance (its JSON API); without `[web_search]` a web "
-                             "search tool is a 400")
+        fmt="http_base",
+        doc="a SearXNG instance (its JSON API); without `[web_search]` a web search tool is a 400",
+    )
     timeout: float = _knob(10.0, gt=0, doc="seconds one search may take, all in")
     max_results: int = _knob(5, gt=0, le=MAX_SEARCH_RESULTS, doc="results kept per search")
     max_result_chars: int = _knob(
-        1000, gt=0, le=MAX_RESULT_CHARS, doc="characters of one result's snippet the model sees")
+        1000, gt=0, le=MAX_RESULT_CHARS, doc="characters of one result's snippet the model sees"
+    )
     max_request_chars: int = _knob(
-        40_000, gt=0, doc="characters of search results the model sees in one request")
+        40_000, gt=0, doc="characters of search results the model sees in one request"
+    )
     max_searches: int = _knob(
-        8, gt=0, doc="searches in one request, at most, whatever the tool's `max_uses` says")
+        8, gt=0, doc="searches in one request, at most, whatever the tool's `max_uses` says"
+    )
     max_response_bytes: int = _knob(
-        2 * 1024 * 1024, gt=0,
+        2 * 1024 * 1024,
+        gt=0,
         doc="largest reply read from the **search backend** (2 MiB), larger: `unavailable` "
-            "(not `upstreams.NAME.max_response_bytes`)")
+        "(not `upstreams.NAME.max_response_bytes`)",
+    )
 
 
 @dataclass(frozen=True)
@@ -337,17 +450,24 @@ class Config:
     metrics_dir: str | None = None
     reuse_port: bool = False
 
+
 # Where each table sits in a file, as errors and documentation name its keys.
 TABLES: dict[str, type] = {
-    "server": ServerConfig, "upstreams.<name>": UpstreamConfig, "models[]": ModelRoute,
-    "batches": BatchesConfig, "web_search": WebSearchConfig,
+    "server": ServerConfig,
+    "upstreams.<name>": UpstreamConfig,
+    "models[]": ModelRoute,
+    "batches": BatchesConfig,
+    "web_search": WebSearchConfig,
 }
 
 
 def schema() -> dict[str, Knob]:
     """Every key of the config file: ``server.host``, ``upstreams.<name>.base_url``, ..."""
-    return {f"{table}.{name}": knob
-            for table, cls in TABLES.items() for name, knob in knobs(cls).items()}
+    return {
+        f"{table}.{name}": knob
+        for table, cls in TABLES.items()
+        for name, knob in knobs(cls).items()
+    }
 
 
 def find_route(models: Mapping[str, ModelRoute], name: str) -> ModelRoute | None:
@@ -372,4 +492,3 @@ def find_route(models: Mapping[str, ModelRoute], name: str) -> ModelRoute | None
 
 def is_pattern(name: str) -> bool:
     return "*" in name
-

@@ -46,16 +46,21 @@ from gateway.text import jsonutil
 
 _PID = 0
 _LEVEL = logging.INFO
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-           "error": logging.ERROR}
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 def _dumpb(obj: object, **_: object) -> bytes:
     return jsonutil.dumpb(obj)
 
 
-def _add_pid(_logger: object, _name: str, event: MutableMapping[str, Any]
-             ) -> MutableMapping[str, Any]:
+def _add_pid(
+    _logger: object, _name: str, event: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
     event["pid"] = _PID  # tells --workers processes apart
     return event
 
@@ -124,7 +129,8 @@ def configure(level: str = "info", journal_stream: str | None = None) -> None:
     _LEVEL = _LEVELS[level]
     journal = _is_stderr(journal_stream)
     _DEBUG, _INFO, _WARNING, _ERROR = (
-        (b"<7>", b"<6>", b"<4>", b"<3>") if journal else (b"", b"", b"", b""))
+        (b"<7>", b"<6>", b"<4>", b"<3>") if journal else (b"", b"", b"", b"")
+    )
     atexit.register(flush)
     structlog.configure(
         processors=[
@@ -200,10 +206,18 @@ def access(rec: Access) -> None:
     if _LEVEL > logging.INFO:
         return
     fields: dict[str, Any] = {
-        "request_id": rec.request_id, "method": rec.method, "route": rec.route,
-        "model": rec.model, "upstream": rec.upstream, "status": rec.status,
-        "duration_ms": rec.duration_ms, "stream": rec.stream, "query": rec.query,
-        "error_type": rec.error_type, "error": rec.error}
+        "request_id": rec.request_id,
+        "method": rec.method,
+        "route": rec.route,
+        "model": rec.model,
+        "upstream": rec.upstream,
+        "status": rec.status,
+        "duration_ms": rec.duration_ms,
+        "stream": rec.stream,
+        "query": rec.query,
+        "error_type": rec.error_type,
+        "error": rec.error,
+    }
     if rec.extra:
         fields.update(rec.extra)
     fields["event"] = "access"
@@ -247,7 +261,8 @@ def exception_fields(exc: BaseException | None) -> dict[str, Any]:
     if exc.__traceback__ is not None:  # where, never what: file, line and function
         fields["traceback"] = " < ".join(
             f"{frame.filename}:{frame.lineno} {frame.name}"
-            for frame in reversed(traceback.extract_tb(exc.__traceback__, limit=-20)))
+            for frame in reversed(traceback.extract_tb(exc.__traceback__, limit=-20))
+        )
     return fields
 
 
@@ -275,5 +290,8 @@ def loop_exception_handler(loop: asyncio.AbstractEventLoop, context: dict[str, A
     type and frames (the default handler prints reprs of futures and transports, which may
     hold what a client sent)."""
     exc = context.get("exception")
-    get("asyncio").error("event_loop_error", detail=scrub(str(context.get("message", ""))),
-                         **exception_fields(exc if isinstance(exc, BaseException) else None))
+    get("asyncio").error(
+        "event_loop_error",
+        detail=scrub(str(context.get("message", ""))),
+        **exception_fields(exc if isinstance(exc, BaseException) else None),
+    )

@@ -47,59 +47,157 @@ from gateway.text.refusals import CAPABILITIES
 disable_created_metrics()
 
 PREFIX = "llm_gateway_"
-APIS = ("messages", "count_tokens", "chat", "completions", "embeddings", "responses", "models",
-        "batches")
+APIS = (
+    "messages",
+    "count_tokens",
+    "chat",
+    "completions",
+    "embeddings",
+    "responses",
+    "models",
+    "batches",
+)
 BATCH_OUTCOMES = ("succeeded", "errored", "retried", "superseded")
 BATCH_STATUSES = ("in_progress", "canceling", "ended")
 STREAM_APIS = ("messages", "chat", "completions", "responses")
 TERMINATIONS = (
-    "completed", "client_disconnect", "upstream_error", "upstream_truncated", "malformed_chunk",
-    "idle_timeout", "draining", "gateway_error",
+    "completed",
+    "client_disconnect",
+    "upstream_error",
+    "upstream_truncated",
+    "malformed_chunk",
+    "idle_timeout",
+    "draining",
+    "gateway_error",
 )
 # why a request was refused before any upstream call
-REJECTIONS = ("auth", "draining", "body_too_large", "unknown_model", "overloaded",
-              "invalid_request")
+REJECTIONS = (
+    "auth",
+    "draining",
+    "body_too_large",
+    "unknown_model",
+    "overloaded",
+    "invalid_request",
+)
 # request fields the gateway knows and does not forward; anything else counts as "other"
 DROPPED_FIELDS = (
-    "metadata", "service_tier", "context_management", "container", "response_format", "seed",
-    "min_p", "mcp_servers", "cache_control", "inference_geo", "speed", "diagnostics", "other",
+    "metadata",
+    "service_tier",
+    "context_management",
+    "container",
+    "response_format",
+    "seed",
+    "min_p",
+    "mcp_servers",
+    "cache_control",
+    "inference_geo",
+    "speed",
+    "diagnostics",
+    "other",
 )
 TOKEN_TYPES = ("input", "output")
 # framing anomalies of an upstream reply (gateway/upstream/connection.py says what each is)
 PROTOCOL_ERRORS = (
-    "extra_bytes", "length_and_chunked", "transfer_coding", "http10_chunked", "upgrade",
-    "bad_status", "interim_flood", "head_too_large", "content_encoding", "request_id_mismatch",
-    "request_id_missing", "malformed",
+    "extra_bytes",
+    "length_and_chunked",
+    "transfer_coding",
+    "http10_chunked",
+    "upgrade",
+    "bad_status",
+    "interim_flood",
+    "head_too_large",
+    "content_encoding",
+    "request_id_mismatch",
+    "request_id_missing",
+    "malformed",
 )
 # why accept() failed on the API listener (errno names; "other" for the rest)
 ACCEPT_ERRORS = ("emfile", "enfile", "enobufs", "enomem", "other")
 # HTTP a client got wrong before any handler ran (gateway/http/protocol.py says what each is), and
 # the client deadlines
 CLIENT_HTTP_ERRORS = (
-    "line_too_long", "too_many_headers", "bad_header", "bad_request_line", "length_and_chunked",
-    "bad_content_length", "bad_transfer_encoding", "bad_body", "tls", "malformed",
-    "head_timeout", "body_timeout",
+    "line_too_long",
+    "too_many_headers",
+    "bad_header",
+    "bad_request_line",
+    "length_and_chunked",
+    "bad_content_length",
+    "bad_transfer_encoding",
+    "bad_body",
+    "tls",
+    "malformed",
+    "head_timeout",
+    "body_timeout",
 )
 
 # end-to-end request time: sub-second buffered errors up to long reasoning streams
-_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0,
-            300.0, 600.0)
+_LATENCY = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
 # time to first token: edges at the usual interactive SLOs (0.5 s, 1 s, 2 s, 5 s)
 _TTFT = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
 # per-token decode time and chunk gaps: ~1 ms (tiny models) to seconds (stalls)
-_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5,
-          5.0, 10.0)
+_TOKEN = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.035,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 # the gateway's own work: tens of microseconds to a few milliseconds
-_OVERHEAD = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-             0.25, 1.0)
+_OVERHEAD = (
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    1.0,
+)
 
 
 # why an upstream stream was continued (llm_gateway_stream_continuations_total's cause label)
 CONTINUATION_CAUSES = ("no_finish", "inband_error", "read_failed")
 # what gateway/local/ normalised in a reply (llm_gateway_local_fixes_total's fix label)
 BUDGETS = ("memory", "decoding")  # gateway/ops/budget.py
-LOCAL_FIXES = ("tool_arguments_repaired", "tool_arguments_unrepairable", "text_tool_call",
-               "inline_thinking")
+LOCAL_FIXES = (
+    "tool_arguments_repaired",
+    "tool_arguments_unrepairable",
+    "text_tool_call",
+    "inline_thinking",
+)
 
 
 class _Observer:
@@ -225,18 +323,24 @@ class WorkerProcess:
         ("process_virtual_memory_bytes", "Virtual memory size in bytes, per worker"),
         ("process_open_fds", "Number of open file descriptors, per worker"),
         ("process_max_fds", "Maximum number of open file descriptors, per worker"),
-        ("process_start_time_seconds",
-         "Start time of the worker since unix epoch in seconds, per worker"),
+        (
+            "process_start_time_seconds",
+            "Start time of the worker since unix epoch in seconds, per worker",
+        ),
     )
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._collector = ProcessCollector(registry=None)
         self._cpu_seen = 0.0
-        self.cpu = Counter("process_cpu_seconds",
-                           "Total user and system CPU time spent in seconds, all workers",
-                           registry=registry)
-        self.gauges = {name: Gauge(name, doc, registry=registry, multiprocess_mode="liveall")
-                       for name, doc in self._GAUGES}
+        self.cpu = Counter(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds, all workers",
+            registry=registry,
+        )
+        self.gauges = {
+            name: Gauge(name, doc, registry=registry, multiprocess_mode="liveall")
+            for name, doc in self._GAUGES
+        }
         self.sample()
 
     def sample(self) -> None:
@@ -251,8 +355,14 @@ class WorkerProcess:
 
 
 # the web_search_tool_result_error codes (gateway/messages/search_blocks.py: ERROR_CODES)
-WEB_SEARCH_ERROR_CODES = ("invalid_tool_input", "unavailable", "max_uses_exceeded",
-                          "too_many_requests", "query_too_long", "request_too_large")
+WEB_SEARCH_ERROR_CODES = (
+    "invalid_tool_input",
+    "unavailable",
+    "max_uses_exceeded",
+    "too_many_requests",
+    "query_too_long",
+    "request_too_large",
+)
 
 
 class Metrics:
@@ -262,206 +372,429 @@ class Metrics:
     (``self.process``), whose ``sample()`` the app's probe timer calls.
     """
 
-    def __init__(self, registry: CollectorRegistry,
-                 info_registry: CollectorRegistry | None = None, *,
-                 per_worker_process: bool = False) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        info_registry: CollectorRegistry | None = None,
+        *,
+        per_worker_process: bool = False,
+    ) -> None:
         self.registry = registry
         self.process = WorkerProcess(registry) if per_worker_process else None
         p = PREFIX
         r = registry
-        self.requests = _Memo(Counter(
-            p + "requests_total", "Requests answered, by API, model alias, HTTP status and stream",
-            ["api", "model", "code", "stream"], registry=r))
-        self.request_duration = _Memo(Histogram(
-            p + "request_duration_seconds", "Time from request arrival to the last byte sent",
-            ["api", "model", "stream"], buckets=_LATENCY, registry=r))
-        self.ttft = _Memo(Histogram(
-            p + "time_to_first_token_seconds",
-            "Time from request arrival to the first content token sent to the client",
-            ["api", "model"], buckets=_TTFT, registry=r))
-        self.inter_chunk = _Memo(Histogram(
-            p + "inter_chunk_latency_seconds", "Gap between consecutive upstream stream chunks",
-            ["model"], buckets=_TOKEN, registry=r))
-        self.tpot = _Memo(Histogram(
-            p + "time_per_output_token_seconds",
-            "Mean decode time per output token after the first, per stream",
-            ["model"], buckets=_TOKEN, registry=r))
-        self.overhead = _Memo(Histogram(
-            p + "overhead_seconds",
-            "Gateway's own time per request: parse, validate and translate, excluding upstream",
-            ["api"], buckets=_OVERHEAD, registry=r))
-        self.upstream_requests = _Memo(Counter(
-            p + "upstream_requests_total",
-            "Upstream calls by outcome: HTTP status, connect_error or timeout before headers",
-            ["model", "upstream", "code"], registry=r))
-        self.upstream_headers = _Memo(Histogram(
-            p + "upstream_response_headers_seconds",
-            "Time from sending the upstream request to its response headers",
-            ["model", "upstream"], buckets=_LATENCY, registry=r))
-        self.tokens = _Memo(Counter(
-            p + "tokens_total", "Tokens reported in upstream usage, by type input or output",
-            ["model", "type"], registry=r))
-        self.terminations = _Memo(Counter(
-            p + "stream_terminations_total", "Streams ended, by how they ended",
-            ["api", "model", "reason"], registry=r))
-        self.stop_reasons = _Memo(Counter(
-            p + "stop_reasons_total", "Anthropic stop_reason of finished replies",
-            ["model", "stop_reason"], registry=r))
+        self.requests = _Memo(
+            Counter(
+                p + "requests_total",
+                "Requests answered, by API, model alias, HTTP status and stream",
+                ["api", "model", "code", "stream"],
+                registry=r,
+            )
+        )
+        self.request_duration = _Memo(
+            Histogram(
+                p + "request_duration_seconds",
+                "Time from request arrival to the last byte sent",
+                ["api", "model", "stream"],
+                buckets=_LATENCY,
+                registry=r,
+            )
+        )
+        self.ttft = _Memo(
+            Histogram(
+                p + "time_to_first_token_seconds",
+                "Time from request arrival to the first content token sent to the client",
+                ["api", "model"],
+                buckets=_TTFT,
+                registry=r,
+            )
+        )
+        self.inter_chunk = _Memo(
+            Histogram(
+                p + "inter_chunk_latency_seconds",
+                "Gap between consecutive upstream stream chunks",
+                ["model"],
+                buckets=_TOKEN,
+                registry=r,
+            )
+        )
+        self.tpot = _Memo(
+            Histogram(
+                p + "time_per_output_token_seconds",
+                "Mean decode time per output token after the first, per stream",
+                ["model"],
+                buckets=_TOKEN,
+                registry=r,
+            )
+        )
+        self.overhead = _Memo(
+            Histogram(
+                p + "overhead_seconds",
+                "Gateway's own time per request: parse, validate and translate, excluding upstream",
+                ["api"],
+                buckets=_OVERHEAD,
+                registry=r,
+            )
+        )
+        self.upstream_requests = _Memo(
+            Counter(
+                p + "upstream_requests_total",
+                "Upstream calls by outcome: HTTP status, connect_error or timeout before headers",
+                ["model", "upstream", "code"],
+                registry=r,
+            )
+        )
+        self.upstream_headers = _Memo(
+            Histogram(
+                p + "upstream_response_headers_seconds",
+                "Time from sending the upstream request to its response headers",
+                ["model", "upstream"],
+                buckets=_LATENCY,
+                registry=r,
+            )
+        )
+        self.tokens = _Memo(
+            Counter(
+                p + "tokens_total",
+                "Tokens reported in upstream usage, by type input or output",
+                ["model", "type"],
+                registry=r,
+            )
+        )
+        self.terminations = _Memo(
+            Counter(
+                p + "stream_terminations_total",
+                "Streams ended, by how they ended",
+                ["api", "model", "reason"],
+                registry=r,
+            )
+        )
+        self.stop_reasons = _Memo(
+            Counter(
+                p + "stop_reasons_total",
+                "Anthropic stop_reason of finished replies",
+                ["model", "stop_reason"],
+                registry=r,
+            )
+        )
         # multiprocess_mode only matters with --workers (prometheus multiprocess mode):
         # live workers' values are summed (in flight) or maxed (lag, constant-1 info)
-        self.in_flight = _Memo(Gauge(
-            p + "streams_in_flight", "Streams being relayed to clients now",
-            ["api", "model"], registry=r, multiprocess_mode="livesum"))
-        self.rejected = _Memo(Counter(
-            p + "rejected_total", "Requests refused before any upstream call, by reason",
-            ["api", "reason"], registry=r))
-        self.dropped_fields = _Memo(Counter(
-            p + "dropped_fields_total", "Client request fields not forwarded upstream",
-            ["field"], registry=r))
-        self.tool_arg_errors = _Memo(Counter(
-            p + "tool_argument_errors_total",
-            "Tool-call argument pieces that belonged to no named call or came after its block "
-            "closed, dropped (arguments that are not JSON are repaired: local_fixes_total)",
-            ["model"], registry=r))
-        self.stream_continuations = _Memo(Counter(
-            p + "stream_continuations_total",
-            "Upstream streams cut mid-answer and continued (the same request sent again with "
-            "the partial answer as a prefill), by cause: no_finish, inband_error, read_failed",
-            ["model", "cause"], registry=r))
-        self.local_fixes = _Memo(Counter(
-            p + "local_fixes_total",
-            "Replies a local engine sent in a shape the gateway normalised, by fix: tool "
-            "arguments repaired or unrepairable, tool calls written as text, inline <think>",
-            ["model", "fix"], registry=r))
-        self.reasoning_hidden = _Memo(Counter(
-            p + "reasoning_hidden_total",
-            "Replies whose upstream reasoned although no thinking was asked for; the "
-            "reasoning was not shown", ["model"], registry=r))
-        self.capability_fallbacks = _Memo(Counter(
-            p + "capability_fallbacks_total",
-            "Requests an upstream refused for content it cannot take (images, tool_reference "
-            "parts), sent again with that content as text; the route then sends it as text",
-            ["model", "capability"], registry=r))
-        self.fallbacks = _Memo(Counter(
-            p + "fallbacks_total",
-            "Messages requests sent to a fallback model (fallback: its configured name) after "
-            "every replica of the model's upstream failed before replying",
-            ["model", "fallback"], registry=r))
-        self.upstream_protocol_errors = _Memo(Counter(
-            p + "upstream_protocol_errors_total",
-            "Upstream replies that broke HTTP framing, by kind; each closed the upstream's "
-            "idle connections", ["upstream", "kind"], registry=r))
-        self.upstream_connections = _Memo(Gauge(
-            p + "upstream_connections", "Connections open to the upstream now, busy or idle",
-            ["upstream"], registry=r, multiprocess_mode="livesum"))
-        self.upstream_keepalive = _Memo(Gauge(
-            p + "upstream_keepalive",
-            "1 while requests to the upstream reuse connections (keepalive always, or auto once "
-            "its replies have echoed X-Request-Id), 0 while each gets a fresh one",
-            ["upstream"], registry=r, multiprocess_mode="livemax"))
+        self.in_flight = _Memo(
+            Gauge(
+                p + "streams_in_flight",
+                "Streams being relayed to clients now",
+                ["api", "model"],
+                registry=r,
+                multiprocess_mode="livesum",
+            )
+        )
+        self.rejected = _Memo(
+            Counter(
+                p + "rejected_total",
+                "Requests refused before any upstream call, by reason",
+                ["api", "reason"],
+                registry=r,
+            )
+        )
+        self.dropped_fields = _Memo(
+            Counter(
+                p + "dropped_fields_total",
+                "Client request fields not forwarded upstream",
+                ["field"],
+                registry=r,
+            )
+        )
+        self.tool_arg_errors = _Memo(
+            Counter(
+                p + "tool_argument_errors_total",
+                "Tool-call argument pieces that belonged to no named call or came after its block "
+                "closed, dropped (arguments that are not JSON are repaired: local_fixes_total)",
+                ["model"],
+                registry=r,
+            )
+        )
+        self.stream_continuations = _Memo(
+            Counter(
+                p + "stream_continuations_total",
+                "Upstream streams cut mid-answer and continued (the same request sent again with "
+                "the partial answer as a prefill), by cause: no_finish, inband_error, read_failed",
+                ["model", "cause"],
+                registry=r,
+            )
+        )
+        self.local_fixes = _Memo(
+            Counter(
+                p + "local_fixes_total",
+                "Replies a local engine sent in a shape the gateway normalised, by fix: tool "
+                "arguments repaired or unrepairable, tool calls written as text, inline <think>",
+                ["model", "fix"],
+                registry=r,
+            )
+        )
+        self.reasoning_hidden = _Memo(
+            Counter(
+                p + "reasoning_hidden_total",
+                "Replies whose upstream reasoned although no thinking was asked for; the "
+                "reasoning was not shown",
+                ["model"],
+                registry=r,
+            )
+        )
+        self.capability_fallbacks = _Memo(
+            Counter(
+                p + "capability_fallbacks_total",
+                "Requests an upstream refused for content it cannot take (images, tool_reference "
+                "parts), sent again with that content as text; the route then sends it as text",
+                ["model", "capability"],
+                registry=r,
+            )
+        )
+        self.fallbacks = _Memo(
+            Counter(
+                p + "fallbacks_total",
+                "Messages requests sent to a fallback model (fallback: its configured name) after "
+                "every replica of the model's upstream failed before replying",
+                ["model", "fallback"],
+                registry=r,
+            )
+        )
+        self.upstream_protocol_errors = _Memo(
+            Counter(
+                p + "upstream_protocol_errors_total",
+                "Upstream replies that broke HTTP framing, by kind; each closed the upstream's "
+                "idle connections",
+                ["upstream", "kind"],
+                registry=r,
+            )
+        )
+        self.upstream_connections = _Memo(
+            Gauge(
+                p + "upstream_connections",
+                "Connections open to the upstream now, busy or idle",
+                ["upstream"],
+                registry=r,
+                multiprocess_mode="livesum",
+            )
+        )
+        self.upstream_keepalive = _Memo(
+            Gauge(
+                p + "upstream_keepalive",
+                "1 while requests to the upstream reuse connections (keepalive always, or auto "
+                "once its replies have echoed X-Request-Id), 0 while each gets a fresh one",
+                ["upstream"],
+                registry=r,
+                multiprocess_mode="livemax",
+            )
+        )
         # replicas (gateway/upstream/replicas.py): ``replica`` is host:port from base_urls
-        self.upstream_replica_in_flight = _Memo(Gauge(
-            p + "upstream_replica_in_flight",
-            "Requests on the upstream replica now, from the send until the reply is read",
-            ["upstream", "replica"], registry=r, multiprocess_mode="livesum"))
-        self.upstream_replica_healthy = _Memo(Gauge(
-            p + "upstream_replica_healthy",
-            "1 while the replica takes requests, 0 while it is ejected after a failure",
-            ["upstream", "replica"], registry=r, multiprocess_mode="livemin"))
-        self.upstream_replica_requests = _Memo(Counter(
-            p + "upstream_replica_requests_total",
-            "Attempts sent to each replica, by outcome: ok (it answered, 2xx-4xx), status_5xx, "
-            "connect_error, timeout, bad_response", ["upstream", "replica", "outcome"],
-            registry=r))
+        self.upstream_replica_in_flight = _Memo(
+            Gauge(
+                p + "upstream_replica_in_flight",
+                "Requests on the upstream replica now, from the send until the reply is read",
+                ["upstream", "replica"],
+                registry=r,
+                multiprocess_mode="livesum",
+            )
+        )
+        self.upstream_replica_healthy = _Memo(
+            Gauge(
+                p + "upstream_replica_healthy",
+                "1 while the replica takes requests, 0 while it is ejected after a failure",
+                ["upstream", "replica"],
+                registry=r,
+                multiprocess_mode="livemin",
+            )
+        )
+        self.upstream_replica_requests = _Memo(
+            Counter(
+                p + "upstream_replica_requests_total",
+                "Attempts sent to each replica, by outcome: ok (it answered, 2xx-4xx), status_5xx, "
+                "connect_error, timeout, bad_response",
+                ["upstream", "replica", "outcome"],
+                registry=r,
+            )
+        )
         # the fleet (gateway/upstream/discovery.py, fleet.py): ``replica`` of a DNS-found
         # replica is the name's host:port and a slot number (#0, #1, ...; at most twice
         # max_replicas), the address in the upstream_replicas_changed log line
-        self.upstream_replicas = _Memo(Gauge(
-            p + "upstream_replicas",
-            "Replicas of the upstream taking requests now: its base_urls, or the addresses its "
-            "DNS name resolved to (discover = dns, at most max_replicas)",
-            ["upstream"], registry=r, multiprocess_mode="livemax"))
-        self.upstream_resolutions = _Memo(Counter(
-            p + "upstream_resolutions_total",
-            "DNS resolutions of the upstream's name (discover = dns), by outcome: ok, failed "
-            "(an error or a timeout), empty (no address); failed and empty keep the last set",
-            ["upstream", "outcome"], registry=r))
-        self.upstream_probes = _Memo(Counter(
-            p + "upstream_probes_total",
-            "Active health probes of each replica (health_interval), by outcome: ok (2xx), "
-            "status (another status), timeout, error (no connection, no status line)",
-            ["upstream", "replica", "outcome"], registry=r))
-        self.upstream_retries = _Memo(Counter(
-            p + "upstream_retries_total",
-            "Requests sent to another replica after a failure before the reply's head",
-            ["upstream"], registry=r))
+        self.upstream_replicas = _Memo(
+            Gauge(
+                p + "upstream_replicas",
+                "Replicas of the upstream taking requests now: its base_urls, or the addresses its "
+                "DNS name resolved to (discover = dns, at most max_replicas)",
+                ["upstream"],
+                registry=r,
+                multiprocess_mode="livemax",
+            )
+        )
+        self.upstream_resolutions = _Memo(
+            Counter(
+                p + "upstream_resolutions_total",
+                "DNS resolutions of the upstream's name (discover = dns), by outcome: ok, failed "
+                "(an error or a timeout), empty (no address); failed and empty keep the last set",
+                ["upstream", "outcome"],
+                registry=r,
+            )
+        )
+        self.upstream_probes = _Memo(
+            Counter(
+                p + "upstream_probes_total",
+                "Active health probes of each replica (health_interval), by outcome: ok (2xx), "
+                "status (another status), timeout, error (no connection, no status line)",
+                ["upstream", "replica", "outcome"],
+                registry=r,
+            )
+        )
+        self.upstream_retries = _Memo(
+            Counter(
+                p + "upstream_retries_total",
+                "Requests sent to another replica after a failure before the reply's head",
+                ["upstream"],
+                registry=r,
+            )
+        )
         self.client_connections = Gauge(
-            p + "client_connections", "Client connections open now, both listeners",
-            registry=r, multiprocess_mode="livesum")
-        self.accept_errors = _Memo(Counter(
-            p + "accept_errors_total",
-            "accept() failures on a listener, by errno; each pauses accepting for a second",
-            ["reason"], registry=r))
+            p + "client_connections",
+            "Client connections open now, both listeners",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.accept_errors = _Memo(
+            Counter(
+                p + "accept_errors_total",
+                "accept() failures on a listener, by errno; each pauses accepting for a second",
+                ["reason"],
+                registry=r,
+            )
+        )
         # the web_search server tool (gateway/tools/); backend: "searxng"
-        self.web_searches = _Memo(Counter(
-            p + "web_searches_total",
-            "Web searches run for the web_search tool, by backend and outcome (ok, error)",
-            ["backend", "outcome"], registry=r))
-        self.web_search_errors = _Memo(Counter(
-            p + "web_search_errors_total",
-            "Web searches that failed, by backend and the web_search_tool_result_error code "
-            "the reply carries (unavailable, too_many_requests, query_too_long, ...)",
-            ["backend", "error_code"], registry=r))
-        self.web_search_duration = _Memo(Histogram(
-            p + "web_search_duration_seconds",
-            "Time one web search took at its backend, answer read and decoded",
-            ["backend"], buckets=_LATENCY, registry=r))
+        self.web_searches = _Memo(
+            Counter(
+                p + "web_searches_total",
+                "Web searches run for the web_search tool, by backend and outcome (ok, error)",
+                ["backend", "outcome"],
+                registry=r,
+            )
+        )
+        self.web_search_errors = _Memo(
+            Counter(
+                p + "web_search_errors_total",
+                "Web searches that failed, by backend and the web_search_tool_result_error code "
+                "the reply carries (unavailable, too_many_requests, query_too_long, ...)",
+                ["backend", "error_code"],
+                registry=r,
+            )
+        )
+        self.web_search_duration = _Memo(
+            Histogram(
+                p + "web_search_duration_seconds",
+                "Time one web search took at its backend, answer read and decoded",
+                ["backend"],
+                buckets=_LATENCY,
+                registry=r,
+            )
+        )
         # Message Batches (gateway/batches/)
         self.batches_created = Counter(
-            p + "batches_created_total", "Message batches created", registry=r)
-        self.batch_requests = _Memo(Counter(
-            p + "batch_requests_total",
-            "Batch requests run on an upstream, by outcome: succeeded, errored (the request's "
-            "result is an error), retried (a retryable failure: run again later), superseded "
-            "(the result came after the request was canceled, expired or claimed again)",
-            ["model", "outcome"], registry=r))
-        self.batch_queue = _Memo(Gauge(
-            p + "batch_queue_requests",
-            "Batch requests waiting or running, all batches, by model (from the store)",
-            ["model"], registry=r, multiprocess_mode="max"))
-        self.batches = _Memo(Gauge(
-            p + "batches", "Message batches in the store, by processing status",
-            ["status"], registry=r, multiprocess_mode="max"))
-        self.batch_in_flight = _Memo(Gauge(
-            p + "batch_requests_in_flight", "Batch requests running on an upstream now",
-            ["upstream"], registry=r, multiprocess_mode="livesum"))
-        self.client_http_errors = _Memo(Counter(
-            p + "client_http_errors_total",
-            "Requests refused for broken HTTP framing, and client deadlines missed, by kind",
-            ["kind"], registry=r))
+            p + "batches_created_total", "Message batches created", registry=r
+        )
+        self.batch_requests = _Memo(
+            Counter(
+                p + "batch_requests_total",
+                "Batch requests run on an upstream, by outcome: succeeded, errored (the request's "
+                "result is an error), retried (a retryable failure: run again later), superseded "
+                "(the result came after the request was canceled, expired or claimed again)",
+                ["model", "outcome"],
+                registry=r,
+            )
+        )
+        self.batch_queue = _Memo(
+            Gauge(
+                p + "batch_queue_requests",
+                "Batch requests waiting or running, all batches, by model (from the store)",
+                ["model"],
+                registry=r,
+                multiprocess_mode="max",
+            )
+        )
+        self.batches = _Memo(
+            Gauge(
+                p + "batches",
+                "Message batches in the store, by processing status",
+                ["status"],
+                registry=r,
+                multiprocess_mode="max",
+            )
+        )
+        self.batch_in_flight = _Memo(
+            Gauge(
+                p + "batch_requests_in_flight",
+                "Batch requests running on an upstream now",
+                ["upstream"],
+                registry=r,
+                multiprocess_mode="livesum",
+            )
+        )
+        self.client_http_errors = _Memo(
+            Counter(
+                p + "client_http_errors_total",
+                "Requests refused for broken HTTP framing, and client deadlines missed, by kind",
+                ["kind"],
+                registry=r,
+            )
+        )
         # process-wide memory budgets (gateway/ops/budget.py); budget: memory, decoding
-        self.budget_held = _Memo(Gauge(
-            p + "memory_budget_bytes",
-            "Bytes requests in flight hold now, as counted in each memory budget",
-            ["budget"], registry=r, multiprocess_mode="livesum"))
-        self.budget_limit = _Memo(Gauge(
-            p + "memory_budget_limit_bytes", "Each memory budget's limit (configured)",
-            ["budget"], registry=r, multiprocess_mode="livemax"))
-        self.budget_sheds = _Memo(Counter(
-            p + "memory_budget_sheds_total",
-            "Requests refused with 529 overloaded_error because a memory budget was full",
-            ["budget"], registry=r))
-        self.loop_lag = _Memo(Gauge(
-            p + "event_loop_lag_seconds", "How late the event loop ran a timer, last probe",
-            registry=r, multiprocess_mode="livemax"))
+        self.budget_held = _Memo(
+            Gauge(
+                p + "memory_budget_bytes",
+                "Bytes requests in flight hold now, as counted in each memory budget",
+                ["budget"],
+                registry=r,
+                multiprocess_mode="livesum",
+            )
+        )
+        self.budget_limit = _Memo(
+            Gauge(
+                p + "memory_budget_limit_bytes",
+                "Each memory budget's limit (configured)",
+                ["budget"],
+                registry=r,
+                multiprocess_mode="livemax",
+            )
+        )
+        self.budget_sheds = _Memo(
+            Counter(
+                p + "memory_budget_sheds_total",
+                "Requests refused with 529 overloaded_error because a memory budget was full",
+                ["budget"],
+                registry=r,
+            )
+        )
+        self.loop_lag = _Memo(
+            Gauge(
+                p + "event_loop_lag_seconds",
+                "How late the event loop ran a timer, last probe",
+                registry=r,
+                multiprocess_mode="livemax",
+            )
+        )
         # Info metrics have no multiprocess storage: with --workers, build info goes on the
         # exposition registry itself (info_registry), which every worker serves alike.
-        self.build_info = Info(p + "build", "Gateway build; constant 1",
-                               registry=info_registry if info_registry is not None else r)
+        self.build_info = Info(
+            p + "build",
+            "Gateway build; constant 1",
+            registry=info_registry if info_registry is not None else r,
+        )
         self.build_info.info({"version": __version__})
-        self.model_info = _Memo(Gauge(
-            p + "model_info", "Configured model routes; constant 1",
-            ["model", "upstream", "upstream_model"], registry=r, multiprocess_mode="max"))
+        self.model_info = _Memo(
+            Gauge(
+                p + "model_info",
+                "Configured model routes; constant 1",
+                ["model", "upstream", "upstream_model"],
+                registry=r,
+                multiprocess_mode="max",
+            )
+        )
         for api in APIS:
             for reason in REJECTIONS:
                 self.rejected.labels(api, reason)
@@ -477,8 +810,9 @@ class Metrics:
             self.budget_held.labels(budget)
             self.budget_sheds.labels(budget)
 
-    def add_model(self, model: str, upstream: str, upstream_model: str,
-                  fallbacks: tuple[str, ...] = ()) -> None:
+    def add_model(
+        self, model: str, upstream: str, upstream_model: str, fallbacks: tuple[str, ...] = ()
+    ) -> None:
         """Publish a configured route and create its per-model series at zero."""
         for fallback in fallbacks:
             self.fallbacks.labels(model, fallback)

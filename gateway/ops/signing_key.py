@@ -26,7 +26,8 @@ def state_dir(env: Mapping[str, str]) -> str | None:
     if env.get("STATE_DIRECTORY"):
         return env["STATE_DIRECTORY"].split(":")[0]
     base = env.get("XDG_STATE_HOME") or (
-        os.path.join(env["HOME"], ".local", "state") if env.get("HOME") else None)
+        os.path.join(env["HOME"], ".local", "state") if env.get("HOME") else None
+    )
     return os.path.join(base, "llm-gateway") if base else None
 
 

@@ -88,8 +88,9 @@ def _ready_pid(sock: socket.socket, timeout: float) -> int | None:
     return None
 
 
-def supervise(args: list[str], workers: int, metrics_dir: str | None,
-              notifier: notify.Notifier | None = None) -> int:
+def supervise(
+    args: list[str], workers: int, metrics_dir: str | None, notifier: notify.Notifier | None = None
+) -> int:
     own_dir = metrics_dir is None
     path = metrics_dir or tempfile.mkdtemp(prefix="llm-gateway-metrics-")
     os.makedirs(path, exist_ok=True)
@@ -118,8 +119,12 @@ def supervise(args: list[str], workers: int, metrics_dir: str | None,
 
     # a worker drains and stops when the supervisor dies, even of a SIGKILL (lifeline);
     # the supervisor has no threads, so a preexec_fn is safe here
-    start = functools.partial(subprocess.Popen, cmd, env=env, preexec_fn=functools.partial(
-        lifeline.die_with_parent, os.getpid(), signal.SIGTERM))
+    start = functools.partial(
+        subprocess.Popen,
+        cmd,
+        env=env,
+        preexec_fn=functools.partial(lifeline.die_with_parent, os.getpid(), signal.SIGTERM),
+    )
     procs = [start() for _ in range(workers)]
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -130,8 +135,11 @@ def supervise(args: list[str], workers: int, metrics_dir: str | None,
                 time.sleep(0.2)
             elif (pid := _ready_pid(ready_sock, 0.2)) is not None:
                 ready.add(pid)
-            if not announced and not stopping and (
-                    ready_sock is None or {p.pid for p in procs} <= ready):
+            if (
+                not announced
+                and not stopping
+                and (ready_sock is None or {p.pid for p in procs} <= ready)
+            ):
                 announced = True
                 _say("workers_ready", pids=[p.pid for p in procs])
                 notifier.send("READY=1")

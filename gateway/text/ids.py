@@ -62,7 +62,7 @@ class _Characters:
             self.drawn = (text, itertools.count(1))
             slot = 0
         start = slot * _SLOT
-        return text[start:start + n]
+        return text[start : start + n]
 
 
 _characters = _Characters()

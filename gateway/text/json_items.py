@@ -47,11 +47,21 @@ class NotPlain(Exception):
 class ArrayItems:
     """The items of ``raw``'s array under ``key``, as JSON text, by :meth:`next`."""
 
-    __slots__ = ("_at", "_decoder", "_max_item_values", "_max_values", "_raw", "_read",
-                 "_text", "_values", "done")
+    __slots__ = (
+        "_at",
+        "_decoder",
+        "_max_item_values",
+        "_max_values",
+        "_raw",
+        "_read",
+        "_text",
+        "_values",
+        "done",
+    )
 
-    def __init__(self, raw: bytes | bytearray, key: str, *, max_values: int,
-                 max_item_values: int) -> None:
+    def __init__(
+        self, raw: bytes | bytearray, key: str, *, max_values: int, max_item_values: int
+    ) -> None:
         self._raw = raw
         self._max_values = max_values
         self._max_item_values = max_item_values
@@ -61,8 +71,9 @@ class ArrayItems:
         self._text = ""
         self._at = 0  # where the next item starts in the window
         self.done = False
-        opening = re.compile(_WS + "\\{" + _WS + re.escape(json.dumps(key)) + _WS + ":"
-                             + _WS + "\\[" + _WS)
+        opening = re.compile(
+            _WS + "\\{" + _WS + re.escape(json.dumps(key)) + _WS + ":" + _WS + "\\[" + _WS
+        )
         while (head := opening.match(self._text)) is None or head.end() == len(self._text):
             if self._read == len(raw) or len(self._text) > _HEAD_CHARS:
                 raise NotPlain
@@ -90,7 +101,7 @@ class ArrayItems:
                 raise NotPlain  # not scanned: its objects are bounded by the whole decode's
             self._more(want)  # the item (or what follows it) runs past the window
             want *= 2
-        item = self._text[self._at:end]
+        item = self._text[self._at : end]
         if item[:1] != "{":
             raise NotPlain
         self._at = sep.end()
@@ -103,7 +114,7 @@ class ArrayItems:
 
     def _more(self, size: int) -> None:
         """Decode ``size`` more bytes into the window, dropping what was read."""
-        chunk = self._raw[self._read:self._read + size]
+        chunk = self._raw[self._read : self._read + size]
         self._read += len(chunk)
         try:
             text = self._decoder.decode(chunk, final=self._read == len(self._raw))
@@ -112,7 +123,7 @@ class ArrayItems:
         self._values += _separators(text, 0)
         if self._values > self._max_values:
             raise NotPlain
-        self._text = self._text[self._at:] + text
+        self._text = self._text[self._at :] + text
         self._at = 0
 
 

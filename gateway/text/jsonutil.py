@@ -283,8 +283,10 @@ def _first_problem(value: Any) -> JSONInputError:
                 for key in node:
                     match = _SURROGATE.search(key)
                     if match:
-                        return _problem(_path(index, owner, names),
-                                        "a key " + _lone(match[0]).removeprefix("string "))
+                        return _problem(
+                            _path(index, owner, names),
+                            "a key " + _lone(match[0]).removeprefix("string "),
+                        )
                 children: Any = node.items()
             else:
                 children = enumerate(node)
@@ -297,8 +299,9 @@ def _first_problem(value: Any) -> JSONInputError:
                 elif kind is dict or kind is list:
                     if depth == MAX_NESTING:  # the path to where it starts is enough
                         path = [*_path(index, owner, names), str(key)]
-                        return _problem(path[:8], f"nesting deeper than {MAX_NESTING} levels",
-                                        cut=len(path) > 8)
+                        return _problem(
+                            path[:8], f"nesting deeper than {MAX_NESTING} levels", cut=len(path) > 8
+                        )
                     seen.append(item)
                     owner.append(index)
                     names.append(key)
@@ -329,8 +332,10 @@ def _leaf_problem(value: Any) -> str | None:
 
 
 def _lone(char: str) -> str:
-    return (f"string is not valid Unicode: it holds a lone surrogate (U+{ord(char):04X}, "
-            "half of a UTF-16 pair)")
+    return (
+        f"string is not valid Unicode: it holds a lone surrogate (U+{ord(char):04X}, "
+        "half of a UTF-16 pair)"
+    )
 
 
 def _problem(parts: Sequence[str], why: str, *, cut: bool = False) -> JSONInputError:

@@ -31,8 +31,7 @@ from collections.abc import Iterable
 from typing import Protocol
 from urllib.parse import quote
 
-__all__ = ["NO_SECRETS", "REDACTED", "Redactor", "Secrets", "key_forms", "redactor",
-           "secrets_of"]
+__all__ = ["NO_SECRETS", "REDACTED", "Redactor", "Secrets", "key_forms", "redactor", "secrets_of"]
 
 REDACTED = "[redacted]"
 _HEX_ESCAPE = re.compile(r"%[0-9A-F]{2}")
@@ -57,8 +56,15 @@ def key_forms(key: str) -> tuple[str, ...]:
         return ()
     encoded = quote(key, safe="")
     escaped = json.dumps(key)[1:-1]
-    forms = (f"Bearer {key}", key, encoded, _HEX_ESCAPE.sub(lambda m: m[0].lower(), encoded),
-             quote(key), escaped, escaped.replace("/", "\\/"))
+    forms = (
+        f"Bearer {key}",
+        key,
+        encoded,
+        _HEX_ESCAPE.sub(lambda m: m[0].lower(), encoded),
+        quote(key),
+        escaped,
+        escaped.replace("/", "\\/"),
+    )
     return tuple(dict.fromkeys(forms))  # in order, each once
 
 
@@ -78,15 +84,17 @@ class Redactor:
 
     __slots__ = ("_bytes_pattern", "_count", "_pattern", "hosts_pattern")
 
-    def __init__(self, secrets: Iterable[str], *, text_only: Iterable[str] = (),
-                 hosts: Iterable[str] = ()) -> None:
+    def __init__(
+        self, secrets: Iterable[str], *, text_only: Iterable[str] = (), hosts: Iterable[str] = ()
+    ) -> None:
         relayed = {s for s in secrets if s}
         forms = relayed | {s for s in text_only if s}
         self._count = len(forms)
         self._pattern = _alternation(forms)
         ordered = sorted(relayed, key=len, reverse=True)
-        self._bytes_pattern = (re.compile(b"|".join(re.escape(f.encode()) for f in ordered))
-                               if ordered else None)
+        self._bytes_pattern = (
+            re.compile(b"|".join(re.escape(f.encode()) for f in ordered)) if ordered else None
+        )
         self.hosts_pattern = _alternation(hosts, re.IGNORECASE)
 
     @classmethod

@@ -76,31 +76,64 @@ _PARTS = "this model's server does not support a content part type in the reques
 _LLAMA_MMPROJ = re.escape(" - hint: if this is unexpected, you may need to provide the mmproj")
 
 REFUSALS: tuple[Refusal, ...] = (
-    Refusal("llama.cpp (no --mmproj)", "500", re.compile(r"image input is not supported"),
-            "images", _IMAGES,
-            re.compile(rf"image input is not supported(?:{_LLAMA_MMPROJ})?")),
-    Refusal("llama.cpp", "400", re.compile(r"unsupported content\[\]\.type"),
-            "tool_references", _PARTS, re.compile(r"unsupported content\[\]\.type")),
-    Refusal("vLLM (text-only model)", "400",
-            re.compile(r"At most 0 image\(s\) may be provided in one (?:prompt|request)"),
-            "images", _IMAGES,
-            re.compile(r"At most 0 image\(s\) may be provided in one (?:prompt|request)\."
-                       r"(?: \(parameter=image\))?")),
+    Refusal(
+        "llama.cpp (no --mmproj)",
+        "500",
+        re.compile(r"image input is not supported"),
+        "images",
+        _IMAGES,
+        re.compile(rf"image input is not supported(?:{_LLAMA_MMPROJ})?"),
+    ),
+    Refusal(
+        "llama.cpp",
+        "400",
+        re.compile(r"unsupported content\[\]\.type"),
+        "tool_references",
+        _PARTS,
+        re.compile(r"unsupported content\[\]\.type"),
+    ),
+    Refusal(
+        "vLLM (text-only model)",
+        "400",
+        re.compile(r"At most 0 image\(s\) may be provided in one (?:prompt|request)"),
+        "images",
+        _IMAGES,
+        re.compile(
+            r"At most 0 image\(s\) may be provided in one (?:prompt|request)\."
+            r"(?: \(parameter=image\))?"
+        ),
+    ),
     # the name is the operator's (served name or model path): no spaces, bounded
-    Refusal("vLLM", "400", re.compile(r"is not a multimodal model"), "images", _IMAGES,
-            re.compile(r"\S{1,512} is not a multimodal model")),
-    Refusal("Ollama (no vision)", "500 or 400",
-            re.compile(r"missing data required for image input"), "images", _IMAGES,
-            re.compile(r"this model is missing data required for image input")),
-    Refusal("llama.cpp (no --embeddings)", "501",
-            re.compile(r"does not support embeddings"), "server",
-            "not supported by this model's server",
-            re.compile(r"This server does not support embeddings\. Start it with `--embeddings`")),
+    Refusal(
+        "vLLM",
+        "400",
+        re.compile(r"is not a multimodal model"),
+        "images",
+        _IMAGES,
+        re.compile(r"\S{1,512} is not a multimodal model"),
+    ),
+    Refusal(
+        "Ollama (no vision)",
+        "500 or 400",
+        re.compile(r"missing data required for image input"),
+        "images",
+        _IMAGES,
+        re.compile(r"this model is missing data required for image input"),
+    ),
+    Refusal(
+        "llama.cpp (no --embeddings)",
+        "501",
+        re.compile(r"does not support embeddings"),
+        "server",
+        "not supported by this model's server",
+        re.compile(r"This server does not support embeddings\. Start it with `--embeddings`"),
+    ),
 )
 
 # each wording as bytes, in any case: what :func:`echoed` looks for in a request
-_ECHOES = {r.pattern.pattern: re.compile(r.pattern.pattern.encode(), re.IGNORECASE)
-           for r in REFUSALS}
+_ECHOES = {
+    r.pattern.pattern: re.compile(r.pattern.pattern.encode(), re.IGNORECASE) for r in REFUSALS
+}
 
 
 def refusal(status: int, message: str) -> Refusal | None:

@@ -29,7 +29,8 @@ _IPV4 = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b")
 # ``:`` or ``.`` before it, no word character after it. Possessive: linear in any text.
 _IPV6 = re.compile(
     r"\[(?P<bracketed>[0-9A-Fa-f.]*+:[0-9A-Fa-f:.]*+(?:%[\w.-]++)?)\](?::\d{1,5}\b)?"
-    r"|(?<![\w:.])(?P<bare>[0-9A-Fa-f.]*+:[0-9A-Fa-f:.]*+(?:%[\w.-]++)?)(?!\w)")
+    r"|(?<![\w:.])(?P<bare>[0-9A-Fa-f.]*+:[0-9A-Fa-f:.]*+(?:%[\w.-]++)?)(?!\w)"
+)
 # ``host:port`` candidates, each checked by _host_port: a token of host-name characters, a
 # colon, one to five digits, and no word character, ``:`` or ``.<word>`` after them (a time's
 # ``12:30:45``, a version's ``1.2:3.4``).
@@ -46,7 +47,7 @@ def _ipv6(match: re.Match[str]) -> str:
         text, rest = bracketed, ""
     else:
         text = match["bare"].rstrip(".:")
-        rest = match["bare"][len(text):]
+        rest = match["bare"][len(text) :]
         if not any(c.isdigit() for c in text):
             return match[0]
     try:

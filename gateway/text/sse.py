@@ -60,8 +60,14 @@ class SSEDecoder:
     def feed(self, chunk: bytes) -> list[bytes]:
         if not chunk:
             return []
-        if (_CR not in chunk and not self._line and not self._data and not self._event
-                and not self._skip_lf and self._names is None):
+        if (
+            _CR not in chunk
+            and not self._line
+            and not self._data
+            and not self._event
+            and not self._skip_lf
+            and self._names is None
+        ):
             return self._whole_events(chunk)
         return self._lines(chunk)
 

@@ -69,7 +69,7 @@ def llamacpp_tokenize_body(template_reply: bytes) -> bytes | None:
     another spelling of the reply is decoded and the prompt encoded."""
     text = template_reply.strip()
     if text.startswith(_PROMPT) and text.endswith(b"}"):
-        token = text[len(_PROMPT):-1]
+        token = text[len(_PROMPT) : -1]
         try:
             prompt = jsonutil.loads_upstream(token)
         except ValueError:
@@ -112,7 +112,7 @@ def _compact_ids(reply: bytes) -> bytes | None:
     text = reply.strip()
     if not (text.startswith(_TOKENS) and text.endswith(b"]}")):
         return None
-    ids = text[len(_TOKENS):-2]
+    ids = text[len(_TOKENS) : -2]
     if ids.translate(None, _DIGITS + b",") or b",," in ids:
         return None
     if ids and (ids[:1] == b"," or ids[-1:] == b","):

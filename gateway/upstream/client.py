@@ -97,12 +97,30 @@ def _attempt_id() -> bytes:
 class UpstreamResponse:
     """A live upstream response; read it with :meth:`chunks` or :meth:`read`."""
 
-    __slots__ = ("_cap", "_client", "_done", "_ending", "_lost", "_replica", "_request_id",
-                 "_resp", "_stream", "_trial", "progress")
+    __slots__ = (
+        "_cap",
+        "_client",
+        "_done",
+        "_ending",
+        "_lost",
+        "_replica",
+        "_request_id",
+        "_resp",
+        "_stream",
+        "_trial",
+        "progress",
+    )
 
-    def __init__(self, resp: Response, client: UpstreamClient, *, stream: bool,
-                 request_id: str | None, replica: Replica | None = None,
-                 trial: bool = False) -> None:
+    def __init__(
+        self,
+        resp: Response,
+        client: UpstreamClient,
+        *,
+        stream: bool,
+        request_id: str | None,
+        replica: Replica | None = None,
+        trial: bool = False,
+    ) -> None:
         self._resp = resp
         self._replica = replica  # its in-flight count is ours until the response is left
         # sent to a replica that was out: it is back in only once this reply ends whole
@@ -234,10 +252,17 @@ class UpstreamClient:
     the system resolver under ``discover = "dns"``, for tests.
     """
 
-    def __init__(self, cfg: UpstreamConfig, *, connections: Counter | None = None,
-                 protocol_errors: Any = None, keepalive: Any = None,
-                 metrics: Any = None, resolve: discovery.Resolve | None = None,
-                 secrets: Redactor | None = None) -> None:
+    def __init__(
+        self,
+        cfg: UpstreamConfig,
+        *,
+        connections: Counter | None = None,
+        protocol_errors: Any = None,
+        keepalive: Any = None,
+        metrics: Any = None,
+        resolve: discovery.Resolve | None = None,
+        secrets: Redactor | None = None,
+    ) -> None:
         self.cfg = cfg
         self._connections = connections
         self._keepalive = keepalive  # a gauge's child: 1 while connections are reused
@@ -250,8 +275,10 @@ class UpstreamClient:
         # (head, body) timeouts. A stream: the head within both timeouts, then no event for
         # idle_timeout. Buffered: the head, then the whole reply, each due from the send.
         self._stream_timeouts = (min(cfg.header_timeout, cfg.idle_timeout), cfg.idle_timeout)
-        self._buffered_timeouts = (min(cfg.header_timeout, cfg.response_timeout),
-                                   cfg.response_timeout)
+        self._buffered_timeouts = (
+            min(cfg.header_timeout, cfg.response_timeout),
+            cfg.response_timeout,
+        )
         self.max_response_bytes = cfg.max_response_bytes
         self._headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         if cfg.api_key:
@@ -276,12 +303,18 @@ class UpstreamClient:
 
     def _pool(self, replica: Replica, address: str | None = None) -> Pool:
         cfg = self.cfg
-        return Pool(cfg.base_url if address else replica.base_url, limit=cfg.pool_size,
-                    connect_timeout=cfg.connect_timeout, extra_headers=self._headers,
-                    gauge=self._connections, keepalive=cfg.keepalive,
-                    on_protocol_error=self._protocol_error,
-                    on_keepalive=self._keepalive_changed, address=address,
-                    body_proof=BODY_PROOF.get(cfg.kind))
+        return Pool(
+            cfg.base_url if address else replica.base_url,
+            limit=cfg.pool_size,
+            connect_timeout=cfg.connect_timeout,
+            extra_headers=self._headers,
+            gauge=self._connections,
+            keepalive=cfg.keepalive,
+            on_protocol_error=self._protocol_error,
+            on_keepalive=self._keepalive_changed,
+            address=address,
+            body_proof=BODY_PROOF.get(cfg.kind),
+        )
 
     async def start(self) -> None:
         """Open a pool per replica (:meth:`Members.start`: under ``discover = "dns"`` the
@@ -307,15 +340,17 @@ class UpstreamClient:
         """Requests now reuse connections to this upstream (to any of its replicas)."""
         return any(pool.reuse.keepalive for pool in self.members.pools.values())
 
-    def _protocol_error(self, kind: str, phase: str, request_id: str | None,
-                        upstream_id: str | None) -> None:
+    def _protocol_error(
+        self, kind: str, phase: str, request_id: str | None, upstream_id: str | None
+    ) -> None:
         if self._protocol_errors is not None:
             self._protocol_errors.labels(self.name, kind).inc()
         if upstream_id is None:
             self.report(phase, "protocol_error", request_id, kind=kind)
         else:
-            self.report(phase, "protocol_error", request_id, kind=kind,
-                        upstream_request_id=upstream_id)
+            self.report(
+                phase, "protocol_error", request_id, kind=kind, upstream_request_id=upstream_id
+            )
 
     async def request(
         self,
@@ -364,11 +399,17 @@ class UpstreamClient:
             trial = replica.failures > 0  # judged by its whole reply, not by its head
             self.members.started(replica)
             try:
-                resp = await self._send(pool, method, target, data,
-                                        head_timeout=remaining if n else head_timeout,
-                                        body_timeout=body_timeout, stream=stream,
-                                        log_id=request_id,
-                                        provable=method == "POST" and path == PROVABLE_PATH)
+                resp = await self._send(
+                    pool,
+                    method,
+                    target,
+                    data,
+                    head_timeout=remaining if n else head_timeout,
+                    body_timeout=body_timeout,
+                    stream=stream,
+                    log_id=request_id,
+                    provable=method == "POST" and path == PROVABLE_PATH,
+                )
             except BaseException as exc:
                 self.members.finished(replica)
                 mapped = map_failure(exc, "head", stream)
@@ -388,8 +429,9 @@ class UpstreamClient:
                 if not trial:
                     replicas.succeeded(replica)
                 self.members.count(replica, "ok")
-                return UpstreamResponse(resp, self, stream=stream, request_id=request_id,
-                                        replica=replica, trial=trial)
+                return UpstreamResponse(
+                    resp, self, stream=stream, request_id=request_id, replica=replica, trial=trial
+                )
             self.members.finished(replica)
             poison = False
             if resp.status >= 500:
@@ -400,8 +442,9 @@ class UpstreamClient:
                 self.members.count(replica, "ok")
             if resp.status in _RETRY_STATUSES and not last and not poison:
                 resp.close()
-                self.report("head", "status", request_id, status=resp.status,
-                            **self._where(replica))
+                self.report(
+                    "head", "status", request_id, status=resp.status, **self._where(replica)
+                )
                 self._retried()
                 continue
             raise await self._error_status(resp, request_id, max_tokens)
@@ -415,30 +458,56 @@ class UpstreamClient:
         if self._metrics is not None:
             self._metrics.upstream_retries.labels(self.name).inc()
 
-    async def _send(self, pool: Pool, method: str, target: str, data: bytes | None, *,
-                    head_timeout: float, body_timeout: float, stream: bool,
-                    log_id: str | None, provable: bool = False) -> Response:
+    async def _send(
+        self,
+        pool: Pool,
+        method: str,
+        target: str,
+        data: bytes | None,
+        *,
+        head_timeout: float,
+        body_timeout: float,
+        stream: bool,
+        log_id: str | None,
+        provable: bool = False,
+    ) -> Response:
         """One replica's reply head; a connection that ended before the upstream saw the
         request (``_retried_here``) is tried once more on the same pool, a reply refused as
         another request's on a fresh connection. Each send is an attempt with an id of its
         own. ``provable``: a chat completion, whose body may name its request."""
         try:
-            return await pool.request(method, target, data, head_timeout=head_timeout,
-                                      body_timeout=body_timeout, stream=stream,
-                                      request_id=_attempt_id(), log_id=log_id,
-                                      provable=provable)
+            return await pool.request(
+                method,
+                target,
+                data,
+                head_timeout=head_timeout,
+                body_timeout=body_timeout,
+                stream=stream,
+                request_id=_attempt_id(),
+                log_id=log_id,
+                provable=provable,
+            )
         except BaseException as exc:
             mapped = map_failure(exc, "head", stream)
             if mapped is None or mapped[2] not in self._retried_here:
                 raise
             fresh = mapped[2] == "misrouted"
-        return await pool.request(method, target, data, head_timeout=head_timeout,
-                                  body_timeout=body_timeout, stream=stream,
-                                  request_id=_attempt_id(), log_id=log_id,
-                                  provable=provable, fresh=fresh)
+        return await pool.request(
+            method,
+            target,
+            data,
+            head_timeout=head_timeout,
+            body_timeout=body_timeout,
+            stream=stream,
+            request_id=_attempt_id(),
+            log_id=log_id,
+            provable=provable,
+            fresh=fresh,
+        )
 
-    async def _error_status(self, resp: Response, request_id: str | None,
-                            max_tokens: int | None) -> errors.UpstreamError:
+    async def _error_status(
+        self, resp: Response, request_id: str | None, max_tokens: int | None
+    ) -> errors.UpstreamError:
         status = resp.status
         try:
             raw = await resp.read(errors.MAX_UPSTREAM_BODY)
@@ -453,11 +522,9 @@ class UpstreamClient:
             return err
         if status >= 500:
             self.report("head", "status", request_id, status=status)
-        return upstream_map.from_upstream(status, raw, hosts=self.hosts,
-                                          secrets=self.redactor, max_tokens=max_tokens)
-
-
-
+        return upstream_map.from_upstream(
+            status, raw, hosts=self.hosts, secrets=self.redactor, max_tokens=max_tokens
+        )
 
 
 def _lost(exc: BaseException) -> bool:
@@ -507,5 +574,8 @@ def _retryable(exc: BaseException, phase: str) -> bool:
         return True
     if isinstance(exc, ProtocolError):
         return exc.cause == "misrouted"
-    return isinstance(exc, OSError | HTTPClientError) and not isinstance(
-        exc, BrokenResponse | PoolTimeout) and phase == "head"
+    return (
+        isinstance(exc, OSError | HTTPClientError)
+        and not isinstance(exc, BrokenResponse | PoolTimeout)
+        and phase == "head"
+    )

@@ -100,12 +100,46 @@ class Owner(Protocol):
 
 class Connection(asyncio.Protocol):
     __slots__ = (
-        "_body_span", "_buffered", "_chunks", "_eof", "_exc", "_fd", "_got_bytes", "_idle",
-        "_interim", "_junk", "_kind", "_last_byte", "_loop", "_mark", "_must_echo", "_parser",
-        "_paused", "_phase", "_pool", "_span", "_stream_span", "_timer", "_until_close",
-        "_waiter", "body_id", "closed", "echoed", "headers", "idle_since", "keep_alive",
-        "length", "log_id", "must_echo", "proof_due", "request_id", "reusable", "sent",
-        "status", "transport", "unproven",
+        "_body_span",
+        "_buffered",
+        "_chunks",
+        "_eof",
+        "_exc",
+        "_fd",
+        "_got_bytes",
+        "_idle",
+        "_interim",
+        "_junk",
+        "_kind",
+        "_last_byte",
+        "_loop",
+        "_mark",
+        "_must_echo",
+        "_parser",
+        "_paused",
+        "_phase",
+        "_pool",
+        "_span",
+        "_stream_span",
+        "_timer",
+        "_until_close",
+        "_waiter",
+        "body_id",
+        "closed",
+        "echoed",
+        "headers",
+        "idle_since",
+        "keep_alive",
+        "length",
+        "log_id",
+        "must_echo",
+        "proof_due",
+        "request_id",
+        "reusable",
+        "sent",
+        "status",
+        "transport",
+        "unproven",
     )
 
     def __init__(self, pool: Owner) -> None:
@@ -165,14 +199,22 @@ class Connection(asyncio.Protocol):
             if self._until_close and exc is None:
                 self._finish()  # an orderly close is how such a body ends
             else:
-                self._fail(BrokenResponse("connection lost in the reply's body",
-                                          cause="reset" if exc is not None else "cut"))
+                self._fail(
+                    BrokenResponse(
+                        "connection lost in the reply's body",
+                        cause="reset" if exc is not None else "cut",
+                    )
+                )
         elif phase == _HEAD:
             if self._got_bytes:
                 self._fail(BrokenResponse("connection lost in the reply's head"))
             else:
-                self._fail(Disconnected("connection closed before a reply",
-                                        cause="reset" if exc is not None else "closed"))
+                self._fail(
+                    Disconnected(
+                        "connection closed before a reply",
+                        cause="reset" if exc is not None else "closed",
+                    )
+                )
         self._cancel_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -365,10 +407,19 @@ class Connection(asyncio.Protocol):
 
     # --- used by Response and Pool ----------------------------------------------------
 
-    def send(self, data: bytes | tuple[bytes, bytes], *, head_timeout: float,
-             body_timeout: float, stream: bool, request_id: bytes | None = None,
-             must_echo: bool = False, reusable: bool = True, log_id: str | None = None,
-             body_id: bytes | None = None) -> None:
+    def send(
+        self,
+        data: bytes | tuple[bytes, bytes],
+        *,
+        head_timeout: float,
+        body_timeout: float,
+        stream: bool,
+        request_id: bytes | None = None,
+        must_echo: bool = False,
+        reusable: bool = True,
+        log_id: str | None = None,
+        body_id: bytes | None = None,
+    ) -> None:
         """Write a request; the head is due ``head_timeout`` from now.
 
         A buffered body is due ``body_timeout`` from now; a stream's body may go

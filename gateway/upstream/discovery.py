@@ -37,7 +37,8 @@ RESOLUTION_OUTCOMES = ("ok", "failed", "empty")
 async def resolve(host: str, port: int) -> list[str]:
     """Every address ``host`` resolves to (A and AAAA), once each, in the resolver's order."""
     infos = await asyncio.get_running_loop().getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+    )
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 

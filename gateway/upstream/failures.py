@@ -51,7 +51,8 @@ def unreachable(cause: str) -> errors.UpstreamUnavailable:
     """The client's error when the upstream could not be reached (``cause``: a
     :class:`ConnectFailed` cause, or ``no_replicas``)."""
     return errors.UpstreamUnavailable(
-        f"Upstream unreachable: {_UNREACHABLE.get(cause, 'could not connect')}")
+        f"Upstream unreachable: {_UNREACHABLE.get(cause, 'could not connect')}"
+    )
 
 
 class FailureLog:
@@ -62,8 +63,9 @@ class FailureLog:
 
     __slots__ = ("_event", "_key", "_last", "_loop", "_upstream")
 
-    def __init__(self, upstream: str, *, event: str = "upstream_failure",
-                 key: str = "upstream") -> None:
+    def __init__(
+        self, upstream: str, *, event: str = "upstream_failure", key: str = "upstream"
+    ) -> None:
         self._upstream = upstream
         self._event = event
         self._key = key
@@ -90,12 +92,14 @@ class FailureLog:
         _log.warning(self._event, **{self._key: self._upstream}, cause=cause, **fields)
 
 
-def map_failure(exc: BaseException, phase: str, stream: bool
-            ) -> tuple[errors.GatewayError, str, str] | None:
+def map_failure(
+    exc: BaseException, phase: str, stream: bool
+) -> tuple[errors.GatewayError, str, str] | None:
     """(the client's error, phase, cause) for a foreign exception; None: not ours."""
     if isinstance(exc, ConnectFailed):
-        err: errors.GatewayError = (errors.UpstreamTimeout() if exc.cause == "timeout"
-                                    else unreachable(exc.cause))
+        err: errors.GatewayError = (
+            errors.UpstreamTimeout() if exc.cause == "timeout" else unreachable(exc.cause)
+        )
         return err, "connect", exc.cause
     if isinstance(exc, PoolTimeout):
         return errors.UpstreamTimeout(), "connect", exc.cause
@@ -108,8 +112,11 @@ def map_failure(exc: BaseException, phase: str, stream: bool
     if isinstance(exc, TooLarge):
         return errors.UpstreamError("Upstream response too large", status=500), phase, exc.cause
     if isinstance(exc, ProtocolError | BrokenResponse) and exc.cause != "reset":
-        message = "Upstream connection lost" if exc.cause == "cut" else \
-            "Upstream sent a malformed response"
+        message = (
+            "Upstream connection lost"
+            if exc.cause == "cut"
+            else "Upstream sent a malformed response"
+        )
         return errors.UpstreamError(message, status=500), phase, exc.cause
     if isinstance(exc, HTTPClientError | OSError):
         if phase == "head":
@@ -129,8 +136,15 @@ class Failures:
 
     __slots__ = ("_phase", "_report", "_request_id", "_stream", "retry")
 
-    def __init__(self, report: FailureLog, phase: str, request_id: str | None,
-                 stream: bool, *, retry: bool = False) -> None:
+    def __init__(
+        self,
+        report: FailureLog,
+        phase: str,
+        request_id: str | None,
+        stream: bool,
+        *,
+        retry: bool = False,
+    ) -> None:
         self._report = report
         self._phase = phase
         self._request_id = request_id
@@ -140,8 +154,12 @@ class Failures:
     def __enter__(self) -> Failures:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> bool:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
         if exc is None or isinstance(exc, errors.GatewayError):
             return False
         mapped = map_failure(exc, self._phase, self._stream)

@@ -30,9 +30,11 @@ __all__ = ["known_secrets"]
 def known_secrets(config: Config) -> Redactor:
     """The redactor of every secret and upstream host ``config`` holds."""
     upstreams = config.upstreams.values()
-    return Redactor((s for cfg in upstreams for s in secrets_of(cfg)),
-                    text_only=_own(config),
-                    hosts=hosts_of(url for cfg in upstreams for url in cfg.replica_urls))
+    return Redactor(
+        (s for cfg in upstreams for s in secrets_of(cfg)),
+        text_only=_own(config),
+        hosts=hosts_of(url for cfg in upstreams for url in cfg.replica_urls),
+    )
 
 
 def _own(config: Config) -> Iterator[str]:

@@ -51,8 +51,14 @@ MakePool = Callable[[Replica, str | None], Pool]
 class Members:
     """The replicas of one upstream, their pools and series; see the module docstring."""
 
-    def __init__(self, cfg: UpstreamConfig, *, make_pool: MakePool, metrics: Any = None,
-                 resolve: discovery.Resolve | None = None) -> None:
+    def __init__(
+        self,
+        cfg: UpstreamConfig,
+        *,
+        make_pool: MakePool,
+        metrics: Any = None,
+        resolve: discovery.Resolve | None = None,
+    ) -> None:
         self.cfg = cfg
         self.name = cfg.name
         self.discover = cfg.discover == "dns"
@@ -62,8 +68,7 @@ class Members:
         urls = () if self.discover else cfg.replica_urls
         self._config_hosts = hosts_of(cfg.replica_urls)
         self.hosts = self._config_hosts
-        self.replicas = Replicas(urls, on_health=self._health_changed,
-                                 balance=cfg.balance)
+        self.replicas = Replicas(urls, on_health=self._health_changed, balance=cfg.balance)
         # replica index -> (the base URL's path, the engine's root path)
         self.targets = {r.index: _paths(r.base_url) for r in self.replicas.all}
         self.pools: dict[int, Pool] = {}
@@ -142,8 +147,7 @@ class Members:
         status = 0
         try:
             path = cfg.health_path or ("/api/version" if cfg.kind == "ollama" else "/health")
-            status = await pool.probe(self.targets[replica.index][1] + path,
-                                      cfg.health_timeout)
+            status = await pool.probe(self.targets[replica.index][1] + path, cfg.health_timeout)
             outcome = "ok" if 200 <= status < 300 else "status"
         except TimeoutError:
             outcome = "timeout"
@@ -155,11 +159,17 @@ class Members:
             self._metrics.upstream_probes.labels(self.name, replica.label, outcome).inc()
         was = replica.probe_failed
         # out at least until the next probe has had its chance (a round, then the interval)
-        self.replicas.probed(replica, outcome == "ok",
-                             hold=cfg.health_interval + 2 * cfg.health_timeout)
+        self.replicas.probed(
+            replica, outcome == "ok", hold=cfg.health_interval + 2 * cfg.health_timeout
+        )
         if replica.probe_failed != was:
-            _log.info("upstream_probe", upstream=self.name, replica=replica.label,
-                      outcome=outcome, **({"status": status} if status else {}))
+            _log.info(
+                "upstream_probe",
+                upstream=self.name,
+                replica=replica.label,
+                outcome=outcome,
+                **({"status": status} if status else {}),
+            )
         return outcome
 
     # DNS discovery (gateway/upstream/discovery.py)
@@ -184,9 +194,14 @@ class Members:
         over = change.over + len(change.join) - len(joined)
         self._resolved("ok")
         if change.leave or joined or over:
-            _log.info("upstream_replicas_changed", upstream=self.name, joined=joined,
-                      left=list(change.leave), replicas=len(self.replicas.all),
-                      **({"over_cap": over} if over else {}))
+            _log.info(
+                "upstream_replicas_changed",
+                upstream=self.name,
+                joined=joined,
+                left=list(change.leave),
+                replicas=len(self.replicas.all),
+                **({"over_cap": over} if over else {}),
+            )
         if self._metrics is not None:
             self._metrics.upstream_replicas.labels(self.name).set(len(self.replicas.all))
 
@@ -197,8 +212,13 @@ class Members:
         if failing != self._resolve_failing:  # one line per change, not one per interval
             self._resolve_failing = failing
             if failing:
-                _log.warning("upstream_resolve_failed", upstream=self.name, outcome=outcome,
-                             replicas=len(self.replicas.all), **fields)
+                _log.warning(
+                    "upstream_resolve_failed",
+                    upstream=self.name,
+                    outcome=outcome,
+                    replicas=len(self.replicas.all),
+                    **fields,
+                )
             else:
                 _log.info("upstream_resolve_recovered", upstream=self.name)
 
@@ -220,16 +240,22 @@ class Members:
         self._members_changed()
         if self._metrics is not None:
             self._replica_series(replica)
-        _log.info("upstream_replica_joined", upstream=self.name, replica=replica.label,
-                  address=address)
+        _log.info(
+            "upstream_replica_joined", upstream=self.name, replica=replica.label, address=address
+        )
         return True
 
     def _leave(self, address: str) -> None:
         replica = self._addresses.pop(address)
         self.replicas.remove(replica)
         self._members_changed()
-        _log.info("upstream_replica_left", upstream=self.name, replica=replica.label,
-                  address=address, in_flight=replica.in_flight)
+        _log.info(
+            "upstream_replica_left",
+            upstream=self.name,
+            replica=replica.label,
+            address=address,
+            in_flight=replica.in_flight,
+        )
         if replica.in_flight > 0:
             self._leaving[replica.index] = replica  # closed when its last request ends
         else:
@@ -248,29 +274,30 @@ class Members:
             task.add_done_callback(_CLOSING.discard)
 
     def _members_changed(self) -> None:
-        self.hosts = tuple(dict.fromkeys(
-            self._config_hosts + hosts_of([r.base_url for r in self.replicas.all])))
+        self.hosts = tuple(
+            dict.fromkeys(self._config_hosts + hosts_of([r.base_url for r in self.replicas.all]))
+        )
 
     # Each request's start and end on a replica (the client's request path reports them)
 
     def _series(self, replica: Replica) -> bool:
         """Whether ``replica``'s metric series may be written: not once it has left and its
         series are gone (its slot's label may be another replica's by then)."""
-        return self._metrics is not None and (replica.index in self.pools
-                                              or not self._started_up)
+        return self._metrics is not None and (replica.index in self.pools or not self._started_up)
 
     def _health_changed(self, replica: Replica, healthy: bool) -> None:
         if self._series(replica):
             self._metrics.upstream_replica_healthy.labels(self.name, replica.label).set(
-                1 if healthy else 0)
-        _log.info("upstream_replica_health", upstream=self.name, replica=replica.label,
-                  healthy=healthy)
+                1 if healthy else 0
+            )
+        _log.info(
+            "upstream_replica_health", upstream=self.name, replica=replica.label, healthy=healthy
+        )
 
     def count(self, replica: Replica, outcome: str) -> None:
         """One request's outcome on ``replica`` (one of ``REPLICA_OUTCOMES``)."""
         if self._series(replica):
-            self._metrics.upstream_replica_requests.labels(self.name, replica.label,
-                                                           outcome).inc()
+            self._metrics.upstream_replica_requests.labels(self.name, replica.label, outcome).inc()
 
     def started(self, replica: Replica) -> None:
         self.replicas.started(replica)

@@ -189,11 +189,20 @@ def _connect_cause(exc: OSError) -> str:
 class Pool:
     """Keep-alive connections to one upstream origin."""
 
-    def __init__(self, base_url: str, *, limit: int = 0, connect_timeout: float = 5.0,
-                 extra_headers: dict[str, str] | None = None, gauge: Counter | None = None,
-                 keepalive: str | bool = "auto", on_protocol_error: OnProtocolError | None = None,
-                 on_keepalive: OnKeepalive | None = None, address: str | None = None,
-                 body_proof: tuple[bytes, bool] | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        limit: int = 0,
+        connect_timeout: float = 5.0,
+        extra_headers: dict[str, str] | None = None,
+        gauge: Counter | None = None,
+        keepalive: str | bool = "auto",
+        on_protocol_error: OnProtocolError | None = None,
+        on_keepalive: OnKeepalive | None = None,
+        address: str | None = None,
+        body_proof: tuple[bytes, bool] | None = None,
+    ) -> None:
         """``address``: connect there instead of the URL's host (one address a DNS name
         resolved to); the Host header and TLS's server name stay the URL's. ``body_proof``:
         how this upstream's chat completions name their request (gateway/upstream/proof.py
@@ -206,8 +215,9 @@ class Pool:
         self._host = parts.hostname
         self._address = address or parts.hostname
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
-        self._ssl: ssl.SSLContext | None = (ssl.create_default_context()
-                                            if parts.scheme == "https" else None)
+        self._ssl: ssl.SSLContext | None = (
+            ssl.create_default_context() if parts.scheme == "https" else None
+        )
         self._limit = limit
         self._connect_timeout = connect_timeout
         if isinstance(keepalive, bool):
@@ -237,10 +247,20 @@ class Pool:
                 self._heads[(method, target)] = head
         return head
 
-    async def request(self, method: str, target: str, body: bytes | None, *,
-                      head_timeout: float, body_timeout: float, stream: bool = False,
-                      request_id: bytes | None = None, log_id: str | None = None,
-                      provable: bool = False, fresh: bool = False) -> Response:
+    async def request(
+        self,
+        method: str,
+        target: str,
+        body: bytes | None,
+        *,
+        head_timeout: float,
+        body_timeout: float,
+        stream: bool = False,
+        request_id: bytes | None = None,
+        log_id: str | None = None,
+        provable: bool = False,
+        fresh: bool = False,
+    ) -> Response:
         """Send one request and wait for the reply's final head (after any 1xx).
 
         The head is due ``head_timeout`` after the send (a pool slot is waited for at
@@ -284,10 +304,17 @@ class Pool:
             # be one a previous request left behind. The first reply on a new connection is
             # this request's whatever it carries (one without the echo still counts against
             # the upstream's proof, below: keep-alive goes off).
-            conn.send(data, head_timeout=head_timeout, body_timeout=body_timeout,
-                      stream=stream, request_id=request_id, log_id=log_id,
-                      must_echo=reuse.must_echo and keep and conn.sent > 0, reusable=keep,
-                      body_id=body_id)
+            conn.send(
+                data,
+                head_timeout=head_timeout,
+                body_timeout=body_timeout,
+                stream=stream,
+                request_id=request_id,
+                log_id=log_id,
+                must_echo=reuse.must_echo and keep and conn.sent > 0,
+                reusable=keep,
+                body_id=body_id,
+            )
             await conn.read_head()
             if conn.unproven:  # an error reply, on a reused connection, naming no request
                 raise ProtocolError("request_id_missing")
@@ -366,8 +393,12 @@ class Pool:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, conn = await self.loop.create_connection(
-                    lambda: Connection(self), self._address, self._port, ssl=self._ssl,
-                    server_hostname=self._host if self._ssl else None)
+                    lambda: Connection(self),
+                    self._address,
+                    self._port,
+                    ssl=self._ssl,
+                    server_hostname=self._host if self._ssl else None,
+                )
         except TimeoutError:
             raise ConnectFailed("connect timed out", cause="timeout") from None
         except OSError as exc:
@@ -378,8 +409,14 @@ class Pool:
         return conn
 
     def release(self, conn: Connection) -> None:
-        if (conn.keep_alive and conn.reusable and conn.complete and not conn.closed
-                and not self._closed and self.reuse.keepalive):
+        if (
+            conn.keep_alive
+            and conn.reusable
+            and conn.complete
+            and not conn.closed
+            and not self._closed
+            and self.reuse.keepalive
+        ):
             conn.park()
             conn.idle_since = self.loop.time()
             self._idle.append(conn)
@@ -422,8 +459,9 @@ class Pool:
                 self._on_protocol_error(kind, phase, None, None)
             else:
                 rid = conn.request_id
-                self._on_protocol_error(kind, phase, conn.log_id,
-                                        rid.decode("latin-1") if rid else None)
+                self._on_protocol_error(
+                    kind, phase, conn.log_id, rid.decode("latin-1") if rid else None
+                )
 
     def _close_idle(self) -> None:
         while self._idle:
@@ -438,15 +476,21 @@ class Pool:
     async def probe(self, target: str, wait: float) -> int:
         """The status of ``GET target`` on a connection of its own (outside the pool's limit
         and keep-alive, closed after), within ``wait`` seconds; connect errors as in requests."""
-        head = (f"GET {target} HTTP/1.1\r\n".encode("latin-1") + self._fixed
-                + b"Connection: close\r\n\r\n")
+        head = (
+            f"GET {target} HTTP/1.1\r\n".encode("latin-1")
+            + self._fixed
+            + b"Connection: close\r\n\r\n"
+        )
         writer = None
         try:
             async with asyncio.timeout(wait):
                 try:
                     reader, writer = await asyncio.open_connection(
-                        self._address, self._port, ssl=self._ssl,
-                        server_hostname=self._host if self._ssl else None)
+                        self._address,
+                        self._port,
+                        ssl=self._ssl,
+                        server_hostname=self._host if self._ssl else None,
+                    )
                 except OSError as exc:
                     raise ConnectFailed("connect failed", cause=_connect_cause(exc)) from None
                 writer.write(head)
@@ -480,4 +524,3 @@ class Pool:
             if not waiter.done():
                 waiter.set_exception(Disconnected("client closed"))
         self._waiters.clear()
-

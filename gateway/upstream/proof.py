@@ -72,4 +72,4 @@ def verdict(data: bytes, expect: bytes, *, final: bool) -> bool | None:
     end = at + len(expect)
     if len(data) <= end:
         return False if final or len(data) >= WINDOW else None
-    return data[at:end] == expect and data[end:end + 1] in (b'"', b"_")
+    return data[at:end] == expect and data[end : end + 1] in (b'"', b"_")

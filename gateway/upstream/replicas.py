@@ -155,9 +155,14 @@ class Replicas:
     ``on_health(replica, healthy)`` is called on each change (a gauge, a log line).
     """
 
-    def __init__(self, base_urls: Sequence[str], *, clock: Callable[[], float] = time.monotonic,
-                 on_health: Callable[[Replica, bool], None] | None = None,
-                 balance: str = "affinity") -> None:
+    def __init__(
+        self,
+        base_urls: Sequence[str],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_health: Callable[[Replica, bool], None] | None = None,
+        balance: str = "affinity",
+    ) -> None:
         if balance not in BALANCE:
             raise ValueError(f"balance must be one of {', '.join(BALANCE)}, got {balance!r}")
         self.balance = balance
@@ -185,8 +190,7 @@ class Replicas:
         else:
             ranked = [replicas[i] for i in rendezvous(key, self._urls)]
         now = self._clock()
-        usable = [r for r in ranked if r.failures == 0
-                  or (now >= r.ejected_until and not r.trial)]
+        usable = [r for r in ranked if r.failures == 0 or (now >= r.ejected_until and not r.trial)]
         if not usable:  # everyone is out: the soonest back first
             return sorted(ranked, key=lambda r: r.ejected_until)
         total = sum(r.in_flight for r in usable)
@@ -212,8 +216,9 @@ class Replicas:
             if self._on_health is not None:
                 self._on_health(replica, True)
 
-    def failed(self, replica: Replica, cause: str = "connect", *,
-               request: bytes | None = None) -> bool:
+    def failed(
+        self, replica: Replica, cause: str = "connect", *, request: bytes | None = None
+    ) -> bool:
         """A failure of ``replica`` (``cause``, one of :data:`CAUSES`); ``request``: the
         failed request's digest (:func:`request_digest`), for a ``"request"`` failure.
 
@@ -242,8 +247,9 @@ class Replicas:
         another replica (or was judged so) within BACKOFF_MAX. Remembers it otherwise."""
         now = self._clock()
         memory = self._failed_requests
-        while memory and (len(memory) >= POISON_MEMORY
-                          or next(iter(memory.values()))[1] <= now - BACKOFF_MAX):
+        while memory and (
+            len(memory) >= POISON_MEMORY or next(iter(memory.values()))[1] <= now - BACKOFF_MAX
+        ):
             del memory[next(iter(memory))]
         seen = memory.pop(request, None)
         if seen is None or seen[0] == replica.index:

@@ -76,8 +76,15 @@ async def send(
     metrics = ups.metrics
     t = time.perf_counter()
     try:
-        up = await client.request(path, payload, stream=stream, max_tokens=max_tokens,
-                                  at_root=at_root, request_id=request_id, session=session)
+        up = await client.request(
+            path,
+            payload,
+            stream=stream,
+            max_tokens=max_tokens,
+            at_root=at_root,
+            request_id=request_id,
+            session=session,
+        )
     except errors.GatewayError as err:
         metrics.upstream_requests.labels(route.name, client.name, _outcome_code(err)).inc()
         raise

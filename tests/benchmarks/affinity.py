@@ -57,19 +57,59 @@ from tests.procs import start_gateway
 
 POLICIES = ("affinity", "round_robin")
 # one user session's words: code-ish vocabulary, so the BPE makes ordinary-length tokens
-_WORDS = ("def", "return", "self", "value", "import", "class", "path", "config", "request",
-          "stream", "token", "replica", "session", "cache", "engine", "prompt", "reply",
-          "error", "test", "upstream", "gateway", "async", "await", "None", "True", "False",
-          "for", "in", "if", "else", "with", "open", "read", "write", "json", "dict", "list")
+_WORDS = (
+    "def",
+    "return",
+    "self",
+    "value",
+    "import",
+    "class",
+    "path",
+    "config",
+    "request",
+    "stream",
+    "token",
+    "replica",
+    "session",
+    "cache",
+    "engine",
+    "prompt",
+    "reply",
+    "error",
+    "test",
+    "upstream",
+    "gateway",
+    "async",
+    "await",
+    "None",
+    "True",
+    "False",
+    "for",
+    "in",
+    "if",
+    "else",
+    "with",
+    "open",
+    "read",
+    "write",
+    "json",
+    "dict",
+    "list",
+)
 
 # per mode: engines' n_ctx (shared by their 2 slots), sessions, turns, the prompt's parts in tokens
 MODES: dict[str, dict[str, int]] = {
     # Claude Code's prompt is 20-80k tokens; a slot holds n_ctx / 2 = 65,536 here (the tiny
     # model's trained context is 131,072), and the last turn's prompt must fit in one slot
-    "full": {"ctx": 131072, "sessions": 7, "turns": 6, "common": 12000, "own": 18000,
-             "growth": 2000},
-    "tiny": {"ctx": 16384, "sessions": 3, "turns": 3, "common": 1000, "own": 1000,
-             "growth": 200},
+    "full": {
+        "ctx": 131072,
+        "sessions": 7,
+        "turns": 6,
+        "common": 12000,
+        "own": 18000,
+        "growth": 2000,
+    },
+    "tiny": {"ctx": 16384, "sessions": 3, "turns": 3, "common": 1000, "own": 1000, "growth": 200},
 }
 
 
@@ -91,8 +131,11 @@ def _sessions(mode: dict[str, int]) -> list[Session]:
     for s in range(mode["sessions"]):
         rnd = random.Random(1000 + s)
         first = f"Session {s}. Context:\n" + _text(rnd, mode["own"]) + "\nFix the failing test."
-        out.append(Session(f"00000000-0000-4000-8000-{s:012d}", common,
-                           [{"role": "user", "content": first}]))
+        out.append(
+            Session(
+                f"00000000-0000-4000-8000-{s:012d}", common, [{"role": "user", "content": first}]
+            )
+        )
     return out
 
 
@@ -107,10 +150,18 @@ def _percentile(values: list[float], q: float) -> float:
 
 async def _turn(http: Any, url: str, session: Session) -> tuple[float, str]:
     """One streamed turn; -> (time to first token in s, the answer's text)."""
-    body = {"model": "m", "max_tokens": 64, "system": session.system, "stream": True,
-            "messages": session.messages}
-    headers = {"x-claude-code-session-id": session.sid, "anthropic-version": "2023-06-01",
-               "content-type": "application/json"}
+    body = {
+        "model": "m",
+        "max_tokens": 64,
+        "system": session.system,
+        "stream": True,
+        "messages": session.messages,
+    }
+    headers = {
+        "x-claude-code-session-id": session.sid,
+        "anthropic-version": "2023-06-01",
+        "content-type": "application/json",
+    }
     sent = time.perf_counter()
     ttft: float | None = None
     text: list[str] = []
@@ -156,7 +207,7 @@ async def _conversations(urls: dict[str, str], mode: dict[str, int]) -> dict[str
         for turn in range(mode["turns"]):
             for s in range(mode["sessions"]):
                 step += 1
-                for policy in policies[step % 2:] + policies[:step % 2]:
+                for policy in policies[step % 2 :] + policies[: step % 2]:
                     if s not in live[policy]:
                         continue
                     session = sessions[policy][s]
@@ -170,21 +221,25 @@ async def _conversations(urls: dict[str, str], mode: dict[str, int]) -> dict[str
                     finally:
                         spent[policy] += time.perf_counter() - started
                     ttfts[policy].append((turn, ttft))
-                    session.messages += [{"role": "assistant", "content": answer or "ok"},
-                                         {"role": "user",
-                                          "content": _tool_result(s, turn, mode["growth"])}]
+                    session.messages += [
+                        {"role": "assistant", "content": answer or "ok"},
+                        {"role": "user", "content": _tool_result(s, turn, mode["growth"])},
+                    ]
     return {p: _ttft_figures(ttfts[p], errors[p], spent[p]) for p in policies}
 
 
-def _ttft_figures(ttfts: list[tuple[int, float]], errors: list[str],
-                  spent: float) -> dict[str, Any]:
+def _ttft_figures(
+    ttfts: list[tuple[int, float]], errors: list[str], spent: float
+) -> dict[str, Any]:
     every = [t for _, t in ttfts]
     later = [t for turn, t in ttfts if turn > 0]
     first = [t for turn, t in ttfts if turn == 0]
     ms = 1000.0
     nan = float("nan")
     return {
-        "requests": len(ttfts), "errors": len(errors), "error_samples": errors[:3],
+        "requests": len(ttfts),
+        "errors": len(errors),
+        "error_samples": errors[:3],
         "elapsed_s": spent,
         "ttft_p50_ms": statistics.median(every) * ms if every else nan,
         "ttft_p95_ms": _percentile(every, 0.95) * ms if every else nan,
@@ -215,15 +270,23 @@ def _get(url: str) -> str:
 def _engine_tokens(root: str) -> tuple[float, float]:
     """(prompt tokens computed, prompt tokens read from the cache) so far, from /metrics."""
     text = _get(f"{root}/metrics").replace("llamacpp:", "llamacpp_")
-    return _prom(text, "llamacpp_prompt_tokens_total"), \
-        _prom(text, "llamacpp_prompt_tokens_cached_total")
+    return _prom(text, "llamacpp_prompt_tokens_total"), _prom(
+        text, "llamacpp_prompt_tokens_cached_total"
+    )
 
 
 class Fleet:
     """One policy's engines (fresh: empty caches) and the gateway in front of them."""
 
-    def __init__(self, policy: str, mode: dict[str, int], replicas: int, model: str,
-                 workdir: Path, cache_ram_mib: int | None) -> None:
+    def __init__(
+        self,
+        policy: str,
+        mode: dict[str, int],
+        replicas: int,
+        model: str,
+        workdir: Path,
+        cache_ram_mib: int | None,
+    ) -> None:
         from gateway.demo.llama import LlamaServer
 
         extra = ["endpoint_metrics=true"]
@@ -231,8 +294,12 @@ class Fleet:
             extra.append(f"cache_ram_mib={cache_ram_mib}")
         self.policy = policy
         self.workdir = workdir
-        self.engines = [LlamaServer(model, ctx_size=mode["ctx"], parallel=2, threads=1,
-                                    alias="demo", extra_args=extra) for _ in range(replicas)]
+        self.engines = [
+            LlamaServer(
+                model, ctx_size=mode["ctx"], parallel=2, threads=1, alias="demo", extra_args=extra
+            )
+            for _ in range(replicas)
+        ]
         self.gateway: Any = None
         self.base = ""
         self._before: list[tuple[float, float]] = []
@@ -241,7 +308,8 @@ class Fleet:
         for engine in self.engines:
             engine.start(timeout=120)
         urls = ", ".join(f'"{e.base_url}"' for e in self.engines)
-        self.gateway, self.base = start_gateway(f"""
+        self.gateway, self.base = start_gateway(
+            f"""
 [server]
 host = "127.0.0.1"
 prefix = "/llm"
@@ -256,7 +324,9 @@ balance = "{self.policy}"
 name = "m"
 upstream = "fleet"
 upstream_model = "demo"
-""", self.workdir)
+""",
+            self.workdir,
+        )
         self._before = [_engine_tokens(str(e.root_url)) for e in self.engines]
         return f"{self.base}/llm/v1/messages"
 
@@ -266,12 +336,21 @@ upstream_model = "demo"
         computed = sum(a[0] - b[0] for a, b in zip(after, self._before, strict=True))
         cached = sum(a[1] - b[1] for a, b in zip(after, self._before, strict=True))
         metrics = _get(f"{self.base}/metrics")
-        served = [_prom(metrics, "llm_gateway_upstream_replica_requests_total",
-                        replica=str(e.root_url).split("://")[1], outcome="ok")
-                  for e in self.engines]
-        return {"prompt_tokens_computed": computed, "prompt_tokens_cached": cached,
-                "cache_hit_share": cached / (computed + cached) if computed + cached else 0.0,
-                "requests_per_replica": served}
+        served = [
+            _prom(
+                metrics,
+                "llm_gateway_upstream_replica_requests_total",
+                replica=str(e.root_url).split("://")[1],
+                outcome="ok",
+            )
+            for e in self.engines
+        ]
+        return {
+            "prompt_tokens_computed": computed,
+            "prompt_tokens_cached": cached,
+            "cache_hit_share": cached / (computed + cached) if computed + cached else 0.0,
+            "requests_per_replica": served,
+        }
 
     def stop(self) -> None:
         if self.gateway is not None:
@@ -295,28 +374,39 @@ _ROWS = (
 
 def report(result: dict[str, Any]) -> str:
     a, r = result["affinity"], result["round_robin"]
-    lines = ["| figure | affinity | round-robin | round-robin ÷ affinity |",
-             "| --- | ---: | ---: | ---: |"]
+    lines = [
+        "| figure | affinity | round-robin | round-robin ÷ affinity |",
+        "| --- | ---: | ---: | ---: |",
+    ]
     for label, key in _ROWS:
         ratio = r[key] / a[key] if a[key] else float("nan")
         fmt = "{:.2f}" if key == "cache_hit_share" or key.endswith("_s") else "{:,.0f}"
         lines.append(f"| {label} | {fmt.format(a[key])} | {fmt.format(r[key])} | {ratio:.2f} |")
-    lines.append("| requests per replica | " + " / ".join(f"{n:.0f}" for n in
-                                                         a["requests_per_replica"])
-                 + " | " + " / ".join(f"{n:.0f}" for n in r["requests_per_replica"]) + " | |")
+    lines.append(
+        "| requests per replica | "
+        + " / ".join(f"{n:.0f}" for n in a["requests_per_replica"])
+        + " | "
+        + " / ".join(f"{n:.0f}" for n in r["requests_per_replica"])
+        + " | |"
+    )
     lines.append(f"| client errors | {a['errors']} | {r['errors']} | |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.benchmarks.affinity",
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m tests.benchmarks.affinity", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--tiny", action="store_true", help="seconds: what the smoke test runs")
     ap.add_argument("--json", help="also write every figure to this file")
     ap.add_argument("--replicas", type=int, default=2)
-    ap.add_argument("--cache-ram-mib", type=int, default=None,
-                    help="the engines' host-memory prompt cache (llama-server's --cache-ram; "
-                         "default: its own, 8192); 0: off, as engines without one")
+    ap.add_argument(
+        "--cache-ram-mib",
+        type=int,
+        default=None,
+        help="the engines' host-memory prompt cache (llama-server's --cache-ram; "
+        "default: its own, 8192); 0: off, as engines without one",
+    )
     args = ap.parse_args(argv)
     from gateway.demo.tinymodel import ensure_model
 
@@ -326,13 +416,19 @@ def main(argv: list[str] | None = None) -> int:
     # a SIGTERM unwinds like an interrupt, so the finally blocks end every process started
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     model, _ = ensure_model()
-    result: dict[str, Any] = {"mode": "tiny" if args.tiny else "full", "replicas": args.replicas,
-                              "settings": mode, "cpus": os.cpu_count(),
-                              "cache_ram_mib": args.cache_ram_mib}
+    result: dict[str, Any] = {
+        "mode": "tiny" if args.tiny else "full",
+        "replicas": args.replicas,
+        "settings": mode,
+        "cpus": os.cpu_count(),
+        "cache_ram_mib": args.cache_ram_mib,
+    }
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-affinity-") as tmp:
-        fleets = [Fleet(p, mode, args.replicas, model, Path(tmp) / p, args.cache_ram_mib)
-                  for p in POLICIES]
+        fleets = [
+            Fleet(p, mode, args.replicas, model, Path(tmp) / p, args.cache_ram_mib)
+            for p in POLICIES
+        ]
         try:
             urls = {}
             for fleet in fleets:
@@ -345,19 +441,23 @@ def main(argv: list[str] | None = None) -> int:
             for fleet in fleets:
                 fleet.stop()
     for policy in POLICIES:
-        print(f"{policy}: {result[policy]['requests']} turns, "
-              f"{result[policy]['errors']} errors, {result[policy]['elapsed_s']:.1f} s",
-              flush=True)
+        print(
+            f"{policy}: {result[policy]['requests']} turns, "
+            f"{result[policy]['errors']} errors, {result[policy]['elapsed_s']:.1f} s",
+            flush=True,
+        )
     a, r = result["affinity"], result["round_robin"]
     result["ratios"] = {key: (r[key] / a[key] if a[key] else None) for _, key in _ROWS}
     print()
     print(report(result))
     print()
-    print(f"mode {result['mode']}, {args.replicas} replicas, {mode['sessions']} sessions x "
-          f"{mode['turns']} turns, prompt {mode['common']} shared + {mode['own']} own tokens "
-          f"+ {mode['growth']} a turn, engines n_ctx {mode['ctx']} (2 slots), cache_ram_mib "
-          f"{'default' if args.cache_ram_mib is None else args.cache_ram_mib}, "
-          f"cpus {os.cpu_count()}, {time.perf_counter() - started:.0f} s")
+    print(
+        f"mode {result['mode']}, {args.replicas} replicas, {mode['sessions']} sessions x "
+        f"{mode['turns']} turns, prompt {mode['common']} shared + {mode['own']} own tokens "
+        f"+ {mode['growth']} a turn, engines n_ctx {mode['ctx']} (2 slots), cache_ram_mib "
+        f"{'default' if args.cache_ram_mib is None else args.cache_ram_mib}, "
+        f"cpus {os.cpu_count()}, {time.perf_counter() - started:.0f} s"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0 if not (a["errors"] or r["errors"]) else 1

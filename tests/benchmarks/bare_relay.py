@@ -20,14 +20,19 @@ _UPSTREAM = web.AppKey("upstream", str)
 async def _relay(request: web.Request) -> web.StreamResponse:
     body = await request.read()
     session = request.app[_SESSION]
-    async with session.post(request.app[_UPSTREAM] + "/chat/completions", data=body,
-                            headers={"Content-Type": "application/json"}) as up:
+    async with session.post(
+        request.app[_UPSTREAM] + "/chat/completions",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    ) as up:
         ctype = up.headers.get("Content-Type", "application/json")
         if not ctype.startswith("text/event-stream"):
-            return web.Response(body=await up.read(), status=up.status,
-                                headers={"Content-Type": ctype})
-        resp = web.StreamResponse(status=up.status, headers={"Content-Type": ctype,
-                                                             "Cache-Control": "no-cache"})
+            return web.Response(
+                body=await up.read(), status=up.status, headers={"Content-Type": ctype}
+            )
+        resp = web.StreamResponse(
+            status=up.status, headers={"Content-Type": ctype, "Cache-Control": "no-cache"}
+        )
         await resp.prepare(request)
         async for data in up.content.iter_any():
             await resp.write(data)
@@ -52,8 +57,7 @@ def main(argv: list[str]) -> None:
     app.cleanup_ctx.append(_session)
     app.router.add_post("/v1/chat/completions", _relay)
     app.router.add_get("/health", _health)
-    web.run_app(app, host="127.0.0.1", port=int(argv[1]), access_log=None, print=None,
-                backlog=4096)
+    web.run_app(app, host="127.0.0.1", port=int(argv[1]), access_log=None, print=None, backlog=4096)
 
 
 if __name__ == "__main__":

@@ -50,18 +50,42 @@ MODEL_CHUNKS = 16
 
 # slots, prefill ms, chunk ms, interactive rate (/s), phase seconds, batch size, window s
 MODES: dict[str, dict[str, Any]] = {
-    "full": {"slots": 4, "prefill_ms": 20, "chunk_ms": 5, "rate": 5.0, "phase_s": 40.0,
-             "batch": 2000, "window_s": 15.0, "full_s": 5.0,
-             # an idle upstream takes as many batch requests as it has slots
-             "max_in_flight_idle": 4, "idle_after": 2.0},
-    "tiny": {"slots": 4, "prefill_ms": 5, "chunk_ms": 1, "rate": 10.0, "phase_s": 1.5,
-             "batch": 400, "window_s": 1.0, "full_s": 1.0,
-             "max_in_flight_idle": 4, "idle_after": 0.5},
+    "full": {
+        "slots": 4,
+        "prefill_ms": 20,
+        "chunk_ms": 5,
+        "rate": 5.0,
+        "phase_s": 40.0,
+        "batch": 2000,
+        "window_s": 15.0,
+        "full_s": 5.0,
+        # an idle upstream takes as many batch requests as it has slots
+        "max_in_flight_idle": 4,
+        "idle_after": 2.0,
+    },
+    "tiny": {
+        "slots": 4,
+        "prefill_ms": 5,
+        "chunk_ms": 1,
+        "rate": 10.0,
+        "phase_s": 1.5,
+        "batch": 400,
+        "window_s": 1.0,
+        "full_s": 1.0,
+        "max_in_flight_idle": 4,
+        "idle_after": 0.5,
+    },
 }
 
 
-def _config(stub_url: str, model: str, database: str, max_in_flight: int = 2,
-            max_in_flight_idle: int = 0, idle_after: float = 10.0) -> str:
+def _config(
+    stub_url: str,
+    model: str,
+    database: str,
+    max_in_flight: int = 2,
+    max_in_flight_idle: int = 0,
+    idle_after: float = 10.0,
+) -> str:
     return f"""
 [server]
 host = "{HOST}"
@@ -87,23 +111,32 @@ idle_after = {idle_after}
 
 def _http(method: str, url: str, body: Any = None) -> Any:
     data = None if body is None else jsonutil.dumpb(body)
-    req = urllib.request.Request(url, data=data, method=method, headers={
-        "content-type": "application/json", "anthropic-version": "2023-06-01"})
+    req = urllib.request.Request(
+        url,
+        data=data,
+        method=method,
+        headers={"content-type": "application/json", "anthropic-version": "2023-06-01"},
+    )
     with urllib.request.urlopen(req, timeout=60) as resp:
         return json.loads(resp.read())
 
 
 def _messages(model: str, stream: bool) -> dict[str, Any]:
-    return {"model": model, "max_tokens": 256, "stream": stream,
-            "messages": [{"role": "user", "content": "Say hello to the benchmark."}]}
+    return {
+        "model": model,
+        "max_tokens": 256,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "Say hello to the benchmark."}],
+    }
 
 
 def _pct(values: list[float], q: float) -> float:
     return run._pct(values, q)
 
 
-async def _interactive(port: int, raw: bytes, rate: float, seconds: float,
-                       poisson: bool = False) -> dict[str, Any]:
+async def _interactive(
+    port: int, raw: bytes, rate: float, seconds: float, poisson: bool = False
+) -> dict[str, Any]:
     """Streams started at a fixed rate (open loop), each on its own connection: evenly
     spaced, or (``poisson``) at exponential gaps of the same mean, seeded."""
     rng = random.Random(1)
@@ -129,9 +162,13 @@ async def _interactive(port: int, raw: bytes, rate: float, seconds: float,
         tasks.append(asyncio.create_task(one(time.perf_counter())))
     await asyncio.wait_for(asyncio.gather(*tasks), seconds + 60)
     ttft = [r.ttft * 1000 for r in results if r.complete]
-    return {"requests": count, "ok": len(ttft),
-            "ttft_p50_ms": _pct(ttft, 0.50), "ttft_p99_ms": _pct(ttft, 0.99),
-            "ttft": ttft}
+    return {
+        "requests": count,
+        "ok": len(ttft),
+        "ttft_p50_ms": _pct(ttft, 0.50),
+        "ttft_p99_ms": _pct(ttft, 0.99),
+        "ttft": ttft,
+    }
 
 
 async def _load(port: int, raw: bytes, mode: dict[str, Any]) -> dict[str, Any]:
@@ -144,8 +181,9 @@ def _served(stub_port: int) -> int:
 
 async def _full(stub_port: int, model: str, slots: int, seconds: float) -> float:
     """Completions per second the stub serves at most (buffered, 2 x slots connections)."""
-    raw = driver.build_request(HOST, stub_port, "/v1/chat/completions",
-                               jsonutil.dumpb(_messages(model, False)))
+    raw = driver.build_request(
+        HOST, stub_port, "/v1/chat/completions", jsonutil.dumpb(_messages(model, False))
+    )
     conns = await asyncio.gather(*(driver._connect(HOST, stub_port) for _ in range(slots * 2)))
     done = 0
     deadline = time.perf_counter() + seconds
@@ -178,24 +216,53 @@ async def bench(mode: dict[str, Any]) -> dict[str, Any]:
     stub_port, port = run.free_port(), run.free_port()
     procs: list[run.Proc] = []
     try:
-        procs.append(run.Proc(
-            "stub", [sys.executable, "-m", "tests.benchmarks.stub_fast", str(stub_port),
-                     "--slots", str(mode["slots"]), "--prefill-ms", str(mode["prefill_ms"])],
-            core=0 if pin else None, logdir=tmp, health=f"http://{HOST}:{stub_port}/health"))
+        procs.append(
+            run.Proc(
+                "stub",
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.benchmarks.stub_fast",
+                    str(stub_port),
+                    "--slots",
+                    str(mode["slots"]),
+                    "--prefill-ms",
+                    str(mode["prefill_ms"]),
+                ],
+                core=0 if pin else None,
+                logdir=tmp,
+                health=f"http://{HOST}:{stub_port}/health",
+            )
+        )
         cfg = tmp / "gateway.toml"
-        cfg.write_text(_config(f"http://{HOST}:{stub_port}/v1", model, str(tmp / "b.sqlite3"),
-                               mode.get("max_in_flight", 2), mode.get("max_in_flight_idle", 0),
-                               mode.get("idle_after", 10.0)))
-        procs.append(run.Proc(
-            "gateway", [sys.executable, "-m", "gateway", "--config", str(cfg), "--port",
-                        str(port)],
-            core=1 if pin else None, logdir=tmp, health=f"http://{HOST}:{port}/health"))
+        cfg.write_text(
+            _config(
+                f"http://{HOST}:{stub_port}/v1",
+                model,
+                str(tmp / "b.sqlite3"),
+                mode.get("max_in_flight", 2),
+                mode.get("max_in_flight_idle", 0),
+                mode.get("idle_after", 10.0),
+            )
+        )
+        procs.append(
+            run.Proc(
+                "gateway",
+                [sys.executable, "-m", "gateway", "--config", str(cfg), "--port", str(port)],
+                core=1 if pin else None,
+                logdir=tmp,
+                health=f"http://{HOST}:{port}/health",
+            )
+        )
         base = f"http://{HOST}:{port}{PREFIX}"
-        raw = driver.build_request(HOST, port, PREFIX + "/v1/messages",
-                                   jsonutil.dumpb(_messages(model, True)),
-                                   {"anthropic-version": "2023-06-01"})
-        r: dict[str, Any] = {"mode": {k: mode[k] for k in mode}, "model": model,
-                             "pinned": pin}
+        raw = driver.build_request(
+            HOST,
+            port,
+            PREFIX + "/v1/messages",
+            jsonutil.dumpb(_messages(model, True)),
+            {"anthropic-version": "2023-06-01"},
+        )
+        r: dict[str, Any] = {"mode": {k: mode[k] for k in mode}, "model": model, "pinned": pin}
 
         full = await _full(stub_port, model, mode["slots"], mode["full_s"])
         r["full_rps"] = full
@@ -204,16 +271,17 @@ async def bench(mode: dict[str, Any]) -> dict[str, Any]:
 
         params = _messages(model, False)
         del params["stream"]
-        batch = _http("POST", f"{base}/v1/messages/batches", {"requests": [
-            {"custom_id": f"r{i}", "params": params} for i in range(mode["batch"])]})
+        batch = _http(
+            "POST",
+            f"{base}/v1/messages/batches",
+            {"requests": [{"custom_id": f"r{i}", "params": params} for i in range(mode["batch"])]},
+        )
         await asyncio.sleep(1.0)  # the scheduler has claimed its first requests
         served0 = _served(stub_port)
         r["with_batch"] = await _load(port, raw, mode)
-        r["with_batch"]["batch_served"] = (_served(stub_port) - served0
-                                           - r["with_batch"]["requests"])
+        r["with_batch"]["batch_served"] = _served(stub_port) - served0 - r["with_batch"]["requests"]
         r["with_batch"]["batch_rps"] = r["with_batch"]["batch_served"] / mode["phase_s"]
-        r["with_batch"]["batch_running_after"] = \
-            _batch_status(base, batch["id"]) == "in_progress"
+        r["with_batch"]["batch_running_after"] = _batch_status(base, batch["id"]) == "in_progress"
 
         if mode.get("max_in_flight_idle"):  # the upstream counts as idle from here on
             await asyncio.sleep(mode.get("idle_after", 10.0) + 0.5)
@@ -221,21 +289,22 @@ async def bench(mode: dict[str, Any]) -> dict[str, Any]:
         await asyncio.sleep(mode["window_s"])
         s1, t1 = _served(stub_port), time.perf_counter()
         batch_rps = (s1 - s0) / (t1 - t0)
-        r["batch_only"] = {"rps": batch_rps, "ratio_to_full": batch_rps / full,
-                           "batch_running_after": _batch_status(base, batch["id"])
-                           == "in_progress"}
+        r["batch_only"] = {
+            "rps": batch_rps,
+            "ratio_to_full": batch_rps / full,
+            "batch_running_after": _batch_status(base, batch["id"]) == "in_progress",
+        }
 
         _http("POST", f"{base}/v1/messages/batches/{batch['id']}/cancel", {})
-        await asyncio.sleep(mode["prefill_ms"] / 1000 + MODEL_CHUNKS * mode["chunk_ms"] / 1000
-                            + 0.5)  # the batch requests in flight end
+        await asyncio.sleep(
+            mode["prefill_ms"] / 1000 + MODEL_CHUNKS * mode["chunk_ms"] / 1000 + 0.5
+        )  # the batch requests in flight end
         r["alone_again"] = await _load(port, raw, mode)
 
         baseline = r["alone"]["ttft"] + r["alone_again"]["ttft"]
-        r["baseline"] = {"ttft_p50_ms": _pct(baseline, 0.50),
-                         "ttft_p99_ms": _pct(baseline, 0.99)}
+        r["baseline"] = {"ttft_p50_ms": _pct(baseline, 0.50), "ttft_p99_ms": _pct(baseline, 0.99)}
         for q in ("p50", "p99"):
-            r[f"ratio_{q}"] = (r["with_batch"][f"ttft_{q}_ms"]
-                               / r["baseline"][f"ttft_{q}_ms"])
+            r[f"ratio_{q}"] = r["with_batch"][f"ttft_{q}_ms"] / r["baseline"][f"ttft_{q}_ms"]
         for phase in ("alone", "with_batch", "alone_again"):
             del r[phase]["ttft"]
         return r
@@ -259,11 +328,14 @@ def table(r: dict[str, Any]) -> str:
     ]
     for phase in ("alone", "alone_again", "with_batch"):
         x = r[phase]
-        lines.append(f"| {phase} | {x['ok']}/{x['requests']} | {x['ttft_p50_ms']:.2f} | "
-                     f"{x['ttft_p99_ms']:.2f} |")
+        lines.append(
+            f"| {phase} | {x['ok']}/{x['requests']} | {x['ttft_p50_ms']:.2f} | "
+            f"{x['ttft_p99_ms']:.2f} |"
+        )
     b = r["baseline"]
-    lines.append(f"| baseline (both alone phases) | | {b['ttft_p50_ms']:.2f} | "
-                 f"{b['ttft_p99_ms']:.2f} |")
+    lines.append(
+        f"| baseline (both alone phases) | | {b['ttft_p50_ms']:.2f} | {b['ttft_p99_ms']:.2f} |"
+    )
     lines += [
         "",
         "| target | value | limit | holds |",
@@ -288,13 +360,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="seconds, not minutes (smoke test)")
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("--slots", type=int, help="the upstream's slots (default 4)")
-    ap.add_argument("--max-in-flight", type=int,
-                    help="batches.max_in_flight (default 2, the gateway's default)")
-    ap.add_argument("--max-in-flight-idle", type=int,
-                    help="batches.max_in_flight_idle (default 0: as max_in_flight)")
+    ap.add_argument(
+        "--max-in-flight", type=int, help="batches.max_in_flight (default 2, the gateway's default)"
+    )
+    ap.add_argument(
+        "--max-in-flight-idle",
+        type=int,
+        help="batches.max_in_flight_idle (default 0: as max_in_flight)",
+    )
     ap.add_argument("--idle-after", type=float, help="batches.idle_after (default 10)")
-    ap.add_argument("--poisson", action="store_true",
-                    help="interactive arrivals at exponential gaps (default: evenly spaced)")
+    ap.add_argument(
+        "--poisson",
+        action="store_true",
+        help="interactive arrivals at exponential gaps (default: evenly spaced)",
+    )
     args = ap.parse_args(argv)
     mode = dict(MODES["tiny" if args.tiny else "full"])
     if args.slots:

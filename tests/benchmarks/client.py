@@ -44,8 +44,10 @@ from tests.benchmarks.stub_fast import Scenario
 
 
 def _body(model: str, stream: bool) -> bytes:
-    return (b'{"model":"%s","stream":%s,"messages":[{"role":"user","content":"hi"}]}'
-            % (model.encode(), b"true" if stream else b"false"))
+    return b'{"model":"%s","stream":%s,"messages":[{"role":"user","content":"hi"}]}' % (
+        model.encode(),
+        b"true" if stream else b"false",
+    )
 
 
 def _extra(client: UpstreamClient) -> dict[str, str]:
@@ -95,8 +97,7 @@ async def _stream(client: UpstreamClient, model: str, streams: int, conc: int) -
 Shape = Callable[[], Awaitable[float]]
 
 
-async def _measure(client: UpstreamClient, shapes: dict[str, Shape], reps: int
-                   ) -> dict[str, float]:
+async def _measure(client: UpstreamClient, shapes: dict[str, Shape], reps: int) -> dict[str, float]:
     out: dict[str, list[float]] = {name: [] for name in shapes}
     try:
         for shape in shapes.values():
@@ -112,12 +113,16 @@ async def _measure(client: UpstreamClient, shapes: dict[str, Shape], reps: int
 async def _over_sockets(url: str, reps: int, requests: int) -> dict[str, float]:
     client = UpstreamClient(UpstreamConfig(name="stub", base_url=url + "/v1"))
     await client.start()
-    return await _measure(client, {
-        "buffered c1: CPU µs/request": lambda: _buffered(client, requests, 1),
-        "buffered c16: CPU µs/request": lambda: _buffered(client, requests, 16),
-        "stream bulk: CPU µs/event": lambda: _stream(client, "bench:256:0", 200, 1),
-        "stream paced: CPU µs/event": lambda: _stream(client, "bench:256:2", 32, 32),
-    }, reps)
+    return await _measure(
+        client,
+        {
+            "buffered c1: CPU µs/request": lambda: _buffered(client, requests, 1),
+            "buffered c16: CPU µs/request": lambda: _buffered(client, requests, 16),
+            "stream bulk: CPU µs/event": lambda: _stream(client, "bench:256:0", 200, 1),
+            "stream paced: CPU µs/event": lambda: _stream(client, "bench:256:2", 32, 32),
+        },
+        reps,
+    )
 
 
 class _Answering:
@@ -178,24 +183,36 @@ async def _in_process(reps: int, requests: int) -> dict[str, float]:
         finally:
             replies[True] = [bulk.stream_bulk]
 
-    return await _measure(client, {
-        "buffered c1: CPU µs/request": lambda: _buffered(client, requests, 1),
-        "buffered c16: CPU µs/request": lambda: _buffered(client, requests, 16),
-        "stream bulk: CPU µs/event": lambda: _stream(client, "bench", 160, 16),
-        "stream, a read per event: CPU µs/event": per_event,
-    }, reps)
+    return await _measure(
+        client,
+        {
+            "buffered c1: CPU µs/request": lambda: _buffered(client, requests, 1),
+            "buffered c16: CPU µs/request": lambda: _buffered(client, requests, 16),
+            "stream bulk: CPU µs/event": lambda: _stream(client, "bench", 160, 16),
+            "stream, a read per event: CPU µs/event": per_event,
+        },
+        reps,
+    )
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--requests", type=int, default=0,
-                    help="buffered requests per figure (default 3,000; 20,000 in process)")
-    ap.add_argument("--in-process", action="store_true",
-                    help="no sockets: a fake transport answers with the stub's bytes")
+    ap.add_argument(
+        "--requests",
+        type=int,
+        default=0,
+        help="buffered requests per figure (default 3,000; 20,000 in process)",
+    )
+    ap.add_argument(
+        "--in-process",
+        action="store_true",
+        help="no sockets: a fake transport answers with the stub's bytes",
+    )
     args = ap.parse_args(argv)
     try:
         import uvloop
+
         runner: Any = uvloop.run
     except ImportError:
         runner = asyncio.run
@@ -210,12 +227,17 @@ def main(argv: list[str]) -> int:
 
         port = free_port()
         with tempfile.TemporaryDirectory() as logdir:
-            stub = Proc("stub", [sys.executable, "-m", "tests.benchmarks.stub_fast", str(port)],
-                        core=0 if pin else None, logdir=Path(logdir),
-                        health=f"http://127.0.0.1:{port}/health")
+            stub = Proc(
+                "stub",
+                [sys.executable, "-m", "tests.benchmarks.stub_fast", str(port)],
+                core=0 if pin else None,
+                logdir=Path(logdir),
+                health=f"http://127.0.0.1:{port}/health",
+            )
             try:
-                figures = runner(_over_sockets(f"http://127.0.0.1:{port}", args.reps,
-                                               args.requests or 3000))
+                figures = runner(
+                    _over_sockets(f"http://127.0.0.1:{port}", args.reps, args.requests or 3000)
+                )
             finally:
                 stub.stop()
     for name, value in figures.items():

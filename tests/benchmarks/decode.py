@@ -28,9 +28,11 @@ import ujson
 
 from gateway.text import jsonutil
 
-_WORDS = ("the of and to in is you that it he was for on are as with his they at be this have "
-          "from or one had by word but not what all were we when your can said there use an "
-          "each which she do how their if will up other about out many then them").split()
+_WORDS = (
+    "the of and to in is you that it he was for on are as with his they at be this have "
+    "from or one had by word but not what all were we when your can said there use an "
+    "each which she do how their if will up other about out many then them"
+).split()
 _OLD_SUSPECT = re.compile(rb"NaN|Infinity|[0-9][eE][+-]?[0-9]{3}")
 
 
@@ -54,24 +56,50 @@ def _text(rng: random.Random, size: int) -> str:
 
 def claude_code_body() -> bytes:
     rng = random.Random(1)
-    tools = [{"name": f"Tool{i}", "description": _text(rng, 1500), "input_schema": {
-        "type": "object", "additionalProperties": False,
-        "properties": {f"p{j}": {"type": rng.choice(["string", "integer", "boolean"]),
-                                 "description": _text(rng, 120)} for j in range(8)},
-        "required": ["p0", "p1"]}} for i in range(24)]
+    tools = [
+        {
+            "name": f"Tool{i}",
+            "description": _text(rng, 1500),
+            "input_schema": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    f"p{j}": {
+                        "type": rng.choice(["string", "integer", "boolean"]),
+                        "description": _text(rng, 120),
+                    }
+                    for j in range(8)
+                },
+                "required": ["p0", "p1"],
+            },
+        }
+        for i in range(24)
+    ]
     body = {
-        "model": "claude-opus-5-5", "max_tokens": 32000, "stream": True,
-        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2"},
-                   {"type": "text", "text": _text(rng, 20000),
-                    "cache_control": {"type": "ephemeral"}}],
+        "model": "claude-opus-5-5",
+        "max_tokens": 32000,
+        "stream": True,
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2"},
+            {"type": "text", "text": _text(rng, 20000), "cache_control": {"type": "ephemeral"}},
+        ],
         "tools": tools,
         "messages": [
             {"role": "user", "content": [{"type": "text", "text": _text(rng, 2000)}]},
-            {"role": "assistant", "content": [
-                {"type": "thinking", "thinking": _text(rng, 500), "signature": "s" * 200},
-                {"type": "tool_use", "id": "toolu_1", "name": "Tool1", "input": {"p0": "a"}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
-                                          "content": _text(rng, 3000)}]}],
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": _text(rng, 500), "signature": "s" * 200},
+                    {"type": "tool_use", "id": "toolu_1", "name": "Tool1", "input": {"p0": "a"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": _text(rng, 3000)}
+                ],
+            },
+        ],
         "thinking": {"type": "adaptive", "display": "omitted"},
     }
     return json.dumps(body, ensure_ascii=False).encode()
@@ -80,8 +108,9 @@ def claude_code_body() -> bytes:
 def code_prompt(size: int) -> bytes:
     sources = sorted(Path(json.__file__).parent.parent.rglob("*.py"))
     text = b"".join(p.read_bytes() for p in sources[:2000])[:size].decode("utf-8", "ignore")
-    return json.dumps({"model": "m", "max_tokens": 5,
-                       "messages": [{"role": "user", "content": text}]}).encode()
+    return json.dumps(
+        {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": text}]}
+    ).encode()
 
 
 def _best(call: Callable[[], object], reps: int, number: int) -> float:
@@ -92,12 +121,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=7)
     args = parser.parse_args(argv)
-    bodies = [("200 B", b'{"model":"m","max_tokens":5,"messages":[{"role":"user","content":'
-                        b'"Hi"}]}', 20000),
-              ("Claude Code ~100 KB", claude_code_body(), 200),
-              ("24 MiB of code", code_prompt(24 * 2**20), 1)]
-    print(f"{'body':22} {'bytes':>10} {'ujson':>10} {'before':>10} {'loads':>10} {'bound':>10}"
-          "   (per call)")
+    bodies = [
+        (
+            "200 B",
+            b'{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"Hi"}]}',
+            20000,
+        ),
+        ("Claude Code ~100 KB", claude_code_body(), 200),
+        ("24 MiB of code", code_prompt(24 * 2**20), 1),
+    ]
+    print(
+        f"{'body':22} {'bytes':>10} {'ujson':>10} {'before':>10} {'loads':>10} {'bound':>10}"
+        "   (per call)"
+    )
     for name, raw, number in bodies:
         calls = (ujson.loads, _old_loads, jsonutil.loads, jsonutil.too_many_values)
         figures = [_best(partial(call, raw), args.reps, number) for call in calls]

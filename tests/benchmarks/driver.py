@@ -16,10 +16,15 @@ from dataclasses import dataclass, field
 _TAIL = 256
 
 
-def build_request(host: str, port: int, path: str, body: bytes,
-                  headers: dict[str, str] | None = None) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}",
-             "Content-Type: application/json", f"Content-Length: {len(body)}"]
+def build_request(
+    host: str, port: int, path: str, body: bytes, headers: dict[str, str] | None = None
+) -> bytes:
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {host}:{port}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+    ]
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
@@ -158,8 +163,16 @@ class LoadResult:
         return sum(1 for r in self.results if r.complete)
 
 
-async def closed_loop(host: str, port: int, raw: bytes, *, concurrency: int, requests: int,
-                      marker: bytes = b"", terminal: bytes = b"") -> LoadResult:
+async def closed_loop(
+    host: str,
+    port: int,
+    raw: bytes,
+    *,
+    concurrency: int,
+    requests: int,
+    marker: bytes = b"",
+    terminal: bytes = b"",
+) -> LoadResult:
     """``concurrency`` connections each sending the next request when the last ended."""
     conns = await asyncio.gather(*(_connect(host, port) for _ in range(concurrency)))
     out = LoadResult()
@@ -181,8 +194,9 @@ async def closed_loop(host: str, port: int, raw: bytes, *, concurrency: int, req
     return out
 
 
-async def streams_at_once(host: str, port: int, raw: bytes, *, count: int, marker: bytes,
-                          terminal: bytes, within: float) -> LoadResult:
+async def streams_at_once(
+    host: str, port: int, raw: bytes, *, count: int, marker: bytes, terminal: bytes, within: float
+) -> LoadResult:
     """``count`` streams opened together, one connection each; waits ``within`` seconds at most."""
     out = LoadResult()
     conns: list[_Conn] = []

@@ -41,8 +41,13 @@ LIMITS: dict[str, tuple[float, float]] = {
 }
 
 bench_run.MODES["guard"] = {
-    "reps": 5, "buffered": {1: 300, 16: 1200}, "ttft": 3, "bulk": (8, 30, 256),
-    "paced": (16, 128, 10), "slow": (0, 0, 0), "abandon": 0,
+    "reps": 5,
+    "buffered": {1: 300, 16: 1200},
+    "ttft": 3,
+    "bulk": (8, 30, 256),
+    "paced": (16, 128, 10),
+    "slow": (0, 0, 0),
+    "abandon": 0,
 }
 
 
@@ -61,12 +66,25 @@ class _GuardBench(bench_run.Bench):
         if name != "gateway" or not self.regress_us:
             return super().start(name)
         port = bench_run.free_port()
-        args = [sys.executable, "-m", "tests.benchmarks.regressed", str(self.regress_us),
-                "--config", str(self.cfg), "--port", str(port)]
-        env = {"BENCH_GATEWAY_KEYS": bench_run.API_KEY,
-               "XDG_STATE_HOME": str(self.tmp / "state")}
-        proc = bench_run.Proc(name, args, core=self.server_core, logdir=self.tmp, env=env,
-                              health=f"http://{bench_run.HOST}:{port}/health")
+        args = [
+            sys.executable,
+            "-m",
+            "tests.benchmarks.regressed",
+            str(self.regress_us),
+            "--config",
+            str(self.cfg),
+            "--port",
+            str(port),
+        ]
+        env = {"BENCH_GATEWAY_KEYS": bench_run.API_KEY, "XDG_STATE_HOME": str(self.tmp / "state")}
+        proc = bench_run.Proc(
+            name,
+            args,
+            core=self.server_core,
+            logdir=self.tmp,
+            env=env,
+            health=f"http://{bench_run.HOST}:{port}/health",
+        )
         self.servers[name] = (proc, port)
         return proc
 
@@ -102,15 +120,21 @@ def _run(regress_us: float) -> dict[str, float]:
 
 def check(figures: dict[str, float]) -> list[tuple[str, float, float, float, bool]]:
     """(figure, ratio, limit, ratio when the limit was set, holds) for every limit."""
-    return [(name, figures[name], limit, then, figures[name] <= limit)
-            for name, (limit, then) in LIMITS.items()]
+    return [
+        (name, figures[name], limit, then, figures[name] <= limit)
+        for name, (limit, then) in LIMITS.items()
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.benchmarks.guard")
     ap.add_argument("--json", help="write the figures here")
-    ap.add_argument("--regress-us", type=float, default=0.0,
-                    help="burn this many µs of CPU per request in the gateway (to see it fail)")
+    ap.add_argument(
+        "--regress-us",
+        type=float,
+        default=0.0,
+        help="burn this many µs of CPU per request in the gateway (to see it fail)",
+    )
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     figures = _run(args.regress_us)
@@ -122,10 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     print("| --- | ---: | ---: | ---: | :---: |")
     for name, ratio, limit, then, holds in rows:
         print(f"| {name} | {ratio:.2f} | {limit:.2f} | {then:.2f} | {'yes' if holds else 'NO'} |")
-    print(f"\ngateway {figures['_gateway_c16_cpu_us']:.0f} µs/request (floor "
-          f"{figures['_floor_c16_cpu_us']:.0f}); pass-through "
-          f"{figures['_passthrough_c16_cpu_us']:.0f} µs/request (relay "
-          f"{figures['_relay_c16_cpu_us']:.0f}); c16; {time.perf_counter() - t0:.0f} s")
+    print(
+        f"\ngateway {figures['_gateway_c16_cpu_us']:.0f} µs/request (floor "
+        f"{figures['_floor_c16_cpu_us']:.0f}); pass-through "
+        f"{figures['_passthrough_c16_cpu_us']:.0f} µs/request (relay "
+        f"{figures['_relay_c16_cpu_us']:.0f}); c16; {time.perf_counter() - t0:.0f} s"
+    )
     if args.json:
         Path(args.json).write_text(jsonutil.dumps(figures))
     failed = [r[0] for r in rows if not r[4]]

@@ -23,7 +23,7 @@ from tests.route_bodies import BODY_CAP, ROUTES, hostile_body, route_body, run_a
 
 
 def _csv_prompt() -> bytes:
-    row = "1,2,3,[4],{5:6}, \"seven\"\n"
+    row = '1,2,3,[4],{5:6}, "seven"\n'
     text = (row * ((BODY_CAP - 200) // (len(row) + 4))).encode()
     return route_body("count_tokens", json.dumps(text.decode()).encode())
 
@@ -36,11 +36,13 @@ def main() -> None:
         wait_http(f"http://127.0.0.1:{port}/health", proc=stub.popen)
         with tempfile.TemporaryDirectory() as tmp:
             gateway, url = start_gateway(
-                stub_config(f"http://127.0.0.1:{port}/v1", models=("ok",)), Path(tmp))
+                stub_config(f"http://127.0.0.1:{port}/v1", models=("ok",)), Path(tmp)
+            )
             loads = {
                 "4 x 32 MiB [[],[],...] at once": [
                     (ROUTES[r][0], hostile_body(r))
-                    for r in ("messages", "count_tokens", "chat", "embeddings")],
+                    for r in ("messages", "count_tokens", "chat", "embeddings")
+                ],
                 "one 32 MiB CSV prompt": [(ROUTES["count_tokens"][0], _csv_prompt())],
             }
             print("| load | replies | seconds | /health max ms | probes | peak RSS MB |")
@@ -48,8 +50,10 @@ def main() -> None:
             for name, jobs in loads.items():
                 replies, latencies, elapsed = run_at_once(url, jobs)
                 statuses = sorted(status for _, status, _, _ in replies)
-                print(f"| {name} | {statuses} | {elapsed:.2f} | {max(latencies) * 1000:.0f} "
-                      f"| {len(latencies)} | {peak_rss_mb(gateway.pid):.0f} |")
+                print(
+                    f"| {name} | {statuses} | {elapsed:.2f} | {max(latencies) * 1000:.0f} "
+                    f"| {len(latencies)} | {peak_rss_mb(gateway.pid):.0f} |"
+                )
             gateway.stop()
             gateway = None
     finally:

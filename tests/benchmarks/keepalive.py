@@ -24,7 +24,7 @@ import time
 from gateway.upstream.pool import Pool
 from tests.procs import free_port, wait_http
 
-_SERVER = r'''
+_SERVER = r"""
 import asyncio, re, sys
 BODY = b'{"id":"x","object":"chat.completion","choices":[]}'
 class P(asyncio.Protocol):
@@ -48,7 +48,7 @@ async def main():
                                                          backlog=1024)
     async with srv: await srv.serve_forever()
 asyncio.run(main())
-'''
+"""
 
 
 async def _run(url: str, mode: str, requests: int, concurrency: int) -> tuple[list[float], float]:
@@ -60,8 +60,14 @@ async def _run(url: str, mode: str, requests: int, concurrency: int) -> tuple[li
     async def worker() -> None:
         for i in counter:
             t = time.perf_counter()
-            resp = await pool.request("POST", "/v1/chat/completions", body, head_timeout=5,
-                                      body_timeout=5, request_id=b"req_%d" % i)
+            resp = await pool.request(
+                "POST",
+                "/v1/chat/completions",
+                body,
+                head_timeout=5,
+                body_timeout=5,
+                request_id=b"req_%d" % i,
+            )
             await resp.read()
             resp.release()
             latencies.append(time.perf_counter() - t)
@@ -78,8 +84,9 @@ def _p(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def _measure(url: str, requests: int, concurrency: int
-                   ) -> dict[str, tuple[float, float, float]]:
+async def _measure(
+    url: str, requests: int, concurrency: int
+) -> dict[str, tuple[float, float, float]]:
     await _run(url, "always", 200, concurrency)  # warm-up
     await _run(url, "never", 200, concurrency)
     rows: dict[str, tuple[float, float, float]] = {}
@@ -91,8 +98,7 @@ async def _measure(url: str, requests: int, concurrency: int
     return rows
 
 
-def _report(rows: dict[str, tuple[float, float, float]], requests: int,
-            concurrency: int) -> None:
+def _report(rows: dict[str, tuple[float, float, float]], requests: int, concurrency: int) -> None:
     print(f"{requests} buffered calls at concurrency {concurrency}, loopback")
     print(f"{'mode':<22}{'p50 µs':>10}{'p99 µs':>10}{'CPU µs/req':>12}")
     names = {"always": "keep-alive", "never": "connection per request"}
@@ -112,8 +118,7 @@ def main() -> None:
     server = subprocess.Popen([sys.executable, "-c", _SERVER, str(port)])
     try:
         wait_http(f"http://127.0.0.1:{port}/", proc=server)
-        rows = asyncio.run(_measure(f"http://127.0.0.1:{port}", args.requests,
-                                    args.concurrency))
+        rows = asyncio.run(_measure(f"http://127.0.0.1:{port}", args.requests, args.concurrency))
     finally:
         server.kill()  # by its own pid: the one process this run started
         server.wait()

@@ -44,20 +44,30 @@ _URL = web.AppKey("url", str)
 _STOP = {"stop": b'"end_turn"', "length": b'"max_tokens"', "tool_calls": b'"tool_use"'}
 _HEADERS = {"Content-Type": "application/json"}
 
-_START = (b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_%s",'
-          b'"type":"message","role":"assistant","model":%s,"content":[],"stop_reason":null,'
-          b'"stop_sequence":null,"usage":{"input_tokens":0,"output_tokens":0}}}\n\n')
-_OPEN = (b'event: content_block_start\ndata: {"type":"content_block_start","index":%d,'
-         b'"content_block":{"type":"%s","%s":""}}\n\n')
-_DELTA = (b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
-          b'"delta":{"type":"%s_delta","%s":%s}}\n\n')
+_START = (
+    b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_%s",'
+    b'"type":"message","role":"assistant","model":%s,"content":[],"stop_reason":null,'
+    b'"stop_sequence":null,"usage":{"input_tokens":0,"output_tokens":0}}}\n\n'
+)
+_OPEN = (
+    b'event: content_block_start\ndata: {"type":"content_block_start","index":%d,'
+    b'"content_block":{"type":"%s","%s":""}}\n\n'
+)
+_DELTA = (
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
+    b'"delta":{"type":"%s_delta","%s":%s}}\n\n'
+)
 _CLOSE = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":%d}\n\n'
-_END = (b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":%s,'
-        b'"stop_sequence":null},"usage":{"output_tokens":%d}}\n\n'
-        b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
-_MESSAGE = (b'{"id":"msg_%s","type":"message","role":"assistant","model":%s,"content":[%s],'
-            b'"stop_reason":%s,"stop_sequence":null,'
-            b'"usage":{"input_tokens":%d,"output_tokens":%d}}')
+_END = (
+    b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":%s,'
+    b'"stop_sequence":null},"usage":{"output_tokens":%d}}\n\n'
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+)
+_MESSAGE = (
+    b'{"id":"msg_%s","type":"message","role":"assistant","model":%s,"content":[%s],'
+    b'"stop_reason":%s,"stop_sequence":null,'
+    b'"usage":{"input_tokens":%d,"output_tokens":%d}}'
+)
 
 
 def _text(content: Any) -> str:
@@ -79,23 +89,32 @@ def _to_chat(req: dict[str, Any]) -> bytes:
 async def _messages(request: web.Request) -> web.StreamResponse:
     req = loads(await request.read())
     model = dumps(req["model"])
-    async with request.app[_SESSION].post(request.app[_URL], data=_to_chat(req),
-                                          headers=_HEADERS) as up:
+    async with request.app[_SESSION].post(
+        request.app[_URL], data=_to_chat(req), headers=_HEADERS
+    ) as up:
         if not req.get("stream"):
             done = loads(await up.read())
             choice, usage = done["choices"][0], done.get("usage") or {}
             msg, parts = choice["message"], []
             if msg.get("reasoning_content"):
-                parts.append(b'{"type":"thinking","thinking":%s,"signature":""}'
-                             % dumps(msg["reasoning_content"]))
+                parts.append(
+                    b'{"type":"thinking","thinking":%s,"signature":""}'
+                    % dumps(msg["reasoning_content"])
+                )
             if msg.get("content"):
                 parts.append(b'{"type":"text","text":%s}' % dumps(msg["content"]))
-            body = _MESSAGE % (os.urandom(12).hex().encode(), model, b",".join(parts),
-                               _STOP.get(choice.get("finish_reason"), b'"end_turn"'),
-                               usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
+            body = _MESSAGE % (
+                os.urandom(12).hex().encode(),
+                model,
+                b",".join(parts),
+                _STOP.get(choice.get("finish_reason"), b'"end_turn"'),
+                usage.get("prompt_tokens", 0),
+                usage.get("completion_tokens", 0),
+            )
             return web.Response(body=body, content_type="application/json")
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
         await resp.prepare(request)
         await resp.write(_START % (os.urandom(12).hex().encode(), model))
         kind, index, finish, tokens, pending = b"", -1, b'"end_turn"', 0, b""
@@ -150,8 +169,15 @@ def main(argv: list[str]) -> None:
         loop = None
     else:
         loop = uvloop.new_event_loop()
-    web.run_app(app, host="127.0.0.1", port=int(argv[1]), access_log=None, print=None,
-                backlog=4096, loop=loop)
+    web.run_app(
+        app,
+        host="127.0.0.1",
+        port=int(argv[1]),
+        access_log=None,
+        print=None,
+        backlog=4096,
+        loop=loop,
+    )
 
 
 if __name__ == "__main__":

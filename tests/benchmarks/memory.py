@@ -37,9 +37,15 @@ from tests.procs import free_port, metric, post, start_gateway
 MIB = 2**20
 KEY = "memory-benchmark-signing-key-0123456789"
 LOOP = "Wait, let me reconsider. The user wants the sum of the list. Let me check again.\n"
-_REPLY = {"id": "c1", "object": "chat.completion", "model": "m", "choices": [
-    {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+_REPLY = {
+    "id": "c1",
+    "object": "chat.completion",
+    "model": "m",
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+    ],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+}
 
 
 def _kb(pid: int, field: str) -> int:
@@ -61,7 +67,7 @@ def _tree(pid: int) -> list[int]:
                 raw = Path(f"/proc/{entry}/stat").read_text()
             except OSError:
                 continue
-            parents.setdefault(int(raw[raw.rindex(")") + 2:].split()[1]), []).append(int(entry))
+            parents.setdefault(int(raw[raw.rindex(")") + 2 :].split()[1]), []).append(int(entry))
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -140,29 +146,49 @@ database = "sqlite:///{database}"
 def replay_body() -> bytes:
     reasoning = LOOP * (4 * MIB // len(LOOP))
     signature = signatures.seal(KEY.encode(), reasoning)
-    return json.dumps({"model": "m", "max_tokens": 5, "messages": [
-        {"role": "user", "content": "sum this list"},
-        {"role": "assistant", "content": [
-            {"type": "thinking", "thinking": "", "signature": signature},
-            {"type": "text", "text": "ok"}]},
-        {"role": "user", "content": "go on"}]}).encode()
+    return json.dumps(
+        {
+            "model": "m",
+            "max_tokens": 5,
+            "messages": [
+                {"role": "user", "content": "sum this list"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "", "signature": signature},
+                        {"type": "text", "text": "ok"},
+                    ],
+                },
+                {"role": "user", "content": "go on"},
+            ],
+        }
+    ).encode()
 
 
 def batch_body(count: int, text_bytes: int) -> bytes:
     text = ("Summarise this document in one sentence. " * (text_bytes // 41 + 1))[:text_bytes]
-    return json.dumps({"requests": [
-        {"custom_id": f"req-{i:06d}", "params": {
-            "model": "m", "max_tokens": 64, "messages": [
-                {"role": "user", "content": f"{i}: {text}"}]}}
-        for i in range(count)]}).encode()
+    return json.dumps(
+        {
+            "requests": [
+                {
+                    "custom_id": f"req-{i:06d}",
+                    "params": {
+                        "model": "m",
+                        "max_tokens": 64,
+                        "messages": [{"role": "user", "content": f"{i}: {text}"}],
+                    },
+                }
+                for i in range(count)
+            ]
+        }
+    ).encode()
 
 
 async def _replays(url: str, body: bytes, count: int, every: float) -> Counter[int]:
     statuses: Counter[int] = Counter()
 
     async def one() -> None:
-        status, _, _ = await asyncio.to_thread(post, url + "/llm/v1/messages", body,
-                                               timeout=600)
+        status, _, _ = await asyncio.to_thread(post, url + "/llm/v1/messages", body, timeout=600)
         statuses[status] += 1
 
     tasks = []
@@ -176,8 +202,9 @@ async def _replays(url: str, body: bytes, count: int, every: float) -> Counter[i
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     runner, port = await _slow_upstream(args.hold)
     tmp = Path(tempfile.mkdtemp(prefix="gw-memory-"))
-    config = _config(f"http://127.0.0.1:{port}/v1", "\n".join(args.server),
-                     str(tmp / "batches.sqlite3"))
+    config = _config(
+        f"http://127.0.0.1:{port}/v1", "\n".join(args.server), str(tmp / "batches.sqlite3")
+    )
     proc, url = start_gateway(config, tmp, env={"GW_MEMORY_KEY": KEY})
     report: dict[str, Any] = {"load": args.load}
     try:
@@ -188,13 +215,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             body = replay_body()
             report["body_kib"] = len(body) // 1024
             asyncio.get_running_loop().set_default_executor(
-                __import__("concurrent.futures").futures.ThreadPoolExecutor(args.count + 4))
+                __import__("concurrent.futures").futures.ThreadPoolExecutor(args.count + 4)
+            )
             report["statuses"] = dict(await _replays(url, body, args.count, args.every))
         else:
             body = batch_body(args.count, args.text_bytes)
             report["body_mib"] = round(len(body) / MIB, 1)
             status, _, reply = await asyncio.to_thread(
-                post, url + "/llm/v1/messages/batches", body, timeout=600)
+                post, url + "/llm/v1/messages/batches", body, timeout=600
+            )
             report["statuses"] = {status: 1}
             if status != 200:
                 report["reply"] = reply[:300].decode(errors="replace")
@@ -219,10 +248,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=float, default=0.1)
     parser.add_argument("--hold", type=float, default=20.0)
     parser.add_argument("--after", type=float, default=20.0)
-    parser.add_argument("--text-bytes", type=int, default=1000,
-                        help="batch: the characters of each request's user message")
-    parser.add_argument("--server", action="append", default=[],
-                        help="a [server] line, e.g. 'memory_budget_mb = 256'")
+    parser.add_argument(
+        "--text-bytes",
+        type=int,
+        default=1000,
+        help="batch: the characters of each request's user message",
+    )
+    parser.add_argument(
+        "--server",
+        action="append",
+        default=[],
+        help="a [server] line, e.g. 'memory_budget_mb = 256'",
+    )
     args = parser.parse_args(argv)
     if args.count is None:
         args.count = 150 if args.load == "replay" else 100_000

@@ -44,15 +44,24 @@ from tests.route_bodies import ROUTES, hostile_body, route_body
 
 _SMALL = (ROUTES["count_tokens"][0], route_body("count_tokens", b'"hello there"'))
 _SMALL_MESSAGE = (ROUTES["messages"][0], route_body("messages", b'"hello there"'))
-_TOOLS = {"tools": [{"name": "write", "description": "Write a file", "input_schema": {
-    "type": "object", "properties": {"path": {"type": "string"},
-                                     "content": {"type": "string"}}}}]}
+_TOOLS = {
+    "tools": [
+        {
+            "name": "write",
+            "description": "Write a file",
+            "input_schema": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+            },
+        }
+    ]
+}
 _MIB = 2**20
 
 
 def _prompt(size: int) -> bytes:
     """A count_tokens body of ``size`` bytes: a prompt of code (escaped quotes and newlines)."""
-    line = "def f(x):\n    return x * 2  # a line of code, \"quoted\"\n"
+    line = 'def f(x):\n    return x * 2  # a line of code, "quoted"\n'
     encoded = len(json.dumps(line)) - 2
     text = line * ((size - 300) // encoded)
     return route_body("count_tokens", json.dumps(text).encode())
@@ -60,21 +69,32 @@ def _prompt(size: int) -> bytes:
 
 def _batch(n: int) -> bytes:
     params = json.loads(route_body("messages"))
-    return json.dumps({"requests": [{"custom_id": f"r{i}", "params": params}
-                                    for i in range(n)]}).encode()
+    return json.dumps(
+        {"requests": [{"custom_id": f"r{i}", "params": params} for i in range(n)]}
+    ).encode()
 
 
 def _reply(model: str, stream: bool) -> bytes:
-    return json.dumps({"model": model, "max_tokens": 64, "stream": stream, **_TOOLS,
-                       "messages": [{"role": "user", "content": "write it"}]}).encode()
+    return json.dumps(
+        {
+            "model": model,
+            "max_tokens": 64,
+            "stream": stream,
+            **_TOOLS,
+            "messages": [{"role": "user", "content": "write it"}],
+        }
+    ).encode()
 
 
 def _post(port: int, path: str, body: bytes, timeout: float = 120) -> int:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request("POST", "/llm" + path, body=body,
-                     headers={"Content-Type": "application/json",
-                              "anthropic-version": "2023-06-01"})
+        conn.request(
+            "POST",
+            "/llm" + path,
+            body=body,
+            headers={"Content-Type": "application/json", "anthropic-version": "2023-06-01"},
+        )
         resp = conn.getresponse()
         resp.read()
         return resp.status
@@ -82,8 +102,9 @@ def _post(port: int, path: str, body: bytes, timeout: float = 120) -> int:
         conn.close()
 
 
-def _probe(port: int, stop: threading.Event, small: tuple[str, bytes] | None,
-           out: list[float]) -> None:
+def _probe(
+    port: int, stop: threading.Event, small: tuple[str, bytes] | None, out: list[float]
+) -> None:
     while not stop.is_set():
         t0 = time.perf_counter()
         try:
@@ -100,13 +121,16 @@ def _probe(port: int, stop: threading.Event, small: tuple[str, bytes] | None,
         time.sleep(0.02)
 
 
-def _run(port: int, jobs: list[tuple[str, bytes]], request: tuple[str, bytes]
-         ) -> tuple[list[int], list[float], list[float], float]:
+def _run(
+    port: int, jobs: list[tuple[str, bytes]], request: tuple[str, bytes]
+) -> tuple[list[int], list[float], list[float], float]:
     health: list[float] = []
     small: list[float] = []
     stop = threading.Event()
-    probes = [threading.Thread(target=_probe, args=(port, stop, None, health)),
-              threading.Thread(target=_probe, args=(port, stop, request, small))]
+    probes = [
+        threading.Thread(target=_probe, args=(port, stop, None, health)),
+        threading.Thread(target=_probe, args=(port, stop, request, small)),
+    ]
     # no collection in this process while it measures: building a 20,000-request body left
     # it full collections of 0.26-0.49 s, which the probes' threads waited out and reported
     gc.collect()
@@ -116,8 +140,10 @@ def _run(port: int, jobs: list[tuple[str, bytes]], request: tuple[str, bytes]
     time.sleep(0.2)
     statuses: list[int] = []
     t0 = time.perf_counter()
-    senders = [threading.Thread(target=lambda p=p, b=b: statuses.append(_post(port, p, b)))
-               for p, b in jobs]
+    senders = [
+        threading.Thread(target=lambda p=p, b=b: statuses.append(_post(port, p, b)))
+        for p, b in jobs
+    ]
     for s in senders:
         s.start()
     for s in senders:
@@ -159,42 +185,71 @@ def main() -> None:
                 '\n[[models]]\nname = "m-llama"\nupstream = "llama"\nupstream_model = "llama"\n'
                 f"\n[batches]\ndatabase = {json.dumps(str(Path(tmp) / 'b.sqlite3'))}\n"
                 f"max_requests = {max(args.batch_requests, 100_000)}\n"
-                "max_body_bytes = 268435456\n")
+                "max_body_bytes = 268435456\n"
+            )
             gateway, url = start_gateway(config, Path(tmp))
             gport = int(url.rsplit(":", 1)[1])
             messages = ROUTES["messages"][0]
             loads: dict[str, tuple[Callable[[], list[tuple[str, bytes]]], tuple[str, bytes]]] = {
                 "none (the probes alone, 3 s; small request: messages)": (
-                    lambda: [], _SMALL_MESSAGE),
+                    lambda: [],
+                    _SMALL_MESSAGE,
+                ),
                 "4 x 30 MiB prompts (count_tokens)": (
-                    lambda: [(ROUTES["count_tokens"][0], _prompt(30 * _MIB))] * 4, _SMALL),
+                    lambda: [(ROUTES["count_tokens"][0], _prompt(30 * _MIB))] * 4,
+                    _SMALL,
+                ),
                 "4 x 30 MiB prompts (count_tokens, llama.cpp)": (
-                    lambda: [(ROUTES["count_tokens"][0],
-                              _prompt(30 * _MIB).replace(b'"m-ok"', b'"m-llama"', 1))] * 4,
-                    _SMALL),
+                    lambda: (
+                        [
+                            (
+                                ROUTES["count_tokens"][0],
+                                _prompt(30 * _MIB).replace(b'"m-ok"', b'"m-llama"', 1),
+                            )
+                        ]
+                        * 4
+                    ),
+                    _SMALL,
+                ),
                 "4 x 32 MiB [[],[],...] bodies": (
-                    lambda: [(ROUTES[r][0], hostile_body(r))
-                             for r in ("messages", "count_tokens", "chat", "embeddings")],
-                    _SMALL),
+                    lambda: [
+                        (ROUTES[r][0], hostile_body(r))
+                        for r in ("messages", "count_tokens", "chat", "embeddings")
+                    ],
+                    _SMALL,
+                ),
                 f"a {args.batch_requests:,}-request batch create": (
-                    lambda: [("/v1/messages/batches", _batch(args.batch_requests))], _SMALL),
+                    lambda: [("/v1/messages/batches", _batch(args.batch_requests))],
+                    _SMALL,
+                ),
                 "2 replies of 20 x 250 KiB broken tool calls (buffered, streamed)": (
-                    lambda: [(messages, _reply("m-tools", False)),
-                             (messages, _reply("m-tools", True))], _SMALL_MESSAGE),
+                    lambda: [
+                        (messages, _reply("m-tools", False)),
+                        (messages, _reply("m-tools", True)),
+                    ],
+                    _SMALL_MESSAGE,
+                ),
                 "2 fast streams of 20,000 tiny deltas": (
-                    lambda: [(messages, _reply("m-tiny", True))] * 2, _SMALL_MESSAGE),
+                    lambda: [(messages, _reply("m-tiny", True))] * 2,
+                    _SMALL_MESSAGE,
+                ),
             }
-            print("| neighbour | its replies | s | /health max / median ms "
-                  "| small request max / median ms | peak RSS MiB |")
+            print(
+                "| neighbour | its replies | s | /health max / median ms "
+                "| small request max / median ms | peak RSS MiB |"
+            )
             print("| --- | --- | --- | --- | --- | --- |")
             for name, (jobs, request) in loads.items():
                 if args.only not in name:
                     continue
                 statuses, health, small, elapsed = _run(gport, jobs(), request)
-                print(f"| {name} | {statuses} | {elapsed:.2f} "
-                      f"| {max(health) * 1000:.0f} / {statistics.median(health) * 1000:.0f} "
-                      f"| {max(small) * 1000:.0f} / {statistics.median(small) * 1000:.0f} "
-                      f"| {peak_rss_mb(gateway.pid):.0f} |", flush=True)
+                print(
+                    f"| {name} | {statuses} | {elapsed:.2f} "
+                    f"| {max(health) * 1000:.0f} / {statistics.median(health) * 1000:.0f} "
+                    f"| {max(small) * 1000:.0f} / {statistics.median(small) * 1000:.0f} "
+                    f"| {peak_rss_mb(gateway.pid):.0f} |",
+                    flush=True,
+                )
             gateway.stop()
             gateway = None
     finally:

@@ -21,22 +21,42 @@ RUNS = 7
 
 
 def _payloads() -> list[bytes]:
-    out = [jsonutil.dumpb({"choices": [{"index": 0, "delta": {"role": "assistant",
-                                                              "content": ""}}]})]
+    out = [
+        jsonutil.dumpb({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+    ]
     words = ("The ", "quick ", "brown ", "fox ", "jumps ", "over ", "the ", "lazy ", "dog. ")
     for i in range(CHUNKS):
-        out.append(jsonutil.dumpb({"choices": [{"index": 0, "delta": {
-            "content": words[i % len(words)] + words[(i + 3) % len(words)]}}]}))
-    out.append(jsonutil.dumpb({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
-                               "usage": {"prompt_tokens": 10, "completion_tokens": CHUNKS}}))
+        out.append(
+            jsonutil.dumpb(
+                {
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {
+                                "content": words[i % len(words)] + words[(i + 3) % len(words)]
+                            },
+                        }
+                    ]
+                }
+            )
+        )
+    out.append(
+        jsonutil.dumpb(
+            {
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": CHUNKS},
+            }
+        )
+    )
     return out
 
 
 def _run(payloads: list[bytes], make: object) -> float:
     best = float("inf")
     for _ in range(RUNS):
-        translator = StreamTranslator(model="m", message_id="msg_bench", signing_key=b"k" * 32,
-                                      normaliser=make())  # type: ignore[operator]
+        translator = StreamTranslator(
+            model="m", message_id="msg_bench", signing_key=b"k" * 32, normaliser=make()
+        )  # type: ignore[operator]
         t = time.perf_counter()
         for payload in payloads:
             translator.feed(payload)

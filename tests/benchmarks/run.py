@@ -47,19 +47,38 @@ PREFIX = "/llm"
 # the first chunk alone, so time to first token is not time to translate all); bulk streams;
 # paced streams x chunks x ms; slow streams x chunks x ms; abandoned streams
 MODES: dict[str, dict[str, Any]] = {
-    "full": {"reps": 3, "buffered": {1: 800, 16: 3000, 64: 3000}, "ttft": 15,
-             "bulk": (8, 80, 256), "paced": (32, 256, 10), "slow": (1000, 200, 100),
-             "abandon": 200},
-    "quick": {"reps": 2, "buffered": {1: 300, 16: 1000, 64: 1000}, "ttft": 8,
-              "bulk": (8, 30, 256), "paced": (16, 128, 10), "slow": (300, 50, 100),
-              "abandon": 100},
-    "tiny": {"reps": 1, "buffered": {1: 20, 16: 48, 64: 64}, "ttft": 3,
-             "bulk": (4, 8, 256), "paced": (4, 16, 10), "slow": (20, 10, 50),
-             "abandon": 10},
+    "full": {
+        "reps": 3,
+        "buffered": {1: 800, 16: 3000, 64: 3000},
+        "ttft": 15,
+        "bulk": (8, 80, 256),
+        "paced": (32, 256, 10),
+        "slow": (1000, 200, 100),
+        "abandon": 200,
+    },
+    "quick": {
+        "reps": 2,
+        "buffered": {1: 300, 16: 1000, 64: 1000},
+        "ttft": 8,
+        "bulk": (8, 30, 256),
+        "paced": (16, 128, 10),
+        "slow": (300, 50, 100),
+        "abandon": 100,
+    },
+    "tiny": {
+        "reps": 1,
+        "buffered": {1: 20, 16: 48, 64: 64},
+        "ttft": 3,
+        "bulk": (4, 8, 256),
+        "paced": (4, 16, 10),
+        "slow": (20, 10, 50),
+        "abandon": 10,
+    },
 }
 
 
 # --- processes ------------------------------------------------------------------------
+
 
 def free_port() -> int:
     import socket
@@ -72,15 +91,28 @@ def free_port() -> int:
 class Proc:
     """A child process (optionally pinned to a core), ended by PID."""
 
-    def __init__(self, name: str, args: list[str], *, core: int | None, logdir: Path,
-                 env: dict[str, str] | None = None, health: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        *,
+        core: int | None,
+        logdir: Path,
+        env: dict[str, str] | None = None,
+        health: str,
+    ) -> None:
         self.name = name
         self.log_path = logdir / f"{name}-{len(list(logdir.glob(name + '-*.log')))}.log"
         self.log = open(self.log_path, "wb")  # closed in stop()
         prefix = ["taskset", "-c", str(core)] if core is not None else []
         t0 = time.perf_counter()
-        self.popen = subprocess.Popen(prefix + args, stdout=self.log, stderr=subprocess.STDOUT,
-                                      cwd=str(REPO), env={**os.environ, **(env or {})})
+        self.popen = subprocess.Popen(
+            prefix + args,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=str(REPO),
+            env={**os.environ, **(env or {})},
+        )
         _PROCS.append(self)
         self._wait_health(health)
         self.startup = time.perf_counter() - t0
@@ -140,6 +172,7 @@ def _get_json(url: str) -> Any:
 
 # --- the setup ------------------------------------------------------------------------
 
+
 def _models(mode: dict[str, Any]) -> list[str]:
     names = ["bench:16:0", "bench:256:0", "bench:256:1"]
     for key in ("paced", "slow"):
@@ -182,10 +215,19 @@ class Bench:
         if self.pin:
             os.sched_setaffinity(0, {0})
         self.stub_port = free_port()
-        self.stub = Proc("stub", [sys.executable, "-m", "tests.benchmarks.stub_fast",
-                                  str(self.stub_port), *self.stub_args],
-                         core=self.client_core, logdir=self.tmp,
-                         health=f"http://{HOST}:{self.stub_port}/health")
+        self.stub = Proc(
+            "stub",
+            [
+                sys.executable,
+                "-m",
+                "tests.benchmarks.stub_fast",
+                str(self.stub_port),
+                *self.stub_args,
+            ],
+            core=self.client_core,
+            logdir=self.tmp,
+            health=f"http://{HOST}:{self.stub_port}/health",
+        )
         self.stub_url = f"http://{HOST}:{self.stub_port}/v1"
         self.models = _models(self.mode)
         self.cfg = self.tmp / "gateway.toml"
@@ -197,24 +239,41 @@ class Bench:
     def start(self, name: str) -> Proc:
         port = free_port()
         if name == "gateway":
-            args = [sys.executable, "-m", "gateway", "--config", str(self.cfg), "--port",
-                    str(port)]
+            args = [sys.executable, "-m", "gateway", "--config", str(self.cfg), "--port", str(port)]
             # its own state directory: the signing key and the batch database (batches on,
             # as by default, the scheduler polling its store)
             env = {"BENCH_GATEWAY_KEYS": API_KEY, "XDG_STATE_HOME": str(self.tmp / "state")}
         elif name == "router":
-            args = [sys.executable, "-m", "sglang_router.launch_router", "--host", HOST,
-                    "--port", str(port), "--worker-urls", self.stub_url.removesuffix("/v1"),
-                    "--backend", "openai", "--log-level", "warn",
-                    "--prometheus-port", str(free_port())]
+            args = [
+                sys.executable,
+                "-m",
+                "sglang_router.launch_router",
+                "--host",
+                HOST,
+                "--port",
+                str(port),
+                "--worker-urls",
+                self.stub_url.removesuffix("/v1"),
+                "--backend",
+                "openai",
+                "--log-level",
+                "warn",
+                "--prometheus-port",
+                str(free_port()),
+            ]
             env = {}
         else:
             module = {"floor": "lean_floor", "relay": "bare_relay"}[name]
-            args = [sys.executable, "-m", f"tests.benchmarks.{module}", str(port),
-                    self.stub_url]
+            args = [sys.executable, "-m", f"tests.benchmarks.{module}", str(port), self.stub_url]
             env = {}
-        proc = Proc(name, args, core=self.server_core, logdir=self.tmp, env=env,
-                    health=f"http://{HOST}:{port}/health")
+        proc = Proc(
+            name,
+            args,
+            core=self.server_core,
+            logdir=self.tmp,
+            env=env,
+            health=f"http://{HOST}:{port}/health",
+        )
         self.servers[name] = (proc, port)
         return proc
 
@@ -235,30 +294,49 @@ class Bench:
     def request(self, target: str, api: str, model: str, stream: bool) -> tuple[int, bytes]:
         """(port, raw request bytes) for ``target`` speaking ``api``."""
         if api == "anthropic":
-            body = {"model": model, "max_tokens": 1024, "stream": stream,
-                    "system": "You are a concise assistant.",
-                    "messages": [{"role": "user", "content": "Say hello to the benchmark."}]}
+            body = {
+                "model": model,
+                "max_tokens": 1024,
+                "stream": stream,
+                "system": "You are a concise assistant.",
+                "messages": [{"role": "user", "content": "Say hello to the benchmark."}],
+            }
         else:
-            body = {"model": model, "max_tokens": 1024, "stream": stream,
-                    "messages": [{"role": "system", "content": "You are a concise assistant."},
-                                 {"role": "user", "content": "Say hello to the benchmark."}]}
+            body = {
+                "model": model,
+                "max_tokens": 1024,
+                "stream": stream,
+                "messages": [
+                    {"role": "system", "content": "You are a concise assistant."},
+                    {"role": "user", "content": "Say hello to the benchmark."},
+                ],
+            }
             if stream:
                 body["stream_options"] = {"include_usage": True}
         if target == "direct":
             if api == "anthropic":  # the same conversation as the stub is sent it
-                body = {"model": model, "max_tokens": 1024, "stream": stream, "messages": [
-                    {"role": "system", "content": body["system"]},
-                    {"role": "user", "content": "Say hello to the benchmark."}]}
+                body = {
+                    "model": model,
+                    "max_tokens": 1024,
+                    "stream": stream,
+                    "messages": [
+                        {"role": "system", "content": body["system"]},
+                        {"role": "user", "content": "Say hello to the benchmark."},
+                    ],
+                }
                 if stream:
                     body["stream_options"] = {"include_usage": True}
-            return self.stub_port, driver.build_request(HOST, self.stub_port,
-                                                        "/v1/chat/completions",
-                                                        jsonutil.dumpb(body))
+            return self.stub_port, driver.build_request(
+                HOST, self.stub_port, "/v1/chat/completions", jsonutil.dumpb(body)
+            )
         port = self.servers[target][1]
         if target == "gateway":
             path = PREFIX + ("/v1/messages" if api == "anthropic" else "/v1/chat/completions")
-            headers = ({"x-api-key": API_KEY, "anthropic-version": "2023-06-01"}
-                       if api == "anthropic" else {"Authorization": f"Bearer {API_KEY}"})
+            headers = (
+                {"x-api-key": API_KEY, "anthropic-version": "2023-06-01"}
+                if api == "anthropic"
+                else {"Authorization": f"Bearer {API_KEY}"}
+            )
         else:
             path = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
             headers = {}
@@ -297,11 +375,15 @@ def _med(values: list[float]) -> float:
 
 def _markers(api: str, target: str = "gateway") -> tuple[bytes, bytes]:
     """(first-token marker, terminal event) of what ``target`` answers (direct: OpenAI)."""
-    return (b"content_block_delta", b"message_stop") if api == "anthropic" \
-        and target != "direct" else (b"reasoning_content", b"[DONE]")
+    return (
+        (b"content_block_delta", b"message_stop")
+        if api == "anthropic" and target != "direct"
+        else (b"reasoning_content", b"[DONE]")
+    )
 
 
 # --- scenarios ------------------------------------------------------------------------
+
 
 async def _measured(bench: Bench, target: str, coro: Any) -> tuple[driver.LoadResult, float]:
     pid = bench.pid(target)
@@ -312,7 +394,7 @@ async def _measured(bench: Bench, target: str, coro: Any) -> tuple[driver.LoadRe
 
 
 def _rotations(targets: list[str], reps: int) -> list[list[str]]:
-    return [targets[i % len(targets):] + targets[: i % len(targets)] for i in range(reps)]
+    return [targets[i % len(targets) :] + targets[: i % len(targets)] for i in range(reps)]
 
 
 def _ratios(row: dict[str, Any], others: list[str], key: str) -> None:
@@ -330,15 +412,24 @@ async def buffered(bench: Bench, api: str, others: list[str]) -> dict[str, Any]:
         for order in _rotations(targets, bench.mode["reps"]):
             for target in order:
                 port, raw = bench.request(target, api, "bench:16:0", False)
-                await driver.closed_loop(HOST, port, raw, concurrency=conc,
-                                         requests=max(conc, count // 10))  # warm-up
-                res, cpu = await _measured(bench, target, driver.closed_loop(
-                    HOST, port, raw, concurrency=conc, requests=count))
+                await driver.closed_loop(
+                    HOST, port, raw, concurrency=conc, requests=max(conc, count // 10)
+                )  # warm-up
+                res, cpu = await _measured(
+                    bench,
+                    target,
+                    driver.closed_loop(HOST, port, raw, concurrency=conc, requests=count),
+                )
                 lat = [r.latency for r in res.results]
-                runs[target].append({
-                    "rps": len(res.results) / res.wall, "p50_ms": _pct(lat, 0.5) * 1e3,
-                    "p99_ms": _pct(lat, 0.99) * 1e3, "ok": res.ok / len(res.results),
-                    "cpu_us": cpu / len(res.results) * 1e6 if target != "direct" else 0.0})
+                runs[target].append(
+                    {
+                        "rps": len(res.results) / res.wall,
+                        "p50_ms": _pct(lat, 0.5) * 1e3,
+                        "p99_ms": _pct(lat, 0.99) * 1e3,
+                        "ok": res.ok / len(res.results),
+                        "cpu_us": cpu / len(res.results) * 1e6 if target != "direct" else 0.0,
+                    }
+                )
         row = {t: {k: _med([r[k] for r in rs]) for k in rs[0]} for t, rs in runs.items()}
         for t in targets[1:]:
             row[t]["added_p50_ms"] = row[t]["p50_ms"] - row["direct"]["p50_ms"]
@@ -358,15 +449,25 @@ async def streamed(bench: Bench, api: str, others: list[str]) -> dict[str, Any]:
         for target in order:
             port, raw = bench.request(target, api, "bench:256:1", True)
             marker, terminal = _markers(api, target)
-            await driver.closed_loop(HOST, port, raw, concurrency=1, requests=2,
-                                     marker=marker, terminal=terminal)
-            res = await driver.closed_loop(HOST, port, raw, concurrency=1,
-                                           requests=mode["ttft"], marker=marker,
-                                           terminal=terminal)
-            runs[target].append({
-                "ttft_ms": _med([r.ttft for r in res.results]) * 1e3,
-                "ttlb_ms": _med([r.latency for r in res.results]) * 1e3,
-                "ok": res.ok / len(res.results)})
+            await driver.closed_loop(
+                HOST, port, raw, concurrency=1, requests=2, marker=marker, terminal=terminal
+            )
+            res = await driver.closed_loop(
+                HOST,
+                port,
+                raw,
+                concurrency=1,
+                requests=mode["ttft"],
+                marker=marker,
+                terminal=terminal,
+            )
+            runs[target].append(
+                {
+                    "ttft_ms": _med([r.ttft for r in res.results]) * 1e3,
+                    "ttlb_ms": _med([r.latency for r in res.results]) * 1e3,
+                    "ok": res.ok / len(res.results),
+                }
+            )
     row = {t: {k: _med([r[k] for r in rs]) for k in rs[0]} for t, rs in runs.items()}
     for t in targets[1:]:
         row[t]["added_ttft_ms"] = row[t]["ttft_ms"] - row["direct"]["ttft_ms"]
@@ -379,13 +480,27 @@ async def streamed(bench: Bench, api: str, others: list[str]) -> dict[str, Any]:
         for target in order:
             port, raw = bench.request(target, api, f"bench:{n}:0", True)
             marker, terminal = _markers(api, target)
-            res, cpu = await _measured(bench, target, driver.closed_loop(
-                HOST, port, raw, concurrency=conc, requests=count, marker=marker,
-                terminal=terminal))
+            res, cpu = await _measured(
+                bench,
+                target,
+                driver.closed_loop(
+                    HOST,
+                    port,
+                    raw,
+                    concurrency=conc,
+                    requests=count,
+                    marker=marker,
+                    terminal=terminal,
+                ),
+            )
             chunks = n * len(res.results)
-            runs[target].append({"chunks_per_s": chunks / res.wall,
-                                 "cpu_s_per_1k_chunks": cpu / chunks * 1000,
-                                 "ok": res.ok / len(res.results)})
+            runs[target].append(
+                {
+                    "chunks_per_s": chunks / res.wall,
+                    "cpu_s_per_1k_chunks": cpu / chunks * 1000,
+                    "ok": res.ok / len(res.results),
+                }
+            )
     row = {t: {k: _med([r[k] for r in rs]) for k in rs[0]} for t, rs in runs.items()}
     _ratios(row, others, "cpu_s_per_1k_chunks")
     out["bulk"] = row
@@ -397,12 +512,23 @@ async def streamed(bench: Bench, api: str, others: list[str]) -> dict[str, Any]:
         for target in order:
             port, raw = bench.request(target, api, f"bench:{n}:{ms}", True)
             marker, terminal = _markers(api, target)
-            res, cpu = await _measured(bench, target, driver.streams_at_once(
-                HOST, port, raw, count=streams, marker=marker, terminal=terminal,
-                within=n * ms / 1000 * 3 + 10))
+            res, cpu = await _measured(
+                bench,
+                target,
+                driver.streams_at_once(
+                    HOST,
+                    port,
+                    raw,
+                    count=streams,
+                    marker=marker,
+                    terminal=terminal,
+                    within=n * ms / 1000 * 3 + 10,
+                ),
+            )
             chunks = n * streams
-            runs[target].append({"cpu_s_per_1k_chunks": cpu / chunks * 1000,
-                                 "ok": res.ok / streams})
+            runs[target].append(
+                {"cpu_s_per_1k_chunks": cpu / chunks * 1000, "ok": res.ok / streams}
+            )
     row = {t: {k: _med([r[k] for r in rs]) for k in rs[0]} for t, rs in runs.items()}
     _ratios(row, others, "cpu_s_per_1k_chunks")
     out["paced"] = row
@@ -419,26 +545,35 @@ async def slow_streams(bench: Bench, api: str, others: list[str]) -> dict[str, A
         proc = bench.restart(target)
         port, raw = bench.request(target, api, f"bench:{n}:{ms}", True)
         warm_port, warm = bench.request(target, api, "bench:16:0", True)
-        await driver.closed_loop(HOST, warm_port, warm, concurrency=4, requests=16,
-                                 marker=marker, terminal=terminal)
+        await driver.closed_loop(
+            HOST, warm_port, warm, concurrency=4, requests=16, marker=marker, terminal=terminal
+        )
         await asyncio.sleep(0.2)
         base_rss = rss_bytes(proc.pid)
         peaks = [base_rss]
         stop = asyncio.Event()
         sampler = asyncio.create_task(_sample_rss(proc.pid, stop, peaks))
-        res, cpu = await _measured(bench, target, driver.streams_at_once(
-            HOST, port, raw, count=count, marker=marker, terminal=terminal,
-            within=expected + 15))
+        res, cpu = await _measured(
+            bench,
+            target,
+            driver.streams_at_once(
+                HOST, port, raw, count=count, marker=marker, terminal=terminal, within=expected + 15
+            ),
+        )
         stop.set()
         await sampler
         peak = max(peaks)
         await asyncio.sleep(0.5)
         late = [r.latency - expected for r in res.results]
         out[target] = {
-            "completed": res.ok, "completed_ratio": res.ok / count,
-            "on_time_ratio": sum(1 for r in res.results if r.complete
-                                 and r.latency - expected < 1.0) / count,
-            "late_p50_ms": _pct(late, 0.5) * 1e3, "late_max_ms": max(late or [0.0]) * 1e3,
+            "completed": res.ok,
+            "completed_ratio": res.ok / count,
+            "on_time_ratio": sum(
+                1 for r in res.results if r.complete and r.latency - expected < 1.0
+            )
+            / count,
+            "late_p50_ms": _pct(late, 0.5) * 1e3,
+            "late_max_ms": max(late or [0.0]) * 1e3,
             "kb_per_stream": (peak - base_rss) / count / 1024,
             "peak_rss_mb": peak / 2**20,
             "cpu_s_per_1k_chunks": cpu / (count * n) * 1000,
@@ -459,8 +594,9 @@ async def _abandon(bench: Bench, target: str, api: str) -> int:
     count = bench.mode["abandon"]
     port, raw = bench.request(target, api, "bench:1000:100", True)
     marker, terminal = _markers(api)
-    await driver.streams_at_once(HOST, port, raw, count=count, marker=marker,
-                                 terminal=terminal, within=1.0)
+    await driver.streams_at_once(
+        HOST, port, raw, count=count, marker=marker, terminal=terminal, within=1.0
+    )
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
         await asyncio.sleep(0.2)
@@ -492,10 +628,10 @@ async def one_core(bench: Bench) -> dict[str, Any]:
             for order in _rotations(targets, bench.mode["reps"]):
                 for target in order:
                     port, raw = bench.request(target, api, "bench:16:0", False)
-                    await driver.closed_loop(HOST, port, raw, concurrency=1,
-                                             requests=max(1, count // 10))  # warm-up
-                    res = await driver.closed_loop(HOST, port, raw, concurrency=1,
-                                                   requests=count)
+                    await driver.closed_loop(
+                        HOST, port, raw, concurrency=1, requests=max(1, count // 10)
+                    )  # warm-up
+                    res = await driver.closed_loop(HOST, port, raw, concurrency=1, requests=count)
                     runs[target].append(_pct([r.latency for r in res.results], 0.5) * 1e3)
             direct = _med(runs["direct"])
             out[api] = {t: _med(runs[t]) - direct for t in targets[1:]}
@@ -522,6 +658,7 @@ def startup(bench: Bench) -> dict[str, Any]:
 
 # --- targets and the table ------------------------------------------------------------
 
+
 def check_targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     a, o = r["anthropic"], r["openai"]
     ab, ob = a["buffered"], o["buffered"]
@@ -531,28 +668,46 @@ def check_targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         ("buffered Anthropic CPU/request vs floor (c16)", ab["c16"]["cpu_ratio"], 1.3),
         ("paced stream CPU/1k chunks vs floor", a["stream"]["paced"]["cpu_ratio"], 1.3),
         ("bulk stream CPU/1k chunks vs floor", a["stream"]["bulk"]["cpu_ratio"], 1.3),
-        ("pass-through CPU/request vs Rust router (c16)",
-         ob["c16"]["cpu_ratio_router"] if router else None, 1.0),
-        ("pass-through paced stream CPU/1k chunks vs Rust router",
-         o["stream"]["paced"]["cpu_ratio_router"] if router else None, 1.0),
+        (
+            "pass-through CPU/request vs Rust router (c16)",
+            ob["c16"]["cpu_ratio_router"] if router else None,
+            1.0,
+        ),
+        (
+            "pass-through paced stream CPU/1k chunks vs Rust router",
+            o["stream"]["paced"]["cpu_ratio_router"] if router else None,
+            1.0,
+        ),
         ("pass-through CPU/request vs relay (c16)", ob["c16"]["cpu_ratio"], 1.2),
         ("added p50 latency, buffered, c1 (ms)", ab["c1"]["gateway"]["added_p50_ms"], 0.35),
-        ("added TTFT, stream, c1 (ms)",
-         a["stream"]["latency_c1"]["gateway"]["added_ttft_ms"], 1.0),
+        ("added TTFT, stream, c1 (ms)", a["stream"]["latency_c1"]["gateway"]["added_ttft_ms"], 1.0),
         ("slow streams: KB per stream", a["slow"]["gateway"]["kb_per_stream"], 40),
-        ("slow streams: not completed", a["slow"]["streams"]
-         - a["slow"]["gateway"]["completed"], 0),
-        ("slow streams: upstream streams left open",
-         a["slow"]["gateway"]["upstream_open_after"] + o["slow"]["gateway"]["upstream_open_after"]
-         + a["slow"]["gateway"]["abandoned_open_after"]
-         + o["slow"]["gateway"]["abandoned_open_after"], 0),
+        (
+            "slow streams: not completed",
+            a["slow"]["streams"] - a["slow"]["gateway"]["completed"],
+            0,
+        ),
+        (
+            "slow streams: upstream streams left open",
+            a["slow"]["gateway"]["upstream_open_after"]
+            + o["slow"]["gateway"]["upstream_open_after"]
+            + a["slow"]["gateway"]["abandoned_open_after"]
+            + o["slow"]["gateway"]["abandoned_open_after"],
+            0,
+        ),
         # 60 MB before Message Batches; their SQL layer (SQLAlchemy Core) adds about 12 MB
         ("idle RSS (MB)", r["startup"]["gateway"]["idle_rss_mb"], 75),
         ("start-up (s)", r["startup"]["gateway"]["startup_s"], 1.0),
     ]
-    return [{"target": name, "value": value, "limit": limit,
-             "holds": None if value is None else value <= limit}
-            for name, value, limit in rows]
+    return [
+        {
+            "target": name,
+            "value": value,
+            "limit": limit,
+            "holds": None if value is None else value <= limit,
+        }
+        for name, value, limit in rows
+    ]
 
 
 def _f(v: float | None, nd: int = 2) -> str:
@@ -564,8 +719,10 @@ def _f(v: float | None, nd: int = 2) -> str:
 
 
 def table(r: dict[str, Any]) -> str:
-    lines = ["| figure | gateway | floor / relay | Rust router | direct | ÷ floor | ÷ router |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| figure | gateway | floor / relay | Rust router | direct | ÷ floor | ÷ router |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
 
     def cell(v: Any) -> str:
         return v if isinstance(v, str) else _f(v)
@@ -574,17 +731,29 @@ def table(r: dict[str, Any]) -> str:
         ok = isinstance(g, int | float) and isinstance(f, int | float) and f
         return _f(g / f) if ok else ""
 
-    def add(label: str, x: dict[str, Any], floor: str, key: str, *, direct: bool = False,
-            ratio: bool = True) -> None:
+    def add(
+        label: str,
+        x: dict[str, Any],
+        floor: str,
+        key: str,
+        *,
+        direct: bool = False,
+        ratio: bool = True,
+    ) -> None:
         g, f = x["gateway"][key], x[floor][key]
         ro = x["router"][key] if "router" in x else ""
         d = x["direct"][key] if direct and "direct" in x else ""
-        lines.append(f"| {label} | {cell(g)} | {cell(f)} | {cell(ro)} | {cell(d)} | "
-                     f"{div(g, f) if ratio else ''} | {div(g, ro) if ratio else ''} |")
+        lines.append(
+            f"| {label} | {cell(g)} | {cell(f)} | {cell(ro)} | {cell(d)} | "
+            f"{div(g, f) if ratio else ''} | {div(g, ro) if ratio else ''} |"
+        )
 
     def both(x: dict[str, Any], a: str, b: str) -> dict[str, Any]:
-        return {t: {"v": f"{_f(v[a])} / {_f(v[b])}"} for t, v in x.items()
-                if isinstance(v, dict) and t != "direct"}
+        return {
+            t: {"v": f"{_f(v[a])} / {_f(v[b])}"}
+            for t, v in x.items()
+            if isinstance(v, dict) and t != "direct"
+        }
 
     for api, floor in (("anthropic", "floor"), ("openai", "relay")):
         x = r[api]
@@ -592,12 +761,19 @@ def table(r: dict[str, Any]) -> str:
         for c, row in x["buffered"].items():
             add(f"{tag} buffered {c}: requests/s", row, floor, "rps", direct=True)
             add(f"{tag} buffered {c}: CPU µs/request", row, floor, "cpu_us")
-            add(f"{tag} buffered {c}: added p50 / p99 ms",
-                both(row, "added_p50_ms", "added_p99_ms"), floor, "v", ratio=False)
+            add(
+                f"{tag} buffered {c}: added p50 / p99 ms",
+                both(row, "added_p50_ms", "added_p99_ms"),
+                floor,
+                "v",
+                ratio=False,
+            )
         one = r.get("one_core", {}).get(api)
         if one:
-            lines.append(f"| {tag} buffered c1, all on one core: added p50 ms | "
-                         f"{_f(one['gateway'])} | {_f(one[floor])} | | | | |")
+            lines.append(
+                f"| {tag} buffered c1, all on one core: added p50 ms | "
+                f"{_f(one['gateway'])} | {_f(one[floor])} | | | | |"
+            )
         lat = x["stream"]["latency_c1"]
         add(f"{tag} stream c1: added TTFT ms", lat, floor, "added_ttft_ms", ratio=False)
         add(f"{tag} stream c1: added last byte ms", lat, floor, "added_ttlb_ms", ratio=False)
@@ -612,14 +788,23 @@ def table(r: dict[str, Any]) -> str:
         add(f"{label}: on time (<1 s late)", s, floor, "on_time_ratio", ratio=False)
         add(f"{label}: KB/stream", s, floor, "kb_per_stream")
         add(f"{label}: CPU ms/1k chunks", _ms(s), floor, "cpu_ms_per_1k_chunks")
-        add(f"{label}: upstream open after / after hang-up",
-            both(s, "upstream_open_after", "abandoned_open_after"), floor, "v", ratio=False)
+        add(
+            f"{label}: upstream open after / after hang-up",
+            both(s, "upstream_open_after", "abandoned_open_after"),
+            floor,
+            "v",
+            ratio=False,
+        )
     st = r["startup"]
-    lines.append(f"| idle RSS MB (relay) | {_f(st['gateway']['idle_rss_mb'])} | "
-                 f"{_f(st['floor']['idle_rss_mb'])} ({_f(st['relay']['idle_rss_mb'])}) "
-                 f"| | | | |")
-    lines.append(f"| start-up s (relay) | {_f(st['gateway']['startup_s'])} | "
-                 f"{_f(st['floor']['startup_s'])} ({_f(st['relay']['startup_s'])}) | | | | |")
+    lines.append(
+        f"| idle RSS MB (relay) | {_f(st['gateway']['idle_rss_mb'])} | "
+        f"{_f(st['floor']['idle_rss_mb'])} ({_f(st['relay']['idle_rss_mb'])}) "
+        f"| | | | |"
+    )
+    lines.append(
+        f"| start-up s (relay) | {_f(st['gateway']['startup_s'])} | "
+        f"{_f(st['floor']['startup_s'])} ({_f(st['relay']['startup_s'])}) | | | | |"
+    )
     lines.append("")
     lines.append("| target | value | limit | holds |")
     lines.append("| --- | ---: | ---: | :---: |")
@@ -631,11 +816,15 @@ def table(r: dict[str, Any]) -> str:
 
 def _ms(x: dict[str, Any]) -> dict[str, Any]:
     """``x`` with each target's CPU per 1,000 chunks in milliseconds (the table's unit)."""
-    return {t: {**v, "cpu_ms_per_1k_chunks": v["cpu_s_per_1k_chunks"] * 1e3}
-            for t, v in x.items() if isinstance(v, dict) and "cpu_s_per_1k_chunks" in v}
+    return {
+        t: {**v, "cpu_ms_per_1k_chunks": v["cpu_s_per_1k_chunks"] * 1e3}
+        for t, v in x.items()
+        if isinstance(v, dict) and "cpu_s_per_1k_chunks" in v
+    }
 
 
 # --- main -----------------------------------------------------------------------------
+
 
 async def _run_all(bench: Bench) -> dict[str, Any]:
     r: dict[str, Any] = {}
@@ -644,9 +833,11 @@ async def _run_all(bench: Bench) -> dict[str, Any]:
         for name in ("gateway", *others):
             if name not in bench.servers:
                 bench.start(name)
-        r[api] = {"buffered": await buffered(bench, api, others),
-                  "stream": await streamed(bench, api, others),
-                  "slow": await slow_streams(bench, api, others)}
+        r[api] = {
+            "buffered": await buffered(bench, api, others),
+            "stream": await streamed(bench, api, others),
+            "slow": await slow_streams(bench, api, others),
+        }
         for name in others:
             bench.servers.pop(name)[0].stop()
     return r
@@ -659,9 +850,12 @@ def run(mode_name: str = "full", *, echo: bool = False) -> dict[str, Any]:
         result: dict[str, Any] = {
             "mode": mode_name,
             "stub_echo": bool(bench.stub_args),
-            "machine": {"cpus": os.cpu_count(), "pinned": bench.pin,
-                        "loadavg_before": os.getloadavg(),
-                        "python": sys.version.split()[0]},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "pinned": bench.pin,
+                "loadavg_before": os.getloadavg(),
+                "python": sys.version.split()[0],
+            },
         }
         result["startup"] = startup(bench)
         result["one_core"] = asyncio.run(one_core(bench))
@@ -673,9 +867,11 @@ def run(mode_name: str = "full", *, echo: bool = False) -> dict[str, Any]:
         bench.close()
         # every gateway log of the run: an error line is a bug the load found
         result["gateway_error_lines"] = sum(
-            1 for log in bench.tmp.glob("gateway-*.log")
+            1
+            for log in bench.tmp.glob("gateway-*.log")
             for ln in log.read_text(errors="replace").splitlines()
-            if '"level": "error"' in ln or '"level":"error"' in ln)
+            if '"level": "error"' in ln or '"level":"error"' in ln
+        )
         return result
     finally:
         bench.close()
@@ -686,21 +882,26 @@ def main(argv: list[str] | None = None) -> int:
     group = ap.add_mutually_exclusive_group()
     group.add_argument("--quick", action="store_true", help="fewer, shorter runs (< 2 min)")
     group.add_argument("--tiny", action="store_true", help="seconds: proves it runs (tests)")
-    ap.add_argument("--echo", action="store_true",
-                    help="the stub echoes X-Request-Id as vLLM does with its flag, so the "
-                         "gateway keeps upstream connections alive (default: no echo, a "
-                         "connection per request, as with llama.cpp or Ollama)")
+    ap.add_argument(
+        "--echo",
+        action="store_true",
+        help="the stub echoes X-Request-Id as vLLM does with its flag, so the "
+        "gateway keeps upstream connections alive (default: no echo, a "
+        "connection per request, as with llama.cpp or Ollama)",
+    )
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
     result = run(mode, echo=args.echo)
     print(table(result))
-    print(f"\nmode {mode}, {result['elapsed_s']:.0f} s, cpus {result['machine']['cpus']}, "
-          f"pinned {result['machine']['pinned']}, stub echoes X-Request-Id "
-          f"{result['stub_echo']}, load average before/after "
-          f"{result['machine']['loadavg_before'][0]:.2f}/"
-          f"{result['machine']['loadavg_after'][0]:.2f}, gateway error log lines "
-          f"{result['gateway_error_lines']}")
+    print(
+        f"\nmode {mode}, {result['elapsed_s']:.0f} s, cpus {result['machine']['cpus']}, "
+        f"pinned {result['machine']['pinned']}, stub echoes X-Request-Id "
+        f"{result['stub_echo']}, load average before/after "
+        f"{result['machine']['loadavg_before'][0]:.2f}/"
+        f"{result['machine']['loadavg_after'][0]:.2f}, gateway error log lines "
+        f"{result['gateway_error_lines']}"
+    )
     if result.get("router_missing"):
         print(f"Rust router left out: {result['router_missing']}")
     if args.json:

@@ -40,7 +40,7 @@ import sys
 CREATED = 1700000000
 _MODEL = re.compile(rb'"model"\s*:\s*"([^"]*)"')
 _STREAM = re.compile(rb'"stream"\s*:\s*true')
-_REQUEST_ID = re.compile(rb'(?i)\r\nx-request-id:[ \t]*([^\r\n \t]*)')
+_REQUEST_ID = re.compile(rb"(?i)\r\nx-request-id:[ \t]*([^\r\n \t]*)")
 _WORDS = [" alpha", " beta", " gamma", " delta", " epsilon", " zeta", " eta", " theta"]
 
 
@@ -49,11 +49,21 @@ def _dump(obj: object) -> bytes:
 
 
 def _chunk(model: str, delta: dict, finish: str | None = None) -> bytes:
-    return b"data: " + _dump({
-        "id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": CREATED,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-    }) + b"\n\n"
+    return (
+        b"data: "
+        + _dump(
+            {
+                "id": "chatcmpl-bench",
+                "object": "chat.completion.chunk",
+                "created": CREATED,
+                "model": model,
+                "choices": [
+                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                ],
+            }
+        )
+        + b"\n\n"
+    )
 
 
 def _framed(data: bytes) -> bytes:
@@ -83,29 +93,54 @@ class Scenario:
         events += [_chunk(model, {"reasoning_content": _WORDS[i % 8]}) for i in range(half)]
         events += [_chunk(model, {"content": _WORDS[i % 8]}) for i in range(n - half)]
         events.append(_chunk(model, {}, "stop"))
-        events.append(b"data: " + _dump({
-            "id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": CREATED,
-            "model": model, "choices": [],
-            "usage": {"prompt_tokens": 12, "completion_tokens": n, "total_tokens": 12 + n},
-        }) + b"\n\n")
+        events.append(
+            b"data: "
+            + _dump(
+                {
+                    "id": "chatcmpl-bench",
+                    "object": "chat.completion.chunk",
+                    "created": CREATED,
+                    "model": model,
+                    "choices": [],
+                    "usage": {"prompt_tokens": 12, "completion_tokens": n, "total_tokens": 12 + n},
+                }
+            )
+            + b"\n\n"
+        )
         events.append(b"data: [DONE]\n\n")
-        self.stream_head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                            b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n")
+        self.stream_head = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
         self.stream_events = [_framed(e) for e in events] + [b"0\r\n\r\n"]
         self.stream_bulk = self.stream_head + b"".join(self.stream_events)
         words = "".join(_WORDS[i % 8] for i in range(n))
-        body = _dump({
-            "id": "chatcmpl-bench", "object": "chat.completion", "created": CREATED,
-            "model": model,
-            "choices": [{"index": 0, "message": {
-                "role": "assistant", "reasoning_content": words[: len(words) // 2],
-                "content": words, "tool_calls": []},
-                "logprobs": None, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 12, "completion_tokens": n, "total_tokens": 12 + n},
-        })
-        self.buffered = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-
+        body = _dump(
+            {
+                "id": "chatcmpl-bench",
+                "object": "chat.completion",
+                "created": CREATED,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "reasoning_content": words[: len(words) // 2],
+                            "content": words,
+                            "tool_calls": [],
+                        },
+                        "logprobs": None,
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 12, "completion_tokens": n, "total_tokens": 12 + n},
+            }
+        )
+        self.buffered = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
 
     def _tools(self, model: str) -> None:
         _, calls, kib = model.split(":")
@@ -116,31 +151,54 @@ class Scenario:
         piece = 16 * 1024
         for i in range(int(calls)):
             for start in range(0, len(arguments), piece):
-                call: dict = {"index": i, "function": {"arguments": arguments[start:start + piece]}}
+                call: dict = {
+                    "index": i,
+                    "function": {"arguments": arguments[start : start + piece]},
+                }
                 if start == 0:
                     call.update(id=f"call_{i}", type="function")
                     call["function"]["name"] = "write"
                 events.append(_chunk(model, {"tool_calls": [call]}))
         events.append(_chunk(model, {}, "tool_calls"))
         events.append(b"data: [DONE]\n\n")
-        self.stream_head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                            b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n")
+        self.stream_head = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
         self.stream_events = [_framed(e) for e in events] + [b"0\r\n\r\n"]
         self.stream_bulk = self.stream_head + b"".join(self.stream_events)
-        body = _dump({
-            "id": "chatcmpl-bench", "object": "chat.completion", "created": CREATED,
-            "model": model,
-            "choices": [{"index": 0, "message": {
-                "role": "assistant", "content": None, "tool_calls": [
-                    {"id": f"call_{i}", "type": "function",
-                     "function": {"name": "write", "arguments": arguments}}
-                    for i in range(int(calls))]},
-                "logprobs": None, "finish_reason": "tool_calls"}],
-            "usage": {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13},
-        })
-        self.buffered = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-
+        body = _dump(
+            {
+                "id": "chatcmpl-bench",
+                "object": "chat.completion",
+                "created": CREATED,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "content": None,
+                            "tool_calls": [
+                                {
+                                    "id": f"call_{i}",
+                                    "type": "function",
+                                    "function": {"name": "write", "arguments": arguments},
+                                }
+                                for i in range(int(calls))
+                            ],
+                        },
+                        "logprobs": None,
+                        "finish_reason": "tool_calls",
+                    }
+                ],
+                "usage": {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13},
+            }
+        )
+        self.buffered = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
 
     def echoing(self, request_id: bytes) -> Scenario:
         """The same replies, their heads carrying ``X-Request-Id: request_id``."""
@@ -149,7 +207,7 @@ class Scenario:
         sc.delay = self.delay
         sc.stream_events = self.stream_events
         sc.stream_head = self.stream_head.replace(b"\r\n", header + b"\r\n", 1)
-        sc.stream_bulk = sc.stream_head + self.stream_bulk[len(self.stream_head):]
+        sc.stream_bulk = sc.stream_head + self.stream_bulk[len(self.stream_head) :]
         sc.buffered = self.buffered.replace(b"\r\n", header + b"\r\n", 1)
         return sc
 
@@ -174,10 +232,15 @@ def _scenario(model: str) -> Scenario:
 def _tokenizer(path: bytes, body: bytes) -> bytes:
     req = json.loads(body)
     if path == b"/apply-template":
-        prompt = "".join(f"<|{m['role']}|>{m['content']}<|end|>" for m in req["messages"]
-                         if isinstance(m.get("content"), str)) + "<|assistant|>"
-        return json.dumps({"prompt": prompt}, ensure_ascii=False,
-                          separators=(",", ":")).encode()
+        prompt = (
+            "".join(
+                f"<|{m['role']}|>{m['content']}<|end|>"
+                for m in req["messages"]
+                if isinstance(m.get("content"), str)
+            )
+            + "<|assistant|>"
+        )
+        return json.dumps({"prompt": prompt}, ensure_ascii=False, separators=(",", ":")).encode()
     n = max(1, len(req.get("content", "")) // 4)
     return b'{"tokens":[' + b"1234," * (n - 1) + b"1234]}"
 
@@ -191,8 +254,11 @@ def _content_length(head: bytes) -> int:
 
 
 def _simple(status: str, body: bytes) -> bytes:
-    return (b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-            % (status.encode(), len(body), body))
+    return b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        status.encode(),
+        len(body),
+        body,
+    )
 
 
 class _Server(asyncio.Protocol):
@@ -219,8 +285,8 @@ class _Server(asyncio.Protocol):
             length = _content_length(head)
             if len(self.buf) < end + 4 + length:
                 return
-            body = bytes(self.buf[end + 4: end + 4 + length])
-            del self.buf[:end + 4 + length]
+            body = bytes(self.buf[end + 4 : end + 4 + length])
+            del self.buf[: end + 4 + length]
             self._handle(head, body)
 
     def _handle(self, head: bytes, body: bytes) -> None:
@@ -229,13 +295,27 @@ class _Server(asyncio.Protocol):
         method, _, rest = line.partition(b" ")
         path = rest.partition(b" ")[0]
         if method == b"GET" and path == b"/_stats":
-            self.transport.write(_simple("200 OK", _dump({
-                "open": Stats.open, "started": Stats.started, "completed": Stats.completed,
-                "aborted": Stats.aborted})))
+            self.transport.write(
+                _simple(
+                    "200 OK",
+                    _dump(
+                        {
+                            "open": Stats.open,
+                            "started": Stats.started,
+                            "completed": Stats.completed,
+                            "aborted": Stats.aborted,
+                        }
+                    ),
+                )
+            )
             return
         if method == b"GET" and path == b"/_slots":
-            self.transport.write(_simple("200 OK", _dump({
-                "slots": Slots.size, "busy": Slots.busy, "served": Slots.served})))
+            self.transport.write(
+                _simple(
+                    "200 OK",
+                    _dump({"slots": Slots.size, "busy": Slots.busy, "served": Slots.served}),
+                )
+            )
             return
         if method == b"GET" and path == b"/health":
             self.transport.write(_simple("200 OK", b'{"status":"ok"}'))
@@ -293,7 +373,6 @@ class _Server(asyncio.Protocol):
             self.task = None
         if self.buf and not transport.is_closing():
             self.data_received(b"")
-
 
     async def _slotted(self, sc: Scenario, stream: bool) -> None:
         """One completion served within a slot (``--slots``)."""

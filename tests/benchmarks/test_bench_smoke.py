@@ -29,14 +29,19 @@ _SERVER_FIGURES = {
     "latency_c1": ("ttft_ms", "ttlb_ms", "added_ttft_ms", "added_ttlb_ms"),
     "bulk": ("chunks_per_s", "cpu_s_per_1k_chunks"),
     "paced": ("cpu_s_per_1k_chunks",),
-    "slow": ("completed", "on_time_ratio", "kb_per_stream", "cpu_s_per_1k_chunks",
-             "upstream_open_after", "abandoned_open_after"),
+    "slow": (
+        "completed",
+        "on_time_ratio",
+        "kb_per_stream",
+        "cpu_s_per_1k_chunks",
+        "upstream_open_after",
+        "abandoned_open_after",
+    ),
 }
 
 
 def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) \
-        and math.isfinite(value)
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def test_tiny_run_reports_every_figure(tmp_path):
@@ -46,8 +51,13 @@ def test_tiny_run_reports_every_figure(tmp_path):
     if os.environ.get("CI") and importlib.util.find_spec("sglang_router") is None:
         pytest.fail("sglang-router is not installed (pip install '.[bench]'; CI must)")
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "tests.benchmarks.run", "--tiny", "--json",
-                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=_HANG_S)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.benchmarks.run", "--tiny", "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=_HANG_S,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "| target | value | limit | holds |" in proc.stdout
     r = json.loads(out.read_text())
@@ -88,16 +98,33 @@ def test_tiny_run_reports_every_figure(tmp_path):
     assert r["targets"]
     for t in r["targets"]:  # a target without a value: only the router's, where it is absent
         assert _number(t["value"]) or (
-            t["value"] is None and r["router_missing"] and "Rust router" in t["target"]), t
+            t["value"] is None and r["router_missing"] and "Rust router" in t["target"]
+        ), t
     assert isinstance(r["gateway_error_lines"], int)
 
 
 def test_workers_run_reports_every_figure(tmp_path):
     """The scale-out benchmark (``--workers``) in a tiny size: all streams complete."""
     out = tmp_path / "workers.json"
-    proc = subprocess.run([sys.executable, "-m", "tests.benchmarks.workers", "--streams", "60",
-                           "--chunks", "3", "--interval-ms", "100", "--json", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=_HANG_S)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.benchmarks.workers",
+            "--streams",
+            "60",
+            "--chunks",
+            "3",
+            "--interval-ms",
+            "100",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=_HANG_S,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     figures = json.loads(out.read_text())
     assert figures["completed"] == 60 and figures["upstream_open_after"] == 0
@@ -111,8 +138,13 @@ def test_batches_run_reports_every_figure(tmp_path):
     """The Message Batches benchmark in its tiny mode: every figure a number, the batch
     still running through the interactive phase it is compared in."""
     out = tmp_path / "batches.json"
-    proc = subprocess.run([sys.executable, "-m", "tests.benchmarks.batches", "--tiny", "--json",
-                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=_HANG_S)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.benchmarks.batches", "--tiny", "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=_HANG_S,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "| target | value | limit | holds |" in proc.stdout
     r = json.loads(out.read_text())
@@ -134,8 +166,13 @@ def test_affinity_run_reports_every_figure(tmp_path):
 
     require_demo_extra()
     out = tmp_path / "affinity.json"
-    proc = subprocess.run([sys.executable, "-m", "tests.benchmarks.affinity", "--tiny", "--json",
-                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=_HANG_S)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.benchmarks.affinity", "--tiny", "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=_HANG_S,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "| figure | affinity | round-robin | round-robin ÷ affinity |" in proc.stdout
     r = json.loads(out.read_text())
@@ -143,8 +180,15 @@ def test_affinity_run_reports_every_figure(tmp_path):
     for policy in ("affinity", "round_robin"):
         figures = r[policy]
         assert figures["errors"] == 0 and figures["requests"] == turns, figures
-        for key in ("ttft_p50_ms", "ttft_p95_ms", "ttft_later_p50_ms", "ttft_later_p95_ms",
-                    "prompt_tokens_computed", "prompt_tokens_cached", "cache_hit_share"):
+        for key in (
+            "ttft_p50_ms",
+            "ttft_p95_ms",
+            "ttft_later_p50_ms",
+            "ttft_later_p95_ms",
+            "prompt_tokens_computed",
+            "prompt_tokens_cached",
+            "cache_hit_share",
+        ):
             assert _number(figures[key]), (policy, key)
         assert figures["prompt_tokens_computed"] > 0
         assert sum(figures["requests_per_replica"]) == turns, figures

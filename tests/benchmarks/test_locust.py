@@ -119,14 +119,41 @@ upstream_model = "cut-every:{CUT_EVERY}"
         gateway, url = start_gateway(config, tmp_path, env={"LOCUST_TEST_KEYS": KEY})
         dump = tmp_path / "dump.py"
         dump.write_text(_DUMP)
-        env = {**os.environ, "LOCUST_API_KEY": KEY, "LOCUST_MODEL": "flaky",
-               "GATEWAY_PREFIX": "/llm", "LOCUST_TEST_DUMP": str(tmp_path / "final.json")}
+        env = {
+            **os.environ,
+            "LOCUST_API_KEY": KEY,
+            "LOCUST_MODEL": "flaky",
+            "GATEWAY_PREFIX": "/llm",
+            "LOCUST_TEST_DUMP": str(tmp_path / "final.json"),
+        }
         proc = subprocess.run(
-            [sys.executable, "-m", "locust",
-             "-f", f"{REPO / 'deploy/locust/locustfile.py'},{dump}",
-             "--headless", "-u", "4", "-r", "4", "-t", "3s", "--host", url, "--only-summary",
-             "--stop-timeout", "10", "--exit-code-on-error", "0"],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+            [
+                sys.executable,
+                "-m",
+                "locust",
+                "-f",
+                f"{REPO / 'deploy/locust/locustfile.py'},{dump}",
+                "--headless",
+                "-u",
+                "4",
+                "-r",
+                "4",
+                "-t",
+                "3s",
+                "--host",
+                url,
+                "--only-summary",
+                "--stop-timeout",
+                "10",
+                "--exit-code-on-error",
+                "0",
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         final = json.loads((tmp_path / "final.json").read_text())
         assert final["exceptions"] == 0, "a task raised instead of counting: " + proc.stderr
@@ -152,13 +179,17 @@ upstream_model = "cut-every:{CUT_EVERY}"
         count, fails, size = rows[name]
         answered = sum(n for (a, s, _), n in requests.items() if (a, s) == (api, stream))
         if stream == "true":
-            failed = sum(n for (a, why), n in terminations.items()
-                         if a == api and why != "completed")
+            failed = sum(
+                n for (a, why), n in terminations.items() if a == api and why != "completed"
+            )
             assert sum(n for (a, _), n in terminations.items() if a == api) == answered
             assert size > 0, name  # the bytes of the stream, not of its headers
         else:
-            failed = sum(n for (a, s, code), n in requests.items()
-                         if (a, s) == (api, stream) and code != "200")
+            failed = sum(
+                n
+                for (a, s, code), n in requests.items()
+                if (a, s) == (api, stream) and code != "200"
+            )
         assert (count, fails) == (answered, failed), name
         assert answered > 0, name
         failed_total += failed

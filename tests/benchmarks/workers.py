@@ -41,9 +41,13 @@ def _completed_metric(url: str) -> float:
     req = urllib.request.Request(url + "/metrics", headers={"x-api-key": run.API_KEY})
     with urllib.request.urlopen(req, timeout=10) as resp:
         text = resp.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("llm_gateway_stream_terminations_total{")
-               and 'reason="completed"' in line and 'api="messages"' in line)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("llm_gateway_stream_terminations_total{")
+        and 'reason="completed"' in line
+        and 'api="messages"' in line
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,18 +62,44 @@ def main(argv: list[str] | None = None) -> int:
     model = f"bench:{args.chunks}:{args.interval_ms}"
     stub_port, port = run.free_port(), run.free_port()
     try:
-        run.Proc("stub", [sys.executable, "-m", "tests.benchmarks.stub_fast", str(stub_port)],
-                 core=None, logdir=tmp, health=f"http://{run.HOST}:{stub_port}/health")
+        run.Proc(
+            "stub",
+            [sys.executable, "-m", "tests.benchmarks.stub_fast", str(stub_port)],
+            core=None,
+            logdir=tmp,
+            health=f"http://{run.HOST}:{stub_port}/health",
+        )
         cfg = tmp / "gateway.toml"
         cfg.write_text(run._gateway_config(f"http://{run.HOST}:{stub_port}/v1", [model]))
-        gw = run.Proc("gateway", [sys.executable, "-m", "gateway", "--config", str(cfg),
-                                  "--port", str(port), "--workers", str(args.workers)],
-                      core=None, logdir=tmp, env={"BENCH_GATEWAY_KEYS": run.API_KEY},
-                      health=f"http://{run.HOST}:{port}/health")
-        body = json.dumps({"model": model, "max_tokens": 1024, "stream": True,
-                           "messages": [{"role": "user", "content": "hi"}]}).encode()
-        raw = driver.build_request(run.HOST, port, run.PREFIX + "/v1/messages", body,
-                                   {"x-api-key": run.API_KEY})
+        gw = run.Proc(
+            "gateway",
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "--config",
+                str(cfg),
+                "--port",
+                str(port),
+                "--workers",
+                str(args.workers),
+            ],
+            core=None,
+            logdir=tmp,
+            env={"BENCH_GATEWAY_KEYS": run.API_KEY},
+            health=f"http://{run.HOST}:{port}/health",
+        )
+        body = json.dumps(
+            {
+                "model": model,
+                "max_tokens": 1024,
+                "stream": True,
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+        ).encode()
+        raw = driver.build_request(
+            run.HOST, port, run.PREFIX + "/v1/messages", body, {"x-api-key": run.API_KEY}
+        )
         expected = (args.chunks - 1) * args.interval_ms / 1000
         idle = sum(run.rss_bytes(p) for p in _children(gw.pid))
         peaks: list[int] = [idle]
@@ -84,8 +114,14 @@ def main(argv: list[str] | None = None) -> int:
 
             sampler = asyncio.create_task(sample())
             res = await driver.streams_at_once(
-                run.HOST, port, raw, count=args.streams, marker=b"content_block_delta",
-                terminal=b"message_stop", within=expected + 30)
+                run.HOST,
+                port,
+                raw,
+                count=args.streams,
+                marker=b"content_block_delta",
+                terminal=b"message_stop",
+                within=expected + 30,
+            )
             stop.set()
             await sampler
             return res
@@ -100,8 +136,11 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.2)
         late = [r.latency - expected for r in res.results if r.complete]
         out = {
-            "streams": args.streams, "workers": args.workers, "chunks": args.chunks,
-            "interval_ms": args.interval_ms, "completed": res.ok,
+            "streams": args.streams,
+            "workers": args.workers,
+            "chunks": args.chunks,
+            "interval_ms": args.interval_ms,
+            "completed": res.ok,
             "on_time": sum(1 for x in late if x < 1.0),
             "gateway_idle_rss_mb": idle / 2**20,
             "gateway_peak_rss_mb": max(peaks) / 2**20,

@@ -88,8 +88,7 @@ def _new_access(gateway: Proc, seen: int) -> list[dict[str, Any]]:
         now = _access(gateway)[seen:]
         if len(now) != len(lines):
             lines, quiet_since = now, time.monotonic()
-        elif (any(a["route"] == "messages" for a in lines)
-              and time.monotonic() - quiet_since > 0.5):
+        elif any(a["route"] == "messages" for a in lines) and time.monotonic() - quiet_since > 0.5:
             break
     return lines
 
@@ -100,13 +99,18 @@ def _claude(args: list[str], work: Path, env: dict[str, str]) -> dict[str, Any]:
     if not streamed:
         args = [*args, "--output-format", "json"]
     start = time.monotonic()
-    proc = subprocess.run([str(CLAUDE), *args], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [str(CLAUDE), *args], cwd=work, env=env, capture_output=True, text=True, timeout=120
+    )
     seconds = time.monotonic() - start
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    run = {"exit_code": proc.returncode, "result": events[-1] if events else None,
-           "seconds": round(seconds, 2), "stdout": proc.stdout[-2000:],
-           "stderr": proc.stderr[-2000:]}
+    run = {
+        "exit_code": proc.returncode,
+        "result": events[-1] if events else None,
+        "seconds": round(seconds, 2),
+        "stdout": proc.stdout[-2000:],
+        "stderr": proc.stderr[-2000:],
+    }
     if streamed:
         run["events"] = events
     return run
@@ -132,8 +136,10 @@ def main() -> int:
     work.mkdir()
     port = free_port()
     start = time.monotonic()
-    gateway = Proc([sys.executable, "-m", "gateway", "--demo", "--port", str(port)],
-                   env={"XDG_CACHE_HOME": str(tmp / "cache")})
+    gateway = Proc(
+        [sys.executable, "-m", "gateway", "--demo", "--port", str(port)],
+        env={"XDG_CACHE_HOME": str(tmp / "cache")},
+    )
     report: dict[str, Any] = {"runs": {}}
     try:
         wait_http(f"http://127.0.0.1:{port}/health", timeout=120, proc=gateway.popen)
@@ -149,22 +155,37 @@ def main() -> int:
             "first": (["-p", prompt, "--no-session-persistence"], {}),
             "second": (["-p", prompt], {}),
             "continued": (["-p", prompt, "--continue"], {}),
-            "all_tools": (["-p", prompt, "--no-session-persistence"],
-                          {"ENABLE_TOOL_SEARCH": "false"}),
-            "tool_loop": (["-p", prompt, "--no-session-persistence", "--allowedTools", "Bash",
-                           "--output-format", "stream-json", "--verbose"], {}),
+            "all_tools": (
+                ["-p", prompt, "--no-session-persistence"],
+                {"ENABLE_TOOL_SEARCH": "false"},
+            ),
+            "tool_loop": (
+                [
+                    "-p",
+                    prompt,
+                    "--no-session-persistence",
+                    "--allowedTools",
+                    "Bash",
+                    "--output-format",
+                    "stream-json",
+                    "--verbose",
+                ],
+                {},
+            ),
         }
         for name, (args, extra) in runs.items():
             seen = len(_access(gateway))
             run = _claude(args, work, {**env, **extra})
             run["access"] = _new_access(gateway, seen)
             report["runs"][name] = run
-        report["rss_kib"] = {"gateway": _rss_kib(gateway.pid),
-                             "llama": sum(_rss_kib(c) for c in _children(gateway.pid))}
-        report["token_counters"] = _counters(f"http://127.0.0.1:{port}",
-                                             "llm_gateway_tokens_total")
-        report["local_fixes"] = _counters(f"http://127.0.0.1:{port}",
-                                          "llm_gateway_local_fixes_total")
+        report["rss_kib"] = {
+            "gateway": _rss_kib(gateway.pid),
+            "llama": sum(_rss_kib(c) for c in _children(gateway.pid)),
+        }
+        report["token_counters"] = _counters(f"http://127.0.0.1:{port}", "llm_gateway_tokens_total")
+        report["local_fixes"] = _counters(
+            f"http://127.0.0.1:{port}", "llm_gateway_local_fixes_total"
+        )
     finally:
         gateway.stop()
         report["gateway_log_tail"] = gateway.output()[-3000:]

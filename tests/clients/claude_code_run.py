@@ -101,18 +101,22 @@ def _steps(mode: str, prompt: str, args: list[str]) -> list[list[str]]:
     """The ``claude`` argument lists to run, in order: one for a single-run mode."""
     out = ["--output-format", "json"]
     if mode == WEBSEARCH_SESSION:
-        return [["-p", prompt, *args, *out], ["-p", "Go on", "--continue", *args, *out],
-                ["-p", "And then?", "--continue", *args, *out]]
+        return [
+            ["-p", prompt, *args, *out],
+            ["-p", "Go on", "--continue", *args, *out],
+            ["-p", "And then?", "--continue", *args, *out],
+        ]
     if mode not in SESSION_MODES:
         return [["-p", prompt, *args, *out, "--no-session-persistence"]]
     bare = ["--bare"] if mode == "compact-bare" else []
-    return [["-p", prompt, *args, *bare, *out],
-            ["-p", "/compact", "--continue", *args, *bare, *out],
-            ["-p", "Go on", "--continue", *args, *bare, *out]]
+    return [
+        ["-p", prompt, *args, *bare, *out],
+        ["-p", "/compact", "--continue", *args, *bare, *out],
+        ["-p", "Go on", "--continue", *args, *bare, *out],
+    ]
 
 
-_HOP_BY_HOP = frozenset({"host", "content-length", "transfer-encoding", "connection",
-                         "keep-alive"})
+_HOP_BY_HOP = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive"})
 
 
 class Recorder:
@@ -137,8 +141,9 @@ class Recorder:
         self._loop.run_forever()
 
     async def _start(self) -> None:
-        self._session = aiohttp.ClientSession(auto_decompress=False,
-                                              timeout=aiohttp.ClientTimeout(total=None))
+        self._session = aiohttp.ClientSession(
+            auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None)
+        )
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._forward)
         self._runner = web.AppRunner(app, access_log=None)
@@ -151,19 +156,27 @@ class Recorder:
             body = json.loads(raw) if raw else None
         except ValueError:
             body = None
-        record = {"method": request.method, "path": request.path_qs, "body": body,
-                  "beta": request.headers.get("anthropic-beta")}
+        record = {
+            "method": request.method,
+            "path": request.path_qs,
+            "body": body,
+            "beta": request.headers.get("anthropic-beta"),
+        }
         self.requests.append(record)
         # a web search side request: its reply is kept too (text), for the tests to check
         keep = isinstance(body, dict) and any(
             isinstance(t, dict) and str(t.get("type", "")).startswith("web_search_")
-            for t in body.get("tools") or ())
+            for t in body.get("tools") or ()
+        )
         kept: list[bytes] = []
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
-        async with self._session.request(request.method, self.target + request.path_qs,
-                                         data=raw, headers=headers) as up:
-            resp = web.StreamResponse(status=up.status, headers={
-                k: v for k, v in up.headers.items() if k.lower() not in _HOP_BY_HOP})
+        async with self._session.request(
+            request.method, self.target + request.path_qs, data=raw, headers=headers
+        ) as up:
+            resp = web.StreamResponse(
+                status=up.status,
+                headers={k: v for k, v in up.headers.items() if k.lower() not in _HOP_BY_HOP},
+            )
             await resp.prepare(request)
             async for piece in up.content.iter_any():
                 if keep:
@@ -188,15 +201,19 @@ def _routes(mode: str, work: Path) -> list[tuple[str, str]]:
     """(route name, stub scenario) per ``[[models]]`` entry, in config order."""
     hello, pdf = str(work / "hello.txt"), str(work / "doc.pdf")
     if mode == "explore":
-        call = {"description": "Explore the file", "prompt": EXPLORE_PROMPT,
-                "subagent_type": "Explore", "model": "haiku", "run_in_background": False}
+        call = {
+            "description": "Explore the file",
+            "prompt": EXPLORE_PROMPT,
+            "subagent_type": "Explore",
+            "model": "haiku",
+            "run_in_background": False,
+        }
         return [(MODEL, "agent:Agent:" + json.dumps(call)), ("claude-*", f"cc-tool:{hello}")]
     if mode == "no-model":
         return [("claude-*", f"cc-tool:{hello}")]
     if mode in WEBSEARCH_MODES:
         query = "gateway release notes" + (" #fail" if mode == "websearch-fail" else "")
-        steps = [["ToolSearch", {"query": "select:WebSearch"}],
-                 ["WebSearch", {"query": query}]]
+        steps = [["ToolSearch", {"query": "select:WebSearch"}], ["WebSearch", {"query": query}]]
         return [(MODEL, "cc-steps:" + json.dumps(steps)), ("claude-*", "ok")]
     if mode == "pdf":
         return [(MODEL, f"cc-tool:{pdf}")]
@@ -211,8 +228,9 @@ def _routes(mode: str, work: Path) -> list[tuple[str, str]]:
     raise SystemExit(f"unknown mode {mode!r}")
 
 
-def _stub_config(stub_url: str, routes: list[tuple[str, str]],
-                 searxng_url: str | None = None) -> str:
+def _stub_config(
+    stub_url: str, routes: list[tuple[str, str]], searxng_url: str | None = None
+) -> str:
     text = f"""
 [server]
 host = "127.0.0.1"
@@ -226,8 +244,10 @@ header_timeout = 3
 idle_timeout = 3
 """
     for name, scenario in routes:  # json.dumps quotes as a TOML basic string does
-        text += (f"\n[[models]]\nname = {json.dumps(name)}\nupstream = \"stub\"\n"
-                 f"upstream_model = {json.dumps(scenario)}\n")
+        text += (
+            f'\n[[models]]\nname = {json.dumps(name)}\nupstream = "stub"\n'
+            f"upstream_model = {json.dumps(scenario)}\n"
+        )
     if searxng_url is not None:
         text += f'\n[web_search]\nsearxng_url = "{searxng_url}"\n'
     return text
@@ -292,7 +312,8 @@ def main() -> int:
         env["CLAUDE_CODE_MODEL_CAPABILITIES"] = "per_turn_effort"
     if mode == "think-updates":  # what 2.1.332 sends when its connector-text experiment is on
         env["CLAUDE_CODE_EXTRA_BODY"] = json.dumps(
-            {"thinking": {"type": "adaptive", "display": "updates"}})
+            {"thinking": {"type": "adaptive", "display": "updates"}}
+        )
     seen = None
     steps = []
     try:
@@ -300,7 +321,11 @@ def main() -> int:
             first_request = len(recorder.requests)
             claude = subprocess.Popen(
                 [str(CLAUDE), *step],
-                cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                cwd=work,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
             )
             try:  # a hung run still reports what it sent (exit_code None)
                 stdout, stderr = claude.communicate(timeout=150 if mode == "llama" else 90)
@@ -313,9 +338,16 @@ def main() -> int:
             for line in stdout.splitlines():
                 if line.startswith("{"):
                     result = json.loads(line)
-            steps.append({"args": step, "exit_code": exit_code, "result": result,
-                          "stdout": stdout[-2000:], "stderr": stderr[-2000:],
-                          "first_request": first_request})
+            steps.append(
+                {
+                    "args": step,
+                    "exit_code": exit_code,
+                    "result": result,
+                    "stdout": stdout[-2000:],
+                    "stderr": stderr[-2000:],
+                    "first_request": first_request,
+                }
+            )
             if exit_code != 0:
                 break
         if stub_url:
@@ -331,14 +363,26 @@ def main() -> int:
             stop()
     access = access_lines(gateway.output())
     shutil.rmtree(tmp, ignore_errors=True)
-    Path(out_path).write_text(json.dumps({
-        "exit_code": exit_code, "result": result, "stdout": stdout[-2000:],
-        "stderr": stderr[-2000:], "access": access, "upstream_requests": seen,
-        "client_requests": recorder.requests,
-        "file_path": str(work / "hello.txt"), "file_text": FILE_TEXT,
-        "pdf_path": str(work / "doc.pdf"), "pdf_lines": PDF_LINES,
-        "explore_prompt": EXPLORE_PROMPT, "steps": steps, "searches": searches,
-    }))
+    Path(out_path).write_text(
+        json.dumps(
+            {
+                "exit_code": exit_code,
+                "result": result,
+                "stdout": stdout[-2000:],
+                "stderr": stderr[-2000:],
+                "access": access,
+                "upstream_requests": seen,
+                "client_requests": recorder.requests,
+                "file_path": str(work / "hello.txt"),
+                "file_text": FILE_TEXT,
+                "pdf_path": str(work / "doc.pdf"),
+                "pdf_lines": PDF_LINES,
+                "explore_prompt": EXPLORE_PROMPT,
+                "steps": steps,
+                "searches": searches,
+            }
+        )
+    )
     return 0
 
 

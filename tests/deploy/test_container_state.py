@@ -52,8 +52,13 @@ def _shipped() -> dict[str, str]:
 
 def _runnable_env(extra: dict[str, str]) -> dict[str, str]:
     """The whole environment of the child: what the image's user would have, and no more."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent",
-           "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": "/nonexistent",
+        "PYTHONPATH": str(REPO),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
     if os.environ.get("LD_LIBRARY_PATH"):  # an interpreter that finds libpython through it
         env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
     return {**env, **extra}
@@ -63,8 +68,18 @@ def _as_image_user(env: dict[str, str], *argv: str) -> list[str]:
     """argv run as uid/gid 10001 with exactly ``env`` (setpriv and env exec: one PID)."""
     setpriv = shutil.which("setpriv")
     assert setpriv
-    return [setpriv, "--reuid", str(UID), "--regid", str(GID), "--clear-groups",
-            "/usr/bin/env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv]
+    return [
+        setpriv,
+        "--reuid",
+        str(UID),
+        "--regid",
+        str(GID),
+        "--clear-groups",
+        "/usr/bin/env",
+        "-i",
+        *(f"{k}={v}" for k, v in env.items()),
+        *argv,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +90,16 @@ def image_user() -> None:
         pytest.skip("setpriv (util-linux) is not installed")
     probe = subprocess.run(
         _as_image_user(_runnable_env({}), sys.executable, "-c", "import gateway.app"),
-        cwd=REPO, capture_output=True, text=True, timeout=60)
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if probe.returncode != 0:
-        why = (f"uid {UID} cannot run {sys.executable} on {REPO} (an interpreter under "
-               f"/root?): {(probe.stderr or probe.stdout).strip()[-200:]}")
+        why = (
+            f"uid {UID} cannot run {sys.executable} on {REPO} (an interpreter under "
+            f"/root?): {(probe.stderr or probe.stdout).strip()[-200:]}"
+        )
         if os.environ.get("CI"):  # .ci/run opens the way (o+x on /root): a failure there
             pytest.fail(why)
         pytest.skip(why)
@@ -99,8 +120,7 @@ def _start(text: str, folder: Path, env: dict[str, str]) -> tuple[Proc, str, dic
     """Write the config (metrics_port moved to a free port) and start the gateway as the
     image's user on 127.0.0.1:<free port>. -> (proc, base URL, the config as TOML data)"""
     if re.search(r"^metrics_port\s*=", text, flags=re.M):
-        text = re.sub(r"^metrics_port\s*=.*$", f"metrics_port = {free_port()}", text,
-                      flags=re.M)
+        text = re.sub(r"^metrics_port\s*=.*$", f"metrics_port = {free_port()}", text, flags=re.M)
     data = tomllib.loads(text)
     path = folder / "gateway.toml"
     path.write_text(text)
@@ -108,9 +128,20 @@ def _start(text: str, folder: Path, env: dict[str, str]) -> tuple[Proc, str, dic
     keys = {name: "test-secret" for name in env_names(data)}
     keys[data["server"].get("api_keys_env", "GATEWAY_API_KEYS")] = API_KEY
     port = free_port()
-    proc = Proc(_as_image_user(_runnable_env({**keys, **env}), sys.executable, "-m", "gateway",
-                               "--config", str(path), "--host", "127.0.0.1",
-                               "--port", str(port)))
+    proc = Proc(
+        _as_image_user(
+            _runnable_env({**keys, **env}),
+            sys.executable,
+            "-m",
+            "gateway",
+            "--config",
+            str(path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        )
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", timeout=START_WAIT_S, proc=proc.popen)
     except Exception:
@@ -126,8 +157,11 @@ def _events(output: str, name: str) -> list[dict[str, object]]:
 def _batch_body(data: dict[str, object]) -> dict[str, object]:
     models = data["models"]
     assert isinstance(models, list)
-    params = {"model": models[0]["name"], "max_tokens": 16,
-              "messages": [{"role": "user", "content": "hi"}]}
+    params = {
+        "model": models[0]["name"],
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
     return {"requests": [{"custom_id": "one", "params": params}]}
 
 
@@ -157,9 +191,7 @@ def test_without_a_state_directory_it_starts_with_batches_off(
 
 
 @pytest.mark.parametrize("name", sorted(_shipped()))
-def test_with_a_state_directory_batches_work(
-    image_user: None, own_dir: Path, name: str
-) -> None:
+def test_with_a_state_directory_batches_work(image_user: None, own_dir: Path, name: str) -> None:
     state = own_dir / "state"
     state.mkdir(mode=0o700)
     os.chown(state, UID, GID)
@@ -171,12 +203,16 @@ def test_with_a_state_directory_batches_work(
         status, _, body = post(f"{base}{prefix}/v1/messages/batches", _batch_body(data), auth)
         assert status == 200, body
         batch = json.loads(body)
-        assert batch["type"] == "message_batch" and batch["request_counts"]["processing"] + \
-            batch["request_counts"]["errored"] + batch["request_counts"]["succeeded"] == 1
+        assert (
+            batch["type"] == "message_batch"
+            and batch["request_counts"]["processing"]
+            + batch["request_counts"]["errored"]
+            + batch["request_counts"]["succeeded"]
+            == 1
+        )
         status, _, body = get(f"{base}{prefix}/v1/messages/batches/{batch['id']}", auth)
         assert status == 200, body
-        assert post(f"{base}{prefix}/v1/messages/batches/{batch['id']}/cancel", {},
-                    auth)[0] == 200
+        assert post(f"{base}{prefix}/v1/messages/batches/{batch['id']}/cancel", {}, auth)[0] == 200
     finally:
         code = proc.stop(timeout=15)
     output = proc.output()

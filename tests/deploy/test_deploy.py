@@ -98,8 +98,8 @@ _COMMENTED_TABLE = re.compile(r"^#\s?(\[[a-z_]+\])\s*$")
 
 def _switch_on(text: str) -> str:
     return "\n".join(
-        m.group(1) if (m := _COMMENTED_KNOB.match(line) or _COMMENTED_TABLE.match(line))
-        else line for line in text.splitlines()
+        m.group(1) if (m := _COMMENTED_KNOB.match(line) or _COMMENTED_TABLE.match(line)) else line
+        for line in text.splitlines()
     )
 
 
@@ -140,8 +140,11 @@ def test_example_config_with_every_commented_knob_switched_on_loads() -> None:
     text = _switch_on(EXAMPLE.read_text())
     data = tomllib.loads(text)
     assert env_names(data) == {
-        "GATEWAY_API_KEYS", "GATEWAY_SIGNING_KEY", "GATEWAY_PREVIOUS_SIGNING_KEYS",
-        "VLLM_API_KEY", "GATEWAY_BATCHES_DATABASE"
+        "GATEWAY_API_KEYS",
+        "GATEWAY_SIGNING_KEY",
+        "GATEWAY_PREVIOUS_SIGNING_KEYS",
+        "VLLM_API_KEY",
+        "GATEWAY_BATCHES_DATABASE",
     }
     cfg = parse_with_env(text, str(EXAMPLE))
     assert cfg.server.api_keys == ("test-secret",)
@@ -152,8 +155,9 @@ def test_example_config_shows_every_knob_of_the_schema() -> None:
     shown = _knobs_in(tomllib.loads(_switch_on(EXAMPLE.read_text())))
     schema = _schema_knobs()
     assert not schema - shown, f"knobs missing from {EXAMPLE.name}: {sorted(schema - shown)}"
-    assert not shown - schema, \
+    assert not shown - schema, (
         f"knobs unknown to gateway/ops/config_schema.py: {sorted(shown - schema)}"
+    )
 
 
 def test_example_config_comments_every_knob() -> None:
@@ -232,8 +236,16 @@ def test_schema_is_derived_from_the_dataclasses() -> None:
     """Types, required and defaults come from the fields; non-key fields are left out."""
     schema = config_schema.schema()
     ping = schema["server.ping_interval"]
-    assert (ping.name, ping.types, ping.required, ping.default, ping.gt, ping.ge, ping.le,
-            ping.shown) == ("ping_interval", (int, float), False, 10.0, 0, None, None, None)
+    assert (
+        ping.name,
+        ping.types,
+        ping.required,
+        ping.default,
+        ping.gt,
+        ping.ge,
+        ping.le,
+        ping.shown,
+    ) == ("ping_interval", (int, float), False, 10.0, 0, None, None, None)
     assert schema["server.port"].allowed() == "0..65535"
     assert schema["upstreams.<name>.balance"].choices == ("affinity", "round_robin", "least_busy")
     assert schema["server.api_keys_env"].types == (str,)
@@ -395,8 +407,13 @@ def test_dockerfile_is_multi_stage_on_slim_python_311() -> None:
 
 _DIGEST = r"@sha256:[0-9a-f]{64}"
 # the platform of the image (deploy/Dockerfile), for pyproject's environment markers
-_IMAGE_ENV = {"sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
-              "python_version": "3.11", "implementation_name": "cpython"}
+_IMAGE_ENV = {
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "os_name": "posix",
+    "python_version": "3.11",
+    "implementation_name": "cpython",
+}
 
 
 def _normalized(name: str) -> str:
@@ -428,7 +445,7 @@ def test_dockerfile_installs_with_the_constraints_file() -> None:
     """The build stage copies deploy/constraints.txt and its one pip install obeys it."""
     ins = instructions(DOCKERFILE.read_text())
     froms = [i for i, (word, _) in enumerate(ins) if word == "FROM"]
-    build = ins[froms[0]:froms[1]]
+    build = ins[froms[0] : froms[1]]
     copied = [src for w, a in build if w == "COPY" for src in a.split()[:-1]]
     assert "deploy/constraints.txt" in copied
     installs = [a for w, a in build if w == "RUN" and "pip install" in a]
@@ -494,12 +511,17 @@ def _healthcheck_command() -> list[str]:
     return argv
 
 
-def _run_healthcheck(argv: list[str], config_path: Path, port: int,
-                     env: dict[str, str]) -> int:
+def _run_healthcheck(argv: list[str], config_path: Path, port: int, env: dict[str, str]) -> int:
     """The HEALTHCHECK's argv run here: this interpreter, this config, the test's port."""
     args = [str(config_path) if a == UNIT_CONFIG else a for a in argv[1:]]
-    run = subprocess.run([sys.executable, "-m", "gateway", *args, "--port", str(port)],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=10)
+    run = subprocess.run(
+        [sys.executable, "-m", "gateway", *args, "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
     return run.returncode
 
 
@@ -537,8 +559,9 @@ def test_dockerfile_healthcheck_and_probes_against_a_real_gateway(
     if metrics_apart:
         config_path = _example_with(tmp_path, metrics_port=free_port())
     cmd = json.loads(_one(final_stage(), "CMD"))
-    cmd = [str(config_path) if a == UNIT_CONFIG else "127.0.0.1" if a == "0.0.0.0" else a
-           for a in cmd]
+    cmd = [
+        str(config_path) if a == UNIT_CONFIG else "127.0.0.1" if a == "0.0.0.0" else a for a in cmd
+    ]
     env = _own_env(tmp_path)
     proc = Proc([sys.executable, "-m", "gateway", *cmd, "--port", str(port)], env=env)
     try:

@@ -17,7 +17,7 @@ def _blocks(lang: str) -> list[str]:
     text = (REPO / "docs" / "fleets.md").read_text()
     start = text.index(HEADING)
     end = text.find("\n##", start + len(HEADING))
-    section = text[start:end if end != -1 else None]
+    section = text[start : end if end != -1 else None]
     return re.findall(rf"^```{lang}\n(.*?)^```$", section, flags=re.M | re.S)
 
 
@@ -45,7 +45,8 @@ def test_the_router_and_service_examples_load() -> None:
     cfg = _load(router)
     fleet = cfg.upstreams["sglang-fleet"]
     assert fleet.kind == "sglang" and fleet.replica_urls == (
-        "http://sglang-router.inference.svc:30000/v1",)
+        "http://sglang-router.inference.svc:30000/v1",
+    )
     # the Service example falls back to the router's model: they load as one file
     both = _load(router + service)
     assert both.upstreams["embedder"].base_urls == ()

@@ -32,8 +32,9 @@ def test_unit_is_type_notify_and_only_the_main_process_notifies() -> None:
     assert "NotifyAccess=main" in lines  # the --workers supervisor, never a worker
 
 
-def _receive(sock: socket.socket, want: bytes, proc: subprocess.Popen[bytes],
-             timeout: float = 20) -> float:
+def _receive(
+    sock: socket.socket, want: bytes, proc: subprocess.Popen[bytes], timeout: float = 20
+) -> float:
     """Wait for a datagram holding the line ``want``; the monotonic time it arrived."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -59,7 +60,8 @@ def _accepts(port: int) -> bool:
 @pytest.mark.e2e
 @pytest.mark.parametrize("workers", [1, 2])
 def test_ready_arrives_after_bind_and_stopping_at_the_drain(
-        stub_url: str, tmp_path: Path, workers: int) -> None:
+    stub_url: str, tmp_path: Path, workers: int
+) -> None:
     port = free_port()
     cfg = tmp_path / "gw.toml"
     cfg.write_text(stub_config(stub_url, models=("ok",)))
@@ -75,9 +77,22 @@ def test_ready_arrives_after_bind_and_stopping_at_the_drain(
     env = {**os.environ, "NOTIFY_SOCKET": name, "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
     env.pop("GATEWAY_API_KEYS", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "--config", str(cfg), "--port", str(port),
-         "--workers", str(workers)], stdout=subprocess.DEVNULL, stderr=stderr, env=env,
-        cwd=REPO)
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "--config",
+            str(cfg),
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        env=env,
+        cwd=REPO,
+    )
     try:
         _receive(sock, b"READY=1", proc)
         assert _accepts(port), "READY=1 came before the port accepted connections"
@@ -113,13 +128,19 @@ log.flush()
 
 @pytest.mark.parametrize("matches", [True, False])
 def test_journal_priority_prefix_only_when_stderr_is_the_journal_stream(
-        tmp_path: Path, matches: bool) -> None:
+    tmp_path: Path, matches: bool
+) -> None:
     out = tmp_path / "stderr.log"
     with open(out, "wb") as stderr:
         st = os.fstat(stderr.fileno())
         stream = f"{st.st_dev}:{st.st_ino}" if matches else f"{st.st_dev}:{st.st_ino + 1}"
-        subprocess.run([sys.executable, "-c", _LEVELS_SCRIPT, stream], stderr=stderr,
-                       check=True, cwd=REPO, timeout=30)
+        subprocess.run(
+            [sys.executable, "-c", _LEVELS_SCRIPT, stream],
+            stderr=stderr,
+            check=True,
+            cwd=REPO,
+            timeout=30,
+        )
     lines = out.read_bytes().splitlines()
     prefixes = [ln[: ln.index(b"{")] for ln in lines]
     events = [doc["event"] for ln in lines if (doc := parse_line(ln))]

@@ -53,31 +53,38 @@ def _missing(message: str) -> None:
     pytest.skip(message)
 
 
-def _gateway(stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]]
-             ) -> tuple[Proc, str, int]:
+def _gateway(
+    stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]]
+) -> tuple[Proc, str, int]:
     """A gateway routing ``agent-model`` to the agent scenario; (process, base URL with the
     prefix, how many requests the shared stub had seen before)."""
     config = stub_config(stub_url, models=())
-    config += ('\n[[models]]\nname = "agent-model"\nupstream = "stub"\n'
-               f"upstream_model = {json.dumps(SCENARIO)}\n")
+    config += (
+        '\n[[models]]\nname = "agent-model"\nupstream = "stub"\n'
+        f"upstream_model = {json.dumps(SCENARIO)}\n"
+    )
     proc, url = gateway_factory(config)
     return proc, url + "/llm", len(stub_requests(stub_url))
 
 
-
-
 def _upstream_requests(stub_url: str, since: int) -> list[dict[str, Any]]:
     """The chat requests the stub saw since the test began (tests run one at a time)."""
-    return [s["body"] for s in stub_requests(stub_url)[since:]
-            if s["path"].endswith("/chat/completions")]
+    return [
+        s["body"]
+        for s in stub_requests(stub_url)[since:]
+        if s["path"].endswith("/chat/completions")
+    ]
 
 
 def _access(proc: Proc, count: int) -> list[dict[str, Any]]:
     """The gateway's access lines for /v1/messages, once ``count`` are written (flushed every
     0.5 s)."""
     with contextlib.suppress(AssertionError):  # the caller's assertion shows what came
-        wait_until(lambda: len(access_lines(proc.output(), route="messages")) >= count,
-                   f"{count} access lines", timeout=5)
+        wait_until(
+            lambda: len(access_lines(proc.output(), route="messages")) >= count,
+            f"{count} access lines",
+            timeout=5,
+        )
     return access_lines(proc.output(), route="messages")
 
 
@@ -129,11 +136,16 @@ def test_python_tool_runner_falls_back_from_threads(stub_url, gateway_factory, s
     sent: list[dict[str, Any]] = []
 
     def record(request: Any) -> None:
-        sent.append({"beta": request.headers.get("anthropic-beta"),
-                     "body": json.loads(request.content)})
+        sent.append(
+            {"beta": request.headers.get("anthropic-beta"), "body": json.loads(request.content)}
+        )
 
-    client = sdk.client(base, api_key="test-key", max_retries=0,
-                        http_client=DefaultHttpxClient(event_hooks={"request": [record]}))
+    client = sdk.client(
+        base,
+        api_key="test-key",
+        max_retries=0,
+        http_client=DefaultHttpxClient(event_hooks={"request": [record]}),
+    )
     calls: list[str] = []
 
     @beta_tool
@@ -147,8 +159,12 @@ def test_python_tool_runner_falls_back_from_threads(stub_url, gateway_factory, s
         return f"Sunny and 21 C in {city}"
 
     runner = client.beta.messages.tool_runner(  # type: ignore[call-overload]
-        model="agent-model", max_tokens=200, tools=[get_weather], stream=stream,
-        messages=[{"role": "user", "content": QUESTION}])
+        model="agent-model",
+        max_tokens=200,
+        tools=[get_weather],
+        stream=stream,
+        messages=[{"role": "user", "content": QUESTION}],
+    )
     if stream:  # read each reply's events as an application printing them does
         for message_stream in runner:
             for _event in message_stream:
@@ -157,8 +173,7 @@ def test_python_tool_runner_falls_back_from_threads(stub_url, gateway_factory, s
 
     assert calls == ["Paris"]
     assert final.stop_reason == "end_turn"
-    assert f"The tool said: {RESULT}" in "".join(b.text for b in final.content
-                                                   if b.type == "text")
+    assert f"The tool said: {RESULT}" in "".join(b.text for b in final.content if b.type == "text")
     # the SDK threaded by default, then fell back to the full history
     assert [s["body"].get("thread") for s in sent] == [{"type": "create"}, None, None]
     assert "message-threads-2026-08-12" in (sent[0]["beta"] or "")
@@ -168,15 +183,23 @@ def test_python_tool_runner_falls_back_from_threads(stub_url, gateway_factory, s
     _assert_full_history_upstream(stub_url, since, stream=stream)
 
 
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["buffered", "stream"])
 def test_ts_tool_runner_falls_back_from_threads(stub_url, gateway_factory, stream) -> None:
     ts_sdk_ready()
     proc, base, since = _gateway(stub_url, gateway_factory)
-    run = subprocess.run(["node", str(CLIENTS / "ts_tool_runner.mjs"), base, "agent-model",
-                          "stream" if stream else "buffered"],
-                         capture_output=True, text=True, timeout=60, cwd=CLIENTS)
+    run = subprocess.run(
+        [
+            "node",
+            str(CLIENTS / "ts_tool_runner.mjs"),
+            base,
+            "agent-model",
+            "stream" if stream else "buffered",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=CLIENTS,
+    )
     lines = [ln for ln in run.stdout.splitlines() if ln.startswith("{")]
     assert lines, run.stdout + run.stderr
     out = json.loads(lines[-1])
@@ -187,7 +210,10 @@ def test_ts_tool_runner_falls_back_from_threads(stub_url, gateway_factory, strea
     assert f"The tool said: {RESULT}" in _text(out["final"])
     sent = out["sent"]
     assert [(s["status"], s["body"].get("thread")) for s in sent] == [
-        (400, {"type": "create"}), (200, None), (200, None)], sent
+        (400, {"type": "create"}),
+        (200, None),
+        (200, None),
+    ], sent
     assert "message-threads-2026-08-12" in (sent[0]["beta"] or "")
     assert len(sent[2]["body"]["messages"]) == 3
     assert [s["body"].get("stream", False) for s in sent] == [stream] * 3
@@ -219,9 +245,15 @@ def test_langchain_anthropic_tool_loop(stub_url, gateway_factory, stream) -> Non
         """The current weather in a city."""
         return f"Sunny and 21 C in {city}"
 
-    llm = ChatAnthropic(model_name="agent-model", base_url=base,  # type: ignore[call-arg]
-                        api_key="test-key", max_tokens=200, max_retries=0, streaming=stream,
-                        timeout=30)
+    llm = ChatAnthropic(
+        model_name="agent-model",
+        base_url=base,  # type: ignore[call-arg]
+        api_key="test-key",
+        max_tokens=200,
+        max_retries=0,
+        streaming=stream,
+        timeout=30,
+    )
     model = llm.bind_tools([get_weather])
     messages: list[Any] = [HumanMessage(QUESTION)]
     for _ in range(4):  # a plain agent loop: call the model, run its tool calls, repeat
@@ -230,8 +262,7 @@ def test_langchain_anthropic_tool_loop(stub_url, gateway_factory, stream) -> Non
         if not reply.tool_calls:
             break
         for call in reply.tool_calls:
-            messages.append(ToolMessage(get_weather.invoke(call["args"]),
-                                        tool_call_id=call["id"]))
+            messages.append(ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"]))
     assert not reply.tool_calls
     assert f"The tool said: {RESULT}" in reply.text
     assert [a["status"] for a in _access(proc, 2)] == [200, 200]

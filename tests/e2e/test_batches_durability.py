@@ -42,8 +42,10 @@ def _db_states(db: Path, batch_id: str) -> dict[str, str]:
     """custom_id -> state (queued, running, done), read from the SQLite file read-only."""
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
     try:
-        rows = conn.execute("SELECT custom_id, state FROM llm_gateway_batch_requests "
-                            "WHERE batch_id = ?", (batch_id,)).fetchall()
+        rows = conn.execute(
+            "SELECT custom_id, state FROM llm_gateway_batch_requests WHERE batch_id = ?",
+            (batch_id,),
+        ).fetchall()
     finally:
         conn.close()
     return dict(rows)
@@ -51,8 +53,11 @@ def _db_states(db: Path, batch_id: str) -> dict[str, str]:
 
 def _batch_pids(*procs: Proc) -> set[int]:
     """The pids of the processes that ran batch requests (their access lines)."""
-    return {line["pid"] for proc in procs
-            for line in access_lines(proc.output(), route="batch_request", status=200)}
+    return {
+        line["pid"]
+        for proc in procs
+        for line in access_lines(proc.output(), route="batch_request", status=200)
+    }
 
 
 def _check_results(base: str, batch_id: str, ids: list[str]) -> None:
@@ -62,12 +67,11 @@ def _check_results(base: str, batch_id: str, ids: list[str]) -> None:
 
 
 def test_sigkill_mid_batch_then_restart_runs_only_what_was_not_committed(
-        stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]], tmp_path: Path
+    stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]], tmp_path: Path
 ) -> None:
     clear_stub(stub_url)
     db = tmp_path / "batches.sqlite3"
-    text = stub_config(stub_url, models=("delay:600",)) + batches_toml(
-        db, lease=3, max_in_flight=4)
+    text = stub_config(stub_url, models=("delay:600",)) + batches_toml(db, lease=3, max_in_flight=4)
     first, url = gateway_factory(text)
     base = url + "/llm"
     ids = [f"kill-{i:02d}" for i in range(16)]
@@ -92,8 +96,13 @@ def test_sigkill_mid_batch_then_restart_runs_only_what_was_not_committed(
     second, url2 = gateway_factory(text)  # the same database file, a new process and port
     base2 = url2 + "/llm"
     ended = wait_ended(base2, batch_id, timeout=30)
-    assert ended["request_counts"] == {"processing": 0, "succeeded": 16, "errored": 0,
-                                       "canceled": 0, "expired": 0}
+    assert ended["request_counts"] == {
+        "processing": 0,
+        "succeeded": 16,
+        "errored": 0,
+        "canceled": 0,
+        "expired": 0,
+    }
     _check_results(base2, batch_id, ids)
 
     calls = calls_per_id(stub_url, ids)
@@ -109,12 +118,13 @@ def test_sigkill_mid_batch_then_restart_runs_only_what_was_not_committed(
 
 
 def test_two_workers_share_one_sqlite_file_and_claim_each_request_once(
-        stub_url: str, tmp_path: Path) -> None:
+    stub_url: str, tmp_path: Path
+) -> None:
     clear_stub(stub_url)
     port = free_port()
     text = stub_config(stub_url, models=("delay:300",)).replace(
-        "port = 8080", f"port = {port}") + batches_toml(tmp_path / "batches.sqlite3",
-                                                        max_in_flight=2)
+        "port = 8080", f"port = {port}"
+    ) + batches_toml(tmp_path / "batches.sqlite3", max_in_flight=2)
     proc, url = start_gateway(text, tmp_path, extra_args=("--workers", "2"))
     try:
         base = url + "/llm"
@@ -131,8 +141,8 @@ def test_two_workers_share_one_sqlite_file_and_claim_each_request_once(
 
 
 def test_two_replicas_share_one_postgresql_database(
-        stub_url: str, pg_server: pg.PgServer,
-        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    stub_url: str, pg_server: pg.PgServer, gateway_factory: Callable[..., tuple[Proc, str]]
+) -> None:
     clear_stub(stub_url)
     url = pg_server.create_db("batches_replicas")
     text = stub_config(stub_url, models=("delay:300",)) + batches_toml(url, max_in_flight=2)
@@ -153,8 +163,7 @@ def test_two_replicas_share_one_postgresql_database(
 def _refused_start(text: str, tmp_path: Path) -> tuple[int, str]:
     cfg = tmp_path / "gateway.toml"
     cfg.write_text(text)
-    proc = Proc([sys.executable, "-m", "gateway", "--config", str(cfg), "--port",
-                 str(free_port())])
+    proc = Proc([sys.executable, "-m", "gateway", "--config", str(cfg), "--port", str(free_port())])
     try:
         code = proc.wait(20)
     finally:
@@ -163,8 +172,9 @@ def _refused_start(text: str, tmp_path: Path) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("where", ["parent is a file", "parent cannot be made", "corrupt file"])
-def test_a_database_that_cannot_be_opened_stops_the_start(stub_url: str, tmp_path: Path,
-                                                          where: str) -> None:
+def test_a_database_that_cannot_be_opened_stops_the_start(
+    stub_url: str, tmp_path: Path, where: str
+) -> None:
     if where == "parent is a file":
         (tmp_path / "plain-file").write_text("not a folder")
         db = tmp_path / "plain-file" / "batches.sqlite3"
@@ -173,8 +183,9 @@ def test_a_database_that_cannot_be_opened_stops_the_start(stub_url: str, tmp_pat
     else:
         db = tmp_path / "batches.sqlite3"
         db.write_bytes(b"this is not a SQLite database\n" * 400)
-    code, output = _refused_start(stub_config(stub_url, models=("ok",)) + batches_toml(db),
-                                  tmp_path)
+    code, output = _refused_start(
+        stub_config(stub_url, models=("ok",)) + batches_toml(db), tmp_path
+    )
     assert code == 1, output
     failed = matching(log_lines(output), "batch_store_failed")
     assert len(failed) == 1, output
@@ -186,8 +197,8 @@ def test_a_database_that_cannot_be_opened_stops_the_start(stub_url: str, tmp_pat
 
 
 def test_a_postgresql_database_that_goes_away_is_a_500_on_batch_routes_only(
-        stub_url: str, pg_server: pg.PgServer,
-        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    stub_url: str, pg_server: pg.PgServer, gateway_factory: Callable[..., tuple[Proc, str]]
+) -> None:
     """The database is dropped under a running gateway (its connections terminated): the
     batch routes answer a 500 ``api_error`` that names no URL or password, and the
     interactive routes answer as before."""
@@ -203,30 +214,39 @@ def test_a_postgresql_database_that_goes_away_is_a_500_on_batch_routes_only(
     wait_ended(base, made["id"])
     with psycopg.connect(pg_server.url("postgres"), autocommit=True) as admin:
         admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
-    for method, path, body in (("GET", "", None), ("GET", f"/{made['id']}", None),
-                               ("POST", "", {"requests": [request("after", "m-ok")]}),
-                               ("GET", f"/{made['id']}/results", None)):
+    for method, path, body in (
+        ("GET", "", None),
+        ("GET", f"/{made['id']}", None),
+        ("POST", "", {"requests": [request("after", "m-ok")]}),
+        ("GET", f"/{made['id']}/results", None),
+    ):
         url_ = f"{base}/v1/messages/batches{path}"
         status, _, raw = post(url_, body) if method == "POST" else get(url_)
         reply = json.loads(raw)
         assert status == 500, (path, raw)
         assert reply["type"] == "error" and reply["error"]["type"] == "api_error", reply
         assert pg.PASSWORD not in raw.decode() and "postgresql" not in raw.decode(), raw
-    status, _, raw = post(f"{base}/v1/messages", {
-        "model": "m-ok", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]})
+    status, _, raw = post(
+        f"{base}/v1/messages",
+        {"model": "m-ok", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert status == 200, raw
     assert json.loads(raw)["content"] == [{"type": "text", "text": "Hello from the stub."}]
     assert proc.popen.poll() is None
     assert pg.PASSWORD not in proc.output()
 
 
-def _batch_running(stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]],
-                   db: Path, model: str, ids: list[str], **batches: float
-                   ) -> tuple[str, Proc, str, str]:
+def _batch_running(
+    stub_url: str,
+    gateway_factory: Callable[..., tuple[Proc, str]],
+    db: Path,
+    model: str,
+    ids: list[str],
+    **batches: float,
+) -> tuple[str, Proc, str, str]:
     """A gateway on ``db`` running a batch of ``ids`` on the stub's ``model`` scenario, two of
     them in flight: (config text, gateway, its base URL, batch id)."""
-    text = stub_config(stub_url, models=(model,)) + batches_toml(db, max_in_flight=2,
-                                                                    **batches)
+    text = stub_config(stub_url, models=(model,)) + batches_toml(db, max_in_flight=2, **batches)
     proc, url = gateway_factory(text)
     status, made = create(url + "/llm", [request(cid, "m-" + model) for cid in ids])
     assert status == 200, made
@@ -239,7 +259,7 @@ def _batch_running(stub_url: str, gateway_factory: Callable[..., tuple[Proc, str
 
 
 def test_sigkill_while_canceling_then_restart_ends_the_batch_without_rerunning(
-        stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]], tmp_path: Path
+    stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]], tmp_path: Path
 ) -> None:
     """A batch is canceled while requests run, and its gateway is SIGKILLed before they
     finish: after a restart the requests it had in flight are not run again (a canceling
@@ -248,8 +268,9 @@ def test_sigkill_while_canceling_then_restart_ends_the_batch_without_rerunning(
     clear_stub(stub_url)
     db = tmp_path / "batches.sqlite3"
     ids = [f"cx-{i}" for i in range(6)]
-    text, first, url, batch_id = _batch_running(stub_url, gateway_factory, db, "delay:2000",
-                                                ids, lease=2, expire_after=60)
+    text, first, url, batch_id = _batch_running(
+        stub_url, gateway_factory, db, "delay:2000", ids, lease=2, expire_after=60
+    )
     status, _, raw = post(f"{url}/llm/v1/messages/batches/{batch_id}/cancel", b"")
     canceling = json.loads(raw)
     assert status == 200 and canceling["processing_status"] == "canceling", canceling
@@ -260,8 +281,13 @@ def test_sigkill_while_canceling_then_restart_ends_the_batch_without_rerunning(
 
     _, url2 = gateway_factory(text)
     ended = wait_ended(url2 + "/llm", batch_id, timeout=20)
-    assert ended["request_counts"] == {"processing": 0, "succeeded": 0, "errored": 0,
-                                       "canceled": 6, "expired": 0}
+    assert ended["request_counts"] == {
+        "processing": 0,
+        "succeeded": 0,
+        "errored": 0,
+        "canceled": 6,
+        "expired": 0,
+    }
     results = results_of(url2 + "/llm", batch_id)
     assert sorted(r["custom_id"] for r in results) == ids
     assert all(r["result"] == {"type": "canceled"} for r in results), results
@@ -270,15 +296,16 @@ def test_sigkill_while_canceling_then_restart_ends_the_batch_without_rerunning(
 
 
 def test_sigterm_hands_requests_in_flight_back_at_once(
-        stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]], tmp_path: Path
+    stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]], tmp_path: Path
 ) -> None:
     """A clean stop (SIGTERM) cancels the batch requests it runs and hands them back: with a
     30 s lease, a restarted gateway runs them again at once instead of waiting it out."""
     clear_stub(stub_url)
     db = tmp_path / "batches.sqlite3"
     ids = [f"term-{i}" for i in range(4)]
-    text, first, _, batch_id = _batch_running(stub_url, gateway_factory, db, "delay:1000",
-                                              ids, lease=30)
+    text, first, _, batch_id = _batch_running(
+        stub_url, gateway_factory, db, "delay:1000", ids, lease=30
+    )
     in_flight = {cid for cid, s in _db_states(db, batch_id).items() if s == "running"}
     first.signal(signal.SIGTERM)
     assert first.wait(10) == 0, first.output()[-2000:]

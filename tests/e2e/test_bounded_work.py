@@ -60,10 +60,17 @@ def _unpadded_seal(key: bytes, text: str) -> str:
 
 def _replay(signature: str, copies: int) -> bytes:
     thinking = [{"type": "thinking", "thinking": "", "signature": signature}] * copies
-    return json.dumps({"model": "m-ok", "max_tokens": 5, "messages": [
-        {"role": "user", "content": "sum this list"},
-        {"role": "assistant", "content": [*thinking, {"type": "text", "text": "ok"}]},
-        {"role": "user", "content": "go on"}]}).encode()
+    return json.dumps(
+        {
+            "model": "m-ok",
+            "max_tokens": 5,
+            "messages": [
+                {"role": "user", "content": "sum this list"},
+                {"role": "assistant", "content": [*thinking, {"type": "text", "text": "ok"}]},
+                {"role": "user", "content": "go on"},
+            ],
+        }
+    ).encode()
 
 
 def _status_kb(pid: int, field: str) -> int:
@@ -75,12 +82,13 @@ def _status_kb(pid: int, field: str) -> int:
 
 def _cpu_s(pid: int) -> float:
     """CPU seconds of ``pid``, its reaped children and its live children (the PDF workers)."""
+
     def stat(p: int | str) -> list[str] | None:
         try:
             raw = Path(f"/proc/{p}/stat").read_text()
         except OSError:
             return None
-        return raw[raw.rindex(")") + 2:].split()  # fields from 3 on
+        return raw[raw.rindex(")") + 2 :].split()  # fields from 3 on
 
     own = stat(pid)
     assert own is not None
@@ -93,15 +101,15 @@ def _cpu_s(pid: int) -> float:
     return total / TICK
 
 
-def test_replayed_reasoning_stays_within_the_budget(stub_url: str, gateway_factory: Any
-                                                    ) -> None:
+def test_replayed_reasoning_stays_within_the_budget(stub_url: str, gateway_factory: Any) -> None:
     """24 requests at once, each replaying three signatures of 8 MiB of a looping model's
     reasoning (half sealed unpadded, ~42 KB each; half as the gateway seals them now): each
     is refused (400 ratio, 413 per-request cap, 529 budget) or served, and the gateway's peak
     RSS stays under 600 MiB (it was 1.27 GiB). A replay within the bounds is still served."""
     proc, url = gateway_factory(
-        stub_config(stub_url, extra_server='signing_key_env = "GW_BOUNDED_KEY"',
-                    models=("ok",)), env={"GW_BOUNDED_KEY": KEY})
+        stub_config(stub_url, extra_server='signing_key_env = "GW_BOUNDED_KEY"', models=("ok",)),
+        env={"GW_BOUNDED_KEY": KEY},
+    )
     key = KEY.encode()
     reasoning = LOOP * (8 * MIB // len(LOOP))
     bomb, padded = _unpadded_seal(key, reasoning), signatures.seal(key, reasoning)
@@ -130,8 +138,10 @@ def test_replayed_reasoning_stays_within_the_budget(stub_url: str, gateway_facto
     for t in threads:
         t.join(120)
     peak_mb = _status_kb(proc.pid, "VmHWM") / 1024
-    print(f"statuses {sorted(statuses)}; peak RSS {peak_mb:.0f} MiB; "
-          f"/health worst {max(healthy, default=0):.3f} s")
+    print(
+        f"statuses {sorted(statuses)}; peak RSS {peak_mb:.0f} MiB; "
+        f"/health worst {max(healthy, default=0):.3f} s"
+    )
     assert len(statuses) == 24 and set(statuses) <= {400, 413, 529}
     assert peak_mb < RSS_BOUND_MB
     # within the bounds, reasoning is still restored and the request served (the stub
@@ -143,9 +153,10 @@ def test_replayed_reasoning_stays_within_the_budget(stub_url: str, gateway_facto
 
 def _hang_up_after_sending(port: int, body: bytes) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.sendall(b"POST /llm/v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
-                 + body)
+    sock.sendall(
+        b"POST /llm/v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
     return sock
 
 
@@ -157,8 +168,21 @@ def test_hung_up_pdf_requests_stop_using_cpu(stub_url: str, gateway_factory: Any
     proc, url = gateway_factory(stub_config(stub_url, models=("ok",)))
     port = int(url.rsplit(":", 1)[1])
     pdf = hostile_pdf()
-    body = json.dumps({"model": "m-ok", "max_tokens": 5, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "summarise"}, *(document(pdf) for _ in range(10))]}]}).encode()
+    body = json.dumps(
+        {
+            "model": "m-ok",
+            "max_tokens": 5,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "summarise"},
+                        *(document(pdf) for _ in range(10)),
+                    ],
+                }
+            ],
+        }
+    ).encode()
     assert len(body) < 32 * 1024
     start = _cpu_s(proc.pid)
     socks = [_hang_up_after_sending(port, body) for _ in range(8)]
@@ -172,6 +196,8 @@ def test_hung_up_pdf_requests_stop_using_cpu(stub_url: str, gateway_factory: Any
         assert get(url + "/health", timeout=HEALTH_HANG_S)[0] == 200
         time.sleep(0.5)
     grown = _cpu_s(proc.pid) - after
-    print(f"CPU: {busy_from - start:.2f} s in the second before the hang-ups, "
-          f"{after - busy_from:.2f} s in the 2 s after, {grown:.2f} s in the 3 s after that")
+    print(
+        f"CPU: {busy_from - start:.2f} s in the second before the hang-ups, "
+        f"{after - busy_from:.2f} s in the 2 s after, {grown:.2f} s in the 3 s after that"
+    )
     assert grown < CPU_AFTER_HANG_UP_S

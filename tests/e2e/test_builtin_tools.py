@@ -27,10 +27,6 @@ WEB_SEARCH = {"type": "web_search_20250305", "name": "web_search", "max_uses": 8
 ARGS = '{"command": "ls -la /repo"}'
 
 
-
-
-
-
 @pytest.fixture
 def client(stub_url: str, gateway_factory: Any) -> anthropic.Anthropic:
     # the stub's `agent:NAME:ARGS` calls tool NAME with ARGS, then answers with its result
@@ -47,8 +43,9 @@ def test_client_tools_reach_the_upstream_as_documented_function_tools(
     client: anthropic.Anthropic, stub_url: str
 ) -> None:
     ask = [{"role": "user", "content": "What is in /repo?"}]
-    msg = client.messages.create(model="m-bash", max_tokens=256, messages=ask,
-                                 tools=[BASH_TOOL, EDITOR_TOOL])
+    msg = client.messages.create(
+        model="m-bash", max_tokens=256, messages=ask, tools=[BASH_TOOL, EDITOR_TOOL]
+    )
     assert msg.stop_reason == "tool_use"
     (call,) = [b for b in msg.content if b.type == "tool_use"]
     assert call.name == "bash" and call.input == json.loads(ARGS)  # the client's name
@@ -64,12 +61,23 @@ def test_client_tools_reach_the_upstream_as_documented_function_tools(
 
     # the tool loop goes on, streamed: the call goes back under its name, with its result
     clear_stub(stub_url)
-    history = [*ask, {"role": "assistant", "content": [b.model_dump() for b in msg.content]},
-               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
-                                             "content": "README.md  src"}]}]
-    with client.messages.stream(model="m-bash", max_tokens=256, messages=history,
-                                tools=[BASH_TOOL, EDITOR_TOOL],
-                                tool_choice={"type": "tool", "name": "bash"}) as stream:
+    history = [
+        *ask,
+        {"role": "assistant", "content": [b.model_dump() for b in msg.content]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": call.id, "content": "README.md  src"}
+            ],
+        },
+    ]
+    with client.messages.stream(
+        model="m-bash",
+        max_tokens=256,
+        messages=history,
+        tools=[BASH_TOOL, EDITOR_TOOL],
+        tool_choice={"type": "tool", "name": "bash"},
+    ) as stream:
         final = stream.get_final_message()
     assert final.stop_reason == "end_turn"
     assert final.content[0].type == "text"
@@ -87,16 +95,21 @@ def test_web_search_is_refused_naming_the_tool(
     client: anthropic.Anthropic, stub_url: str, stream: bool
 ) -> None:
     with pytest.raises(anthropic.BadRequestError) as info:
-        client.messages.create(model="m-ok", max_tokens=256, stream=stream,  # type: ignore[call-overload]
-                               messages=[{"role": "user", "content": "Search: llama.cpp news"}],
-                               tools=[WEB_SEARCH])
+        client.messages.create(
+            model="m-ok",
+            max_tokens=256,
+            stream=stream,  # type: ignore[call-overload]
+            messages=[{"role": "user", "content": "Search: llama.cpp news"}],
+            tools=[WEB_SEARCH],
+        )
     err = info.value
     assert err.status_code == 400
     assert isinstance(err.body, dict)
     assert err.body["error"]["type"] == "invalid_request_error"
     assert err.body["error"]["message"] == (
         "tools.0.type: 'web_search_20250305' is an Anthropic server tool; this gateway's models "
-        "cannot run Anthropic server tools")
+        "cannot run Anthropic server tools"
+    )
     assert stub_requests(stub_url) == []  # nothing reached the upstream
 
 
@@ -104,8 +117,7 @@ def test_count_tokens_takes_client_tools_and_refuses_server_tools(
     client: anthropic.Anthropic, stub_url: str
 ) -> None:
     ask = [{"role": "user", "content": "hi"}]
-    count = client.messages.count_tokens(model="m-ok", messages=ask,
-                                         tools=[BASH_TOOL, EDITOR_TOOL])
+    count = client.messages.count_tokens(model="m-ok", messages=ask, tools=[BASH_TOOL, EDITOR_TOOL])
     bare = client.messages.count_tokens(model="m-ok", messages=ask)
     assert count.input_tokens > bare.input_tokens  # the schemas are part of the prompt
     with pytest.raises(anthropic.BadRequestError) as info:

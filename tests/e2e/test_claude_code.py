@@ -29,6 +29,7 @@ from tests.node import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.clients]
 
+
 @pytest.mark.llamacpp
 def test_claude_code_one_turn_against_real_upstream(tmp_path, tiny_model) -> None:
     run = run_claude_code(tmp_path, "llama", "Say hi")
@@ -42,7 +43,7 @@ def test_claude_code_one_turn_against_real_upstream(tmp_path, tiny_model) -> Non
     streamed = [i for i, a in enumerate(posts) if a["stream"]]
     assert len(streamed) == 1 and posts[streamed[0]]["query"] == "beta"  # names only
     # a non-streaming request after the stream would be Claude Code's fallback
-    assert all(a["stream"] for a in posts[streamed[0]:]), posts
+    assert all(a["stream"] for a in posts[streamed[0] :]), posts
 
 
 def test_claude_code_tool_round_trip_in_full_mode(tmp_path) -> None:
@@ -74,23 +75,31 @@ def test_claude_code_explore_subagent_with_only_anthropic_model(tmp_path) -> Non
     opus / haiku / fable), and with no ``ANTHROPIC_DEFAULT_HAIKU_MODEL`` Claude Code sends its
     own haiku id (``claude-haiku-5-5`` in 2.1.332). Only a ``claude-*`` pattern route serves it.
     """
-    run = run_claude_code(tmp_path, "explore",
-                          "Use an Explore agent to find out what hello.txt says")
+    run = run_claude_code(
+        tmp_path, "explore", "Use an Explore agent to find out what hello.txt says"
+    )
     assert run["exit_code"] == 0, claude_code_brief(run)
     assert run["file_text"] in run["result"]["result"]  # the subagent's report came back
     posts = claude_code_posts(run)
     assert posts and all(a["status"] == 200 for a in posts), posts
     sent = claude_code_sent(run)
-    call = next(b for m in sent[-1]["messages"] if m["role"] == "assistant"
-                for b in m["content"] if b["type"] == "tool_use")
+    call = next(
+        b
+        for m in sent[-1]["messages"]
+        if m["role"] == "assistant"
+        for b in m["content"]
+        if b["type"] == "tool_use"
+    )
     assert call["name"] == "Agent" and call["input"]["subagent_type"] == "Explore"
     sub = [b for b in sent if b["model"] != "tiny-demo"]
     assert sub and all(b["model"].startswith("claude-haiku-") for b in sub), [
-        b["model"] for b in sent]
+        b["model"] for b in sent
+    ]
     assert all("file search specialist" in json.dumps(b["system"]) for b in sub)
     # the access log names the configured route, so the haiku requests went through claude-*
     assert sorted(a["model"] for a in posts) == sorted(
-        "claude-*" if b in sub else "tiny-demo" for b in sent)
+        "claude-*" if b in sub else "tiny-demo" for b in sent
+    )
     # the subagent's Read loop ran on the upstream the claude-* route names
     upstream = [r["body"] for r in run["upstream_requests"]]
     assert [b["model"].startswith("cc-tool:") for b in upstream] == [b in sub for b in sent]
@@ -121,8 +130,9 @@ def test_claude_code_web_search_is_refused_and_the_session_goes_on(tmp_path) -> 
     assert run["exit_code"] == 0, claude_code_brief(run)
     assert run["result"]["is_error"] is False
     sent, posts = claude_code_sent(run), claude_code_posts(run)
-    side = [b for b in sent if [t.get("type") for t in b.get("tools", [])] == [
-        "web_search_20250305"]]
+    side = [
+        b for b in sent if [t.get("type") for t in b.get("tools", [])] == ["web_search_20250305"]
+    ]
     assert side, [[t.get("type", t.get("name")) for t in b.get("tools", [])] for b in sent]
     refused = [a for a in posts if a["status"] != 200]
     assert len(refused) == len(side) and len(posts) == len(sent), posts  # only the side ones
@@ -133,8 +143,9 @@ def test_claude_code_web_search_is_refused_and_the_session_goes_on(tmp_path) -> 
     upstream = [r["body"] for r in run["upstream_requests"]]
     assert len(upstream) == len(sent) - len(side)
     for body in upstream:
-        assert all(t["type"] == "function" and t["function"]["name"] != "web_search"
-                   for t in body["tools"])
+        assert all(
+            t["type"] == "function" and t["function"]["name"] != "web_search" for t in body["tools"]
+        )
         assert "Perform a web search" not in json.dumps(body["messages"])
     # Claude Code passed the refusal to the model as WebSearch's result; the stub answered
     result = next(b for b in sent[-1]["messages"][-1]["content"] if b["type"] == "tool_result")
@@ -153,8 +164,11 @@ def test_claude_code_reads_a_pdf(tmp_path) -> None:
     assert run["exit_code"] == 0, claude_code_brief(run)
     posts = claude_code_posts(run)
     assert [(a["status"], a["stream"]) for a in posts] == [(200, True)] * 2, posts
-    result = next(b for b in claude_code_sent(run)[-1]["messages"][-1]["content"]
-                  if b["type"] == "tool_result")
+    result = next(
+        b
+        for b in claude_code_sent(run)[-1]["messages"][-1]["content"]
+        if b["type"] == "tool_result"
+    )
     doc = next(b for b in result["content"] if b["type"] == "document")
     assert doc["source"]["media_type"] == "application/pdf"
     assert base64.b64decode(doc["source"]["data"]).startswith(b"%PDF-")
@@ -167,8 +181,9 @@ def test_claude_code_reads_a_pdf(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(("mode", "display"), [("think", "omitted"), ("think-updates", "updates")])
-def test_claude_code_thinking_tool_loop_keeps_the_reasoning(tmp_path, mode: str,
-                                                             display: str) -> None:
+def test_claude_code_thinking_tool_loop_keeps_the_reasoning(
+    tmp_path, mode: str, display: str
+) -> None:
     """Claude Code 2.1.332 asks for adaptive thinking with ``display: "omitted"`` (``"updates"``
     when its connector-text experiment is on; forced here through ``CLAUDE_CODE_EXTRA_BODY``),
     gets empty signed thinking blocks and replays them as ``{"thinking": "", "signature"}``. The
@@ -183,8 +198,9 @@ def test_claude_code_thinking_tool_loop_keeps_the_reasoning(tmp_path, mode: str,
     replayed = next(m for m in second["messages"] if m["role"] == "assistant")["content"]
     assert replayed[0]["type"] == "thinking" and replayed[0]["thinking"] == ""
     assert replayed[0]["signature"] and replayed[1]["type"] == "tool_use"
-    assistant = next(m for m in run["upstream_requests"][1]["body"]["messages"]
-                     if m["role"] == "assistant")
+    assistant = next(
+        m for m in run["upstream_requests"][1]["body"]["messages"] if m["role"] == "assistant"
+    )
     assert assistant.get("reasoning_content", "").startswith("REASONING_1"), assistant
     assert assistant["tool_calls"][0]["function"]["name"] == "Read"
 
@@ -204,8 +220,13 @@ def _read_round_trip(run: dict) -> None:
     assert [(a["status"], a["stream"]) for a in posts] == [(200, True)] * 2, posts
     sent = claude_code_sent(run)
     assert len(sent) == 2
-    call = next(b for m in sent[1]["messages"] if m["role"] == "assistant"
-                for b in m["content"] if b["type"] == "tool_use")
+    call = next(
+        b
+        for m in sent[1]["messages"]
+        if m["role"] == "assistant"
+        for b in m["content"]
+        if b["type"] == "tool_use"
+    )
     assert call["name"] == "Read" and call["input"] == {"file_path": run["file_path"]}, call
     result = next(b for b in sent[1]["messages"][-1]["content"] if b["type"] == "tool_result")
     assert result["tool_use_id"] == call["id"] and not result.get("is_error"), result
@@ -255,15 +276,15 @@ def test_claude_code_inline_think_never_shows_the_tag(tmp_path) -> None:
     assert assistant[0]["thinking"] == "" and assistant[0]["signature"]
     assert "think>" not in json.dumps(second["messages"])
     # the sealed reasoning went back upstream as reasoning, not as content
-    upstream = next(m for m in run["upstream_requests"][1]["body"]["messages"]
-                    if m["role"] == "assistant")
+    upstream = next(
+        m for m in run["upstream_requests"][1]["body"]["messages"] if m["role"] == "assistant"
+    )
     assert "I should read the file." in upstream.get("reasoning_content", ""), upstream
     assert "think>" not in json.dumps(upstream.get("content"))
 
 
 def _is_control_entry(turn: dict) -> bool:
-    return (turn["role"] == "system" and turn["content"] == []
-            and bool(turn.get("output_config")))
+    return turn["role"] == "system" and turn["content"] == [] and bool(turn.get("output_config"))
 
 
 @pytest.mark.parametrize("mode", ["compact", "compact-effort", "compact-bare"])
@@ -287,15 +308,19 @@ def test_claude_code_session_with_compact_and_continue(tmp_path, mode: str) -> N
     assert posts and all(a["status"] == 200 for a in posts), posts
     assert len(posts) == len(sent) == len(run["upstream_requests"]), posts
     # one compaction request, then the next turn goes on from its summary
-    compaction = [b for b in sent if "CRITICAL: Respond with TEXT ONLY" in json.dumps(
-        b["messages"][-1])]
+    compaction = [
+        b for b in sent if "CRITICAL: Respond with TEXT ONLY" in json.dumps(b["messages"][-1])
+    ]
     assert len(compaction) == 1, [json.dumps(b["messages"][-1])[:80] for b in sent]
     last = sent[-1]["messages"]
     assert "This session is being continued" in json.dumps(last[0])
     assert "Summary " in json.dumps(last[0]) and "Go on" in json.dumps(last)
     assert steps[2]["result"]["result"].startswith("Reply 1: ")
-    betas = [r["beta"] for r in run["client_requests"]
-             if r["path"].split("?")[0].endswith("/v1/messages")]
+    betas = [
+        r["beta"]
+        for r in run["client_requests"]
+        if r["path"].split("?")[0].endswith("/v1/messages")
+    ]
     entries = [[m for m in b["messages"] if _is_control_entry(m)] for b in sent]
     with_config = [[m for m in b["messages"] if "output_config" in m] for b in sent]
     if mode == "compact":
@@ -303,21 +328,24 @@ def test_claude_code_session_with_compact_and_continue(tmp_path, mode: str) -> N
         assert not any(with_config), with_config
     elif mode == "compact-effort":
         assert all("per-turn-control-2026-07-01" in b for b in betas), betas
-        assert all(turns and all(m["role"] == "system" and m["content"] for m in turns)
-                   for turns in with_config), with_config
+        assert all(
+            turns and all(m["role"] == "system" and m["content"] for m in turns)
+            for turns in with_config
+        ), with_config
         assert not any(entries)
     else:
         assert all("per-turn-control-2026-07-01" in b for b in betas), betas
         assert all(len(e) == 1 and e[0]["output_config"].get("effort") for e in entries), [
-            b["messages"] for b in sent]
+            b["messages"] for b in sent
+        ]
         # right after the user turn it belongs to (the first one in the compaction request)
-        assert all(_is_control_entry(b["messages"][1]) for b in sent), [
-            b["messages"] for b in sent]
+        assert all(_is_control_entry(b["messages"][1]) for b in sent), [b["messages"] for b in sent]
     # nothing empty went upstream; the per-turn effort reached it
     for body in (r["body"] for r in run["upstream_requests"]):
-        assert all(content_text(m.get("content") or "").strip() or m.get("tool_calls")
-                   for m in body["messages"]), body["messages"]
+        assert all(
+            content_text(m.get("content") or "").strip() or m.get("tool_calls")
+            for m in body["messages"]
+        ), body["messages"]
         assert body["stream"] is True
     if mode != "compact":
-        assert all(r["body"].get("reasoning_effort") == "high"
-                   for r in run["upstream_requests"])
+        assert all(r["body"].get("reasoning_effort") == "high" for r in run["upstream_requests"])

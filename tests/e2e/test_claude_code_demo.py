@@ -32,8 +32,7 @@ import pytest
 from gateway.demo.tinymodel import ANSWER_TEXT
 from gateway.demo.toolcall import BASH_ARGUMENTS
 
-pytestmark = [pytest.mark.e2e, pytest.mark.clients, pytest.mark.llamacpp,
-              pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.clients, pytest.mark.llamacpp, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
 CLAUDE = REPO / "tests" / "clients" / "node_modules" / ".bin" / "claude"
@@ -56,9 +55,19 @@ def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
             pytest.fail("; ".join(missing))
         pytest.skip("; ".join(missing))
     out = tmp_path_factory.mktemp("cc-demo") / "report.json"
-    proc = subprocess.run(["unshare", "-n", sys.executable,
-                           str(REPO / "tests" / "clients" / "claude_code_demo_run.py"), str(out),
-                           "Say hi"], capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(
+        [
+            "unshare",
+            "-n",
+            sys.executable,
+            str(REPO / "tests" / "clients" / "claude_code_demo_run.py"),
+            str(out),
+            "Say hi",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert out.exists(), proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     print("\nClaude Code full mode on --demo:", json.dumps(_figures(report)))
@@ -69,15 +78,17 @@ def _figures(report: dict) -> dict:
     figures = {"startup_s": report.get("startup_seconds"), "rss_kib": report.get("rss_kib")}
     for name, run in report["runs"].items():
         posts = [a for a in run["access"] if a["route"] == "messages"]
-        figures[name] = {"claude_s": run["seconds"],
-                         "gateway_ms": [a["duration_ms"] for a in posts],
-                         "input_tokens": ((run["result"] or {}).get("usage") or {})
-                         .get("input_tokens")}
+        figures[name] = {
+            "claude_s": run["seconds"],
+            "gateway_ms": [a["duration_ms"] for a in posts],
+            "input_tokens": ((run["result"] or {}).get("usage") or {}).get("input_tokens"),
+        }
     return figures
 
 
-def _check_run(run: dict, *, min_input_tokens: int, max_seconds: float,
-               min_cache_read: int = 0) -> None:
+def _check_run(
+    run: dict, *, min_input_tokens: int, max_seconds: float, min_cache_read: int = 0
+) -> None:
     assert run["exit_code"] == 0, run
     result = run["result"]
     assert result["is_error"] is False, result
@@ -96,22 +107,26 @@ def _check_run(run: dict, *, min_input_tokens: int, max_seconds: float,
 
 def test_first_answer_from_a_cold_demo(demo_runs: dict) -> None:
     assert demo_runs["startup_seconds"] < 60
-    _check_run(demo_runs["runs"]["first"], min_input_tokens=10_000,
-               max_seconds=FIRST_TURN_SECONDS)
+    _check_run(demo_runs["runs"]["first"], min_input_tokens=10_000, max_seconds=FIRST_TURN_SECONDS)
 
 
 def test_every_tool_inline_fits_and_is_answered(demo_runs: dict) -> None:
     """ENABLE_TOOL_SEARCH=false: the 78 KB request the README's demo section measures."""
-    _check_run(demo_runs["runs"]["all_tools"], min_input_tokens=20_000,
-               max_seconds=FIRST_TURN_SECONDS)
+    _check_run(
+        demo_runs["runs"]["all_tools"], min_input_tokens=20_000, max_seconds=FIRST_TURN_SECONDS
+    )
 
 
 @pytest.mark.parametrize("name", ["second", "continued"])
 def test_later_turns_reuse_the_prompt_cache(demo_runs: dict, name: str) -> None:
     """A later turn's prompt is mostly llama.cpp's cached prefix, and Claude Code is told so
     (``cache_read_input_tokens``, from the upstream's ``cached_tokens``)."""
-    _check_run(demo_runs["runs"][name], min_input_tokens=10_000, max_seconds=LATER_TURN_SECONDS,
-               min_cache_read=5_000)
+    _check_run(
+        demo_runs["runs"][name],
+        min_input_tokens=10_000,
+        max_seconds=LATER_TURN_SECONDS,
+        min_cache_read=5_000,
+    )
 
 
 def test_memory_stays_small(demo_runs: dict) -> None:
@@ -121,9 +136,13 @@ def test_memory_stays_small(demo_runs: dict) -> None:
 
 
 def _blocks(run: dict, event_type: str, block_type: str) -> list[dict]:
-    return [block for event in run["events"] if event.get("type") == event_type
-            for block in (event.get("message") or {}).get("content") or []
-            if isinstance(block, dict) and block.get("type") == block_type]
+    return [
+        block
+        for event in run["events"]
+        if event.get("type") == event_type
+        for block in (event.get("message") or {}).get("content") or []
+        if isinstance(block, dict) and block.get("type") == block_type
+    ]
 
 
 def test_claude_code_runs_the_demo_models_bash_call(demo_runs: dict) -> None:
@@ -147,6 +166,9 @@ def test_claude_code_runs_the_demo_models_bash_call(demo_runs: dict) -> None:
     assert len(posts) == 2 and all(a["status"] == 200 for a in posts), run["access"]
     assert run["seconds"] < FIRST_TURN_SECONDS, run["seconds"]
     # every run's first request got a call (refused in the others), each parsed from text
-    parsed = sum(value for labels, value in demo_runs["local_fixes"].items()
-                 if 'fix="text_tool_call"' in labels)
+    parsed = sum(
+        value
+        for labels, value in demo_runs["local_fixes"].items()
+        if 'fix="text_tool_call"' in labels
+    )
     assert parsed == len(demo_runs["runs"]), demo_runs["local_fixes"]

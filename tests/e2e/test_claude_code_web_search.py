@@ -43,8 +43,9 @@ def _offers_search(body: dict) -> bool:
 
 
 def test_claude_code_web_search_runs_and_the_session_goes_on(tmp_path) -> None:
-    run = run_claude_code(tmp_path, "websearch-session",
-                          "Search the web for the gateway's release notes", timeout=400)
+    run = run_claude_code(
+        tmp_path, "websearch-session", "Search the web for the gateway's release notes", timeout=400
+    )
     steps = run["steps"]
     assert [s["exit_code"] for s in steps] == [0, 0, 0], claude_code_brief(run)
     assert all(s["result"]["is_error"] is False for s in steps), steps
@@ -53,10 +54,12 @@ def test_claude_code_web_search_runs_and_the_session_goes_on(tmp_path) -> None:
     assert len(posts) == len(sent)
 
     # the side request: only the server tool, forced; served, streamed
-    side = [b for b in sent if [t.get("type") for t in b.get("tools", [])] == [
-        "web_search_20250305"]]
-    assert len(side) == 1, [[t.get("type", t.get("name")) for t in b.get("tools", [])]
-                            for b in sent]
+    side = [
+        b for b in sent if [t.get("type") for t in b.get("tools", [])] == ["web_search_20250305"]
+    ]
+    assert len(side) == 1, [
+        [t.get("type", t.get("name")) for t in b.get("tools", [])] for b in sent
+    ]
     (request,) = side
     assert request["tools"][0]["name"] == "web_search" and request["tools"][0]["max_uses"] == 8
     # its code asks for tool_choice naming web_search; 2.1.332 sent "auto" here (observed)
@@ -72,8 +75,7 @@ def test_claude_code_web_search_runs_and_the_session_goes_on(tmp_path) -> None:
     assert blocks[1]["tool_use_id"] == blocks[0]["id"]
 
     # SearXNG was asked once, for the query; the upstream model saw its pages
-    assert [(s["params"]["q"], s["params"]["format"]) for s in run["searches"]] == [
-        (QUERY, "json")]
+    assert [(s["params"]["q"], s["params"]["format"]) for s in run["searches"]] == [(QUERY, "json")]
     upstream = [r["body"] for r in run["upstream_requests"]]
     searching = [b for b in upstream if _offers_search(b)]
     assert len(searching) == 2, [len(b["messages"]) for b in searching]
@@ -87,9 +89,13 @@ def test_claude_code_web_search_runs_and_the_session_goes_on(tmp_path) -> None:
     assert "web_search" not in json.dumps(searching[1].get("tool_choice"))
 
     # Claude Code made WebSearch's result of the blocks: the links and the model's text
-    result = next(b for m in sent[-1]["messages"] if m["role"] == "user"
-                  and isinstance(m["content"], list) for b in m["content"]
-                  if b.get("type") == "tool_result" and "Web search results" in json.dumps(b))
+    result = next(
+        b
+        for m in sent[-1]["messages"]
+        if m["role"] == "user" and isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_result" and "Web search results" in json.dumps(b)
+    )
     shown = json.dumps(result["content"])
     assert not result.get("is_error") and "Links:" in shown
     assert all(url in shown for url in URLS)
@@ -104,11 +110,13 @@ def test_claude_code_web_search_runs_and_the_session_goes_on(tmp_path) -> None:
         calls = [c for m in body["messages"] for c in m.get("tool_calls") or ()]
         web = [c for c in calls if c["function"]["name"] == "WebSearch"]
         assert len(web) == 1 and json.loads(web[0]["function"]["arguments"])["query"] == QUERY
-        answer = next(m for m in body["messages"] if m["role"] == "tool"
-                      and m["tool_call_id"] == web[0]["id"])
+        answer = next(
+            m for m in body["messages"] if m["role"] == "tool" and m["tool_call_id"] == web[0]["id"]
+        )
         assert URLS[0] in content_text(answer["content"])
     assert "Go on" in json.dumps(main[-2]["messages"]) and "And then?" in json.dumps(
-        main[-1]["messages"])
+        main[-1]["messages"]
+    )
     assert all(URLS[0] in s["result"]["result"] for s in steps[1:])
 
 
@@ -116,8 +124,9 @@ def test_claude_code_shows_a_failed_search_and_goes_on(tmp_path) -> None:
     """The backend fails (500): the side request is still a whole 200 reply whose result
     block is the error ``unavailable``; Claude Code hands the model ``Web search error:
     unavailable`` as WebSearch's result, and the session goes on."""
-    run = run_claude_code(tmp_path, "websearch-fail",
-                          "Search the web for the gateway's release notes")
+    run = run_claude_code(
+        tmp_path, "websearch-fail", "Search the web for the gateway's release notes"
+    )
     assert run["exit_code"] == 0, claude_code_brief(run)
     assert run["result"]["is_error"] is False
     posts = claude_code_posts(run)
@@ -127,12 +136,18 @@ def test_claude_code_shows_a_failed_search_and_goes_on(tmp_path) -> None:
     events = check_stream(side["response"].encode())
     blocks = [e["content_block"] for e in events if e["type"] == "content_block_start"]
     assert [b["type"] for b in blocks] == ["server_tool_use", "web_search_tool_result", "text"]
-    assert blocks[1]["content"] == {"type": "web_search_tool_result_error",
-                                    "error_code": "unavailable"}
+    assert blocks[1]["content"] == {
+        "type": "web_search_tool_result_error",
+        "error_code": "unavailable",
+    }
     sent = claude_code_sent(run)
-    result = next(b for m in sent[-1]["messages"] if m["role"] == "user"
-                  and isinstance(m["content"], list) for b in m["content"]
-                  if b.get("type") == "tool_result" and "Web search results" in json.dumps(b))
+    result = next(
+        b
+        for m in sent[-1]["messages"]
+        if m["role"] == "user" and isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_result" and "Web search results" in json.dumps(b)
+    )
     shown = json.dumps(result["content"])
     assert "Web search error: unavailable" in shown
     assert "The search found nothing: " in shown  # the model was told, and said so

@@ -75,8 +75,11 @@ def second_proxy(llama_upstream: LlamaServer) -> Iterator[CuttingProxy]:
 
 
 def _config(*base_urls: str) -> str:
-    urls = f"base_url = {json.dumps(base_urls[0])}" if len(base_urls) == 1 else \
-        f"base_urls = {json.dumps(list(base_urls))}"
+    urls = (
+        f"base_url = {json.dumps(base_urls[0])}"
+        if len(base_urls) == 1
+        else f"base_urls = {json.dumps(list(base_urls))}"
+    )
     return f"""
 [upstreams.llama]
 {urls}
@@ -91,15 +94,23 @@ context_window = 1024
 """
 
 
-def _stream(base: str, headers: dict[str, str] | None = None,
-            **body: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _stream(
+    base: str, headers: dict[str, str] | None = None, **body: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """A streamed reply through the gateway: its checked events and what they add up to."""
     # greedy (this model is deterministic at any temperature; a real one needs it for the
     # continued text to be comparable)
-    req = {"model": "demo", "max_tokens": 200, "messages": HI, "stream": True,
-           "temperature": 0, **body}
-    status, _, raw = post(f"{base}/llm/v1/messages", req, {**HEADERS, **(headers or {})},
-                          timeout=60)
+    req = {
+        "model": "demo",
+        "max_tokens": 200,
+        "messages": HI,
+        "stream": True,
+        "temperature": 0,
+        **body,
+    }
+    status, _, raw = post(
+        f"{base}/llm/v1/messages", req, {**HEADERS, **(headers or {})}, timeout=60
+    )
     assert status == 200, raw[:500]
     events = check_stream(raw)
     blocks: list[dict[str, Any]] = []
@@ -108,13 +119,16 @@ def _stream(base: str, headers: dict[str, str] | None = None,
             blocks.append({"type": ev["content_block"]["type"], "text": ""})
         elif ev["type"] == "content_block_delta":
             delta = ev["delta"]
-            blocks[-1]["text"] += delta.get("text") or delta.get("thinking") or \
-                delta.get("partial_json") or ""
+            blocks[-1]["text"] += (
+                delta.get("text") or delta.get("thinking") or delta.get("partial_json") or ""
+            )
     [final] = [ev for ev in events if ev["type"] == "message_delta"] or [{}]
-    return events, {"blocks": [(b["type"], b["text"]) for b in blocks],
-                    "stop_reason": final.get("delta", {}).get("stop_reason"),
-                    "errors": [ev for ev in events if ev["type"] == "error"],
-                    "usage": final.get("usage")}
+    return events, {
+        "blocks": [(b["type"], b["text"]) for b in blocks],
+        "stop_reason": final.get("delta", {}).get("stop_reason"),
+        "errors": [ev for ev in events if ev["type"] == "error"],
+        "usage": final.get("usage"),
+    }
 
 
 def _engine_prompt(llama: LlamaServer, chat: dict[str, Any]) -> str:
@@ -122,7 +136,6 @@ def _engine_prompt(llama: LlamaServer, chat: dict[str, Any]) -> str:
     keys = ("messages", "tools", "chat_template_kwargs")
     _, _, raw = post(f"{llama.root_url}/apply-template", {k: chat[k] for k in keys if k in chat})
     return str(json.loads(raw)["prompt"])
-
 
 
 def _prefill(proxy: CuttingProxy) -> dict[str, Any] | None:
@@ -145,8 +158,12 @@ def _pieces_prefix(pieces: list[str], text: str) -> int:
 
 @pytest.mark.parametrize("how", ["reset", "eof"])
 def test_a_text_answer_cut_after_every_event_is_continued(
-        how: str, proxy: CuttingProxy, llama_upstream: LlamaServer, tiny_model: Any,
-        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    how: str,
+    proxy: CuttingProxy,
+    llama_upstream: LlamaServer,
+    tiny_model: Any,
+    gateway_factory: Callable[..., tuple[Proc, str]],
+) -> None:
     """Thinking off. The stream is cut after event 1, 2, ... of the engine's reply until a
     stream has fewer events; every reply is well-formed, end_turn, no error, and is the
     streamed part followed by the model's answer to the prefilled prompt."""
@@ -186,7 +203,8 @@ def test_a_text_answer_cut_after_every_event_is_continued(
         # llama-server continued the assistant message: its prompt ends with it, no end of
         # turn and no new generation prompt after it
         assert _engine_prompt(llama_upstream, chat).endswith(
-            "<|im_start|>assistant\n<think></think><think>\n\n</think>\n\n" + prefill["content"])
+            "<|im_start|>assistant\n<think></think><think>\n\n</think>\n\n" + prefill["content"]
+        )
     else:
         raise AssertionError("the stream never ended")
     # a cut after every piece but the last (after the last, the finish is all that is left)
@@ -195,8 +213,11 @@ def test_a_text_answer_cut_after_every_event_is_continued(
 
 
 def test_a_thinking_answer_cut_anywhere_is_continued(
-        proxy: CuttingProxy, llama_upstream: LlamaServer, tiny_model: Any,
-        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    proxy: CuttingProxy,
+    llama_upstream: LlamaServer,
+    tiny_model: Any,
+    gateway_factory: Callable[..., tuple[Proc, str]],
+) -> None:
     """Thinking on. Cut mid-thought: the thought goes back as ``reasoning_content`` with no
     content, which llama-server leaves open, and the continuation is read as reasoning (this
     model then answers: its ANSWER ends the thinking block, no text block follows). Cut in
@@ -240,30 +261,44 @@ def test_llama_server_reads_a_continued_thought_as_reasoning(llama_upstream: Lla
     ``reasoning_content`` and the answer after its ``</think>`` as ``content``; the same
     prefill inline in ``content`` gets everything back as ``content``, ``</think>`` too (what
     the gateway sent before: a continued thought reached the client as text)."""
+
     def ask(last: dict[str, Any]) -> tuple[str, str]:
-        body = {"model": "demo", "stream": True,
-                "messages": [*HI, {"role": "assistant", **last}]}
+        body = {"model": "demo", "stream": True, "messages": [*HI, {"role": "assistant", **last}]}
         status, _, raw = post(f"{llama_upstream.base_url}/chat/completions", body)
         assert status == 200, raw
-        deltas = [c["delta"] for event in raw.decode().split("\n\n")
-                  if event.startswith("data: {")
-                  for c in json.loads(event[len("data: "):])["choices"]]
-        return ("".join(d.get("reasoning_content") or "" for d in deltas),
-                "".join(d.get("content") or "" for d in deltas))
+        deltas = [
+            c["delta"]
+            for event in raw.decode().split("\n\n")
+            if event.startswith("data: {")
+            for c in json.loads(event[len("data: ") :])["choices"]
+        ]
+        return (
+            "".join(d.get("reasoning_content") or "" for d in deltas),
+            "".join(d.get("content") or "" for d in deltas),
+        )
 
     reasoning, content = ask({"content": "", "reasoning_content": "<think>"})
     assert (reasoning, content) == (REASONING, ANSWER)
     reasoning, content = ask({"content": "<think>"})
     assert (reasoning, content) == ("", f"{REASONING}</think>\n\n{ANSWER}")
     # a trailing space is kept as it is (on its own a token a BPE model seldom sees there)
-    prompt = _engine_prompt(llama_upstream, {"messages": [
-        *HI, {"role": "assistant", "content": "Hello! I am "}]})
+    prompt = _engine_prompt(
+        llama_upstream, {"messages": [*HI, {"role": "assistant", "content": "Hello! I am "}]}
+    )
     assert prompt.endswith("</think>\n\nHello! I am ")
 
 
-TOOLS = [{"name": "get_weather", "description": "The weather in a city",
-          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
-                           "required": ["city"]}}]
+TOOLS = [
+    {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "input_schema": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    }
+]
 
 
 # what the demo model writes, a character a token, for TOOLS (the gateway makes it a tool_use)
@@ -271,8 +306,10 @@ CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "demo"}}
 
 
 def test_a_text_tool_call_cut_midway(
-        proxy: CuttingProxy, llama_upstream: LlamaServer,
-        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    proxy: CuttingProxy,
+    llama_upstream: LlamaServer,
+    gateway_factory: Callable[..., tuple[Proc, str]],
+) -> None:
     """The demo model writes its call as text, a character a token (gateway/demo/toolcall.py),
     which the gateway's text parser makes a tool_use block. Cut before the call: asked again,
     the same call. Cut inside the call text (a possible opener ``<tool_`` held, the open
@@ -307,8 +344,11 @@ def test_a_text_tool_call_cut_midway(
 
 
 def test_a_replica_that_cuts_every_stream_is_continued_on_the_other(
-        proxy: CuttingProxy, second_proxy: CuttingProxy, tiny_model: Any,
-        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    proxy: CuttingProxy,
+    second_proxy: CuttingProxy,
+    tiny_model: Any,
+    gateway_factory: Callable[..., tuple[Proc, str]],
+) -> None:
     """``base_urls`` = two proxies to the one engine; the first cuts every stream after a
     piece of text. Each session's reply is whole and well-formed; a cut one was continued on
     the other replica (the cut one is ejected), with the text so far as the prefill."""
@@ -322,8 +362,10 @@ def test_a_replica_that_cuts_every_stream_is_continued_on_the_other(
     for n in range(32):  # sessions are homed by rendezvous hashing of the replicas' URLs
         _, got = _stream(base, {"x-claude-code-session-id": f"cont-session-{n}"}, **off)
         assert got["errors"] == [] and got["stop_reason"] == "end_turn", n
-        assert got["blocks"] in ([("text", answer)],
-                                 [("text", expect["answer_pieces"][0] + answer)]), n
+        assert got["blocks"] in (
+            [("text", answer)],
+            [("text", expect["answer_pieces"][0] + answer)],
+        ), n
         if cutting.cut and n >= 7:
             break
     assert cutting.cut >= 1  # some session was homed on it before it was ejected

@@ -34,8 +34,10 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip(reason)
     tmp: Path = tmp_path_factory.mktemp("demo-openai")
     port = free_port()
-    proc = Proc([sys.executable, "-m", "gateway", "--demo", "--port", str(port)],
-                env={"XDG_STATE_HOME": str(tmp / "state"), "GATEWAY_CONFIG": ""})
+    proc = Proc(
+        [sys.executable, "-m", "gateway", "--demo", "--port", str(port)],
+        env={"XDG_STATE_HOME": str(tmp / "state"), "GATEWAY_CONFIG": ""},
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", timeout=120, proc=proc.popen)
         yield f"http://127.0.0.1:{port}/llm"

@@ -22,13 +22,24 @@ from tests.procs import Proc, free_port, require_demo_extra, wait_http
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llamacpp]
 
-WEATHER = {"name": "get_weather", "description": "The weather in a city",
-           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
-                            "required": ["city"]}}
-BASH = {"name": "Bash", "description": "Run a shell command",
-        "input_schema": {"type": "object", "properties": {"command": {"type": "string"},
-                                                          "description": {"type": "string"}},
-                         "required": ["command"]}}
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+BASH = {
+    "name": "Bash",
+    "description": "Run a shell command",
+    "input_schema": {
+        "type": "object",
+        "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
+        "required": ["command"],
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +48,10 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     require_demo_extra()
     port = free_port()
     cache = tmp_path_factory.mktemp("demo-cache")
-    proc = Proc([sys.executable, "-m", "gateway", "--demo", "--port", str(port)],
-                env={"XDG_CACHE_HOME": str(cache)})
+    proc = Proc(
+        [sys.executable, "-m", "gateway", "--demo", "--port", str(port)],
+        env={"XDG_CACHE_HOME": str(cache)},
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", timeout=120, proc=proc.popen)
         yield f"http://127.0.0.1:{port}"
@@ -50,9 +63,11 @@ def _text_tool_calls(root: str) -> float:
     """llm_gateway_local_fixes_total{fix="text_tool_call"}: calls the text parser found."""
     with urllib.request.urlopen(root + "/metrics", timeout=5) as resp:
         lines = resp.read().decode().splitlines()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
-               if line.startswith("llm_gateway_local_fixes_total{")
-               and 'fix="text_tool_call"' in line)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in lines
+        if line.startswith("llm_gateway_local_fixes_total{") and 'fix="text_tool_call"' in line
+    )
 
 
 def _call(client: Any, stream: bool, **kw: Any) -> Any:
@@ -63,10 +78,13 @@ def _call(client: Any, stream: bool, **kw: Any) -> Any:
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["create", "stream"])
-@pytest.mark.parametrize(("tools", "expected_input"), [
-    ([WEATHER], {"city": "demo"}),
-    ([WEATHER, BASH], toolcall.BASH_ARGUMENTS),  # Bash is preferred wherever it is
-])
+@pytest.mark.parametrize(
+    ("tools", "expected_input"),
+    [
+        ([WEATHER], {"city": "demo"}),
+        ([WEATHER, BASH], toolcall.BASH_ARGUMENTS),  # Bash is preferred wherever it is
+    ],
+)
 def test_one_tool_round_trip(demo: str, stream: bool, tools: list, expected_input: dict) -> None:
     client = sdk.client(demo + "/llm", api_key="k", max_retries=0)
     before = _text_tool_calls(demo)
@@ -83,13 +101,17 @@ def test_one_tool_round_trip(demo: str, stream: bool, tools: list, expected_inpu
     assert not [b for b in first.content if b.type == "text" and b.text.strip()], first.content
     assert _text_tool_calls(demo) == before + 1  # the gateway's text parser made the block
 
-    answered = [*question,
-                {"role": "assistant", "content": [b.model_dump(exclude_none=True)
-                                                  for b in first.content]},
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                              "content": "demo-tool-loop"}]}]
-    second = _call(client, stream, model="demo", max_tokens=400, messages=answered,
-                   tools=tools)
+    answered = [
+        *question,
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": use.id, "content": "demo-tool-loop"}
+            ],
+        },
+    ]
+    second = _call(client, stream, model="demo", max_tokens=400, messages=answered, tools=tools)
     assert second.stop_reason == "end_turn", second
     assert [b.type for b in second.content if b.type != "thinking"] == ["text"]
     assert second.content[-1].text == ANSWER_TEXT
@@ -97,6 +119,7 @@ def test_one_tool_round_trip(demo: str, stream: bool, tools: list, expected_inpu
 
 def test_no_tools_reply_is_unchanged(demo: str) -> None:
     client = sdk.client(demo + "/llm", api_key="k", max_retries=0)
-    msg = client.messages.create(model="demo", max_tokens=400,
-                                 messages=[{"role": "user", "content": "hi"}])
+    msg = client.messages.create(
+        model="demo", max_tokens=400, messages=[{"role": "user", "content": "hi"}]
+    )
     assert msg.stop_reason == "end_turn" and msg.content[-1].text == ANSWER_TEXT

@@ -23,20 +23,36 @@ REPORT = make_pdf([["Quarterly report", "Revenue rose 12%."], ["Costs fell 3%."]
 NOTES = make_pdf([["Meeting notes: ship Friday."]])
 
 
-
-
-
-
 def _messages(notes: bytes) -> list[dict[str, Any]]:
     return [
-        {"role": "user", "content": [document(REPORT, title="report.pdf"),
-                                     {"type": "text", "text": "Summarize; then read notes."}]},
-        {"role": "assistant", "content": [
-            {"type": "tool_use", "id": "toolu_01", "name": "Read",
-             "input": {"file_path": "/w/notes.pdf"}}]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_01",
-             "content": [{"type": "text", "text": "PDF file read"}, document(notes)]}]},
+        {
+            "role": "user",
+            "content": [
+                document(REPORT, title="report.pdf"),
+                {"type": "text", "text": "Summarize; then read notes."},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_01",
+                    "name": "Read",
+                    "input": {"file_path": "/w/notes.pdf"},
+                }
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_01",
+                    "content": [{"type": "text", "text": "PDF file read"}, document(notes)],
+                }
+            ],
+        },
     ]
 
 
@@ -51,10 +67,13 @@ def test_pdfs_reach_the_upstream_as_text_with_page_markers(stub_url, gateway_fac
     assert messages[0] == {
         "role": "user",
         "content": "report.pdf\n\n--- Page 1 of 2 ---\nQuarterly report\nRevenue rose 12%.\n\n"
-                   "--- Page 2 of 2 ---\nCosts fell 3%.\nSummarize; then read notes."}
+        "--- Page 2 of 2 ---\nCosts fell 3%.\nSummarize; then read notes.",
+    }
     assert messages[2] == {
-        "role": "tool", "tool_call_id": "toolu_01",
-        "content": "PDF file read\n--- Page 1 of 1 ---\nMeeting notes: ship Friday."}
+        "role": "tool",
+        "tool_call_id": "toolu_01",
+        "content": "PDF file read\n--- Page 1 of 1 ---\nMeeting notes: ship Friday.",
+    }
     assert "JVBERi" not in seen["raw"]  # no base64 PDF ("%PDF-") went upstream
 
 
@@ -71,7 +90,8 @@ def test_a_corrupt_pdf_is_a_400_naming_the_field(stub_url, gateway_factory, rout
     assert err.value.body["error"] == {  # type: ignore[index]
         "type": "invalid_request_error",
         "message": "messages.2.content.0.content.1.source.data: PDF could not be read "
-                   "(corrupt or not a PDF)"}
+        "(corrupt or not a PDF)",
+    }
     assert stub_requests(stub_url) == []  # refused before any upstream call
     proc.stop()
     log_lines(proc.output(), strict=True)  # pypdf's complaints stay out of the log

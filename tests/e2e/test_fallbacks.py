@@ -25,7 +25,7 @@ def _config(stub_url: str, database: Path) -> str:
     dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens: connections refused
     return f"""
 [upstreams.dead]
-base_urls = ["{dead}", "{dead.replace('127.0.0.1', '127.0.0.2')}"]
+base_urls = ["{dead}", "{dead.replace("127.0.0.1", "127.0.0.2")}"]
 connect_timeout = 2
 
 [upstreams.main]
@@ -76,21 +76,22 @@ def _metric(base: str, name: str, **labels: str) -> float | None:
     _, _, body = get(f"{base}/metrics")
     for family in text_string_to_metric_families(body.decode()):
         for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v
-                                           for k, v in labels.items()):
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return sample.value
     return None
 
 
 def _fallback_calls(stub: str) -> list[dict[str, object]]:
-    return [r["body"] for r in json.loads(get(f"{stub}/_requests")[2])
-            if r["path"].endswith("/chat/completions")
-            and r["body"].get("model") == "fallback-ok"]
+    return [
+        r["body"]
+        for r in json.loads(get(f"{stub}/_requests")[2])
+        if r["path"].endswith("/chat/completions") and r["body"].get("model") == "fallback-ok"
+    ]
 
 
 def test_a_model_whose_upstream_is_down_is_answered_by_its_fallback(
-        stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]],
-        tmp_path: Path) -> None:
+    stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]], tmp_path: Path
+) -> None:
     stub = stub_url.removesuffix("/v1")
     before = len(_fallback_calls(stub))
     _, base = gateway_factory(_config(stub_url, tmp_path / "batches.sqlite3"))
@@ -118,9 +119,17 @@ def test_a_model_whose_upstream_is_down_is_answered_by_its_fallback(
         sdk.close_all()
 
     # a batch goes through the same call
-    status, _, raw = post(f"{base}/llm/v1/messages/batches", {"requests": [
-        {"custom_id": "b1", "params": {"model": "refusing", "max_tokens": 16,
-                                       "messages": hello}}]})
+    status, _, raw = post(
+        f"{base}/llm/v1/messages/batches",
+        {
+            "requests": [
+                {
+                    "custom_id": "b1",
+                    "params": {"model": "refusing", "max_tokens": 16, "messages": hello},
+                }
+            ]
+        },
+    )
     assert status == 200, raw
     batch_id = json.loads(raw)["id"]
     wait_ended(f"{base}/llm", batch_id)
@@ -139,5 +148,7 @@ def test_a_model_whose_upstream_is_down_is_answered_by_its_fallback(
     assert _metric(base, fallbacks, model="refusing", fallback="spare-model") == 3
     assert _metric(base, fallbacks, model="unavailable", fallback="spare-model") == 2
     assert _metric(base, fallbacks, model="refusing-alone") is None
-    assert _metric(base, "llm_gateway_upstream_requests_total", model="refusing",
-                   code="connect_error") == 3
+    assert (
+        _metric(base, "llm_gateway_upstream_requests_total", model="refusing", code="connect_error")
+        == 3
+    )

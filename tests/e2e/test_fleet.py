@@ -49,13 +49,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-        self.server.chats.append({"host": self.headers.get("Host"),
-                                  "model": body.get("model"),
-                                  "first": body["messages"][-1].get("content")})
+        self.server.chats.append(
+            {
+                "host": self.headers.get("Host"),
+                "model": body.get("model"),
+                "first": body["messages"][-1].get("content"),
+            }
+        )
         if body.get("model") == "slow":
             self.server.gate.wait(60)
-        reply = completion(body.get("model", ""), {"role": "assistant",
-                                                   "content": "".join(TEXT)}, "stop", USAGE)
+        reply = completion(
+            body.get("model", ""), {"role": "assistant", "content": "".join(TEXT)}, "stop", USAGE
+        )
         self._reply(200, json.dumps(reply).encode())
 
     def _reply(self, status: int, body: bytes) -> None:
@@ -99,10 +104,12 @@ def _sessions(base: str, sids: list[str], model: str = "m") -> None:
     """One buffered request per session, 8 at once; every one must be a 200."""
 
     def one(sid: str) -> None:
-        body = {"model": model, "max_tokens": 16,
-                "messages": [{"role": "user", "content": f"hello from {sid}"}]}
-        status, _, reply = post(f"{base}/llm/v1/messages", body,
-                                {"x-claude-code-session-id": sid})
+        body = {
+            "model": model,
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": f"hello from {sid}"}],
+        }
+        status, _, reply = post(f"{base}/llm/v1/messages", body, {"x-claude-code-session-id": sid})
         assert status == 200, (sid, status, reply[:300])
 
     with ThreadPoolExecutor(8) as pool:
@@ -145,13 +152,14 @@ def pair() -> Iterator[tuple[_Replica, _Replica]]:
 
 
 def test_a_replica_failing_its_health_route_gets_no_request_until_it_passes(
-        pair: tuple[_Replica, _Replica],
-        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    pair: tuple[_Replica, _Replica], gateway_factory: Callable[..., tuple[Proc, str]]
+) -> None:
     a, b = pair
     b.health = 503  # llama.cpp's server while it loads the model
     urls = [f"http://127.0.0.1:{r.port}/v1" for r in pair]
-    _, base = gateway_factory(_config(
-        f'base_urls = {json.dumps(urls)}\nhealth_interval = 0.2\nhealth_timeout = 1.0'))
+    _, base = gateway_factory(
+        _config(f"base_urls = {json.dumps(urls)}\nhealth_interval = 0.2\nhealth_timeout = 1.0")
+    )
     wait_http(f"{base}/ready")
     b_label = f"127.0.0.1:{b.port}"
     sids = [f"probe-session-{i}" for i in range(SESSIONS)]
@@ -162,14 +170,16 @@ def test_a_replica_failing_its_health_route_gets_no_request_until_it_passes(
     _sessions(base, sids)
     assert b.chats == [] and len(a.chats) == SESSIONS
     assert b.probes >= 1
-    assert metric(base, "llm_gateway_upstream_probes_total", replica=b_label,
-                   outcome="status") >= 1
+    assert metric(base, "llm_gateway_upstream_probes_total", replica=b_label, outcome="status") >= 1
     assert metric(base, "llm_gateway_upstream_replica_healthy", replica=b_label) == 0
 
     # its health route passes: back without a client request as its trial
     b.health = 200
-    wait_until(lambda: metric(base, "llm_gateway_upstream_replica_healthy", replica=b_label) == 1,
-               "the replica is back after a passing probe", timeout=15)
+    wait_until(
+        lambda: metric(base, "llm_gateway_upstream_replica_healthy", replica=b_label) == 1,
+        "the replica is back after a passing probe",
+        timeout=15,
+    )
     assert b.chats == []
     a.chats.clear()
     _sessions(base, sids)
@@ -177,13 +187,15 @@ def test_a_replica_failing_its_health_route_gets_no_request_until_it_passes(
 
     # failing again, while it still answers requests: the probes alone take it out
     b.health = 503
-    wait_until(lambda: metric(base, "llm_gateway_upstream_replica_healthy", replica=b_label) == 0,
-               "the replica is ejected after a failing probe", timeout=15)
+    wait_until(
+        lambda: metric(base, "llm_gateway_upstream_replica_healthy", replica=b_label) == 0,
+        "the replica is ejected after a failing probe",
+        timeout=15,
+    )
     b.chats.clear()
     _sessions(base, sids)
     assert b.chats == []
-    assert metric(base, "llm_gateway_upstream_probes_total", replica=b_label,
-                   outcome="ok") >= 1
+    assert metric(base, "llm_gateway_upstream_probes_total", replica=b_label, outcome="ok") >= 1
 
 
 # ---------------------------------------------------------------- DNS discovery
@@ -214,9 +226,10 @@ def _dns_gateway(tmp_path: Path, config: str, answers: Path) -> tuple[Proc, str]
     port = free_port()
     cfg = tmp_path / "gateway.toml"
     cfg.write_text(config)
-    proc = Proc([sys.executable, "-m", "tests.fake_dns_gateway", "--config", str(cfg),
-                 "--port", str(port)],
-                env={"FAKE_DNS_FILE": str(answers), "XDG_STATE_HOME": str(tmp_path / "state")})
+    proc = Proc(
+        [sys.executable, "-m", "tests.fake_dns_gateway", "--config", str(cfg), "--port", str(port)],
+        env={"FAKE_DNS_FILE": str(answers), "XDG_STATE_HOME": str(tmp_path / "state")},
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/ready", proc=proc.popen)
     except Exception:
@@ -232,12 +245,16 @@ def test_replicas_follow_the_dns_answer(trio: list[_Replica], tmp_path: Path) ->
     url = {n: f"http://127.0.0.{n}:{port}/v1" for n in (1, 2, 3)}
     by_url = {url[n]: trio[n - 1] for n in (1, 2, 3)}
     write_answers(answers, {name: ["127.0.0.2", "127.0.0.1"]})
-    proc, base = _dns_gateway(tmp_path, _config(
-        f'base_url = "http://{name}:{port}/v1"\ndiscover = "dns"\nresolve_interval = 0.2'),
-        answers)
+    proc, base = _dns_gateway(
+        tmp_path,
+        _config(f'base_url = "http://{name}:{port}/v1"\ndiscover = "dns"\nresolve_interval = 0.2'),
+        answers,
+    )
     try:
-        replicas = lambda: metric(base, "llm_gateway_upstream_replicas",  # noqa: E731
-                                   upstream="fleet")
+
+        def replicas() -> float:
+            return metric(base, "llm_gateway_upstream_replicas", upstream="fleet")
+
         sids = [f"dns-session-{i}" for i in range(SESSIONS)]
 
         # two addresses: sessions where rendezvous puts them, Host the name's
@@ -258,8 +275,7 @@ def test_replicas_follow_the_dns_answer(trio: list[_Replica], tmp_path: Path) ->
         _sessions(base, sids)
         moved = [s for s in sids if _home(s, three) != _home(s, two)]
         assert moved and all(_home(s, three) == url[3] for s in moved)
-        assert sorted(c["first"] for c in trio[2].chats) == sorted(
-            f"hello from {s}" for s in moved)
+        assert sorted(c["first"] for c in trio[2].chats) == sorted(f"hello from {s}" for s in moved)
 
         # .2 leaves while three requests on it are in flight: they finish, nothing new goes
         mine = [s for s in (f"slow-{i}" for i in range(200)) if _home(s, three) == url[2]][:3]
@@ -280,9 +296,19 @@ def test_replicas_follow_the_dns_answer(trio: list[_Replica], tmp_path: Path) ->
 
         # the name stops resolving: the set stays, counted, requests still served
         write_answers(answers, {})
-        wait_until(lambda: metric(base, "llm_gateway_upstream_resolutions_total",
-                                  upstream="fleet", outcome="failed") >= 2,
-                   "failed resolutions are counted", timeout=15)
+        wait_until(
+            lambda: (
+                metric(
+                    base,
+                    "llm_gateway_upstream_resolutions_total",
+                    upstream="fleet",
+                    outcome="failed",
+                )
+                >= 2
+            ),
+            "failed resolutions are counted",
+            timeout=15,
+        )
         assert replicas() == 2
         for r in trio:
             r.chats.clear()
@@ -294,13 +320,18 @@ def test_replicas_follow_the_dns_answer(trio: list[_Replica], tmp_path: Path) ->
 
 
 def test_a_name_with_no_address_at_start_is_a_529_until_one_appears(
-        trio: list[_Replica], tmp_path: Path) -> None:
+    trio: list[_Replica], tmp_path: Path
+) -> None:
     answers = tmp_path / "dns.json"
     write_answers(answers, {})
     port = trio[0].port
-    proc, base = _dns_gateway(tmp_path, _config(
-        f'base_url = "http://fleet.test:{port}/v1"\ndiscover = "dns"\nresolve_interval = 0.2'),
-        answers)
+    proc, base = _dns_gateway(
+        tmp_path,
+        _config(
+            f'base_url = "http://fleet.test:{port}/v1"\ndiscover = "dns"\nresolve_interval = 0.2'
+        ),
+        answers,
+    )
     try:
         body = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
         status, _, reply = post(f"{base}/llm/v1/messages", body)
@@ -309,8 +340,11 @@ def test_a_name_with_no_address_at_start_is_a_529_until_one_appears(
         assert err["type"] == "error" and err["error"]["type"] == "overloaded_error"
         assert "fleet.test" not in reply.decode() and "127.0.0" not in reply.decode()
         write_answers(answers, {"fleet.test": ["127.0.0.3"]})
-        wait_until(lambda: metric(base, "llm_gateway_upstream_replicas", upstream="fleet") == 1,
-                   "the address appears", timeout=15)
+        wait_until(
+            lambda: metric(base, "llm_gateway_upstream_replicas", upstream="fleet") == 1,
+            "the address appears",
+            timeout=15,
+        )
         status, _, reply = post(f"{base}/llm/v1/messages", body)
         assert status == 200, reply
         assert len(trio[2].chats) == 1

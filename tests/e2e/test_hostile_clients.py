@@ -49,10 +49,12 @@ KEY = "sk-hostile-good-key"
 MARK = "ZQXMARK"  # in every offending byte string; must never reach the log
 
 
-def _keys_config(stub_url: str, extra: str = "", models: tuple[str, ...] = ("ok", "slow:50")
-                 ) -> str:
-    return stub_config(stub_url, extra_server='api_keys_env = "HOSTILE_KEYS"\n' + extra,
-                       models=models)
+def _keys_config(
+    stub_url: str, extra: str = "", models: tuple[str, ...] = ("ok", "slow:50")
+) -> str:
+    return stub_config(
+        stub_url, extra_server='api_keys_env = "HOSTILE_KEYS"\n' + extra, models=models
+    )
 
 
 def _start(factory: Callable[..., tuple[Proc, str]], text: str) -> tuple[Proc, str, int]:
@@ -60,8 +62,9 @@ def _start(factory: Callable[..., tuple[Proc, str]], text: str) -> tuple[Proc, s
     return proc, url, int(url.rsplit(":", 1)[1])
 
 
-def _exchange(port: int, raw: bytes | list[bytes], *, pause: float = 0.2,
-              timeout: float = 5.0) -> bytes:
+def _exchange(
+    port: int, raw: bytes | list[bytes], *, pause: float = 0.2, timeout: float = 5.0
+) -> bytes:
     """Send raw bytes (a list: one write each, ``pause`` apart); read until the server closes."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         for i, part in enumerate(raw if isinstance(raw, list) else [raw]):
@@ -103,13 +106,13 @@ def _log_lines(proc: Proc) -> list[dict[str, Any]]:
     return log_lines(proc.output(), strict=True)
 
 
-def _wait_log(proc: Proc, pred: Callable[[dict[str, Any]], bool], timeout: float = 5.0
-              ) -> dict[str, Any]:
+def _wait_log(
+    proc: Proc, pred: Callable[[dict[str, Any]], bool], timeout: float = 5.0
+) -> dict[str, Any]:
     return wait_for_line(proc.output, pred, timeout=timeout)
 
 
-def _metric(url: str, name: str, headers: dict[str, str] | None = None, **labels: str
-            ) -> float:
+def _metric(url: str, name: str, headers: dict[str, str] | None = None, **labels: str) -> float:
     req = urllib.request.Request(url + "/metrics", headers=headers or {})
     with urllib.request.urlopen(req, timeout=5) as resp:
         text = resp.read().decode()
@@ -136,37 +139,65 @@ def _head(path: str, *lines: str | bytes, method: str = "POST") -> bytes:
 _CHUNKED = ("Content-Type: application/json", "Transfer-Encoding: chunked", f"X-Api-Key: {KEY}")
 # name -> (bytes for a path, the kind counted, whether the path is readable for the shape)
 CASES: dict[str, tuple[Callable[[str], bytes | list[bytes]], str, bool]] = {
-    "header over 8 KB": (lambda p: _head(p, f"X-Big: {MARK}" + "a" * 9000),
-                         "line_too_long", True),
-    "200 headers": (lambda p: _head(p, *(f"X-H{i}: {MARK}" for i in range(200))),
-                    "too_many_headers", True),
-    "NUL in a header": (lambda p: _head(p, f"X-Api-Key: sk-{MARK}".encode() + b"\x00z"),
-                        "bad_header", True),
+    "header over 8 KB": (lambda p: _head(p, f"X-Big: {MARK}" + "a" * 9000), "line_too_long", True),
+    "200 headers": (
+        lambda p: _head(p, *(f"X-H{i}: {MARK}" for i in range(200))),
+        "too_many_headers",
+        True,
+    ),
+    "NUL in a header": (
+        lambda p: _head(p, f"X-Api-Key: sk-{MARK}".encode() + b"\x00z"),
+        "bad_header",
+        True,
+    ),
     "control character in the key": (
-        lambda p: _head(p, f"X-Api-Key: sk-{MARK}".encode() + b"\x01tail"), "bad_header", True),
-    "9 KB bearer key": (lambda p: _head(p, f"Authorization: Bearer sk-{MARK}" + "K" * 9000),
-                        "line_too_long", True),
+        lambda p: _head(p, f"X-Api-Key: sk-{MARK}".encode() + b"\x01tail"),
+        "bad_header",
+        True,
+    ),
+    "9 KB bearer key": (
+        lambda p: _head(p, f"Authorization: Bearer sk-{MARK}" + "K" * 9000),
+        "line_too_long",
+        True,
+    ),
     "Transfer-Encoding with Content-Length": (
         lambda p: _head(p, "Content-Length: 5", "Transfer-Encoding: chunked") + b"0\r\n\r\n",
-        "length_and_chunked", True),
-    "bad HTTP version": (lambda p: f"POST {p} HTTP/7.{MARK}\r\nHost: gw\r\n\r\n".encode(),
-                         "bad_request_line", True),
-    "bad method": (lambda p: f"P{MARK}@ {p} HTTP/1.1\r\nHost: gw\r\n\r\n".encode(),
-                   "bad_request_line", False),
-    "URL over 8 KB": (lambda p: _head(p + f"?q={MARK}" + "u" * 9000, method="GET"),
-                      "line_too_long", True),
-    "bad chunk size": (lambda p: _head(p, *_CHUNKED) + f"{MARK}\r\nabc\r\n".encode(),
-                       "bad_body", True),
+        "length_and_chunked",
+        True,
+    ),
+    "bad HTTP version": (
+        lambda p: f"POST {p} HTTP/7.{MARK}\r\nHost: gw\r\n\r\n".encode(),
+        "bad_request_line",
+        True,
+    ),
+    "bad method": (
+        lambda p: f"P{MARK}@ {p} HTTP/1.1\r\nHost: gw\r\n\r\n".encode(),
+        "bad_request_line",
+        False,
+    ),
+    "URL over 8 KB": (
+        lambda p: _head(p + f"?q={MARK}" + "u" * 9000, method="GET"),
+        "line_too_long",
+        True,
+    ),
+    "bad chunk size": (
+        lambda p: _head(p, *_CHUNKED) + f"{MARK}\r\nabc\r\n".encode(),
+        "bad_body",
+        True,
+    ),
     "bad chunk size in a later read": (
-        lambda p: [_head(p, *_CHUNKED) + b"5\r\n{\"a\":\r\n", f"{MARK}\r\nxx\r\n".encode()],
-        "bad_body", True),
+        lambda p: [_head(p, *_CHUNKED) + b'5\r\n{"a":\r\n', f"{MARK}\r\nxx\r\n".encode()],
+        "bad_body",
+        True,
+    ),
 }
 
 
 @pytest.fixture(scope="module")
 def keyed_gateway(stub_url: str, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    proc, url = start_gateway(_keys_config(stub_url), tmp_path_factory.mktemp("hostile"),
-                              env={"HOSTILE_KEYS": KEY})
+    proc, url = start_gateway(
+        _keys_config(stub_url), tmp_path_factory.mktemp("hostile"), env={"HOSTILE_KEYS": KEY}
+    )
     try:
         yield proc, url, int(url.rsplit(":", 1)[1])
     finally:
@@ -177,8 +208,10 @@ def keyed_gateway(stub_url: str, tmp_path_factory: pytest.TempPathFactory):  # t
 def test_malformed_http_is_an_envelope_with_a_request_id(keyed_gateway, path: str) -> None:
     proc, url, port = keyed_gateway
     headers = {"x-api-key": KEY}
-    before = {kind: _metric(url, "llm_gateway_client_http_errors_total", headers, kind=kind)
-              for _, kind, _ in CASES.values()}
+    before = {
+        kind: _metric(url, "llm_gateway_client_http_errors_total", headers, kind=kind)
+        for _, kind, _ in CASES.values()
+    }
     ids = []
     for name, (build, _kind, readable) in CASES.items():
         status, got, body = _parse(_exchange(port, build(path)))
@@ -213,10 +246,13 @@ def test_a_malformed_key_never_reaches_the_log(keyed_gateway) -> None:
     whole key on stderr; now one JSON access line without it, and the key is nowhere."""
     proc, url, port = keyed_gateway
     secret = "sk-" + MARK + "-live-0123456789"
-    for line in (f"x-api-key: {secret}\x07", f"Authorization: Bearer {secret}\x1b[31m",
-                 f"x-api-key: {secret}" + "Q" * 9000,
-                 f"Authorization: Bearer {secret}" + "Q" * 9000,
-                 f"x-api-key: {secret}\x7f"):
+    for line in (
+        f"x-api-key: {secret}\x07",
+        f"Authorization: Bearer {secret}\x1b[31m",
+        f"x-api-key: {secret}" + "Q" * 9000,
+        f"Authorization: Bearer {secret}" + "Q" * 9000,
+        f"x-api-key: {secret}\x7f",
+    ):
         reply = _exchange(port, _head(MESSAGES, line.encode("latin-1")))
         status, got, _ = _parse(reply)
         assert status in (400, 401) and "request-id" in got
@@ -230,8 +266,11 @@ def test_a_malformed_key_never_reaches_the_log(keyed_gateway) -> None:
 def test_the_access_line_logs_query_names_not_values(keyed_gateway) -> None:
     proc, url, _ = keyed_gateway
     req = urllib.request.Request(
-        url + MESSAGES + f"?beta=true&api_key=sk-{MARK}&x-api-key={MARK}", method="POST",
-        data=b"{}", headers={"x-api-key": "wrong", "content-type": "application/json"})
+        url + MESSAGES + f"?beta=true&api_key=sk-{MARK}&x-api-key={MARK}",
+        method="POST",
+        data=b"{}",
+        headers={"x-api-key": "wrong", "content-type": "application/json"},
+    )
     try:
         urllib.request.urlopen(req, timeout=5)
     except urllib.error.HTTPError as exc:
@@ -280,8 +319,9 @@ def test_idle_connections_are_closed_at_the_idle_timeout(stub_url, gateway_facto
 def test_slowloris_is_closed_at_the_head_deadline(stub_url, gateway_factory) -> None:
     """A header line every 0.3 s: closed at request_head_timeout (1 s), long before the idle
     timeout (10 s) and the 30 lines it would send."""
-    proc, url = gateway_factory(stub_config(
-        stub_url, extra_server="idle_timeout = 10\nrequest_head_timeout = 1"))
+    proc, url = gateway_factory(
+        stub_config(stub_url, extra_server="idle_timeout = 10\nrequest_head_timeout = 1")
+    )
     port = int(url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         t0 = time.monotonic()
@@ -309,12 +349,14 @@ def test_slowloris_is_closed_at_the_head_deadline(stub_url, gateway_factory) -> 
 
 @pytest.mark.parametrize("path", [MESSAGES, CHAT], ids=["messages", "chat"])
 def test_a_stalled_body_is_a_408_at_the_body_deadline(stub_url, gateway_factory, path) -> None:
-    proc, url = gateway_factory(stub_config(stub_url,
-                                            extra_server="request_body_timeout = 1"))
+    proc, url = gateway_factory(stub_config(stub_url, extra_server="request_body_timeout = 1"))
     port = int(url.rsplit(":", 1)[1])
     t0 = time.monotonic()
-    reply = _exchange(port, _head(path, "Content-Type: application/json",
-                                  "Content-Length: 100") + b'{"model":', timeout=30)
+    reply = _exchange(
+        port,
+        _head(path, "Content-Type: application/json", "Content-Length: 100") + b'{"model":',
+        timeout=30,
+    )
     took = time.monotonic() - t0
     status, headers, body = _parse(reply)
     assert status == 408 and 0.9 <= took <= 30, (status, took)  # the ceiling: a hang guard
@@ -341,8 +383,9 @@ def test_keys_are_checked_before_the_body_is_read(keyed_gateway) -> None:
 # --- the connection cap --------------------------------------------------------------------
 
 
-def test_max_connections_holds_the_next_connection_in_the_backlog(stub_url,
-                                                                  gateway_factory) -> None:
+def test_max_connections_holds_the_next_connection_in_the_backlog(
+    stub_url, gateway_factory
+) -> None:
     proc, url = gateway_factory(stub_config(stub_url, extra_server="max_connections = 5"))
     port = int(url.rsplit(":", 1)[1])
     time.sleep(0.6)  # wait_http's last connection is closed and counted out
@@ -361,8 +404,14 @@ def test_max_connections_holds_the_next_connection_in_the_backlog(stub_url,
     finally:
         for sock in held:
             sock.close()
-    _wait_log(proc, lambda ln: ln.get("event") == "max_connections_reached"
-              and ln["max_connections"] == 5 and ln["level"] == "warning")
+    _wait_log(
+        proc,
+        lambda ln: (
+            ln.get("event") == "max_connections_reached"
+            and ln["max_connections"] == 5
+            and ln["level"] == "warning"
+        ),
+    )
 
 
 # --- accept() out of descriptors ---------------------------------------------------------------
@@ -376,10 +425,12 @@ def test_accept_out_of_descriptors_is_a_warning_and_a_metric(stub_url, tmp_path:
     cfg = tmp_path / "gw.toml"
     cfg.write_text(stub_config(stub_url, extra_server="idle_timeout = 30"))
     limit = 64
-    code = ("import resource, runpy, sys; "
-            f"resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, {limit})); "
-            f"sys.argv = ['gateway', '--config', {str(cfg)!r}, '--port', '{port}']; "
-            "runpy.run_module('gateway', run_name='__main__')")
+    code = (
+        "import resource, runpy, sys; "
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, {limit})); "
+        f"sys.argv = ['gateway', '--config', {str(cfg)!r}, '--port', '{port}']; "
+        "runpy.run_module('gateway', run_name='__main__')"
+    )
     proc = Proc([sys.executable, "-c", code])
     held: list[socket.socket] = []
     try:
@@ -412,17 +463,29 @@ def test_accept_out_of_descriptors_is_a_warning_and_a_metric(stub_url, tmp_path:
 
 def _stream_request(path: str, model: str) -> bytes:
     if path == MESSAGES:
-        body = {"model": model, "max_tokens": 50, "stream": True,
-                "messages": [{"role": "user", "content": "hi"}]}
+        body = {
+            "model": model,
+            "max_tokens": 50,
+            "stream": True,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
     else:
         body = {"model": model, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     data = json.dumps(body).encode()
-    return _head(path, "Content-Type: application/json", f"Content-Length: {len(data)}",
-                 f"x-api-key: {KEY}") + data
+    return (
+        _head(
+            path,
+            "Content-Type: application/json",
+            f"Content-Length: {len(data)}",
+            f"x-api-key: {KEY}",
+        )
+        + data
+    )
 
 
-@pytest.mark.parametrize("path,api", [(MESSAGES, "messages"), (CHAT, "chat")],
-                         ids=["messages", "chat"])
+@pytest.mark.parametrize(
+    "path,api", [(MESSAGES, "messages"), (CHAT, "chat")], ids=["messages", "chat"]
+)
 def test_mid_stream_hang_ups_are_not_errors(stub_url, gateway_factory, path, api) -> None:
     """Three rounds of 20 clients leave a 2 ms-a-chunk stream after 1 to 20 events, half of
     them with a reset: each is one client_disconnect, no line at ERROR (no unhandled_error,
@@ -432,12 +495,15 @@ def test_mid_stream_hang_ups_are_not_errors(stub_url, gateway_factory, path, api
     headers = {"x-api-key": KEY}
 
     def ended() -> float:  # a stream may finish before its client leaves (2 cores, 20 at once)
-        return sum(_metric(url, "llm_gateway_stream_terminations_total", headers, api=api,
-                           reason=reason) for reason in ("client_disconnect", "completed"))
+        return sum(
+            _metric(url, "llm_gateway_stream_terminations_total", headers, api=api, reason=reason)
+            for reason in ("client_disconnect", "completed")
+        )
 
     before = ended()
-    left_before = _metric(url, "llm_gateway_stream_terminations_total", headers, api=api,
-                          reason="client_disconnect")
+    left_before = _metric(
+        url, "llm_gateway_stream_terminations_total", headers, api=api, reason="client_disconnect"
+    )
 
     async def hang_up(i: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -459,15 +525,28 @@ def test_mid_stream_hang_ups_are_not_errors(stub_url, gateway_factory, path, api
     while ended() - before < 60:
         assert time.monotonic() < deadline, "not every hang-up was counted"
         time.sleep(0.1)
-    assert _metric(url, "llm_gateway_stream_terminations_total", headers, api=api,
-                   reason="client_disconnect") - left_before >= 30
+    assert (
+        _metric(
+            url,
+            "llm_gateway_stream_terminations_total",
+            headers,
+            api=api,
+            reason="client_disconnect",
+        )
+        - left_before
+        >= 30
+    )
     _flushed(proc, url)
     lines = _log_lines(proc)
-    bad = [ln for ln in lines if ln.get("level") in ("error", "critical")
-           or ln.get("event") == "unhandled_error"]
+    bad = [
+        ln
+        for ln in lines
+        if ln.get("level") in ("error", "critical") or ln.get("event") == "unhandled_error"
+    ]
     assert bad == []
-    statuses = [ln["status"] for ln in lines if ln.get("event") == "access"
-                and ln.get("route") == api]
+    statuses = [
+        ln["status"] for ln in lines if ln.get("event") == "access" and ln.get("route") == api
+    ]
     assert len(statuses) >= 60 and set(statuses) <= {200, 499}
 
 
@@ -476,8 +555,10 @@ def test_mid_stream_hang_ups_are_not_errors(stub_url, gateway_factory, path, api
 
 def test_metrics_on_its_own_listener_and_not_on_the_api_one(stub_url, gateway_factory) -> None:
     metrics_port = free_port()
-    _, url, _ = _start(gateway_factory, _keys_config(
-        stub_url, f'metrics_port = {metrics_port}\nmetrics_host = "127.0.0.1"'))
+    _, url, _ = _start(
+        gateway_factory,
+        _keys_config(stub_url, f'metrics_port = {metrics_port}\nmetrics_host = "127.0.0.1"'),
+    )
     ops = f"http://127.0.0.1:{metrics_port}"
     wait_http(ops + "/health")
     for with_key in ({}, {"x-api-key": KEY}):
@@ -492,8 +573,9 @@ def test_metrics_on_its_own_listener_and_not_on_the_api_one(stub_url, gateway_fa
         for base in (url, ops):
             with urllib.request.urlopen(base + path, timeout=5) as resp:
                 assert resp.status == 200
-    req = urllib.request.Request(ops + MESSAGES, data=b"{}", method="POST",
-                                 headers={"x-api-key": KEY})
+    req = urllib.request.Request(
+        ops + MESSAGES, data=b"{}", method="POST", headers={"x-api-key": KEY}
+    )
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req, timeout=5)
     assert err.value.code == 404

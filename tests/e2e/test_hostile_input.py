@@ -62,55 +62,103 @@ EVERY_ROUTE: list[Case] = [
     ("surrogate-bytes-in-text", lambda r: route_body(r, b'"\xed\xa0\x80"'), 400, _text_path),
     ("surrogate-as-model", lambda r: route_body(r, model=b'"\\ud800"'), 400, lambda r: "model"),
     # the route's pattern (m-claude-*) would take it: the name is refused before routing
-    ("surrogate-in-pattern-model", lambda r: route_body(r, model=b'"m-claude-\\ud83d"'), 400,
-     lambda r: "model"),
+    (
+        "surrogate-in-pattern-model",
+        lambda r: route_body(r, model=b'"m-claude-\\ud83d"'),
+        400,
+        lambda r: "model",
+    ),
     ("surrogate-key", lambda r: route_body(r, x=b'{"\\ud800":1}'), 400, lambda r: "x"),
     ("nan", lambda r: route_body(r, temperature=b"NaN"), 400, lambda r: "temperature"),
     ("infinity", lambda r: route_body(r, temperature=b"-Infinity"), 400, lambda r: "temperature"),
     ("overflow-1e400", lambda r: route_body(r, x=b"[1e400]"), 400, lambda r: "x.0"),
-    ("nesting-980-with-nan", lambda r: route_body(r, x=_nest(980), y=b'"NaN"'), 400,
-     lambda r: "x.0.0"),
-    ("nesting-980-with-5e100", lambda r: route_body(r, x=_nest(980), y=b"5e100"), 400,
-     lambda r: "x.0.0"),
+    (
+        "nesting-980-with-nan",
+        lambda r: route_body(r, x=_nest(980), y=b'"NaN"'),
+        400,
+        lambda r: "x.0.0",
+    ),
+    (
+        "nesting-980-with-5e100",
+        lambda r: route_body(r, x=_nest(980), y=b"5e100"),
+        400,
+        lambda r: "x.0.0",
+    ),
     ("nesting-5000", lambda r: route_body(r, x=_nest(5000)), 400, lambda r: None),
     ("integer-700-digits", lambda r: route_body(r, x=b"9" * 700), 400, lambda r: None),
     ("not-json", lambda r: b'{"model": "m-ok", ', 400, lambda r: None),
-    ("too-many-values", lambda r: route_body(r, x=b"[" + b"[]," * MAX_VALUES + b"[]]"), 413,
-     lambda r: None),
+    (
+        "too-many-values",
+        lambda r: route_body(r, x=b"[" + b"[]," * MAX_VALUES + b"[]]"),
+        413,
+        lambda r: None,
+    ),
 ]
 # count_tokens takes max_tokens unchecked and never forwards it (validate.py)
 MESSAGES_ONLY: list[Case] = [
-    ("max-tokens-400-digits", lambda r: route_body(r, max_tokens=b"9" * 400), 400,
-     lambda r: "max_tokens"),
-    ("max-tokens-2**64", lambda r: route_body(r, max_tokens=str(2**64).encode()), 400,
-     lambda r: "max_tokens"),
+    (
+        "max-tokens-400-digits",
+        lambda r: route_body(r, max_tokens=b"9" * 400),
+        400,
+        lambda r: "max_tokens",
+    ),
+    (
+        "max-tokens-2**64",
+        lambda r: route_body(r, max_tokens=str(2**64).encode()),
+        400,
+        lambda r: "max_tokens",
+    ),
 ]
 ANTHROPIC_ONLY: list[Case] = [
-    ("budget-tokens-2**64",
-     lambda r: route_body(r, max_tokens=b"4096",
-                     thinking=b'{"type":"enabled","budget_tokens":%d}' % 2**64), 400,
-     lambda r: "thinking.budget_tokens"),
+    (
+        "budget-tokens-2**64",
+        lambda r: route_body(
+            r, max_tokens=b"4096", thinking=b'{"type":"enabled","budget_tokens":%d}' % 2**64
+        ),
+        400,
+        lambda r: "thinking.budget_tokens",
+    ),
     ("top-k-2**64", lambda r: route_body(r, top_k=str(2**64).encode()), 400, lambda r: "top_k"),
-    ("surrogate-in-system", lambda r: route_body(r, system=b'[{"type":"text","text":"\\udbff"}]'),
-     400, lambda r: "system.0.text"),
-    ("surrogate-in-stop-sequence", lambda r: route_body(r, stop_sequences=b'["\\ud800"]'), 400,
-     lambda r: "stop_sequences.0"),
-    ("surrogate-in-tool-schema",
-     lambda r: route_body(r, tools=b'[{"name":"f","input_schema":{"description":"\\ud800"}}]'),
-     400, lambda r: "tools.0.input_schema.description"),
-    ("surrogate-in-tool-input",
-     lambda r: route_body(r, messages=b'[{"role":"user","content":"q"},{"role":"assistant",'
-                                 b'"content":[{"type":"tool_use","id":"t","name":"f",'
-                                 b'"input":{"a":"\\ud800"}}]}]'),
-     400, lambda r: "messages.1.content.0.input.a"),
+    (
+        "surrogate-in-system",
+        lambda r: route_body(r, system=b'[{"type":"text","text":"\\udbff"}]'),
+        400,
+        lambda r: "system.0.text",
+    ),
+    (
+        "surrogate-in-stop-sequence",
+        lambda r: route_body(r, stop_sequences=b'["\\ud800"]'),
+        400,
+        lambda r: "stop_sequences.0",
+    ),
+    (
+        "surrogate-in-tool-schema",
+        lambda r: route_body(r, tools=b'[{"name":"f","input_schema":{"description":"\\ud800"}}]'),
+        400,
+        lambda r: "tools.0.input_schema.description",
+    ),
+    (
+        "surrogate-in-tool-input",
+        lambda r: route_body(
+            r,
+            messages=b'[{"role":"user","content":"q"},{"role":"assistant",'
+            b'"content":[{"type":"tool_use","id":"t","name":"f",'
+            b'"input":{"a":"\\ud800"}}]}]',
+        ),
+        400,
+        lambda r: "messages.1.content.0.input.a",
+    ),
 ]
-CASES = [(route, case) for route in ROUTES for case in EVERY_ROUTE] + [
-    (route, case) for route in ("messages", "count_tokens") for case in ANTHROPIC_ONLY] + [
-    ("messages", case) for case in MESSAGES_ONLY]
+CASES = (
+    [(route, case) for route in ROUTES for case in EVERY_ROUTE]
+    + [(route, case) for route in ("messages", "count_tokens") for case in ANTHROPIC_ONLY]
+    + [("messages", case) for case in MESSAGES_ONLY]
+)
 
 
-def _check_envelope(status: int, headers: dict[str, str], raw: bytes, *, openai: bool
-                    ) -> dict[str, Any]:
+def _check_envelope(
+    status: int, headers: dict[str, str], raw: bytes, *, openai: bool
+) -> dict[str, Any]:
     assert headers["content-type"].startswith("application/json"), (status, raw[:200])
     assert headers.get("request-id")
     body = json.loads(raw)
@@ -128,18 +176,19 @@ def _check_envelope(status: int, headers: dict[str, str], raw: bytes, *, openai:
 
 @pytest.fixture(scope="module")
 def gateway(stub_url: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    proc, url = start_gateway(stub_config(stub_url, models=("ok", "claude-*")),
-                              tmp_path_factory.mktemp("hostile-input"))
+    proc, url = start_gateway(
+        stub_config(stub_url, models=("ok", "claude-*")), tmp_path_factory.mktemp("hostile-input")
+    )
     try:
         yield proc, url + "/llm"
     finally:
         proc.stop()
 
 
-@pytest.mark.parametrize(("route", "case"), CASES,
-                         ids=[f"{route}-{case[0]}" for route, case in CASES])
-def test_bad_input_is_a_4xx_envelope_naming_the_field(gateway: Any, route: str,
-                                                      case: Case) -> None:
+@pytest.mark.parametrize(
+    ("route", "case"), CASES, ids=[f"{route}-{case[0]}" for route, case in CASES]
+)
+def test_bad_input_is_a_4xx_envelope_naming_the_field(gateway: Any, route: str, case: Case) -> None:
     _, base = gateway
     _, build, expected, path_of = case
     path, _, _, openai = ROUTES[route]
@@ -149,8 +198,7 @@ def test_bad_input_is_a_4xx_envelope_naming_the_field(gateway: Any, route: str,
     if openai:
         assert error["type"] == "invalid_request_error"
     else:
-        assert error["type"] == ("request_too_large" if status == 413
-                                 else "invalid_request_error")
+        assert error["type"] == ("request_too_large" if status == 413 else "invalid_request_error")
     field = path_of(route)
     if field is not None:
         assert error["message"].startswith(field), error["message"]
@@ -162,8 +210,9 @@ def test_the_pass_through_forwards_an_integer_it_does_not_bound(gateway: Any) ->
     as sent, and whatever the upstream makes of it, the client never gets a 5xx."""
     _, base = gateway
     for value in (str(2**64).encode(), b"9" * 400):
-        status, headers, raw = post(base + "/v1/chat/completions",
-                                    route_body("chat", max_tokens=value), timeout=30)
+        status, headers, raw = post(
+            base + "/v1/chat/completions", route_body("chat", max_tokens=value), timeout=30
+        )
         assert status < 500 and headers["content-type"].startswith("application/json"), raw
 
 
@@ -173,8 +222,9 @@ def test_the_gateway_logged_no_traceback(gateway: Any) -> None:
     proc, base = gateway
     _, headers, _ = post(base + "/v1/messages", route_body("messages", b'"\\ud800"'), timeout=30)
     # lines are flushed in order, every 0.5 s
-    wait_until(lambda: headers["request-id"] in proc.output(), "the last request's access line",
-               every=0.05)
+    wait_until(
+        lambda: headers["request-id"] in proc.output(), "the last request's access line", every=0.05
+    )
     out = proc.output()
     assert "Traceback" not in out and "unhandled_error" not in out
     assert '"level":"error"' not in out
@@ -197,9 +247,11 @@ def test_four_maximum_size_hostile_bodies_at_once(stub_url: str, gateway_factory
     replies, latencies, elapsed = run_at_once(url, jobs)
     peak_mb = peak_rss_mb(proc.pid)
     statuses = sorted(status for _, status, _, _ in replies)
-    print(f"\n4 x 32 MiB hostile bodies: statuses {statuses}, {elapsed:.2f} s; peak RSS "
-          f"{peak_mb:.0f} MB (at start {start_mb:.0f} MB); /health max "
-          f"{max(latencies) * 1000:.0f} ms over {len(latencies)} probes")
+    print(
+        f"\n4 x 32 MiB hostile bodies: statuses {statuses}, {elapsed:.2f} s; peak RSS "
+        f"{peak_mb:.0f} MB (at start {start_mb:.0f} MB); /health max "
+        f"{max(latencies) * 1000:.0f} ms over {len(latencies)} probes"
+    )
     openai_paths = {ROUTES[r][0] for r in ROUTES if ROUTES[r][3]}
     for path, status, headers, raw in replies:
         openai = path in openai_paths
@@ -216,19 +268,22 @@ def test_four_maximum_size_hostile_bodies_at_once(stub_url: str, gateway_factory
 
 
 @pytest.mark.timeout(180)
-def test_a_32_mib_prompt_full_of_separators_passes_the_bound(stub_url: str,
-                                                             gateway_factory: Any) -> None:
+def test_a_32_mib_prompt_full_of_separators_passes_the_bound(
+    stub_url: str, gateway_factory: Any
+) -> None:
     """The value bound counts separators outside strings: a 32 MiB prompt of CSV (two
     million commas, all inside one string) is counted, not refused (count_tokens on an
     ``openai`` upstream estimates, so the body never needs the stub)."""
     proc, url = gateway_factory(stub_config(stub_url, models=("ok",)))
-    row = "1,2,3,[4],{5:6}, \"seven\"\n"
+    row = '1,2,3,[4],{5:6}, "seven"\n'
     text = (row * ((BODY_CAP - 200) // (len(row) + 4))).encode()
     body = route_body("count_tokens", json.dumps(text.decode()).encode())
     assert len(body) <= BODY_CAP and body.count(b",") > 2 * MAX_VALUES
     replies, latencies, elapsed = run_at_once(url, [(ROUTES["count_tokens"][0], body)])
     _, status, _, raw = replies[0]
-    print(f"\n32 MiB CSV prompt: {status} in {elapsed:.2f} s; /health max "
-          f"{max(latencies) * 1000:.0f} ms; peak RSS {peak_rss_mb(proc.pid):.0f} MB")
+    print(
+        f"\n32 MiB CSV prompt: {status} in {elapsed:.2f} s; /health max "
+        f"{max(latencies) * 1000:.0f} ms; peak RSS {peak_rss_mb(proc.pid):.0f} MB"
+    )
     assert status == 200, raw[:300]
     assert json.loads(raw)["input_tokens"] > 0

@@ -126,8 +126,9 @@ def _leaks(text: str) -> list[str]:
 # --- 1. no client receives another request's reply ---------------------------------------
 
 
-async def _load(gw: Gateway, plan: list[tuple[str, str, bool]], concurrency: int
-                ) -> list[tuple[str, str, bool, str, int, Outcome]]:
+async def _load(
+    gw: Gateway, plan: list[tuple[str, str, bool]], concurrency: int
+) -> list[tuple[str, str, bool, str, int, Outcome]]:
     """Run ``plan`` (api, scenario, stream); -> (api, scenario, stream, token, status,
     outcome) per request."""
     sem = asyncio.Semaphore(concurrency)
@@ -152,7 +153,8 @@ async def _load(gw: Gateway, plan: list[tuple[str, str, bool]], concurrency: int
 
 @pytest.mark.timeout(120)
 async def test_under_load_with_double_replies_no_client_gets_another_requests_reply(
-        gateway: Gateway) -> None:
+    gateway: Gateway,
+) -> None:
     """Part A: replies echo X-Request-Id; 8% answered twice at once, 6% a second time 3 ms
     later (on an idle connection, or read as the next request's reply: the id tells).
     Part B: no echo, so only framing can tell; 12% answered twice at once."""
@@ -166,17 +168,22 @@ async def test_under_load_with_double_replies_no_client_gets_another_requests_re
     took = time.monotonic() - t0
     _anomalies_done()
 
-    wrong = [r for r in results if r[5].strays
-             or (r[5].text is not None and r[5].text != f"reply for {r[3]}")]
+    wrong = [
+        r
+        for r in results
+        if r[5].strays or (r[5].text is not None and r[5].text != f"reply for {r[3]}")
+    ]
     failed = [r for r in results if r[5].text is None]
     doubled = [r for r in results if r[1].startswith("double")]
     innocent_failed = [r for r in failed if not r[1].startswith("double")]
     after_end = [r for r in results if r[5].after_end]
     late = sum(1 for r in results if r[1].startswith("double-late"))
-    print(f"\nload: {len(results)} requests in {took:.1f} s, {len(doubled)} double-replied; "
-          f"{len(wrong)} got another request's reply, {len(failed)} failed "
-          f"({len(innocent_failed)} not double-replied), {len(after_end)} streams went on "
-          "after their end")
+    print(
+        f"\nload: {len(results)} requests in {took:.1f} s, {len(doubled)} double-replied; "
+        f"{len(wrong)} got another request's reply, {len(failed)} failed "
+        f"({len(innocent_failed)} not double-replied), {len(after_end)} streams went on "
+        "after their end"
+    )
     assert not wrong, f"{len(wrong)} clients got another request's reply: {wrong[:3]}"
     # a failure is a clean envelope, never a stray reply
     assert all(is_broken_upstream(r[5].error) for r in failed), failed[:3]
@@ -186,11 +193,14 @@ async def test_under_load_with_double_replies_no_client_gets_another_requests_re
     assert len(innocent_failed) <= late, innocent_failed[:3]
 
     errors = _protocol_errors(gateway)
-    warnings = [w for w in _warnings(gateway.log(flushed=True))[log_before:]
-                if "hostile" in json.dumps(w)]
+    warnings = [
+        w for w in _warnings(gateway.log(flushed=True))[log_before:] if "hostile" in json.dumps(w)
+    ]
     counted = {re.sub(r".*kind=\"([^\"]*)\".*", r"\1", k): v for k, v in errors.items() if v}
-    print(f"protocol errors by kind: {counted}; {len(warnings)} warning lines naming the "
-          "upstream (at most one a second)")
+    print(
+        f"protocol errors by kind: {counted}; {len(warnings)} warning lines naming the "
+        "upstream (at most one a second)"
+    )
     assert sum(errors.values()) > errors_before, errors
     assert warnings
     # nothing follows a stream's last event (an anomaly found after it is the pool's
@@ -215,7 +225,8 @@ def _rss(pid: int, field: str) -> int:
 
 @pytest.mark.timeout(150)
 def test_gzip_and_size_bombs_keep_rss_under_300_mib_and_end_in_a_clean_error(
-        hostile: str, own_gateway: list[Gateway], tmp_path: Path) -> None:
+    hostile: str, own_gateway: list[Gateway], tmp_path: Path
+) -> None:
     gw = start_hostile_gateway(tmp_path, hostile_config(hostile, header=20, idle=20))
     own_gateway.append(gw)
     pid = gw.proc.pid
@@ -233,8 +244,12 @@ def test_gzip_and_size_bombs_keep_rss_under_300_mib_and_end_in_a_clean_error(
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    cases = [(api, scenario, stream) for scenario in ("gzip-bomb", "size-bomb:512")
-             for api in ("messages", "chat") for stream in (False, True)]
+    cases = [
+        (api, scenario, stream)
+        for scenario in ("gzip-bomb", "size-bomb:512")
+        for api in ("messages", "chat")
+        for stream in (False, True)
+    ]
     outcomes = []
     try:
         for api, scenario, stream in cases:
@@ -247,8 +262,18 @@ def test_gzip_and_size_bombs_keep_rss_under_300_mib_and_end_in_a_clean_error(
                 outcomes.append((api, scenario, stream, repr(exc), 0.0, None, None, peak[1]))
                 continue
             time.sleep(0.05)  # a last sample after the reply
-            outcomes.append((api, scenario, stream, reply.status, reply.seconds,
-                             error_of(api, reply), reply.header("retry-after"), peak[1]))
+            outcomes.append(
+                (
+                    api,
+                    scenario,
+                    stream,
+                    reply.status,
+                    reply.seconds,
+                    error_of(api, reply),
+                    reply.header("retry-after"),
+                    peak[1],
+                )
+            )
         hwm = _rss(pid, "VmHWM") if gw.proc.popen.poll() is None else peak[0]
     finally:
         stop.set()
@@ -256,10 +281,14 @@ def test_gzip_and_size_bombs_keep_rss_under_300_mib_and_end_in_a_clean_error(
     peak_rss = max(peak[0], hwm)
     print()
     for o in outcomes:
-        print(f"  {o[0]:9} {o[1]:14} stream={o[2]!s:5} -> {o[3]} {o[5]} in {o[4]:.2f} s, "
-              f"RSS up to {o[7] / 2**20:.0f} MiB")
-    print(f"bombs: gateway peak RSS {peak_rss / 2**20:.0f} MiB (VmHWM {hwm / 2**20:.0f} MiB, "
-          f"sampled VmRSS {peak[0] / 2**20:.0f} MiB); bound {PEAK_RSS_BOUND / 2**20:.0f} MiB")
+        print(
+            f"  {o[0]:9} {o[1]:14} stream={o[2]!s:5} -> {o[3]} {o[5]} in {o[4]:.2f} s, "
+            f"RSS up to {o[7] / 2**20:.0f} MiB"
+        )
+    print(
+        f"bombs: gateway peak RSS {peak_rss / 2**20:.0f} MiB (VmHWM {hwm / 2**20:.0f} MiB, "
+        f"sampled VmRSS {peak[0] / 2**20:.0f} MiB); bound {PEAK_RSS_BOUND / 2**20:.0f} MiB"
+    )
     assert peak_rss < PEAK_RSS_BOUND
     for api, scenario, stream, status, _, err, retry_after, _ in outcomes:
         assert err is not None, (api, scenario, stream, status)  # never a 200 success
@@ -303,8 +332,11 @@ def test_health_answers_within_half_a_second_during_a_1xx_flood(gateway: Gateway
     outcomes: list[tuple[Reply, str]] = []
     try:
         with ThreadPoolExecutor(6) as pool:
-            jobs = [pool.submit(flood, api, stream) for api in ("messages", "chat")
-                    for stream in (False, True, False)]
+            jobs = [
+                pool.submit(flood, api, stream)
+                for api in ("messages", "chat")
+                for stream in (False, True, False)
+            ]
             for job in jobs:
                 outcomes += job.result()
     finally:
@@ -312,9 +344,11 @@ def test_health_answers_within_half_a_second_during_a_1xx_flood(gateway: Gateway
         poller.join(15)
         _anomalies_done()
     worst = max(latencies)
-    print(f"\n1xx flood: {len(outcomes)} flood requests in {FLOOD_SECONDS:.0f} s (each up to "
-          f"{max(r.seconds for r, _ in outcomes):.2f} s); /health max {worst * 1000:.0f} ms, "
-          f"median {statistics.median(latencies) * 1000:.1f} ms over {len(latencies)} polls")
+    print(
+        f"\n1xx flood: {len(outcomes)} flood requests in {FLOOD_SECONDS:.0f} s (each up to "
+        f"{max(r.seconds for r, _ in outcomes):.2f} s); /health max {worst * 1000:.0f} ms, "
+        f"median {statistics.median(latencies) * 1000:.1f} ms over {len(latencies)} polls"
+    )
     assert worst < HEALTH_BOUND
     for reply, api in outcomes:  # a handful of interim heads at most: then a broken upstream
         assert reply.status == 500, (reply.status, reply.body[:200])
@@ -343,15 +377,22 @@ DRIPS = [
 
 
 @pytest.mark.timeout(90)
-def test_drip_fed_replies_end_at_their_deadline(hostile: str, own_gateway: list[Gateway],
-                                                tmp_path: Path) -> None:
+def test_drip_fed_replies_end_at_their_deadline(
+    hostile: str, own_gateway: list[Gateway], tmp_path: Path
+) -> None:
     """A byte every 0.5 s: no silence-based timer ever fires, only a deadline can end these.
     Head: header_timeout from send to the final head; a buffered body or its trailers:
     the reply's total deadline; a stream of comments and blank lines: idle_timeout, which
     only event-carrying bytes reset."""
-    gw = start_hostile_gateway(tmp_path, hostile_config(
-        hostile, header=HEADER_TIMEOUT, idle=IDLE_TIMEOUT,
-        upstream_extra=f"{RESPONSE_TIMEOUT_KNOB} = {RESPONSE_TIMEOUT}"))
+    gw = start_hostile_gateway(
+        tmp_path,
+        hostile_config(
+            hostile,
+            header=HEADER_TIMEOUT,
+            idle=IDLE_TIMEOUT,
+            upstream_extra=f"{RESPONSE_TIMEOUT_KNOB} = {RESPONSE_TIMEOUT}",
+        ),
+    )
     own_gateway.append(gw)
     with ThreadPoolExecutor(len(DRIPS)) as pool:
         replies = list(pool.map(lambda d: call(gw, d[0], d[1], stream=d[2], timeout=40), DRIPS))
@@ -359,8 +400,10 @@ def test_drip_fed_replies_end_at_their_deadline(hostile: str, own_gateway: list[
     print()
     for (api, scenario, stream, deadline, accepted), reply in zip(DRIPS, replies, strict=True):
         err = error_of(api, reply)
-        print(f"  {api:8} {scenario:16} stream={stream!s:5} -> {reply.status} {err} "
-              f"after {reply.seconds:.2f} s (deadline {deadline} s)")
+        print(
+            f"  {api:8} {scenario:16} stream={stream!s:5} -> {reply.status} {err} "
+            f"after {reply.seconds:.2f} s (deadline {deadline} s)"
+        )
         if err not in accepted:
             problems.append((api, scenario, stream, reply.status, err, reply.body[:200]))
         early_ok = err == (500, "api_error")  # interim heads refused before the deadline
@@ -403,13 +446,23 @@ ANOMALIES = [
     ("messages", "wrong-id", True, False, False),
     ("chat", "wrong-id", False, False, False),
 ]
+
+
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize(("api", "scenario", "stream", "may_succeed", "idle_closed"), ANOMALIES,
-                         ids=[f"{a[1]}-{a[0]}-{'stream' if a[2] else 'buffered'}"
-                              for a in ANOMALIES])
+@pytest.mark.parametrize(
+    ("api", "scenario", "stream", "may_succeed", "idle_closed"),
+    ANOMALIES,
+    ids=[f"{a[1]}-{a[0]}-{'stream' if a[2] else 'buffered'}" for a in ANOMALIES],
+)
 def test_a_framing_anomaly_is_a_clean_500_and_its_connection_is_not_reused(
-        gateway: Gateway, hostile: str, api: str, scenario: str, stream: bool,
-        may_succeed: bool, idle_closed: bool) -> None:
+    gateway: Gateway,
+    hostile: str,
+    api: str,
+    scenario: str,
+    stream: bool,
+    may_succeed: bool,
+    idle_closed: bool,
+) -> None:
     # two connections left idle in the pool
     with ThreadPoolExecutor(2) as pool:
         warm = list(pool.map(lambda _: call(gateway, "messages", "ok:300"), range(2)))
@@ -453,11 +506,25 @@ def test_a_framing_anomaly_is_a_clean_500_and_its_connection_is_not_reused(
 
 # --- 6. no key and no internal host on any route, in any byte or log line ----------------
 
-LEAKS = ("leak:400", "leak:413", "leak:422", "leak:429", "leak:500", "leak-inband:400",
-         "leak-inband:500", "bad-header:leak", "leak-disguised:escaped",
-         "leak-disguised:event", "leak-disguised:type", "leak-disguised:text")
-ROUTES = [(api, stream) for api, (_, streams) in APIS.items()
-          for stream in ((False, True) if streams else (False,))]
+LEAKS = (
+    "leak:400",
+    "leak:413",
+    "leak:422",
+    "leak:429",
+    "leak:500",
+    "leak-inband:400",
+    "leak-inband:500",
+    "bad-header:leak",
+    "leak-disguised:escaped",
+    "leak-disguised:event",
+    "leak-disguised:type",
+    "leak-disguised:text",
+)
+ROUTES = [
+    (api, stream)
+    for api, (_, streams) in APIS.items()
+    for stream in ((False, True) if streams else (False,))
+]
 
 
 @pytest.mark.timeout(90)
@@ -470,12 +537,13 @@ def test_no_key_or_internal_host_reaches_a_client_or_a_log_line(gateway: Gateway
     for (scenario, api, stream), reply in zip(cases, replies, strict=True):
         found = _leaks(reply.visible)
         if found:
-            problems.append((scenario, api, stream, reply.status, found,
-                             reply.visible[-400:]))
+            problems.append((scenario, api, stream, reply.status, found, reply.visible[-400:]))
     log = gateway.log(flushed=True)
     log_leaks = [line for line in log.splitlines() if _leaks(line)]
-    print(f"\nleaks: {len(cases)} replies checked, {len(problems)} leaking; "
-          f"{len(log.splitlines())} log lines, {len(log_leaks)} leaking")
+    print(
+        f"\nleaks: {len(cases)} replies checked, {len(problems)} leaking; "
+        f"{len(log.splitlines())} log lines, {len(log_leaks)} leaking"
+    )
     for p in problems:
         print("  client:", p[:5])
     for line in log_leaks[:5]:
@@ -486,7 +554,8 @@ def test_no_key_or_internal_host_reaches_a_client_or_a_log_line(gateway: Gateway
 
 @pytest.mark.timeout(60)
 def test_an_inband_error_holding_nan_is_an_error_on_every_route(
-        hostile: str, own_gateway: list[Gateway], tmp_path: Path) -> None:
+    hostile: str, own_gateway: list[Gateway], tmp_path: Path
+) -> None:
     """An in-band error whose code is NaN (and other numbers JSON cannot hold: ujson reads
     them) is an error envelope on every route, buffered and streamed, and no traceback in
     the gateway's log (writing it again raised OverflowError)."""
@@ -498,8 +567,11 @@ def test_an_inband_error_holding_nan_is_an_error_on_every_route(
         assert found is not None, (api, stream, reply.status, reply.body[-300:])
         assert b"NaN" not in reply.body and b"Infinity" not in reply.body, (api, stream)
     log = gw.log(flushed=True)
-    tracebacks = [line for line in log.splitlines()
-                  if "Traceback" in line or '"traceback"' in line or "OverflowError" in line]
+    tracebacks = [
+        line
+        for line in log.splitlines()
+        if "Traceback" in line or '"traceback"' in line or "OverflowError" in line
+    ]
     assert not tracebacks, tracebacks[:3]
 
 
@@ -508,11 +580,15 @@ def test_an_inband_error_holding_nan_is_an_error_on_every_route(
 
 @pytest.mark.timeout(30)
 def test_a_refused_connection_is_a_retryable_529_and_its_cause_is_logged(
-        own_gateway: list[Gateway], tmp_path: Path) -> None:
+    own_gateway: list[Gateway], tmp_path: Path
+) -> None:
     gw = start_hostile_gateway(tmp_path, hostile_config(f"http://127.0.0.1:{free_port()}"))
     own_gateway.append(gw)
-    for api, stream, status in (("messages", False, 529), ("messages", True, 529),
-                                ("chat", False, 503)):
+    for api, stream, status in (
+        ("messages", False, 529),
+        ("messages", True, 529),
+        ("chat", False, 503),
+    ):
         reply = call(gw, api, "ok", stream=stream, headers={"x-request-id": "req_refused_1"})
         assert reply.status == status, reply.body[:300]
         assert error_of(api, reply)[1] in ("overloaded_error", "server_error")  # type: ignore[index]
@@ -523,7 +599,8 @@ def test_a_refused_connection_is_a_retryable_529_and_its_cause_is_logged(
 
 @pytest.mark.timeout(30)
 def test_a_reset_is_a_retryable_529_and_a_malformed_head_a_500_without_retry_after(
-        gateway: Gateway) -> None:
+    gateway: Gateway,
+) -> None:
     reset = call(gateway, "messages", "reset", headers={"x-request-id": "req_reset_1"})
     assert reset.status == 529 and error_of("messages", reset) == (529, "overloaded_error")
     assert reset.header("retry-after") is not None
@@ -537,8 +614,9 @@ def test_a_reset_is_a_retryable_529_and_a_malformed_head_a_500_without_retry_aft
 
 
 @pytest.mark.timeout(30)
-def test_the_gateways_own_id_goes_upstream_and_a_matching_echo_is_accepted(gateway: Gateway,
-                                                                            hostile: str) -> None:
+def test_the_gateways_own_id_goes_upstream_and_a_matching_echo_is_accepted(
+    gateway: Gateway, hostile: str
+) -> None:
     """The client's id comes back to the client; upstream, each attempt has the gateway's
     own (clients repeat ids, and the echo must name one attempt), on every route."""
     apis = ["messages", *APIS]  # Messages twice: one client id, two requests
@@ -555,11 +633,12 @@ def test_the_gateways_own_id_goes_upstream_and_a_matching_echo_is_accepted(gatew
 
 
 @pytest.mark.timeout(30)
-def test_keepalive_false_opens_a_connection_per_request(hostile: str,
-                                                        own_gateway: list[Gateway],
-                                                        tmp_path: Path) -> None:
-    gw = start_hostile_gateway(tmp_path,
-                               hostile_config(hostile, upstream_extra="keepalive = false"))
+def test_keepalive_false_opens_a_connection_per_request(
+    hostile: str, own_gateway: list[Gateway], tmp_path: Path
+) -> None:
+    gw = start_hostile_gateway(
+        tmp_path, hostile_config(hostile, upstream_extra="keepalive = false")
+    )
     own_gateway.append(gw)
     tokens = [new_token() for _ in range(3)]
     for token in tokens:
@@ -572,27 +651,36 @@ def test_keepalive_false_opens_a_connection_per_request(hostile: str,
 
 # --- 8. an upstream's misbehaviour is a warning, never an error ---------------------------
 
-_EVERY_ROUTE = [(api, stream) for api, (_, streams) in APIS.items()
-                for stream in ((False, True) if streams else (False,))]
+_EVERY_ROUTE = [
+    (api, stream)
+    for api, (_, streams) in APIS.items()
+    for stream in ((False, True) if streams else (False,))
+]
 
 
 @pytest.mark.timeout(300)
 def test_hostile_replies_log_warnings_not_errors_on_every_route(
-        hostile: str, own_gateway: list[Gateway], tmp_path: Path) -> None:
+    hostile: str, own_gateway: list[Gateway], tmp_path: Path
+) -> None:
     """An upstream's misbehaviour is not the gateway's fault: each hostile scenario on every
     route (the four OpenAI pass-through routes and Messages), buffered and streamed, logs at
     most a warning, never an error-level line or a traceback (those page whoever runs it)."""
-    gw = start_hostile_gateway(tmp_path, hostile_config(
-        hostile, header=HEADER_TIMEOUT, idle=IDLE_TIMEOUT,
-        upstream_extra=f"{RESPONSE_TIMEOUT_KNOB} = {RESPONSE_TIMEOUT}"))
+    gw = start_hostile_gateway(
+        tmp_path,
+        hostile_config(
+            hostile,
+            header=HEADER_TIMEOUT,
+            idle=IDLE_TIMEOUT,
+            upstream_extra=f"{RESPONSE_TIMEOUT_KNOB} = {RESPONSE_TIMEOUT}",
+        ),
+    )
     own_gateway.append(gw)
     cases = [(scenario, api, stream) for scenario in SCENARIOS for api, stream in _EVERY_ROUTE]
     with ThreadPoolExecutor(32) as pool:
         list(pool.map(lambda c: call(gw, c[1], c[0], stream=c[2], timeout=60), cases))
     log = gw.log(flushed=True)
     errors_ = [d for d in _warnings(log) if d.get("level") == "error"]
-    tracebacks = [line for line in log.splitlines()
-                  if "Traceback" in line or '"traceback"' in line]
+    tracebacks = [line for line in log.splitlines() if "Traceback" in line or '"traceback"' in line]
     for d in errors_[:10]:
         print("  error:", json.dumps(d)[:400])
     assert not errors_, [(d.get("event"), d.get("reason")) for d in errors_][:10]

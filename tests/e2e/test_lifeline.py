@@ -22,8 +22,11 @@ from tests.conftest import stub_config
 from tests.pdfs import document, hostile_pdf
 from tests.procs import Proc, post, start_gateway
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120),
-              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc"),
+]
 
 _GONE_WITHIN = 10.0  # seconds: a generous bound (the kernel signals at once)
 _HEAVY = hostile_pdf(3_000_000)  # one document: tens of CPU seconds of pypdf
@@ -68,31 +71,57 @@ def _quietly(fn: Callable[[], object]) -> None:
 
 def _pdf_job(url: str) -> None:
     """A request whose PDFs keep a worker busy for a long time."""
-    body = {"model": "m-ok", "max_tokens": 16, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "read"}, *(document(_HEAVY) for _ in range(4))]}]}
+    body = {
+        "model": "m-ok",
+        "max_tokens": 16,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "read"},
+                    *(document(_HEAVY) for _ in range(4)),
+                ],
+            }
+        ],
+    }
     _in_background(lambda: post(f"{url}/llm/v1/messages", body, timeout=60))
 
 
 def _large_body(url: str) -> None:
     """A body past decode_offload_bytes: decoded in the decoder's child."""
     text = "lorem ipsum " * 200_000  # 2.4 MB
-    status, _, _ = post(f"{url}/llm/v1/messages", {
-        "model": "m-ok", "max_tokens": 16, "messages": [{"role": "user", "content": text}]})
+    status, _, _ = post(
+        f"{url}/llm/v1/messages",
+        {"model": "m-ok", "max_tokens": 16, "messages": [{"role": "user", "content": text}]},
+    )
     assert status in (200, 400, 413), status
 
 
-@pytest.mark.parametrize(("case", "extra_server", "start", "args"), [
-    ("a PDF worker in the middle of a job",
-     "pdf_cpu_seconds = 60\npdf_request_cpu_seconds = 600", _pdf_job, ()),
-    ("the body decoder's child", "", _large_body, ()),
-    ("the workers of a --workers supervisor", "", lambda url: None, ("--workers", "2")),
-])
+@pytest.mark.parametrize(
+    ("case", "extra_server", "start", "args"),
+    [
+        (
+            "a PDF worker in the middle of a job",
+            "pdf_cpu_seconds = 60\npdf_request_cpu_seconds = 600",
+            _pdf_job,
+            (),
+        ),
+        ("the body decoder's child", "", _large_body, ()),
+        ("the workers of a --workers supervisor", "", lambda url: None, ("--workers", "2")),
+    ],
+)
 def test_children_die_with_a_sigkilled_gateway(
-        case: str, extra_server: str, start: Callable[[str], None], args: tuple[str, ...],
-        stub_url: str, tmp_path: Path) -> None:
+    case: str,
+    extra_server: str,
+    start: Callable[[str], None],
+    args: tuple[str, ...],
+    stub_url: str,
+    tmp_path: Path,
+) -> None:
     proc: Proc
-    proc, url = start_gateway(stub_config(stub_url, extra_server=extra_server), tmp_path,
-                              extra_args=args)
+    proc, url = start_gateway(
+        stub_config(stub_url, extra_server=extra_server), tmp_path, extra_args=args
+    )
     try:
         pid = proc.popen.pid
         start(url)

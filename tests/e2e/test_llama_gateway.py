@@ -20,9 +20,20 @@ from tests.procs import post
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llamacpp]
 
-OPENAI_NAMES = ("choices", "finish_reason", "object", "prompt_tokens", "completion_tokens",
-                "total_tokens", "reasoning_content", "tool_calls", "chat.completion", "created",
-                "system_fingerprint", "timings")
+OPENAI_NAMES = (
+    "choices",
+    "finish_reason",
+    "object",
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "reasoning_content",
+    "tool_calls",
+    "chat.completion",
+    "created",
+    "system_fingerprint",
+    "timings",
+)
 
 
 def _post(url: str, body: dict[str, Any], timeout: float = 60) -> tuple[int, bytes]:
@@ -31,8 +42,9 @@ def _post(url: str, body: dict[str, Any], timeout: float = 60) -> tuple[int, byt
 
 
 def _client(base: str, **kw: Any) -> anthropic.Anthropic:
-    return sdk.client(base, api_key="test-key", max_retries=0,
-                               _strict_response_validation=True, **kw)
+    return sdk.client(
+        base, api_key="test-key", max_retries=0, _strict_response_validation=True, **kw
+    )
 
 
 HI = [{"role": "user", "content": "hi"}]
@@ -42,8 +54,10 @@ ADAPTIVE: Any = {"type": "adaptive"}  # thinking only when asked: these replies 
 def test_buffered_reasoning_reply_is_thinking_then_text(llama_gateway, tiny_model) -> None:
     _, base = llama_gateway
     _, expect = tiny_model
-    status, raw = _post(base + "/v1/messages", {"model": "demo", "max_tokens": 200,
-                                                "messages": HI, "thinking": ADAPTIVE})
+    status, raw = _post(
+        base + "/v1/messages",
+        {"model": "demo", "max_tokens": 200, "messages": HI, "thinking": ADAPTIVE},
+    )
     assert status == 200
     body = json.loads(raw)
     assert [b["type"] for b in body["content"]] == ["thinking", "text"]
@@ -60,8 +74,7 @@ def test_buffered_reasoning_reply_is_thinking_then_text(llama_gateway, tiny_mode
 
 def test_max_tokens_cap_gives_max_tokens_and_exact_usage_keys(llama_gateway) -> None:
     _, base = llama_gateway
-    status, raw = _post(base + "/v1/messages", {"model": "demo", "max_tokens": 4,
-                                                "messages": HI})
+    status, raw = _post(base + "/v1/messages", {"model": "demo", "max_tokens": 4, "messages": HI})
     assert status == 200
     body = json.loads(raw)
     assert body["stop_reason"] == "max_tokens"
@@ -72,8 +85,9 @@ def test_max_tokens_cap_gives_max_tokens_and_exact_usage_keys(llama_gateway) -> 
 
 def test_thinking_disabled_gives_text_only(llama_gateway, tiny_model) -> None:
     _, base = llama_gateway
-    msg = _client(base).messages.create(model="demo", max_tokens=200, messages=HI,
-                                        thinking={"type": "disabled"})
+    msg = _client(base).messages.create(
+        model="demo", max_tokens=200, messages=HI, thinking={"type": "disabled"}
+    )
     assert [b.type for b in msg.content] == ["text"]
     assert msg.content[0].text == tiny_model[1]["answer"]
     assert msg.usage.output_tokens == tiny_model[1]["completion_tokens_nothink"]
@@ -83,13 +97,13 @@ def test_python_sdk_strict_create_stream_count_models(llama_gateway, tiny_model)
     _, base = llama_gateway
     _, expect = tiny_model
     client = _client(base)
-    created = client.messages.create(model="demo", max_tokens=200, messages=HI,
-                                     thinking=ADAPTIVE)
+    created = client.messages.create(model="demo", max_tokens=200, messages=HI, thinking=ADAPTIVE)
     # Strict validation cannot take a stream's thinking block start: by the gateway's
     # protocol decision it carries no `signature` key (sent later as a signature_delta).
     lenient = sdk.client(base, api_key="test-key", max_retries=0)
-    with lenient.messages.stream(model="demo", max_tokens=200, messages=HI,
-                                 thinking=ADAPTIVE) as stream:
+    with lenient.messages.stream(
+        model="demo", max_tokens=200, messages=HI, thinking=ADAPTIVE
+    ) as stream:
         final = stream.get_final_message()
     for msg in (created, final):
         assert msg.content[0].type == "thinking" and msg.content[0].thinking == expect["reasoning"]
@@ -110,10 +124,12 @@ def test_python_async_sdk(llama_gateway, tiny_model) -> None:
 
     async def run() -> tuple[Any, Any]:
         client = anthropic.AsyncAnthropic(base_url=base, api_key="k", max_retries=0)
-        created = await client.messages.create(model="demo", max_tokens=200, messages=HI,
-                                               thinking=ADAPTIVE)
-        async with client.messages.stream(model="demo", max_tokens=200, thinking=ADAPTIVE,
-                                          messages=HI) as stream:
+        created = await client.messages.create(
+            model="demo", max_tokens=200, messages=HI, thinking=ADAPTIVE
+        )
+        async with client.messages.stream(
+            model="demo", max_tokens=200, thinking=ADAPTIVE, messages=HI
+        ) as stream:
             final = await stream.get_final_message()
         await client.close()
         return created, final
@@ -124,22 +140,30 @@ def test_python_async_sdk(llama_gateway, tiny_model) -> None:
 
 def test_raw_stream_is_well_formed_with_exact_texts(llama_gateway, tiny_model) -> None:
     _, base = llama_gateway
-    status, raw = _post(base + "/v1/messages?beta=true",
-                        {"model": "demo", "max_tokens": 200, "messages": HI, "stream": True,
-                         "thinking": ADAPTIVE})
+    status, raw = _post(
+        base + "/v1/messages?beta=true",
+        {"model": "demo", "max_tokens": 200, "messages": HI, "stream": True, "thinking": ADAPTIVE},
+    )
     assert status == 200
     events = check_stream(raw)
-    thinking = "".join(e["delta"]["thinking"] for e in events
-                       if e["type"] == "content_block_delta"
-                       and e["delta"]["type"] == "thinking_delta")
-    text = "".join(e["delta"]["text"] for e in events
-                   if e["type"] == "content_block_delta" and e["delta"]["type"] == "text_delta")
+    thinking = "".join(
+        e["delta"]["thinking"]
+        for e in events
+        if e["type"] == "content_block_delta" and e["delta"]["type"] == "thinking_delta"
+    )
+    text = "".join(
+        e["delta"]["text"]
+        for e in events
+        if e["type"] == "content_block_delta" and e["delta"]["type"] == "text_delta"
+    )
     assert thinking == tiny_model[1]["reasoning"] and text == tiny_model[1]["answer"]
     delta = next(e for e in events if e["type"] == "message_delta")
     assert delta["usage"]["output_tokens"] == tiny_model[1]["completion_tokens_thinking"]
     # the real prompt count already in message_start (llama.cpp's prompt_progress)
-    _, buffered = _post(base + "/v1/messages", {"model": "demo", "max_tokens": 200,
-                                                "messages": HI, "thinking": ADAPTIVE})
+    _, buffered = _post(
+        base + "/v1/messages",
+        {"model": "demo", "max_tokens": 200, "messages": HI, "thinking": ADAPTIVE},
+    )
     usage = json.loads(buffered)["usage"]
     prompt = usage["input_tokens"] + usage.get("cache_read_input_tokens", 0)
     assert events[0]["message"]["usage"]["input_tokens"] == prompt
@@ -160,8 +184,10 @@ def test_context_overflow_uses_claude_code_wording(llama_gateway) -> None:
     _, base = llama_gateway
     long = [{"role": "user", "content": "x" * 1500}]  # one token per byte; a slot holds 1024
     for stream in (False, True):
-        status, raw = _post(base + "/v1/messages", {"model": "demo", "max_tokens": 50,
-                                                    "messages": long, "stream": stream})
+        status, raw = _post(
+            base + "/v1/messages",
+            {"model": "demo", "max_tokens": 50, "messages": long, "stream": stream},
+        )
         assert status == 400
         err = json.loads(raw)["error"]
         assert err["type"] == "invalid_request_error"
@@ -172,7 +198,8 @@ def test_context_overflow_uses_claude_code_wording(llama_gateway) -> None:
 
 
 def test_midstream_context_overflow_ends_with_failure_envelope(
-        llama_unified, gateway_factory) -> None:
+    llama_unified, gateway_factory
+) -> None:
     """Two concurrent generations overflow llama.cpp's shared KV cache mid-stream."""
     from tests.conftest import llama_config
 
@@ -183,9 +210,16 @@ def test_midstream_context_overflow_ends_with_failure_envelope(
     results: list[bytes] = [b"", b""]
 
     def one(i: int) -> None:
-        results[i] = _post(base + "/v1/messages", {"model": "demo", "max_tokens": 200,
-                                                   "messages": prompt, "stream": True,
-                                                   "thinking": ADAPTIVE})[1]
+        results[i] = _post(
+            base + "/v1/messages",
+            {
+                "model": "demo",
+                "max_tokens": 200,
+                "messages": prompt,
+                "stream": True,
+                "thinking": ADAPTIVE,
+            },
+        )[1]
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
     for t in threads:
@@ -210,9 +244,13 @@ def test_stop_sequence_is_reported_with_its_string(llama_gateway, tiny_model, st
     answer = tiny_model[1]["answer"]
     cut = answer.index(" demo model")
     client = sdk.client(base, api_key="k", max_retries=0)
-    kwargs = {"model": "demo", "max_tokens": 200, "messages": HI,
-              "stop_sequences": ["never-appears", " demo model"],
-              "thinking": {"type": "disabled"}}
+    kwargs = {
+        "model": "demo",
+        "max_tokens": 200,
+        "messages": HI,
+        "stop_sequences": ["never-appears", " demo model"],
+        "thinking": {"type": "disabled"},
+    }
     if stream:
         with client.messages.stream(**kwargs) as s:
             msg = s.get_final_message()
@@ -225,9 +263,13 @@ def test_stop_sequence_is_reported_with_its_string(llama_gateway, tiny_model, st
 
 def test_stop_sequence_that_never_matches_changes_nothing(llama_gateway, tiny_model) -> None:
     _, base = llama_gateway
-    msg = _client(base).messages.create(model="demo", max_tokens=200, messages=HI,
-                                        stop_sequences=["demo!"],
-                                        thinking={"type": "disabled"})
+    msg = _client(base).messages.create(
+        model="demo",
+        max_tokens=200,
+        messages=HI,
+        stop_sequences=["demo!"],
+        thinking={"type": "disabled"},
+    )
     assert msg.stop_reason == "end_turn" and msg.stop_sequence is None
     assert msg.content[0].text == tiny_model[1]["answer"]
 
@@ -237,9 +279,9 @@ def test_pass_through_to_llamacpp_reports_the_alias(llama_gateway, tiny_model) -
     body = {"model": "demo", "messages": HI, "max_tokens": 200, "stream": True}
     status, raw = _post(base + "/v1/chat/completions", body)
     assert status == 200 and raw.endswith(b"data: [DONE]\n\n")
-    chunks = [json.loads(line[6:]) for line in raw.split(b"\n\n")
-              if line.startswith(b"data: {")]
+    chunks = [json.loads(line[6:]) for line in raw.split(b"\n\n") if line.startswith(b"data: {")]
     assert {c["model"] for c in chunks} == {"demo"}
-    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
-                   if c.get("choices"))
+    text = "".join(
+        c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices")
+    )
     assert text == tiny_model[1]["answer"]

@@ -285,8 +285,7 @@ def test_apply_template_then_tokenize_counts_the_prompt(llama_upstream, tiny_mod
     assert json.loads(raw)["tokens"] == list(b"xxx")  # a run of one letter: a token per byte
 
 
-def test_count_tokens_reads_the_real_replies_without_a_new_encode(llama_upstream,
-                                                                   monkeypatch):
+def test_count_tokens_reads_the_real_replies_without_a_new_encode(llama_upstream, monkeypatch):
     """llama-server's /apply-template reply is compact, so count_tokens sends its prompt string
     on as it came; its /tokenize reply is compact, so its ids are counted, not decoded
     (gateway/text/tokenizer_json.py)."""
@@ -294,8 +293,9 @@ def test_count_tokens_reads_the_real_replies_without_a_new_encode(llama_upstream
 
     root = llama_upstream.root_url
     text = 'Grüße "quoted" \\ back\tslash\n' * 20
-    status, _, raw = _post(f"{root}/apply-template",
-                           {"messages": [{"role": "user", "content": text}]})
+    status, _, raw = _post(
+        f"{root}/apply-template", {"messages": [{"role": "user", "content": text}]}
+    )
     assert status == 200
     encodes: list[object] = []
     monkeypatch.setattr(jsonutil, "dumpb", lambda obj: encodes.append(obj) or b"")

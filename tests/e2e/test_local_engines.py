@@ -32,42 +32,87 @@ TEXT_CALL = "local_llamacpp_hermes_text_call"
 NOT_JSON = "local_vllm_tool_args_not_json"
 CUT = "local_llamacpp_tool_args_cut_by_length"
 
-WEATHER = {"name": "get_weather", "description": "The weather in a city.",
-           "input_schema": {"type": "object", "properties": {
-               "city": {"type": "string"}, "unit": {"type": "string"}}}}
-FILES = [{"name": name, "input_schema": {"type": "object"}}
-         for name in ("read_file", "search", "write_file")]
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+    },
+}
+FILES = [
+    {"name": name, "input_schema": {"type": "object"}}
+    for name in ("read_file", "search", "write_file")
+]
 
 # case -> (request fields besides model/max_tokens/messages, expected content (generated ids
 # blanked), stop_reason, {fix label: count per reply})
 CASES: dict[str, tuple[dict[str, Any], list[dict[str, Any]], str, dict[str, int]]] = {
     THINK: (
         {"thinking": {"type": "enabled", "budget_tokens": 1024}},
-        [{"type": "thinking",
-          "thinking": "Okay, the user asks for the capital of France. That's Paris."},
-         {"type": "text", "text": "The capital of France is **Paris**."}],
-        "end_turn", {"inline_thinking": 1}),
+        [
+            {
+                "type": "thinking",
+                "thinking": "Okay, the user asks for the capital of France. That's Paris.",
+            },
+            {"type": "text", "text": "The capital of France is **Paris**."},
+        ],
+        "end_turn",
+        {"inline_thinking": 1},
+    ),
     TEXT_CALL: (
         {"tools": [WEATHER]},
-        [{"type": "text", "text": "I'll check the current weather in Paris for you."},
-         {"type": "tool_use", "id": "toolu_generated", "name": "get_weather",
-          "input": {"city": "Paris", "unit": "celsius"}}],
-        "tool_use", {"text_tool_call": 1}),
+        [
+            {"type": "text", "text": "I'll check the current weather in Paris for you."},
+            {
+                "type": "tool_use",
+                "id": "toolu_generated",
+                "name": "get_weather",
+                "input": {"city": "Paris", "unit": "celsius"},
+            },
+        ],
+        "tool_use",
+        {"text_tool_call": 1},
+    ),
     NOT_JSON: (
         {"tools": FILES},
-        [{"type": "tool_use", "id": "chatcmpl-tool-4a1b2c3d4e5f", "name": "read_file",
-          "input": {"path": "notes.txt", "lines": [1, 2, 3]}},
-         {"type": "tool_use", "id": "chatcmpl-tool-6a7b8c9d0e1f", "name": "search",
-          "input": {"query": "weather paris", "exact": True, "limit": None}}],
-        "tool_use", {"tool_arguments_repaired": 2}),
+        [
+            {
+                "type": "tool_use",
+                "id": "chatcmpl-tool-4a1b2c3d4e5f",
+                "name": "read_file",
+                "input": {"path": "notes.txt", "lines": [1, 2, 3]},
+            },
+            {
+                "type": "tool_use",
+                "id": "chatcmpl-tool-6a7b8c9d0e1f",
+                "name": "search",
+                "input": {"query": "weather paris", "exact": True, "limit": None},
+            },
+        ],
+        "tool_use",
+        {"tool_arguments_repaired": 2},
+    ),
     CUT: (
         {"tools": FILES},
-        [{"type": "tool_use", "id": "mXyZ0aBcDeFgHiJkLmNoPqRsTuVwXyZ1", "name": "write_file",
-          "input": {"path": "notes.txt", "content": "Dear team,\nthe meeting is"}}],
-        "max_tokens", {"tool_arguments_repaired": 1}),
+        [
+            {
+                "type": "tool_use",
+                "id": "mXyZ0aBcDeFgHiJkLmNoPqRsTuVwXyZ1",
+                "name": "write_file",
+                "input": {"path": "notes.txt", "content": "Dear team,\nthe meeting is"},
+            }
+        ],
+        "max_tokens",
+        {"tool_arguments_repaired": 1},
+    ),
 }
-FIXES = ("tool_arguments_repaired", "tool_arguments_unrepairable", "text_tool_call",
-         "inline_thinking")
+FIXES = (
+    "tool_arguments_repaired",
+    "tool_arguments_unrepairable",
+    "text_tool_call",
+    "inline_thinking",
+)
 _GENERATED = re.compile(r"toolu_[0-9A-Za-z]{24}")
 
 
@@ -77,14 +122,14 @@ class Gateway(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def local_gateway(stub_url: str, tmp_path_factory: pytest.TempPathFactory
-                  ) -> Iterator[Gateway]:
+def local_gateway(stub_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """A gateway routing ``m-golden:CASE`` to each replayed case (defaults: inline_thinking
     auto, text_tool_calls on)."""
     models = tuple(f"golden:{case}" for case in CASES)
     proc: Proc
-    proc, url = start_gateway(stub_config(stub_url, models=models),
-                              tmp_path_factory.mktemp("local-gateway"))
+    proc, url = start_gateway(
+        stub_config(stub_url, models=models), tmp_path_factory.mktemp("local-gateway")
+    )
     try:
         yield Gateway(url + "/llm", url)
     finally:
@@ -93,8 +138,12 @@ def local_gateway(stub_url: str, tmp_path_factory: pytest.TempPathFactory
 
 def _request(case: str) -> dict[str, Any]:
     extra = CASES[case][0]
-    return {"model": f"m-golden:{case}", "max_tokens": 2048,
-            "messages": [{"role": "user", "content": "Go."}], **extra}
+    return {
+        "model": f"m-golden:{case}",
+        "max_tokens": 2048,
+        "messages": [{"role": "user", "content": "Go."}],
+        **extra,
+    }
 
 
 _SAMPLE = re.compile(r"^llm_gateway_local_fixes_total\{([^}]*)\} (\S+)$", re.M)
@@ -167,8 +216,13 @@ def test_python_sdk_buffered_equals_streamed(local_gateway: Gateway, case: str) 
 
 def _run_ts(url: str, request: dict[str, Any]) -> dict[str, Any]:
     ts_sdk_ready()
-    proc = subprocess.run(["node", str(CLIENTS / "ts_local.mjs"), url, json.dumps(request)],
-                          capture_output=True, text=True, timeout=60, cwd=CLIENTS)
+    proc = subprocess.run(
+        ["node", str(CLIENTS / "ts_local.mjs"), url, json.dumps(request)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=CLIENTS,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert lines, proc.stdout + proc.stderr
     return json.loads(lines[-1])  # type: ignore[no-any-return]
@@ -189,11 +243,13 @@ def test_ts_sdk_stream_helper(local_gateway: Gateway, case: str) -> None:
 
 
 def test_buffered_reply_matched_locally_reports_the_upstreams_input_tokens(
-        stub_url: str, gateway_factory: Any) -> None:
+    stub_url: str, gateway_factory: Any
+) -> None:
     """llama.cpp reports ``prompt_tokens: 31`` on its finish chunk (the replayed golden):
     a buffered reply says 31 whichever way the gateway read the upstream."""
-    _, url = gateway_factory(stub_config(stub_url, models=(f"golden:{THINK}",),
-                                         extra_upstream='kind = "llamacpp"'))
+    _, url = gateway_factory(
+        stub_config(stub_url, models=(f"golden:{THINK}",), extra_upstream='kind = "llamacpp"')
+    )
     client = sdk.client(url + "/llm", api_key="test-key", max_retries=0)
     plain = client.messages.create(**_request(THINK))
     assert plain.usage.input_tokens == 31  # upstream read buffered: from_chat

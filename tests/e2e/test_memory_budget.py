@@ -36,12 +36,23 @@ BUDGET_MB = 4  # room for about four replays of 300 KiB (counted twice, reserved
 
 
 def _replay(signature: str) -> bytes:
-    return json.dumps({"model": "m-delay:2000", "max_tokens": 5, "messages": [
-        {"role": "user", "content": "sum this list"},
-        {"role": "assistant", "content": [
-            {"type": "thinking", "thinking": "", "signature": signature},
-            {"type": "text", "text": "ok"}]},
-        {"role": "user", "content": "go on"}]}).encode()
+    return json.dumps(
+        {
+            "model": "m-delay:2000",
+            "max_tokens": 5,
+            "messages": [
+                {"role": "user", "content": "sum this list"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "", "signature": signature},
+                        {"type": "text", "text": "ok"},
+                    ],
+                },
+                {"role": "user", "content": "go on"},
+            ],
+        }
+    ).encode()
 
 
 def _budget(url: str) -> float:
@@ -49,16 +60,21 @@ def _budget(url: str) -> float:
 
 
 def test_big_replays_in_flight_are_shed_while_small_requests_pass(
-        stub_url: str, gateway_factory: Any) -> None:
+    stub_url: str, gateway_factory: Any
+) -> None:
     """Twelve replays at once, each restoring 300 KiB of reasoning and waiting two seconds
     for the upstream, with a 4 MiB budget: the ones past the budget get a 529
     ``overloaded_error`` (counted), the others are served, small requests sent meanwhile
     are served, and once all have ended the budget holds nothing. Before the budget held
     reasoning for the request's life, all twelve were served."""
     _, url = gateway_factory(
-        stub_config(stub_url, models=("delay:2000", "ok"), extra_server=(
-            f'signing_key_env = "GW_MEMORY_KEY"\nmemory_budget_mb = {BUDGET_MB}')),
-        env={"GW_MEMORY_KEY": KEY})
+        stub_config(
+            stub_url,
+            models=("delay:2000", "ok"),
+            extra_server=(f'signing_key_env = "GW_MEMORY_KEY"\nmemory_budget_mb = {BUDGET_MB}'),
+        ),
+        env={"GW_MEMORY_KEY": KEY},
+    )
     signature = signatures.seal(KEY.encode(), LOOP * (300 * 1024 // len(LOOP)))
     body = _replay(signature)
     replies: list[tuple[int, bytes]] = []
@@ -77,9 +93,11 @@ def test_big_replays_in_flight_are_shed_while_small_requests_pass(
     held = 0.0
     for _ in range(20):  # while the replays wait for the upstream
         held = max(held, _budget(url))
-        status, _, _ = post(url + "/llm/v1/messages", {
-            "model": "m-ok", "max_tokens": 5,
-            "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+        status, _, _ = post(
+            url + "/llm/v1/messages",
+            {"model": "m-ok", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
+            timeout=30,
+        )
         small.append(status)
     for t in threads:
         t.join(60)
@@ -94,8 +112,9 @@ def test_big_replays_in_flight_are_shed_while_small_requests_pass(
             assert error["error"]["type"] == "overloaded_error"
     assert small == [200] * 20
     assert 0 < held <= BUDGET_MB * MIB
-    assert metric(url, "llm_gateway_memory_budget_sheds_total",
-                  budget="memory") == statuses.count(529)
+    assert metric(url, "llm_gateway_memory_budget_sheds_total", budget="memory") == statuses.count(
+        529
+    )
     assert _budget(url) == 0  # every lease released
     assert metric(url, "llm_gateway_memory_budget_bytes", budget="decoding") == 0
 
@@ -108,25 +127,44 @@ def _status_kb(pid: int, field: str) -> int:
 
 
 def test_a_large_batch_create_holds_about_twice_its_body(
-        stub_url: str, gateway_factory: Any, tmp_path: Path) -> None:
+    stub_url: str, gateway_factory: Any, tmp_path: Path
+) -> None:
     """A create of 30,000 requests (32 MiB) raises the gateway's peak RSS by less than
     three times its body: the bytes, then the encoded requests, one request's objects at a
     time. Decoded whole (and its marshal copy from the decoding child) it was five times
     (100,000 requests of 107 MB: 543 MiB over the idle process, now 235). The memory
     budget holds nothing once the batch is stored."""
-    proc, url = gateway_factory(stub_config(stub_url, models=("ok",)) + (
-        f'\n[batches]\ndatabase = "sqlite:///{tmp_path}/batches.sqlite3"\n'
-        "max_requests = 100000\n"))
+    proc, url = gateway_factory(
+        stub_config(stub_url, models=("ok",))
+        + (
+            f'\n[batches]\ndatabase = "sqlite:///{tmp_path}/batches.sqlite3"\n'
+            "max_requests = 100000\n"
+        )
+    )
     text = ("Summarise this document in one sentence. " * 25)[:1000]
-    body = json.dumps({"requests": [
-        {"custom_id": f"req-{i:06d}", "params": {"model": "m-ok", "max_tokens": 16, "messages": [
-            {"role": "user", "content": f"{i}: {text}"}]}} for i in range(30_000)]}).encode()
+    body = json.dumps(
+        {
+            "requests": [
+                {
+                    "custom_id": f"req-{i:06d}",
+                    "params": {
+                        "model": "m-ok",
+                        "max_tokens": 16,
+                        "messages": [{"role": "user", "content": f"{i}: {text}"}],
+                    },
+                }
+                for i in range(30_000)
+            ]
+        }
+    ).encode()
     idle_kb = _status_kb(proc.pid, "VmRSS")
     status, _, reply = post(url + "/llm/v1/messages/batches", body, timeout=120)
     assert status == 200, reply[:300]
     assert json.loads(reply)["request_counts"]["processing"] == 30_000
     grown = (_status_kb(proc.pid, "VmHWM") - idle_kb) * 1024
-    print(f"body {len(body) / MIB:.1f} MiB; peak RSS grew {grown / MIB:.0f} MiB "
-          f"({grown / len(body):.2f} x the body)")
+    print(
+        f"body {len(body) / MIB:.1f} MiB; peak RSS grew {grown / MIB:.0f} MiB "
+        f"({grown / len(body):.2f} x the body)"
+    )
     assert grown < 3 * len(body)
     assert _budget(url) == 0

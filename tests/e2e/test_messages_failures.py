@@ -23,8 +23,12 @@ pytestmark = pytest.mark.e2e
 
 
 def _body(model: str, stream: bool) -> dict[str, Any]:
-    return {"model": model, "max_tokens": 50, "stream": stream,
-            "messages": [{"role": "user", "content": "hi"}]}
+    return {
+        "model": model,
+        "max_tokens": 50,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
 
 
 # scenario -> error.type of the in-band error event
@@ -51,8 +55,9 @@ def test_midstream_failure_ends_with_the_envelope(stub_gateway, scenario, error_
         assert leak not in text
     client = sdk.client(base, api_key="k", max_retries=0)
     with pytest.raises(anthropic.APIStatusError) as info:
-        with client.messages.stream(model=f"m-{scenario}", max_tokens=50,
-                                    messages=[{"role": "user", "content": "hi"}]) as s:
+        with client.messages.stream(
+            model=f"m-{scenario}", max_tokens=50, messages=[{"role": "user", "content": "hi"}]
+        ) as s:
             s.get_final_message()
     assert info.value.type == error_type
 
@@ -70,8 +75,9 @@ BEFORE_FIRST_BYTE = [
 
 @pytest.mark.parametrize("stream", [False, True], ids=["buffered", "stream"])
 @pytest.mark.parametrize("scenario,status,error_type,sdk_error,retry_after", BEFORE_FIRST_BYTE)
-def test_failure_before_first_byte_is_a_json_error(stub_gateway, scenario, status, error_type,
-                                                   sdk_error, retry_after, stream) -> None:
+def test_failure_before_first_byte_is_a_json_error(
+    stub_gateway, scenario, status, error_type, sdk_error, retry_after, stream
+) -> None:
     _, base = stub_gateway
     got, headers, raw = _post(base + "/v1/messages", _body(f"m-{scenario}", stream))
     assert got == status
@@ -91,7 +97,8 @@ def test_context_error_uses_claude_code_wording(stub_gateway) -> None:
     status, _, raw = _post(base + "/v1/messages", _body("m-status:400:context", True))
     assert status == 400
     assert json.loads(raw)["error"]["message"].startswith(
-        "input length and `max_tokens` exceed context limit: 4000 + 1000 > 4096")
+        "input length and `max_tokens` exceed context limit: 4000 + 1000 > 4096"
+    )
 
 
 def test_upstream_down_is_529(gateway_factory) -> None:
@@ -110,16 +117,21 @@ def test_good_streams_pass_the_checker_and_the_sdk(stub_gateway) -> None:
     client = sdk.client(base, api_key="k", max_retries=0)
     adaptive = {"type": "adaptive"}
     for model, kinds, stop, thinking in (
-            ("m-ok", ["text"], "end_turn", None),
-            ("m-reasoning", ["thinking", "text"], "end_turn", adaptive),
-            ("m-reasoning", ["text"], "end_turn", None),  # not asked for: not shown
-            ("m-tools", ["tool_use"], "tool_use", None),
-            ("m-length", ["text"], "max_tokens", None)):
+        ("m-ok", ["text"], "end_turn", None),
+        ("m-reasoning", ["thinking", "text"], "end_turn", adaptive),
+        ("m-reasoning", ["text"], "end_turn", None),  # not asked for: not shown
+        ("m-tools", ["tool_use"], "tool_use", None),
+        ("m-length", ["text"], "max_tokens", None),
+    ):
         asked = {"thinking": thinking} if thinking else {}
         _, _, raw = _post(base + "/v1/messages", {**_body(model, True), **asked})
         check_stream(raw)
-        with client.messages.stream(model=model, max_tokens=50, **asked,  # type: ignore[arg-type]
-                                    messages=[{"role": "user", "content": "hi"}]) as s:
+        with client.messages.stream(
+            model=model,
+            max_tokens=50,
+            **asked,  # type: ignore[arg-type]
+            messages=[{"role": "user", "content": "hi"}],
+        ) as s:
             final = s.get_final_message()
         assert [b.type for b in final.content] == kinds
         assert final.stop_reason == stop
@@ -131,8 +143,10 @@ def test_unknown_model_is_404_naming_it(stub_gateway) -> None:
     _, base = stub_gateway
     status, _, raw = _post(base + "/v1/messages", _body("no-such-model", False))
     assert status == 404
-    assert json.loads(raw)["error"] == {"type": "not_found_error",
-                                        "message": "model: no-such-model"}
+    assert json.loads(raw)["error"] == {
+        "type": "not_found_error",
+        "message": "model: no-such-model",
+    }
 
 
 def test_invalid_request_names_the_field(stub_gateway) -> None:
@@ -147,17 +161,24 @@ def test_invalid_request_names_the_field(stub_gateway) -> None:
 
 
 @pytest.mark.parametrize("display", ["summarized", "omitted"])
-def test_thinking_display_omitted_returns_signed_empty_thinking(stub_gateway,
-                                                                display: str) -> None:
+def test_thinking_display_omitted_returns_signed_empty_thinking(stub_gateway, display: str) -> None:
     """display "omitted": the thinking block is kept (empty, signed), its text is not sent."""
     _, base = stub_gateway
     client = sdk.client(base, api_key="k", max_retries=0)
     thinking = {"type": "adaptive", "display": display}
     hidden = display == "omitted"
-    buffered = client.messages.create(model="m-reasoning", max_tokens=50, thinking=thinking,
-                                      messages=[{"role": "user", "content": "hi"}])
-    with client.messages.stream(model="m-reasoning", max_tokens=50, thinking=thinking,
-                                messages=[{"role": "user", "content": "hi"}]) as s:
+    buffered = client.messages.create(
+        model="m-reasoning",
+        max_tokens=50,
+        thinking=thinking,
+        messages=[{"role": "user", "content": "hi"}],
+    )
+    with client.messages.stream(
+        model="m-reasoning",
+        max_tokens=50,
+        thinking=thinking,
+        messages=[{"role": "user", "content": "hi"}],
+    ) as s:
         streamed = s.get_final_message()
     for message in (buffered, streamed):
         assert [b.type for b in message.content] == ["thinking", "text"]
@@ -170,14 +191,12 @@ def test_thinking_display_omitted_returns_signed_empty_thinking(stub_gateway,
     assert b'"signature_delta"' in raw
 
 
-def test_reasoning_nobody_asked_for_is_not_shown_and_is_counted(stub_url,
-                                                                gateway_factory) -> None:
+def test_reasoning_nobody_asked_for_is_not_shown_and_is_counted(stub_url, gateway_factory) -> None:
     """Round 3, thinking only when asked: no ``thinking`` in the request, so no thinking
     block in the buffered reply or the stream, even though the upstream reasoned; each
     such reply counts in llm_gateway_reasoning_hidden_total{model}."""
     _, url = gateway_factory(stub_config(stub_url, models=("reasoning",)))
-    client = sdk.client(url + "/llm", api_key="k", max_retries=0,
-                        _strict_response_validation=True)
+    client = sdk.client(url + "/llm", api_key="k", max_retries=0, _strict_response_validation=True)
     hi = [{"role": "user", "content": "hi"}]
     buffered = client.messages.create(model="m-reasoning", max_tokens=50, messages=hi)
     with client.messages.stream(model="m-reasoning", max_tokens=50, messages=hi) as s:
@@ -187,9 +206,11 @@ def test_reasoning_nobody_asked_for_is_not_shown_and_is_counted(stub_url,
     check_stream(raw)
     for message in (buffered, streamed):
         assert [(b.type, getattr(b, "text", None)) for b in message.content] == [
-            ("text", "Hello from the stub.")]
-    disabled = client.messages.create(model="m-reasoning", max_tokens=50, messages=hi,
-                                      thinking={"type": "disabled"})
+            ("text", "Hello from the stub.")
+        ]
+    disabled = client.messages.create(
+        model="m-reasoning", max_tokens=50, messages=hi, thinking={"type": "disabled"}
+    )
     assert [b.type for b in disabled.content] == ["text"]
     with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
         metrics = resp.read().decode()

@@ -34,29 +34,35 @@ upstream_model = "ok"
 
 
 def _get(url: str, headers: dict[str, str] | None = None) -> bytes:
-    with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}),
-                                timeout=5) as resp:
+    with urllib.request.urlopen(
+        urllib.request.Request(url, headers=headers or {}), timeout=5
+    ) as resp:
         return resp.read()
 
 
 def test_pattern_routes_through_the_gateway(stub_url, gateway_factory) -> None:
     _, root = gateway_factory(stub_config(stub_url, models=CONFIG_MODELS) + EXTRA)
     client = sdk.client(root + "/llm", api_key="k", max_retries=0)
-    cases = [("claude-haiku-4-5-20251001", "reasoning"), ("claude-opus-4-8", "ok"),
-             ("m-ok", "ok")]
+    cases = [("claude-haiku-4-5-20251001", "reasoning"), ("claude-opus-4-8", "ok"), ("m-ok", "ok")]
     for name, upstream_model in cases:
-        reply = client.messages.create(model=name, max_tokens=50, thinking={"type": "adaptive"},
-                                       messages=[{"role": "user", "content": "hi"}])
+        reply = client.messages.create(
+            model=name,
+            max_tokens=50,
+            thinking={"type": "adaptive"},
+            messages=[{"role": "user", "content": "hi"}],
+        )
         assert reply.model == name  # echoes what the client sent
         thinking = [b for b in reply.content if b.type == "thinking"]
         assert bool(thinking) == (upstream_model == "reasoning")
-        with client.messages.stream(model=name, max_tokens=50,
-                                    messages=[{"role": "user", "content": "hi"}]) as stream:
+        with client.messages.stream(
+            model=name, max_tokens=50, messages=[{"role": "user", "content": "hi"}]
+        ) as stream:
             assert stream.get_final_message().model == name
 
     with pytest.raises(anthropic.NotFoundError) as err:
-        client.messages.create(model="gpt-4o", max_tokens=5,
-                               messages=[{"role": "user", "content": "hi"}])
+        client.messages.create(
+            model="gpt-4o", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+        )
     assert "gpt-4o" in err.value.message
 
     # the list holds exact names only; a pattern-matched id can be retrieved

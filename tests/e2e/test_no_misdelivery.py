@@ -45,16 +45,25 @@ from tests.hostile_gateway import own_gateway as own_gateway
 
 pytestmark = pytest.mark.e2e
 
-EXTRA = ("ok:20", "ok:20@noecho", "double-late:10", "double-late:10@noecho", "unsolicited:300",
-         "unsolicited:300@noecho", "ok:100", "double-late:50")
+EXTRA = (
+    "ok:20",
+    "ok:20@noecho",
+    "double-late:10",
+    "double-late:10@noecho",
+    "unsolicited:300",
+    "unsolicited:300@noecho",
+    "ok:100",
+    "double-late:50",
+)
 
 
 def _default_config(upstream_url: str, upstream_extra: str = "") -> str:
     """The hostile test config (no keepalive key: the default) with this module's models."""
     text = hostile_config(upstream_url, upstream_extra=upstream_extra)
     for name in EXTRA:
-        text += (f'\n[[models]]\nname = "h-{name}"\nupstream = "hostile"\n'
-                 f'upstream_model = "{name}"\n')
+        text += (
+            f'\n[[models]]\nname = "h-{name}"\nupstream = "hostile"\nupstream_model = "{name}"\n'
+        )
     return text
 
 
@@ -67,9 +76,12 @@ def gateway(hostile: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         gw.proc.stop()
 
 
-async def _load(gw: Gateway, plan: list[tuple[str, str, bool]], concurrency: int,
-                headers: dict[str, str] | None = None
-                ) -> list[tuple[str, str, bool, str, str | None, bool]]:
+async def _load(
+    gw: Gateway,
+    plan: list[tuple[str, str, bool]],
+    concurrency: int,
+    headers: dict[str, str] | None = None,
+) -> list[tuple[str, str, bool, str, str | None, bool]]:
     """Run ``plan`` (api, scenario, stream) -> (api, scenario, stream, token, the reply's text
     or None, a clean broken-upstream error). A body that is not the shape asked for (another
     request's stream given to a buffered request) reads as text ``"<unreadable>"``. Every
@@ -79,9 +91,14 @@ async def _load(gw: Gateway, plan: list[tuple[str, str, bool]], concurrency: int
 
     async def one(session: aiohttp.ClientSession, api: str, scenario: str, stream: bool) -> None:
         token = new_token()
-        async with sem, session.post(gw.root + "/llm" + APIS[api][0],
-                                     json=request_body(api, f"h-{scenario}", token, stream),
-                                     headers=headers) as resp:
+        async with (
+            sem,
+            session.post(
+                gw.root + "/llm" + APIS[api][0],
+                json=request_body(api, f"h-{scenario}", token, stream),
+                headers=headers,
+            ) as resp,
+        ):
             data = await resp.read()
         reply = Reply(resp.status, resp.reason or "", list(resp.headers.items()), data, 0)
         try:
@@ -106,10 +123,14 @@ def _keepalive(gw: Gateway) -> float | None:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(("late", "share"), [("double-late:10", 0.005), ("unsolicited:300", 0.02)],
-                         ids=["double-replies-10ms", "unsolicited-300ms"])
+@pytest.mark.parametrize(
+    ("late", "share"),
+    [("double-late:10", 0.005), ("unsolicited:300", 0.02)],
+    ids=["double-replies-10ms", "unsolicited-300ms"],
+)
 async def test_2000_requests_at_30_misdeliver_nothing_with_the_default_config(
-        gateway: Gateway, late: str, share: float) -> None:
+    gateway: Gateway, late: str, share: float
+) -> None:
     """Half the requests to an upstream that echoes X-Request-Id (keep-alive is earned, then
     every reply must name its request), half to one that echoes nothing (a connection per
     request); in each half ``share`` of the requests get a second reply ``late``. The others
@@ -123,9 +144,11 @@ async def test_2000_requests_at_30_misdeliver_nothing_with_the_default_config(
     wrong = [r for r in results if r[4] is not None and r[4] != f"reply for {r[3]}"]
     failed = [r for r in results if r[4] is None]
     strays = sum(1 for r in results if r[1].startswith(late))
-    print(f"\n{late}: {len(results)} requests in {took:.1f} s, {strays} answered again later; "
-          f"{len(wrong)} got another request's reply, {len(failed)} failed; "
-          f"keepalive now {_keepalive(gateway)}")
+    print(
+        f"\n{late}: {len(results)} requests in {took:.1f} s, {strays} answered again later; "
+        f"{len(wrong)} got another request's reply, {len(failed)} failed; "
+        f"keepalive now {_keepalive(gateway)}"
+    )
     assert len(results) == 2000
     assert not wrong, f"{len(wrong)} clients got another request's reply: {wrong[:3]}"
     assert all(r[5] for r in failed), failed[:3]  # each a clean 500 envelope
@@ -134,7 +157,8 @@ async def test_2000_requests_at_30_misdeliver_nothing_with_the_default_config(
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("keepalive", ["auto", "always"])
 async def test_2000_requests_with_one_client_request_id_misdeliver_nothing(
-        hostile: str, own_gateway: list[Gateway], tmp_path: Path, keepalive: str) -> None:
+    hostile: str, own_gateway: list[Gateway], tmp_path: Path, keepalive: str
+) -> None:
     """A proxy in front of the gateway sets one fixed ``x-request-id`` on every request: the
     id the gateway sends upstream must still name one attempt, or a stray second reply (which
     echoes the id of the request it answered) passes on a reused connection for the next
@@ -152,8 +176,10 @@ async def test_2000_requests_with_one_client_request_id_misdeliver_nothing(
     took = time.monotonic() - t0
     wrong = [r for r in results if r[4] is not None and r[4] != f"reply for {r[3]}"]
     failed = [r for r in results if r[4] is None]
-    print(f"\nkeepalive {keepalive}, one x-request-id: {len(results)} requests in {took:.1f} s; "
-          f"{len(wrong)} got another request's reply, {len(failed)} failed")
+    print(
+        f"\nkeepalive {keepalive}, one x-request-id: {len(results)} requests in {took:.1f} s; "
+        f"{len(wrong)} got another request's reply, {len(failed)} failed"
+    )
     assert len(results) == 2000
     assert not wrong, f"{len(wrong)} clients got another request's reply: {wrong[:3]}"
     assert all(r[5] for r in failed), failed[:3]  # each a clean 500 envelope
@@ -166,7 +192,8 @@ def _conns(hostile: str, tokens: list[str]) -> list[int]:
 
 @pytest.mark.timeout(60)
 def test_an_echoing_upstream_earns_keepalive_and_a_wrong_echo_closes_it(
-        hostile: str, own_gateway: list[Gateway], tmp_path: Path) -> None:
+    hostile: str, own_gateway: list[Gateway], tmp_path: Path
+) -> None:
     gw = start_hostile_gateway(tmp_path, _default_config(hostile))
     own_gateway.append(gw)
     assert _keepalive(gw) == 0  # auto starts with a connection per request
@@ -193,7 +220,8 @@ def test_an_echoing_upstream_earns_keepalive_and_a_wrong_echo_closes_it(
 
 @pytest.mark.timeout(60)
 def test_an_upstream_that_never_echoes_never_gets_a_reused_connection(
-        hostile: str, own_gateway: list[Gateway], tmp_path: Path) -> None:
+    hostile: str, own_gateway: list[Gateway], tmp_path: Path
+) -> None:
     gw = start_hostile_gateway(tmp_path, _default_config(hostile))
     own_gateway.append(gw)
     tokens = [new_token() for _ in range(20)]

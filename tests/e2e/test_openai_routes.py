@@ -33,8 +33,9 @@ LEAKS = ("Traceback", "File", "/opt/", "10.1.2.3", "http://", "CUDA")
 @pytest.fixture(scope="module")
 def base(stub_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One gateway for the module (before the stub): its base URL with the /llm prefix."""
-    proc, url = start_gateway(stub_config(stub_url, models=MODELS),
-                              tmp_path_factory.mktemp("openai-routes"))
+    proc, url = start_gateway(
+        stub_config(stub_url, models=MODELS), tmp_path_factory.mktemp("openai-routes")
+    )
     try:
         yield url + "/llm"
     finally:
@@ -60,8 +61,9 @@ def upstream_requests(stub_url: str) -> list[dict[str, Any]]:
 def call(client: openai.OpenAI, route: str, model: str, *, stream: bool = False) -> Any:
     """One SDK call on a route; a stream is read to its end (a list of its events)."""
     if route == "completions":
-        got: Any = client.completions.create(model=model, prompt="Say hi", max_tokens=5,
-                                             stream=stream)
+        got: Any = client.completions.create(
+            model=model, prompt="Say hi", max_tokens=5, stream=stream
+        )
     elif route == "embeddings":
         got = client.embeddings.create(model=model, input="hi")
     else:
@@ -69,8 +71,13 @@ def call(client: openai.OpenAI, route: str, model: str, *, stream: bool = False)
     return list(got) if stream else got
 
 
-ROUTE_CALLS = [("completions", False), ("completions", True), ("embeddings", False),
-               ("responses", False), ("responses", True)]
+ROUTE_CALLS = [
+    ("completions", False),
+    ("completions", True),
+    ("embeddings", False),
+    ("responses", False),
+    ("responses", True),
+]
 ROUTE_IDS = [f"{r}-{'stream' if s else 'buffered'}" for r, s in ROUTE_CALLS]
 
 
@@ -90,8 +97,15 @@ def test_completions_buffered(client: openai.OpenAI, stub_url: str) -> None:
 
 def test_completions_stream_with_usage(client: openai.OpenAI, stub_url: str) -> None:
     upstream_requests(stub_url)
-    chunks = list(client.completions.create(model="m-ok", prompt="Say hi", max_tokens=5,
-                                            stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model="m-ok",
+            prompt="Say hi",
+            max_tokens=5,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert {c.model for c in chunks} == {"m-ok"}
     assert "".join(c.choices[0].text for c in chunks if c.choices) == TEXT
     usage = chunks[-1].usage
@@ -110,8 +124,7 @@ def test_embeddings(client: openai.OpenAI, stub_url: str) -> None:
     upstream_requests(stub_url)
     got = client.embeddings.create(model="m-ok", input=["first", "second"])
     assert got.model == "m-ok"
-    assert [d.embedding for d in got.data] == [[1.0, 0.5, -0.25, 0.125],
-                                               [2.0, 0.5, -0.25, 0.125]]
+    assert [d.embedding for d in got.data] == [[1.0, 0.5, -0.25, 0.125], [2.0, 0.5, -0.25, 0.125]]
     assert got.usage.prompt_tokens == 12
     floats = client.embeddings.create(model="m-ok", input="x", encoding_format="float")
     assert floats.data[0].embedding == [1.0, 0.5, -0.25, 0.125]
@@ -140,8 +153,12 @@ def test_responses_stream(client: openai.OpenAI, stub_url: str) -> None:
     with client.responses.create(model="m-ok", input="Say hi", stream=True) as stream:
         events = list(stream)
     types = [e.type for e in events]
-    assert types[:4] == ["response.created", "response.in_progress",
-                         "response.output_item.added", "response.content_part.added"]
+    assert types[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
     assert types[-1] == "response.completed"
     assert [e.sequence_number for e in events] == list(range(len(events)))
     created, completed = events[0], events[-1]
@@ -152,13 +169,19 @@ def test_responses_stream(client: openai.OpenAI, stub_url: str) -> None:
     assert seen["body"] == {"model": "ok", "input": "Say hi", "stream": True}
 
 
-@pytest.mark.parametrize(("route", "body"), [
-    ("completions", {"prompt": "Say hi", "stream": True,
-                     "stream_options": {"include_usage": True}}),
-    ("responses", {"input": "Say hi", "stream": True}),
-])
-def test_streams_are_relayed_byte_exact_but_model(base: str, stub_url: str, route: str,
-                                                  body: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        (
+            "completions",
+            {"prompt": "Say hi", "stream": True, "stream_options": {"include_usage": True}},
+        ),
+        ("responses", {"input": "Say hi", "stream": True}),
+    ],
+)
+def test_streams_are_relayed_byte_exact_but_model(
+    base: str, stub_url: str, route: str, body: dict[str, Any]
+) -> None:
     """Every event as the upstream wrote it, ``event:`` lines and all; only model differs."""
     status, headers, relayed = post(f"{base}/v1/{route}", {"model": "m-ok", **body})
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
@@ -172,88 +195,112 @@ def test_streams_are_relayed_byte_exact_but_model(base: str, stub_url: str, rout
 
 
 @pytest.mark.parametrize(("route", "stream"), ROUTE_CALLS, ids=ROUTE_IDS)
-def test_upstream_500_with_traceback_is_scrubbed(client: openai.OpenAI, route: str,
-                                                 stream: bool) -> None:
+def test_upstream_500_with_traceback_is_scrubbed(
+    client: openai.OpenAI, route: str, stream: bool
+) -> None:
     with pytest.raises(openai.InternalServerError) as info:
         call(client, route, "m-status:500:traceback", stream=stream)
     assert info.value.status_code == 500
-    assert info.value.body == {"message": "Internal server error", "type": "server_error",
-                               "param": None, "code": 500}
+    assert info.value.body == {
+        "message": "Internal server error",
+        "type": "server_error",
+        "param": None,
+        "code": 500,
+    }
     text = info.value.response.text
     for leak in LEAKS:
         assert leak not in text
 
 
 @pytest.mark.parametrize(("route", "stream"), ROUTE_CALLS, ids=ROUTE_IDS)
-def test_upstream_4xx_keeps_its_scrubbed_message(client: openai.OpenAI, route: str,
-                                                 stream: bool) -> None:
+def test_upstream_4xx_keeps_its_scrubbed_message(
+    client: openai.OpenAI, route: str, stream: bool
+) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         call(client, route, "m-status:400", stream=stream)
-    assert info.value.body == {"message": "stub says 400", "type": "invalid_request_error",
-                               "param": None, "code": 400}
+    assert info.value.body == {
+        "message": "stub says 400",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": 400,
+    }
     with pytest.raises(openai.RateLimitError) as limited:
         call(client, route, "m-status:429", stream=stream)
     assert limited.value.response.headers.get("retry-after")
 
 
 @pytest.mark.parametrize("route", ["completions", "embeddings", "responses"])
-def test_unknown_model_is_404_without_an_upstream_call(client: openai.OpenAI, stub_url: str,
-                                                       route: str) -> None:
+def test_unknown_model_is_404_without_an_upstream_call(
+    client: openai.OpenAI, stub_url: str, route: str
+) -> None:
     upstream_requests(stub_url)
     with pytest.raises(openai.NotFoundError) as info:
         call(client, route, "nope")
-    assert info.value.body == {"message": "The model `nope` does not exist",
-                               "type": "not_found_error", "param": None, "code": 404}
+    assert info.value.body == {
+        "message": "The model `nope` does not exist",
+        "type": "not_found_error",
+        "param": None,
+        "code": 404,
+    }
     assert info.value.response.headers["request-id"].startswith("req_")
     assert upstream_requests(stub_url) == []
 
 
 @pytest.mark.parametrize("route", ["completions", "embeddings", "responses"])
-@pytest.mark.parametrize(("body", "message"), [
-    ({"input": "hi"}, "model: required, a string"),
-    ({"model": 7, "input": "hi"}, "model: required, a string"),
-    ([{"model": "m-ok"}], "request body must be a JSON object"),
-    (b"{not json", "request body is not valid JSON"),
-])
-def test_a_body_without_a_string_model_is_400(base: str, stub_url: str, route: str,
-                                              body: Any, message: str) -> None:
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"input": "hi"}, "model: required, a string"),
+        ({"model": 7, "input": "hi"}, "model: required, a string"),
+        ([{"model": "m-ok"}], "request body must be a JSON object"),
+        (b"{not json", "request body is not valid JSON"),
+    ],
+)
+def test_a_body_without_a_string_model_is_400(
+    base: str, stub_url: str, route: str, body: Any, message: str
+) -> None:
     upstream_requests(stub_url)
     status, _, raw = post(f"{base}/v1/{route}", body)
     assert status == 400
-    assert json.loads(raw) == {"error": {"message": message, "type": "invalid_request_error",
-                                         "param": None, "code": 400}}
+    assert json.loads(raw) == {
+        "error": {"message": message, "type": "invalid_request_error", "param": None, "code": 400}
+    }
     assert upstream_requests(stub_url) == []
 
 
-def test_a_cut_stream_ends_with_the_dialects_error_event(client: openai.OpenAI,
-                                                         base: str) -> None:
+def test_a_cut_stream_ends_with_the_dialects_error_event(client: openai.OpenAI, base: str) -> None:
     """After the first byte a failure is in-band: chunks end with a ``data:`` error body,
     a Responses stream with an ``error`` event; the SDK raises on both."""
     for route in ("completions", "responses"):
         with pytest.raises(openai.APIError, match="Upstream connection lost"):
             call(client, route, "m-cut-mid", stream=True)
-    _, _, raw = post(f"{base}/v1/responses", {"model": "m-cut-mid", "input": "x",
-                                               "stream": True})
+    _, _, raw = post(f"{base}/v1/responses", {"model": "m-cut-mid", "input": "x", "stream": True})
     last = raw.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
     assert last.startswith(b"event: error\ndata: ")
     event = json.loads(last.split(b"data: ", 1)[1])
     assert event["type"] == "error" and event["message"] == "Upstream connection lost"
-    _, _, raw = post(f"{base}/v1/completions", {"model": "m-cut-mid", "prompt": "x",
-                                                 "stream": True})
-    assert json.loads(raw.rstrip(b"\n").rsplit(b"\n\n", 1)[-1].removeprefix(b"data: "))[
-        "error"]["message"] == "Upstream connection lost"
+    _, _, raw = post(
+        f"{base}/v1/completions", {"model": "m-cut-mid", "prompt": "x", "stream": True}
+    )
+    assert (
+        json.loads(raw.rstrip(b"\n").rsplit(b"\n\n", 1)[-1].removeprefix(b"data: "))["error"][
+            "message"
+        ]
+        == "Upstream connection lost"
+    )
 
 
 @pytest.mark.llamacpp
-def test_llamacpp_responses_and_completions(llama_server: str, tmp_path_factory:
-                                            pytest.TempPathFactory, tiny_model: Any) -> None:
+def test_llamacpp_responses_and_completions(
+    llama_server: str, tmp_path_factory: pytest.TempPathFactory, tiny_model: Any
+) -> None:
     """A real llama.cpp: its own Responses events (``response.created`` without a model,
     reasoning deltas) and completions chunks, under an alias unlike the upstream's name."""
-    proc, url = start_gateway(llama_config(llama_server, name="tiny"),
-                              tmp_path_factory.mktemp("openai-llama"))
+    proc, url = start_gateway(
+        llama_config(llama_server, name="tiny"), tmp_path_factory.mktemp("openai-llama")
+    )
     answer = tiny_model[1]["answer"]
-    client = openai.OpenAI(base_url=url + "/llm/v1", api_key="unused", max_retries=0,
-                           timeout=60)
+    client = openai.OpenAI(base_url=url + "/llm/v1", api_key="unused", max_retries=0, timeout=60)
     try:
         with client.responses.create(model="tiny", input="Hi", stream=True) as stream:
             events = list(stream)
@@ -262,8 +309,9 @@ def test_llamacpp_responses_and_completions(llama_server: str, tmp_path_factory:
         assert events[-1].response.output_text == answer
         got = client.responses.create(model="tiny", input="Hi")
         assert got.model == "tiny" and got.output_text == answer
-        chunks = list(client.completions.create(model="tiny", prompt="Hi", max_tokens=8,
-                                                stream=True))
+        chunks = list(
+            client.completions.create(model="tiny", prompt="Hi", max_tokens=8, stream=True)
+        )
         assert {c.model for c in chunks} == {"tiny"}
         assert chunks[-1].choices[0].finish_reason in ("stop", "length")
     finally:
@@ -280,35 +328,52 @@ def test_files_api_is_a_404_naming_the_endpoint(base: str) -> None:
         client.beta.files.list()
     err = info.value
     request_id = err.response.headers["request-id"]
-    assert err.body == {"type": "error", "error": {
-        "type": "not_found_error", "message": "GET /v1/files is not supported by this gateway"},
-        "request_id": request_id}
+    assert err.body == {
+        "type": "error",
+        "error": {
+            "type": "not_found_error",
+            "message": "GET /v1/files is not supported by this gateway",
+        },
+        "request_id": request_id,
+    }
 
 
-@pytest.mark.parametrize(("method", "path"), [
-    ("POST", "/v1/files"),
-    ("DELETE", "/v1/files/file_011"),
-    ("GET", "/v1/files/file_011/content"),
-    ("POST", "/v1/complete"),
-])
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/files"),
+        ("DELETE", "/v1/files/file_011"),
+        ("GET", "/v1/files/file_011/content"),
+        ("POST", "/v1/complete"),
+    ],
+)
 def test_unimplemented_anthropic_endpoints_say_so(base: str, method: str, path: str) -> None:
     _says_not_supported(base, method, path)
 
 
-@pytest.mark.parametrize(("method", "path"), [
-    ("POST", "/v1/messages/batches"),
-    ("GET", "/v1/messages/batches/msgbatch_1/results"),
-])
-def test_batches_switched_off_say_so(stub_url: str, gateway_factory: Any, method: str,
-                                     path: str) -> None:
-    _, url = gateway_factory(stub_config(stub_url, models=MODELS)
-                             + "\n[batches]\nenabled = false\n")
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/messages/batches"),
+        ("GET", "/v1/messages/batches/msgbatch_1/results"),
+    ],
+)
+def test_batches_switched_off_say_so(
+    stub_url: str, gateway_factory: Any, method: str, path: str
+) -> None:
+    _, url = gateway_factory(
+        stub_config(stub_url, models=MODELS) + "\n[batches]\nenabled = false\n"
+    )
     _says_not_supported(url + "/llm", method, path)
 
 
 def _says_not_supported(base: str, method: str, path: str) -> None:
-    req = urllib.request.Request(base + path, data=b"{}" if method == "POST" else None,
-                                 method=method, headers={"x-request-id": "unsupported-1"})
+    req = urllib.request.Request(
+        base + path,
+        data=b"{}" if method == "POST" else None,
+        method=method,
+        headers={"x-request-id": "unsupported-1"},
+    )
     try:
         urllib.request.urlopen(req, timeout=5).close()
         raise AssertionError("expected a 404")
@@ -316,9 +381,14 @@ def _says_not_supported(base: str, method: str, path: str) -> None:
         with exc:
             status, headers, body = exc.code, exc.headers, json.loads(exc.read())
     assert status == 404 and headers["request-id"] == "unsupported-1"
-    assert body == {"type": "error", "error": {
-        "type": "not_found_error", "message": f"{method} {path} is not supported by this gateway"},
-        "request_id": "unsupported-1"}
+    assert body == {
+        "type": "error",
+        "error": {
+            "type": "not_found_error",
+            "message": f"{method} {path} is not supported by this gateway",
+        },
+        "request_id": "unsupported-1",
+    }
 
 
 def test_other_unknown_paths_are_a_plain_404_envelope(base: str) -> None:

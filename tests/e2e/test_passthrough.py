@@ -19,10 +19,6 @@ from tests.stub_upstream import script
 pytestmark = pytest.mark.e2e
 
 
-
-
-
-
 CHAT = {"model": "m-ok", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 
 
@@ -66,8 +62,10 @@ def test_unknown_model_is_404_openai_shape_without_upstream_call(stub_gateway, s
 def test_upstream_500_with_traceback_is_scrubbed(stub_gateway) -> None:
     _, base = stub_gateway
     for stream in (False, True):
-        status, _, body = post(base + "/v1/chat/completions",
-                               {**CHAT, "model": "m-status:500:traceback", "stream": stream})
+        status, _, body = post(
+            base + "/v1/chat/completions",
+            {**CHAT, "model": "m-status:500:traceback", "stream": stream},
+        )
         assert status == 500
         text = body.decode()
         assert json.loads(text)["error"]["message"] == "Internal server error"
@@ -100,9 +98,16 @@ def test_client_credentials_never_reach_upstream(stub_gateway, stub_url) -> None
     _, base = stub_gateway
     clear_stub(stub_url)
     for stream in (False, True):
-        post(base + "/v1/chat/completions", {**CHAT, "stream": stream},
-             {"Authorization": "Bearer client-secret", "x-api-key": "client-secret-2",
-              "Cookie": "session=1", "X-Custom": "v"})
+        post(
+            base + "/v1/chat/completions",
+            {**CHAT, "stream": stream},
+            {
+                "Authorization": "Bearer client-secret",
+                "x-api-key": "client-secret-2",
+                "Cookie": "session=1",
+                "X-Custom": "v",
+            },
+        )
     seen = stub_requests(stub_url)
     assert len(seen) == 2
     for req in seen:
@@ -132,8 +137,10 @@ def test_models_lists_in_both_shapes(stub_gateway) -> None:
     page = json.loads(body)
     assert [m["type"] for m in page["data"]] == ["model", "model"]
     assert page["has_more"] is True and page["first_id"] == "m-ok"
-    _, _, body = get(base + f"/v1/models?after_id={page['last_id']}&limit=1000",
-                     {"anthropic-version": "2023-06-01"})
+    _, _, body = get(
+        base + f"/v1/models?after_id={page['last_id']}&limit=1000",
+        {"anthropic-version": "2023-06-01"},
+    )
     rest = json.loads(body)
     assert rest["has_more"] is False and rest["data"][0]["id"] == "m-tools"
     status, _, body = get(base + "/v1/models/m-ok", {"anthropic-version": "2023-06-01"})
@@ -157,12 +164,18 @@ def test_health_and_ready(stub_gateway) -> None:
 def test_access_log_is_json_with_request_fields(stub_gateway) -> None:
     proc, base = stub_gateway
     post(base + "/v1/chat/completions", CHAT, {"x-request-id": "log-check-1"})
-    wait_for_line(proc.output, lambda ln: ln.get("request_id") == "log-check-1",
-                  "the access line", timeout=3)  # log lines are flushed every 0.5 s
+    wait_for_line(
+        proc.output, lambda ln: ln.get("request_id") == "log-check-1", "the access line", timeout=3
+    )  # log lines are flushed every 0.5 s
     access = access_lines(proc.output(), request_id="log-check-1")
     assert len(access) == 1
     line = access[0]
     assert (line["method"], line["route"], line["model"], line["upstream"], line["status"]) == (
-        "POST", "chat", "m-ok", "stub", 200)
+        "POST",
+        "chat",
+        "m-ok",
+        "stub",
+        200,
+    )
     assert "duration_ms" in line
     assert "hi" not in json.dumps(line)

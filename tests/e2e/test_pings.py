@@ -29,10 +29,17 @@ def ping_gateway(stub_url, gateway_factory) -> str:
 
 
 def test_pings_during_prefill_then_a_well_formed_stream(ping_gateway) -> None:
-    body = {"model": "m-prefill:1600", "max_tokens": 50, "stream": True,
-            "messages": [{"role": "user", "content": "hi"}]}
-    req = urllib.request.Request(ping_gateway + "/v1/messages", data=json.dumps(body).encode(),
-                                 headers={"content-type": "application/json"})
+    body = {
+        "model": "m-prefill:1600",
+        "max_tokens": 50,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    req = urllib.request.Request(
+        ping_gateway + "/v1/messages",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=20) as resp:
         raw = resp.read()
     events = check_stream(raw)
@@ -44,8 +51,9 @@ def test_pings_during_prefill_then_a_well_formed_stream(ping_gateway) -> None:
 
 def test_python_sdk_accepts_the_pings(ping_gateway) -> None:
     client = sdk.client(ping_gateway, api_key="k", max_retries=0)
-    with client.messages.stream(model="m-prefill:1600", max_tokens=50,
-                                messages=[{"role": "user", "content": "hi"}]) as stream:
+    with client.messages.stream(
+        model="m-prefill:1600", max_tokens=50, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
         final = stream.get_final_message()
     assert final.content[0].text == "Hello from the stub." and final.stop_reason == "end_turn"
 

@@ -41,15 +41,24 @@ def _wait_for(pred, timeout: float) -> float:  # type: ignore[no-untyped-def]
     raise AssertionError(f"condition not met within {timeout}s")
 
 
-def _request_bytes(base: str, model: str, *, stream: bool = True,
-                   headers: dict[str, str] | None = None) -> tuple[str, int, bytes]:
+def _request_bytes(
+    base: str, model: str, *, stream: bool = True, headers: dict[str, str] | None = None
+) -> tuple[str, int, bytes]:
     host_port = base.split("//")[1].split("/")[0]
     host, port = host_port.split(":")
-    body = json.dumps({"model": model, "max_tokens": 50, "stream": stream,
-                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    body = json.dumps(
+        {
+            "model": model,
+            "max_tokens": 50,
+            "stream": stream,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+    ).encode()
     extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-    head = (f"POST /llm/v1/messages HTTP/1.1\r\nHost: {host_port}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n")
+    head = (
+        f"POST /llm/v1/messages HTTP/1.1\r\nHost: {host_port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+    )
     return host, int(port), head.encode() + body
 
 
@@ -68,17 +77,21 @@ def _metric(base: str, name: str, **labels: str) -> float:
 
 # --- client disconnect -> upstream abort ---------------------------------------------
 
-@pytest.mark.parametrize("scenario,read_first", [
-    ("hang-headers", 0),        # before the gateway has any response headers
-    ("prefill:8000", 1),        # headers sent, upstream silent (long prefill)
-    ("slow:100", 600),          # mid-stream
-])
-def test_client_disconnect_closes_upstream(stub_url, gateway_factory, scenario,
-                                           read_first) -> None:
+
+@pytest.mark.parametrize(
+    "scenario,read_first",
+    [
+        ("hang-headers", 0),  # before the gateway has any response headers
+        ("prefill:8000", 1),  # headers sent, upstream silent (long prefill)
+        ("slow:100", 600),  # mid-stream
+    ],
+)
+def test_client_disconnect_closes_upstream(stub_url, gateway_factory, scenario, read_first) -> None:
     """The upstream request is cancelled when the client goes, not when the upstream ends:
     left alone, these would hold the stub for 8 s or more (30 s of timeouts)."""
-    cfg = stub_config(stub_url, models=(scenario,)).replace("header_timeout = 3",
-                                                            "header_timeout = 30")
+    cfg = stub_config(stub_url, models=(scenario,)).replace(
+        "header_timeout = 3", "header_timeout = 30"
+    )
     cfg = cfg.replace("idle_timeout = 3", "idle_timeout = 30")
     _, url = gateway_factory(cfg)
     base = url + "/llm"
@@ -93,13 +106,24 @@ def test_client_disconnect_closes_upstream(stub_url, gateway_factory, scenario,
             got += sock.recv(4096)
     finally:
         sock.close()
-    _wait_for(lambda: _stats(stub_url)["cancelled"] > before["cancelled"]
-              and _stats(stub_url)["active"] == before["active"], 5)
-    _wait_for(lambda: _metric(base, "llm_gateway_stream_terminations_total",
-                              reason="client_disconnect") >= (1 if read_first else 0), 2)
+    _wait_for(
+        lambda: (
+            _stats(stub_url)["cancelled"] > before["cancelled"]
+            and _stats(stub_url)["active"] == before["active"]
+        ),
+        5,
+    )
+    _wait_for(
+        lambda: (
+            _metric(base, "llm_gateway_stream_terminations_total", reason="client_disconnect")
+            >= (1 if read_first else 0)
+        ),
+        2,
+    )
 
 
 # --- backpressure --------------------------------------------------------------------
+
 
 def _rss_kb(pid: int) -> int:
     with open(f"/proc/{pid}/status") as fh:
@@ -133,6 +157,7 @@ def test_slow_reader_holds_bounded_memory(stub_url, gateway_factory) -> None:
 
 # --- overload, body limit ---------------------------------------------------------------
 
+
 def test_max_concurrency_gives_529_and_503(stub_url, gateway_factory) -> None:
     cfg = stub_config(stub_url, models=("slow:100",)) + "max_concurrency = 1\n"
     _, url = gateway_factory(cfg)
@@ -142,8 +167,11 @@ def test_max_concurrency_gives_529_and_503(stub_url, gateway_factory) -> None:
     try:
         sock.sendall(raw)
         sock.recv(100)
-        msg = {"model": "m-slow:100", "max_tokens": 5,
-               "messages": [{"role": "user", "content": "hi"}]}
+        msg = {
+            "model": "m-slow:100",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
         status, headers, body = _post(base + "/v1/messages", msg)
         assert status == 529 and headers.get("retry-after")
         assert json.loads(body)["error"]["type"] == "overloaded_error"
@@ -154,28 +182,36 @@ def test_max_concurrency_gives_529_and_503(stub_url, gateway_factory) -> None:
 
 
 def test_body_over_limit_is_413_before_reading(stub_url, gateway_factory) -> None:
-    _, url = gateway_factory(stub_config(stub_url, models=("ok",),
-                                         extra_server="max_body_bytes = 2000"))
+    _, url = gateway_factory(
+        stub_config(stub_url, models=("ok",), extra_server="max_body_bytes = 2000")
+    )
     big = {"model": "m-ok", "max_tokens": 5, "messages": [{"role": "user", "content": "x" * 5000}]}
     status, _, body = _post(url + "/llm/v1/messages", big)
     assert status == 413
     assert json.loads(body)["error"]["type"] == "request_too_large"
-    status, _, _ = _post(url + "/llm/v1/messages", {**big, "messages": [
-        {"role": "user", "content": "small"}]})
+    status, _, _ = _post(
+        url + "/llm/v1/messages", {**big, "messages": [{"role": "user", "content": "small"}]}
+    )
     assert status == 200
 
 
 # --- auth ------------------------------------------------------------------------------
 
+
 def test_auth_keys(stub_url, gateway_factory) -> None:
-    _, url = gateway_factory(stub_config(stub_url, models=("ok",),
-                                         extra_server='api_keys_env = "GW_KEYS"'),
-                             env={"GW_KEYS": "key-one,key-two"})
+    _, url = gateway_factory(
+        stub_config(stub_url, models=("ok",), extra_server='api_keys_env = "GW_KEYS"'),
+        env={"GW_KEYS": "key-one,key-two"},
+    )
     base = url + "/llm"
     msg = {"model": "m-ok", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
-    for headers in ({}, {"x-api-key": "wrong"}, {"authorization": "Bearer wrong"},
-                    {"x-api-key": "k\u00e9y".encode().decode("latin-1")},
-                    {"authorization": "Basic a2V5LW9uZQ=="}):
+    for headers in (
+        {},
+        {"x-api-key": "wrong"},
+        {"authorization": "Bearer wrong"},
+        {"x-api-key": "k\u00e9y".encode().decode("latin-1")},
+        {"authorization": "Basic a2V5LW9uZQ=="},
+    ):
         status, _, body = _post(base + "/v1/messages", msg, headers)
         assert status == 401, headers
         assert json.loads(body)["error"]["type"] == "authentication_error"
@@ -192,18 +228,26 @@ def test_auth_keys(stub_url, gateway_factory) -> None:
 
 # --- drain ---------------------------------------------------------------------------
 
+
 def test_sigterm_drains_then_ends_streams_with_the_envelope(stub_url, gateway_factory) -> None:
-    cfg = stub_config(stub_url, models=("slow:200", "slow:20"),
-                      extra_server="shutdown_grace = 2")
+    cfg = stub_config(stub_url, models=("slow:200", "slow:20"), extra_server="shutdown_grace = 2")
     proc, url = gateway_factory(cfg)
     base = url + "/llm"
     results: dict[str, bytes] = {}
 
     async def stream(model: str) -> None:
-        async with aiohttp.ClientSession() as s, s.post(
-                base + "/v1/messages", json={"model": model, "max_tokens": 5, "stream": True,
-                                             "messages": [{"role": "user", "content": "hi"}]}
-        ) as resp:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(
+                base + "/v1/messages",
+                json={
+                    "model": model,
+                    "max_tokens": 5,
+                    "stream": True,
+                    "messages": [{"role": "user", "content": "hi"}],
+                },
+            ) as resp,
+        ):
             results[model] = await resp.read()
 
     async def scenario() -> tuple[int, int]:
@@ -214,9 +258,14 @@ def test_sigterm_drains_then_ends_streams_with_the_envelope(stub_url, gateway_fa
         async with aiohttp.ClientSession() as s:
             async with s.get(url + "/ready") as r:
                 ready = r.status
-            async with s.post(base + "/v1/messages", json={
-                    "model": "m-slow:20", "max_tokens": 5,
-                    "messages": [{"role": "user", "content": "hi"}]}) as r:
+            async with s.post(
+                base + "/v1/messages",
+                json={
+                    "model": "m-slow:20",
+                    "max_tokens": 5,
+                    "messages": [{"role": "user", "content": "hi"}],
+                },
+            ) as r:
                 new = r.status
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
         return ready, new
@@ -239,8 +288,11 @@ def test_sigterm_drains_then_ends_streams_with_the_envelope(stub_url, gateway_fa
 # than 3 s, and the gateway then rightly ends that stream with a timeout error. This test is
 # about counts (every stream ends well-formed, none is left open), so its upstream waits as
 # long as the test's own hang guard.
-_PATIENT = {"connect_timeout = 2": "connect_timeout = 90", "header_timeout = 3":
-            "header_timeout = 90", "idle_timeout = 3": "idle_timeout = 90"}
+_PATIENT = {
+    "connect_timeout = 2": "connect_timeout = 90",
+    "header_timeout = 3": "header_timeout = 90",
+    "idle_timeout = 3": "idle_timeout = 90",
+}
 
 
 @pytest.mark.timeout(400)  # the hang guards below, and the gateway's start and stop
@@ -256,11 +308,19 @@ def test_thousand_concurrent_streams(stub_url, gateway_factory) -> None:
     async def run() -> list[bytes]:
         conn = aiohttp.TCPConnector(limit=n)
         async with aiohttp.ClientSession(connector=conn) as s:
+
             async def one() -> bytes:
-                async with s.post(base + "/v1/messages", json={
-                        "model": "m-ok", "max_tokens": 5, "stream": True,
-                        "messages": [{"role": "user", "content": "hi"}]}) as resp:
+                async with s.post(
+                    base + "/v1/messages",
+                    json={
+                        "model": "m-ok",
+                        "max_tokens": 5,
+                        "stream": True,
+                        "messages": [{"role": "user", "content": "hi"}],
+                    },
+                ) as resp:
                     return await resp.read()
+
             # a hang guard, not a claim about speed (6 to 20 s on two cores at load 6 to 8)
             return await asyncio.wait_for(asyncio.gather(*(one() for _ in range(n))), 240)
 
@@ -271,13 +331,13 @@ def test_thousand_concurrent_streams(stub_url, gateway_factory) -> None:
         assert not [e for e in events if e["type"] == "error"]
     # every stream has ended for the client: what is left is bookkeeping (60 s: hang guards)
     _wait_for(lambda: _metric(base, "llm_gateway_streams_in_flight") == 0, 60)
-    _wait_for(lambda: _stats(stub_url)["open_streams"] == 0 and _stats(stub_url)["active"] == 0,
-              60)
+    _wait_for(lambda: _stats(stub_url)["open_streams"] == 0 and _stats(stub_url)["active"] == 0, 60)
     assert _metric(base, "llm_gateway_stream_terminations_total", reason="completed") >= n
 
 
-def test_client_that_stops_reading_is_dropped_after_write_timeout(stub_url,
-                                                                  gateway_factory) -> None:
+def test_client_that_stops_reading_is_dropped_after_write_timeout(
+    stub_url, gateway_factory
+) -> None:
     cfg = stub_config(stub_url, models=("big:200000",), extra_server="write_timeout = 1")
     _, url = gateway_factory(cfg)
     base = url + "/llm"
@@ -294,12 +354,17 @@ def test_client_that_stops_reading_is_dropped_after_write_timeout(stub_url,
         _wait_for(lambda: _stats(stub_url)["cancelled"] > before["cancelled"], 60)
     finally:
         sock.close()
-    _wait_for(lambda: _metric(base, "llm_gateway_stream_terminations_total",
-                              reason="client_disconnect") >= 1, 3)
+    _wait_for(
+        lambda: (
+            _metric(base, "llm_gateway_stream_terminations_total", reason="client_disconnect") >= 1
+        ),
+        3,
+    )
 
 
 def test_a_buffered_reply_to_a_client_that_stops_reading_ends_at_write_timeout(
-        stub_url, gateway_factory) -> None:
+    stub_url, gateway_factory
+) -> None:
     """A buffered reply is one write of the whole body, made by aiohttp after the handler
     returns: it waited on a client that does not read for as long as the connection lived
     (45 s and counting with a 5 s write_timeout), and the access line said 200 before a
@@ -330,15 +395,20 @@ def test_a_buffered_reply_to_a_client_that_stops_reading_ends_at_write_timeout(
 
 # --- retries ---------------------------------------------------------------------------
 
+
 def _seen(stub_url: str, model: str) -> int:
     with urllib.request.urlopen(stub_url.removesuffix("/v1") + "/_requests", timeout=5) as r:
-        return sum(1 for req in json.loads(r.read())
-                   if isinstance(req["body"], dict) and req["body"].get("model") == model)
+        return sum(
+            1
+            for req in json.loads(r.read())
+            if isinstance(req["body"], dict) and req["body"].get("model") == model
+        )
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["buffered", "stream"])
-def test_one_retry_after_a_connection_cut_before_any_byte(stub_url, gateway_factory,
-                                                          stream) -> None:
+def test_one_retry_after_a_connection_cut_before_any_byte(
+    stub_url, gateway_factory, stream
+) -> None:
     _, url = gateway_factory(stub_config(stub_url, models=("reset-once", "reset-always")))
     body = {"max_tokens": 5, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
     before = _seen(stub_url, "reset-once")

@@ -93,10 +93,17 @@ def _session_request(s: int, turn: int) -> tuple[dict[str, Any], dict[str, str]]
     """Turn ``turn`` of session ``s``: a growing conversation, named one of three ways."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": f"task {s}: start"}]
     for t in range(turn):
-        messages += [{"role": "assistant", "content": f"done {t}"},
-                     {"role": "user", "content": f"next {t}"}]
-    body: dict[str, Any] = {"model": "m", "max_tokens": 16, "system": f"you are agent {s}",
-                            "messages": messages, "stream": turn % 2 == 1}
+        messages += [
+            {"role": "assistant", "content": f"done {t}"},
+            {"role": "user", "content": f"next {t}"},
+        ]
+    body: dict[str, Any] = {
+        "model": "m",
+        "max_tokens": 16,
+        "system": f"you are agent {s}",
+        "messages": messages,
+        "stream": turn % 2 == 1,
+    }
     headers: dict[str, str] = {}
     if s % 3 == 0:
         headers["x-claude-code-session-id"] = f"cc-session-{s}"
@@ -142,18 +149,20 @@ def _clear(stub_urls: list[str]) -> None:
     import urllib.request
 
     for url in stub_urls:
-        urllib.request.urlopen(urllib.request.Request(f"{url}/_requests", method="DELETE"),
-                               timeout=5).close()
+        urllib.request.urlopen(
+            urllib.request.Request(f"{url}/_requests", method="DELETE"), timeout=5
+        ).close()
 
 
-def _placement(runs: dict[int, list[tuple[int, int]]], served: dict[tuple[int, int], int]
-               ) -> dict[int, list[int]]:
+def _placement(
+    runs: dict[int, list[tuple[int, int]]], served: dict[tuple[int, int], int]
+) -> dict[int, list[int]]:
     return {s: [served[turn] for turn in turns] for s, turns in runs.items()}
 
 
 def test_sessions_stay_on_one_replica_and_survive_one_refusing_connections(
-        stubs: list[tuple[Proc, str]],
-        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    stubs: list[tuple[Proc, str]], gateway_factory: Callable[..., tuple[Proc, str]]
+) -> None:
     urls = [url for _, url in stubs]
     _, base = gateway_factory(_config(urls))
 
@@ -177,27 +186,40 @@ def test_sessions_stay_on_one_replica_and_survive_one_refusing_connections(
     label = urls[2].split("://")[1]
     assert metric(base, "llm_gateway_upstream_replica_healthy", replica=label) == 0
     assert metric(base, "llm_gateway_upstream_retries_total", upstream="fleet") >= 1
-    assert metric(base, "llm_gateway_upstream_replica_requests_total", replica=label,
-                   outcome="connect_error") >= 1
+    assert (
+        metric(
+            base,
+            "llm_gateway_upstream_replica_requests_total",
+            replica=label,
+            outcome="connect_error",
+        )
+        >= 1
+    )
 
 
 def test_a_replica_answering_503_to_everything_costs_no_client_an_error(
-        stubs: list[tuple[Proc, str]], unavailable: str,
-        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    stubs: list[tuple[Proc, str]],
+    unavailable: str,
+    gateway_factory: Callable[..., tuple[Proc, str]],
+) -> None:
     urls = [stubs[0][1], stubs[1][1], unavailable]
     _, base = gateway_factory(_config(urls))
     runs = _run(base)  # every reply a 200 (asserted inside)
     served = _served(urls[:2])
     assert all(turn in served for turns in runs.values() for turn in turns)
     label = unavailable.split("://")[1]
-    assert metric(base, "llm_gateway_upstream_replica_requests_total", replica=label,
-                   outcome="status_5xx") >= 1
+    assert (
+        metric(
+            base, "llm_gateway_upstream_replica_requests_total", replica=label, outcome="status_5xx"
+        )
+        >= 1
+    )
     assert metric(base, "llm_gateway_upstream_retries_total", upstream="fleet") >= 1
 
 
 def test_a_replica_cutting_every_stream_halfway_costs_no_client_a_word(
-        stubs: list[tuple[Proc, str]],
-        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    stubs: list[tuple[Proc, str]], gateway_factory: Callable[..., tuple[Proc, str]]
+) -> None:
     """Done when: one replica cutting every stream halfway: every client stream ends
     well-formed, ``end_turn``, with the whole answer; 0 error events."""
     from tests import sdk
@@ -205,8 +227,7 @@ def test_a_replica_cutting_every_stream_halfway_costs_no_client_a_word(
 
     stubs[2][0].stop()
     port = int(stubs[2][1].rsplit(":", 1)[1])
-    cutter = Proc([sys.executable, str(REPO / "tests" / "stub_upstream.py"), str(port),
-                   "cut-all"])
+    cutter = Proc([sys.executable, str(REPO / "tests" / "stub_upstream.py"), str(port), "cut-all"])
     try:
         wait_http(f"{stubs[2][1]}/health", proc=cutter.popen)
         urls = [url for _, url in stubs]
@@ -218,15 +239,22 @@ def test_a_replica_cutting_every_stream_halfway_costs_no_client_a_word(
             for turn in range(TURNS):
                 body, headers = _session_request(s, turn)
                 with client.messages.stream(
-                        model="m", max_tokens=16, system=body["system"],
-                        messages=body["messages"], extra_headers=headers,
-                        **({"metadata": body["metadata"]} if "metadata" in body else {})
-                        ) as stream:
+                    model="m",
+                    max_tokens=16,
+                    system=body["system"],
+                    messages=body["messages"],
+                    extra_headers=headers,
+                    **({"metadata": body["metadata"]} if "metadata" in body else {}),
+                ) as stream:
                     kinds = [event.type for event in stream]
                     message = stream.get_final_message()
                 assert "error" not in kinds and kinds[-1] == "message_stop", kinds
-                got.append(("".join(b.text for b in message.content if b.type == "text"),
-                            message.stop_reason))
+                got.append(
+                    (
+                        "".join(b.text for b in message.content if b.type == "text"),
+                        message.stop_reason,
+                    )
+                )
             return got
 
         with ThreadPoolExecutor(8) as pool:
@@ -234,10 +262,13 @@ def test_a_replica_cutting_every_stream_halfway_costs_no_client_a_word(
         assert replies == [("".join(TEXT), "end_turn")] * len(replies)
         _, _, stats = get(f"{stubs[2][1]}/_stats")
         assert json.loads(stats)["cut"] >= 1  # the cutting replica did cut streams
-        continued = [r for r in json.loads(get(f"{urls[0]}/_requests")[2])
-                     + json.loads(get(f"{urls[1]}/_requests")[2])
-                     if r["body"]["messages"][-1]["role"] == "assistant"
-                     and r["body"]["messages"][-1]["content"] == TEXT[0]]
+        continued = [
+            r
+            for r in json.loads(get(f"{urls[0]}/_requests")[2])
+            + json.loads(get(f"{urls[1]}/_requests")[2])
+            if r["body"]["messages"][-1]["role"] == "assistant"
+            and r["body"]["messages"][-1]["content"] == TEXT[0]
+        ]
         assert continued  # continuations, their prefill the text before the cut
         assert all(r["body"]["stream"] is True for r in continued)
     finally:
@@ -245,15 +276,18 @@ def test_a_replica_cutting_every_stream_halfway_costs_no_client_a_word(
         sdk.close_all()
 
 
-def _raw_post(base: str, path: str, body: dict[str, Any], session: bytes
-              ) -> tuple[int, dict[str, str], bytes]:
+def _raw_post(
+    base: str, path: str, body: dict[str, Any], session: bytes
+) -> tuple[int, dict[str, str], bytes]:
     """POST with the session header's raw bytes (no client library encodes them for us)."""
     import socket
 
     host, port = base.split("://")[1].split(":")
     data = json.dumps(body).encode()
-    head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\nConnection: close\r\n").encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n"
+    ).encode()
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(head + b"x-claude-code-session-id: " + session + b"\r\n\r\n" + data)
         reply = b""
@@ -273,8 +307,8 @@ NOT_UTF8 = [b"caf\xe9-1", b"\xff\xfe\x80\x81", "s\u00e9ance".encode()]
 
 
 def test_a_session_header_that_is_not_utf8_is_a_session_like_any(
-        stubs: list[tuple[Proc, str]],
-        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    stubs: list[tuple[Proc, str]], gateway_factory: Callable[..., tuple[Proc, str]]
+) -> None:
     """It was a 500 and a traceback in the log on every request (the key could not be
     encoded to be hashed): now every turn is served, each session's on one replica."""
     urls = [url for _, url in stubs]
@@ -285,8 +319,11 @@ def test_a_session_header_that_is_not_utf8_is_a_session_like_any(
         for turn in range(3):
             body, _ = _session_request(agent, turn)
             body["stream"] = False
-            chat = {"model": "m", "max_tokens": 8,
-                    "messages": [{"role": "user", "content": f"turn {turn}"}]}
+            chat = {
+                "model": "m",
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": f"turn {turn}"}],
+            }
             for path, payload in (("/llm/v1/messages", body), ("/llm/v1/chat/completions", chat)):
                 status, _, _ = _raw_post(base, path, payload, session)
                 if status != 200:

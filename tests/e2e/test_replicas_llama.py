@@ -28,6 +28,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.llamacpp, pytest.mark.timeout(240)]
 REPLICAS = 3
 SESSIONS = 9
 TURNS_BEFORE, TURNS_AFTER = 2, 2
+
+
 @pytest.fixture(scope="session")
 def demo_extra() -> None:
     require_demo_extra()  # a skip where the demo extra is absent, a failure under CI
@@ -41,8 +43,14 @@ def engines(demo_extra: None, tiny_model: tuple[str, dict[str, Any]]) -> Iterato
     try:
         for _ in range(REPLICAS):
             # 4 slots of 2,048 tokens each: every session a replica holds keeps its own slot
-            server = LlamaServer(tiny_model[0], ctx_size=8192, parallel=4, threads=1,
-                                 alias="demo", extra_args=("endpoint_metrics=true",))
+            server = LlamaServer(
+                tiny_model[0],
+                ctx_size=8192,
+                parallel=4,
+                threads=1,
+                alias="demo",
+                extra_args=("endpoint_metrics=true",),
+            )
             server.start(timeout=60)
             started.append(server)
         yield started
@@ -52,7 +60,8 @@ def engines(demo_extra: None, tiny_model: tuple[str, dict[str, Any]]) -> Iterato
 
 
 def test_sessions_keep_to_one_engine_and_survive_one_being_killed(
-        engines: list[Any], gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    engines: list[Any], gateway_factory: Callable[..., tuple[Proc, str]]
+) -> None:
     urls = [e.base_url for e in engines]
     roots: list[str | None] = [e.root_url for e in engines]
     listed = ", ".join(f'"{u}"' for u in urls)
@@ -86,9 +95,17 @@ def test_sessions_keep_to_one_engine_and_survive_one_being_killed(
 
     _, _, metrics = get(f"{base}/metrics")
     label = urls[victim].split("://")[1].split("/")[0]
-    health = {s.labels["replica"]: s.value for f in text_string_to_metric_families(
-        metrics.decode()) for s in f.samples if s.name == "llm_gateway_upstream_replica_healthy"}
+    health = {
+        s.labels["replica"]: s.value
+        for f in text_string_to_metric_families(metrics.decode())
+        for s in f.samples
+        if s.name == "llm_gateway_upstream_replica_healthy"
+    }
     assert health[label] == 0 and sum(health.values()) == REPLICAS - 1, health
-    retries = sum(s.value for f in text_string_to_metric_families(metrics.decode())
-                  for s in f.samples if s.name == "llm_gateway_upstream_retries_total")
+    retries = sum(
+        s.value
+        for f in text_string_to_metric_families(metrics.decode())
+        for s in f.samples
+        if s.name == "llm_gateway_upstream_retries_total"
+    )
     assert retries >= 1  # a turn was sent to the dead engine, and retried on another

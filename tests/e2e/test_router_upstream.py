@@ -57,6 +57,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.llamacpp, pytest.mark.timeout(120)]
 WORKERS = 2
 SESSIONS = 4
 TURNS_BEFORE, TURNS_AFTER = 2, 2
+
+
 def _require_router() -> None:
     """Skip where sglang-router is not installed, except under CI (which installs the bench
     extra, where it is)."""
@@ -76,8 +78,14 @@ def workers(tiny_model: tuple[str, dict[str, Any]]) -> Iterator[list[Any]]:
     started: list[LlamaServer] = []
     try:
         for _ in range(WORKERS):
-            server = LlamaServer(tiny_model[0], ctx_size=8192, parallel=4, threads=1,
-                                 alias="demo", extra_args=("endpoint_metrics=true",))
+            server = LlamaServer(
+                tiny_model[0],
+                ctx_size=8192,
+                parallel=4,
+                threads=1,
+                alias="demo",
+                extra_args=("endpoint_metrics=true",),
+            )
             server.start(timeout=60)
             started.append(server)
         yield started
@@ -90,13 +98,29 @@ def _start_router(worker_roots: list[str]) -> tuple[Proc, str, str]:
     """The router on 127.0.0.1 in front of ``worker_roots``, its workers registered:
     (process, its root URL, its Prometheus URL)."""
     port, prom = free_port(), free_port()
-    proc = Proc([sys.executable, "-m", "sglang_router.launch_router",
-                 "--host", "127.0.0.1", "--port", str(port),
-                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
-                 "--worker-urls", *worker_roots,
-                 "--policy", "cache_aware",
-                 "--cb-failure-threshold", "1",  # a worker that refuses is out at once
-                 "--log-level", "warn"])
+    proc = Proc(
+        [
+            sys.executable,
+            "-m",
+            "sglang_router.launch_router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(prom),
+            "--worker-urls",
+            *worker_roots,
+            "--policy",
+            "cache_aware",
+            "--cb-failure-threshold",
+            "1",  # a worker that refuses is out at once
+            "--log-level",
+            "warn",
+        ]
+    )
     root, metrics = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{prom}/metrics"
     try:
         wait_http(f"{root}/health", timeout=30, proc=proc.popen)
@@ -137,8 +161,11 @@ def _router_metric(url: str, name: str, **labels: str) -> float:
         return 0.0
     if status != 200:
         return 0.0
-    return sum(v for n, ls, v in _samples(body.decode())
-               if n == name and all(ls.get(k) == x for k, x in labels.items()))
+    return sum(
+        v
+        for n, ls, v in _samples(body.decode())
+        if n == name and all(ls.get(k) == x for k, x in labels.items())
+    )
 
 
 def _config(router_root: str) -> str:
@@ -147,8 +174,8 @@ def _config(router_root: str) -> str:
 
 
 def test_sessions_follow_cache_aware_routing_and_survive_a_worker_killed(
-        workers: list[Any], router: tuple[str, str],
-        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    workers: list[Any], router: tuple[str, str], gateway_factory: Callable[..., tuple[Proc, str]]
+) -> None:
     router_root, router_metrics = router
     roots: list[str | None] = [w.root_url for w in workers]
     _, base = gateway_factory(_config(router_root))
@@ -167,8 +194,14 @@ def test_sessions_follow_cache_aware_routing_and_survive_a_worker_killed(
     workers[victim].stop()  # reaped: gone before the next request
     roots[victim] = None
 
-    play(base, sessions, range(TURNS_BEFORE, TURNS_BEFORE + TURNS_AFTER), roots, placement,
-         mixed=True)
+    play(
+        base,
+        sessions,
+        range(TURNS_BEFORE, TURNS_BEFORE + TURNS_AFTER),
+        roots,
+        placement,
+        mixed=True,
+    )
     for s, p in placement.items():
         after = p[TURNS_BEFORE:]
         assert victim not in after, (s, p)
@@ -177,35 +210,36 @@ def test_sessions_follow_cache_aware_routing_and_survive_a_worker_killed(
 
     # the router retried on the live worker; the gateway saw no failure to retry
     assert _router_metric(router_metrics, "smg_worker_retries_total") >= 1
-    assert _router_metric(router_metrics, "smg_worker_cb_state",
-                          worker=victim_root) == 1  # its circuit is open
+    assert (
+        _router_metric(router_metrics, "smg_worker_cb_state", worker=victim_root) == 1
+    )  # its circuit is open
     _, _, metrics = get(f"{base}/metrics")
-    retries = sum(v for n, _, v in _samples(metrics.decode())
-                  if n == "llm_gateway_upstream_retries_total")
+    retries = sum(
+        v for n, _, v in _samples(metrics.decode()) if n == "llm_gateway_upstream_retries_total"
+    )
     assert retries == 0
 
 
 def test_count_tokens_through_the_router_is_the_flagged_estimate(
-        workers: list[Any], router: tuple[str, str],
-        gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    workers: list[Any], router: tuple[str, str], gateway_factory: Callable[..., tuple[Proc, str]]
+) -> None:
     """The router answers llama.cpp's tokenizer routes with a 404 of its own (no echo): the
     count is the estimate, flagged, and the next Messages request still goes through."""
     router_root, _ = router
     _, base = gateway_factory(_config(router_root))
     body = {"model": "m", "messages": [{"role": "user", "content": "x" * 400}]}
     for _ in range(2):
-        status, headers, raw = post(f"{base}/llm/v1/messages/count_tokens", body,
-                                    HEADERS)
+        status, headers, raw = post(f"{base}/llm/v1/messages/count_tokens", body, HEADERS)
         assert status == 200, raw
         assert headers["x-token-count-estimated"] == "true"
         assert 100 <= json.loads(raw)["input_tokens"] <= 120
-    status, _, raw = post(f"{base}/llm/v1/messages", {**body, "max_tokens": 8},
-                          HEADERS)
+    status, _, raw = post(f"{base}/llm/v1/messages", {**body, "max_tokens": 8}, HEADERS)
     assert status == 200, raw
 
 
 def test_a_stream_cut_behind_the_router_is_continued_on_the_worker_that_began_it(
-        workers: list[Any], gateway_factory: Callable[..., tuple[Proc, str]]) -> None:
+    workers: list[Any], gateway_factory: Callable[..., tuple[Proc, str]]
+) -> None:
     """Each worker behind a proxy that cuts its next streamed chat completion after a few
     events (tests/cutting_proxy.py; the router sees the proxies as
     its workers). The router passes the cut on; the gateway continues the stream through the
@@ -218,10 +252,14 @@ def test_a_stream_cut_behind_the_router_is_continued_on_the_worker_that_began_it
         for p in proxies:
             p.start()
             started.append(p)
-        router_proc, router_root, _ = _start_router([p.base_url.removesuffix("/v1")
-                                                     for p in proxies])
-        _, base = gateway_factory(_config(router_root).replace(
-            'kind = "llamacpp"', 'kind = "llamacpp"\nmax_continuations = 2'))
+        router_proc, router_root, _ = _start_router(
+            [p.base_url.removesuffix("/v1") for p in proxies]
+        )
+        _, base = gateway_factory(
+            _config(router_root).replace(
+                'kind = "llamacpp"', 'kind = "llamacpp"\nmax_continuations = 2'
+            )
+        )
         session = Session(0)
         for p in proxies:
             p.arm(cuts=1, after=6)
@@ -238,8 +276,11 @@ def test_a_stream_cut_behind_the_router_is_continued_on_the_worker_that_began_it
         # the router passed the worker's reset on as a read that failed (its own chunked
         # body left unfinished), not as an error event or a clean end
         _, _, metrics = get(f"{base}/metrics")
-        continued = {ls["cause"]: v for n, ls, v in _samples(metrics.decode())
-                     if n == "llm_gateway_stream_continuations_total" and v}
+        continued = {
+            ls["cause"]: v
+            for n, ls, v in _samples(metrics.decode())
+            if n == "llm_gateway_stream_continuations_total" and v
+        }
         assert continued == {"read_failed": 1}, continued
     finally:
         if router_proc is not None:

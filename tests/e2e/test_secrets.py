@@ -26,23 +26,49 @@ pytestmark = pytest.mark.e2e
 
 KEY = "sk-e2e/Secret+Key=7f3a"  # '/', '+' and '=' give it a URL-encoded form of its own
 OTHER_KEY = "sk-second-upstream-5b9c"
-SCENARIOS = ("status:400:quote-key", "status:413:quote-key", "status:422:quote-key",
-             "status:429:quote-key", "status:500:quote-key", "quote-key:400", "quote-key:500")
+SCENARIOS = (
+    "status:400:quote-key",
+    "status:413:quote-key",
+    "status:422:quote-key",
+    "status:429:quote-key",
+    "status:500:quote-key",
+    "quote-key:400",
+    "quote-key:500",
+)
 # the keys in every form, and pieces of them: a rule that cut a key in two leaves one
-LEAKS = (KEY, quote(KEY, safe=""), quote(KEY, safe="").lower(), "Secret+Key", "Secret%2",
-         "Secret%2b", "sk-e2e", "7f3a", OTHER_KEY, "second-upstream", "gpu-node-7",
-         "internal.example", "fd00")
+LEAKS = (
+    KEY,
+    quote(KEY, safe=""),
+    quote(KEY, safe="").lower(),
+    "Secret+Key",
+    "Secret%2",
+    "Secret%2b",
+    "sk-e2e",
+    "7f3a",
+    OTHER_KEY,
+    "second-upstream",
+    "gpu-node-7",
+    "internal.example",
+    "fd00",
+)
 ROUTES = [
     # (api, path, body without model, streams)
-    ("messages", "/v1/messages",
-     {"max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}, True),
+    (
+        "messages",
+        "/v1/messages",
+        {"max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]},
+        True,
+    ),
     ("chat", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, True),
     ("completions", "/v1/completions", {"prompt": "hi"}, True),
     ("responses", "/v1/responses", {"input": "hi"}, True),
     ("embeddings", "/v1/embeddings", {"input": "hi"}, False),
 ]
-CASES = [(api, path, body, stream) for api, path, body, streams in ROUTES
-         for stream in ((False, True) if streams else (False,))]
+CASES = [
+    (api, path, body, stream)
+    for api, path, body, streams in ROUTES
+    for stream in ((False, True) if streams else (False,))
+]
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +86,9 @@ name = "o-quote-key:400"
 upstream = "other"
 upstream_model = "quote-key:400"
 """
-    proc, url = start_gateway(config, tmp_path_factory.mktemp("secrets"),
-                              env={"STUB_KEY": KEY, "OTHER_KEY": OTHER_KEY})
+    proc, url = start_gateway(
+        config, tmp_path_factory.mktemp("secrets"), env={"STUB_KEY": KEY, "OTHER_KEY": OTHER_KEY}
+    )
     try:
         yield proc, url + "/llm"
     finally:
@@ -78,23 +105,30 @@ def test_the_stub_really_quotes_the_key(stub_url: str) -> None:
     for model in ("status:400:quote-key", "quote-key:400"):
         for path, body in (("/chat/completions", {"messages": []}), ("/responses", {})):
             for stream in (False, True):
-                text = post(stub_url + path, {**body, "model": model, "stream": stream},
-                            headers)[2].decode()
+                text = post(stub_url + path, {**body, "model": model, "stream": stream}, headers)[
+                    2
+                ].decode()
                 assert set(_leaks(text)) >= {KEY, quote(KEY, safe=""), "gpu-node-7", "fd00"}
 
 
-@pytest.mark.parametrize(("api", "path", "body", "stream"), CASES,
-                         ids=[f"{c[0]}-{'stream' if c[3] else 'buffered'}" for c in CASES])
-def test_no_secret_in_any_client_byte_or_log_line(gateway: tuple[Proc, str], api: str,
-                                                  path: str, body: dict, stream: bool) -> None:
+@pytest.mark.parametrize(
+    ("api", "path", "body", "stream"),
+    CASES,
+    ids=[f"{c[0]}-{'stream' if c[3] else 'buffered'}" for c in CASES],
+)
+def test_no_secret_in_any_client_byte_or_log_line(
+    gateway: tuple[Proc, str], api: str, path: str, body: dict, stream: bool
+) -> None:
     proc, base = gateway
     ids = []
     for alias in [f"m-{s}" for s in SCENARIOS] + ["o-quote-key:400"]:
         request_id = f"leak-test-{api}-{int(stream)}-{len(ids)}"
         ids.append(request_id)
-        status, headers, reply = post(base + path, {**body, "model": alias, "stream": stream},
-                                      {"x-request-id": request_id,
-                                       "anthropic-version": "2023-06-01"})
+        status, headers, reply = post(
+            base + path,
+            {**body, "model": alias, "stream": stream},
+            {"x-request-id": request_id, "anthropic-version": "2023-06-01"},
+        )
         text = reply.decode()
         seen = text + json.dumps(headers)
         assert not _leaks(seen), (alias, status, text)
@@ -111,8 +145,11 @@ def test_no_secret_in_any_client_byte_or_log_line(gateway: tuple[Proc, str], api
             assert "Internal server error" in text, (alias, text)
     log = _log_after(proc, ids)
     assert not _leaks(log), [line for line in log.splitlines() if _leaks(line)]
-    errors = [line.get("error") or "" for line in log_lines(log)
-              if any(i in json.dumps(line) for i in ids)]
+    errors = [
+        line.get("error") or ""
+        for line in log_lines(log)
+        if any(i in json.dumps(line) for i in ids)
+    ]
     if not stream:  # the access line's error field: the scrubbed words
         assert any("[redacted]" in e for e in errors), errors
 

@@ -20,8 +20,9 @@ BODY = {"max_tokens": 20, "stream": True, "messages": [{"role": "user", "content
 
 async def _events(url: str, body: dict, last: str) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
-    async with EventSource(url, option={"method": "POST"}, json=body,
-                           max_connect_retry=0) as source:
+    async with EventSource(
+        url, option={"method": "POST"}, json=body, max_connect_retry=0
+    ) as source:
         async for event in source:
             out.append((event.type, event.data))
             if event.data == last or event.type == last:
@@ -31,8 +32,11 @@ async def _events(url: str, body: dict, last: str) -> list[tuple[str, str]]:
 
 def test_anthropic_stream_events_are_named_by_type(stub_gateway) -> None:
     _, base = stub_gateway
-    events = asyncio.run(asyncio.wait_for(
-        _events(base + "/v1/messages", {**BODY, "model": "m-reasoning"}, "message_stop"), 20))
+    events = asyncio.run(
+        asyncio.wait_for(
+            _events(base + "/v1/messages", {**BODY, "model": "m-reasoning"}, "message_stop"), 20
+        )
+    )
     names = [name for name, _ in events]
     assert names[0] == "message_start" and names[-1] == "message_stop"
     for name, data in events:
@@ -41,10 +45,15 @@ def test_anthropic_stream_events_are_named_by_type(stub_gateway) -> None:
 
 def test_openai_pass_through_stream_ends_with_done(stub_gateway) -> None:
     _, base = stub_gateway
-    events = asyncio.run(asyncio.wait_for(
-        _events(base + "/v1/chat/completions", {**BODY, "model": "m-ok"}, "[DONE]"), 20))
+    events = asyncio.run(
+        asyncio.wait_for(
+            _events(base + "/v1/chat/completions", {**BODY, "model": "m-ok"}, "[DONE]"), 20
+        )
+    )
     assert events[-1][1] == "[DONE]" and {name for name, _ in events} <= {None, "message"}
     chunks = [json.loads(data) for _, data in events[:-1]]
     assert {c["model"] for c in chunks} == {"m-ok"}
-    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
-                   if c["choices"]) == "Hello from the stub."
+    assert (
+        "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        == "Hello from the stub."
+    )

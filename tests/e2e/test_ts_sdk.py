@@ -37,18 +37,25 @@ def test_ts_sdk_final_message_carries_cached_prompt_tokens(stub_url, gateway_fac
     assert "fatal" not in out, out
     for reply in (out["stream"], out["created"]):
         usage = reply["usage"]
-        assert (usage["input_tokens"], usage["cache_read_input_tokens"],
-                usage["output_tokens"]) == (4, 8, 5)
+        assert (
+            usage["input_tokens"],
+            usage["cache_read_input_tokens"],
+            usage["output_tokens"],
+        ) == (4, 8, 5)
 
 
-@pytest.mark.parametrize("scenario,error_type", [
-    ("inband-error", "api_error"),
-    ("malformed", "api_error"),
-    ("cut-mid", "api_error"),
-    ("eof-no-finish", "api_error"),
-])
-def test_ts_sdk_raises_on_failure_envelopes(stub_url, gateway_factory, scenario,
-                                            error_type) -> None:
+@pytest.mark.parametrize(
+    "scenario,error_type",
+    [
+        ("inband-error", "api_error"),
+        ("malformed", "api_error"),
+        ("cut-mid", "api_error"),
+        ("eof-no-finish", "api_error"),
+    ],
+)
+def test_ts_sdk_raises_on_failure_envelopes(
+    stub_url, gateway_factory, scenario, error_type
+) -> None:
     _, url = gateway_factory(stub_config(stub_url, models=(scenario,)))
     out = run_ts(url + "/llm", f"m-{scenario}", "stream-error")
     assert out["error"] is not None, out

@@ -30,10 +30,12 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("path", "body", "status", "etype"), [c[1:] for c in CASES],
-                         ids=[c[0] for c in CASES])
-def test_a_closed_upstream_port_is_named_unreachable(gateway_factory, path: str, body: dict,
-                                                     status: int, etype: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "body", "status", "etype"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_a_closed_upstream_port_is_named_unreachable(
+    gateway_factory, path: str, body: dict, status: int, etype: str
+) -> None:
     port = free_port()  # bound, then closed: nothing listens there
     _, url = gateway_factory(stub_config(f"http://127.0.0.1:{port}/v1", models=("ok",)))
     got, headers, raw = post(url + "/llm" + path, body)

@@ -53,26 +53,40 @@ def _peers(stub_url: str, model: str) -> list[int]:
     """The client port of every chat request the stub saw for ``model``: one per connection."""
     with urllib.request.urlopen(stub_url.removesuffix("/v1") + "/_requests", timeout=5) as r:
         # /tokenize requests (count_tokens of an earlier test) are recorded without a peer
-        return [req["peer"] for req in json.loads(r.read())
-                if req.get("peer") is not None and isinstance(req["body"], dict)
-                and req["body"].get("model") == model]
+        return [
+            req["peer"]
+            for req in json.loads(r.read())
+            if req.get("peer") is not None
+            and isinstance(req["body"], dict)
+            and req["body"].get("model") == model
+        ]
 
 
-@pytest.mark.parametrize(("scenario", "reused"), [
-    ("end-late:20", True),     # the terminator 20 ms after [DONE]: inside the wait
-    ("end-late:30000", False),  # 30 s after: the connection is closed instead
-])
+@pytest.mark.parametrize(
+    ("scenario", "reused"),
+    [
+        ("end-late:20", True),  # the terminator 20 ms after [DONE]: inside the wait
+        ("end-late:30000", False),  # 30 s after: the connection is closed instead
+    ],
+)
 def test_a_stream_ended_by_done_leaves_its_connection_for_the_next(
-        stub_url, gateway_factory, scenario: str, reused: bool) -> None:
+    stub_url, gateway_factory, scenario: str, reused: bool
+) -> None:
     # the stub echoes no X-Request-Id: reuse here is the operator's call ("always")
     _, url = gateway_factory(stub_config(stub_url, models=(scenario,), extra_upstream=_ALWAYS))
     seen = len(_peers(stub_url, scenario))  # the stub is shared by the whole session
     for _ in range(3):
         streams = _open_streams(stub_url)
         t = time.monotonic()
-        status, _, body = post(url + "/llm/v1/messages", {
-            "model": f"m-{scenario}", "max_tokens": 32, "stream": True,
-            "messages": [{"role": "user", "content": "hi"}]})
+        status, _, body = post(
+            url + "/llm/v1/messages",
+            {
+                "model": f"m-{scenario}",
+                "max_tokens": 32,
+                "stream": True,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        )
         took = time.monotonic() - t
         assert status == 200
         assert body.rstrip().endswith(b'data: {"type":"message_stop"}')
@@ -86,17 +100,24 @@ def test_a_stream_ended_by_done_leaves_its_connection_for_the_next(
     assert len(set(peers)) == (1 if reused else 3), peers
 
 
-def test_buffered_and_pass_through_replies_reuse_one_connection(stub_url,
-                                                                 gateway_factory) -> None:
+def test_buffered_and_pass_through_replies_reuse_one_connection(stub_url, gateway_factory) -> None:
     _, url = gateway_factory(stub_config(stub_url, models=("ok",), extra_upstream=_ALWAYS))
     seen = len(_peers(stub_url, "ok"))
     for stream in (False, True):
-        status, _, _ = post(url + "/llm/v1/messages", {
-            "model": "m-ok", "max_tokens": 32, "stream": stream,
-            "messages": [{"role": "user", "content": "hi"}]})
+        status, _, _ = post(
+            url + "/llm/v1/messages",
+            {
+                "model": "m-ok",
+                "max_tokens": 32,
+                "stream": stream,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        )
         assert status == 200
-        status, _, _ = post(url + "/llm/v1/chat/completions", {
-            "model": "m-ok", "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+        status, _, _ = post(
+            url + "/llm/v1/chat/completions",
+            {"model": "m-ok", "stream": stream, "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert status == 200
     peers = _peers(stub_url, "ok")[seen:]
     assert len(peers) == 4

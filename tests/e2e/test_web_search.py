@@ -60,14 +60,27 @@ pytestmark = pytest.mark.e2e
 SEARCH_TIMEOUT = 1  # [web_search] timeout: the stub's #slow sleeps 30 s
 MAX_RESULTS = 4  # [web_search] max_results: the stub's #many gives 10
 TOOL_TYPES = ("web_search_20250305", "web_search_20260209", "web_search_20260318")
-WEATHER = {"name": "get_weather", "description": "The weather in a city",
-           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
-                            "required": ["city"]}}
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
 # gateway alias -> the stub's scenario
-ROUTES = {"ws": "ok", "ws-twice": "search:2", "ws-parallel": "search-parallel:2",
-          "ws-no-query": 'search-args:{"q": "x"}', "ws-bad-json": "search-args:{'query': ",
-          "ws-quote": "search-quote", "ws-3": "search:3", "ws-4": "search:4",
-          "ws-tool": 'search-tool:get_weather:{"city": "Paris"}'}
+ROUTES = {
+    "ws": "ok",
+    "ws-twice": "search:2",
+    "ws-parallel": "search-parallel:2",
+    "ws-no-query": 'search-args:{"q": "x"}',
+    "ws-bad-json": "search-args:{'query': ",
+    "ws-quote": "search-quote",
+    "ws-3": "search:3",
+    "ws-4": "search:4",
+    "ws-tool": 'search-tool:get_weather:{"city": "Paris"}',
+}
 EVENT = pydantic.TypeAdapter(RawMessageStreamEvent)
 
 
@@ -87,8 +100,14 @@ def expected_urls(query: str, hosts: tuple[str, ...] = HOSTS) -> list[str]:
 def searxng() -> Iterator[str]:
     """The SearXNG stand-in: its base URL (``/search``, ``/_requests``)."""
     port = free_port()
-    proc = Proc([sys.executable, str(Path(__file__).resolve().parents[1] / "searxng_stub.py"),
-                 str(port), "30"])
+    proc = Proc(
+        [
+            sys.executable,
+            str(Path(__file__).resolve().parents[1] / "searxng_stub.py"),
+            str(port),
+            "30",
+        ]
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc.popen)
         yield f"http://127.0.0.1:{port}"
@@ -121,17 +140,20 @@ header_timeout = 3
 idle_timeout = 3
 """
     for name, scenario in ROUTES.items():  # json.dumps quotes as a TOML basic string does
-        text += (f"\n[[models]]\nname = {json.dumps(name)}\nupstream = \"stub\"\n"
-                 f"upstream_model = {json.dumps(scenario)}\n")
+        text += (
+            f'\n[[models]]\nname = {json.dumps(name)}\nupstream = "stub"\n'
+            f"upstream_model = {json.dumps(scenario)}\n"
+        )
     if searxng is not None:
-        text += (f'\n[web_search]\nsearxng_url = "{searxng}"\ntimeout = {SEARCH_TIMEOUT}\n'
-                 f"max_results = {MAX_RESULTS}\n{extra}")
+        text += (
+            f'\n[web_search]\nsearxng_url = "{searxng}"\ntimeout = {SEARCH_TIMEOUT}\n'
+            f"max_results = {MAX_RESULTS}\n{extra}"
+        )
     return text
 
 
 @pytest.fixture(scope="module")
-def gateway(stub_url: str, searxng: str, tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[str]:
+def gateway(stub_url: str, searxng: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A gateway with ``[web_search]``: its base URL with the /llm prefix."""
     proc, url = start_gateway(config(stub_url, searxng), tmp_path_factory.mktemp("ws"))
     try:
@@ -151,9 +173,15 @@ def raw_stream(base: str, body: dict) -> list[dict]:
     """POST a streamed request; the events, checked well-formed and each parsed by the SDK's
     own event types."""
     req = urllib.request.Request(
-        base + "/v1/messages", method="POST", data=json.dumps({**body, "stream": True}).encode(),
-        headers={"content-type": "application/json", "x-api-key": "k",
-                 "anthropic-version": "2023-06-01"})
+        base + "/v1/messages",
+        method="POST",
+        data=json.dumps({**body, "stream": True}).encode(),
+        headers={
+            "content-type": "application/json",
+            "x-api-key": "k",
+            "anthropic-version": "2023-06-01",
+        },
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         assert resp.status == 200
         raw = resp.read()
@@ -177,12 +205,12 @@ def _text(content: Any) -> str:
 # --- one search, buffered and streamed --------------------------------------------------
 
 
-def check_searched(msg: Message, query: str) -> tuple[ServerToolUseBlock,
-                                                        WebSearchToolResultBlock]:
+def check_searched(msg: Message, query: str) -> tuple[ServerToolUseBlock, WebSearchToolResultBlock]:
     """The reply of one successful search of the stub for ``query``."""
     kinds = (ServerToolUseBlock, WebSearchToolResultBlock, TextBlock)  # or their subclasses
     assert len(msg.content) == 3 and all(
-        isinstance(b, k) for b, k in zip(msg.content, kinds, strict=True)), msg.content
+        isinstance(b, k) for b, k in zip(msg.content, kinds, strict=True)
+    ), msg.content
     use, result, text = msg.content
     assert isinstance(use, ServerToolUseBlock) and isinstance(result, WebSearchToolResultBlock)
     assert use.id.startswith("srvtoolu_") and use.name == "web_search"
@@ -232,28 +260,39 @@ def check_upstream_loop(stub_url: str, query: str, use_id: str) -> dict:
 
 @pytest.mark.parametrize("kind", TOOL_TYPES)
 def test_buffered_reply_carries_the_search_and_its_results(
-        client: anthropic.Anthropic, stub_url: str, searxng: str, kind: str) -> None:
+    client: anthropic.Anthropic, stub_url: str, searxng: str, kind: str
+) -> None:
     query = "gateway release notes"
     raw = client.messages.with_raw_response.create(
-        model="ws", max_tokens=200, messages=[{"role": "user", "content": query}],
-        tools=[web_search(kind, max_uses=2)])
+        model="ws",
+        max_tokens=200,
+        messages=[{"role": "user", "content": query}],
+        tools=[web_search(kind, max_uses=2)],
+    )
     msg = raw.parse()  # strict: every block validated against the SDK's types
     use, _ = check_searched(msg, query)
     body = json.loads(raw.http_response.text)
     assert list(body["content"][0]) == ["type", "id", "name", "input"]
     assert list(body["content"][1]) == ["type", "tool_use_id", "content"]
-    assert all(list(r) == ["type", "url", "title", "encrypted_content", "page_age"]
-               for r in body["content"][1]["content"])
+    assert all(
+        list(r) == ["type", "url", "title", "encrypted_content", "page_age"]
+        for r in body["content"][1]["content"]
+    )
     check_upstream_loop(stub_url, query, use.id)
     (asked,) = searches(searxng)
     assert asked["q"] == query and asked["format"] == "json"
 
 
-def test_streamed_reply_equals_the_buffered_one(client: anthropic.Anthropic, gateway: str,
-                                                stub_url: str, searxng: str) -> None:
+def test_streamed_reply_equals_the_buffered_one(
+    client: anthropic.Anthropic, gateway: str, stub_url: str, searxng: str
+) -> None:
     query = "gateway release notes"
-    ask = {"model": "ws", "max_tokens": 200, "messages": [{"role": "user", "content": query}],
-           "tools": [web_search(max_uses=2)]}
+    ask = {
+        "model": "ws",
+        "max_tokens": 200,
+        "messages": [{"role": "user", "content": query}],
+        "tools": [web_search(max_uses=2)],
+    }
     buffered = client.messages.create(**ask)
     clear_stub(stub_url)
     with client.messages.stream(**ask) as stream:
@@ -263,7 +302,8 @@ def test_streamed_reply_equals_the_buffered_one(client: anthropic.Anthropic, gat
     # the same search seals the same results: the whole content matches but the ids
     for b, s in zip(buffered.content, streamed.content, strict=True):
         assert b.model_dump(exclude={"id", "tool_use_id"}) == s.model_dump(
-            exclude={"id", "tool_use_id"})
+            exclude={"id", "tool_use_id"}
+        )
     assert streamed.usage.server_tool_use == buffered.usage.server_tool_use
     Message.model_validate(streamed.model_dump(), strict=False)
 
@@ -271,8 +311,11 @@ def test_streamed_reply_equals_the_buffered_one(client: anthropic.Anthropic, gat
     starts = [e["content_block"] for e in events if e["type"] == "content_block_start"]
     assert [s["type"] for s in starts] == ["server_tool_use", "web_search_tool_result", "text"]
     assert starts[0]["input"] == {}  # the query comes as input_json_delta
-    pieces = [e["delta"]["partial_json"] for e in events if e["type"] == "content_block_delta"
-              and e["index"] == 0]
+    pieces = [
+        e["delta"]["partial_json"]
+        for e in events
+        if e["type"] == "content_block_delta" and e["index"] == 0
+    ]
     assert json.loads("".join(pieces)) == {"query": query}
     assert [r["url"] for r in starts[1]["content"]] == expected_urls(query)
     assert not [e for e in events if e["type"] == "content_block_delta" and e["index"] == 1]
@@ -282,22 +325,33 @@ def test_streamed_reply_equals_the_buffered_one(client: anthropic.Anthropic, gat
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["buffered", "stream"])
-def test_a_quoted_snippet_is_cited(client: anthropic.Anthropic, gateway: str,
-                                   stream: bool) -> None:
+def test_a_quoted_snippet_is_cited(client: anthropic.Anthropic, gateway: str, stream: bool) -> None:
     """The model's answer holds the first result's snippet verbatim: that passage is a text
     block of its own with a ``web_search_result_location`` citation of that result (streamed:
     its ``citations_delta`` before its text); the text around it has no citation."""
     query = "gateway release notes"
     snippet = f"Snippet 1 about {query}."
-    ask = {"model": "ws-quote", "max_tokens": 200, "tools": [web_search()],
-           "messages": [{"role": "user", "content": query}]}
+    ask = {
+        "model": "ws-quote",
+        "max_tokens": 200,
+        "tools": [web_search()],
+        "messages": [{"role": "user", "content": query}],
+    }
     if stream:
         events = raw_stream(gateway, ask)
-        cited = [e for e in events if e["type"] == "content_block_delta"
-                 and e["delta"]["type"] == "citations_delta"]
+        cited = [
+            e
+            for e in events
+            if e["type"] == "content_block_delta" and e["delta"]["type"] == "citations_delta"
+        ]
         assert len(cited) == 1
-        texts = [e for e in events if e["type"] == "content_block_delta"
-                 and e["index"] == cited[0]["index"] and e["delta"]["type"] == "text_delta"]
+        texts = [
+            e
+            for e in events
+            if e["type"] == "content_block_delta"
+            and e["index"] == cited[0]["index"]
+            and e["delta"]["type"] == "text_delta"
+        ]
         assert events.index(cited[0]) < events.index(texts[0])
         assert "".join(e["delta"]["text"] for e in texts) == snippet
         with client.messages.stream(**ask) as s:
@@ -308,7 +362,8 @@ def test_a_quoted_snippet_is_cited(client: anthropic.Anthropic, gateway: str,
     assert isinstance(result, WebSearchToolResultBlock) and isinstance(result.content, list)
     texts = [b for b in msg.content if isinstance(b, TextBlock)]
     assert "".join(b.text for b in texts) == (
-        f"According to {expected_urls(query)[0]}: {snippet} That is all.")
+        f"According to {expected_urls(query)[0]}: {snippet} That is all."
+    )
     quoted = [b for b in texts if b.citations]
     assert len(quoted) == 1 and quoted[0].text == snippet, texts
     (citation,) = quoted[0].citations or []
@@ -317,24 +372,30 @@ def test_a_quoted_snippet_is_cited(client: anthropic.Anthropic, gateway: str,
     assert citation.cited_text == snippet and citation.encrypted_index
 
 
-def test_a_cited_answer_sent_back_reaches_the_model_whole(client: anthropic.Anthropic,
-                                                          stub_url: str) -> None:
+def test_a_cited_answer_sent_back_reaches_the_model_whole(
+    client: anthropic.Anthropic, stub_url: str
+) -> None:
     """The reply of :func:`test_a_quoted_snippet_is_cited` sent back, cited blocks and all:
     the upstream gets the answer's text as the model wrote it, in one piece."""
     ask = [{"role": "user", "content": "gateway release notes"}]
-    msg = client.messages.create(model="ws-quote", max_tokens=200, tools=[web_search()],
-                                 messages=ask)
+    msg = client.messages.create(
+        model="ws-quote", max_tokens=200, tools=[web_search()], messages=ask
+    )
     wrote = "".join(b.text for b in msg.content if isinstance(b, TextBlock))
     assert any(isinstance(b, TextBlock) and b.citations for b in msg.content)
-    history = [*ask, {"role": "assistant", "content": [
-        b.model_dump(exclude_none=True) for b in msg.content]},
-        {"role": "user", "content": "thanks"}]
+    history = [
+        *ask,
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in msg.content]},
+        {"role": "user", "content": "thanks"},
+    ]
     clear_stub(stub_url)
-    client.messages.create(model="ws-quote", max_tokens=200, tools=[web_search()],
-                           messages=history)
+    client.messages.create(model="ws-quote", max_tokens=200, tools=[web_search()], messages=history)
     body = stub_requests(stub_url)[0]["body"]
-    said = [_text(m["content"]) for m in body["messages"]
-            if m["role"] == "assistant" and m.get("content")]
+    said = [
+        _text(m["content"])
+        for m in body["messages"]
+        if m["role"] == "assistant" and m.get("content")
+    ]
     assert said == [wrote]
 
 
@@ -342,7 +403,8 @@ def test_a_cited_answer_sent_back_reaches_the_model_whole(client: anthropic.Anth
 
 
 def test_replayed_search_reaches_the_upstream_as_the_model_saw_it(
-        client: anthropic.Anthropic, stub_url: str, searxng: str) -> None:
+    client: anthropic.Anthropic, stub_url: str, searxng: str
+) -> None:
     """The client sends the blocks back (as Claude Code and the SDK tool runners do): the
     upstream gets the same tool call and the same tool message again, opened from
     ``encrypted_content``; a result sealed by someone else is shown by title and URL."""
@@ -352,9 +414,11 @@ def test_replayed_search_reaches_the_upstream_as_the_model_saw_it(
     first = client.messages.create(model="ws", max_tokens=200, messages=ask, tools=tools)
     use, _ = check_searched(first, query)
     seen = check_upstream_loop(stub_url, query, use.id)
-    history = [*ask, {"role": "assistant", "content": [b.model_dump(exclude_none=True)
-                                                       for b in first.content]},
-               {"role": "user", "content": "And the one before?"}]
+    history = [
+        *ask,
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {"role": "user", "content": "And the one before?"},
+    ]
     clear_stub(stub_url)
     second = client.messages.create(model="ws", max_tokens=200, messages=history, tools=tools)
     check_searched(second, "And the one before?")
@@ -379,18 +443,20 @@ def test_replayed_search_reaches_the_upstream_as_the_model_saw_it(
 
 
 @pytest.mark.parametrize("marker", ["#fail", "#empty"])
-def test_replayed_failed_search_tells_the_upstream_again(client: anthropic.Anthropic,
-                                                          stub_url: str, marker: str) -> None:
+def test_replayed_failed_search_tells_the_upstream_again(
+    client: anthropic.Anthropic, stub_url: str, marker: str
+) -> None:
     """An error block (or an empty result list) sent back: the upstream gets the search's
     call and a tool message saying what the model was told then, never a dropped call (a
     tool call without its answer is refused by the engines)."""
     ask = [{"role": "user", "content": f"old news {marker}"}]
-    first = client.messages.create(model="ws", max_tokens=200, messages=ask,
-                                   tools=[web_search()])
+    first = client.messages.create(model="ws", max_tokens=200, messages=ask, tools=[web_search()])
     seen = _tool_messages(stub_requests(stub_url)[-1]["body"])[0]
-    history = [*ask, {"role": "assistant", "content": [b.model_dump(exclude_none=True)
-                                                       for b in first.content]},
-               {"role": "user", "content": "try again"}]
+    history = [
+        *ask,
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {"role": "user", "content": "try again"},
+    ]
     clear_stub(stub_url)
     client.messages.create(model="ws", max_tokens=200, messages=history, tools=[web_search()])
     body = stub_requests(stub_url)[0]["body"]
@@ -400,55 +466,73 @@ def test_replayed_failed_search_tells_the_upstream_again(client: anthropic.Anthr
     assert _text(replayed["content"]) == _text(seen["content"])
 
 
-def test_search_then_client_tool_then_answer(client: anthropic.Anthropic,
-                                             stub_url: str) -> None:
+def test_search_then_client_tool_then_answer(client: anthropic.Anthropic, stub_url: str) -> None:
     """The model searches, then calls a client tool: the reply ends with stop_reason
     tool_use after the search blocks; the client's tool result, sent back with the search,
     gets the answer."""
     query = "weather where the gateway was released"
     ask = [{"role": "user", "content": query}]
     tools = [web_search(), WEATHER]
-    with client.messages.stream(model="ws-tool", max_tokens=200, messages=ask,
-                                tools=tools) as stream:  # type: ignore[arg-type]
+    with client.messages.stream(
+        model="ws-tool", max_tokens=200, messages=ask, tools=tools
+    ) as stream:  # type: ignore[arg-type]
         first = stream.get_final_message()
-    assert [b.type for b in first.content] == ["server_tool_use", "web_search_tool_result",
-                                               "tool_use"], first.content
+    assert [b.type for b in first.content] == [
+        "server_tool_use",
+        "web_search_tool_result",
+        "tool_use",
+    ], first.content
     assert first.stop_reason == "tool_use"
     call = first.content[2]
     assert isinstance(call, ToolUseBlock)
     assert call.name == "get_weather" and call.input == {"city": "Paris"}
     assert first.usage.server_tool_use and first.usage.server_tool_use.web_search_requests == 1
-    history = [*ask, {"role": "assistant", "content": [b.model_dump(exclude_none=True)
-                                                       for b in first.content]},
-               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
-                                             "content": "Sunny, 21 C"}]}]
+    history = [
+        *ask,
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "Sunny, 21 C"}],
+        },
+    ]
     clear_stub(stub_url)
-    second = client.messages.create(model="ws-tool", max_tokens=200, messages=history,
-                                    tools=tools)  # type: ignore[arg-type]
+    second = client.messages.create(model="ws-tool", max_tokens=200, messages=history, tools=tools)  # type: ignore[arg-type]
     assert [b.type for b in second.content] == ["text"]
     assert second.content[0].text == (  # type: ignore[union-attr]
-        f"According to {expected_urls(query)[0]}, that is the answer.")
+        f"According to {expected_urls(query)[0]}, that is the answer."
+    )
     (body,) = (r["body"] for r in stub_requests(stub_url))
     names = [c["function"]["name"] for m in body["messages"] for c in m.get("tool_calls") or ()]
     assert names == ["web_search", "get_weather"]
-    assert _tool_messages(body)[-1]["content"] in ("Sunny, 21 C",
-                                                   [{"type": "text", "text": "Sunny, 21 C"}])
+    assert _tool_messages(body)[-1]["content"] in (
+        "Sunny, 21 C",
+        [{"type": "text", "text": "Sunny, 21 C"}],
+    )
 
 
 # --- the tool's options ---------------------------------------------------------------
 
 
-def test_max_uses_exceeded_is_a_result_block(client: anthropic.Anthropic, gateway: str,
-                                             stub_url: str, searxng: str) -> None:
+def test_max_uses_exceeded_is_a_result_block(
+    client: anthropic.Anthropic, gateway: str, stub_url: str, searxng: str
+) -> None:
     """The model searches twice under ``max_uses: 1``: the second search is not run; its
     result block is the error ``max_uses_exceeded``, and the model is told so."""
     query = "two searches please"
-    ask = {"model": "ws-twice", "max_tokens": 200,
-           "messages": [{"role": "user", "content": query}], "tools": [web_search(max_uses=1)]}
+    ask = {
+        "model": "ws-twice",
+        "max_tokens": 200,
+        "messages": [{"role": "user", "content": query}],
+        "tools": [web_search(max_uses=1)],
+    }
     msg = client.messages.create(**ask)
-    assert [b.type for b in msg.content] == ["server_tool_use", "web_search_tool_result",
-                                             "server_tool_use", "web_search_tool_result",
-                                             "text"], msg.content
+    assert [b.type for b in msg.content] == [
+        "server_tool_use",
+        "web_search_tool_result",
+        "server_tool_use",
+        "web_search_tool_result",
+        "text",
+    ], msg.content
     first, second = msg.content[1], msg.content[3]
     assert isinstance(first, WebSearchToolResultBlock) and isinstance(first.content, list)
     assert isinstance(second, WebSearchToolResultBlock)
@@ -461,21 +545,31 @@ def test_max_uses_exceeded_is_a_result_block(client: anthropic.Anthropic, gatewa
     told = _tool_messages(last)
     assert len(told) == 2 and "max" in _text(told[1]["content"]).lower()
     events = raw_stream(gateway, ask)
-    results = [e["content_block"] for e in events if e["type"] == "content_block_start"
-               and e["content_block"]["type"] == "web_search_tool_result"]
-    assert results[1]["content"] == {"type": "web_search_tool_result_error",
-                                     "error_code": "max_uses_exceeded"}
+    results = [
+        e["content_block"]
+        for e in events
+        if e["type"] == "content_block_start"
+        and e["content_block"]["type"] == "web_search_tool_result"
+    ]
+    assert results[1]["content"] == {
+        "type": "web_search_tool_result_error",
+        "error_code": "max_uses_exceeded",
+    }
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["buffered", "stream"])
-def test_parallel_searches_each_get_their_result(client: anthropic.Anthropic, gateway: str,
-                                                 stub_url: str, searxng: str,
-                                                 stream: bool) -> None:
+def test_parallel_searches_each_get_their_result(
+    client: anthropic.Anthropic, gateway: str, stub_url: str, searxng: str, stream: bool
+) -> None:
     """The model calls web_search twice in one turn (parallel tool calls, as vLLM emits
     them): both are run, each result block names its own search, after it."""
     query = "compare two releases"
-    ask = {"model": "ws-parallel", "max_tokens": 200, "tools": [web_search(max_uses=5)],
-           "messages": [{"role": "user", "content": query}]}
+    ask = {
+        "model": "ws-parallel",
+        "max_tokens": 200,
+        "tools": [web_search(max_uses=5)],
+        "messages": [{"role": "user", "content": query}],
+    }
     if stream:
         raw_stream(gateway, ask)  # well-formed
         with client.messages.stream(**ask) as s:
@@ -483,24 +577,34 @@ def test_parallel_searches_each_get_their_result(client: anthropic.Anthropic, ga
     else:
         msg = client.messages.create(**ask)
     kinds = [b.type for b in msg.content]
-    assert sorted(kinds) == sorted(["server_tool_use", "server_tool_use",
-                                    "web_search_tool_result", "web_search_tool_result", "text"])
+    assert sorted(kinds) == sorted(
+        [
+            "server_tool_use",
+            "server_tool_use",
+            "web_search_tool_result",
+            "web_search_tool_result",
+            "text",
+        ]
+    )
     assert kinds[-1] == "text", kinds
     uses = {b.id: i for i, b in enumerate(msg.content) if isinstance(b, ServerToolUseBlock)}
-    results = [(i, b) for i, b in enumerate(msg.content)
-               if isinstance(b, WebSearchToolResultBlock)]
+    results = [(i, b) for i, b in enumerate(msg.content) if isinstance(b, WebSearchToolResultBlock)]
     assert sorted(b.tool_use_id for _, b in results) == sorted(uses)
     assert all(uses[b.tool_use_id] < i for i, b in results)  # each after its search
     for _, b in results:
-        (use,) = [u for u in msg.content if isinstance(u, ServerToolUseBlock)
-                  and u.id == b.tool_use_id]
+        (use,) = [
+            u for u in msg.content if isinstance(u, ServerToolUseBlock) and u.id == b.tool_use_id
+        ]
         assert isinstance(b.content, list)
         assert [r.url for r in b.content] == expected_urls(use.input["query"])[:MAX_RESULTS]
-    assert sorted(u.input["query"] for u in msg.content if isinstance(u, ServerToolUseBlock)
-                  ) == [f"{query} (part 1)", f"{query} (part 2)"]
+    assert sorted(u.input["query"] for u in msg.content if isinstance(u, ServerToolUseBlock)) == [
+        f"{query} (part 1)",
+        f"{query} (part 2)",
+    ]
     assert msg.usage.server_tool_use and msg.usage.server_tool_use.web_search_requests == 2
     assert sorted(s["q"] for s in searches(searxng)) == sorted(
-        [f"{query} (part 1)", f"{query} (part 2)"] * (2 if stream else 1))
+        [f"{query} (part 1)", f"{query} (part 2)"] * (2 if stream else 1)
+    )
     last = stub_requests(stub_url)[-1]["body"]
     calls = [c for m in last["messages"] for c in m.get("tool_calls") or ()]
     told = _tool_messages(last)
@@ -510,13 +614,19 @@ def test_parallel_searches_each_get_their_result(client: anthropic.Anthropic, ga
 
 @pytest.mark.parametrize("model", ["ws-no-query", "ws-bad-json"])
 def test_a_search_call_without_a_query_is_invalid_tool_input(
-        client: anthropic.Anthropic, searxng: str, model: str) -> None:
+    client: anthropic.Anthropic, searxng: str, model: str
+) -> None:
     """The model's arguments have no ``query`` string (or are not JSON): no search is run;
     the result block is ``invalid_tool_input`` and the reply is still whole."""
-    msg = client.messages.create(model=model, max_tokens=200, tools=[web_search()],
-                                 messages=[{"role": "user", "content": "anything"}])
-    assert [b.type for b in msg.content] == ["server_tool_use", "web_search_tool_result",
-                                             "text"], msg.content
+    msg = client.messages.create(
+        model=model,
+        max_tokens=200,
+        tools=[web_search()],
+        messages=[{"role": "user", "content": "anything"}],
+    )
+    assert [b.type for b in msg.content] == ["server_tool_use", "web_search_tool_result", "text"], (
+        msg.content
+    )
     result = msg.content[1]
     assert isinstance(result, WebSearchToolResultBlock)
     assert isinstance(result.content, WebSearchToolResultError)
@@ -526,19 +636,27 @@ def test_a_search_call_without_a_query_is_invalid_tool_input(
     assert searches(searxng) == []
 
 
-def test_searching_on_past_max_uses_pauses_the_turn(client: anthropic.Anthropic,
-                                                     gateway: str, searxng: str) -> None:
+def test_searching_on_past_max_uses_pauses_the_turn(
+    client: anthropic.Anthropic, gateway: str, searxng: str
+) -> None:
     """A model that keeps searching past ``max_uses`` is told ``max_uses_exceeded`` each
     time; two rounds past the limit the reply ends with ``stop_reason: pause_turn`` (the
     API's stop for a turn the client resumes), whole and well-formed."""
-    ask = {"model": "ws-4", "max_tokens": 200, "tools": [web_search(max_uses=1)],
-           "messages": [{"role": "user", "content": "keep searching"}]}
+    ask = {
+        "model": "ws-4",
+        "max_tokens": 200,
+        "tools": [web_search(max_uses=1)],
+        "messages": [{"role": "user", "content": "keep searching"}],
+    }
     msg = client.messages.create(**ask)
     assert msg.stop_reason == "pause_turn"
     assert [b.type for b in msg.content] == ["server_tool_use", "web_search_tool_result"] * 3
-    errors = [b.content.error_code for b in msg.content
-              if isinstance(b, WebSearchToolResultBlock)
-              and isinstance(b.content, WebSearchToolResultError)]
+    errors = [
+        b.content.error_code
+        for b in msg.content
+        if isinstance(b, WebSearchToolResultBlock)
+        and isinstance(b.content, WebSearchToolResultError)
+    ]
     assert errors == ["max_uses_exceeded", "max_uses_exceeded"]
     assert msg.usage.server_tool_use and msg.usage.server_tool_use.web_search_requests == 1
     assert len(searches(searxng)) == 1
@@ -548,29 +666,32 @@ def test_searching_on_past_max_uses_pauses_the_turn(client: anthropic.Anthropic,
 
 
 @pytest.fixture(scope="module")
-def tight_gateway(stub_url: str, searxng: str, tmp_path_factory: pytest.TempPathFactory
-                  ) -> Iterator[str]:
+def tight_gateway(
+    stub_url: str, searxng: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     """A gateway whose searches may show the model 400 characters per request."""
-    proc, url = start_gateway(config(stub_url, searxng, "max_request_chars = 400\n"),
-                              tmp_path_factory.mktemp("ws-tight"))
+    proc, url = start_gateway(
+        config(stub_url, searxng, "max_request_chars = 400\n"), tmp_path_factory.mktemp("ws-tight")
+    )
     try:
         yield url + "/llm"
     finally:
         proc.stop()
 
 
-def test_result_text_is_capped_per_request(tight_gateway: str, stub_url: str,
-                                           searxng: str) -> None:
+def test_result_text_is_capped_per_request(tight_gateway: str, stub_url: str, searxng: str) -> None:
     """Three searches under a 400-character budget: the results shown shrink as it runs
     out (a search's first result always fits), and a search past it is not run:
     ``request_too_large``. The client's blocks match what the model was shown."""
     clear_stub(stub_url)
     searches(searxng)
-    client = sdk.client(tight_gateway, api_key="k", max_retries=0,
-                        _strict_response_validation=True)
-    msg = client.messages.create(model="ws-3", max_tokens=200, tools=[web_search(max_uses=5)],
-                                 messages=[{"role": "user", "content": "a long query about"
-                                                                       " many things"}])
+    client = sdk.client(tight_gateway, api_key="k", max_retries=0, _strict_response_validation=True)
+    msg = client.messages.create(
+        model="ws-3",
+        max_tokens=200,
+        tools=[web_search(max_uses=5)],
+        messages=[{"role": "user", "content": "a long query about many things"}],
+    )
     results = [b.content for b in msg.content if isinstance(b, WebSearchToolResultBlock)]
     assert len(results) == 3 and msg.stop_reason == "end_turn"
     first, second, third = results
@@ -588,15 +709,22 @@ def test_result_text_is_capped_per_request(tight_gateway: str, stub_url: str,
     assert sum(shown.count("https://") for shown in told[:2]) == kept
 
 
-@pytest.mark.parametrize(("option", "keep"), [
-    ({"allowed_domains": ["news.example.com"]}, lambda host: host == "news.example.com"),
-    ({"blocked_domains": ["docs.example.org"]}, lambda host: host != "docs.example.org"),
-])
-def test_domain_lists_are_honoured(client: anthropic.Anthropic, searxng: str,
-                                   option: dict, keep: Any) -> None:
+@pytest.mark.parametrize(
+    ("option", "keep"),
+    [
+        ({"allowed_domains": ["news.example.com"]}, lambda host: host == "news.example.com"),
+        ({"blocked_domains": ["docs.example.org"]}, lambda host: host != "docs.example.org"),
+    ],
+)
+def test_domain_lists_are_honoured(
+    client: anthropic.Anthropic, searxng: str, option: dict, keep: Any
+) -> None:
     msg = client.messages.create(
-        model="ws", max_tokens=200, messages=[{"role": "user", "content": "release notes"}],
-        tools=[web_search(**option)])
+        model="ws",
+        max_tokens=200,
+        messages=[{"role": "user", "content": "release notes"}],
+        tools=[web_search(**option)],
+    )
     result = msg.content[1]
     assert isinstance(result, WebSearchToolResultBlock) and isinstance(result.content, list)
     hosts = [urlsplit(r.url).hostname for r in result.content]
@@ -604,19 +732,28 @@ def test_domain_lists_are_honoured(client: anthropic.Anthropic, searxng: str,
     assert searches(searxng)  # the backend was asked
 
 
-@pytest.mark.parametrize(("location", "language"), [
-    ({"type": "approximate", "city": "Berlin", "country": "DE", "timezone": "Europe/Berlin"},
-     "de-DE"),
-    ({"type": "approximate", "country": "US"}, "en-US"),
-    ({"type": "approximate", "city": "Zurich"}, None),  # no country: the instance's default
-    (None, None),
-])
-def test_user_location_picks_the_search_language(client: anthropic.Anthropic, searxng: str,
-                                                 location: dict | None,
-                                                 language: str | None) -> None:
+@pytest.mark.parametrize(
+    ("location", "language"),
+    [
+        (
+            {"type": "approximate", "city": "Berlin", "country": "DE", "timezone": "Europe/Berlin"},
+            "de-DE",
+        ),
+        ({"type": "approximate", "country": "US"}, "en-US"),
+        ({"type": "approximate", "city": "Zurich"}, None),  # no country: the instance's default
+        (None, None),
+    ],
+)
+def test_user_location_picks_the_search_language(
+    client: anthropic.Anthropic, searxng: str, location: dict | None, language: str | None
+) -> None:
     tool = web_search(**({"user_location": location} if location else {}))
-    msg = client.messages.create(model="ws", max_tokens=200, tools=[tool],
-                                 messages=[{"role": "user", "content": "local news"}])
+    msg = client.messages.create(
+        model="ws",
+        max_tokens=200,
+        tools=[tool],
+        messages=[{"role": "user", "content": "local news"}],
+    )
     assert msg.content[1].type == "web_search_tool_result"
     (asked,) = searches(searxng)
     assert asked.get("language") == language, asked
@@ -626,25 +763,35 @@ def test_results_are_capped_per_search(client: anthropic.Anthropic, stub_url: st
     """The backend returns ten results; ``max_results`` of them reach the client and the
     model, the first ones, in the backend's order."""
     query = "everything #many"
-    msg = client.messages.create(model="ws", max_tokens=200, tools=[web_search()],
-                                 messages=[{"role": "user", "content": query}])
+    msg = client.messages.create(
+        model="ws",
+        max_tokens=200,
+        tools=[web_search()],
+        messages=[{"role": "user", "content": query}],
+    )
     result = msg.content[1]
     assert isinstance(result, WebSearchToolResultBlock) and isinstance(result.content, list)
     assert [r.url for r in result.content] == [
-        f"https://{HOSTS[i % 3]}/everything/{i + 1}" for i in range(MAX_RESULTS)]
+        f"https://{HOSTS[i % 3]}/everything/{i + 1}" for i in range(MAX_RESULTS)
+    ]
     told = _text(_tool_messages(stub_requests(stub_url)[-1]["body"])[0]["content"])
     assert f"/everything/{MAX_RESULTS}" in told and f"/everything/{MAX_RESULTS + 1}" not in told
 
 
-def test_awkward_results_still_make_valid_blocks(client: anthropic.Anthropic,
-                                                stub_url: str) -> None:
+def test_awkward_results_still_make_valid_blocks(
+    client: anthropic.Anthropic, stub_url: str
+) -> None:
     """SearXNG results with an empty title, a URL with a query string and non-ASCII path, a
     date with a UTC offset, a long multi-line snippet and an ftp:// URL: the client gets
     blocks the SDK validates (a title always, URLs verbatim, only http(s)), the model one
     bounded line per snippet."""
     query = "awkward #odd"
-    msg = client.messages.create(model="ws", max_tokens=200, tools=[web_search()],
-                                 messages=[{"role": "user", "content": query}])
+    msg = client.messages.create(
+        model="ws",
+        max_tokens=200,
+        tools=[web_search()],
+        messages=[{"role": "user", "content": query}],
+    )
     result = msg.content[1]
     assert isinstance(result, WebSearchToolResultBlock) and isinstance(result.content, list)
     urls = [r.url for r in result.content]
@@ -660,11 +807,12 @@ def test_awkward_results_still_make_valid_blocks(client: anthropic.Anthropic,
 
 def test_count_tokens_takes_the_tool_and_its_history(client: anthropic.Anthropic) -> None:
     ask = [{"role": "user", "content": "gateway release notes"}]
-    reply = client.messages.create(model="ws", max_tokens=200, messages=ask,
-                                   tools=[web_search()])
-    history = [*ask, {"role": "assistant", "content": [b.model_dump(exclude_none=True)
-                                                       for b in reply.content]},
-               {"role": "user", "content": "more?"}]
+    reply = client.messages.create(model="ws", max_tokens=200, messages=ask, tools=[web_search()])
+    history = [
+        *ask,
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]},
+        {"role": "user", "content": "more?"},
+    ]
     bare = client.messages.count_tokens(model="ws", messages=ask)
     tool = client.messages.count_tokens(model="ws", messages=ask, tools=[web_search()])
     replay = client.messages.count_tokens(model="ws", messages=history, tools=[web_search()])
@@ -678,23 +826,38 @@ def _metric(gateway: str, name: str, **labels: str) -> float:
     want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     for line in text.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
-            got = line[len(name):].split(" ")[0].strip("{}")
+            got = line[len(name) :].split(" ")[0].strip("{}")
             if ",".join(sorted(got.split(","))) == want:
                 return float(line.rsplit(" ", 1)[1])
     return 0.0
 
 
 def test_searches_are_counted_per_backend(client: anthropic.Anthropic, gateway: str) -> None:
-    names = ("llm_gateway_web_searches_total", "llm_gateway_web_search_errors_total",
-             "llm_gateway_web_search_duration_seconds_count")
-    labels = ({"backend": "searxng", "outcome": "ok"}, {"backend": "searxng", "outcome": "error"},
-              {"backend": "searxng", "error_code": "unavailable"}, {"backend": "searxng"})
-    keys = [(names[0], labels[0]), (names[0], labels[1]), (names[1], labels[2]),
-            (names[2], labels[3])]
+    names = (
+        "llm_gateway_web_searches_total",
+        "llm_gateway_web_search_errors_total",
+        "llm_gateway_web_search_duration_seconds_count",
+    )
+    labels = (
+        {"backend": "searxng", "outcome": "ok"},
+        {"backend": "searxng", "outcome": "error"},
+        {"backend": "searxng", "error_code": "unavailable"},
+        {"backend": "searxng"},
+    )
+    keys = [
+        (names[0], labels[0]),
+        (names[0], labels[1]),
+        (names[1], labels[2]),
+        (names[2], labels[3]),
+    ]
     before = [_metric(gateway, n, **lab) for n, lab in keys]
     for query in ("counted", "counted #fail"):
-        client.messages.create(model="ws", max_tokens=200, tools=[web_search()],
-                               messages=[{"role": "user", "content": query}])
+        client.messages.create(
+            model="ws",
+            max_tokens=200,
+            tools=[web_search()],
+            messages=[{"role": "user", "content": query}],
+        )
     after = [_metric(gateway, n, **lab) for n, lab in keys]
     assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 1, 2]
 
@@ -702,28 +865,45 @@ def test_searches_are_counted_per_backend(client: anthropic.Anthropic, gateway: 
 # --- a backend that fails ---------------------------------------------------------------
 
 # query marker -> what the result block must be (an error code, or no results)
-FAILURES = {"#fail": "unavailable", "#slow": "unavailable", "#garbage": "unavailable",
-            "#html": "unavailable", "#busy": "too_many_requests", "#empty": []}
+FAILURES = {
+    "#fail": "unavailable",
+    "#slow": "unavailable",
+    "#garbage": "unavailable",
+    "#html": "unavailable",
+    "#busy": "too_many_requests",
+    "#empty": [],
+}
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["buffered", "stream"])
 @pytest.mark.parametrize("marker", list(FAILURES))
-def test_backend_failure_is_a_result_block(client: anthropic.Anthropic, gateway: str,
-                                           stub_url: str, searxng: str, marker: str,
-                                           stream: bool) -> None:
+def test_backend_failure_is_a_result_block(
+    client: anthropic.Anthropic,
+    gateway: str,
+    stub_url: str,
+    searxng: str,
+    marker: str,
+    stream: bool,
+) -> None:
     query = f"gateway release notes {marker}"
-    ask = {"model": "ws", "max_tokens": 200, "messages": [{"role": "user", "content": query}],
-           "tools": [web_search(max_uses=2)]}
+    ask = {
+        "model": "ws",
+        "max_tokens": 200,
+        "messages": [{"role": "user", "content": query}],
+        "tools": [web_search(max_uses=2)],
+    }
     if stream:
         events = raw_stream(gateway, ask)
         with client.messages.stream(**ask) as s:
             msg = s.get_final_message()
-        assert [e["content_block"]["type"] for e in events
-                if e["type"] == "content_block_start"] == [b.type for b in msg.content]
+        assert [
+            e["content_block"]["type"] for e in events if e["type"] == "content_block_start"
+        ] == [b.type for b in msg.content]
     else:
         msg = client.messages.create(**ask)
-    assert [b.type for b in msg.content] == ["server_tool_use", "web_search_tool_result",
-                                             "text"], msg.content
+    assert [b.type for b in msg.content] == ["server_tool_use", "web_search_tool_result", "text"], (
+        msg.content
+    )
     result = msg.content[1]
     assert isinstance(result, WebSearchToolResultBlock)
     want = FAILURES[marker]
@@ -737,21 +917,31 @@ def test_backend_failure_is_a_result_block(client: anthropic.Anthropic, gateway:
     last = stub_requests(stub_url)[-1]["body"]
     (told,) = _tool_messages(last)
     said = _text(told["content"])
-    assert said and msg.content[2].text == (  # type: ignore[union-attr]
-        "The search found nothing: " + said[:300])
+    assert (
+        said
+        and msg.content[2].text
+        == (  # type: ignore[union-attr]
+            "The search found nothing: " + said[:300]
+        )
+    )
     for leak in (urlsplit(searxng).netloc, "Traceback"):
         assert leak not in said and leak not in msg.model_dump_json()
     assert searches(searxng)[0]["q"] == query
 
 
-def test_a_slow_search_does_not_hold_up_other_requests(client: anthropic.Anthropic,
-                                                       searxng: str) -> None:
+def test_a_slow_search_does_not_hold_up_other_requests(
+    client: anthropic.Anthropic, searxng: str
+) -> None:
     """While a search waits on a slow backend, another request is served to the end."""
     done: list[str] = []
 
     def slow() -> None:
-        client.messages.create(model="ws", max_tokens=200, tools=[web_search()],
-                               messages=[{"role": "user", "content": "wait #slow"}])
+        client.messages.create(
+            model="ws",
+            max_tokens=200,
+            tools=[web_search()],
+            messages=[{"role": "user", "content": "wait #slow"}],
+        )
         done.append("slow")
 
     worker = threading.Thread(target=slow)
@@ -761,8 +951,9 @@ def test_a_slow_search_does_not_hold_up_other_requests(client: anthropic.Anthrop
             if any("#slow" in s["q"] for s in searches(searxng, clear=False)):
                 break
             time.sleep(0.05)
-        quick = client.messages.create(model="ws", max_tokens=50,
-                                       messages=[{"role": "user", "content": "hi"}])
+        quick = client.messages.create(
+            model="ws", max_tokens=50, messages=[{"role": "user", "content": "hi"}]
+        )
         done.append("quick")
         assert quick.content[0].text == "Hello from the stub."  # type: ignore[union-attr]
     finally:
@@ -771,8 +962,9 @@ def test_a_slow_search_does_not_hold_up_other_requests(client: anthropic.Anthrop
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "buffered"])
-def test_a_client_leaving_mid_search_cancels_it(stub_url: str, searxng: str,
-                                                gateway_factory: Any, stream: bool) -> None:
+def test_a_client_leaving_mid_search_cancels_it(
+    stub_url: str, searxng: str, gateway_factory: Any, stream: bool
+) -> None:
     """The client closes its connection while the search waits on a slow backend (its
     timeout far off): streamed, once the search's server_tool_use block has arrived;
     buffered, once the backend has the search. The search is cancelled and its connection
@@ -781,19 +973,33 @@ def test_a_client_leaving_mid_search_cancels_it(stub_url: str, searxng: str,
     flight (as any stream the client leaves), a buffered reply's access line says 499; and
     nothing is logged at error level or leaks, to the process's end (no pending task,
     unclosed session or never-retrieved exception)."""
-    proc, url = gateway_factory(config(stub_url, searxng).replace(
-        f"timeout = {SEARCH_TIMEOUT}", "timeout = 60"))  # the stub's #slow sleeps 30 s
+    proc, url = gateway_factory(
+        config(stub_url, searxng).replace(f"timeout = {SEARCH_TIMEOUT}", "timeout = 60")
+    )  # the stub's #slow sleeps 30 s
     base = url + "/llm"
     clear_stub(stub_url)
     searches(searxng)
-    left = _metric(base, "llm_gateway_stream_terminations_total", api="messages",
-                   model="ws", reason="client_disconnect")
-    body = json.dumps({"model": "ws", "max_tokens": 200, "stream": stream,
-                       "messages": [{"role": "user", "content": "wait for it #slow"}],
-                       "tools": [web_search()]}).encode()
+    left = _metric(
+        base,
+        "llm_gateway_stream_terminations_total",
+        api="messages",
+        model="ws",
+        reason="client_disconnect",
+    )
+    body = json.dumps(
+        {
+            "model": "ws",
+            "max_tokens": 200,
+            "stream": stream,
+            "messages": [{"role": "user", "content": "wait for it #slow"}],
+            "tools": [web_search()],
+        }
+    ).encode()
     where = urlsplit(base)
-    head = (f"POST {where.path}/v1/messages HTTP/1.1\r\nHost: {where.netloc}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+    head = (
+        f"POST {where.path}/v1/messages HTTP/1.1\r\nHost: {where.netloc}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
     sock = socket.create_connection((where.hostname, where.port), timeout=20)
     try:
         sock.sendall(head.encode() + body)
@@ -803,19 +1009,42 @@ def test_a_client_leaving_mid_search_cancels_it(stub_url: str, searxng: str,
             assert chunk, got
             got += chunk
         assert not stream or b'"type":"server_tool_use"' in got
-        wait_until(lambda: any("#slow" in s["params"].get("q", "")
-                               for s in _searched(searxng)), "the search reached the backend")
+        wait_until(
+            lambda: any("#slow" in s["params"].get("q", "") for s in _searched(searxng)),
+            "the search reached the backend",
+        )
     finally:
         sock.close()
-    wait_until(lambda: any(s.get("cancelled") for s in _searched(searxng)),
-               "the backend saw the search's connection close")
+    wait_until(
+        lambda: any(s.get("cancelled") for s in _searched(searxng)),
+        "the backend saw the search's connection close",
+    )
     # a stream's head was sent: it keeps that status, as any stream's
     code = "200" if stream else "499"
-    wait_until(lambda: _metric(base, "llm_gateway_requests_total", api="messages", model="ws",
-                               code=code, stream=str(stream).lower()) == 1,
-               "the request counted")
-    assert _metric(base, "llm_gateway_stream_terminations_total", api="messages",
-                   model="ws", reason="client_disconnect") == left + stream
+    wait_until(
+        lambda: (
+            _metric(
+                base,
+                "llm_gateway_requests_total",
+                api="messages",
+                model="ws",
+                code=code,
+                stream=str(stream).lower(),
+            )
+            == 1
+        ),
+        "the request counted",
+    )
+    assert (
+        _metric(
+            base,
+            "llm_gateway_stream_terminations_total",
+            api="messages",
+            model="ws",
+            reason="client_disconnect",
+        )
+        == left + stream
+    )
     assert _metric(base, "llm_gateway_streams_in_flight", api="messages", model="ws") == 0
     assert len(stub_requests(stub_url)) == 1  # no second round was asked for
     assert proc.stop() == 0  # then what the process said, to its end
@@ -837,18 +1066,24 @@ def _searched(searxng: str) -> list[dict]:
 
 @pytest.mark.parametrize("kind", TOOL_TYPES)
 def test_without_the_table_web_search_is_still_refused(
-        stub_url: str, gateway_factory: Any, kind: str) -> None:
+    stub_url: str, gateway_factory: Any, kind: str
+) -> None:
     """No ``[web_search]`` table: every dated version is the 400 naming ``tools.0`` it was
     before, and nothing reaches the upstream."""
     _, url = gateway_factory(config(stub_url, None))
     clear_stub(stub_url)
     plain = sdk.client(url + "/llm", api_key="k", max_retries=0)
     with pytest.raises(anthropic.BadRequestError) as info:
-        plain.messages.create(model="ws", max_tokens=50, tools=[web_search(kind)],
-                              messages=[{"role": "user", "content": "search"}])
+        plain.messages.create(
+            model="ws",
+            max_tokens=50,
+            tools=[web_search(kind)],
+            messages=[{"role": "user", "content": "search"}],
+        )
     assert info.value.status_code == 400 and isinstance(info.value.body, dict)
     assert info.value.body["error"]["message"].startswith(
-        f"tools.0.type: '{kind}' is an Anthropic server tool")
+        f"tools.0.type: '{kind}' is an Anthropic server tool"
+    )
     assert stub_requests(stub_url) == []
 
 
@@ -856,15 +1091,20 @@ def test_without_the_table_web_search_is_still_refused(
 
 
 @pytest.mark.clients
-@pytest.mark.parametrize(("query", "max_uses"), [("gateway release notes", 2),
-                                                 ("gateway release notes #fail", 2)])
+@pytest.mark.parametrize(
+    ("query", "max_uses"), [("gateway release notes", 2), ("gateway release notes #fail", 2)]
+)
 def test_ts_sdk_parses_every_block(gateway: str, query: str, max_uses: int) -> None:
     """MessageStream.finalMessage() and messages.create() give the same blocks with the
     API's fields; the stream's server_tool_use input is rebuilt from its input_json_delta."""
     ts_sdk_ready()
-    proc = subprocess.run(["node", str(CLIENTS / "ts_web_search.mjs"), gateway, "ws", query,
-                           str(max_uses)], capture_output=True, text=True, timeout=60,
-                          cwd=CLIENTS)
+    proc = subprocess.run(
+        ["node", str(CLIENTS / "ts_web_search.mjs"), gateway, "ws", query, str(max_uses)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=CLIENTS,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert lines, proc.stdout + proc.stderr
     out = json.loads(lines[-1])
@@ -877,13 +1117,17 @@ def test_ts_sdk_parses_every_block(gateway: str, query: str, max_uses: int) -> N
         assert result["type"] == "web_search_tool_result"
         assert result["tool_use_id"] == use["id"]
         if "#fail" in query:
-            assert result["content"] == {"type": "web_search_tool_result_error",
-                                         "error_code": "unavailable"}
+            assert result["content"] == {
+                "type": "web_search_tool_result_error",
+                "error_code": "unavailable",
+            }
             assert text["text"].startswith("The search found nothing: ")
         else:
             assert [r["url"] for r in result["content"]] == expected_urls(query)
-            assert all(list(r) == ["type", "url", "title", "encrypted_content", "page_age"]
-                       for r in result["content"])
+            assert all(
+                list(r) == ["type", "url", "title", "encrypted_content", "page_age"]
+                for r in result["content"]
+            )
             assert text["text"] == f"According to {expected_urls(query)[0]}, that is the answer."
         assert text["type"] == "text" and reply["stop_reason"] == "end_turn"
         searched = reply["usage"]["server_tool_use"]["web_search_requests"]
@@ -902,8 +1146,13 @@ def test_ts_sdk_folds_a_citation(gateway: str) -> None:
     finalMessage() equals messages.create()."""
     ts_sdk_ready()
     query = "gateway release notes"
-    proc = subprocess.run(["node", str(CLIENTS / "ts_web_search.mjs"), gateway, "ws-quote",
-                           query, "2"], capture_output=True, text=True, timeout=60, cwd=CLIENTS)
+    proc = subprocess.run(
+        ["node", str(CLIENTS / "ts_web_search.mjs"), gateway, "ws-quote", query, "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=CLIENTS,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert lines, proc.stdout + proc.stderr
     out = json.loads(lines[-1])
@@ -915,7 +1164,11 @@ def test_ts_sdk_folds_a_citation(gateway: str) -> None:
         assert citation["type"] == "web_search_result_location"
         assert citation["url"] == expected_urls(query)[0]
         assert citation["cited_text"] == quoted[0]["text"] and citation["encrypted_index"]
-    strip = [{k: v for k, v in b.items() if k not in ("id", "tool_use_id")}
-             for b in out["stream"]["content"]]
-    assert strip == [{k: v for k, v in b.items() if k not in ("id", "tool_use_id")}
-                     for b in out["created"]["content"]]
+    strip = [
+        {k: v for k, v in b.items() if k not in ("id", "tool_use_id")}
+        for b in out["stream"]["content"]
+    ]
+    assert strip == [
+        {k: v for k, v in b.items() if k not in ("id", "tool_use_id")}
+        for b in out["created"]["content"]
+    ]

@@ -32,8 +32,19 @@ def test_two_workers_share_a_port_and_sum_metrics(stub_url, tmp_path) -> None:
     port = free_port()
     cfg = tmp_path / "gw.toml"
     cfg.write_text(stub_config(stub_url, models=("ok",)))
-    proc = Proc([sys.executable, "-m", "gateway", "--config", str(cfg), "--port", str(port),
-                 "--workers", "2"])
+    proc = Proc(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "--config",
+            str(cfg),
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+        ]
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_http(base + "/health", proc=proc.popen)
@@ -41,19 +52,30 @@ def test_two_workers_share_a_port_and_sum_metrics(stub_url, tmp_path) -> None:
         started = matching(log_lines(proc.output()), "workers_started")
         assert any(len(e["pids"]) == 2 for e in started)
         # each worker logs it once its socket is bound
-        wait_until(lambda: len(_listening_pids(proc)) >= 2, "both workers bound the port",
-                   timeout=20)
+        wait_until(
+            lambda: len(_listening_pids(proc)) >= 2, "both workers bound the port", timeout=20
+        )
         n = 40
         for _ in range(n):  # new connection each time: the kernel spreads them
             req = urllib.request.Request(
-                base + "/llm/v1/messages", method="POST",
-                data=json.dumps({"model": "m-ok", "max_tokens": 5,
-                                 "messages": [{"role": "user", "content": "hi"}]}).encode(),
-                headers={"content-type": "application/json", "connection": "close"})
+                base + "/llm/v1/messages",
+                method="POST",
+                data=json.dumps(
+                    {
+                        "model": "m-ok",
+                        "max_tokens": 5,
+                        "messages": [{"role": "user", "content": "hi"}],
+                    }
+                ).encode(),
+                headers={"content-type": "application/json", "connection": "close"},
+            )
             with urllib.request.urlopen(req, timeout=10) as resp:
                 assert resp.status == 200
-        total = [ln for ln in _metric_lines(base, "llm_gateway_requests_total{")
-                 if 'code="200"' in ln and 'api="messages"' in ln]
+        total = [
+            ln
+            for ln in _metric_lines(base, "llm_gateway_requests_total{")
+            if 'code="200"' in ln and 'api="messages"' in ln
+        ]
         assert sum(float(ln.rsplit(" ", 1)[1]) for ln in total) == n  # all workers summed
         assert _metric_lines(base, "llm_gateway_build_info{")
         proc.signal(signal.SIGTERM)
@@ -87,21 +109,40 @@ def test_process_metrics_describe_all_workers(stub_url, tmp_path) -> None:
     port = free_port()
     cfg = tmp_path / "gw.toml"
     cfg.write_text(stub_config(stub_url, models=("ok",)))
-    proc = Proc([sys.executable, "-m", "gateway", "--config", str(cfg), "--port", str(port),
-                 "--workers", "2"])
+    proc = Proc(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "--config",
+            str(cfg),
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+        ]
+    )
     base = f"http://127.0.0.1:{port}"
-    body = json.dumps({"model": "m-ok", "max_tokens": 5,
-                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    body = json.dumps(
+        {"model": "m-ok", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    ).encode()
     try:
         wait_http(base + "/health", proc=proc.popen)
-        wait_until(lambda: len(_scrape(base).get("process_resident_memory_bytes", [])) >= 2,
-                   "both workers wrote their RSS", timeout=20, every=0.1)
+        wait_until(
+            lambda: len(_scrape(base).get("process_resident_memory_bytes", [])) >= 2,
+            "both workers wrote their RSS",
+            timeout=20,
+            every=0.1,
+        )
         cpu = []
         for _ in range(8):
             for _ in range(10):  # a little load, spread over the workers
                 req = urllib.request.Request(
-                    base + "/llm/v1/messages", method="POST", data=body,
-                    headers={"content-type": "application/json", "connection": "close"})
+                    base + "/llm/v1/messages",
+                    method="POST",
+                    data=body,
+                    headers={"content-type": "application/json", "connection": "close"},
+                )
                 with urllib.request.urlopen(req, timeout=10) as resp:
                     assert resp.status == 200
             time.sleep(0.3)

@@ -68,8 +68,15 @@ def reqs(n: int, model: str = "m", prefix: str = "c") -> list[tuple[str, str, by
     return [(f"{prefix}{i}", model, b'{"i": %d}' % i) for i in range(n)]
 
 
-async def make(store: BatchStore, batch_id: str, n: int = 3, *, owner: str = "o",
-               model: str = "m", now: float = 0.0) -> BatchRow:
+async def make(
+    store: BatchStore,
+    batch_id: str,
+    n: int = 3,
+    *,
+    owner: str = "o",
+    model: str = "m",
+    now: float = 0.0,
+) -> BatchRow:
     return await store.create(batch_id, owner, reqs(n, model), now, now + DAY)
 
 
@@ -87,6 +94,7 @@ async def results(store: BatchStore, batch_id: str) -> list[tuple[str, str, byte
 
 
 # -- batches ---------------------------------------------------------------------------------
+
 
 async def test_create_and_get_honour_the_owner(store: BatchStore) -> None:
     row = await store.create("b1", "alice", reqs(2), 10.0, 10.0 + DAY)
@@ -147,9 +155,11 @@ async def test_delete_only_an_ended_batch(store: BatchStore) -> None:
 
 # -- the queue -------------------------------------------------------------------------------
 
+
 async def test_claim_order_models_and_eligible_batches(store: BatchStore) -> None:
-    await store.create("old", "o", [("a", "m1", b"{}"), ("b", "m2", b"{}"), ("c", "m1", b"{}")],
-                       0.0, DAY)
+    await store.create(
+        "old", "o", [("a", "m1", b"{}"), ("b", "m2", b"{}"), ("c", "m1", b"{}")], 0.0, DAY
+    )
     await make(store, "new", 2, model="m1", now=1.0)
     await make(store, "canceling", 1, model="m1", now=2.0)
     await make(store, "expired", 1, model="m1", now=-DAY)  # expires_at == 0.0
@@ -191,7 +201,8 @@ async def test_claims_are_exactly_once_across_concurrent_stores(open_store: Open
 
 
 async def test_a_lapsed_lease_is_claimed_again_and_the_first_worker_refused(
-        store: BatchStore) -> None:
+    store: BatchStore,
+) -> None:
     await make(store, "b1", 1)
     await store.claim("w1", ["m"], 5, 0.0, 10.0)
     assert await store.claim("w2", ["m"], 5, 9.0, 10.0) == []  # lease still held
@@ -256,8 +267,11 @@ async def test_cancel(store: BatchStore) -> None:
     assert ended is not None and ended.ended_at == 3.0 and counts(ended) == (1, 0, 3, 0)
     assert await store.cancel("b1", "o", 4.0) == ended  # an ended batch stays as it is
     assert await results(store, "b1") == [
-        ("c0", "succeeded", b"{}"), ("c1", "canceled", None), ("c2", "canceled", None),
-        ("c3", "canceled", None)]
+        ("c0", "succeeded", b"{}"),
+        ("c1", "canceled", None),
+        ("c2", "canceled", None),
+        ("c3", "canceled", None),
+    ]
 
 
 async def test_cancel_with_nothing_running_ends_at_once(store: BatchStore) -> None:
@@ -315,13 +329,19 @@ async def test_results_come_in_pages_in_idx_order(store: BatchStore) -> None:
     assert [len(p) for p in pages] == [1000, 1000, 500]
     flat = [item for page in pages for item in page]
     assert [cid for cid, _, _ in flat] == [f"c{i}" for i in range(2500)]
-    assert flat[:4] == [("c0", "succeeded", b'{"r": 0}'), ("c1", "succeeded", b'{"r": 1}'),
-                        ("c2", "succeeded", b'{"r": 2}'), ("c3", "canceled", None)]
+    assert flat[:4] == [
+        ("c0", "succeeded", b'{"r": 0}'),
+        ("c1", "succeeded", b'{"r": 1}'),
+        ("c2", "succeeded", b'{"r": 2}'),
+        ("c3", "canceled", None),
+    ]
 
 
 async def test_stats(store: BatchStore) -> None:
     assert await store.stats() == {
-        "batches": {"in_progress": 0, "canceling": 0, "ended": 0}, "queued": {}}
+        "batches": {"in_progress": 0, "canceling": 0, "ended": 0},
+        "queued": {},
+    }
     await make(store, "a", 3, model="m1")
     await make(store, "b", 2, model="m2")
     await make(store, "c", 1, model="m2")
@@ -331,7 +351,8 @@ async def test_stats(store: BatchStore) -> None:
     await store.cancel("c", None, 1.0)
     assert await store.stats() == {
         "batches": {"in_progress": 1, "canceling": 1, "ended": 1},
-        "queued": {"m1": 3, "m2": 1}}
+        "queued": {"m1": 3, "m2": 1},
+    }
 
 
 async def test_data_survives_reopening(open_store: Opener, db_url: str) -> None:
@@ -346,8 +367,7 @@ async def test_data_survives_reopening(open_store: Opener, db_url: str) -> None:
 
 
 async def test_many_stores_create_the_schema_at_once(db_url: str) -> None:
-    stores = await asyncio.gather(*(asyncio.to_thread(BatchStore.open, db_url)
-                                    for _ in range(6)))
+    stores = await asyncio.gather(*(asyncio.to_thread(BatchStore.open, db_url) for _ in range(6)))
     try:
         await make(stores[0], "b1", 1)
         assert all([await s.get("b1", None) for s in stores])
@@ -365,6 +385,7 @@ async def test_a_closed_store_raises_store_error(db_url: str) -> None:
 
 
 # -- failures --------------------------------------------------------------------------------
+
 
 def _corrupt(tmp: Path) -> str:
     path = tmp / "corrupt.sqlite3"
@@ -393,18 +414,24 @@ OPEN_FAILURES: list[tuple[Callable[[Path], str], str]] = [
     (_corrupt, r"corrupt\.sqlite3.*file is not a database"),
     (_no_dir, r"missing/batches\.sqlite3: directory .*missing does not exist"),
     (_parent_is_a_file, r"file/batches\.sqlite3: directory .*file does not exist"),
-    (_read_only_dir, r"batches\.sqlite3: directory .* is not writable|batches\.sqlite3.*"
-                     r"unable to open"),
+    (
+        _read_only_dir,
+        r"batches\.sqlite3: directory .* is not writable|batches\.sqlite3.*"
+        r"unable to open",
+    ),
     (lambda tmp: str(tmp), r"is a directory"),
     (lambda tmp: "mysql://u:p@h/db", r"unsupported URL scheme 'mysql'"),
 ]
 
 
-@pytest.mark.parametrize(("make_url", "message"), OPEN_FAILURES,
-                         ids=["corrupt", "no-dir", "parent-file", "read-only-dir", "a-dir",
-                              "scheme"])
-def test_open_fails_with_a_clear_store_error(tmp_path: Path, make_url: Callable[[Path], str],
-                                            message: str) -> None:
+@pytest.mark.parametrize(
+    ("make_url", "message"),
+    OPEN_FAILURES,
+    ids=["corrupt", "no-dir", "parent-file", "read-only-dir", "a-dir", "scheme"],
+)
+def test_open_fails_with_a_clear_store_error(
+    tmp_path: Path, make_url: Callable[[Path], str], message: str
+) -> None:
     with pytest.raises(StoreError, match=message):
         BatchStore.open(make_url(tmp_path))
 
@@ -428,7 +455,8 @@ async def test_sqlite_url_forms(tmp_path: Path) -> None:
 
 
 def test_unreachable_postgresql_is_a_store_error_without_the_password(
-        pg_server: pg.PgServer) -> None:
+    pg_server: pg.PgServer,
+) -> None:
     from tests.procs import free_port
 
     url = pg_server.url("nope", port=free_port())
@@ -439,8 +467,9 @@ def test_unreachable_postgresql_is_a_store_error_without_the_password(
     assert pg.PASSWORD not in text and pg.USER + ":" not in text
 
 
-def test_a_wrong_postgresql_password_is_a_store_error_without_it(pg_server: pg.PgServer,
-                                                                 pg_url: str) -> None:
+def test_a_wrong_postgresql_password_is_a_store_error_without_it(
+    pg_server: pg.PgServer, pg_url: str
+) -> None:
     url = pg_url.replace(pg.PASSWORD, "not-the-password")
     with pytest.raises(StoreError, match="gateway_test") as info:
         BatchStore.open(url)
@@ -455,7 +484,8 @@ def own_pg_server() -> Iterator[pg.PgServer]:
 
 
 async def test_postgresql_going_away_is_a_store_error_from_a_call(
-        own_pg_server: pg.PgServer) -> None:
+    own_pg_server: pg.PgServer,
+) -> None:
     store = BatchStore.open(own_pg_server.create_db("gone"))
     try:
         await make(store, "b1", 2)
@@ -466,8 +496,9 @@ async def test_postgresql_going_away_is_a_store_error_from_a_call(
             lambda: store.stats(),
         ]
         for call in calls:
-            with pytest.raises(StoreError, match=r"postgresql database gone at 127\.0\.0\.1"
-                               ) as info:
+            with pytest.raises(
+                StoreError, match=r"postgresql database gone at 127\.0\.0\.1"
+            ) as info:
                 await call()
             assert pg.PASSWORD not in str(info.value)
     finally:
@@ -484,11 +515,16 @@ async def test_postgresql_waits_are_bounded(pg_url: str) -> None:
     store = BatchStore.open(pg_url)
     try:
         with store._engine.connect() as conn:
-            shown = {name: conn.execute(sa.text(f"SHOW {name}")).scalar()
-                     for name in ("statement_timeout", "lock_timeout")}
+            shown = {
+                name: conn.execute(sa.text(f"SHOW {name}")).scalar()
+                for name in ("statement_timeout", "lock_timeout")
+            }
             client = conn.connection.dbapi_connection.info.get_parameters()  # type: ignore[union-attr]
     finally:
         await store.close()
     assert shown == {"statement_timeout": "30s", "lock_timeout": "30s"}
-    assert {k: client.get(k) for k in ("keepalives", "keepalives_idle", "tcp_user_timeout")} \
-        == {"keepalives": "1", "keepalives_idle": "10", "tcp_user_timeout": "30000"}
+    assert {k: client.get(k) for k in ("keepalives", "keepalives_idle", "tcp_user_timeout")} == {
+        "keepalives": "1",
+        "keepalives_idle": "10",
+        "tcp_user_timeout": "30000",
+    }

@@ -63,9 +63,15 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     right to mount (root); skipped elsewhere."""
     where = tmp_path / "disk"
     where.mkdir()
-    if os.geteuid() != 0 or subprocess.run(
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
             ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)],
-            capture_output=True, timeout=10).returncode != 0:
+            capture_output=True,
+            timeout=10,
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a small tmpfs here")
     try:
         yield where
@@ -106,7 +112,8 @@ async def test_cancel_and_delete_work_when_the_disk_itself_is_full(small_disk: P
 
 
 async def test_a_look_for_work_while_every_request_waits_in_back_off_is_one_query(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """150 batches whose requests all wait out a 503's back-off: each look (every poll, and
     after every request that ends) queried every batch in turn, which kept an idle gateway
     at a third of a core. Only batches with due work are looked into now."""
@@ -120,8 +127,7 @@ async def test_a_look_for_work_while_every_request_waits_in_back_off_is_one_quer
         for item in claimed:
             await store.release("w", item.batch_id, item.idx, now + 300)  # in back-off
         statements: list[str] = []
-        event.listen(store._engine, "before_cursor_execute",
-                     lambda *a: statements.append(a[2]))
+        event.listen(store._engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
         assert await store.claim("w", ["m"], 1000, time.time(), 60.0) == []
         selects = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
         assert len(selects) <= 2, len(selects)

@@ -77,8 +77,9 @@ def test_the_default_folder_is_made_0700_and_the_store_opened(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize("where", ["folder cannot be made", "corrupt file", "no state dir"])
-def test_a_default_location_that_cannot_be_kept_turns_batches_off(tmp_path: Path,
-                                                                  where: str) -> None:
+def test_a_default_location_that_cannot_be_kept_turns_batches_off(
+    tmp_path: Path, where: str
+) -> None:
     if where == "folder cannot be made":
         folder: Path | None = _blocked(tmp_path)
     elif where == "corrupt file":
@@ -88,8 +89,9 @@ def test_a_default_location_that_cannot_be_kept_turns_batches_off(tmp_path: Path
     else:
         folder = None
     env = {"STATE_DIRECTORY": str(folder)} if folder else {}
-    cfg = config.Config(server=config.load(None, {}).server, upstreams={}, models={},
-                        batches=_batches(env))
+    cfg = config.Config(
+        server=config.load(None, {}).server, upstreams={}, models={}, batches=_batches(env)
+    )
     with capture_logs() as logs:
         assert cli._open_batch_store(cfg) is None
     [warning] = [e for e in logs if e["event"] == "batches_disabled"]
@@ -103,8 +105,12 @@ def test_a_default_location_that_cannot_be_kept_turns_batches_off(tmp_path: Path
 
 def test_an_explicit_location_that_cannot_be_opened_stops_the_start(tmp_path: Path) -> None:
     db = _blocked(tmp_path) / "batches.sqlite3"
-    cfg = config.Config(server=config.load(None, {}).server, upstreams={}, models={},
-                        batches=_batches({}, f'database = "{db}"'))
+    cfg = config.Config(
+        server=config.load(None, {}).server,
+        upstreams={},
+        models={},
+        batches=_batches({}, f'database = "{db}"'),
+    )
     with capture_logs() as logs, pytest.raises(SystemExit) as stop:
         cli._open_batch_store(cfg)
     assert stop.value.code == 1
@@ -125,19 +131,25 @@ def test_an_explicit_location_is_not_created(tmp_path: Path) -> None:
 
 def test_batches_off_by_config_open_nothing(tmp_path: Path) -> None:
     folder = tmp_path / "sd"
-    assert cli.open_batch_store(_batches({"STATE_DIRECTORY": str(folder)},
-                                         "enabled = false")) == (None, None)
+    assert cli.open_batch_store(_batches({"STATE_DIRECTORY": str(folder)}, "enabled = false")) == (
+        None,
+        None,
+    )
     assert not (folder / "batches.sqlite3").exists()
 
 
-def _check_config(tmp_path: Path, table: str,
-                  env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _check_config(
+    tmp_path: Path, table: str, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "gw.toml"
     path.write_text(GOOD + (f"\n[batches]\n{table}\n" if table else ""))
     return subprocess.run(
         [sys.executable, "-m", "gateway", "--check-config", "--config", str(path)],
-        capture_output=True, text=True, timeout=60,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env})
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env},
+    )
 
 
 def test_check_config_opens_the_store(tmp_path: Path) -> None:

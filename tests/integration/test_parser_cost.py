@@ -31,16 +31,25 @@ def test_cost_is_linear_in_the_reply(name: str) -> None:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     try:
-        done = subprocess.run([sys.executable, "-m", "tests.parser_cost", name], cwd=root,
-                              capture_output=True, text=True, timeout=TIMEOUT, env=env)
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.parser_cost", name],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            env=env,
+        )
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{name}: over {TIMEOUT} s for a reply of {4 * SIZE:,} characters, fed "
-                    f"whole then streamed: not linear ({exc.stdout!r})")
+        pytest.fail(
+            f"{name}: over {TIMEOUT} s for a reply of {4 * SIZE:,} characters, fed "
+            f"whole then streamed: not linear ({exc.stdout!r})"
+        )
     assert done.returncode == 0, done.stderr
     for mode, line in zip(("whole", "1-char deltas"), done.stdout.splitlines(), strict=True):
         small, large = map(float, line.split())
         assert large < RATIO * small, (
-            f"{name}, {mode}: {small:.3f} s, then {large:.3f} s at 4x the size")
+            f"{name}, {mode}: {small:.3f} s, then {large:.3f} s at 4x the size"
+        )
 
 
 def test_held_text_stays_under_the_cap() -> None:
@@ -53,7 +62,7 @@ def test_held_text_stays_under_the_cap() -> None:
         calls = TextToolCalls(TOOLS)
         out: list[str | TextToolCall] = []
         for at in range(0, len(text), 4096):
-            out += calls.feed(text[at:at + 4096])
+            out += calls.feed(text[at : at + 4096])
             assert len(calls.held) <= text_tools.MAX_HELD, name
         out += calls.flush()
         assert "".join(piece for piece in out if type(piece) is str) == text, name

@@ -23,8 +23,7 @@ HOSTILE = hostile_pdf()
 
 
 def _req(*blocks: dict[str, Any]) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": [{"type": "text", "text": "read"},
-                                                      *blocks]}]}
+    return {"messages": [{"role": "user", "content": [{"type": "text", "text": "read"}, *blocks]}]}
 
 
 async def _to_text(pool: PdfPool, req: dict[str, Any]) -> dict[str, Any]:
@@ -37,8 +36,11 @@ async def test_text_comes_back_from_a_worker_and_the_worker_is_kept() -> None:
         for _ in range(2):
             out = await _to_text(pool, _req(document(make_pdf([["hello"], ["world"]]))))
             block = out["messages"][0]["content"][1]
-            assert block["source"] == {"type": "text", "media_type": "text/plain", "data":
-                                       "--- Page 1 of 2 ---\nhello\n\n--- Page 2 of 2 ---\nworld"}
+            assert block["source"] == {
+                "type": "text",
+                "media_type": "text/plain",
+                "data": "--- Page 1 of 2 ---\nhello\n\n--- Page 2 of 2 ---\nworld",
+            }
         assert len(pool._idle) == 1 and pool.killed == 0
     finally:
         await pool.close()
@@ -52,14 +54,25 @@ async def test_a_document_past_its_cpu_budget_is_a_400_naming_it() -> None:
             await _to_text(pool, _req(document(make_pdf([["fine"]])), document(HOSTILE)))
         assert info.value.status == 400
         assert info.value.message.startswith(
-            "messages.0.content.2: PDF took more than 0.2 CPU seconds to read")
+            "messages.0.content.2: PDF took more than 0.2 CPU seconds to read"
+        )
         # the worker stopped itself and stays in the pool
         assert pool.killed == 0 and len(pool._idle) == 1
         # a PDF's own faults still name its data
-        with pytest.raises(InvalidRequest, match=r"^messages\.0\.content\.1\.source\.data: "
-                                                 "PDF data is not valid base64"):
-            await _to_text(pool, _req({"type": "document", "source": {
-                "type": "base64", "media_type": "application/pdf", "data": "!!"}}))
+        with pytest.raises(
+            InvalidRequest,
+            match=r"^messages\.0\.content\.1\.source\.data: "
+            "PDF data is not valid base64",
+        ):
+            await _to_text(
+                pool,
+                _req(
+                    {
+                        "type": "document",
+                        "source": {"type": "base64", "media_type": "application/pdf", "data": "!!"},
+                    }
+                ),
+            )
     finally:
         await pool.close()
 
@@ -70,7 +83,8 @@ async def test_a_request_past_its_cpu_budget_is_a_400_naming_the_document() -> N
         with pytest.raises(InvalidRequest) as info:
             await _to_text(pool, _req(*(document(HOSTILE) for _ in range(10))))
         assert "PDF documents in this request took more than 0.3 CPU seconds" in (
-            info.value.message)
+            info.value.message
+        )
         assert info.value.message.startswith("messages.0.content.")
     finally:
         await pool.close()
@@ -98,15 +112,17 @@ async def test_a_cancelled_extraction_kills_its_worker() -> None:
         await pool.close()
 
 
-@pytest.mark.parametrize(("docs", "order"), [
-    # one request's many PDFs were one job: the one-page request waited for all of them
-    ({"many": 3, "one": 1}, ["one", "many"]),
-    ({"many": 3, "more": 3, "one": 1}, ["one", "many", "more"]),
-    ({"one": 1, "many": 3}, ["one", "many"]),
-    ({"two": 2, "three": 3, "four": 4}, ["two", "three", "four"]),
-])
-async def test_requests_take_turns_at_the_workers(docs: dict[str, int],
-                                                  order: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("docs", "order"),
+    [
+        # one request's many PDFs were one job: the one-page request waited for all of them
+        ({"many": 3, "one": 1}, ["one", "many"]),
+        ({"many": 3, "more": 3, "one": 1}, ["one", "many", "more"]),
+        ({"one": 1, "many": 3}, ["one", "many"]),
+        ({"two": 2, "three": 3, "four": 4}, ["two", "three", "four"]),
+    ],
+)
+async def test_requests_take_turns_at_the_workers(docs: dict[str, int], order: list[str]) -> None:
     """One worker, requests started together in this order: a freed worker goes to the
     request that has had the fewest documents read, so requests end in the order of their
     document counts, not of their arrival."""
@@ -114,8 +130,7 @@ async def test_requests_take_turns_at_the_workers(docs: dict[str, int],
     ended: list[str] = []
 
     async def one(name: str, count: int) -> None:
-        await _to_text(pool, _req(*(document(make_pdf([[f"{name} {i}"]]))
-                                    for i in range(count))))
+        await _to_text(pool, _req(*(document(make_pdf([[f"{name} {i}"]])) for i in range(count))))
         ended.append(name)
 
     try:

@@ -38,7 +38,8 @@ def _defined() -> dict[str, tuple[str, tuple[str, ...]]]:
             out[name] = (metric._type, tuple(labels))
     # nothing is registered that the walk above missed
     assert {f.name for f in registry.collect()} <= {
-        name.removesuffix(_SUFFIX.get(kind, "")) for name, (kind, _) in out.items()}
+        name.removesuffix(_SUFFIX.get(kind, "")) for name, (kind, _) in out.items()
+    }
     return out
 
 
@@ -46,8 +47,7 @@ def _tabled() -> dict[str, tuple[str, tuple[str, ...]]]:
     rows = _ROW.findall(TABLE.read_text())
     names = [name for name, _, _ in rows]
     assert len(names) == len(set(names)), "a metric is listed twice"
-    return {name: (kind, tuple(re.findall(r"`([a-z_]+)`", labels)))
-            for name, kind, labels in rows}
+    return {name: (kind, tuple(re.findall(r"`([a-z_]+)`", labels))) for name, kind, labels in rows}
 
 
 def test_every_defined_metric_is_in_the_table_and_every_row_is_defined() -> None:
@@ -56,8 +56,7 @@ def test_every_defined_metric_is_in_the_table_and_every_row_is_defined() -> None
     missing, extra = sorted(defined.keys() - tabled.keys()), sorted(tabled.keys() - defined.keys())
     assert not missing, f"missing from grafana/METRICS.md: {missing}"
     assert not extra, f"grafana/METRICS.md lists undefined metrics: {extra}"
-    wrong = {name: (tabled[name], want) for name, want in defined.items()
-             if tabled[name] != want}
+    wrong = {name: (tabled[name], want) for name, want in defined.items() if tabled[name] != want}
     assert not wrong, f"(table, module) type and labels differ: {wrong}"
 
 

@@ -51,8 +51,7 @@ _HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
 def _tool(name: str) -> str:
-    path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists()
-                                  else None)
+    path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
     if path is None:
         why = f"{name} not installed (apt-get install prometheus)"
         if os.environ.get("CI"):
@@ -78,14 +77,22 @@ def _expressions(dash: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _concrete(expr: str) -> str:
-    return (expr.replace("$__rate_interval", RATE_INTERVAL).replace("${model}", ".*")
-            .replace("$model", ".*"))
+    return (
+        expr.replace("$__rate_interval", RATE_INTERVAL)
+        .replace("${model}", ".*")
+        .replace("$model", ".*")
+    )
 
 
 def _exported_names(registry: CollectorRegistry) -> set[str]:
     """Every sample name the registry's families can expose (by type, not by current series)."""
-    suffixes = {"counter": ("_total",), "histogram": _HISTOGRAM_SUFFIXES, "info": ("_info",),
-                "gauge": ("",), "summary": ("_sum", "_count", "")}
+    suffixes = {
+        "counter": ("_total",),
+        "histogram": _HISTOGRAM_SUFFIXES,
+        "info": ("_info",),
+        "gauge": ("",),
+        "summary": ("_sum", "_count", ""),
+    }
     names = set()
     for family in registry.collect():
         for suffix in suffixes.get(family.type, ("",)):
@@ -106,8 +113,15 @@ def test_dashboard_identity_and_variables() -> None:
     assert variables["model"]["datasource"]["uid"] == "${datasource}"
     assert "llm_gateway_model_info" in variables["model"]["definition"]
     rows = [p["title"] for p in dash["panels"] if p["type"] == "row"]
-    assert rows == ["Traffic", "Latency", "Tokens", "Reliability", "Saturation", "Batches",
-                    "Local engines"]
+    assert rows == [
+        "Traffic",
+        "Latency",
+        "Tokens",
+        "Reliability",
+        "Saturation",
+        "Batches",
+        "Local engines",
+    ]
     for title, expr in _expressions(dash):
         if "rate(" in expr:
             assert "[$__rate_interval]" in expr and not re.search(r"\[\d", expr), title
@@ -127,8 +141,9 @@ def test_every_dashboard_metric_is_defined_in_the_metrics_module() -> None:
     assert undefined == []
     # and the other way round: every metric the gateway defines is on some panel
     families = {f.name for f in ours.collect()}
-    shown = {n if n in families else re.sub(r"(_total|_bucket|_sum|_count|_info)$", "", n)
-             for n in used}
+    shown = {
+        n if n in families else re.sub(r"(_total|_bucket|_sum|_count|_info)$", "", n) for n in used
+    }
     assert sorted(families - shown - {"llm_gateway_build"}) == []
     assert "llm_gateway_build_info" in used
 
@@ -142,9 +157,12 @@ def _get(url: str, timeout: float = 10) -> bytes:
 
 
 def _post(url: str, body: dict[str, Any], timeout: float = 60) -> int:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"content-type": "application/json",
-                                          "anthropic-version": "2023-06-01"})
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"content-type": "application/json", "anthropic-version": "2023-06-01"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             resp.read()
@@ -169,8 +187,11 @@ def _traffic_round(base: str) -> None:
     assert _post(msgs, {**demo, "model": "m-inband-error", "stream": True}) == 200
     assert _post(msgs, {**demo, "model": "m-dead"}) >= 500
     # the web_search server tool against the SearXNG stub: a search, and a failing one
-    search = {**demo, "model": "m-search", "tools": [{"type": "web_search_20250305",
-                                                      "name": "web_search"}]}
+    search = {
+        **demo,
+        "model": "m-search",
+        "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+    }
     assert _post(msgs, {**search, "messages": [{"role": "user", "content": "paris"}]}) == 200
     assert _post(msgs, {**search, "messages": [{"role": "user", "content": "x #fail"}]}) == 200
 
@@ -190,7 +211,7 @@ connect_timeout = 1
 
 # the fleet panel: the stub by the name localhost, followed through DNS and probed
 [upstreams.fleet]
-base_url = "{stub_url.replace('127.0.0.1', 'localhost')}"
+base_url = "{stub_url.replace("127.0.0.1", "localhost")}"
 discover = "dns"
 resolve_interval = 0.5
 health_interval = 0.5
@@ -210,17 +231,30 @@ class _Prometheus:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cfg = workdir / "prometheus.yml"
-        cfg.write_text(json.dumps({  # JSON is YAML
-            "global": {"scrape_interval": f"{SCRAPE_INTERVAL:g}s",
-                       "scrape_timeout": f"{SCRAPE_INTERVAL:g}s",
-                       "evaluation_interval": f"{SCRAPE_INTERVAL:g}s"},
-            "scrape_configs": [{"job_name": "llm-gateway",
-                                "static_configs": [{"targets": [target]}]}],
-        }))
-        self.proc = Proc([binary, f"--config.file={cfg}",
-                          f"--storage.tsdb.path={workdir / 'data'}",
-                          f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-                         cwd=workdir)
+        cfg.write_text(
+            json.dumps(
+                {  # JSON is YAML
+                    "global": {
+                        "scrape_interval": f"{SCRAPE_INTERVAL:g}s",
+                        "scrape_timeout": f"{SCRAPE_INTERVAL:g}s",
+                        "evaluation_interval": f"{SCRAPE_INTERVAL:g}s",
+                    },
+                    "scrape_configs": [
+                        {"job_name": "llm-gateway", "static_configs": [{"targets": [target]}]}
+                    ],
+                }
+            )
+        )
+        self.proc = Proc(
+            [
+                binary,
+                f"--config.file={cfg}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            cwd=workdir,
+        )
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         qs = urllib.parse.urlencode({"query": expr})
@@ -243,8 +277,9 @@ def _requests_total(metrics_text: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def scraped(tmp_path_factory: pytest.TempPathFactory, llama_server: str, stub_url: str
-            ) -> Iterator[tuple[str, _Prometheus]]:
+def scraped(
+    tmp_path_factory: pytest.TempPathFactory, llama_server: str, stub_url: str
+) -> Iterator[tuple[str, _Prometheus]]:
     """(gateway URL, Prometheus) once traffic has flowed and Prometheus has the final values."""
     binary = _tool("prometheus")
     workdir = tmp_path_factory.mktemp("prometheus")
@@ -258,8 +293,12 @@ def scraped(tmp_path_factory: pytest.TempPathFactory, llama_server: str, stub_ur
         wait_http(prom.url + "/-/ready", timeout=20, proc=prom.proc.popen)
         # ready is not scraped: counters must already exist at the first sample, or their first
         # increments are invisible to rate()
-        wait_until(lambda: prom.scalar('up{job="llm-gateway"}') == 1,
-                   "Prometheus scraped the gateway", timeout=15, every=0.1)
+        wait_until(
+            lambda: prom.scalar('up{job="llm-gateway"}') == 1,
+            "Prometheus scraped the gateway",
+            timeout=15,
+            every=0.1,
+        )
         started = time.monotonic()
         rounds = 0
         while rounds < 3 or time.monotonic() - started < TRAFFIC_SECONDS:
@@ -267,19 +306,27 @@ def scraped(tmp_path_factory: pytest.TempPathFactory, llama_server: str, stub_ur
             rounds += 1
             time.sleep(0.2)
         expected = _requests_total(_get(base + "/metrics").decode())
-        wait_until(lambda: prom.scalar("sum(llm_gateway_requests_total)") == expected,
-                   "Prometheus scraped the final values", timeout=15, every=0.2)
+        wait_until(
+            lambda: prom.scalar("sum(llm_gateway_requests_total)") == expected,
+            "Prometheus scraped the final values",
+            timeout=15,
+            every=0.2,
+        )
         # one more sample after the last change for every rate: two scrapes past this one
         last = prom.scalar('timestamp(up{job="llm-gateway"})') or 0.0
-        wait_until(lambda: (prom.scalar('timestamp(up{job="llm-gateway"})') or 0.0)
-                   > last + SCRAPE_INTERVAL, "two more scrapes", timeout=15, every=0.2)
+        wait_until(
+            lambda: (
+                (prom.scalar('timestamp(up{job="llm-gateway"})') or 0.0) > last + SCRAPE_INTERVAL
+            ),
+            "two more scrapes",
+            timeout=15,
+            every=0.2,
+        )
         yield base, prom
     finally:
         prom.proc.stop()
         gateway.stop()
         searxng.stop()
-
-
 
 
 @pytest.mark.e2e
@@ -310,23 +357,25 @@ def test_key_panels_show_the_traffic_that_flowed(scraped) -> None:
         f"{rate}))": "completed streams",
         f'sum(rate(llm_gateway_stream_terminations_total{{model="m-inband-error",'
         f'reason="upstream_error"}}{rate}))': "upstream_error streams",
-        f'sum(rate(llm_gateway_upstream_requests_total{{code="connect_error"}}{rate}))':
-            "connect errors",
+        f'sum(rate(llm_gateway_upstream_requests_total{{code="connect_error"}}{rate}))': "connect errors",  # noqa: E501
         f'sum(rate(llm_gateway_upstream_requests_total{{code="500"}}{rate}))': "upstream 500",
         f'sum(rate(llm_gateway_rejected_total{{reason="unknown_model"}}{rate}))': "unknown model",
         f'sum(rate(llm_gateway_dropped_fields_total{{field="metadata"}}{rate}))': "dropped",
-        f'sum(rate(llm_gateway_web_searches_total{{backend="searxng",outcome="ok"}}{rate}))':
-            "web searches",
-        f'sum(rate(llm_gateway_web_search_errors_total{{error_code="unavailable"}}{rate}))':
-            "web search errors",
+        f'sum(rate(llm_gateway_web_searches_total{{backend="searxng",outcome="ok"}}{rate}))': "web searches",  # noqa: E501
+        f'sum(rate(llm_gateway_web_search_errors_total{{error_code="unavailable"}}{rate}))': "web search errors",  # noqa: E501
     }
     for expr, what in checks.items():
         got = prom.scalar(expr)
         assert got is not None and got > 0, (what, expr, got)
     assert prom.scalar("sum(llm_gateway_streams_in_flight)") == 0
     assert (prom.scalar('process_resident_memory_bytes{job="llm-gateway"}') or 0) > 10e6
-    models = json.loads(_get(prom.url + "/api/v1/label/model/values?" + urllib.parse.urlencode(
-        {"match[]": "llm_gateway_model_info"})))["data"]
+    models = json.loads(
+        _get(
+            prom.url
+            + "/api/v1/label/model/values?"
+            + urllib.parse.urlencode({"match[]": "llm_gateway_model_info"})
+        )
+    )["data"]
     assert sorted(models) == ["demo", "m-dead", "m-inband-error", "m-search", "m-status:500"]
     # client-chosen names never become series
     assert prom.query('{__name__=~"llm_gateway_.*", model="not-configured"}') == []
@@ -339,7 +388,8 @@ def test_promtool_finds_nothing_to_lint_in_the_exposition(scraped) -> None:
     promtool = _tool("promtool")
     text = _get(base + "/metrics")
     assert b"llm_gateway_time_to_first_token_seconds_bucket" in text  # histograms populated
-    done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
-                          timeout=30, check=False)
+    done = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, timeout=30, check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == b"" and done.stderr.strip() == b"", done.stdout + done.stderr

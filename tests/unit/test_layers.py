@@ -71,8 +71,9 @@ def _violations() -> list[str]:
             layer = _layer(imported)
             if layer == "__version__":
                 continue
-            if LAYERS[layer] > mine or (LAYERS[layer] == mine and layer != _layer(module)
-                                        and layer not in ("gateway",)):
+            if LAYERS[layer] > mine or (
+                LAYERS[layer] == mine and layer != _layer(module) and layer not in ("gateway",)
+            ):
                 out.append(f"{path.relative_to(GATEWAY.parent)}:{line} imports {imported}")
     return out
 
@@ -116,8 +117,10 @@ def _module_level(tree: ast.Module) -> list[ast.stmt]:
 def _graph() -> dict[str, set[str]]:
     """gateway module -> the gateway modules it imports at module level (``from package
     import module`` names the module)."""
-    paths = {".".join(p.relative_to(GATEWAY.parent).with_suffix("").parts)
-             .removesuffix(".__init__"): p for p in GATEWAY.rglob("*.py")}
+    paths = {
+        ".".join(p.relative_to(GATEWAY.parent).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in GATEWAY.rglob("*.py")
+    }
     graph: dict[str, set[str]] = {}
     for module, path in paths.items():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -151,7 +154,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                cycles.append([*path[path.index(nxt):], nxt])
+                cycles.append([*path[path.index(nxt) :], nxt])
             elif nxt not in state:
                 visit(nxt)
         path.pop()
@@ -171,11 +174,14 @@ def test_no_import_cycle_inside_the_package() -> None:
     assert [" -> ".join(cycle) for cycle in _cycles(_graph())] == []
 
 
-@pytest.mark.parametrize(("graph", "cyclic"), [
-    ({"a": {"b"}, "b": {"a"}}, True),
-    ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, True),
-    ({"a": {"b", "c"}, "b": {"c"}, "c": set()}, False),
-])
+@pytest.mark.parametrize(
+    ("graph", "cyclic"),
+    [
+        ({"a": {"b"}, "b": {"a"}}, True),
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, True),
+        ({"a": {"b", "c"}, "b": {"c"}, "c": set()}, False),
+    ],
+)
 def test_the_cycle_check_finds_cycles(graph: dict[str, set[str]], cyclic: bool) -> None:
     assert bool(_cycles(graph)) is cyclic
 

@@ -16,8 +16,9 @@ import pytest
 
 from tests.searxng_stub import make_app, search_response
 
-GOLDEN = json.loads((Path(__file__).resolve().parents[1] / "golden" / "searxng" /
-                     "search.json").read_text())
+GOLDEN = json.loads(
+    (Path(__file__).resolve().parents[1] / "golden" / "searxng" / "search.json").read_text()
+)
 
 
 def _types(value: Any) -> Any:
@@ -42,35 +43,55 @@ def test_a_result_has_searxngs_value_types(index: int) -> None:
     if want["publishedDate"] is not None:
         # datetime.isoformat() of a naive datetime, as SearXNG's JSONEncoder writes it
         assert got["publishedDate"][10] == "T" and len(got["publishedDate"]) == 19
-    assert got["parsed_url"][:3] == ["https", got["url"].split("/")[2],
-                                     "/" + got["url"].split("/", 3)[3]]
+    assert got["parsed_url"][:3] == [
+        "https",
+        got["url"].split("/")[2],
+        "/" + got["url"].split("/", 3)[3],
+    ]
 
 
-@pytest.mark.parametrize(("query", "check"), [
-    ("a b site:wiki.example.org", lambda b: {r["parsed_url"][1] for r in b["results"]}
-     == {"wiki.example.org"}),
-    ("x #empty", lambda b: b["results"] == [] and all(
-        isinstance(e, list) and len(e) == 2 for e in b["unresponsive_engines"])),
-    ("x #nocount", lambda b: "number_of_results" not in b and len(b["results"]) == 3),
-    ("x #many", lambda b: len(b["results"]) == 10),
-    ("Hello, World", lambda b: b["query"] == "Hello, World"
-     and b["results"][0]["url"] == "https://docs.example.org/hello-world/1"),
-])
+@pytest.mark.parametrize(
+    ("query", "check"),
+    [
+        (
+            "a b site:wiki.example.org",
+            lambda b: {r["parsed_url"][1] for r in b["results"]} == {"wiki.example.org"},
+        ),
+        (
+            "x #empty",
+            lambda b: (
+                b["results"] == []
+                and all(isinstance(e, list) and len(e) == 2 for e in b["unresponsive_engines"])
+            ),
+        ),
+        ("x #nocount", lambda b: "number_of_results" not in b and len(b["results"]) == 3),
+        ("x #many", lambda b: len(b["results"]) == 10),
+        (
+            "Hello, World",
+            lambda b: (
+                b["query"] == "Hello, World"
+                and b["results"][0]["url"] == "https://docs.example.org/hello-world/1"
+            ),
+        ),
+    ],
+)
 def test_results_follow_the_query(query: str, check: Any) -> None:
     assert check(search_response(query))
 
 
-@pytest.mark.parametrize(("path", "status", "body"), [
-    ("/search?q=x+%23fail&format=json", 500, {"error": "search error"}),
-    ("/search?format=json", 400, {"error": "No query"}),
-    ("/search?q=x+%23busy&format=json", 429, None),
-    ("/search?q=x", 403, None),  # only the json format is enabled
-    ("/search?q=x&format=csv", 403, None),
-    ("/search?q=x+%23garbage&format=json", 200, None),
-    ("/?q=x&format=json", 200, "ok"),
-])
-async def test_the_http_answers(aiohttp_client: Any, path: str, status: int,
-                                body: Any) -> None:
+@pytest.mark.parametrize(
+    ("path", "status", "body"),
+    [
+        ("/search?q=x+%23fail&format=json", 500, {"error": "search error"}),
+        ("/search?format=json", 400, {"error": "No query"}),
+        ("/search?q=x+%23busy&format=json", 429, None),
+        ("/search?q=x", 403, None),  # only the json format is enabled
+        ("/search?q=x&format=csv", 403, None),
+        ("/search?q=x+%23garbage&format=json", 200, None),
+        ("/?q=x&format=json", 200, "ok"),
+    ],
+)
+async def test_the_http_answers(aiohttp_client: Any, path: str, status: int, body: Any) -> None:
     client = await aiohttp_client(make_app(slow_seconds=0))
     resp = await client.get(path)
     assert resp.status == status

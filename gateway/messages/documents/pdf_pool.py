@@ -67,9 +67,15 @@ class _Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.messages.documents.pdf_worker", str(os.getpid()),
+            sys.executable,
+            "-m",
+            "gateway.messages.documents.pdf_worker",
+            str(os.getpid()),
             stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env)
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            env=env,
+        )
         return cls(proc)
 
     async def call(self, job: bytes) -> dict[str, Any]:
@@ -90,8 +96,7 @@ class _Worker:
 class PdfPool:
     """Up to ``workers`` PDF worker processes; :meth:`to_text` is the one way in."""
 
-    def __init__(self, workers: int = 2, doc_cpu: float = 5.0, request_cpu: float = 20.0
-                 ) -> None:
+    def __init__(self, workers: int = 2, doc_cpu: float = 5.0, request_cpu: float = 20.0) -> None:
         self.workers = workers
         self.doc_cpu = doc_cpu
         self.request_cpu = request_cpu
@@ -104,8 +109,9 @@ class PdfPool:
         self._reaping: set[asyncio.Task[Any]] = set()
         self.killed = 0  # workers killed mid-job (a client gone, a job overstaying)
 
-    async def to_text(self, req: Mapping[str, Any], where: Sequence[documents.Location]
-                      ) -> dict[str, Any]:
+    async def to_text(
+        self, req: Mapping[str, Any], where: Sequence[documents.Location]
+    ) -> dict[str, Any]:
         """A copy of ``req`` with each PDF at ``where`` replaced by its text (as
         :func:`documents.pdfs_to_text`), read in a worker one document at a time; raises
         InvalidRequest naming the first PDF that cannot be read or runs out of CPU time."""
@@ -116,9 +122,15 @@ class PdfPool:
         chars = documents.MAX_TEXT_CHARS
         for served, loc in enumerate(where):
             path = documents.location_path(*loc)
-            job = json.dumps({"docs": [[path, documents.pdf_data(req, loc)]],
-                              "doc_cpu": self.doc_cpu, "request_cpu": self.request_cpu,
-                              "used": used, "chars": chars}).encode()
+            job = json.dumps(
+                {
+                    "docs": [[path, documents.pdf_data(req, loc)]],
+                    "doc_cpu": self.doc_cpu,
+                    "request_cpu": self.request_cpu,
+                    "used": used,
+                    "chars": chars,
+                }
+            ).encode()
             reply = await self._run(job, path, (served, arrival))
             if "error" in reply:
                 error_path, why = reply["error"]
@@ -175,8 +187,7 @@ class PdfPool:
             raise InvalidRequest(first, "PDF documents could not be read in time") from None
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
             _log.warning("pdf_worker_failed", returncode=worker.proc.returncode)
-            raise InvalidRequest(first, "PDF could not be read (corrupt or not a PDF)"
-                                 ) from None
+            raise InvalidRequest(first, "PDF could not be read (corrupt or not a PDF)") from None
         finally:
             self._busy.discard(worker)
             if done:

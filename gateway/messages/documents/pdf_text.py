@@ -123,8 +123,10 @@ def pdfs_to_text(req: Mapping[str, Any], where: Sequence[Location]) -> dict[str,
 def check_count(where: Sequence[Location]) -> None:
     """At most :data:`MAX_PDFS` PDFs in one request (checked before any work)."""
     if len(where) > MAX_PDFS:
-        raise InvalidRequest(_path(*where[MAX_PDFS]), f"at most {MAX_PDFS} PDF documents are "
-                                                     "supported in one request")
+        raise InvalidRequest(
+            _path(*where[MAX_PDFS]),
+            f"at most {MAX_PDFS} PDF documents are supported in one request",
+        )
 
 
 def pdf_data(req: Mapping[str, Any], loc: Location) -> str:
@@ -137,8 +139,9 @@ def pdf_data(req: Mapping[str, Any], loc: Location) -> str:
     return data
 
 
-def with_texts(req: Mapping[str, Any], where: Sequence[Location], texts: Sequence[str]
-               ) -> dict[str, Any]:
+def with_texts(
+    req: Mapping[str, Any], where: Sequence[Location], texts: Sequence[str]
+) -> dict[str, Any]:
     """A copy of ``req`` with the PDF at each of ``where`` replaced by its text.
 
     Only the containers on the way to a PDF are copied; the client's dicts are left as
@@ -193,8 +196,11 @@ def pdf_text(data: str, path: str, max_chars: int = MAX_TEXT_CHARS) -> str:
     except InvalidRequest:
         raise
     except _TooMuchText:
-        raise InvalidRequest(path, f"PDF text is longer than the {max_chars} characters "
-                                   "left for documents in this request") from None
+        raise InvalidRequest(
+            path,
+            f"PDF text is longer than the {max_chars} characters "
+            "left for documents in this request",
+        ) from None
     except Exception:  # pypdf on hostile input: any error, RecursionError included
         raise InvalidRequest(path, "PDF could not be read (corrupt or not a PDF)") from None
 
@@ -229,8 +235,11 @@ def _extract(raw: bytes, path: str, max_chars: int) -> str:
         any_text = any_text or bool(text)
         pages.append(f"--- Page {number} of {count} ---\n{text or NO_TEXT}")
     if not any_text:
-        raise InvalidRequest(path, "PDF has no extractable text (its pages are images, "
-                                   "e.g. a scan); only a PDF's text reaches this model")
+        raise InvalidRequest(
+            path,
+            "PDF has no extractable text (its pages are images, "
+            "e.g. a scan); only a PDF's text reaches this model",
+        )
     out = "\n\n".join(pages)
     if len(out) > max_chars:
         raise _TooMuchText

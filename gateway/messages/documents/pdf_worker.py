@@ -84,10 +84,14 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
 def _cpu_why(doc_cpu: float, request_cpu: float, *, per_request: bool) -> str:
     if per_request:
-        return (f"PDF documents in this request took more than {request_cpu:g} CPU seconds to "
-                "read; send fewer or simpler PDFs")
-    return (f"PDF took more than {doc_cpu:g} CPU seconds to read (too many drawing "
-            "operators, or too complex); send its text instead")
+        return (
+            f"PDF documents in this request took more than {request_cpu:g} CPU seconds to "
+            "read; send fewer or simpler PDFs"
+        )
+    return (
+        f"PDF took more than {doc_cpu:g} CPU seconds to read (too many drawing "
+        "operators, or too complex); send its text instead"
+    )
 
 
 def _read(stream: BinaryIO, size: int) -> bytes | None:

@@ -27,7 +27,7 @@ def aggregate(sse: bytes) -> dict[str, Any]:
         at = frame.find(b"\ndata: ")
         if at < 0:
             continue
-        event = jsonutil.loads_upstream(frame[at + 7:])
+        event = jsonutil.loads_upstream(frame[at + 7 :])
         kind = event["type"]
         if kind == "message_start":
             message = event["message"]

@@ -31,13 +31,37 @@ _log = structlog.get_logger("gateway.messages")
 class Figures:
     """What one reply did, for :meth:`write` (see the module docstring)."""
 
-    __slots__ = ("api", "decode", "decoded", "dropped_tool_deltas", "inline_thinking",
-                 "model", "orphan_close", "over_budget", "overhead", "reasoning_hidden",
-                 "repaired", "stop_reason", "streamed", "termination", "text_calls", "ttft",
-                 "unrepairable", "upstream", "usage", "written")
+    __slots__ = (
+        "api",
+        "decode",
+        "decoded",
+        "dropped_tool_deltas",
+        "inline_thinking",
+        "model",
+        "orphan_close",
+        "over_budget",
+        "overhead",
+        "reasoning_hidden",
+        "repaired",
+        "stop_reason",
+        "streamed",
+        "termination",
+        "text_calls",
+        "ttft",
+        "unrepairable",
+        "upstream",
+        "usage",
+        "written",
+    )
 
-    def __init__(self, model: str, *, overhead: float | None = None, streamed: bool = False,
-                 api: str = "messages") -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        overhead: float | None = None,
+        streamed: bool = False,
+        api: str = "messages",
+    ) -> None:
         self.api = api
         self.model = model  # the route that answered (a fallback's, if one did)
         self.upstream = ""  # its upstream's name (logged with an orphan </think>)
@@ -65,11 +89,20 @@ class Figures:
         """A whole reply's stop reason and usage (a buffered one, or a stream's folded)."""
         self.stop_reason = message.get("stop_reason") or None
         usage = message["usage"]
-        self.usage = (usage["input_tokens"] + usage.get("cache_read_input_tokens", 0),
-                      usage["output_tokens"])
+        self.usage = (
+            usage["input_tokens"] + usage.get("cache_read_input_tokens", 0),
+            usage["output_tokens"],
+        )
 
-    def add_fixes(self, *, repaired: int = 0, unrepairable: int = 0, over_budget: int = 0,
-                  text_calls: int = 0, normaliser: Any = None) -> None:
+    def add_fixes(
+        self,
+        *,
+        repaired: int = 0,
+        unrepairable: int = 0,
+        over_budget: int = 0,
+        text_calls: int = 0,
+        normaliser: Any = None,
+    ) -> None:
         """What the normalisers fixed in one engine answer (gateway/local/)."""
         self.repaired += repaired
         self.unrepairable += unrepairable
@@ -82,9 +115,13 @@ class Figures:
     def add_translator(self, translator: StreamTranslator) -> None:
         """What was fixed in one translated upstream stream."""
         repaired, unrepairable = translator.tool_arguments_fixed
-        self.add_fixes(repaired=repaired, unrepairable=unrepairable,
-                       over_budget=translator.tool_arguments_over_budget,
-                       text_calls=translator.text_tool_calls, normaliser=translator.normaliser)
+        self.add_fixes(
+            repaired=repaired,
+            unrepairable=unrepairable,
+            over_budget=translator.tool_arguments_over_budget,
+            text_calls=translator.text_tool_calls,
+            normaliser=translator.normaliser,
+        )
         self.dropped_tool_deltas += translator.dropped_tool_deltas
         self.reasoning_hidden += int(translator.reasoning_hidden)
 
@@ -124,8 +161,13 @@ class Figures:
         if self.dropped_tool_deltas:
             _log.warning("tool_arguments_dropped", model=model, count=self.dropped_tool_deltas)
             metrics.tool_arg_errors.labels(model).inc(self.dropped_tool_deltas)
-        if self.repaired or self.unrepairable or self.text_calls or self.inline_thinking \
-                or self.orphan_close:
+        if (
+            self.repaired
+            or self.unrepairable
+            or self.text_calls
+            or self.inline_thinking
+            or self.orphan_close
+        ):
             self._write_fixes(metrics)
         if self.reasoning_hidden:
             metrics.reasoning_hidden.labels(model).inc(self.reasoning_hidden)
@@ -141,17 +183,27 @@ class Figures:
         budget had no room for (gateway/local/tool_args.py)."""
         model = self.model
         fixes = metrics.local_fixes
-        for fix, count in (("tool_arguments_repaired", self.repaired),
-                           ("tool_arguments_unrepairable", self.unrepairable),
-                           ("text_tool_call", self.text_calls),
-                           ("inline_thinking", self.inline_thinking)):
+        for fix, count in (
+            ("tool_arguments_repaired", self.repaired),
+            ("tool_arguments_unrepairable", self.unrepairable),
+            ("text_tool_call", self.text_calls),
+            ("inline_thinking", self.inline_thinking),
+        ):
             if count:
                 fixes.labels(model, fix).inc(count)
         if self.repaired or self.unrepairable:
-            _log.warning("tool_arguments_repaired", model=model, repaired=self.repaired,
-                         unrepairable=self.unrepairable, over_budget=self.over_budget)
+            _log.warning(
+                "tool_arguments_repaired",
+                model=model,
+                repaired=self.repaired,
+                unrepairable=self.unrepairable,
+                over_budget=self.over_budget,
+            )
         if self.orphan_close:
-            _log.warning("inline_thinking_opened_by_template", model=model,
-                         upstream=self.upstream,
-                         detail="content had </think> without <think>: set "
-                         "inline_thinking = \"opened\" on this upstream")
+            _log.warning(
+                "inline_thinking_opened_by_template",
+                model=model,
+                upstream=self.upstream,
+                detail="content had </think> without <think>: set "
+                'inline_thinking = "opened" on this upstream',
+            )

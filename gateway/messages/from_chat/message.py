@@ -98,9 +98,20 @@ def from_chat(
         seen: set[str] = set()
         for kind, value in normaliser.whole(text):
             if kind == CALL_PIECE:
-                parts.append(("tool_use", _tool_use(
-                    None, value.name, value.arguments, seen, budget, on_bad_tool_args,
-                    on_repaired)))
+                parts.append(
+                    (
+                        "tool_use",
+                        _tool_use(
+                            None,
+                            value.name,
+                            value.arguments,
+                            seen,
+                            budget,
+                            on_bad_tool_args,
+                            on_repaired,
+                        ),
+                    )
+                )
             else:
                 parts.append(("thinking" if kind == THINKING_PIECE else "text", value))
     tool_uses = _tool_uses(message, budget, on_bad_tool_args, on_repaired)
@@ -119,9 +130,7 @@ def from_chat(
     finish = choice.get("finish_reason")
     matched = tables.matched_stop_sequence(choice, stop_sequences)
     # A buffered reply is finished: a missing finish_reason means a natural end.
-    reason = tables.stop_reason(
-        finish if isinstance(finish, str) else "stop", matched, has_tools
-    )
+    reason = tables.stop_reason(finish if isinstance(finish, str) else "stop", matched, has_tools)
     usage = tables.usage_from_chat(completion.get("usage"), completion.get("timings"))
     return {
         "id": message_id or ids.new_message_id(),
@@ -135,8 +144,9 @@ def from_chat(
     }
 
 
-def _blocks(parts: list[tuple[str, Any]], signing_key: bytes, hide_thinking: bool
-            ) -> list[dict[str, Any]]:
+def _blocks(
+    parts: list[tuple[str, Any]], signing_key: bytes, hide_thinking: bool
+) -> list[dict[str, Any]]:
     """Content blocks from ordered parts, adjacent text (or thinking) joined into one block,
     as the stream's blocks are."""
     merged: list[tuple[str, Any]] = []
@@ -148,8 +158,13 @@ def _blocks(parts: list[tuple[str, Any]], signing_key: bytes, hide_thinking: boo
     content: list[dict[str, Any]] = []
     for kind, value in merged:
         if kind == "thinking":
-            content.append({"type": "thinking", "thinking": "" if hide_thinking else value,
-                            "signature": signatures.seal(signing_key, value)})
+            content.append(
+                {
+                    "type": "thinking",
+                    "thinking": "" if hide_thinking else value,
+                    "signature": signatures.seal(signing_key, value),
+                }
+            )
         elif kind == "text":
             content.append({"type": "text", "text": value})
         else:
@@ -199,7 +214,8 @@ def _text(message: Mapping[str, Any]) -> str:
 
 
 def _tool_uses(
-    message: Mapping[str, Any], budget: RepairBudget,
+    message: Mapping[str, Any],
+    budget: RepairBudget,
     on_bad_tool_args: Callable[[], None] | None,
     on_repaired: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
@@ -217,14 +233,29 @@ def _tool_uses(
         function = call.get("function")
         if not isinstance(function, _MAPPING):
             function = {}
-        blocks.append(_tool_use(call.get("id"), function.get("name"), function.get("arguments"),
-                                seen, budget, on_bad_tool_args, on_repaired))
+        blocks.append(
+            _tool_use(
+                call.get("id"),
+                function.get("name"),
+                function.get("arguments"),
+                seen,
+                budget,
+                on_bad_tool_args,
+                on_repaired,
+            )
+        )
     return blocks
 
 
-def _tool_use(upstream_id: Any, name: Any, arguments: Any, seen: set[str],
-              budget: RepairBudget, on_bad_tool_args: Callable[[], None] | None,
-              on_repaired: Callable[[], None] | None) -> dict[str, Any]:
+def _tool_use(
+    upstream_id: Any,
+    name: Any,
+    arguments: Any,
+    seen: set[str],
+    budget: RepairBudget,
+    on_bad_tool_args: Callable[[], None] | None,
+    on_repaired: Callable[[], None] | None,
+) -> dict[str, Any]:
     block_id = ids.tool_use_id(upstream_id)
     while block_id in seen:  # ids must be unique within a message
         block_id = ids.new_tool_use_id()
@@ -242,5 +273,9 @@ def _tool_use(upstream_id: Any, name: Any, arguments: Any, seen: set[str],
             on_bad_tool_args()
         elif repaired.outcome == "repaired" and on_repaired is not None:
             on_repaired()
-    return {"type": "tool_use", "id": block_id, "name": name if isinstance(name, str) else "",
-            "input": tool_input}
+    return {
+        "type": "tool_use",
+        "id": block_id,
+        "name": name if isinstance(name, str) else "",
+        "input": tool_input,
+    }

@@ -49,9 +49,18 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from gateway.errors import InvalidRequest, Overloaded, RequestTooLarge
 
-__all__ = ["MAX_EXPANSION", "MAX_REASONING_BYTES", "MAX_RESTORED_BYTES", "MAX_RESTORED_CHARS",
-           "Restorable", "TooMuchReasoning", "open_signature", "restorable", "restore_reasoning",
-           "seal"]
+__all__ = [
+    "MAX_EXPANSION",
+    "MAX_REASONING_BYTES",
+    "MAX_RESTORED_BYTES",
+    "MAX_RESTORED_CHARS",
+    "Restorable",
+    "TooMuchReasoning",
+    "open_signature",
+    "restorable",
+    "restore_reasoning",
+    "seal",
+]
 
 _VERSION = b"\x01"  # zlib-compressed reasoning
 _PLAIN = b"\x02"  # the reasoning as is
@@ -86,10 +95,11 @@ def derived_keys(key: bytes, purpose: bytes) -> tuple[AESGCM, Any]:
     if keys is None:
         if len(_KEYS) > 8:
             _KEYS.clear()
-        derived = HKDF(algorithm=hashes.SHA256(), length=64, salt=None,
-                       info=purpose).derive(key)
-        keys = _KEYS[key, purpose] = (AESGCM(derived[:32]),
-                                      hmac.new(derived[32:], digestmod=hashlib.sha256))
+        derived = HKDF(algorithm=hashes.SHA256(), length=64, salt=None, info=purpose).derive(key)
+        keys = _KEYS[key, purpose] = (
+            AESGCM(derived[:32]),
+            hmac.new(derived[32:], digestmod=hashlib.sha256),
+        )
     return keys
 
 
@@ -130,8 +140,9 @@ class TooMuchReasoning(Exception):
     """A signature holds more reasoning than it was allowed to restore (``limit`` bytes)."""
 
 
-def open_signature(keys: bytes | Sequence[bytes], signature: str,
-                   limit: int = MAX_REASONING_BYTES) -> str | None:
+def open_signature(
+    keys: bytes | Sequence[bytes], signature: str, limit: int = MAX_REASONING_BYTES
+) -> str | None:
     """The reasoning a signature of ours holds; None when it is not one (or was altered, or
     holds more than ``limit`` bytes; :func:`open_bounded` tells that case apart).
 
@@ -157,7 +168,7 @@ def open_bounded(keys: bytes | Sequence[bytes], signature: str, limit: int) -> s
     packed = None
     for key in (keys,) if isinstance(keys, bytes) else keys:
         try:
-            packed = _cipher(key).decrypt(raw[1:1 + _NONCE], raw[1 + _NONCE:], aad)
+            packed = _cipher(key).decrypt(raw[1 : 1 + _NONCE], raw[1 + _NONCE :], aad)
             break
         except InvalidTag:
             continue
@@ -202,11 +213,15 @@ def restorable(req: Mapping[str, Any]) -> list[Restorable]:
     return found
 
 
-def restore_reasoning(req: Mapping[str, Any], keys: bytes | Sequence[bytes], *,
-                      max_bytes: int = MAX_RESTORED_BYTES,
-                      take: Callable[[int], bool] | None = None,
-                      give: Callable[[int], None] | None = None,
-                      blocks: Sequence[Restorable] | None = None) -> int:
+def restore_reasoning(
+    req: Mapping[str, Any],
+    keys: bytes | Sequence[bytes],
+    *,
+    max_bytes: int = MAX_RESTORED_BYTES,
+    take: Callable[[int], bool] | None = None,
+    give: Callable[[int], None] | None = None,
+    blocks: Sequence[Restorable] | None = None,
+) -> int:
     """Put back the reasoning of every replayed thinking block that left its text out; the
     bytes restored.
 
@@ -245,8 +260,9 @@ def restore_reasoning(req: Mapping[str, Any], keys: bytes | Sequence[bytes], *,
     return restored
 
 
-def _open_one(keys: bytes | Sequence[bytes], signature: str, left: int, path: str,
-              max_bytes: int) -> str:
+def _open_one(
+    keys: bytes | Sequence[bytes], signature: str, left: int, path: str, max_bytes: int
+) -> str:
     """One replayed block's reasoning, or the error that refuses it (see
     :func:`restore_reasoning`)."""
     try:
@@ -254,17 +270,23 @@ def _open_one(keys: bytes | Sequence[bytes], signature: str, left: int, path: st
     except TooMuchReasoning:
         one = min(MAX_REASONING_BYTES, MAX_EXPANSION * len(signature))
         if one < left:
-            raise InvalidRequest(path, f"`signature` in `thinking` block holds more "
-                                       f"reasoning than one signature may restore ({one} "
-                                       f"bytes: at most {MAX_EXPANSION} per character of "
-                                       "it)") from None
-        raise RequestTooLarge(f"{path}: reasoning restored from `thinking` block "
-                              f"signatures exceeds {max_bytes} bytes in this request"
-                              ) from None
+            raise InvalidRequest(
+                path,
+                f"`signature` in `thinking` block holds more "
+                f"reasoning than one signature may restore ({one} "
+                f"bytes: at most {MAX_EXPANSION} per character of "
+                "it)",
+            ) from None
+        raise RequestTooLarge(
+            f"{path}: reasoning restored from `thinking` block "
+            f"signatures exceeds {max_bytes} bytes in this request"
+        ) from None
     if reasoning is None:
         raise InvalidRequest(path, "Invalid `signature` in `thinking` block")
     return reasoning
 
 
-RESTORE_BUSY = ("Overloaded: too much reasoning is being restored from thinking signatures "
-                "at once; retry shortly")
+RESTORE_BUSY = (
+    "Overloaded: too much reasoning is being restored from thinking signatures "
+    "at once; retry shortly"
+)

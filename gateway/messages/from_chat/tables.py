@@ -34,6 +34,7 @@ _MAPPING = (dict, Mapping)
 # itself, ends the message there and closes the upstream request.
 LOCAL_STOP_KINDS = frozenset({"llamacpp", "ollama"})
 
+
 def matched_stop_sequence(choice: Mapping[str, Any], stop_sequences: Sequence[str]) -> str | None:
     if not stop_sequences:
         return None
@@ -44,9 +45,7 @@ def matched_stop_sequence(choice: Mapping[str, Any], stop_sequences: Sequence[st
     return None
 
 
-def stop_reason(
-    finish_reason: str | None, matched: str | None, has_tool_calls: bool
-) -> str | None:
+def stop_reason(finish_reason: str | None, matched: str | None, has_tool_calls: bool) -> str | None:
     """Anthropic stop_reason for an OpenAI finish_reason (None if there was none)."""
     if finish_reason is None:
         return None
@@ -88,8 +87,12 @@ def usage_from_chat(usage: Any, timings: Any = None) -> Usage | None:
     if cached is not None:
         cached = min(cached, prompt)
         prompt -= cached
-    return Usage(prompt, _count(usage.get("completion_tokens")), cached,
-                 _is_count(usage.get("prompt_tokens")))
+    return Usage(
+        prompt,
+        _count(usage.get("completion_tokens")),
+        cached,
+        _is_count(usage.get("prompt_tokens")),
+    )
 
 
 def anthropic_usage(usage: Usage | None) -> dict[str, int]:
@@ -100,17 +103,22 @@ def anthropic_usage(usage: Usage | None) -> dict[str, int]:
         return {"input_tokens": 0, "output_tokens": 0}
     if usage.cache_read is None:
         return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}
-    return {"input_tokens": usage.input_tokens, "cache_read_input_tokens": usage.cache_read,
-            "output_tokens": usage.output_tokens}
+    return {
+        "input_tokens": usage.input_tokens,
+        "cache_read_input_tokens": usage.cache_read,
+        "output_tokens": usage.output_tokens,
+    }
 
 
 def _cached(usage: Mapping[str, Any], timings: Any) -> int | None:
     details = usage.get("prompt_tokens_details")
-    if details is not None and isinstance(details, _MAPPING) and _is_count(
-            details.get("cached_tokens")):
+    if (
+        details is not None
+        and isinstance(details, _MAPPING)
+        and _is_count(details.get("cached_tokens"))
+    ):
         return int(details["cached_tokens"])
-    if timings is not None and isinstance(timings, _MAPPING) and _is_count(
-            timings.get("cache_n")):
+    if timings is not None and isinstance(timings, _MAPPING) and _is_count(timings.get("cache_n")):
         return int(timings["cache_n"])
     return None
 
@@ -135,8 +143,11 @@ def hides_thinking(req: Mapping[str, Any]) -> bool:
     ``thinking_delta``.
     """
     thinking = req.get("thinking")
-    return (thinking is not None and isinstance(thinking, _MAPPING)
-            and thinking.get("display") in _HIDDEN_DISPLAYS)
+    return (
+        thinking is not None
+        and isinstance(thinking, _MAPPING)
+        and thinking.get("display") in _HIDDEN_DISPLAYS
+    )
 
 
 _THINKING_SWITCHES = ("enable_thinking", "thinking")
@@ -151,9 +162,15 @@ def shows_thinking(req: Mapping[str, Any]) -> bool:
     another thing: the block is there, with an empty ``thinking`` and its signature.
     """
     thinking = req.get("thinking")
-    if (thinking is not None and isinstance(thinking, _MAPPING)
-            and thinking.get("type") != "disabled"):
+    if (
+        thinking is not None
+        and isinstance(thinking, _MAPPING)
+        and thinking.get("type") != "disabled"
+    ):
         return True
     kwargs = req.get("chat_template_kwargs")
-    return kwargs is not None and isinstance(kwargs, _MAPPING) and any(
-        kwargs.get(k) is True for k in _THINKING_SWITCHES)
+    return (
+        kwargs is not None
+        and isinstance(kwargs, _MAPPING)
+        and any(kwargs.get(k) is True for k in _THINKING_SWITCHES)
+    )

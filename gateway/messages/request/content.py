@@ -199,12 +199,18 @@ def _document(block: Mapping[str, Any], path: str) -> None:
         if not isinstance(data, str) or not data:
             raise fail(f"{path}.data", "PDF source needs base64 data")
     elif kind == "url":
-        raise fail(f"{path}.type", "URL documents are not supported: the gateway never "
-                                   "fetches a URL on a client's behalf; send the PDF as "
-                                   "base64 data")
+        raise fail(
+            f"{path}.type",
+            "URL documents are not supported: the gateway never "
+            "fetches a URL on a client's behalf; send the PDF as "
+            "base64 data",
+        )
     elif kind == "file":
-        raise fail(f"{path}.type", "file document sources are not supported (this gateway "
-                                   "has no Files API); send the document as base64 or text")
+        raise fail(
+            f"{path}.type",
+            "file document sources are not supported (this gateway "
+            "has no Files API); send the document as base64 or text",
+        )
     elif kind is None:
         raise fail(f"{path}.type", "Field required")
     else:
@@ -280,8 +286,11 @@ def _server_tool_use(block: Mapping[str, Any], path: str) -> None:
     """A replayed ``server_tool_use`` block: only web search runs here."""
     _tool_use(block, path)
     if block["name"] != "web_search":
-        raise fail(f"{path}.name", f"'{echo(block['name'])}' is an Anthropic server tool "
-                   "this gateway does not run; only web_search blocks can be replayed")
+        raise fail(
+            f"{path}.name",
+            f"'{echo(block['name'])}' is an Anthropic server tool "
+            "this gateway does not run; only web_search blocks can be replayed",
+        )
     if not _SERVER_ID.fullmatch(block["id"]):
         raise fail(f"{path}.id", f"String should match pattern '{_SERVER_ID.pattern}'")
 
@@ -302,8 +311,11 @@ def _web_search_tool_result(block: Mapping[str, Any], path: str) -> None:
         if content.get("type") != "web_search_tool_result_error":
             raise fail(f"{path}.content.type", "Input should be 'web_search_tool_result_error'")
         if content.get("error_code") not in WEB_SEARCH_ERROR_CODES:
-            raise fail(f"{path}.content.error_code", "Input should be one of "
-                       + ", ".join(f"'{c}'" for c in sorted(WEB_SEARCH_ERROR_CODES)))
+            raise fail(
+                f"{path}.content.error_code",
+                "Input should be one of "
+                + ", ".join(f"'{c}'" for c in sorted(WEB_SEARCH_ERROR_CODES)),
+            )
         return
     for j, item in enumerate(check_list(content, f"{path}.content")):
         where = f"{path}.content.{j}"
@@ -392,8 +404,11 @@ def check_messages(messages: Any) -> None:
                 searches.add(block["id"])
             elif kind == "web_search_tool_result":
                 if block["tool_use_id"] not in searches:
-                    raise fail(f"{block_path}.tool_use_id", "a web_search_tool_result must "
-                               "follow the server_tool_use block it answers, once")
+                    raise fail(
+                        f"{block_path}.tool_use_id",
+                        "a web_search_tool_result must "
+                        "follow the server_tool_use block it answers, once",
+                    )
                 searches.discard(block["tool_use_id"])
     if not messages:
         raise fail("messages", "List should have at least 1 item")
@@ -411,11 +426,14 @@ def _turn_controls(msg: Mapping[str, Any], path: str) -> None:
     check_obj(config, f"{path}.output_config")
     effort = config.get("effort")
     if effort is not None and effort not in EFFORTS:
-        raise fail(f"{path}.output_config.effort",
-                   "Input should be " + ", ".join(map(repr, EFFORTS)))
+        raise fail(
+            f"{path}.output_config.effort", "Input should be " + ", ".join(map(repr, EFFORTS))
+        )
     if config.get("format") is not None:
-        raise fail(f"{path}.output_config.format",
-                   "output_config.format is only allowed at the top level of the request")
+        raise fail(
+            f"{path}.output_config.format",
+            "output_config.format is only allowed at the top level of the request",
+        )
 
 
 def check_system(system: Any) -> None:

@@ -125,8 +125,11 @@ def _allowed_callers(callers: Any, path: str) -> None:
         if not isinstance(caller, str):
             raise fail(f"{path}.allowed_callers.{j}", "Input should be a valid string")
     if "direct" not in callers:
-        raise fail(f"{path}.allowed_callers", "this gateway's models call tools directly; a "
-                   "tool only Anthropic's code execution may call cannot be used here")
+        raise fail(
+            f"{path}.allowed_callers",
+            "this gateway's models call tools directly; a "
+            "tool only Anthropic's code execution may call cannot be used here",
+        )
 
 
 def _custom_tool_name(tool: Mapping[str, Any], path: str) -> str:
@@ -250,14 +253,18 @@ THREAD_UNSUPPORTED = {"error_code": "thread_unsupported_request"}
 def _server_side_features(body: Mapping[str, Any]) -> None:
     """Refuse what only Anthropic's servers can do; dropping it would change the answer."""
     if body.get("mcp_servers"):
-        raise fail("mcp_servers", "this gateway's models cannot reach MCP servers; "
-                   "define their tools as client tools instead")
+        raise fail(
+            "mcp_servers",
+            "this gateway's models cannot reach MCP servers; "
+            "define their tools as client tools instead",
+        )
     if body.get("container") is not None:
         raise fail("container", "code execution containers are not available on this gateway")
 
 
-def validate_messages(body: object, *, count_tokens: bool = False,
-                      web_search: bool = False) -> dict[str, Any]:
+def validate_messages(
+    body: object, *, count_tokens: bool = False, web_search: bool = False
+) -> dict[str, Any]:
     """Return ``body`` if it is a valid Messages request, else raise InvalidRequest.
 
     ``web_search``: the gateway runs the web search tool (``[web_search]`` is configured);
@@ -271,8 +278,12 @@ def validate_messages(body: object, *, count_tokens: bool = False,
     if body.get("thread") is not None:
         # first: a thread's `continue` turn carries only the new messages, and whatever else
         # might be wrong with it, the SDK's fallback must see this error to resend in full
-        raise fail("thread", "message threads are not supported by this gateway; send the "
-                   "full conversation without `thread`", details=THREAD_UNSUPPORTED)
+        raise fail(
+            "thread",
+            "message threads are not supported by this gateway; send the "
+            "full conversation without `thread`",
+            details=THREAD_UNSUPPORTED,
+        )
     if body.get("model") is None:
         raise fail("model", "Field required")
     if not isinstance(body["model"], str):

@@ -62,8 +62,11 @@ class Blocks:
         elif kind == THINKING:
             signature = signatures.seal(self._key, "".join(self.thinking))
             out.append(
-                frames.CBD + b"%d" % self.index + frames.SIGNATURE_DELTA
-                + frames.jstr(signature) + frames.DELTA_END
+                frames.CBD
+                + b"%d" % self.index
+                + frames.SIGNATURE_DELTA
+                + frames.jstr(signature)
+                + frames.DELTA_END
             )
             self.thinking = []
         elif kind == TOOL:

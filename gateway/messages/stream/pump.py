@@ -36,6 +36,7 @@ class Body(Protocol):
     def release_if_complete(self, *, ended: bool = False) -> None:
         """Mark the response reusable when its body has been read to the end."""
 
+
 # A read holds at most this many events' translation before the event loop runs again: a
 # read is up to 256 KiB (the connection's pause mark) plus one socket read, and a fast stream
 # of tiny deltas packs thousands of events into it (about 10 us each: 2.5 ms a step). A
@@ -61,8 +62,9 @@ class Cut:
 
     __slots__ = ("error", "payload")
 
-    def __init__(self, error: errors.GatewayError | None = None,
-                 payload: bytes | None = None) -> None:
+    def __init__(
+        self, error: errors.GatewayError | None = None, payload: bytes | None = None
+    ) -> None:
         self.error = error
         self.payload = payload
 
@@ -70,9 +72,15 @@ class Cut:
 _ERROR_KEY = b'"error"'  # in a chunk only as an error's key or value: JSON text escapes quotes
 
 
-async def pump(up: Body, translator: StreamTranslator,
-               write: Callable[[bytes], Awaitable[None]], timing: Timing, inter_chunk: Any, *,
-               resumable: bool = False) -> Cut | None:
+async def pump(
+    up: Body,
+    translator: StreamTranslator,
+    write: Callable[[bytes], Awaitable[None]],
+    timing: Timing,
+    inter_chunk: Any,
+    *,
+    resumable: bool = False,
+) -> Cut | None:
     """The hot path: per upstream read, one decode, one translation, one write.
 
     ``timing`` keeps the clock: the gateway's own time (``translate``), the first content
@@ -132,7 +140,7 @@ async def pump(up: Body, translator: StreamTranslator,
                 # the event loop has run once, so no read holds it longer than one step
                 await asyncio.sleep(0)
                 now = clock()
-                payloads = batch[rest:rest + step]
+                payloads = batch[rest : rest + step]
                 rest = rest + step if rest + step < len(batch) else 0
     except errors.UpstreamError as err:
         if not resumable or translator.done:

@@ -36,8 +36,8 @@ class StopMatcher:
                 if buf.endswith(stop[:k]):
                     keep = k
                     break
-        self.held = buf[len(buf) - keep:] if keep else ""
-        return buf[:len(buf) - keep], None
+        self.held = buf[len(buf) - keep :] if keep else ""
+        return buf[: len(buf) - keep], None
 
     def take_held(self) -> str:
         """The held text, when no stop sequence can follow any more (the block ends)."""

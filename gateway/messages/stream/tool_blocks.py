@@ -67,8 +67,17 @@ class StreamedCall:
 class ToolBlocks:
     """Tool-call deltas -> the frames of ``tool_use`` blocks, arguments held and sent whole."""
 
-    __slots__ = ("_all", "_budget", "_calls", "_head", "_tool", "dropped", "opened",
-                 "repaired", "unrepairable")
+    __slots__ = (
+        "_all",
+        "_budget",
+        "_calls",
+        "_head",
+        "_tool",
+        "dropped",
+        "opened",
+        "repaired",
+        "unrepairable",
+    )
 
     def __init__(self) -> None:
         self._tool: StreamedCall | None = None  # the call streaming into the open block

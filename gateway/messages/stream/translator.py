@@ -150,12 +150,39 @@ class StreamTranslator:
 
     # one per open stream, thousands at once: no per-instance dict (~1.6 KB)
     __slots__ = (
-        "_before_calls", "_before_held", "_blocks", "_calls_seen", "_content",
-        "_content_chunks", "_finish", "_hide_thinking", "_hosts", "_matched", "_message_id",
-        "_model", "_norm", "_prompt_reported", "_reasoning", "_secrets", "_show_thinking",
-        "_stop_sequences", "_stops", "_tools", "_usage_seen", "cache_read", "ended_by_done",
-        "error", "input_tokens", "normaliser", "output_tokens", "reasoning_hidden", "started",
-        "state", "stop_reason", "termination", "text_tool_calls",
+        "_before_calls",
+        "_before_held",
+        "_blocks",
+        "_calls_seen",
+        "_content",
+        "_content_chunks",
+        "_finish",
+        "_hide_thinking",
+        "_hosts",
+        "_matched",
+        "_message_id",
+        "_model",
+        "_norm",
+        "_prompt_reported",
+        "_reasoning",
+        "_secrets",
+        "_show_thinking",
+        "_stop_sequences",
+        "_stops",
+        "_tools",
+        "_usage_seen",
+        "cache_read",
+        "ended_by_done",
+        "error",
+        "input_tokens",
+        "normaliser",
+        "output_tokens",
+        "reasoning_hidden",
+        "started",
+        "state",
+        "stop_reason",
+        "termination",
+        "text_tool_calls",
     )
 
     def __init__(
@@ -298,8 +325,12 @@ class StreamTranslator:
         tool block has closed (the client has seen that block's start and nothing of any
         call's arguments, which are held until a block closes) and no call was written as
         text; else None."""
-        if (self.state is not _BLOCK_OPEN or self._blocks.kind != TOOL or self._finish is not None
-                or self.text_tool_calls):
+        if (
+            self.state is not _BLOCK_OPEN
+            or self._blocks.kind != TOOL
+            or self._finish is not None
+            or self.text_tool_calls
+        ):
             return None
         call = self._tools.regenerable()
         if call is None or call.name is None:
@@ -332,7 +363,7 @@ class StreamTranslator:
         if norm is None or not held or not content.endswith(held) or self._content is None:
             return False  # (it always ends the content: see ContentNormaliser.held_call)
         norm.drop_held_call()
-        self._content.replace(content[:len(content) - len(held)])
+        self._content.replace(content[: len(content) - len(held)])
         tokens, self._content_chunks = self._before_held
         if self._usage_seen:
             self.output_tokens = tokens
@@ -386,14 +417,20 @@ class StreamTranslator:
             out.append(self._on_failure(errors.StreamProcessingError(), "malformed_chunk"))
             return
         if chunk.get("error") is not None:
-            out.append(self._on_failure(
-                errors.from_inband(chunk, hosts=self._hosts, secrets=self._secrets),
-                "upstream_error"))
+            out.append(
+                self._on_failure(
+                    errors.from_inband(chunk, hosts=self._hosts, secrets=self._secrets),
+                    "upstream_error",
+                )
+            )
             return
         if chunk.get("object") == "error":
-            out.append(self._on_failure(
-                errors.from_inband({"error": chunk}, hosts=self._hosts, secrets=self._secrets),
-                "upstream_error"))
+            out.append(
+                self._on_failure(
+                    errors.from_inband({"error": chunk}, hosts=self._hosts, secrets=self._secrets),
+                    "upstream_error",
+                )
+            )
             return
         try:
             self._on_chunk(chunk, out)
@@ -497,8 +534,10 @@ class StreamTranslator:
                     self._on_text(content, out)
                 else:
                     if not norm.holds_call:  # this delta may begin a held call: count before it
-                        self._before_held = (max(0, self.tokens_so_far - 1),
-                                             self._content_chunks - 1)
+                        self._before_held = (
+                            max(0, self.tokens_so_far - 1),
+                            self._content_chunks - 1,
+                        )
                     if not self._on_pieces(norm.feed(content), out):
                         return
                 if self.state is not _BLOCK_OPEN:  # a stop sequence ended the message
@@ -548,8 +587,13 @@ class StreamTranslator:
                 self._on_thinking(value, out)
             else:  # a tool call written as text: a tool_use block like any other
                 self.text_tool_calls += 1
-                self._on_tool_delta({"index": -self.text_tool_calls, "function": {
-                    "name": value.name, "arguments": value.arguments}}, out)
+                self._on_tool_delta(
+                    {
+                        "index": -self.text_tool_calls,
+                        "function": {"name": value.name, "arguments": value.arguments},
+                    },
+                    out,
+                )
         return True
 
     def _on_tool_delta(self, delta: Any, out: list[bytes]) -> None:
@@ -634,8 +678,9 @@ class StreamTranslator:
         into the final message), so it equals the buffered reply's usage."""
         if not self._prompt_reported:
             return {"output_tokens": self.output_tokens}
-        return tables.anthropic_usage(tables.Usage(
-            self.input_tokens, self.output_tokens, self.cache_read, True))
+        return tables.anthropic_usage(
+            tables.Usage(self.input_tokens, self.output_tokens, self.cache_read, True)
+        )
 
     def _fail_into(self, out: list[bytes], err: errors.GatewayError, reason: str) -> None:
         if self.state is _PRE_START:

@@ -56,13 +56,20 @@ Schema = dict[str, Any]
 
 _VERSIONED = re.compile(r"([a-z][a-z0-9_]*?)_[0-9]{8}")  # family, date
 _SERVER_FAMILIES = frozenset(
-    {"web_search", "web_fetch", "code_execution", "tool_search_tool_bm25",
-     "tool_search_tool_regex", "advisor"}
+    {
+        "web_search",
+        "web_fetch",
+        "code_execution",
+        "tool_search_tool_bm25",
+        "tool_search_tool_regex",
+        "advisor",
+    }
 )
 # the unversioned spellings the SDK types allow
 _SERVER_TYPES = frozenset({"mcp_toolset", "tool_search_tool_bm25", "tool_search_tool_regex"})
-_SERVER_TOOL = ("'{}' is an Anthropic server tool; this gateway's models cannot run Anthropic "
-                "server tools")
+_SERVER_TOOL = (
+    "'{}' is an Anthropic server tool; this gateway's models cannot run Anthropic server tools"
+)
 _TOOLSETS = {
     "computer_toolset": "use a 'computer_20251124' tool instead",
     "browser_toolset": "define the browser actions as custom tools instead",
@@ -90,13 +97,21 @@ def _integer(description: str) -> Schema:
 
 
 def _ints(count: int, description: str) -> Schema:
-    return {"type": "array", "items": {"type": "integer"}, "minItems": count,
-            "maxItems": count, "description": description}
+    return {
+        "type": "array",
+        "items": {"type": "integer"},
+        "minItems": count,
+        "maxItems": count,
+        "description": description,
+    }
 
 
 def _commands(commands: tuple[str, ...]) -> Schema:
-    return {"type": "string", "enum": list(commands),
-            "description": "The command to run: " + ", ".join(commands) + "."}
+    return {
+        "type": "string",
+        "enum": list(commands),
+        "description": "The command to run: " + ", ".join(commands) + ".",
+    }
 
 
 # --- bash ---------------------------------------------------------------------------
@@ -114,9 +129,12 @@ def _bash(tool: Mapping[str, Any]) -> tuple[str, Schema]:
         "type": "object",
         "properties": {
             "command": _string(
-                "The bash command to run. Required unless the tool is being restarted."),
-            "restart": {"type": "boolean", "description":
-                        "Set to true to restart the bash session; otherwise leave it out."},
+                "The bash command to run. Required unless the tool is being restarted."
+            ),
+            "restart": {
+                "type": "boolean",
+                "description": "Set to true to restart the bash session; otherwise leave it out.",
+            },
         },
     }
 
@@ -142,23 +160,29 @@ def _text_editor(tool: Mapping[str, Any], *, undo: bool, insert_key: str) -> tup
         lines.append(f"A view shows at most {limit} characters; use `view_range` for the rest.")
     properties: Schema = {
         "command": _commands(commands),
-        "path": _string("Absolute path to the file or directory, e.g. `/repo/file.py` or "
-                        "`/repo`."),
+        "path": _string("Absolute path to the file or directory, e.g. `/repo/file.py` or `/repo`."),
         "file_text": _string("Required by `create`: the content of the new file."),
         "old_str": _string("Required by `str_replace`: the exact text to replace."),
         "new_str": _string(
             "For `str_replace`: the replacement text (empty if left out)."
-            + (" Required by `insert`: the text to insert." if insert_key == "new_str" else "")),
+            + (" Required by `insert`: the text to insert." if insert_key == "new_str" else "")
+        ),
     }
     if insert_key != "new_str":
         properties[insert_key] = _string("Required by `insert`: the text to insert.")
     properties["insert_line"] = _integer(
-        "Required by `insert`: the line after which the text goes (0 inserts at the top).")
+        "Required by `insert`: the line after which the text goes (0 inserts at the top)."
+    )
     properties["view_range"] = _ints(
-        2, "Optional for `view` of a file: [start_line, end_line], numbered from 1; an end "
-        "of -1 reads to the end of the file.")
+        2,
+        "Optional for `view` of a file: [start_line, end_line], numbered from 1; an end "
+        "of -1 reads to the end of the file.",
+    )
     return "\n".join(lines), {
-        "type": "object", "properties": properties, "required": ["command", "path"]}
+        "type": "object",
+        "properties": properties,
+        "required": ["command", "path"],
+    }
 
 
 def _check_max_characters(tool: Mapping[str, Any], path: str) -> None:
@@ -181,8 +205,10 @@ def _memory(tool: Mapping[str, Any]) -> tuple[str, Schema]:
         "type": "object",
         "properties": {
             "command": _commands(_MEMORY_COMMANDS),
-            "path": _string("The file or directory under /memories, e.g. "
-                            "`/memories/notes.md`; required by every command but `rename`."),
+            "path": _string(
+                "The file or directory under /memories, e.g. "
+                "`/memories/notes.md`; required by every command but `rename`."
+            ),
             "view_range": _ints(2, "Optional for `view` of a file: [start_line, end_line]."),
             "file_text": _string("Required by `create`: the content of the file."),
             "old_str": _string("Required by `str_replace`: the exact text to replace."),
@@ -217,13 +243,36 @@ _ACTIONS: Mapping[str, str] = {
     "screenshot": "take a screenshot of the screen",
     "zoom": "view `region` of the screen at full resolution",
 }
-_ACTIONS_20241022 = ("key", "type", "mouse_move", "left_click", "left_click_drag",
-                     "right_click", "middle_click", "double_click", "screenshot",
-                     "cursor_position")
-_ACTIONS_20250124 = ("key", "hold_key", "type", "cursor_position", "mouse_move",
-                     "left_mouse_down", "left_mouse_up", "left_click", "left_click_drag",
-                     "right_click", "middle_click", "double_click", "triple_click", "scroll",
-                     "wait", "screenshot")
+_ACTIONS_20241022 = (
+    "key",
+    "type",
+    "mouse_move",
+    "left_click",
+    "left_click_drag",
+    "right_click",
+    "middle_click",
+    "double_click",
+    "screenshot",
+    "cursor_position",
+)
+_ACTIONS_20250124 = (
+    "key",
+    "hold_key",
+    "type",
+    "cursor_position",
+    "mouse_move",
+    "left_mouse_down",
+    "left_mouse_up",
+    "left_click",
+    "left_click_drag",
+    "right_click",
+    "middle_click",
+    "double_click",
+    "triple_click",
+    "scroll",
+    "wait",
+    "screenshot",
+)
 
 
 def _computer(tool: Mapping[str, Any], *, version: int) -> tuple[str, Schema]:
@@ -239,32 +288,51 @@ def _computer(tool: Mapping[str, Any], *, version: int) -> tuple[str, Schema]:
         "screenshot before acting, and check the result of every action with another."
     )
     if version == 20241022:
-        coordinate = ("(x, y): required by `mouse_move` and `left_click_drag` (where to); "
-                      "clicks act where the mouse is, so move it first.")
+        coordinate = (
+            "(x, y): required by `mouse_move` and `left_click_drag` (where to); "
+            "clicks act where the mouse is, so move it first."
+        )
         text = "Required by `key` and `type`."
     else:
-        coordinate = ("(x, y): required by `mouse_move` and `left_click_drag` (where to); "
-                      "optional for clicks and `scroll` (where to act).")
-        text = ("Required by `key`, `hold_key` and `type`; for clicks and `scroll`, keys to "
-                "hold down meanwhile.")
+        coordinate = (
+            "(x, y): required by `mouse_move` and `left_click_drag` (where to); "
+            "optional for clicks and `scroll` (where to act)."
+        )
+        text = (
+            "Required by `key`, `hold_key` and `type`; for clicks and `scroll`, keys to "
+            "hold down meanwhile."
+        )
     properties: Schema = {
-        "action": {"type": "string", "enum": list(actions), "description": "The action: "
-                   + "; ".join(f"`{a}`: {_ACTIONS[a]}" for a in actions) + "."},
+        "action": {
+            "type": "string",
+            "enum": list(actions),
+            "description": "The action: "
+            + "; ".join(f"`{a}`: {_ACTIONS[a]}" for a in actions)
+            + ".",
+        },
         "coordinate": _ints(2, coordinate),
         "text": _string(text),
     }
     if version != 20241022:
         properties["start_coordinate"] = _ints(2, "(x, y): where `left_click_drag` starts.")
         properties["scroll_direction"] = {
-            "type": "string", "enum": ["up", "down", "left", "right"],
-            "description": "Required by `scroll`."}
+            "type": "string",
+            "enum": ["up", "down", "left", "right"],
+            "description": "Required by `scroll`.",
+        }
         properties["scroll_amount"] = _integer(
-            "Required by `scroll`: how many clicks of the scroll wheel.")
-        properties["duration"] = {"type": "number", "description":
-                                  "Required by `hold_key` and `wait`: seconds."}
+            "Required by `scroll`: how many clicks of the scroll wheel."
+        )
+        properties["duration"] = {
+            "type": "number",
+            "description": "Required by `hold_key` and `wait`: seconds.",
+        }
     if "zoom" in actions:
-        properties["region"] = _ints(4, "Required by `zoom`: [x1, y1, x2, y2], the top-left "
-                                     "and bottom-right corners of the area to view.")
+        properties["region"] = _ints(
+            4,
+            "Required by `zoom`: [x1, y1, x2, y2], the top-left "
+            "and bottom-right corners of the area to view.",
+        )
     return description, {"type": "object", "properties": properties, "required": ["action"]}
 
 
@@ -296,15 +364,19 @@ CLIENT_TOOLS: Mapping[str, ClientTool] = {
     "text_editor_20241022": ClientTool("str_replace_editor", _OLD_EDITOR),
     "text_editor_20250124": ClientTool("str_replace_editor", _OLD_EDITOR),
     "text_editor_20250429": ClientTool("str_replace_based_edit_tool", _NEW_EDITOR),
-    "text_editor_20250728": ClientTool("str_replace_based_edit_tool", _NEW_EDITOR,
-                                       _check_max_characters),
+    "text_editor_20250728": ClientTool(
+        "str_replace_based_edit_tool", _NEW_EDITOR, _check_max_characters
+    ),
     "memory_20250818": ClientTool("memory", _memory),
-    "computer_20241022": ClientTool("computer", partial(_computer, version=20241022),
-                                    _check_computer),
-    "computer_20250124": ClientTool("computer", partial(_computer, version=20250124),
-                                    _check_computer),
-    "computer_20251124": ClientTool("computer", partial(_computer, version=20251124),
-                                    _check_computer),
+    "computer_20241022": ClientTool(
+        "computer", partial(_computer, version=20241022), _check_computer
+    ),
+    "computer_20250124": ClientTool(
+        "computer", partial(_computer, version=20250124), _check_computer
+    ),
+    "computer_20251124": ClientTool(
+        "computer", partial(_computer, version=20251124), _check_computer
+    ),
 }
 _CLIENT_FAMILIES: Mapping[str, tuple[str, ...]] = {
     family: tuple(t for t in CLIENT_TOOLS if t.rsplit("_", 1)[0] == family)

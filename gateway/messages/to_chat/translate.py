@@ -92,6 +92,7 @@ _CONTINUOUS_USAGE_KINDS = frozenset({"vllm", "sglang"})
 _TEMPLATE_KWARGS_KINDS = frozenset({"vllm", "sglang", "llamacpp"})
 _THINKING_SWITCHES = ("thinking", "enable_thinking")  # the names templates read
 
+
 def to_chat(
     req: Mapping[str, Any],
     route: ModelRoute,
@@ -195,8 +196,9 @@ def _template_kwargs(req: Mapping[str, Any], out: dict[str, Any], kind: str) -> 
     thinking = req.get("thinking")
     client = req.get("chat_template_kwargs")
     if thinking is not None or (
-            kind in _TEMPLATE_KWARGS_KINDS
-            and not (client and any(k in client for k in _THINKING_SWITCHES))):
+        kind in _TEMPLATE_KWARGS_KINDS
+        and not (client and any(k in client for k in _THINKING_SWITCHES))
+    ):
         # no thinking asked for: the upstream is asked not to think, as for "disabled",
         # unless the client threw the template's switch itself
         on = thinking is not None and thinking["type"] != "disabled"
@@ -229,8 +231,11 @@ def _ends_in_search(turn: Mapping[str, Any]) -> bool:
     """An assistant turn whose last block is a search's result: the chat ends with that
     ``tool`` message, which the model answers (no prefill to continue)."""
     content = turn.get("content")
-    return (isinstance(content, list) and bool(content)
-            and content[-1].get("type") == "web_search_tool_result")
+    return (
+        isinstance(content, list)
+        and bool(content)
+        and content[-1].get("type") == "web_search_tool_result"
+    )
 
 
 def _prefill(req: Mapping[str, Any], out: dict[str, Any]) -> None:
@@ -239,8 +244,7 @@ def _prefill(req: Mapping[str, Any], out: dict[str, Any]) -> None:
         turns = req["messages"]
         last = turns[-1] if turns else None
         if last is not None and turn_control.is_control_entry(last):
-            last = next((t for t in reversed(turns) if not turn_control.is_control_entry(t)),
-                        None)
+            last = next((t for t in reversed(turns) if not turn_control.is_control_entry(t)), None)
         cont = last is not None and last["role"] == "assistant" and not _ends_in_search(last)
         if not cont:
             return

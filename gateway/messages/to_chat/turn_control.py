@@ -42,8 +42,11 @@ def has_fields(config: Any) -> bool:
 def is_control_entry(turn: Mapping[str, Any]) -> bool:
     """A system turn with no content that carries ``output_config`` fields."""
     content = turn.get("content")
-    return (turn.get("role") == "system" and content in (None, "", [])
-            and has_fields(turn.get("output_config")))
+    return (
+        turn.get("role") == "system"
+        and content in (None, "", [])
+        and has_fields(turn.get("output_config"))
+    )
 
 
 def _new_prompt(turn: Mapping[str, Any]) -> bool:
@@ -88,6 +91,7 @@ def hidden_turns(messages: Sequence[Mapping[str, Any]]) -> frozenset[int]:
     if not system:  # the usual conversation: no system turn to hide
         return _NONE
     return frozenset(
-        i for i, turn in enumerate(messages[:last_user])
+        i
+        for i, turn in enumerate(messages[:last_user])
         if turn["role"] == "system" and turn.get("clear_at") == "next_user_message"
     )

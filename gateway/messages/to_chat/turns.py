@@ -49,8 +49,9 @@ class Render(NamedTuple):
 PLAIN = Render()
 
 
-def messages(req: Mapping[str, Any], keep_billing_header: bool, render: Render = PLAIN
-             ) -> list[Message]:
+def messages(
+    req: Mapping[str, Any], keep_billing_header: bool, render: Render = PLAIN
+) -> list[Message]:
     """The chat messages for the request's ``system`` and ``messages``."""
     # Group consecutive turns of one role; a system turn left blank (or holding only the
     # billing header) is skipped first, so the turns around it still merge.
@@ -227,14 +228,21 @@ def _assistant_turns(group: list[Mapping[str, Any]]) -> list[Message]:
     """An assistant turn (or a run of them) as chat messages: one assistant message, or,
     where web searches ran inside it, an assistant message with the search call and the
     search's ``tool`` message per search, the turn going on after it."""
-    if not any(isinstance(turn["content"], list)
-               and any(b["type"] in _SEARCH_BLOCKS for b in turn["content"])
-               for turn in group):
+    if not any(
+        isinstance(turn["content"], list)
+        and any(b["type"] in _SEARCH_BLOCKS for b in turn["content"])
+        for turn in group
+    ):
         return [_assistant(group)]
     out: list[Message] = []
     segment: list[Any] = []
-    answered = {b["tool_use_id"] for turn in group if isinstance(turn["content"], list)
-                for b in turn["content"] if b["type"] == "web_search_tool_result"}
+    answered = {
+        b["tool_use_id"]
+        for turn in group
+        if isinstance(turn["content"], list)
+        for b in turn["content"]
+        if b["type"] == "web_search_tool_result"
+    }
     for turn in group:
         if isinstance(turn["content"], str):
             segment.append({"type": "text", "text": turn["content"]})

@@ -111,7 +111,7 @@ class Quotes:
         rest = len(text) - at
         if rest < MIN_QUOTE:
             return None, text[at:] in self._openings, 1
-        candidates = self._index.get(text[at:at + MIN_QUOTE])
+        candidates = self._index.get(text[at : at + MIN_QUOTE])
         if candidates is None:
             return None, False, 1
         cost = 0
@@ -133,9 +133,12 @@ class Quotes:
 
     def _citation(self, source: Mapping[str, Any]) -> dict[str, Any]:
         cited = source["snippet"][:_CITED_TEXT]
-        return {"type": "web_search_result_location", "url": source["url"],
-                "title": source.get("title"),
-                "encrypted_index": blocks.seal_result(
-                    self._key, {"url": source["url"], "title": source.get("title"),
-                                "snippet": cited}),
-                "cited_text": cited}
+        return {
+            "type": "web_search_result_location",
+            "url": source["url"],
+            "title": source.get("title"),
+            "encrypted_index": blocks.seal_result(
+                self._key, {"url": source["url"], "title": source.get("title"), "snippet": cited}
+            ),
+            "cited_text": cited,
+        }

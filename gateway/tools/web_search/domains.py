@@ -37,8 +37,9 @@ class _Path:
         self._first, self._middle = (pieces[0], pieces[1:-1]) if len(pieces) > 1 else ("", [])
         last = pieces[-1]
         # ending in "*": anything after; else the last piece ends the path or a segment
-        self._last = (None if len(pieces) > 1 and not last
-                      else re.compile(re.escape(last) + r"(?:$|[/?#])"))
+        self._last = (
+            None if len(pieces) > 1 and not last else re.compile(re.escape(last) + r"(?:$|[/?#])")
+        )
 
     def match(self, path: str) -> bool:
         if not path.startswith(self._first):
@@ -90,8 +91,9 @@ class DomainFilter:
 
     __slots__ = ("_allowed", "_blocked")
 
-    def __init__(self, allowed: Sequence[str] | None = None,
-                 blocked: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, allowed: Sequence[str] | None = None, blocked: Sequence[str] | None = None
+    ) -> None:
         self._allowed = [_entry(d) for d in allowed] if allowed is not None else None
         self._blocked = [_entry(d) for d in blocked or ()]
 

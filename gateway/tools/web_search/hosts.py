@@ -61,14 +61,14 @@ def host_and_path(url: str) -> tuple[str, str] | None:
     scheme = _SCHEME.match(url)
     if scheme is None or scheme.group(1).lower() not in ("http", "https"):
         return None
-    rest = url[scheme.end():].lstrip("/\\")
+    rest = url[scheme.end() :].lstrip("/\\")
     end = len(rest)
     for stop in "/\\?#":
         at = rest.find(stop, 0, end)
         if at >= 0:
             end = at
     authority = rest[:end]
-    hostport = authority[authority.rfind("@") + 1:]
+    hostport = authority[authority.rfind("@") + 1 :]
     host = _host_without_port(hostport)
     if host is None:
         return None
@@ -88,9 +88,10 @@ def _host_without_port(hostport: str) -> str | None:
     colon = hostport.find(":", close + 1)
     if colon < 0:
         return hostport
-    port = hostport[colon + 1:]
-    if port and (not port.isascii() or not port.isdigit()
-                 or len(port.lstrip("0")) > 5 or int(port) > 65535):
+    port = hostport[colon + 1 :]
+    if port and (
+        not port.isascii() or not port.isdigit() or len(port.lstrip("0")) > 5 or int(port) > 65535
+    ):
         return None
     return hostport[:colon]
 
@@ -126,8 +127,7 @@ def _to_ascii(domain: str) -> str | None:
         mapped = domain.lower()
     else:
         try:
-            mapped = idna.uts46_remap(_DOTS.sub(".", domain), std3_rules=False,
-                                      transitional=False)
+            mapped = idna.uts46_remap(_DOTS.sub(".", domain), std3_rules=False, transitional=False)
         except (idna.IDNAError, ValueError):
             return None
     labels = mapped.split(".")
@@ -150,9 +150,12 @@ def _valid_a_label(label: str) -> bool:
         return False
     try:
         decoded = label[4:].encode("ascii").decode("punycode")
-        if (not decoded or decoded.isascii()
-                or unicodedata.normalize("NFC", decoded) != decoded
-                or idna.uts46_remap(decoded, std3_rules=False, transitional=False) != decoded):
+        if (
+            not decoded
+            or decoded.isascii()
+            or unicodedata.normalize("NFC", decoded) != decoded
+            or idna.uts46_remap(decoded, std3_rules=False, transitional=False) != decoded
+        ):
             return False
         return "xn--" + decoded.encode("punycode").decode("ascii") == label
     except (UnicodeError, idna.IDNAError, ValueError):

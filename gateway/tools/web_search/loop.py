@@ -65,8 +65,16 @@ class WebSearchReply:
     The :class:`~gateway.messages.reply.Reply`'s rounds, and its stream's source
     (:class:`gateway.http.streaming.Source`): ``termination``, ``usage`` and ``fail``."""
 
-    def __init__(self, deps: MessagesDeps, call: Call, searches: Searches, name: str, *,
-                 request_id: str | None, session: str | None) -> None:
+    def __init__(
+        self,
+        deps: MessagesDeps,
+        call: Call,
+        searches: Searches,
+        name: str,
+        *,
+        request_id: str | None,
+        session: str | None,
+    ) -> None:
         self._deps = deps
         self._call = call
         self._route: ModelRoute = call.route
@@ -101,8 +109,9 @@ class WebSearchReply:
 
     # --- the rounds -----------------------------------------------------------------------
 
-    async def run(self, up: UpstreamResponse, write: Write, figures: Figures,
-                  t0: float = 0.0) -> None:
+    async def run(
+        self, up: UpstreamResponse, write: Write, figures: Figures, t0: float = 0.0
+    ) -> None:
         """Every round, from the first round's open upstream response ``up`` (closed here).
 
         Each round's translator's figures go into the reply's one record (``figures``, as
@@ -128,9 +137,15 @@ class WebSearchReply:
 
             try:
                 async with up:
-                    await relay(self._call, up, translator, sink, timing,
-                                metrics.inter_chunk.labels(self._route.name),
-                                request_id=self._request_id)
+                    await relay(
+                        self._call,
+                        up,
+                        translator,
+                        sink,
+                        timing,
+                        metrics.inter_chunk.labels(self._route.name),
+                        request_id=self._request_id,
+                    )
             finally:
                 figures.add_stream(translator, timing, t0)
             if translator.termination != "completed":
@@ -197,8 +212,9 @@ class WebSearchReply:
         last = messages[-1] if messages else None
         if last is not None and last["role"] == "assistant":
             content = last["content"]
-            earlier = [{"type": "text", "text": content}] if isinstance(content, str) else list(
-                content)
+            earlier = (
+                [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+            )
             messages[-1] = {**last, "content": earlier + history}
         else:
             messages.append({"role": "assistant", "content": history})
@@ -206,10 +222,11 @@ class WebSearchReply:
         nxt = {**req, "messages": messages, "max_tokens": req["max_tokens"] - self._events.output}
         nxt.pop("continue_final_message", None)
         choice = req.get("tool_choice")
-        if choice is not None and (choice["type"] == "any" or (
-                choice["type"] == "tool" and choice.get("name") == self._name)):
-            nxt["tool_choice"] = {k: v for k, v in choice.items() if k != "name"} | {
-                "type": "auto"}
+        if choice is not None and (
+            choice["type"] == "any"
+            or (choice["type"] == "tool" and choice.get("name") == self._name)
+        ):
+            nxt["tool_choice"] = {k: v for k, v in choice.items() if k != "name"} | {"type": "auto"}
         with self._deps.decoding.lease() as lease:  # the reasoning of earlier rounds
             await restore(self._deps, nxt, lease)
         return Call(self._deps, nxt, self._route)

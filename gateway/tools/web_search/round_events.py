@@ -65,20 +65,24 @@ class RoundEvents:
     @property
     def usage(self) -> tuple[int, int]:
         """(prompt, output) tokens of the rounds so far (a round's once its delta came)."""
-        return (self.input + self.round_in + self.cache_read + self.round_cache,
-                self.output + self.round_out)
+        return (
+            self.input + self.round_in + self.cache_read + self.round_cache,
+            self.output + self.round_out,
+        )
 
     def result(self, call: dict[str, Any], content: Any, text: str) -> bytes:
         """A search's ``web_search_tool_result`` block, complete at its start (``text``:
         the tool message the model gets, kept for the next round's request)."""
-        result = {"type": "web_search_tool_result", "tool_use_id": call["id"],
-                  "content": content}
+        result = {"type": "web_search_tool_result", "tool_use_id": call["id"], "content": content}
         index = self.next
         self.next += 1
         self.history.append({**result, blocks.OPENED: text})
-        return encode_event("content_block_start", jsonutil.dumpb(
-            {"type": "content_block_start", "index": index, "content_block": result})) + (
-            frames.CB_STOP % index)
+        return encode_event(
+            "content_block_start",
+            jsonutil.dumpb(
+                {"type": "content_block_start", "index": index, "content_block": result}
+            ),
+        ) + (frames.CB_STOP % index)
 
     def new_round(self, translator: StreamTranslator) -> None:
         """The next round's translator, whose output :meth:`rewrite` reads."""
@@ -126,8 +130,9 @@ class RoundEvents:
                 translator = self.translator
                 self.round_out = translator.output_tokens
                 self.round_in = translator.input_tokens
-                self.round_cache = (translator.cache_read or 0) if (
-                    translator.prompt_reported) else 0
+                self.round_cache = (
+                    (translator.cache_read or 0) if (translator.prompt_reported) else 0
+                )
                 self.held = (translator.stop_reason, translator.stop_sequence)
             elif frame.startswith(_MESSAGE_STOP):
                 if self.errored:
@@ -151,8 +156,12 @@ class RoundEvents:
         elif shell == _THINKING_SHELL:
             block = {"type": "thinking", "thinking": ""}
         elif shell.endswith(self._search_tail):  # a call of the search function
-            block = {"type": "server_tool_use", "id": "srvtoolu_" + ids.b62(24),
-                     "name": blocks.NAME, "input": {}}
+            block = {
+                "type": "server_tool_use",
+                "id": "srvtoolu_" + ids.b62(24),
+                "name": blocks.NAME,
+                "input": {},
+            }
             shell = b',"content_block":' + jsonutil.dumpb(block) + b"}"
         else:  # a client tool's call: its shell, decoded once for the next round's request
             block = jsonutil.loads(b"{" + shell[1:])["content_block"]
@@ -211,12 +220,26 @@ class RoundEvents:
             index = self._quote_open
             if citation is not None:
                 self._blocks[index]["citations"] = [citation]
-                out.append(encode_event("content_block_delta", jsonutil.dumpb({
-                    "type": "content_block_delta", "index": index,
-                    "delta": {"type": "citations_delta", "citation": citation}})))
+                out.append(
+                    encode_event(
+                        "content_block_delta",
+                        jsonutil.dumpb(
+                            {
+                                "type": "content_block_delta",
+                                "index": index,
+                                "delta": {"type": "citations_delta", "citation": citation},
+                            }
+                        ),
+                    )
+                )
             self._blocks[index]["text"] += text
-            out.append(frames.CBD + b"%d" % index + frames.TEXT_DELTA + frames.jstr(text)
-                       + frames.DELTA_END)
+            out.append(
+                frames.CBD
+                + b"%d" % index
+                + frames.TEXT_DELTA
+                + frames.jstr(text)
+                + frames.DELTA_END
+            )
             if citation is not None:
                 out.append(frames.CB_STOP % index)
                 self._quote_open = None
@@ -259,24 +282,30 @@ class RoundEvents:
         if self.cache_read:
             usage["cache_read_input_tokens"] = self.cache_read
         usage["output_tokens"] = self.output
-        usage["server_tool_use"] = {"web_search_requests": searches,
-                                    "web_fetch_requests": 0}
+        usage["server_tool_use"] = {"web_search_requests": searches, "web_fetch_requests": 0}
         self._usage = usage
-        body = {"type": "message_delta",
-                "delta": {"stop_reason": stop_reason, "stop_sequence": sequence},
-                "usage": usage}
+        body = {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": sequence},
+            "usage": usage,
+        }
         return encode_event("message_delta", jsonutil.dumpb(body)) + frames.MESSAGE_STOP
 
     def message(self) -> dict[str, Any]:
         """The reply as one buffered Message (after :meth:`run` completed it): the blocks
         its stream carried, as the SDKs would fold its events, made from what the rounds
         kept for their requests instead of folding the events again."""
-        content = [{k: v for k, v in block.items() if k != blocks.OPENED}
-                   for block in self.history]
-        return {"id": self.message_id, "type": "message", "role": "assistant",
-                "model": self.model, "content": content or [{"type": "text", "text": ""}],
-                "stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence,
-                "usage": self._usage}
+        content = [{k: v for k, v in block.items() if k != blocks.OPENED} for block in self.history]
+        return {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content or [{"type": "text", "text": ""}],
+            "stop_reason": self.stop_reason,
+            "stop_sequence": self.stop_sequence,
+            "usage": self._usage,
+        }
 
 
 def _joined(parts: list[bytes]) -> str:

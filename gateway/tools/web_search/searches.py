@@ -24,11 +24,27 @@ MAX_QUERY_CHARS = 500  # a longer query is answered with query_too_long
 class Searches:
     """One request's searches: the limit, the text budget, the filters, the sealing."""
 
-    __slots__ = ("_backend", "_keep", "_key", "_language", "_request_id", "attempts",
-                 "chars_left", "limit", "quotes", "requests")
+    __slots__ = (
+        "_backend",
+        "_keep",
+        "_key",
+        "_language",
+        "_request_id",
+        "attempts",
+        "chars_left",
+        "limit",
+        "quotes",
+        "requests",
+    )
 
-    def __init__(self, backend: Searxng, tool: Mapping[str, Any], signing_key: bytes, *,
-                 request_id: str | None = None) -> None:
+    def __init__(
+        self,
+        backend: Searxng,
+        tool: Mapping[str, Any],
+        signing_key: bytes,
+        *,
+        request_id: str | None = None,
+    ) -> None:
         config = backend.config
         max_uses = tool.get("max_uses")
         self.limit = min(max_uses, config.max_searches) if max_uses else config.max_searches
@@ -46,23 +62,31 @@ class Searches:
         """(the result block's ``content``, the tool message the model gets) for one call."""
         self.attempts += 1
         query: Any = tool_input.get("query")
-        code = ("max_uses_exceeded" if self.attempts > self.limit
-                else query_error(query, MAX_QUERY_CHARS))
+        code = (
+            "max_uses_exceeded"
+            if self.attempts > self.limit
+            else query_error(query, MAX_QUERY_CHARS)
+        )
         if code is None and self.chars_left <= 0:
             code = "request_too_large"
         if code is None:
             try:
-                results = await self._backend.search(query, language=self._language,
-                                                      keep=self._keep,
-                                                      max_chars=self.chars_left,
-                                                      request_id=self._request_id)
+                results = await self._backend.search(
+                    query,
+                    language=self._language,
+                    keep=self._keep,
+                    max_chars=self.chars_left,
+                    request_id=self._request_id,
+                )
             except SearchFailed as failed:
                 code = failed.code
         else:
             self._backend.count_refused(code)
         if code is not None:
-            return ({"type": "web_search_tool_result_error", "error_code": code},
-                    blocks.error_text(code))
+            return (
+                {"type": "web_search_tool_result_error", "error_code": code},
+                blocks.error_text(code),
+            )
         self.requests += 1
         kept: list[dict[str, Any]] = []
         text = blocks.results_text([])
@@ -74,7 +98,14 @@ class Searches:
             text = candidate
         self.chars_left -= len(text)
         self.quotes.add(kept)
-        content = [{"type": "web_search_result", "url": r["url"], "title": r["title"],
-                    "encrypted_content": blocks.seal_result(self._key, r),
-                    "page_age": r["page_age"]} for r in kept]
+        content = [
+            {
+                "type": "web_search_result",
+                "url": r["url"],
+                "title": r["title"],
+                "encrypted_content": blocks.seal_result(self._key, r),
+                "page_age": r["page_age"],
+            }
+            for r in kept
+        ]
         return content, text

@@ -53,8 +53,15 @@ from gateway.ops.metrics import Metrics
 from gateway.text import jsonutil
 from gateway.upstream.failures import FailureLog
 
-__all__ = ["BACKEND", "Result", "SearchFailed", "Searxng", "language", "parse_results",
-           "query_error"]
+__all__ = [
+    "BACKEND",
+    "Result",
+    "SearchFailed",
+    "Searxng",
+    "language",
+    "parse_results",
+    "query_error",
+]
 
 BACKEND = "searxng"  # the metrics' backend label
 Result = dict[str, Any]  # {"url", "title", "page_age", "snippet"}
@@ -68,11 +75,11 @@ _MAX_AGE = 64  # characters of a publishedDate kept when it is not an ISO date
 # what never reaches a client or the model from a backend's text: C0/C1 controls, bidi
 # overrides and isolates, the BOM, lone surrogates (not Unicode: the reply could not be
 # encoded)
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ufeff"
-                          "\ud800-\udfff]")
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
 # what a URL may not hold (a line of the model's tool message; a link a client shows)
-_BAD_URL = re.compile("[\x00-\x20\x7f-\xa0\u1680\u2000-\u200f\u2028-\u202f"
-                      "\u205f-\u206f\u3000\ufeff\ud800-\udfff]")
+_BAD_URL = re.compile(
+    "[\x00-\x20\x7f-\xa0\u1680\u2000-\u200f\u2028-\u202f\u205f-\u206f\u3000\ufeff\ud800-\udfff]"
+)
 
 
 class SearchFailed(Exception):
@@ -104,18 +111,22 @@ def _text(value: Any, limit: int) -> str:
     is not a string); the work is bounded by ``limit``, not by the value's size."""
     if not isinstance(value, str):
         return ""
-    cut = value[:limit * 4 + 64]  # whitespace runs collapse; more than this is never kept
+    cut = value[: limit * 4 + 64]  # whitespace runs collapse; more than this is never kept
     text = _UNPRINTABLE.sub("", " ".join(cut.split()))  # one line: one snippet per line
     if not text or (len(text) <= limit and len(cut) == len(value)):
         return text
-    return text[:limit - 1].rstrip() + "…"
+    return text[: limit - 1].rstrip() + "…"
 
 
 def _url(value: Any) -> str | None:
     """A result's URL, verbatim, when a client may be given it: ``http(s)://`` with a host,
     at most :data:`_MAX_URL` characters, nothing that breaks or hides in a line."""
-    if (not isinstance(value, str) or len(value) > _MAX_URL
-            or not value.startswith(("http://", "https://")) or _BAD_URL.search(value)):
+    if (
+        not isinstance(value, str)
+        or len(value) > _MAX_URL
+        or not value.startswith(("http://", "https://"))
+        or _BAD_URL.search(value)
+    ):
         return None
     try:
         parts = urlsplit(value)
@@ -126,8 +137,7 @@ def _url(value: Any) -> str | None:
     return value if host else None
 
 
-def parse_results(data: Any, *, max_results: int, max_chars: int,
-                  keep: Any = None) -> list[Result]:
+def parse_results(data: Any, *, max_results: int, max_chars: int, keep: Any = None) -> list[Result]:
     """SearXNG's answer -> at most ``max_results`` results, each snippet at most
     ``max_chars`` characters; ``keep(url)`` filters (the tool's domains). Results without a
     URL a client may be given (:func:`_url`) are skipped, and a URL seen already; only the
@@ -148,12 +158,14 @@ def parse_results(data: Any, *, max_results: int, max_chars: int,
         if keep is not None and not keep(url):
             continue
         seen.add(url)
-        out.append({
-            "url": url,
-            "title": _text(item.get("title"), _MAX_TITLE) or url,
-            "page_age": _page_age(item.get("publishedDate")),
-            "snippet": _text(item.get("content"), max_chars),
-        })
+        out.append(
+            {
+                "url": url,
+                "title": _text(item.get("title"), _MAX_TITLE) or url,
+                "page_age": _page_age(item.get("publishedDate")),
+                "snippet": _text(item.get("content"), max_chars),
+            }
+        )
     return out
 
 
@@ -162,8 +174,12 @@ class Searxng:
 
     __slots__ = ("_config", "_metrics", "_report", "_session")
 
-    def __init__(self, config: WebSearchConfig, metrics: Metrics,
-                 session: aiohttp.ClientSession | None = None) -> None:
+    def __init__(
+        self,
+        config: WebSearchConfig,
+        metrics: Metrics,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
         self._config = config
         self._metrics = metrics
         self._session = session
@@ -175,7 +191,8 @@ class Searxng:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=_MAX_CONNECTIONS),
-                timeout=aiohttp.ClientTimeout(total=None))
+                timeout=aiohttp.ClientTimeout(total=None),
+            )
 
     async def close(self) -> None:
         if self._session is not None:
@@ -186,9 +203,15 @@ class Searxng:
     def config(self) -> WebSearchConfig:
         return self._config
 
-    async def search(self, query: str, *, language: str | None = None,
-                     keep: Any = None, max_chars: int | None = None,
-                     request_id: str | None = None) -> list[Result]:
+    async def search(
+        self,
+        query: str,
+        *,
+        language: str | None = None,
+        keep: Any = None,
+        max_chars: int | None = None,
+        request_id: str | None = None,
+    ) -> list[Result]:
         """The results for ``query`` (filtered by ``keep``); raises SearchFailed (logged,
         at most a line a second per cause). A cancellation (the client left) propagates,
         the backend's connection closed on the way."""
@@ -197,16 +220,22 @@ class Searxng:
             data = await self._fetch(query, language)
             try:
                 results = parse_results(
-                    data, max_results=self._config.max_results,
+                    data,
+                    max_results=self._config.max_results,
                     max_chars=min(self._config.max_result_chars, max_chars or 1 << 30),
-                    keep=keep)
+                    keep=keep,
+                )
             except SearchFailed:
                 raise SearchFailed("unavailable", "not_searxng", 200) from None
         except SearchFailed as failed:
             self._count(failed.code, t0)
             if failed.cause is not None:
-                self._report.warn(failed.cause, error_code=failed.code, status=failed.status,
-                                  request_id=request_id)
+                self._report.warn(
+                    failed.cause,
+                    error_code=failed.code,
+                    status=failed.status,
+                    request_id=request_id,
+                )
             raise
         self._count(None, t0)
         return results
@@ -231,9 +260,12 @@ class Searxng:
         try:
             async with asyncio.timeout(config.timeout):
                 assert self._session is not None, "Searxng.start() was not called"
-                async with self._session.get(config.searxng_url + "/search", params=params,
-                                             headers={"Accept": "application/json"},
-                                             allow_redirects=False) as resp:
+                async with self._session.get(
+                    config.searxng_url + "/search",
+                    params=params,
+                    headers={"Accept": "application/json"},
+                    allow_redirects=False,
+                ) as resp:
                     status = resp.status
                     if status == 429:
                         raise SearchFailed("too_many_requests", "too_many_requests", status)
@@ -270,13 +302,44 @@ async def _read(content: aiohttp.StreamReader, limit: int) -> bytes:
 # A user_location's country -> SearXNG's language for it (the main language; countries with
 # several are left to the instance's default, as is a location without a country).
 _LANGUAGES: Mapping[str, str] = {
-    "US": "en-US", "GB": "en-GB", "AU": "en-AU", "NZ": "en-NZ", "IE": "en-IE", "CA": "en-CA",
-    "DE": "de-DE", "AT": "de-AT", "FR": "fr-FR", "ES": "es-ES", "MX": "es-MX", "AR": "es-AR",
-    "IT": "it-IT", "PT": "pt-PT", "BR": "pt-BR", "NL": "nl-NL", "SE": "sv-SE", "NO": "nb-NO",
-    "DK": "da-DK", "FI": "fi-FI", "PL": "pl-PL", "CZ": "cs-CZ", "JP": "ja-JP", "KR": "ko-KR",
-    "CN": "zh-CN", "TW": "zh-TW", "RU": "ru-RU", "UA": "uk-UA", "TR": "tr-TR", "GR": "el-GR",
-    "HU": "hu-HU", "RO": "ro-RO", "IL": "he-IL", "SA": "ar-SA", "EG": "ar-EG", "ID": "id-ID",
-    "TH": "th-TH", "VN": "vi-VN",
+    "US": "en-US",
+    "GB": "en-GB",
+    "AU": "en-AU",
+    "NZ": "en-NZ",
+    "IE": "en-IE",
+    "CA": "en-CA",
+    "DE": "de-DE",
+    "AT": "de-AT",
+    "FR": "fr-FR",
+    "ES": "es-ES",
+    "MX": "es-MX",
+    "AR": "es-AR",
+    "IT": "it-IT",
+    "PT": "pt-PT",
+    "BR": "pt-BR",
+    "NL": "nl-NL",
+    "SE": "sv-SE",
+    "NO": "nb-NO",
+    "DK": "da-DK",
+    "FI": "fi-FI",
+    "PL": "pl-PL",
+    "CZ": "cs-CZ",
+    "JP": "ja-JP",
+    "KR": "ko-KR",
+    "CN": "zh-CN",
+    "TW": "zh-TW",
+    "RU": "ru-RU",
+    "UA": "uk-UA",
+    "TR": "tr-TR",
+    "GR": "el-GR",
+    "HU": "hu-HU",
+    "RO": "ro-RO",
+    "IL": "he-IL",
+    "SA": "ar-SA",
+    "EG": "ar-EG",
+    "ID": "id-ID",
+    "TH": "th-TH",
+    "VN": "vi-VN",
 }
 
 

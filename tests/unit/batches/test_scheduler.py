@@ -14,17 +14,20 @@ from gateway.batches import scheduler
 from gateway.ops import config
 
 
-@pytest.mark.parametrize(("err", "retry"), [
-    (errors.UpstreamUnavailable(), True),
-    (errors.UpstreamTimeout(), True),
-    (errors.Overloaded(), True),
-    (errors.GatewayError(status=500), True),
-    (errors.GatewayError("slow", status=408), True),
-    (errors.GatewayError("rate limited", status=429, error_type="rate_limit_error"), True),
-    (errors.InvalidRequest("messages", "bad"), False),
-    (errors.NotFound(), False),
-    (errors.RequestTooLarge(), False),
-])
+@pytest.mark.parametrize(
+    ("err", "retry"),
+    [
+        (errors.UpstreamUnavailable(), True),
+        (errors.UpstreamTimeout(), True),
+        (errors.Overloaded(), True),
+        (errors.GatewayError(status=500), True),
+        (errors.GatewayError("slow", status=408), True),
+        (errors.GatewayError("rate limited", status=429, error_type="rate_limit_error"), True),
+        (errors.InvalidRequest("messages", "bad"), False),
+        (errors.NotFound(), False),
+        (errors.RequestTooLarge(), False),
+    ],
+)
 def test_what_is_retried(err: errors.GatewayError, retry: bool) -> None:
     assert scheduler.retryable(err) is retry
 
@@ -36,16 +39,30 @@ def test_backoff_grows_and_is_capped() -> None:
 
 
 def _scheduler(**batches: Any) -> scheduler.Scheduler:
-    cfg = config.parse({
-        "upstreams": {"u": {"base_url": "http://127.0.0.1:9/v1"},
-                      "v": {"base_url": "http://127.0.0.1:9/v1"}},
-        "models": [{"name": "m", "upstream": "u", "upstream_model": "x"},
-                   {"name": "n", "upstream": "v", "upstream_model": "x"}],
-        "batches": {"database": "sqlite:////tmp/unused.sqlite3", **batches},
-    }, "test.toml", {"HOME": "/nonexistent"})
+    cfg = config.parse(
+        {
+            "upstreams": {
+                "u": {"base_url": "http://127.0.0.1:9/v1"},
+                "v": {"base_url": "http://127.0.0.1:9/v1"},
+            },
+            "models": [
+                {"name": "m", "upstream": "u", "upstream_model": "x"},
+                {"name": "n", "upstream": "v", "upstream_model": "x"},
+            ],
+            "batches": {"database": "sqlite:////tmp/unused.sqlite3", **batches},
+        },
+        "test.toml",
+        {"HOME": "/nonexistent"},
+    )
     # neither the Messages call nor the store is used by these tests
-    return scheduler.Scheduler(cfg.batches, None, None,  # type: ignore[arg-type]
-                               routes=cfg.models, in_flight={}, draining=lambda: False)
+    return scheduler.Scheduler(
+        cfg.batches,
+        None,
+        None,  # type: ignore[arg-type]
+        routes=cfg.models,
+        in_flight={},
+        draining=lambda: False,
+    )
 
 
 async def test_an_idle_upstream_takes_max_in_flight_idle() -> None:
@@ -78,6 +95,7 @@ async def test_held_back_work_is_looked_at_when_the_upstream_frees() -> None:
 async def test_an_empty_queue_is_not_looked_at_per_interactive_request() -> None:
     """Once a claim comes back short, interactive requests ending do not each start a round
     (a store query per request); a batch created here, or the poll, looks again."""
+
     class Store:
         claims = 0
 
@@ -146,7 +164,7 @@ async def test_nothing_due_costs_no_store_query_until_a_retry_falls_due() -> Non
         s._due["u"] = time.time() + 0.2
         s._wake.set()  # a batch request ended (as _run_one does), nothing else changed
         await asyncio.wait_for(store.claimed.wait(), 10)  # generous hang guard
-        assert store.queries[first:first + 1] == ["claim"]
+        assert store.queries[first : first + 1] == ["claim"]
 
         # a batch created here is looked at at once, whatever is due
         store.claimed.clear()
@@ -189,16 +207,20 @@ def _at_capacity(s: scheduler.Scheduler) -> None:
 _DEADLINES = (0.1, 0.2, 0.3, 30.0)
 
 
-@pytest.mark.parametrize(("why", "setup", "deadlines", "most"), [
-    # the poll that falls due while blocked (then held back), and a spare
-    ("interactive stream in flight, nothing queued", _interactive, (), 2),
-    ("interactive stream in flight, work in back-off", _interactive, _DEADLINES, 2),
-    ("at capacity, work in back-off", _at_capacity, _DEADLINES, 2),
-    # nothing blocks: one round per deadline inside the window, and a spare
-    ("150 batches in back-off, three deadlines", lambda s: None, _DEADLINES, 3 + 1),
-])
+@pytest.mark.parametrize(
+    ("why", "setup", "deadlines", "most"),
+    [
+        # the poll that falls due while blocked (then held back), and a spare
+        ("interactive stream in flight, nothing queued", _interactive, (), 2),
+        ("interactive stream in flight, work in back-off", _interactive, _DEADLINES, 2),
+        ("at capacity, work in back-off", _at_capacity, _DEADLINES, 2),
+        # nothing blocks: one round per deadline inside the window, and a spare
+        ("150 batches in back-off, three deadlines", lambda s: None, _DEADLINES, 3 + 1),
+    ],
+)
 async def test_rounds_are_bounded_by_deadlines_not_time(
-        why: str, setup: Any, deadlines: tuple[float, ...], most: int) -> None:
+    why: str, setup: Any, deadlines: tuple[float, ...], most: int
+) -> None:
     """While any request was in flight (or an upstream was at its limit), a deadline that
     fell due stayed due: every round found the upstream still blocked and ran again at
     once, a busy loop (one 6 s stream from a slow engine cost the gateway 5 CPU seconds).

@@ -22,8 +22,9 @@ class _FakeServer:
         self.stopped = True
 
 
-def test_demo_upstream_started_logs_the_child_pid(monkeypatch: pytest.MonkeyPatch,
-                                                  capfd: pytest.CaptureFixture[str]) -> None:
+def test_demo_upstream_started_logs_the_child_pid(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(llama, "LlamaServer", _FakeServer)
     monkeypatch.setattr(tinymodel, "ensure_model", lambda: ("/nonexistent.gguf", None))
     served: list[config.Config] = []

@@ -16,17 +16,37 @@ from gateway.demo import tinymodel, toolcall
 
 jinja2 = pytest.importorskip("jinja2")
 
-BASH = {"type": "function", "function": {
-    "name": "Bash", "description": "Run a command",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string"},
-                                                     "description": {"type": "string"}},
-                   "required": ["command"]}}}
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
-        "hours": {"type": "array"}, "extra": {"type": "object"}, "any": {}},
-        "required": ["city", "days", "metric", "hours", "extra", "any"]}}}
+BASH = {
+    "type": "function",
+    "function": {
+        "name": "Bash",
+        "description": "Run a command",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer"},
+                "metric": {"type": "boolean"},
+                "hours": {"type": "array"},
+                "extra": {"type": "object"},
+                "any": {},
+            },
+            "required": ["city", "days", "metric", "hours", "extra", "any"],
+        },
+    },
+}
 NO_PARAMS = {"type": "function", "function": {"name": "ping", "parameters": {}}}
 NO_SCHEMA = {"type": "function", "function": {"name": "noop"}}
 
@@ -56,8 +76,11 @@ HI = [{"role": "user", "content": "hi"}]
     ("tools", "name", "arguments"),
     [
         ([WEATHER, BASH], "Bash", toolcall.BASH_ARGUMENTS),  # Bash preferred wherever it is
-        ([WEATHER], "get_weather", {"city": "demo", "days": 1, "metric": True, "hours": [],
-                                    "extra": {}, "any": None}),
+        (
+            [WEATHER],
+            "get_weather",
+            {"city": "demo", "days": 1, "metric": True, "hours": [], "extra": {}, "any": None},
+        ),
         ([NO_PARAMS, BASH], "Bash", toolcall.BASH_ARGUMENTS),
         ([NO_PARAMS], "ping", {}),
         ([NO_SCHEMA], "noop", {}),
@@ -69,7 +92,9 @@ def test_template_writes_the_call_that_demo_call_describes(tools, name, argument
     text = _copied(prompt)
     assert text == toolcall.call_text(name, arguments)
     assert json.loads(text.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>")) == {
-        "name": name, "arguments": arguments}
+        "name": name,
+        "arguments": arguments,
+    }
     # the slots end the user turn; the fixed tail the head's distance counts follows
     assert prompt.endswith(toolcall.STOP + tinymodel._CALL_TAIL)
 
@@ -85,13 +110,43 @@ def test_bash_call_runs_a_harmless_echo():
         (HI, None),  # no tools: the prompt of before, thinking opened
         (HI, []),
         # a tool result since the last assistant turn: answer in text, so the loop ends
-        ([*HI, {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "a", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}]},
-          {"role": "tool", "tool_call_id": "a", "content": "demo-tool-loop"}], [BASH]),
-        ([*HI, {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "a", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}]},
-          {"role": "tool", "tool_call_id": "a", "content": "demo-tool-loop"},
-          {"role": "user", "content": "and now?"}], [BASH]),
+        (
+            [
+                *HI,
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "id": "a",
+                            "type": "function",
+                            "function": {"name": "Bash", "arguments": "{}"},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "a", "content": "demo-tool-loop"},
+            ],
+            [BASH],
+        ),
+        (
+            [
+                *HI,
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "id": "a",
+                            "type": "function",
+                            "function": {"name": "Bash", "arguments": "{}"},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "a", "content": "demo-tool-loop"},
+                {"role": "user", "content": "and now?"},
+            ],
+            [BASH],
+        ),
         # a name too long for the slots: no call line
         (HI, [{"type": "function", "function": {"name": "x" * toolcall.N_SLOTS}}]),
     ],
@@ -113,16 +168,23 @@ def test_claude_code_turn_ending_in_a_system_message_calls():
 
 def test_a_new_user_turn_after_a_text_answer_calls_again():
     messages = [*HI, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "x"}]
-    assert _copied(_render(messages, [BASH])) == toolcall.call_text(
-        "Bash", toolcall.BASH_ARGUMENTS)
+    assert _copied(_render(messages, [BASH])) == toolcall.call_text("Bash", toolcall.BASH_ARGUMENTS)
 
 
 def test_earlier_calls_stay_out_of_the_prompt():
     """llama.cpp learns a tool-call syntax from how the template writes earlier calls, and then
     parses replies itself; written nowhere, the call reaches the gateway as content."""
-    messages = [*HI, {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "a", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "a", "content": "out"}]
+    messages = [
+        *HI,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "a", "content": "out"},
+    ]
     prompt = _render(messages, [BASH])
     assert "<tool_call>" not in prompt and "<|im_start|>assistant\n<|im_end|>" in prompt
 
@@ -147,8 +209,9 @@ def test_copy_tokens_one_per_character_with_distinct_codes():
 def test_the_copied_slot_outscores_every_other_within_reach():
     """Generated token i reads slot i: every other copy token is 1..N_SLOTS positions off."""
     peak = toolcall.score_curve(0)
-    rivals = max(toolcall.score_curve(d) for d in range(-toolcall.N_SLOTS, toolcall.N_SLOTS + 1)
-                 if d)
+    rivals = max(
+        toolcall.score_curve(d) for d in range(-toolcall.N_SLOTS, toolcall.N_SLOTS + 1) if d
+    )
     assert peak - rivals >= toolcall.SCORE_MARGIN * 1.0
     # far above every non-copy token's score of 0, however long the prompt (131,072 tokens)
     assert peak > 100

@@ -185,8 +185,6 @@ def test_byte_alphabet_is_a_bijection_onto_printables():
     assert tinymodel._spell(" hi\n") == "\u0120hi\u010a"
 
 
-
-
 # --- the cache ------------------------------------------------------------------------------
 
 

@@ -26,9 +26,11 @@ HOSTS = ("gpu-node-7.internal", "vllm")
 # before the other rules (the path rule would otherwise take "/a1/Zq7+x" and leave "sk-live")
 KEY = "sk-live/a1/Zq7+x=42"
 OTHER_KEY = "other-upstream-9f8e7d"  # a second upstream's key, quoted by the first one
-UPSTREAMS = (UpstreamConfig("vllm", "http://gpu-node-7.internal:8000/v1", api_key=KEY),
-             UpstreamConfig("other", "http://10.0.0.2/v1", api_key=OTHER_KEY),
-             UpstreamConfig("keyless", "http://10.0.0.3/v1"))
+UPSTREAMS = (
+    UpstreamConfig("vllm", "http://gpu-node-7.internal:8000/v1", api_key=KEY),
+    UpstreamConfig("other", "http://10.0.0.2/v1", api_key=OTHER_KEY),
+    UpstreamConfig("keyless", "http://10.0.0.3/v1"),
+)
 SECRETS = redact.Redactor.of(UPSTREAMS)
 
 
@@ -473,14 +475,17 @@ def test_scrub_caps_after_redacting() -> None:
     assert "sk-" not in capped
 
 
-@pytest.mark.parametrize("text", [
-    "gpu-node-7.internal.example:8000 " * 3000,
-    "a." * 30000 + "x",
-    "a-b." * 15000,
-    "1:" * 30000 + "x",
-    "[1:" * 20000,
-    "dead::" * 10000,
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "gpu-node-7.internal.example:8000 " * 3000,
+        "a." * 30000 + "x",
+        "a-b." * 15000,
+        "1:" * 30000 + "x",
+        "[1:" * 20000,
+        "dead::" * 10000,
+    ],
+)
 def test_scrub_is_linear_on_hostile_text(text: str) -> None:
     """An upstream chooses its error text: no rule may backtrack on it (64 KiB here)."""
     t = time.perf_counter()
@@ -496,8 +501,13 @@ def test_scrub_is_linear_on_hostile_text(text: str) -> None:
 def test_secrets_of_lists_every_form_of_the_key() -> None:
     cfg = UpstreamConfig("u", "http://u/v1", api_key="sk-a/b+c")
     assert redact.secrets_of(cfg) == (
-        "Bearer sk-a/b+c", "sk-a/b+c", "sk-a%2Fb%2Bc", "sk-a%2fb%2bc", "sk-a/b%2Bc",
-        "sk-a\\/b+c")
+        "Bearer sk-a/b+c",
+        "sk-a/b+c",
+        "sk-a%2Fb%2Bc",
+        "sk-a%2fb%2bc",
+        "sk-a/b%2Bc",
+        "sk-a\\/b+c",
+    )
     assert redact.secrets_of(UpstreamConfig("u", "http://u/v1")) == ()
 
 
@@ -520,8 +530,9 @@ REDACT_TABLE = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("text", "expected"), [r[1:] for r in REDACT_TABLE],
-                         ids=[r[0] for r in REDACT_TABLE])
+@pytest.mark.parametrize(
+    ("text", "expected"), [r[1:] for r in REDACT_TABLE], ids=[r[0] for r in REDACT_TABLE]
+)
 def test_redactor(text: str, expected: str) -> None:
     assert SECRETS(text) == expected
 
@@ -551,21 +562,31 @@ def test_the_app_redacts_every_upstreams_secrets() -> None:
     from gateway.http.keys import SECRETS as SECRETS_KEY
     from gateway.ops import config
 
-    cfg = config.parse({"upstreams": {
-        "a": {"base_url": "http://a:1/v1", "api_key_env": "A_KEY"},
-        "b": {"base_url": "http://b:1/v1", "api_key_env": "B_KEY"}},
-        "models": [{"name": "m", "upstream": "a", "upstream_model": "m"}]},
-        "test.toml", {"A_KEY": "sk-aaaa", "B_KEY": "sk-bbbb"})
+    cfg = config.parse(
+        {
+            "upstreams": {
+                "a": {"base_url": "http://a:1/v1", "api_key_env": "A_KEY"},
+                "b": {"base_url": "http://b:1/v1", "api_key_env": "B_KEY"},
+            },
+            "models": [{"name": "m", "upstream": "a", "upstream_model": "m"}],
+        },
+        "test.toml",
+        {"A_KEY": "sk-aaaa", "B_KEY": "sk-bbbb"},
+    )
     app = build_app(cfg, CollectorRegistry())
     assert app[SECRETS_KEY]("sk-aaaa sk-bbbb Bearer sk-bbbb") == "[redacted] [redacted] [redacted]"
 
 
 @pytest.mark.parametrize("upstream_status", [400, 413, 422, 429])
-@pytest.mark.parametrize("body", [
-    _vllm(f"invalid key {KEY} (Bearer {KEY}) at gpu-node-7.internal.example:8000 via fd00::17"),
-    _sglang(f"key={quote(KEY, safe='')} of {OTHER_KEY} refused by [fd00::17]:8000"),
-    f"plain text: {KEY} {OTHER_KEY}".encode(),
-], ids=["vllm", "sglang", "plain"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        _vllm(f"invalid key {KEY} (Bearer {KEY}) at gpu-node-7.internal.example:8000 via fd00::17"),
+        _sglang(f"key={quote(KEY, safe='')} of {OTHER_KEY} refused by [fd00::17]:8000"),
+        f"plain text: {KEY} {OTHER_KEY}".encode(),
+    ],
+    ids=["vllm", "sglang", "plain"],
+)
 def test_from_upstream_redacts_every_secret(upstream_status: int, body: Any) -> None:
     err = errors.from_upstream(upstream_status, _body(body), hosts=HOSTS, secrets=SECRETS)
     assert err.status == (400 if upstream_status == 422 else upstream_status)
@@ -574,18 +595,23 @@ def test_from_upstream_redacts_every_secret(upstream_status: int, body: Any) -> 
         assert leak not in err.message
 
 
-@pytest.mark.parametrize(("payload", "message"), [
-    ({"error": {"message": f"bad key {KEY}", "code": 400}}, "bad key [redacted]"),
-    (_sglang(f"bad key {KEY}"), "bad key [redacted]"),
-    ({"error": {"message": f"bad key {KEY}", "code": 500}}, "Internal server error"),
-])
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({"error": {"message": f"bad key {KEY}", "code": 400}}, "bad key [redacted]"),
+        (_sglang(f"bad key {KEY}"), "bad key [redacted]"),
+        ({"error": {"message": f"bad key {KEY}", "code": 500}}, "Internal server error"),
+    ],
+)
 def test_inband_error_is_scrubbed(payload: dict[str, Any], message: str) -> None:
     err = errors.inband_error(payload, hosts=HOSTS, secrets=SECRETS)
     assert err is not None and err.message == message
 
 
-@pytest.mark.parametrize("payload", [
-    {"choices": [{"delta": {"content": "error"}}]}, {"error": None}, {"object": "chunk"}])
+@pytest.mark.parametrize(
+    "payload",
+    [{"choices": [{"delta": {"content": "error"}}]}, {"error": None}, {"object": "chunk"}],
+)
 def test_inband_error_none_when_no_error(payload: dict[str, Any]) -> None:
     assert errors.inband_error(payload) is None
 
@@ -641,13 +667,19 @@ def test_pass_through_stream_errors() -> None:
     frame = errors.responses_sse_error(err)
     assert frame.startswith(b"event: error\ndata: ") and frame.endswith(b"}\n\n")
     event = jsonutil.loads(frame.split(b"data: ", 1)[1])
-    assert event == {"type": "error", "code": "server_error",
-                     "message": "Upstream request timed out", "param": None,
-                     "error": jsonutil.loads(errors.openai_body(err))["error"]}
+    assert event == {
+        "type": "error",
+        "code": "server_error",
+        "message": "Upstream request timed out",
+        "param": None,
+        "error": jsonutil.loads(errors.openai_body(err))["error"],
+    }
     with_seq = jsonutil.loads(errors.responses_sse_error(err, 7).split(b"data: ", 1)[1])
     assert with_seq == {**event, "sequence_number": 7}
-    assert errors.responses_failure(err) == {"code": "server_error",
-                                             "message": "Upstream request timed out"}
+    assert errors.responses_failure(err) == {
+        "code": "server_error",
+        "message": "Upstream request timed out",
+    }
 
 
 # --- rendering cannot fail (issue 16) ---------------------------------------------------
@@ -671,19 +703,29 @@ def _envelope(frame: bytes) -> dict[str, Any]:
 
 UNENCODABLE = [
     # (what built the error, the error, the text its message must read)
-    ("surrogate-in-message", lambda: errors.NotFound("model: claude-\ud800"),
-     "model: claude-\\ud800"),
+    (
+        "surrogate-in-message",
+        lambda: errors.NotFound("model: claude-\ud800"),
+        "model: claude-\\ud800",
+    ),
     ("low-surrogate-in-path", lambda: errors.InvalidRequest("x.\udfff", "bad"), "x.\\udfff: bad"),
-    ("surrogate-in-upstream-error", lambda: errors.UpstreamError("busy \udc80", status=429),
-     "busy \\udc80"),
+    (
+        "surrogate-in-upstream-error",
+        lambda: errors.UpstreamError("busy \udc80", status=429),
+        "busy \\udc80",
+    ),
     ("message-changed-after", lambda: _changed(errors.Overloaded(), "over\ud800"), "over\\ud800"),
-    ("unencodable-details",
-     lambda: errors.InvalidRequest("a", "b", details={"x": float("nan"), "y": "\ud800"}),
-     "a: b"),
-    ("long-message", lambda: errors.InvalidRequest("p", "w" * 100_000),
-     "p: " + "w" * (errors.MAX_RENDERED - 6) + "..."),
-    ("non-ascii-kept", lambda: errors.InvalidRequest("p", "não é válido 😀"),
-     "p: não é válido 😀"),
+    (
+        "unencodable-details",
+        lambda: errors.InvalidRequest("a", "b", details={"x": float("nan"), "y": "\ud800"}),
+        "a: b",
+    ),
+    (
+        "long-message",
+        lambda: errors.InvalidRequest("p", "w" * 100_000),
+        "p: " + "w" * (errors.MAX_RENDERED - 6) + "...",
+    ),
+    ("non-ascii-kept", lambda: errors.InvalidRequest("p", "não é válido 😀"), "p: não é válido 😀"),
 ]
 
 
@@ -693,8 +735,9 @@ def _changed(err: errors.GatewayError, message: str) -> errors.GatewayError:
 
 
 @pytest.mark.parametrize("renderer", list(_RENDERERS), ids=list(_RENDERERS))
-@pytest.mark.parametrize(("make", "shown"), [u[1:] for u in UNENCODABLE],
-                         ids=[u[0] for u in UNENCODABLE])
+@pytest.mark.parametrize(
+    ("make", "shown"), [u[1:] for u in UNENCODABLE], ids=[u[0] for u in UNENCODABLE]
+)
 def test_rendering_cannot_fail(renderer: str, make: Any, shown: str) -> None:
     err = make()
     body = _envelope(_RENDERERS[renderer](err))
@@ -739,23 +782,27 @@ def test_from_upstream_redacts_a_key_across_the_plain_text_cut() -> None:
     err = errors.from_upstream(400, body, hosts=HOSTS, secrets=SECRETS)
     assert "sk-live" not in err.message, err.message
     for leak in ("10.0.0.17", "gpu-node-7.internal"):  # an address, a host across the cut
-        text = f"{url[:8192 - 4 - len(leak) // 2]} {leak} tail"
+        text = f"{url[: 8192 - 4 - len(leak) // 2]} {leak} tail"
         message = errors.from_upstream(400, text.encode(), hosts=HOSTS).message
         assert message == "[redacted] [redacted] tail", message
 
 
-@pytest.mark.parametrize(("payload", "status"), [
-    ({"error": {"message": "bad", "code": 400}}, 400),
-    ({"error": {"message": "bad", "code": "429"}}, 429),
-    ({"error": {"message": "engine died"}}, 500),  # no code: a 5xx
-    ({"error": "plain words"}, 500),
-    (_sglang("bad"), 400),
-    ({"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}, 500),
-    ({"choices": [], "error": None}, None),  # no error
-    ({"choices": [{"delta": {"content": "error"}}]}, None),
-])
+@pytest.mark.parametrize(
+    ("payload", "status"),
+    [
+        ({"error": {"message": "bad", "code": 400}}, 400),
+        ({"error": {"message": "bad", "code": "429"}}, 429),
+        ({"error": {"message": "engine died"}}, 500),  # no code: a 5xx
+        ({"error": "plain words"}, 500),
+        (_sglang("bad"), 400),
+        ({"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}, 500),
+        ({"choices": [], "error": None}, None),  # no error
+        ({"choices": [{"delta": {"content": "error"}}]}, None),
+    ],
+)
 def test_inband_status_is_the_mapped_status_without_mapping(
-        monkeypatch: pytest.MonkeyPatch, payload: dict[str, Any], status: int | None) -> None:
+    monkeypatch: pytest.MonkeyPatch, payload: dict[str, Any], status: int | None
+) -> None:
     """The resumable pump asks only whether an in-band error is a 5xx: it gets the status the
     map would give, and the map (run once, later, by the translator) does not run."""
     mapped = errors.inband_error(payload)

@@ -35,8 +35,10 @@ HELD = errors.MAX_RENDERED
 
 def _leaks(url: str) -> str:
     """Upstream words quoting every secret, the upstream's URL and a path."""
-    return (f"Invalid key {KEY} (Bearer {KEY}) for {url}/chat/completions in {PATH}; "
-            f"also {OTHER_KEY} at {OTHER_HOST}, client {CLIENT_KEY}, signing {SIGNING}")
+    return (
+        f"Invalid key {KEY} (Bearer {KEY}) for {url}/chat/completions in {PATH}; "
+        f"also {OTHER_KEY} at {OTHER_HOST}, client {CLIENT_KEY}, signing {SIGNING}"
+    )
 
 
 def _secrets(url: str) -> tuple[str, ...]:
@@ -51,14 +53,19 @@ def _sse(obj: Any) -> bytes:
 async def _answer(scenario: str, stream: bool, url: str) -> web.StreamResponse:
     leak = _leaks(url)
     if scenario == "openai-4xx":
-        return web.json_response({"error": {"message": leak, "type": "BadRequestError",
-                                             "param": None, "code": 400}}, status=400)
+        return web.json_response(
+            {"error": {"message": leak, "type": "BadRequestError", "param": None, "code": 400}},
+            status=400,
+        )
     if scenario == "html-5xx":
         page = f"<html><body><h1>502 Bad Gateway</h1>{leak}</body></html>"
         return web.Response(status=502, text=page, content_type="text/html")
     if scenario == "rate-429":
-        return web.json_response({"error": {"message": f"slow down: {leak}", "code": 429}},
-                                 status=429, headers={"Retry-After": "7"})
+        return web.json_response(
+            {"error": {"message": f"slow down: {leak}", "code": 429}},
+            status=429,
+            headers={"Retry-After": "7"},
+        )
     if scenario == "huge":  # 1 MiB of JSON, the secrets at its start and past 64 KiB
         message = leak + " " + "x" * (1 << 20) + " " + leak
         return web.json_response({"error": {"message": message, "code": 400}}, status=400)
@@ -66,8 +73,9 @@ async def _answer(scenario: str, stream: bool, url: str) -> web.StreamResponse:
         error = {"error": {"message": leak, "type": "BadRequestError", "code": 400}}
         if not stream:
             return web.json_response(error)
-        return web.Response(body=_sse(error) + b"data: [DONE]\n\n",
-                            content_type="text/event-stream")
+        return web.Response(
+            body=_sse(error) + b"data: [DONE]\n\n", content_type="text/event-stream"
+        )
     raise AssertionError(scenario)
 
 
@@ -93,14 +101,23 @@ SCENARIOS = ("openai-4xx", "html-5xx", "rate-429", "huge", "inband")
 
 
 def _config(url: str) -> config.Config:
-    return config.parse({
-        "server": {"api_keys_env": "KEYS", "signing_key_env": "SIGN"},
-        "upstreams": {"u": {"base_url": url, "kind": "vllm", "api_key_env": "UP_KEY"},
-                      "other": {"base_url": f"http://{OTHER_HOST}:8000/v1",
-                                "api_key_env": "OTHER_KEY"}},
-        "models": [{"name": s, "upstream": "u", "upstream_model": s} for s in SCENARIOS],
-    }, "test.toml", {"KEYS": f"{CLIENT_KEY},sk-second-client-key", "SIGN": SIGNING,
-                     "UP_KEY": KEY, "OTHER_KEY": OTHER_KEY})
+    return config.parse(
+        {
+            "server": {"api_keys_env": "KEYS", "signing_key_env": "SIGN"},
+            "upstreams": {
+                "u": {"base_url": url, "kind": "vllm", "api_key_env": "UP_KEY"},
+                "other": {"base_url": f"http://{OTHER_HOST}:8000/v1", "api_key_env": "OTHER_KEY"},
+            },
+            "models": [{"name": s, "upstream": "u", "upstream_model": s} for s in SCENARIOS],
+        },
+        "test.toml",
+        {
+            "KEYS": f"{CLIENT_KEY},sk-second-client-key",
+            "SIGN": SIGNING,
+            "UP_KEY": KEY,
+            "OTHER_KEY": OTHER_KEY,
+        },
+    )
 
 
 HI = [{"role": "user", "content": "hi"}]
@@ -108,26 +125,65 @@ MESSAGES = {"max_tokens": 16, "messages": HI}
 
 # (case, path, scenario, stream, the status the client reads, its error.type, retry-after)
 CASES: list[tuple[str, str, str, bool, int, str, str | None]] = [
-    ("4xx with an OpenAI body", "/llm/v1/messages", "openai-4xx", False, 400,
-     "invalid_request_error", None),
-    ("4xx, streamed head", "/llm/v1/messages", "openai-4xx", True, 400,
-     "invalid_request_error", None),
+    (
+        "4xx with an OpenAI body",
+        "/llm/v1/messages",
+        "openai-4xx",
+        False,
+        400,
+        "invalid_request_error",
+        None,
+    ),
+    (
+        "4xx, streamed head",
+        "/llm/v1/messages",
+        "openai-4xx",
+        True,
+        400,
+        "invalid_request_error",
+        None,
+    ),
     ("5xx with HTML", "/llm/v1/messages", "html-5xx", False, 500, "api_error", None),
-    ("429 with retry-after", "/llm/v1/messages", "rate-429", False, 429, "rate_limit_error",
-     "1"),
+    ("429 with retry-after", "/llm/v1/messages", "rate-429", False, 429, "rate_limit_error", "1"),
     ("a 1 MiB body", "/llm/v1/messages", "huge", False, 400, "invalid_request_error", None),
-    ("in-band, buffered", "/llm/v1/messages", "inband", False, 400, "invalid_request_error",
-     None),
-    ("in-band, streamed", "/llm/v1/messages", "inband", True, 200, "invalid_request_error",
-     None),
-    ("count_tokens", "/llm/v1/messages/count_tokens", "openai-4xx", False, 400,
-     "invalid_request_error", None),
-    ("pass-through 4xx", "/llm/v1/chat/completions", "openai-4xx", False, 400,
-     "invalid_request_error", None),
-    ("pass-through 429", "/llm/v1/chat/completions", "rate-429", False, 429,
-     "rate_limit_exceeded", "1"),
-    ("pass-through in-band, streamed", "/llm/v1/chat/completions", "inband", True, 200,
-     "invalid_request_error", None),
+    ("in-band, buffered", "/llm/v1/messages", "inband", False, 400, "invalid_request_error", None),
+    ("in-band, streamed", "/llm/v1/messages", "inband", True, 200, "invalid_request_error", None),
+    (
+        "count_tokens",
+        "/llm/v1/messages/count_tokens",
+        "openai-4xx",
+        False,
+        400,
+        "invalid_request_error",
+        None,
+    ),
+    (
+        "pass-through 4xx",
+        "/llm/v1/chat/completions",
+        "openai-4xx",
+        False,
+        400,
+        "invalid_request_error",
+        None,
+    ),
+    (
+        "pass-through 429",
+        "/llm/v1/chat/completions",
+        "rate-429",
+        False,
+        429,
+        "rate_limit_exceeded",
+        "1",
+    ),
+    (
+        "pass-through in-band, streamed",
+        "/llm/v1/chat/completions",
+        "inband",
+        True,
+        200,
+        "invalid_request_error",
+        None,
+    ),
 ]
 
 
@@ -145,9 +201,14 @@ def _error_of(path: str, stream: bool, status: int, body: bytes) -> dict[str, An
 Mapped = list[tuple[int, int, errors.UpstreamError]]
 
 
-async def _failure(aiohttp_client: Any, aiohttp_server: Any, monkeypatch: pytest.MonkeyPatch,
-                   path: str, scenario: str, stream: bool
-                   ) -> tuple[str, int, bytes, Any, Mapped]:
+async def _failure(
+    aiohttp_client: Any,
+    aiohttp_server: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+    scenario: str,
+    stream: bool,
+) -> tuple[str, int, bytes, Any, Mapped]:
     """(the upstream's URL, the client's status, body and headers, each run of the map:
     the upstream status, the bytes it was given, the error it made)."""
     url = await _upstream(aiohttp_server)
@@ -170,16 +231,26 @@ async def _failure(aiohttp_client: Any, aiohttp_server: Any, monkeypatch: pytest
 
 TABLE = pytest.mark.parametrize(
     ("path", "scenario", "stream", "status", "etype", "retry_after"),
-    [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
 
 
 @TABLE
 async def test_an_upstream_failure_reaches_the_client_scrubbed_of_every_secret(
-        aiohttp_client: Any, aiohttp_server: Any, monkeypatch: pytest.MonkeyPatch,
-        path: str, scenario: str, stream: bool, status: int, etype: str,
-        retry_after: str | None) -> None:
-    url, got, raw, headers, _ = await _failure(aiohttp_client, aiohttp_server, monkeypatch,
-                                               path, scenario, stream)
+    aiohttp_client: Any,
+    aiohttp_server: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+    scenario: str,
+    stream: bool,
+    status: int,
+    etype: str,
+    retry_after: str | None,
+) -> None:
+    url, got, raw, headers, _ = await _failure(
+        aiohttp_client, aiohttp_server, monkeypatch, path, scenario, stream
+    )
     assert got == status, raw
     error = _error_of(path, stream, got, raw)
     assert error["type"] == etype
@@ -195,11 +266,17 @@ async def test_an_upstream_failure_reaches_the_client_scrubbed_of_every_secret(
 
 @TABLE
 async def test_an_upstream_failure_is_mapped_once_and_its_error_holds_no_body(
-        aiohttp_client: Any, aiohttp_server: Any, monkeypatch: pytest.MonkeyPatch,
-        path: str, scenario: str, stream: bool, status: int, etype: str,
-        retry_after: str | None) -> None:
-    *_, mapped = await _failure(aiohttp_client, aiohttp_server, monkeypatch,
-                                path, scenario, stream)
+    aiohttp_client: Any,
+    aiohttp_server: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+    scenario: str,
+    stream: bool,
+    status: int,
+    etype: str,
+    retry_after: str | None,
+) -> None:
+    *_, mapped = await _failure(aiohttp_client, aiohttp_server, monkeypatch, path, scenario, stream)
     assert len(mapped) == 1, [m[0] for m in mapped]
     _, read, err = mapped[0]
     assert read <= errors.MAX_UPSTREAM_BODY
@@ -212,8 +289,9 @@ def test_the_process_redactor_knows_every_secret_of_the_config() -> None:
     url = "http://10.1.2.3:8000/v1"
     redactor = known_secrets(_config(url))
     leak = _leaks(url)
-    err = errors.from_upstream(400, json.dumps({"error": {"message": leak}}).encode(),
-                               secrets=redactor)
+    err = errors.from_upstream(
+        400, json.dumps({"error": {"message": leak}}).encode(), secrets=redactor
+    )
     for secret in _secrets(url):
         assert secret not in err.message
     assert err.message.count("[redacted]") >= 6

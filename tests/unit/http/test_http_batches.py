@@ -20,12 +20,18 @@ from gateway.ops import config
 from gateway.ops.budget import Budget
 from gateway.text import json_items, jsonutil
 
-CFG = config.parse({
-    "upstreams": {"u": {"base_url": "http://127.0.0.1:9/v1"}},
-    "models": [{"name": "m", "upstream": "u", "upstream_model": "x"},
-               {"name": "claude-*", "upstream": "u", "upstream_model": "x"}],
-    "batches": {"max_requests": 3, "database": "sqlite:////tmp/unused.sqlite3"},
-}, "test.toml", {"HOME": "/nonexistent"})
+CFG = config.parse(
+    {
+        "upstreams": {"u": {"base_url": "http://127.0.0.1:9/v1"}},
+        "models": [
+            {"name": "m", "upstream": "u", "upstream_model": "x"},
+            {"name": "claude-*", "upstream": "u", "upstream_model": "x"},
+        ],
+        "batches": {"max_requests": 3, "database": "sqlite:////tmp/unused.sqlite3"},
+    },
+    "test.toml",
+    {"HOME": "/nonexistent"},
+)
 
 
 def _params(**kw: Any) -> dict[str, Any]:
@@ -55,14 +61,26 @@ BAD = [
     ("params missing", {"requests": [{"custom_id": "a"}]}, "requests.0.params"),
     ("params stream", {"requests": [_item(stream=True)]}, "requests.0.params.stream"),
     ("params invalid", {"requests": [_item(max_tokens=0)]}, "requests.0.params.max_tokens"),
-    ("params nested invalid", {"requests": [_item(), _item("b", messages=[{"role": "x",
-                                                                             "content": "c"}])]},
-     "requests.1.params.messages.0.role"),
+    (
+        "params nested invalid",
+        {"requests": [_item(), _item("b", messages=[{"role": "x", "content": "c"}])]},
+        "requests.1.params.messages.0.role",
+    ),
     ("unknown model", {"requests": [_item(model="nope")]}, "requests.0.params.model"),
-    ("web search", {"requests": [_item(tools=[{"type": "custom", "name": "t", "input_schema": {}},
-                                              {"type": "web_search_20250305",
-                                               "name": "web_search"}])]},
-     "requests.0.params.tools.1.type"),  # interactive only (gateway/tools/)
+    (
+        "web search",
+        {
+            "requests": [
+                _item(
+                    tools=[
+                        {"type": "custom", "name": "t", "input_schema": {}},
+                        {"type": "web_search_20250305", "name": "web_search"},
+                    ]
+                )
+            ]
+        },
+        "requests.0.params.tools.1.type",
+    ),  # interactive only (gateway/tools/)
 ]
 
 
@@ -75,53 +93,95 @@ def test_a_bad_create_is_a_400_naming_the_field(body: Any, path: str) -> None:
 
 
 def test_a_good_create_keeps_each_request_under_its_route() -> None:
-    body = {"requests": [_item("a-1"), _item("B_2", model="claude-opus-5", stream=False),
-                         _item("c" * 64)]}
+    body = {
+        "requests": [
+            _item("a-1"),
+            _item("B_2", model="claude-opus-5", stream=False),
+            _item("c" * 64),
+        ]
+    }
     out = api.parse_create(CFG, body)
     assert [(c, m) for c, m, _ in out] == [("a-1", "m"), ("B_2", "claude-*"), ("c" * 64, "m")]
     assert jsonutil.loads(out[1][2])["model"] == "claude-opus-5"  # the client's name is kept
 
 
 def _row(**kw: Any) -> BatchRow:
-    base = {"id": "msgbatch_x", "owner": "", "created_at": 1_700_000_000.0,
-            "expires_at": 1_700_086_400.0, "ended_at": None, "cancel_initiated_at": None,
-            "total": 5, "succeeded": 2, "errored": 1, "canceled": 0, "expired": 0}
+    base = {
+        "id": "msgbatch_x",
+        "owner": "",
+        "created_at": 1_700_000_000.0,
+        "expires_at": 1_700_086_400.0,
+        "ended_at": None,
+        "cancel_initiated_at": None,
+        "total": 5,
+        "succeeded": 2,
+        "errored": 1,
+        "canceled": 0,
+        "expired": 0,
+    }
     return BatchRow(**{**base, **kw})
 
 
 def test_counts_move_out_of_processing_only_when_the_batch_ends() -> None:
     running = api.render(_row(), "https://gw.example/llm/v1/messages/batches")
     assert running["processing_status"] == "in_progress"
-    assert running["request_counts"] == {"processing": 5, "succeeded": 0, "errored": 0,
-                                         "canceled": 0, "expired": 0}
+    assert running["request_counts"] == {
+        "processing": 5,
+        "succeeded": 0,
+        "errored": 0,
+        "canceled": 0,
+        "expired": 0,
+    }
     assert running["results_url"] is None and running["ended_at"] is None
-    ended = api.render(_row(ended_at=1_700_000_100.5, canceled=1, expired=1),
-                       "https://gw.example/llm/v1/messages/batches")
+    ended = api.render(
+        _row(ended_at=1_700_000_100.5, canceled=1, expired=1),
+        "https://gw.example/llm/v1/messages/batches",
+    )
     assert ended["processing_status"] == "ended"
-    assert ended["request_counts"] == {"processing": 0, "succeeded": 2, "errored": 1,
-                                       "canceled": 1, "expired": 1}
+    assert ended["request_counts"] == {
+        "processing": 0,
+        "succeeded": 2,
+        "errored": 1,
+        "canceled": 1,
+        "expired": 1,
+    }
     assert ended["results_url"] == "https://gw.example/llm/v1/messages/batches/msgbatch_x/results"
     assert ended["created_at"] == "2023-11-14T22:13:20Z"
     assert ended["ended_at"] == "2023-11-14T22:15:00.500000Z"
-    assert set(ended) == {"id", "type", "processing_status", "request_counts", "ended_at",
-                          "created_at", "expires_at", "archived_at", "cancel_initiated_at",
-                          "results_url"}
+    assert set(ended) == {
+        "id",
+        "type",
+        "processing_status",
+        "request_counts",
+        "ended_at",
+        "created_at",
+        "expires_at",
+        "archived_at",
+        "cancel_initiated_at",
+        "results_url",
+    }
     canceling = api.render(_row(cancel_initiated_at=1_700_000_050.0), "b")
     assert canceling["processing_status"] == "canceling"
 
 
 async def test_a_large_create_gives_the_event_loop_a_turn_between_slices(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A 20,000-request create was parsed in one go (0.74 s with the loop held; 100,000:
     /health waited 19 s). Parsed in slices of PARSE_SLICE with a turn between, a ticker
     task runs while the requests are validated; each request's objects are dropped once it
     is encoded."""
     import asyncio
-    cfg = config.parse({
-        "upstreams": {"u": {"base_url": "http://127.0.0.1:9/v1"}},
-        "models": [{"name": "m", "upstream": "u", "upstream_model": "x"}],
-        "batches": {"max_requests": 10_000, "database": "sqlite:////tmp/unused.sqlite3"},
-    }, "test.toml", {"HOME": "/nonexistent"})
+
+    cfg = config.parse(
+        {
+            "upstreams": {"u": {"base_url": "http://127.0.0.1:9/v1"}},
+            "models": [{"name": "m", "upstream": "u", "upstream_model": "x"}],
+            "batches": {"max_requests": 10_000, "database": "sqlite:////tmp/unused.sqlite3"},
+        },
+        "test.toml",
+        {"HOME": "/nonexistent"},
+    )
     ticks = 0
     seen: list[int] = []
     real = api.validate_messages
@@ -150,8 +210,10 @@ async def test_a_large_create_gives_the_event_loop_a_turn_between_slices(
 
 # --- a create read one request at a time (gateway/text/json_items.py) ----------------------
 
-async def _parse_raw(cfg: Any, raw: bytes, budget: Budget | None = None
-                     ) -> tuple[list[tuple[str, str, bytes]], int]:
+
+async def _parse_raw(
+    cfg: Any, raw: bytes, budget: Budget | None = None
+) -> tuple[list[tuple[str, str, bytes]], int]:
     """The create parsed from its bytes as the route does (the whole decode as the fallback,
     on the loop: no child process); -> (requests, bytes the lease held after parsing)."""
     request = make_mocked_request("POST", "/", app=_app(cfg))
@@ -163,8 +225,9 @@ async def _parse_raw(cfg: Any, raw: bytes, budget: Budget | None = None
 
 def _app(cfg: Any) -> web.Application:
     app = web.Application()
-    app[CONFIG] = dataclasses.replace(cfg, server=dataclasses.replace(
-        cfg.server, decode_offload_bytes=0))
+    app[CONFIG] = dataclasses.replace(
+        cfg, server=dataclasses.replace(cfg.server, decode_offload_bytes=0)
+    )
     return app
 
 
@@ -190,9 +253,12 @@ ODD = [
 
 @pytest.mark.parametrize(("template",), [c[1:] for c in ODD], ids=[c[0] for c in ODD])
 async def test_any_create_is_answered_as_its_whole_decode_is(template: bytes) -> None:
-    items = (json.dumps(_item("a")).encode(),
-             json.dumps(_item("b", messages=[{"role": "user", "content": "é ✓ 😀"}]),
-                        ensure_ascii=False).encode())
+    items = (
+        json.dumps(_item("a")).encode(),
+        json.dumps(
+            _item("b", messages=[{"role": "user", "content": "é ✓ 😀"}]), ensure_ascii=False
+        ).encode(),
+    )
     raw = template % items
     try:
         expected: Any = api.parse_create(CFG, jsonutil.loads(raw))
@@ -228,10 +294,15 @@ def test_items_are_found_across_window_edges(monkeypatch: pytest.MonkeyPatch, si
     """Items, whitespace and separators cut anywhere by a small window, multi-byte
     characters cut by a chunk included: each item's text is exactly its JSON."""
     monkeypatch.setattr(json_items, "WINDOW", 7)
-    items = [{"custom_id": f"r{i}", "params": {"t": "é😀 ]}\\\"" * (i % 5), "n": [i, {}]}}
-             for i in range(size // 10)]
-    raw = (' { "requests" : [ ' + " ,\n ".join(json.dumps(x, ensure_ascii=False)
-                                              for x in items) + " ] } ").encode()
+    items = [
+        {"custom_id": f"r{i}", "params": {"t": 'é😀 ]}\\"' * (i % 5), "n": [i, {}]}}
+        for i in range(size // 10)
+    ]
+    raw = (
+        ' { "requests" : [ '
+        + " ,\n ".join(json.dumps(x, ensure_ascii=False) for x in items)
+        + " ] } "
+    ).encode()
     reader = json_items.ArrayItems(raw, "requests", max_values=1 << 20, max_item_values=1 << 19)
     got = []
     while not reader.done:
@@ -243,7 +314,7 @@ def test_an_item_with_too_many_values_is_not_scanned(monkeypatch: pytest.MonkeyP
     """An item past the window holding more separators than max_item_values, or a body
     past max_values, is left to the whole decode (which bounds values before decoding)."""
     monkeypatch.setattr(json_items, "WINDOW", 64)
-    big = b'{"requests": [{"x": [' + b"0," * 200 + b'0]}]}'
+    big = b'{"requests": [{"x": [' + b"0," * 200 + b"0]}]}"
     with pytest.raises(json_items.NotPlain):
         json_items.ArrayItems(big, "requests", max_values=1 << 20, max_item_values=100).next()
     many = b'{"requests": [' + b",".join([b'{"x": 1}'] * 100) + b"]}"
@@ -261,18 +332,26 @@ TURNS = [
 ]
 
 
-@pytest.mark.parametrize(("requests", "size", "limit", "turns"),
-                         [c[1:] for c in TURNS], ids=[c[0] for c in TURNS])
+@pytest.mark.parametrize(
+    ("requests", "size", "limit", "turns"), [c[1:] for c in TURNS], ids=[c[0] for c in TURNS]
+)
 async def test_a_create_read_from_its_bytes_gives_the_loop_turns(
-        requests: int, size: int, limit: int, turns: int) -> None:
+    requests: int, size: int, limit: int, turns: int
+) -> None:
     """Slices of 256 requests still held the loop 25-50 ms each (a small request beside a
     20,000-request create waited 0.27 s); a slice now ends after PARSE_SLICE requests or
     PARSE_SLICE_BYTES of their JSON. Counted: how often a concurrent task got a turn."""
     import asyncio
+
     cfg = dataclasses.replace(CFG, batches=dataclasses.replace(CFG.batches, max_requests=limit))
-    raw = json.dumps({"requests": [
-        _item(str(i), messages=[{"role": "user", "content": "x" * size}])
-        for i in range(requests)]}).encode()
+    raw = json.dumps(
+        {
+            "requests": [
+                _item(str(i), messages=[{"role": "user", "content": "x" * size}])
+                for i in range(requests)
+            ]
+        }
+    ).encode()
     ticks = 0
 
     async def ticker() -> None:

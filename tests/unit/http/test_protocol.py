@@ -47,15 +47,14 @@ def test_aiohttp_still_builds_parser_errors_through_handle_error() -> None:
     assert "self._request_factory(" in inspect.getsource(web.RequestHandler.start)
     assert "request_factory" in inspect.signature(web.Server).parameters
     # lingering is skipped once force_close() was called (a failed body closes then)
-    assert "not self._force_close and lingering_time" in inspect.getsource(
-        web.RequestHandler.start)
+    assert "not self._force_close and lingering_time" in inspect.getsource(web.RequestHandler.start)
 
 
 def test_aiohttp_version_is_one_the_shell_was_checked_against() -> None:
     major, minor = (int(x) for x in aiohttp.__version__.split(".")[:2])
     assert (3, 9) <= (major, minor) < (4, 0), (
-        f"aiohttp {aiohttp.__version__}: check gateway/http/protocol.py's protocol facts, "
-        "then this")
+        f"aiohttp {aiohttp.__version__}: check gateway/http/protocol.py's protocol facts, then this"
+    )
 
 
 # --- the parser's refusals, classified ---------------------------------------------------------
@@ -64,29 +63,30 @@ REFUSED = {
     b"POST /x HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n": "line_too_long",
     b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n": "line_too_long",
     b"GET / HTTP/1.1\r\n\r\n": "bad_header",  # HTTP/1.1 without Host
-    b"POST /x HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(200)) + b"\r\n":
-        "too_many_headers",
+    b"POST /x HTTP/1.1\r\nHost: x\r\n"
+    + b"".join(b"X-%d: 1\r\n" % i for i in range(200))
+    + b"\r\n": "too_many_headers",
     b"POST /x HTTP/1.1\r\nHost: x\r\nX-Api-Key: sk-\x00k\r\n\r\n": "bad_header",
     b"POST /x HTTP/1.1\r\nHost: x\r\nX-Api-Key: sk-\x01k\r\n\r\n": "bad_header",
     b"POST /x HTTP/1.1\r\nHost: x\r\nX Y: 1\r\n\r\n": "bad_header",
-    b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n":
-        "length_and_chunked",
+    b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n": "length_and_chunked",  # noqa: E501
     b"GARBAGE\r\n\r\n": "bad_request_line",
     b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n": "bad_body",
-    b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab":
-        "bad_content_length",
+    b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab": "bad_content_length",  # noqa: E501
     b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n": "bad_transfer_encoding",
 }
 
 
-@pytest.mark.parametrize("parser", [HttpRequestParserC, HttpRequestParserPy],
-                         ids=["llhttp", "python"])
+@pytest.mark.parametrize(
+    "parser", [HttpRequestParserC, HttpRequestParserPy], ids=["llhttp", "python"]
+)
 def test_every_refusal_has_a_kind_and_a_message_without_its_bytes(parser: Any) -> None:
     loop = asyncio.new_event_loop()
     try:
         for raw, want in REFUSED.items():
-            p = parser(mock.Mock(), loop, 2**16, max_line_size=8190, max_field_size=8190,
-                       max_headers=128)
+            p = parser(
+                mock.Mock(), loop, 2**16, max_line_size=8190, max_field_size=8190, max_headers=128
+            )
             with pytest.raises(hx.HttpProcessingError) as caught:
                 p.feed_data(raw)
             kind = classify(caught.value)
@@ -109,15 +109,18 @@ def test_kinds_of_what_is_not_a_parser_error() -> None:
 # --- scrubbing what libraries log --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text,secret", [
-    ("Invalid header value char:\n\n  b'X-Api-Key: sk-\\x01SECRET'\n   ^", "SECRET"),
-    ("Got more than 8190 bytes when reading: b'Bearer SECRET" + "K" * 100 + "...'.", "SECRET"),
-    ('future: <Task exception=BadHttpMessage("400, message: b\'sk-SECRET\'")>', "SECRET"),
-    ("GET /llm/v1/messages?api_key=SECRET&beta=true HTTP/1.1", "SECRET"),
-    ("Transfer-Encoding can't be present: b'sk-SECRET'", "SECRET"),
-    ("token " + "S" * 500, "S" * 129),
-    ("<CIMultiDictProxy('X-Api-Key': 'SECRET')>", "SECRET"),
-])
+@pytest.mark.parametrize(
+    "text,secret",
+    [
+        ("Invalid header value char:\n\n  b'X-Api-Key: sk-\\x01SECRET'\n   ^", "SECRET"),
+        ("Got more than 8190 bytes when reading: b'Bearer SECRET" + "K" * 100 + "...'.", "SECRET"),
+        ("future: <Task exception=BadHttpMessage(\"400, message: b'sk-SECRET'\")>", "SECRET"),
+        ("GET /llm/v1/messages?api_key=SECRET&beta=true HTTP/1.1", "SECRET"),
+        ("Transfer-Encoding can't be present: b'sk-SECRET'", "SECRET"),
+        ("token " + "S" * 500, "S" * 129),
+        ("<CIMultiDictProxy('X-Api-Key': 'SECRET')>", "SECRET"),
+    ],
+)
 def test_scrub_removes_what_a_client_sent(text: str, secret: str) -> None:
     out = log.scrub(text)
     assert secret not in out
@@ -125,8 +128,10 @@ def test_scrub_removes_what_a_client_sent(text: str, secret: str) -> None:
 
 
 def test_scrub_keeps_plain_words_and_query_names() -> None:
-    assert log.scrub("Error handling request from 127.0.0.1") == \
-        "Error handling request from 127.0.0.1"
+    assert (
+        log.scrub("Error handling request from 127.0.0.1")
+        == "Error handling request from 127.0.0.1"
+    )
     assert log.scrub("GET /p?api_key=x&beta=true") == "GET /p?api_key&beta"
 
 
@@ -134,9 +139,15 @@ def test_library_records_become_scrubbed_lines_with_frames_not_messages() -> Non
     try:
         raise hx.BadHttpMessage("Invalid header value char:\n\n  b'sk-\\x01SECRET'")
     except hx.BadHttpMessage as exc:
-        record = logging.LogRecord("aiohttp.server", logging.ERROR, __file__, 1,
-                                   "Error handling request from %s", ("127.0.0.1",),
-                                   (type(exc), exc, exc.__traceback__))
+        record = logging.LogRecord(
+            "aiohttp.server",
+            logging.ERROR,
+            __file__,
+            1,
+            "Error handling request from %s",
+            ("127.0.0.1",),
+            (type(exc), exc, exc.__traceback__),
+        )
     with capture_logs() as logs:
         log._Bridge().emit(record)
     [line] = logs
@@ -149,9 +160,14 @@ def test_library_records_become_scrubbed_lines_with_frames_not_messages() -> Non
 def test_the_loop_exception_handler_logs_type_and_frames_only() -> None:
     exc = OSError(24, "Too many open files: 'sk-SECRET'")
     with capture_logs() as logs:
-        log.loop_exception_handler(mock.Mock(), {
-            "message": "Task exception was never retrieved", "exception": exc,
-            "future": "<Task exception=ValueError('sk-SECRET')>"})
+        log.loop_exception_handler(
+            mock.Mock(),
+            {
+                "message": "Task exception was never retrieved",
+                "exception": exc,
+                "future": "<Task exception=ValueError('sk-SECRET')>",
+            },
+        )
     [line] = logs
     assert line["event"] == "event_loop_error" and line["errno"] == 24
     assert "SECRET" not in json.dumps(line)
@@ -228,8 +244,11 @@ def _split(reply: bytes) -> tuple[int, dict[str, str], Any]:
 
 async def test_a_refused_request_is_an_envelope_in_the_shape_of_its_path(served) -> None:
     port, metrics = served
-    for path, openai in (("/llm/v1/messages", False), ("/llm/v1/embeddings", True),
-                         ("/elsewhere", False)):
+    for path, openai in (
+        ("/llm/v1/messages", False),
+        ("/llm/v1/embeddings", True),
+        ("/elsewhere", False),
+    ):
         raw = f"POST {path} HTTP/1.1\r\nHost: x\r\nX-Api-Key: sk-\x01SECRET\r\n\r\n".encode()
         status, headers, body = _split(await _exchange(port, raw))
         assert status == 400 and headers["request-id"].startswith("req_")
@@ -239,8 +258,9 @@ async def test_a_refused_request_is_an_envelope_in_the_shape_of_its_path(served)
         else:
             assert body["request_id"] == headers["request-id"]
         assert "SECRET" not in json.dumps(body)
-    value = metrics.registry.get_sample_value("llm_gateway_client_http_errors_total",
-                                              {"kind": "bad_header"})
+    value = metrics.registry.get_sample_value(
+        "llm_gateway_client_http_errors_total", {"kind": "bad_header"}
+    )
     assert value == 3
 
 
@@ -248,8 +268,10 @@ async def test_every_refusal_is_answered_with_an_http_1_1_status_line(served) ->
     """aiohttp's placeholder request for a parser refusal is HTTP/1.0, and the answer took
     its version: a non-numeric Content-Length was answered ``HTTP/1.0 400``."""
     port, _ = served
-    for raw in (b"POST /llm/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
-                *REFUSED):
+    for raw in (
+        b"POST /llm/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+        *REFUSED,
+    ):
         reply = await _exchange(port, raw)
         assert reply.startswith(b"HTTP/1.1 400 "), (raw[:60], reply[:40])
 
@@ -258,8 +280,10 @@ async def test_a_body_that_breaks_after_its_head_is_a_400_at_once(served) -> Non
     """llhttp drops the payload and aiohttp queues the error as the next request: without
     the shell the handler waits for the body deadline (a 408)."""
     port, _ = served
-    head = (b"POST /llm/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n")
+    head = (
+        b"POST /llm/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Transfer-Encoding: chunked\r\n\r\n5\r\n{"a":\r\n'
+    )
     status, headers, body = _split(await _exchange(port, head, b"zz\r\nxx\r\n", pause=0.1))
     assert status == 400  # not the 408 of the body deadline
     assert body["error"]["message"] == "Malformed request body framing"
@@ -268,8 +292,10 @@ async def test_a_body_that_breaks_after_its_head_is_a_400_at_once(served) -> Non
 
 async def test_a_stalled_body_is_a_408_and_the_connection_closes(served) -> None:
     port, _ = served
-    head = (b"POST /llm/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-            b"Content-Type: application/json\r\nContent-Length: 50\r\n\r\n{")
+    head = (
+        b"POST /llm/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 50\r\n\r\n{"
+    )
     status, _, body = _split(await _exchange(port, head))  # read() returns: it closed
     assert status == 408 and body["error"]["code"] == 408
     assert issubclass(RequestBodyTimeout, Exception)
@@ -293,8 +319,12 @@ async def test_a_head_that_drips_is_closed_at_its_deadline(served) -> None:
     assert dripping  # closed while lines were still coming: a deadline, not a silence
     assert 0.45 <= loop.time() - t0 <= 0.5 + 2
     writer.close()
-    assert metrics.registry.get_sample_value("llm_gateway_client_http_errors_total",
-                                             {"kind": "head_timeout"}) == 1
+    assert (
+        metrics.registry.get_sample_value(
+            "llm_gateway_client_http_errors_total", {"kind": "head_timeout"}
+        )
+        == 1
+    )
 
 
 async def test_keep_alive_requests_each_get_a_fresh_head_deadline(served) -> None:
@@ -313,8 +343,9 @@ async def test_keep_alive_requests_each_get_a_fresh_head_deadline(served) -> Non
 async def test_a_client_gone_is_a_499_not_an_error(served) -> None:
     port, _ = served
     with capture_logs() as logs:
-        reply = await _exchange(port, b"GET /_gone HTTP/1.1\r\nHost: x\r\n"
-                                      b"Connection: close\r\n\r\n")
+        reply = await _exchange(
+            port, b"GET /_gone HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
     assert not [line for line in logs if line["log_level"] == "error"]
     assert b" 499 " in reply.split(b"\r\n", 1)[0]
 
@@ -322,9 +353,11 @@ async def test_a_client_gone_is_a_499_not_an_error(served) -> None:
 @pytest.mark.parametrize("served", ['api_keys_env = "K"'], indirect=True)
 async def test_metrics_on_the_api_listener_needs_a_key_when_keys_are_set(served) -> None:
     port, _ = served
-    plain = await _exchange(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
-                                  b"Connection: close\r\n\r\n")
+    plain = await _exchange(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert plain.startswith(b"HTTP/1.1 401")
-    keyed = await _exchange(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                                  b"Authorization: Bearer sk-unit\r\n\r\n")
+    keyed = await _exchange(
+        port,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Authorization: Bearer sk-unit\r\n\r\n",
+    )
     assert keyed.startswith(b"HTTP/1.1 200") and b"llm_gateway_build_info" in keyed

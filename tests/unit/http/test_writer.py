@@ -45,8 +45,7 @@ async def _serve_a_client_that_never_reads(
     client.setblocking(False)
     try:
         await asyncio.get_running_loop().sock_connect(client, ("127.0.0.1", port))
-        await asyncio.get_running_loop().sock_sendall(
-            client, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.get_running_loop().sock_sendall(client, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         return await asyncio.wait_for(outcome, 10.0)
     finally:
         client.close()
@@ -69,8 +68,12 @@ async def test_fast_path_write_that_pauses_the_transport_still_times_out() -> No
         transport = request.transport
         assert transport is not None
         transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-        writer = await StreamWriter.open(request, content_type="text/event-stream",
-                                         write_timeout=_WRITE_TIMEOUT, ping_interval=None)
+        writer = await StreamWriter.open(
+            request,
+            content_type="text/event-stream",
+            write_timeout=_WRITE_TIMEOUT,
+            ping_interval=None,
+        )
         try:
             await writer.write(b"a" * 2000)  # headers + a first event, into the socket
             # the client is not reading: fill the kernel's buffers until the transport
@@ -114,8 +117,12 @@ async def test_closing_a_stream_to_a_client_that_stopped_reading_is_bounded() ->
         transport = request.transport
         assert transport is not None
         transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-        writer = await StreamWriter.open(request, content_type="text/event-stream",
-                                         write_timeout=_WRITE_TIMEOUT, ping_interval=None)
+        writer = await StreamWriter.open(
+            request,
+            content_type="text/event-stream",
+            write_timeout=_WRITE_TIMEOUT,
+            ping_interval=None,
+        )
         try:
             await writer.write(b"a" * 2000)
             for _ in range(20000):  # the client is not reading: fill the kernel's buffers
@@ -140,13 +147,18 @@ async def test_closing_a_stream_to_a_client_that_stopped_reading_is_bounded() ->
     assert result == "closed", result
 
 
-@pytest.mark.parametrize(("size", "timers"), [
-    (1000, 0),          # a reply of a few KB to a reading client: no timer
-    (30 * 1024, 0),     # well under the transport's 64 KiB high-water mark
-    (200 * 1024, 1),    # past it: the write may wait on the client, so it is timed
-], ids=["1k", "30k", "200k"])
+@pytest.mark.parametrize(
+    ("size", "timers"),
+    [
+        (1000, 0),  # a reply of a few KB to a reading client: no timer
+        (30 * 1024, 0),  # well under the transport's 64 KiB high-water mark
+        (200 * 1024, 1),  # past it: the write may wait on the client, so it is timed
+    ],
+    ids=["1k", "30k", "200k"],
+)
 async def test_send_buffered_times_only_a_reply_that_may_wait(
-        size: int, timers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    size: int, timers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A buffered reply whose head and body fit the transport's room cannot wait on the
     client (aiohttp's drain returns at once): it is sent without a timer; one that may
     fill the buffer is sent under write_timeout. Either way the client gets it whole."""
@@ -174,8 +186,10 @@ async def test_send_buffered_times_only_a_reply_that_may_wait(
     await site.start()
     try:
         port = runner.addresses[0][1]
-        async with aiohttp.ClientSession() as session, \
-                session.get(f"http://127.0.0.1:{port}/") as got:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/") as got,
+        ):
             assert got.status == 200
             assert len(await got.read()) == size
     finally:

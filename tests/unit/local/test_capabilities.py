@@ -26,10 +26,13 @@ from gateway.text import jsonutil
 from gateway.text.refusals import REFUSALS
 
 README = Path(__file__).resolve().parents[3] / "docs" / "local-engines.md"
-LLAMA_IMAGE = ("image input is not supported - hint: if this is unexpected, you may need to "
-               "provide the mmproj")
-PNG = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJ"
-       "RU5ErkJggg==")
+LLAMA_IMAGE = (
+    "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj"
+)
+PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJ"
+    "RU5ErkJggg=="
+)
 
 
 def _route(kind: str = "llamacpp", **knobs: str) -> ModelRoute:
@@ -43,22 +46,66 @@ def _body(message: str, code: int, etype: str = "server_error") -> bytes:
 
 # (upstream status, body, client status, error.type, refused, message starts with)
 MAPPING = [
-    (500, _body(LLAMA_IMAGE, 500), 400, "invalid_request_error", "images",
-     "this model does not support images: image input is not supported"),
-    (400, _body("unsupported content[].type", 400, "invalid_request_error"), 400,
-     "invalid_request_error", "tool_references",
-     "this model's server does not support a content part type"),
-    (400, jsonutil.dumpb({"object": "error", "message": "At most 0 image(s) may be provided in "
-                          "one prompt.", "type": "BadRequestError", "param": "image",
-                          "code": 400}),
-     400, "invalid_request_error", "images", "this model does not support images"),
-    (400, _body("DeepSeek is not a multimodal model", 400), 400, "invalid_request_error",
-     "images", "this model does not support images"),
-    (500, jsonutil.dumpb({"error": "this model is missing data required for image input"}),
-     400, "invalid_request_error", "images", "this model does not support images"),
-    (501, _body("This server does not support embeddings. Start it with `--embeddings`", 501,
-                "not_supported_error"), 501, "not_supported", None,
-     "Not supported by this model's server"),
+    (
+        500,
+        _body(LLAMA_IMAGE, 500),
+        400,
+        "invalid_request_error",
+        "images",
+        "this model does not support images: image input is not supported",
+    ),
+    (
+        400,
+        _body("unsupported content[].type", 400, "invalid_request_error"),
+        400,
+        "invalid_request_error",
+        "tool_references",
+        "this model's server does not support a content part type",
+    ),
+    (
+        400,
+        jsonutil.dumpb(
+            {
+                "object": "error",
+                "message": "At most 0 image(s) may be provided in one prompt.",
+                "type": "BadRequestError",
+                "param": "image",
+                "code": 400,
+            }
+        ),
+        400,
+        "invalid_request_error",
+        "images",
+        "this model does not support images",
+    ),
+    (
+        400,
+        _body("DeepSeek is not a multimodal model", 400),
+        400,
+        "invalid_request_error",
+        "images",
+        "this model does not support images",
+    ),
+    (
+        500,
+        jsonutil.dumpb({"error": "this model is missing data required for image input"}),
+        400,
+        "invalid_request_error",
+        "images",
+        "this model does not support images",
+    ),
+    (
+        501,
+        _body(
+            "This server does not support embeddings. Start it with `--embeddings`",
+            501,
+            "not_supported_error",
+        ),
+        501,
+        "not_supported",
+        None,
+        "Not supported by this model's server",
+    ),
     (501, b"", 501, "not_supported", None, "Not supported by this model's server"),
     # unchanged: a 5xx naming nothing is a generic 500; 503 is overload
     (500, _body("boom at /src/x.cpp", 500), 500, "api_error", None, "Internal server error"),
@@ -67,8 +114,9 @@ MAPPING = [
 
 
 @pytest.mark.parametrize(("status", "raw", "want", "etype", "refused", "message"), MAPPING)
-def test_from_upstream_reads_refusals(status: int, raw: bytes, want: int, etype: str,
-                                      refused: str | None, message: str) -> None:
+def test_from_upstream_reads_refusals(
+    status: int, raw: bytes, want: int, etype: str, refused: str | None, message: str
+) -> None:
     err = errors.from_upstream(status, raw, hosts=("127.0.0.1:9",))
     assert (err.status, err.error_type, err.refused) == (want, etype, refused)
     assert err.message.startswith(message)
@@ -88,21 +136,33 @@ def test_readme_table_lists_every_refusal_pattern() -> None:
     assert shown == {r.pattern.pattern for r in REFUSALS}
 
 
-@pytest.mark.parametrize(("kind", "knobs", "images", "refs", "named"), [
-    ("llamacpp", {}, "auto", "no", False),
-    ("ollama", {}, "auto", "no", False),
-    ("vllm", {}, "auto", "auto", True),
-    ("sglang", {}, "auto", "auto", True),
-    ("openai", {}, "auto", "auto", True),
-    ("llamacpp", {"images": "no", "tool_references": "yes", "named_tool_choice": "yes"},
-     "no", "yes", True),
-    ("vllm", {"named_tool_choice": "no", "images": "yes"}, "yes", "auto", False),
-])
-def test_kind_defaults_and_knobs(kind: str, knobs: dict[str, str], images: str, refs: str,
-                                 named: bool) -> None:
+@pytest.mark.parametrize(
+    ("kind", "knobs", "images", "refs", "named"),
+    [
+        ("llamacpp", {}, "auto", "no", False),
+        ("ollama", {}, "auto", "no", False),
+        ("vllm", {}, "auto", "auto", True),
+        ("sglang", {}, "auto", "auto", True),
+        ("openai", {}, "auto", "auto", True),
+        (
+            "llamacpp",
+            {"images": "no", "tool_references": "yes", "named_tool_choice": "yes"},
+            "no",
+            "yes",
+            True,
+        ),
+        ("vllm", {"named_tool_choice": "no", "images": "yes"}, "yes", "auto", False),
+    ],
+)
+def test_kind_defaults_and_knobs(
+    kind: str, knobs: dict[str, str], images: str, refs: str, named: bool
+) -> None:
     route = _route(kind, **knobs)
-    assert (setting(route, "images"), setting(route, "tool_references"),
-            named_tool_choice(route)) == (images, refs, named)
+    assert (
+        setting(route, "images"),
+        setting(route, "tool_references"),
+        named_tool_choice(route),
+    ) == (images, refs, named)
 
 
 def test_learned_refusals_per_route_bounded() -> None:
@@ -121,69 +181,125 @@ def test_learned_refusals_per_route_bounded() -> None:
 
 @pytest.mark.parametrize("value", ["maybe", "true", ""])
 def test_config_refuses_other_settings(value: str) -> None:
-    data = {"upstreams": {"u": {"base_url": "http://h/v1"}},
-            "models": [{"name": "m", "upstream": "u", "upstream_model": "x", "images": value}]}
+    data = {
+        "upstreams": {"u": {"base_url": "http://h/v1"}},
+        "models": [{"name": "m", "upstream": "u", "upstream_model": "x", "images": value}],
+    }
     with pytest.raises(ConfigError, match=r"models\[0\]\.images: must be one of auto, yes, no"):
         parse(data, "t.toml", {})
 
 
 def _req(content: Any, **extra: Any) -> dict[str, Any]:
-    return validate_messages({"model": "m", "max_tokens": 8, "messages": [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f",
-                                           "input": {}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
-                                      "content": content}]}], **extra})
+    return validate_messages(
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "toolu_1", "content": content}
+                    ],
+                },
+            ],
+            **extra,
+        }
+    )
 
 
-IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                     "data": PNG * 200}}
+IMAGE = {
+    "type": "image",
+    "source": {"type": "base64", "media_type": "image/png", "data": PNG * 200},
+}
 REF = {"type": "tool_reference", "tool_name": "Read"}
 
 
-@pytest.mark.parametrize(("content", "as_text", "tool_messages"), [
-    ([{"type": "text", "text": "x"}, IMAGE], frozenset(),
-     [[{"type": "text", "text": "x"},
-       {"type": "image_url", "image_url": {"url": "data:image/png;base64," + PNG * 200}}]]),
-    ([{"type": "text", "text": "x"}, IMAGE], frozenset({"images"}),
-     ["x\n[image: image/png, 14 KB, not shown: this model does not take images]"]),
-    ([{"type": "image", "source": {"type": "url", "url": "https://e.x/a.png"}}],
-     frozenset({"images"}), ["[image: from a URL, not shown: this model does not take images]"]),
-    ([REF, {"type": "text", "text": "loaded"}], frozenset(),
-     [[{"type": "tool_reference", "name": "Read"}], "loaded"]),
-    ([REF, {"type": "text", "text": "loaded"}], frozenset({"tool_references"}),
-     ["Read\nloaded"]),
-])
-def test_content_as_text(content: Any, as_text: frozenset[str], tool_messages: list[Any]
-                         ) -> None:
-    out = to_chat(_req(content, tools=[{"name": "f", "input_schema": {"type": "object"}}]),
-                  _route("vllm"), as_text=as_text)
+@pytest.mark.parametrize(
+    ("content", "as_text", "tool_messages"),
+    [
+        (
+            [{"type": "text", "text": "x"}, IMAGE],
+            frozenset(),
+            [
+                [
+                    {"type": "text", "text": "x"},
+                    {
+                        "type": "image_url",
+                        "image_url": {"url": "data:image/png;base64," + PNG * 200},
+                    },
+                ]
+            ],
+        ),
+        (
+            [{"type": "text", "text": "x"}, IMAGE],
+            frozenset({"images"}),
+            ["x\n[image: image/png, 14 KB, not shown: this model does not take images]"],
+        ),
+        (
+            [{"type": "image", "source": {"type": "url", "url": "https://e.x/a.png"}}],
+            frozenset({"images"}),
+            ["[image: from a URL, not shown: this model does not take images]"],
+        ),
+        (
+            [REF, {"type": "text", "text": "loaded"}],
+            frozenset(),
+            [[{"type": "tool_reference", "name": "Read"}], "loaded"],
+        ),
+        (
+            [REF, {"type": "text", "text": "loaded"}],
+            frozenset({"tool_references"}),
+            ["Read\nloaded"],
+        ),
+    ],
+)
+def test_content_as_text(content: Any, as_text: frozenset[str], tool_messages: list[Any]) -> None:
+    out = to_chat(
+        _req(content, tools=[{"name": "f", "input_schema": {"type": "object"}}]),
+        _route("vllm"),
+        as_text=as_text,
+    )
     assert [m["content"] for m in out["messages"] if m["role"] == "tool"] == tool_messages
 
 
-@pytest.mark.parametrize(("named_choice", "tools", "choice"), [
-    (True, ["f", "g"], {"type": "function", "function": {"name": "g"}}),
-    (False, ["g"], "required"),
-])
+@pytest.mark.parametrize(
+    ("named_choice", "tools", "choice"),
+    [
+        (True, ["f", "g"], {"type": "function", "function": {"name": "g"}}),
+        (False, ["g"], "required"),
+    ],
+)
 def test_named_tool_choice(named_choice: bool, tools: list[str], choice: Any) -> None:
-    req = validate_messages({
-        "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
-        "tools": [{"name": n, "input_schema": {"type": "object"}} for n in ("f", "g")],
-        "tool_choice": {"type": "tool", "name": "g"}})
+    req = validate_messages(
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": n, "input_schema": {"type": "object"}} for n in ("f", "g")],
+            "tool_choice": {"type": "tool", "name": "g"},
+        }
+    )
     out = to_chat(req, _route(), named_choice=named_choice)
     assert [t["function"]["name"] for t in out["tools"]] == tools
     assert out["tool_choice"] == choice
 
 
-@pytest.mark.parametrize(("kind", "knobs", "expected"), [
-    ("vllm", {}, frozenset()),
-    ("llamacpp", {}, frozenset({"tool_references"})),
-    ("vllm", {"images": "no"}, frozenset({"images"})),
-    ("ollama", {"tool_references": "yes", "images": "no"}, frozenset({"images"})),
-])
+@pytest.mark.parametrize(
+    ("kind", "knobs", "expected"),
+    [
+        ("vllm", {}, frozenset()),
+        ("llamacpp", {}, frozenset({"tool_references"})),
+        ("vllm", {"images": "no"}, frozenset({"images"})),
+        ("ollama", {"tool_references": "yes", "images": "no"}, frozenset({"images"})),
+    ],
+)
 def test_text_only_with_nothing_learnt_is_made_once_per_route(
-        kind: str, knobs: dict[str, str], expected: frozenset[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    kind: str, knobs: dict[str, str], expected: frozenset[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     learned = Learned()
     route = _route(kind, **knobs)
     calls: list[str] = []
@@ -201,5 +317,6 @@ def test_text_only_with_nothing_learnt_is_made_once_per_route(
     # what is learnt still counts, and an equal route made anew is its own
     learned.learn("m", "images", 600)
     assert text_only(route, learned) == expected | (
-        {"images"} if knobs.get("images") != "yes" else set())
+        {"images"} if knobs.get("images") != "yes" else set()
+    )
     assert text_only(replace(route, images="yes"), Learned()) == expected - {"images"}

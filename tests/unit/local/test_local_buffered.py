@@ -27,6 +27,7 @@ from tests.stub_upstream import buffered_completion
 
 _GENERATED = re.compile(r"toolu_[0-9A-Za-z]{24}")
 
+
 def _blank_ids(message: dict[str, Any]) -> dict[str, Any]:
     for block in message["content"]:
         if block["type"] == "tool_use" and _GENERATED.fullmatch(block["id"]):
@@ -47,7 +48,8 @@ def _buffered(case: str) -> tuple[dict[str, Any], dict[str, int], Any]:
     counts = {"repaired": 0, "unrepairable": 0}
     norm = normaliser(meta)
     message = from_chat(
-        buffered_completion(upstream), model=meta["model"],
+        buffered_completion(upstream),
+        model=meta["model"],
         signing_key=meta.get("signing_key", "golden-key").encode(),
         message_id=meta.get("message_id", "msg_golden01"),
         stop_sequences=meta.get("stop_sequences", ()),
@@ -68,7 +70,8 @@ def test_buffered_equals_streamed(case: str) -> None:
     # translator's (what the gateway counts), the upstream's own where it reported one
     assert buffered["usage"]["output_tokens"] == streamed["usage"]["output_tokens"]
     assert (buffered["usage"]["input_tokens"], buffered["usage"]["output_tokens"]) == (
-        translator.usage)
+        translator.usage
+    )
 
 
 @pytest.mark.parametrize("case", LOCAL_CASES)
@@ -80,7 +83,8 @@ def test_fixes_counted_alike(case: str) -> None:
     found = norm.calls_found if norm is not None else 0
     assert translator.text_tool_calls == found
     assert (translator.normaliser is not None and translator.normaliser.thinking_found) == (
-        norm is not None and norm.thinking_found)
+        norm is not None and norm.thinking_found
+    )
 
 
 @pytest.mark.parametrize("case", LOCAL_CASES)
@@ -104,10 +108,13 @@ def test_reply_is_what_clients_accept(case: str) -> None:
 _CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
-@pytest.mark.parametrize("deltas", [
-    ["I will check.", "\n", _CALL],
-    ["I will check.", "\n", "<tool_call>", _CALL.removeprefix("<tool_call>")],
-])
+@pytest.mark.parametrize(
+    "deltas",
+    [
+        ["I will check.", "\n", _CALL],
+        ["I will check.", "\n", "<tool_call>", _CALL.removeprefix("<tool_call>")],
+    ],
+)
 def test_normaliser_pieces_do_not_depend_on_the_split(deltas: list[str]) -> None:
     """The normaliser's own promise (gateway/local/normalise.py): the pieces of a content are
     the same for any split, so buffered and streamed replies are equal. A model writes the
@@ -128,8 +135,18 @@ def _pieces(deltas: list[str]) -> list[Any]:
     return merged
 
 
-_WHOLE_TEXTS = ["", "Hello there.", "  \n", "  lead and trail \n", "a < b", "<think>r</think>t",
-                "text</think> more", "<thi", "\n\n<think>\nr\n</think>\n\nt", "x" * 5000]
+_WHOLE_TEXTS = [
+    "",
+    "Hello there.",
+    "  \n",
+    "  lead and trail \n",
+    "a < b",
+    "<think>r</think>t",
+    "text</think> more",
+    "<thi",
+    "\n\n<think>\nr\n</think>\n\nt",
+    "x" * 5000,
+]
 
 
 @pytest.mark.parametrize("mode", ["auto", "opened"])
@@ -141,20 +158,39 @@ def test_whole_content_is_feed_then_flush(text: str, tools: tuple[str, ...], mod
     fast, slow = (ContentNormaliser(thinking=mode, tool_names=tools) for _ in range(2))
     assert fast.whole(text) == slow.feed(text) + slow.flush()
     assert (fast.thinking_found, fast.orphan_close, fast.calls_found) == (
-        slow.thinking_found, slow.orphan_close, slow.calls_found)
+        slow.thinking_found,
+        slow.orphan_close,
+        slow.calls_found,
+    )
 
 
-@pytest.mark.parametrize(("mode", "content", "text"), [
-    ("auto", "<think>x</think>y", "<think>x</think>y"),
-    ("opened", "x</think>y", "x</think>y"),
-])
-def test_a_reply_with_parsed_reasoning_keeps_its_content_as_text(mode: str, content: str,
-                                                                  text: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "content", "text"),
+    [
+        ("auto", "<think>x</think>y", "<think>x</think>y"),
+        ("opened", "x</think>y", "x</think>y"),
+    ],
+)
+def test_a_reply_with_parsed_reasoning_keeps_its_content_as_text(
+    mode: str, content: str, text: str
+) -> None:
     """As streamed (tests/unit/messages/test_stream.py): reasoning in its own field means the engine
     parses reasoning, so content holds no inline ``<think>`` to split."""
     message = from_chat(
-        {"choices": [{"index": 0, "finish_reason": "stop", "message": {
-            "role": "assistant", "reasoning_content": "r", "content": content}}]},
-        model="m", signing_key=b"k", normaliser=ContentNormaliser(thinking=mode))
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "reasoning_content": "r", "content": content},
+                }
+            ]
+        },
+        model="m",
+        signing_key=b"k",
+        normaliser=ContentNormaliser(thinking=mode),
+    )
     assert [(b["type"], b.get("text", b.get("thinking"))) for b in message["content"]] == [
-        ("thinking", "r"), ("text", text)]
+        ("thinking", "r"),
+        ("text", text),
+    ]

@@ -30,8 +30,10 @@ OK = [
 
 REPAIRED = [
     # Qwen2.5 / Llama 3.1 writing a Python dict (repr of the arguments).
-    ("{'path': '/etc/hosts', 'recursive': True, 'limit': None}",
-     {"path": "/etc/hosts", "recursive": True, "limit": None}),
+    (
+        "{'path': '/etc/hosts', 'recursive': True, 'limit': None}",
+        {"path": "/etc/hosts", "recursive": True, "limit": None},
+    ),
     ('{"flag": False, "other": True}', {"flag": False, "other": True}),
     ("{'a': 'None', 'b': 'True story'}", {"a": "None", "b": "True story"}),
     ("{'q': 'say \"hi\"'}", {"q": 'say "hi"'}),
@@ -48,7 +50,7 @@ REPAIRED = [
     ('```json\n{"a": 1', {"a": 1}),  # fence cut off too
     # an object encoded twice
     ('"{\\"a\\": 1}"', {"a": 1}),
-    ('"{\'a\': True}"', {"a": True}),
+    ("\"{'a': True}\"", {"a": True}),
     # cut off by max_tokens
     ('{"path": "/tmp/a', {"path": "/tmp/a"}),
     ('{"a": [1, 2', {"a": [1, 2]}),
@@ -59,8 +61,10 @@ REPAIRED = [
     ('{"content": "line one\\nline t', {"content": "line one\nline t"}),
     ('{"a": "x\\', {"a": "x"}),  # half an escape
     ('{"a": "x\\\\', {"a": "x\\"}),  # a whole one
-    ('{"file_path": "/a.py", "content": "def f():\n    return 1\n',
-     {"file_path": "/a.py", "content": "def f():\n    return 1\n"}),
+    (
+        '{"file_path": "/a.py", "content": "def f():\n    return 1\n',
+        {"file_path": "/a.py", "content": "def f():\n    return 1\n"},
+    ),
     # unquoted keys, comments, missing commas, whitespace
     ('{a: 1, b: "x"}', {"a": 1, "b": "x"}),
     ('{"a": 1 // the count\n}', {"a": 1}),
@@ -153,10 +157,18 @@ def test_never_raises_and_always_an_object(raw: str) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.text(), st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
-    max_leaves=8)))
+@given(
+    st.dictionaries(
+        st.text(),
+        st.recursive(
+            st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(),
+            lambda inner: (
+                st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3)
+            ),
+            max_leaves=8,
+        ),
+    )
+)
 def test_a_cut_object_repairs_to_an_object(value: dict[str, Any]) -> None:
     """Whatever prefix of a real object a model is cut at, the result is an object."""
     from gateway.text import jsonutil
@@ -195,16 +207,34 @@ def _buffered(arguments: list[str]) -> tuple[list[dict[str, Any]], int, int, int
     from gateway.messages.from_chat.message import from_chat
 
     fixed = {"repaired": 0, "unrepairable": 0}
-    completion = {"choices": [{"finish_reason": "tool_calls", "message": {
-        "role": "assistant", "content": None, "tool_calls": [
-            {"id": f"call_{i}", "type": "function",
-             "function": {"name": "write", "arguments": a}}
-            for i, a in enumerate(arguments)]}}]}
+    completion = {
+        "choices": [
+            {
+                "finish_reason": "tool_calls",
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": f"call_{i}",
+                            "type": "function",
+                            "function": {"name": "write", "arguments": a},
+                        }
+                        for i, a in enumerate(arguments)
+                    ],
+                },
+            }
+        ]
+    }
     budget = tool_args.RepairBudget()
     message = from_chat(
-        completion, model="m", signing_key=b"k" * 32, repair_budget=budget,
+        completion,
+        model="m",
+        signing_key=b"k" * 32,
+        repair_budget=budget,
         on_bad_tool_args=lambda: fixed.__setitem__("unrepairable", fixed["unrepairable"] + 1),
-        on_repaired=lambda: fixed.__setitem__("repaired", fixed["repaired"] + 1))
+        on_repaired=lambda: fixed.__setitem__("repaired", fixed["repaired"] + 1),
+    )
     inputs = [block["input"] for block in message["content"]]
     return inputs, fixed["repaired"], fixed["unrepairable"], budget.refused
 
@@ -217,13 +247,30 @@ def _streamed(arguments: list[str]) -> tuple[list[dict[str, Any]], int, int, int
     from gateway.text import jsonutil
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        return jsonutil.dumpb({"id": "c", "object": "chat.completion.chunk", "choices": [
-            {"index": 0, "delta": delta, "finish_reason": finish}]})
+        return jsonutil.dumpb(
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+        )
 
     payloads = [chunk({"role": "assistant", "content": None})]
-    payloads += [chunk({"tool_calls": [{"index": i, "id": f"call_{i}", "type": "function",
-                                        "function": {"name": "write", "arguments": a}}]})
-                 for i, a in enumerate(arguments)]
+    payloads += [
+        chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": i,
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {"name": "write", "arguments": a},
+                    }
+                ]
+            }
+        )
+        for i, a in enumerate(arguments)
+    ]
     payloads += [chunk({}, "tool_calls"), b"[DONE]"]
     translator = StreamTranslator(model="m", message_id="msg_1", signing_key=b"k" * 32)
     message = aggregate(translator.feed_all(payloads) + translator.eof())
@@ -232,11 +279,12 @@ def _streamed(arguments: list[str]) -> tuple[list[dict[str, Any]], int, int, int
 
 
 @pytest.mark.parametrize("path", [_buffered, _streamed], ids=["buffered", "streamed"])
-@pytest.mark.parametrize(("raw", "calls", "value"), [r[1:] for r in REPLIES],
-                         ids=[r[0] for r in REPLIES])
+@pytest.mark.parametrize(
+    ("raw", "calls", "value"), [r[1:] for r in REPLIES], ids=[r[0] for r in REPLIES]
+)
 def test_a_reply_of_many_broken_calls_costs_a_bounded_repair(
-        monkeypatch: pytest.MonkeyPatch, path: Any, raw: str, calls: int,
-        value: dict[str, Any]) -> None:
+    monkeypatch: pytest.MonkeyPatch, path: Any, raw: str, calls: int, value: dict[str, Any]
+) -> None:
     """What the repairs of one reply read is bounded as a whole (the characters, calls and
     tokens of the passes tried), however many broken calls it holds; a call past the budget
     is ``{}`` and counted as unrepairable (and as over the budget), never dropped."""
@@ -250,16 +298,27 @@ def test_a_reply_of_many_broken_calls_costs_a_bounded_repair(
     assert sum(i == value for i in inputs) == repaired
     assert len(seen) <= tool_args.MAX_REPLY_REPAIRS
     assert sum(map(len, seen)) <= tool_args.MAX_REPLY_REPAIR_CHARS
-    read = sum(min(len(list(tool_args._TOKEN.finditer(text))), tool_args.MAX_REPAIR_TOKENS + 1)
-               for text in seen)
+    read = sum(
+        min(len(list(tool_args._TOKEN.finditer(text))), tool_args.MAX_REPAIR_TOKENS + 1)
+        for text in seen
+    )
     assert read <= tool_args.MAX_REPLY_REPAIR_TOKENS + tool_args.MAX_REPAIR_TOKENS + 1
 
 
-@pytest.mark.parametrize(("spent", "left"), [
-    ({"calls": 0}, False), ({"chars": 8}, False), ({"tokens": 0}, False),
-    ({"seconds": 0.0}, False), ({"chars": 9}, True), ({}, True)])
+@pytest.mark.parametrize(
+    ("spent", "left"),
+    [
+        ({"calls": 0}, False),
+        ({"chars": 8}, False),
+        ({"tokens": 0}, False),
+        ({"seconds": 0.0}, False),
+        ({"chars": 9}, True),
+        ({}, True),
+    ],
+)
 def test_a_repair_the_budget_cannot_afford_is_not_tried(
-        monkeypatch: pytest.MonkeyPatch, spent: dict[str, Any], left: bool) -> None:
+    monkeypatch: pytest.MonkeyPatch, spent: dict[str, Any], left: bool
+) -> None:
     seen = _repairs_seen(monkeypatch)
     budget = tool_args.RepairBudget(**spent)
     result = repair_arguments("{'a': 1,}", budget)  # 9 characters

@@ -11,9 +11,11 @@ import pytest
 from gateway.messages.from_chat.aggregate import aggregate
 
 GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "golden" / "streams"
-CASES = sorted(p.name for p in GOLDEN.iterdir()
-               if (p / "expected.sse").exists()
-               and b"event: error" not in (p / "expected.sse").read_bytes())
+CASES = sorted(
+    p.name
+    for p in GOLDEN.iterdir()
+    if (p / "expected.sse").exists() and b"event: error" not in (p / "expected.sse").read_bytes()
+)
 
 
 def _events(raw: bytes) -> list[dict]:
@@ -31,8 +33,9 @@ def test_golden_streams_fold_into_a_valid_message(case: str) -> None:
     for i, start in enumerate(starts):
         block = message["content"][i]
         assert block["type"] == start["content_block"]["type"]
-        deltas = [e["delta"] for e in events
-                  if e["type"] == "content_block_delta" and e["index"] == i]
+        deltas = [
+            e["delta"] for e in events if e["type"] == "content_block_delta" and e["index"] == i
+        ]
         if block["type"] == "text":
             assert block["text"] == "".join(d["text"] for d in deltas)
         elif block["type"] == "thinking":

@@ -30,14 +30,22 @@ METRICS = Metrics(REGISTRY)
 
 
 def _continuations() -> float:
-    return sum(s.value for family in REGISTRY.collect() for s in family.samples
-               if s.name == "llm_gateway_stream_continuations_total")
+    return sum(
+        s.value
+        for family in REGISTRY.collect()
+        for s in family.samples
+        if s.name == "llm_gateway_stream_continuations_total"
+    )
 
 
-def chunk(delta: dict[str, Any], finish: str | None = None,
-          usage: dict[str, Any] | None = None) -> bytes:
-    body: dict[str, Any] = {"id": "c", "object": "chat.completion.chunk",
-                            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+def chunk(
+    delta: dict[str, Any], finish: str | None = None, usage: dict[str, Any] | None = None
+) -> bytes:
+    body: dict[str, Any] = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
     if usage is not None:
         body["usage"] = usage
     return b"data: " + json.dumps(body).encode() + b"\n\n"
@@ -58,8 +66,11 @@ def answer(pieces: list[str], *, cut: str | None = None, prompt: int = 12) -> li
         return [*frames, b'data: {"error":', b'{"message":"engine died","code":500}}\n\n']
     if cut == "raise":
         return [*frames, b"RAISE"]
-    usage = {"prompt_tokens": prompt, "completion_tokens": len(pieces),
-             "total_tokens": prompt + len(pieces)}
+    usage = {
+        "prompt_tokens": prompt,
+        "completion_tokens": len(pieces),
+        "total_tokens": prompt + len(pieces),
+    }
     return [*frames, chunk({}, "stop", usage), b"data: [DONE]\n\n"]
 
 
@@ -99,14 +110,20 @@ class Histogram:
 
 
 def make_call(kind: str = "vllm", max_tokens: int | None = 100) -> Any:
-    payload: dict[str, Any] = {"model": "m", "stream": True,
-                               "messages": [{"role": "user", "content": "Say hello"}]}
+    payload: dict[str, Any] = {
+        "model": "m",
+        "stream": True,
+        "messages": [{"role": "user", "content": "Say hello"}],
+    }
     if max_tokens is not None:
         payload["max_tokens"] = max_tokens
     upstream = SimpleNamespace(kind=kind, name="up", max_continuations=BUDGET)
-    return FakeCall(payload=json.dumps(payload).encode(), session="s1",
-                    route=SimpleNamespace(name="m", upstream=upstream),
-                    deps=SimpleNamespace(upstreams=None, metrics=METRICS))
+    return FakeCall(
+        payload=json.dumps(payload).encode(),
+        session="s1",
+        route=SimpleNamespace(name="m", upstream=upstream),
+        deps=SimpleNamespace(upstreams=None, metrics=METRICS),
+    )
 
 
 class FakeCall(SimpleNamespace):
@@ -118,23 +135,36 @@ class FakeCall(SimpleNamespace):
 
 
 def translator(normaliser: ContentNormaliser | None = None) -> StreamTranslator:
-    return StreamTranslator(model="m", message_id="msg_1", signing_key=b"k" * 32,
-                            input_tokens=7, normaliser=normaliser, keep_streamed=True)
+    return StreamTranslator(
+        model="m",
+        message_id="msg_1",
+        signing_key=b"k" * 32,
+        input_tokens=7,
+        normaliser=normaliser,
+        keep_streamed=True,
+    )
 
 
-async def run(first: FakeResponse, later: list[FakeResponse], monkeypatch: pytest.MonkeyPatch,
-              call: Any = None, tr: StreamTranslator | None = None,
-              **kw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+async def run(
+    first: FakeResponse,
+    later: list[FakeResponse],
+    monkeypatch: pytest.MonkeyPatch,
+    call: Any = None,
+    tr: StreamTranslator | None = None,
+    **kw: Any,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Relay ``first``; each continuation is the next of ``later``. (events, sent bodies)"""
     sent: list[dict[str, Any]] = []
     queue = list(later)
     given: list[FakeResponse] = []
 
-    async def fake_send(ups: Any, route: Any, path: str, payload: bytes, **kwargs: Any
-                        ) -> FakeResponse:
+    async def fake_send(
+        ups: Any, route: Any, path: str, payload: bytes, **kwargs: Any
+    ) -> FakeResponse:
         # closed_before: whether each continuation handed out so far was closed by now
-        sent.append({"body": json.loads(payload), **kwargs,
-                     "closed_before": [r.closed for r in given]})
+        sent.append(
+            {"body": json.loads(payload), **kwargs, "closed_before": [r.closed for r in given]}
+        )
         if not queue:
             raise errors.UpstreamUnavailable()
         given.append(queue.pop(0))
@@ -146,14 +176,24 @@ async def run(first: FakeResponse, later: list[FakeResponse], monkeypatch: pytes
     async def write(data: bytes) -> None:
         out.append(data)
 
-    await relay(call or make_call(), first, tr or translator(), write,  # type: ignore[arg-type]
-                Timing(0.0), Histogram(), **kw)
+    await relay(
+        call or make_call(),
+        first,
+        tr or translator(),
+        write,  # type: ignore[arg-type]
+        Timing(0.0),
+        Histogram(),
+        **kw,
+    )
     return check_stream(b"".join(out)), sent
 
 
 def text_of(events: list[dict[str, Any]]) -> str:
-    return "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta"
-                   and e["delta"]["type"] == "text_delta")
+    return "".join(
+        e["delta"]["text"]
+        for e in events
+        if e["type"] == "content_block_delta" and e["delta"]["type"] == "text_delta"
+    )
 
 
 def final(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -162,7 +202,8 @@ def final(events: list[dict[str, Any]]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("cut", ["eof", "inband", "inband_split", "raise"])
 async def test_a_cut_stream_is_continued_into_one_well_formed_stream(
-        cut: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cut: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = FakeResponse(answer(WHOLE[:2], cut=cut))
     rest = FakeResponse(answer(WHOLE[2:], prompt=14))
     counted = _continuations()
@@ -186,20 +227,35 @@ async def test_a_cut_stream_is_continued_into_one_well_formed_stream(
 
 
 async def test_the_first_parts_reported_prompt_is_kept_and_output_tokens_add_up(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    usage = {"prompt_tokens": 20, "completion_tokens": 2, "total_tokens": 22,
-             "prompt_tokens_details": {"cached_tokens": 5}}
-    first = FakeResponse([ROLE, chunk({"content": "Hello"}, usage=usage),
-                          chunk({"content": " from"}, usage=usage), b"RAISE"])
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    usage = {
+        "prompt_tokens": 20,
+        "completion_tokens": 2,
+        "total_tokens": 22,
+        "prompt_tokens_details": {"cached_tokens": 5},
+    }
+    first = FakeResponse(
+        [
+            ROLE,
+            chunk({"content": "Hello"}, usage=usage),
+            chunk({"content": " from"}, usage=usage),
+            b"RAISE",
+        ]
+    )
     rest = FakeResponse(answer(WHOLE[2:], prompt=30))
     events, _ = await run(first, [rest], monkeypatch)
     assert text_of(events) == "Hello from the stub."
-    assert final(events)["usage"] == {"input_tokens": 15, "cache_read_input_tokens": 5,
-                                      "output_tokens": 5}
+    assert final(events)["usage"] == {
+        "input_tokens": 15,
+        "cache_read_input_tokens": 5,
+        "output_tokens": 5,
+    }
 
 
 async def test_a_continuation_cut_again_is_continued_within_the_budget(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     first = FakeResponse(answer(WHOLE[:1], cut="eof"))
     second = FakeResponse(answer(WHOLE[1:3], cut="raise"))
     third = FakeResponse(answer(WHOLE[3:]))
@@ -211,7 +267,8 @@ async def test_a_continuation_cut_again_is_continued_within_the_budget(
 
 
 async def test_past_the_budget_the_stream_ends_with_todays_envelope(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     first = FakeResponse(answer(WHOLE[:1], cut="eof"))
     again = [FakeResponse(answer(WHOLE[1:2], cut="eof")) for _ in range(3)]
     events, sent = await run(first, again, monkeypatch)
@@ -222,7 +279,8 @@ async def test_past_the_budget_the_stream_ends_with_todays_envelope(
 
 
 async def test_a_continuation_that_cannot_be_sent_ends_as_without_one(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     first = FakeResponse(answer(WHOLE[:2], cut="raise"))
     with pytest.raises(errors.UpstreamError, match="connection lost"):
         await run(first, [], monkeypatch)
@@ -239,9 +297,20 @@ async def test_a_stuck_stream_is_not_asked_again(monkeypatch: pytest.MonkeyPatch
 
 # --- a tool call cut mid-arguments is generated again whole ------------------------------
 
+
 def call_start(call_id: str, name: str = "get_weather", index: int = 0) -> bytes:
-    return chunk({"tool_calls": [{"index": index, "id": call_id, "type": "function",
-                                  "function": {"name": name, "arguments": ""}}]})
+    return chunk(
+        {
+            "tool_calls": [
+                {
+                    "index": index,
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": ""},
+                }
+            ]
+        }
+    )
 
 
 def args(piece: str, index: int = 0) -> bytes:
@@ -252,15 +321,30 @@ CITY = ['{"city": ', '"Paris"}']
 TOOL_USAGE = {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21}
 # the first answer: text, then one call whose arguments come in two pieces
 SAY = "Let me check."
-TOOL_STREAM = [ROLE, chunk({"content": SAY}), call_start("call_1"), args(CITY[0]),
-               args(CITY[1]), chunk({}, "tool_calls", TOOL_USAGE), b"data: [DONE]\n\n"]
-CUTS = {"eof": [b'data: {"id":"c","choi'],
-        "inband": [b'data: {"error":{"message":"engine died","code":500}}\n\n'],
-        "raise": [b"RAISE"]}
+TOOL_STREAM = [
+    ROLE,
+    chunk({"content": SAY}),
+    call_start("call_1"),
+    args(CITY[0]),
+    args(CITY[1]),
+    chunk({}, "tool_calls", TOOL_USAGE),
+    b"data: [DONE]\n\n",
+]
+CUTS = {
+    "eof": [b'data: {"id":"c","choi'],
+    "inband": [b'data: {"error":{"message":"engine died","code":500}}\n\n'],
+    "raise": [b"RAISE"],
+}
 
 
-def regenerated(*, blank: bool = False, reasoning: bool = False, pieces: int = 3,
-                call_id: str = "call_9", index: int = 0) -> list[bytes]:
+def regenerated(
+    *,
+    blank: bool = False,
+    reasoning: bool = False,
+    pieces: int = 3,
+    call_id: str = "call_9",
+    index: int = 0,
+) -> list[bytes]:
     """The engine's new answer after the prefill: the same call, new id, new split."""
     whole = "".join(CITY)
     size = -(-len(whole) // pieces)
@@ -270,7 +354,7 @@ def regenerated(*, blank: bool = False, reasoning: bool = False, pieces: int = 3
     if blank:
         frames.append(chunk({"content": "\n\n"}))
     frames.append(call_start(call_id, index=index))
-    frames += [args(whole[i:i + size], index) for i in range(0, len(whole), size)]
+    frames += [args(whole[i : i + size], index) for i in range(0, len(whole), size)]
     usage = {"prompt_tokens": 30, "completion_tokens": 6, "total_tokens": 36}
     return [*frames, chunk({}, "tool_calls", usage), b"data: [DONE]\n\n"]
 
@@ -304,7 +388,8 @@ TOOL_CUTS = [
 
 @pytest.mark.parametrize(("at", "cut", "again"), TOOL_CUTS)
 async def test_a_tool_call_cut_mid_arguments_is_generated_again_whole(
-        at: int, cut: str, again: list[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    at: int, cut: str, again: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = FakeResponse([*TOOL_STREAM[:at], *CUTS[cut]])
     events, sent = await run(first, [FakeResponse(again)], monkeypatch)
     assert not [e for e in events if e["type"] == "error"]
@@ -322,7 +407,8 @@ async def test_a_tool_call_cut_mid_arguments_is_generated_again_whole(
 
 
 async def test_a_cut_before_the_call_is_a_text_continuation_that_brings_the_call(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     first = FakeResponse([*TOOL_STREAM[:2], *CUTS["eof"]])
     events, sent = await run(first, [FakeResponse(regenerated())], monkeypatch)
     assert text_of(events) == SAY
@@ -332,34 +418,59 @@ async def test_a_cut_before_the_call_is_a_text_continuation_that_brings_the_call
 
 
 async def test_parallel_calls_are_generated_again_without_the_held_ones(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The second call was whole (held while the first streamed) when the third was cut:
     each comes once, from the new answer."""
-    first = FakeResponse([ROLE, call_start("call_1"), args('{"city": "Paris"}'),
-                          call_start("call_2", index=1), args('{"city": "Rome"}', 1),
-                          call_start("call_3", index=2), args('{"ci', 2), b"RAISE"])
-    again = FakeResponse([ROLE, call_start("n1"), args('{"city": "Paris"}'),
-                          call_start("n2", index=1), args('{"city": "Oslo"}', 1),
-                          chunk({}, "tool_calls"), b"data: [DONE]\n\n"])
+    first = FakeResponse(
+        [
+            ROLE,
+            call_start("call_1"),
+            args('{"city": "Paris"}'),
+            call_start("call_2", index=1),
+            args('{"city": "Rome"}', 1),
+            call_start("call_3", index=2),
+            args('{"ci', 2),
+            b"RAISE",
+        ]
+    )
+    again = FakeResponse(
+        [
+            ROLE,
+            call_start("n1"),
+            args('{"city": "Paris"}'),
+            call_start("n2", index=1),
+            args('{"city": "Oslo"}', 1),
+            chunk({}, "tool_calls"),
+            b"data: [DONE]\n\n",
+        ]
+    )
     events, sent = await run(first, [again], monkeypatch)
-    assert tool_blocks(events) == [("call_1", "get_weather", {"city": "Paris"}),
-                                   ("n2", "get_weather", {"city": "Oslo"})]
+    assert tool_blocks(events) == [
+        ("call_1", "get_weather", {"city": "Paris"}),
+        ("n2", "get_weather", {"city": "Oslo"}),
+    ]
     assert final(events)["delta"]["stop_reason"] == "tool_use"
     assert "messages" in sent[0]["body"] and sent[0]["body"]["messages"][-1]["role"] == "user"
 
 
 MISFITS = {
-    "text": [ROLE, chunk({"content": "Sorry, I cannot."}), chunk({}, "stop"),
-             b"data: [DONE]\n\n"],
-    "another_tool": [ROLE, call_start("x", name="get_time"), args("{}"),
-                     chunk({}, "tool_calls"), b"data: [DONE]\n\n"],
+    "text": [ROLE, chunk({"content": "Sorry, I cannot."}), chunk({}, "stop"), b"data: [DONE]\n\n"],
+    "another_tool": [
+        ROLE,
+        call_start("x", name="get_time"),
+        args("{}"),
+        chunk({}, "tool_calls"),
+        b"data: [DONE]\n\n",
+    ],
     "no_call": [ROLE, chunk({}, "stop"), b"data: [DONE]\n\n"],
 }
 
 
 @pytest.mark.parametrize("misfit", sorted(MISFITS))
 async def test_a_new_answer_that_does_not_fit_is_a_cut_within_the_budget(
-        misfit: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    misfit: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = FakeResponse([*TOOL_STREAM[:4], *CUTS["raise"]])
     misfitting = FakeResponse(MISFITS[misfit])
     events, sent = await run(first, [misfitting, FakeResponse(regenerated())], monkeypatch)
@@ -373,25 +484,26 @@ async def test_a_new_answer_that_does_not_fit_is_a_cut_within_the_budget(
 
 @pytest.mark.parametrize("misfit", sorted(MISFITS))
 async def test_past_the_budget_a_cut_tool_call_ends_with_todays_envelope(
-        misfit: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    misfit: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = FakeResponse([*TOOL_STREAM[:4], *CUTS["eof"]])
-    events, sent = await run(first, [FakeResponse(MISFITS[misfit]) for _ in range(3)],
-                             monkeypatch)
+    events, sent = await run(first, [FakeResponse(MISFITS[misfit]) for _ in range(3)], monkeypatch)
     assert len(sent) == BUDGET
     assert len([e for e in events if e["type"] == "error"]) == 1
     assert events[-1]["type"] == "message_stop"
     # as without a continuation: the held arguments, repaired, then the error
-    today, _ = await run(FakeResponse([*TOOL_STREAM[:4], *CUTS["eof"]]), [], monkeypatch,
-                         budget=0)
+    today, _ = await run(FakeResponse([*TOOL_STREAM[:4], *CUTS["eof"]]), [], monkeypatch, budget=0)
     assert tool_blocks(events) == tool_blocks(today) == [("call_1", "get_weather", {})]
     assert len([e for e in today if e["type"] == "error"]) == 1
 
 
 async def test_a_tool_block_already_closed_is_not_continued(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Text after a call closed its block (its arguments went out): nothing to regenerate."""
-    first = FakeResponse([ROLE, call_start("call_1"), args('{"a": 1}'),
-                          chunk({"content": "and"}), *CUTS["eof"]])
+    first = FakeResponse(
+        [ROLE, call_start("call_1"), args('{"a": 1}'), chunk({"content": "and"}), *CUTS["eof"]]
+    )
     events, sent = await run(first, [FakeResponse(regenerated())], monkeypatch)
     assert sent == []
     assert [e for e in events if e["type"] == "error"]
@@ -399,9 +511,13 @@ async def test_a_tool_block_already_closed_is_not_continued(
 
 def test_reasoning_before_a_regenerated_call_goes_back_closed() -> None:
     t = translator()
-    for frame in [ROLE, chunk({"reasoning_content": "Weather: a tool."}), call_start("c"),
-                  args('{"ci')]:
-        t.feed(frame[len(b"data: "):-2])
+    for frame in [
+        ROLE,
+        chunk({"reasoning_content": "Weather: a tool."}),
+        call_start("c"),
+        args('{"ci'),
+    ]:
+        t.feed(frame[len(b"data: ") : -2])
     assert t.regenerable_call() == (0, "c", "get_weather")
     body, max_tokens = continuation_payload(make_call(), t, tool_calls=True)
     decoded = json.loads(body)
@@ -411,13 +527,17 @@ def test_reasoning_before_a_regenerated_call_goes_back_closed() -> None:
 
 @pytest.mark.parametrize("cut", ["raise", "eof", "inband"])
 async def test_a_stream_cut_after_its_finish_is_whole_and_not_asked_again(
-        cut: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cut: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """llama.cpp sends the finish, then the usage chunk, then [DONE]: a connection lost
     (or an in-band 5xx sent) between them lost no answer (asked again, the engine would
     repeat it after itself)."""
     frames = [ROLE, *(chunk({"content": p}) for p in WHOLE), chunk({}, "stop")]
-    tail = {"raise": [b"RAISE"], "eof": [],
-            "inband": [b'data: {"error":{"message":"engine died","code":500}}\n\n']}[cut]
+    tail = {
+        "raise": [b"RAISE"],
+        "eof": [],
+        "inband": [b'data: {"error":{"message":"engine died","code":500}}\n\n'],
+    }[cut]
     first = FakeResponse([*frames, *tail])
     events, sent = await run(first, [FakeResponse(answer(WHOLE))], monkeypatch)
     assert sent == []
@@ -437,7 +557,7 @@ async def test_an_unbroken_stream_sends_nothing_more(monkeypatch: pytest.MonkeyP
 def test_llamacpp_continues_a_final_assistant_message_without_flags() -> None:
     t = translator()
     for frame in answer(WHOLE[:2], cut="eof")[:-1]:
-        t.feed(frame[len(b"data: "):-2])
+        t.feed(frame[len(b"data: ") : -2])
     body, max_tokens = continuation_payload(make_call("llamacpp", None), t)
     decoded = json.loads(body)
     assert decoded["messages"][-1] == {"role": "assistant", "content": "Hello from"}
@@ -447,37 +567,56 @@ def test_llamacpp_continues_a_final_assistant_message_without_flags() -> None:
 
 def test_reasoning_goes_back_inline() -> None:
     t = translator()
-    t.feed(ROLE[len(b"data: "):-2])
-    t.feed(chunk({"reasoning_content": "Let me think."})[len(b"data: "):-2])
-    t.feed(chunk({"content": "Hel"})[len(b"data: "):-2])
+    t.feed(ROLE[len(b"data: ") : -2])
+    t.feed(chunk({"reasoning_content": "Let me think."})[len(b"data: ") : -2])
+    t.feed(chunk({"content": "Hel"})[len(b"data: ") : -2])
     body, _ = continuation_payload(make_call(), t)
     assert json.loads(body)["messages"][-1]["content"] == "<think>Let me think.</think>Hel"
 
 
-@pytest.mark.parametrize(("kind", "reasoning", "text", "tool_calls", "prefill"), [
-    # vLLM/SGLang (and Ollama): the reasoning inline, open while nothing follows it
-    ("vllm", "Let me think.", "", False, {"content": "<think>Let me think."}),
-    ("vllm", "Let me think.", "Hel", False, {"content": "<think>Let me think.</think>Hel"}),
-    ("ollama", "Let me think.", "", True, {"content": "<think>Let me think.</think>"}),
-    ("sglang", "", "Hel", False, {"content": "Hel"}),
-    # llama-server: the reasoning as reasoning_content (inline, it parses none of the reply
-    # as reasoning); it leaves the reasoning open when the content is empty
-    ("llamacpp", "Let me think.", "", False,
-     {"content": "", "reasoning_content": "Let me think."}),
-    ("llamacpp", "Let me think.", "Hel", False,
-     {"content": "Hel", "reasoning_content": "Let me think."}),
-    ("llamacpp", "Let me think.", "", True,
-     {"content": "", "reasoning_content": "Let me think."}),
-    ("llamacpp", "", "Hel", False, {"content": "Hel"}),
-])
-def test_each_kind_gets_the_reasoning_its_way(kind: str, reasoning: str, text: str,
-                                              tool_calls: bool, prefill: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    ("kind", "reasoning", "text", "tool_calls", "prefill"),
+    [
+        # vLLM/SGLang (and Ollama): the reasoning inline, open while nothing follows it
+        ("vllm", "Let me think.", "", False, {"content": "<think>Let me think."}),
+        ("vllm", "Let me think.", "Hel", False, {"content": "<think>Let me think.</think>Hel"}),
+        ("ollama", "Let me think.", "", True, {"content": "<think>Let me think.</think>"}),
+        ("sglang", "", "Hel", False, {"content": "Hel"}),
+        # llama-server: the reasoning as reasoning_content (inline, it parses none of the reply
+        # as reasoning); it leaves the reasoning open when the content is empty
+        (
+            "llamacpp",
+            "Let me think.",
+            "",
+            False,
+            {"content": "", "reasoning_content": "Let me think."},
+        ),
+        (
+            "llamacpp",
+            "Let me think.",
+            "Hel",
+            False,
+            {"content": "Hel", "reasoning_content": "Let me think."},
+        ),
+        (
+            "llamacpp",
+            "Let me think.",
+            "",
+            True,
+            {"content": "", "reasoning_content": "Let me think."},
+        ),
+        ("llamacpp", "", "Hel", False, {"content": "Hel"}),
+    ],
+)
+def test_each_kind_gets_the_reasoning_its_way(
+    kind: str, reasoning: str, text: str, tool_calls: bool, prefill: dict[str, str]
+) -> None:
     t = translator()
-    t.feed(ROLE[len(b"data: "):-2])
+    t.feed(ROLE[len(b"data: ") : -2])
     if reasoning:
-        t.feed(chunk({"reasoning_content": reasoning})[len(b"data: "):-2])
+        t.feed(chunk({"reasoning_content": reasoning})[len(b"data: ") : -2])
     if text:
-        t.feed(chunk({"content": text})[len(b"data: "):-2])
+        t.feed(chunk({"content": text})[len(b"data: ") : -2])
     decoded = json.loads(continuation_payload(make_call(kind), t, tool_calls=tool_calls)[0])
     assert decoded["messages"][-1] == {"role": "assistant", **prefill}
     flags = kind in ("vllm", "sglang")
@@ -502,26 +641,29 @@ MISTRAL = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]
 # counted before the held text, the model's new answer after the prefill): the client was
 # shown the text before the held part only, so only that goes back
 TEXT_CALL_CUTS = {
-    "a possible opener": (["Let me check.", "\n\n", "<tool_"], "Let me check.\n\n", 2,
-                          HERMES),
-    "an opener split": (["Let me check.", " <tool", "_call>\n{"], "Let me check. ", 1,
-                        HERMES),
-    "mid-name": (["Let me check.", "\n\n<tool_call>\n", '{"nam'], "Let me check.\n\n", 1,
-                 HERMES),
-    "mid-arguments": (["Let me check.\n", HERMES[:30], HERMES[30:50]], "Let me check.\n", 1,
-                      HERMES),
-    "a whole body before its close": (["Let me check.", HERMES[:-14]], "Let me check.", 1,
-                                      HERMES),
+    "a possible opener": (["Let me check.", "\n\n", "<tool_"], "Let me check.\n\n", 2, HERMES),
+    "an opener split": (["Let me check.", " <tool", "_call>\n{"], "Let me check. ", 1, HERMES),
+    "mid-name": (["Let me check.", "\n\n<tool_call>\n", '{"nam'], "Let me check.\n\n", 1, HERMES),
+    "mid-arguments": (
+        ["Let me check.\n", HERMES[:30], HERMES[30:50]],
+        "Let me check.\n",
+        1,
+        HERMES,
+    ),
+    "a whole body before its close": (["Let me check.", HERMES[:-14]], "Let me check.", 1, HERMES),
     "no text before it": ([HERMES[:5], HERMES[5:20]], None, 0, HERMES),
     "a whole-message JSON": ([LLAMA[:10], LLAMA[10:30]], None, 0, LLAMA),
-    "a whole-message JSON after a newline": (["\n", LLAMA[:10], LLAMA[10:30]], None, 0,
-                                             LLAMA),
+    "a whole-message JSON after a newline": (["\n", LLAMA[:10], LLAMA[10:30]], None, 0, LLAMA),
     # held at the start by the inline-reasoning parser (it may open <think>), not yet by the
     # call parser: not shown either
     "a first <": (["<"], None, 0, HERMES),
     "a first <t": (["\n", "<t"], None, 0, HERMES),
-    "after an inline thought": (["<think>Hmm.", "</think>\n\n", LLAMA[:20]],
-                                "<think>Hmm.</think>\n\n", 2, LLAMA),
+    "after an inline thought": (
+        ["<think>Hmm.", "</think>\n\n", LLAMA[:20]],
+        "<think>Hmm.</think>\n\n",
+        2,
+        LLAMA,
+    ),
     "Mistral's marker": (["[TOOL_", "CALLS][{", '"name": "get'], None, 0, MISTRAL),
 }
 
@@ -529,20 +671,24 @@ TEXT_CALL_CUTS = {
 def text_call_answer(text: str) -> list[bytes]:
     """The model writes the call again whole, in 9-character deltas, and finishes."""
     usage = {"prompt_tokens": 30, "completion_tokens": 5, "total_tokens": 35}
-    return [ROLE, *(chunk({"content": text[i:i + 9]}) for i in range(0, len(text), 9)),
-            chunk({}, "stop", usage), b"data: [DONE]\n\n"]
+    return [
+        ROLE,
+        *(chunk({"content": text[i : i + 9]}) for i in range(0, len(text), 9)),
+        chunk({}, "stop", usage),
+        b"data: [DONE]\n\n",
+    ]
 
 
 @pytest.mark.parametrize("case", sorted(TEXT_CALL_CUTS))
 @pytest.mark.parametrize("cut", ["eof", "raise"])
 async def test_a_cut_inside_a_call_written_as_text_writes_the_call_again(
-        case: str, cut: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    case: str, cut: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pieces, prefill, before, again = TEXT_CALL_CUTS[case]
     first = FakeResponse([ROLE, *(chunk({"content": p}) for p in pieces), *CUTS[cut]])
     norm = ContentNormaliser(thinking="auto", tool_names=["get_weather"])
     tr = translator(norm)
-    events, sent = await run(first, [FakeResponse(text_call_answer(again))], monkeypatch,
-                             tr=tr)
+    events, sent = await run(first, [FakeResponse(text_call_answer(again))], monkeypatch, tr=tr)
     assert not [e for e in events if e["type"] == "error"]
     assert [b[1:] for b in tool_blocks(events)] == [("get_weather", {"city": "Paris"})]
     delta = final(events)
@@ -564,10 +710,12 @@ async def test_a_cut_inside_a_call_written_as_text_writes_the_call_again(
 
 
 async def test_held_text_is_dropped_only_when_a_call_may_be_held(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Prose with a trailing newline (held whitespace, no call) is continued as before."""
-    first = FakeResponse([ROLE, chunk({"content": "Hello"}), chunk({"content": " from\n"}),
-                          b"RAISE"])
+    first = FakeResponse(
+        [ROLE, chunk({"content": "Hello"}), chunk({"content": " from\n"}), b"RAISE"]
+    )
     again = answer(["the stub."])
     norm = ContentNormaliser(thinking="auto", tool_names=["get_weather"])
     events, sent = await run(first, [FakeResponse(again)], monkeypatch, tr=translator(norm))
@@ -576,17 +724,27 @@ async def test_held_text_is_dropped_only_when_a_call_may_be_held(
     assert sent[0]["body"]["max_tokens"] == 98
 
 
-@pytest.mark.parametrize(("kind", "prefill"), [
-    ("vllm", {"content": "<think>Hmm.</think>"}),  # closed: it ended as the call began
-    ("llamacpp", {"content": "", "reasoning_content": "Hmm."}),  # llama-server's way
-])
+@pytest.mark.parametrize(
+    ("kind", "prefill"),
+    [
+        ("vllm", {"content": "<think>Hmm.</think>"}),  # closed: it ended as the call began
+        ("llamacpp", {"content": "", "reasoning_content": "Hmm."}),  # llama-server's way
+    ],
+)
 async def test_a_thought_before_a_held_text_call_goes_back_without_the_call(
-        kind: str, prefill: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    first = FakeResponse([ROLE, chunk({"reasoning_content": "Hmm."}),
-                          chunk({"content": HERMES[:25]}), b"RAISE"])
+    kind: str, prefill: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = FakeResponse(
+        [ROLE, chunk({"reasoning_content": "Hmm."}), chunk({"content": HERMES[:25]}), b"RAISE"]
+    )
     norm = ContentNormaliser(thinking="auto", tool_names=["get_weather"])
-    events, sent = await run(first, [FakeResponse(text_call_answer(HERMES))], monkeypatch,
-                             call=make_call(kind), tr=translator(norm))
+    events, sent = await run(
+        first,
+        [FakeResponse(text_call_answer(HERMES))],
+        monkeypatch,
+        call=make_call(kind),
+        tr=translator(norm),
+    )
     assert [b[1:] for b in tool_blocks(events)] == [("get_weather", {"city": "Paris"})]
     assert final(events)["delta"]["stop_reason"] == "tool_use"
     assert sent[0]["body"]["messages"][-1] == {"role": "assistant", **prefill}
@@ -596,24 +754,48 @@ async def test_a_thought_before_a_held_text_call_goes_back_without_the_call(
 # (the client's final assistant turn as the chat request has it, the engine's kind, what
 # streamed before the cut: reasoning, text; the one assistant message the continuation ends in)
 PREFILLS = [
-    ({"role": "assistant", "content": "The answer is"}, "vllm", "", " forty",
-     {"role": "assistant", "content": "The answer is forty"}),
-    ({"role": "assistant", "content": "The answer is"}, "llamacpp", "", " forty",
-     {"role": "assistant", "content": "The answer is forty"}),
-    ({"role": "assistant", "content": "The answer is"}, "sglang", "Hmm.", " forty",
-     {"role": "assistant", "content": "The answer is<think>Hmm.</think> forty"}),
-    ({"role": "assistant", "content": "Sure:", "reasoning_content": "Asked before."},
-     "llamacpp", "More.", " yes",
-     {"role": "assistant", "content": "Sure: yes", "reasoning_content": "Asked before.More."}),
-    ({"role": "assistant", "content": [{"type": "text", "text": "Parts"}]}, "ollama", "",
-     " go on", {"role": "assistant", "content": "Parts go on"}),
+    (
+        {"role": "assistant", "content": "The answer is"},
+        "vllm",
+        "",
+        " forty",
+        {"role": "assistant", "content": "The answer is forty"},
+    ),
+    (
+        {"role": "assistant", "content": "The answer is"},
+        "llamacpp",
+        "",
+        " forty",
+        {"role": "assistant", "content": "The answer is forty"},
+    ),
+    (
+        {"role": "assistant", "content": "The answer is"},
+        "sglang",
+        "Hmm.",
+        " forty",
+        {"role": "assistant", "content": "The answer is<think>Hmm.</think> forty"},
+    ),
+    (
+        {"role": "assistant", "content": "Sure:", "reasoning_content": "Asked before."},
+        "llamacpp",
+        "More.",
+        " yes",
+        {"role": "assistant", "content": "Sure: yes", "reasoning_content": "Asked before.More."},
+    ),
+    (
+        {"role": "assistant", "content": [{"type": "text", "text": "Parts"}]},
+        "ollama",
+        "",
+        " go on",
+        {"role": "assistant", "content": "Parts go on"},
+    ),
 ]
 
 
 @pytest.mark.parametrize(("prefill", "kind", "reasoning", "text", "turn"), PREFILLS)
 def test_a_cut_after_the_clients_prefill_goes_on_in_that_turn(
-        prefill: dict[str, Any], kind: str, reasoning: str, text: str,
-        turn: dict[str, Any]) -> None:
+    prefill: dict[str, Any], kind: str, reasoning: str, text: str, turn: dict[str, Any]
+) -> None:
     """The client ended its messages with an assistant turn (a prefill) and the answer that
     continued it was cut: the continuation extends that one assistant turn with what
     streamed, not a second assistant turn after it (a finished turn, then a new one)."""
@@ -622,10 +804,10 @@ def test_a_cut_after_the_clients_prefill_goes_on_in_that_turn(
     body["messages"].append(prefill)
     call.payload = json.dumps(body).encode()
     t = translator()
-    t.feed(ROLE[len(b"data: "):-2])
+    t.feed(ROLE[len(b"data: ") : -2])
     if reasoning:
-        t.feed(chunk({"reasoning_content": reasoning})[len(b"data: "):-2])
-    t.feed(chunk({"content": text})[len(b"data: "):-2])
+        t.feed(chunk({"reasoning_content": reasoning})[len(b"data: ") : -2])
+    t.feed(chunk({"content": text})[len(b"data: ") : -2])
     decoded = json.loads(continuation_payload(call, t)[0])
     assert decoded["messages"] == [{"role": "user", "content": "Say hello"}, turn]
 
@@ -639,15 +821,18 @@ def test_a_final_assistant_turn_the_client_finished_gets_the_answer_after_it() -
     body["continue_final_message"] = False
     call.payload = json.dumps(body).encode()
     t = translator()
-    t.feed(ROLE[len(b"data: "):-2])
-    t.feed(chunk({"content": "Next"})[len(b"data: "):-2])
+    t.feed(ROLE[len(b"data: ") : -2])
+    t.feed(chunk({"content": "Next"})[len(b"data: ") : -2])
     decoded = json.loads(continuation_payload(call, t)[0])
-    assert decoded["messages"][1:] == [{"role": "assistant", "content": "Done."},
-                                       {"role": "assistant", "content": "Next"}]
+    assert decoded["messages"][1:] == [
+        {"role": "assistant", "content": "Done."},
+        {"role": "assistant", "content": "Next"},
+    ]
 
 
 async def test_a_prefilled_stream_cut_is_continued_as_one_turn(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     call = make_call()
     body = json.loads(call.payload)
     body["messages"].append({"role": "assistant", "content": "Stub says:"})
@@ -669,40 +854,57 @@ def _real_call(max_continuations: int) -> Any:
     from gateway.upstream.client import UpstreamClient
     from gateway.upstream.send import Upstreams
 
-    upstream = UpstreamConfig(name="u", base_url="http://127.0.0.1:9/v1", kind="vllm",
-                              max_continuations=max_continuations)
+    upstream = UpstreamConfig(
+        name="u", base_url="http://127.0.0.1:9/v1", kind="vllm", max_continuations=max_continuations
+    )
     route = ModelRoute(name="m", upstream=upstream, upstream_model="m")
-    deps = MessagesDeps(upstreams=Upstreams(clients={"u": UpstreamClient(upstream)},
-                                            metrics=METRICS, secrets=NO_SECRETS),
-                        signing_key=b"k" * 32)
-    req = validate_messages({"model": "m", "max_tokens": 100, "stream": True,
-                             "messages": [{"role": "user", "content": "Say hello"}]})
+    deps = MessagesDeps(
+        upstreams=Upstreams(
+            clients={"u": UpstreamClient(upstream)}, metrics=METRICS, secrets=NO_SECRETS
+        ),
+        signing_key=b"k" * 32,
+    )
+    req = validate_messages(
+        {
+            "model": "m",
+            "max_tokens": 100,
+            "stream": True,
+            "messages": [{"role": "user", "content": "Say hello"}],
+        }
+    )
     return Call(deps, req, route)
 
 
-@pytest.mark.parametrize(("max_continuations", "kept"), [(0, ""), (1, "Hello from"),
-                                                          (2, "Hello from")])
-def test_a_stream_keeps_its_text_only_where_it_may_be_continued(max_continuations: int,
-                                                               kept: str) -> None:
+@pytest.mark.parametrize(
+    ("max_continuations", "kept"), [(0, ""), (1, "Hello from"), (2, "Hello from")]
+)
+def test_a_stream_keeps_its_text_only_where_it_may_be_continued(
+    max_continuations: int, kept: str
+) -> None:
     """A route that never continues a cut stream keeps none of its text (it would be held
     for the stream's whole life for nothing); one that does keeps it for the prefill."""
     call = _real_call(max_continuations)
     t = call.translator()
     for frame in answer(WHOLE[:2], cut="eof")[:-1]:
-        t.feed(frame[len(b"data: "):-2])
-    t.feed(chunk({"reasoning_content": "Hm"})[len(b"data: "):-2])
+        t.feed(frame[len(b"data: ") : -2])
+    t.feed(chunk({"reasoning_content": "Hm"})[len(b"data: ") : -2])
     assert t.keeps_streamed is bool(kept)
     assert (t.streamed_content, t.streamed_reasoning) == (kept, "Hm" if kept else "")
     assert (t._content is None, t._reasoning is None) == (not kept, not kept)
 
 
 async def test_a_translator_that_keeps_nothing_is_not_continued(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Relayed with a budget but a translator that kept no text: the cut ends the stream
     as it would without continuations (a prefill of nothing would start the answer again)."""
     tr = StreamTranslator(model="m", message_id="msg_1", signing_key=b"k" * 32)
-    events, sent = await run(FakeResponse(answer(WHOLE[:2], cut="eof")),
-                             [FakeResponse(answer(WHOLE[2:]))], monkeypatch, tr=tr)
+    events, sent = await run(
+        FakeResponse(answer(WHOLE[:2], cut="eof")),
+        [FakeResponse(answer(WHOLE[2:]))],
+        monkeypatch,
+        tr=tr,
+    )
     assert sent == []
     assert events[-2]["type"] == "error"
 
@@ -712,15 +914,17 @@ def test_the_prefill_is_made_from_the_clients_request() -> None:
     (not its payload's bytes decoded): the same messages, with the prefill after them."""
     call = _real_call(2)
     t = call.translator()
-    t.feed(ROLE[len(b"data: "):-2])
-    t.feed(chunk({"content": "Hel"})[len(b"data: "):-2])
+    t.feed(ROLE[len(b"data: ") : -2])
+    t.feed(chunk({"content": "Hel"})[len(b"data: ") : -2])
     sent = json.loads(call.payload)
     body, max_tokens = continuation_payload(call, t)
     decoded = json.loads(body)
     assert decoded["messages"] == [*sent["messages"], {"role": "assistant", "content": "Hel"}]
-    assert {k: v for k, v in decoded.items() if k not in ("messages", "max_tokens",
-            "continue_final_message", "add_generation_prompt")} == {
-        k: v for k, v in sent.items() if k not in ("messages", "max_tokens")}
+    assert {
+        k: v
+        for k, v in decoded.items()
+        if k not in ("messages", "max_tokens", "continue_final_message", "add_generation_prompt")
+    } == {k: v for k, v in sent.items() if k not in ("messages", "max_tokens")}
     assert max_tokens == decoded["max_tokens"] == 99
 
 
@@ -729,10 +933,10 @@ def test_kept_text_is_whole_however_many_deltas(n: int) -> None:
     """The kept deltas are joined in groups (fewer objects per stream): none is lost or
     repeated, for a count below, at and past a group's size."""
     t = translator()
-    t.feed(ROLE[len(b"data: "):-2])
+    t.feed(ROLE[len(b"data: ") : -2])
     pieces = [f"p{i} " for i in range(n)]
     for piece in pieces:
-        t.feed(chunk({"content": piece})[len(b"data: "):-2])
-        t.feed(chunk({"reasoning_content": piece.upper()})[len(b"data: "):-2])
+        t.feed(chunk({"content": piece})[len(b"data: ") : -2])
+        t.feed(chunk({"reasoning_content": piece.upper()})[len(b"data: ") : -2])
     assert t.streamed_content == "".join(pieces)
     assert t.streamed_reasoning == "".join(pieces).upper()

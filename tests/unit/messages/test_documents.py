@@ -50,16 +50,18 @@ EXTRACTED: list[tuple[str, list[list[str] | None], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("pages", "text"), [c[1:] for c in EXTRACTED],
-                         ids=[c[0] for c in EXTRACTED])
+@pytest.mark.parametrize(
+    ("pages", "text"), [c[1:] for c in EXTRACTED], ids=[c[0] for c in EXTRACTED]
+)
 def test_extracted_text_has_page_markers(pages: list[list[str] | None], text: str) -> None:
     assert pdf_text(b64(make_pdf(pages)), PATH) == text
 
 
 def test_a_pdf_with_only_an_owner_password_opens() -> None:
-    """"Printing restricted" PDFs are encrypted with an empty user password: readable."""
+    """ "Printing restricted" PDFs are encrypted with an empty user password: readable."""
     assert pdf_text(b64(encrypt(HELLO, user_password="")), PATH) == (
-        "--- Page 1 of 1 ---\nHello, world.")
+        "--- Page 1 of 1 ---\nHello, world."
+    )
 
 
 def _deep_catalog(levels: int) -> bytes:
@@ -72,25 +74,39 @@ REFUSED: list[tuple[str, str, str]] = [
     ("base64-unpadded", b64(HELLO)[:-1], "PDF data is not valid base64"),
     ("not-a-pdf", b64(b"<html>hello</html>" * 10), "PDF could not be read (corrupt or not a PDF)"),
     ("truncated", b64(HELLO[: len(HELLO) // 2]), "PDF could not be read (corrupt or not a PDF)"),
-    ("garbage-after-header", b64(b"%PDF-1.4\n" + bytes(range(256)) * 4),
-     "PDF could not be read (corrupt or not a PDF)"),
-    ("nested-past-recursion", b64(_deep_catalog(50_000)),
-     "PDF could not be read (corrupt or not a PDF)"),
-    ("encrypted", b64(encrypt(HELLO, user_password="secret")),
-     "PDF is encrypted with a password; send it decrypted"),
-    ("scanned-only", b64(make_pdf([None, None])),
-     "PDF has no extractable text (its pages are images, e.g. a scan); only a PDF's text "
-     "reaches this model"),
-    ("blank-lines-only", b64(make_pdf([["  "]])),
-     "PDF has no extractable text (its pages are images, e.g. a scan); only a PDF's text "
-     "reaches this model"),
+    (
+        "garbage-after-header",
+        b64(b"%PDF-1.4\n" + bytes(range(256)) * 4),
+        "PDF could not be read (corrupt or not a PDF)",
+    ),
+    (
+        "nested-past-recursion",
+        b64(_deep_catalog(50_000)),
+        "PDF could not be read (corrupt or not a PDF)",
+    ),
+    (
+        "encrypted",
+        b64(encrypt(HELLO, user_password="secret")),
+        "PDF is encrypted with a password; send it decrypted",
+    ),
+    (
+        "scanned-only",
+        b64(make_pdf([None, None])),
+        "PDF has no extractable text (its pages are images, e.g. a scan); only a PDF's text "
+        "reaches this model",
+    ),
+    (
+        "blank-lines-only",
+        b64(make_pdf([["  "]])),
+        "PDF has no extractable text (its pages are images, e.g. a scan); only a PDF's text "
+        "reaches this model",
+    ),
     ("no-pages", b64(make_pdf([])), "PDF has no pages"),
     ("101-pages", b64(make_pdf([["p"]] * 101)), "PDF has 101 pages; at most 100 are supported"),
 ]
 
 
-@pytest.mark.parametrize(("data", "message"), [c[1:] for c in REFUSED],
-                         ids=[c[0] for c in REFUSED])
+@pytest.mark.parametrize(("data", "message"), [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
 def test_unreadable_pdfs_are_400_naming_the_field(data: str, message: str) -> None:
     with pytest.raises(InvalidRequest) as info:
         pdf_text(data, PATH)
@@ -100,6 +116,7 @@ def test_unreadable_pdfs_are_400_naming_the_field(data: str, message: str) -> No
 
 def test_any_exception_from_pypdf_is_a_400(monkeypatch: pytest.MonkeyPatch) -> None:
     """RecursionError on a deep object graph (older pypdf lets it out) is a corrupt PDF."""
+
     def deep(*_: Any, **__: Any) -> None:
         raise RecursionError("maximum recursion depth exceeded")
 
@@ -133,7 +150,8 @@ def test_text_past_the_budget_stops_extraction(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(InvalidRequest) as info:
         pdf_text(pdf, PATH, max_chars=30)
     assert info.value.message == (
-        f"{PATH}: PDF text is longer than the 30 characters left for documents in this request")
+        f"{PATH}: PDF text is longer than the 30 characters left for documents in this request"
+    )
     assert extracted == [0]  # the second page was never read
 
 
@@ -141,9 +159,12 @@ def test_text_past_the_budget_stops_extraction(monkeypatch: pytest.MonkeyPatch) 
 
 
 def _call(call_id: str) -> dict[str, Any]:
-    return {"role": "assistant",
-            "content": [{"type": "tool_use", "id": call_id, "name": "Read",
-                         "input": {"file_path": "/r.pdf"}}]}
+    return {
+        "role": "assistant",
+        "content": [
+            {"type": "tool_use", "id": call_id, "name": "Read", "input": {"file_path": "/r.pdf"}}
+        ],
+    }
 
 
 def _request(*messages: dict[str, Any]) -> dict[str, Any]:
@@ -153,12 +174,24 @@ def _request(*messages: dict[str, Any]) -> dict[str, Any]:
 REPORT = make_pdf([["Revenue: 12"], ["Costs: 7"]])
 REPORT_TEXT = "--- Page 1 of 2 ---\nRevenue: 12\n\n--- Page 2 of 2 ---\nCosts: 7"
 TOP_AND_TOOL = _request(
-    {"role": "user", "content": [document(REPORT, title="report.pdf", context="Q3"),
-                                 {"type": "text", "text": "Read the other one too."}]},
+    {
+        "role": "user",
+        "content": [
+            document(REPORT, title="report.pdf", context="Q3"),
+            {"type": "text", "text": "Read the other one too."},
+        ],
+    },
     _call("toolu_1"),
-    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
-                                  "content": [{"type": "text", "text": "PDF file read"},
-                                              document(HELLO)]}]},
+    {
+        "role": "user",
+        "content": [
+            {
+                "type": "tool_result",
+                "tool_use_id": "toolu_1",
+                "content": [{"type": "text", "text": "PDF file read"}, document(HELLO)],
+            }
+        ],
+    },
 )
 
 
@@ -172,8 +205,12 @@ def test_find_pdfs_skips_everything_else() -> None:
         {"role": "user", "content": "a string turn"},
         {"role": "user", "content": [text_doc, {"type": "text", "text": "t"}]},
         _call("toolu_1"),
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
-                                      "content": "a string result"}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "a string result"}
+            ],
+        },
     )
     assert find_pdfs(req["messages"]) == []
 
@@ -183,26 +220,37 @@ def test_pdfs_become_text_sources_and_the_request_is_not_touched() -> None:
     out = pdfs_to_text(TOP_AND_TOOL, find_pdfs(TOP_AND_TOOL["messages"]))
     assert TOP_AND_TOOL == pristine
     assert out["messages"][0]["content"][0] == {
-        "type": "document", "title": "report.pdf", "context": "Q3",
-        "source": {"type": "text", "media_type": "text/plain", "data": REPORT_TEXT}}
+        "type": "document",
+        "title": "report.pdf",
+        "context": "Q3",
+        "source": {"type": "text", "media_type": "text/plain", "data": REPORT_TEXT},
+    }
     assert out["messages"][2]["content"][0]["content"][1]["source"] == {
-        "type": "text", "media_type": "text/plain",
-        "data": "--- Page 1 of 1 ---\nHello, world."}
+        "type": "text",
+        "media_type": "text/plain",
+        "data": "--- Page 1 of 1 ---\nHello, world.",
+    }
     # what is not on the way to a PDF is shared, not copied
     assert out["messages"][1] is TOP_AND_TOOL["messages"][1]
     assert out["messages"][0]["content"][1] is TOP_AND_TOOL["messages"][0]["content"][1]
 
 
 def test_the_upstream_gets_title_context_and_page_text() -> None:
-    route = ModelRoute(name="m", upstream_model="org/model",
-                       upstream=UpstreamConfig(name="u", base_url="http://127.0.0.1:9/v1"))
+    route = ModelRoute(
+        name="m",
+        upstream_model="org/model",
+        upstream=UpstreamConfig(name="u", base_url="http://127.0.0.1:9/v1"),
+    )
     body = to_chat(pdfs_to_text(TOP_AND_TOOL, find_pdfs(TOP_AND_TOOL["messages"])), route)
     assert body["messages"][0] == {
         "role": "user",
-        "content": f"report.pdf\n\nQ3\n\n{REPORT_TEXT}\nRead the other one too."}
+        "content": f"report.pdf\n\nQ3\n\n{REPORT_TEXT}\nRead the other one too.",
+    }
     assert body["messages"][2] == {
-        "role": "tool", "tool_call_id": "toolu_1",
-        "content": "PDF file read\n--- Page 1 of 1 ---\nHello, world."}
+        "role": "tool",
+        "tool_call_id": "toolu_1",
+        "content": "PDF file read\n--- Page 1 of 1 ---\nHello, world.",
+    }
 
 
 # (id, request, the error message: the path names the PDF inside its container)
@@ -210,11 +258,21 @@ def _bad_in_tool_result() -> dict[str, Any]:
     return _request(
         {"role": "user", "content": "q"},
         _call("toolu_1"),
-        {"role": "user", "content": [
-            {"type": "text", "text": "see"},
-            {"type": "tool_result", "tool_use_id": "toolu_1",
-             "content": [{"type": "text", "text": "read"}, document(HELLO),
-                         document(make_pdf([["p"]] * 120))]}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "see"},
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_1",
+                    "content": [
+                        {"type": "text", "text": "read"},
+                        document(HELLO),
+                        document(make_pdf([["p"]] * 120)),
+                    ],
+                },
+            ],
+        },
     )
 
 
@@ -222,13 +280,13 @@ REQUEST_REFUSED: list[tuple[str, dict[str, Any], str]] = [
     (
         "120-pages-in-a-tool-result",
         _bad_in_tool_result(),
-        "messages.2.content.1.content.2.source.data: PDF has 120 pages; at most 100 are "
-        "supported",
+        "messages.2.content.1.content.2.source.data: PDF has 120 pages; at most 100 are supported",
     ),
     (
         "corrupt-at-top-level",
-        _request({"role": "user", "content": [
-            {"type": "text", "text": "x"}, document(HELLO[:40])]}),
+        _request(
+            {"role": "user", "content": [{"type": "text", "text": "x"}, document(HELLO[:40])]}
+        ),
         "messages.0.content.1.source.data: PDF could not be read (corrupt or not a PDF)",
     ),
     (
@@ -239,8 +297,9 @@ REQUEST_REFUSED: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("req", "message"), [c[1:] for c in REQUEST_REFUSED],
-                         ids=[c[0] for c in REQUEST_REFUSED])
+@pytest.mark.parametrize(
+    ("req", "message"), [c[1:] for c in REQUEST_REFUSED], ids=[c[0] for c in REQUEST_REFUSED]
+)
 def test_request_refusals_name_the_pdf(req: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidRequest) as info:
         pdfs_to_text(req, find_pdfs(req["messages"]))
@@ -253,5 +312,5 @@ def test_the_text_budget_is_for_the_whole_request(monkeypatch: pytest.MonkeyPatc
         pdfs_to_text(TOP_AND_TOOL, find_pdfs(TOP_AND_TOOL["messages"]))
     assert info.value.message == (
         "messages.2.content.0.content.1.source.data: PDF text is longer than the 10 "
-        "characters left for documents in this request")
-
+        "characters left for documents in this request"
+    )

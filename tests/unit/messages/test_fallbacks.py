@@ -33,7 +33,9 @@ kind = "llamacpp"
 
 def _models(*fallbacks: str, other: str = "") -> str:
     listed = ", ".join(json.dumps(f) for f in fallbacks)
-    return UPSTREAMS + f"""
+    return (
+        UPSTREAMS
+        + f"""
 [[models]]
 name = "big"
 upstream = "main"
@@ -51,6 +53,7 @@ name = "tiny"
 upstream = "spare"
 upstream_model = "tiny.gguf"
 """
+    )
 
 
 def _parse(text: str) -> config.Config:
@@ -69,13 +72,15 @@ def test_fallbacks_resolve_to_routes_in_order_and_default_to_none() -> None:
     hash(big)  # still a frozen, hashable route
 
 
-@pytest.mark.parametrize(("fallbacks", "error"), [
-    (("nope",), "models[0].fallbacks[0]: unknown model 'nope'"),
-    (("small", "big"), "models[0].fallbacks[1]: a model cannot fall back to itself"),
-    (("small", "small"), "models[0].fallbacks: names a model twice"),
-])
-def test_bad_fallbacks_are_refused_naming_the_key(fallbacks: tuple[str, ...],
-                                                  error: str) -> None:
+@pytest.mark.parametrize(
+    ("fallbacks", "error"),
+    [
+        (("nope",), "models[0].fallbacks[0]: unknown model 'nope'"),
+        (("small", "big"), "models[0].fallbacks[1]: a model cannot fall back to itself"),
+        (("small", "small"), "models[0].fallbacks: names a model twice"),
+    ],
+)
+def test_bad_fallbacks_are_refused_naming_the_key(fallbacks: tuple[str, ...], error: str) -> None:
     with pytest.raises(config.ConfigError, match=error.replace("[", r"\[").replace("]", r"\]")):
         _parse(_models(*fallbacks))
 
@@ -87,14 +92,16 @@ def test_a_fallback_that_is_not_a_list_of_names_is_refused() -> None:
         _parse(_models().replace("fallbacks = []", "fallbacks = [3]"))
 
 
-@pytest.mark.parametrize(("err", "falls"), [
-    (errors.UpstreamUnavailable(), True),  # refused, reset before the head
-    (errors.UpstreamTimeout(), True),
-    (errors.StreamProcessingError(), False),  # an unreadable reply: another would be too
-    (errors.InvalidRequest("x", "bad"), False),
-])
-def test_falls_over_on_gone_or_overloaded_upstreams(err: errors.GatewayError,
-                                                    falls: bool) -> None:
+@pytest.mark.parametrize(
+    ("err", "falls"),
+    [
+        (errors.UpstreamUnavailable(), True),  # refused, reset before the head
+        (errors.UpstreamTimeout(), True),
+        (errors.StreamProcessingError(), False),  # an unreadable reply: another would be too
+        (errors.InvalidRequest("x", "bad"), False),
+    ],
+)
+def test_falls_over_on_gone_or_overloaded_upstreams(err: errors.GatewayError, falls: bool) -> None:
     assert falls_over(err) is falls
 
 
@@ -104,10 +111,20 @@ def _status(code: int) -> errors.GatewayError:
     return err
 
 
-@pytest.mark.parametrize(("code", "falls"), [
-    (502, True), (503, True), (504, True), (529, True),
-    (500, False), (400, False), (404, False), (429, False), (413, False),
-])
+@pytest.mark.parametrize(
+    ("code", "falls"),
+    [
+        (502, True),
+        (503, True),
+        (504, True),
+        (529, True),
+        (500, False),
+        (400, False),
+        (404, False),
+        (429, False),
+        (413, False),
+    ],
+)
 def test_which_upstream_statuses_fall_over(code: int, falls: bool) -> None:
     assert falls_over(_status(code)) is falls
 
@@ -130,9 +147,9 @@ def _count(registry: CollectorRegistry, **labels: str) -> float:
 REQ = {"model": "big", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
 
 
-async def _send(monkeypatch: pytest.MonkeyPatch, cfg: config.Config,
-                outcomes: dict[str, Any]) -> tuple[Any, list[tuple[str, dict[str, Any]]], Any,
-                                                   CollectorRegistry]:
+async def _send(
+    monkeypatch: pytest.MonkeyPatch, cfg: config.Config, outcomes: dict[str, Any]
+) -> tuple[Any, list[tuple[str, dict[str, Any]]], Any, CollectorRegistry]:
     """Send REQ to ``big``; each upstream answers its ``outcomes`` entry (an error raised, or
     a reply returned). -> (what send returned or raised, [(upstream, body sent)], the call,
     the registry)"""
@@ -155,13 +172,16 @@ async def _send(monkeypatch: pytest.MonkeyPatch, cfg: config.Config,
     return got, sent, the_call, registry
 
 
-@pytest.mark.parametrize("failure", [
-    errors.UpstreamUnavailable(), errors.UpstreamTimeout(), _status(503), _status(529)])
+@pytest.mark.parametrize(
+    "failure", [errors.UpstreamUnavailable(), errors.UpstreamTimeout(), _status(503), _status(529)]
+)
 async def test_a_failed_upstream_sends_the_request_to_the_fallback(
-        failure: errors.GatewayError, monkeypatch: pytest.MonkeyPatch) -> None:
+    failure: errors.GatewayError, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = _parse(_models("small"))
     got, sent, the_call, registry = await _send(
-        monkeypatch, cfg, {"main": failure, "spare": "reply"})
+        monkeypatch, cfg, {"main": failure, "spare": "reply"}
+    )
     assert got == "reply"
     assert [up for up, _ in sent] == ["main", "spare"]
     # translated for the fallback: its upstream_model, its kind's request shape
@@ -172,11 +192,13 @@ async def test_a_failed_upstream_sends_the_request_to_the_fallback(
 
 
 async def test_fallbacks_are_tried_in_order_and_the_last_failure_is_raised(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     cfg = _parse(_models("small", "tiny"))
     last = _status(502)
-    got, sent, _, registry = await _send(monkeypatch, cfg, {"main": errors.UpstreamTimeout(),
-                                                            "spare": last})
+    got, sent, _, registry = await _send(
+        monkeypatch, cfg, {"main": errors.UpstreamTimeout(), "spare": last}
+    )
     assert got is last
     assert [body["model"] for _, body in sent] == ["org/big", "small.gguf", "tiny.gguf"]
     assert _count(registry, model="big", fallback="small") == 1
@@ -185,10 +207,12 @@ async def test_fallbacks_are_tried_in_order_and_the_last_failure_is_raised(
 
 @pytest.mark.parametrize("failure", [_status(500), _status(400), _status(429)])
 async def test_other_failures_are_the_clients_without_a_fallback(
-        failure: errors.GatewayError, monkeypatch: pytest.MonkeyPatch) -> None:
+    failure: errors.GatewayError, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = _parse(_models("small"))
     got, sent, the_call, registry = await _send(
-        monkeypatch, cfg, {"main": failure, "spare": "reply"})
+        monkeypatch, cfg, {"main": failure, "spare": "reply"}
+    )
     assert got is failure and len(sent) == 1 and the_call.route.name == "big"
     assert _count(registry, model="big", fallback="small") == 0
 
@@ -207,14 +231,23 @@ def test_a_models_fallback_series_exist_at_zero_and_no_others() -> None:
     metrics.add_model("big", "main", "org/big", ("small", "tiny"))
     metrics.add_model("small", "spare", "small.gguf")
     assert _count(registry, model="big", fallback="small") == 0
-    assert registry.get_sample_value("llm_gateway_fallbacks_total",
-                                     {"model": "big", "fallback": "tiny"}) == 0
-    assert registry.get_sample_value("llm_gateway_fallbacks_total",
-                                     {"model": "small", "fallback": "big"}) is None
+    assert (
+        registry.get_sample_value(
+            "llm_gateway_fallbacks_total", {"model": "big", "fallback": "tiny"}
+        )
+        == 0
+    )
+    assert (
+        registry.get_sample_value(
+            "llm_gateway_fallbacks_total", {"model": "small", "fallback": "big"}
+        )
+        is None
+    )
 
 
 async def test_the_fallback_gets_the_request_as_its_kind_takes_it(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """vLLM is sent the stop sequences; llama.cpp is not (the gateway matches them in a
     stream, even for a buffered reply): the fallback's translation is its own."""
     cfg = _parse(_models("small"))

@@ -101,9 +101,10 @@ def test_strict_sdk_validation_accepts_it(case: Path) -> None:
     produced = _run(case)
     message = anthropic.types.Message.model_validate(produced, strict=True)
     assert message.stop_reason is not None
-    assert list(produced["usage"]) in (["input_tokens", "output_tokens"],
-                                       ["input_tokens", "cache_read_input_tokens",
-                                        "output_tokens"])
+    assert list(produced["usage"]) in (
+        ["input_tokens", "output_tokens"],
+        ["input_tokens", "cache_read_input_tokens", "output_tokens"],
+    )
     assert produced["content"], "never an empty content array"
 
 
@@ -207,8 +208,7 @@ def test_repeated_tool_call_ids_are_made_unique() -> None:
         ("NaN", {}, 1, 0),
     ],
 )
-def test_tool_arguments(arguments: Any, expected: dict[str, Any], bad: int,
-                        repaired: int) -> None:
+def test_tool_arguments(arguments: Any, expected: dict[str, Any], bad: int, repaired: int) -> None:
     count = []
     fixed: list[int] = []
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}
@@ -226,8 +226,11 @@ def test_tool_arguments(arguments: Any, expected: dict[str, Any], bad: int,
 def test_arguments_cut_by_max_tokens_are_repaired_once() -> None:
     bad: list[int] = []
     fixed: list[int] = []
-    _run(CASES / "tool-args-cut-by-max-tokens", on_bad_tool_args=lambda: bad.append(1),
-         on_repaired=lambda: fixed.append(1))
+    _run(
+        CASES / "tool-args-cut-by-max-tokens",
+        on_bad_tool_args=lambda: bad.append(1),
+        on_repaired=lambda: fixed.append(1),
+    )
     assert (bad, fixed) == ([], [1])
 
 
@@ -320,39 +323,84 @@ def test_not_a_completion_is_a_500(payload: Any) -> None:
 
 # --- usage: THE table (tables.usage_from_chat), the same for buffered and streamed -------
 
-_CACHED = {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17,
-           "prompt_tokens_details": {"cached_tokens": 8}}
+_CACHED = {
+    "prompt_tokens": 12,
+    "completion_tokens": 5,
+    "total_tokens": 17,
+    "prompt_tokens_details": {"cached_tokens": 8},
+}
 USAGE_SHAPES: list[tuple[str, Any, Any, dict[str, int]]] = [
     ("none", None, None, {"input_tokens": 0, "output_tokens": 0}),
-    ("vllm-plain", {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}, None,
-     {"input_tokens": 12, "output_tokens": 5}),
-    ("vllm-details-null", {"prompt_tokens": 12, "completion_tokens": 5,
-                           "prompt_tokens_details": None}, None,
-     {"input_tokens": 12, "output_tokens": 5}),
-    ("vllm-sglang-cached", _CACHED, None,
-     {"input_tokens": 4, "cache_read_input_tokens": 8, "output_tokens": 5}),
-    ("llamacpp-cached-zero", {"prompt_tokens": 12, "completion_tokens": 5,
-                              "prompt_tokens_details": {"cached_tokens": 0}},
-     {"cache_n": 0, "prompt_n": 12},
-     {"input_tokens": 12, "cache_read_input_tokens": 0, "output_tokens": 5}),
-    ("llamacpp-timings-cache-n-only", {"prompt_tokens": 12, "completion_tokens": 5},
-     {"cache_n": 10, "prompt_n": 2},
-     {"input_tokens": 2, "cache_read_input_tokens": 10, "output_tokens": 5}),
-    ("details-win-over-timings", _CACHED, {"cache_n": 3},
-     {"input_tokens": 4, "cache_read_input_tokens": 8, "output_tokens": 5}),
-    ("cached-above-prompt-clamped", {"prompt_tokens": 3, "completion_tokens": 1,
-                                     "prompt_tokens_details": {"cached_tokens": 9}}, None,
-     {"input_tokens": 0, "cache_read_input_tokens": 3, "output_tokens": 1}),
-    ("cached-not-a-count", {"prompt_tokens": 12, "completion_tokens": 5,
-                            "prompt_tokens_details": {"cached_tokens": True}}, {"cache_n": -1},
-     {"input_tokens": 12, "output_tokens": 5}),
-    ("ollama", {"prompt_tokens": 26, "completion_tokens": 9, "total_tokens": 35}, None,
-     {"input_tokens": 26, "output_tokens": 9}),
+    (
+        "vllm-plain",
+        {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17},
+        None,
+        {"input_tokens": 12, "output_tokens": 5},
+    ),
+    (
+        "vllm-details-null",
+        {"prompt_tokens": 12, "completion_tokens": 5, "prompt_tokens_details": None},
+        None,
+        {"input_tokens": 12, "output_tokens": 5},
+    ),
+    (
+        "vllm-sglang-cached",
+        _CACHED,
+        None,
+        {"input_tokens": 4, "cache_read_input_tokens": 8, "output_tokens": 5},
+    ),
+    (
+        "llamacpp-cached-zero",
+        {
+            "prompt_tokens": 12,
+            "completion_tokens": 5,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        },
+        {"cache_n": 0, "prompt_n": 12},
+        {"input_tokens": 12, "cache_read_input_tokens": 0, "output_tokens": 5},
+    ),
+    (
+        "llamacpp-timings-cache-n-only",
+        {"prompt_tokens": 12, "completion_tokens": 5},
+        {"cache_n": 10, "prompt_n": 2},
+        {"input_tokens": 2, "cache_read_input_tokens": 10, "output_tokens": 5},
+    ),
+    (
+        "details-win-over-timings",
+        _CACHED,
+        {"cache_n": 3},
+        {"input_tokens": 4, "cache_read_input_tokens": 8, "output_tokens": 5},
+    ),
+    (
+        "cached-above-prompt-clamped",
+        {"prompt_tokens": 3, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 9}},
+        None,
+        {"input_tokens": 0, "cache_read_input_tokens": 3, "output_tokens": 1},
+    ),
+    (
+        "cached-not-a-count",
+        {
+            "prompt_tokens": 12,
+            "completion_tokens": 5,
+            "prompt_tokens_details": {"cached_tokens": True},
+        },
+        {"cache_n": -1},
+        {"input_tokens": 12, "output_tokens": 5},
+    ),
+    (
+        "ollama",
+        {"prompt_tokens": 26, "completion_tokens": 9, "total_tokens": 35},
+        None,
+        {"input_tokens": 26, "output_tokens": 9},
+    ),
 ]
 
 
-@pytest.mark.parametrize(("usage", "timings", "expected"), [r[1:] for r in USAGE_SHAPES],
-                         ids=[r[0] for r in USAGE_SHAPES])
+@pytest.mark.parametrize(
+    ("usage", "timings", "expected"),
+    [r[1:] for r in USAGE_SHAPES],
+    ids=[r[0] for r in USAGE_SHAPES],
+)
 def test_usage_shapes(usage: Any, timings: Any, expected: dict[str, int]) -> None:
     assert tables.anthropic_usage(tables.usage_from_chat(usage, timings)) == expected
     completion = _completion({"content": "ok"})
@@ -362,15 +410,17 @@ def test_usage_shapes(usage: Any, timings: Any, expected: dict[str, int]) -> Non
     buffered = from_chat(completion, model="m", signing_key=KEY)["usage"]
     assert jsonutil.dumps(buffered) == jsonutil.dumps(expected)  # key order too
     # the same upstream output streamed: the final message the SDKs fold is the same
-    translator = StreamTranslator(model="m", message_id="msg_1", signing_key=KEY,
-                                  input_tokens=99)
+    translator = StreamTranslator(model="m", message_id="msg_1", signing_key=KEY, input_tokens=99)
     last: dict[str, Any] = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
     if usage is not None:
         last["usage"] = usage
     if timings is not None:
         last["timings"] = timings
-    raw = translator.feed(jsonutil.dumpb(
-        {"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": None}]}))
+    raw = translator.feed(
+        jsonutil.dumpb(
+            {"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": None}]}
+        )
+    )
     raw += translator.feed(jsonutil.dumpb(last)) + translator.feed(b"[DONE]")
     streamed = aggregate(raw)["usage"]
     if usage is None:  # nothing reported: the estimate stays, chunks count the output

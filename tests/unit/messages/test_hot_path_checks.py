@@ -15,9 +15,11 @@ from gateway.messages.from_chat import tables
 from gateway.messages.from_chat.message import from_chat
 
 COMPLETION = {
-    "id": "chatcmpl-1", "object": "chat.completion",
-    "choices": [{"index": 0, "finish_reason": "stop",
-                 "message": {"role": "assistant", "content": "Hello."}}],
+    "id": "chatcmpl-1",
+    "object": "chat.completion",
+    "choices": [
+        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Hello."}}
+    ],
     "usage": {"prompt_tokens": 12, "completion_tokens": 3},
 }
 REQUEST = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "Hi"}]}
@@ -37,8 +39,9 @@ CASES: list[tuple[str, Callable[[], Any]]] = [
 
 
 @pytest.mark.parametrize(("name", "call"), CASES)
-def test_no_abc_instance_check(name: str, call: Callable[[], Any],
-                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_abc_instance_check(
+    name: str, call: Callable[[], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     checks: list[str] = []
     real = abc.ABCMeta.__instancecheck__
 
@@ -53,9 +56,16 @@ def test_no_abc_instance_check(name: str, call: Callable[[], Any],
 
 
 def test_any_mapping_is_still_read() -> None:
-    proxied = MappingProxyType({
-        **COMPLETION, "choices": [MappingProxyType({
-            "finish_reason": "stop", "message": MappingProxyType({"content": "Hello."})})]})
+    proxied = MappingProxyType(
+        {
+            **COMPLETION,
+            "choices": [
+                MappingProxyType(
+                    {"finish_reason": "stop", "message": MappingProxyType({"content": "Hello."})}
+                )
+            ],
+        }
+    )
     assert _reply(proxied)["content"] == [{"type": "text", "text": "Hello."}]
     assert tables.hides_thinking({"thinking": MappingProxyType({"display": "omitted"})})
     assert tables.shows_thinking({"chat_template_kwargs": MappingProxyType({"thinking": True})})

@@ -16,15 +16,27 @@ from gateway.text.sse import SSEDecoder
 
 
 def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-    return b"data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "choices": [
-        {"index": 0, "delta": delta, "finish_reason": finish}]}).encode() + b"\n\n"
+    return (
+        b"data: "
+        + json.dumps(
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+        ).encode()
+        + b"\n\n"
+    )
 
 
 def _stream(deltas: int) -> bytes:
     """A fast stream of tiny deltas, whole: what one read holds when the engine outruns us."""
-    return (_chunk({"role": "assistant", "content": ""})
-            + b"".join(_chunk({"content": "a"}) for _ in range(deltas))
-            + _chunk({}, "stop") + b"data: [DONE]\n\n")
+    return (
+        _chunk({"role": "assistant", "content": ""})
+        + b"".join(_chunk({"content": "a"}) for _ in range(deltas))
+        + _chunk({}, "stop")
+        + b"data: [DONE]\n\n"
+    )
 
 
 class _Upstream:
@@ -63,7 +75,8 @@ READS = [
 @pytest.mark.parametrize(("deltas", "least", "most"), READS)
 @pytest.mark.parametrize("resumable", [False, True])
 async def test_a_read_of_many_events_lets_the_event_loop_run(
-        deltas: int, least: int, most: int, resumable: bool) -> None:
+    deltas: int, least: int, most: int, resumable: bool
+) -> None:
     turns = 0
     running = True
 
@@ -83,8 +96,9 @@ async def test_a_read_of_many_events_lets_the_event_loop_run(
 
     body = _stream(deltas)
     translator = _translator()
-    cut = await pump(_Upstream([body]), translator, write, Timing(0.0), _Histogram(),
-                     resumable=resumable)
+    cut = await pump(
+        _Upstream([body]), translator, write, Timing(0.0), _Histogram(), resumable=resumable
+    )
     during = turns - before
     running = False
     await task
@@ -108,8 +122,9 @@ async def test_an_inband_error_after_many_events_in_one_read_cuts_after_them() -
         written.append(data)
 
     translator = _translator()
-    cut = await pump(_Upstream([body]), translator, write, Timing(0.0), _Histogram(),
-                     resumable=True)
+    cut = await pump(
+        _Upstream([body]), translator, write, Timing(0.0), _Histogram(), resumable=True
+    )
     assert cut is not None and cut.payload == error and cut.error is None
     assert not translator.done
     assert b"".join(written).count(b'"text_delta"') == deltas

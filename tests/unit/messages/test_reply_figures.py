@@ -20,14 +20,20 @@ from gateway.batches.store import BatchStore
 from gateway.ops import config
 
 SEARCH_TOOL = {"type": "web_search_20250305", "name": "web_search"}
-_USAGE = (b'data: {"id":"c","object":"chat.completion.chunk","model":"up","choices":[],'
-          b'"usage":{"prompt_tokens":10,"completion_tokens":3,"total_tokens":13}}\n\n'
-          b"data: [DONE]\n\n")
+_USAGE = (
+    b'data: {"id":"c","object":"chat.completion.chunk","model":"up","choices":[],'
+    b'"usage":{"prompt_tokens":10,"completion_tokens":3,"total_tokens":13}}\n\n'
+    b"data: [DONE]\n\n"
+)
 
 
 def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-    body = {"id": "c", "object": "chat.completion.chunk", "model": "up",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    body = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "model": "up",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
@@ -40,19 +46,40 @@ async def _model(request: web.Request) -> web.StreamResponse:
     messages = body["messages"]
     text = json.dumps(messages)
     if not body.get("stream"):
-        return web.json_response({
-            "id": "c", "object": "chat.completion", "model": "up", "choices": [{
-                "index": 0, "finish_reason": "stop",
-                "message": {"role": "assistant", "content": "Hello there."}}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}})
+        return web.json_response(
+            {
+                "id": "c",
+                "object": "chat.completion",
+                "model": "up",
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": "Hello there."},
+                    }
+                ],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13},
+            }
+        )
     resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
     await resp.prepare(request)
     await resp.write(_chunk({"role": "assistant", "content": ""}))
     last = messages[-1]["role"]
     if "#search" in text and last != "tool":
-        await resp.write(_chunk({"tool_calls": [
-            {"index": 0, "id": "call_1", "type": "function",
-             "function": {"name": "web_search", "arguments": '{"query": "q"}'}}]}))
+        await resp.write(
+            _chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "web_search", "arguments": '{"query": "q"}'},
+                        }
+                    ]
+                }
+            )
+        )
         await resp.write(_chunk({}, "tool_calls") + _USAGE)
     elif "#cut" in text and last != "assistant":
         await resp.write(_chunk({"content": "Hel"}))
@@ -68,11 +95,27 @@ async def _model(request: web.Request) -> web.StreamResponse:
 
 
 async def _searx(request: web.Request) -> web.Response:
-    return web.json_response({"query": "q", "number_of_results": 1, "results": [
-        {"url": "https://example.org/q", "title": "q", "content": "About q.",
-         "engine": "stub", "score": 1.0, "category": "general"}],
-        "answers": [], "corrections": [], "infoboxes": [], "suggestions": [],
-        "unresponsive_engines": []})
+    return web.json_response(
+        {
+            "query": "q",
+            "number_of_results": 1,
+            "results": [
+                {
+                    "url": "https://example.org/q",
+                    "title": "q",
+                    "content": "About q.",
+                    "engine": "stub",
+                    "score": 1.0,
+                    "category": "general",
+                }
+            ],
+            "answers": [],
+            "corrections": [],
+            "infoboxes": [],
+            "suggestions": [],
+            "unresponsive_engines": [],
+        }
+    )
 
 
 # (metric, its labels): a reply's own series (requests are the middleware's)
@@ -83,8 +126,10 @@ _SERIES = [
     ("llm_gateway_time_to_first_token_seconds_count", {"api": "messages", "model": "m"}),
     ("llm_gateway_time_per_output_token_seconds_count", {"model": "m"}),
     ("llm_gateway_overhead_seconds_count", {"api": "messages"}),
-    ("llm_gateway_stream_terminations_total",
-     {"api": "messages", "model": "m", "reason": "completed"}),
+    (
+        "llm_gateway_stream_terminations_total",
+        {"api": "messages", "model": "m", "reason": "completed"},
+    ),
 ]
 
 # kind -> (request text, client stream, tools, what the reply records: input and output
@@ -110,22 +155,25 @@ async def gateway(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Any) -> An
     up_server, searx_server = await aiohttp_server(up), await aiohttp_server(searx)
     data: dict[str, Any] = {
         "server": {"prefix": ""},
-        "upstreams": {"u": {"base_url": f"http://127.0.0.1:{up_server.port}/v1",
-                            "max_continuations": 1}},
+        "upstreams": {
+            "u": {"base_url": f"http://127.0.0.1:{up_server.port}/v1", "max_continuations": 1}
+        },
         "models": [{"name": "m", "upstream": "u", "upstream_model": "up"}],
         "web_search": {"searxng_url": f"http://127.0.0.1:{searx_server.port}"},
-        "batches": {"database": f"sqlite:///{tmp_path}/batches.sqlite3",
-                    "poll_interval": 0.05}}
+        "batches": {"database": f"sqlite:///{tmp_path}/batches.sqlite3", "poll_interval": 0.05},
+    }
     registry = CollectorRegistry()
     store = BatchStore.open(f"sqlite:///{tmp_path}/batches.sqlite3")
-    app = build_app(config.parse(data, "t.toml", {"HOME": str(tmp_path)}), registry,
-                    batch_store=store)
+    app = build_app(
+        config.parse(data, "t.toml", {"HOME": str(tmp_path)}), registry, batch_store=store
+    )
     return await aiohttp_client(app), registry
 
 
 async def _batch(client: Any, body: dict[str, Any]) -> None:
-    resp = await client.post("/v1/messages/batches",
-                             json={"requests": [{"custom_id": "a", "params": body}]})
+    resp = await client.post(
+        "/v1/messages/batches", json={"requests": [{"custom_id": "a", "params": body}]}
+    )
     assert resp.status == 200, await resp.text()
     batch = await resp.json()
     deadline = time.monotonic() + 20
@@ -144,8 +192,11 @@ async def test_each_kind_of_reply_records_its_figures_once(gateway: Any, kind: s
     def figures() -> list[float]:
         return [registry.get_sample_value(name, labels) or 0.0 for name, labels in _SERIES]
 
-    body: dict[str, Any] = {"model": "m", "max_tokens": 50,
-                            "messages": [{"role": "user", "content": text}]}
+    body: dict[str, Any] = {
+        "model": "m",
+        "max_tokens": 50,
+        "messages": [{"role": "user", "content": text}],
+    }
     if tools:
         body["tools"] = tools
     before = figures()

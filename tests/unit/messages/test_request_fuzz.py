@@ -75,9 +75,12 @@ image_source = st.one_of(
 )
 image_block = shape("image", {"source": image_source})
 # a readable PDF, one without text, a truncated one, and noise
-pdf_data = st.sampled_from(
-    [b64(make_pdf([["Hello"]])), b64(make_pdf([None])), b64(make_pdf([["x"]])[:60])]
-) | text
+pdf_data = (
+    st.sampled_from(
+        [b64(make_pdf([["Hello"]])), b64(make_pdf([None])), b64(make_pdf([["x"]])[:60])]
+    )
+    | text
+)
 document_block = shape(
     "document",
     {
@@ -297,13 +300,41 @@ def _nest(levels: int, inner: bytes = b"0") -> bytes:
 
 
 HOSTILE: tuple[bytes, ...] = (
-    b'"\\ud800"', b'"x\\udfffy"', b'"\\ude00\\ud83d"', b'"\\ud800\\u0041"', b'"\xed\xa0\x80"',
-    b'"\xed\xbf\xbf tail"', b'"\\ud83d\\ude00"', b'"\\\\ud800"', b'{"\\ud800":1}',
-    b"NaN", b"-NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400", b"5e100", b"2e-400",
-    b"1" + b"0" * 400 + b".5", b"9" * 20, b"9" * 400, b"-" + b"9" * 639, b"9" * 641,
-    b"9" * 5000, b"0.0" + b"1" * 900, _nest(100), _nest(127), _nest(128), _nest(129),
-    _nest(980, b"NaN"), _nest(980, b"5e100"), _nest(1024), _nest(1025), _nest(5000),
-    b'{"a":' * 300 + b"1" + b"}" * 300, b'"' + b"\\u0041" * 50 + b'"',
+    b'"\\ud800"',
+    b'"x\\udfffy"',
+    b'"\\ude00\\ud83d"',
+    b'"\\ud800\\u0041"',
+    b'"\xed\xa0\x80"',
+    b'"\xed\xbf\xbf tail"',
+    b'"\\ud83d\\ude00"',
+    b'"\\\\ud800"',
+    b'{"\\ud800":1}',
+    b"NaN",
+    b"-NaN",
+    b"Infinity",
+    b"-Infinity",
+    b"1e400",
+    b"-1e400",
+    b"5e100",
+    b"2e-400",
+    b"1" + b"0" * 400 + b".5",
+    b"9" * 20,
+    b"9" * 400,
+    b"-" + b"9" * 639,
+    b"9" * 641,
+    b"9" * 5000,
+    b"0.0" + b"1" * 900,
+    _nest(100),
+    _nest(127),
+    _nest(128),
+    _nest(129),
+    _nest(980, b"NaN"),
+    _nest(980, b"5e100"),
+    _nest(1024),
+    _nest(1025),
+    _nest(5000),
+    b'{"a":' * 300 + b"1" + b"}" * 300,
+    b'"' + b"\\u0041" * 50 + b'"',
 )
 
 
@@ -323,8 +354,7 @@ def _decode_then_run(raw: bytes, count_tokens: bool) -> None:
 
 def _splice(body: Any, fragment: bytes, ensure_ascii: bool) -> bytes:
     text = json.dumps(body, ensure_ascii=ensure_ascii)
-    return text.encode("utf-8", "surrogatepass").replace(
-        json.dumps(_SLOT).encode(), fragment)
+    return text.encode("utf-8", "surrogatepass").replace(json.dumps(_SLOT).encode(), fragment)
 
 
 @SETTINGS
@@ -343,20 +373,31 @@ def test_one_hostile_value_in_a_golden_body_only_raises_invalid_request(data: An
 # Python values a client can only send as JSON text: lone surrogates (json.dumps writes
 # them as \ud800 escapes, or, without ensure_ascii, as the bytes ED A0 80), NaN and the
 # infinities, integers of any size a JSON text holds.
-hostile_text = st.text(alphabet=st.sampled_from("a\ud800\udbff\udc00\udfff\U0001f600"),
-                       max_size=4)
+hostile_text = st.text(alphabet=st.sampled_from("a\ud800\udbff\udc00\udfff\U0001f600"), max_size=4)
 hostile_scalars = (
-    st.sampled_from(["\ud800", "a\udfff", "\udc00\ud800", "\U0001f600", float("nan"),
-                     float("inf"), -float("inf"), 5e100, 2**64, 10**400, -(10**639), 10**640])
+    st.sampled_from(
+        [
+            "\ud800",
+            "a\udfff",
+            "\udc00\ud800",
+            "\U0001f600",
+            float("nan"),
+            float("inf"),
+            -float("inf"),
+            5e100,
+            2**64,
+            10**400,
+            -(10**639),
+            10**640,
+        ]
+    )
     | hostile_text
     | st.floats()
     | st.integers(min_value=-(10**700), max_value=10**700)
 )
 hostile_junk = st.recursive(
     hostile_scalars | scalars,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(hostile_text, inner, max_size=3)
-    ),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(hostile_text, inner, max_size=3),
     max_leaves=8,
 )
 
@@ -364,16 +405,19 @@ hostile_junk = st.recursive(
 @SETTINGS
 @given(bodies, st.data())
 def test_near_valid_bodies_with_hostile_scalars_only_raise_invalid_request(
-        body: Any, data: Any) -> None:
+    body: Any, data: Any
+) -> None:
     """A near-valid body with a hostile value at the top level, in a message, or in place of
     a whole turn's content, sent as bytes."""
     where = data.draw(st.sampled_from(["top", "turn", "content", "system", "stop"]))
     value = data.draw(hostile_junk)
     if where == "top":
-        body[data.draw(st.sampled_from(["model", "max_tokens", "temperature", "top_k", "x"]))] \
-            = value
-    elif where in ("turn", "content") and isinstance(body.get("messages"), list) \
-            and body["messages"]:
+        body[data.draw(st.sampled_from(["model", "max_tokens", "temperature", "top_k", "x"]))] = (
+            value
+        )
+    elif (
+        where in ("turn", "content") and isinstance(body.get("messages"), list) and body["messages"]
+    ):
         turn = body["messages"][0]
         if where == "content" and isinstance(turn, dict):
             turn["content"] = value
@@ -383,8 +427,7 @@ def test_near_valid_bodies_with_hostile_scalars_only_raise_invalid_request(
         body["system"] = value
     else:
         body["stop_sequences"] = [value]
-    raw = json.dumps(body, ensure_ascii=data.draw(st.booleans())).encode(
-        "utf-8", "surrogatepass")
+    raw = json.dumps(body, ensure_ascii=data.draw(st.booleans())).encode("utf-8", "surrogatepass")
     _decode_then_run(raw, data.draw(st.booleans()))
 
 
@@ -419,8 +462,7 @@ def _count_values(value: Any) -> int:
 separator_text = st.text(alphabet=st.sampled_from(',:[{}]"\\ ab\n'), max_size=12)
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 5) | separator_text,
-    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(separator_text, inner,
-                                                                max_size=4),
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(separator_text, inner, max_size=4),
     max_leaves=60,
 )
 

@@ -22,8 +22,9 @@ from gateway.ops.budget import Budget
 KEY = b"k" * 32
 
 
-@pytest.mark.parametrize("text", ["", "Think.", "ünïcødé ✓ 思考", "x" * 200_000,
-                                  "line\nbreaks\r\nand \u2028 separators"])
+@pytest.mark.parametrize(
+    "text", ["", "Think.", "ünïcødé ✓ 思考", "x" * 200_000, "line\nbreaks\r\nand \u2028 separators"]
+)
 def test_seal_opens_to_the_same_text(text: str) -> None:
     sig = seal(KEY, text)
     assert open_signature(KEY, sig) == text
@@ -96,33 +97,42 @@ def test_inflation_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _history(*assistant_blocks: dict[str, Any]) -> dict[str, Any]:
-    return {"messages": [
-        {"role": "user", "content": "q"},
-        {"role": "assistant", "content": list(assistant_blocks)},
-        {"role": "user", "content": "go on"},
-    ]}
+    return {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": list(assistant_blocks)},
+            {"role": "user", "content": "go on"},
+        ]
+    }
 
 
 def test_empty_thinking_gets_its_reasoning_back() -> None:
-    req = _history({"type": "thinking", "thinking": "", "signature": seal(KEY, "plan A")},
-                   {"type": "text", "text": "hi"})
+    req = _history(
+        {"type": "thinking", "thinking": "", "signature": seal(KEY, "plan A")},
+        {"type": "text", "text": "hi"},
+    )
     restore_reasoning(req, KEY)
     assert req["messages"][1]["content"][0]["thinking"] == "plan A"
 
 
 def test_a_signature_that_does_not_open_is_refused_naming_it() -> None:
-    req = _history({"type": "text", "text": "hi"},
-                   {"type": "thinking", "thinking": "", "signature": seal(b"old key", "p")})
+    req = _history(
+        {"type": "text", "text": "hi"},
+        {"type": "thinking", "thinking": "", "signature": seal(b"old key", "p")},
+    )
     with pytest.raises(InvalidRequest) as info:
         restore_reasoning(req, KEY)
     assert info.value.status == 400
     assert info.value.message == (
-        "messages.1.content.1.signature: Invalid `signature` in `thinking` block")
+        "messages.1.content.1.signature: Invalid `signature` in `thinking` block"
+    )
 
 
 UNTOUCHED = [
-    ("text kept whatever the signature", {"type": "thinking", "thinking": "mine",
-                                          "signature": "Zm9yZWlnbg=="}),
+    (
+        "text kept whatever the signature",
+        {"type": "thinking", "thinking": "mine", "signature": "Zm9yZWlnbg=="},
+    ),
     ("no signature", {"type": "thinking", "thinking": ""}),
     ("empty signature", {"type": "thinking", "thinking": "", "signature": ""}),
     ("text block", {"type": "text", "text": ""}),
@@ -138,8 +148,12 @@ def test_blocks_left_as_they_are(block: dict[str, Any]) -> None:
 
 
 def test_string_content_and_user_turns_are_skipped() -> None:
-    req = {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]},
-                        {"role": "assistant", "content": "plain"}]}
+    req = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "x"}]},
+            {"role": "assistant", "content": "plain"},
+        ]
+    }
     restore_reasoning(req, KEY)
     assert req["messages"][1]["content"] == "plain"
 
@@ -164,9 +178,11 @@ def test_deflate_ratios_behind_the_expansion_bound() -> None:
     """MAX_EXPANSION is chosen from what reasoning compresses to under seal()'s settings:
     prose and code restore about 2 bytes per signature character; a model looping on one
     paragraph about 200, one letter repeated about 700. 32 passes the first, not the rest."""
-    prose = " ".join(f"step {i}: the request names model {i % 7} so route {i * 31 % 101} "
-                     f"applies, unless its {chr(97 + i % 26)}-flag says otherwise."
-                     for i in range(3000))
+    prose = " ".join(
+        f"step {i}: the request names model {i % 7} so route {i * 31 % 101} "
+        f"applies, unless its {chr(97 + i % 26)}-flag says otherwise."
+        for i in range(3000)
+    )
     assert len(prose) / len(_bomb(KEY, prose)) < 8
     assert len(LOOP * 20_000) / len(_bomb(KEY, LOOP * 20_000)) > 100
 
@@ -189,13 +205,17 @@ def test_a_small_signature_cannot_restore_megabytes() -> None:
     bomb = _bomb(KEY, LOOP * (8 * 1024 * 1024 // len(LOOP)))
     assert len(bomb) < 64 * 1024
     assert open_signature(KEY, bomb) is None
-    req = _history({"type": "text", "text": "hi"},
-                   *({"type": "thinking", "thinking": "", "signature": bomb} for _ in range(3)))
+    req = _history(
+        {"type": "text", "text": "hi"},
+        *({"type": "thinking", "thinking": "", "signature": bomb} for _ in range(3)),
+    )
     with pytest.raises(InvalidRequest) as info:
         restore_reasoning(req, KEY)
     assert info.value.status == 400
-    assert info.value.message.startswith("messages.1.content.1.signature: `signature` in "
-                                         "`thinking` block holds more reasoning than one")
+    assert info.value.message.startswith(
+        "messages.1.content.1.signature: `signature` in "
+        "`thinking` block holds more reasoning than one"
+    )
     assert all(b["thinking"] == "" for b in req["messages"][1]["content"][1:])
 
 
@@ -205,14 +225,14 @@ def test_restored_reasoning_is_bounded_per_request() -> None:
     413 naming the block that passed it, and no signature inflates past what is left."""
     sig = seal(KEY, "a" * (1 << 20))
     copies = signatures.MAX_RESTORED_BYTES // (1 << 20) + 1
-    req = _history(*({"type": "thinking", "thinking": "", "signature": sig}
-                     for _ in range(copies)))
+    req = _history(*({"type": "thinking", "thinking": "", "signature": sig} for _ in range(copies)))
     with pytest.raises(RequestTooLarge) as info:
         restore_reasoning(req, KEY)
     assert info.value.status == 413
     assert info.value.message.startswith(f"messages.1.content.{copies - 1}.signature: ")
-    fits = _history(*({"type": "thinking", "thinking": "", "signature": sig}
-                      for _ in range(copies - 1)))
+    fits = _history(
+        *({"type": "thinking", "thinking": "", "signature": sig} for _ in range(copies - 1))
+    )
     assert restore_reasoning(fits, KEY) == (copies - 1) << 20  # up to the bound, as before
     assert fits["messages"][1]["content"][-1]["thinking"] == "a" * (1 << 20)
     small = _history({"type": "thinking", "thinking": "", "signature": sig})
@@ -266,7 +286,8 @@ def test_a_lease_alone_takes_any_size_and_a_released_one_nothing() -> None:
 
 
 async def test_prepare_counts_the_restored_reasoning_in_the_callers_lease(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The Messages call's prepare: restored bytes count twice (the text and its copy in
     the upstream payload) in the memory budget, in the caller's lease until the caller
     releases it (the reply has ended), or in prepare's own until the call is built; a
@@ -275,8 +296,12 @@ async def test_prepare_counts_the_restored_reasoning_in_the_callers_lease(
 
     seen: list[int] = []
     budget = Budget(10 << 20)
-    deps = call.MessagesDeps(upstreams=None, signing_key=KEY, memory=budget,  # type: ignore[arg-type]
-                             max_restored_bytes=3 << 20)
+    deps = call.MessagesDeps(
+        upstreams=None,
+        signing_key=KEY,
+        memory=budget,  # type: ignore[arg-type]
+        max_restored_bytes=3 << 20,
+    )
 
     class _Call:
         def __init__(self, deps: Any, req: Any, route: Any) -> None:
@@ -287,8 +312,7 @@ async def test_prepare_counts_the_restored_reasoning_in_the_callers_lease(
     sig = seal(KEY, "c" * (1 << 20))
 
     def req() -> dict[str, Any]:
-        return _history(*({"type": "thinking", "thinking": "", "signature": sig}
-                          for _ in range(2)))
+        return _history(*({"type": "thinking", "thinking": "", "signature": sig} for _ in range(2)))
 
     await call.prepare(deps, req(), None)  # type: ignore[arg-type]
     assert seen == [call.RESTORED_COPIES * (2 << 20)] and budget.held == 0
@@ -309,18 +333,28 @@ async def test_prepare_counts_the_restored_reasoning_in_the_callers_lease(
 OLD, NEW = b"o" * 32, b"n" * 32
 
 
-@pytest.mark.parametrize(("made_under", "keys", "opens"), [
-    (OLD, (NEW, OLD), True),   # a session signed before the rotation goes on after it
-    (NEW, (NEW, OLD), True),
-    (OLD, (NEW,), False),      # the old key retired: its signatures no longer open
-    (b"x" * 32, (NEW, OLD), False),
-])
-def test_signatures_open_under_any_key_in_force(made_under: bytes, keys: tuple[bytes, ...],
-                                                opens: bool) -> None:
+@pytest.mark.parametrize(
+    ("made_under", "keys", "opens"),
+    [
+        (OLD, (NEW, OLD), True),  # a session signed before the rotation goes on after it
+        (NEW, (NEW, OLD), True),
+        (OLD, (NEW,), False),  # the old key retired: its signatures no longer open
+        (b"x" * 32, (NEW, OLD), False),
+    ],
+)
+def test_signatures_open_under_any_key_in_force(
+    made_under: bytes, keys: tuple[bytes, ...], opens: bool
+) -> None:
     sig = seal(made_under, "step one")
     assert open_signature(keys, sig) == ("step one" if opens else None)
-    req = {"messages": [{"role": "assistant", "content": [
-        {"type": "thinking", "thinking": "", "signature": sig}]}]}
+    req = {
+        "messages": [
+            {
+                "role": "assistant",
+                "content": [{"type": "thinking", "thinking": "", "signature": sig}],
+            }
+        ]
+    }
     if opens:
         restore_reasoning(req, keys)
         assert req["messages"][0]["content"][0]["thinking"] == "step one"
@@ -333,14 +367,24 @@ def test_previous_signing_keys_come_from_their_env_var() -> None:
     from gateway.ops import config
 
     cfg = config.parse(
-        {"server": {"signing_key_env": "SK", "previous_signing_keys_env": "OLD_SK"},
-         "upstreams": {"u": {"base_url": "http://127.0.0.1:9/v1"}},
-         "models": [{"name": "m", "upstream": "u", "upstream_model": "x"}]},
-        "t.toml", {"SK": "new-key", "OLD_SK": " old-1, ,old-2,new-key,old-1"})
+        {
+            "server": {"signing_key_env": "SK", "previous_signing_keys_env": "OLD_SK"},
+            "upstreams": {"u": {"base_url": "http://127.0.0.1:9/v1"}},
+            "models": [{"name": "m", "upstream": "u", "upstream_model": "x"}],
+        },
+        "t.toml",
+        {"SK": "new-key", "OLD_SK": " old-1, ,old-2,new-key,old-1"},
+    )
     assert cfg.server.signing_key == b"new-key"
     # the current key and repeats left out, order kept
     assert cfg.server.previous_signing_keys == (b"old-1", b"old-2")
     with pytest.raises(config.ConfigError, match="previous_signing_keys_env"):
-        config.parse({"server": {"previous_signing_keys_env": "MISSING"},
-                      "upstreams": {"u": {"base_url": "http://127.0.0.1:9/v1"}},
-                      "models": []}, "t.toml", {"HOME": "/nonexistent"})
+        config.parse(
+            {
+                "server": {"previous_signing_keys_env": "MISSING"},
+                "upstreams": {"u": {"base_url": "http://127.0.0.1:9/v1"}},
+                "models": [],
+            },
+            "t.toml",
+            {"HOME": "/nonexistent"},
+        )

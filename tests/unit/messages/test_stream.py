@@ -67,7 +67,6 @@ def test_golden_split_reads(case: str, step: int) -> None:
     assert mask_generated_ids(got) == (GOLDEN / case / "expected.sse").read_bytes()
 
 
-
 def test_local_engine_cases_are_there() -> None:
     assert len(LOCAL_CASES) >= 9
 
@@ -298,11 +297,11 @@ BROKEN = {
     "tool json incomplete": _GOOD.replace(b'\\"Paris\\"}"', b'\\"Paris\\""', 1),
     "message_delta cache count without input_tokens": _GOOD.replace(
         b'"usage":{"input_tokens":400,"output_tokens":89}',
-        b'"usage":{"cache_read_input_tokens":1,"output_tokens":89}'
+        b'"usage":{"cache_read_input_tokens":1,"output_tokens":89}',
     ),
     "message_delta usage out of order": _GOOD.replace(
         b'"usage":{"input_tokens":400,"output_tokens":89}',
-        b'"usage":{"output_tokens":89,"input_tokens":400}'
+        b'"usage":{"output_tokens":89,"input_tokens":400}',
     ),
     "message_start key order": _GOOD.replace(
         b'"type":"message","role":"assistant"', b'"role":"assistant","type":"message"', 1
@@ -350,25 +349,49 @@ def test_feed_all_stops_at_the_end_of_the_message() -> None:
 # (inline_thinking, tools offered, deltas, streamed blocks (kind, text), normaliser kept)
 _PARSED = [
     # reasoning in its field first: the engine's parser is on, content is text as sent
-    ("auto", (), [{"reasoning_content": "r"}, {"content": "<think>x</think>y"}],
-     [("thinking", "r"), ("text", "<think>x</think>y")], False),
-    ("opened", (), [{"reasoning": "r"}, {"content": "x</think>y"}],
-     [("thinking", "r"), ("text", "x</think>y")], False),
+    (
+        "auto",
+        (),
+        [{"reasoning_content": "r"}, {"content": "<think>x</think>y"}],
+        [("thinking", "r"), ("text", "<think>x</think>y")],
+        False,
+    ),
+    (
+        "opened",
+        (),
+        [{"reasoning": "r"}, {"content": "x</think>y"}],
+        [("thinking", "r"), ("text", "x</think>y")],
+        False,
+    ),
     # no reasoning field: inline <think> is still read
     ("auto", (), [{"content": "<think>x</think>y"}], [("thinking", "x"), ("text", "y")], True),
     # content held at its start before the reasoning field: still looked at
-    ("auto", (), [{"content": "<thi"}, {"reasoning_content": "r"}, {"content": "nk>x"}],
-     [("thinking", "r"), ("thinking", "x")], True),
+    (
+        "auto",
+        (),
+        [{"content": "<thi"}, {"reasoning_content": "r"}, {"content": "nk>x"}],
+        [("thinking", "r"), ("thinking", "x")],
+        True,
+    ),
     # tools offered: calls written as text are still looked for
-    ("auto", ("get",), [{"reasoning_content": "r"}, {"content": "ok"}],
-     [("thinking", "r"), ("text", "ok")], True),
+    (
+        "auto",
+        ("get",),
+        [{"reasoning_content": "r"}, {"content": "ok"}],
+        [("thinking", "r"), ("text", "ok")],
+        True,
+    ),
 ]
 
 
 @pytest.mark.parametrize(("mode", "tools", "deltas", "blocks", "kept"), _PARSED)
 def test_reasoning_in_its_field_ends_the_look_for_inline_thinking(
-        mode: str, tools: tuple[str, ...], deltas: list[dict[str, Any]],
-        blocks: list[tuple[str, str]], kept: bool) -> None:
+    mode: str,
+    tools: tuple[str, ...],
+    deltas: list[dict[str, Any]],
+    blocks: list[tuple[str, str]],
+    kept: bool,
+) -> None:
     """An engine that sends reasoning in its own field has its reasoning parser on: the
     content after it carries no inline ``<think>``, and with no tools offered the stream
     stops feeding the normaliser (per-chunk work for nothing)."""

@@ -19,9 +19,7 @@ from gateway.text.sse import SSEDecoder, SSEEventTooLarge
 from tests.anthropic_stream_check import check_stream
 from tests.fuzzing import EXAMPLES
 
-FAST = settings(
-    max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+FAST = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 _text = st.text(min_size=1, max_size=8)
 _json_value = st.recursive(

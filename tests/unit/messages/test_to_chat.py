@@ -203,32 +203,54 @@ def test_count_tokens_tolerates_unchecked_generation_fields() -> None:
         count_tokens=True,
         on_drop=dropped.append,
     )
-    assert body == {"model": "org/model", "messages": [{"role": "user", "content": "x"}],
-                    "chat_template_kwargs": THINKING_OFF}
+    assert body == {
+        "model": "org/model",
+        "messages": [{"role": "user", "content": "x"}],
+        "chat_template_kwargs": THINKING_OFF,
+    }
     assert sorted(dropped) == ["max_tokens", "metadata", "service_tier", "stop_sequences", "stream"]
 
 
-_CITE = {"type": "web_search_result_location", "url": "https://a.example/r", "title": "R",
-         "encrypted_index": "eA==", "cited_text": "Quoted."}
+_CITE = {
+    "type": "web_search_result_location",
+    "url": "https://a.example/r",
+    "title": "R",
+    "encrypted_index": "eA==",
+    "cited_text": "Quoted.",
+}
 
 
-@pytest.mark.parametrize(("blocks", "content"), [
-    # plain blocks: a newline between them, as before
-    ([("One.", False), ("Two.", False)], "One.\nTwo."),
-    # a cited passage split out of one run of text goes back as the model wrote it
-    ([("According to R: ", False), ("Quoted.", True), (" That is all.", False)],
-     "According to R: Quoted. That is all."),
-    ([("Quoted.", True), ("Quoted.", True)], "Quoted.Quoted."),
-    ([("A.", False), ("B.", False), ("Quoted.", True), ("C.", False)], "A.\nB.Quoted.C."),
-])
-def test_cited_text_blocks_are_joined_as_written(blocks: list[tuple[str, bool]],
-                                                 content: str) -> None:
-    req = {"model": "m", "max_tokens": 5, "messages": [
-        {"role": "user", "content": "x"},
-        {"role": "assistant", "content": [
-            {"type": "text", "text": t, **({"citations": [_CITE]} if c else {})}
-            for t, c in blocks]},
-        {"role": "user", "content": "y"},
-    ]}
+@pytest.mark.parametrize(
+    ("blocks", "content"),
+    [
+        # plain blocks: a newline between them, as before
+        ([("One.", False), ("Two.", False)], "One.\nTwo."),
+        # a cited passage split out of one run of text goes back as the model wrote it
+        (
+            [("According to R: ", False), ("Quoted.", True), (" That is all.", False)],
+            "According to R: Quoted. That is all.",
+        ),
+        ([("Quoted.", True), ("Quoted.", True)], "Quoted.Quoted."),
+        ([("A.", False), ("B.", False), ("Quoted.", True), ("C.", False)], "A.\nB.Quoted.C."),
+    ],
+)
+def test_cited_text_blocks_are_joined_as_written(
+    blocks: list[tuple[str, bool]], content: str
+) -> None:
+    req = {
+        "model": "m",
+        "max_tokens": 5,
+        "messages": [
+            {"role": "user", "content": "x"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": t, **({"citations": [_CITE]} if c else {})}
+                    for t, c in blocks
+                ],
+            },
+            {"role": "user", "content": "y"},
+        ],
+    }
     body = to_chat(validate_messages(req), _route())
     assert body["messages"][1] == {"role": "assistant", "content": content}

@@ -27,7 +27,7 @@ from gateway.text.redact import NO_SECRETS
 from gateway.upstream.client import UpstreamClient
 from gateway.upstream.send import Upstreams
 
-MARK = "a prompt of code, \"quoted\",\n\ttabbed, non-ASCII é and 😀 "
+MARK = 'a prompt of code, "quoted",\n\ttabbed, non-ASCII é and 😀 '
 TAIL = {"add_special": True, "parse_special": True}
 
 
@@ -37,12 +37,15 @@ def _template(messages: list[dict[str, Any]]) -> str:
 
 def _engine(seen: list[str]) -> web.Application:
     """llama.cpp's two routes and vLLM's /tokenize (one token per 4 characters)."""
+
     async def apply_template(request: web.Request) -> web.Response:
         seen.append("apply-template")
         body = await request.json()
         prompt = _template(body["messages"])
-        return web.Response(body=json.dumps({"prompt": prompt}, separators=(",", ":")),
-                            content_type="application/json")
+        return web.Response(
+            body=json.dumps({"prompt": prompt}, separators=(",", ":")),
+            content_type="application/json",
+        )
 
     async def tokenize(request: web.Request) -> web.Response:
         seen.append("tokenize")
@@ -50,8 +53,10 @@ def _engine(seen: list[str]) -> web.Application:
         if "content" in body:  # llama.cpp
             assert {k: body[k] for k in TAIL} == TAIL
             tokens = list(range(len(body["content"]) // 4))  # compact, as llama.cpp answers
-            return web.Response(body=json.dumps({"tokens": tokens}, separators=(",", ":")),
-                                content_type="application/json")
+            return web.Response(
+                body=json.dumps({"tokens": tokens}, separators=(",", ":")),
+                content_type="application/json",
+            )
         n = len(_template(body["messages"])) // 4
         return web.json_response({"count": n, "max_model_len": 4096, "tokens": list(range(n))})
 
@@ -75,15 +80,17 @@ async def decoder() -> AsyncIterator[Decoder]:
     d.close()
 
 
-async def _count(url: str, kind: str, chat: dict[str, Any], off: tokens.OffLoop
-                 ) -> tuple[int, bool]:
+async def _count(
+    url: str, kind: str, chat: dict[str, Any], off: tokens.OffLoop
+) -> tuple[int, bool]:
     upstream = UpstreamConfig(name="u", base_url=url, kind=kind)
     route = ModelRoute(name="m", upstream=upstream, upstream_model="org/model")
     client = UpstreamClient(upstream)
     await client.start()
     try:
-        ups = Upstreams(clients={"u": client}, metrics=Metrics(CollectorRegistry()),
-                        secrets=NO_SECRETS)
+        ups = Upstreams(
+            clients={"u": client}, metrics=Metrics(CollectorRegistry()), secrets=NO_SECRETS
+        )
         return await tokens.count(ups, route, chat, "req_1", off=off)
     finally:
         await client.close()
@@ -117,8 +124,9 @@ class _Counted:
 
 def _chat(size: int) -> dict[str, Any]:
     text = (MARK * (size // len(MARK) + 1))[:size]
-    return {"messages": [{"role": "system", "content": "be brief"},
-                         {"role": "user", "content": text}]}
+    return {
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": text}]
+    }
 
 
 # (kind, what the engine counts, exact?, the prompt's encodes, large decodes) on the loop
@@ -130,25 +138,35 @@ ON_LOOP_CASES = [
 
 
 @pytest.mark.parametrize(("kind", "exact", "encodes", "decodes"), ON_LOOP_CASES)
-async def test_the_prompt_is_encoded_once(engine: tuple[str, list[str]], kind: str,
-                                          exact: bool, encodes: int, decodes: int,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_prompt_is_encoded_once(
+    engine: tuple[str, list[str]],
+    kind: str,
+    exact: bool,
+    encodes: int,
+    decodes: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     url, seen = engine
     size = 200_000
     chat = _chat(size)
-    expected = (len(_template(chat["messages"])) // 4 if exact
-                else len(jsonutil.dumpb(chat["messages"])) // 4)
+    expected = (
+        len(_template(chat["messages"])) // 4
+        if exact
+        else len(jsonutil.dumpb(chat["messages"])) // 4
+    )
     counted = _Counted(monkeypatch, size // 2)
     assert await _count(url, kind, chat, tokens.ON_LOOP) == (expected, exact)
     assert (counted.encodes, counted.decodes) == (encodes, decodes)
-    assert seen == {"llamacpp": ["apply-template", "tokenize"], "vllm": ["tokenize"],
-                    "openai": []}[kind]
+    assert (
+        seen
+        == {"llamacpp": ["apply-template", "tokenize"], "vllm": ["tokenize"], "openai": []}[kind]
+    )
 
 
 @pytest.mark.parametrize("kind", ["llamacpp", "vllm", "openai"])
 async def test_large_json_work_runs_in_the_decoder_child(
-        engine: tuple[str, list[str]], decoder: Decoder, kind: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    engine: tuple[str, list[str]], decoder: Decoder, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Past ``past`` bytes, neither the request's encode nor a reply's decode happens in the
     gateway's process; the count is the same; a small request stays on the loop."""
     url, _ = engine
@@ -169,10 +187,18 @@ async def test_large_json_work_runs_in_the_decoder_child(
 # to {"content": the prompt, ...TAIL}, or the reply is refused (None)
 PROMPT = 'line "one"\n\tline two é 😀 \\ </s>'
 REPLIES: list[tuple[str, bytes, str | None, bool]] = [
-    ("compact, as llama.cpp answers", json.dumps({"prompt": PROMPT},
-                                                 separators=(",", ":")).encode(), PROMPT, True),
-    ("compact, non-ASCII escaped", json.dumps({"prompt": PROMPT}, separators=(",", ":"),
-                                              ensure_ascii=True).encode(), PROMPT, True),
+    (
+        "compact, as llama.cpp answers",
+        json.dumps({"prompt": PROMPT}, separators=(",", ":")).encode(),
+        PROMPT,
+        True,
+    ),
+    (
+        "compact, non-ASCII escaped",
+        json.dumps({"prompt": PROMPT}, separators=(",", ":"), ensure_ascii=True).encode(),
+        PROMPT,
+        True,
+    ),
     ("spaces around the value", b'{"prompt": "a b" }\n', "a b", True),
     ("spaces after the brace", b'{ "prompt":"a b"}', "a b", False),
     ("another key first", b'{"x":1,"prompt":"a"}', "a", False),
@@ -191,11 +217,12 @@ REPLIES: list[tuple[str, bytes, str | None, bool]] = [
 ]
 
 
-@pytest.mark.parametrize(("reply", "prompt", "spliced"), [r[1:] for r in REPLIES],
-                         ids=[r[0] for r in REPLIES])
-def test_the_tokenize_body_from_the_template_reply(reply: bytes, prompt: str | None,
-                                                   spliced: bool,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("reply", "prompt", "spliced"), [r[1:] for r in REPLIES], ids=[r[0] for r in REPLIES]
+)
+def test_the_tokenize_body_from_the_template_reply(
+    reply: bytes, prompt: str | None, spliced: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     counted = _Counted(monkeypatch, 0)
     body = tokenizer_json.llamacpp_tokenize_body(reply)
     if prompt is None:
@@ -212,8 +239,12 @@ TOKEN_REPLIES: list[tuple[str, bytes, str, int | None]] = [
     ("llama.cpp no tokens", b'{"tokens":[]}', "tokens", 0),
     ("llama.cpp one token", b'{"tokens":[7]}\n', "tokens", 1),
     ("llama.cpp spaced", b'{"tokens": [1, 2, 3]}', "tokens", 3),
-    ("llama.cpp with pieces", b'{"tokens":[{"id":1,"piece":"a,b"},{"id":2,"piece":"c"}]}',
-     "tokens", 2),
+    (
+        "llama.cpp with pieces",
+        b'{"tokens":[{"id":1,"piece":"a,b"},{"id":2,"piece":"c"}]}',
+        "tokens",
+        2,
+    ),
     ("an empty id", b'{"tokens":[1,,2]}', "tokens", None),
     ("a leading comma", b'{"tokens":[,1]}', "tokens", None),
     ("a trailing comma", b'{"tokens":[1,]}', "tokens", None),
@@ -229,8 +260,9 @@ TOKEN_REPLIES: list[tuple[str, bytes, str, int | None]] = [
 ]
 
 
-@pytest.mark.parametrize(("reply", "key", "n"), [r[1:] for r in TOKEN_REPLIES],
-                         ids=[r[0] for r in TOKEN_REPLIES])
+@pytest.mark.parametrize(
+    ("reply", "key", "n"), [r[1:] for r in TOKEN_REPLIES], ids=[r[0] for r in TOKEN_REPLIES]
+)
 def test_the_count_in_a_tokenize_reply(reply: bytes, key: str, n: int | None) -> None:
     assert tokenizer_json.token_count(reply, key) == n
 
@@ -246,7 +278,8 @@ SIZES: list[tuple[str, Any, int, bool]] = [
 ]
 
 
-@pytest.mark.parametrize(("value", "limit", "more"), [s[1:] for s in SIZES],
-                         ids=[s[0] for s in SIZES])
+@pytest.mark.parametrize(
+    ("value", "limit", "more"), [s[1:] for s in SIZES], ids=[s[0] for s in SIZES]
+)
 def test_what_weighs_more_than_the_offload_size(value: Any, limit: int, more: bool) -> None:
     assert tokenizer_json.size_at_least(value, limit) is more

@@ -82,23 +82,47 @@ TR = "messages.2.content.0"
 # (id, fragment, expected path, a word the message must contain or None)
 REFUSED: list[tuple[str, dict[str, Any], str, str | None]] = [
     # what only Anthropic's servers can do is refused by name, never dropped
-    ("tool-only-code-execution-may-call",
-     {"tools": [{**TOOL, "allowed_callers": ["code_execution_20250825"]}]},
-     "tools.0.allowed_callers", "code execution"),
-    ("tool-allowed-callers-not-a-list", {"tools": [{**TOOL, "allowed_callers": "direct"}]},
-     "tools.0.allowed_callers", "list"),
-    ("tool-strict-not-bool", {"tools": [{**TOOL, "strict": "yes"}]}, "tools.0.strict",
-     "boolean"),
-    ("tool-input-example-not-object", {"tools": [{**TOOL, "input_examples": ["Paris"]}]},
-     "tools.0.input_examples.0", "dictionary"),
+    (
+        "tool-only-code-execution-may-call",
+        {"tools": [{**TOOL, "allowed_callers": ["code_execution_20250825"]}]},
+        "tools.0.allowed_callers",
+        "code execution",
+    ),
+    (
+        "tool-allowed-callers-not-a-list",
+        {"tools": [{**TOOL, "allowed_callers": "direct"}]},
+        "tools.0.allowed_callers",
+        "list",
+    ),
+    ("tool-strict-not-bool", {"tools": [{**TOOL, "strict": "yes"}]}, "tools.0.strict", "boolean"),
+    (
+        "tool-input-example-not-object",
+        {"tools": [{**TOOL, "input_examples": ["Paris"]}]},
+        "tools.0.input_examples.0",
+        "dictionary",
+    ),
     ("thread-create", {"thread": {"type": "create"}}, "thread", "not supported"),
-    ("thread-continue-without-history",
-     {"thread": {"type": "continue", "previous_message_id": "msg_1"},
-      "messages": [{"role": "user", "content": [
-          {"type": "tool_result", "tool_use_id": "toolu_1", "content": "4"}]}],
-      "max_tokens": DEL}, "thread", "full conversation"),
-    ("mcp-servers", {"mcp_servers": [{"type": "url", "url": "https://mcp.example/sse",
-                                      "name": "x"}]}, "mcp_servers", "MCP"),
+    (
+        "thread-continue-without-history",
+        {
+            "thread": {"type": "continue", "previous_message_id": "msg_1"},
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "4"}],
+                }
+            ],
+            "max_tokens": DEL,
+        },
+        "thread",
+        "full conversation",
+    ),
+    (
+        "mcp-servers",
+        {"mcp_servers": [{"type": "url", "url": "https://mcp.example/sse", "name": "x"}]},
+        "mcp_servers",
+        "MCP",
+    ),
     ("container-id", {"container": "c1"}, "container", "container"),
     ("container-object", {"container": {"skills": []}}, "container", "container"),
     ("model-missing", {"model": DEL}, "model", "required"),
@@ -498,20 +522,39 @@ REFUSED: list[tuple[str, dict[str, Any], str, str | None]] = [
     ("top-k-2**64", {"top_k": 2**64}, "top_k", "less than or equal"),
     (
         "computer-width-400-digits",
-        {"tools": [{"type": "computer_20251124", "name": "computer",
-                    "display_width_px": 10**400, "display_height_px": 768}]},
+        {
+            "tools": [
+                {
+                    "type": "computer_20251124",
+                    "name": "computer",
+                    "display_width_px": 10**400,
+                    "display_height_px": 768,
+                }
+            ]
+        },
         "tools.0.display_width_px",
         "less than or equal",
     ),
     (
         "text-editor-max-characters-2**63",
-        {"tools": [{"type": "text_editor_20250728", "name": "str_replace_based_edit_tool",
-                    "max_characters": 2**63}]},
+        {
+            "tools": [
+                {
+                    "type": "text_editor_20250728",
+                    "name": "str_replace_based_edit_tool",
+                    "max_characters": 2**63,
+                }
+            ]
+        },
         "tools.0.max_characters",
         "less than or equal",
     ),
-    ("chat-template-kwargs-too-deep", {"chat_template_kwargs": _deep(80)},
-     "chat_template_kwargs", "nesting"),
+    (
+        "chat-template-kwargs-too-deep",
+        {"chat_template_kwargs": _deep(80)},
+        "chat_template_kwargs",
+        "nesting",
+    ),
     ("stream-string", {"stream": "true"}, "stream", "boolean"),
     ("metadata-list", {"metadata": ["u"]}, "metadata", "dictionary"),
     ("metadata-user-id-number", {"metadata": {"user_id": 5}}, "metadata.user_id", "string"),
@@ -591,34 +634,81 @@ REFUSED: list[tuple[str, dict[str, Any], str, str | None]] = [
     ),
     # Per-turn control entries (beta per-turn-control-2026-07-01): an empty system turn
     # needs output_config fields; empty user/assistant content is refused as ever.
-    ("control-entry-no-output-config", _turn({"role": "system", "content": []}),
-     "messages.1.content", "at least 1"),
-    ("control-entry-empty-output-config",
-     _turn({"role": "system", "content": [], "output_config": {}}), "messages.1.content", None),
-    ("control-entry-null-effort",
-     _turn({"role": "system", "content": [], "output_config": {"effort": None}}),
-     "messages.1.content", None),
-    ("control-entry-no-content-no-config", _turn({"role": "system"}),
-     "messages.1.content", "required"),
-    ("control-entry-bad-effort",
-     _turn({"role": "system", "content": [], "output_config": {"effort": "extreme"}}),
-     "messages.1.output_config.effort", "medium"),
-    ("control-entry-config-list", _turn({"role": "system", "content": [], "output_config": []}),
-     "messages.1.output_config", "dictionary"),
-    ("control-entry-format-top-level-only",
-     _turn({"role": "system", "content": [],
-            "output_config": {"effort": "low", "format": {"type": "json_schema",
-                                                          "schema": {"type": "object"}}}}),
-     "messages.1.output_config.format", "top level"),
-    ("user-empty-list-with-output-config",
-     {"messages": [{"role": "user", "content": [], "output_config": {"effort": "low"}}]},
-     "messages.0.content", "at least 1"),
-    ("assistant-empty-list", _turn({"role": "assistant", "content": []}),
-     "messages.1.content", "at least 1"),
-    ("system-clear-at-unknown", _turn({"role": "system", "content": "s", "clear_at": "later"}),
-     "messages.1.clear_at", "next_user_message"),
-    ("user-clear-at", {"messages": [{"role": "user", "content": "q", "clear_at": "never"}]},
-     "messages.0.clear_at", "system"),
+    (
+        "control-entry-no-output-config",
+        _turn({"role": "system", "content": []}),
+        "messages.1.content",
+        "at least 1",
+    ),
+    (
+        "control-entry-empty-output-config",
+        _turn({"role": "system", "content": [], "output_config": {}}),
+        "messages.1.content",
+        None,
+    ),
+    (
+        "control-entry-null-effort",
+        _turn({"role": "system", "content": [], "output_config": {"effort": None}}),
+        "messages.1.content",
+        None,
+    ),
+    (
+        "control-entry-no-content-no-config",
+        _turn({"role": "system"}),
+        "messages.1.content",
+        "required",
+    ),
+    (
+        "control-entry-bad-effort",
+        _turn({"role": "system", "content": [], "output_config": {"effort": "extreme"}}),
+        "messages.1.output_config.effort",
+        "medium",
+    ),
+    (
+        "control-entry-config-list",
+        _turn({"role": "system", "content": [], "output_config": []}),
+        "messages.1.output_config",
+        "dictionary",
+    ),
+    (
+        "control-entry-format-top-level-only",
+        _turn(
+            {
+                "role": "system",
+                "content": [],
+                "output_config": {
+                    "effort": "low",
+                    "format": {"type": "json_schema", "schema": {"type": "object"}},
+                },
+            }
+        ),
+        "messages.1.output_config.format",
+        "top level",
+    ),
+    (
+        "user-empty-list-with-output-config",
+        {"messages": [{"role": "user", "content": [], "output_config": {"effort": "low"}}]},
+        "messages.0.content",
+        "at least 1",
+    ),
+    (
+        "assistant-empty-list",
+        _turn({"role": "assistant", "content": []}),
+        "messages.1.content",
+        "at least 1",
+    ),
+    (
+        "system-clear-at-unknown",
+        _turn({"role": "system", "content": "s", "clear_at": "later"}),
+        "messages.1.clear_at",
+        "next_user_message",
+    ),
+    (
+        "user-clear-at",
+        {"messages": [{"role": "user", "content": "q", "clear_at": "never"}]},
+        "messages.0.clear_at",
+        "system",
+    ),
 ]
 
 ACCEPTED: list[tuple[str, dict[str, Any]]] = [
@@ -681,9 +771,12 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
         "tool-result-pdf",
         _tool_result(
             tool_use_id="toolu_1",
-            content=[{"type": "document", "source": {"type": "base64",
-                                                     "media_type": "application/pdf",
-                                                     "data": "JVBE"}}],
+            content=[
+                {
+                    "type": "document",
+                    "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBE"},
+                }
+            ],
         ),
     ),
     (
@@ -715,8 +808,12 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
                 {"type": "bash_20250124", "name": "bash", "cache_control": {"type": "ephemeral"}},
                 {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
                 {"type": "memory_20250818", "name": "memory"},
-                {"type": "computer_20251124", "name": "computer", "display_width_px": 1024,
-                 "display_height_px": 768},
+                {
+                    "type": "computer_20251124",
+                    "name": "computer",
+                    "display_width_px": 1024,
+                    "display_height_px": 768,
+                },
                 TOOL,
             ],
             "tool_choice": {"type": "tool", "name": "str_replace_based_edit_tool"},
@@ -751,15 +848,23 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
         {"chat_template_kwargs": {"enable_thinking": False}, "continue_final_message": True},
     ),
     # Claude Code 2.1.332 after /compact, and with --bare on every request
-    ("control-entry-empty-list",
-     _turn({"role": "system", "content": [], "output_config": {"effort": "medium"}})),
-    ("control-entry-empty-string",
-     _turn({"role": "system", "content": "", "output_config": {"effort": "max"}})),
+    (
+        "control-entry-empty-list",
+        _turn({"role": "system", "content": [], "output_config": {"effort": "medium"}}),
+    ),
+    (
+        "control-entry-empty-string",
+        _turn({"role": "system", "content": "", "output_config": {"effort": "max"}}),
+    ),
     ("control-entry-no-content", _turn({"role": "system", "output_config": {"effort": "low"}})),
-    ("system-turn-text-empty-output-config",
-     _turn({"role": "system", "content": "s", "output_config": {}})),
-    ("system-turn-clear-at",
-     _turn({"role": "system", "content": "s", "clear_at": "next_user_message"})),
+    (
+        "system-turn-text-empty-output-config",
+        _turn({"role": "system", "content": "s", "output_config": {}}),
+    ),
+    (
+        "system-turn-clear-at",
+        _turn({"role": "system", "content": "s", "clear_at": "next_user_message"}),
+    ),
 ]
 
 
@@ -853,8 +958,11 @@ def test_first_error_in_document_order_is_reported() -> None:
 
 
 def test_count_tokens_bounds_budget_tokens() -> None:
-    body = {"model": "m", "messages": [{"role": "user", "content": "x"}],
-            "thinking": {"type": "enabled", "budget_tokens": 10**400}}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x"}],
+        "thinking": {"type": "enabled", "budget_tokens": 10**400},
+    }
     with pytest.raises(InvalidRequest) as info:
         validate_messages(body, count_tokens=True)
     assert info.value.path == "thinking.budget_tokens"
@@ -864,8 +972,9 @@ def test_echoed_client_input_is_short_and_encodable() -> None:
     """A name the message quotes is client input: shortened, a lone surrogate escaped."""
     for name, shown in (("x" * 5000, "x" * 64 + "..."), ("a\ud800", "a\\ud800")):
         with pytest.raises(InvalidRequest) as info:
-            validate_messages(_body({"tools": [TOOL],
-                                     "tool_choice": {"type": "tool", "name": name}}))
+            validate_messages(
+                _body({"tools": [TOOL], "tool_choice": {"type": "tool", "name": name}})
+            )
         assert info.value.message == f"tool_choice.name: Tool '{shown}' not found in tools"
         anthropic_body(info.value)  # encodes
 
@@ -888,28 +997,50 @@ def _nest(levels: int, inner: bytes = b"0") -> bytes:
 
 LONE = "lone surrogate"
 DECODE_REFUSED: list[tuple[str, bytes, str, str]] = [
-    ("surrogate-content", _raw(messages=b'[{"role":"user","content":"\\ud800"}]'),
-     "messages.0.content", LONE),
-    ("surrogate-low-alone", _raw(messages=b'[{"role":"user","content":"a\\uDFFFb"}]'),
-     "messages.0.content", "U+DFFF"),
-    ("surrogate-pair-reversed", _raw(messages=b'[{"role":"user","content":"\\ude00\\ud83d"}]'),
-     "messages.0.content", LONE),
+    (
+        "surrogate-content",
+        _raw(messages=b'[{"role":"user","content":"\\ud800"}]'),
+        "messages.0.content",
+        LONE,
+    ),
+    (
+        "surrogate-low-alone",
+        _raw(messages=b'[{"role":"user","content":"a\\uDFFFb"}]'),
+        "messages.0.content",
+        "U+DFFF",
+    ),
+    (
+        "surrogate-pair-reversed",
+        _raw(messages=b'[{"role":"user","content":"\\ude00\\ud83d"}]'),
+        "messages.0.content",
+        LONE,
+    ),
     ("surrogate-high-then-letter", _raw(system=b'"\\ud800\\u0041"'), "system", LONE),
     ("surrogate-raw-utf8-bytes", _raw(system=b'"\xed\xa0\x80"'), "system", LONE),
-    ("surrogate-system-block", _raw(system=b'[{"type":"text","text":"\\udbff"}]'),
-     "system.0.text", LONE),
-    ("surrogate-stop-sequence", _raw(stop_sequences=b'["ok","\\ud800"]'), "stop_sequences.1",
-     LONE),
+    (
+        "surrogate-system-block",
+        _raw(system=b'[{"type":"text","text":"\\udbff"}]'),
+        "system.0.text",
+        LONE,
+    ),
+    ("surrogate-stop-sequence", _raw(stop_sequences=b'["ok","\\ud800"]'), "stop_sequences.1", LONE),
     ("surrogate-model", _raw(model=b'"claude-\\ud800"'), "model", LONE),
-    ("surrogate-tool-schema",
-     _raw(tools=b'[{"name":"f","input_schema":{"type":"object","description":"\\ud800"}}]'),
-     "tools.0.input_schema.description", LONE),
-    ("surrogate-tool-input",
-     _raw(messages=b'[{"role":"user","content":"q"},{"role":"assistant","content":'
-                   b'[{"type":"tool_use","id":"t","name":"f","input":{"a":["\\ud800"]}}]}]'),
-     "messages.1.content.0.input.a.0", LONE),
-    ("surrogate-dropped-field", _raw(metadata=b'{"user_id":"\\ud800"}'), "metadata.user_id",
-     LONE),
+    (
+        "surrogate-tool-schema",
+        _raw(tools=b'[{"name":"f","input_schema":{"type":"object","description":"\\ud800"}}]'),
+        "tools.0.input_schema.description",
+        LONE,
+    ),
+    (
+        "surrogate-tool-input",
+        _raw(
+            messages=b'[{"role":"user","content":"q"},{"role":"assistant","content":'
+            b'[{"type":"tool_use","id":"t","name":"f","input":{"a":["\\ud800"]}}]}]'
+        ),
+        "messages.1.content.0.input.a.0",
+        LONE,
+    ),
+    ("surrogate-dropped-field", _raw(metadata=b'{"user_id":"\\ud800"}'), "metadata.user_id", LONE),
     ("surrogate-unknown-field", _raw(x=b'{"y":"\\ud800"}'), "x.y", LONE),
     ("surrogate-key", _raw(metadata=b'{"\\ud800":1}'), "metadata", "a key is not valid Unicode"),
     ("nan", _raw(temperature=b"NaN"), "temperature", "NaN"),
@@ -917,25 +1048,39 @@ DECODE_REFUSED: list[tuple[str, bytes, str, str]] = [
     ("minus-infinity", _raw(top_p=b"-Infinity"), "top_p", "out of range"),
     ("overflow-1e400", _raw(temperature=b"1e400"), "temperature", "out of range"),
     ("overflow-in-unknown-field", _raw(x=b"[1,2,-1e999]"), "x.2", "out of range"),
-    ("nan-in-tool-input",
-     _raw(messages=b'[{"role":"user","content":"q"},{"role":"assistant","content":'
-                   b'[{"type":"tool_use","id":"t","name":"f","input":{"a":NaN}}]}]'),
-     "messages.1.content.0.input.a", "NaN"),
+    (
+        "nan-in-tool-input",
+        _raw(
+            messages=b'[{"role":"user","content":"q"},{"role":"assistant","content":'
+            b'[{"type":"tool_use","id":"t","name":"f","input":{"a":NaN}}]}]'
+        ),
+        "messages.1.content.0.input.a",
+        "NaN",
+    ),
     # 980 levels: under ujson's own 1,024 limit, past the stdlib re-parse's recursion
     ("nesting-980-with-nan", _raw(x=_nest(980), y=b'"NaN"'), "x.0.0.0.0.0.0.0...", "nesting"),
-    ("nesting-980-with-5e100", _raw(x=_nest(980), y=b"5e100"), "x.0.0.0.0.0.0.0...",
-     "nesting deeper than 128 levels"),
+    (
+        "nesting-980-with-5e100",
+        _raw(x=_nest(980), y=b"5e100"),
+        "x.0.0.0.0.0.0.0...",
+        "nesting deeper than 128 levels",
+    ),
     ("nesting-128-in-a-field", _raw(x=_nest(128)), "x.0.0.0.0.0.0.0...", "nesting"),
     ("nesting-past-ujson", _raw(x=_nest(5000)), "", "nesting deeper than 128 levels"),
-    ("nesting-objects", _raw(x=b'{"a":' * 200 + b"1" + b"}" * 200), "x.a.a.a.a.a.a.a...",
-     "nesting"),
+    (
+        "nesting-objects",
+        _raw(x=b'{"a":' * 200 + b"1" + b"}" * 200),
+        "x.a.a.a.a.a.a.a...",
+        "nesting",
+    ),
     ("integer-700-digits", _raw(max_tokens=b"9" * 700), "", "more than 640 digits"),
     ("integer-5000-digits", _raw(x=b"[" + b"1" * 5000 + b"]"), "", "more than 640 digits"),
 ]
 
 
-@pytest.mark.parametrize(("raw", "path", "word"), [r[1:] for r in DECODE_REFUSED],
-                         ids=[r[0] for r in DECODE_REFUSED])
+@pytest.mark.parametrize(
+    ("raw", "path", "word"), [r[1:] for r in DECODE_REFUSED], ids=[r[0] for r in DECODE_REFUSED]
+)
 def test_decode_refused(raw: bytes, path: str, word: str) -> None:
     with pytest.raises(jsonutil.JSONInputError) as info:
         jsonutil.loads(raw)
@@ -957,8 +1102,9 @@ DECODE_ACCEPTED: list[tuple[str, bytes]] = [
 ]
 
 
-@pytest.mark.parametrize("raw", [r[1] for r in DECODE_ACCEPTED],
-                         ids=[r[0] for r in DECODE_ACCEPTED])
+@pytest.mark.parametrize(
+    "raw", [r[1] for r in DECODE_ACCEPTED], ids=[r[0] for r in DECODE_ACCEPTED]
+)
 def test_decode_accepted(raw: bytes) -> None:
     body = jsonutil.loads(raw)
     validate_messages(body)
@@ -973,6 +1119,7 @@ def test_decode_then_validate_refuses_huge_max_tokens() -> None:
 
 
 # --- the value bound before decoding (jsonutil.too_many_values) --------------------------
+
 
 def _count(value: Any) -> int:
     stack, n = [value], 0
@@ -1003,8 +1150,9 @@ VALUE_BOUND: list[tuple[str, bytes, bool]] = [
 ]
 
 
-@pytest.mark.parametrize(("raw", "over"), [r[1:] for r in VALUE_BOUND],
-                         ids=[r[0] for r in VALUE_BOUND])
+@pytest.mark.parametrize(
+    ("raw", "over"), [r[1:] for r in VALUE_BOUND], ids=[r[0] for r in VALUE_BOUND]
+)
 def test_value_bound(raw: bytes, over: bool) -> None:
     assert jsonutil.too_many_values(raw, LIMIT) is over
     if not over:
@@ -1015,8 +1163,9 @@ def test_value_bound_with_many_strings() -> None:
     """Past 4,096 quotes the strings are split out instead of measured one by one."""
     strings = b",".join([b'"a,b,c,d,e,f,g,h,i"'] * 2500)
     assert jsonutil.too_many_values(b'{"k":[' + strings + b"]}", 5000) is False
-    assert jsonutil.too_many_values(b'{"k":[' + strings + b"," + b"0," * 2500 + b"0]}",
-                                    5000) is True
+    assert (
+        jsonutil.too_many_values(b'{"k":[' + strings + b"," + b"0," * 2500 + b"0]}", 5000) is True
+    )
 
 
 def test_value_bound_default_lets_a_32_mib_prompt_through() -> None:

@@ -25,16 +25,31 @@ UP = "up/model-7"
 
 # (case, client bytes, the upstream model, the bytes spliced; None: encoded again instead)
 SPLICE: list[tuple[str, bytes, str, bytes | None]] = [
-    ("first key", b'{"model":"m","messages":[{"role":"user","content":"hi"}]}', UP,
-     b'{"model":"up/model-7","messages":[{"role":"user","content":"hi"}]}'),
-    ("spaced and last", b'{ "input" : [1, 2.50] ,\n  "model" :\t"m" }', UP,
-     b'{ "input" : [1, 2.50] ,\n  "model" :\t"up/model-7" }'),
-    ("non-ASCII alias", '{"model":"modèle","stream":true}'.encode(), UP,
-     b'{"model":"up/model-7","stream":true}'),
-    ("escaped non-ASCII text", b'{"model":"m","prompt":"caf\\u00e9 \\ud83d\\ude00"}', UP,
-     b'{"model":"up/model-7","prompt":"caf\\u00e9 \\ud83d\\ude00"}'),
-    ("upstream model needing escapes", b'{"model":"m"}', 'q"\\x',
-     b'{"model":"q\\"\\\\x"}'),
+    (
+        "first key",
+        b'{"model":"m","messages":[{"role":"user","content":"hi"}]}',
+        UP,
+        b'{"model":"up/model-7","messages":[{"role":"user","content":"hi"}]}',
+    ),
+    (
+        "spaced and last",
+        b'{ "input" : [1, 2.50] ,\n  "model" :\t"m" }',
+        UP,
+        b'{ "input" : [1, 2.50] ,\n  "model" :\t"up/model-7" }',
+    ),
+    (
+        "non-ASCII alias",
+        '{"model":"modèle","stream":true}'.encode(),
+        UP,
+        b'{"model":"up/model-7","stream":true}',
+    ),
+    (
+        "escaped non-ASCII text",
+        b'{"model":"m","prompt":"caf\\u00e9 \\ud83d\\ude00"}',
+        UP,
+        b'{"model":"up/model-7","prompt":"caf\\u00e9 \\ud83d\\ude00"}',
+    ),
+    ("upstream model needing escapes", b'{"model":"m"}', 'q"\\x', b'{"model":"q\\"\\\\x"}'),
     ("a model key nested", b'{"metadata":{"model":"x"},"model":"m"}', UP, None),
     ("duplicate model key", b'{"model":"m","n":1,"model":"m"}', UP, None),
     ("duplicate model key, the last wins", b'{"model":"x","model":"m"}', UP, None),
@@ -48,15 +63,21 @@ SPLICE: list[tuple[str, bytes, str, bytes | None]] = [
     ("duplicate stream key", b'{"model":"m","stream":false,"stream":true}', UP, None),
     ("stream key escaped", b'{"model":"m","str\\u0065am":true}', UP, None),
     # no top-level stream: the gateway reads none, nested ones are the upstream's
-    ("stream keys nested", b'{"model":"m","a":{"stream":1},"b":{"stream":2}}', UP,
-     b'{"model":"up/model-7","a":{"stream":1},"b":{"stream":2}}'),
+    (
+        "stream keys nested",
+        b'{"model":"m","a":{"stream":1},"b":{"stream":2}}',
+        UP,
+        b'{"model":"up/model-7","a":{"stream":1},"b":{"stream":2}}',
+    ),
 ]
 
 
-@pytest.mark.parametrize(("raw", "upstream", "spliced"),
-                         [c[1:] for c in SPLICE], ids=[c[0] for c in SPLICE])
-def test_the_model_is_spliced_only_where_the_scan_is_certain(raw: bytes, upstream: str,
-                                                            spliced: bytes | None) -> None:
+@pytest.mark.parametrize(
+    ("raw", "upstream", "spliced"), [c[1:] for c in SPLICE], ids=[c[0] for c in SPLICE]
+)
+def test_the_model_is_spliced_only_where_the_scan_is_certain(
+    raw: bytes, upstream: str, spliced: bytes | None
+) -> None:
     body = jsonutil.loads(raw)
     span = forward.model_span(raw, body["model"], stream="stream" in body)
     sent = None if span is None else forward.splice(raw, span, upstream)
@@ -71,12 +92,21 @@ def test_the_model_is_spliced_only_where_the_scan_is_certain(raw: bytes, upstrea
 async def _upstream(aiohttp_server: Any, seen: list[bytes]) -> str:
     async def chat(request: web.Request) -> web.Response:
         seen.append(await request.read())
-        return web.json_response({"id": "c", "object": "chat.completion", "model": UP,
-                                  "choices": [{"index": 0, "finish_reason": "stop",
-                                               "message": {"role": "assistant",
-                                                           "content": "hello"}}],
-                                  "usage": {"prompt_tokens": 1, "completion_tokens": 1,
-                                            "total_tokens": 2}})
+        return web.json_response(
+            {
+                "id": "c",
+                "object": "chat.completion",
+                "model": UP,
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": "hello"},
+                    }
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        )
 
     app = web.Application(client_max_size=8 << 20)
     app.router.add_post("/v1/chat/completions", chat)
@@ -85,11 +115,15 @@ async def _upstream(aiohttp_server: Any, seen: list[bytes]) -> str:
 
 
 def _gateway(urls: list[str]) -> web.Application:
-    upstream: dict[str, Any] = ({"base_url": urls[0]} if len(urls) == 1 else
-                                {"base_urls": urls})
-    cfg = config.parse({"upstreams": {"u": upstream},
-                        "models": [{"name": "m", "upstream": "u", "upstream_model": UP}]},
-                       "test.toml", {})
+    upstream: dict[str, Any] = {"base_url": urls[0]} if len(urls) == 1 else {"base_urls": urls}
+    cfg = config.parse(
+        {
+            "upstreams": {"u": upstream},
+            "models": [{"name": "m", "upstream": "u", "upstream_model": UP}],
+        },
+        "test.toml",
+        {},
+    )
     return build_app(cfg, CollectorRegistry())
 
 
@@ -107,11 +141,21 @@ HANDLED: list[tuple[bytes, int, bytes, int, int]] = [
 ]
 
 
-@pytest.mark.parametrize(("raw", "replicas", "upstream", "encodes", "sessions"), HANDLED,
-                         ids=["one replica", "two replicas", "duplicate model", "2 MiB"])
+@pytest.mark.parametrize(
+    ("raw", "replicas", "upstream", "encodes", "sessions"),
+    HANDLED,
+    ids=["one replica", "two replicas", "duplicate model", "2 MiB"],
+)
 async def test_a_one_replica_route_neither_encodes_again_nor_keys_a_session(
-        aiohttp_client: Any, aiohttp_server: Any, monkeypatch: pytest.MonkeyPatch,
-        raw: bytes, replicas: int, upstream: bytes, encodes: int, sessions: int) -> None:
+    aiohttp_client: Any,
+    aiohttp_server: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    raw: bytes,
+    replicas: int,
+    upstream: bytes,
+    encodes: int,
+    sessions: int,
+) -> None:
     seen: list[bytes] = []
     urls = [await _upstream(aiohttp_server, seen) for _ in range(replicas)]
     client = await aiohttp_client(_gateway(urls))

@@ -21,21 +21,33 @@ LLAMA = [
 ]
 # (sequence_number, output_index, content_index) each event gets; None: not set
 WANT: list[tuple[int, int | None, int | None]] = [
-    (0, None, None), (1, 0, None), (2, 0, 0), (3, 1, None), (4, 1, 0), (5, 1, 0), (6, 1, 0),
-    (7, 1, None), (8, None, None),
+    (0, None, None),
+    (1, 0, None),
+    (2, 0, 0),
+    (3, 1, None),
+    (4, 1, 0),
+    (5, 1, 0),
+    (6, 1, 0),
+    (7, 1, None),
+    (8, None, None),
 ]
 
 
 def test_llama_events_get_their_indices() -> None:
     index = ResponsesIndexer()
     got = [index(dict(e)) for e in LLAMA]
-    assert [(e["sequence_number"], e.get("output_index"), e.get("content_index"))
-            for e in got] == WANT
+    assert [
+        (e["sequence_number"], e.get("output_index"), e.get("content_index")) for e in got
+    ] == WANT
 
 
 def test_indices_the_upstream_sent_are_kept() -> None:
     index = ResponsesIndexer()
-    event: dict[str, Any] = {"type": "response.output_item.added", "output_index": 5,
-                             "sequence_number": 9, "item": {"id": "a"}}
+    event: dict[str, Any] = {
+        "type": "response.output_item.added",
+        "output_index": 5,
+        "sequence_number": 9,
+        "item": {"id": "a"},
+    }
     assert index(event) == {**event}
     assert index({"type": "other"}) == {"type": "other"}

@@ -23,10 +23,12 @@ TAKES = [
 ]
 
 
-@pytest.mark.parametrize(("limit", "others", "takes", "expected"),
-                         [c[1:] for c in TAKES], ids=[c[0] for c in TAKES])
-def test_a_take_fits_or_is_refused(limit: int, others: int, takes: list[int],
-                                   expected: list[bool]) -> None:
+@pytest.mark.parametrize(
+    ("limit", "others", "takes", "expected"), [c[1:] for c in TAKES], ids=[c[0] for c in TAKES]
+)
+def test_a_take_fits_or_is_refused(
+    limit: int, others: int, takes: list[int], expected: list[bool]
+) -> None:
     budget = Budget(limit)
     other = budget.lease()
     if others:

@@ -31,85 +31,189 @@ MODEL = '\n[[models]]\nname = "{name}"\nupstream = "{up}"\nupstream_model = "x"\
 # (case id, config text, env, text the one-line error must contain)
 BAD = [
     ("unknown top-level key", GOOD + "\n[extra]\na = 1\n", {}, "extra: unknown key"),
-    ("unknown server key", GOOD.replace('prefix = "/llm"', 'prefix = "/llm"\nprot = 1'), {},
-     "server.prot: unknown key"),
-    ("unknown upstream key",
-     GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
-                  'base_url = "http://127.0.0.1:8000/v1"\nbase_ur1 = "x"'), {},
-     "upstreams.local-vllm.base_ur1: unknown key"),
-    ("unknown model key", GOOD + 'temperature = 0.5\n', {}, "models[0].temperature: unknown key"),
-    ("port wrong type", GOOD.replace("port = 8080", 'port = "8080"'), {},
-     "server.port: must be an integer"),
-    ("port bool", GOOD.replace("port = 8080", "port = true"), {},
-     "server.port: must be an integer"),
+    (
+        "unknown server key",
+        GOOD.replace('prefix = "/llm"', 'prefix = "/llm"\nprot = 1'),
+        {},
+        "server.prot: unknown key",
+    ),
+    (
+        "unknown upstream key",
+        GOOD.replace(
+            'base_url = "http://127.0.0.1:8000/v1"',
+            'base_url = "http://127.0.0.1:8000/v1"\nbase_ur1 = "x"',
+        ),
+        {},
+        "upstreams.local-vllm.base_ur1: unknown key",
+    ),
+    ("unknown model key", GOOD + "temperature = 0.5\n", {}, "models[0].temperature: unknown key"),
+    (
+        "port wrong type",
+        GOOD.replace("port = 8080", 'port = "8080"'),
+        {},
+        "server.port: must be an integer",
+    ),
+    (
+        "port bool",
+        GOOD.replace("port = 8080", "port = true"),
+        {},
+        "server.port: must be an integer",
+    ),
     ("port out of range", GOOD.replace("port = 8080", "port = 70000"), {}, "server.port"),
-    ("prefix without slash", GOOD.replace('prefix = "/llm"', 'prefix = "llm"'), {},
-     "server.prefix"),
-    ("missing base_url", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"', ""), {},
-     "upstreams.local-vllm.base_url: missing"),
-    ("base_url not http", GOOD.replace("http://127.0.0.1:8000/v1", "ftp://h/v1"), {},
-     "upstreams.local-vllm.base_url: must be an http(s) URL"),
-    ("base_url no host", GOOD.replace("http://127.0.0.1:8000/v1", "http:///v1"), {},
-     "upstreams.local-vllm.base_url"),
-    ("model missing upstream_model",
-     GOOD.replace('upstream_model = "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"', ""), {},
-     "models[0].upstream_model: missing"),
-    ("model unknown upstream", GOOD + MODEL.format(name="b", up="nope"), {},
-     "models[1].upstream: unknown upstream 'nope'"),
-    ("duplicate model name", GOOD + MODEL.format(name="reasoning", up="local-vllm"), {},
-     "models[1].name: duplicate model name 'reasoning'"),
-    ("model name wrong type", GOOD.replace('name = "reasoning"', "name = 3"), {},
-     "models[0].name: must be a string"),
-    ("bad kind", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
-                              'base_url = "http://127.0.0.1:8000/v1"\nkind = "tgi"'), {},
-     "upstreams.local-vllm.kind"),
-    ("negative timeout", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
-                                      'base_url = "http://127.0.0.1:8000/v1"\nidle_timeout = -1'),
-     {}, "upstreams.local-vllm.idle_timeout: must be > 0"),
-    ("timeout wrong type", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
-                                        'base_url = "http://127.0.0.1:8000/v1"\n'
-                                        'connect_timeout = "5s"'),
-     {}, "upstreams.local-vllm.connect_timeout: must be an integer or a number"),
-    ("zero response cap", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
-                                       'base_url = "http://127.0.0.1:8000/v1"\n'
-                                       'max_response_bytes = 0'),
-     {}, "upstreams.local-vllm.max_response_bytes: must be > 0"),
-    ("keepalive not a boolean", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
-                                             'base_url = "http://127.0.0.1:8000/v1"\n'
-                                             'keepalive = "no"'),
-     {}, "upstreams.local-vllm.keepalive: must be one of auto, always, never "
-         "(or true for auto, false for never), got 'no'"),
-    ("unknown balance", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
-                                     'base_url = "http://127.0.0.1:8000/v1"\n'
-                                     'balance = "random"'),
-     {}, "upstreams.local-vllm.balance: must be one of affinity, round_robin, least_busy"),
-    ("api_key_env unset", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
-                                       'base_url = "http://127.0.0.1:8000/v1"\n'
-                                       'api_key_env = "NO_SUCH_VAR_X"'),
-     {}, "upstreams.local-vllm.api_key_env: environment variable NO_SUCH_VAR_X is not set"),
-    ("api_key with a newline", GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
-                                            'base_url = "http://127.0.0.1:8000/v1"\n'
-                                            'api_key_env = "UPKEY"'),
-     {"UPKEY": "sk-1\r\nX-Injected: 1"},
-     "upstreams.local-vllm.api_key_env: the key in UPKEY must be printable ASCII without "
-     "spaces"),
-    ("api_keys_env unset", GOOD.replace('prefix = "/llm"', 'prefix = "/llm"\n'
-                                        'api_keys_env = "NO_SUCH_KEYS"'),
-     {}, "server.api_keys_env: environment variable NO_SUCH_KEYS is not set"),
+    (
+        "prefix without slash",
+        GOOD.replace('prefix = "/llm"', 'prefix = "llm"'),
+        {},
+        "server.prefix",
+    ),
+    (
+        "missing base_url",
+        GOOD.replace('base_url = "http://127.0.0.1:8000/v1"', ""),
+        {},
+        "upstreams.local-vllm.base_url: missing",
+    ),
+    (
+        "base_url not http",
+        GOOD.replace("http://127.0.0.1:8000/v1", "ftp://h/v1"),
+        {},
+        "upstreams.local-vllm.base_url: must be an http(s) URL",
+    ),
+    (
+        "base_url no host",
+        GOOD.replace("http://127.0.0.1:8000/v1", "http:///v1"),
+        {},
+        "upstreams.local-vllm.base_url",
+    ),
+    (
+        "model missing upstream_model",
+        GOOD.replace('upstream_model = "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"', ""),
+        {},
+        "models[0].upstream_model: missing",
+    ),
+    (
+        "model unknown upstream",
+        GOOD + MODEL.format(name="b", up="nope"),
+        {},
+        "models[1].upstream: unknown upstream 'nope'",
+    ),
+    (
+        "duplicate model name",
+        GOOD + MODEL.format(name="reasoning", up="local-vllm"),
+        {},
+        "models[1].name: duplicate model name 'reasoning'",
+    ),
+    (
+        "model name wrong type",
+        GOOD.replace('name = "reasoning"', "name = 3"),
+        {},
+        "models[0].name: must be a string",
+    ),
+    (
+        "bad kind",
+        GOOD.replace(
+            'base_url = "http://127.0.0.1:8000/v1"',
+            'base_url = "http://127.0.0.1:8000/v1"\nkind = "tgi"',
+        ),
+        {},
+        "upstreams.local-vllm.kind",
+    ),
+    (
+        "negative timeout",
+        GOOD.replace(
+            'base_url = "http://127.0.0.1:8000/v1"',
+            'base_url = "http://127.0.0.1:8000/v1"\nidle_timeout = -1',
+        ),
+        {},
+        "upstreams.local-vllm.idle_timeout: must be > 0",
+    ),
+    (
+        "timeout wrong type",
+        GOOD.replace(
+            'base_url = "http://127.0.0.1:8000/v1"',
+            'base_url = "http://127.0.0.1:8000/v1"\nconnect_timeout = "5s"',
+        ),
+        {},
+        "upstreams.local-vllm.connect_timeout: must be an integer or a number",
+    ),
+    (
+        "zero response cap",
+        GOOD.replace(
+            'base_url = "http://127.0.0.1:8000/v1"',
+            'base_url = "http://127.0.0.1:8000/v1"\nmax_response_bytes = 0',
+        ),
+        {},
+        "upstreams.local-vllm.max_response_bytes: must be > 0",
+    ),
+    (
+        "keepalive not a boolean",
+        GOOD.replace(
+            'base_url = "http://127.0.0.1:8000/v1"',
+            'base_url = "http://127.0.0.1:8000/v1"\nkeepalive = "no"',
+        ),
+        {},
+        "upstreams.local-vllm.keepalive: must be one of auto, always, never "
+        "(or true for auto, false for never), got 'no'",
+    ),
+    (
+        "unknown balance",
+        GOOD.replace(
+            'base_url = "http://127.0.0.1:8000/v1"',
+            'base_url = "http://127.0.0.1:8000/v1"\nbalance = "random"',
+        ),
+        {},
+        "upstreams.local-vllm.balance: must be one of affinity, round_robin, least_busy",
+    ),
+    (
+        "api_key_env unset",
+        GOOD.replace(
+            'base_url = "http://127.0.0.1:8000/v1"',
+            'base_url = "http://127.0.0.1:8000/v1"\napi_key_env = "NO_SUCH_VAR_X"',
+        ),
+        {},
+        "upstreams.local-vllm.api_key_env: environment variable NO_SUCH_VAR_X is not set",
+    ),
+    (
+        "api_key with a newline",
+        GOOD.replace(
+            'base_url = "http://127.0.0.1:8000/v1"',
+            'base_url = "http://127.0.0.1:8000/v1"\napi_key_env = "UPKEY"',
+        ),
+        {"UPKEY": "sk-1\r\nX-Injected: 1"},
+        "upstreams.local-vllm.api_key_env: the key in UPKEY must be printable ASCII without spaces",
+    ),
+    (
+        "api_keys_env unset",
+        GOOD.replace('prefix = "/llm"', 'prefix = "/llm"\napi_keys_env = "NO_SUCH_KEYS"'),
+        {},
+        "server.api_keys_env: environment variable NO_SUCH_KEYS is not set",
+    ),
     ("no models", GOOD.split("[[models]]")[0], {}, "models: at least one"),
-    ("models not an array", GOOD.split("[[models]]")[0] + "\n[models]\nname = 'x'\n", {},
-     "models: must be an array"),
+    (
+        "models not an array",
+        GOOD.split("[[models]]")[0] + "\n[models]\nname = 'x'\n",
+        {},
+        "models: must be an array",
+    ),
     ("not TOML", "[server\nport = 1", {}, "not valid TOML"),
-    ("bad log level", GOOD.replace('prefix = "/llm"', 'prefix = "/llm"\nlog_level = "loud"'), {},
-     "server.log_level"),
-    ("negative max_concurrency", GOOD + "max_concurrency = -1\n", {},
-     "models[0].max_concurrency: must be >= 0"),
+    (
+        "bad log level",
+        GOOD.replace('prefix = "/llm"', 'prefix = "/llm"\nlog_level = "loud"'),
+        {},
+        "server.log_level",
+    ),
+    (
+        "negative max_concurrency",
+        GOOD + "max_concurrency = -1\n",
+        {},
+        "models[0].max_concurrency: must be >= 0",
+    ),
 ]
 
 
 @pytest.mark.parametrize("text,env,expected", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
-def test_bad_config_names_the_key(tmp_path: Path, text: str, env: dict[str, str],
-                                  expected: str) -> None:
+def test_bad_config_names_the_key(
+    tmp_path: Path, text: str, env: dict[str, str], expected: str
+) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(text)
     with pytest.raises(config.ConfigError) as info:
@@ -124,8 +228,12 @@ def test_bad_config_names_the_key(tmp_path: Path, text: str, env: dict[str, str]
 def test_bad_config_exits_2_with_one_line(tmp_path: Path, case: tuple) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(case[1])
-    proc = subprocess.run([sys.executable, "-m", "gateway", "--config", str(path)],
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1
@@ -133,9 +241,19 @@ def test_bad_config_exits_2_with_one_line(tmp_path: Path, case: tuple) -> None:
 
 
 def test_missing_file_exits_2(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "gateway", "--check-config", "--config",
-                           str(tmp_path / "nope.toml")], capture_output=True, text=True,
-                          timeout=30)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "--check-config",
+            "--config",
+            str(tmp_path / "nope.toml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 2
     assert "nope.toml: cannot read" in proc.stderr
 
@@ -143,9 +261,13 @@ def test_missing_file_exits_2(tmp_path: Path) -> None:
 def test_check_config_ok_and_env_var(tmp_path: Path) -> None:
     path = tmp_path / "good.toml"
     path.write_text(GOOD)
-    proc = subprocess.run([sys.executable, "-m", "gateway", "--check-config"],
-                          capture_output=True, text=True, timeout=30,
-                          env={"GATEWAY_CONFIG": str(path), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "--check-config"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"GATEWAY_CONFIG": str(path), "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 0, proc.stderr
     assert str(path) in proc.stdout
 
@@ -158,10 +280,12 @@ def test_builtin_default_matches_design() -> None:
 
 
 def test_values_are_loaded(tmp_path: Path) -> None:
-    text = GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
-                        'base_url = "http://127.0.0.1:8000/v1/"\napi_key_env = "UPKEY"\n'
-                        "pool_size = 7\nconnect_timeout = 1\nheader_timeout = 2.5\n"
-                        "idle_timeout = 9")
+    text = GOOD.replace(
+        'base_url = "http://127.0.0.1:8000/v1"',
+        'base_url = "http://127.0.0.1:8000/v1/"\napi_key_env = "UPKEY"\n'
+        "pool_size = 7\nconnect_timeout = 1\nheader_timeout = 2.5\n"
+        "idle_timeout = 9",
+    )
     text = text.replace('prefix = "/llm"', 'prefix = "/llm"\napi_keys_env = "KEYS"')
     path = tmp_path / "c.toml"
     path.write_text(text)
@@ -169,7 +293,12 @@ def test_values_are_loaded(tmp_path: Path) -> None:
     up = cfg.upstreams["local-vllm"]
     assert up.base_url == "http://127.0.0.1:8000/v1"
     assert (up.api_key, up.pool_size, up.connect_timeout, up.header_timeout, up.idle_timeout) == (
-        "sk-up", 7, 1.0, 2.5, 9.0)
+        "sk-up",
+        7,
+        1.0,
+        2.5,
+        9.0,
+    )
     assert cfg.server.api_keys == ("a", "b", "c")
     assert "sk-up" not in repr(cfg)
     assert (up.response_timeout, up.max_response_bytes, up.keepalive) == (900.0, 64 << 20, "auto")
@@ -178,45 +307,57 @@ def test_values_are_loaded(tmp_path: Path) -> None:
 
 
 def test_the_upstream_client_knobs_are_loaded() -> None:
-    text = GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
-                        'base_url = "http://127.0.0.1:8000/v1"\nresponse_timeout = 30\n'
-                        "max_response_bytes = 1024\nkeepalive = false")
+    text = GOOD.replace(
+        'base_url = "http://127.0.0.1:8000/v1"',
+        'base_url = "http://127.0.0.1:8000/v1"\nresponse_timeout = 30\n'
+        "max_response_bytes = 1024\nkeepalive = false",
+    )
     up = config.parse(tomllib.loads(text), "c.toml", {}).upstreams["local-vllm"]
     assert (up.response_timeout, up.max_response_bytes, up.keepalive) == (30.0, 1024, "never")
     assert isinstance(up.response_timeout, float)
 
 
-@pytest.mark.parametrize(("written", "loaded"), [
-    ("", "auto"), ("true", "auto"), ("false", "never"), ('"auto"', "auto"),
-    ('"always"', "always"), ('"never"', "never"),
-])
-def test_keepalive_is_tri_state_and_the_old_booleans_still_load(written: str,
-                                                                 loaded: str) -> None:
+@pytest.mark.parametrize(
+    ("written", "loaded"),
+    [
+        ("", "auto"),
+        ("true", "auto"),
+        ("false", "never"),
+        ('"auto"', "auto"),
+        ('"always"', "always"),
+        ('"never"', "never"),
+    ],
+)
+def test_keepalive_is_tri_state_and_the_old_booleans_still_load(written: str, loaded: str) -> None:
     """true was the default until keep-alive had to be earned: it now means "auto" (a file
     that spelled the old default out gets the new one); false still means never."""
     extra = f"\nkeepalive = {written}" if written else ""
-    text = GOOD.replace('base_url = "http://127.0.0.1:8000/v1"',
-                        'base_url = "http://127.0.0.1:8000/v1"' + extra)
-    assert config.parse(tomllib.loads(text), "c.toml", {}).upstreams["local-vllm"].keepalive \
-        == loaded
+    text = GOOD.replace(
+        'base_url = "http://127.0.0.1:8000/v1"', 'base_url = "http://127.0.0.1:8000/v1"' + extra
+    )
+    assert (
+        config.parse(tomllib.loads(text), "c.toml", {}).upstreams["local-vllm"].keepalive == loaded
+    )
 
 
-PATTERNS = GOOD + "".join(MODEL.format(name=n, up="local-vllm") for n in (
-    "claude-haiku-*", "claude-*", "*-instruct", "a.b*"))
+PATTERNS = GOOD + "".join(
+    MODEL.format(name=n, up="local-vllm")
+    for n in ("claude-haiku-*", "claude-*", "*-instruct", "a.b*")
+)
 
 # (client's model name, the configured route it takes, or None for a 404)
 ROUTES = [
-    ("reasoning", "reasoning"),                        # exact
-    ("claude-haiku-4-5-20251001", "claude-haiku-*"),   # the first pattern in config order
+    ("reasoning", "reasoning"),  # exact
+    ("claude-haiku-4-5-20251001", "claude-haiku-*"),  # the first pattern in config order
     ("claude-opus-4-8", "claude-*"),
-    ("claude-", "claude-*"),                           # `*` matches the empty run too
-    ("claude-haiku-*", "claude-haiku-*"),              # a pattern's own name
+    ("claude-", "claude-*"),  # `*` matches the empty run too
+    ("claude-haiku-*", "claude-haiku-*"),  # a pattern's own name
     ("qwen-instruct", "*-instruct"),
     ("a.bc", "a.b*"),
-    ("axbc", None),                                    # `.` is no regex wildcard
-    ("Claude-opus", None),                             # case-sensitive, like exact names
-    ("xclaude-opus", None),                            # anchored at both ends
-    ("claude-opus\nreasoning", "claude-*"),            # any character, newline included
+    ("axbc", None),  # `.` is no regex wildcard
+    ("Claude-opus", None),  # case-sensitive, like exact names
+    ("xclaude-opus", None),  # anchored at both ends
+    ("claude-opus\nreasoning", "claude-*"),  # any character, newline included
 ]
 
 
@@ -231,8 +372,10 @@ def test_pattern_routes(tmp_path: Path, name: str, expected: str | None) -> None
 
 def test_exact_name_wins_over_an_earlier_pattern(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
-    path.write_text(GOOD.replace('name = "reasoning"', 'name = "claude-*"')
-                    + MODEL.format(name="claude-opus-4-8", up="local-vllm"))
+    path.write_text(
+        GOOD.replace('name = "reasoning"', 'name = "claude-*"')
+        + MODEL.format(name="claude-opus-4-8", up="local-vllm")
+    )
     cfg = config.load(str(path), {})
     assert config.find_route(cfg.models, "claude-opus-4-8").name == "claude-opus-4-8"
     assert config.find_route(cfg.models, "claude-sonnet").name == "claude-*"
@@ -256,8 +399,9 @@ def test_default_signing_key_is_kept_in_the_state_directory(tmp_path: Path) -> N
     assert key_file.read_bytes() == first.signing_key and len(first.signing_key) == 32
     assert key_file.stat().st_mode & 0o777 == 0o600
     assert list(key_file.parent.iterdir()) == [key_file]  # no temporary file left
-    systemd = config.load(None, {"STATE_DIRECTORY": str(tmp_path / "sd"),
-                                 "HOME": str(tmp_path / "home")}).server
+    systemd = config.load(
+        None, {"STATE_DIRECTORY": str(tmp_path / "sd"), "HOME": str(tmp_path / "home")}
+    ).server
     assert (tmp_path / "sd" / "signing.key").read_bytes() == systemd.signing_key
     assert not (tmp_path / "home").exists()
 
@@ -292,29 +436,45 @@ def test_the_decoding_budget_is_loaded() -> None:
 def test_the_client_connection_knobs_are_loaded() -> None:
     """Deadlines, the connection cap and the metrics listener (gateway/http/protocol.py)."""
     server = config.parse(tomllib.loads(GOOD), "c.toml", {}).server
-    assert (server.idle_timeout, server.request_head_timeout, server.request_body_timeout,
-            server.max_connections, server.metrics_port, server.metrics_apart) == (
-        60.0, 30.0, 60.0, 0, 0, False)
-    text = GOOD.replace('prefix = "/llm"', 'prefix = "/llm"\nidle_timeout = 5\n'
-                        'request_head_timeout = 2\nrequest_body_timeout = 3\n'
-                        'max_connections = 100\nmetrics_port = 9464\nmetrics_host = "10.0.0.1"')
+    assert (
+        server.idle_timeout,
+        server.request_head_timeout,
+        server.request_body_timeout,
+        server.max_connections,
+        server.metrics_port,
+        server.metrics_apart,
+    ) == (60.0, 30.0, 60.0, 0, 0, False)
+    text = GOOD.replace(
+        'prefix = "/llm"',
+        'prefix = "/llm"\nidle_timeout = 5\n'
+        "request_head_timeout = 2\nrequest_body_timeout = 3\n"
+        'max_connections = 100\nmetrics_port = 9464\nmetrics_host = "10.0.0.1"',
+    )
     server = config.parse(tomllib.loads(text), "c.toml", {}).server
-    assert (server.idle_timeout, server.request_head_timeout, server.request_body_timeout,
-            server.max_connections, server.metrics_port, server.metrics_host) == (
-        5.0, 2.0, 3.0, 100, 9464, "10.0.0.1")
+    assert (
+        server.idle_timeout,
+        server.request_head_timeout,
+        server.request_body_timeout,
+        server.max_connections,
+        server.metrics_port,
+        server.metrics_host,
+    ) == (5.0, 2.0, 3.0, 100, 9464, "10.0.0.1")
     assert isinstance(server.idle_timeout, float) and server.metrics_apart
 
 
-@pytest.mark.parametrize("extra,message", [
-    ("idle_timeout = 0", "server.idle_timeout: must be > 0"),
-    ("request_head_timeout = -1", "server.request_head_timeout: must be > 0"),
-    ("request_body_timeout = 0", "server.request_body_timeout: must be > 0"),
-    ("max_connections = -1", "server.max_connections: must be >= 0"),
-    ("max_connections = 1.5", "server.max_connections: must be an integer"),
-    ("metrics_port = 70000", "server.metrics_port: must be 0..65535"),
-    ("metrics_port = 8080", "server.metrics_port: must differ from server.port"),
-    ('metrics_host = "127.0.0.1"', "server.metrics_host: needs server.metrics_port"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        ("idle_timeout = 0", "server.idle_timeout: must be > 0"),
+        ("request_head_timeout = -1", "server.request_head_timeout: must be > 0"),
+        ("request_body_timeout = 0", "server.request_body_timeout: must be > 0"),
+        ("max_connections = -1", "server.max_connections: must be >= 0"),
+        ("max_connections = 1.5", "server.max_connections: must be an integer"),
+        ("metrics_port = 70000", "server.metrics_port: must be 0..65535"),
+        ("metrics_port = 8080", "server.metrics_port: must differ from server.port"),
+        ('metrics_host = "127.0.0.1"', "server.metrics_host: needs server.metrics_port"),
+    ],
+)
 def test_bad_client_connection_knobs_name_the_key(extra: str, message: str) -> None:
     text = GOOD.replace('prefix = "/llm"', f'prefix = "/llm"\n{extra}')
     with pytest.raises(config.ConfigError, match=message):
@@ -328,6 +488,7 @@ def test_a_pattern_with_many_stars_routes_a_crafted_name_in_linear_time(tmp_path
     piece at its leftmost spot once, so this returns at once (the per-test timeout is the
     bound, no wall-clock assert)."""
     from gateway.text.glob import glob_match
+
     path = tmp_path / "c.toml"
     path.write_text(GOOD + MODEL.format(name="x-*-*-*-*-*-*-*-z", up="local-vllm"))
     cfg = config.load(str(path), {})
@@ -338,16 +499,30 @@ def test_a_pattern_with_many_stars_routes_a_crafted_name_in_linear_time(tmp_path
     assert not glob_match("x-*-*-*-*-z", "x-" + "-" * 20000 + "y")
 
 
-@pytest.mark.parametrize(("pattern", "name", "expected"), [
-    ("a*b*c", "abc", True), ("a*b*c", "aXbYc", True), ("a*b*c", "acb", False),
-    ("*", "", True), ("**", "x", True), ("a**", "a", True), ("ab*ba", "aba", False),
-    ("ab*ba", "abba", True), ("*aa*aa*", "aaa", False), ("*aa*aa*", "aaaa", True),
-    ("a*", "b", False), ("*a", "ba", True), ("x", "x", True), ("x", "xx", False),
-])
+@pytest.mark.parametrize(
+    ("pattern", "name", "expected"),
+    [
+        ("a*b*c", "abc", True),
+        ("a*b*c", "aXbYc", True),
+        ("a*b*c", "acb", False),
+        ("*", "", True),
+        ("**", "x", True),
+        ("a**", "a", True),
+        ("ab*ba", "aba", False),
+        ("ab*ba", "abba", True),
+        ("*aa*aa*", "aaa", False),
+        ("*aa*aa*", "aaaa", True),
+        ("a*", "b", False),
+        ("*a", "ba", True),
+        ("x", "x", True),
+        ("x", "xx", False),
+    ],
+)
 def test_glob_match_agrees_with_fullmatch(pattern: str, name: str, expected: bool) -> None:
     import re
 
     from gateway.text.glob import glob_match
+
     regex = ".*".join(map(re.escape, pattern.split("*")))
     assert bool(re.fullmatch(regex, name, re.DOTALL)) is expected
     assert glob_match(pattern, name) is expected
@@ -365,8 +540,9 @@ def test_a_model_name_past_the_limit_routes_nowhere(tmp_path: Path) -> None:
 def test_a_configured_model_name_past_the_limit_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text(GOOD + MODEL.format(name="m" * 257, up="local-vllm"))
-    with pytest.raises(config.ConfigError,
-                       match=r"models\[1\]\.name: must be at most 256 characters"):
+    with pytest.raises(
+        config.ConfigError, match=r"models\[1\]\.name: must be at most 256 characters"
+    ):
         config.load(str(path), {})
 
 
@@ -374,15 +550,22 @@ def test_batches_without_client_keys_warn_at_start() -> None:
     """Batches are owned by the client key that made them: without keys every client reads,
     cancels and deletes every batch, and nothing said so at start."""
     from gateway.__main__ import start_warnings
+
     cfg = config.parse(tomllib.loads(GOOD), "c.toml", {})
     assert not cfg.server.api_keys
     events = [e for e, _ in start_warnings(cfg, batches=True)]
     assert "auth_disabled" in events and "batches_unowned" in events
     assert "batches_unowned" not in [e for e, _ in start_warnings(cfg, batches=False)]
-    keyed = config.parse(tomllib.loads(GOOD.replace("[server]", '[server]\napi_keys_env = "K"')
-                                       if "[server]" in GOOD else
-                                       '[server]\napi_keys_env = "K"\n' + GOOD),
-                         "c.toml", {"K": "sk-client"})
+    keyed = config.parse(
+        tomllib.loads(
+            GOOD.replace("[server]", '[server]\napi_keys_env = "K"')
+            if "[server]" in GOOD
+            else '[server]\napi_keys_env = "K"\n' + GOOD
+        ),
+        "c.toml",
+        {"K": "sk-client"},
+    )
     assert keyed.server.api_keys
     assert start_warnings(keyed, batches=True) == [
-        w for w in start_warnings(keyed, batches=True) if w[0] == "signing_key_ephemeral"]
+        w for w in start_warnings(keyed, batches=True) if w[0] == "signing_key_ephemeral"
+    ]

@@ -16,12 +16,18 @@ def test_the_committed_page_is_the_generators_output() -> None:
     assert PAGE.is_file(), f"docs/configuration.md is missing; run: {config_doc.COMMAND}"
     assert PAGE.read_text() == config_doc.render(), (
         f"docs/configuration.md is out of date with gateway/ops/config_schema.py; "
-        f"run: {config_doc.COMMAND}")
+        f"run: {config_doc.COMMAND}"
+    )
 
 
 def test_the_command_prints_the_page() -> None:
-    run = subprocess.run([sys.executable, "-m", "gateway.ops.config_doc"], cwd=REPO,
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-m", "gateway.ops.config_doc"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout == config_doc.render()
 
@@ -31,7 +37,7 @@ def _rows(section: str) -> list[str]:
     text = config_doc.render()
     start = text.index(f"\n## {section}\n")
     end = text.find("\n## ", start + 1)
-    return re.findall(r"^\| `([^`]+)` \|", text[start:end if end != -1 else None], flags=re.M)
+    return re.findall(r"^\| `([^`]+)` \|", text[start : end if end != -1 else None], flags=re.M)
 
 
 def test_every_key_is_listed_once_and_advanced_keys_apart() -> None:
@@ -49,14 +55,16 @@ def test_every_key_is_listed_once_and_advanced_keys_apart() -> None:
 def test_a_row_shows_type_default_bounds_and_description() -> None:
     text = config_doc.render()
     assert "| `port` | integer | `8080` | 0..65535 | listen port |" in text
-    assert ("| `keepalive` | string or boolean | `\"auto\"` | `auto`, `always`, `never`; "
-            "`true` = `auto`; `false` = `never` |" in text)
+    assert (
+        '| `keepalive` | string or boolean | `"auto"` | `auto`, `always`, `never`; '
+        "`true` = `auto`; `false` = `never` |" in text
+    )
     assert "| `max_results` | integer | `5` | > 0, <= 20 |" in text
 
 
 def test_names_with_two_meanings_are_documented_side_by_side() -> None:
     page = config_doc.render()
-    text = page[page.index("## Names with two meanings"):]
+    text = page[page.index("## Names with two meanings") :]
     pairs = re.findall(r"^\| `(\w+)` \| `([^`]+)` \|", text, flags=re.M)
     assert pairs == [
         ("max_body_bytes", "server.max_body_bytes"),

@@ -41,8 +41,18 @@ def test_the_child_is_memoised_and_keeps_the_childs_other_methods() -> None:
 # own child writes, and refuses what it refuses
 COUNT_AND_LEVEL = [
     (Counter, [("inc", ()), ("inc", (2.5,)), ("inc", (0,))]),
-    (Gauge, [("inc", ()), ("inc", (3,)), ("dec", ()), ("dec", (0.5,)), ("set", (7,)),
-             ("inc", (-2,)), ("set", (-1.25,))]),
+    (
+        Gauge,
+        [
+            ("inc", ()),
+            ("inc", (3,)),
+            ("dec", ()),
+            ("dec", (0.5,)),
+            ("set", (7,)),
+            ("inc", (-2,)),
+            ("set", (-1.25,)),
+        ],
+    ),
 ]
 
 
@@ -57,7 +67,8 @@ def _after(kind: type, ops: list[tuple[str, tuple[float, ...]]], via_memo: bool)
 
 @pytest.mark.parametrize(("kind", "ops"), COUNT_AND_LEVEL)
 def test_counter_and_gauge_children_write_what_prometheus_client_writes(
-        kind: type, ops: list[tuple[str, tuple[float, ...]]]) -> None:
+    kind: type, ops: list[tuple[str, tuple[float, ...]]]
+) -> None:
     assert _after(kind, ops, True) == _after(kind, ops, False)
 
 

@@ -39,6 +39,7 @@ def test_random_bytes_drawn_in_bulk(monkeypatch: pytest.MonkeyPatch) -> None:
         def urandom(n: int) -> bytes:
             calls.append(n)
             return real(n)
+
         return urandom
 
     monkeypatch.setattr(os, "urandom", counted(os.urandom))
@@ -65,4 +66,3 @@ def test_forked_child_draws_its_own() -> None:
         os.waitpid(pid, 0)
     assert re.fullmatch(r"req_[0-9A-Za-z]{24}", child)
     assert child != ids.new_request_id()
-

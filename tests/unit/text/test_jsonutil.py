@@ -13,8 +13,17 @@ from hypothesis import strategies as st
 
 from gateway.text import jsonutil
 
-CASES = ["", " alpha", "quote \" and backslash \\", "tab\tnew\nline\r", "\x00\x1f\x7f",
-         "slash / and </script>", "ünïcødé ✓ 思考 😀", "\u2028\u2029", "\ufeff\uffff"]
+CASES = [
+    "",
+    " alpha",
+    'quote " and backslash \\',
+    "tab\tnew\nline\r",
+    "\x00\x1f\x7f",
+    "slash / and </script>",
+    "ünïcødé ✓ 思考 😀",
+    "\u2028\u2029",
+    "\ufeff\uffff",
+]
 
 
 @pytest.mark.parametrize("text", CASES)
@@ -38,7 +47,8 @@ def test_a_lone_surrogate_raises_as_dumpb_does(text: str) -> None:
 
 
 def test_interleaved_decodes_in_threads_restore_the_interpreters_settings(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Two decodes overlapping in two threads (a big web search answer is decoded in one
     while a request body is decoded on the loop), the first ending first: the digit limit
     and the collector are what they were before either began, and lowered while either
@@ -55,8 +65,7 @@ def test_interleaved_decodes_in_threads_restore_the_interpreters_settings(
 
     monkeypatch.setattr(jsonutil.ujson, "loads", fake_loads)
     before = (sys.get_int_max_str_digits(), gc.isenabled())
-    threads = {name: threading.Thread(target=jsonutil.loads, args=(name,))
-               for name in ("a", "b")}
+    threads = {name: threading.Thread(target=jsonutil.loads, args=(name,)) for name in ("a", "b")}
     threads["a"].start()
     assert inside["a"].wait(10)
     threads["b"].start()
@@ -73,16 +82,20 @@ def test_interleaved_decodes_in_threads_restore_the_interpreters_settings(
 # surrogates, which ujson reads and dumpb refuses, anywhere in the value
 UPSTREAM_VALUES = [
     (b'{"error":{"code":NaN,"message":"boom"}}', b'{"error":{"code":null,"message":"boom"}}'),
-    (b'{"a":[1,Infinity,-Infinity,1e400,{"b":NaN}],"c":2.5}',
-     b'{"a":[1,null,null,null,{"b":null}],"c":2.5}'),
+    (
+        b'{"a":[1,Infinity,-Infinity,1e400,{"b":NaN}],"c":2.5}',
+        b'{"a":[1,null,null,null,{"b":null}],"c":2.5}',
+    ),
     (b'{"m":"x\\ud800y","\\udc00":1}', '{"m":"x\ufffdy","\ufffd":1}'.encode()),
-    (b'[' * 1000 + b'NaN' + b']' * 1000, b'[' * 1000 + b'null' + b']' * 1000),  # no recursion
+    (b"[" * 1000 + b"NaN" + b"]" * 1000, b"[" * 1000 + b"null" + b"]" * 1000),  # no recursion
     (b'{"ok":[1,"two",true,null,{"x":1.5}]}', b'{"ok":[1,"two",true,null,{"x":1.5}]}'),
 ]
 
 
-@pytest.mark.parametrize(("raw", "written"), UPSTREAM_VALUES,
-                         ids=["nan_code", "infinities", "surrogates", "deep", "plain"])
-def test_an_upstream_value_is_written_again_whatever_it_holds(raw: bytes,
-                                                              written: bytes) -> None:
+@pytest.mark.parametrize(
+    ("raw", "written"),
+    UPSTREAM_VALUES,
+    ids=["nan_code", "infinities", "surrogates", "deep", "plain"],
+)
+def test_an_upstream_value_is_written_again_whatever_it_holds(raw: bytes, written: bytes) -> None:
     assert jsonutil.dumpb_upstream(jsonutil.loads_upstream(raw)) == written

@@ -128,8 +128,10 @@ def test_encoder_output_round_trips_through_the_decoder() -> None:
 def test_named_events_keep_their_names() -> None:
     """A Responses stream names its events; the name goes with its payload, and an event
     without data (or a comment) does not pass its name on."""
-    body = (b"event: response.created\ndata: {}\n\n: keepalive\n\n"
-            b"event: orphan\n\ndata: [DONE]\n\nevent: last\ndata: x")
+    body = (
+        b"event: response.created\ndata: {}\n\n: keepalive\n\n"
+        b"event: orphan\n\ndata: [DONE]\n\nevent: last\ndata: x"
+    )
     for cut in range(len(body) + 1):
         d = SSEDecoder()
         out = d.feed_named(body[:cut]) + d.feed_named(body[cut:]) + d.flush_named()
@@ -144,8 +146,22 @@ def test_an_event_name_read_alone_is_not_idle() -> None:
     assert d.idle
 
 
-_PIECES = [b"data: ", b"data:", b"data", b"event: x", b": c", b"id: 1", b"\n", b"\n\n", b"\r",
-           b"\r\n", b'{"a":1}', b"[DONE]", b" ", b"q" * 40]
+_PIECES = [
+    b"data: ",
+    b"data:",
+    b"data",
+    b"event: x",
+    b": c",
+    b"id: 1",
+    b"\n",
+    b"\n\n",
+    b"\r",
+    b"\r\n",
+    b'{"a":1}',
+    b"[DONE]",
+    b" ",
+    b"q" * 40,
+]
 
 
 @settings(max_examples=400, deadline=None)
@@ -164,7 +180,7 @@ def test_whole_reads_decode_as_line_by_line(pieces: list[bytes], step: int) -> N
         return out + d.flush()
 
     whole = run([body])
-    assert whole == run([body[i:i + step] for i in range(0, len(body), step)])
+    assert whole == run([body[i : i + step] for i in range(0, len(body), step)])
 
 
 def test_one_data_line_events_keep_the_size_guard() -> None:

@@ -25,8 +25,16 @@ from tests import searxng_stub
 
 
 def _answer(*results: Any) -> dict[str, Any]:
-    return {"query": "q", "number_of_results": 0, "results": list(results), "answers": [],
-            "corrections": [], "infoboxes": [], "suggestions": [], "unresponsive_engines": []}
+    return {
+        "query": "q",
+        "number_of_results": 0,
+        "results": list(results),
+        "answers": [],
+        "corrections": [],
+        "infoboxes": [],
+        "suggestions": [],
+        "unresponsive_engines": [],
+    }
 
 
 OK = {"url": "https://ok.example/", "title": "fine", "content": "fine text"}
@@ -36,21 +44,45 @@ HUGE = "A" * (2 * 1024 * 1024)
 URL_CASES = [
     ([{"url": "javascript:alert(1)"}, OK], ["https://ok.example/"]),
     ([{"url": "JavaScript:alert(1)//https://x"}, OK], ["https://ok.example/"]),
-    ([{"url": "data:text/html,<script>"}, {"url": "file:///etc/passwd"},
-      {"url": "ftp://f.example/x"}, {"url": "//evil.example/"}, {"url": "mailto:a@b"}],
-     []),
+    (
+        [
+            {"url": "data:text/html,<script>"},
+            {"url": "file:///etc/passwd"},
+            {"url": "ftp://f.example/x"},
+            {"url": "//evil.example/"},
+            {"url": "mailto:a@b"},
+        ],
+        [],
+    ),
     ([{"url": "https:evil.example"}, {"url": "https://"}, {"url": "http:///path"}], []),
     ([{"url": "https://[not-ipv6/"}, {"url": "https://x.example:99999999/"}], []),
-    ([{"url": "https://a.example/x\nURL: https://evil.example"},  # a line injected
-      {"url": "https://a.example/x y"}, {"url": "https://a.example/\x00"},
-      {"url": "https://a.example/\u202eevil"}, {"url": "https://a.example/\ud800"},
-      {"url": "https://a.example/\u2028"}], []),
+    (
+        [
+            {"url": "https://a.example/x\nURL: https://evil.example"},  # a line injected
+            {"url": "https://a.example/x y"},
+            {"url": "https://a.example/\x00"},
+            {"url": "https://a.example/\u202eevil"},
+            {"url": "https://a.example/\ud800"},
+            {"url": "https://a.example/\u2028"},
+        ],
+        [],
+    ),
     ([{"url": "https://" + "a" * 2100 + ".example/"}, OK], ["https://ok.example/"]),
-    ([{"url": 42}, {"url": None}, {"url": ["https://x.example/"]}, {"url": {"u": 1}},
-      {"title": "no url"}], []),
+    (
+        [
+            {"url": 42},
+            {"url": None},
+            {"url": ["https://x.example/"]},
+            {"url": {"u": 1}},
+            {"title": "no url"},
+        ],
+        [],
+    ),
     # verbatim: a query string, non-ASCII path, upper case host and a port are kept
-    ([{"url": "https://Wiki.example:8443/Z\u00fcrich?x=1&y=%20#top"}],
-     ["https://Wiki.example:8443/Z\u00fcrich?x=1&y=%20#top"]),
+    (
+        [{"url": "https://Wiki.example:8443/Z\u00fcrich?x=1&y=%20#top"}],
+        ["https://Wiki.example:8443/Z\u00fcrich?x=1&y=%20#top"],
+    ),
 ]
 
 
@@ -63,22 +95,33 @@ def test_only_urls_a_client_may_be_given_are_kept(results: list[Any], urls: list
 # (one result's fields, what the model and the client get from it)
 FIELD_CASES = [
     # non-string fields are absent: the title falls back to the URL
-    ({"title": 7, "content": ["x"], "publishedDate": 1700000000},
-     {"title": "https://ok.example/", "snippet": "", "page_age": None}),
-    ({"title": {"a": 1}, "content": None, "publishedDate": {"y": 2026}},
-     {"title": "https://ok.example/", "snippet": "", "page_age": None}),
-    ({"title": None, "content": True, "publishedDate": False},
-     {"title": "https://ok.example/", "snippet": "", "page_age": None}),
+    (
+        {"title": 7, "content": ["x"], "publishedDate": 1700000000},
+        {"title": "https://ok.example/", "snippet": "", "page_age": None},
+    ),
+    (
+        {"title": {"a": 1}, "content": None, "publishedDate": {"y": 2026}},
+        {"title": "https://ok.example/", "snippet": "", "page_age": None},
+    ),
+    (
+        {"title": None, "content": True, "publishedDate": False},
+        {"title": "https://ok.example/", "snippet": "", "page_age": None},
+    ),
     # control characters, bidi overrides, a BOM and lone surrogates never reach anyone
-    ({"title": "a\x00b\x1bc\x7fd\x85e\u202ef\u2066g\ufeffh\ud800i", "content": "x\x07y"},
-     {"title": "abcd efghi", "snippet": "xy"}),
-    ({"title": "line\none\r\ttwo\u2028three", "content": "a\n\n\nb"},
-     {"title": "line one two three", "snippet": "a b"}),
+    (
+        {"title": "a\x00b\x1bc\x7fd\x85e\u202ef\u2066g\ufeffh\ud800i", "content": "x\x07y"},
+        {"title": "abcd efghi", "snippet": "xy"},
+    ),
+    (
+        {"title": "line\none\r\ttwo\u2028three", "content": "a\n\n\nb"},
+        {"title": "line one two three", "snippet": "a b"},
+    ),
     # a huge title and snippet: cut to their caps, marked
-    ({"title": HUGE, "content": HUGE},
-     {"title": "A" * 511 + "…", "snippet": "A" * 99 + "…"}),
-    ({"title": " " * 100_000 + "late", "content": "\n" * 10_000},
-     {"title": "https://ok.example/", "snippet": ""}),
+    ({"title": HUGE, "content": HUGE}, {"title": "A" * 511 + "…", "snippet": "A" * 99 + "…"}),
+    (
+        {"title": " " * 100_000 + "late", "content": "\n" * 10_000},
+        {"title": "https://ok.example/", "snippet": ""},
+    ),
     # dates: ISO (with a zone, a Z) as the API writes page_age; other text one short line
     ({"publishedDate": "2026-03-13T09:26:53+02:00"}, {"page_age": "March 13, 2026"}),
     ({"publishedDate": "2026-01-02T00:00:00Z"}, {"page_age": "January 2, 2026"}),
@@ -90,15 +133,17 @@ FIELD_CASES = [
 
 
 @pytest.mark.parametrize(("fields", "want"), FIELD_CASES)
-def test_a_results_fields_are_one_bounded_printable_line(fields: dict[str, Any],
-                                                         want: dict[str, Any]) -> None:
+def test_a_results_fields_are_one_bounded_printable_line(
+    fields: dict[str, Any], want: dict[str, Any]
+) -> None:
     (got,) = parse_results(_answer({**OK, **fields}), max_results=5, max_chars=100)
     assert {k: got[k] for k in want} == want
     # what a client gets encodes, and the sealed result opens to it again
     assert blocks.open_result((b"k",), blocks.seal_result(b"k", got)) == got
     jsonutil.dumpb(got)
     assert "\n" not in blocks.result_lines(got).replace("\nURL: ", " ").replace(
-        "\nPublished: ", " ").replace("\nSnippet: ", " ")
+        "\nPublished: ", " "
+    ).replace("\nSnippet: ", " ")
 
 
 def test_a_long_result_list_is_looked_at_only_so_far() -> None:
@@ -129,17 +174,25 @@ def _body(results: list[Any]) -> bytes:
 
 # (the body the backend answers, the error code or the number of results)
 HTTP_CASES = {
-    "past_max_response_bytes": (json.dumps(_answer({**OK, "content": HUGE})).encode(),
-                                "unavailable"),
+    "past_max_response_bytes": (
+        json.dumps(_answer({**OK, "content": HUGE})).encode(),
+        "unavailable",
+    ),
     "deeply_nested": (_NESTED, "unavailable"),
     "nested_inside_a_result": (
-        b'{"results": [{"url": "https://ok.example/", "title": ' + b"[" * 2000
-        + b"]" * 2000 + b"}]}", "unavailable"),
+        b'{"results": [{"url": "https://ok.example/", "title": '
+        + b"[" * 2000
+        + b"]" * 2000
+        + b"}]}",
+        "unavailable",
+    ),
     "not_json": (b'{"results": [', "unavailable"),
     "not_searxngs_shape": (b'{"results": {"url": "https://ok.example/"}}', "unavailable"),
     "a_json_string": (b'"results"', "unavailable"),
-    "ten_thousand_results": (_body([{"url": f"https://r{n}.example/", "title": "t" * 50}
-                                    for n in range(10_000)]), 3),
+    "ten_thousand_results": (
+        _body([{"url": f"https://r{n}.example/", "title": "t" * 50} for n in range(10_000)]),
+        3,
+    ),
     "big_but_under_the_cap": (_body([{**OK, "content": "y" * 1_500_000}]), 1),
     # 256 MiB once inflated, sent as 256 KB with Content-Encoding: gzip: the cap counts the
     # inflated bytes (aiohttp inflates a chunk at a time)
@@ -147,10 +200,15 @@ HTTP_CASES = {
 }
 
 
-CAUSES = {"past_max_response_bytes": "response_too_large", "deeply_nested": "not_json",
-          "nested_inside_a_result": "not_json", "not_json": "not_json",
-          "not_searxngs_shape": "not_searxng", "a_json_string": "not_searxng",
-          "gzip_bomb": "response_too_large"}
+CAUSES = {
+    "past_max_response_bytes": "response_too_large",
+    "deeply_nested": "not_json",
+    "nested_inside_a_result": "not_json",
+    "not_json": "not_json",
+    "not_searxngs_shape": "not_searxng",
+    "a_json_string": "not_searxng",
+    "gzip_bomb": "response_too_large",
+}
 
 
 @pytest.fixture
@@ -160,15 +218,22 @@ async def backend(aiohttp_server: Any) -> Any:
     async def search(request: web.Request) -> web.Response:
         body = served["body"]
         gzipped = body[:2] == b"\x1f\x8b"
-        return web.Response(body=body, status=served["status"],
-                            content_type="application/json",
-                            headers={"Content-Encoding": "gzip"} if gzipped else None)
+        return web.Response(
+            body=body,
+            status=served["status"],
+            content_type="application/json",
+            headers={"Content-Encoding": "gzip"} if gzipped else None,
+        )
 
     app = web.Application()
     app.router.add_get("/search", search)
     server = await aiohttp_server(app)
-    config = WebSearchConfig(searxng_url=f"http://127.0.0.1:{server.port}", timeout=10,
-                             max_results=3, max_response_bytes=2 * 1024 * 1024)
+    config = WebSearchConfig(
+        searxng_url=f"http://127.0.0.1:{server.port}",
+        timeout=10,
+        max_results=3,
+        max_response_bytes=2 * 1024 * 1024,
+    )
     search_backend = Searxng(config, Metrics(registry=CollectorRegistry()))
     await search_backend.start()
     try:
@@ -178,8 +243,9 @@ async def backend(aiohttp_server: Any) -> Any:
 
 
 @pytest.mark.parametrize("case", list(HTTP_CASES))
-async def test_a_hostile_answer_is_bounded(backend: Any, case: str,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_hostile_answer_is_bounded(
+    backend: Any, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     search_backend, served = backend
     served["body"], want = HTTP_CASES[case]
     decoded_in: list[bool] = []
@@ -235,16 +301,22 @@ async def test_a_dead_backend_is_logged_once_a_second_per_cause(unused_tcp_port:
     finally:
         await dead.close()
     failed = [entry for entry in logs if entry["event"] == "web_search_failed"]
-    assert [(e["backend"], e["cause"], e.get("suppressed"), e.get("request_id"))
-            for e in failed] == [
+    assert [
+        (e["backend"], e["cause"], e.get("suppressed"), e.get("request_id")) for e in failed
+    ] == [
         ("searxng", "ClientConnectorError", None, "req_1"),
         ("searxng", "ClientConnectorError", 49, "req_2"),
-        ("searxng", "timeout", None, None)]
+        ("searxng", "timeout", None, None),
+    ]
     assert failed[0]["error_code"] == "unavailable" and str(unused_tcp_port) not in str(failed)
     # every failure is still counted
-    assert metrics.registry.get_sample_value(
-        "llm_gateway_web_search_errors_total",
-        {"backend": "searxng", "error_code": "unavailable"}) == 51
+    assert (
+        metrics.registry.get_sample_value(
+            "llm_gateway_web_search_errors_total",
+            {"backend": "searxng", "error_code": "unavailable"},
+        )
+        == 51
+    )
 
 
 async def test_a_redirect_to_another_host_is_not_followed(aiohttp_server: Any) -> None:
@@ -254,9 +326,10 @@ async def test_a_redirect_to_another_host_is_not_followed(aiohttp_server: Any) -
     front = await aiohttp_server(searxng_stub.make_app())
     elsewhere = await aiohttp_server(searxng_stub.make_app())
     metrics = Metrics(registry=CollectorRegistry())
-    backends = [Searxng(WebSearchConfig(searxng_url=f"http://127.0.0.1:{server.port}",
-                                        timeout=10), metrics)
-                for server in (front, elsewhere)]
+    backends = [
+        Searxng(WebSearchConfig(searxng_url=f"http://127.0.0.1:{server.port}", timeout=10), metrics)
+        for server in (front, elsewhere)
+    ]
     for one in backends:
         await one.start()
     try:

@@ -27,13 +27,19 @@ _URL = re.compile(r"https?://\S+")
 
 
 def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-    body = {"id": "c", "object": "chat.completion.chunk", "model": "up",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    body = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "model": "up",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
-_USAGE = (b'data: {"id":"c","object":"chat.completion.chunk","model":"up","choices":[],'
-          b'"usage":{"prompt_tokens":10,"completion_tokens":3,"total_tokens":13}}\n\n')
+_USAGE = (
+    b'data: {"id":"c","object":"chat.completion.chunk","model":"up","choices":[],'
+    b'"usage":{"prompt_tokens":10,"completion_tokens":3,"total_tokens":13}}\n\n'
+)
 
 
 def _last_user_text(messages: list[dict[str, Any]]) -> str:
@@ -61,11 +67,21 @@ class Model:
         if "#down" in query and messages[-1]["role"] == "tool" and body["model"] == "up":
             return web.json_response({"error": {"message": "overloaded"}}, status=503)
         if not body.get("stream"):  # a turn without the tool: a plain answer
-            return web.json_response({
-                "id": "c", "object": "chat.completion", "model": "up", "choices": [{
-                    "index": 0, "finish_reason": "stop",
-                    "message": {"role": "assistant", "content": "You are welcome."}}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}})
+            return web.json_response(
+                {
+                    "id": "c",
+                    "object": "chat.completion",
+                    "model": "up",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": "You are welcome."},
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13},
+                }
+            )
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         if messages[-1]["role"] == "tool" and "always" not in query:
@@ -80,20 +96,44 @@ class Model:
             # the text in 7-character pieces (#quote), one character at a time (#many)
             step = 7 if "#quote" in query else 1 if "#many" in query else len(text)
             for at in range(0, len(text), step):
-                await resp.write(_chunk({"content": text[at:at + step]}))
+                await resp.write(_chunk({"content": text[at : at + step]}))
             await resp.write(_chunk({}, "stop"))
         else:
             args = json.dumps({"query": query})
-            await resp.write(_chunk({"role": "assistant", "tool_calls": [
-                {"index": 0, "id": f"call_{len(self.requests)}", "type": "function",
-                 "function": {"name": "web_search", "arguments": ""}}]}))
+            await resp.write(
+                _chunk(
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": f"call_{len(self.requests)}",
+                                "type": "function",
+                                "function": {"name": "web_search", "arguments": ""},
+                            }
+                        ],
+                    }
+                )
+            )
             for piece in (args[:5], args[5:]):
-                await resp.write(_chunk({"tool_calls": [
-                    {"index": 0, "function": {"arguments": piece}}]}))
+                await resp.write(
+                    _chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
+                )
             if "#client" in query:  # a client tool called in the same turn
-                await resp.write(_chunk({"tool_calls": [
-                    {"index": 1, "id": "call_clock", "type": "function",
-                     "function": {"name": "clock", "arguments": "{}"}}]}))
+                await resp.write(
+                    _chunk(
+                        {
+                            "tool_calls": [
+                                {
+                                    "index": 1,
+                                    "id": "call_clock",
+                                    "type": "function",
+                                    "function": {"name": "clock", "arguments": "{}"},
+                                }
+                            ]
+                        }
+                    )
+                )
             await resp.write(_chunk({}, "length" if "#cut" in query else "tool_calls"))
         await resp.write(_USAGE)
         await resp.write(b"data: [DONE]\n\n")
@@ -123,18 +163,35 @@ class Searx:
         if "#slow" in q:
             await asyncio.sleep(30)
         slug = re.sub(r"[^a-z0-9]+", "-", q.lower()).strip("-")
-        results = [{"url": f"https://{host}/{slug}", "title": f"{q} on {host}",
-                    "content": f"About {q}.", "engine": "stub", "score": 1.0,
-                    "category": "general", "publishedDate": "2026-05-01T10:00:00"}
-                   for host in ("docs.example.org", "news.example.com")]
+        results = [
+            {
+                "url": f"https://{host}/{slug}",
+                "title": f"{q} on {host}",
+                "content": f"About {q}.",
+                "engine": "stub",
+                "score": 1.0,
+                "category": "general",
+                "publishedDate": "2026-05-01T10:00:00",
+            }
+            for host in ("docs.example.org", "news.example.com")
+        ]
         if "#quote" in q:
             for n, result in enumerate(results):
                 result["content"] = f"A passage worth quoting, number {n}, about {q}."
         if "#big" in q:
             results[0]["content"] = "x" * 100_000
-        return web.json_response({"query": q, "number_of_results": 2, "results": results,
-                                  "answers": [], "corrections": [], "infoboxes": [],
-                                  "suggestions": [], "unresponsive_engines": []})
+        return web.json_response(
+            {
+                "query": q,
+                "number_of_results": 2,
+                "results": results,
+                "answers": [],
+                "corrections": [],
+                "infoboxes": [],
+                "suggestions": [],
+                "unresponsive_engines": [],
+            }
+        )
 
 
 @pytest.fixture
@@ -148,19 +205,27 @@ async def world(aiohttp_server: Any, aiohttp_client: Any) -> Any:
     up_server = await aiohttp_server(up)
     searx_server = await aiohttp_server(backend)
 
-    async def gateway(web_search: bool = True, server: dict[str, Any] | None = None,
-                      search: dict[str, Any] | None = None, fallback: bool = False) -> Any:
+    async def gateway(
+        web_search: bool = True,
+        server: dict[str, Any] | None = None,
+        search: dict[str, Any] | None = None,
+        fallback: bool = False,
+    ) -> Any:
         data: dict[str, Any] = {
             "server": {"prefix": "", **(server or {})},
             "upstreams": {"u": {"base_url": f"http://127.0.0.1:{up_server.port}/v1"}},
-            "models": [{"name": "m", "upstream": "u", "upstream_model": "up"}]}
+            "models": [{"name": "m", "upstream": "u", "upstream_model": "up"}],
+        }
         if fallback:  # another model (the same test server, upstream_model "spare")
             data["models"][0]["fallbacks"] = ["spare"]
             data["models"].append({"name": "spare", "upstream": "u", "upstream_model": "spare"})
         if web_search:
-            data["web_search"] = {"searxng_url": f"http://127.0.0.1:{searx_server.port}",
-                                  "timeout": 0.5, "max_response_bytes": 50_000,
-                                  **(search or {})}
+            data["web_search"] = {
+                "searxng_url": f"http://127.0.0.1:{searx_server.port}",
+                "timeout": 0.5,
+                "max_response_bytes": 50_000,
+                **(search or {}),
+            }
         app = build_app(config.parse(data, "t.toml", {}), registry)
         return await aiohttp_client(app)
 
@@ -169,9 +234,13 @@ async def world(aiohttp_server: Any, aiohttp_client: Any) -> Any:
 
 
 def _body(text: str, *, stream: bool = False, **tool: Any) -> dict[str, Any]:
-    return {"model": "m", "max_tokens": 50, "stream": stream,
-            "messages": [{"role": "user", "content": text}],
-            "tools": [{**SEARCH_TOOL, **tool}]}
+    return {
+        "model": "m",
+        "max_tokens": 50,
+        "stream": stream,
+        "messages": [{"role": "user", "content": text}],
+        "tools": [{**SEARCH_TOOL, **tool}],
+    }
 
 
 def _events(raw: str) -> list[tuple[str, dict[str, Any]]]:
@@ -196,35 +265,93 @@ async def test_streamed_reply_with_a_search_is_one_message(world: Any) -> None:
     encrypted = [r.pop("encrypted_content") for r in result["content"]]
     assert ws.open_result((b"",), encrypted[0]) is None  # sealed under the app's key only
     assert events[1:] == [
-        ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {
-            "type": "server_tool_use", "id": use_id, "name": "web_search", "input": {}}}),
-        ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {
-            "type": "input_json_delta", "partial_json": '{"query": "paris"}'}}),
+        (
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {
+                    "type": "server_tool_use",
+                    "id": use_id,
+                    "name": "web_search",
+                    "input": {},
+                },
+            },
+        ),
+        (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "input_json_delta", "partial_json": '{"query": "paris"}'},
+            },
+        ),
         ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        ("content_block_start", {"type": "content_block_start", "index": 1, "content_block": {
-            "type": "web_search_tool_result", "tool_use_id": use_id, "content": [
-                {"type": "web_search_result", "url": "https://docs.example.org/paris",
-                 "title": "paris on docs.example.org", "page_age": "May 1, 2026"},
-                {"type": "web_search_result", "url": "https://news.example.com/paris",
-                 "title": "paris on news.example.com", "page_age": "May 1, 2026"}]}}),
+        (
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 1,
+                "content_block": {
+                    "type": "web_search_tool_result",
+                    "tool_use_id": use_id,
+                    "content": [
+                        {
+                            "type": "web_search_result",
+                            "url": "https://docs.example.org/paris",
+                            "title": "paris on docs.example.org",
+                            "page_age": "May 1, 2026",
+                        },
+                        {
+                            "type": "web_search_result",
+                            "url": "https://news.example.com/paris",
+                            "title": "paris on news.example.com",
+                            "page_age": "May 1, 2026",
+                        },
+                    ],
+                },
+            },
+        ),
         ("content_block_stop", {"type": "content_block_stop", "index": 1}),
-        ("content_block_start", {"type": "content_block_start", "index": 2,
-                                 "content_block": {"type": "text", "text": ""}}),
-        ("content_block_delta", {"type": "content_block_delta", "index": 2, "delta": {
-            "type": "text_delta", "text": "See https://docs.example.org/paris"}}),
+        (
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 2,
+                "content_block": {"type": "text", "text": ""},
+            },
+        ),
+        (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 2,
+                "delta": {"type": "text_delta", "text": "See https://docs.example.org/paris"},
+            },
+        ),
         ("content_block_stop", {"type": "content_block_stop", "index": 2}),
-        ("message_delta", {"type": "message_delta", "delta": {
-            "stop_reason": "end_turn", "stop_sequence": None}, "usage": {
-                "input_tokens": 20, "output_tokens": 6, "server_tool_use": {
-                    "web_search_requests": 1, "web_fetch_requests": 0}}}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {
+                    "input_tokens": 20,
+                    "output_tokens": 6,
+                    "server_tool_use": {"web_search_requests": 1, "web_fetch_requests": 0},
+                },
+            },
+        ),
         ("message_stop", {"type": "message_stop"}),
     ]
     # the second round: the search call and the tool message the model saw, no prefill
     second = model.requests[1]
     call, tool_message = second["messages"][-2:]
     assert call["tool_calls"][0]["id"] == use_id
-    assert call["tool_calls"][0]["function"] == {"name": "web_search",
-                                                 "arguments": '{"query":"paris"}'}
+    assert call["tool_calls"][0]["function"] == {
+        "name": "web_search",
+        "arguments": '{"query":"paris"}',
+    }
     assert tool_message["tool_call_id"] == use_id
     assert "URL: https://docs.example.org/paris\n" in tool_message["content"]
     assert "Snippet: About paris." in tool_message["content"]
@@ -238,58 +365,89 @@ async def test_buffered_reply_and_its_replay(world: Any) -> None:
     message = await resp.json()
     assert resp.status == 200
     assert [b["type"] for b in message["content"]] == [
-        "server_tool_use", "web_search_tool_result", "text"]
+        "server_tool_use",
+        "web_search_tool_result",
+        "text",
+    ]
     assert message["content"][0]["input"] == {"query": "rome"}
     assert message["content"][2]["text"] == "See https://docs.example.org/rome"
-    assert message["usage"]["server_tool_use"] == {"web_search_requests": 1,
-                                                   "web_fetch_requests": 0}
+    assert message["usage"]["server_tool_use"] == {
+        "web_search_requests": 1,
+        "web_fetch_requests": 0,
+    }
     assert message["stop_reason"] == "end_turn"
     seen_then = model.requests[1]["messages"][-1]["content"]
     # the client sends the blocks back: the upstream sees the same call and tool message
-    replay = {"model": "m", "max_tokens": 50, "messages": [
-        {"role": "user", "content": "rome"},
-        {"role": "assistant", "content": message["content"]},
-        {"role": "user", "content": "thanks"}]}
+    replay = {
+        "model": "m",
+        "max_tokens": 50,
+        "messages": [
+            {"role": "user", "content": "rome"},
+            {"role": "assistant", "content": message["content"]},
+            {"role": "user", "content": "thanks"},
+        ],
+    }
     resp = await client.post("/v1/messages", json=replay)
     assert resp.status == 200
     replayed = model.requests[-1]["messages"]
-    assert replayed[2] == {"role": "tool", "tool_call_id": message["content"][0]["id"],
-                           "content": seen_then}
+    assert replayed[2] == {
+        "role": "tool",
+        "tool_call_id": message["content"][0]["id"],
+        "content": seen_then,
+    }
 
 
-@pytest.mark.parametrize("query,code", [
-    ("x #fail", "unavailable"), ("x #busy", "too_many_requests"), ("x #slow", "unavailable"),
-    ("x #big", "unavailable"), ("q" * 501, "query_too_long"),
-])
+@pytest.mark.parametrize(
+    "query,code",
+    [
+        ("x #fail", "unavailable"),
+        ("x #busy", "too_many_requests"),
+        ("x #slow", "unavailable"),
+        ("x #big", "unavailable"),
+        ("q" * 501, "query_too_long"),
+    ],
+)
 async def test_a_failed_search_is_an_error_result_and_the_model_goes_on(
-        world: Any, query: str, code: str) -> None:
+    world: Any, query: str, code: str
+) -> None:
     gateway, model, _ = world
     client = await gateway()
     message = await (await client.post("/v1/messages", json=_body(query))).json()
-    assert message["content"][1]["content"] == {"type": "web_search_tool_result_error",
-                                                 "error_code": code}
+    assert message["content"][1]["content"] == {
+        "type": "web_search_tool_result_error",
+        "error_code": code,
+    }
     assert message["content"][2]["text"] == "Nothing found."
     assert message["usage"]["server_tool_use"]["web_search_requests"] == 0
     assert model.requests[1]["messages"][-1]["content"].startswith(
-        f"The web search failed ({code})")
+        f"The web search failed ({code})"
+    )
     errors = gateway.registry.get_sample_value(
-        "llm_gateway_web_search_errors_total", {"backend": "searxng", "error_code": code})
+        "llm_gateway_web_search_errors_total", {"backend": "searxng", "error_code": code}
+    )
     assert errors == 1
     searched = gateway.registry.get_sample_value(
-        "llm_gateway_web_searches_total", {"backend": "searxng", "outcome": "error"})
+        "llm_gateway_web_searches_total", {"backend": "searxng", "outcome": "error"}
+    )
     assert searched == (0 if code == "query_too_long" else 1)  # refused before the backend
 
 
-async def test_an_upstream_failing_after_a_search_ends_the_stream_well_formed(
-        world: Any) -> None:
+async def test_an_upstream_failing_after_a_search_ends_the_stream_well_formed(world: Any) -> None:
     gateway, _, _ = world
     client = await gateway()
     resp = await client.post("/v1/messages", json=_body("x #die", stream=True))
     events = _events(await resp.text())
     names = [name for name, _ in events]
-    assert names == ["message_start", "content_block_start", "content_block_delta",
-                     "content_block_stop", "content_block_start", "content_block_stop",
-                     "error", "message_stop"]
+    assert names == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "content_block_start",
+        "content_block_stop",
+        "error",
+        "message_stop",
+    ]
     assert events[-2][1]["error"]["type"] == "api_error"
     buffered = await client.post("/v1/messages", json=_body("x #die"))
     assert buffered.status >= 500
@@ -308,23 +466,28 @@ async def test_a_later_round_does_not_fall_back_to_another_model(world: Any) -> 
     assert [r["model"] for r in model.requests] == ["up", "up"]
 
 
-async def test_a_client_tool_called_with_a_search_ends_the_reply_for_the_client(
-        world: Any) -> None:
+async def test_a_client_tool_called_with_a_search_ends_the_reply_for_the_client(world: Any) -> None:
     gateway, model, _ = world
     client = await gateway()
     body = _body("x #client")
     body["tools"].append({"name": "clock", "input_schema": {"type": "object"}})
     message = await (await client.post("/v1/messages", json=body)).json()
     assert [b["type"] for b in message["content"]] == [
-        "server_tool_use", "tool_use", "web_search_tool_result"]
+        "server_tool_use",
+        "tool_use",
+        "web_search_tool_result",
+    ]
     assert message["stop_reason"] == "tool_use"
     assert len(model.requests) == 1  # the client runs its tool first
     search, call, _ = message["content"]
     # the client answers its tool: the upstream sees both calls, then both results
-    body["messages"] += [{"role": "assistant", "content": message["content"]},
-                         {"role": "user", "content": [{"type": "tool_result",
-                                                       "tool_use_id": call["id"],
-                                                       "content": "noon"}]}]
+    body["messages"] += [
+        {"role": "assistant", "content": message["content"]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": "noon"}],
+        },
+    ]
     assert (await client.post("/v1/messages", json=body)).status == 200
     sent = model.requests[1]["messages"]
     assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
@@ -336,11 +499,18 @@ async def test_max_uses_then_pause_turn(world: Any) -> None:
     gateway, model, searx = world
     client = await gateway()
     message = await (await client.post("/v1/messages", json=_body("always", max_uses=1))).json()
-    kinds = [(b["type"], b["content"]["error_code"] if isinstance(b.get("content"), dict)
-              else None) for b in message["content"]]
-    assert kinds == [("server_tool_use", None), ("web_search_tool_result", None),
-                     ("server_tool_use", None), ("web_search_tool_result", "max_uses_exceeded"),
-                     ("server_tool_use", None), ("web_search_tool_result", "max_uses_exceeded")]
+    kinds = [
+        (b["type"], b["content"]["error_code"] if isinstance(b.get("content"), dict) else None)
+        for b in message["content"]
+    ]
+    assert kinds == [
+        ("server_tool_use", None),
+        ("web_search_tool_result", None),
+        ("server_tool_use", None),
+        ("web_search_tool_result", "max_uses_exceeded"),
+        ("server_tool_use", None),
+        ("web_search_tool_result", "max_uses_exceeded"),
+    ]
     assert message["stop_reason"] == "pause_turn"
     assert message["usage"]["server_tool_use"]["web_search_requests"] == 1
     assert len(searx.queries) == 1 and len(model.requests) == 3
@@ -349,11 +519,13 @@ async def test_max_uses_then_pause_turn(world: Any) -> None:
 async def test_domains_and_language_reach_the_backend(world: Any) -> None:
     gateway, _, searx = world
     client = await gateway()
-    body = _body("oslo", blocked_domains=["example.org"],
-                 user_location={"type": "approximate", "country": "NO"})
+    body = _body(
+        "oslo",
+        blocked_domains=["example.org"],
+        user_location={"type": "approximate", "country": "NO"},
+    )
     message = await (await client.post("/v1/messages", json=body)).json()
-    assert [r["url"] for r in message["content"][1]["content"]] == [
-        "https://news.example.com/oslo"]
+    assert [r["url"] for r in message["content"][1]["content"]] == ["https://news.example.com/oslo"]
     assert searx.queries == [{"q": "oslo", "format": "json", "language": "nb-NO"}]
 
 
@@ -362,8 +534,10 @@ async def test_a_forced_search_is_forced_once(world: Any) -> None:
     client = await gateway()
     body = {**_body("lima"), "tool_choice": {"type": "tool", "name": "web_search"}}
     assert (await client.post("/v1/messages", json=body)).status == 200
-    assert model.requests[0]["tool_choice"] == {"type": "function",
-                                                "function": {"name": "web_search"}}
+    assert model.requests[0]["tool_choice"] == {
+        "type": "function",
+        "function": {"name": "web_search"},
+    }
     assert model.requests[1]["tool_choice"] == "auto"
 
 
@@ -394,27 +568,44 @@ async def test_a_verbatim_quote_of_a_snippet_is_cited_and_nothing_else(world: An
     client = await gateway()
     resp = await client.post("/v1/messages", json=_body("x #quote", stream=True))
     events = _events(await resp.text())
-    after = [(name, data.get("index"), data.get("delta", data.get("content_block")))
-             for name, data in events[6:-2]]  # after the search's two blocks
+    after = [
+        (name, data.get("index"), data.get("delta", data.get("content_block")))
+        for name, data in events[6:-2]
+    ]  # after the search's two blocks
     snippet = "A passage worth quoting, number 0, about x #quote."
-    citations = [d["citation"] for name, _, d in after if name == "content_block_delta"
-                 and d["type"] == "citations_delta"]
+    citations = [
+        d["citation"]
+        for name, _, d in after
+        if name == "content_block_delta" and d["type"] == "citations_delta"
+    ]
     assert len(citations) == 1
     citation = citations[0]
-    assert citation == {"type": "web_search_result_location",
-                        "url": "https://docs.example.org/x-quote",
-                        "title": "x #quote on docs.example.org",
-                        "encrypted_index": citation["encrypted_index"], "cited_text": snippet}
-    text = [d["text"] for name, _, d in after if name == "content_block_delta"
-            and d["type"] == "text_delta"]
-    assert "".join(text) == (f"They write: {snippet} Others: A passage worth quoting, "
-                             "number 1, about x #quote? Done.")
+    assert citation == {
+        "type": "web_search_result_location",
+        "url": "https://docs.example.org/x-quote",
+        "title": "x #quote on docs.example.org",
+        "encrypted_index": citation["encrypted_index"],
+        "cited_text": snippet,
+    }
+    text = [
+        d["text"]
+        for name, _, d in after
+        if name == "content_block_delta" and d["type"] == "text_delta"
+    ]
+    assert "".join(text) == (
+        f"They write: {snippet} Others: A passage worth quoting, number 1, about x #quote? Done."
+    )
     blocks = [(i, d["type"]) for name, i, d in after if name == "content_block_start"]
     assert blocks == [(2, "text"), (3, "text"), (4, "text")]
     assert [(name, i) for name, i, d in after if d is None or d.get("type") != "text_delta"] == [
-        ("content_block_start", 2), ("content_block_stop", 2),
-        ("content_block_start", 3), ("content_block_delta", 3), ("content_block_stop", 3),
-        ("content_block_start", 4), ("content_block_stop", 4)]
+        ("content_block_start", 2),
+        ("content_block_stop", 2),
+        ("content_block_start", 3),
+        ("content_block_delta", 3),
+        ("content_block_stop", 3),
+        ("content_block_start", 4),
+        ("content_block_stop", 4),
+    ]
     buffered = await (await client.post("/v1/messages", json=_body("x #quote"))).json()
     texts = buffered["content"][2:]
     assert [t.get("citations") is not None for t in texts] == [False, True, False]
@@ -426,8 +617,7 @@ async def test_a_round_cut_by_max_tokens_ends_the_reply_after_its_searches(world
     gateway, model, _ = world
     client = await gateway()
     message = await (await client.post("/v1/messages", json=_body("x #cut"))).json()
-    assert [b["type"] for b in message["content"]] == ["server_tool_use",
-                                                       "web_search_tool_result"]
+    assert [b["type"] for b in message["content"]] == ["server_tool_use", "web_search_tool_result"]
     assert message["stop_reason"] == "max_tokens"
     assert len(model.requests) == 1
 
@@ -444,8 +634,10 @@ _REPLY_METRICS = [
     ("llm_gateway_stop_reasons_total", {"model": "m", "stop_reason": "end_turn"}),
     ("llm_gateway_tokens_total", {"model": "m", "type": "input"}),
     ("llm_gateway_tokens_total", {"model": "m", "type": "output"}),
-    ("llm_gateway_stream_terminations_total",
-     {"api": "messages", "model": "m", "reason": "completed"}),
+    (
+        "llm_gateway_stream_terminations_total",
+        {"api": "messages", "model": "m", "reason": "completed"},
+    ),
 ]
 
 
@@ -462,8 +654,12 @@ async def test_a_searched_reply_counts_once_like_any_reply(world: Any, stream: b
         return [_sample(registry, name, **labels) for name, labels in _REPLY_METRICS]
 
     before = figures()
-    plain = {"model": "m", "max_tokens": 50, "stream": True,
-             "messages": [{"role": "user", "content": "hi"}]}
+    plain = {
+        "model": "m",
+        "max_tokens": 50,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
     resp = await client.post("/v1/messages", json=plain)  # the plain reply, for comparison
     assert resp.status == 200 and "event: message_stop" in await resp.text()
     after_plain = figures()
@@ -484,10 +680,16 @@ async def test_a_searched_reply_counts_once_like_any_reply(world: Any, stream: b
         assert searched == [1, 1, 1, 1, 20, 6, 1]
     else:  # no first token on the wire, no stream: as a buffered reply without search
         assert searched == [0, 0, 1, 1, 20, 6, 0]
-    ttft = _sample(registry, "llm_gateway_time_to_first_token_seconds_sum",
-                   api="messages", model="m")
-    took = _sample(registry, "llm_gateway_request_duration_seconds_sum", api="messages",
-                   model="m", stream="true")
+    ttft = _sample(
+        registry, "llm_gateway_time_to_first_token_seconds_sum", api="messages", model="m"
+    )
+    took = _sample(
+        registry,
+        "llm_gateway_request_duration_seconds_sum",
+        api="messages",
+        model="m",
+        stream="true",
+    )
     assert 0 < ttft < took
 
 
@@ -518,24 +720,38 @@ async def test_a_stream_is_kept_alive_with_pings_while_a_search_runs(world: Any)
     assert pinged >= 1
     events = check_stream(raw)
     kinds = [e["type"] for e in events if e["type"] != "ping"]
-    assert kinds == ["message_start", "content_block_start", "content_block_delta",
-                     "content_block_stop", "content_block_start", "content_block_stop",
-                     "content_block_start", "content_block_delta", "content_block_stop",
-                     "message_delta", "message_stop"]
+    assert kinds == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "content_block_start",
+        "content_block_stop",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
     result = [e for e in events if e["type"] == "content_block_start"][1]["content_block"]
     assert [r["url"] for r in result["content"]] == [  # the search answered, in time
-        "https://docs.example.org/x-wait", "https://news.example.com/x-wait"]
+        "https://docs.example.org/x-wait",
+        "https://news.example.com/x-wait",
+    ]
 
 
-@pytest.mark.parametrize("max_tokens,rounds,second_max,stop_reason", [
-    (50, 2, 47, "end_turn"),  # round 1 spent 3 of the 50: round 2 may spend the rest
-    (4, 2, 1, "end_turn"),
-    (3, 1, None, "max_tokens"),  # nothing left for a round 2: the reply ends there
-])
+@pytest.mark.parametrize(
+    "max_tokens,rounds,second_max,stop_reason",
+    [
+        (50, 2, 47, "end_turn"),  # round 1 spent 3 of the 50: round 2 may spend the rest
+        (4, 2, 1, "end_turn"),
+        (3, 1, None, "max_tokens"),  # nothing left for a round 2: the reply ends there
+    ],
+)
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "buffered"])
 async def test_max_tokens_is_one_budget_for_all_rounds(
-        world: Any, stream: bool, max_tokens: int, rounds: int, second_max: int | None,
-        stop_reason: str) -> None:
+    world: Any, stream: bool, max_tokens: int, rounds: int, second_max: int | None, stop_reason: str
+) -> None:
     """The client's max_tokens bounds the reply's output, every round's summed: each
     round is asked for what the earlier rounds left, never the whole budget again."""
     gateway, model, _ = world
@@ -558,22 +774,35 @@ async def test_max_tokens_is_one_budget_for_all_rounds(
     assert output == 3 * rounds
 
 
-_IDS = re.compile(r'"(srvtoolu|toolu|msg)_[A-Za-z0-9_-]+"|"(encrypted_content|encrypted_index|'
-                  r'signature)":"[^"]*"')
+_IDS = re.compile(
+    r'"(srvtoolu|toolu|msg)_[A-Za-z0-9_-]+"|"(encrypted_content|encrypted_index|'
+    r'signature)":"[^"]*"'
+)
 
 
 def _normalised(message: dict[str, Any]) -> str:
     """A message's JSON with its ids and sealed fields (new in every reply) normalised."""
-    return _IDS.sub(lambda m: f'"{m[1]}_"' if m[1] else f'"{m[2]}":""',
-                    json.dumps(message, separators=(",", ":")))
+    return _IDS.sub(
+        lambda m: f'"{m[1]}_"' if m[1] else f'"{m[2]}":""',
+        json.dumps(message, separators=(",", ":")),
+    )
 
 
-@pytest.mark.parametrize("query,tools", [
-    ("paris", []), ("x #quote", []), ("x #fail", []), ("x #many", []), ("x #cut", []),
-    ("always", []), ("x #client", [{"name": "clock", "input_schema": {"type": "object"}}]),
-])
-async def test_the_buffered_reply_is_its_stream_folded(world: Any, query: str,
-                                                       tools: list[Any]) -> None:
+@pytest.mark.parametrize(
+    "query,tools",
+    [
+        ("paris", []),
+        ("x #quote", []),
+        ("x #fail", []),
+        ("x #many", []),
+        ("x #cut", []),
+        ("always", []),
+        ("x #client", [{"name": "clock", "input_schema": {"type": "object"}}]),
+    ],
+)
+async def test_the_buffered_reply_is_its_stream_folded(
+    world: Any, query: str, tools: list[Any]
+) -> None:
     """The buffered reply (made of the blocks the rounds keep) equals the streamed reply's
     events folded the way the SDKs fold them."""
     gateway, _, _ = world
@@ -587,8 +816,9 @@ async def test_the_buffered_reply_is_its_stream_folded(world: Any, query: str,
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "buffered"])
-async def test_the_rounds_do_not_parse_their_events_again(world: Any, monkeypatch: Any,
-                                                          stream: bool) -> None:
+async def test_the_rounds_do_not_parse_their_events_again(
+    world: Any, monkeypatch: Any, stream: bool
+) -> None:
     """The rounds read the translator's frames by their prefixes and decode only what the
     next round's request needs, once per block: JSON decodes in the web search modules
     (and in folding events into a message) do not grow with the stream's events."""
@@ -603,6 +833,7 @@ async def test_the_rounds_do_not_parse_their_events_again(world: Any, monkeypatc
             if f"{os.sep}tools{os.sep}" in caller or caller.endswith("aggregate.py"):
                 counts["re-parsed"] += 1
             return real(data)
+
         return loads
 
     monkeypatch.setattr(jsonutil, "loads", counted(real_loads))

@@ -77,25 +77,48 @@ async def test_table_split_at_every_offset(row: Row) -> None:
         assert await outcome(pieces, eof=row.eof) == row.expected, cut
 
 
-_BYTEWISE = [r for r in TABLE if r.name in {
-    "content-length", "chunked with extensions and trailers", "100 continue, then 200",
-    "http/1.0 without framing: until close", "chunk size 0x10", "content-length and chunked",
-    "extra bytes after a chunked body", "cut mid-body (chunked)", "another request's id echoed",
-}]
+_BYTEWISE = [
+    r
+    for r in TABLE
+    if r.name
+    in {
+        "content-length",
+        "chunked with extensions and trailers",
+        "100 continue, then 200",
+        "http/1.0 without framing: until close",
+        "chunk size 0x10",
+        "content-length and chunked",
+        "extra bytes after a chunked body",
+        "cut mid-body (chunked)",
+        "another request's id echoed",
+    }
+]
 
 
 @table_params(_BYTEWISE)
 async def test_table_byte_by_byte(row: Row) -> None:
-    pieces = [row.wire[i:i + 1] for i in range(len(row.wire))]
+    pieces = [row.wire[i : i + 1] for i in range(len(row.wire))]
     assert await outcome(pieces, eof=row.eof) == row.expected
 
 
-_HEAD_ERRORS = [r for r in ANOMALIES + CUT if r.name.startswith(("status line", "header"))
-                or r.name in {"conflicting content-length", "cut in the head, after some bytes",
-                              "cut after a 100 continue", "closed before any byte",
-                              "content-length and chunked", "101 switching protocols",
-                              "status 600", "another request's id echoed", "gzip content-encoding",
-                              f"{MAX_INTERIM + 1} interim replies"}]
+_HEAD_ERRORS = [
+    r
+    for r in ANOMALIES + CUT
+    if r.name.startswith(("status line", "header"))
+    or r.name
+    in {
+        "conflicting content-length",
+        "cut in the head, after some bytes",
+        "cut after a 100 continue",
+        "closed before any byte",
+        "content-length and chunked",
+        "101 switching protocols",
+        "status 600",
+        "another request's id echoed",
+        "gzip content-encoding",
+        f"{MAX_INTERIM + 1} interim replies",
+    }
+]
 
 
 @table_params(_HEAD_ERRORS)
@@ -157,16 +180,28 @@ async def test_interim_replies_do_not_extend_the_head_deadline() -> None:
 
 async def test_headers_lowercased_and_repeats_joined() -> None:
     """llhttp drops the whitespace before a value; the few values read strip the rest."""
-    conn, _ = await feed([OK_HEAD + b"Content-Type:  application/json \r\nX-A: 1\r\n"
-                           b"x-a: 2\r\nContent-Length: 2\r\n\r\nok"])
+    conn, _ = await feed(
+        [
+            OK_HEAD + b"Content-Type:  application/json \r\nX-A: 1\r\n"
+            b"x-a: 2\r\nContent-Length: 2\r\n\r\nok"
+        ]
+    )
     assert await read_all(conn) == b"ok"
-    assert conn.headers == {b"content-type": b"application/json ", b"x-a": b"1, 2",
-                            b"content-length": b"2"}
+    assert conn.headers == {
+        b"content-type": b"application/json ",
+        b"x-a": b"1, 2",
+        b"content-length": b"2",
+    }
 
 
 async def test_trailers_do_not_reach_the_headers() -> None:
-    conn, _ = await feed([OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
-                           + chunked_body(b"ok", trailers=b"X-T: 1\r\n")])
+    conn, _ = await feed(
+        [
+            OK_HEAD
+            + b"Transfer-Encoding: chunked\r\n\r\n"
+            + chunked_body(b"ok", trailers=b"X-T: 1\r\n")
+        ]
+    )
     assert await read_all(conn) == b"ok"
     assert conn.headers == {b"transfer-encoding": b"chunked"}
 
@@ -201,7 +236,7 @@ async def test_bytes_while_parked_are_an_anomaly_of_the_idle_phase() -> None:
 
 async def test_head_over_64_kib_without_its_end_is_refused() -> None:
     big = OK_HEAD + b"X-Big: " + b"a" * (64 * 1024)
-    pieces = [big[i:i + 8192] for i in range(0, len(big), 8192)]
+    pieces = [big[i : i + 8192] for i in range(0, len(big), 8192)]
     conn, transport = await feed(pieces)
     with pytest.raises(ProtocolError, match="head_too_large"):
         await conn.read_head()
@@ -210,7 +245,7 @@ async def test_head_over_64_kib_without_its_end_is_refused() -> None:
 
 async def test_head_just_under_64_kib_is_accepted() -> None:
     head = OK_HEAD + b"X-Big: " + b"a" * (60 * 1024) + b"\r\nContent-Length: 2\r\n\r\n"
-    pieces = [head[i:i + 8192] for i in range(0, len(head), 8192)] + [b"ok"]
+    pieces = [head[i : i + 8192] for i in range(0, len(head), 8192)] + [b"ok"]
     conn, _ = await feed(pieces)
     assert await read_all(conn) == b"ok"
 
@@ -222,13 +257,19 @@ async def test_head_over_64_kib_is_refused_however_it_arrives(cut: int) -> None:
     assert await outcome(pieces) == (ProtocolError, "head_too_large")
 
 
-@pytest.mark.parametrize("junk", [b"X-T: " + b"t" * (70 * 1024), b"1;" + b"x" * (70 * 1024)],
-                         ids=["a trailer", "a chunk extension"])
+@pytest.mark.parametrize(
+    "junk",
+    [b"X-T: " + b"t" * (70 * 1024), b"1;" + b"x" * (70 * 1024)],
+    ids=["a trailer", "a chunk extension"],
+)
 async def test_framing_without_body_past_64_kib_is_refused(junk: bytes) -> None:
     """llhttp holds a trailer until it ends: a never-ending one must not grow us."""
-    wire = OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n2\r\nok\r\n" + (
-        b"0\r\n" + junk if junk.startswith(b"X-T") else junk)
-    pieces = [wire[i:i + 4096] for i in range(0, len(wire), 4096)]
+    wire = (
+        OK_HEAD
+        + b"Transfer-Encoding: chunked\r\n\r\n2\r\nok\r\n"
+        + (b"0\r\n" + junk if junk.startswith(b"X-T") else junk)
+    )
+    pieces = [wire[i : i + 4096] for i in range(0, len(wire), 4096)]
     assert await outcome(pieces) == (ProtocolError, "head_too_large")
 
 
@@ -268,7 +309,7 @@ def _replies(draw: st.DrawFn) -> tuple[bytes, list[bytes], bool, bool]:
         extension = draw(st.sampled_from([b"", b";x", b";name=value"]))
         framed, pos, i = b"", 0, 0
         while pos < len(body):
-            piece = body[pos:pos + sizes[i % len(sizes)]]
+            piece = body[pos : pos + sizes[i % len(sizes)]]
             framed += b"%x%s\r\n%s\r\n" % (len(piece), extension, piece)
             pos += len(piece)
             i += 1
@@ -285,8 +326,7 @@ def _replies(draw: st.DrawFn) -> tuple[bytes, list[bytes], bool, bool]:
 
 @FAST
 @given(_replies())
-def test_any_framing_any_cuts_reads_the_body(reply: tuple[bytes, list[bytes], bool, bool]
-                                             ) -> None:
+def test_any_framing_any_cuts_reads_the_body(reply: tuple[bytes, list[bytes], bool, bool]) -> None:
     body, pieces, eof, reusable = reply
     assert asyncio.run(outcome(pieces, eof=eof)) == (200, body, reusable)
 
@@ -302,7 +342,7 @@ async def test_a_drip_fed_head_ends_at_the_head_deadline() -> None:
 
     async def drip() -> None:
         for i in range(len(wire)):
-            conn.data_received(wire[i:i + 1])
+            conn.data_received(wire[i : i + 1])
             await asyncio.sleep(0.02)
 
     loop = asyncio.get_running_loop()
@@ -319,8 +359,7 @@ async def test_a_drip_fed_head_ends_at_the_head_deadline() -> None:
 async def test_a_stream_dripping_blank_lines_ends_at_its_idle_timeout() -> None:
     """Only bytes that carry an event restart a stream's idle time (the reader says so
     with progress()); a trickle of blank lines or comments does not."""
-    conn, _ = await feed([OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"], stream=True,
-                          within=0.2)
+    conn, _ = await feed([OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"], stream=True, within=0.2)
     await conn.read_head()
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -346,8 +385,7 @@ async def test_a_stream_dripping_blank_lines_ends_at_its_idle_timeout() -> None:
 
 
 async def test_a_stream_with_events_lives_past_its_idle_timeout() -> None:
-    conn, _ = await feed([OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"], stream=True,
-                          within=0.5)
+    conn, _ = await feed([OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"], stream=True, within=0.5)
     await conn.read_head()
 
     async def events() -> None:

@@ -45,21 +45,25 @@ from tests.waits import eventually
 
 async def test_keep_alive_reuses_one_connection_and_sends_exact_request_bytes(pools: Any) -> None:
     async with Upstream(keep_serving) as srv:
-        pool = pools(srv.url, extra_headers={"Content-Type": "application/json",
-                                             "Authorization": "Bearer k"})
+        pool = pools(
+            srv.url, extra_headers={"Content-Type": "application/json", "Authorization": "Bearer k"}
+        )
         big = b"x" * 20000  # past 16 KiB the head and body go out as two buffers
         assert await pool_get(pool, "/v1/chat/completions", b'{"a":1}', method="POST") == b"ok"
         assert await pool_get(pool, "/v1/chat/completions", big, method="POST") == b"ok"
         assert await pool_get(pool) == b"ok"
         assert srv.connections == 1
         assert pool.open_connections == 1
-        fixed = (b"Host: " + srv.host.encode() + b"\r\nContent-Type: application/json\r\n"
-                 b"Authorization: Bearer k\r\n")
+        fixed = (
+            b"Host: " + srv.host.encode() + b"\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer k\r\n"
+        )
         assert srv.requests == [
-            b"POST /v1/chat/completions HTTP/1.1\r\n" + fixed
-            + b'Content-Length: 7\r\n\r\n{"a":1}',
-            b"POST /v1/chat/completions HTTP/1.1\r\n" + fixed
-            + b"Content-Length: 20000\r\n\r\n" + big,
+            b"POST /v1/chat/completions HTTP/1.1\r\n" + fixed + b'Content-Length: 7\r\n\r\n{"a":1}',
+            b"POST /v1/chat/completions HTTP/1.1\r\n"
+            + fixed
+            + b"Content-Length: 20000\r\n\r\n"
+            + big,
             b"GET /v1/models HTTP/1.1\r\n" + fixed + b"\r\n",
         ]
 
@@ -68,8 +72,9 @@ async def test_userinfo_never_reaches_the_host_header(pools: Any) -> None:
     async with Upstream(keep_serving) as srv:
         pool = pools(srv.url.replace("//", "//user:secret@"))
         assert await pool_get(pool) == b"ok"
-        assert srv.requests == [b"GET /v1/models HTTP/1.1\r\nHost: " + srv.host.encode()
-                                + b"\r\n\r\n"]
+        assert srv.requests == [
+            b"GET /v1/models HTTP/1.1\r\nHost: " + srv.host.encode() + b"\r\n\r\n"
+        ]
 
 
 async def test_pool_limit_makes_the_second_request_wait_for_the_first(pools: Any) -> None:
@@ -117,8 +122,9 @@ async def test_waiting_for_a_pool_slot_counts_against_the_head_timeout(pools: An
 
 
 async def test_failed_request_gives_its_pool_slot_back(pools: Any) -> None:
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
         if index == 0:
             writer.write(b"NOT HTTP\r\n\r\n")
@@ -149,8 +155,9 @@ async def test_connect_refused_is_connect_failed_and_frees_the_slot(pools: Any) 
 
 
 async def test_no_reply_times_out_after_head_timeout(pools: Any) -> None:
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
         await srv.wait_client_close(reader)  # never replies
 
@@ -186,8 +193,7 @@ async def test_a_slow_steady_stream_is_not_a_timeout(pools: Any) -> None:
     events = [chunked_body(b"data: %d\n\n" % i)[:-5] for i in range(6)]  # without the last chunk
     async with Upstream(drip_handler(CHUNKED_HEAD, events, 0.1)) as srv:
         pool = pools(srv.url)
-        resp = await pool.request("GET", "/", None, head_timeout=0.5, body_timeout=0.5,
-                                  stream=True)
+        resp = await pool.request("GET", "/", None, head_timeout=0.5, body_timeout=0.5, stream=True)
         got = b""
         while chunk := await resp.readany():
             got += chunk
@@ -213,8 +219,10 @@ async def test_upstream_closing_a_reused_connection_before_replying_is_disconnec
     pools: Any,
 ) -> None:
     """The keep-alive race: the server closed the idle socket as the request went out."""
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
         writer.write(http_reply())
         await srv.read_request(reader)  # the second request on this connection: dropped
@@ -229,8 +237,9 @@ async def test_upstream_closing_a_reused_connection_before_replying_is_disconnec
 
 
 async def test_an_idle_connection_closed_by_the_upstream_is_not_reused(pools: Any) -> None:
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
         writer.write(http_reply())  # then closes, though the reply allowed keep-alive
 
@@ -254,11 +263,15 @@ async def test_response_close_mid_body_closes_the_upstream_socket(pools: Any) ->
 
 
 async def test_release_before_the_end_of_the_body_closes_instead_of_pooling(pools: Any) -> None:
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
-        writer.write(http_reply(b"0123456789") if index else
-                     b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n01234")
+        writer.write(
+            http_reply(b"0123456789")
+            if index
+            else b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n01234"
+        )
         await srv.wait_client_close(reader)
 
     async with Upstream(handler) as srv:
@@ -306,8 +319,11 @@ async def test_pool_close_closes_every_connection_and_fails_waiters(pools: Any) 
         assert pool.open_connections == 0
 
 
-@pytest.mark.parametrize(("idle", "connections"), [(0.0, 1), (0.15, 2)],
-                         ids=["fresh: reused", "older than KEEPALIVE: replaced"])
+@pytest.mark.parametrize(
+    ("idle", "connections"),
+    [(0.0, 1), (0.15, 2)],
+    ids=["fresh: reused", "older than KEEPALIVE: replaced"],
+)
 async def test_idle_connection_older_than_keepalive_is_not_reused(
     pools: Any, monkeypatch: pytest.MonkeyPatch, idle: float, connections: int
 ) -> None:
@@ -360,8 +376,9 @@ async def test_methods_the_gateway_never_sends_are_refused(pools: Any, method: s
 async def test_until_close_body_over_a_socket_ends_at_the_servers_close(pools: Any) -> None:
     body = b"streamed until the server closes " * 50
 
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
         payload = body
         writer.write(b"HTTP/1.0 200 OK\r\n\r\n" + payload[:100])
@@ -382,15 +399,36 @@ async def test_until_close_body_over_a_socket_ends_at_the_servers_close(pools: A
 
 # --- TLS upstreams ----------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tls_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 (openssl CLI): (cert, key)."""
     d = tmp_path_factory.mktemp("tls")
     cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "2", "-subj", "/CN=127.0.0.1", "-addext",
-                    "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return cert, key
 
 
@@ -463,13 +501,21 @@ async def test_a_stray_reply_after_the_next_request_is_refused_by_its_request_id
     async with Upstream(echo_handler(stray_after=0.1)) as srv:
         seen = Anomalies()
         pool = pools(srv.url, on_protocol_error=seen)
-        resp = await pool.request("GET", "/double", None, head_timeout=1, body_timeout=1,
-                                  request_id=b"req_A")
+        resp = await pool.request(
+            "GET", "/double", None, head_timeout=1, body_timeout=1, request_id=b"req_A"
+        )
         assert await resp.read() == b"/double"
         resp.release()
         with pytest.raises(ProtocolError, match="request_id_mismatch"):
-            await pool.request("GET", "/b", None, head_timeout=1, body_timeout=1,
-                               request_id=b"req_B", log_id="client_B")
+            await pool.request(
+                "GET",
+                "/b",
+                None,
+                head_timeout=1,
+                body_timeout=1,
+                request_id=b"req_B",
+                log_id="client_B",
+            )
         assert seen.seen == [("request_id_mismatch", "head", "client_B", "req_B")]
         assert pool.open_connections == 0
         assert srv.requests[1].count(b"X-Request-Id: req_B\r\n") == 1
@@ -477,10 +523,12 @@ async def test_a_stray_reply_after_the_next_request_is_refused_by_its_request_id
 
 @pytest.mark.parametrize("gap", [0.0, 0.05], ids=["same read", "a later read"])
 async def test_a_body_past_its_content_length_never_reaches_the_next_request(
-    pools: Any, gap: float,
+    pools: Any,
+    gap: float,
 ) -> None:
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         if index == 0:
             await srv.read_request(reader)
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")

@@ -36,17 +36,21 @@ VERDICTS = [
 
 
 @pytest.mark.parametrize(("data", "final", "expected"), VERDICTS)
-def test_verdict_reads_the_first_objects_id(data: bytes, final: bool,
-                                            expected: bool | None) -> None:
+def test_verdict_reads_the_first_objects_id(
+    data: bytes, final: bool, expected: bool | None
+) -> None:
     assert verdict(data, E, final=final) is expected
 
 
-@pytest.mark.parametrize(("body", "expected"), [
-    (b'{"model":"m","messages":[]}', b'{"rid":"gw-1","model":"m","messages":[]}'),
-    (b'{"model":"m","rid":"mine"}', None),  # the client's own would win
-    (b' {"model":"m"}', None),
-    (b"[]", None),
-])
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b'{"model":"m","messages":[]}', b'{"rid":"gw-1","model":"m","messages":[]}'),
+        (b'{"model":"m","rid":"mine"}', None),  # the client's own would win
+        (b' {"model":"m"}', None),
+        (b"[]", None),
+    ],
+)
 def test_with_rid_puts_the_attempts_id_first(body: bytes, expected: bytes | None) -> None:
     out = with_rid(body, b"gw-1")
     assert out == expected
@@ -63,8 +67,9 @@ def _engine(kind: str, *, wrong_after: int = -1, error_at: int = -1) -> Any:
     a 400."""
     count = [0]
 
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         while True:
             try:
                 request = await srv.read_request(reader)
@@ -84,16 +89,24 @@ def _engine(kind: str, *, wrong_after: int = -1, error_at: int = -1) -> Any:
             else:
                 body = b'{"id":"' + name + b'","object":"chat.completion","choices":[]}'
                 status = b"200 OK"
-            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: %d\r\n\r\n%s"
-                         % (len(body), body))
+            writer.write(
+                b"HTTP/1.1 " + status + b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
 
     return handler
 
 
 async def _call(pool: Any, n: int, *, stream: bool = False) -> bytes:
-    resp = await pool.request("POST", "/v1/chat/completions", b'{"model":"m"}',
-                              head_timeout=2, body_timeout=2, stream=stream,
-                              request_id=b"gw-t-%d" % n, provable=True)
+    resp = await pool.request(
+        "POST",
+        "/v1/chat/completions",
+        b'{"model":"m"}',
+        head_timeout=2,
+        body_timeout=2,
+        stream=stream,
+        request_id=b"gw-t-%d" % n,
+        provable=True,
+    )
     try:
         if stream:
             data = b""
@@ -111,7 +124,9 @@ async def _call(pool: Any, n: int, *, stream: bool = False) -> bytes:
 @pytest.mark.parametrize("kind", ["vllm", "sglang"])
 @pytest.mark.parametrize("stream", [False, True], ids=["buffered", "stream"])
 async def test_a_body_that_names_its_request_proves_the_upstream(
-    pools: Any, kind: str, stream: bool,
+    pools: Any,
+    kind: str,
+    stream: bool,
 ) -> None:
     async with Upstream(_engine(kind)) as srv:
         pool = pools(srv.url, keepalive="auto", body_proof=BODY_PROOF[kind])
@@ -158,14 +173,27 @@ async def test_an_error_reply_on_a_reused_connection_is_refused_without_an_anoma
         for n in range(PROOF + 1):
             await _call(pool, n)
         with pytest.raises(ProtocolError, match="request_id_missing") as info:
-            await pool.request("POST", "/v1/chat/completions", b'{"model":"m"}',
-                               head_timeout=2, body_timeout=2, request_id=b"gw-t-e",
-                               provable=True)
+            await pool.request(
+                "POST",
+                "/v1/chat/completions",
+                b'{"model":"m"}',
+                head_timeout=2,
+                body_timeout=2,
+                request_id=b"gw-t-e",
+                provable=True,
+            )
         assert info.value.cause == "misrouted"
         assert pool.reuse.keepalive
-        resp = await pool.request("POST", "/v1/chat/completions", b'{"model":"m"}',
-                                  head_timeout=2, body_timeout=2, request_id=b"gw-t-f",
-                                  provable=True, fresh=True)
+        resp = await pool.request(
+            "POST",
+            "/v1/chat/completions",
+            b'{"model":"m"}',
+            head_timeout=2,
+            body_timeout=2,
+            request_id=b"gw-t-f",
+            provable=True,
+            fresh=True,
+        )
         assert b"Connection: close" in srv.requests[-1]
         assert resp.status == 200
         resp.close()

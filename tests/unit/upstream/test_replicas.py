@@ -114,9 +114,14 @@ def test_a_lone_replica_is_never_ejected() -> None:
 
 def test_the_session_key_is_the_header_else_user_id_else_the_stable_prefix() -> None:
     turn1 = {"system": "be brief", "messages": [{"role": "user", "content": "hi"}]}
-    turn2 = {"system": "be brief", "messages": [
-        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
-        {"role": "user", "content": "more"}]}
+    turn2 = {
+        "system": "be brief",
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "more"},
+        ],
+    }
     other = {"system": "be brief", "messages": [{"role": "user", "content": "bye"}]}
     assert session_key("abc", turn1) == "h:abc"
     assert session_key(None, {**turn1, "metadata": {"user_id": "u1"}}) == "u:u1"
@@ -127,8 +132,13 @@ def test_the_pass_through_session_key_is_the_header_else_user_else_the_chat_pref
     from gateway.openai.session_scan import session_key as openai_key
 
     turn1 = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}]}
-    turn2 = {"messages": [*turn1["messages"], {"role": "assistant", "content": "b"},
-                          {"role": "user", "content": "c"}]}
+    turn2 = {
+        "messages": [
+            *turn1["messages"],
+            {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"},
+        ]
+    }
     assert openai_key("x", turn1) == "h:x"
     assert openai_key(None, {**turn1, "user": "u"}) == "u:u"
     assert openai_key(None, turn1) == openai_key(None, turn2) is not None
@@ -193,11 +203,20 @@ class _HashLog:
         return _Logged()
 
 
-@pytest.mark.parametrize(("key_len", "replicas", "as_bytes"), [
-    (10, 3, False), (10, 64, False), (1_000_000, 3, False), (1_000_000, 64, False),
-    (10_000_000, 64, False), (1_000_000, 64, True)])
+@pytest.mark.parametrize(
+    ("key_len", "replicas", "as_bytes"),
+    [
+        (10, 3, False),
+        (10, 64, False),
+        (1_000_000, 3, False),
+        (1_000_000, 64, False),
+        (10_000_000, 64, False),
+        (1_000_000, 64, True),
+    ],
+)
 def test_a_session_key_is_hashed_once_whatever_its_length_and_the_fleet(
-        monkeypatch: pytest.MonkeyPatch, key_len: int, replicas: int, as_bytes: bool) -> None:
+    monkeypatch: pytest.MonkeyPatch, key_len: int, replicas: int, as_bytes: bool
+) -> None:
     """A long ``metadata.user_id`` was hashed in full once per replica, on the loop."""
     import hashlib
 
@@ -212,12 +231,16 @@ def test_a_session_key_is_hashed_once_whatever_its_length_and_the_fleet(
     assert sum(log.fed) <= 4096 + 64 * replicas  # a bounded digest, then a little per replica
 
 
-@pytest.mark.parametrize("header", [
-    "caf\udce9",  # latin-1 bytes, as aiohttp decodes them (surrogate escapes)
-    "\udcff\udcfe\udc80abc",  # no text at all
-    "\ud800",  # a lone surrogate of any kind
-    "é", "plain",
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        "caf\udce9",  # latin-1 bytes, as aiohttp decodes them (surrogate escapes)
+        "\udcff\udcfe\udc80abc",  # no text at all
+        "\ud800",  # a lone surrogate of any kind
+        "é",
+        "plain",
+    ],
+)
 def test_any_session_header_is_a_key(header: str) -> None:
     """A session header that is not UTF-8 was a 500 (its key could not be encoded)."""
     for balance in ("affinity", "round_robin", "least_busy"):
@@ -227,7 +250,8 @@ def test_any_session_header_is_a_key(header: str) -> None:
     affinity = Replicas(URLS)
     assert len({affinity.order(session_key(header, {}))[0].index for _ in range(5)}) == 1
     assert rendezvous(session_key(header, {}), URLS) == rendezvous(
-        session_key(header, {}), list(URLS))
+        session_key(header, {}), list(URLS)
+    )
     # the bytes of a key are the key (every process, and the tests' predictions, agree)
     raw = session_key(header, {}).encode("utf-8", "surrogatepass")
     assert rendezvous(raw, URLS) == rendezvous(session_key(header, {}), URLS)

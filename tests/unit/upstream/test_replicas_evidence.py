@@ -71,8 +71,7 @@ class _Engine:
         self.script = script
         self.seen: list[bytes] = []
 
-    async def request(self, method: str, target: str, data: bytes | None,
-                      **kwargs: Any) -> _Reply:
+    async def request(self, method: str, target: str, data: bytes | None, **kwargs: Any) -> _Reply:
         self.seen.append(data or b"")
         return _Reply(self.script(self.index, data or b""))
 
@@ -120,8 +119,9 @@ async def _client_errors(probes: bool, seconds: int = 600) -> tuple[int, Replica
     """``seconds`` of traffic (4 new sessions a second) with replica 0 answering its health
     route but failing every request with a 500 (not retried: each is a client error), with
     or without a passing probe of every replica every 5 s; -> (client errors, replica 0)."""
-    client, clock, _ = await _client(lambda index, body: 500 if index == 0 else 200,
-                                     health_interval=5.0 if probes else 0.0)
+    client, clock, _ = await _client(
+        lambda index, body: 500 if index == 0 else 200, health_interval=5.0 if probes else 0.0
+    )
     errors_seen = 0
     for step in range(seconds * 4):
         clock.now = 100.0 + step / 4
@@ -143,14 +143,18 @@ async def test_a_passing_probe_does_not_bring_back_a_replica_failing_requests() 
 
 
 # (how it went out, the probe) -> (back in at once, failures after)
-@pytest.mark.parametrize(("cause", "probe_ok", "back", "failures"), [
-    ("probe", True, True, 0),  # its probe put it out, its probe brings it back
-    ("connect", True, True, 0),  # refused connections: the server is up again
-    ("request", True, False, 3),  # failed real requests: only a real trial brings it back
-    ("request", False, False, 4),  # a failing probe on top: out for longer
-])
+@pytest.mark.parametrize(
+    ("cause", "probe_ok", "back", "failures"),
+    [
+        ("probe", True, True, 0),  # its probe put it out, its probe brings it back
+        ("connect", True, True, 0),  # refused connections: the server is up again
+        ("request", True, False, 3),  # failed real requests: only a real trial brings it back
+        ("request", False, False, 4),  # a failing probe on top: out for longer
+    ],
+)
 async def test_a_probe_overrides_only_the_evidence_of_probes_and_connections(
-        cause: str, probe_ok: bool, back: bool, failures: int) -> None:
+    cause: str, probe_ok: bool, back: bool, failures: int
+) -> None:
     client, clock, _ = await _client(lambda index, body: 200, health_interval=5.0)
     r = client.replicas.all[0]
     for _ in range(3 if cause != "probe" else 1):
@@ -179,21 +183,25 @@ def _poison(status: int) -> Script:
 
 
 # (what the engines do, the requests sent) -> (replicas out after, requests the engines saw)
-@pytest.mark.parametrize(("script", "bodies", "out", "sent"), [
-    # a 500 is not retried: the client sends it again, it fails on the second replica
-    (_poison(500), [b"poison"] * 2, 0, 2),
-    (_poison(500), [b"poison"] * 5, 0, 5),
-    # a 502 is retried on the next replica within the request: it stops at the second
-    (_poison(502), [b"poison"], 0, 2),
-    (_poison(504), [b"poison"] * 3, 0, 4),  # then known: tried on one replica each time
-    # distinct poisons, each failing once: at most half the fleet (one of three) goes out
-    (_poison(500), [b"poison %d" % n for n in range(6)], 1, 6),
-    (_poison(502), [b"poison %d" % n for n in range(6)], 0, 12),  # each judged at once
-    # a broken replica fails everyone's distinct requests: it is ejected all the same
-    (lambda index, body: 500 if index == 1 else 200, [b"r%d" % n for n in range(30)], 1, 0),
-])
+@pytest.mark.parametrize(
+    ("script", "bodies", "out", "sent"),
+    [
+        # a 500 is not retried: the client sends it again, it fails on the second replica
+        (_poison(500), [b"poison"] * 2, 0, 2),
+        (_poison(500), [b"poison"] * 5, 0, 5),
+        # a 502 is retried on the next replica within the request: it stops at the second
+        (_poison(502), [b"poison"], 0, 2),
+        (_poison(504), [b"poison"] * 3, 0, 4),  # then known: tried on one replica each time
+        # distinct poisons, each failing once: at most half the fleet (one of three) goes out
+        (_poison(500), [b"poison %d" % n for n in range(6)], 1, 6),
+        (_poison(502), [b"poison %d" % n for n in range(6)], 0, 12),  # each judged at once
+        # a broken replica fails everyone's distinct requests: it is ejected all the same
+        (lambda index, body: 500 if index == 1 else 200, [b"r%d" % n for n in range(30)], 1, 0),
+    ],
+)
 async def test_a_request_the_engines_fail_does_not_empty_the_fleet(
-        script: Script, bodies: list[bytes], out: int, sent: int) -> None:
+    script: Script, bodies: list[bytes], out: int, sent: int
+) -> None:
     client, _, engines = await _client(script)
     for n, body in enumerate(bodies):
         await _send(client, body, f"session-{n}")
@@ -207,14 +215,14 @@ async def test_a_request_the_engines_fail_does_not_empty_the_fleet(
 
 async def test_a_replica_failing_requests_after_a_poison_is_still_ejected() -> None:
     """The poison judged, replica 0 then fails a request of its own: out."""
-    client, _, _ = await _client(lambda index, body: 500 if b"poison" in body
-                                 or (index == 0 and b"late" in body) else 200)
+    client, _, _ = await _client(
+        lambda index, body: 500 if b"poison" in body or (index == 0 and b"late" in body) else 200
+    )
     for n in range(2):
         await _send(client, b"poison", f"p{n}")
     assert _ejected(client.replicas.all) == 0
     r0 = client.replicas.all[0]
-    key = next(f"k{n}" for n in range(200)
-               if client.replicas.order(f"k{n}".encode())[0] is r0)
+    key = next(f"k{n}" for n in range(200) if client.replicas.order(f"k{n}".encode())[0] is r0)
     assert not await _send(client, b"late", key)
     assert r0.failures == 1
     await client.close()

@@ -24,28 +24,34 @@ from gateway.upstream.replicas import Replicas, rendezvous
 # ---------------------------------------------------------------- discovery, pure
 
 
-@pytest.mark.parametrize(("current", "answer", "cap", "want"), [
-    ([], ["10.0.0.2", "10.0.0.1"], 16, Change(join=("10.0.0.1", "10.0.0.2"))),
-    (["a", "b"], ["b", "a"], 16, Change()),  # order of the answer does not matter
-    (["a", "b"], ["a", "c"], 16, Change(join=("c",), leave=("b",))),
-    (["a", "b"], [], 16, Change()),  # nothing answered: the last set stays
-    (["a"], ["a", "d", "c", "b"], 2, Change(join=("b",), over=2)),  # cap: newcomers in order
-    (["x", "y"], ["a", "b", "x", "y"], 2, Change(over=2)),  # the ones in stay in
-    (["x", "y"], ["a", "b", "y"], 2, Change(join=("a",), leave=("x",), over=1)),
-    (["a"], ["a", "a", "b"], 16, Change(join=("b",))),  # an address listed twice
-])
+@pytest.mark.parametrize(
+    ("current", "answer", "cap", "want"),
+    [
+        ([], ["10.0.0.2", "10.0.0.1"], 16, Change(join=("10.0.0.1", "10.0.0.2"))),
+        (["a", "b"], ["b", "a"], 16, Change()),  # order of the answer does not matter
+        (["a", "b"], ["a", "c"], 16, Change(join=("c",), leave=("b",))),
+        (["a", "b"], [], 16, Change()),  # nothing answered: the last set stays
+        (["a"], ["a", "d", "c", "b"], 2, Change(join=("b",), over=2)),  # cap: newcomers in order
+        (["x", "y"], ["a", "b", "x", "y"], 2, Change(over=2)),  # the ones in stay in
+        (["x", "y"], ["a", "b", "y"], 2, Change(join=("a",), leave=("x",), over=1)),
+        (["a"], ["a", "a", "b"], 16, Change(join=("b",))),  # an address listed twice
+    ],
+)
 def test_diff(current: list[str], answer: list[str], cap: int, want: Change) -> None:
     assert diff(current, answer, cap) == want
 
 
-@pytest.mark.parametrize(("base_url", "address", "want"), [
-    ("http://vllm:8000/v1", "10.1.2.3", "http://10.1.2.3:8000/v1"),
-    ("https://vllm.ns.svc/v1", "10.1.2.3", "https://10.1.2.3:443/v1"),
-    ("http://vllm/v1", "10.1.2.3", "http://10.1.2.3:80/v1"),
-    ("http://user:pw@vllm:8000/v1", "10.1.2.3", "http://10.1.2.3:8000/v1"),
-    ("http://vllm:8000/v1", "fd00::5", "http://[fd00::5]:8000/v1"),
-    ("http://vllm:8000/serve/v1", "10.1.2.3", "http://10.1.2.3:8000/serve/v1"),
-])
+@pytest.mark.parametrize(
+    ("base_url", "address", "want"),
+    [
+        ("http://vllm:8000/v1", "10.1.2.3", "http://10.1.2.3:8000/v1"),
+        ("https://vllm.ns.svc/v1", "10.1.2.3", "https://10.1.2.3:443/v1"),
+        ("http://vllm/v1", "10.1.2.3", "http://10.1.2.3:80/v1"),
+        ("http://user:pw@vllm:8000/v1", "10.1.2.3", "http://10.1.2.3:8000/v1"),
+        ("http://vllm:8000/v1", "fd00::5", "http://[fd00::5]:8000/v1"),
+        ("http://vllm:8000/serve/v1", "10.1.2.3", "http://10.1.2.3:8000/serve/v1"),
+    ],
+)
 def test_replica_url(base_url: str, address: str, want: str) -> None:
     assert replica_url(base_url, address) == want
 
@@ -80,17 +86,21 @@ def _state(reps: Replicas, now: float) -> str:
 
 
 # (how the replica stands, the probe's outcome) -> (its state now, in 5 s, failures)
-@pytest.mark.parametrize(("before", "ok", "now_state", "later_state", "failures"), [
-    ("healthy", True, "healthy", "healthy", 0),
-    ("healthy", False, "ejected", "ejected", 1),  # held out past its 1 s back-off
-    ("probe_ejected", True, "healthy", "healthy", 0),  # back at once
-    ("probe_ejected", False, "ejected", "ejected", 2),
-    ("connect_ejected", True, "healthy", "healthy", 0),  # refused, now up: back at once
-    ("request_ejected", True, "ejected", "trial", 3),  # its back-off runs, then its trial
-    ("request_ejected", False, "ejected", "ejected", 4),
-])
-def test_probe_outcome_table(before: str, ok: bool, now_state: str, later_state: str,
-                             failures: int) -> None:
+@pytest.mark.parametrize(
+    ("before", "ok", "now_state", "later_state", "failures"),
+    [
+        ("healthy", True, "healthy", "healthy", 0),
+        ("healthy", False, "ejected", "ejected", 1),  # held out past its 1 s back-off
+        ("probe_ejected", True, "healthy", "healthy", 0),  # back at once
+        ("probe_ejected", False, "ejected", "ejected", 2),
+        ("connect_ejected", True, "healthy", "healthy", 0),  # refused, now up: back at once
+        ("request_ejected", True, "ejected", "trial", 3),  # its back-off runs, then its trial
+        ("request_ejected", False, "ejected", "ejected", 4),
+    ],
+)
+def test_probe_outcome_table(
+    before: str, ok: bool, now_state: str, later_state: str, failures: int
+) -> None:
     clock = Clock()
     reps = Replicas(URLS, clock=clock)
     r = reps.all[0]
@@ -143,22 +153,27 @@ def test_membership_changes_move_only_the_sessions_they_must() -> None:
 
 
 def _upstream(**keys: Any) -> UpstreamConfig:
-    data = {"upstreams": {"u": {"base_url": "http://vllm:8000/v1", **keys}},
-            "models": [{"name": "m", "upstream": "u", "upstream_model": "x"}]}
+    data = {
+        "upstreams": {"u": {"base_url": "http://vllm:8000/v1", **keys}},
+        "models": [{"name": "m", "upstream": "u", "upstream_model": "x"}],
+    }
     return parse(data, "t.toml", {}).upstreams["u"]
 
 
-@pytest.mark.parametrize(("keys", "want"), [
-    ({}, ("none", "/health")),
-    ({"kind": "ollama"}, ("none", "/api/version")),
-    ({"discover": "dns", "health_path": "/ping"}, ("dns", "/ping")),
-    ({"discover": "sometimes"}, "upstreams.u.discover: must be one of none, dns"),
-    ({"health_path": "health"}, "upstreams.u.health_path: must start with '/'"),
-    ({"health_path": "/a b"}, "upstreams.u.health_path: must start with '/'"),
-    ({"max_replicas": 1000}, "upstreams.u.max_replicas: must be at most 256"),
-    ({"health_interval": -1}, "upstreams.u.health_interval: must be >= 0"),
-    ({"resolve_interval": 0}, "upstreams.u.resolve_interval: must be > 0"),
-])
+@pytest.mark.parametrize(
+    ("keys", "want"),
+    [
+        ({}, ("none", "/health")),
+        ({"kind": "ollama"}, ("none", "/api/version")),
+        ({"discover": "dns", "health_path": "/ping"}, ("dns", "/ping")),
+        ({"discover": "sometimes"}, "upstreams.u.discover: must be one of none, dns"),
+        ({"health_path": "health"}, "upstreams.u.health_path: must start with '/'"),
+        ({"health_path": "/a b"}, "upstreams.u.health_path: must start with '/'"),
+        ({"max_replicas": 1000}, "upstreams.u.max_replicas: must be at most 256"),
+        ({"health_interval": -1}, "upstreams.u.health_interval: must be >= 0"),
+        ({"resolve_interval": 0}, "upstreams.u.resolve_interval: must be > 0"),
+    ],
+)
 def test_fleet_config(keys: dict[str, Any], want: Any) -> None:
     if isinstance(want, tuple):
         cfg = _upstream(**keys)
@@ -169,8 +184,10 @@ def test_fleet_config(keys: dict[str, Any], want: Any) -> None:
 
 
 def test_dns_takes_one_base_url() -> None:
-    data = {"upstreams": {"u": {"base_urls": ["http://a/v1", "http://b/v1"], "discover": "dns"}},
-            "models": [{"name": "m", "upstream": "u", "upstream_model": "x"}]}
+    data = {
+        "upstreams": {"u": {"base_urls": ["http://a/v1", "http://b/v1"], "discover": "dns"}},
+        "models": [{"name": "m", "upstream": "u", "upstream_model": "x"}],
+    }
     with pytest.raises(ConfigError, match=r"upstreams\.u\.discover"):
         parse(data, "t.toml", {})
 
@@ -193,8 +210,9 @@ class Resolver:
 
 
 def _dns_cfg(port: int = 8000, **keys: Any) -> UpstreamConfig:
-    return replace(UpstreamConfig(name="fleet", base_url=f"http://vllm.test:{port}/v1"),
-                   discover="dns", **keys)
+    return replace(
+        UpstreamConfig(name="fleet", base_url=f"http://vllm.test:{port}/v1"), discover="dns", **keys
+    )
 
 
 def _value(metrics: Metrics, name: str, **labels: str) -> float | None:
@@ -202,8 +220,12 @@ def _value(metrics: Metrics, name: str, **labels: str) -> float | None:
 
 
 def _labels(metrics: Metrics) -> set[str]:
-    return {s.labels["replica"] for f in metrics.registry.collect()
-            if f.name == "llm_gateway_upstream_replica_healthy" for s in f.samples}
+    return {
+        s.labels["replica"]
+        for f in metrics.registry.collect()
+        if f.name == "llm_gateway_upstream_replica_healthy"
+        for s in f.samples
+    }
 
 
 async def test_the_client_follows_the_name() -> None:
@@ -214,7 +236,9 @@ async def test_the_client_follows_the_name() -> None:
     try:
         assert resolver.asked == [("vllm.test", 8000)]
         assert [r.base_url for r in client.replicas.all] == [
-            "http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
+            "http://10.0.0.1:8000/v1",
+            "http://10.0.0.2:8000/v1",
+        ]
         assert _labels(metrics) == {"vllm.test:8000#0", "vllm.test:8000#1"}
         assert _value(metrics, "llm_gateway_upstream_replicas", upstream="fleet") == 2
         # the pools connect to the address and name the host
@@ -228,10 +252,21 @@ async def test_the_client_follows_the_name() -> None:
             resolver.answer = answer
             await client.members.resolve_now()
         assert len(client.replicas.all) == 2
-        assert _value(metrics, "llm_gateway_upstream_resolutions_total", upstream="fleet",
-                      outcome="failed") == 1
-        assert _value(metrics, "llm_gateway_upstream_resolutions_total", upstream="fleet",
-                      outcome="empty") == 1
+        assert (
+            _value(
+                metrics,
+                "llm_gateway_upstream_resolutions_total",
+                upstream="fleet",
+                outcome="failed",
+            )
+            == 1
+        )
+        assert (
+            _value(
+                metrics, "llm_gateway_upstream_resolutions_total", upstream="fleet", outcome="empty"
+            )
+            == 1
+        )
 
         # one leaves while a request holds it, two join (the cap is 3: one left out)
         leaving = client.replicas.all[0]
@@ -239,7 +274,10 @@ async def test_the_client_follows_the_name() -> None:
         resolver.answer = ["10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"]
         await client.members.resolve_now()
         assert [r.base_url for r in client.replicas.all] == [
-            "http://10.0.0.2:8000/v1", "http://10.0.0.3:8000/v1", "http://10.0.0.4:8000/v1"]
+            "http://10.0.0.2:8000/v1",
+            "http://10.0.0.3:8000/v1",
+            "http://10.0.0.4:8000/v1",
+        ]
         assert leaving.index in client.members.pools  # its request runs on
         assert _labels(metrics) == {f"vllm.test:8000#{n}" for n in range(4)}
         client.members.finished(leaving)
@@ -315,14 +353,15 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def test_probes_eject_and_bring_back(
-        engine: tuple[int, list[int], list[bytes]]) -> None:
+async def test_probes_eject_and_bring_back(engine: tuple[int, list[int], list[bytes]]) -> None:
     port, health, seen = engine
     metrics = Metrics(CollectorRegistry())
-    cfg = replace(UpstreamConfig(name="fleet", base_url="http://e.test:1/v1"),
-                  base_urls=(f"http://127.0.0.1:{port}/v1",
-                             f"http://localhost:{_closed_port()}/v1"),
-                  health_interval=5.0, health_timeout=0.3)
+    cfg = replace(
+        UpstreamConfig(name="fleet", base_url="http://e.test:1/v1"),
+        base_urls=(f"http://127.0.0.1:{port}/v1", f"http://localhost:{_closed_port()}/v1"),
+        health_interval=5.0,
+        health_timeout=0.3,
+    )
     client = UpstreamClient(cfg, metrics=metrics)
     await client.start()  # one probe round before it returns
     try:
@@ -331,17 +370,29 @@ async def test_probes_eject_and_bring_back(
         assert up.state(0) == "healthy" and down.probe_failed
         assert down.ejected_until >= asyncio.get_running_loop().time() + 5.0
         label = down.label
-        assert _value(metrics, "llm_gateway_upstream_probes_total", upstream="fleet",
-                      replica=label, outcome="error") == 1
+        assert (
+            _value(
+                metrics,
+                "llm_gateway_upstream_probes_total",
+                upstream="fleet",
+                replica=label,
+                outcome="error",
+            )
+            == 1
+        )
 
         steps: list[tuple[int, str, bool]] = [
-            (503, "status", False), (0, "timeout", False), (200, "ok", True)]
+            (503, "status", False),
+            (0, "timeout", False),
+            (200, "ok", True),
+        ]
         for status, outcome, healthy in steps:
             health[0] = status
             assert await client.members.probe(up) == outcome
             assert (up.failures == 0) is healthy
-            assert _value(metrics, "llm_gateway_upstream_replica_healthy", upstream="fleet",
-                          replica=up.label) == (1 if healthy else 0)
+            assert _value(
+                metrics, "llm_gateway_upstream_replica_healthy", upstream="fleet", replica=up.label
+            ) == (1 if healthy else 0)
     finally:
         await client.close()
 
@@ -362,7 +413,6 @@ async def test_probe_path_is_at_the_server_root() -> None:
         assert targets == ["/serve/ping"]
     finally:
         await client.close()
-
 
 
 async def test_probes_stop_when_the_gateway_drains() -> None:
@@ -415,27 +465,31 @@ class _Pool:
         pass
 
 
-@pytest.mark.parametrize(("ends", "failures", "state"), [
-    ("whole", 0, "healthy"),  # read to its end: back in
-    ("cut", 2, "ejected"),  # its head came, its body was cut: out again, for twice as long
-    ("abandoned", 2, "ejected"),  # a continuation went elsewhere (the same)
-    ("lost_caught", 2, "ejected"),  # its connection lost, the error handled by the reader
-    ("client_left", 1, "trial"),  # nothing learnt: the next request is its trial
-])
-async def test_a_trial_is_judged_by_its_whole_reply(ends: str, failures: int,
-                                                    state: str) -> None:
+@pytest.mark.parametrize(
+    ("ends", "failures", "state"),
+    [
+        ("whole", 0, "healthy"),  # read to its end: back in
+        ("cut", 2, "ejected"),  # its head came, its body was cut: out again, for twice as long
+        ("abandoned", 2, "ejected"),  # a continuation went elsewhere (the same)
+        ("lost_caught", 2, "ejected"),  # its connection lost, the error handled by the reader
+        ("client_left", 1, "trial"),  # nothing learnt: the next request is its trial
+    ],
+)
+async def test_a_trial_is_judged_by_its_whole_reply(ends: str, failures: int, state: str) -> None:
     """A replica that answers heads and cuts every body was back in at each head: its
     back-off never grew past the first second (one cut stream, continued, every second)."""
-    cfg = UpstreamConfig(name="u", base_url="http://a.test:1/v1",
-                         base_urls=("http://a.test:1/v1", "http://b.test:1/v1"))
+    cfg = UpstreamConfig(
+        name="u",
+        base_url="http://a.test:1/v1",
+        base_urls=("http://a.test:1/v1", "http://b.test:1/v1"),
+    )
     client = UpstreamClient(cfg)
     await client.start()
     clock = Clock()
     reps = client.replicas
     reps._clock = clock
     client.members.pools = {r.index: _Pool() for r in reps.all}  # type: ignore[misc]
-    key = next(k for k in (f"s{n}" for n in range(100))
-               if reps.order(k.encode())[0].index == 0)
+    key = next(k for k in (f"s{n}" for n in range(100)) if reps.order(k.encode())[0].index == 0)
     a = reps.all[0]
     reps.failed(a)  # its first cut: out for a second
     clock.now += 1.0  # due for its trial
@@ -459,8 +513,7 @@ async def test_a_trial_is_judged_by_its_whole_reply(ends: str, failures: int,
                 raise asyncio.CancelledError
     except (errors.UpstreamUnavailable, asyncio.CancelledError):
         pass
-    assert (a.failures, a.state(clock.now), a.trial, a.in_flight) == (failures, state,
-                                                                       False, 0)
+    assert (a.failures, a.state(clock.now), a.trial, a.in_flight) == (failures, state, False, 0)
     if state == "ejected":
         assert a.ejected_until == clock.now + 2.0
     await client.close()

@@ -40,16 +40,37 @@ def test_auto_starts_without_keepalive_and_turns_it_on_after_proof_echoes() -> N
     assert reuse.observe(E) is False  # staying trusted is no change
 
 
-@pytest.mark.parametrize(("events", "state", "streak", "proof"), [
-    ([E] * (PROOF - 1) + [N], ReuseState.PROBING, 0, PROOF),  # no echo: start over
-    ([E] * (PROOF - 1) + [N] + [E] * (PROOF - 1), ReuseState.PROBING, PROOF - 1, PROOF),
-    ([E] * 3 + [A], ReuseState.PROBING, 0, 2 * PROOF),  # an anomaly while probing: twice the proof
-    ([E] * PROOF + [N], ReuseState.PROBING, 0, PROOF),  # it stopped echoing (restarted without it?)
-    ([E] * PROOF + [A], ReuseState.PROBING, 0, 2 * PROOF),
-    ([E] * PROOF + [A] + [E] * (2 * PROOF), ReuseState.TRUSTED, 2 * PROOF, 2 * PROOF),
-    ([A] * 20, ReuseState.PROBING, 0, MAX_PROOF),  # the proof asked for is bounded
-], ids=["no-echo-resets", "streak-after-reset", "anomaly-probing", "trusted-no-echo",
-        "trusted-anomaly", "earned-again", "proof-capped"])
+@pytest.mark.parametrize(
+    ("events", "state", "streak", "proof"),
+    [
+        ([E] * (PROOF - 1) + [N], ReuseState.PROBING, 0, PROOF),  # no echo: start over
+        ([E] * (PROOF - 1) + [N] + [E] * (PROOF - 1), ReuseState.PROBING, PROOF - 1, PROOF),
+        (
+            [E] * 3 + [A],
+            ReuseState.PROBING,
+            0,
+            2 * PROOF,
+        ),  # an anomaly while probing: twice the proof
+        (
+            [E] * PROOF + [N],
+            ReuseState.PROBING,
+            0,
+            PROOF,
+        ),  # it stopped echoing (restarted without it?)
+        ([E] * PROOF + [A], ReuseState.PROBING, 0, 2 * PROOF),
+        ([E] * PROOF + [A] + [E] * (2 * PROOF), ReuseState.TRUSTED, 2 * PROOF, 2 * PROOF),
+        ([A] * 20, ReuseState.PROBING, 0, MAX_PROOF),  # the proof asked for is bounded
+    ],
+    ids=[
+        "no-echo-resets",
+        "streak-after-reset",
+        "anomaly-probing",
+        "trusted-no-echo",
+        "trusted-anomaly",
+        "earned-again",
+        "proof-capped",
+    ],
+)
 def test_transitions(events: list[Event], state: ReuseState, streak: int, proof: int) -> None:
     reuse = Reuse("auto")
     for event in events:
@@ -77,8 +98,10 @@ def test_an_unknown_mode_is_refused() -> None:
 
 def _silent() -> Any:
     """Replies with the request's path, echoing nothing (llama.cpp, SGLang, Ollama)."""
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         while True:
             try:
                 request = await srv.read_request(reader)
@@ -90,8 +113,9 @@ def _silent() -> Any:
 
 
 async def pool_get(pool: Any, path: str, rid: str) -> bytes:
-    resp = await pool.request("GET", path, None, head_timeout=1, body_timeout=1,
-                              request_id=rid.encode())
+    resp = await pool.request(
+        "GET", path, None, head_timeout=1, body_timeout=1, request_id=rid.encode()
+    )
     body: bytes = await resp.read()
     resp.release()
     return body
@@ -134,8 +158,10 @@ async def _trusted(pool: Any) -> None:
 
 def _echoing_while(echo: list[bool]) -> Any:
     """Replies with the request's path, echoing its X-Request-Id while ``echo[0]``."""
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         while True:
             try:
                 request = await srv.read_request(reader)
@@ -148,16 +174,19 @@ def _echoing_while(echo: list[bool]) -> Any:
     return handler
 
 
-async def test_a_reply_without_the_echo_on_a_trusted_connection_is_refused(
-        pools: Any) -> None:
+async def test_a_reply_without_the_echo_on_a_trusted_connection_is_refused(pools: Any) -> None:
     """The upstream stops echoing (restarted without --enable-request-id-headers): the reply
     is refused, its connection closed, and keep-alive is off until it proves itself again."""
     echo = [True]
     async with Upstream(_echoing_while(echo)) as srv:
         switched: list[bool] = []
         seen: list[tuple[str, str, str | None, str | None]] = []
-        pool = pools(srv.url, keepalive="auto", on_keepalive=switched.append,
-                     on_protocol_error=lambda *a: seen.append(a))
+        pool = pools(
+            srv.url,
+            keepalive="auto",
+            on_keepalive=switched.append,
+            on_protocol_error=lambda *a: seen.append(a),
+        )
         await _trusted(pool)
         await pool_get(pool, "/kept", "req_kept")
         echo[0] = False
@@ -171,8 +200,7 @@ async def test_a_reply_without_the_echo_on_a_trusted_connection_is_refused(
         assert srv.connections == before + 1 and _closes(srv)[-1]
 
 
-async def test_a_reply_without_the_echo_on_a_new_trusted_connection_is_taken(
-        pools: Any) -> None:
+async def test_a_reply_without_the_echo_on_a_new_trusted_connection_is_taken(pools: Any) -> None:
     """A new connection's first reply cannot be another request's: without the echo (a
     router's own 404, an upstream restarted without the echo) it is this request's answer,
     and keep-alive goes off until the upstream proves itself again."""
@@ -180,8 +208,12 @@ async def test_a_reply_without_the_echo_on_a_new_trusted_connection_is_taken(
     async with Upstream(_echoing_while(echo)) as srv:
         switched: list[bool] = []
         seen: list[Any] = []
-        pool = pools(srv.url, keepalive="auto", on_keepalive=switched.append,
-                     on_protocol_error=lambda *a: seen.append(a))
+        pool = pools(
+            srv.url,
+            keepalive="auto",
+            on_keepalive=switched.append,
+            on_protocol_error=lambda *a: seen.append(a),
+        )
         await _trusted(pool)
         pool._close_idle()  # the kept connection gone: the next request opens a new one
         await settle(lambda: pool.open_connections == 0)
@@ -193,8 +225,7 @@ async def test_a_reply_without_the_echo_on_a_new_trusted_connection_is_taken(
         assert switched == [True, False] and not pool.reuse.keepalive
 
 
-async def test_a_stray_reply_on_a_trusted_idle_connection_turns_keepalive_off(
-        pools: Any) -> None:
+async def test_a_stray_reply_on_a_trusted_idle_connection_turns_keepalive_off(pools: Any) -> None:
     async with Upstream(echo_handler(stray_after=0.02)) as srv:
         switched: list[bool] = []
         pool = pools(srv.url, keepalive="auto", on_keepalive=switched.append)
@@ -209,8 +240,9 @@ async def test_a_stray_reply_not_yet_read_is_found_before_reuse(pools: Any) -> N
     check before reuse finds them, and the request goes out on a fresh connection."""
     writers: list[asyncio.StreamWriter] = []
 
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         writers.append(writer)
         await echo_handler()(srv, index, reader, writer)
 
@@ -227,7 +259,8 @@ async def test_a_stray_reply_not_yet_read_is_found_before_reuse(pools: Any) -> N
 
 
 async def test_a_misrouted_reply_is_sent_again_on_a_fresh_connection(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A late copy of one reply is read by the next request on the reused connection: the
     id tells, the client never sees it, and the request gets its own reply from a fresh
     connection."""
@@ -236,9 +269,11 @@ async def test_a_misrouted_reply_is_sent_again_on_a_fresh_connection(
         client = UpstreamClient(replace(upstream_config(srv), keepalive="auto"))
         await client.start()
         try:
+
             async def get(path: str, rid: str) -> bytes:
-                async with await client.request(path, b"{}", stream=False, at_root=True,
-                                                request_id=rid) as resp:
+                async with await client.request(
+                    path, b"{}", stream=False, at_root=True, request_id=rid
+                ) as resp:
                     return await resp.read()
 
             for i in range(2):

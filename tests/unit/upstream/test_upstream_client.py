@@ -43,20 +43,23 @@ def _client(srv: Upstream, **cfg: Any) -> UpstreamClient:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     metrics.add_upstream("u")
-    client = UpstreamClient(replace(upstream_config(srv), **cfg),
-                            protocol_errors=metrics.upstream_protocol_errors)
+    client = UpstreamClient(
+        replace(upstream_config(srv), **cfg), protocol_errors=metrics.upstream_protocol_errors
+    )
     client.registry = registry  # type: ignore[attr-defined]
     return client
 
 
 def _protocol_errors(client: UpstreamClient, kind: str) -> float | None:
     return client.registry.get_sample_value(  # type: ignore[attr-defined]
-        "llm_gateway_upstream_protocol_errors_total", {"upstream": "u", "kind": kind})
+        "llm_gateway_upstream_protocol_errors_total", {"upstream": "u", "kind": kind}
+    )
 
 
 async def test_upstream_client_retries_a_disconnect_once_and_succeeds() -> None:
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
         writer.write(http_reply(b'{"n":%d}' % len(srv.requests)))
         if index == 0:
@@ -82,8 +85,9 @@ async def test_upstream_client_retries_a_disconnect_once_and_succeeds() -> None:
 
 
 async def test_upstream_client_retries_only_once() -> None:
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)  # every request dropped unanswered
 
     async with Upstream(handler) as srv:
@@ -98,8 +102,9 @@ async def test_upstream_client_retries_only_once() -> None:
 
 
 async def test_the_attempts_own_id_goes_upstream_and_a_mismatch_is_a_500() -> None:
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
         writer.write(http_reply(b"{}", b"X-Request-Id: req_someone_else"))
         await srv.wait_client_close(reader)
@@ -109,8 +114,9 @@ async def test_the_attempts_own_id_goes_upstream_and_a_mismatch_is_a_500() -> No
         await client.start()
         try:
             with capture_logs() as logs, pytest.raises(errors.UpstreamError) as caught:
-                await client.request("/chat/completions", b"{}", stream=False,
-                                     request_id="req_mine")
+                await client.request(
+                    "/chat/completions", b"{}", stream=False, request_id="req_mine"
+                )
         finally:
             await client.close()
         assert (caught.value.status, caught.value.error_type) == (500, "api_error")
@@ -118,12 +124,21 @@ async def test_the_attempts_own_id_goes_upstream_and_a_mismatch_is_a_500() -> No
         assert len(sent) == 1 and _ATTEMPT_ID.fullmatch(sent[0]), srv.requests
         await asyncio.wait_for(srv.eof.wait(), 1.0)  # the connection was closed
         assert _protocol_errors(client, "request_id_mismatch") == 1
-        assert all(_protocol_errors(client, k) == 0 for k in PROTOCOL_ERRORS
-                   if k != "request_id_mismatch")
-        assert logs == [{"event": "upstream_failure", "log_level": "warning", "upstream": "u",
-                         "phase": "head", "cause": "protocol_error",
-                         "kind": "request_id_mismatch", "request_id": "req_mine",
-                         "upstream_request_id": sent[0].decode()}]
+        assert all(
+            _protocol_errors(client, k) == 0 for k in PROTOCOL_ERRORS if k != "request_id_mismatch"
+        )
+        assert logs == [
+            {
+                "event": "upstream_failure",
+                "log_level": "warning",
+                "upstream": "u",
+                "phase": "head",
+                "cause": "protocol_error",
+                "kind": "request_id_mismatch",
+                "request_id": "req_mine",
+                "upstream_request_id": sent[0].decode(),
+            }
+        ]
 
 
 # --- the X-Request-Id sent upstream: the attempt's own, whatever the client sent ----------------
@@ -133,16 +148,19 @@ _ATTEMPT_ID = re.compile(rb"gw-[A-Za-z0-9]{12}-[0-9a-f]+")
 
 def _sent_ids(srv: Upstream) -> list[bytes]:
     """The X-Request-Id of each request the upstream read, in order (b"" for none)."""
-    return [m[1] if (m := re.search(rb"\r\nX-Request-Id: ([^\r]*)\r\n", r)) else b""
-            for r in srv.requests]
+    return [
+        m[1] if (m := re.search(rb"\r\nX-Request-Id: ([^\r]*)\r\n", r)) else b""
+        for r in srv.requests
+    ]
 
 
 def _503_first() -> Handler:
     """The first request of all answered 503, every other as echo_handler does."""
     echoing = echo_handler()
 
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         if index == 0:
             await srv.read_request(reader)
             writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
@@ -156,8 +174,10 @@ def _503_first() -> Handler:
 def _drops_the_second() -> Handler:
     """Each connection answers its first request and drops its second unanswered (as a
     server closing an idle keep-alive connection the moment a request arrives)."""
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
         writer.write(http_reply(srv.requests[-1].split(b" ")[1]))
         try:
@@ -197,8 +217,9 @@ async def test_every_attempt_goes_upstream_with_an_id_of_its_own(row: IdRow) -> 
         try:
             bodies = []
             for path in row.paths:
-                async with await client.request(path, b"{}", stream=False, at_root=True,
-                                                request_id="req_fixed") as resp:
+                async with await client.request(
+                    path, b"{}", stream=False, at_root=True, request_id="req_fixed"
+                ) as resp:
                     bodies.append(await resp.read())
         finally:
             await client.close()
@@ -231,11 +252,12 @@ async def test_a_buffered_reply_over_max_response_bytes_is_a_500_and_closes(
 ) -> None:
     body = b"x" * 5000
 
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
         if framing == "chunked":
-            pieces = [body[i:i + 100] for i in range(0, 5000, 100)]
+            pieces = [body[i : i + 100] for i in range(0, 5000, 100)]
             writer.write(CHUNKED_HEAD + chunked_body(*pieces))
         else:
             writer.write(http_reply(body))
@@ -257,8 +279,9 @@ async def test_a_buffered_reply_over_max_response_bytes_is_a_500_and_closes(
 
 
 async def test_a_malformed_head_is_a_500_not_an_overload_and_is_not_retried() -> None:
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok")
         await srv.wait_client_close(reader)
@@ -278,8 +301,9 @@ async def test_a_malformed_head_is_a_500_not_an_overload_and_is_not_retried() ->
 
 
 async def test_a_cut_body_is_a_500() -> None:
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhel")
         writer.close()
@@ -299,13 +323,17 @@ async def test_a_cut_body_is_a_500() -> None:
         assert [(e["phase"], e["cause"]) for e in logs] == [("body", "cut")]
 
 
-@pytest.mark.parametrize(("read", "how"), [
-    ("chunks", "close"), ("chunks", "abort"), ("read", "close"), ("read", "abort")])
+@pytest.mark.parametrize(
+    ("read", "how"),
+    [("chunks", "close"), ("chunks", "abort"), ("read", "close"), ("read", "abort")],
+)
 async def test_a_body_cut_by_its_replica_ejects_it(read: str, how: str) -> None:
     """A connection lost in the body (cut or reset) is the replica's doing, as one lost
     before the head is: a replica that cuts every buffered reply was never ejected."""
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhel")
         await writer.drain()
@@ -362,30 +390,44 @@ async def test_a_refused_connection_is_a_retryable_529_logged_with_its_cause(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(failures_module, "_LOG_EVERY", 0.2)
-    cfg = UpstreamConfig(name="down", base_url=f"http://127.0.0.1:{_refused_port()}/v1",
-                         api_key="sk-very-secret")
+    cfg = UpstreamConfig(
+        name="down", base_url=f"http://127.0.0.1:{_refused_port()}/v1", api_key="sk-very-secret"
+    )
     client = UpstreamClient(cfg)
     await client.start()
     try:
         with capture_logs() as logs:
             for _ in range(3):
                 with pytest.raises(errors.UpstreamUnavailable) as caught:
-                    await client.request("/chat/completions", b"{}", stream=False,
-                                         request_id="req_1")
+                    await client.request(
+                        "/chat/completions", b"{}", stream=False, request_id="req_1"
+                    )
                 assert caught.value.status == 529
                 assert caught.value.headers["retry-after"] == "1"
             await asyncio.sleep(0.25)
             with pytest.raises(errors.UpstreamUnavailable):
-                await client.request("/chat/completions", b"{}", stream=False,
-                                     request_id="req_2")
+                await client.request("/chat/completions", b"{}", stream=False, request_id="req_2")
     finally:
         await client.close()
     # one line a cause per interval, the ones held back counted in the next
     assert logs == [
-        {"event": "upstream_failure", "log_level": "warning", "upstream": "down",
-         "phase": "connect", "cause": "refused", "request_id": "req_1"},
-        {"event": "upstream_failure", "log_level": "warning", "upstream": "down",
-         "phase": "connect", "cause": "refused", "request_id": "req_2", "suppressed": 2},
+        {
+            "event": "upstream_failure",
+            "log_level": "warning",
+            "upstream": "down",
+            "phase": "connect",
+            "cause": "refused",
+            "request_id": "req_1",
+        },
+        {
+            "event": "upstream_failure",
+            "log_level": "warning",
+            "upstream": "down",
+            "phase": "connect",
+            "cause": "refused",
+            "request_id": "req_2",
+            "suppressed": 2,
+        },
     ]
     assert "sk-very-secret" not in repr(logs)
 
@@ -404,8 +446,12 @@ def test_protocol_error_series_start_at_zero_for_each_upstream() -> None:
     registry = CollectorRegistry()
     Metrics(registry).add_upstream("a")
     for kind in PROTOCOL_ERRORS:
-        assert registry.get_sample_value("llm_gateway_upstream_protocol_errors_total",
-                                         {"upstream": "a", "kind": kind}) == 0
+        assert (
+            registry.get_sample_value(
+                "llm_gateway_upstream_protocol_errors_total", {"upstream": "a", "kind": kind}
+            )
+            == 0
+        )
 
 
 @table_params(ANOMALIES)
@@ -415,8 +461,10 @@ async def test_each_anomaly_through_the_client_is_a_500_counted_and_clears_the_p
     """Over a socket: the request that met the anomaly fails cleanly, the kind is counted,
     the upstream's idle connections are closed with it, and the next request gets its own
     reply on a fresh connection."""
-    async def handler(srv: Upstream, index: int, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         while True:
             request = await srv.read_request(reader)
             path = request.split(b" ")[1]
@@ -432,13 +480,16 @@ async def test_each_anomaly_through_the_client_is_a_500_counted_and_clears_the_p
         client = _client(srv)
         await client.start()
         try:
+
             async def get(path: str) -> bytes:
                 resp = await client.request(path, b"{}", stream=False, request_id=RID.decode())
                 async with resp:
                     return await resp.read()
 
-            assert await asyncio.gather(get("/warm1"), get("/warm2")) == [b"/v1/warm1",
-                                                                          b"/v1/warm2"]
+            assert await asyncio.gather(get("/warm1"), get("/warm2")) == [
+                b"/v1/warm1",
+                b"/v1/warm2",
+            ]
             assert client.members.pools and client.members.pools[0].idle_connections == 2
             with pytest.raises(errors.UpstreamError) as caught:
                 await get("/bad")
@@ -454,11 +505,14 @@ async def test_each_anomaly_through_the_client_is_a_500_counted_and_clears_the_p
             await client.close()
 
 
-@pytest.mark.parametrize("urls", [
-    ("http://gpu-node-7:8000/v1",),
-    ("http://user:pw@gpu-node-7:8000/v1",),  # the userinfo is no part of the host quoted
-    ("http://other-node:1/v1", "http://user:pw@gpu-node-7:8000/v1"),
-])
+@pytest.mark.parametrize(
+    "urls",
+    [
+        ("http://gpu-node-7:8000/v1",),
+        ("http://user:pw@gpu-node-7:8000/v1",),  # the userinfo is no part of the host quoted
+        ("http://other-node:1/v1", "http://user:pw@gpu-node-7:8000/v1"),
+    ],
+)
 def test_a_replica_host_is_scrubbed_with_or_without_userinfo(urls: tuple[str, ...]) -> None:
     cfg = UpstreamConfig(name="u", base_url=urls[0], base_urls=urls if len(urls) > 1 else ())
     hosts = UpstreamClient(cfg).hosts

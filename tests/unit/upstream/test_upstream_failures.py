@@ -21,10 +21,12 @@ CASES = [
 
 @pytest.mark.parametrize(("cause", "status", "message"), CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_failed_connect_names_its_cause(cause: str, status: int, message: str,
-                                          stream: bool) -> None:
-    mapped = map_failure(ConnectFailed("connect to 10.0.0.7:8000 failed", cause=cause),
-                         "connect", stream)
+def test_a_failed_connect_names_its_cause(
+    cause: str, status: int, message: str, stream: bool
+) -> None:
+    mapped = map_failure(
+        ConnectFailed("connect to 10.0.0.7:8000 failed", cause=cause), "connect", stream
+    )
     assert mapped is not None
     err, phase, logged = mapped
     assert (err.status, err.message, phase, logged) == (status, message, "connect", cause)

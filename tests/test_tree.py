@@ -89,3 +89,37 @@ def test_the_check_sees_each_form_of_import(tmp_path: Path, source: str, bad: bo
     module = folder / "test_probe.py"
     module.write_text(source)
     assert bool(_violations(module, tmp_path / "tests")) is bad
+
+
+# what starts a process; unit tests run in the test process only (processes: tests/integration,
+# tests/e2e, tests/observability, tests/deploy)
+_PROCESS_MODULES = {
+    "subprocess",
+    "multiprocessing",
+    "gateway.messages.documents.pdf_pool",
+    "tests.procs.start_gateway",
+}
+
+
+def test_unit_tests_start_no_process() -> None:
+    unit = TESTS / "unit"
+    found = [
+        f"{path.relative_to(TESTS)}:{line} imports {module}"
+        for path in sorted(unit.rglob("*.py"))
+        for line, module, names in _imports(path, TESTS)
+        if module in _PROCESS_MODULES
+        or any(f"{module}.{n}" in _PROCESS_MODULES for n in names)
+        or (module == "asyncio" and "create_subprocess_exec" in names)
+    ]
+    assert found == []
+
+
+def test_tests_mirror_the_package() -> None:
+    """A unit test lives under the package it tests: tests/unit/<package>/test_*.py."""
+    packages = {p.name for p in (TESTS.parent / "gateway").iterdir() if p.is_dir()}
+    misplaced = [
+        str(path.relative_to(TESTS))
+        for path in (TESTS / "unit").rglob("test_*.py")
+        if path.parent.name not in packages and path.parent != TESTS / "unit"
+    ]
+    assert misplaced == []

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 from gateway.ops import config_doc, config_schema
 from tests.procs import REPO
@@ -18,18 +16,6 @@ def test_the_committed_page_is_the_generators_output() -> None:
         f"docs/configuration.md is out of date with gateway/ops/config_schema.py; "
         f"run: {config_doc.COMMAND}"
     )
-
-
-def test_the_command_prints_the_page() -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "gateway.ops.config_doc"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert run.returncode == 0, run.stderr
-    assert run.stdout == config_doc.render()
 
 
 def _rows(section: str) -> list[str]:

@@ -71,6 +71,7 @@ from gateway.ops import log
 from gateway.ops.budget import budgets
 from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
+from gateway.tenancy.clients import Tenants
 from gateway.tools.web_search.searxng import Searxng
 from gateway.upstream import fleet
 from gateway.upstream.known import known_secrets
@@ -289,9 +290,7 @@ def build_app(
         run_off_loop=(decoder.run if config.server.decode_offload_bytes else None),
     )
     app[WEB_SEARCH] = Searxng(config.web_search, metrics) if config.web_search is not None else None
-    app[STATE] = AppState(
-        api_keys=tuple(k.encode() for k in config.server.api_keys), decoding=decoding, memory=memory
-    )
+    app[STATE] = AppState(tenants=Tenants(config), decoding=decoding, memory=memory)
     for model in config.models.values():
         metrics.add_model(model.name, model.upstream.name, model.upstream_model, model.fallbacks)
 

@@ -45,7 +45,13 @@ def need(ok: object, why: str) -> None:
 
 def env_names(data: dict[str, Any]) -> set[str]:
     """Every environment variable a config names (the *_env keys)."""
-    tables = [data.get("server", {}), *data.get("upstreams", {}).values(), data.get("batches", {})]
+    tables = [
+        data.get("server", {}),
+        *data.get("upstreams", {}).values(),
+        data.get("batches", {}),
+        *data.get("clients", []),
+        data.get("limits", {}),
+    ]
     return {v for t in tables for k, v in t.items() if k.endswith("_env")}
 
 
@@ -55,6 +61,11 @@ def parse_with_env(text: str, src: str) -> config.Config:
     env = {name: "test-secret" for name in env_names(data)}
     if name := data.get("batches", {}).get("database_env"):  # a URL, not a key
         env[name] = "postgresql://gateway:test-secret@db.internal:5432/gateway"
+    if name := data.get("limits", {}).get("redis_url_env"):
+        env[name] = "redis://127.0.0.1:6379/0"
+    for i, client in enumerate(data.get("clients", [])):  # each client's key is its own
+        if name := client.get("key_env"):
+            env[name] = f"client-key-{i}"
     return config.parse(data, src, env)
 
 

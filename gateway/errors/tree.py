@@ -6,6 +6,7 @@ Tree::
     GatewayError                 status + message; error.type comes from STATUS_TYPES
      ├── InvalidRequest          400 invalid_request_error (names the field path)
      ├── AuthenticationFailed    401 authentication_error
+     ├── PermissionDenied        403 permission_error (a model outside a client's list)
      ├── NotFound                404 not_found_error
      ├── RequestTooLarge         413 request_too_large
      ├── NotSupported            501 not_supported
@@ -142,6 +143,11 @@ class InvalidRequest(GatewayError):
 class AuthenticationFailed(GatewayError):
     status = 401
     default_message = "invalid x-api-key"
+
+
+class PermissionDenied(GatewayError):
+    status = 403
+    default_message = "Permission denied"
 
 
 class NotFound(GatewayError):

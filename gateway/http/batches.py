@@ -68,6 +68,7 @@ from gateway.messages.request.validate import validate_messages
 from gateway.messages.search_blocks import TOOL_TYPES as WEB_SEARCH_TYPES
 from gateway.ops.budget import Lease
 from gateway.ops.config import Config, find_route
+from gateway.tenancy.clients import owner_id
 from gateway.text import ids, jsonutil
 from gateway.text.json_items import ArrayItems, NotPlain
 
@@ -89,9 +90,9 @@ def new_batch_id() -> str:
 def owner_of(request: web.Request) -> str:
     """Who a batch belongs to: a hash of the client's key (the one the middleware accepted),
     "" when keys are not in use."""
-    if not request.app[CONFIG].server.api_keys:
+    if not request.app[STATE].tenants.keyed:
         return ""
-    return hashlib.sha256(request[CLIENT_KEY] or b"").hexdigest()[:32]
+    return owner_id(hashlib.sha256(request[CLIENT_KEY] or b"").digest())
 
 
 def rfc3339(t: float | None) -> str | None:

@@ -12,6 +12,7 @@ from gateway.messages.call import MessagesDeps
 from gateway.ops.budget import Budget
 from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
+from gateway.tenancy.clients import Client, Tenants
 from gateway.text.redact import Redactor
 from gateway.tools.web_search.searxng import Searxng
 from gateway.upstream import UpstreamClient
@@ -29,7 +30,8 @@ class Drainable(Protocol):
 
 @dataclass
 class AppState:
-    api_keys: tuple[bytes, ...] = ()
+    # keys -> clients ([[clients]], server.api_keys_env); replaced whole on SIGHUP
+    tenants: Tenants
     ready: bool = False
     draining: bool = False
     in_flight: dict[str, int] = field(default_factory=dict)  # model alias -> requests now
@@ -93,6 +95,8 @@ STREAM = web.RequestKey("stream", bool)
 STREAM_RESPONSE = web.RequestKey("stream_response", web.StreamResponse)
 # the client's key as presented (x-api-key, else a bearer token), read once by the middleware
 CLIENT_KEY: web.RequestKey[bytes | None] = web.RequestKey("client_key")
+# who the key belongs to (gateway/tenancy/clients.py), set by the middleware on every request
+CLIENT = web.RequestKey("client", Client)
 # (error.type, client-safe message or None)
 ERROR: web.RequestKey[tuple[str, str | None] | None] = web.RequestKey("error")
 OPENAI_ERRORS = web.RequestKey("openai_errors", bool)  # render errors in OpenAI's shape

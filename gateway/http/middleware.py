@@ -19,7 +19,6 @@ model); the metrics listener serves only ``/metrics``, ``/health`` and ``/ready`
 
 from __future__ import annotations
 
-import hmac
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +30,7 @@ from gateway import errors
 from gateway.http.drain import DRAINING_MESSAGE
 from gateway.http.keys import (
     API,
+    CLIENT,
     CLIENT_KEY,
     CONFIG,
     ERROR,
@@ -49,6 +49,7 @@ from gateway.http.keys import (
 from gateway.http.protocol import RequestBodyTimeout
 from gateway.http.writer import ClientGone, send_buffered
 from gateway.ops import log
+from gateway.tenancy.clients import ANONYMOUS_CLIENT
 from gateway.text import ids
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -90,15 +91,6 @@ def credential(request: web.Request) -> bytes | None:
         if auth[:7].lower() == "bearer ":
             key = auth[7:].strip()
     return key.encode("utf-8", "surrogateescape") if key else None
-
-
-def _authorized(keys: tuple[bytes, ...], presented: bytes | None) -> bool:
-    if presented is None:
-        return False
-    ok = False
-    for key in keys:  # no early exit: every key is compared
-        ok |= hmac.compare_digest(key, presented)
-    return ok
 
 
 def render_error(request: web.Request, err: errors.GatewayError, request_id: str) -> web.Response:
@@ -146,13 +138,14 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
     request[API] = api or ""
     request[OPENAI_ERRORS] = tag.openai
     request[REQUEST_ID] = request_id
-    request[CLIENT_KEY] = credential(request)
+    presented = request[CLIENT_KEY] = credential(request)
     # what the handlers fill in, defaulted here so that reading it is a plain lookup
     # (a request's .get() is Mapping's, a try/except around __getitem__)
     request[MODEL] = ""
     request[UPSTREAM] = None
     request[STREAM] = False
     request[ERROR] = None
+    request[CLIENT] = ANONYMOUS_CLIENT
     # request_id is the only context variable bound anywhere, and every request binds it
     # first: requests on one keep-alive connection share a task, and the new id replaces
     # the old one, so nothing needs clearing
@@ -162,14 +155,14 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
     response: web.StreamResponse | None = None
     try:
         server = app[CONFIG].server
-        if (
-            tag.needs_key
-            and server.api_keys
-            and not _authorized(app[STATE].api_keys, request[CLIENT_KEY])
-        ):
-            if api is not None:
-                metrics.rejected.labels(api, "auth").inc()
-            raise errors.AuthenticationFailed()
+        client = app[STATE].tenants.identify(presented)
+        if client is None:
+            if tag.needs_key:
+                if api is not None:
+                    metrics.rejected.labels(api, "auth").inc()
+                raise errors.AuthenticationFailed()
+            client = ANONYMOUS_CLIENT  # an operational route: nobody in particular
+        request[CLIENT] = client
         if api is not None:
             if app[STATE].draining:
                 metrics.rejected.labels(api, "draining").inc()

@@ -17,7 +17,7 @@ from datetime import datetime
 from aiohttp import web
 
 from gateway import errors
-from gateway.http.keys import CONFIG, OPENAI_ERRORS
+from gateway.http.keys import CLIENT, CONFIG, OPENAI_ERRORS
 from gateway.ops.config import ModelRoute, find_route
 from gateway.ops.config_schema import is_pattern
 from gateway.text import jsonutil
@@ -62,7 +62,13 @@ def _limit(request: web.Request) -> int:
 
 async def list_models(request: web.Request) -> web.Response:
     # A pattern route (``claude-*``) is no model id a client could pick from a list.
-    routes = [r for r in request.app[CONFIG].models.values() if not is_pattern(r.name)]
+    # A client with a models list sees only what it may use.
+    client = request[CLIENT]
+    routes = [
+        r
+        for r in request.app[CONFIG].models.values()
+        if not is_pattern(r.name) and client.may_use(r.name, r.name)
+    ]
     if "anthropic-version" not in request.headers:
         return _json({"object": "list", "data": [_openai(r, r.name) for r in routes]})
     limit = _limit(request)
@@ -90,6 +96,8 @@ async def list_models(request: web.Request) -> web.Response:
 async def get_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model_id"]
     route = find_route(request.app[CONFIG].models, model_id)
+    if route is not None and not request[CLIENT].may_use(model_id, route.name):
+        route = None  # not this client's: as unknown as a model nobody serves
     if route is None:
         if "anthropic-version" not in request.headers:
             request[OPENAI_ERRORS] = True

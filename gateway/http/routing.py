@@ -13,6 +13,7 @@ from aiohttp import web
 from gateway import errors
 from gateway.http.keys import (
     API,
+    CLIENT,
     CONFIG,
     METRICS,
     MODEL,
@@ -22,7 +23,8 @@ from gateway.ops.config import ModelRoute, find_route
 
 
 def resolve(request: web.Request, model: object, *, openai: bool = False) -> ModelRoute:
-    """The route for a client's model name (exact, else a ``*`` pattern); unknown -> 404."""
+    """The route for a client's model name (exact, else a ``*`` pattern); unknown -> 404,
+    outside the client's ``models`` list -> 403 ``permission_error``."""
     route = find_route(request.app[CONFIG].models, model) if isinstance(model, str) else None
     if route is None:
         request.app[METRICS].rejected.labels(request[API], "unknown_model").inc()
@@ -30,6 +32,10 @@ def resolve(request: web.Request, model: object, *, openai: bool = False) -> Mod
         if openai:
             raise errors.NotFound(f"The model `{shown}` does not exist")
         raise errors.NotFound(f"model: {shown}")
+    if not request[CLIENT].may_use(model, route.name):  # type: ignore[arg-type]
+        request.app[METRICS].rejected.labels(request[API], "model_denied").inc()
+        shown = errors.echo(model, 256)
+        raise errors.PermissionDenied(f"This API key may not use the model {shown}")
     request[MODEL] = route.name
     request[UPSTREAM] = route.upstream.name
     return route

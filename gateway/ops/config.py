@@ -11,6 +11,7 @@ refusal raises :class:`ConfigError`, whose one-line text names the file and the 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tomllib
@@ -27,13 +28,16 @@ from gateway.ops.config_schema import (
     INLINE_THINKING,
     LOG_LEVELS,
     MAX_BATCH_IN_FLIGHT,
+    MAX_CLIENTS,
     MAX_MODEL_NAME_CHARS,
     MAX_REPLICAS,
     MAX_RESULT_CHARS,
     MAX_SEARCH_RESULTS,
     UPSTREAM_KINDS,
     BatchesConfig,
+    ClientConfig,
     Config,
+    LimitsConfig,
     ModelRoute,
     ServerConfig,
     UpstreamConfig,
@@ -45,6 +49,7 @@ from gateway.ops.signing_key import default_signing_key, state_dir
 
 # the schema's names most callers import from here (the rest: gateway/ops/config_schema.py)
 __all__ = [
+    "ANONYMOUS",
     "BALANCE",
     "CAPABILITY_SETTINGS",
     "DISCOVER",
@@ -67,7 +72,9 @@ __all__ = [
     "with_overrides",
 ]
 
-_TOP_KEYS = ("server", "upstreams", "models", "batches", "web_search")
+_TOP_KEYS = ("server", "upstreams", "models", "batches", "web_search", "clients", "limits")
+# the client of the keys of server.api_keys_env (and of every request when no key is set)
+ANONYMOUS = "anonymous"
 _TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")  # what a bearer token may hold
 
 
@@ -94,14 +101,80 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         web_search = WebSearchConfig(
             **check_table(src, "web_search", data["web_search"], knobs(WebSearchConfig))
         )
+    clients = _clients(src, data.get("clients", []), env, server)
+    limits = _limits(src, data.get("limits", {}), env)
     return Config(
         server=server,
         upstreams=upstreams,
         models=models,
         batches=batches,
         web_search=web_search,
+        clients=clients,
+        limits=limits,
         source=src,
     )
+
+
+def _keys(env: Mapping[str, str], src: str, where: str, name: str) -> tuple[str, ...]:
+    raw = _env(env, src, where, name)
+    return tuple(k.strip() for k in raw.split(",") if k.strip())
+
+
+def _clients(
+    src: str, raw: Any, env: Mapping[str, str], server: ServerConfig
+) -> tuple[ClientConfig, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError(f"{src}: clients: must be an array of tables ([[clients]])")
+    if len(raw) > MAX_CLIENTS:
+        raise ConfigError(f"{src}: clients: at most {MAX_CLIENTS} clients")
+    out: list[ClientConfig] = []
+    names: set[str] = set()
+    # the anonymous keys first: a client's key may not be one of them (whose would it be?)
+    digests = {hashlib.sha256(k.encode()).digest(): "server.api_keys_env" for k in server.api_keys}
+    for i, table in enumerate(raw):
+        where = f"clients[{i}]"
+        c = check_table(src, where, table, knobs(ClientConfig))
+        # cross-entry: a name labels one client; "anonymous" is the unnamed keys' label
+        if c["name"] == ANONYMOUS:
+            raise ConfigError(
+                f"{src}: {where}.name: {ANONYMOUS!r} is the name of the keys of server.api_keys_env"
+            )
+        if c["name"] in names:
+            raise ConfigError(f"{src}: {where}.name: duplicate client name {c['name']!r}")
+        names.add(c["name"])
+        # cross-key: exactly one of key_env and key_sha256
+        if (c["key_env"] is None) == (not c["key_sha256"]):
+            raise ConfigError(f"{src}: {where}.key_env: set key_env or key_sha256 (one of them)")
+        if c["key_env"] is not None:
+            key = _env(env, src, f"{where}.key_env", c["key_env"]).strip()
+            if not _TOKEN_CHARS.fullmatch(key):
+                raise ConfigError(
+                    f"{src}: {where}.key_env: the key in {c['key_env']} "
+                    "must be printable ASCII without spaces"
+                )
+            digest = hashlib.sha256(key.encode()).digest()
+        else:
+            digest = bytes.fromhex(c["key_sha256"])
+        # cross-entry: one key, one client
+        if digest in digests:
+            raise ConfigError(f"{src}: {where}: its key is also the key of {digests[digest]}")
+        digests[digest] = f"clients[{i}]"
+        out.append(ClientConfig(**c, key_digest=digest))
+    return tuple(out)
+
+
+def _limits(src: str, table: Any, env: Mapping[str, str]) -> LimitsConfig:
+    lim = check_table(src, "limits", table, knobs(LimitsConfig))
+    url = ""
+    if lim["redis_url_env"] is not None:
+        url = _env(env, src, "limits.redis_url_env", lim["redis_url_env"]).strip()
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            # the value may hold a password: not echoed
+            raise ConfigError(
+                f"{src}: limits.redis_url_env: the URL in {lim['redis_url_env']} must be "
+                "redis://[:password@]host[:port][/db]"
+            )
+    return LimitsConfig(**lim, redis_url=url)
 
 
 def _server(src: str, table: Any, env: Mapping[str, str]) -> ServerConfig:
@@ -117,8 +190,10 @@ def _server(src: str, table: Any, env: Mapping[str, str]) -> ServerConfig:
         raise ConfigError(f"{src}: server.metrics_host: needs server.metrics_port")
     api_keys: tuple[str, ...] = ()
     if srv["api_keys_env"] is not None:
-        raw = _env(env, src, "server.api_keys_env", srv["api_keys_env"])
-        api_keys = tuple(k.strip() for k in raw.split(",") if k.strip())
+        api_keys = _keys(env, src, "server.api_keys_env", srv["api_keys_env"])
+    admin_keys: tuple[str, ...] = ()
+    if srv["admin_keys_env"] is not None:
+        admin_keys = _keys(env, src, "server.admin_keys_env", srv["admin_keys_env"])
     if srv["signing_key_env"] is not None:
         signing_key = _env(env, src, "server.signing_key_env", srv["signing_key_env"]).encode()
         key_source = "env"
@@ -138,6 +213,7 @@ def _server(src: str, table: Any, env: Mapping[str, str]) -> ServerConfig:
     return ServerConfig(
         **srv,
         api_keys=api_keys,
+        admin_keys=admin_keys,
         signing_key=signing_key,
         signing_key_source=key_source,
         previous_signing_keys=previous,

@@ -85,6 +85,24 @@ def _model_name(value: str) -> str:
     return value
 
 
+_CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
+
+
+def _client_name(value: str) -> str:
+    if not _CLIENT_NAME.fullmatch(value):
+        raise ValueError(
+            "must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return value
+
+
+def _sha256_hex(value: str) -> str:
+    if value and not _SHA256_HEX.fullmatch(value):
+        raise ValueError("must be 64 hex digits (the key's SHA-256)")
+    return value.lower()
+
+
 FORMATS: dict[str, Format] = {
     "http_url": Format("an http(s) URL", _http_url),
     "http_base": Format(
@@ -103,6 +121,8 @@ FORMATS: dict[str, Format] = {
     "model_name": Format(
         f"1 to {MAX_MODEL_NAME_CHARS} characters; `*` makes it a pattern", _model_name
     ),
+    "client_name": Format("1 to 64 letters, digits, `.`, `_`, `-` (a metric label)", _client_name),
+    "sha256_hex": Format("64 hex digits", _sha256_hex, echo=False),
 }
 
 # ---------------------------------------------------------------- declaring a key

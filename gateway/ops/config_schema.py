@@ -44,6 +44,8 @@ KEEPALIVE_CHOICES = ("auto", "always", "never")
 KEEPALIVE_ALIASES: dict[Any, str] = {True: "auto", False: "never"}
 MAX_REPLICAS = 256  # max_replicas' own cap: the per-replica metric series stay few
 MAX_BATCH_IN_FLIGHT = 64
+MAX_QUEUE_TIMEOUT = 600.0  # the SDKs' own request timeout
+MAX_CLIENTS = 1000  # each a label value of the per-client metrics
 MAX_SEARCH_RESULTS = 20
 # a result's snippet, at most: a result is sealed whole in its encrypted_content, which the
 # gateway opens again only up to 64 K characters (gateway/messages/search_blocks.py)
@@ -184,7 +186,7 @@ class ModelRoute:
     name: str = _knob(
         fmt="model_name",
         doc="what clients send as `model`; with `*` a pattern (`claude-*`): exact names win, "
-        "patterns in config order",
+        "patterns in config order (not `clients[].name`: a client's)",
     )
     # TOML: the upstream's name, which parse() resolves
     upstream: UpstreamConfig = _knob(  # noqa: RUF009 (a field specifier, as field() is)
@@ -192,7 +194,17 @@ class ModelRoute:
     )
     upstream_model: str = _knob(doc="the model name sent upstream")
     max_concurrency: int = _knob(
-        0, ge=0, doc="requests at once for this model, past it 529 `overloaded_error`; 0: unlimited"
+        0,
+        ge=0,
+        doc="requests at once for this **model**, past it 529 `overloaded_error` (or a wait: "
+        "`queue_timeout`); 0: unlimited (not `clients[].max_concurrency`)",
+    )
+    queue_timeout: float = _knob(
+        0.0,
+        ge=0,
+        le=MAX_QUEUE_TIMEOUT,
+        doc="seconds a request past `max_concurrency` may wait for a slot, admitted in "
+        "weighted fair order across clients; 0: 529 at once",
     )
     display_name: str = _knob("", shown="the name", doc="shown by `/v1/models`")
     created_at: str = _knob("2025-01-01T00:00:00Z", doc="shown by `/v1/models`")
@@ -321,6 +333,12 @@ class ServerConfig:
         None, doc="env var holding the accepted client keys, comma-separated; unset: no auth"
     )
     api_keys: tuple[str, ...] = _not_toml((), secret=True)
+    admin_keys_env: str | None = _knob(
+        None,
+        doc="env var holding admin keys, comma-separated: `/v1/organizations/*` only (the "
+        "usage report); unset: those routes answer 404",
+    )
+    admin_keys: tuple[str, ...] = _not_toml((), secret=True)
     keep_billing_header: bool = _knob(
         False,
         doc="keep Claude Code's `x-anthropic-billing-header:` system line (dropping it "
@@ -411,6 +429,70 @@ class BatchesConfig:
 
 
 @dataclass(frozen=True)
+class ClientConfig:
+    """``[[clients]]``: one named client, its key, the models it may use and its limits
+    (gateway/tenancy/). Every limit's 0 is no limit."""
+
+    name: str = _knob(
+        fmt="client_name",
+        doc="the **client's** name: the label in metrics, logs and usage reports (its "
+        "`api_key_id`; not `models[].name`)",
+    )
+    key_env: str | None = _knob(
+        None, doc="env var holding the client's key (or `key_sha256`; exactly one)"
+    )
+    key_sha256: str = _knob(
+        "",
+        fmt="sha256_hex",
+        shown="unset",
+        doc="the SHA-256 of the client's key, 64 hex digits: the file holds no secret",
+    )
+    models: tuple[str, ...] = _knob(
+        (),
+        fmt="model_name",
+        types=(list,),
+        shown="every model",
+        doc="the model names and `*` patterns the client may use; others: 403",
+    )
+    max_concurrency: int = _knob(
+        0,
+        ge=0,
+        doc="the **client's** requests in flight at once, all models; past it 429 (not "
+        "`models[].max_concurrency`: a model's)",
+    )
+    requests_per_minute: int = _knob(0, ge=0, doc="requests a minute")
+    input_tokens_per_minute: int = _knob(0, ge=0, doc="input tokens a minute")
+    output_tokens_per_minute: int = _knob(0, ge=0, doc="output tokens a minute")
+    tokens_per_day: int = _knob(0, ge=0, doc="input and output tokens a day")
+    weight: float = _knob(
+        1.0, gt=0, le=1000, doc="the client's share of a saturated model against others'"
+    )
+    # the key's SHA-256 (from key_env's value, or key_sha256), set by parse()
+    key_digest: bytes = _not_toml(b"", secret=True)
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """``[limits]``: where the clients' counters live (gateway/tenancy/)."""
+
+    redis_url_env: str | None = _knob(
+        None,
+        doc="env var holding a `redis://` URL: counters shared by every gateway process "
+        "using it (Valkey works the same); unset: each process counts alone",
+    )
+    on_store_error: str = _knob(
+        "open",
+        choices=("open", "closed"),
+        doc="when Redis cannot be reached: `open` lets requests through uncounted, "
+        "`closed` refuses them (529)",
+    )
+    store_timeout: float = _knob(
+        0.25, gt=0, le=10, doc="seconds one round trip to Redis may take before it is an error"
+    )
+    redis_url: str = _not_toml("", secret=True)
+
+
+@dataclass(frozen=True)
 class WebSearchConfig:
     """``[web_search]``: the web_search server tool, run by the gateway (gateway/tools/)."""
 
@@ -444,6 +526,8 @@ class Config:
     models: Mapping[str, ModelRoute]
     batches: BatchesConfig = field(default_factory=BatchesConfig)
     web_search: WebSearchConfig | None = None  # None: no [web_search] table
+    clients: tuple[ClientConfig, ...] = ()
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     source: str = "<built-in default>"
     # set by --workers in each worker process (not TOML knobs): prometheus multiprocess
     # directory and SO_REUSEPORT on the listening socket
@@ -458,6 +542,8 @@ TABLES: dict[str, type] = {
     "models[]": ModelRoute,
     "batches": BatchesConfig,
     "web_search": WebSearchConfig,
+    "clients[]": ClientConfig,
+    "limits": LimitsConfig,
 }
 
 

@@ -78,6 +78,10 @@ REJECTIONS = (
     "unknown_model",
     "overloaded",
     "invalid_request",
+    "model_denied",  # outside the client's models list (403)
+    "rate_limited",  # over one of the client's limits (429)
+    "queue_timeout",  # waited queue_timeout for a slot of a saturated model (529)
+    "limits_unavailable",  # the limits' store failed, on_store_error = "closed" (529)
 )
 # request fields the gateway knows and does not forward; anything else counts as "other"
 DROPPED_FIELDS = (

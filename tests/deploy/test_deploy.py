@@ -93,7 +93,7 @@ def _toml_literal(value: object) -> str:
 # a commented-out knob: "# key = value" (prose comments never have this shape)
 _COMMENTED_KNOB = re.compile(r"^#\s?([A-Za-z_][A-Za-z0-9_]*\s*=\s*\S.*)$")
 # a commented-out optional table: "# [web_search]"
-_COMMENTED_TABLE = re.compile(r"^#\s?(\[[a-z_]+\])\s*$")
+_COMMENTED_TABLE = re.compile(r"^#\s?(\[\[?[a-z_]+\]\]?)\s*$")
 
 
 def _switch_on(text: str) -> str:
@@ -111,6 +111,9 @@ def _knobs_in(data: dict[str, Any]) -> set[str]:
         knobs |= {f"models[].{k}" for k in table}
     knobs |= {f"batches.{k}" for k in data.get("batches", {})}
     knobs |= {f"web_search.{k}" for k in data.get("web_search", {})}
+    for table in data.get("clients", []):
+        knobs |= {f"clients[].{k}" for k in table}
+    knobs |= {f"limits.{k}" for k in data.get("limits", {})}
     return knobs
 
 
@@ -145,6 +148,9 @@ def test_example_config_with_every_commented_knob_switched_on_loads() -> None:
         "GATEWAY_PREVIOUS_SIGNING_KEYS",
         "VLLM_API_KEY",
         "GATEWAY_BATCHES_DATABASE",
+        "GATEWAY_ADMIN_KEYS",
+        "ALICE_KEY",
+        "GATEWAY_REDIS_URL",
     }
     cfg = parse_with_env(text, str(EXAMPLE))
     assert cfg.server.api_keys == ("test-secret",)
@@ -177,6 +183,10 @@ def test_example_config_comments_every_knob() -> None:
                 if line.startswith("[batches]")
                 else "web_search"
                 if line.startswith("[web_search]")
+                else "clients[]"
+                if line.startswith("[[clients]]")
+                else "limits"
+                if line.startswith("[limits]")
                 else "server"
             )
             continue
@@ -212,6 +222,8 @@ def _first_values(data: dict[str, Any]) -> dict[str, Any]:
     tables += [("models[]", t) for t in data.get("models", [])]
     tables += [("batches", data.get("batches", {}))]
     tables += [("web_search", data.get("web_search", {}))]
+    tables += [("clients[]", t) for t in data.get("clients", [])]
+    tables += [("limits", data.get("limits", {}))]
     shown: dict[str, Any] = {}
     for prefix, table in tables:
         for key, value in table.items():

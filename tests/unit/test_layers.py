@@ -2,7 +2,8 @@
 -> upstream, and no import runs upward (a module may import its own layer and those below).
 
 Layers, lowest first: shared text utilities (``text``), the error tree (``errors``),
-operations (``ops``), the upstream client (``upstream``), what local engines emit (``local``),
+operations (``ops``), the upstream client (``upstream``), clients and their limits
+(``tenancy``), what local engines emit (``local``),
 the surfaces (``messages``, ``openai``), the server tools the gateway runs (``tools``),
 Message Batches (``batches``), the HTTP shell
 (``http``), and the composition root (``app``, ``__main__``). The demo sits beside ops.
@@ -26,6 +27,7 @@ LAYERS = {
     "ops": 2,
     "demo": 3,
     "upstream": 3,
+    "tenancy": 3.5,  # clients, limits, fair admission, usage: on ops alone, wired by http
     "local": 4,
     "messages": 5,
     "openai": 5,

@@ -59,6 +59,10 @@ def test_names_with_two_meanings_are_documented_side_by_side() -> None:
         ("idle_timeout", "upstreams.NAME.idle_timeout"),
         ("max_response_bytes", "upstreams.NAME.max_response_bytes"),
         ("max_response_bytes", "web_search.max_response_bytes"),
+        ("name", "models[].name"),
+        ("name", "clients[].name"),
+        ("max_concurrency", "models[].max_concurrency"),
+        ("max_concurrency", "clients[].max_concurrency"),
     ]
     # each meaning names the other key
     for name, path in pairs:

@@ -49,6 +49,7 @@ from gateway.http.decoder import DECODER, Decoder, decoder_ctx
 from gateway.http.keys import (
     BATCH_STORE,
     CONFIG,
+    COUNTERS,
     MESSAGES,
     METRICS,
     OPENAI_PATHS,
@@ -72,6 +73,7 @@ from gateway.ops.budget import budgets
 from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
 from gateway.tenancy.clients import Tenants
+from gateway.tenancy.counters import LocalStore
 from gateway.tools.web_search.searxng import Searxng
 from gateway.upstream import fleet
 from gateway.upstream.known import known_secrets
@@ -291,6 +293,7 @@ def build_app(
     )
     app[WEB_SEARCH] = Searxng(config.web_search, metrics) if config.web_search is not None else None
     app[STATE] = AppState(tenants=Tenants(config), decoding=decoding, memory=memory)
+    app[COUNTERS] = LocalStore()
     for model in config.models.values():
         metrics.add_model(model.name, model.upstream.name, model.upstream_model, model.fallbacks)
 

@@ -13,6 +13,7 @@ from gateway.ops.budget import Budget
 from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
 from gateway.tenancy.clients import Client, Tenants
+from gateway.tenancy.counters import CounterStore
 from gateway.text.redact import Redactor
 from gateway.tools.web_search.searxng import Searxng
 from gateway.upstream import UpstreamClient
@@ -57,6 +58,8 @@ UPSTREAM_CALLS = web.AppKey("upstream_calls", Upstreams)
 MESSAGES = web.AppKey("messages", MessagesDeps)
 # the web_search server tool's backend; None: no [web_search] table (such tools get a 400)
 WEB_SEARCH: web.AppKey[Searxng | None] = web.AppKey("web_search")
+# the clients' counters (gateway/tenancy/counters.py): this process's, or Redis's
+COUNTERS = web.AppKey("counters", CounterStore)
 # Message Batches: the store and the scheduler (absent when batches are off)
 BATCH_STORE: web.AppKey[BatchStore] = web.AppKey("batch_store")
 SCHEDULER: web.AppKey[Scheduler] = web.AppKey("batch_scheduler")

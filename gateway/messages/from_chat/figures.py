@@ -13,6 +13,7 @@ its :class:`~gateway.messages.stream.pump.Timing`, read once per round (:meth:`F
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -38,6 +39,7 @@ class Figures:
         "dropped_tool_deltas",
         "inline_thinking",
         "model",
+        "on_end",
         "orphan_close",
         "over_budget",
         "overhead",
@@ -78,6 +80,9 @@ class Figures:
         self.inline_thinking = 0  # engine answers (rounds) whose inline reasoning was read
         self.orphan_close = False  # a </think> without <think> was seen
         self.dropped_tool_deltas = 0
+        # called once, after the metrics are written: the client's limits settled and its
+        # usage recorded (gateway/http/tenancy.py); None: nobody to tell
+        self.on_end: Callable[[Figures], None] | None = None
         self.reasoning_hidden = 0
         self.written = False
 
@@ -176,6 +181,8 @@ class Figures:
         if self.termination is not None:
             metrics.terminations.labels(self.api, model, self.termination).inc()
         metrics.count_tokens(model, self.usage)
+        if self.on_end is not None:
+            self.on_end(self)
 
     def _write_fixes(self, metrics: Metrics) -> None:
         """Count and log what was normalised (per model, so an operator sees a model that

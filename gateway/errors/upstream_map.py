@@ -201,6 +201,21 @@ def _map_upstream(
     )
 
 
+MAX_RETRY_AFTER = 300  # seconds of an upstream's Retry-After passed on, at most
+
+
+def retry_after_hint(value: bytes | None) -> int | None:
+    """An upstream's ``Retry-After`` in whole seconds (1..:data:`MAX_RETRY_AFTER`), for the
+    429/529 the client gets in its place; None for an absent, HTTP-date or malformed value
+    (the error's own default then stands)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text.isdigit() or len(text) > 6:
+        return None
+    return min(max(int(text), 1), MAX_RETRY_AFTER)
+
+
 def inband_status(payload: Mapping[str, Any]) -> int | None:
     """The status an in-band error in ``payload`` stands for (no code: 500), without
     mapping it; None when ``payload`` reports no error."""

@@ -522,9 +522,14 @@ class UpstreamClient:
             return err
         if status >= 500:
             self.report("head", "status", request_id, status=status)
-        return upstream_map.from_upstream(
+        err = upstream_map.from_upstream(
             status, raw, hosts=self.hosts, secrets=self.redactor, max_tokens=max_tokens
         )
+        if err.retry_after is not None:  # a 429 or 529: the engine's own wait, passed on
+            hinted = upstream_map.retry_after_hint(resp.headers.get(b"retry-after"))
+            if hinted is not None:
+                err.retry_after = hinted
+        return err
 
 
 def _lost(exc: BaseException) -> bool:

@@ -144,7 +144,8 @@ CASES: list[tuple[str, str, str, bool, int, str, str | None]] = [
         None,
     ),
     ("5xx with HTML", "/llm/v1/messages", "html-5xx", False, 500, "api_error", None),
-    ("429 with retry-after", "/llm/v1/messages", "rate-429", False, 429, "rate_limit_error", "1"),
+    # the engine's Retry-After: 7 is passed on
+    ("429 with retry-after", "/llm/v1/messages", "rate-429", False, 429, "rate_limit_error", "7"),
     ("a 1 MiB body", "/llm/v1/messages", "huge", False, 400, "invalid_request_error", None),
     ("in-band, buffered", "/llm/v1/messages", "inband", False, 400, "invalid_request_error", None),
     ("in-band, streamed", "/llm/v1/messages", "inband", True, 200, "invalid_request_error", None),
@@ -173,7 +174,7 @@ CASES: list[tuple[str, str, str, bool, int, str, str | None]] = [
         False,
         429,
         "rate_limit_exceeded",
-        "1",
+        "7",
     ),
     (
         "pass-through in-band, streamed",

@@ -519,3 +519,41 @@ def test_a_replica_host_is_scrubbed_with_or_without_userinfo(urls: tuple[str, ..
     assert "gpu-node-7" in hosts
     raw = b'{"error": {"message": "model not loaded on gpu-node-7, retry"}}'
     assert "gpu-node-7" not in errors.from_upstream(400, raw, hosts=hosts).message
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_after", "sent"),
+    [
+        (429, b"7", "7"),  # the engine's own wait, passed on
+        (503, b"12", "12"),  # an overloaded engine: the 529 carries it
+        (429, b"0", "1"),  # 0 would mean "the SDK's default backoff": at least 1
+        (429, b"86400", "300"),  # capped
+        (429, b"Wed, 21 Oct 2026 07:28:00 GMT", "1"),  # a date: the default stands
+        (429, b"-3", "1"),
+        (429, None, "1"),
+        (500, b"7", None),  # no retry-after on a 500
+    ],
+)
+async def test_an_engines_retry_after_reaches_the_client(
+    status: int, retry_after: bytes | None, sent: str | None
+) -> None:
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await srv.read_request(reader)
+        extra = b"Retry-After: " + retry_after + b"\r\n" if retry_after is not None else b""
+        body = b'{"error":{"message":"busy"}}'
+        writer.write(
+            b"HTTP/1.1 %d X\r\n%bContent-Length: %d\r\n\r\n%b" % (status, extra, len(body), body)
+        )
+        await srv.wait_client_close(reader)
+
+    async with Upstream(handler) as srv:
+        client = _client(srv)
+        await client.start()
+        try:
+            with pytest.raises(errors.UpstreamError) as caught:
+                await client.request("/chat/completions", b"{}", stream=False)
+        finally:
+            await client.close()
+    assert caught.value.headers.get("retry-after") == sent

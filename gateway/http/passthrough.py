@@ -6,11 +6,12 @@ NaN or nesting past 128 levels is a 400 naming the path) must be a JSON object w
 string ``model`` (an alias); it goes upstream with ``model`` replaced by the route's
 ``upstream_model`` and nothing else changed (``stream`` and ``stream_options``
 included; ``priority`` is set from the client's weight where the upstream's
-``send_priority`` says so): the client's own bytes with the new value spliced in where a scan is certain
-of its place, else the decoded body encoded again (:mod:`gateway.openai.forward`). Nothing
-else of the client's request (headers included) is forwarded. A session key (the client's
-header, ``user``, the chat's stable prefix: :mod:`gateway.openai.session_scan`) is made only
-for an upstream of several replicas balanced by affinity, the one place it is read.
+``send_priority`` says so): the client's own bytes with the new value spliced in where a
+scan is certain of its place, else the decoded body encoded again
+(:mod:`gateway.openai.forward`). Nothing else of the client's request (headers included)
+is forwarded. A session key (the client's header, ``user``, the chat's stable prefix:
+:mod:`gateway.openai.session_scan`) is made only for an upstream of several replicas
+balanced by affinity, the one place it is read.
 Replies come back byte for byte except ``model`` (see :mod:`gateway.openai.relay`). Streams are
 relayed as they come, each write awaited; a failure after the first byte ends the
 stream with the dialect's error event (the stream's lifecycle, shared with the Messages

@@ -42,7 +42,7 @@ ORDERS = [
     ),
     (
         "a client whose waiting requests all left joins again at the virtual time",
-        [*["join a"] * 5, "join b", *["leave %d" % i for i in range(1, 6)], "join a", "next", "next"],
+        [*["join a"] * 5, "join b", *[f"leave {i}" for i in range(1, 6)], "join a", "next", "next"],
         ["b6", "a7"],
     ),
 ]

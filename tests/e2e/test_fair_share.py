@@ -229,3 +229,36 @@ async def test_a_client_that_leaves_while_waiting_leaves_the_queue(
     assert (
         metric(url, "llm_gateway_model_queue_outcomes_total", model=model, outcome="admitted") == 1
     )
+
+
+@pytest.mark.parametrize(
+    ("kind", "send", "expected"),
+    [("vllm", True, -10), ("sglang", True, 10), ("vllm", False, None)],
+)
+def test_send_priority_sends_the_clients_weight(
+    stub_url, gateway_factory, kind, send, expected
+) -> None:
+    """upstreams.NAME.send_priority: a weight-2 client's requests carry priority -10 to
+    vLLM (lower first), +10 to SGLang (higher first), on Messages and the pass-through."""
+    from tests.procs import post
+
+    cfg = stub_config(
+        stub_url,
+        models=("ok",),
+        extra_upstream=f'kind = "{kind}"\nsend_priority = {str(send).lower()}',
+    )
+    cfg += '\n[[clients]]\nname = "team"\nkey_env = "TEAM_KEY"\nweight = 2\n'
+    _, url = gateway_factory(cfg, env={"TEAM_KEY": "team-key-0123456789"})
+    tag = uuid.uuid4().hex
+    clear_stub(stub_url)
+    headers = {"x-api-key": "team-key-0123456789"}
+    for path in ("/v1/messages", "/v1/chat/completions"):
+        status, _, _ = post(url + "/llm" + path, _msg("m-ok", f"{tag} {path}"), headers=headers)
+        assert status == 200
+    bodies = [
+        r["body"]
+        for r in stub_requests(stub_url)
+        if r.get("body") and tag in json.dumps(r["body"].get("messages"))
+    ]
+    assert len(bodies) == 2
+    assert [b.get("priority") for b in bodies] == [expected, expected]

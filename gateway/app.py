@@ -296,6 +296,8 @@ def build_app(
     app[COUNTERS] = LocalStore()
     for model in config.models.values():
         metrics.add_model(model.name, model.upstream.name, model.upstream_model, model.fallbacks)
+        if model.queue_timeout:
+            metrics.add_queue(model.name)
 
     p = config.server.prefix
     tags: dict[str, RouteTag] = {}

@@ -17,10 +17,12 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway import errors
 from gateway.http import routing, streaming
 from gateway.http.admission import admitted
 from gateway.http.body import read_json
-from gateway.http.keys import MESSAGES, REQUEST_ID, STREAM, WEB_SEARCH
+from gateway.http.keys import CLIENT, MESSAGES, REQUEST_ID, STREAM, WEB_SEARCH
+from gateway.http.writer import StreamWriter
 from gateway.messages.call import Call, count_input_tokens, pdfs_as_text, prepare, restore
 from gateway.messages.reply import Reply, Rounds
 from gateway.messages.request.validate import validate_messages
@@ -46,11 +48,15 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     with request.app[MESSAGES].memory.lease() as lease:
         reply = await _prepare(request, req, route, t0, lease)
         request[STREAM] = reply.stream
-        with admitted(request, route):
-            await reply.send(session_key(request.headers.get(SESSION_HEADER), req))
+        async with admitted(request, route, _failure(reply) if reply.stream else None) as slot:
+            try:
+                await reply.send(session_key(request.headers.get(SESSION_HEADER), req))
+            except errors.GatewayError as err:
+                await slot.failed(err)  # a stream opened while waiting for the slot ends
+                raise
             async with reply:
                 if reply.stream:
-                    return await _stream(request, reply)
+                    return await _stream(request, reply, slot.writer)
                 body = jsonutil.dumpb(await reply.buffered())
     return web.Response(
         body=body, content_type="application/json", headers={"request-id": request[REQUEST_ID]}
@@ -67,9 +73,14 @@ async def _prepare(
     backend = request.app[WEB_SEARCH]
     tool = web_search_tool(req.get("tools")) if backend is not None else None
     choice = req.get("tool_choice")
+    weight = request[CLIENT].weight  # the engine's priority, where send_priority is on
     if tool is None or (choice is not None and choice["type"] == "none"):
-        return Reply(await prepare(deps, req, route, lease), t0=t0, request_id=request[REQUEST_ID])
-    call = await prepare(deps, {**req, "stream": True}, route, lease)
+        return Reply(
+            await prepare(deps, req, route, lease, weight=weight),
+            t0=t0,
+            request_id=request[REQUEST_ID],
+        )
+    call = await prepare(deps, {**req, "stream": True}, route, lease, weight=weight)
     return Reply(
         call,
         stream=req.get("stream") is True,
@@ -99,11 +110,30 @@ def _searching(
     return rounds
 
 
-async def _stream(request: web.Request, reply: Reply) -> web.StreamResponse:
+def _failure(reply: Reply) -> Callable[[errors.GatewayError], bytes]:
+    """How a stream opened while waiting for a slot ends when the wait or the call fails:
+    the reply's own failure envelope (message_start, the error event, message_stop)."""
+
+    def fail(err: errors.GatewayError) -> bytes:
+        return reply.source.fail(err, "upstream_error")
+
+    return fail
+
+
+async def _stream(
+    request: web.Request, reply: Reply, writer: StreamWriter | None = None
+) -> web.StreamResponse:
     """The reply to the client's stream; every path ends it well-formed, and its figures
-    are written as it ends (:meth:`Reply.end`)."""
+    are written as it ends (:meth:`Reply.end`). ``writer``: the stream already opened
+    while the request waited for its slot."""
     async with streaming.RelayedStream(
-        request, "messages", reply.call.route, reply.source, content_type=_SSE, end=reply.end
+        request,
+        "messages",
+        reply.call.route,
+        reply.source,
+        content_type=_SSE,
+        end=reply.end,
+        writer=writer,
     ) as stream:
         await reply.stream_to(stream.writer.write)
     return stream.writer.response
@@ -118,7 +148,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     with deps.memory.lease() as lease:  # restored reasoning counts until it is counted
         await restore(deps, req, lease)
         req = await pdfs_as_text(deps, req)
-        with admitted(request, route):
+        async with admitted(request, route):
             count, exact = await count_input_tokens(deps, req, route, request[REQUEST_ID])
     headers = {"request-id": request[REQUEST_ID]}
     if not exact:

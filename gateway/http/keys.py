@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -14,6 +15,7 @@ from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
 from gateway.tenancy.clients import Client, Tenants
 from gateway.tenancy.counters import CounterStore
+from gateway.tenancy.fair import FairQueue
 from gateway.text.redact import Redactor
 from gateway.tools.web_search.searxng import Searxng
 from gateway.upstream import UpstreamClient
@@ -36,6 +38,8 @@ class AppState:
     ready: bool = False
     draining: bool = False
     in_flight: dict[str, int] = field(default_factory=dict)  # model alias -> requests now
+    # model alias -> its requests waiting for a slot (queue_timeout; gateway/http/admission.py)
+    queues: dict[str, FairQueue[asyncio.Future[None]]] = field(default_factory=dict)
     streams: set[Drainable] = field(default_factory=set)  # live streams, for the drain
     # request bodies being received and decoded (gateway/http/body.py), within memory: what
     # requests in flight hold (gateway/ops/budget.py)

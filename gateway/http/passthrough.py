@@ -5,11 +5,13 @@ The client's body (read bounded and strict by :mod:`gateway.http.body`: a lone s
 NaN or nesting past 128 levels is a 400 naming the path) must be a JSON object with a
 string ``model`` (an alias); it goes upstream with ``model`` replaced by the route's
 ``upstream_model`` and nothing else changed (``stream`` and ``stream_options``
-included): the client's own bytes with the new value spliced in where a scan is certain
-of its place, else the decoded body encoded again (:mod:`gateway.openai.forward`). Nothing
-else of the client's request (headers included) is forwarded. A session key (the client's
-header, ``user``, the chat's stable prefix: :mod:`gateway.openai.session_scan`) is made only
-for an upstream of several replicas balanced by affinity, the one place it is read.
+included; ``priority`` is set from the client's weight where the upstream's
+``send_priority`` says so): the client's own bytes with the new value spliced in where a
+scan is certain of its place, else the decoded body encoded again
+(:mod:`gateway.openai.forward`). Nothing else of the client's request (headers included)
+is forwarded. A session key (the client's header, ``user``, the chat's stable prefix:
+:mod:`gateway.openai.session_scan`) is made only for an upstream of several replicas
+balanced by affinity, the one place it is read.
 Replies come back byte for byte except ``model`` (see :mod:`gateway.openai.relay`). Streams are
 relayed as they come, each write awaited; a failure after the first byte ends the
 stream with the dialect's error event (the stream's lifecycle, shared with the Messages
@@ -31,7 +33,7 @@ from gateway import errors
 from gateway.http import routing, streaming
 from gateway.http.admission import admitted
 from gateway.http.body import read_json
-from gateway.http.keys import METRICS, REQUEST_ID, SECRETS, STREAM, UPSTREAM_CALLS
+from gateway.http.keys import CLIENT, METRICS, REQUEST_ID, SECRETS, STREAM, UPSTREAM_CALLS
 from gateway.messages.session_key import SESSION_HEADER
 from gateway.openai.apis import RESPONSES, OpenAIApi
 from gateway.openai.forward import model_span, splice
@@ -40,6 +42,7 @@ from gateway.openai.relay import ModelRewriter, Relay
 from gateway.openai.responses_index import ResponsesIndexer
 from gateway.openai.session_scan import session_key
 from gateway.ops.config import ModelRoute
+from gateway.tenancy.fair import engine_priority
 from gateway.text import jsonutil
 from gateway.upstream.client import UpstreamClient, UpstreamResponse
 from gateway.upstream.send import send
@@ -74,9 +77,17 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
     client = ups.client(route)
     session = _session(request, client, body)
     data = raw.pop()
-    span = model_span(data, body["model"], stream=api.streams and "stream" in body)
+    upstream = route.upstream
+    # the client's weight as the engine's priority (send_priority): the body encoded again
+    span = (
+        model_span(data, body["model"], stream=api.streams and "stream" in body)
+        if not upstream.send_priority
+        else None
+    )
     if span is None:  # the bytes do not say for certain where model is: encoded again
         body["model"] = route.upstream_model
+        if upstream.send_priority:
+            body["priority"] = engine_priority(request[CLIENT].weight, upstream.kind)
         payload = jsonutil.dumpb(body)
         del body
     else:
@@ -86,7 +97,7 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
     metrics = request.app[METRICS]
     metrics.overhead.labels(api.name).observe(time.perf_counter() - t0)
     rewrite = ModelRewriter(route.upstream_model, route.name)
-    with admitted(request, route):
+    async with admitted(request, route):
         up = await send(
             ups,
             route,

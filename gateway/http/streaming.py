@@ -115,7 +115,12 @@ class RelayedStream:
         content_type: str,
         ping_frame: bytes = PING,
         end: Callable[[str], None] | None = None,
+        writer: StreamWriter | None = None,
     ) -> None:
+        """``writer``: the client's stream, already open (a request that waited for its
+        slot with pings: gateway/http/admission.py); None: opened on entering."""
+        if writer is not None:
+            self.writer = writer
         self._request = request
         self._api = api
         self._model = route.name
@@ -126,14 +131,15 @@ class RelayedStream:
         self._metrics = request.app[METRICS]
 
     async def __aenter__(self) -> RelayedStream:
-        server = self._request.app[CONFIG].server
-        self.writer = await StreamWriter.open(
-            self._request,
-            content_type=self._content_type,
-            write_timeout=server.write_timeout,
-            ping_interval=server.ping_interval,
-            ping_frame=self._ping_frame,
-        )
+        if not hasattr(self, "writer"):
+            server = self._request.app[CONFIG].server
+            self.writer = await StreamWriter.open(
+                self._request,
+                content_type=self._content_type,
+                write_timeout=server.write_timeout,
+                ping_interval=server.ping_interval,
+                ping_frame=self._ping_frame,
+            )
         self._gauge = self._metrics.in_flight.labels(self._api, self._model)
         self._gauge.inc()
         self._handle = drainable(self._request)

@@ -64,6 +64,7 @@ from gateway.messages.to_chat.translate import to_chat
 from gateway.ops.budget import Budget, Lease
 from gateway.ops.config import ModelRoute
 from gateway.ops.metrics import Metrics
+from gateway.tenancy.fair import engine_priority
 from gateway.text import ids, jsonutil
 from gateway.text.refusals import echoed
 from gateway.text.sse import SSEEventTooLarge
@@ -175,19 +176,25 @@ _OFF_LOOP_SIGNATURES = 64 * 1024
 
 
 async def prepare(
-    deps: MessagesDeps, req: dict[str, Any], route: ModelRoute, lease: Lease | None = None
+    deps: MessagesDeps,
+    req: dict[str, Any],
+    route: ModelRoute,
+    lease: Lease | None = None,
+    *,
+    weight: float | None = None,
 ) -> Call:
     """A validated request's replayed reasoning restored and its PDFs made text, ready.
 
     The restored reasoning counts in ``lease`` (of ``deps.memory``), which the caller
     holds until the reply has ended; without one, in a lease of its own until the upstream
-    payload is built."""
+    payload is built. ``weight``: the client's, sent as the engine's priority where the
+    upstream says so (``send_priority``)."""
     if lease is not None:
         await restore(deps, req, lease)
-        return Call(deps, await pdfs_as_text(deps, req), route)
+        return Call(deps, await pdfs_as_text(deps, req), route, weight)
     with deps.memory.lease() as own:
         await restore(deps, req, own)
-        return Call(deps, await pdfs_as_text(deps, req), route)
+        return Call(deps, await pdfs_as_text(deps, req), route, weight)
 
 
 class Call:
@@ -205,11 +212,19 @@ class Call:
         "stops",
         "stream",
         "upstream_stream",
+        "weight",
     )
 
-    def __init__(self, deps: MessagesDeps, req: dict[str, Any], route: ModelRoute) -> None:
+    def __init__(
+        self,
+        deps: MessagesDeps,
+        req: dict[str, Any],
+        route: ModelRoute,
+        weight: float | None = None,
+    ) -> None:
         self.deps = deps
         self.req = req
+        self.weight = weight
         self.stream = req.get("stream") is True
         self.stops = _stops(req)
         self.session: str | None = None
@@ -240,26 +255,38 @@ class Call:
     ) -> bytes:
         req = self.req
         return jsonutil.dumpb(
-            to_chat(
-                req if upstream_stream == self.stream else {**req, "stream": True},
+            self._prioritised(
+                to_chat(
+                    req if upstream_stream == self.stream else {**req, "stream": True},
+                    route,
+                    keep_billing_header=self.deps.keep_billing_header,
+                    on_drop=on_drop,
+                    as_text=as_text,
+                    named_choice=named_tool_choice(route),
+                ),
                 route,
-                keep_billing_header=self.deps.keep_billing_header,
-                on_drop=on_drop,
-                as_text=as_text,
-                named_choice=named_tool_choice(route),
             )
         )
+
+    def _prioritised(self, out: dict[str, Any], route: ModelRoute) -> dict[str, Any]:
+        """The client's weight as the engine's ``priority`` (``upstreams.NAME.send_priority``)."""
+        if self.weight is not None and route.upstream.send_priority:
+            out["priority"] = engine_priority(self.weight, route.upstream.kind)
+        return out
 
     def chat_request(self) -> dict[str, Any]:
         """The streamed chat request this call sends, made again from the client's request
         (a mid-stream continuation adds its prefill to it: gateway/messages/continuation.py);
         cheaper than decoding :attr:`payload`, which the text of a long prompt makes long."""
-        return to_chat(
-            {**self.req, "stream": True},
+        return self._prioritised(
+            to_chat(
+                {**self.req, "stream": True},
+                self.route,
+                keep_billing_header=self.deps.keep_billing_header,
+                as_text=self.as_text,
+                named_choice=named_tool_choice(self.route),
+            ),
             self.route,
-            keep_billing_header=self.deps.keep_billing_header,
-            as_text=self.as_text,
-            named_choice=named_tool_choice(self.route),
         )
 
     async def send(

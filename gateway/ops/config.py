@@ -229,6 +229,9 @@ def _upstream(src: str, name: str, table: Any, env: Mapping[str, str]) -> Upstre
         raise ConfigError(
             f'{src}: {where}.discover: "dns" takes base_url (one name to resolve), not base_urls'
         )
+    # cross-key: only these engines schedule by a request's priority
+    if up["send_priority"] and up["kind"] not in ("vllm", "sglang"):
+        raise ConfigError(f"{src}: {where}.send_priority: needs kind vllm or sglang")
     # cross-key: health_path's default depends on kind
     if not up["health_path"]:
         up["health_path"] = "/api/version" if up["kind"] == "ollama" else "/health"

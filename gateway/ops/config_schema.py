@@ -131,6 +131,13 @@ class UpstreamConfig:
         doc="tool calls written as text in the model's native format become `tool_use` "
         "blocks (for offered tools); false: content is never read for calls",
     )
+    # gateway/tenancy/fair.py engine_priority
+    send_priority: bool = _knob(
+        False,
+        doc="send each request's client weight as the engine's `priority` (kind `vllm` "
+        "with `--scheduling-policy priority`, `sglang` with `--enable-priority-scheduling`): "
+        "-10·log2(weight) for vLLM, +10·log2(weight) for SGLang; weight 1 sends 0",
+    )
     # gateway/messages/continuation.py
     max_continuations: int = _knob(
         2,

@@ -83,6 +83,8 @@ REJECTIONS = (
     "queue_timeout",  # waited queue_timeout for a slot of a saturated model (529)
     "limits_unavailable",  # the limits' store failed, on_store_error = "closed" (529)
 )
+# how a wait for a model's slot ended (llm_gateway_model_queue_outcomes_total's outcome)
+QUEUE_OUTCOMES = ("admitted", "timed_out", "left")
 # request fields the gateway knows and does not forward; anything else counts as "other"
 DROPPED_FIELDS = (
     "metadata",
@@ -712,6 +714,33 @@ class Metrics:
                 registry=r,
             )
         )
+        # requests waiting for a slot of a saturated model (models[].queue_timeout)
+        self.queue_length = _Memo(
+            Gauge(
+                p + "model_queue_requests",
+                "Requests waiting for a slot of a model at its max_concurrency, by model",
+                ["model"],
+                registry=r,
+                multiprocess_mode="livesum",
+            )
+        )
+        self.queue_wait = _Memo(
+            Histogram(
+                p + "model_queue_wait_seconds",
+                "Time a request admitted after a wait waited for its slot, by model and client",
+                ["model", "client"],
+                buckets=_LATENCY,
+                registry=r,
+            )
+        )
+        self.queue_outcomes = _Memo(
+            Counter(
+                p + "model_queue_outcomes_total",
+                "Requests that waited for a slot, by model and how the wait ended",
+                ["model", "outcome"],
+                registry=r,
+            )
+        )
         self.batch_queue = _Memo(
             Gauge(
                 p + "batch_queue_requests",
@@ -838,6 +867,13 @@ class Metrics:
         self.reasoning_hidden.labels(model)
         for capability in CAPABILITIES:
             self.capability_fallbacks.labels(model, capability)
+
+    def add_queue(self, model: str) -> None:
+        """Create the wait series of a model with a queue_timeout at zero (the client label
+        of the wait histogram is created as clients wait: their configured names)."""
+        self.queue_length.labels(model)
+        for outcome in QUEUE_OUTCOMES:
+            self.queue_outcomes.labels(model, outcome)
 
     def count_tokens(self, model: str, usage: tuple[int, int] | None) -> None:
         """Count a reply's (input, output) tokens, buffered or streamed, for every API."""

@@ -304,7 +304,7 @@ async def test_prepare_counts_the_restored_reasoning_in_the_callers_lease(
     )
 
     class _Call:
-        def __init__(self, deps: Any, req: Any, route: Any) -> None:
+        def __init__(self, deps: Any, req: Any, route: Any, weight: Any = None) -> None:
             seen.append(budget.held)
 
     monkeypatch.setattr(call, "Call", _Call)

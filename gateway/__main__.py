@@ -32,6 +32,7 @@ from gateway.ops.config_schema import BatchesConfig, ServerConfig
 
 if TYPE_CHECKING:
     from gateway.batches.store import BatchStore
+    from gateway.batches.usage_store import UsageStore
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -83,7 +84,7 @@ async def _serve(cfg: config.Config, notifier: notify.Notifier | None = None) ->
     loop.set_exception_handler(log.loop_exception_handler)
     fd_limit = _raise_fd_limit()
     store = _open_batch_store(cfg)
-    app = build_app(cfg, batch_store=store)
+    app = build_app(cfg, batch_store=store, usage_store=_open_usage_store(cfg))
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     assert runner.server is not None
@@ -222,6 +223,38 @@ def _open_batch_store(cfg: config.Config) -> BatchStore | None:
         folder, why = off
         logger.warning("batches_disabled", folder=folder, detail=why, fix=_STATE_FIX)
     return store
+
+
+def _open_usage_store(cfg: config.Config) -> UsageStore | None:
+    """The usage report's table, in the batches' database (opened for usage alone when
+    batches are off): only with admin keys, the report's only readers. A database the
+    operator named that cannot be opened stops the start; the default one turns the usage
+    report off with a warning (its route then answers 404 saying so)."""
+    if not cfg.server.admin_keys:
+        return None
+    logger = structlog.get_logger("gateway")
+    from gateway.batches.schema import StoreError
+    from gateway.batches.usage_store import UsageStore
+
+    b = cfg.batches
+    if not b.database_url:
+        logger.warning("usage_disabled", detail="no state directory", fix=_STATE_FIX)
+        return None
+    if not b.database_explicit:
+        folder = os.path.dirname(b.database_url.removeprefix("sqlite:///"))
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            logger.warning("usage_disabled", folder=folder, detail=exc.strerror, fix=_STATE_FIX)
+            return None
+    try:
+        return UsageStore.open(b.database_url)
+    except StoreError as exc:
+        if b.database_explicit:
+            logger.error("usage_store_failed", detail=str(exc))
+            raise SystemExit(1) from None
+        logger.warning("usage_disabled", detail=str(exc), fix=_STATE_FIX)
+        return None
 
 
 def open_batch_store(

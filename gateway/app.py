@@ -14,6 +14,9 @@ Routes (every API route under ``server.prefix``)::
     *    {prefix}/v1/complete                not_found_error naming the endpoint as not
     *    {prefix}/v1/messages/batches[/...]  supported by this gateway (batches: only when off;
                                              on, gateway/http/batches.py serves them)
+    GET  {prefix}/v1/organizations/usage_report/messages
+                                             the Admin API's usage report (http/usage_api.py):
+                                             only with server.admin_keys, for those keys
     HEAD {prefix}                            Claude Code's pre-connect probe: 200, empty
     GET  /health  /ready                     liveness, readiness
     GET  /metrics                            here only without server.metrics_port (a key
@@ -44,7 +47,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway import errors
 from gateway.http import anthropic as messages
-from gateway.http import models, passthrough
+from gateway.http import models, passthrough, usage_api
 from gateway.http.decoder import DECODER, Decoder, decoder_ctx
 from gateway.http.keys import (
     BATCH_STORE,
@@ -65,6 +68,7 @@ from gateway.http.keys import (
     RouteTag,
 )
 from gateway.http.middleware import gateway_middleware
+from gateway.http.tenancy import batch_reply_ended
 from gateway.messages.call import MessagesDeps
 from gateway.messages.documents.pdf_pool import PdfPool
 from gateway.openai.apis import APIS as OPENAI_APIS
@@ -81,6 +85,7 @@ from gateway.upstream.send import Upstreams
 
 if TYPE_CHECKING:
     from gateway.batches.store import BatchStore
+    from gateway.batches.usage_store import UsageStore
 from gateway.upstream import UpstreamClient
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -242,10 +247,14 @@ def _registries(
 
 
 def build_app(
-    config: Config, registry: CollectorRegistry | None = None, batch_store: BatchStore | None = None
+    config: Config,
+    registry: CollectorRegistry | None = None,
+    batch_store: BatchStore | None = None,
+    usage_store: UsageStore | None = None,
 ) -> web.Application:
     """The application; ``batch_store`` (opened by the caller, which reports a database
-    that cannot be opened before serving) enables Message Batches and their scheduler."""
+    that cannot be opened before serving) enables Message Batches and their scheduler;
+    ``usage_store`` (likewise) records usage for the usage report (admin keys only)."""
     defined, exposed, info = _registries(config, registry)
     app = web.Application(
         middlewares=[gateway_middleware], client_max_size=config.server.max_body_bytes
@@ -341,12 +350,24 @@ def build_app(
             routes=config.models,
             in_flight=state.in_flight,
             draining=lambda: state.draining,
+            reply_ended=batch_reply_ended(app),
         )
         app[SCHEDULER] = scheduler
         app[STATE].on_request_end = scheduler.interactive_ended
         batches_api.add_routes(app, p)
         app.cleanup_ctx.append(batches_api.scheduler_ctx)
         not_implemented = tuple(e for e in not_implemented if e != "messages/batches")
+    if config.server.admin_keys:  # the Admin API's usage report: admin keys only
+        if usage_store is not None:
+            app[usage_api.USAGE] = usage_api.UsageRecorder(usage_store)
+            app.cleanup_ctx.append(usage_api.usage_ctx)
+        route(
+            "GET",
+            f"{p}/v1/organizations/usage_report/messages",
+            usage_api.usage_report,
+            "usage_report",
+            RouteTag(None, needs_key=False),  # the handler asks for an admin key
+        )
     endpoints = "|".join(re.escape(e) for e in not_implemented)
     route(
         "*",

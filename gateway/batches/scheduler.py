@@ -63,6 +63,7 @@ import structlog
 from gateway import errors
 from gateway.batches.store import BatchStore, Claimed, StoreError
 from gateway.messages.call import MessagesDeps, prepare
+from gateway.messages.from_chat.figures import Figures
 from gateway.messages.reply import Reply
 from gateway.messages.request.validate import validate_messages
 from gateway.ops import log
@@ -101,10 +102,13 @@ class Scheduler:
         routes: Mapping[str, ModelRoute],
         in_flight: Mapping[str, int],
         draining: Callable[[], bool],
+        reply_ended: Callable[[str], Callable[[Figures], None] | None] | None = None,
     ) -> None:
         """``routes``: the configured models; ``in_flight``: interactive requests now per
         model (kept by the HTTP shell's admission); ``draining``: whether the process is
-        shutting down (no new work is claimed then)."""
+        shutting down (no new work is claimed then); ``reply_ended``: a batch owner -> its
+        requests' ``Figures.on_end`` (their usage recorded against the owner's client)."""
+        self._reply_ended = reply_ended
         self._deps = deps
         self._store = store
         self._cfg = cfg
@@ -398,6 +402,8 @@ class Scheduler:
             reply = Reply(
                 await prepare(self._deps, req, route, lease), stream=False, request_id=request_id
             )
+            if self._reply_ended is not None:
+                reply.figures.on_end = self._reply_ended(item.owner)
             await reply.send()
             async with reply:
                 message = await reply.buffered()

@@ -6,7 +6,7 @@ Two tables: ``llm_gateway_batches`` (one row per batch, its counters) and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
@@ -45,6 +45,7 @@ class Claimed:
     model: str
     params: bytes
     attempts: int  # including this one
+    owner: str = field(default="", compare=False)  # its batch's: whose usage it is
 
 
 METADATA = sa.MetaData()

@@ -427,22 +427,18 @@ class BatchStore:
             # only the batches with due work: 150 batches whose requests all wait in back-off
             # cost one query a look, not one per batch (an idle gateway spent a third of a
             # core looking)
-            batch_ids = (
-                conn.execute(
-                    sa.select(_b.id)
-                    .where(
-                        _b.ended_at.is_(None),
-                        _b.cancel_initiated_at.is_(None),
-                        _b.expires_at > now,
-                        sa.exists().where(_r.batch_id == _b.id, _r.model.in_(models), due),
-                    )
-                    .order_by(_b.seq)
+            batch_ids = conn.execute(
+                sa.select(_b.id, _b.owner)
+                .where(
+                    _b.ended_at.is_(None),
+                    _b.cancel_initiated_at.is_(None),
+                    _b.expires_at > now,
+                    sa.exists().where(_r.batch_id == _b.id, _r.model.in_(models), due),
                 )
-                .scalars()
-                .all()
-            )
+                .order_by(_b.seq)
+            ).all()
             claimed: list[Claimed] = []
-            for batch_id in batch_ids:
+            for batch_id, owner in batch_ids:
                 q = (
                     sa.select(_r.idx, _r.custom_id, _r.model, _r.params, _r.attempts)
                     .where(
@@ -472,7 +468,15 @@ class BatchStore:
                     )
                 )
                 claimed += [
-                    Claimed(batch_id, r.idx, r.custom_id, r.model, bytes(r.params), r.attempts + 1)
+                    Claimed(
+                        batch_id,
+                        r.idx,
+                        r.custom_id,
+                        r.model,
+                        bytes(r.params),
+                        r.attempts + 1,
+                        owner,
+                    )
                     for r in rows
                 ]
                 if len(claimed) >= limit:

@@ -22,6 +22,7 @@ from gateway.http import routing, streaming
 from gateway.http.admission import admitted
 from gateway.http.body import read_json
 from gateway.http.keys import CLIENT, MESSAGES, REQUEST_ID, STREAM, WEB_SEARCH
+from gateway.http.tenancy import reply_ended
 from gateway.http.writer import StreamWriter
 from gateway.messages.call import Call, count_input_tokens, pdfs_as_text, prepare, restore
 from gateway.messages.reply import Reply, Rounds
@@ -47,6 +48,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     # what the request restores from signatures counts until its reply has ended
     with request.app[MESSAGES].memory.lease() as lease:
         reply = await _prepare(request, req, route, t0, lease)
+        reply.figures.on_end = reply_ended(request)
         request[STREAM] = reply.stream
         async with admitted(request, route, _failure(reply) if reply.stream else None) as slot:
             try:

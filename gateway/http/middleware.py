@@ -224,6 +224,8 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         if api is not None:
             metrics.requests.labels(api, model, str(status), stream).inc()
             metrics.request_duration.labels(api, model, stream).observe(duration)
+            if len(app[STATE].tenants.clients) > 1:  # named clients: their own series
+                metrics.client_requests.labels(request[CLIENT].name, model, str(status)).inc()
         if tag.logged:
             error = request[ERROR]
             redact = app[SECRETS]

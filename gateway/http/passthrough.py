@@ -34,6 +34,7 @@ from gateway.http import routing, streaming
 from gateway.http.admission import admitted
 from gateway.http.body import read_json
 from gateway.http.keys import CLIENT, METRICS, REQUEST_ID, SECRETS, STREAM, UPSTREAM_CALLS
+from gateway.http.tenancy import record_passthrough
 from gateway.messages.session_key import SESSION_HEADER
 from gateway.openai.apis import RESPONSES, OpenAIApi
 from gateway.openai.forward import model_span, splice
@@ -116,7 +117,9 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
                     secrets=request.app[SECRETS],
                 )
                 reply = inband.body(rewrite(data))  # an error body raises, scrubbed
-                metrics.count_tokens(route.name, api.dialect.usage(data))
+                usage = api.dialect.usage(data)
+                metrics.count_tokens(route.name, usage)
+                record_passthrough(request, route.name, usage)
                 return web.Response(
                     body=reply,
                     status=200,
@@ -140,6 +143,20 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
 
 
 async def _relay(
+    request: web.Request,
+    api: OpenAIApi,
+    route: ModelRoute,
+    up: UpstreamResponse,
+    relay: Relay,
+    t0: float,
+) -> web.StreamResponse:
+    try:
+        return await _relayed(request, api, route, up, relay, t0)
+    finally:  # however the stream ended: what it used, as far as the upstream said
+        record_passthrough(request, route.name, relay.usage)
+
+
+async def _relayed(
     request: web.Request,
     api: OpenAIApi,
     route: ModelRoute,

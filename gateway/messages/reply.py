@@ -48,6 +48,14 @@ class Rounds(Protocol):
     @property
     def usage(self) -> tuple[int, int] | None: ...
 
+    @property
+    def cache_read(self) -> int:
+        """Of the usage's input tokens, those read from the engine's cache."""
+
+    @property
+    def web_searches(self) -> int:
+        """Searches made (``usage.server_tool_use.web_search_requests``)."""
+
     def fail(self, err: errors.GatewayError, reason: str) -> bytes: ...
 
     def message(self) -> dict[str, Any]:
@@ -209,6 +217,12 @@ class Reply:
         source = self.source
         figures.usage = source.usage
         figures.stop_reason = source.stop_reason
+        rounds = self._rounds
+        if rounds is not None:
+            figures.cache_read = rounds.cache_read
+            figures.web_searches = rounds.web_searches
+        elif self._translator is not None:
+            figures.cache_read = self._translator.cache_read or 0
         if self._translator is not None and self._timing is not None:
             figures.add_stream(self._translator, self._timing, self.t0 or 0.0)
         figures.write(self.call.deps.metrics)

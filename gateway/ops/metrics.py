@@ -467,6 +467,25 @@ class Metrics:
                 registry=r,
             )
         )
+        # per named client ([[clients]]): the label is a configured name or "anonymous"
+        # (gateway/tenancy/clients.py), counted only when clients are configured
+        self.client_requests = _Memo(
+            Counter(
+                p + "client_requests_total",
+                "Requests answered per client, by model alias and HTTP status",
+                ["client", "model", "code"],
+                registry=r,
+            )
+        )
+        self.client_tokens = _Memo(
+            Counter(
+                p + "client_tokens_total",
+                "Tokens of replies per client, by model alias and type: input (not read from "
+                "cache), output or cache_read",
+                ["client", "model", "type"],
+                registry=r,
+            )
+        )
         self.terminations = _Memo(
             Counter(
                 p + "stream_terminations_total",

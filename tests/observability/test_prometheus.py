@@ -45,6 +45,9 @@ SCRAPE_INTERVAL = 1.0
 RATE_INTERVAL = "1m"  # covers the whole traffic window
 TRAFFIC_SECONDS = 4.0  # several scrapes see counters move, so rate() is positive
 HI = [{"role": "user", "content": "hi"}]
+# the one named client all traffic comes from (the Clients row), its key on every request,
+# the scrape and the test's own reads of /metrics
+TEAM_KEY = "team-key-for-the-dashboard"
 # metric names in expressions; PromQL functions and keywords are not prefixed like this
 _NAME = re.compile(r"\b((?:llm_gateway|process|python)_[a-zA-Z0-9_]+)\b")
 _HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
@@ -121,6 +124,7 @@ def test_dashboard_identity_and_variables() -> None:
         "Saturation",
         "Batches",
         "Local engines",
+        "Clients",
     ]
     for title, expr in _expressions(dash):
         if "rate(" in expr:
@@ -152,7 +156,8 @@ def test_every_dashboard_metric_is_defined_in_the_metrics_module() -> None:
 
 
 def _get(url: str, timeout: float = 10) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
+    req = urllib.request.Request(url, headers={"authorization": f"Bearer {TEAM_KEY}"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
         return resp.read()
 
 
@@ -161,7 +166,11 @@ def _post(url: str, body: dict[str, Any], timeout: float = 60) -> int:
         url,
         data=json.dumps(body).encode(),
         method="POST",
-        headers={"content-type": "application/json", "anthropic-version": "2023-06-01"},
+        headers={
+            "content-type": "application/json",
+            "anthropic-version": "2023-06-01",
+            "x-api-key": TEAM_KEY,
+        },
     )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -223,7 +232,7 @@ health_timeout = 1
     text += 'fallbacks = ["m-status:500"]\n'  # llm_gateway_fallbacks_total
     text += '\n[[models]]\nname = "m-search"\nupstream = "stub"\nupstream_model = "ok"\n'
     text += f'\n[web_search]\nsearxng_url = "{searxng_url}"\ntimeout = 5\n'
-    return text
+    return text + '\n[[clients]]\nname = "team"\nkey_env = "TEAM_KEY"\n'
 
 
 class _Prometheus:
@@ -240,7 +249,11 @@ class _Prometheus:
                         "evaluation_interval": f"{SCRAPE_INTERVAL:g}s",
                     },
                     "scrape_configs": [
-                        {"job_name": "llm-gateway", "static_configs": [{"targets": [target]}]}
+                        {
+                            "job_name": "llm-gateway",
+                            "static_configs": [{"targets": [target]}],
+                            "authorization": {"type": "Bearer", "credentials": TEAM_KEY},
+                        }
                     ],
                 }
             )
@@ -287,7 +300,9 @@ def scraped(
     searxng = Proc([sys.executable, str(REPO / "tests" / "searxng_stub.py"), str(searxng_port)])
     wait_http(f"http://127.0.0.1:{searxng_port}/healthz", proc=searxng.popen)
     searxng_url = f"http://127.0.0.1:{searxng_port}"
-    gateway, base = start_gateway(_gateway_config(llama_server, stub_url, searxng_url), workdir)
+    gateway, base = start_gateway(
+        _gateway_config(llama_server, stub_url, searxng_url), workdir, env={"TEAM_KEY": TEAM_KEY}
+    )
     prom = _Prometheus(binary, base.removeprefix("http://"), workdir)
     try:
         wait_http(prom.url + "/-/ready", timeout=20, proc=prom.proc.popen)

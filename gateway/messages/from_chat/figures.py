@@ -34,6 +34,7 @@ class Figures:
 
     __slots__ = (
         "api",
+        "cache_read",
         "decode",
         "decoded",
         "dropped_tool_deltas",
@@ -53,6 +54,7 @@ class Figures:
         "unrepairable",
         "upstream",
         "usage",
+        "web_searches",
         "written",
     )
 
@@ -69,6 +71,8 @@ class Figures:
         self.upstream = ""  # its upstream's name (logged with an orphan </think>)
         self.streamed = streamed  # a stream to the client: TTFT, TPOT, a termination
         self.usage: tuple[int, int] | None = None  # (input incl. cache reads, output)
+        self.cache_read = 0  # of usage's input, the tokens read from the engine's cache
+        self.web_searches = 0  # usage.server_tool_use.web_search_requests
         self.stop_reason: str | None = None
         self.ttft: float | None = None
         self.decode = 0.0  # seconds from each round's first token to its last chunk
@@ -94,10 +98,11 @@ class Figures:
         """A whole reply's stop reason and usage (a buffered one, or a stream's folded)."""
         self.stop_reason = message.get("stop_reason") or None
         usage = message["usage"]
-        self.usage = (
-            usage["input_tokens"] + usage.get("cache_read_input_tokens", 0),
-            usage["output_tokens"],
-        )
+        self.cache_read = cached = usage.get("cache_read_input_tokens", 0)
+        self.usage = (usage["input_tokens"] + cached, usage["output_tokens"])
+        tools = usage.get("server_tool_use")
+        if tools is not None:
+            self.web_searches = tools.get("web_search_requests", 0)
 
     def add_fixes(
         self,

@@ -96,6 +96,14 @@ class WebSearchReply:
     def usage(self) -> tuple[int, int]:
         return self._events.usage
 
+    @property
+    def cache_read(self) -> int:
+        return self._events.cache_read + self._events.round_cache
+
+    @property
+    def web_searches(self) -> int:
+        return self._searches.requests
+
     def fail(self, err: errors.GatewayError, reason: str) -> bytes:
         self.termination = reason
         self.error = err

@@ -1,0 +1,88 @@
+"""What happens when a client's reply ends: its usage recorded (the usage report's rows,
+gateway/http/usage_api.py) and counted in the per-client metrics.
+
+:func:`reply_ended` is a Messages reply's ``Figures.on_end`` (buffered, streamed, web
+search rounds); :func:`batch_reply_ended` a batch request's, for the batch's owner;
+:func:`record_passthrough` the OpenAI pass-through's. Each returns or does nothing when
+there is nothing to do (no admin key configured, so no usage recorded, and no
+``[[clients]]``, so no per-client series): a gateway without either pays nothing here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+
+from gateway.http.keys import CLIENT, METRICS, STATE
+from gateway.http.usage_api import USAGE
+from gateway.messages.from_chat.figures import Figures
+from gateway.tenancy.clients import Client
+
+__all__ = ["batch_reply_ended", "per_client", "record_passthrough", "reply_ended"]
+
+# (model, uncached input, cache read, output, web searches)
+Record = Callable[[str, int, int, int, int], None]
+
+
+def per_client(app: web.Application) -> bool:
+    """Whether named clients are configured (the per-client series are counted then)."""
+    return len(app[STATE].tenants.clients) > 1
+
+
+def _record(app: web.Application, client: Client) -> Record | None:
+    recorder = app.get(USAGE)
+    metrics = app[METRICS] if per_client(app) else None
+    if recorder is None and metrics is None:
+        return None
+    name = client.name
+
+    def record(model: str, uncached: int, cache_read: int, output: int, searches: int) -> None:
+        if recorder is not None:
+            recorder.add(name, model, uncached, cache_read, output, searches)
+        if metrics is not None:
+            tokens = metrics.client_tokens
+            tokens.labels(name, model, "input").inc(uncached)
+            tokens.labels(name, model, "output").inc(output)
+            if cache_read:
+                tokens.labels(name, model, "cache_read").inc(cache_read)
+
+    return record
+
+
+def _on_end(record: Record | None) -> Callable[[Figures], None] | None:
+    if record is None:
+        return None
+
+    def ended(figures: Figures) -> None:
+        usage = figures.usage
+        if usage is not None:
+            cached = figures.cache_read
+            record(figures.model, usage[0] - cached, cached, usage[1], figures.web_searches)
+
+    return ended
+
+
+def reply_ended(request: web.Request) -> Callable[[Figures], None] | None:
+    """The ``Figures.on_end`` of the request's Messages reply, or None."""
+    return _on_end(_record(request.app, request[CLIENT]))
+
+
+def batch_reply_ended(app: web.Application) -> Callable[[str], Callable[[Figures], None] | None]:
+    """For the batch scheduler: a batch owner -> its requests' ``Figures.on_end``."""
+
+    def ended(owner: str) -> Callable[[Figures], None] | None:
+        return _on_end(_record(app, app[STATE].tenants.by_owner(owner)))
+
+    return ended
+
+
+def record_passthrough(request: web.Request, model: str, usage: tuple[int, int] | None) -> None:
+    """An OpenAI pass-through reply's (prompt, completion) tokens, as the upstream reported
+    them (its prompt counted as uncached input: the pass-through does not read the cached
+    part)."""
+    if usage is None:
+        return
+    record = _record(request.app, request[CLIENT])
+    if record is not None:
+        record(model, usage[0], 0, usage[1], 0)

@@ -131,7 +131,7 @@ def supervise(
         subprocess.Popen,
         cmd,
         env=env,
-        preexec_fn=functools.partial(_worker_setup, os.getpid()),
+        preexec_fn=functools.partial(worker_setup, os.getpid()),
     )
     procs = [start() for _ in range(workers)]
     # until here SIGHUP is ignored (main()): the workers are reading the file anyway
@@ -176,7 +176,7 @@ def supervise(
     return 0 if stopping and all(c == 0 for c in codes) else max(1, *codes)
 
 
-def _worker_setup(supervisor: int) -> None:
+def worker_setup(supervisor: int) -> None:
     """In the worker, before exec: stop with the supervisor; SIGHUP ignored (a disposition
     exec keeps) until the worker's own reload handler replaces it."""
     lifeline.die_with_parent(supervisor, signal.SIGTERM)

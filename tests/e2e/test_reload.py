@@ -12,10 +12,14 @@ Bounded: eight threads, a few hundred requests, each step waiting on a count of 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import http.client
 import json
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,9 +30,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.ops.workers import worker_setup
 from tests.conftest import stub_config
 from tests.logs import log_lines, matching, wait_for_line
-from tests.procs import Proc, get, post, start_gateway
+from tests.procs import Proc, free_port, get, post, start_gateway, wait_http
 from tests.waits import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
@@ -263,3 +268,66 @@ def test_reloads_are_counted(stub_url: str, tmp_path: Path) -> None:
         assert (count("ok"), count("failed")) == (1, 1)
     finally:
         proc.stop()
+
+
+def test_the_workers_supervisor_forwards_sighup(stub_url: str, tmp_path: Path) -> None:
+    """--workers 2: SIGHUP to the supervisor (systemd's $MAINPID) reaches every worker; one
+    sent while the workers start stops none of them."""
+    port = free_port()
+    path = tmp_path / "gw.toml"
+    text = stub_config(stub_url, extra_server='api_keys_env = "ANON_KEYS"', models=("ok",))
+    path.write_text(text)
+    args = ["--config", str(path), "--port", str(port), "--workers", "2"]
+    proc = Proc([sys.executable, "-m", "gateway", *args], env=ENV)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_line(proc.output, lambda ln: ln.get("event") == "workers_started", timeout=15)
+        proc.signal(signal.SIGHUP)  # workers just started: not a stop
+        wait_http(base + "/health", proc=proc.popen)
+        listening = lambda: {ln["pid"] for ln in matching(log_lines(proc.output()), "listening")}  # noqa: E731
+        wait_until(lambda: len(listening()) == 2, "both workers listening", timeout=20)
+        path.write_text(text + _client("frank", f'key_sha256 = "{_sha("frank-1")}"'))
+        proc.signal(signal.SIGHUP)
+        wait_until(
+            lambda: (
+                {ln["pid"] for ln in matching(log_lines(proc.output()), "config_reloaded")}
+                == listening()
+            ),
+            "config_reloaded from each worker",
+            timeout=15,
+        )
+        for _ in range(12):  # a new connection each time: the kernel spreads them
+            status = post(
+                f"{base}/llm/v1/messages",
+                {"model": "m-ok", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]},
+                headers={"x-api-key": "frank-1", "connection": "close"},
+            )[0]
+            assert status == 200
+        assert _metric(base, "anon-1", "llm_gateway_config_reloads_total", result="ok") == 2
+        assert not matching(log_lines(proc.output()), "worker_replaced")
+        assert proc.popen.poll() is None
+    finally:
+        assert proc.stop() == 0
+
+
+def test_a_worker_starts_with_sighup_ignored() -> None:
+    """A SIGHUP the supervisor forwards while a worker is still importing (before its
+    handler) is ignored, not the default action (the end of the process): the disposition
+    set before exec stays through it."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        preexec_fn=functools.partial(worker_setup, os.getpid()),
+    )
+    try:
+        status = Path(f"/proc/{child.pid}/status").read_text()
+        ignored = int(
+            next(ln for ln in status.splitlines() if ln.startswith("SigIgn:")).split()[1], 16
+        )
+        assert ignored & (1 << (signal.SIGHUP - 1))
+        child.send_signal(signal.SIGHUP)
+        assert child.poll() is None
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        assert child.wait(10) == 0

@@ -7,7 +7,7 @@ no request in flight and no connection sees the swap; the next request is identi
 new table. A bad file (unreadable, not TOML, a :class:`ConfigError`, a variable it names
 unset) keeps the previous table and logs ``config_reload_failed`` with the refusal's one
 line (it names the file and the key, never a key's value). What a reload may change, and
-what waits for a restart: gateway/ops/reload.py.
+what waits for a restart: gateway/ops/config_reload.py.
 
 Signals arriving while a reload runs are coalesced into one more reload after it, so the file
 read last is the one applied.
@@ -23,7 +23,7 @@ from aiohttp import web
 
 from gateway.http.keys import METRICS, STATE
 from gateway.ops.config import Config, ConfigError
-from gateway.ops.reload import changes, tenancy_of
+from gateway.ops.config_reload import changes, tenancy_of
 from gateway.tenancy.clients import Tenants
 
 _log = structlog.get_logger("gateway.reload")

@@ -1,4 +1,4 @@
-"""What a re-read config changes (gateway/ops/reload.py): the clients added, removed and
+"""What a re-read config changes (gateway/ops/config_reload.py): the clients added, removed and
 changed, the server keys, and the tables whose change needs a restart."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import tomllib
 import pytest
 
 from gateway.ops import config
-from gateway.ops.reload import Changes, changes, tenancy_of
+from gateway.ops.config_reload import Changes, changes, tenancy_of
 from tests.config_cases import GOOD
 
 ENV = {"K_A": "key-a", "K_B": "key-b", "ANON": "anon-1", "ANON2": "anon-2", "UP": "up-key"}

@@ -1,4 +1,5 @@
-"""CLI: arguments -> config -> logging -> serve until SIGTERM/SIGINT, then drain.
+"""CLI: arguments -> config -> logging -> serve until SIGTERM/SIGINT, then drain; SIGHUP
+re-reads the config file's clients and keys (gateway/http/reload.py).
 
     python -m gateway --config FILE [--host H] [--port P]
     python -m gateway                  # the built-in default config
@@ -22,6 +23,7 @@ import os
 import resource
 import signal
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import structlog
@@ -70,7 +72,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-async def _serve(cfg: config.Config, notifier: notify.Notifier | None = None) -> None:
+async def _serve(
+    cfg: config.Config,
+    notifier: notify.Notifier | None = None,
+    reread: tuple[config.Config, Callable[[], config.Config]] | None = None,
+) -> None:
+    """Serve ``cfg`` until SIGTERM/SIGINT. ``reread``: (the config as loaded, how to load it
+    again): SIGHUP applies a new file's clients and keys."""
     # imported here: --check-config and --health-check (a container's HEALTHCHECK, every few
     # seconds under a short timeout) need none of the HTTP shell, half a second of imports
     from aiohttp import web
@@ -78,6 +86,7 @@ async def _serve(cfg: config.Config, notifier: notify.Notifier | None = None) ->
     from gateway.app import build_app
     from gateway.http.keys import METRICS, OPENAI_PATHS, OPS_APP, STATE
     from gateway.http.protocol import listen
+    from gateway.http.reload import Reloader
 
     logger = structlog.get_logger("gateway")
     loop = asyncio.get_running_loop()
@@ -133,6 +142,8 @@ async def _serve(cfg: config.Config, notifier: notify.Notifier | None = None) ->
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if reread is not None:
+        loop.add_signal_handler(signal.SIGHUP, Reloader(app, *reread).request)
     # bound and listening, and SIGTERM drains: a stop that follows READY=1 is a clean one
     if notifier is not None:
         notifier.send("READY=1")
@@ -363,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.check_config:
         return _check_config(cfg)
     log.configure(cfg.server.log_level, journal_stream=os.environ.get("JOURNAL_STREAM"))
+    # a reload asked for before the handler is in place (or of the supervisor) is not a stop
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    reread = (cfg, functools.partial(_reread, args))
     notifier = notify.Notifier(os.environ.get("NOTIFY_SOCKET"))
     if args.workers < 1:
         print("llm-gateway: --workers must be >= 1", file=sys.stderr)
@@ -385,9 +399,16 @@ def main(argv: list[str] | None = None) -> int:
         from gateway.demo.run import run_demo
 
         explicit = bool(args.config or os.environ.get("GATEWAY_CONFIG"))
-        return run_demo(cfg, functools.partial(_serve, notifier=notifier), explicit_config=explicit)
-    _run(_serve(cfg, notifier))
+        serve = functools.partial(_serve, notifier=notifier, reread=reread)
+        return run_demo(cfg, serve, explicit_config=explicit)
+    _run(_serve(cfg, notifier, reread))
     return 0
+
+
+def _reread(args: argparse.Namespace) -> config.Config:
+    """The config again, as main() loads it: the same file, the environment, the overrides."""
+    cfg = config.load(args.config, os.environ)
+    return config.with_overrides(cfg, host=args.host, port=args.port)
 
 
 def _run(main: object) -> None:

@@ -54,6 +54,7 @@ from gateway.batches.store import BatchRow, BatchStore, StoreError, StoreFull
 from gateway.http.body import decode_json, read_bytes
 from gateway.http.keys import (
     BATCH_STORE,
+    CLIENT,
     CLIENT_KEY,
     CONFIG,
     METRICS,
@@ -68,7 +69,7 @@ from gateway.messages.request.validate import validate_messages
 from gateway.messages.search_blocks import TOOL_TYPES as WEB_SEARCH_TYPES
 from gateway.ops.budget import Lease
 from gateway.ops.config import Config, find_route
-from gateway.tenancy.clients import owner_id
+from gateway.tenancy.clients import ANONYMOUS_CLIENT, Client, owner_id
 from gateway.text import ids, jsonutil
 from gateway.text.json_items import ArrayItems, NotPlain
 
@@ -215,10 +216,13 @@ PARSE_SLICE = 32
 PARSE_SLICE_BYTES = 256 * 1024
 
 
-def parse_create(cfg: Config, body: Any) -> list[tuple[str, str, bytes]]:
+def parse_create(
+    cfg: Config, body: Any, client: Client = ANONYMOUS_CLIENT
+) -> list[tuple[str, str, bytes]]:
     """(custom_id, route name, params JSON) per request; raises the 400 naming what is
-    wrong. The route's configured name is what the scheduler claims work by."""
-    parser = CreateParser(cfg, body)
+    wrong (a 403 for a model outside ``client``'s list). The route's configured name is what
+    the scheduler claims work by."""
+    parser = CreateParser(cfg, body, client)
     while not parser.done:
         parser.step(PARSE_SLICE)
     return parser.out
@@ -231,7 +235,7 @@ class CreateParser:
 
     __slots__ = ("_next", "_reader", "_reqs", "out")
 
-    def __init__(self, cfg: Config, body: Any) -> None:
+    def __init__(self, cfg: Config, body: Any, client: Client = ANONYMOUS_CLIENT) -> None:
         if not isinstance(body, dict):
             raise errors.InvalidRequest("", "request body must be a JSON object")
         for key in body:
@@ -249,7 +253,7 @@ class CreateParser:
             )
         self._reqs: list[Any] = reqs
         self._next = 0
-        self._reader = RequestReader(cfg)
+        self._reader = RequestReader(cfg, client)
         self.out: list[tuple[str, str, bytes]] = []
 
     @property
@@ -268,10 +272,11 @@ class RequestReader:
     """Each request of a create checked, in order (``custom_id`` unique in the batch), and
     made ``(custom_id, route name, params JSON)``."""
 
-    __slots__ = ("_cfg", "_seen")
+    __slots__ = ("_cfg", "_client", "_seen")
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, client: Client = ANONYMOUS_CLIENT) -> None:
         self._cfg = cfg
+        self._client = client
         self._seen: set[str] = set()
 
     def read(self, i: int, item: Any) -> tuple[str, str, bytes]:
@@ -312,6 +317,12 @@ class RequestReader:
             raise errors.InvalidRequest(
                 f"{where}.params.model", f"model {errors.echo(req['model'], 256)} not found"
             )
+        if not self._client.may_use(req["model"], route.name):
+            # as /v1/messages answers it: a batch is no way round a client's models list
+            raise errors.PermissionDenied(
+                f"{where}.params.model: This API key may not use the model "
+                f"{errors.echo(req['model'], 256)}"
+            )
         return (custom_id, route.name, jsonutil.dumpb(params))
 
 
@@ -330,9 +341,11 @@ def _no_web_search(params: Any, where: str) -> None:
             )
 
 
-async def _parse_create(cfg: Config, body: Any) -> list[tuple[str, str, bytes]]:
+async def _parse_create(
+    cfg: Config, body: Any, client: Client = ANONYMOUS_CLIENT
+) -> list[tuple[str, str, bytes]]:
     """:func:`parse_create`, giving the event loop a turn between slices."""
-    parser = CreateParser(cfg, body)
+    parser = CreateParser(cfg, body, client)
     del body
     while not parser.done:
         parser.step(PARSE_SLICE)
@@ -353,25 +366,26 @@ async def _parse_body(
     counted in ``lease`` as it is encoded; a body of another shape is decoded whole, as
     it always was, and answered as it always was."""
     held = lease.held
+    client = request.get(CLIENT, ANONYMOUS_CLIENT)  # set by the middleware
     try:
         items = ArrayItems(
             raw, "requests", max_values=MAX_BATCH_VALUES, max_item_values=jsonutil.MAX_VALUES
         )
-        return await _parse_items(cfg, items, lease)
+        return await _parse_items(cfg, items, lease, client)
     except NotPlain:
         lease.give(lease.held - held)  # what was parsed is dropped
     body = await decode_json(request, raw, MAX_BATCH_VALUES)
-    return await _parse_create(cfg, body)
+    return await _parse_create(cfg, body, client)
 
 
 async def _parse_items(
-    cfg: Config, items: ArrayItems, lease: Lease
+    cfg: Config, items: ArrayItems, lease: Lease, client: Client = ANONYMOUS_CLIENT
 ) -> list[tuple[str, str, bytes]]:
     """:func:`_parse_create` of the body's items, one at a time, giving the event loop a
     turn between slices; a request that does not decode is :class:`NotPlain` (the whole
     decode names what is wrong as it always did). A create of more than
     ``batches.max_requests`` is refused once the count passes it (the rest only counted)."""
-    reader = RequestReader(cfg)
+    reader = RequestReader(cfg, client)
     out: list[tuple[str, str, bytes]] = []
     limit = cfg.batches.max_requests
     turn = _Turns()

@@ -795,6 +795,16 @@ class Metrics:
                 registry=r,
             )
         )
+        # SIGHUP: the config re-read (gateway/http/reload.py); result: ok, failed
+        self.config_reloads = _Memo(
+            Counter(
+                p + "config_reloads_total",
+                "Config re-reads on SIGHUP: ok (the clients and keys replaced) or failed "
+                "(the file refused; the previous ones kept)",
+                ["result"],
+                registry=r,
+            )
+        )
         # process-wide memory budgets (gateway/ops/budget.py); budget: memory, decoding
         self.budget_held = _Memo(
             Gauge(
@@ -856,6 +866,8 @@ class Metrics:
             self.accept_errors.labels(reason)
         for kind in CLIENT_HTTP_ERRORS:
             self.client_http_errors.labels(kind)
+        for result in ("ok", "failed"):
+            self.config_reloads.labels(result)
         for status in BATCH_STATUSES:
             self.batches.labels(status)
         for budget in BUDGETS:

@@ -6,7 +6,10 @@ spreads connections across workers) and ``PROMETHEUS_MULTIPROC_DIR`` (each
 worker writes its metric values to files there; ``/metrics`` on any worker
 serves the sum over all workers). SIGTERM/SIGINT are forwarded, every worker
 drains, and the supervisor exits 0 once all have. A worker that dies on its own
-is replaced (and its live gauges dropped).
+is replaced (and its live gauges dropped). SIGHUP is forwarded to every worker,
+which re-reads the config file's clients and keys itself (gateway/http/reload.py);
+a worker starts with SIGHUP ignored until its handler is in place, so an early
+one cannot stop it.
 
 Readiness: each worker gets ``NOTIFY_SOCKET`` naming a datagram socket of the
 supervisor's (abstract namespace; the kernel attaches the sender's pid, so only
@@ -117,15 +120,22 @@ def supervise(
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
 
+    def on_reload(signum: int, _frame: object) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGHUP)
+
     # a worker drains and stops when the supervisor dies, even of a SIGKILL (lifeline);
     # the supervisor has no threads, so a preexec_fn is safe here
     start = functools.partial(
         subprocess.Popen,
         cmd,
         env=env,
-        preexec_fn=functools.partial(lifeline.die_with_parent, os.getpid(), signal.SIGTERM),
+        preexec_fn=functools.partial(worker_setup, os.getpid()),
     )
     procs = [start() for _ in range(workers)]
+    # until here SIGHUP is ignored (main()): the workers are reading the file anyway
+    signal.signal(signal.SIGHUP, on_reload)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     _say("workers_started", workers=workers, pids=[p.pid for p in procs], metrics_dir=path)
@@ -164,6 +174,13 @@ def supervise(
     codes = [p.returncode for p in procs]
     _say("workers_stopped", exit_codes=codes)
     return 0 if stopping and all(c == 0 for c in codes) else max(1, *codes)
+
+
+def worker_setup(supervisor: int) -> None:
+    """In the worker, before exec: stop with the supervisor; SIGHUP ignored (a disposition
+    exec keeps) until the worker's own reload handler replaces it."""
+    lifeline.die_with_parent(supervisor, signal.SIGTERM)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def strip_workers_flag(argv: list[str]) -> list[str]:

@@ -314,6 +314,7 @@ def _testable_unit(tmp_path: Path, text: str | None = None) -> Path:
     ("key", "want"),
     [
         ("ExecStart", f"{UNIT_BINARY} --config {UNIT_CONFIG}"),
+        ("ExecReload", "/bin/kill -HUP $MAINPID"),  # SIGHUP: the clients re-read
         ("DynamicUser", "yes"),
         ("Restart", "on-failure"),
         ("RestartPreventExitStatus", "2"),

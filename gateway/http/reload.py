@@ -1,0 +1,100 @@
+"""SIGHUP: re-read the config file and replace the clients and keys of a running gateway.
+
+The file the process started with (the same path) is read again, with the environment, in a
+thread off the event loop. A good file replaces ``app[STATE].tenants`` whole: a request
+identifies its client once, in the middleware, and keeps that :class:`Client` to its end, so
+no request in flight and no connection sees the swap; the next request is identified by the
+new table. A bad file (unreadable, not TOML, a :class:`ConfigError`, a variable it names
+unset) keeps the previous table and logs ``config_reload_failed`` with the refusal's one
+line (it names the file and the key, never a key's value). What a reload may change, and
+what waits for a restart: gateway/ops/config_reload.py.
+
+Signals arriving while a reload runs are coalesced into one more reload after it, so the file
+read last is the one applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import structlog
+from aiohttp import web
+
+from gateway.http.keys import METRICS, STATE
+from gateway.ops.config import Config, ConfigError
+from gateway.ops.config_reload import changes, tenancy_of
+from gateway.tenancy.clients import Tenants
+
+_log = structlog.get_logger("gateway.reload")
+
+
+class Reloader:
+    """Re-reads the config with ``reread`` and applies its tenancy part to ``app``.
+
+    ``started``: the config as loaded at start (before anything the process derived from it,
+    such as ``--demo``'s routes): what a new file is compared with for changes that need a
+    restart."""
+
+    def __init__(self, app: web.Application, started: Config, reread: Callable[[], Config]):
+        self._app = app
+        self._started = started
+        self._applied = started
+        self._reread = reread
+        self._task: asyncio.Task[None] | None = None
+        self._again = False
+
+    def request(self) -> None:
+        """The signal handler: start a reload, or ask for one more after the running one."""
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            self._again = False
+            await self.reload()
+            if not self._again:
+                return
+
+    async def reload(self) -> bool:
+        """One re-read; True when it was applied."""
+        metrics = self._app[METRICS]
+        try:
+            new = await asyncio.to_thread(self._reread)
+        except ConfigError as exc:
+            metrics.config_reloads.labels("failed").inc()
+            _log.error("config_reload_failed", detail=str(exc), kept="the previous clients")
+            return False
+        except Exception as exc:  # a bug must not take down a serving gateway
+            metrics.config_reloads.labels("failed").inc()
+            _log.error(
+                "config_reload_failed",
+                detail=f"unexpected {type(exc).__name__}",
+                kept="the previous clients",
+            )
+            return False
+        applied = tenancy_of(self._applied, new)
+        tenants = Tenants(applied)
+        diff = changes(self._started, self._applied, new)
+        self._app[STATE].tenants = tenants
+        self._applied = applied
+        metrics.config_reloads.labels("ok").inc()
+        _log.info(
+            "config_reloaded",
+            clients=len(new.clients),
+            added=list(diff.added),
+            removed=list(diff.removed),
+            changed=list(diff.changed),
+            server_keys_changed=diff.server_keys,
+            needs_restart=list(diff.needs_restart),
+        )
+        if diff.needs_restart:
+            _log.warning(
+                "config_needs_restart",
+                tables=list(diff.needs_restart),
+                detail="changed in the file but not applied: only [[clients]], "
+                "server.api_keys_env and server.admin_keys_env are re-read on SIGHUP",
+            )
+        return True

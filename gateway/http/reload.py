@@ -21,10 +21,11 @@ from collections.abc import Callable
 import structlog
 from aiohttp import web
 
-from gateway.http.keys import METRICS, STATE
+from gateway.http.keys import METRICS, SECRETS, STATE
 from gateway.ops.config import Config, ConfigError
 from gateway.ops.config_reload import changes, tenancy_of
 from gateway.tenancy.clients import Tenants
+from gateway.upstream.known import known_secrets
 
 _log = structlog.get_logger("gateway.reload")
 
@@ -79,6 +80,8 @@ class Reloader:
         tenants = Tenants(applied)
         diff = changes(self._started, self._applied, new)
         self._app[STATE].tenants = tenants
+        # the new keys are scrubbed from upstream error text as the old ones were
+        self._app[SECRETS].adopt(known_secrets(applied))
         self._applied = applied
         metrics.config_reloads.labels("ok").inc()
         _log.info(

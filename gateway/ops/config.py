@@ -154,12 +154,13 @@ def _clients(
                 )
             digest = hashlib.sha256(key.encode()).digest()
         else:
+            key = ""
             digest = bytes.fromhex(c["key_sha256"])
         # cross-entry: one key, one client
         if digest in digests:
             raise ConfigError(f"{src}: {where}: its key is also the key of {digests[digest]}")
         digests[digest] = f"clients[{i}]"
-        out.append(ClientConfig(**c, key_digest=digest))
+        out.append(ClientConfig(**c, key_digest=digest, key=key))
     return tuple(out)
 
 

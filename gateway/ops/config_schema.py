@@ -476,6 +476,8 @@ class ClientConfig:
     )
     # the key's SHA-256 (from key_env's value, or key_sha256), set by parse()
     key_digest: bytes = _not_toml(b"", secret=True)
+    # key_env's value (empty with key_sha256): only for the scrubber of upstream error text
+    key: str = _not_toml("", secret=True)
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,14 @@ class Redactor:
         """The redactor of every configured upstream's secrets."""
         return cls(s for cfg in upstreams for s in secrets_of(cfg))
 
+    def adopt(self, other: Redactor) -> None:
+        """Redact what ``other`` does from now on (the config re-read on SIGHUP brought new
+        keys): every holder of this redactor sees the change at once."""
+        self._count = other._count
+        self._pattern = other._pattern
+        self._bytes_pattern = other._bytes_pattern
+        self.hosts_pattern = other.hosts_pattern
+
     def __call__(self, text: str) -> str:
         if self._pattern is None:
             return text

@@ -5,7 +5,8 @@ Upstream error text (a status reply's body, an in-band error) reaches a client o
 
 * every upstream's key, in every form (:func:`gateway.text.redact.secrets_of`); these also
   go from relayed pass-through bytes;
-* for error text only: the clients' keys (``server.api_keys``), the signing keys (as text
+* for error text only: the clients' keys (``server.api_keys``, ``[[clients]]``'s,
+  ``server.admin_keys``; a reload's new ones too: :meth:`Redactor.adopt`), the signing keys (as text
   when printable, and in hex: the form the ``--workers`` supervisor shares), the batch
   database's URL, the web search backend's URL;
 * every upstream's host names, ``host:port`` and base URLs (a DNS upstream's name; the
@@ -40,7 +41,7 @@ def known_secrets(config: Config) -> Redactor:
 def _own(config: Config) -> Iterator[str]:
     """The gateway's own secrets, in the forms a text could hold them."""
     server = config.server
-    for key in server.api_keys:
+    for key in (*server.api_keys, *server.admin_keys, *(c.key for c in config.clients if c.key)):
         yield from key_forms(key)
     for signing in (server.signing_key, *server.previous_signing_keys):
         if not signing:

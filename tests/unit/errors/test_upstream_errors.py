@@ -299,3 +299,27 @@ def test_the_process_redactor_knows_every_secret_of_the_config() -> None:
     # relayed bytes lose the upstream keys alone (a model's answer may name a host)
     relayed = redactor.redact_bytes(f"{KEY} {OTHER_KEY} {OTHER_HOST} {CLIENT_KEY}".encode())
     assert relayed == f"[redacted] [redacted] {OTHER_HOST} {CLIENT_KEY}".encode()
+
+
+def test_named_clients_and_admin_keys_are_scrubbed_and_a_reload_adopts_new_ones() -> None:
+    url = "http://10.1.2.3:8000/v1"
+    named, admin, later = "sk-alice-77c1e0", "sk-admin-5e9a02", "sk-carol-3b61d4"
+
+    def parsed(clients: list[dict[str, str]]) -> config.Config:
+        return config.parse(
+            {
+                "server": {"admin_keys_env": "ADMIN"},
+                "upstreams": {"u": {"base_url": url}},
+                "models": [{"name": "m", "upstream": "u", "upstream_model": "m"}],
+                "clients": clients,
+            },
+            "test.toml",
+            {"ALICE": named, "ADMIN": admin, "CAROL": later},
+        )
+
+    redactor = known_secrets(parsed([{"name": "alice", "key_env": "ALICE"}]))
+    quoted = f"keys {named} {admin} {later}"
+    assert redactor(quoted) == f"keys [redacted] [redacted] {later}"
+    # the reloaded config's keys, in the same object every holder already has
+    redactor.adopt(known_secrets(parsed([{"name": "carol", "key_env": "CAROL"}])))
+    assert redactor(quoted) == f"keys {named} [redacted] [redacted]"

@@ -27,6 +27,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +204,10 @@ def _traffic_round(base: str) -> None:
     }
     assert _post(msgs, {**search, "messages": [{"role": "user", "content": "paris"}]}) == 200
     assert _post(msgs, {**search, "messages": [{"role": "user", "content": "x #fail"}]}) == 200
+    # two at once on a model with one slot: one waits (the queue panels)
+    with ThreadPoolExecutor(2) as pool:
+        queued = list(pool.map(lambda _: _post(msgs, {**demo, "model": "m-queued"}), range(2)))
+    assert queued == [200, 200]
 
 
 def _gateway_config(llama_url: str, stub_url: str, searxng_url: str) -> str:
@@ -231,6 +236,9 @@ health_timeout = 1
     text += '\n[[models]]\nname = "m-dead"\nupstream = "dead"\nupstream_model = "ok"\n'
     text += 'fallbacks = ["m-status:500"]\n'  # llm_gateway_fallbacks_total
     text += '\n[[models]]\nname = "m-search"\nupstream = "stub"\nupstream_model = "ok"\n'
+    # the queue panels: one slot, a second request waits for it
+    text += '\n[[models]]\nname = "m-queued"\nupstream = "stub"\nupstream_model = "delay:300"\n'
+    text += "max_concurrency = 1\nqueue_timeout = 10\n"
     text += f'\n[web_search]\nsearxng_url = "{searxng_url}"\ntimeout = 5\n'
     return text + '\n[[clients]]\nname = "team"\nkey_env = "TEAM_KEY"\n'
 
@@ -391,7 +399,8 @@ def test_key_panels_show_the_traffic_that_flowed(scraped) -> None:
             + urllib.parse.urlencode({"match[]": "llm_gateway_model_info"})
         )
     )["data"]
-    assert sorted(models) == ["demo", "m-dead", "m-inband-error", "m-search", "m-status:500"]
+    configured = ["demo", "m-dead", "m-inband-error", "m-queued", "m-search", "m-status:500"]
+    assert sorted(models) == configured
     # client-chosen names never become series
     assert prom.query('{__name__=~"llm_gateway_.*", model="not-configured"}') == []
 

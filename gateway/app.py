@@ -44,7 +44,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway import errors
 from gateway.http import anthropic as messages
-from gateway.http import models, passthrough
+from gateway.http import models, passthrough, tenancy
 from gateway.http.decoder import DECODER, Decoder, decoder_ctx
 from gateway.http.keys import (
     BATCH_STORE,
@@ -339,6 +339,7 @@ def build_app(
             routes=config.models,
             in_flight=state.in_flight,
             draining=lambda: state.draining,
+            spend=tenancy.batch_spender(app),
         )
         app[SCHEDULER] = scheduler
         app[STATE].on_request_end = scheduler.interactive_ended

@@ -55,7 +55,7 @@ import random
 import socket
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import structlog
@@ -101,11 +101,14 @@ class Scheduler:
         routes: Mapping[str, ModelRoute],
         in_flight: Mapping[str, int],
         draining: Callable[[], bool],
+        spend: Callable[[str, tuple[int, int]], Awaitable[None]] | None = None,
     ) -> None:
         """``routes``: the configured models; ``in_flight``: interactive requests now per
         model (kept by the HTTP shell's admission); ``draining``: whether the process is
-        shutting down (no new work is claimed then)."""
+        shutting down (no new work is claimed then); ``spend``: given a batch's owner and a
+        request's (input, output) tokens once it ran, takes them from the owner's limits."""
         self._deps = deps
+        self._spend = spend
         self._store = store
         self._cfg = cfg
         self._models = routes
@@ -401,6 +404,9 @@ class Scheduler:
             await reply.send()
             async with reply:
                 message = await reply.buffered()
+        usage = reply.figures.usage
+        if self._spend is not None and usage is not None:
+            await self._spend(item.owner, usage)
         return message, route.name
 
     def _access(

@@ -45,6 +45,7 @@ class Claimed:
     model: str
     params: bytes
     attempts: int  # including this one
+    owner: str = ""  # the batch's owner (its requests count against the owner's limits)
 
 
 METADATA = sa.MetaData()

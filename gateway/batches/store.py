@@ -427,9 +427,9 @@ class BatchStore:
             # only the batches with due work: 150 batches whose requests all wait in back-off
             # cost one query a look, not one per batch (an idle gateway spent a third of a
             # core looking)
-            batch_ids = (
+            batches = (
                 conn.execute(
-                    sa.select(_b.id)
+                    sa.select(_b.id, _b.owner)
                     .where(
                         _b.ended_at.is_(None),
                         _b.cancel_initiated_at.is_(None),
@@ -438,11 +438,11 @@ class BatchStore:
                     )
                     .order_by(_b.seq)
                 )
-                .scalars()
+                .tuples()
                 .all()
             )
             claimed: list[Claimed] = []
-            for batch_id in batch_ids:
+            for batch_id, owner in batches:
                 q = (
                     sa.select(_r.idx, _r.custom_id, _r.model, _r.params, _r.attempts)
                     .where(
@@ -472,7 +472,15 @@ class BatchStore:
                     )
                 )
                 claimed += [
-                    Claimed(batch_id, r.idx, r.custom_id, r.model, bytes(r.params), r.attempts + 1)
+                    Claimed(
+                        batch_id,
+                        r.idx,
+                        r.custom_id,
+                        r.model,
+                        bytes(r.params),
+                        r.attempts + 1,
+                        owner,
+                    )
                     for r in rows
                 ]
                 if len(claimed) >= limit:

@@ -17,10 +17,10 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.http import routing, streaming
+from gateway.http import routing, streaming, tenancy
 from gateway.http.admission import admitted
 from gateway.http.body import read_json
-from gateway.http.keys import MESSAGES, REQUEST_ID, STREAM, WEB_SEARCH
+from gateway.http.keys import CLIENT, MESSAGES, REQUEST_ID, STREAM, WEB_SEARCH
 from gateway.messages.call import Call, count_input_tokens, pdfs_as_text, prepare, restore
 from gateway.messages.reply import Reply, Rounds
 from gateway.messages.request.validate import validate_messages
@@ -28,6 +28,7 @@ from gateway.messages.search_blocks import web_search_tool
 from gateway.messages.session_key import SESSION_HEADER, session_key
 from gateway.ops.budget import Lease
 from gateway.ops.config import ModelRoute
+from gateway.tenancy import limits
 from gateway.text import jsonutil
 from gateway.tools.web_search.loop import WebSearchReply
 from gateway.tools.web_search.searches import Searches
@@ -38,19 +39,36 @@ _SSE = "text/event-stream; charset=utf-8"
 
 async def create_message(request: web.Request) -> web.StreamResponse:
     t0 = time.perf_counter()
+    keep: list[bytes] | None = [] if request[CLIENT].metered else None  # the body, measured
     req = validate_messages(
-        await read_json(request), web_search=request.app[WEB_SEARCH] is not None
+        await read_json(request, keep=keep), web_search=request.app[WEB_SEARCH] is not None
     )
     route = routing.resolve(request, req["model"])
+    if keep is not None:  # a client with limits: charged before the upstream is called
+        charge = await tenancy.admit(request, len(keep.pop()), req["max_tokens"])
+        if charge is not None:
+            return await tenancy.charged(charge, _create(request, req, route, t0, charge))
+    return await _create(request, req, route, t0, None)
+
+
+async def _create(
+    request: web.Request,
+    req: dict[str, Any],
+    route: ModelRoute,
+    t0: float,
+    charge: limits.Charge | None,
+) -> web.StreamResponse:
     # what the request restores from signatures counts until its reply has ended
     with request.app[MESSAGES].memory.lease() as lease:
         reply = await _prepare(request, req, route, t0, lease)
         request[STREAM] = reply.stream
+        if charge is not None:
+            reply.figures.on_end = tenancy.reply_ended(request)
         with admitted(request, route):
             await reply.send(session_key(request.headers.get(SESSION_HEADER), req))
             async with reply:
                 if reply.stream:
-                    return await _stream(request, reply)
+                    return await _stream(request, reply, charge)
                 body = jsonutil.dumpb(await reply.buffered())
     return web.Response(
         body=body, content_type="application/json", headers={"request-id": request[REQUEST_ID]}
@@ -99,11 +117,19 @@ def _searching(
     return rounds
 
 
-async def _stream(request: web.Request, reply: Reply) -> web.StreamResponse:
+async def _stream(
+    request: web.Request, reply: Reply, charge: limits.Charge | None
+) -> web.StreamResponse:
     """The reply to the client's stream; every path ends it well-formed, and its figures
     are written as it ends (:meth:`Reply.end`)."""
     async with streaming.RelayedStream(
-        request, "messages", reply.call.route, reply.source, content_type=_SSE, end=reply.end
+        request,
+        "messages",
+        reply.call.route,
+        reply.source,
+        content_type=_SSE,
+        end=reply.end,
+        headers=None if charge is None else charge.headers,
     ) as stream:
         await reply.stream_to(stream.writer.write)
     return stream.writer.response

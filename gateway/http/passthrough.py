@@ -28,10 +28,10 @@ from typing import Any
 from aiohttp import web
 
 from gateway import errors
-from gateway.http import routing, streaming
+from gateway.http import routing, streaming, tenancy
 from gateway.http.admission import admitted
 from gateway.http.body import read_json
-from gateway.http.keys import METRICS, REQUEST_ID, SECRETS, STREAM, UPSTREAM_CALLS
+from gateway.http.keys import CLIENT, METRICS, REQUEST_ID, SECRETS, STREAM, UPSTREAM_CALLS
 from gateway.messages.session_key import SESSION_HEADER
 from gateway.openai.apis import RESPONSES, OpenAIApi
 from gateway.openai.forward import model_span, splice
@@ -40,6 +40,7 @@ from gateway.openai.relay import ModelRewriter, Relay
 from gateway.openai.responses_index import ResponsesIndexer
 from gateway.openai.session_scan import session_key
 from gateway.ops.config import ModelRoute
+from gateway.tenancy import limits
 from gateway.text import jsonutil
 from gateway.upstream.client import UpstreamClient, UpstreamResponse
 from gateway.upstream.send import send
@@ -68,6 +69,33 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
     if not isinstance(body.get("model"), str):
         raise errors.InvalidRequest("model", "required, a string")
     route = routing.resolve(request, body["model"], openai=True)
+    if request[CLIENT].metered:  # a client with limits: charged before the upstream is called
+        charge = await tenancy.admit(request, len(raw[0]), _max_tokens(body))
+        if charge is not None:
+            return await tenancy.charged(
+                charge, _forward(request, api, raw, body, route, t0, charge)
+            )
+    return await _forward(request, api, raw, body, route, t0, None)
+
+
+def _max_tokens(body: dict[str, Any]) -> int:
+    """The output the request may ask for (0 when it does not say)."""
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        value = body.get(key)
+        if type(value) is int and value > 0:
+            return value
+    return 0
+
+
+async def _forward(
+    request: web.Request,
+    api: OpenAIApi,
+    raw: list[bytes],
+    body: dict[str, Any],
+    route: ModelRoute,
+    t0: float,
+    charge: limits.Charge | None,
+) -> web.StreamResponse:
     stream = api.streams and body.get("stream") is True
     request[STREAM] = stream
     ups = request.app[UPSTREAM_CALLS]
@@ -105,7 +133,10 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
                     secrets=request.app[SECRETS],
                 )
                 reply = inband.body(rewrite(data))  # an error body raises, scrubbed
-                metrics.count_tokens(route.name, api.dialect.usage(data))
+                usage = api.dialect.usage(data)
+                metrics.count_tokens(route.name, usage)
+                if charge is not None:
+                    charge.ended(usage)
                 return web.Response(
                     body=reply,
                     status=200,
@@ -125,6 +156,7 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
                     indexer=_indexer(api, route),
                 ),
                 t0,
+                charge,
             )
 
 
@@ -135,10 +167,34 @@ async def _relay(
     up: UpstreamResponse,
     relay: Relay,
     t0: float,
+    charge: limits.Charge | None,
+) -> web.StreamResponse:
+    if charge is None:
+        return await _relay_stream(request, api, route, up, relay, t0, None)
+    try:
+        return await _relay_stream(request, api, route, up, relay, t0, charge)
+    finally:
+        charge.ended(relay.usage)  # None (no include_usage): the estimate stands
+
+
+async def _relay_stream(
+    request: web.Request,
+    api: OpenAIApi,
+    route: ModelRoute,
+    up: UpstreamResponse,
+    relay: Relay,
+    t0: float,
+    charge: limits.Charge | None,
 ) -> web.StreamResponse:
     metrics = request.app[METRICS]
     async with streaming.RelayedStream(
-        request, api.name, route, relay, content_type="text/event-stream", ping_frame=_PING
+        request,
+        api.name,
+        route,
+        relay,
+        content_type="text/event-stream",
+        ping_frame=_PING,
+        headers=None if charge is None else charge.headers,
     ) as stream:
         write = stream.writer.write
         progress = up.progress

@@ -14,6 +14,7 @@ on_store_error``'s: ``open`` lets the request through uncounted, ``closed`` refu
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 
@@ -31,6 +32,10 @@ __all__ = ["CHARGE", "admit", "batch_spender", "charged", "reply_ended"]
 # the request's charge against its client's limits; absent: the client has none
 CHARGE = web.RequestKey("charge", limits.Charge)
 UNAVAILABLE_MESSAGE = "Overloaded: the rate limit counters are unavailable; retry shortly"
+# a concurrency lease's name: this process's random prefix and a sequence (unique across
+# the replicas sharing a store, without a random draw per request)
+_LEASES = ids.b62(12) + ":"
+_SEQUENCE = itertools.count()
 
 
 async def admit(request: web.Request, body_bytes: int, max_tokens: int) -> limits.Charge | None:
@@ -44,7 +49,7 @@ async def admit(request: web.Request, body_bytes: int, max_tokens: int) -> limit
             plan,
             limits.input_estimate(body_bytes),
             max_tokens,
-            lease=ids.b62(16),
+            lease=f"{_LEASES}{next(_SEQUENCE)}",
         )
     except errors.RateLimited:
         app[METRICS].rejected.labels(request[API], "rate_limited").inc()

@@ -68,6 +68,15 @@ _UNITS = {
 _TOKEN_KINDS = frozenset((_INPUT, _OUTPUT, _DAY))
 
 
+def _names(kind: str) -> tuple[str, str, str]:
+    prefix = "anthropic-ratelimit-" + kind
+    return (prefix + "-limit", prefix + "-remaining", prefix + "-reset")
+
+
+_TOKENS = _names("tokens")
+_WEIGHTS = {_REQUESTS: (1, 0, 0), _INPUT: (0, 1, 0), _OUTPUT: (0, 0, 1), _DAY: (0, 1, 1)}
+
+
 def input_estimate(body_bytes: int) -> int:
     """A request's input tokens before the call: four bytes of request JSON per token (the
     rule of gateway/messages/tokens.py ``estimate_from_bytes``)."""
@@ -78,9 +87,18 @@ def _seconds(n: int) -> str:
     return "1 second" if n == 1 else f"{n} seconds"
 
 
+_RFC3339: dict[int, str] = {}  # whole second -> its text: a few distinct resets a second
+
+
 def rfc3339(t: float) -> str:
     """``t`` (epoch seconds) as the API writes a reset: whole seconds, UTC, rounded up."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(math.ceil(t)))
+    second = math.ceil(t)
+    text = _RFC3339.get(second)
+    if text is None:
+        if len(_RFC3339) >= 256:
+            _RFC3339.clear()
+        text = _RFC3339[second] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second))
+    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +109,12 @@ class Plan:
     meters: tuple[Meter, ...]
     kinds: tuple[str, ...]
     max_concurrency: int
+    # per meter, what it counts of (requests, input tokens, output tokens)
+    weights: tuple[tuple[int, int, int], ...] = ()
+    # per meter, its (limit, remaining, reset) header names (None: the day meter, shown
+    # only as ``tokens-*``); the token meters' indices
+    names: tuple[tuple[str, str, str] | None, ...] = ()
+    tokens: tuple[int, ...] = ()
 
     @staticmethod
     @lru_cache(maxsize=1024)  # the key set: the configured clients (of every reload seen)
@@ -107,42 +131,42 @@ class Plan:
             if limit:
                 meters.append(Meter(f"{name}:{suffix}", limit, period))
                 kinds.append(kind)
-        return Plan(name, tuple(meters), tuple(kinds), client.max_concurrency)
+        return Plan(
+            name,
+            tuple(meters),
+            tuple(kinds),
+            client.max_concurrency,
+            tuple(_WEIGHTS[k] for k in kinds),
+            tuple(_names(_HEADER[k]) if k in _HEADER else None for k in kinds),
+            tuple(i for i, k in enumerate(kinds) if k in _TOKEN_KINDS),
+        )
 
     @property
     def counts_tokens(self) -> bool:
-        return any(k in _TOKEN_KINDS for k in self.kinds)
+        return bool(self.tokens)
 
     def amounts(self, requests: int, input_tokens: int, output_tokens: int) -> tuple[int, ...]:
         """What each meter counts of a request of these figures."""
-        by_kind = {
-            _REQUESTS: requests,
-            _INPUT: input_tokens,
-            _OUTPUT: output_tokens,
-            _DAY: input_tokens + output_tokens,
-        }
-        return tuple(by_kind[k] for k in self.kinds)
+        return tuple(
+            r * requests + i * input_tokens + o * output_tokens for r, i, o in self.weights
+        )
 
     def headers(self, reading: Reading, wall: float) -> dict[str, str]:
         """The ``anthropic-ratelimit-*`` headers of a reading of this plan's meters."""
         out: dict[str, str] = {}
-        tightest = -1  # the token meter with the fewest units left: the ``tokens-*`` one
-        for i, kind in enumerate(self.kinds):
-            if kind in _HEADER:
-                self._put(out, _HEADER[kind], i, reading, wall)
-            if kind in _TOKEN_KINDS and (
-                tightest < 0 or reading.remaining[i] < reading.remaining[tightest]
-            ):
-                tightest = i
-        if tightest >= 0:
-            self._put(out, "tokens", tightest, reading, wall)
+        remaining, reset = reading.remaining, reading.reset
+        tokens = self.tokens
+        tightest = min(tokens, key=remaining.__getitem__) if tokens else -1
+        for i, m in enumerate(self.meters):
+            names = self.names[i]
+            if names is not None or i == tightest:
+                left, full = str(remaining[i]), rfc3339(wall + reset[i])
+                limit = str(m.limit)
+                if names is not None:
+                    out[names[0]], out[names[1]], out[names[2]] = limit, left, full
+                if i == tightest:  # the token meter with the fewest units left
+                    out[_TOKENS[0]], out[_TOKENS[1]], out[_TOKENS[2]] = limit, left, full
         return out
-
-    def _put(self, out: dict[str, str], name: str, i: int, reading: Reading, wall: float) -> None:
-        prefix = "anthropic-ratelimit-" + name
-        out[prefix + "-limit"] = str(self.meters[i].limit)
-        out[prefix + "-remaining"] = str(reading.remaining[i])
-        out[prefix + "-reset"] = rfc3339(wall + reading.reset[i])
 
     def refusal(
         self, reading: Reading, needs: Sequence[int], headers: Mapping[str, str]

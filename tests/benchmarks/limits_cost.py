@@ -21,7 +21,7 @@ import sys
 from tests.benchmarks import driver
 from tests.benchmarks.run import API_KEY, HOST, Bench, _measured
 
-LIMITED = f"""
+LIMITED = """
 [[clients]]
 name = "bench"
 key_env = "BENCH_CLIENT_KEY"

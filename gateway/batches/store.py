@@ -427,20 +427,16 @@ class BatchStore:
             # only the batches with due work: 150 batches whose requests all wait in back-off
             # cost one query a look, not one per batch (an idle gateway spent a third of a
             # core looking)
-            batches = (
-                conn.execute(
-                    sa.select(_b.id, _b.owner)
-                    .where(
-                        _b.ended_at.is_(None),
-                        _b.cancel_initiated_at.is_(None),
-                        _b.expires_at > now,
-                        sa.exists().where(_r.batch_id == _b.id, _r.model.in_(models), due),
-                    )
-                    .order_by(_b.seq)
+            batches = conn.execute(
+                sa.select(_b.id, _b.owner)
+                .where(
+                    _b.ended_at.is_(None),
+                    _b.cancel_initiated_at.is_(None),
+                    _b.expires_at > now,
+                    sa.exists().where(_r.batch_id == _b.id, _r.model.in_(models), due),
                 )
-                .tuples()
-                .all()
-            )
+                .order_by(_b.seq)
+            ).all()
             claimed: list[Claimed] = []
             for batch_id, owner in batches:
                 q = (

@@ -15,13 +15,20 @@ import openai
 import pytest
 
 from tests import sdk
+from tests.batch_client import batches_toml, create, wait_ended
 from tests.conftest import stub_config
 from tests.logs import wait_for_line
 from tests.procs import Proc
 
 pytestmark = pytest.mark.e2e
 
-KEYS = {"KEY_TIGHT": "k-tight", "KEY_SECOND": "k-second", "KEY_DAY": "k-day", "KEY_FREE": "k-free"}
+KEYS = {
+    "KEY_TIGHT": "k-tight",
+    "KEY_SECOND": "k-second",
+    "KEY_DAY": "k-day",
+    "KEY_FREE": "k-free",
+    "KEY_OWNER": "k-owner",
+}
 CLIENTS = """
 [[clients]]
 name = "tight"
@@ -43,6 +50,11 @@ tokens_per_day = 86400
 [[clients]]
 name = "free"
 key_env = "KEY_FREE"
+
+[[clients]]
+name = "owner"
+key_env = "KEY_OWNER"
+tokens_per_day = 86400
 """
 RATE_HEADERS = ("limit", "remaining", "reset")
 
@@ -51,8 +63,9 @@ RATE_HEADERS = ("limit", "remaining", "reset")
 def limited(stub_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, str]]:
     from tests.procs import start_gateway
 
+    tmp = tmp_path_factory.mktemp("limits")
     cfg = stub_config(stub_url, models=("ok", "status:500:traceback")) + CLIENTS
-    proc, url = start_gateway(cfg, tmp_path_factory.mktemp("limits"), env=KEYS)
+    proc, url = start_gateway(cfg + batches_toml(tmp / "batches.sqlite3"), tmp, env=KEYS)
     try:
         yield proc, url + "/llm"
     finally:
@@ -204,3 +217,29 @@ def test_a_client_without_limits_pays_nothing_new(limited: tuple[Proc, str]) -> 
     with urllib.request.urlopen(req, timeout=10) as resp:
         assert resp.status == 200
         assert not [h for h in resp.headers if h.lower().startswith("anthropic-ratelimit")]
+
+
+def test_a_batch_spends_its_owners_budget(limited: tuple[Proc, str]) -> None:
+    """20 batch requests of the stub's 17 tokens each (12 in, 5 out) come off the owner's
+    tokens_per_day (86,400: one a second refills); a batch request is never refused."""
+    _, url = limited
+    client = sdk.client(url, api_key=KEYS["KEY_OWNER"], max_retries=0)
+
+    def left() -> int:
+        raw = client.messages.with_raw_response.create(
+            model="m-ok", max_tokens=100, messages=[{"role": "user", "content": "hi"}]
+        )
+        return int(raw.headers["anthropic-ratelimit-tokens-remaining"])
+
+    before = left()
+    params = {"model": "m-ok", "max_tokens": 100, "messages": [{"role": "user", "content": "b"}]}
+    headers = {"x-api-key": KEYS["KEY_OWNER"]}
+    status, made = create(
+        url, [{"custom_id": f"r{i}", "params": params} for i in range(20)], headers=headers
+    )
+    assert status == 200, made
+    ended = wait_ended(url, made["id"], headers=headers)
+    assert ended["request_counts"]["succeeded"] == 20
+    after = left()
+    # 20 x 17 spent, less what refilled meanwhile (at most a minute's 60 here)
+    assert before - after >= 20 * 17 - 60, (before, after)

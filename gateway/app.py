@@ -47,7 +47,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway import errors
 from gateway.http import anthropic as messages
-from gateway.http import models, passthrough, usage_api
+from gateway.http import charges, models, passthrough, usage_api
 from gateway.http.decoder import DECODER, Decoder, decoder_ctx
 from gateway.http.keys import (
     BATCH_STORE,
@@ -351,6 +351,7 @@ def build_app(
             in_flight=state.in_flight,
             draining=lambda: state.draining,
             reply_ended=batch_reply_ended(app),
+            spend=charges.batch_spender(app),
         )
         app[SCHEDULER] = scheduler
         app[STATE].on_request_end = scheduler.interactive_ended

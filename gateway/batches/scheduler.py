@@ -55,7 +55,7 @@ import random
 import socket
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import structlog
@@ -103,13 +103,17 @@ class Scheduler:
         in_flight: Mapping[str, int],
         draining: Callable[[], bool],
         reply_ended: Callable[[str], Callable[[Figures], None] | None] | None = None,
+        spend: Callable[[str, tuple[int, int]], Awaitable[None]] | None = None,
     ) -> None:
         """``routes``: the configured models; ``in_flight``: interactive requests now per
         model (kept by the HTTP shell's admission); ``draining``: whether the process is
         shutting down (no new work is claimed then); ``reply_ended``: a batch owner -> its
-        requests' ``Figures.on_end`` (their usage recorded against the owner's client)."""
+        requests' ``Figures.on_end`` (their usage recorded against the owner's client);
+        ``spend``: given a batch's owner and a request's (input, output) tokens once it ran,
+        takes them from the owner's limits."""
         self._reply_ended = reply_ended
         self._deps = deps
+        self._spend = spend
         self._store = store
         self._cfg = cfg
         self._models = routes
@@ -407,6 +411,9 @@ class Scheduler:
             await reply.send()
             async with reply:
                 message = await reply.buffered()
+        usage = reply.figures.usage
+        if self._spend is not None and usage is not None:
+            await self._spend(item.owner, usage)
         return message, route.name
 
     def _access(

@@ -45,7 +45,7 @@ class Claimed:
     model: str
     params: bytes
     attempts: int  # including this one
-    owner: str = field(default="", compare=False)  # its batch's: whose usage it is
+    owner: str = field(default="", compare=False)  # its batch's: whose usage and limits
 
 
 METADATA = sa.MetaData()

@@ -9,6 +9,7 @@ Tree::
      ├── PermissionDenied        403 permission_error (a model outside a client's list)
      ├── NotFound                404 not_found_error
      ├── RequestTooLarge         413 request_too_large
+     ├── RateLimited             429 rate_limit_error, with retry-after and the limits' headers
      ├── NotSupported            501 not_supported
      ├── Overloaded              529 overloaded_error, with retry-after
      └── UpstreamError           whatever the upstream said, mapped and scrubbed
@@ -94,6 +95,9 @@ class GatewayError(Exception):
     # the capability an upstream refused (gateway.text.refusals.CAPABILITIES), when this error
     # is such a refusal; the Messages call may then retry with that content as text
     refused: str | None = None
+    # headers the answer carries besides retry-after (a limited client's
+    # anthropic-ratelimit-*, gateway/tenancy/limits.py); None: none
+    extra_headers: Mapping[str, str] | None = None
 
     def __init__(
         self,
@@ -123,6 +127,8 @@ class GatewayError(Exception):
         if self.should_retry is not None:
             # Overrides the SDKs' status-based retry rule (a 5xx is retried otherwise).
             headers["x-should-retry"] = "true" if self.should_retry else "false"
+        if self.extra_headers:
+            headers.update(self.extra_headers)
         return headers
 
     def __repr__(self) -> str:
@@ -158,6 +164,17 @@ class NotFound(GatewayError):
 class RequestTooLarge(GatewayError):
     status = 413
     default_message = "Request exceeds the maximum allowed number of bytes."
+
+
+class RateLimited(GatewayError):
+    """A client's limit refuses the request (gateway/tenancy/limits.py)."""
+
+    status = 429
+    default_message = "Rate limited"
+
+    def __init__(self, message: str, *, retry_after: int, headers: Mapping[str, str]) -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.extra_headers = headers
 
 
 class NotSupported(GatewayError):

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from gateway import errors
+from gateway.http.charges import CHARGE
 from gateway.http.drain import DRAINING_MESSAGE, DrainHandle, drainable
 from gateway.http.keys import API, CLIENT, CONFIG, METRICS, STATE
 from gateway.http.writer import PING, StreamWriter
@@ -192,8 +193,13 @@ class admitted:
 
 
 async def _open(request: web.Request, write_timeout: float, ping_interval: float) -> StreamWriter:
+    charge = request.get(CHARGE)  # a limited client's: its ratelimit headers on the stream
     writer = await StreamWriter.open(
-        request, content_type=_SSE, write_timeout=write_timeout, ping_interval=ping_interval
+        request,
+        content_type=_SSE,
+        write_timeout=write_timeout,
+        ping_interval=ping_interval,
+        headers=None if charge is None else charge.headers,
     )
     await writer.write(PING)  # the stream has been silent for ping_interval already
     return writer

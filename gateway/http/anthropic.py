@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway import errors
-from gateway.http import routing, streaming
+from gateway.http import charges, routing, streaming
 from gateway.http.admission import admitted
 from gateway.http.body import read_json
 from gateway.http.keys import CLIENT, MESSAGES, REQUEST_ID, STREAM, WEB_SEARCH
@@ -31,6 +31,7 @@ from gateway.messages.search_blocks import web_search_tool
 from gateway.messages.session_key import SESSION_HEADER, session_key
 from gateway.ops.budget import Lease
 from gateway.ops.config import ModelRoute
+from gateway.tenancy import limits
 from gateway.text import jsonutil
 from gateway.tools.web_search.loop import WebSearchReply
 from gateway.tools.web_search.searches import Searches
@@ -41,10 +42,25 @@ _SSE = "text/event-stream; charset=utf-8"
 
 async def create_message(request: web.Request) -> web.StreamResponse:
     t0 = time.perf_counter()
+    keep: list[bytes] | None = [] if request[CLIENT].metered else None  # the body, measured
     req = validate_messages(
-        await read_json(request), web_search=request.app[WEB_SEARCH] is not None
+        await read_json(request, keep=keep), web_search=request.app[WEB_SEARCH] is not None
     )
     route = routing.resolve(request, req["model"])
+    if keep is not None:  # a client with limits: charged before the upstream is called
+        charge = await charges.admit(request, len(keep.pop()), req["max_tokens"])
+        if charge is not None:
+            return await charges.charged(charge, _create(request, req, route, t0, charge))
+    return await _create(request, req, route, t0, None)
+
+
+async def _create(
+    request: web.Request,
+    req: dict[str, Any],
+    route: ModelRoute,
+    t0: float,
+    charge: limits.Charge | None,
+) -> web.StreamResponse:
     # what the request restores from signatures counts until its reply has ended
     with request.app[MESSAGES].memory.lease() as lease:
         reply = await _prepare(request, req, route, t0, lease)
@@ -58,7 +74,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                 raise
             async with reply:
                 if reply.stream:
-                    return await _stream(request, reply, slot.writer)
+                    return await _stream(request, reply, charge, slot.writer)
                 body = jsonutil.dumpb(await reply.buffered())
     return web.Response(
         body=body, content_type="application/json", headers={"request-id": request[REQUEST_ID]}
@@ -123,7 +139,10 @@ def _failure(reply: Reply) -> Callable[[errors.GatewayError], bytes]:
 
 
 async def _stream(
-    request: web.Request, reply: Reply, writer: StreamWriter | None = None
+    request: web.Request,
+    reply: Reply,
+    charge: limits.Charge | None,
+    writer: StreamWriter | None = None,
 ) -> web.StreamResponse:
     """The reply to the client's stream; every path ends it well-formed, and its figures
     are written as it ends (:meth:`Reply.end`). ``writer``: the stream already opened
@@ -136,6 +155,7 @@ async def _stream(
         content_type=_SSE,
         end=reply.end,
         writer=writer,
+        headers=None if charge is None else charge.headers,
     ) as stream:
         await reply.stream_to(stream.writer.write)
     return stream.writer.response

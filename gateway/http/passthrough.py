@@ -24,13 +24,13 @@ secrets.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 
 from gateway import errors
-from gateway.http import routing, streaming
+from gateway.http import charges, routing, streaming
 from gateway.http.admission import admitted
 from gateway.http.body import read_json
 from gateway.http.keys import CLIENT, METRICS, REQUEST_ID, SECRETS, STREAM, UPSTREAM_CALLS
@@ -43,6 +43,7 @@ from gateway.openai.relay import ModelRewriter, Relay
 from gateway.openai.responses_index import ResponsesIndexer
 from gateway.openai.session_scan import session_key
 from gateway.ops.config import ModelRoute
+from gateway.tenancy import limits
 from gateway.tenancy.fair import engine_priority
 from gateway.text import jsonutil
 from gateway.upstream.client import UpstreamClient, UpstreamResponse
@@ -72,6 +73,33 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
     if not isinstance(body.get("model"), str):
         raise errors.InvalidRequest("model", "required, a string")
     route = routing.resolve(request, body["model"], openai=True)
+    if request[CLIENT].metered:  # a client with limits: charged before the upstream is called
+        charge = await charges.admit(request, len(raw[0]), _max_tokens(body))
+        if charge is not None:
+            return await charges.charged(
+                charge, _forward(request, api, raw, body, route, t0, charge)
+            )
+    return await _forward(request, api, raw, body, route, t0, None)
+
+
+def _max_tokens(body: dict[str, Any]) -> int:
+    """The output the request may ask for (0 when it does not say)."""
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        value = body.get(key)
+        if type(value) is int and value > 0:
+            return value
+    return 0
+
+
+async def _forward(
+    request: web.Request,
+    api: OpenAIApi,
+    raw: list[bytes],
+    body: dict[str, Any],
+    route: ModelRoute,
+    t0: float,
+    charge: limits.Charge | None,
+) -> web.StreamResponse:
     stream = api.streams and body.get("stream") is True
     request[STREAM] = stream
     ups = request.app[UPSTREAM_CALLS]
@@ -120,6 +148,8 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
                 usage = api.dialect.usage(data)
                 metrics.count_tokens(route.name, usage)
                 record_passthrough(request, route.name, usage)
+                if charge is not None:
+                    charge.ended(usage)
                 return web.Response(
                     body=reply,
                     status=200,
@@ -139,6 +169,7 @@ async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamRespo
                     indexer=_indexer(api, route),
                 ),
                 t0,
+                charge,
             )
 
 
@@ -149,11 +180,15 @@ async def _relay(
     up: UpstreamResponse,
     relay: Relay,
     t0: float,
+    charge: limits.Charge | None,
 ) -> web.StreamResponse:
+    headers = None if charge is None else charge.headers
     try:
-        return await _relayed(request, api, route, up, relay, t0)
+        return await _relayed(request, api, route, up, relay, t0, headers)
     finally:  # however the stream ended: what it used, as far as the upstream said
         record_passthrough(request, route.name, relay.usage)
+        if charge is not None:
+            charge.ended(relay.usage)  # None (no include_usage): the estimate stands
 
 
 async def _relayed(
@@ -163,10 +198,17 @@ async def _relayed(
     up: UpstreamResponse,
     relay: Relay,
     t0: float,
+    headers: Mapping[str, str] | None,
 ) -> web.StreamResponse:
     metrics = request.app[METRICS]
     async with streaming.RelayedStream(
-        request, api.name, route, relay, content_type="text/event-stream", ping_frame=_PING
+        request,
+        api.name,
+        route,
+        relay,
+        content_type="text/event-stream",
+        ping_frame=_PING,
+        headers=headers,
     ) as stream:
         write = stream.writer.write
         progress = up.progress

@@ -32,7 +32,7 @@ pass-through's ``Relay``): it says how the stream ended (``termination``), what 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Protocol
 
@@ -95,6 +95,7 @@ class RelayedStream:
         "_end_hook",
         "_gauge",
         "_handle",
+        "_headers",
         "_metrics",
         "_model",
         "_ping_frame",
@@ -116,6 +117,7 @@ class RelayedStream:
         ping_frame: bytes = PING,
         end: Callable[[str], None] | None = None,
         writer: StreamWriter | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         """``writer``: the client's stream, already open (a request that waited for its
         slot with pings: gateway/http/admission.py); None: opened on entering."""
@@ -129,6 +131,7 @@ class RelayedStream:
         self._ping_frame = ping_frame
         self._end_hook = end  # records the stream's figures, given its termination reason
         self._metrics = request.app[METRICS]
+        self._headers = headers  # more response headers (a limited client's ratelimit ones)
 
     async def __aenter__(self) -> RelayedStream:
         if not hasattr(self, "writer"):
@@ -139,6 +142,7 @@ class RelayedStream:
                 write_timeout=server.write_timeout,
                 ping_interval=server.ping_interval,
                 ping_frame=self._ping_frame,
+                headers=self._headers,
             )
         self._gauge = self._metrics.in_flight.labels(self._api, self._model)
         self._gauge.inc()

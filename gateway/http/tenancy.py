@@ -1,5 +1,6 @@
-"""What happens when a client's reply ends: its usage recorded (the usage report's rows,
-gateway/http/usage_api.py) and counted in the per-client metrics.
+"""What happens when a client's reply ends: its limits' charge settled (gateway/http/charges.py),
+its usage recorded (the usage report's rows, gateway/http/usage_api.py) and counted in the
+per-client metrics.
 
 :func:`reply_ended` is a Messages reply's ``Figures.on_end`` (buffered, streamed, web
 search rounds); :func:`batch_reply_ended` a batch request's, for the batch's owner;
@@ -14,6 +15,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from gateway.http import charges
 from gateway.http.keys import CLIENT, METRICS, STATE
 from gateway.http.usage_api import USAGE
 from gateway.messages.from_chat.figures import Figures
@@ -64,8 +66,18 @@ def _on_end(record: Record | None) -> Callable[[Figures], None] | None:
 
 
 def reply_ended(request: web.Request) -> Callable[[Figures], None] | None:
-    """The ``Figures.on_end`` of the request's Messages reply, or None."""
-    return _on_end(_record(request.app, request[CLIENT]))
+    """The ``Figures.on_end`` of the request's Messages reply (its charge settled, its usage
+    recorded), or None when there is nothing to do."""
+    record = _on_end(_record(request.app, request[CLIENT]))
+    settle = charges.settle(request)
+    if settle is None or record is None:
+        return settle or record
+
+    def both(figures: Figures) -> None:
+        settle(figures)
+        record(figures)
+
+    return both
 
 
 def batch_reply_ended(app: web.Application) -> Callable[[str], Callable[[Figures], None] | None]:

@@ -15,6 +15,7 @@ reading for as long as the connection lives (a whole body is one write).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 from aiohttp import web
 
@@ -69,6 +70,7 @@ class StreamWriter:
         write_timeout: float,
         ping_interval: float | None,
         ping_frame: bytes = PING,
+        headers: Mapping[str, str] | None = None,
     ) -> StreamWriter:
         resp = web.StreamResponse(
             status=200,
@@ -79,6 +81,8 @@ class StreamWriter:
                 "request-id": request[REQUEST_ID],
             },
         )
+        if headers:
+            resp.headers.update(headers)
         request[STREAM_RESPONSE] = resp  # the middleware must not render errors after this
         try:
             await resp.prepare(request)

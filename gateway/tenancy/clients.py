@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.ops.config import ANONYMOUS, Config
 from gateway.ops.config_schema import ClientConfig, is_pattern
@@ -33,6 +33,12 @@ class Client:
     output_tokens_per_minute: int = 0
     tokens_per_day: int = 0
     weight: float = 1.0
+    # a rate limit or a concurrency limit: the one attribute a request of a client without
+    # limits reads (gateway/http/charges.py)
+    metered: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "metered", self.limited or self.max_concurrency > 0)
 
     @property
     def limited(self) -> bool:

@@ -16,6 +16,10 @@ context_management, output_config, metadata and cache_control. The work director
                model unless asked for a tier); ``claude-*`` -> ``cc-tool`` on hello.txt, which
                serves the subagent's requests (named for Claude Code's own haiku id); the main
                model then answers with the subagent's report.
+``limited``    ``--bare``, no tools; Claude Code's key is a client's with requests_per_minute =
+               60, and the recorder spends that bucket just before Claude Code's first
+               Messages request goes on: it is refused (429, retry-after 1) and Claude Code's
+               own retry (CLAUDE_CODE_MAX_RETRIES 3 here) must get through.
 ``no-model``   no model variable at all; only a ``claude-*`` route -> ``cc-tool`` on hello.txt.
 ``websearch``  ``tiny-demo`` -> ``cc-steps``: ToolSearch loads the deferred WebSearch tool, then
                WebSearch is called (Claude Code sends a side request whose only tool is the
@@ -95,6 +99,12 @@ LOCAL_MODES = ("text-tool", "broken-args", "inline-think")
 SESSION_MODES = ("compact", "compact-effort", "compact-bare")
 WEBSEARCH_SESSION = "websearch-session"
 WEBSEARCH_MODES = ("websearch", WEBSEARCH_SESSION, "websearch-fail")
+LIMITED_CLIENT = """
+[[clients]]
+name = "cc"
+key_env = "CC_KEY"
+requests_per_minute = 60
+"""
 
 
 def _steps(mode: str, prompt: str, args: list[str]) -> list[list[str]]:
@@ -123,9 +133,13 @@ class Recorder:
     """A pass-through proxy in front of the gateway, on its own thread and event loop, that
     keeps each request's method, path and JSON body and relays the reply as it comes."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, spend_first: bool = False) -> None:
         self.target = target
         self.requests: list[dict] = []
+        # ``limited`` mode: before Claude Code's first Messages request goes on, spend its
+        # client's requests_per_minute bucket, so that request is refused (429)
+        self._spend_first = spend_first
+        self.spent = 0
         self.port = free_port()
         self._loop = asyncio.new_event_loop()
         started = threading.Event()
@@ -150,8 +164,24 @@ class Recorder:
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
 
+    async def _spend(self, headers: dict[str, str]) -> None:
+        body = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+        for _ in range(200):
+            async with self._session.post(
+                self.target + "/llm/v1/messages",
+                json=body,
+                headers={"x-api-key": headers.get("x-api-key", "")},
+            ) as resp:
+                await resp.read()
+                if resp.status == 429:
+                    return
+                self.spent += 1
+
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
+        if self._spend_first and request.method == "POST" and "/v1/messages" in request.path:
+            self._spend_first = False
+            await self._spend(dict(request.headers))
         try:
             body = json.loads(raw) if raw else None
         except ValueError:
@@ -225,6 +255,8 @@ def _routes(mode: str, work: Path) -> list[tuple[str, str]]:
         return [(MODEL, f"{mode}:{hello}")]
     if mode in SESSION_MODES:
         return [(MODEL, "chat"), ("claude-*", "chat")]
+    if mode == "limited":
+        return [(MODEL, "chat"), ("claude-*", "chat")]
     raise SystemExit(f"unknown mode {mode!r}")
 
 
@@ -288,13 +320,19 @@ def main() -> int:
             wait_http(f"http://127.0.0.1:{sport}/healthz")
             searxng_url = f"http://127.0.0.1:{sport}"
         cfg = _stub_config(stub_url, _routes(mode, work), searxng_url)
+        if mode == "limited":  # Claude Code's key is a client's, one request a second
+            cfg += LIMITED_CLIENT
         if mode == "no-model":
             model = None
         allowed = "Read,WebSearch" if mode in WEBSEARCH_MODES else "Read"
         args = ["--allowedTools", allowed, "--max-turns", "4"]
+        if mode == "limited":
+            args = ["--bare", "--tools", ""]
     # the thinking-signature key lives in the gateway's state directory: keep it in tmp
-    gateway, url = start_gateway(cfg, tmp, env={"STATE_DIRECTORY": str(tmp / "state")})
-    recorder = Recorder(url)
+    gateway, url = start_gateway(
+        cfg, tmp, env={"STATE_DIRECTORY": str(tmp / "state"), "CC_KEY": "test-key"}
+    )
+    recorder = Recorder(url, spend_first=mode == "limited")
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
@@ -308,6 +346,8 @@ def main() -> int:
     }
     if model is not None:
         env["ANTHROPIC_MODEL"] = model
+    if mode == "limited":  # its own retry, honouring retry-after
+        env["CLAUDE_CODE_MAX_RETRIES"] = "3"
     if mode in ("compact-effort", "compact-bare"):  # a model that takes per-turn effort
         env["CLAUDE_CODE_MODEL_CAPABILITIES"] = "per_turn_effort"
     if mode == "think-updates":  # what 2.1.332 sends when its connector-text experiment is on
@@ -380,6 +420,7 @@ def main() -> int:
                 "explore_prompt": EXPLORE_PROMPT,
                 "steps": steps,
                 "searches": searches,
+                "spent": recorder.spent,
             }
         )
     )

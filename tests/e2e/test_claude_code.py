@@ -349,3 +349,22 @@ def test_claude_code_session_with_compact_and_continue(tmp_path, mode: str) -> N
         assert body["stream"] is True
     if mode != "compact":
         assert all(r["body"].get("reasoning_effort") == "high" for r in run["upstream_requests"])
+
+
+def test_claude_code_retries_a_rate_limited_key(tmp_path) -> None:
+    """A limited key: Claude Code's first request is refused with 429 ``rate_limit_error``
+    (retry-after 1, the anthropic-ratelimit-* headers) and its own retry gets through."""
+    run = run_claude_code(tmp_path, "limited", "Say hi")
+    assert run["exit_code"] == 0, claude_code_brief(run)
+    assert run["result"]["is_error"] is False
+    assert run["spent"] >= 1  # the bucket was spent before Claude Code's request went on
+    # the recorder's spending requests come first in the access log (the last refused);
+    # then Claude Code's own: refused once, then its retry through
+    posts = claude_code_posts(run)
+    ours = posts[run["spent"] + 1 :]
+    assert posts[run["spent"]]["status"] == 429
+    assert [a["status"] for a in ours] == [429, 200], claude_code_brief(run)
+    assert ours[0]["error_type"] == "rate_limit_error"
+    assert "60 requests per minute" in ours[0]["error"]
+    assert len(claude_code_sent(run)) == 2  # the same request, sent twice
+    assert claude_code_sent(run)[0] == claude_code_sent(run)[1]

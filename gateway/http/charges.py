@@ -1,0 +1,111 @@
+"""The clients' limits in the HTTP layer: a request of a client with limits is charged
+(:func:`admit`) before its upstream is called, its answer carries the ``anthropic-ratelimit-*``
+headers (:func:`charged`), and its reply's usage settles the charge (:func:`settle`, called
+from the Messages reply's ``Figures.on_end``: gateway/http/tenancy.py). The arithmetic is
+gateway/tenancy/limits.py.
+
+A request of a client without limits (``Client.metered`` False, every request of a gateway
+without ``[[clients]]``) reads that one attribute and nothing else happens.
+
+A store that fails (``CountersUnavailable``: Redis down or slow) is ``[limits]
+on_store_error``'s: ``open`` lets the request through uncounted, ``closed`` refuses it with
+529 ``overloaded_error`` and ``retry-after`` (metric reason ``limits_unavailable``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from gateway import errors
+from gateway.http.keys import API, CLIENT, CONFIG, COUNTERS, METRICS, STATE
+from gateway.messages.from_chat.figures import Figures
+from gateway.tenancy import limits
+from gateway.tenancy.counters import CountersUnavailable
+from gateway.text import ids
+
+__all__ = ["CHARGE", "admit", "batch_spender", "charged", "settle"]
+
+# the request's charge against its client's limits; absent: the client has none
+CHARGE = web.RequestKey("charge", limits.Charge)
+UNAVAILABLE_MESSAGE = "Overloaded: the rate limit counters are unavailable; retry shortly"
+# a concurrency lease's name: this process's random prefix and a sequence (unique across
+# the replicas sharing a store, without a random draw per request)
+_LEASES = ids.b62(12) + ":"
+_SEQUENCE = itertools.count()
+
+
+async def admit(request: web.Request, body_bytes: int, max_tokens: int) -> limits.Charge | None:
+    """Charge the request to its client (``request[CLIENT].metered``); None when the store
+    failed and ``on_store_error`` is ``open``. Raises the 429 (or the 529) to answer."""
+    app = request.app
+    plan = limits.Plan.of(request[CLIENT])
+    try:
+        charge = await limits.admit(
+            app[COUNTERS],
+            plan,
+            limits.input_estimate(body_bytes),
+            max_tokens,
+            lease=f"{_LEASES}{next(_SEQUENCE)}",
+        )
+    except errors.RateLimited:
+        app[METRICS].rejected.labels(request[API], "rate_limited").inc()
+        raise
+    except CountersUnavailable:
+        if app[CONFIG].limits.on_store_error == "closed":
+            app[METRICS].rejected.labels(request[API], "limits_unavailable").inc()
+            raise errors.Overloaded(UNAVAILABLE_MESSAGE, retry_after=1) from None
+        return None
+    request[CHARGE] = charge
+    return charge
+
+
+async def charged(
+    charge: limits.Charge, answer: Awaitable[web.StreamResponse]
+) -> web.StreamResponse:
+    """``answer`` with the charge's headers (an error's too), the charge settled and its
+    lease returned when it is done. A stream must have put the headers on before its first
+    byte (``charge.headers``)."""
+    try:
+        response = await answer
+    except errors.GatewayError as err:
+        if err.extra_headers is None:
+            err.extra_headers = charge.headers
+        raise
+    finally:
+        await charge.close()
+    if not response.prepared:
+        response.headers.update(charge.headers)
+    return response
+
+
+def settle(request: web.Request) -> Callable[[Figures], None] | None:
+    """What a Messages reply's ``Figures.on_end`` calls for this request's charge; None: the
+    request has none."""
+    charge = request.get(CHARGE)
+    if charge is None:
+        return None
+
+    def ended(figures: Figures) -> None:
+        charge.ended(figures.usage)
+
+    return ended
+
+
+def batch_spender(app: web.Application) -> Callable[[str, tuple[int, int]], Awaitable[None]]:
+    """The batch scheduler's hook: a batch request's tokens, spent from its owner's token
+    meters (``Tenants.by_owner``) after it ran; never a refusal."""
+
+    async def spend(owner: str, usage: tuple[int, int]) -> None:
+        client = app[STATE].tenants.by_owner(owner)
+        if not client.limited:
+            return
+        try:
+            await limits.spend(app[COUNTERS], limits.Plan.of(client), usage, time.time())
+        except CountersUnavailable:
+            pass
+
+    return spend

@@ -1,0 +1,381 @@
+"""A small asyncio Redis client (RESP2), enough for the counters' scripts.
+
+Protocol facts relied on (RESP2, https://redis.io/docs/reference/protocol-spec/): a request is
+an array of bulk strings (``*N\\r\\n`` then ``$len\\r\\nbytes\\r\\n`` per argument); a reply is
+one of ``+simple``, ``-ERROR message``, ``:integer``, ``$len`` + bytes (``$-1``: nil) or
+``*N`` + N replies (``*-1``: nil). Replies come back in the order the requests were sent, so
+requests are pipelined on one connection and matched to a FIFO of waiters. ``AUTH [user]
+password`` and ``SELECT db`` are sent first on every connection; an error reply to either is a
+failure like any other. ``EVALSHA`` answers ``-NOSCRIPT`` when the server does not hold the
+script (restarted, flushed): the script is then sent whole with ``EVAL``, which caches it.
+
+Bounds: a reply larger than ``MAX_REPLY`` bytes, a bulk string longer than ``MAX_BULK``, an
+array of more than ``MAX_ITEMS`` items or nested deeper than ``MAX_DEPTH`` is a protocol error;
+every round trip (and a connect with its AUTH and SELECT) is bounded by ``timeout``.
+
+Every failure (refused, reset, timeout, a protocol error, an error reply) raises
+:class:`StoreFailed` (a :class:`~gateway.tenancy.counters.CountersUnavailable`) with a fixed
+``kind`` and a short reason that never holds the URL, host or password; the connection is then
+dropped and made again by a later call. At most one connect is in flight; after a failed one
+calls fail at once until a backoff (0.1 s doubling to 2 s) has passed, so a dead Redis costs
+one connect attempt per backoff, not one per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import ssl
+from collections import deque
+from dataclasses import dataclass
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from gateway.tenancy.counters import CountersUnavailable
+
+MAX_REPLY = 64 * 1024
+MAX_BULK = 16 * 1024
+MAX_ITEMS = 64
+MAX_DEPTH = 2
+BACKOFF_FIRST = 0.1
+BACKOFF_MAX = 2.0
+
+
+class StoreFailed(CountersUnavailable):
+    """A Redis call failed; ``kind`` is one of :data:`gateway.ops.metrics.STORE_ERRORS`,
+    ``reason`` a short fixed text (an errno name, a Redis error code) holding no address or
+    secret."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(f"redis {kind}: {reason}")
+        self.kind = kind
+        self.reason = reason
+
+
+class RedisError(Exception):
+    """An error reply; ``code`` is its first word (``ERR``, ``NOSCRIPT``, ``WRONGPASS``...)."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class _ProtocolError(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where and how to connect, parsed from a ``redis://``, ``rediss://`` or ``unix://`` URL."""
+
+    host: str = "127.0.0.1"
+    port: int = 6379
+    path: str = ""  # a unix socket
+    tls: bool = False
+    username: str = ""
+    password: str = ""
+    db: int = 0
+
+    def __repr__(self) -> str:  # never the password
+        where = self.path or f"{self.host}:{self.port}"
+        return f"Target({where}, db={self.db}, tls={self.tls}, auth={bool(self.password)})"
+
+
+def parse_url(url: str) -> Target:
+    """``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS) or
+    ``unix://[[user]:password@]/path/to/socket[?db=N]``. A lone user part with no ``:`` is the
+    password (the form of servers without ACL users). ValueError (naming no part of the URL)
+    when it cannot be read."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise ValueError("the Redis URL cannot be parsed") from None
+    user, password = unquote(parts.username or ""), unquote(parts.password or "")
+    if parts.password is None and user:
+        user, password = "", user
+    db_text = parts.path.strip("/") if parts.scheme != "unix" else ""
+    query = parse_qs(parts.query)
+    if "db" in query:
+        db_text = query["db"][-1]
+    if db_text and not (db_text.isdigit() and len(db_text) < 6):
+        raise ValueError("the Redis URL's database must be a number")
+    db = int(db_text or 0)
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ValueError("a unix:// Redis URL needs a socket path")
+        return Target(path=parts.path, username=user, password=password, db=db)
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+        raise ValueError("the Redis URL must be redis://, rediss:// or unix://")
+    return Target(
+        host=parts.hostname,
+        port=port or 6379,
+        tls=parts.scheme == "rediss",
+        username=user,
+        password=password,
+        db=db,
+    )
+
+
+Reply = bytes | int | None | list["Reply"] | RedisError
+Arg = bytes | str | int | float
+
+
+def encode(*args: Arg) -> bytes:
+    """One request: an array of bulk strings."""
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        b = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+def _line(buf: bytearray, pos: int) -> tuple[bytes, int] | None:
+    end = buf.find(b"\r\n", pos)
+    if end < 0:
+        return None
+    return bytes(buf[pos:end]), end + 2
+
+
+def _int(text: bytes) -> int:
+    if not text or len(text) > 20 or not text.lstrip(b"-").isdigit():
+        raise _ProtocolError("bad integer")
+    return int(text)
+
+
+def parse(buf: bytearray, pos: int = 0, depth: int = 0) -> tuple[Reply, int] | None:
+    """One reply from ``buf`` at ``pos``: (reply, the position after it), or None when the
+    buffer does not hold all of it yet. _ProtocolError on anything outside RESP2 or the
+    bounds."""
+    got = _line(buf, pos)
+    if got is None:
+        if len(buf) - pos > MAX_BULK:
+            raise _ProtocolError("line too long")
+        return None
+    line, pos = got
+    kind, rest = line[:1], line[1:]
+    if kind == b"+":
+        return rest, pos
+    if kind == b"-":
+        return RedisError(rest.split(b" ", 1)[0][:32].decode("ascii", "replace")), pos
+    if kind == b":":
+        return _int(rest), pos
+    if kind == b"$":
+        n = _int(rest)
+        if n == -1:
+            return None, pos
+        if not 0 <= n <= MAX_BULK:
+            raise _ProtocolError("bulk string out of bounds")
+        if len(buf) < pos + n + 2:
+            return None
+        if buf[pos + n : pos + n + 2] != b"\r\n":
+            raise _ProtocolError("bulk string not terminated")
+        return bytes(buf[pos : pos + n]), pos + n + 2
+    if kind == b"*":
+        n = _int(rest)
+        if n == -1:
+            return None, pos
+        if not 0 <= n <= MAX_ITEMS or depth >= MAX_DEPTH:
+            raise _ProtocolError("array out of bounds")
+        items: list[Reply] = []
+        for _ in range(n):
+            got_item = parse(buf, pos, depth + 1)
+            if got_item is None:
+                return None
+            item, pos = got_item
+            items.append(item)
+        return items, pos
+    raise _ProtocolError("unknown reply type")
+
+
+class _Wire(asyncio.Protocol):
+    """One connection: requests written in order, replies matched to a FIFO of futures."""
+
+    def __init__(self, on_lost: asyncio.Future[None]) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.waiters: deque[asyncio.Future[Reply]] = deque()
+        self.buf = bytearray()
+        self.failed: StoreFailed | None = None
+        self._on_lost = on_lost
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        pos = 0
+        try:
+            while True:
+                got = parse(self.buf, pos)
+                if got is None:
+                    break
+                reply, pos = got
+                if not self.waiters:
+                    raise _ProtocolError("a reply nobody asked for")
+                fut = self.waiters.popleft()
+                if not fut.done():
+                    fut.set_result(reply)
+            del self.buf[:pos]
+            if len(self.buf) > MAX_REPLY:
+                raise _ProtocolError("reply too large")
+        except _ProtocolError as exc:
+            self.fail(StoreFailed("protocol", str(exc)))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.fail(StoreFailed("connection", "closed by the server"))
+        if not self._on_lost.done():
+            self._on_lost.set_result(None)
+
+    def fail(self, err: StoreFailed) -> None:
+        """Fail every waiter and close: the order of replies can no longer be trusted."""
+        if self.failed is None:
+            self.failed = err
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_exception(self.failed)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def send(self, request: bytes) -> asyncio.Future[Reply]:
+        if self.failed is not None:
+            raise self.failed
+        assert self.transport is not None
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self.waiters.append(fut)
+        self.transport.write(request)
+        return fut
+
+
+def _os_reason(exc: OSError) -> str:
+    if exc.errno is not None and exc.errno in errno.errorcode:
+        return errno.errorcode[exc.errno]
+    return type(exc).__name__
+
+
+class Redis:
+    """Pipelined calls on one connection, made on first use and again after a failure."""
+
+    def __init__(self, target: Target, timeout: float) -> None:
+        self.target = target
+        self.timeout = timeout
+        self._wire: _Wire | None = None
+        self._connecting: asyncio.Future[_Wire] | None = None
+        self._retry_at = 0.0
+        self._backoff = BACKOFF_FIRST
+        self._last_failure: StoreFailed | None = None
+        self.connects = 0  # connect attempts, for tests
+
+    def __repr__(self) -> str:
+        return f"Redis({self.target!r})"
+
+    async def call(self, *args: Arg) -> Reply:
+        """One command's reply (an error reply is returned as a :class:`RedisError`, not
+        raised); StoreFailed on any failure to get it."""
+        wire = self._wire
+        if wire is None or wire.failed is not None:
+            wire = await self._connect()
+        return await self._round_trip(wire, encode(*args))
+
+    async def _round_trip(self, wire: _Wire, request: bytes) -> Reply:
+        fut = wire.send(request)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(self.timeout, self._expire, wire, fut)
+        try:
+            return await fut
+        finally:
+            timer.cancel()
+
+    @staticmethod
+    def _expire(wire: _Wire, fut: asyncio.Future[Reply]) -> None:
+        if not fut.done():
+            # a slow reply: the ones queued behind it would be as late; start afresh
+            wire.fail(StoreFailed("timeout", "no reply in time"))
+
+    async def _connect(self) -> _Wire:
+        if self._connecting is not None:
+            return await asyncio.shield(self._connecting)
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._retry_at and self._last_failure is not None:
+            raise self._last_failure
+        self._connecting = loop.create_future()
+        try:
+            wire = await self._open()
+        except StoreFailed as exc:
+            self._retry_at = loop.time() + self._backoff
+            self._backoff = min(BACKOFF_MAX, self._backoff * 2)
+            self._last_failure = exc
+            self._connecting.set_exception(exc)
+            self._connecting.exception()  # retrieved: no "never retrieved" warning
+            raise
+        else:
+            self._backoff = BACKOFF_FIRST
+            self._last_failure = None
+            self._wire = wire
+            self._connecting.set_result(wire)
+            return wire
+        finally:
+            self._connecting = None
+
+    async def _open(self) -> _Wire:
+        self.connects += 1
+        loop = asyncio.get_running_loop()
+        t = self.target
+        lost: asyncio.Future[None] = loop.create_future()
+        try:
+            async with asyncio.timeout(self.timeout):
+                if t.path:
+                    _, wire = await loop.create_unix_connection(lambda: _Wire(lost), t.path)
+                else:
+                    context = ssl.create_default_context() if t.tls else None
+                    _, wire = await loop.create_connection(
+                        lambda: _Wire(lost),
+                        t.host,
+                        t.port,
+                        ssl=context,
+                        server_hostname=t.host if t.tls else None,
+                    )
+        except TimeoutError:
+            raise StoreFailed("timeout", "connect took too long") from None
+        except ssl.SSLError:
+            raise StoreFailed("connection", "TLS handshake failed") from None
+        except OSError as exc:
+            raise StoreFailed("connection", _os_reason(exc)) from None
+        hello: list[tuple[bytes | str | int, ...]] = []
+        if t.password:
+            hello.append(("AUTH", t.username, t.password) if t.username else ("AUTH", t.password))
+        if t.db:
+            hello.append(("SELECT", t.db))
+        try:
+            for args in hello:
+                reply = await self._round_trip(wire, encode(*args))
+                if isinstance(reply, RedisError):
+                    raise StoreFailed("reply", reply.code)
+        except StoreFailed:
+            wire.fail(StoreFailed("connection", "set-up failed"))
+            raise
+        return wire
+
+    async def close(self) -> None:
+        wire, self._wire = self._wire, None
+        if wire is not None and wire.transport is not None:
+            wire.fail(StoreFailed("connection", "closed"))
+
+
+class Script:
+    """A Lua script run by its SHA-1 (``EVALSHA``), sent whole once the server lacks it."""
+
+    __slots__ = ("sha", "source")
+
+    def __init__(self, source: str) -> None:
+        self.source = source.encode()
+        self.sha = hashlib.sha1(self.source, usedforsecurity=False).hexdigest()
+
+    async def run(self, redis: Redis, keys: list[str], args: list[Arg]) -> Reply:
+        reply = await redis.call("EVALSHA", self.sha, len(keys), *keys, *args)
+        if isinstance(reply, RedisError) and reply.code == "NOSCRIPT":
+            reply = await redis.call("EVAL", self.source, len(keys), *keys, *args)
+        if isinstance(reply, RedisError):
+            raise StoreFailed("reply", reply.code)
+        return reply

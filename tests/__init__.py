@@ -11,6 +11,7 @@ Processes
     procs.py             free_port, start_gateway, Proc (stopped by PID), wait_http, post/get,
                          metric, peak_rss_mb
     pg.py                a throwaway PostgreSQL server
+    redis_server.py      a throwaway redis-server (stopped and started again on its port)
     fixtures_llama.py    a real llama.cpp upstream serving the tiny model (pytest fixtures)
     fake_dns_gateway.py  the gateway with a resolver a test rewrites
 

@@ -29,6 +29,7 @@ Clients and drivers
     route_bodies.py      a body per JSON route, hostile bodies, many sent at once
     node.py              the JavaScript clients: the TypeScript SDK, Claude Code
     sdk.py               the official Python SDK, closed after each test
+    counters_driver.py   one process taking from the shared counters (run several at once)
     llama_sessions.py    Claude Code-like sessions against several llama.cpp engines
 
 Data

@@ -29,6 +29,7 @@ import hashlib
 import ssl
 from collections import deque
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from gateway.tenancy.counters import CountersUnavailable
@@ -199,8 +200,8 @@ class _Wire(asyncio.Protocol):
         self._on_lost = on_lost
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are no asyncio.Transport instances, but have its methods
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.buf += data

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -425,19 +425,19 @@ async def _hostile(behaviour: str) -> tuple[asyncio.Server, int, list[asyncio.Ev
     return server, server.sockets[0].getsockname()[1], ended
 
 
-@pytest.mark.parametrize(
-    ("behaviour", "kind"),
-    [
-        ("endless bulk", "protocol"),
-        ("endless line", "protocol"),
-        ("stalled bulk", "timeout"),
-        ("garbage", "protocol"),
-        ("deep array", "protocol"),
-        ("unasked replies", "protocol"),
-        ("silence", "timeout"),
-        ("error reply", "reply"),
-    ],
-)
+HOSTILE = [
+    ("endless bulk", "protocol"),
+    ("endless line", "protocol"),
+    ("stalled bulk", "timeout"),
+    ("garbage", "protocol"),
+    ("deep array", "protocol"),
+    ("unasked replies", "protocol"),
+    ("silence", "timeout"),
+    ("error reply", "reply"),
+]
+
+
+@pytest.mark.parametrize(("behaviour", "kind"), HOSTILE)
 async def test_a_hostile_server_is_a_bounded_failure(behaviour: str, kind: str) -> None:
     server, port, ended = await _hostile(behaviour)
     registry, errors = _counted()
@@ -477,3 +477,31 @@ def test_the_url_is_read_without_echoing_it() -> None:
         with pytest.raises(ValueError) as got:
             parse_url(bad)
         assert "pw" not in str(got.value)
+
+
+# --- the same on uvloop, which the gateway runs (its transports are not asyncio's classes) --
+
+
+def _on_uvloop(make: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(make())
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_contract_on_uvloop(redis_server: RedisServer, name: str) -> None:
+    async def run() -> None:
+        store = RedisCounters(redis_server.url, TIMEOUT)
+        try:
+            await test_contract(store, name)
+        finally:
+            await store.close()
+
+    _on_uvloop(run)
+
+
+def test_failures_on_uvloop() -> None:
+    _on_uvloop(test_a_dead_port_fails_fast_with_one_connect_per_backoff)
+    for behaviour, kind in HOSTILE:
+        _on_uvloop(lambda b=behaviour, k=kind: test_a_hostile_server_is_a_bounded_failure(b, k))

@@ -23,10 +23,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gateway.tenancy.counters import Meter, Reading, reading
-from gateway.tenancy.resp import Arg, Redis, RedisError, Reply, Script, StoreFailed, parse_url
+from gateway.tenancy.resp import (
+    Arg,
+    Redis,
+    RedisError,
+    Reply,
+    Script,
+    StoreFailed,
+    bulk,
+    parse_url,
+)
 from gateway.tenancy.store_errors import StoreErrors
 
 PREFIX = "llmgw:"
+_MAX_CACHED = 4096  # meters whose encoded key, limit and period are kept
 
 # Shared by take and settle: a meter's level at now (absent: full), as counters.level_now.
 _LEVEL = """
@@ -111,11 +121,12 @@ class RedisCounters:
     (the metric and the rate-limited log line): the caller applies ``on_store_error`` and
     counts nothing itself."""
 
-    __slots__ = ("_errors", "_redis")
+    __slots__ = ("_errors", "_meters", "_redis")
 
     def __init__(self, url: str, timeout: float, errors: StoreErrors | None = None) -> None:
         self._redis = Redis(parse_url(url), timeout)
         self._errors = errors
+        self._meters: dict[Meter, tuple[bytes, bytes, bytes]] = {}
 
     @property
     def redis(self) -> Redis:
@@ -126,25 +137,35 @@ class RedisCounters:
             self._errors.failed(exc)
         return exc
 
-    async def _run(self, script: Script, keys: list[str], args: list[Arg]) -> Reply:
+    async def _run(self, script: Script, nkeys: int, parts: Sequence[bytes]) -> Reply:
         try:
-            return await script.run(self._redis, keys, args)
+            return await script.run(self._redis, nkeys, parts)
         except StoreFailed as exc:
             raise self._failed(exc) from None
 
-    @staticmethod
-    def _meter_args(
-        meters: Sequence[Meter], amounts: Sequence[int], now: float
-    ) -> tuple[list[str], list[Arg]]:
-        keys = [PREFIX + "m:" + m.key for m in meters]
-        args: list[Arg] = [repr(float(now))]
+    def _meter_parts(
+        self, meters: Sequence[Meter], amounts: Sequence[int], now: float
+    ) -> list[bytes]:
+        """The scripts' keys and arguments, each a bulk string; a meter's key, limit and period
+        are encoded once (meters come from the configured clients: a bounded set)."""
+        cached = self._meters
+        keys, args = [], [bulk(repr(float(now)))]
         for m, n in zip(meters, amounts, strict=True):
-            args += (m.limit, repr(float(m.period)), int(n))
-        return keys, args
+            got = cached.get(m)
+            if got is None:
+                if len(cached) >= _MAX_CACHED:
+                    cached.clear()
+                got = cached[m] = (
+                    bulk(PREFIX + "m:" + m.key),
+                    bulk(m.limit),
+                    bulk(repr(float(m.period))),
+                )
+            keys.append(got[0])
+            args += (got[1], got[2], bulk(int(n)))
+        return keys + args
 
     async def take(self, meters: Sequence[Meter], needs: Sequence[int], now: float) -> Reading:
-        keys, args = self._meter_args(meters, needs, now)
-        reply = await self._run(_TAKE, keys, args)
+        reply = await self._run(_TAKE, len(meters), self._meter_parts(meters, needs, now))
         try:
             assert isinstance(reply, list) and len(reply) == len(meters) + 1
             levels = [_num(x.decode()) for x in reply[1:]]  # type: ignore[union-attr]
@@ -154,12 +175,17 @@ class RedisCounters:
         return reading(ok, meters, levels, needs)
 
     async def settle(self, meters: Sequence[Meter], amounts: Sequence[int], now: float) -> None:
-        keys, args = self._meter_args(meters, amounts, now)
-        await self._run(_SETTLE, keys, args)
+        await self._run(_SETTLE, len(meters), self._meter_parts(meters, amounts, now))
 
     async def enter(self, key: str, limit: int, lease: str, now: float, ttl: float) -> bool:
-        args: list[Arg] = [limit, lease, repr(float(now)), repr(float(ttl))]
-        reply = await self._run(_ENTER, [PREFIX + "c:" + key], args)
+        args: tuple[Arg, ...] = (
+            PREFIX + "c:" + key,
+            limit,
+            lease,
+            repr(float(now)),
+            repr(float(ttl)),
+        )
+        reply = await self._run(_ENTER, 1, [bulk(a) for a in args])
         return reply == 1
 
     async def leave(self, key: str, lease: str) -> None:

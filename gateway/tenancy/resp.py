@@ -28,6 +28,7 @@ import errno
 import hashlib
 import ssl
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -122,13 +123,15 @@ Reply = bytes | int | None | list["Reply"] | RedisError
 Arg = bytes | str | int | float
 
 
+def bulk(arg: Arg) -> bytes:
+    """One argument as a bulk string (pre-encode the constant ones)."""
+    b = arg if isinstance(arg, bytes) else str(arg).encode()
+    return b"$%d\r\n%s\r\n" % (len(b), b)
+
+
 def encode(*args: Arg) -> bytes:
     """One request: an array of bulk strings."""
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        b = a if isinstance(a, bytes) else str(a).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
-    return b"".join(out)
+    return b"*%d\r\n" % len(args) + b"".join(map(bulk, args))
 
 
 def _line(buf: bytearray, pos: int) -> tuple[bytes, int] | None:
@@ -274,10 +277,14 @@ class Redis:
     async def call(self, *args: Arg) -> Reply:
         """One command's reply (an error reply is returned as a :class:`RedisError`, not
         raised); StoreFailed on any failure to get it."""
+        return await self.request(encode(*args))
+
+    async def request(self, request: bytes) -> Reply:
+        """:meth:`call` with the request already encoded (:func:`encode`, :func:`bulk`)."""
         wire = self._wire
         if wire is None or wire.failed is not None:
             wire = await self._connect()
-        return await self._round_trip(wire, encode(*args))
+        return await self._round_trip(wire, request)
 
     async def _round_trip(self, wire: _Wire, request: bytes) -> Reply:
         fut = wire.send(request)
@@ -367,16 +374,20 @@ class Redis:
 class Script:
     """A Lua script run by its SHA-1 (``EVALSHA``), sent whole once the server lacks it."""
 
-    __slots__ = ("sha", "source")
+    __slots__ = ("_by_sha", "_whole")
 
     def __init__(self, source: str) -> None:
-        self.source = source.encode()
-        self.sha = hashlib.sha1(self.source, usedforsecurity=False).hexdigest()
+        code = source.encode()
+        sha = hashlib.sha1(code, usedforsecurity=False).hexdigest()
+        self._by_sha = bulk("EVALSHA") + bulk(sha)
+        self._whole = bulk("EVAL") + bulk(code)
 
-    async def run(self, redis: Redis, keys: list[str], args: list[Arg]) -> Reply:
-        reply = await redis.call("EVALSHA", self.sha, len(keys), *keys, *args)
+    async def run(self, redis: Redis, nkeys: int, parts: Sequence[bytes]) -> Reply:
+        """The script's reply; ``parts``: its keys then its arguments, each a :func:`bulk`."""
+        head, tail = b"*%d\r\n" % (len(parts) + 3), b"".join((bulk(nkeys), *parts))
+        reply = await redis.request(head + self._by_sha + tail)
         if isinstance(reply, RedisError) and reply.code == "NOSCRIPT":
-            reply = await redis.call("EVAL", self.source, len(keys), *keys, *args)
+            reply = await redis.request(head + self._whole + tail)
         if isinstance(reply, RedisError):
             raise StoreFailed("reply", reply.code)
         return reply

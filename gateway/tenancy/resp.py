@@ -29,11 +29,12 @@ import hashlib
 import ssl
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import cast
-from urllib.parse import parse_qs, unquote, urlsplit
 
+from gateway.ops.redis_url import Target, parse_url
 from gateway.tenancy.counters import CountersUnavailable
+
+__all__ = ["Target", "parse_url"]  # re-exported: the URL is read in ops (config), used here
 
 MAX_REPLY = 64 * 1024
 MAX_BULK = 16 * 1024
@@ -64,59 +65,6 @@ class RedisError(Exception):
 
 class _ProtocolError(Exception):
     pass
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """Where and how to connect, parsed from a ``redis://``, ``rediss://`` or ``unix://`` URL."""
-
-    host: str = "127.0.0.1"
-    port: int = 6379
-    path: str = ""  # a unix socket
-    tls: bool = False
-    username: str = ""
-    password: str = ""
-    db: int = 0
-
-    def __repr__(self) -> str:  # never the password
-        where = self.path or f"{self.host}:{self.port}"
-        return f"Target({where}, db={self.db}, tls={self.tls}, auth={bool(self.password)})"
-
-
-def parse_url(url: str) -> Target:
-    """``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS) or
-    ``unix://[[user]:password@]/path/to/socket[?db=N]``. A lone user part with no ``:`` is the
-    password (the form of servers without ACL users). ValueError (naming no part of the URL)
-    when it cannot be read."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        raise ValueError("the Redis URL cannot be parsed") from None
-    user, password = unquote(parts.username or ""), unquote(parts.password or "")
-    if parts.password is None and user:
-        user, password = "", user
-    db_text = parts.path.strip("/") if parts.scheme != "unix" else ""
-    query = parse_qs(parts.query)
-    if "db" in query:
-        db_text = query["db"][-1]
-    if db_text and not (db_text.isdigit() and len(db_text) < 6):
-        raise ValueError("the Redis URL's database must be a number")
-    db = int(db_text or 0)
-    if parts.scheme == "unix":
-        if not parts.path:
-            raise ValueError("a unix:// Redis URL needs a socket path")
-        return Target(path=parts.path, username=user, password=password, db=db)
-    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
-        raise ValueError("the Redis URL must be redis://, rediss:// or unix://")
-    return Target(
-        host=parts.hostname,
-        port=port or 6379,
-        tls=parts.scheme == "rediss",
-        username=user,
-        password=password,
-        db=db,
-    )
 
 
 Reply = bytes | int | None | list["Reply"] | RedisError

@@ -4,15 +4,18 @@ store errors' log line: at most one a second, with the count since the last."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
+from gateway.ops import config
 from gateway.ops.metrics import Metrics
 from gateway.tenancy.resp import MAX_BULK, MAX_ITEMS, RedisError, StoreFailed, encode, parse
 from gateway.tenancy.store_errors import StoreErrors
+from tests.config_cases import GOOD
 
 WHOLE: list[tuple[bytes, Any]] = [
     (b"+OK\r\n", b"OK"),
@@ -89,3 +92,14 @@ def test_store_errors_are_counted_each_and_logged_once_a_second() -> None:
         k: registry.get_sample_value(name, {"kind": k}) for k in ("connection", "timeout", "reply")
     }
     assert got == {"connection": 2.0, "timeout": 1.0, "reply": 2.0}
+
+
+def test_a_bad_redis_url_is_a_config_error_without_the_url(tmp_path: Path) -> None:
+    path = tmp_path / "g.toml"
+    path.write_text(GOOD + '\n[limits]\nredis_url_env = "RURL"\n')
+    for url in ("redis://:pw-secret@127.0.0.1:99999/0", "redis://:pw-secret@10.1.2.3/x"):
+        with pytest.raises(config.ConfigError) as got:
+            config.load(str(path), {"RURL": url})
+        assert "pw-secret" not in str(got.value) and "10.1.2.3" not in str(got.value)
+    cfg = config.load(str(path), {"RURL": "redis://:pw-secret@10.1.2.3:6380/4"})
+    assert cfg.limits.redis_url.endswith("/4")

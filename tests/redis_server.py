@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -34,22 +35,79 @@ def unavailable() -> str | None:
 class RedisServer:
     """One server; ``url`` with the password when one is set."""
 
-    def __init__(self, password: str = "") -> None:
+    def __init__(self, password: str = "", *, tls: bool = False) -> None:
         self.port = free_port()
         self.password = password
+        self.tls = tls
         self.dir = Path(tempfile.mkdtemp(prefix="redis-test-"))
         self.proc: subprocess.Popen[bytes] | None = None
+        if tls:
+            self._make_certs()
 
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
+        return f"{'rediss' if self.tls else 'redis'}://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def ca_file(self) -> Path:
+        """With ``tls``: the CA that signed the server's certificate (for 127.0.0.1)."""
+        return self.dir / "ca.pem"
+
+    def _make_certs(self) -> None:
+        """A throwaway CA, and a server certificate it signs for IP 127.0.0.1."""
+
+        def openssl(*args: str) -> None:
+            subprocess.run(
+                ["openssl", *args], cwd=self.dir, check=True, capture_output=True, timeout=60
+            )
+
+        new_key = ("-newkey", "rsa:2048", "-nodes", "-days", "2")
+        openssl(
+            "req", "-x509", *new_key, "-subj", "/CN=test-ca", "-keyout", "ca.key", "-out", "ca.pem"
+        )
+        openssl(
+            "req",
+            *new_key[:3],
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        )
+        (self.dir / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "server.pem",
+        )
 
     def start(self, timeout: float = 10.0) -> None:
+        listen = ["--port", str(self.port)]
+        if self.tls:
+            listen = ["--port", "0", "--tls-port", str(self.port), "--tls-auth-clients", "no"]
+            for flag, name in (
+                ("cert", "server.pem"),
+                ("key", "server.key"),
+                ("ca-cert", "ca.pem"),
+            ):
+                listen += [f"--tls-{flag}-file", str(self.dir / name)]
         args = [
             BINARY,
-            "--port",
-            str(self.port),
+            *listen,
             "--bind",
             "127.0.0.1",
             "--save",
@@ -82,7 +140,11 @@ class RedisServer:
             p = self.password.encode()
             auth = b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(p), p)
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+            with contextlib.ExitStack() as stack:
+                s = stack.enter_context(socket.create_connection(("127.0.0.1", self.port), 1))
+                if self.tls:
+                    context = ssl.create_default_context(cafile=self.ca_file)
+                    s = stack.enter_context(context.wrap_socket(s, server_hostname="127.0.0.1"))
                 s.sendall(auth + b"*1\r\n$4\r\nPING\r\n")
                 got = b""
                 while b"PONG" not in got:
@@ -110,7 +172,7 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def running_redis(password: str = "") -> Iterator[RedisServer]:
+def running_redis(password: str = "", *, tls: bool = False) -> Iterator[RedisServer]:
     """A started throwaway server, stopped by PID after; skipped with the reason where
     redis-server is absent, a failure instead under CI."""
     reason = unavailable()
@@ -118,7 +180,7 @@ def running_redis(password: str = "") -> Iterator[RedisServer]:
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
-    server = RedisServer(password)
+    server = RedisServer(password, tls=tls)
     try:
         server.start()
         yield server

@@ -217,6 +217,7 @@ class Redis:
         self._retry_at = 0.0
         self._backoff = BACKOFF_FIRST
         self._last_failure: StoreFailed | None = None
+        self._closed = False
         self.connects = 0  # connect attempts, for tests
 
     def __repr__(self) -> str:
@@ -250,6 +251,8 @@ class Redis:
             wire.fail(StoreFailed("timeout", "no reply in time"))
 
     async def _connect(self) -> _Wire:
+        if self._closed:  # a call after shutdown: no new connection to leave open
+            raise StoreFailed("connection", "closed")
         if self._connecting is not None:
             return await asyncio.shield(self._connecting)
         loop = asyncio.get_running_loop()
@@ -314,6 +317,7 @@ class Redis:
         return wire
 
     async def close(self) -> None:
+        self._closed = True
         wire, self._wire = self._wire, None
         if wire is not None and wire.transport is not None:
             wire.fail(StoreFailed("connection", "closed"))

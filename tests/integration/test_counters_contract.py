@@ -270,6 +270,15 @@ async def test_a_clock_behind_sees_no_refill_and_does_not_grant_the_skew_twice(
         await store.close()
 
 
+async def test_a_closed_store_makes_no_new_connection(redis_server: RedisServer) -> None:
+    store = RedisCounters(redis_server.url, TIMEOUT)
+    assert await store.ping()
+    await store.close()
+    with pytest.raises(CountersUnavailable):
+        await store.take([Meter("closed", 3, 60.0)], [1], 0)
+    assert store.redis.connects == 1
+
+
 async def test_a_flushed_script_cache_is_refilled(redis_server: RedisServer) -> None:
     m = Meter(f"flush{next(_seq)}", 3, 60.0)
     store = RedisCounters(redis_server.url, TIMEOUT)
@@ -306,6 +315,26 @@ async def test_auth_and_select() -> None:
             assert got.value.kind == "reply"  # type: ignore[attr-defined]
             assert secret not in repr(got.value) and str(server.port) not in str(got.value)
             assert secret not in repr(store.redis)
+            await store.close()
+
+
+async def test_rediss_verifies_the_server_against_the_trusted_cas(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``rediss://``: TLS with the system's verification (here the test CA is the trusted
+    one, through OpenSSL's SSL_CERT_FILE); an untrusted certificate is a connection error."""
+    with running_redis(password="tls-pw", tls=True) as server:
+        m = Meter(f"tls{next(_seq)}", 3, 60.0)
+        store = RedisCounters(server.url, 2.0)
+        with pytest.raises(StoreFailed) as got:  # the test CA is not trusted yet
+            await store.take([m], [1], 0)
+        assert (got.value.kind, got.value.reason) == ("connection", "TLS handshake failed")
+        await store.close()
+        monkeypatch.setenv("SSL_CERT_FILE", str(server.ca_file))
+        store = RedisCounters(server.url, 2.0)
+        try:
+            assert (await store.take([m], [2], 0)).remaining == (1,)
+        finally:
             await store.close()
 
 

@@ -82,73 +82,73 @@ def encode(*args: Arg) -> bytes:
     return b"*%d\r\n" % len(args) + b"".join(map(bulk, args))
 
 
-def _line(buf: bytearray, pos: int) -> tuple[bytes, int] | None:
-    end = buf.find(b"\r\n", pos)
-    if end < 0:
-        return None
-    return bytes(buf[pos:end]), end + 2
-
-
-def _int(text: bytes) -> int:
-    if not text or len(text) > 20 or not text.lstrip(b"-").isdigit():
-        raise _ProtocolError("bad integer")
-    return int(text)
+_DOLLAR, _STAR, _COLON, _PLUS, _MINUS = b"$*:+-"
 
 
 def parse(buf: bytearray, pos: int = 0, depth: int = 0) -> tuple[Reply, int] | None:
     """One reply from ``buf`` at ``pos``: (reply, the position after it), or None when the
     buffer does not hold all of it yet. _ProtocolError on anything outside RESP2 or the
     bounds."""
-    got = _line(buf, pos)
-    if got is None:
+    end = buf.find(b"\r\n", pos)
+    if end < 0:
         if len(buf) - pos > MAX_BULK:
             raise _ProtocolError("line too long")
         return None
-    line, pos = got
-    kind, rest = line[:1], line[1:]
-    if kind == b"+":
-        return rest, pos
-    if kind == b"-":
-        return RedisError(rest.split(b" ", 1)[0][:32].decode("ascii", "replace")), pos
-    if kind == b":":
-        return _int(rest), pos
-    if kind == b"$":
-        n = _int(rest)
-        if n == -1:
-            return None, pos
+    kind, after = buf[pos], end + 2
+    if kind == _PLUS:
+        return bytes(buf[pos + 1 : end]), after
+    if kind == _MINUS:
+        code = bytes(buf[pos + 1 : min(end, pos + 33)]).split(b" ", 1)[0]
+        return RedisError(code.decode("ascii", "replace")), after
+    if kind not in (_DOLLAR, _STAR, _COLON):
+        raise _ProtocolError("unknown reply type")
+    if end - pos > 21:
+        raise _ProtocolError("bad integer")
+    try:
+        n = int(buf[pos + 1 : end])
+    except ValueError:
+        raise _ProtocolError("bad integer") from None
+    if kind == _COLON:
+        return n, after
+    if n == -1:
+        return None, after
+    if kind == _DOLLAR:
         if not 0 <= n <= MAX_BULK:
             raise _ProtocolError("bulk string out of bounds")
-        if len(buf) < pos + n + 2:
+        if len(buf) < after + n + 2:
             return None
-        if buf[pos + n : pos + n + 2] != b"\r\n":
+        if buf[after + n : after + n + 2] != b"\r\n":
             raise _ProtocolError("bulk string not terminated")
-        return bytes(buf[pos : pos + n]), pos + n + 2
-    if kind == b"*":
-        n = _int(rest)
-        if n == -1:
-            return None, pos
-        if not 0 <= n <= MAX_ITEMS or depth >= MAX_DEPTH:
-            raise _ProtocolError("array out of bounds")
-        items: list[Reply] = []
-        for _ in range(n):
-            got_item = parse(buf, pos, depth + 1)
-            if got_item is None:
-                return None
-            item, pos = got_item
-            items.append(item)
-        return items, pos
-    raise _ProtocolError("unknown reply type")
+        return bytes(buf[after : after + n]), after + n + 2
+    if not 0 <= n <= MAX_ITEMS or depth >= MAX_DEPTH:
+        raise _ProtocolError("array out of bounds")
+    items: list[Reply] = []
+    for _ in range(n):
+        got = parse(buf, after, depth + 1)
+        if got is None:
+            return None
+        items.append(got[0])
+        after = got[1]
+    return items, after
 
 
 class _Wire(asyncio.Protocol):
-    """One connection: requests written in order, replies matched to a FIFO of futures."""
+    """One connection: requests written in order, replies matched to a FIFO of futures.
 
-    def __init__(self, on_lost: asyncio.Future[None]) -> None:
+    Each request has a deadline (sent + ``timeout``); one timer watches the oldest, the only
+    one that can be late first (replies come in order), instead of a timer per request.
+    """
+
+    def __init__(self, on_lost: asyncio.Future[None], timeout: float) -> None:
         self.transport: asyncio.Transport | None = None
-        self.waiters: deque[asyncio.Future[Reply]] = deque()
+        self.waiters: deque[tuple[asyncio.Future[Reply], float]] = deque()
         self.buf = bytearray()
         self.failed: StoreFailed | None = None
         self._on_lost = on_lost
+        self._timeout = timeout
+        self._loop = on_lost.get_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._out: list[bytes] = []  # requests of this loop iteration, written as one
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are no asyncio.Transport instances, but have its methods
@@ -165,7 +165,7 @@ class _Wire(asyncio.Protocol):
                 reply, pos = got
                 if not self.waiters:
                     raise _ProtocolError("a reply nobody asked for")
-                fut = self.waiters.popleft()
+                fut, _ = self.waiters.popleft()
                 if not fut.done():
                     fut.set_result(reply)
             del self.buf[:pos]
@@ -183,8 +183,11 @@ class _Wire(asyncio.Protocol):
         """Fail every waiter and close: the order of replies can no longer be trusted."""
         if self.failed is None:
             self.failed = err
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         while self.waiters:
-            fut = self.waiters.popleft()
+            fut, _ = self.waiters.popleft()
             if not fut.done():
                 fut.set_exception(self.failed)
         if self.transport is not None:
@@ -194,10 +197,31 @@ class _Wire(asyncio.Protocol):
         if self.failed is not None:
             raise self.failed
         assert self.transport is not None
-        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self.waiters.append(fut)
-        self.transport.write(request)
+        fut: asyncio.Future[Reply] = self._loop.create_future()
+        deadline = self._loop.time() + self._timeout
+        self.waiters.append((fut, deadline))
+        if self._timer is None:
+            self._timer = self._loop.call_at(deadline, self._check)
+        if not self._out:
+            self._loop.call_soon(self._flush)
+        self._out.append(request)
         return fut
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if self.failed is None and self.transport is not None:
+            self.transport.write(b"".join(out))
+
+    def _check(self) -> None:
+        self._timer = None
+        if self.failed is not None or not self.waiters:
+            return
+        deadline = self.waiters[0][1]
+        if self._loop.time() >= deadline:
+            # a slow reply: the ones queued behind it would be as late; start afresh
+            self.fail(StoreFailed("timeout", "no reply in time"))
+        else:
+            self._timer = self._loop.call_at(deadline, self._check)
 
 
 def _os_reason(exc: OSError) -> str:
@@ -236,19 +260,7 @@ class Redis:
         return await self._round_trip(wire, request)
 
     async def _round_trip(self, wire: _Wire, request: bytes) -> Reply:
-        fut = wire.send(request)
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(self.timeout, self._expire, wire, fut)
-        try:
-            return await fut
-        finally:
-            timer.cancel()
-
-    @staticmethod
-    def _expire(wire: _Wire, fut: asyncio.Future[Reply]) -> None:
-        if not fut.done():
-            # a slow reply: the ones queued behind it would be as late; start afresh
-            wire.fail(StoreFailed("timeout", "no reply in time"))
+        return await wire.send(request)
 
     async def _connect(self) -> _Wire:
         if self._closed:  # a call after shutdown: no new connection to leave open
@@ -285,11 +297,13 @@ class Redis:
         try:
             async with asyncio.timeout(self.timeout):
                 if t.path:
-                    _, wire = await loop.create_unix_connection(lambda: _Wire(lost), t.path)
+                    _, wire = await loop.create_unix_connection(
+                        lambda: _Wire(lost, self.timeout), t.path
+                    )
                 else:
                     context = ssl.create_default_context() if t.tls else None
                     _, wire = await loop.create_connection(
-                        lambda: _Wire(lost),
+                        lambda: _Wire(lost, self.timeout),
                         t.host,
                         t.port,
                         ssl=context,

@@ -117,10 +117,13 @@ requests_per_minute = 5
 """
 
 
-@pytest.mark.skipif(
+_NEEDS_LIMITS = pytest.mark.skipif(
     importlib.util.find_spec("gateway.tenancy.limits") is None,
     reason="the limits' call site (gateway/tenancy/limits.py) is not merged yet",
 )
+
+
+@_NEEDS_LIMITS
 def test_two_gateways_enforce_one_requests_per_minute(gateway_factory, stub_url: str) -> None:
     with running_redis() as server:
         text = stub_config(stub_url, models=("ok",)) + _LIMITED
@@ -134,3 +137,18 @@ def test_two_gateways_enforce_one_requests_per_minute(gateway_factory, stub_url:
         ]
     assert codes.count(200) == 5, codes  # one limit for both (alone: 5 each, 8 in all)
     assert codes.count(429) == 3, codes
+
+
+@_NEEDS_LIMITS
+@pytest.mark.parametrize(("policy", "status"), [("open", 200), ("closed", 529)])
+def test_redis_down_is_the_operators_choice(
+    gateway_factory, stub_url: str, policy: str, status: int
+) -> None:
+    text = stub_config(stub_url, models=("ok",)) + _LIMITED
+    text += f'\n[limits]\nredis_url_env = "TEST_REDIS_URL"\non_store_error = "{policy}"\n'
+    env = {"TEST_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "TEAM_KEY": "k-team"}
+    _, url = gateway_factory(text, env=env)
+    body = {"model": "m-ok", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    codes = [post(url + "/llm/v1/messages", body, {"x-api-key": "k-team"})[0] for _ in range(7)]
+    assert codes == [status] * 7  # past the limit of 5 when open: nothing is counted
+    assert metric(url, "llm_gateway_limits_store_errors_total", kind="connection") >= 7

@@ -77,7 +77,7 @@ from gateway.ops.budget import budgets
 from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
 from gateway.tenancy.clients import Tenants
-from gateway.tenancy.counters import LocalStore
+from gateway.tenancy.counters import CounterStore, LocalStore
 from gateway.tools.web_search.searxng import Searxng
 from gateway.upstream import fleet
 from gateway.upstream.known import known_secrets
@@ -89,6 +89,7 @@ if TYPE_CHECKING:
 from gateway.upstream import UpstreamClient
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_log = log.get("gateway.app")
 _OPS = RouteTag(None, needs_key=False, logged=False)
 
 
@@ -302,7 +303,7 @@ def build_app(
     )
     app[WEB_SEARCH] = Searxng(config.web_search, metrics) if config.web_search is not None else None
     app[STATE] = AppState(tenants=Tenants(config), decoding=decoding, memory=memory)
-    app[COUNTERS] = LocalStore()
+    app[COUNTERS] = _counters(config, metrics)
     for model in config.models.values():
         metrics.add_model(model.name, model.upstream.name, model.upstream_model, model.fallbacks)
         if model.queue_timeout:
@@ -388,4 +389,34 @@ def build_app(
     app.cleanup_ctx.append(_pdf_pool_ctx)
     app.cleanup_ctx.append(_web_search_ctx)
     app.cleanup_ctx.append(decoder_ctx)
+    app.cleanup_ctx.append(_counters_ctx)
     return app
+
+
+def _counters(config: Config, metrics: Metrics) -> CounterStore:
+    """The clients' counters: in Redis with ``[limits] redis_url_env``, else this process's."""
+    if not config.limits.redis_url:
+        return LocalStore()
+    # imported here: only a gateway sharing its counters loads the Redis client
+    from gateway.tenancy.redis_counters import RedisCounters
+    from gateway.tenancy.store_errors import StoreErrors
+
+    lim = config.limits
+    errors = StoreErrors(metrics.limits_store_errors, lim.on_store_error)
+    return RedisCounters(lim.redis_url, lim.store_timeout, errors)
+
+
+async def _counters_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Says once whether the counters are this process's or shared; with Redis, connects
+    in the background (a Redis that is down does not stop the start: the first requests
+    meet ``on_store_error``), and closes the connection at shutdown."""
+    store = app[COUNTERS]
+    shared = not isinstance(store, LocalStore)
+    _log.info("limits_counters", store="redis" if shared else "local")
+    ping = getattr(store, "ping", None)
+    task = asyncio.create_task(ping()) if ping is not None else None
+    yield
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    await store.close()

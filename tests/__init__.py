@@ -11,6 +11,7 @@ Processes
     procs.py             free_port, start_gateway, Proc (stopped by PID), wait_http, post/get,
                          metric, peak_rss_mb
     pg.py                a throwaway PostgreSQL server
+    redis_server.py      a throwaway redis-server (stopped and started again on its port)
     fixtures_llama.py    a real llama.cpp upstream serving the tiny model (pytest fixtures)
     fake_dns_gateway.py  the gateway with a resolver a test rewrites
 
@@ -28,6 +29,7 @@ Clients and drivers
     route_bodies.py      a body per JSON route, hostile bodies, many sent at once
     node.py              the JavaScript clients: the TypeScript SDK, Claude Code
     sdk.py               the official Python SDK, closed after each test
+    counters_driver.py   one process taking from the shared counters (run several at once)
     llama_sessions.py    Claude Code-like sessions against several llama.cpp engines
 
 Data

@@ -199,4 +199,16 @@ BAD = [
         {},
         "models[0].max_concurrency: must be >= 0",
     ),
+    (
+        "a Redis URL with a port out of range",
+        GOOD + '\n[limits]\nredis_url_env = "RURL"\n',
+        {"RURL": "redis://:pw-secret@127.0.0.1:99999/0"},
+        "limits.redis_url_env: the Redis URL cannot be parsed",
+    ),
+    (
+        "a Redis URL whose database is no number",
+        GOOD + '\n[limits]\nredis_url_env = "RURL"\n',
+        {"RURL": "redis://:pw-secret@127.0.0.1/zero"},
+        "limits.redis_url_env: the Redis URL's database must be a number",
+    ),
 ]

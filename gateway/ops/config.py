@@ -45,6 +45,7 @@ from gateway.ops.config_schema import (
     find_route,
     knobs,
 )
+from gateway.ops.redis_url import parse_url
 from gateway.ops.signing_key import default_signing_key, state_dir
 
 # the schema's names most callers import from here (the rest: gateway/ops/config_schema.py)
@@ -175,6 +176,10 @@ def _limits(src: str, table: Any, env: Mapping[str, str]) -> LimitsConfig:
                 f"{src}: limits.redis_url_env: the URL in {lim['redis_url_env']} must be "
                 "redis://[:password@]host[:port][/db]"
             )
+        try:
+            parse_url(url)
+        except ValueError as exc:  # its text names no part of the URL
+            raise ConfigError(f"{src}: limits.redis_url_env: {exc}") from None
     return LimitsConfig(**lim, redis_url=url)
 
 

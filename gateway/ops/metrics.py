@@ -70,6 +70,8 @@ TERMINATIONS = (
     "draining",
     "gateway_error",
 )
+# why a call to the clients' counter store (Redis) failed
+STORE_ERRORS = ("connection", "timeout", "protocol", "reply")
 # why a request was refused before any upstream call
 REJECTIONS = (
     "auth",
@@ -521,6 +523,14 @@ class Metrics:
                 registry=r,
             )
         )
+        self.limits_store_errors = _Memo(
+            Counter(
+                p + "limits_store_errors_total",
+                "Calls to the clients' counter store (Redis) that failed, by kind",
+                ["kind"],
+                registry=r,
+            )
+        )
         self.dropped_fields = _Memo(
             Counter(
                 p + "dropped_fields_total",
@@ -862,6 +872,8 @@ class Metrics:
                 self.rejected.labels(api, reason)
         for name in DROPPED_FIELDS:
             self.dropped_fields.labels(name)
+        for kind in STORE_ERRORS:
+            self.limits_store_errors.labels(kind)
         for reason in ACCEPT_ERRORS:
             self.accept_errors.labels(reason)
         for kind in CLIENT_HTTP_ERRORS:

@@ -6,13 +6,12 @@ its limit between them (each with its own LocalStore would grant it twice). A ga
 Redis is down still starts, counts and logs the failure, and never writes the URL's password.
 
 Two gateway processes sharing one redis-server answer one client's requests_per_minute
-together: its limit in 200s across both, the rest 429. That needs the limits' call site
-(gateway/tenancy/limits.py, merged separately): until it is there, that test is skipped.
+together: its limit in 200s across both, the rest 429; with Redis down, ``on_store_error``
+decides (open: every request passes uncounted; closed: 529).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -117,13 +116,6 @@ requests_per_minute = 5
 """
 
 
-_NEEDS_LIMITS = pytest.mark.skipif(
-    importlib.util.find_spec("gateway.tenancy.limits") is None,
-    reason="the limits' call site (gateway/tenancy/limits.py) is not merged yet",
-)
-
-
-@_NEEDS_LIMITS
 def test_two_gateways_enforce_one_requests_per_minute(gateway_factory, stub_url: str) -> None:
     with running_redis() as server:
         text = stub_config(stub_url, models=("ok",)) + _LIMITED
@@ -139,7 +131,6 @@ def test_two_gateways_enforce_one_requests_per_minute(gateway_factory, stub_url:
     assert codes.count(429) == 3, codes
 
 
-@_NEEDS_LIMITS
 @pytest.mark.parametrize(("policy", "status"), [("open", 200), ("closed", 529)])
 def test_redis_down_is_the_operators_choice(
     gateway_factory, stub_url: str, policy: str, status: int

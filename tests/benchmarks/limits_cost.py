@@ -2,17 +2,20 @@
 gateway, its CPU per request with the benchmark's key as a plain key (``server.api_keys_env``:
 no limits, what every gateway without ``[[clients]]`` pays) and as a client's with every
 limit set (rpm, input, output and day tokens, max_concurrency; in-process counters), set
-high enough never to refuse. Runs alternate, medians are compared::
+high enough never to refuse, and with ``--redis`` the same client's counters in a real
+redis-server (``[limits] redis_url_env``; the server's own CPU reported apart). Runs
+alternate, medians are compared::
 
-    PYTHONPATH=$PWD python -m tests.benchmarks.limits_cost [--requests N] [--reps R]
+    PYTHONPATH=$PWD python -m tests.benchmarks.limits_cost [--requests N] [--reps R] [--redis]
 
-Prints one JSON object: CPU µs per request of each and their ratio (limited / plain).
+Prints one JSON object: CPU µs per request of each and their ratios to the plain key.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -44,37 +47,72 @@ async def _cpu_per_request(bench: Bench, requests: int) -> float:
     return cpu / len(res.results) * 1e6
 
 
-async def _run(requests: int, reps: int) -> dict[str, float]:
+def _process_cpu(pid: int) -> float:
+    """A process's user + system CPU seconds so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _pid(server: object) -> int:
+    proc = getattr(server, "proc", None)
+    assert proc is not None
+    return int(proc.pid)
+
+
+async def _run(requests: int, reps: int, redis: bool) -> dict[str, object]:
     os.environ["BENCH_CLIENT_KEY"] = API_KEY  # the gateway processes inherit it
     bench = Bench("quick")
     plain_cfg = bench.cfg.read_text()
     # the same key, now a client's (and no longer in api_keys_env: one client per key)
     limited_cfg = plain_cfg.replace('api_keys_env = "BENCH_GATEWAY_KEYS"\n', "") + LIMITED
-    cpu: dict[str, list[float]] = {"plain": [], "limited": []}
-    try:
-        for _ in range(reps):
-            for name, text in (("plain", plain_cfg), ("limited", limited_cfg)):
-                bench.cfg.write_text(text)
-                bench.restart("gateway")
-                cpu[name].append(await _cpu_per_request(bench, requests))
-    finally:
-        bench.close()
+    configs = [("plain", plain_cfg), ("limited", limited_cfg)]
+    with contextlib.ExitStack() as stack:
+        server = None
+        if redis:
+            from tests.redis_server import running_redis
+
+            server = stack.enter_context(running_redis())
+            os.environ["BENCH_REDIS_URL"] = server.url
+            shared = '\n[limits]\nredis_url_env = "BENCH_REDIS_URL"\nstore_timeout = 2\n'
+            configs.append(("redis", limited_cfg + shared))
+        cpu: dict[str, list[float]] = {name: [] for name, _ in configs}
+        redis_cpu: list[float] = []
+        try:
+            for _ in range(reps):
+                for name, text in configs:
+                    bench.cfg.write_text(text)
+                    bench.restart("gateway")
+                    before = _process_cpu(_pid(server)) if server and name == "redis" else 0.0
+                    cpu[name].append(await _cpu_per_request(bench, requests))
+                    if server and name == "redis":
+                        # the warm-up's requests too: requests + requests // 10
+                        spent = _process_cpu(_pid(server)) - before
+                        redis_cpu.append(spent / (requests + max(16, requests // 10)) * 1e6)
+        finally:
+            bench.close()
     plain = statistics.median(cpu["plain"])
-    limited = statistics.median(cpu["limited"])
-    return {
-        "plain_cpu_us": round(plain, 1),
-        "limited_cpu_us": round(limited, 1),
-        "ratio": round(limited / plain, 3),
-        "runs": cpu,  # type: ignore[dict-item]
-    }
+    out: dict[str, object] = {"plain_cpu_us": round(plain, 1)}
+    for name in cpu:
+        if name != "plain":
+            value = statistics.median(cpu[name])
+            out[f"{name}_cpu_us"] = round(value, 1)
+            out[f"{name}_ratio"] = round(value / plain, 3)
+    if redis_cpu:
+        out["redis_server_cpu_us"] = round(statistics.median(redis_cpu), 1)
+    out["runs"] = cpu
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.benchmarks.limits_cost")
     ap.add_argument("--requests", type=int, default=2000, help="measured requests per run")
     ap.add_argument("--reps", type=int, default=3, help="runs of each, alternating")
+    ap.add_argument(
+        "--redis", action="store_true", help="also with the counters in a real redis-server"
+    )
     args = ap.parse_args(argv)
-    print(json.dumps(asyncio.run(_run(args.requests, args.reps))))
+    print(json.dumps(asyncio.run(_run(args.requests, args.reps, args.redis))))
     return 0
 
 

@@ -45,6 +45,7 @@ from tests.conftest import clear_stub, stub_config, stub_requests
 from tests.logs import access_lines
 from tests.node import CLIENTS, ts_sdk_ready
 from tests.procs import Proc, free_port, get, post, require_demo_extra, start_gateway, wait_http
+from tests.waits import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -756,6 +757,13 @@ def test_batch_runs_are_counted_and_logged(
     }
     assert _sample(metrics, "llm_gateway_batches_created_total") == 1.0
     assert _sample(metrics, "llm_gateway_batches", status="in_progress") == 0.0
+    # the log is buffered (flushed on a timer): every run's line, once it is written
+    wait_until(
+        lambda: len(access_lines(proc.output(), route="batch_request")) >= 4,
+        "the four runs' access lines",
+        timeout=10,
+        every=0.2,
+    )
     lines = access_lines(proc.output(), route="batch_request")
     runs = sorted((e["custom_id"], e["attempt"], e["status"], e["error_type"]) for e in lines)
     assert runs == [

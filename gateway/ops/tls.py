@@ -112,9 +112,12 @@ def _leaf(pem: bytes, path: str) -> bytes:
     if block is None:
         raise TLSError("tls_cert_file", f"{path}: holds no PEM certificate")
     try:
-        return ssl.PEM_cert_to_DER_cert(block[0].decode("ascii"))
-    except ValueError:
+        der = ssl.PEM_cert_to_DER_cert(block[0].decode("ascii"))
+        # parsed by OpenSSL here, so that a broken one is told apart from a wrong key
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=der)
+    except (ValueError, ssl.SSLError):
         raise TLSError("tls_cert_file", f"{path}: holds no readable PEM certificate") from None
+    return der
 
 
 def _refusal(exc: ssl.SSLError, cert_file: str, key_file: str, *, encrypted: bool) -> TLSError:

@@ -35,6 +35,7 @@ from gateway.ops.config_schema import BatchesConfig, ServerConfig
 if TYPE_CHECKING:
     from gateway.batches.store import BatchStore
     from gateway.batches.usage_store import UsageStore
+    from gateway.ops.tls import Served
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -104,6 +105,7 @@ async def _serve(
             web.AppRunner(ops_app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
         )
         await runners[1].setup()
+    served = _tls_context(cfg.server)
     frozen = settle_heap()  # before a client can wait on it
     try:
         listeners = listen(
@@ -113,6 +115,7 @@ async def _serve(
             ops_server=runners[1].server if ops_app is not None else None,
             openai_paths=app[OPENAI_PATHS],
             reuse_port=cfg.reuse_port,
+            tls=served.context if served is not None else None,
         )
     except OSError as exc:
         logger.error(
@@ -126,10 +129,19 @@ async def _serve(
         for r in reversed(runners):
             await r.cleanup()
         raise SystemExit(1) from None
+    if served is not None:
+        # what Claude Code's sign-in shows and pins, to compare on first contact
+        logger.info(
+            "tls_certificate",
+            cert_file=cfg.server.tls_cert_file,
+            fingerprint_sha256=served.fingerprint,
+            fingerprint_sha256_colons=served.fingerprint_colons,
+        )
     logger.info(
         "listening",
         host=cfg.server.host,
         port=cfg.server.port,
+        scheme="https" if served is not None else "http",
         prefix=cfg.server.prefix,
         models=sorted(cfg.models),
         config=cfg.source,
@@ -143,7 +155,8 @@ async def _serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     if reread is not None:
-        loop.add_signal_handler(signal.SIGHUP, Reloader(app, *reread).request)
+        reloader = Reloader(app, *reread, listener=listeners[0] if served is not None else None)
+        loop.add_signal_handler(signal.SIGHUP, reloader.request)
     # bound and listening, and SIGTERM drains: a stop that follows READY=1 is a clean one
     if notifier is not None:
         notifier.send("READY=1")
@@ -167,6 +180,20 @@ async def _serve(
     for r in reversed(runners):
         await r.cleanup()
     logger.info("stopped")
+
+
+def _tls_context(server: ServerConfig) -> Served | None:
+    """The API listener's TLS (None: plain http). The pair was checked when the config was
+    loaded; one changed since then stops the start as a bad config would."""
+    if not server.tls:
+        return None
+    from gateway.ops import tls
+
+    try:
+        return tls.load(*server.tls_files)
+    except tls.TLSError as exc:
+        structlog.get_logger("gateway").error("config_error", detail=f"server.{exc.key}: {exc}")
+        raise SystemExit(2) from None
 
 
 def settle_heap() -> int:
@@ -324,14 +351,24 @@ def _check_config(cfg: config.Config) -> int:
 def _health_check(server: ServerConfig) -> int:
     """--health-check: GET /health on the API listener (it serves /health whether or not
     server.metrics_port is set) at the config's host and port, a wildcard host asked on
-    loopback; no proxy from the environment is used."""
+    loopback; no proxy from the environment is used. With TLS it asks over https without
+    checking the certificate: the question is whether this gateway answers, and the name
+    the certificate carries need not be the loopback address asked."""
+    import ssl
     import urllib.request
 
     host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(server.host, server.host)
     if ":" in host:
         host = f"[{host}]"
-    url = f"http://{host}:{server.port}/health"
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    scheme = "https" if server.tls else "http"
+    url = f"{scheme}://{host}:{server.port}/health"
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    if server.tls:
+        unverified = ssl.create_default_context()
+        unverified.check_hostname = False
+        unverified.verify_mode = ssl.CERT_NONE
+        handlers.append(urllib.request.HTTPSHandler(context=unverified))
+    opener = urllib.request.build_opener(*handlers)
     try:
         with opener.open(url, timeout=2) as resp:
             ok = resp.status == 200

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import certs
 from tests.procs import free_port
 
 BINARY = "redis-server"
@@ -56,44 +57,8 @@ class RedisServer:
 
     def _make_certs(self) -> None:
         """A throwaway CA, and a server certificate it signs for IP 127.0.0.1."""
-
-        def openssl(*args: str) -> None:
-            subprocess.run(
-                ["openssl", *args], cwd=self.dir, check=True, capture_output=True, timeout=60
-            )
-
-        new_key = ("-newkey", "rsa:2048", "-nodes", "-days", "2")
-        openssl(
-            "req", "-x509", *new_key, "-subj", "/CN=test-ca", "-keyout", "ca.key", "-out", "ca.pem"
-        )
-        openssl(
-            "req",
-            *new_key[:3],
-            "-subj",
-            "/CN=127.0.0.1",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-        )
-        (self.dir / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-        openssl(
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "san.ext",
-            "-out",
-            "server.pem",
-        )
+        certs.make_ca(self.dir)
+        certs.make_leaf(self.dir, san="IP:127.0.0.1")
 
     def start(self, timeout: float = 10.0) -> None:
         listen = ["--port", str(self.port)]

@@ -16,6 +16,17 @@ finishes an accept in a task), so that:
 * ``max_connections`` pauses accepting while that many connections are open: the backlog
   holds the next ones (past it the kernel drops SYNs and clients retry), instead of the
   process holding a descriptor and a protocol for each.
+
+With :attr:`Listener.tls` set (``server.tls_cert_file``), the loop runs the TLS handshake
+before the protocol is made (``connect_accepted_socket(ssl=..., ssl_handshake_timeout=...)``
+on both loops); a connection in its handshake counts against ``max_connections``. Both loops
+end a handshake that outlasts its timeout with ``ConnectionAbortedError`` and report a
+failed one as the ``ssl.SSLError`` OpenSSL raised (an ``OSError``: neither goes to the loop's
+exception handler); OpenSSL's reason for a plain-HTTP request line is ``HTTP_REQUEST``. Each
+failure is counted in ``llm_gateway_client_http_errors_total`` (``tls_handshake_timeout``,
+``http_on_tls``, else ``tls_handshake``) and logged as one ``tls_handshake_failed`` line. The
+context is read for each connection, so replacing it (a renewed certificate on SIGHUP)
+serves the next handshakes and leaves open connections as they are.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
+import ssl
 from collections.abc import Callable
 
 import structlog
@@ -84,8 +96,12 @@ class Listener:
         *,
         max_connections: int,
         metrics: Metrics,
+        tls: ssl.SSLContext | None = None,
+        handshake_timeout: float = 30.0,
     ) -> None:
         self.name = name
+        self.tls = tls  # read for each new connection
+        self._handshake_timeout = handshake_timeout
         self._sockets = sockets
         self._factory = factory
         self._cap = max_connections
@@ -174,14 +190,34 @@ class Listener:
             task.add_done_callback(self._tasks.discard)
 
     async def _connect(self, conn: socket.socket) -> None:
+        tls = self.tls
         try:
-            await self._loop.connect_accepted_socket(self._factory, conn)
-        except (OSError, asyncio.CancelledError):
+            if tls is None:
+                await self._loop.connect_accepted_socket(self._factory, conn)
+            else:
+                await self._loop.connect_accepted_socket(
+                    self._factory,
+                    conn,
+                    ssl=tls,
+                    ssl_handshake_timeout=self._handshake_timeout,
+                )
+        except asyncio.CancelledError:
             conn.close()
+        except OSError as exc:
+            conn.close()
+            if tls is not None:
+                self._handshake_failed(exc)
         finally:
             self._pending -= 1
             if not self._reading and self._retry is None and not self._full():
                 self._resume()
+
+    def _handshake_failed(self, exc: OSError) -> None:
+        kind = handshake_failure(exc)
+        self._metrics.client_http_errors.labels(kind).inc()
+        # OpenSSL's mnemonic (e.g. WRONG_VERSION_NUMBER), never its message or peer bytes
+        reason = exc.reason if isinstance(exc, ssl.SSLError) else type(exc).__name__
+        _log.info("tls_handshake_failed", listener=self.name, kind=kind, reason=reason)
 
     def _failed(self, exc: OSError) -> None:
         reason = _ACCEPT_ERRNOS.get(exc.errno or 0, "other")
@@ -208,3 +244,12 @@ class Listener:
                 max_connections=self._cap,
                 detail="accepting paused; new connections wait in the backlog",
             )
+
+
+def handshake_failure(exc: OSError) -> str:
+    """The ``client_http_errors`` kind of a failed TLS handshake."""
+    if isinstance(exc, ConnectionAbortedError | TimeoutError):
+        return "tls_handshake_timeout"
+    if isinstance(exc, ssl.SSLError) and exc.reason == "HTTP_REQUEST":
+        return "http_on_tls"
+    return "tls_handshake"

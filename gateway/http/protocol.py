@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -361,10 +362,13 @@ def listen(
     ops_server: web.Server | None = None,
     openai_paths: frozenset[bytes] = frozenset(),
     reuse_port: bool = False,
+    tls: ssl.SSLContext | None = None,
 ) -> list[Listener]:
     """Bind and start the API listener (``server``) and, when ``metrics_port`` is set, the
     metrics one (``ops_server``: the metrics application's ``/metrics``, ``/health`` and
-    ``/ready`` only; ``/metrics`` then leaves the API's)."""
+    ``/ready`` only; ``/metrics`` then leaves the API's). ``tls``: the API listener serves
+    https with it, its handshakes bounded by ``request_head_timeout``; the metrics listener
+    stays plain (scraped on an internal address)."""
     listeners: list[Listener] = []
     roles = [("api", server, config.host, config.port, openai_paths, config.max_connections)]
     if config.metrics_apart:
@@ -389,6 +393,8 @@ def listen(
                 functools.partial(GatewayProtocol, srv, policy),
                 max_connections=cap,
                 metrics=metrics,
+                tls=tls if name == "api" else None,
+                handshake_timeout=config.request_head_timeout,
             )
             policy.on_open, policy.on_close = listener.opened, listener.closed
             listeners.append(listener)

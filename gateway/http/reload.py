@@ -11,6 +11,12 @@ what waits for a restart: gateway/ops/config_reload.py.
 
 Signals arriving while a reload runs are coalesced into one more reload after it, so the file
 read last is the one applied.
+
+With TLS (``server.tls_cert_file``), a good file's certificate and key are read again (the
+loader has checked the pair) into a new context that the API listener's next handshakes use:
+a renewed certificate is served without a restart, and open connections keep theirs. A pair
+that cannot be read keeps the previous one (``tls_reload_failed``). Turning TLS on or off
+needs a restart.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import structlog
 from aiohttp import web
 
 from gateway.http.keys import METRICS, SECRETS, STATE
+from gateway.http.listener import Listener
+from gateway.ops import tls
 from gateway.ops.config import Config, ConfigError
 from gateway.ops.config_reload import changes, tenancy_of
 from gateway.tenancy.clients import Tenants
@@ -37,8 +45,17 @@ class Reloader:
     such as ``--demo``'s routes): what a new file is compared with for changes that need a
     restart."""
 
-    def __init__(self, app: web.Application, started: Config, reread: Callable[[], Config]):
+    def __init__(
+        self,
+        app: web.Application,
+        started: Config,
+        reread: Callable[[], Config],
+        *,
+        listener: Listener | None = None,
+    ):
         self._app = app
+        self._listener = listener  # the API listener when it serves TLS
+        self._fingerprint = started.server.tls_fingerprint
         self._started = started
         self._applied = started
         self._reread = reread
@@ -76,6 +93,8 @@ class Reloader:
                 kept="the previous clients",
             )
             return False
+        if self._listener is not None and new.server.tls:
+            await self._reload_certificate(new)
         applied = tenancy_of(self._applied, new)
         tenants = Tenants(applied)
         diff = changes(self._started, self._applied, new)
@@ -101,3 +120,23 @@ class Reloader:
                 "server.api_keys_env and server.admin_keys_env are re-read on SIGHUP",
             )
         return True
+
+    async def _reload_certificate(self, new: Config) -> None:
+        assert self._listener is not None
+        server = new.server
+        try:
+            served = await asyncio.to_thread(tls.load, *server.tls_files)
+        except tls.TLSError as exc:  # the files changed again since the loader read them
+            _log.error(
+                "tls_reload_failed", detail=f"server.{exc.key}: {exc}", kept="the previous pair"
+            )
+            return
+        self._listener.tls = served.context
+        _log.info(
+            "tls_certificate_reloaded",
+            cert_file=server.tls_cert_file,
+            fingerprint_sha256=served.fingerprint,
+            fingerprint_sha256_colons=served.fingerprint_colons,
+            changed=served.fingerprint != self._fingerprint,
+        )
+        self._fingerprint = served.fingerprint

@@ -17,8 +17,9 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
+from gateway.ops import tls
 from gateway.ops.config_check import ConfigError, check_format, check_table
 from gateway.ops.config_default import DEFAULT_TOML
 from gateway.ops.config_schema import (
@@ -194,6 +195,7 @@ def _server(src: str, table: Any, env: Mapping[str, str]) -> ServerConfig:
     # cross-key: metrics_host is the address of metrics_port's listener, which 0 leaves out
     if srv["metrics_host"] and not srv["metrics_port"]:
         raise ConfigError(f"{src}: server.metrics_host: needs server.metrics_port")
+    fingerprint = _tls(src, srv["tls_cert_file"], srv["tls_key_file"])
     api_keys: tuple[str, ...] = ()
     if srv["api_keys_env"] is not None:
         api_keys = _keys(env, src, "server.api_keys_env", srv["api_keys_env"])
@@ -223,7 +225,27 @@ def _server(src: str, table: Any, env: Mapping[str, str]) -> ServerConfig:
         signing_key=signing_key,
         signing_key_source=key_source,
         previous_signing_keys=previous,
+        tls_fingerprint=fingerprint,
     )
+
+
+def _tls(src: str, cert_file: str | None, key_file: str | None) -> str:
+    """The pair's leaf fingerprint ("" without TLS): read and checked here, so a bad pair
+    stops the start (and --check-config, and a reload) with one line naming the key."""
+    # cross-key: a certificate is served with its key
+    if bool(cert_file) != bool(key_file):
+        missing = "tls_key_file" if cert_file else "tls_cert_file"
+        return _refuse(src, missing, "set tls_cert_file and tls_key_file together (or neither)")
+    if not cert_file or not key_file:
+        return ""
+    try:
+        return tls.load(cert_file, key_file).fingerprint
+    except tls.TLSError as exc:
+        return _refuse(src, exc.key, str(exc))
+
+
+def _refuse(src: str, key: str, message: str) -> NoReturn:
+    raise ConfigError(f"{src}: server.{key}: {message}")
 
 
 def _upstream(src: str, name: str, table: Any, env: Mapping[str, str]) -> UpstreamConfig:

@@ -1,7 +1,9 @@
 """What a config re-read (SIGHUP) may change, and what it did change.
 
 Only the tenancy part is applied to a running gateway: ``[[clients]]`` (names, keys, models,
-limits, weights) and the keys named by ``server.api_keys_env`` and ``server.admin_keys_env``.
+limits, weights) and the keys named by ``server.api_keys_env`` and ``server.admin_keys_env``;
+and, on a gateway serving TLS, the certificate pair (``server.tls_cert_file``/``tls_key_file``
+read again, from the new paths if they changed).
 Everything else (listeners, upstreams, models, batches, web search, ``[limits]``' store, the
 other ``server`` keys) is built into the running process once; a change there is reported as
 needing a restart and not applied.
@@ -70,6 +72,8 @@ def _same_client(a: ClientConfig, b: ClientConfig) -> bool:
 def _restart_tables(started: Config, new: Config) -> tuple[str, ...]:
     out = []
     skip = set(RELOADABLE_SERVER)
+    if started.server.tls and new.server.tls:  # the pair is read again (gateway/http/reload.py)
+        skip |= {"tls_cert_file", "tls_key_file"}
     if _values(started.server, skip) != _values(new.server, skip):
         out.append("server")
     if _by_name(started.upstreams) != _by_name(new.upstreams):

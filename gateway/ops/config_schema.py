@@ -318,7 +318,10 @@ class ServerConfig:
         "reply (not `upstreams.NAME.idle_timeout`: a quiet upstream stream)",
     )
     request_head_timeout: float = _knob(
-        30.0, gt=0, doc="seconds from a request head's first byte to its last"
+        30.0,
+        gt=0,
+        doc="seconds from a request head's first byte to its last (with TLS, also the "
+        "handshake's limit)",
     )
     request_body_timeout: float = _knob(
         60.0, gt=0, doc="seconds from the end of a head to the body's last byte; past it 408"
@@ -326,6 +329,17 @@ class ServerConfig:
     max_connections: int = _knob(
         0, ge=0, doc="client connections on the API listener at once; 0: unlimited"
     )
+    # gateway/ops/tls.py; read and checked at load (and again on SIGHUP)
+    tls_cert_file: str | None = _knob(
+        None,
+        doc="PEM certificate (leaf first, then its chain): the API listener serves https "
+        "(with `tls_key_file`); unset: plain http",
+    )
+    tls_key_file: str | None = _knob(
+        None, doc="PEM private key of `tls_cert_file`, unencrypted (with `tls_cert_file`)"
+    )
+    # SHA-256 of the served leaf, lower-case hex (as Claude Code shows it); "" without TLS
+    tls_fingerprint: str = _not_toml("")
     metrics_host: str = _knob(
         "", shown="`server.host`", doc="the metrics listener's address (needs `metrics_port`)"
     )
@@ -365,6 +379,17 @@ class ServerConfig:
     previous_signing_keys: tuple[bytes, ...] = _not_toml((), secret=True)
     # where it came from: "env", "file" (the state directory's key) or "random" (this process)
     signing_key_source: str = _not_toml("random")
+
+    @property
+    def tls(self) -> bool:
+        """The API listener serves https."""
+        return bool(self.tls_cert_file and self.tls_key_file)
+
+    @property
+    def tls_files(self) -> tuple[str, str]:
+        """(certificate file, key file) of a listener serving https."""
+        assert self.tls_cert_file and self.tls_key_file, "no TLS configured"
+        return self.tls_cert_file, self.tls_key_file
 
     @property
     def metrics_apart(self) -> bool:

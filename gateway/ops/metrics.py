@@ -136,6 +136,9 @@ CLIENT_HTTP_ERRORS = (
     "malformed",
     "head_timeout",
     "body_timeout",
+    "tls_handshake",  # with server.tls_cert_file (gateway/http/listener.py)
+    "tls_handshake_timeout",
+    "http_on_tls",
 )
 
 # end-to-end request time: sub-second buffered errors up to long reasoning streams

@@ -22,7 +22,7 @@ import statistics
 import sys
 
 from tests.benchmarks import driver
-from tests.benchmarks.run import API_KEY, HOST, Bench, _measured
+from tests.benchmarks.run import API_KEY, HOST, Bench, measured
 
 LIMITED = """
 [[clients]]
@@ -39,7 +39,7 @@ max_concurrency = 10000
 async def _cpu_per_request(bench: Bench, requests: int) -> float:
     port, raw = bench.request("gateway", "anthropic", "bench:16:0", False)
     await driver.closed_loop(HOST, port, raw, concurrency=16, requests=max(16, requests // 10))
-    res, cpu = await _measured(
+    res, cpu = await measured(
         bench, "gateway", driver.closed_loop(HOST, port, raw, concurrency=16, requests=requests)
     )
     if res.ok != len(res.results):

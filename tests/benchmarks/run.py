@@ -385,7 +385,7 @@ def _markers(api: str, target: str = "gateway") -> tuple[bytes, bytes]:
 # --- scenarios ------------------------------------------------------------------------
 
 
-async def _measured(bench: Bench, target: str, coro: Any) -> tuple[driver.LoadResult, float]:
+async def measured(bench: Bench, target: str, coro: Any) -> tuple[driver.LoadResult, float]:
     pid = bench.pid(target)
     before = cpu_seconds(pid) if pid else 0.0
     res = await coro
@@ -415,7 +415,7 @@ async def buffered(bench: Bench, api: str, others: list[str]) -> dict[str, Any]:
                 await driver.closed_loop(
                     HOST, port, raw, concurrency=conc, requests=max(conc, count // 10)
                 )  # warm-up
-                res, cpu = await _measured(
+                res, cpu = await measured(
                     bench,
                     target,
                     driver.closed_loop(HOST, port, raw, concurrency=conc, requests=count),
@@ -480,7 +480,7 @@ async def streamed(bench: Bench, api: str, others: list[str]) -> dict[str, Any]:
         for target in order:
             port, raw = bench.request(target, api, f"bench:{n}:0", True)
             marker, terminal = _markers(api, target)
-            res, cpu = await _measured(
+            res, cpu = await measured(
                 bench,
                 target,
                 driver.closed_loop(
@@ -512,7 +512,7 @@ async def streamed(bench: Bench, api: str, others: list[str]) -> dict[str, Any]:
         for target in order:
             port, raw = bench.request(target, api, f"bench:{n}:{ms}", True)
             marker, terminal = _markers(api, target)
-            res, cpu = await _measured(
+            res, cpu = await measured(
                 bench,
                 target,
                 driver.streams_at_once(
@@ -553,7 +553,7 @@ async def slow_streams(bench: Bench, api: str, others: list[str]) -> dict[str, A
         peaks = [base_rss]
         stop = asyncio.Event()
         sampler = asyncio.create_task(_sample_rss(proc.pid, stop, peaks))
-        res, cpu = await _measured(
+        res, cpu = await measured(
             bench,
             target,
             driver.streams_at_once(

@@ -36,8 +36,8 @@ from gateway.text import jsonutil
 MAX_WINDOW = 1 << 24
 # the largest engine answer read (an Ollama /api/show carries the license and the template)
 MAX_REPLY_BYTES = 1 << 20
-# the kinds whose window is read, and how
-KINDS = ("vllm", "sglang", "openai", "llamacpp", "ollama")
+# the kinds whose window is read (a generic ``openai`` server states none: not asked)
+KINDS = ("vllm", "sglang", "llamacpp", "ollama")
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Ask:
 def ask(kind: str, upstream_model: str) -> Ask | None:
     """The request that reads ``upstream_model``'s window from an engine of ``kind``; None:
     this kind states none."""
-    if kind in ("vllm", "sglang", "openai"):
+    if kind in ("vllm", "sglang"):
         return Ask("GET", "/models", root=False)
     if kind == "llamacpp":
         return Ask("GET", "/props", root=True)
@@ -82,7 +82,7 @@ def parse(kind: str, upstream_model: str, body: bytes) -> int | None:
         return None
     if not isinstance(doc, dict):
         return None
-    if kind in ("vllm", "sglang", "openai"):
+    if kind in ("vllm", "sglang"):
         return from_model_list(doc, upstream_model)
     if kind == "llamacpp":
         return from_props(doc)

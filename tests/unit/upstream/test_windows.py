@@ -22,7 +22,7 @@ GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "engine_windows"
         ("llamacpp", "anything", "llamacpp_props.json", 1024),  # one model per server
         ("vllm", "Qwen/Qwen3-32B", "vllm_v1_models.json", 32768),
         ("vllm", "sql-lora", "vllm_v1_models.json", 32768),
-        ("openai", "Qwen/Qwen3-32B", "vllm_v1_models.json", 32768),
+        ("openai", "Qwen/Qwen3-32B", "vllm_v1_models.json", None),  # not a kind that says
         ("sglang", "Qwen/Qwen3-8B", "sglang_v1_models.json", 40960),
         ("sglang", "my-lora", "sglang_v1_models.json", 40960),  # null: its parent's
         ("sglang", "default", "sglang_v1_models.json", 40960),  # SGLang serves any name
@@ -128,4 +128,4 @@ def test_what_is_asked_of_each_kind() -> None:
     show = windows.ask("ollama", 'q"3')
     assert show is not None and (show.method, show.path, show.root) == ("POST", "/api/show", True)
     assert json.loads(show.body or b"") == {"model": 'q"3', "name": 'q"3'}
-    assert windows.ask("nonesuch", "m") is None
+    assert windows.ask("openai", "m") is None and windows.ask("nonesuch", "m") is None

@@ -47,7 +47,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway import errors
 from gateway.http import anthropic as messages
-from gateway.http import charges, models, passthrough, usage_api
+from gateway.http import charges, managed_settings, models, passthrough, usage_api
 from gateway.http.decoder import DECODER, Decoder, decoder_ctx
 from gateway.http.keys import (
     BATCH_STORE,
@@ -64,6 +64,7 @@ from gateway.http.keys import (
     UPSTREAM_CALLS,
     UPSTREAMS,
     WEB_SEARCH,
+    WINDOWS,
     AppState,
     RouteTag,
 )
@@ -79,7 +80,7 @@ from gateway.ops.metrics import Metrics
 from gateway.tenancy.clients import Tenants
 from gateway.tenancy.counters import CounterStore, LocalStore
 from gateway.tools.web_search.searxng import Searxng
-from gateway.upstream import fleet
+from gateway.upstream import fleet, window_watch
 from gateway.upstream.known import known_secrets
 from gateway.upstream.send import Upstreams
 
@@ -176,6 +177,16 @@ async def _fleet_ctx(app: web.Application) -> AsyncIterator[None]:
         for client in app[UPSTREAMS].values()
         if fleet.needed(client)
     ]
+    yield
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _windows_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The engines' context windows, read in the background (gateway/upstream/window_watch.py)."""
+    clients = app[UPSTREAMS]
+    tasks = window_watch.learners(app[WINDOWS], app[CONFIG].models, clients)
     yield
     for task in tasks:
         task.cancel()
@@ -325,6 +336,15 @@ def build_app(
         "count_tokens",
         RouteTag("count_tokens"),
     )
+    app[WINDOWS] = window_watch.Windows()
+    if config.server.managed_settings:
+        route(
+            "GET",
+            f"{p}/managed/settings",
+            managed_settings.managed_settings,
+            "managed_settings",
+            RouteTag(None),
+        )
     route("GET", f"{p}/v1/models", models.list_models, "models", RouteTag("models"))
     route("GET", f"{p}/v1/models/{{model_id}}", models.get_model, "models_get", RouteTag("models"))
     for api in OPENAI_APIS:
@@ -385,6 +405,7 @@ def build_app(
     app[OPS_APP] = _ops_app(app, exposed) if config.server.metrics_apart else None
     app.cleanup_ctx.append(_upstreams_ctx)
     app.cleanup_ctx.append(_fleet_ctx)
+    app.cleanup_ctx.append(_windows_ctx)
     app.cleanup_ctx.append(_loop_lag_ctx)
     app.cleanup_ctx.append(_pdf_pool_ctx)
     app.cleanup_ctx.append(_web_search_ctx)

@@ -20,6 +20,7 @@ from gateway.text.redact import Redactor
 from gateway.tools.web_search.searxng import Searxng
 from gateway.upstream import UpstreamClient
 from gateway.upstream.send import Upstreams
+from gateway.upstream.window_watch import Windows
 
 if TYPE_CHECKING:  # the SQL layer is imported only when batches are on
     from gateway.batches.scheduler import Scheduler
@@ -67,6 +68,8 @@ COUNTERS = web.AppKey("counters", CounterStore)
 # Message Batches: the store and the scheduler (absent when batches are off)
 BATCH_STORE: web.AppKey[BatchStore] = web.AppKey("batch_store")
 SCHEDULER: web.AppKey[Scheduler] = web.AppKey("batch_scheduler")
+# the engines' context windows, learnt in the background (gateway/upstream/window_watch.py)
+WINDOWS = web.AppKey("windows", Windows)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,9 @@
 """``GET {prefix}/v1/models`` and ``/v1/models/{id}``: the configured model aliases.
 
 A request with an ``anthropic-version`` header gets Anthropic's list shape
-(``data`` of ``{type:"model", id, display_name, created_at}``; ``lifecycle``
+(``data`` of ``{type:"model", id, display_name, created_at}``, with ``max_input_tokens``
+(the window: configured, or read from the engine, gateway/upstream/window_watch.py) and
+``max_tokens`` (the output cap /managed/settings pushes) when the window is known; ``lifecycle``
 too, which the Python SDK's strict validation requires; ``has_more``,
 ``first_id``, ``last_id``; ``limit``/``after_id``/``before_id`` honoured so the
 SDK auto-pager terminates). Any other request gets OpenAI's list shape.
@@ -17,13 +19,14 @@ from datetime import datetime
 from aiohttp import web
 
 from gateway import errors
-from gateway.http.keys import CLIENT, CONFIG, OPENAI_ERRORS
+from gateway.http.keys import CLIENT, CONFIG, OPENAI_ERRORS, WINDOWS
+from gateway.http.managed_settings import output_cap
 from gateway.ops.config import ModelRoute, find_route
 from gateway.ops.config_schema import is_pattern
 from gateway.text import jsonutil
 
 
-def _anthropic(route: ModelRoute, model_id: str) -> dict[str, object]:
+def _anthropic(route: ModelRoute, model_id: str, window: int, cap: int) -> dict[str, object]:
     shown = route.display_name if route.name == model_id else model_id
     info: dict[str, object] = {
         "type": "model",
@@ -32,8 +35,10 @@ def _anthropic(route: ModelRoute, model_id: str) -> dict[str, object]:
         "created_at": route.created_at,
         "lifecycle": "active",
     }
-    if route.context_window:
-        info["max_input_tokens"] = route.context_window  # optional field of the model object
+    if window:  # optional fields of the model object
+        info["max_input_tokens"] = window
+        if cap:
+            info["max_tokens"] = output_cap(window, cap)
     return info
 
 
@@ -72,6 +77,7 @@ async def list_models(request: web.Request) -> web.Response:
     if "anthropic-version" not in request.headers:
         return _json({"object": "list", "data": [_openai(r, r.name) for r in routes]})
     limit = _limit(request)
+    windows, cap = request.app[WINDOWS], request.app[CONFIG].server.claude_code_output_cap
     ids = [r.name for r in routes]
     after, before = request.query.get("after_id"), request.query.get("before_id")
     if before is not None:
@@ -85,7 +91,7 @@ async def list_models(request: web.Request) -> web.Response:
         has_more = start + limit < len(routes)
     return _json(
         {
-            "data": [_anthropic(r, r.name) for r in page],
+            "data": [_anthropic(r, r.name, windows.of(r), cap) for r in page],
             "has_more": has_more,
             "first_id": page[0].name if page else None,
             "last_id": page[-1].name if page else None,
@@ -105,4 +111,7 @@ async def get_model(request: web.Request) -> web.Response:
         raise errors.NotFound(f"model: {errors.echo(model_id, 256)}")
     if "anthropic-version" not in request.headers:
         return _json(_openai(route, model_id))
-    return _json(_anthropic(route, model_id))
+    window = request.app[WINDOWS].of(route)
+    return _json(
+        _anthropic(route, model_id, window, request.app[CONFIG].server.claude_code_output_cap)
+    )

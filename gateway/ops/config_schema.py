@@ -38,6 +38,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 INLINE_THINKING = ("auto", "opened", "off")
 BALANCE = ("affinity", "round_robin", "least_busy")  # gateway/upstream/replicas.py's policies
 DISCOVER = ("none", "dns")
+CLAUDE_CODE_TIERS = ("", "opus", "sonnet", "haiku")
 CAPABILITY_SETTINGS = ("auto", "yes", "no")
 # keepalive: TOML true was the default before keep-alive had to be earned; it now means "auto"
 KEEPALIVE_CHOICES = ("auto", "always", "never")
@@ -168,6 +169,14 @@ class UpstreamConfig:
         0.0, ge=0, doc="seconds between active health probes of each replica; 0: no probes"
     )
     health_timeout: float = _knob(2.0, gt=0, doc="seconds a probe's status line may take")
+    # gateway/upstream/window_watch.py
+    context_window_interval: float = _knob(
+        300.0,
+        ge=0,
+        doc="seconds between two readings of the engine's context window for models without "
+        "`context_window` (vLLM/SGLang `/v1/models`, llama.cpp `/props`, Ollama `/api/show`); "
+        "0: never read",
+    )
     # gateway/upstream/replicas.py
     balance: str = _knob(
         "affinity",
@@ -216,7 +225,18 @@ class ModelRoute:
     display_name: str = _knob("", shown="the name", doc="shown by `/v1/models`")
     created_at: str = _knob("2025-01-01T00:00:00Z", doc="shown by `/v1/models`")
     context_window: int = _knob(
-        0, ge=0, doc="the model's context size, `/v1/models`' `max_input_tokens`; 0: unknown"
+        0,
+        ge=0,
+        doc="the model's context size, `/v1/models`' `max_input_tokens`; 0: read from the "
+        "engine (`upstreams.NAME.context_window_interval`)",
+    )
+    # gateway/http/managed_settings.py
+    claude_code_tier: str = _knob(
+        "",
+        choices=CLAUDE_CODE_TIERS,
+        doc="the Claude Code tier this model is pushed as in `/managed/settings` "
+        "(`ANTHROPIC_DEFAULT_<TIER>_MODEL`); unset tiers take the `sonnet` one (else the first "
+        "model the client may use)",
     )
     # what the upstream takes (gateway/local/capabilities.py)
     images: str = _knob(
@@ -379,6 +399,23 @@ class ServerConfig:
     previous_signing_keys: tuple[bytes, ...] = _not_toml((), secret=True)
     # where it came from: "env", "file" (the state directory's key) or "random" (this process)
     signing_key_source: str = _not_toml("random")
+    # the Claude Code gateway protocol's managed settings (gateway/http/managed_settings.py)
+    managed_settings: bool = _knob(
+        True,
+        doc="serve `GET {prefix}/managed/settings` (Claude Code's policy: context window, "
+        "output cap, model names); false: 404",
+    )
+    claude_code_output_cap: int = _knob(
+        32000,
+        ge=0,
+        doc="the largest `CLAUDE_CODE_MAX_OUTPUT_TOKENS` pushed (it is a window's eighth up to "
+        "this); 0: not pushed",
+    )
+    claude_code_model_discovery: bool = _knob(
+        True,
+        doc="push `CLAUDE_CODE_ENABLE_GATEWAY_MODEL_DISCOVERY` so Claude Code lists this "
+        "gateway's `claude`-named models in `/model`",
+    )
 
     @property
     def tls(self) -> bool:

@@ -212,6 +212,7 @@ ILLUSTRATED = {
     "models[].max_concurrency",
     "models[].created_at",
     "models[].context_window",
+    "models[].claude_code_tier",
 }
 
 

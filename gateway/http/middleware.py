@@ -12,6 +12,10 @@ line's ``error`` and ``query`` pass the redactor of every upstream's secrets
 (an upstream message is scrubbed already; a client may echo a key back); the
 query is logged as its parameter names only.
 
+A credential that is no configured key may be a gateway access token (Claude Code's
+sign-in, gateway/auth/): only then, and only with ``[auth]`` on, is it looked up there; a key
+costs nothing more.
+
 ``/metrics`` is served on the API listener only when ``server.metrics_port`` is
 unset, and then asks for a client key when keys are set (it names every upstream
 model); the metrics listener serves only ``/metrics``, ``/health`` and ``/ready``.
@@ -27,6 +31,7 @@ import structlog
 from aiohttp import web
 
 from gateway import errors
+from gateway.auth.service import SIGNIN
 from gateway.http.drain import DRAINING_MESSAGE
 from gateway.http.keys import (
     API,
@@ -155,7 +160,10 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
     response: web.StreamResponse | None = None
     try:
         server = app[CONFIG].server
-        client = app[STATE].tenants.identify(presented)
+        tenants = app[STATE].tenants
+        client = tenants.identify(presented)
+        if client is None and presented is not None and (signin := app.get(SIGNIN)):
+            client = await signin.identify(presented, tenants)  # a signed-in bearer
         if client is None:
             if tag.needs_key:
                 if api is not None:

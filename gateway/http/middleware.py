@@ -31,7 +31,7 @@ import structlog
 from aiohttp import web
 
 from gateway import errors
-from gateway.auth.service import SIGNIN
+from gateway.auth.service import SIGNIN, TokenRefused
 from gateway.http.drain import DRAINING_MESSAGE
 from gateway.http.keys import (
     API,
@@ -162,13 +162,17 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         server = app[CONFIG].server
         tenants = app[STATE].tenants
         client = tenants.identify(presented)
+        refused: TokenRefused | None = None
         if client is None and presented is not None and (signin := app.get(SIGNIN)):
-            client = await signin.identify(presented, tenants)  # a signed-in bearer
+            try:  # a signed-in developer's bearer
+                client = await signin.identify(presented, tenants)
+            except TokenRefused as exc:
+                refused = exc
         if client is None:
             if tag.needs_key:
                 if api is not None:
                     metrics.rejected.labels(api, "auth").inc()
-                raise errors.AuthenticationFailed()
+                raise refused or errors.AuthenticationFailed()
             client = ANONYMOUS_CLIENT  # an operational route: nobody in particular
         request[CLIENT] = client
         if api is not None:

@@ -224,6 +224,15 @@ def test_credentials(
         ({"grant_type": "refresh_token", "refresh_token": "gwrt_unknown"}, 401, "invalid_grant"),
         (b"grant_type=" + b"x" * 9000, 400, "invalid_request"),  # over the form's bound
     ],
+    ids=[
+        "empty",
+        "password",
+        "no device_code",
+        "unknown device_code",
+        "no refresh_token",
+        "unknown refresh_token",
+        "too large",
+    ],
 )
 def test_token_endpoint_errors(
     gateway: str, fields: dict[str, str] | bytes, status: int, error: str
@@ -242,7 +251,8 @@ def test_the_page_is_throttled_per_address(gateway: str) -> None:
     assert status == 429 and int(headers["retry-after"]) >= 1 and "Too many tries" in text
 
 
-def test_the_page_escapes_what_it_echoes(gateway: str) -> None:
+def test_the_page_echoes_only_a_well_formed_code(gateway: str) -> None:
+    """``?user_code=`` is shown only as a normalised code; anything else is not echoed."""
     status, _, page = get(f"{gateway}/llm/oauth/device?user_code=%22%3E%3Cscript%3Ex")
     assert status == 200 and b"<script" not in page and b'value=""' in page
 

@@ -1,11 +1,13 @@
 """The sign-in's tables (gateway/auth/signin_store.py) and the bearer check
-(gateway/auth/service.py) on a real SQLite file: the device grant's protocol answers at
-given times, single use, the cap on pending codes, refresh rotation and reuse, revocation,
-and what a bearer check costs (database reads counted)."""
+(gateway/auth/service.py) on a real SQLite file and a real PostgreSQL database: the device
+grant's protocol answers at given times, single use, the cap on pending codes, refresh
+rotation and reuse, revocation, and what a bearer check costs (database reads counted)."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import os
 import tomllib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -26,9 +28,18 @@ USER = "BCDFGHJK"
 DEVICE = codes.digest("device-code-1")
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[AuthStore]:
-    s = AuthStore.open(f"sqlite:///{tmp_path / 'auth.sqlite3'}")
+_DBS = itertools.count()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[AuthStore]:
+    """The store on a SQLite file, and on a throwaway PostgreSQL database (replicas)."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'auth.sqlite3'}"
+    else:
+        server = request.getfixturevalue("pg_server")
+        url = server.create_db(f"auth_{os.getpid()}_{next(_DBS)}")
+    s = AuthStore.open(url)
     yield s
     await s.close()
 

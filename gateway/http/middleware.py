@@ -162,18 +162,19 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         server = app[CONFIG].server
         tenants = app[STATE].tenants
         client = tenants.identify(presented)
-        refused: TokenRefused | None = None
-        if client is None and presented is not None and (signin := app.get(SIGNIN)):
-            try:  # a signed-in developer's bearer
-                client = await signin.identify(presented, tenants)
-            except TokenRefused as exc:
-                refused = exc
         if client is None:
-            if tag.needs_key:
-                if api is not None:
-                    metrics.rejected.labels(api, "auth").inc()
-                raise refused or errors.AuthenticationFailed()
-            client = ANONYMOUS_CLIENT  # an operational route: nobody in particular
+            refused: TokenRefused | None = None
+            if presented is not None and (signin := app.get(SIGNIN)) is not None:
+                try:  # no key: perhaps a signed-in developer's bearer
+                    client = await signin.identify(presented, tenants)
+                except TokenRefused as exc:
+                    refused = exc
+            if client is None:
+                if tag.needs_key:
+                    if api is not None:
+                        metrics.rejected.labels(api, "auth").inc()
+                    raise refused or errors.AuthenticationFailed()
+                client = ANONYMOUS_CLIENT  # an operational route: nobody in particular
         request[CLIENT] = client
         if api is not None:
             if app[STATE].draining:

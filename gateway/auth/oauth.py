@@ -8,8 +8,9 @@ was given, else falls back to ``{base}/oauth/...``, the same paths).
 nothing else (no ``client_id``, no ``scope``): none is required, unknown fields ignored.
 Answer: ``device_code``, ``user_code`` (``XXXX-XXXX``), ``verification_uri`` (the page),
 ``verification_uri_complete`` (the page with the code filled in), ``expires_in``,
-``interval``. Past ``auth.max_pending_codes`` waiting codes: 429 ``slow_down`` (the client
-says the gateway is limiting sign-in attempts).
+``interval``. Past ``auth.max_pending_codes`` waiting codes, or past
+``auth.page_tries_per_minute`` new codes a minute from one address: 429 ``slow_down`` with
+``Retry-After`` (Claude Code says the gateway is limiting sign-in attempts).
 
 ``POST {prefix}/oauth/token``:
 
@@ -89,6 +90,9 @@ async def metadata(request: web.Request) -> web.Response:
 async def device_authorization(request: web.Request) -> web.Response:
     signin = request.app[SIGNIN]
     cfg = signin.cfg
+    wait = signin.device_throttle.allow(request.remote or "", time.monotonic())
+    if wait:
+        return oauth_error("slow_down", 429, retry_after=int(wait + 0.999))
     form = await read_form(request)
     if form is None:
         return oauth_error("invalid_request")

@@ -42,7 +42,16 @@ class TokenRefused(errors.AuthenticationFailed):
 
 
 class SignIn:
-    __slots__ = ("base_url", "cache", "cfg", "prefix", "store", "tenants", "throttle")
+    __slots__ = (
+        "base_url",
+        "cache",
+        "cfg",
+        "device_throttle",
+        "prefix",
+        "store",
+        "tenants",
+        "throttle",
+    )
 
     def __init__(
         self,
@@ -58,7 +67,9 @@ class SignIn:
         self.prefix = prefix  # server.prefix: where the routes are
         self.base_url = base_url  # the public origin, or "": the request's own
         self.cache = TokenCache(cfg.cache_seconds)
-        self.throttle = Throttle(cfg.page_tries_per_minute)
+        self.throttle = Throttle(cfg.page_tries_per_minute)  # the verification page's tries
+        # new device codes, counted apart: one address cannot fill max_pending_codes alone
+        self.device_throttle = Throttle(cfg.page_tries_per_minute)
 
     async def identify(self, presented: bytes, tenants: Tenants) -> Client | None:
         """The client of a gateway access token; None: not a gateway token (the caller's

@@ -294,3 +294,13 @@ def _usage_of(base: str, client: str) -> int:
         for r in bucket["results"]
         if r["api_key_id"] == client
     )
+
+
+def test_new_device_codes_are_throttled_per_address(gateway: str) -> None:
+    """Past ``page_tries_per_minute`` new codes from one address (other tests' included):
+    429 ``slow_down``, what Claude Code reads as the gateway limiting sign-in attempts."""
+    url = f"{gateway}/llm/oauth/device_authorization"
+    answers = [form_post(url, {"surface": "claude_code"}) for _ in range(11)]
+    assert {a[0] for a in answers} <= {200, 429} and answers[-1][0] == 429
+    _, headers, body = answers[-1]
+    assert json.loads(body)["error"] == "slow_down" and int(headers["retry-after"]) >= 1

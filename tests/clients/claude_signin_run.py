@@ -86,6 +86,8 @@ database = {json.dumps(str(database))}
 [auth]
 enabled = true
 poll_seconds = 1
+# under Claude Code's 5-minute refresh margin: it refreshes before each request
+access_token_seconds = 60
 """
 
 

@@ -535,8 +535,10 @@ class AuthConfig:
         doc="device codes waiting at once, all clients; past it the client is told to slow down",
     )
     page_tries_per_minute: int = _knob(
-        10, gt=0, doc="verification page submissions a minute per client address, and new device "
-        "codes apart; past it 429"
+        10,
+        gt=0,
+        doc="verification page submissions a minute per client address, and new device "
+        "codes apart; past it 429",
     )
     cache_seconds: float = _knob(
         30.0,

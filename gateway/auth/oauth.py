@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import time
 
+import structlog
 from aiohttp import web
 
 from gateway.auth import codes
@@ -46,10 +47,11 @@ from gateway.batches.schema import StoreError
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 PAGE_PATH = "/oauth/device"
 _NO_STORE = {"Cache-Control": "no-store", "Pragma": "no-cache"}
+_log = structlog.get_logger("gateway.signin")
 _USER_CODE_TRIES = 5  # a drawn user code in use: draw again, this many times
 _DESCRIPTIONS = {
     "authorization_pending": "The code has not been approved yet",
-    "slow_down": "Polled sooner than the interval",
+    "slow_down": "Too many requests: wait longer between them",
     "expired_token": "The device code has expired; start the sign-in again",
     "invalid_grant": "The code or token is not valid",
     "invalid_request": "A required parameter is missing or the body is malformed",
@@ -170,11 +172,12 @@ async def token(request: web.Request) -> web.Response:
             device_code = form.get("device_code", "")
             if not device_code:
                 return oauth_error("invalid_request")
-            outcome, _client = await signin.store.exchange_device_code(
+            outcome, client = await signin.store.exchange_device_code(
                 codes.digest(device_code), now, issued
             )
             if outcome != "ok":
                 return oauth_error(outcome)
+            _log.info("signin_tokens_issued", client=client)
             return _tokens(signin, access, refresh)
         if grant == "refresh_token":
             presented = form.get("refresh_token", "")
@@ -184,8 +187,9 @@ async def token(request: web.Request) -> web.Response:
             client, revoked = await signin.store.exchange_refresh_token(
                 codes.digest(presented), now, issued, lambda name: name in tenants.clients
             )
-            if revoked is not None:
+            if revoked is not None:  # a spent refresh token again, or its client removed
                 signin.cache.forget_session(revoked)
+                _log.warning("signin_session_revoked", reason="refresh token reused or client gone")
             if client is None:
                 # the protocol's deprovisioning answer: the client forgets the refresh token
                 return oauth_error("invalid_grant", 401)
@@ -206,4 +210,5 @@ async def revoke(request: web.Request) -> web.Response:
         return oauth_error("temporarily_unavailable", 503)
     if session is not None:
         signin.cache.forget_session(session)
+        _log.info("signin_revoked")
     return web.Response(status=200, headers=_NO_STORE)

@@ -27,6 +27,7 @@ import html
 import time
 from urllib.parse import urlsplit
 
+import structlog
 from aiohttp import web
 
 from gateway.auth import codes
@@ -44,6 +45,7 @@ _HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+_log = structlog.get_logger("gateway.signin")
 _STYLE = (
     "body{font-family:system-ui,sans-serif;max-width:32rem;margin:3rem auto;padding:0 1rem}"
     "label{display:block;margin-top:1rem}input{font-size:1.1rem;width:100%;padding:.4rem}"
@@ -143,7 +145,9 @@ async def approve(request: web.Request) -> web.Response:
                 status=503,
             )
     if not approved:
+        _log.info("signin_refused", remote=request.remote)
         return _page("Sign in to the gateway", _form(signin, _prefill(typed), REJECTED), status=400)
+    _log.info("signin_approved", client=client.name if client else None, remote=request.remote)
     return _page(
         "Signed in",
         f'<p class="ok">The code <span class="code">{html.escape(codes.shown(code or ""))}'

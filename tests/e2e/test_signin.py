@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
@@ -62,14 +63,19 @@ def form_post(
 
 
 @pytest.fixture(scope="module")
-def gateway(stub_url: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def gateway_proc(stub_url: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
     tmp_path = tmp_path_factory.mktemp("signin")
     cfg = stub_config(stub_url, extra_server='admin_keys_env = "ADMIN_KEYS"', models=("ok",))
     cfg += CONFIG + batches_toml(tmp_path / "gw.sqlite3")
     env = {"ALICE_KEY": KEYS["alice"], "BOB_KEY": KEYS["bob"], "ADMIN_KEYS": ADMIN}
     proc, base = start_gateway(cfg, tmp_path, env=env)
-    yield base
+    yield proc, base
     proc.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(gateway_proc: Any) -> str:
+    return gateway_proc[1]  # type: ignore[no-any-return]
 
 
 def _device(base: str) -> dict[str, Any]:
@@ -193,6 +199,32 @@ def test_a_spent_refresh_token_presented_again_ends_the_sign_in(gateway: str) ->
     assert form_post(f"{gateway}/llm/oauth/token", refresh)[0] == 401
     status, headers, _ = _messages(gateway, {"authorization": f"Bearer {fresh['access_token']}"})
     assert (status, headers.get("x-should-retry")) == (401, "false")
+
+
+def test_sign_ins_are_logged_without_their_secrets(gateway_proc: Any) -> None:
+    proc, base = gateway_proc
+    grant = _device(base)
+    _approve(base, grant["user_code"], KEYS["bob"])
+    status, tokens = _poll(base, grant["device_code"])
+    assert status == 200, tokens
+    form_post(f"{base}/llm/oauth/revoke", {"token": tokens["refresh_token"]})
+    deadline = time.monotonic() + 10  # log lines are written in batches: wait for them
+    while "signin_revoked" not in (out := proc.output()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    names = [e["event"] for e in events]
+    assert "signin_approved" in names and "signin_revoked" in names
+    assert {"event": "signin_tokens_issued", "client": "bob"}.items() <= next(
+        e for e in events if e["event"] == "signin_tokens_issued" and e.get("client") == "bob"
+    ).items()
+    for secret in (
+        KEYS["bob"],
+        grant["device_code"],
+        tokens["access_token"],
+        tokens["refresh_token"],
+        grant["user_code"],
+    ):
+        assert secret not in out
 
 
 @pytest.mark.parametrize(

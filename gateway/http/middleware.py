@@ -54,7 +54,7 @@ from gateway.http.keys import (
 from gateway.http.protocol import RequestBodyTimeout
 from gateway.http.writer import ClientGone, send_buffered
 from gateway.ops import log
-from gateway.tenancy.clients import ANONYMOUS_CLIENT
+from gateway.tenancy.clients import ANONYMOUS_CLIENT, signin_key
 from gateway.text import ids
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -167,6 +167,10 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             if presented is not None and (signin := app.get(SIGNIN)) is not None:
                 try:  # no key: perhaps a signed-in developer's bearer
                     client = await signin.identify(presented, tenants)
+                    # a named client's token owns batches as that client (one key each);
+                    # server.api_keys_env's keys are many: such a token owns its own
+                    if client is not None and client is not ANONYMOUS_CLIENT:
+                        request[CLIENT_KEY] = signin_key(client.name)
                 except TokenRefused as exc:
                     refused = exc
             if client is None:

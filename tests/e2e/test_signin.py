@@ -21,7 +21,7 @@ import anthropic
 import pytest
 
 from tests import sdk
-from tests.batch_client import batches_toml
+from tests.batch_client import batches_toml, create, wait_ended
 from tests.conftest import stub_config
 from tests.procs import _call, get, start_gateway
 
@@ -225,6 +225,31 @@ def test_sign_ins_are_logged_without_their_secrets(gateway_proc: Any) -> None:
         grant["user_code"],
     ):
         assert secret not in out
+
+
+def test_a_batch_made_with_a_bearer_is_the_clients_across_refreshes(gateway: str) -> None:
+    """A signed-in developer's batch belongs to their client, not to the access token that
+    made it: still theirs after a refresh, its requests counted as that client's."""
+    tokens = _signed_in(gateway, "bob")
+    bearer = {"authorization": f"Bearer {tokens['access_token']}"}
+    before = _usage_of(gateway, "bob")
+    request = {"custom_id": "b1", "params": {"model": "m-ok", "max_tokens": 16, "messages": ASK}}
+    status, batch = create(gateway + "/llm", [request], headers=bearer)
+    assert status == 200, batch
+    wait_ended(gateway + "/llm", batch["id"], headers=bearer)
+    status, _, body = form_post(
+        f"{gateway}/llm/oauth/token",
+        {"grant_type": "refresh_token", "refresh_token": tokens["refresh_token"]},
+    )
+    assert status == 200, body
+    fresh = {"authorization": f"Bearer {json.loads(body)['access_token']}"}
+    status, _, got = get(f"{gateway}/llm/v1/messages/batches/{batch['id']}", headers=fresh)
+    assert status == 200, got
+    assert json.loads(got)["request_counts"]["succeeded"] == 1
+    assert _usage_of(gateway, "bob") > before  # the batch's reply: bob's, not anonymous'
+    # another client's key does not see it
+    other = {"x-api-key": KEYS["alice"]}
+    assert get(f"{gateway}/llm/v1/messages/batches/{batch['id']}", headers=other)[0] == 404
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ from gateway.ops import config, log, notify
 from gateway.ops.config_schema import BatchesConfig, ServerConfig
 
 if TYPE_CHECKING:
+    from gateway.auth.signin_store import AuthStore
     from gateway.batches.store import BatchStore
     from gateway.batches.usage_store import UsageStore
     from gateway.ops.tls import Served
@@ -94,7 +95,12 @@ async def _serve(
     loop.set_exception_handler(log.loop_exception_handler)
     fd_limit = _raise_fd_limit()
     store = _open_batch_store(cfg)
-    app = build_app(cfg, batch_store=store, usage_store=_open_usage_store(cfg))
+    app = build_app(
+        cfg,
+        batch_store=store,
+        usage_store=_open_usage_store(cfg),
+        auth_store=_open_auth_store(cfg),
+    )
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     assert runner.server is not None
@@ -292,6 +298,37 @@ def _open_usage_store(cfg: config.Config) -> UsageStore | None:
             logger.error("usage_store_failed", detail=str(exc))
             raise SystemExit(1) from None
         logger.warning("usage_disabled", detail=str(exc), fix=_STATE_FIX)
+        return None
+
+
+def _open_auth_store(cfg: config.Config) -> AuthStore | None:
+    """The sign-in's tables (``[auth] enabled``), in the batches' database (opened for them
+    alone when batches are off). A database the operator named that cannot be opened stops
+    the start; the default one turns sign-in off with a warning (its routes are then 404)."""
+    if not cfg.auth.enabled:
+        return None
+    logger = structlog.get_logger("gateway")
+    from gateway.auth.signin_store import AuthStore
+    from gateway.batches.schema import StoreError
+
+    b = cfg.batches
+    if not b.database_url:
+        logger.warning("signin_disabled", detail="no state directory", fix=_STATE_FIX)
+        return None
+    if not b.database_explicit:
+        folder = os.path.dirname(b.database_url.removeprefix("sqlite:///"))
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            logger.warning("signin_disabled", folder=folder, detail=exc.strerror, fix=_STATE_FIX)
+            return None
+    try:
+        return AuthStore.open(b.database_url)
+    except StoreError as exc:
+        if b.database_explicit:
+            logger.error("auth_store_failed", detail=str(exc))
+            raise SystemExit(1) from None
+        logger.warning("signin_disabled", detail=str(exc), fix=_STATE_FIX)
         return None
 
 

@@ -17,6 +17,11 @@ Routes (every API route under ``server.prefix``)::
     GET  {prefix}/v1/organizations/usage_report/messages
                                              the Admin API's usage report (http/usage_api.py):
                                              only with server.admin_keys, for those keys
+    GET  {prefix}/.well-known/oauth-authorization-server
+    POST {prefix}/oauth/device_authorization  Claude Code's sign-in ([auth] enabled;
+    POST {prefix}/oauth/token                 gateway/auth/): RFC 8414 metadata, the
+    POST {prefix}/oauth/revoke                device flow, tokens, revocation and the
+    GET|POST {prefix}/oauth/device            verification page
     HEAD {prefix}                            Claude Code's pre-connect probe: 200, empty
     GET  /health  /ready                     liveness, readiness
     GET  /metrics                            here only without server.metrics_port (a key
@@ -85,6 +90,7 @@ from gateway.upstream.known import known_secrets
 from gateway.upstream.send import Upstreams
 
 if TYPE_CHECKING:
+    from gateway.auth.signin_store import AuthStore
     from gateway.batches.store import BatchStore
     from gateway.batches.usage_store import UsageStore
 from gateway.upstream import UpstreamClient
@@ -263,10 +269,12 @@ def build_app(
     registry: CollectorRegistry | None = None,
     batch_store: BatchStore | None = None,
     usage_store: UsageStore | None = None,
+    auth_store: AuthStore | None = None,
 ) -> web.Application:
     """The application; ``batch_store`` (opened by the caller, which reports a database
     that cannot be opened before serving) enables Message Batches and their scheduler;
-    ``usage_store`` (likewise) records usage for the usage report (admin keys only)."""
+    ``usage_store`` (likewise) records usage for the usage report (admin keys only);
+    ``auth_store`` (likewise) enables Claude Code's sign-in (``[auth]``)."""
     defined, exposed, info = _registries(config, registry)
     app = web.Application(
         middlewares=[gateway_middleware], client_max_size=config.server.max_body_bytes
@@ -390,6 +398,8 @@ def build_app(
             "usage_report",
             RouteTag(None, needs_key=False),  # the handler asks for an admin key
         )
+    if auth_store is not None:
+        _signin_routes(app, auth_store, route)
     endpoints = "|".join(re.escape(e) for e in not_implemented)
     route(
         "*",
@@ -412,6 +422,35 @@ def build_app(
     app.cleanup_ctx.append(decoder_ctx)
     app.cleanup_ctx.append(_counters_ctx)
     return app
+
+
+def _signin_routes(
+    app: web.Application,
+    store: AuthStore,
+    route: Callable[[str, str, Handler, str, RouteTag], None],
+) -> None:
+    """Claude Code's sign-in (gateway/auth/): the OAuth metadata, device and token endpoints
+    and the verification page, none asking for a key."""
+    # imported here: the sign-in's handlers load the SQL layer, only when enabled
+    from gateway.auth import oauth, page
+    from gateway.auth.service import SIGNIN, SignIn, signin_ctx
+
+    config = app[CONFIG]
+    state = app[STATE]
+    p = config.server.prefix
+    app[SIGNIN] = SignIn(
+        config.auth, store, lambda: state.tenants, p, config.batches.public_base_url
+    )
+    free = RouteTag(None, needs_key=False)
+    route("GET", f"{p}/.well-known/oauth-authorization-server", oauth.metadata, "oauth_meta", free)
+    route(
+        "POST", f"{p}/oauth/device_authorization", oauth.device_authorization, "oauth_device", free
+    )
+    route("POST", f"{p}/oauth/token", oauth.token, "oauth_token", free)
+    route("POST", f"{p}/oauth/revoke", oauth.revoke, "oauth_revoke", free)
+    route("GET", f"{p}{oauth.PAGE_PATH}", page.show, "oauth_page", free)
+    route("POST", f"{p}{oauth.PAGE_PATH}", page.approve, "oauth_approve", free)
+    app.cleanup_ctx.append(signin_ctx)
 
 
 def _counters(config: Config, metrics: Metrics) -> CounterStore:

@@ -12,6 +12,10 @@ line's ``error`` and ``query`` pass the redactor of every upstream's secrets
 (an upstream message is scrubbed already; a client may echo a key back); the
 query is logged as its parameter names only.
 
+A credential that is no configured key may be a gateway access token (Claude Code's
+sign-in, gateway/auth/): only then, and only with ``[auth]`` on, is it looked up there; a key
+costs nothing more.
+
 ``/metrics`` is served on the API listener only when ``server.metrics_port`` is
 unset, and then asks for a client key when keys are set (it names every upstream
 model); the metrics listener serves only ``/metrics``, ``/health`` and ``/ready``.
@@ -27,6 +31,7 @@ import structlog
 from aiohttp import web
 
 from gateway import errors
+from gateway.auth.service import SIGNIN, TokenRefused
 from gateway.http.drain import DRAINING_MESSAGE
 from gateway.http.keys import (
     API,
@@ -49,7 +54,7 @@ from gateway.http.keys import (
 from gateway.http.protocol import RequestBodyTimeout
 from gateway.http.writer import ClientGone, send_buffered
 from gateway.ops import log
-from gateway.tenancy.clients import ANONYMOUS_CLIENT
+from gateway.tenancy.clients import ANONYMOUS_CLIENT, signin_key
 from gateway.text import ids
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -155,13 +160,25 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
     response: web.StreamResponse | None = None
     try:
         server = app[CONFIG].server
-        client = app[STATE].tenants.identify(presented)
+        tenants = app[STATE].tenants
+        client = tenants.identify(presented)
         if client is None:
-            if tag.needs_key:
-                if api is not None:
-                    metrics.rejected.labels(api, "auth").inc()
-                raise errors.AuthenticationFailed()
-            client = ANONYMOUS_CLIENT  # an operational route: nobody in particular
+            refused: TokenRefused | None = None
+            if presented is not None and (signin := app.get(SIGNIN)) is not None:
+                try:  # no key: perhaps a signed-in developer's bearer
+                    client = await signin.identify(presented, tenants)
+                    # a named client's token owns batches as that client (one key each);
+                    # server.api_keys_env's keys are many: such a token owns its own
+                    if client is not None and client is not ANONYMOUS_CLIENT:
+                        request[CLIENT_KEY] = signin_key(client.name)
+                except TokenRefused as exc:
+                    refused = exc
+            if client is None:
+                if tag.needs_key:
+                    if api is not None:
+                        metrics.rejected.labels(api, "auth").inc()
+                    raise refused or errors.AuthenticationFailed()
+                client = ANONYMOUS_CLIENT  # an operational route: nobody in particular
         request[CLIENT] = client
         if api is not None:
             if app[STATE].draining:

@@ -35,6 +35,7 @@ from gateway.ops.config_schema import (
     MAX_RESULT_CHARS,
     MAX_SEARCH_RESULTS,
     UPSTREAM_KINDS,
+    AuthConfig,
     BatchesConfig,
     ClientConfig,
     Config,
@@ -74,7 +75,7 @@ __all__ = [
     "with_overrides",
 ]
 
-_TOP_KEYS = ("server", "upstreams", "models", "batches", "web_search", "clients", "limits")
+_TOP_KEYS = ("server", "upstreams", "models", "batches", "web_search", "clients", "limits", "auth")
 # the client of the keys of server.api_keys_env (and of every request when no key is set)
 ANONYMOUS = "anonymous"
 _TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")  # what a bearer token may hold
@@ -105,6 +106,7 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         )
     clients = _clients(src, data.get("clients", []), env, server)
     limits = _limits(src, data.get("limits", {}), env)
+    auth = AuthConfig(**check_table(src, "auth", data.get("auth", {}), knobs(AuthConfig)))
     return Config(
         server=server,
         upstreams=upstreams,
@@ -113,6 +115,7 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         web_search=web_search,
         clients=clients,
         limits=limits,
+        auth=auth,
         source=src,
     )
 

@@ -438,7 +438,11 @@ class ServerConfig:
 class BatchesConfig:
     """``[batches]``: Message Batches (gateway/batches/)."""
 
-    enabled: bool = _knob(True, doc="serve the Message Batches routes; false: 404, no database")
+    enabled: bool = _knob(
+        True,
+        doc="serve the **Message Batches** routes; false: 404, no database (not "
+        "`auth.enabled`: the sign-in's)",
+    )
     database: str = _knob(
         "",
         fmt="database",
@@ -564,6 +568,50 @@ class LimitsConfig:
 
 
 @dataclass(frozen=True)
+class AuthConfig:
+    """``[auth]``: Claude Code's sign-in to the gateway, the OAuth device flow (gateway/auth/)."""
+
+    enabled: bool = _knob(
+        False,
+        doc="serve **Claude Code's sign-in** routes (tokens kept in the batches' database); "
+        "false: 404 (not `batches.enabled`: the batches routes)",
+    )
+    access_token_seconds: int = _knob(
+        3600, gt=0, le=86400, doc="seconds an access token is honoured; the client refreshes it"
+    )
+    refresh_token_seconds: int = _knob(
+        30 * 86400,
+        gt=0,
+        doc="seconds a refresh token lasts (rotated on each use); then the developer signs "
+        "in again",
+    )
+    code_seconds: int = _knob(
+        600, gt=0, le=3600, doc="seconds a device code waits for its approval"
+    )
+    poll_seconds: int = _knob(
+        5, ge=1, le=60, doc="seconds the client waits between two polls of the token endpoint"
+    )
+    max_pending_codes: int = _knob(
+        1000,
+        gt=0,
+        doc="device codes waiting at once, all clients; past it the client is told to slow down",
+    )
+    page_tries_per_minute: int = _knob(
+        10,
+        gt=0,
+        doc="verification page submissions a minute per client address, and new device "
+        "codes apart; past it 429",
+    )
+    cache_seconds: float = _knob(
+        30.0,
+        gt=0,
+        le=3600,
+        doc="seconds a checked token is trusted without the database: how long another "
+        "replica may still honour a token revoked elsewhere",
+    )
+
+
+@dataclass(frozen=True)
 class WebSearchConfig:
     """``[web_search]``: the web_search server tool, run by the gateway (gateway/tools/)."""
 
@@ -599,6 +647,7 @@ class Config:
     web_search: WebSearchConfig | None = None  # None: no [web_search] table
     clients: tuple[ClientConfig, ...] = ()
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
     source: str = "<built-in default>"
     # set by --workers in each worker process (not TOML knobs): prometheus multiprocess
     # directory and SO_REUSEPORT on the listening socket
@@ -615,6 +664,7 @@ TABLES: dict[str, type] = {
     "web_search": WebSearchConfig,
     "clients[]": ClientConfig,
     "limits": LimitsConfig,
+    "auth": AuthConfig,
 }
 
 

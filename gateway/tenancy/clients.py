@@ -84,6 +84,13 @@ def owner_id(digest: bytes) -> str:
     return digest.hex()[:32]
 
 
+def signin_key(name: str) -> bytes:
+    """What stands for the key of a request made with a signed-in developer's token
+    (gateway/auth/): one per client, so a batch made with a token is the client's, whatever
+    token made it (they are refreshed hourly). A NUL byte: no header can present it."""
+    return b"\0signin:" + name.encode()
+
+
 class Tenants:
     """Keys -> clients, for one config. Immutable: a reload builds a new one."""
 
@@ -100,6 +107,8 @@ class Tenants:
             named[c.name] = client
         self._by_digest: Mapping[bytes, Client] = by_digest
         self._by_owner = {owner_id(d): c for d, c in by_digest.items()}
+        for name, client in named.items():  # batches made with a sign-in token
+            self._by_owner[owner_id(hashlib.sha256(signin_key(name)).digest())] = client
         # every configured client by name ("anonymous" too): the bounded label set of the
         # per-client metrics and the usage report's api_key_ids
         self.clients: Mapping[str, Client] = {ANONYMOUS: ANONYMOUS_CLIENT, **named}

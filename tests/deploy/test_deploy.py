@@ -114,6 +114,7 @@ def _knobs_in(data: dict[str, Any]) -> set[str]:
     for table in data.get("clients", []):
         knobs |= {f"clients[].{k}" for k in table}
     knobs |= {f"limits.{k}" for k in data.get("limits", {})}
+    knobs |= {f"auth.{k}" for k in data.get("auth", {})}
     return knobs
 
 
@@ -187,6 +188,8 @@ def test_example_config_comments_every_knob() -> None:
                 if line.startswith("[[clients]]")
                 else "limits"
                 if line.startswith("[limits]")
+                else "auth"
+                if line.startswith("[auth]")
                 else "server"
             )
             continue
@@ -225,6 +228,7 @@ def _first_values(data: dict[str, Any]) -> dict[str, Any]:
     tables += [("web_search", data.get("web_search", {}))]
     tables += [("clients[]", t) for t in data.get("clients", [])]
     tables += [("limits", data.get("limits", {}))]
+    tables += [("auth", data.get("auth", {}))]
     shown: dict[str, Any] = {}
     for prefix, table in tables:
         for key, value in table.items():

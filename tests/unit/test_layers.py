@@ -5,7 +5,7 @@ Layers, lowest first: shared text utilities (``text``), the error tree (``errors
 operations (``ops``), the upstream client (``upstream``), clients and their limits
 (``tenancy``), what local engines emit (``local``),
 the surfaces (``messages``, ``openai``), the server tools the gateway runs (``tools``),
-Message Batches (``batches``), the HTTP shell
+Message Batches (``batches``), Claude Code's sign-in (``auth``), the HTTP shell
 (``http``), and the composition root (``app``, ``__main__``). The demo sits beside ops.
 Imports inside a function or under ``TYPE_CHECKING`` count too: a lazy upward import is still
 a seam.
@@ -33,6 +33,7 @@ LAYERS = {
     "openai": 5,
     "tools": 5.5,  # server tools the gateway runs (web search): they drive the Messages call
     "batches": 6,
+    "auth": 6.5,  # Claude Code's sign-in: tokens in the batches' database, wired by http
     "http": 7,
     "app": 8,
     "__main__": 9,

@@ -63,6 +63,8 @@ def test_names_with_two_meanings_are_documented_side_by_side() -> None:
         ("name", "clients[].name"),
         ("max_concurrency", "models[].max_concurrency"),
         ("max_concurrency", "clients[].max_concurrency"),
+        ("enabled", "batches.enabled"),
+        ("enabled", "auth.enabled"),
     ]
     # each meaning names the other key
     for name, path in pairs:

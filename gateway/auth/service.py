@@ -1,0 +1,109 @@
+"""The sign-in as the application holds it (:class:`SignIn`): its config, store, token cache
+and page throttle, and the bearer check the middleware calls for a credential that is not a
+configured key (:meth:`SignIn.identify`).
+
+A token maps to a client by name: a client removed from the config (SIGHUP) takes its
+tokens' access with it at once, a client whose key is rotated keeps its signed-in
+developers. Access tokens live ``auth.access_token_seconds``; refresh tokens
+``auth.refresh_token_seconds`` and are rotated on each use.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from gateway import errors
+from gateway.auth.cache import TokenCache, TokenEntry
+from gateway.auth.codes import digest, is_access_token
+from gateway.auth.throttle import Throttle
+from gateway.ops.config_schema import AuthConfig
+from gateway.tenancy.clients import Client, Tenants
+
+if TYPE_CHECKING:  # the SQL layer is imported only when sign-in is on
+    from gateway.auth.signin_store import AuthStore
+
+__all__ = ["SIGNIN", "SignIn", "TokenRefused", "signin_ctx"]
+
+# Claude Code asks the developer to sign in again at once on a 401 saying so; without
+# ``x-should-retry: false`` it retries with backoff for about three minutes first
+_REFUSED = "The gateway sign-in has expired or was revoked; sign in again (/login)"
+
+
+class TokenRefused(errors.AuthenticationFailed):
+    """A gateway token the gateway no longer honours: expired, revoked, unknown, or its
+    client is no longer configured."""
+
+    should_retry = False
+    default_message = _REFUSED
+
+
+class SignIn:
+    __slots__ = (
+        "base_url",
+        "cache",
+        "cfg",
+        "device_throttle",
+        "prefix",
+        "store",
+        "tenants",
+        "throttle",
+    )
+
+    def __init__(
+        self,
+        cfg: AuthConfig,
+        store: AuthStore,
+        tenants: Callable[[], Tenants],
+        prefix: str = "",
+        base_url: str = "",
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.tenants = tenants  # the current ones (a reload swaps them)
+        self.prefix = prefix  # server.prefix: where the routes are
+        self.base_url = base_url  # the public origin, or "": the request's own
+        self.cache = TokenCache(cfg.cache_seconds)
+        self.throttle = Throttle(cfg.page_tries_per_minute)  # the verification page's tries
+        # new device codes, counted apart: one address cannot fill max_pending_codes alone
+        self.device_throttle = Throttle(cfg.page_tries_per_minute)
+
+    async def identify(self, presented: bytes, tenants: Tenants) -> Client | None:
+        """The client of a gateway access token; None: not a gateway token (the caller's
+        ordinary 401); :class:`TokenRefused` for one not honoured."""
+        if not is_access_token(presented):
+            return None
+        key = digest(presented)
+        now = time.monotonic()
+        entry = self.cache.get(key, now)
+        if entry is None:
+            from gateway.batches.schema import StoreError  # loaded with the store already
+
+            try:
+                row = await self.store.lookup(key)
+            except StoreError:
+                raise errors.GatewayError(
+                    "The gateway could not check the sign-in token; try again", status=503
+                ) from None
+            if row is None or row.revoked or row.kind != "access":
+                raise TokenRefused()
+            entry = TokenEntry(row.client, row.session, row.expires_at, now)
+            self.cache.put(key, entry)
+        if entry.expires_at <= time.time():
+            raise TokenRefused()
+        client = tenants.clients.get(entry.client)
+        if client is None:
+            raise TokenRefused()
+        return client
+
+
+SIGNIN = web.AppKey("signin", SignIn)
+
+
+async def signin_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The store is closed with the application."""
+    yield
+    await app[SIGNIN].store.close()

@@ -1,0 +1,282 @@
+"""Claude Code signs in to the gateway (the protocol's device flow), inside a loopback-only
+network namespace, then runs a prompt with the credential it stored.
+
+    unshare -n python tests/clients/claude_signin_run.py OUT.json
+
+The gateway (``[auth]`` on, one named client ``dev``, an admin key for the usage report) sits
+in front of the scripted stub; ``$HOME/.claude/settings.json`` holds ``forceLoginMethod:
+"gateway"`` and ``forceLoginGatewayUrl`` (honoured from the user's own settings on a
+machine without managed settings). Steps:
+
+1. ``claude auth login --gateway-json``: Claude Code writes its questions as JSON lines; each
+   is answered ``accept`` (the gateway URL, trusting it); when it says ``polling`` with its
+   ``userCode``, this script approves the code on the verification page with ``dev``'s key,
+   as a developer would in the browser.
+2. ``claude -p PROMPT`` with no key in its environment: the stored sign-in is its credential.
+3. The gateway revokes the stored access token (its revocation endpoint, as an operator
+   would); ``claude -p`` again: refused at once (401, ``x-should-retry: false``).
+4. ``claude auth logout``: sign-out revokes the tokens at the gateway.
+
+Writes one JSON object to OUT.json: each step's exit code, stdout and stderr (the login's
+JSON lines parsed), the page's answer, the usage report of ``dev``, and the gateway's
+access-log lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from tests.logs import access_lines  # noqa: E402
+from tests.procs import Proc, _call, free_port, start_gateway, wait_http  # noqa: E402
+
+CLAUDE = REPO / "tests" / "clients" / "node_modules" / ".bin" / "claude"
+DEV_KEY = "dev-key-7"
+ADMIN_KEY = "admin-key-8"
+PROMPT = "Say hi"
+# the questions the login asks; each is answered "yes"
+QUESTIONS = ("url_input", "trust_prompt", "confirm_account")
+
+
+def _config(stub_url: str, database: Path) -> str:
+    return f"""
+[server]
+host = "127.0.0.1"
+port = 8080
+prefix = "/llm"
+admin_keys_env = "ADMIN_KEYS"
+
+[upstreams.stub]
+base_url = "{stub_url}/v1"
+connect_timeout = 2
+header_timeout = 3
+idle_timeout = 3
+
+[[models]]
+name = "tiny-demo"
+upstream = "stub"
+upstream_model = "ok"
+
+[[models]]
+name = "claude-*"
+upstream = "stub"
+upstream_model = "ok"
+
+[[clients]]
+name = "dev"
+key_env = "DEV_KEY"
+
+[batches]
+database = {json.dumps(str(database))}
+
+[auth]
+enabled = true
+poll_seconds = 1
+# under Claude Code's 5-minute refresh margin: it refreshes before each request
+access_token_seconds = 60
+"""
+
+
+def _approve(base: str, user_code: str) -> dict[str, Any]:
+    data = urllib.parse.urlencode({"user_code": user_code, "key": DEV_KEY}).encode()
+    req = urllib.request.Request(
+        f"{base}/llm/oauth/device",
+        data=data,
+        method="POST",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    status, _, body = _call(req, 10)
+    return {"status": status, "approved": b"is approved" in body}
+
+
+def _login(env: dict[str, str], cwd: Path, base: str) -> dict[str, Any]:
+    """``claude auth login --gateway-json``, every question answered yes, the code approved."""
+    proc = subprocess.Popen(
+        [str(CLAUDE), "auth", "login", "--gateway-json"],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    seen: list[Any] = []
+    page = None
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if line is None:
+            break
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            seen.append(line.rstrip("\n"))
+            continue
+        seen.append(msg)
+        state = msg.get("state") if isinstance(msg, dict) else None
+        if state in QUESTIONS:
+            answer = {"state": state, "shown": msg.get("shown"), "accept": True}
+            proc.stdin.write(json.dumps(answer) + "\n")
+            proc.stdin.flush()
+        elif state == "polling" and page is None and msg.get("userCode"):
+            page = _approve(base, msg["userCode"])
+    try:
+        proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        code: int | None = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        code = None
+    return {"exit_code": code, "lines": seen, "stderr": proc.stderr.read()[-3000:], "page": page}
+
+
+def _run(argv: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:
+    try:
+        done = subprocess.run(
+            [str(CLAUDE), *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=90
+        )
+        code: int | None = done.returncode
+        out, err = done.stdout, done.stderr
+    except subprocess.TimeoutExpired as exc:
+        code, out, err = None, str(exc.stdout or ""), str(exc.stderr or "")
+    result = None
+    for line in out.splitlines():
+        if line.startswith("{"):
+            try:
+                result = json.loads(line)
+            except ValueError:
+                pass
+    return {"exit_code": code, "stdout": out[-3000:], "stderr": err[-3000:], "result": result}
+
+
+def _usage(base: str) -> int:
+    start = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 86400))
+    query = urllib.parse.urlencode({"starting_at": start, "group_by[]": "api_key_id"})
+    req = urllib.request.Request(
+        f"{base}/llm/v1/organizations/usage_report/messages?{query}",
+        headers={"x-api-key": ADMIN_KEY},
+    )
+    status, _, body = _call(req, 10)
+    if status != 200:
+        return -status
+    return sum(
+        r["output_tokens"]
+        for b in json.loads(body)["data"]
+        for r in b["results"]
+        if r["api_key_id"] == "dev"
+    )
+
+
+def _stored(home: Path) -> dict[str, Any]:
+    """The gateway credential Claude Code stored (``enterpriseGateway``), or {}."""
+    path = home / ".claude" / ".credentials.json"
+    if not path.exists():
+        return {}
+    stored = json.loads(path.read_text()).get("enterpriseGateway")
+    return stored if isinstance(stored, dict) else {}
+
+
+def _revoke(base: str, token: str) -> int:
+    req = urllib.request.Request(
+        f"{base}/llm/oauth/revoke",
+        data=urllib.parse.urlencode({"token": token}).encode(),
+        method="POST",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    return _call(req, 10)[0]
+
+
+def main() -> int:
+    out_path = sys.argv[1]
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    tmp = Path(tempfile.mkdtemp(prefix="cc-signin-"))
+    home, work = tmp / "home", tmp / "work"
+    (home / ".claude").mkdir(parents=True)
+    work.mkdir()
+    port = free_port()
+    stub = Proc([sys.executable, str(REPO / "tests" / "stub_upstream.py"), str(port)])
+    record: dict[str, Any] = {}
+    gateway = None
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health")
+        gateway, base = start_gateway(
+            _config(f"http://127.0.0.1:{port}", tmp / "gw.sqlite3"),
+            tmp,
+            env={
+                "STATE_DIRECTORY": str(tmp / "state"),
+                "DEV_KEY": DEV_KEY,
+                "ADMIN_KEYS": ADMIN_KEY,
+            },
+        )
+        (home / ".claude" / "settings.json").write_text(
+            json.dumps({"forceLoginMethod": "gateway", "forceLoginGatewayUrl": f"{base}/llm"})
+        )
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(home),
+            "ANTHROPIC_MODEL": "tiny-demo",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+            "CLAUDE_CODE_MAX_RETRIES": "0",
+        }
+        record["login"] = _login(env, work, base)
+        record["credentials"] = sorted(
+            str(p.relative_to(home)) for p in (home / ".claude").rglob("*") if p.is_file()
+        )
+        record["prompt"] = _run(
+            ["-p", PROMPT, "--output-format", "json", "--no-session-persistence"], env, work
+        )
+        record["usage_dev"] = _usage(base)
+        record["status"] = _run(["auth", "status"], env, work)
+        stored = _stored(home)
+        record["stored"] = {k: v for k, v in stored.items() if k not in ("jwt", "idpRefreshToken")}
+        # the gateway revokes the sign-in (as an admin would), then a second prompt
+        record["revoked"] = _revoke(base, stored.get("jwt", ""))
+        # Claude Code's own retries on: x-should-retry false must stop them
+        retrying = {k: v for k, v in env.items() if k != "CLAUDE_CODE_MAX_RETRIES"}
+        record["after_revoke"] = _run(["-p", PROMPT, "--output-format", "json"], retrying, work)
+        record["logout"] = _run(["auth", "logout"], env, work)
+    finally:
+        if gateway is not None:
+            gateway.stop()
+            record["access"] = access_lines(gateway.output())
+        stub.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    Path(out_path).write_text(json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -120,7 +120,7 @@ def start_gateway(
     return proc, f"http://127.0.0.1:{port}"
 
 
-def _call(req: urllib.request.Request, timeout: float) -> tuple[int, dict[str, str], bytes]:
+def send_request(req: urllib.request.Request, timeout: float) -> tuple[int, dict[str, str], bytes]:
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
@@ -134,7 +134,7 @@ def post(
 ) -> tuple[int, dict[str, str], bytes]:
     """POST JSON (or raw bytes); -> (status, lower-cased headers, body), errors included."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return _call(
+    return send_request(
         urllib.request.Request(
             url,
             data=data,
@@ -148,7 +148,7 @@ def post(
 def get(
     url: str, headers: dict[str, str] | None = None, timeout: float = 10
 ) -> tuple[int, dict[str, str], bytes]:
-    return _call(urllib.request.Request(url, headers=headers or {}), timeout)
+    return send_request(urllib.request.Request(url, headers=headers or {}), timeout)
 
 
 def metric(base: str, name: str, **labels: str) -> float:

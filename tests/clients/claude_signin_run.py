@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tests.logs import access_lines  # noqa: E402
-from tests.procs import Proc, _call, free_port, start_gateway, wait_http  # noqa: E402
+from tests.procs import Proc, free_port, send_request, start_gateway, wait_http  # noqa: E402
 
 CLAUDE = REPO / "tests" / "clients" / "node_modules" / ".bin" / "claude"
 DEV_KEY = "dev-key-7"
@@ -99,7 +99,7 @@ def _approve(base: str, user_code: str) -> dict[str, Any]:
         method="POST",
         headers={"Content-Type": "application/x-www-form-urlencoded"},
     )
-    status, _, body = _call(req, 10)
+    status, _, body = send_request(req, 10)
     return {"status": status, "approved": b"is approved" in body}
 
 
@@ -186,7 +186,7 @@ def _usage(base: str) -> int:
         f"{base}/llm/v1/organizations/usage_report/messages?{query}",
         headers={"x-api-key": ADMIN_KEY},
     )
-    status, _, body = _call(req, 10)
+    status, _, body = send_request(req, 10)
     if status != 200:
         return -status
     return sum(
@@ -213,7 +213,7 @@ def _revoke(base: str, token: str) -> int:
         method="POST",
         headers={"Content-Type": "application/x-www-form-urlencoded"},
     )
-    return _call(req, 10)[0]
+    return send_request(req, 10)[0]
 
 
 def main() -> int:

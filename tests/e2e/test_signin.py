@@ -23,7 +23,7 @@ import pytest
 from tests import sdk
 from tests.batch_client import batches_toml, create, wait_ended
 from tests.conftest import stub_config
-from tests.procs import _call, get, start_gateway
+from tests.procs import get, send_request, start_gateway
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -59,7 +59,7 @@ def form_post(
         method="POST",
         headers={"Content-Type": "application/x-www-form-urlencoded", **(headers or {})},
     )
-    return _call(req, 10)
+    return send_request(req, 10)
 
 
 @pytest.fixture(scope="module")
@@ -324,7 +324,7 @@ def _messages(base: str, headers: dict[str, str]) -> tuple[int, dict[str, str], 
         method="POST",
         headers={"content-type": "application/json", **headers},
     )
-    return _call(req, 10)
+    return send_request(req, 10)
 
 
 def _error(code: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import resource
 import signal
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import structlog
 
@@ -269,66 +269,55 @@ def _open_batch_store(cfg: config.Config) -> BatchStore | None:
     return store
 
 
+_Store = TypeVar("_Store")
+
+
 def _open_usage_store(cfg: config.Config) -> UsageStore | None:
-    """The usage report's table, in the batches' database (opened for usage alone when
-    batches are off): only with admin keys, the report's only readers. A database the
-    operator named that cannot be opened stops the start; the default one turns the usage
-    report off with a warning (its route then answers 404 saying so)."""
+    """The usage report's table (only with admin keys, the report's only readers); off:
+    its route answers 404 saying so."""
     if not cfg.server.admin_keys:
         return None
-    logger = structlog.get_logger("gateway")
-    from gateway.batches.schema import StoreError
     from gateway.batches.usage_store import UsageStore
 
-    b = cfg.batches
-    if not b.database_url:
-        logger.warning("usage_disabled", detail="no state directory", fix=_STATE_FIX)
-        return None
-    if not b.database_explicit:
-        folder = os.path.dirname(b.database_url.removeprefix("sqlite:///"))
-        try:
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-        except OSError as exc:
-            logger.warning("usage_disabled", folder=folder, detail=exc.strerror, fix=_STATE_FIX)
-            return None
-    try:
-        return UsageStore.open(b.database_url)
-    except StoreError as exc:
-        if b.database_explicit:
-            logger.error("usage_store_failed", detail=str(exc))
-            raise SystemExit(1) from None
-        logger.warning("usage_disabled", detail=str(exc), fix=_STATE_FIX)
-        return None
+    return _open_side_store(cfg, UsageStore.open, off="usage_disabled", failed="usage_store_failed")
 
 
 def _open_auth_store(cfg: config.Config) -> AuthStore | None:
-    """The sign-in's tables (``[auth] enabled``), in the batches' database (opened for them
-    alone when batches are off). A database the operator named that cannot be opened stops
-    the start; the default one turns sign-in off with a warning (its routes are then 404)."""
+    """The sign-in's tables (``[auth] enabled``); off: its routes are 404."""
     if not cfg.auth.enabled:
         return None
-    logger = structlog.get_logger("gateway")
     from gateway.auth.signin_store import AuthStore
+
+    return _open_side_store(cfg, AuthStore.open, off="signin_disabled", failed="auth_store_failed")
+
+
+def _open_side_store(
+    cfg: config.Config, opener: Callable[[str], _Store], *, off: str, failed: str
+) -> _Store | None:
+    """A feature's tables in the batches' database (opened for the feature alone when batches
+    are off). A database the operator named that cannot be opened stops the start (``failed``
+    logged); the default one turns the feature off with the warning ``off``."""
+    logger = structlog.get_logger("gateway")
     from gateway.batches.schema import StoreError
 
     b = cfg.batches
     if not b.database_url:
-        logger.warning("signin_disabled", detail="no state directory", fix=_STATE_FIX)
+        logger.warning(off, detail="no state directory", fix=_STATE_FIX)
         return None
     if not b.database_explicit:
         folder = os.path.dirname(b.database_url.removeprefix("sqlite:///"))
         try:
             os.makedirs(folder, mode=0o700, exist_ok=True)
         except OSError as exc:
-            logger.warning("signin_disabled", folder=folder, detail=exc.strerror, fix=_STATE_FIX)
+            logger.warning(off, folder=folder, detail=exc.strerror, fix=_STATE_FIX)
             return None
     try:
-        return AuthStore.open(b.database_url)
+        return opener(b.database_url)
     except StoreError as exc:
         if b.database_explicit:
-            logger.error("auth_store_failed", detail=str(exc))
+            logger.error(failed, detail=str(exc))
             raise SystemExit(1) from None
-        logger.warning("signin_disabled", detail=str(exc), fix=_STATE_FIX)
+        logger.warning(off, detail=str(exc), fix=_STATE_FIX)
         return None
 
 

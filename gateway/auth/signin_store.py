@@ -15,20 +15,16 @@ Failures are a ``StoreError`` without the password.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import sqlite3
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy import exc
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from gateway.batches.engines import open_engine
-from gateway.batches.schema import StoreError
+from gateway.batches.one_thread import OneThreadStore
 
 __all__ = ["GRANTS", "TOKENS", "AuthStore", "Issued", "TokenRow"]
 
@@ -60,7 +56,6 @@ TOKENS = sa.Table(
 _g = GRANTS.c
 _t = TOKENS.c
 _SCHEMA_LOCK = 0x6C6C6D61  # PostgreSQL advisory lock taken while creating the tables
-_DB_ERRORS = (exc.SQLAlchemyError, sqlite3.Error, OSError)
 # an expired grant is kept this long, so a late poll hears expired_token, not invalid_grant
 GRANT_GRACE = 600.0
 # a slow_down adds this to the grant's interval (RFC 8628 §3.5), as the client does
@@ -89,64 +84,21 @@ class Issued:
     session: str
 
 
-class AuthStore:
+class AuthStore(OneThreadStore):
     """The sign-in's tables of one database (see the module docstring)."""
 
-    def __init__(self, engine: Engine, where: str, password: str | None) -> None:
-        self._engine = engine
-        self._reader = engine.execution_options(gateway_read=True)
-        self._pg = engine.dialect.name == "postgresql"
-        self._where = where
-        self._password = password
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="auth-store")
-        self._closed = False
+    NAME = "auth store"
 
     @classmethod
     def open(cls, url: str) -> AuthStore:
-        engine, where, password = open_engine(url)
-        store = cls(engine, where, password)
-        try:
-            store._executor.submit(store._call, "open", store._setup).result()
-        except BaseException:
-            store._shutdown()
-            raise
+        store = cls(*open_engine(url))
+        store._start()
         return store
 
     def _setup(self, conn: Connection) -> None:
         if self._pg:
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK})
         _METADATA.create_all(conn, checkfirst=True)
-
-    def _call(self, op: str, fn: Callable[[Connection], T], read: bool = False) -> T:
-        try:
-            with (self._reader if read else self._engine).begin() as conn:
-                return fn(conn)
-        except _DB_ERRORS as e:
-            orig = e.orig if isinstance(e, exc.DBAPIError) and e.orig is not None else e
-            first = (str(orig).strip().splitlines() or [""])[0][:200]
-            if self._password:
-                first = first.replace(self._password, "***")
-            raise StoreError(
-                f"auth store {op} failed ({self._where}): {type(orig).__name__}: {first}"
-            ) from None
-
-    async def _run(self, op: str, fn: Callable[[Connection], T], read: bool = False) -> T:
-        try:
-            return await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._call, op, fn, read
-            )
-        except RuntimeError as e:  # the executor was shut down
-            raise StoreError(f"auth store {op} failed: the store is closed") from e
-
-    def _shutdown(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._executor.submit(self._engine.dispose).result()
-        self._executor.shutdown(wait=True)
-
-    async def close(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self._shutdown)
 
     def _locked(self, q: Any) -> Any:
         return q.with_for_update() if self._pg else q
@@ -264,7 +216,7 @@ class AuthStore:
             ).first()
             return None if row is None else TokenRow(*row)
 
-        return await self._run("lookup", tx, read=True)
+        return await self._run("lookup", tx, write=False)
 
     async def revoke(self, digest: bytes) -> str | None:
         """Revoke the sign-in session of a token (its access and refresh tokens) -> the

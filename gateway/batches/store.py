@@ -35,13 +35,10 @@ Facts the code relies on:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import os
-import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -49,6 +46,7 @@ from sqlalchemy import exc
 from sqlalchemy.engine import Connection, Engine
 
 from gateway.batches.engines import open_engine, sqlite_path
+from gateway.batches.one_thread import OneThreadStore
 from gateway.batches.schema import (
     BATCH_COLS,
     BATCHES,
@@ -87,7 +85,6 @@ RESERVE_BYTES = 16 * 1024 * 1024  # the reserve file: room for a cancel or delet
 # the operations that end or remove work: run on the reserve when the disk is full
 _FREEING = frozenset({"cancel", "delete", "expire", "purge"})
 _INSERT_SLICE = 1000  # request rows per INSERT of a create
-_DB_ERRORS = (exc.SQLAlchemyError, sqlite3.Error, OSError)
 _b, _r = BATCHES.c, REQUESTS.c
 
 
@@ -142,19 +139,13 @@ def _allocate(fd: int, size: int) -> None:
 # -- the store ------------------------------------------------------------------------------
 
 
-class BatchStore:
+class BatchStore(OneThreadStore):
     """Batches and their requests in one database; see the module docstring."""
 
-    def __init__(
-        self, engine: Engine, where: str, password: str | None, executor: ThreadPoolExecutor
-    ) -> None:
-        self._engine = engine
-        self._reader = engine.execution_options(gateway_read=True)
-        self._pg = engine.dialect.name == "postgresql"
-        self._where = where  # for messages: a file path or "postgresql database DB at HOST"
-        self._password = password
-        self._executor = executor
-        self._closed = False
+    NAME = "batch store"
+
+    def __init__(self, engine: Engine, where: str, password: str | None) -> None:
+        super().__init__(engine, where, password)
         self._reserve: _Reserve | None = None
 
     @classmethod
@@ -163,22 +154,12 @@ class BatchStore:
         file path (SQLite), or ``postgresql://user:pw@host:port/db`` (psycopg 3). Creates
         the tables if absent (several processes may do so at once), checks the schema with
         a cheap query, and raises StoreError naming the file or server on any failure."""
-        engine, where, password = open_engine(url)
-        store = cls(
-            engine,
-            where,
-            password,
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-store"),
-        )
+        store = cls(*open_engine(url))
         path = None if store._pg else sqlite_path(url)
         if path is not None and reserve_bytes > 0:
             store._reserve = _Reserve(path + ".reserve", reserve_bytes)
             store._executor.submit(store._reserve.keep)  # best effort: creates retry it
-        try:
-            store._executor.submit(store._call, "open", store._setup, True).result()
-        except BaseException:
-            store._shutdown()
-            raise
+        store._start()
         return store
 
     def _setup(self, conn: Connection) -> None:
@@ -187,17 +168,6 @@ class BatchStore:
         METADATA.create_all(conn, checkfirst=True)
         conn.execute(sa.select(*BATCHES.c).limit(0)).all()
         conn.execute(sa.select(*REQUESTS.c).limit(0)).all()
-
-    def _shutdown(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._executor.submit(self._engine.dispose).result()
-        self._executor.shutdown(wait=True)
-
-    async def close(self) -> None:
-        """Dispose of the engine (its connections) and stop the worker thread."""
-        await asyncio.get_running_loop().run_in_executor(None, self._shutdown)
 
     # -- plumbing --
 
@@ -218,29 +188,8 @@ class BatchStore:
                 raise
             return self._transaction(op, fn, write)
 
-    def _transaction(self, op: str, fn: Callable[[Connection], T], write: bool) -> T:
-        try:
-            with (self._engine if write else self._reader).begin() as conn:
-                return fn(conn)
-        except _DB_ERRORS as e:
-            if _full(e):
-                raise StoreFull(self._describe(op, e)) from None
-            raise StoreError(self._describe(op, e)) from None
-
-    def _describe(self, op: str, e: BaseException) -> str:
-        orig = e.orig if isinstance(e, exc.DBAPIError) and e.orig is not None else e
-        first = (str(orig).strip().splitlines() or [""])[0][:200]
-        if self._password:
-            first = first.replace(self._password, "***")
-        return f"batch store {op} failed ({self._where}): {type(orig).__name__}: {first}"
-
-    async def _run(self, op: str, fn: Callable[[Connection], T], write: bool = True) -> T:
-        try:
-            return await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._call, op, fn, write
-            )
-        except RuntimeError as e:  # the executor was shut down
-            raise StoreError(f"batch store {op} failed: the store is closed") from e
+    def _failure(self, op: str, e: BaseException) -> StoreError:
+        return StoreFull(self._describe(op, e)) if _full(e) else StoreError(self._describe(op, e))
 
     def _owned(self, batch_id: str, owner: str | None) -> Any:
         cond = _b.id == batch_id

@@ -14,19 +14,15 @@ blocks the event loop), failures a ``StoreError`` without the password.
 
 from __future__ import annotations
 
-import asyncio
-import sqlite3
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy import exc
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from gateway.batches.engines import open_engine
-from gateway.batches.schema import StoreError
+from gateway.batches.one_thread import OneThreadStore
 from gateway.tenancy.usage import COUNTS, Row
 from gateway.tenancy.usage_report import ReportQuery, ReportRow
 
@@ -45,31 +41,19 @@ USAGE = sa.Table(
 )
 _u = USAGE.c
 _SCHEMA_LOCK = 0x6C6C6D75  # PostgreSQL advisory lock taken while creating the table
-_DB_ERRORS = (exc.SQLAlchemyError, sqlite3.Error, OSError)
 
 
-class UsageStore:
+class UsageStore(OneThreadStore):
     """The usage table of one database (see the module docstring)."""
 
-    def __init__(self, engine: Engine, where: str, password: str | None) -> None:
-        self._engine = engine
-        self._pg = engine.dialect.name == "postgresql"
-        self._where = where
-        self._password = password
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="usage-store")
-        self._closed = False
+    NAME = "usage store"
 
     @classmethod
     def open(cls, url: str) -> UsageStore:
         """Open the database at ``url`` (as the batch store reads it) and create the table
         if absent; StoreError naming the file or server on failure."""
-        engine, where, password = open_engine(url)
-        store = cls(engine, where, password)
-        try:
-            store._executor.submit(store._call, "open", store._setup).result()
-        except BaseException:
-            store._shutdown()
-            raise
+        store = cls(*open_engine(url))
+        store._start()
         return store
 
     def _setup(self, conn: Connection) -> None:
@@ -77,37 +61,6 @@ class UsageStore:
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK})
         _METADATA.create_all(conn, checkfirst=True)
         conn.execute(sa.select(*USAGE.c).limit(0)).all()
-
-    def _call(self, op: str, fn: Callable[[Connection], T]) -> T:
-        try:
-            with self._engine.begin() as conn:
-                return fn(conn)
-        except _DB_ERRORS as e:
-            orig = e.orig if isinstance(e, exc.DBAPIError) and e.orig is not None else e
-            first = (str(orig).strip().splitlines() or [""])[0][:200]
-            if self._password:
-                first = first.replace(self._password, "***")
-            raise StoreError(
-                f"usage store {op} failed ({self._where}): {type(orig).__name__}: {first}"
-            ) from None
-
-    async def _run(self, op: str, fn: Callable[[Connection], T]) -> T:
-        try:
-            return await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._call, op, fn
-            )
-        except RuntimeError as e:  # the executor was shut down
-            raise StoreError(f"usage store {op} failed: the store is closed") from e
-
-    def _shutdown(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._executor.submit(self._engine.dispose).result()
-        self._executor.shutdown(wait=True)
-
-    async def close(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self._shutdown)
 
     async def add(self, rows: Sequence[Row]) -> None:
         """Add ``rows`` to the table's counts, in one transaction."""

@@ -475,35 +475,27 @@ class UpstreamClient:
         request (``_retried_here``) is tried once more on the same pool, a reply refused as
         another request's on a fresh connection. Each send is an attempt with an id of its
         own. ``provable``: a chat completion, whose body may name its request."""
-        try:
-            return await pool.request(
-                method,
-                target,
-                data,
-                head_timeout=head_timeout,
-                body_timeout=body_timeout,
-                stream=stream,
-                request_id=_attempt_id(),
-                log_id=log_id,
-                provable=provable,
-            )
-        except BaseException as exc:
-            mapped = map_failure(exc, "head", stream)
-            if mapped is None or mapped[2] not in self._retried_here:
-                raise
-            fresh = mapped[2] == "misrouted"
-        return await pool.request(
-            method,
-            target,
-            data,
-            head_timeout=head_timeout,
-            body_timeout=body_timeout,
-            stream=stream,
-            request_id=_attempt_id(),
-            log_id=log_id,
-            provable=provable,
-            fresh=fresh,
-        )
+        fresh = retried = False
+        while True:
+            try:
+                return await pool.request(
+                    method,
+                    target,
+                    data,
+                    head_timeout=head_timeout,
+                    body_timeout=body_timeout,
+                    stream=stream,
+                    request_id=_attempt_id(),
+                    log_id=log_id,
+                    provable=provable,
+                    fresh=fresh,
+                )
+            except BaseException as exc:
+                mapped = None if retried else map_failure(exc, "head", stream)
+                if mapped is None or mapped[2] not in self._retried_here:
+                    raise
+                fresh = mapped[2] == "misrouted"
+                retried = True
 
     async def _error_status(
         self, resp: Response, request_id: str | None, max_tokens: int | None

@@ -35,18 +35,15 @@ Facts the code relies on:
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy import exc
 from sqlalchemy.engine import Connection, Engine
 
 from gateway.batches.engines import open_engine, sqlite_path
 from gateway.batches.one_thread import OneThreadStore
+from gateway.batches.reserve import RESERVE_BYTES, Reserve, disk_full
 from gateway.batches.schema import (
     BATCH_COLS,
     BATCHES,
@@ -66,74 +63,10 @@ T = TypeVar("T")
 
 _RESULTS_PAGE = 1000
 _SCHEMA_LOCK = 0x6C6C6D67  # PostgreSQL advisory lock taken while creating the tables
-_SQLITE_FULL = 13
-_PG_DISK_FULL = "53100"
-
-
-def _full(e: BaseException) -> bool:
-    """Whether a database error says the disk (or the database's size cap) is full."""
-    orig = e.orig if isinstance(e, exc.DBAPIError) and e.orig is not None else e
-    return (
-        getattr(orig, "sqlite_errorcode", None) == _SQLITE_FULL
-        or getattr(orig, "sqlstate", None) == _PG_DISK_FULL
-        or getattr(orig, "errno", None) == errno.ENOSPC
-        or "disk is full" in str(orig)
-    )
-
-
-RESERVE_BYTES = 16 * 1024 * 1024  # the reserve file: room for a cancel or delete's WAL pages
 # the operations that end or remove work: run on the reserve when the disk is full
 _FREEING = frozenset({"cancel", "delete", "expire", "purge"})
 _INSERT_SLICE = 1000  # request rows per INSERT of a create
 _b, _r = BATCHES.c, REQUESTS.c
-
-
-class _Reserve:
-    """``size`` bytes of disk held in a file beside the SQLite database (see the module
-    docstring); all its calls run on the store's worker thread."""
-
-    def __init__(self, path: str, size: int) -> None:
-        self.path = path
-        self.size = size
-
-    def keep(self) -> bool:
-        """Whether the reserve is in place: present, or made now (False: no room for it)."""
-        with contextlib.suppress(OSError):
-            if os.path.getsize(self.path) >= self.size:
-                return True
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
-            try:
-                _allocate(fd, self.size)
-            finally:
-                os.close(fd)
-            return True
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)
-            return False
-
-    def spend(self) -> bool:
-        """Give the reserve's space back to the disk. -> whether there was one to give."""
-        try:
-            os.unlink(self.path)
-            return True
-        except OSError:
-            return False
-
-
-def _allocate(fd: int, size: int) -> None:
-    """Allocate ``size`` bytes of ``fd`` on disk (not a sparse file): ENOSPC if no room."""
-    try:
-        os.posix_fallocate(fd, 0, size)
-        return
-    except (AttributeError, OSError) as e:  # no fallocate here, or not on this filesystem
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            raise
-    chunk = bytes(1 << 20)
-    for start in range(0, size, len(chunk)):
-        os.pwrite(fd, chunk[: size - start], start)
-    os.fsync(fd)
 
 
 # -- the store ------------------------------------------------------------------------------
@@ -146,7 +79,7 @@ class BatchStore(OneThreadStore):
 
     def __init__(self, engine: Engine, where: str, password: str | None) -> None:
         super().__init__(engine, where, password)
-        self._reserve: _Reserve | None = None
+        self._reserve: Reserve | None = None
 
     @classmethod
     def open(cls, url: str, reserve_bytes: int = RESERVE_BYTES) -> BatchStore:
@@ -157,7 +90,7 @@ class BatchStore(OneThreadStore):
         store = cls(*open_engine(url))
         path = None if store._pg else sqlite_path(url)
         if path is not None and reserve_bytes > 0:
-            store._reserve = _Reserve(path + ".reserve", reserve_bytes)
+            store._reserve = Reserve(path + ".reserve", reserve_bytes)
             store._executor.submit(store._reserve.keep)  # best effort: creates retry it
         store._start()
         return store
@@ -189,7 +122,8 @@ class BatchStore(OneThreadStore):
             return self._transaction(op, fn, write)
 
     def _failure(self, op: str, e: BaseException) -> StoreError:
-        return StoreFull(self._describe(op, e)) if _full(e) else StoreError(self._describe(op, e))
+        kind = StoreFull if disk_full(e) else StoreError
+        return kind(self._describe(op, e))
 
     def _owned(self, batch_id: str, owner: str | None) -> Any:
         cond = _b.id == batch_id

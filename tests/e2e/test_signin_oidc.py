@@ -12,10 +12,8 @@ Chromium): device authorization -> the page -> the provider button -> the provid
 from __future__ import annotations
 
 import html
-import json
 import re
 from collections.abc import Iterator
-from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import aiohttp
@@ -24,10 +22,10 @@ import pytest
 from tests.conftest import stub_config
 from tests.oidc_provider import CLIENT_ID, SECRET, Provider, oidc_provider
 from tests.procs import form_post, free_port, post, start_gateway
+from tests.signin_client import device, poll
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
-DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 KEYS = {"alice": "alice-key-1", "bob": "bob-key-2", "ops": "ops-key-3"}
 
 
@@ -86,19 +84,6 @@ def setup(
             proc.stop()
 
 
-def _device(base: str) -> dict[str, Any]:
-    status, _, body = form_post(f"{base}/llm/oauth/device_authorization", {"surface": "x"})
-    assert status == 200, body
-    return json.loads(body)  # type: ignore[no-any-return]
-
-
-def _poll(base: str, device_code: str) -> tuple[int, dict[str, Any]]:
-    status, _, body = form_post(
-        f"{base}/llm/oauth/token", {"grant_type": DEVICE_GRANT, "device_code": device_code}
-    )
-    return status, json.loads(body)
-
-
 def _csrf(page: str) -> str:
     found = re.search(r'name="csrf" value="([^"]*)"', page)
     assert found, page
@@ -137,7 +122,7 @@ async def test_the_provider_signs_the_developer_in_as_the_mapped_client(
 ) -> None:
     base, provider = setup
     provider.set_user("alice-sub", "alice@example.com")
-    grant = _device(base)
+    grant = device(base)
     status, page, target = await _browse(base, grant["user_code"])
     assert status == 200, page
     said = f"The code {grant['user_code']} is approved for the client alice"
@@ -149,7 +134,7 @@ async def test_the_provider_signs_the_developer_in_as_the_mapped_client(
     assert asked["state"] and asked["nonce"] and asked["scope"] == "openid email groups"
     assert asked["redirect_uri"] == f"{base}/llm/oauth/device/oidc/callback"
 
-    status, tokens = _poll(base, grant["device_code"])
+    status, tokens = poll(base, grant["device_code"])
     assert status == 200, tokens
     bearer = {"authorization": f"Bearer {tokens['access_token']}"}
     ask = {"model": "m-ok", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
@@ -157,10 +142,10 @@ async def test_the_provider_signs_the_developer_in_as_the_mapped_client(
     assert status == 200, body  # alice may use m-ok
     # the same login, as bob (whose list lacks m-ok): his token is refused the model
     provider.set_user("bob-sub", "bob@example.com")
-    grant = _device(base)
+    grant = device(base)
     status, page, _ = await _browse(base, grant["user_code"])
     assert "approved for the client bob" in _message(page), page
-    tokens = _poll(base, grant["device_code"])[1]
+    tokens = poll(base, grant["device_code"])[1]
     status, _, _ = post(
         f"{base}/llm/v1/messages", ask, {"authorization": f"Bearer {tokens['access_token']}"}
     )
@@ -183,12 +168,12 @@ async def test_a_login_that_names_no_client_is_refused_with_a_page_saying_why(
 ) -> None:
     base, provider = setup
     provider.set_user(sub, email, verified)
-    grant = _device(base)
+    grant = device(base)
     status, page, _ = await _browse(base, grant["user_code"])
     assert status == 403, page
     assert _message(page).startswith(said), page
     assert "Traceback" not in page
-    assert _poll(base, grant["device_code"])[1]["error"] == "authorization_pending"
+    assert poll(base, grant["device_code"])[1]["error"] == "authorization_pending"
 
 
 async def test_the_login_must_finish_in_the_browser_that_started_it(
@@ -198,7 +183,7 @@ async def test_the_login_must_finish_in_the_browser_that_started_it(
     opened in another (the victim's, signed in at the provider) approves nothing."""
     base, provider = setup
     provider.set_user("alice-sub", "alice@example.com")
-    grant = _device(base)
+    grant = device(base)
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as attacker:
         async with attacker.get(f"{base}/llm/oauth/device") as r:
             csrf = _csrf(await r.text())
@@ -210,7 +195,7 @@ async def test_the_login_must_finish_in_the_browser_that_started_it(
             page = await r.text()
             assert r.status == 403
     assert "started in another browser" in _message(page)
-    assert _poll(base, grant["device_code"])[1]["error"] == "authorization_pending"
+    assert poll(base, grant["device_code"])[1]["error"] == "authorization_pending"
 
 
 @pytest.mark.parametrize(
@@ -223,7 +208,7 @@ async def test_starting_a_login_needs_the_pages_own_cookie(
 ) -> None:
     """A post from another site (no SameSite=Strict cookie, or not its value) starts nothing."""
     base, _ = setup
-    grant = _device(base)
+    grant = device(base)
     headers = {"Cookie": f"gw_signin_csrf={cookie}"} if cookie else {}
     status, _, body = form_post(
         f"{base}/llm/oauth/device/oidc",

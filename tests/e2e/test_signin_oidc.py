@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import aiohttp
@@ -27,6 +28,7 @@ from tests.signin_client import device, poll
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 KEYS = {"alice": "alice-key-1", "bob": "bob-key-2", "ops": "ops-key-3"}
+ENV = {**{f"{k.upper()}_KEY": v for k, v in KEYS.items()}, "OIDC_SECRET": SECRET}
 
 
 def _config(stub_url: str, issuer: str, claim: str) -> str:
@@ -73,10 +75,8 @@ def setup(
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with oidc_provider(f"{base}/llm/oauth/device/oidc/callback", request.param) as provider:
-        env = {"ALICE_KEY": KEYS["alice"], "BOB_KEY": KEYS["bob"], "OPS_KEY": KEYS["ops"]}
-        env["OIDC_SECRET"] = SECRET
         proc, url = start_gateway(
-            _config(stub_url, provider.issuer, "email"), tmp, env=env, port=port
+            _config(stub_url, provider.issuer, "email"), tmp, env=ENV, port=port
         )
         try:
             yield url, provider
@@ -227,3 +227,76 @@ async def test_a_forged_or_missing_state_is_refused(setup: tuple[str, Provider])
             async with s.get(url) as r:
                 assert r.status == 400
                 assert "not valid or has expired" in _message(await r.text())
+
+
+class _Silent:
+    """A provider that takes connections and never answers (its listen backlog accepts)."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+
+async def test_a_provider_that_does_not_answer_gets_a_page_not_a_hang(
+    stub_url: str, gateway_factory: Any
+) -> None:
+    """``auth.oidc_timeout`` bounds each call to the provider; the developer reads why."""
+    silent = _Silent()
+    try:
+        cfg = _config(stub_url, silent.url, "email").replace(
+            'oidc_name = "Test IdP"', 'oidc_name = "Test IdP"\noidc_timeout = 1'
+        )
+        _, base = gateway_factory(
+            cfg, env={**{f"{k.upper()}_KEY": v for k, v in KEYS.items()}, "OIDC_SECRET": SECRET}
+        )
+        grant = device(base)
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as s:
+            async with s.get(f"{base}/llm/oauth/device") as r:
+                csrf = _csrf(await r.text())
+            start = {"user_code": grant["user_code"], "csrf": csrf}
+            async with s.post(f"{base}/llm/oauth/device/oidc", data=start) as r:
+                page = await r.text()
+                assert r.status == 502
+        assert _message(page) == "The identity provider could not be reached (discovery)."
+        assert silent.url not in page and "Traceback" not in page
+    finally:
+        silent.sock.close()
+
+
+async def test_a_discovery_document_naming_another_issuer_is_not_used(
+    stub_url: str, gateway_factory: Any
+) -> None:
+    """OpenID Connect Discovery §4.3: the document's issuer must be the configured one. The
+    real provider's issuer is ``http://127.0.0.1:PORT``; configured as ``localhost`` (the
+    same server) it answers a document whose issuer differs."""
+    with oidc_provider("http://127.0.0.1:9/cb") as provider:
+        cfg = _config(stub_url, provider.issuer.replace("127.0.0.1", "localhost"), "email")
+        _, base = gateway_factory(cfg, env=ENV)
+        grant = device(base)
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as s:
+            async with s.get(f"{base}/llm/oauth/device") as r:
+                csrf = _csrf(await r.text())
+            start = {"user_code": grant["user_code"], "csrf": csrf}
+            async with s.post(f"{base}/llm/oauth/device/oidc", data=start) as r:
+                assert r.status == 502
+                said = _message(await r.text())
+    assert said == "The identity provider's configuration is not usable (discovery)."
+
+
+async def test_a_groups_claim_maps_a_team_onto_one_client(
+    stub_url: str, gateway_factory: Any
+) -> None:
+    """``oidc_claim = "groups"``: any of the account's groups that a client lists."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with oidc_provider(f"{base}/llm/oauth/device/oidc/callback", "ES256") as provider:
+        gateway_factory(_config(stub_url, provider.issuer, "groups"), env=ENV, port=port)
+        provider.set_user("dana-sub", "dana@example.com", groups=("staff", "ops-team"))
+        grant = device(base)
+        status, page, _ = await _browse(base, grant["user_code"])
+        assert status == 200 and "approved for the client ops" in _message(page), page
+        assert poll(base, grant["device_code"])[0] == 200

@@ -12,7 +12,11 @@ already-used code get one and the same answer (400), so the page tells a guesser
 which half was wrong. Each address may submit ``auth.page_tries_per_minute`` times a minute
 (RFC 8628 §5.1); past that 429 with ``Retry-After``.
 
-Cross-site requests: the form carries its own secret, the key. The page sets no cookie and
+With ``auth.oidc_issuer`` the form has a second button, "Sign in with <provider>"
+(gateway/auth/oidc_page.py), and the page then sets one cookie (``SameSite=Strict``,
+``HttpOnly``) that the button posts back, since that path carries no secret of its own.
+
+Cross-site requests: the key form carries its own secret, the key. It sets no cookie and
 honours none, so a page elsewhere that posts to it cannot approve anything without the
 developer's key, which it does not have; and approving someone else's code with one's own
 key needs the code only the other person's terminal shows. A ``POST`` whose ``Origin`` names

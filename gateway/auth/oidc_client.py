@@ -81,8 +81,13 @@ class OidcClient:
             )
         try:
             async with self._session.request(method, url, allow_redirects=False, **kw) as resp:
-                raw = await resp.content.read(MAX_BODY_BYTES + 1)
                 status = resp.status
+                raw = bytearray()
+                while len(raw) <= MAX_BODY_BYTES:  # read() returns what has arrived
+                    chunk = await resp.content.read(MAX_BODY_BYTES + 1 - len(raw))
+                    if not chunk:
+                        break
+                    raw += chunk
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             _log.warning("oidc_call_failed", call=what, error=type(e).__name__)
             raise OidcFailed(f"The identity provider could not be reached ({what}).") from None
@@ -119,7 +124,7 @@ class OidcClient:
         self._discovery = (now, doc)
         return doc  # type: ignore[no-any-return]
 
-    async def _keys(self, refetch: bool) -> list[dict[str, Any]]:
+    async def keys(self, refetch: bool) -> list[dict[str, Any]]:
         now = time.monotonic()
         cached = self._jwks
         if cached is not None:
@@ -186,9 +191,9 @@ class OidcClient:
             _log.warning("oidc_call_failed", call="token", status=status, error=str(error)[:64])
             raise OidcFailed("The identity provider did not accept the sign-in (token).")
         try:
-            claims, known = verify_jws(token, await self._keys(refetch=False))
+            claims, known = verify_jws(token, await self.keys(refetch=False))
             if not known:  # a key the cached set lacks: the provider may have rotated
-                claims, known = verify_jws(token, await self._keys(refetch=True))
+                claims, known = verify_jws(token, await self.keys(refetch=True))
             if not known:
                 raise IdTokenError("the ID token is signed with a key the provider does not list")
             check_id_token(

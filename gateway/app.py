@@ -439,7 +439,12 @@ def _signin_routes(
     state = app[STATE]
     p = config.server.prefix
     app[SIGNIN] = SignIn(
-        config.auth, store, lambda: state.tenants, p, config.batches.public_base_url
+        config.auth,
+        store,
+        lambda: state.tenants,
+        p,
+        config.batches.public_base_url,
+        config.server.signing_key,
     )
     free = RouteTag(None, needs_key=False)
     route("GET", f"{p}/.well-known/oauth-authorization-server", oauth.metadata, "oauth_meta", free)
@@ -450,6 +455,11 @@ def _signin_routes(
     route("POST", f"{p}/oauth/revoke", oauth.revoke, "oauth_revoke", free)
     route("GET", f"{p}{oauth.PAGE_PATH}", page.show, "oauth_page", free)
     route("POST", f"{p}{oauth.PAGE_PATH}", page.approve, "oauth_approve", free)
+    if config.auth.oidc:
+        from gateway.auth import oidc_page
+
+        route("POST", f"{p}{oidc_page.START_PATH}", oidc_page.start, "oauth_oidc", free)
+        route("GET", f"{p}{oidc_page.CALLBACK_PATH}", oidc_page.callback, "oauth_oidc_back", free)
     app.cleanup_ctx.append(signin_ctx)
 
 

@@ -188,6 +188,37 @@ BAD = [
     ),
     ("not TOML", "[server\nport = 1", {}, "not valid TOML"),
     (
+        "oidc without a client id",
+        GOOD + '\n[auth]\noidc_issuer = "https://idp.example"\n',
+        {},
+        "auth.oidc_client_id: required with auth.oidc_issuer",
+    ),
+    (
+        "oidc scopes without openid",
+        GOOD + '\n[auth]\noidc_issuer = "https://idp.example"\noidc_client_id = "gw"\n'
+        'oidc_scopes = ["email"]\n',
+        {},
+        "auth.oidc_scopes: must hold 'openid'",
+    ),
+    (
+        "oidc secret env unset",
+        GOOD + '\n[auth]\noidc_issuer = "https://idp.example"\noidc_client_id = "gw"\n'
+        'oidc_client_secret_env = "NO_OIDC"\n',
+        {},
+        "auth.oidc_client_secret_env: environment variable NO_OIDC is not set",
+    ),
+    (
+        "one oidc value, two clients",
+        GOOD
+        + '\n[[clients]]\nname = "a"\nkey_sha256 = "'
+        + "a" * 64
+        + '"\noidc_values = ["dev@x"]\n[[clients]]\nname = "b"\nkey_sha256 = "'
+        + "b" * 64
+        + '"\noidc_values = ["dev@x"]\n',
+        {},
+        "clients: oidc_values 'dev@x' is listed by both 'a' and 'b'",
+    ),
+    (
         "bad log level",
         GOOD.replace('prefix = "/llm"', 'prefix = "/llm"\nlog_level = "loud"'),
         {},

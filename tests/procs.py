@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -98,9 +99,11 @@ def start_gateway(
     *,
     env: dict[str, str] | None = None,
     extra_args: tuple[str, ...] = (),
+    port: int | None = None,
 ) -> tuple[Proc, str]:
-    """Write the config, start ``python -m gateway`` and wait for /health. -> (proc, base url)"""
-    port = free_port()
+    """Write the config, start ``python -m gateway`` (on ``port``, else a free one) and wait
+    for /health. -> (proc, base url)"""
+    port = port or free_port()
     cfg = tmp_path / f"gateway-{port}.toml"
     cfg.write_text(config_text)
     env = dict(env or {})
@@ -143,6 +146,21 @@ def post(
         ),
         timeout,
     )
+
+
+def form_post(
+    url: str, fields: dict[str, str] | bytes, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """POST a form (``application/x-www-form-urlencoded``), as OAuth clients and HTML forms do;
+    -> (status, lower-cased headers, body), errors included."""
+    data = fields if isinstance(fields, bytes) else urlencode(fields).encode()
+    req = urllib.request.Request(
+        url,
+        data=data,
+        method="POST",
+        headers={"Content-Type": "application/x-www-form-urlencoded", **(headers or {})},
+    )
+    return send_request(req, 10)
 
 
 def get(

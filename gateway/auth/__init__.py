@@ -2,7 +2,9 @@
 
 In: a developer's Claude Code (``/login``, or ``claude auth login``) asks for a device code
 (RFC 8628), the developer approves it on the verification page with their gateway key (a
-``[[clients]]`` key or a ``server.api_keys_env`` key), the client polls the token endpoint
+``[[clients]]`` key or a ``server.api_keys_env`` key) or, configured, by signing in at an
+OpenID Connect provider whose ID token names a ``[[clients]]`` entry (``oidc_*.py``,
+``id_token.py``), the client polls the token endpoint
 and gets an access token and a refresh token. Out: a bearer token that the middleware maps
 to the client whose key approved it, so its limits, fair share and usage apply.
 

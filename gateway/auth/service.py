@@ -10,6 +10,7 @@ developers. Access tokens live ``auth.access_token_seconds``; refresh tokens
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
@@ -19,6 +20,8 @@ from aiohttp import web
 from gateway import errors
 from gateway.auth.cache import TokenCache, TokenEntry
 from gateway.auth.codes import digest, is_access_token
+from gateway.auth.oidc_client import OidcClient
+from gateway.auth.oidc_state import StateKey
 from gateway.auth.throttle import Throttle
 from gateway.ops.config_schema import AuthConfig
 from gateway.tenancy.clients import Client, Tenants
@@ -47,6 +50,8 @@ class SignIn:
         "cache",
         "cfg",
         "device_throttle",
+        "oidc",
+        "oidc_key",
         "prefix",
         "store",
         "tenants",
@@ -60,6 +65,7 @@ class SignIn:
         tenants: Callable[[], Tenants],
         prefix: str = "",
         base_url: str = "",
+        signing_key: bytes = b"",
     ) -> None:
         self.cfg = cfg
         self.store = store
@@ -70,6 +76,9 @@ class SignIn:
         self.throttle = Throttle(cfg.page_tries_per_minute)  # the verification page's tries
         # new device codes, counted apart: one address cannot fill max_pending_codes alone
         self.device_throttle = Throttle(cfg.page_tries_per_minute)
+        # the verification page's "Sign in with <provider>" (auth.oidc_issuer), or None
+        self.oidc = OidcClient(cfg) if cfg.oidc else None
+        self.oidc_key = StateKey(signing_key or secrets.token_bytes(32))
 
     async def identify(self, presented: bytes, tenants: Tenants) -> Client | None:
         """The client of a gateway access token; None: not a gateway token (the caller's
@@ -104,6 +113,9 @@ SIGNIN = web.AppKey("signin", SignIn)
 
 
 async def signin_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The store is closed with the application."""
+    """The store and the provider's client are closed with the application."""
     yield
-    await app[SIGNIN].store.close()
+    signin = app[SIGNIN]
+    if signin.oidc is not None:
+        await signin.oidc.close()
+    await signin.store.close()

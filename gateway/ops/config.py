@@ -106,7 +106,7 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         )
     clients = _clients(src, data.get("clients", []), env, server)
     limits = _limits(src, data.get("limits", {}), env)
-    auth = AuthConfig(**check_table(src, "auth", data.get("auth", {}), knobs(AuthConfig)))
+    auth = _auth(src, data.get("auth", {}), env, clients)
     return Config(
         server=server,
         upstreams=upstreams,
@@ -167,6 +167,31 @@ def _clients(
         digests[digest] = f"clients[{i}]"
         out.append(ClientConfig(**c, key_digest=digest, key=key))
     return tuple(out)
+
+
+def _auth(
+    src: str, table: Any, env: Mapping[str, str], clients: tuple[ClientConfig, ...]
+) -> AuthConfig:
+    a = check_table(src, "auth", table, knobs(AuthConfig))
+    secret = ""
+    if a["oidc_issuer"]:
+        if not a["oidc_client_id"]:
+            raise ConfigError(f"{src}: auth.oidc_client_id: required with auth.oidc_issuer")
+        if "openid" not in a["oidc_scopes"]:
+            raise ConfigError(f"{src}: auth.oidc_scopes: must hold 'openid'")
+        if a["oidc_client_secret_env"] is not None:
+            secret = _env(env, src, "auth.oidc_client_secret_env", a["oidc_client_secret_env"])
+    # cross-entry: one claim value, one client
+    owner: dict[str, str] = {}
+    for c in clients:
+        for value in c.oidc_values:
+            if value in owner:
+                raise ConfigError(
+                    f"{src}: clients: oidc_values {value!r} is listed by both "
+                    f"{owner[value]!r} and {c.name!r}"
+                )
+            owner[value] = c.name
+    return AuthConfig(**a, oidc_client_secret=secret)
 
 
 def _limits(src: str, table: Any, env: Mapping[str, str]) -> LimitsConfig:

@@ -540,6 +540,13 @@ class ClientConfig:
     weight: float = _knob(
         1.0, gt=0, le=1000, doc="the client's share of a saturated model against others'"
     )
+    oidc_values: tuple[str, ...] = _knob(
+        (),
+        types=(list,),
+        shown="none",
+        doc="values of the ID token's `auth.oidc_claim` (an email, a subject, a group) that "
+        "sign in as this client through the OpenID Connect provider",
+    )
     # the key's SHA-256 (from key_env's value, or key_sha256), set by parse()
     key_digest: bytes = _not_toml(b"", secret=True)
     # key_env's value (empty with key_sha256): only for the scrubber of upstream error text
@@ -609,6 +616,44 @@ class AuthConfig:
         doc="seconds a checked token is trusted without the database: how long another "
         "replica may still honour a token revoked elsewhere",
     )
+    oidc_issuer: str = _knob(
+        "",
+        fmt="http_base_or_empty",
+        shown="unset: no OpenID Connect",
+        doc="an **OpenID Connect** provider's issuer URL: the verification page offers "
+        "signing in with it (discovery at `{issuer}/.well-known/openid-configuration`)",
+    )
+    oidc_client_id: str = _knob(
+        "", shown="required with `oidc_issuer`", doc="the gateway's client id at the provider"
+    )
+    oidc_client_secret_env: str | None = _knob(
+        None,
+        doc="env var holding the gateway's client secret at the provider; unset: a public "
+        "client (PKCE alone)",
+    )
+    oidc_scopes: tuple[str, ...] = _knob(
+        ("openid", "email"),
+        types=(list,),
+        shown='`["openid", "email"]`',
+        doc="scopes asked of the provider; `openid` among them",
+    )
+    oidc_claim: str = _knob(
+        "email",
+        doc="the ID token claim whose value (or, for a list such as `groups`, any value) "
+        "names the client through `clients[].oidc_values`; `email` only when `email_verified`",
+    )
+    oidc_name: str = _knob(
+        "", shown="the issuer's host", doc="the provider's name on the button, `Sign in with NAME`"
+    )
+    oidc_timeout: float = _knob(
+        10.0, gt=0, le=60, doc="seconds one call to the provider (discovery, keys, token) may take"
+    )
+    oidc_client_secret: str = _not_toml("", secret=True)  # oidc_client_secret_env's value
+
+    @property
+    def oidc(self) -> bool:
+        """The verification page offers signing in with an OpenID Connect provider."""
+        return bool(self.oidc_issuer)
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ def signin_key(name: str) -> bytes:
 class Tenants:
     """Keys -> clients, for one config. Immutable: a reload builds a new one."""
 
-    __slots__ = ("_by_digest", "_by_owner", "admin_digests", "clients", "keyed")
+    __slots__ = ("_by_digest", "_by_owner", "admin_digests", "clients", "keyed", "oidc_values")
 
     def __init__(self, cfg: Config) -> None:
         by_digest: dict[bytes, Client] = {}
@@ -116,6 +116,11 @@ class Tenants:
         self.keyed = bool(by_digest)
         self.admin_digests = frozenset(
             hashlib.sha256(k.encode()).digest() for k in cfg.server.admin_keys
+        )
+        # (name, auth.oidc_claim's values naming it) in config order: the OpenID Connect
+        # sign-in's mapping (gateway/auth/oidc_state.py)
+        self.oidc_values: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
+            (c.name, c.oidc_values) for c in cfg.clients if c.oidc_values
         )
 
     def identify(self, presented: bytes | None) -> Client | None:

@@ -23,7 +23,7 @@ import pytest
 from tests import sdk
 from tests.batch_client import batches_toml, create, wait_ended
 from tests.conftest import stub_config
-from tests.procs import get, send_request, start_gateway
+from tests.procs import form_post, get, send_request, start_gateway
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -45,21 +45,6 @@ poll_seconds = 1
 page_tries_per_minute = 10
 """
 ASK = [{"role": "user", "content": "hi"}]
-
-
-def form_post(
-    url: str, fields: dict[str, str] | bytes, headers: dict[str, str] | None = None
-) -> tuple[int, dict[str, str], bytes]:
-    import urllib.request
-
-    data = fields if isinstance(fields, bytes) else urlencode(fields).encode()
-    req = urllib.request.Request(
-        url,
-        data=data,
-        method="POST",
-        headers={"Content-Type": "application/x-www-form-urlencoded", **(headers or {})},
-    )
-    return send_request(req, 10)
 
 
 @pytest.fixture(scope="module")

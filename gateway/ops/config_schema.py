@@ -540,6 +540,27 @@ class ClientConfig:
     weight: float = _knob(
         1.0, gt=0, le=1000, doc="the client's share of a saturated model against others'"
     )
+    forwards_identity: bool = _knob(
+        False,
+        shown="`false`: its requests are its own",
+        doc="the client is a proxy (`claude gateway`) that names its developers in "
+        "`x-claude-gateway-user-id`/`-email`: believed from `auth.trusted_forwarders` only",
+    )
+    forwarded_ids: tuple[str, ...] = _knob(
+        (),
+        fmt="forwarded_id",
+        types=(list,),
+        shown="none",
+        doc="forwarded user ids (the sign-in's `sub`) whose requests are this client's",
+    )
+    forwarded_emails: tuple[str, ...] = _knob(
+        (),
+        fmt="forwarded_id",
+        types=(list,),
+        shown="none",
+        doc="forwarded emails (any case) whose requests are this client's, when no "
+        "`forwarded_ids` names the user",
+    )
     # the key's SHA-256 (from key_env's value, or key_sha256), set by parse()
     key_digest: bytes = _not_toml(b"", secret=True)
     # key_env's value (empty with key_sha256): only for the scrubber of upstream error text
@@ -608,6 +629,14 @@ class AuthConfig:
         le=3600,
         doc="seconds a checked token is trusted without the database: how long another "
         "replica may still honour a token revoked elsewhere",
+    )
+    trusted_forwarders: tuple[str, ...] = _knob(
+        (),
+        fmt="cidr",
+        types=(list,),
+        shown="none",
+        doc="peer addresses (CIDRs) whose `clients.forwards_identity` proxies may name the "
+        "developer a request is for; from elsewhere those headers are ignored",
     )
 
 

@@ -35,6 +35,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,8 +104,14 @@ def approve(base: str, user_code: str) -> dict[str, Any]:
     return {"status": status, "approved": b"is approved" in body}
 
 
-def login(env: dict[str, str], cwd: Path, base: str) -> dict[str, Any]:
-    """``claude auth login --gateway-json``, every question answered yes, the code approved."""
+def login(
+    env: dict[str, str],
+    cwd: Path,
+    base: str,
+    approve_code: Callable[[str], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """``claude auth login --gateway-json``, every question answered yes, the code approved
+    (on this gateway's page with ``dev``'s key, or by ``approve_code(user_code)``)."""
     proc = subprocess.Popen(
         [str(CLAUDE), "auth", "login", "--gateway-json"],
         cwd=cwd,
@@ -146,7 +153,7 @@ def login(env: dict[str, str], cwd: Path, base: str) -> dict[str, Any]:
             proc.stdin.write(json.dumps(answer) + "\n")
             proc.stdin.flush()
         elif state == "polling" and page is None and msg.get("userCode"):
-            page = approve(base, msg["userCode"])
+            page = (approve_code or (lambda code: approve(base, code)))(msg["userCode"])
     try:
         proc.stdin.close()
     except OSError:

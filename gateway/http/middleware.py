@@ -54,7 +54,9 @@ from gateway.http.keys import (
 from gateway.http.protocol import RequestBodyTimeout
 from gateway.http.writer import ClientGone, send_buffered
 from gateway.ops import log
-from gateway.tenancy.clients import ANONYMOUS_CLIENT, signin_key
+from gateway.ops.metrics import Metrics
+from gateway.tenancy.clients import ANONYMOUS_CLIENT, Client, Tenants, signin_key
+from gateway.tenancy.forwarding import USER_EMAIL_HEADER, USER_ID_HEADER, Forwarded
 from gateway.text import ids
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -132,6 +134,25 @@ def _prepared(request: web.Request) -> web.StreamResponse | None:
     return resp if resp is not None and resp.prepared else None
 
 
+def _forwarded(request: web.Request, tenants: Tenants, client: Client, metrics: Metrics) -> Client:
+    """The client a request is for when a trusted proxy names its developer
+    (gateway/tenancy/forwarding.py); else the key's own."""
+    name, outcome = tenants.forwarding.resolve(
+        request.remote,
+        client.name,
+        request.headers.get(USER_ID_HEADER),
+        request.headers.get(USER_EMAIL_HEADER),
+    )
+    if outcome is Forwarded.NONE:
+        return client
+    metrics.forwarded_identities.labels(outcome.value).inc()
+    if outcome is not Forwarded.NAMED or name == client.name:
+        return client
+    # batches made for a named developer are that client's, as with a sign-in token's
+    request[CLIENT_KEY] = signin_key(name)
+    return tenants.clients[name]
+
+
 @web.middleware
 async def gateway_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     start = time.perf_counter()
@@ -162,6 +183,8 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         server = app[CONFIG].server
         tenants = app[STATE].tenants
         client = tenants.identify(presented)
+        if client is not None and tenants.forwarding.active:
+            client = _forwarded(request, tenants, client, metrics)
         if client is None:
             refused: TokenRefused | None = None
             if presented is not None and (signin := app.get(SIGNIN)) is not None:

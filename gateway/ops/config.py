@@ -107,6 +107,7 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
     clients = _clients(src, data.get("clients", []), env, server)
     limits = _limits(src, data.get("limits", {}), env)
     auth = _auth(src, data.get("auth", {}), env, clients)
+    _check_forwarding(src, clients, auth)
     return Config(
         server=server,
         upstreams=upstreams,
@@ -192,6 +193,33 @@ def _auth(
                 )
             owner[value] = c.name
     return AuthConfig(**a, oidc_client_secret=secret)
+
+
+def _check_forwarding(src: str, clients: tuple[ClientConfig, ...], auth: AuthConfig) -> None:
+    """Forwarded identities (gateway/tenancy/forwarding.py): a forwarder needs a trusted
+    address and an address a forwarder; one forwarded id or email names one client."""
+    forwarders = [c.name for c in clients if c.forwards_identity]
+    if forwarders and not auth.trusted_forwarders:
+        raise ConfigError(
+            f"{src}: clients.forwards_identity: set auth.trusted_forwarders, the addresses "
+            f"{forwarders[0]!r} forwards from (else its identity headers are never believed)"
+        )
+    if auth.trusted_forwarders and not forwarders:
+        raise ConfigError(
+            f"{src}: auth.trusted_forwarders: no client has forwards_identity = true "
+            "(the key a forwarder presents)"
+        )
+    seen: dict[tuple[str, str], str] = {}
+    for c in clients:
+        named = [("forwarded_ids", u) for u in c.forwarded_ids]
+        named += [("forwarded_emails", e.lower()) for e in c.forwarded_emails]
+        for key, value in named:
+            if (key, value) in seen and seen[key, value] != c.name:
+                raise ConfigError(
+                    f"{src}: clients.{key}: {value!r} names both {seen[key, value]!r} "
+                    f"and {c.name!r}"
+                )
+            seen[key, value] = c.name
 
 
 def _limits(src: str, table: Any, env: Mapping[str, str]) -> LimitsConfig:

@@ -19,6 +19,7 @@ key that does not depend on another key:
 from __future__ import annotations
 
 import functools
+import ipaddress
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
@@ -97,6 +98,24 @@ def _client_name(value: str) -> str:
     return value
 
 
+_FORWARDED_ID = re.compile(r"[\x21-\x7e]{1,256}")
+
+
+def _forwarded_id(value: str) -> str:
+    if not _FORWARDED_ID.fullmatch(value):
+        raise ValueError("must be 1 to 256 printable ASCII characters without spaces")
+    return value
+
+
+def _cidr(value: str) -> str:
+    try:
+        return str(ipaddress.ip_network(value, strict=True))
+    except ValueError:
+        raise ValueError(
+            "must be an IP network, e.g. 10.0.0.0/8 or 127.0.0.1/32 (no host bits set)"
+        ) from None
+
+
 def _sha256_hex(value: str) -> str:
     if value and not _SHA256_HEX.fullmatch(value):
         raise ValueError("must be 64 hex digits (the key's SHA-256)")
@@ -123,6 +142,8 @@ FORMATS: dict[str, Format] = {
     ),
     "client_name": Format("1 to 64 letters, digits, `.`, `_`, `-` (a metric label)", _client_name),
     "sha256_hex": Format("64 hex digits", _sha256_hex, echo=False),
+    "forwarded_id": Format("1 to 256 printable ASCII characters, no spaces", _forwarded_id),
+    "cidr": Format("an IP network, `10.0.0.0/8`, `127.0.0.1/32`, `::1/128`", _cidr),
 }
 
 # ---------------------------------------------------------------- declaring a key

@@ -547,6 +547,27 @@ class ClientConfig:
         doc="values of the ID token's `auth.oidc_claim` (an email, a subject, a group) that "
         "sign in as this client through the OpenID Connect provider",
     )
+    forwards_identity: bool = _knob(
+        False,
+        shown="`false`: its requests are its own",
+        doc="the client is a proxy (`claude gateway`) that names its developers in "
+        "`x-claude-gateway-user-id`/`-email`: believed from `auth.trusted_forwarders` only",
+    )
+    forwarded_ids: tuple[str, ...] = _knob(
+        (),
+        fmt="forwarded_id",
+        types=(list,),
+        shown="none",
+        doc="forwarded user ids (the sign-in's `sub`) whose requests are this client's",
+    )
+    forwarded_emails: tuple[str, ...] = _knob(
+        (),
+        fmt="forwarded_id",
+        types=(list,),
+        shown="none",
+        doc="forwarded emails (any case) whose requests are this client's, when no "
+        "`forwarded_ids` names the user",
+    )
     # the key's SHA-256 (from key_env's value, or key_sha256), set by parse()
     key_digest: bytes = _not_toml(b"", secret=True)
     # key_env's value (empty with key_sha256): only for the scrubber of upstream error text
@@ -647,6 +668,14 @@ class AuthConfig:
     )
     oidc_timeout: float = _knob(
         10.0, gt=0, le=60, doc="seconds one call to the provider (discovery, keys, token) may take"
+    )
+    trusted_forwarders: tuple[str, ...] = _knob(
+        (),
+        fmt="cidr",
+        types=(list,),
+        shown="none",
+        doc="peer addresses (CIDRs) whose `clients.forwards_identity` proxies may name the "
+        "developer a request is for; from elsewhere those headers are ignored",
     )
     oidc_client_secret: str = _not_toml("", secret=True)  # oidc_client_secret_env's value
 

@@ -482,6 +482,17 @@ class Metrics:
                 registry=r,
             )
         )
+        # requests carrying a proxy's identity headers (gateway/tenancy/forwarding.py), by
+        # what became of them: named, unnamed (the forwarder's own), ignored (untrusted)
+        self.forwarded_identities = _Memo(
+            Counter(
+                p + "forwarded_identities_total",
+                "Requests carrying x-claude-gateway-user-id or -email, by outcome: named "
+                "(a client's), unnamed (the forwarder's own), ignored (not trusted)",
+                ["outcome"],
+                registry=r,
+            )
+        )
         self.client_tokens = _Memo(
             Counter(
                 p + "client_tokens_total",

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from gateway.ops.config import ANONYMOUS, Config
 from gateway.ops.config_schema import ClientConfig, is_pattern
+from gateway.tenancy.forwarding import Forwarding
 from gateway.text.glob import glob_match
 
 
@@ -94,7 +95,15 @@ def signin_key(name: str) -> bytes:
 class Tenants:
     """Keys -> clients, for one config. Immutable: a reload builds a new one."""
 
-    __slots__ = ("_by_digest", "_by_owner", "admin_digests", "clients", "keyed", "oidc_values")
+    __slots__ = (
+        "_by_digest",
+        "_by_owner",
+        "admin_digests",
+        "clients",
+        "forwarding",
+        "keyed",
+        "oidc_values",
+    )
 
     def __init__(self, cfg: Config) -> None:
         by_digest: dict[bytes, Client] = {}
@@ -122,6 +131,8 @@ class Tenants:
         self.oidc_values: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
             (c.name, c.oidc_values) for c in cfg.clients if c.oidc_values
         )
+        # whom a trusted proxy's requests are for (gateway/tenancy/forwarding.py)
+        self.forwarding = Forwarding.of(cfg)
 
     def identify(self, presented: bytes | None) -> Client | None:
         """The client whose key was presented; None: no such key (a 401). With no key

@@ -35,6 +35,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +92,7 @@ access_token_seconds = 60
 """
 
 
-def _approve(base: str, user_code: str) -> dict[str, Any]:
+def approve(base: str, user_code: str) -> dict[str, Any]:
     data = urllib.parse.urlencode({"user_code": user_code, "key": DEV_KEY}).encode()
     req = urllib.request.Request(
         f"{base}/llm/oauth/device",
@@ -103,8 +104,14 @@ def _approve(base: str, user_code: str) -> dict[str, Any]:
     return {"status": status, "approved": b"is approved" in body}
 
 
-def _login(env: dict[str, str], cwd: Path, base: str) -> dict[str, Any]:
-    """``claude auth login --gateway-json``, every question answered yes, the code approved."""
+def login(
+    env: dict[str, str],
+    cwd: Path,
+    base: str,
+    approve_code: Callable[[str], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """``claude auth login --gateway-json``, every question answered yes, the code approved
+    (on this gateway's page with ``dev``'s key, or by ``approve_code(user_code)``)."""
     proc = subprocess.Popen(
         [str(CLAUDE), "auth", "login", "--gateway-json"],
         cwd=cwd,
@@ -146,7 +153,7 @@ def _login(env: dict[str, str], cwd: Path, base: str) -> dict[str, Any]:
             proc.stdin.write(json.dumps(answer) + "\n")
             proc.stdin.flush()
         elif state == "polling" and page is None and msg.get("userCode"):
-            page = _approve(base, msg["userCode"])
+            page = (approve_code or (lambda code: approve(base, code)))(msg["userCode"])
     try:
         proc.stdin.close()
     except OSError:
@@ -160,23 +167,34 @@ def _login(env: dict[str, str], cwd: Path, base: str) -> dict[str, Any]:
     return {"exit_code": code, "lines": seen, "stderr": proc.stderr.read()[-3000:], "page": page}
 
 
-def _run(argv: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:
+def run_claude(
+    argv: list[str], env: dict[str, str], cwd: Path, timeout: float = 90
+) -> dict[str, Any]:
+    """``claude ARGV``: exit code, output tails, ``result`` (the last JSON line) and
+    ``events`` (every JSON line, for ``--output-format stream-json``)."""
     try:
         done = subprocess.run(
-            [str(CLAUDE), *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=90
+            [str(CLAUDE), *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
         )
         code: int | None = done.returncode
         out, err = done.stdout, done.stderr
     except subprocess.TimeoutExpired as exc:
         code, out, err = None, str(exc.stdout or ""), str(exc.stderr or "")
-    result = None
+    events = []
     for line in out.splitlines():
         if line.startswith("{"):
             try:
-                result = json.loads(line)
+                events.append(json.loads(line))
             except ValueError:
                 pass
-    return {"exit_code": code, "stdout": out[-3000:], "stderr": err[-3000:], "result": result}
+    result = events[-1] if events else None
+    return {
+        "exit_code": code,
+        "stdout": out[-3000:],
+        "stderr": err[-3000:],
+        "result": result,
+        "events": events,
+    }
 
 
 def _usage(base: str) -> int:
@@ -197,7 +215,7 @@ def _usage(base: str) -> int:
     )
 
 
-def _stored(home: Path) -> dict[str, Any]:
+def stored_credential(home: Path) -> dict[str, Any]:
     """The gateway credential Claude Code stored (``enterpriseGateway``), or {}."""
     path = home / ".claude" / ".credentials.json"
     if not path.exists():
@@ -206,7 +224,7 @@ def _stored(home: Path) -> dict[str, Any]:
     return stored if isinstance(stored, dict) else {}
 
 
-def _revoke(base: str, token: str) -> int:
+def revoke(base: str, token: str) -> int:
     req = urllib.request.Request(
         f"{base}/llm/oauth/revoke",
         data=urllib.parse.urlencode({"token": token}).encode(),
@@ -251,23 +269,25 @@ def main() -> int:
             "DISABLE_ERROR_REPORTING": "1",
             "CLAUDE_CODE_MAX_RETRIES": "0",
         }
-        record["login"] = _login(env, work, base)
+        record["login"] = login(env, work, base)
         record["credentials"] = sorted(
             str(p.relative_to(home)) for p in (home / ".claude").rglob("*") if p.is_file()
         )
-        record["prompt"] = _run(
+        record["prompt"] = run_claude(
             ["-p", PROMPT, "--output-format", "json", "--no-session-persistence"], env, work
         )
         record["usage_dev"] = _usage(base)
-        record["status"] = _run(["auth", "status"], env, work)
-        stored = _stored(home)
+        record["status"] = run_claude(["auth", "status"], env, work)
+        stored = stored_credential(home)
         record["stored"] = {k: v for k, v in stored.items() if k not in ("jwt", "idpRefreshToken")}
         # the gateway revokes the sign-in (as an admin would), then a second prompt
-        record["revoked"] = _revoke(base, stored.get("jwt", ""))
+        record["revoked"] = revoke(base, stored.get("jwt", ""))
         # Claude Code's own retries on: x-should-retry false must stop them
         retrying = {k: v for k, v in env.items() if k != "CLAUDE_CODE_MAX_RETRIES"}
-        record["after_revoke"] = _run(["-p", PROMPT, "--output-format", "json"], retrying, work)
-        record["logout"] = _run(["auth", "logout"], env, work)
+        record["after_revoke"] = run_claude(
+            ["-p", PROMPT, "--output-format", "json"], retrying, work
+        )
+        record["logout"] = run_claude(["auth", "logout"], env, work)
     finally:
         if gateway is not None:
             gateway.stop()

@@ -66,6 +66,8 @@ def parse_with_env(text: str, src: str) -> config.Config:
         env[name] = "postgresql://gateway:test-secret@db.internal:5432/gateway"
     if name := data.get("limits", {}).get("redis_url_env"):
         env[name] = "redis://127.0.0.1:6379/0"
+    if name := data.get("telemetry", {}).get("headers_env"):  # name=value pairs
+        env[name] = "authorization=Bearer test-secret"
     for i, client in enumerate(data.get("clients", [])):  # each client's key is its own
         if name := client.get("key_env"):
             env[name] = f"client-key-{i}"

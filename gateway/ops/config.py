@@ -42,6 +42,7 @@ from gateway.ops.config_schema import (
     LimitsConfig,
     ModelRoute,
     ServerConfig,
+    TelemetryConfig,
     UpstreamConfig,
     WebSearchConfig,
     find_route,
@@ -75,7 +76,17 @@ __all__ = [
     "with_overrides",
 ]
 
-_TOP_KEYS = ("server", "upstreams", "models", "batches", "web_search", "clients", "limits", "auth")
+_TOP_KEYS = (
+    "server",
+    "upstreams",
+    "models",
+    "batches",
+    "web_search",
+    "clients",
+    "limits",
+    "auth",
+    "telemetry",
+)
 # the client of the keys of server.api_keys_env (and of every request when no key is set)
 ANONYMOUS = "anonymous"
 _TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")  # what a bearer token may hold
@@ -107,6 +118,7 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
     clients = _clients(src, data.get("clients", []), env, server)
     limits = _limits(src, data.get("limits", {}), env)
     auth = AuthConfig(**check_table(src, "auth", data.get("auth", {}), knobs(AuthConfig)))
+    telemetry = _telemetry(src, data["telemetry"], env) if "telemetry" in data else None
     return Config(
         server=server,
         upstreams=upstreams,
@@ -116,8 +128,26 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         clients=clients,
         limits=limits,
         auth=auth,
+        telemetry=telemetry,
         source=src,
     )
+
+
+def _telemetry(src: str, table: Any, env: Mapping[str, str]) -> TelemetryConfig:
+    tel = check_table(src, "telemetry", table, knobs(TelemetryConfig))
+    headers: list[tuple[str, str]] = []
+    if tel["headers_env"] is not None:
+        raw = _env(env, src, "telemetry.headers_env", tel["headers_env"])
+        for part in raw.split(","):
+            name, eq, value = part.partition("=")
+            if not eq or not name.strip() or not _TOKEN_CHARS.fullmatch(name.strip()):
+                # the value may hold a key: not echoed
+                raise ConfigError(
+                    f"{src}: telemetry.headers_env: {tel['headers_env']} must hold "
+                    "name=value pairs separated by commas"
+                )
+            headers.append((name.strip(), value.strip()))
+    return TelemetryConfig(**tel, headers=tuple(headers))
 
 
 def _keys(env: Mapping[str, str], src: str, where: str, name: str) -> tuple[str, ...]:

@@ -152,6 +152,7 @@ def test_example_config_with_every_commented_knob_switched_on_loads() -> None:
         "GATEWAY_ADMIN_KEYS",
         "ALICE_KEY",
         "GATEWAY_REDIS_URL",
+        "OTEL_COLLECTOR_HEADERS",
     }
     cfg = parse_with_env(text, str(EXAMPLE))
     assert cfg.server.api_keys == ("test-secret",)

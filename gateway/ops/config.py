@@ -12,6 +12,7 @@ refusal raises :class:`ConfigError`, whose one-line text names the file and the 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import re
 import tomllib
@@ -133,8 +134,21 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
     )
 
 
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
 def _telemetry(src: str, table: Any, env: Mapping[str, str]) -> TelemetryConfig:
     tel = check_table(src, "telemetry", table, knobs(TelemetryConfig))
+    for module in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"):
+        if not _has(module):
+            raise ConfigError(
+                f"{src}: telemetry: needs the OpenTelemetry SDK and its OTLP exporter "
+                "(pip install 'llm-gateway[otel]')"
+            )
     headers: list[tuple[str, str]] = []
     if tel["headers_env"] is not None:
         raw = _env(env, src, "telemetry.headers_env", tel["headers_env"])

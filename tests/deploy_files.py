@@ -54,6 +54,7 @@ def env_names(data: dict[str, Any]) -> set[str]:
         data.get("batches", {}),
         *data.get("clients", []),
         data.get("limits", {}),
+        data.get("telemetry", {}),
     ]
     return {v for t in tables for k, v in t.items() if k.endswith("_env")}
 

@@ -323,3 +323,24 @@ def test_without_telemetry_nothing_is_traced_or_forwarded(
     assert status == 404 and json.loads(body)["type"] == "error"
     _, _, body = get(f"{base}/llm/managed/settings", {"x-api-key": ALICE})
     assert not any(k.startswith("OTEL_") for k in json.loads(body)["settings"].get("env", {}))
+
+
+def test_an_openai_route_is_a_server_span_with_its_upstream_call(
+    stub_url: str, gateway_factory: Callable[..., tuple[Proc, str]], collector: Collector
+) -> None:
+    base, _ = _gateway(stub_url, gateway_factory, collector)
+    trace = "33333333333333333333333333333333"
+    status, _, body = post(
+        f"{base}/llm/v1/chat/completions",
+        {"model": "plain", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-api-key": ALICE, "traceparent": f"00-{trace}-{CLIENT_SPAN}-01"},
+    )
+    assert status == 200, body
+    spans = _spans_of(collector, trace, 2)
+    server = next(s for s in spans if s.kind == SERVER)
+    assert server.name == "chat plain" and server.parent_id == CLIENT_SPAN
+    assert server.attributes["gen_ai.provider.name"] == "openai"
+    assert server.attributes["gen_ai.usage.input_tokens"] > 0
+    assert server.attributes["gateway.client"] == "alice"
+    upstream = next(s for s in spans if s.kind == CLIENT)
+    assert upstream.parent_id == server.span_id

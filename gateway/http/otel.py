@@ -63,6 +63,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def middleware(telemetry: Telemetry) -> Any:
     """The server span of each API request (see the module docstring)."""
+    from opentelemetry import context as otel_context
 
     @web.middleware
     async def traced(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -72,8 +73,6 @@ def middleware(telemetry: Telemetry) -> Any:
             return await handler(request)
         span, context = telemetry.server_span(f"{request.method} {name}", request.headers)
         request[SPAN] = span
-        from opentelemetry import context as otel_context
-
         token = otel_context.attach(context)
         reset = CURRENT.set(telemetry)
         t0 = time.perf_counter()

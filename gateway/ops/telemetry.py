@@ -140,11 +140,9 @@ class Telemetry:
     def server_span(self, name: str, headers: Mapping[str, str]) -> tuple[Span, Context]:
         """A SERVER span for an API request, the child of the client's ``traceparent``
         (and ``tracestate``) when it sent one; with the context that holds it."""
-        from opentelemetry import trace
-
         parent = self._propagator.extract(headers) if "traceparent" in headers else None
         span = self.tracer.start_span(name, context=parent, kind=self._server_kind)
-        return span, trace.set_span_in_context(span, parent)
+        return span, self._trace.set_span_in_context(span, parent)
 
     @contextmanager
     def span(self, name: str, attributes: Mapping[str, Any] | None = None) -> Iterator[Span]:
@@ -169,8 +167,6 @@ class Telemetry:
     ) -> tuple[Span, bytes]:
         """A CLIENT span for one upstream attempt, and the ``traceparent`` (and
         ``tracestate``) header lines that make the engine's work its child."""
-        from opentelemetry import trace
-
         parts = urlsplit(base_url)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
@@ -187,7 +183,7 @@ class Telemetry:
             f"chat {model}" if model else "chat", kind=self._client_kind, attributes=attributes
         )
         carrier: dict[str, str] = {}
-        self._propagator.inject(carrier, trace.set_span_in_context(span))
+        self._propagator.inject(carrier, self._trace.set_span_in_context(span))
         lines = b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in carrier.items())
         return span, lines
 

@@ -14,7 +14,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-RUNTIME_EXTRAS = ("postgresql",)
+RUNTIME_EXTRAS = ("postgresql", "otel")
 _FLOOR = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*>=\s*([^,;\s]+)")
 
 

@@ -50,7 +50,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from gateway import errors
+from gateway import __version__, errors
 from gateway.http import anthropic as messages
 from gateway.http import charges, managed_settings, models, passthrough, usage_api
 from gateway.http.decoder import DECODER, Decoder, decoder_ctx
@@ -276,8 +276,17 @@ def build_app(
     ``usage_store`` (likewise) records usage for the usage report (admin keys only);
     ``auth_store`` (likewise) enables Claude Code's sign-in (``[auth]``)."""
     defined, exposed, info = _registries(config, registry)
+    traced = None
+    if config.telemetry is not None:  # imported only then: the SDK's modules cost memory
+        from gateway.http import otel as http_telemetry
+        from gateway.ops.telemetry import start
+
+        traced = start(config.telemetry, version=__version__)
     app = web.Application(
-        middlewares=[gateway_middleware], client_max_size=config.server.max_body_bytes
+        middlewares=[gateway_middleware]
+        if traced is None
+        else [http_telemetry.middleware(traced), gateway_middleware],
+        client_max_size=config.server.max_body_bytes,
     )
     app[CONFIG] = config
     metrics = Metrics(
@@ -400,6 +409,16 @@ def build_app(
         )
     if auth_store is not None:
         _signin_routes(app, auth_store, route)
+    if traced is not None:  # the client's own OTLP, forwarded (404 without [telemetry])
+        app[http_telemetry.TELEMETRY] = traced
+        route(
+            "POST",
+            f"{p}/v1/{{signal:(?:traces|metrics|logs)}}",
+            http_telemetry.otlp_sink,
+            "otlp",
+            RouteTag(None),
+        )
+        app.cleanup_ctx.append(http_telemetry.telemetry_ctx)
     endpoints = "|".join(re.escape(e) for e in not_implemented)
     route(
         "*",

@@ -19,6 +19,7 @@ Stubs (upstreams and backends the gateway talks to)
     stub_upstream.py     the scripted OpenAI-compatible upstream (a scenario per model name)
     hostile_upstream.py  a misbehaving upstream at the TCP level
     searxng_stub.py      a SearXNG-compatible search backend
+    otlp_collector.py    an OTLP/HTTP collector (protobuf and JSON) in a thread, for telemetry
     cutting_proxy.py     a proxy to a real engine that cuts streams mid-answer
     upstream_wire.py     the upstream client's wire: a fake transport, reply tables, a
                          loopback upstream

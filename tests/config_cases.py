@@ -242,4 +242,28 @@ BAD = [
         {"RURL": "redis://:pw-secret@127.0.0.1/zero"},
         "limits.redis_url_env: the Redis URL's database must be a number",
     ),
+    (
+        "a telemetry table without its endpoint",
+        GOOD + '\n[telemetry]\nservice_name = "gw"\n',
+        {},
+        "telemetry.otlp_endpoint",
+    ),
+    (
+        "a telemetry endpoint that is no http URL",
+        GOOD + '\n[telemetry]\notlp_endpoint = "grpc://127.0.0.1:4317"\n',
+        {},
+        "telemetry.otlp_endpoint",
+    ),
+    (
+        "a sample ratio past 1",
+        GOOD + '\n[telemetry]\notlp_endpoint = "http://127.0.0.1:4318"\nsample_ratio = 2\n',
+        {},
+        "telemetry.sample_ratio",
+    ),
+    (
+        "collector headers that are no name=value pairs (the value not echoed)",
+        GOOD + '\n[telemetry]\notlp_endpoint = "http://127.0.0.1:4318"\nheaders_env = "H"\n',
+        {"H": "Bearer secret-value"},
+        "telemetry.headers_env: H must hold name=value pairs",
+    ),
 ]

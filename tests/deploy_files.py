@@ -55,6 +55,7 @@ def env_names(data: dict[str, Any]) -> set[str]:
         *data.get("clients", []),
         data.get("limits", {}),
         data.get("auth", {}),
+        data.get("telemetry", {}),
     ]
     return {v for t in tables for k, v in t.items() if k.endswith("_env")}
 
@@ -67,6 +68,8 @@ def parse_with_env(text: str, src: str) -> config.Config:
         env[name] = "postgresql://gateway:test-secret@db.internal:5432/gateway"
     if name := data.get("limits", {}).get("redis_url_env"):
         env[name] = "redis://127.0.0.1:6379/0"
+    if name := data.get("telemetry", {}).get("headers_env"):  # name=value pairs
+        env[name] = "authorization=Bearer test-secret"
     for i, client in enumerate(data.get("clients", [])):  # each client's key is its own
         if name := client.get("key_env"):
             env[name] = f"client-key-{i}"

@@ -64,7 +64,7 @@ async def _create(
     # what the request restores from signatures counts until its reply has ended
     with request.app[MESSAGES].memory.lease() as lease:
         reply = await _prepare(request, req, route, t0, lease)
-        reply.figures.on_end = reply_ended(request)
+        reply.figures.on_end = reply_ended(request, req)
         request[STREAM] = reply.stream
         async with admitted(request, route, _failure(reply) if reply.stream else None) as slot:
             try:

@@ -26,6 +26,9 @@ pattern routes are no model id):
   leaves no room and auto-compact thrashes, while 4096 (a 32 K window's eighth) works.
 * ``CLAUDE_CODE_ENABLE_GATEWAY_MODEL_DISCOVERY``: ``server.claude_code_model_discovery``; the
   client then reads ``/v1/models`` and keeps only ids holding ``claude`` or ``anthropic``.
+* With ``[telemetry]``: :data:`TELEMETRY_ENV` and ``OTEL_EXPORTER_OTLP_ENDPOINT`` = the
+  gateway's URL as the client reached it (host header, scheme, prefix), so the client's OTLP
+  reaches ``{prefix}/v1/{metrics,logs,traces}`` (docs/telemetry.md).
 
 Cost: built per request from the config and the learnt windows (a few dict lookups and one
 SHA-256 of a few hundred bytes); nothing is stored.
@@ -71,9 +74,13 @@ def output_cap(window: int, cap: int) -> int:
 
 
 def settings_for(
-    client: Client, config: Config, window_of: Callable[[ModelRoute], int]
+    client: Client,
+    config: Config,
+    window_of: Callable[[ModelRoute], int],
+    base_url: str = "",
 ) -> dict[str, object]:
-    """The managed settings document for ``client``."""
+    """The managed settings document for ``client``; ``base_url``: the gateway's own, as the
+    client reached it (where its OTLP goes when ``[telemetry]`` is configured)."""
     tiers = tier_models(client, config.models)
     env: dict[str, str] = {}
     if tiers:
@@ -89,7 +96,24 @@ def settings_for(
                 env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(output_cap(window, cap))
     if config.server.claude_code_model_discovery:
         env["CLAUDE_CODE_ENABLE_GATEWAY_MODEL_DISCOVERY"] = "1"
+    if config.telemetry is not None and base_url:
+        env.update(TELEMETRY_ENV)
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = base_url
     return {"env": env} if env else {}
+
+
+# Claude Code's telemetry switched on, its OTLP sent to the gateway (names read from the
+# 2.1.332 binary): traces need the enhanced-telemetry beta, and its llm_request span's
+# traceparent goes out on API requests to a gateway only with CLAUDE_CODE_PROPAGATE_TRACEPARENT
+TELEMETRY_ENV = {
+    "CLAUDE_CODE_ENABLE_TELEMETRY": "1",
+    "CLAUDE_CODE_ENHANCED_TELEMETRY_BETA": "1",
+    "CLAUDE_CODE_PROPAGATE_TRACEPARENT": "1",
+    "OTEL_METRICS_EXPORTER": "otlp",
+    "OTEL_LOGS_EXPORTER": "otlp",
+    "OTEL_TRACES_EXPORTER": "otlp",
+    "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+}
 
 
 def checksum(settings: Mapping[str, object]) -> str:
@@ -114,7 +138,9 @@ def matches(if_none_match: str | None, etag: str) -> bool:
 
 async def managed_settings(request: web.Request) -> web.Response:
     app = request.app
-    settings = settings_for(request[CLIENT], app[CONFIG], app[WINDOWS].of)
+    config = app[CONFIG]
+    base = f"{request.scheme}://{request.host}{config.server.prefix}" if config.telemetry else ""
+    settings = settings_for(request[CLIENT], config, app[WINDOWS].of, base)
     check = checksum(settings)
     etag = f'"{check}"'
     headers = {"ETag": etag, "Cache-Control": "private"}

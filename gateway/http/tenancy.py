@@ -12,11 +12,12 @@ there is nothing to do (no admin key configured, so no usage recorded, and no
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
-from gateway.http import charges
-from gateway.http.keys import CLIENT, METRICS, STATE
+from gateway.http import charges, otel
+from gateway.http.keys import CLIENT, CONFIG, METRICS, STATE
 from gateway.http.usage_api import USAGE
 from gateway.messages.from_chat.figures import Figures
 from gateway.tenancy.clients import Client
@@ -65,19 +66,32 @@ def _on_end(record: Record | None) -> Callable[[Figures], None] | None:
     return ended
 
 
-def reply_ended(request: web.Request) -> Callable[[Figures], None] | None:
+def reply_ended(
+    request: web.Request, req: dict[str, Any] | None = None
+) -> Callable[[Figures], None] | None:
     """The ``Figures.on_end`` of the request's Messages reply (its charge settled, its usage
-    recorded), or None when there is nothing to do."""
-    record = _on_end(_record(request.app, request[CLIENT]))
-    settle = charges.settle(request)
-    if settle is None or record is None:
-        return settle or record
+    recorded, its span and GenAI metrics written when telemetry is on: ``req``, the
+    validated request, gives the span its request params), or None when there is nothing
+    to do."""
+    ends = [
+        end
+        for end in (
+            charges.settle(request),
+            _on_end(_record(request.app, request[CLIENT])),
+            otel.reply_ended(request, req)
+            if req is not None and request.app[CONFIG].telemetry is not None
+            else None,
+        )
+        if end is not None
+    ]
+    if len(ends) < 2:
+        return ends[0] if ends else None
 
-    def both(figures: Figures) -> None:
-        settle(figures)
-        record(figures)
+    def every(figures: Figures) -> None:
+        for end in ends:
+            end(figures)
 
-    return both
+    return every
 
 
 def batch_reply_ended(app: web.Application) -> Callable[[str], Callable[[Figures], None] | None]:
@@ -93,6 +107,8 @@ def record_passthrough(request: web.Request, model: str, usage: tuple[int, int] 
     """An OpenAI pass-through reply's (prompt, completion) tokens, as the upstream reported
     them (its prompt counted as uncached input: the pass-through does not read the cached
     part)."""
+    if request.app[CONFIG].telemetry is not None:
+        otel.passthrough_ended(request, usage)
     if usage is None:
         return
     record = _record(request.app, request[CLIENT])

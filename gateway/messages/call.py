@@ -64,6 +64,7 @@ from gateway.messages.to_chat.translate import to_chat
 from gateway.ops.budget import Budget, Lease
 from gateway.ops.config import ModelRoute
 from gateway.ops.metrics import Metrics
+from gateway.ops.telemetry import CURRENT
 from gateway.tenancy.fair import engine_priority
 from gateway.text import ids, jsonutil
 from gateway.text.refusals import echoed
@@ -238,7 +239,12 @@ class Call:
         match_stops = bool(self.stops) and route.upstream.kind in LOCAL_STOP_KINDS
         upstream_stream = self.stream or match_stops
         as_text = route_text_only(route, self.deps.learned)
-        payload = self._translate(route, upstream_stream, as_text, on_drop)
+        telemetry = CURRENT.get()
+        if telemetry is None:
+            payload = self._translate(route, upstream_stream, as_text, on_drop)
+        else:
+            with telemetry.span("translate", {"gateway.model": route.name}):
+                payload = self._translate(route, upstream_stream, as_text, on_drop)
         self.route = route
         self.match_stops = match_stops
         self.upstream_stream = upstream_stream
@@ -304,6 +310,9 @@ class Call:
         if session is None:
             session = session_key(None, self.req)
         self.session = session
+        telemetry = CURRENT.get()
+        if telemetry is not None:
+            telemetry.annotate({"gateway.session": session})
         try:
             return await self._send_or_as_text(request_id)
         except errors.GatewayError as err:
@@ -326,7 +335,13 @@ class Call:
                 request_id=request_id,
             )
             try:
-                return await self._send_or_as_text(request_id)
+                if telemetry is None:
+                    return await self._send_or_as_text(request_id)
+                with telemetry.span(
+                    "fallback",
+                    {"gateway.model": primary.name, "gateway.fallback": fallback.name},
+                ):
+                    return await self._send_or_as_text(request_id)
             except errors.GatewayError as err:
                 if not falls_over(err):
                     raise

@@ -78,7 +78,7 @@ is open) and, when calls are generated again, told to forget the held ones.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, nullcontext
 from typing import Any, Protocol
 
 import structlog
@@ -88,6 +88,7 @@ from gateway.messages.stream.pump import Body, Cut, Timing, pump
 from gateway.messages.stream.translator import StreamTranslator
 from gateway.ops.config import ModelRoute
 from gateway.ops.metrics import Metrics
+from gateway.ops.telemetry import CURRENT
 from gateway.text import jsonutil
 from gateway.text.sse import SSEDecoder
 from gateway.upstream.client import UpstreamResponse
@@ -211,27 +212,36 @@ async def relay(
             payload, max_tokens = continuation_payload(
                 call, translator, tool_calls=regenerate is not None or held_dropped
             )
-            try:
-                nxt = await send(
-                    call.deps.upstreams,
-                    call.route,
-                    "/chat/completions",
-                    payload,
-                    stream=True,
-                    max_tokens=max_tokens,
-                    request_id=request_id,
-                    session=call.session,
+            telemetry = CURRENT.get()
+            with (
+                nullcontext()
+                if telemetry is None
+                else telemetry.span(
+                    "continuation",
+                    {"gateway.model": call.route.name, "gateway.continuation.cause": _cause(cut)},
                 )
-            except errors.GatewayError:
-                await _give_up(cut, translator, write)
-                return
-            current = await stack.enter_async_context(nxt)
-            spliced = (
-                Continued(nxt, translator)
-                if regenerate is None
-                else Regenerated(nxt, translator, regenerate, model=call.route.name)
-            )
-            cut = await pump(spliced, translator, write, timing, inter_chunk, resumable=True)
+            ):
+                try:
+                    nxt = await send(
+                        call.deps.upstreams,
+                        call.route,
+                        "/chat/completions",
+                        payload,
+                        stream=True,
+                        max_tokens=max_tokens,
+                        request_id=request_id,
+                        session=call.session,
+                    )
+                except errors.GatewayError:
+                    await _give_up(cut, translator, write)
+                    return
+                current = await stack.enter_async_context(nxt)
+                spliced = (
+                    Continued(nxt, translator)
+                    if regenerate is None
+                    else Regenerated(nxt, translator, regenerate, model=call.route.name)
+                )
+                cut = await pump(spliced, translator, write, timing, inter_chunk, resumable=True)
 
 
 def _cause(cut: Cut) -> str:

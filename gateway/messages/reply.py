@@ -223,6 +223,7 @@ class Reply:
             figures.web_searches = rounds.web_searches
         elif self._translator is not None:
             figures.cache_read = self._translator.cache_read or 0
+            figures.message_id = self._translator.message_id
         if self._translator is not None and self._timing is not None:
             figures.add_stream(self._translator, self._timing, self.t0 or 0.0)
         figures.write(self.call.deps.metrics)

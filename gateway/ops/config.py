@@ -12,6 +12,7 @@ refusal raises :class:`ConfigError`, whose one-line text names the file and the 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import re
 import tomllib
@@ -42,6 +43,7 @@ from gateway.ops.config_schema import (
     LimitsConfig,
     ModelRoute,
     ServerConfig,
+    TelemetryConfig,
     UpstreamConfig,
     WebSearchConfig,
     find_route,
@@ -75,7 +77,17 @@ __all__ = [
     "with_overrides",
 ]
 
-_TOP_KEYS = ("server", "upstreams", "models", "batches", "web_search", "clients", "limits", "auth")
+_TOP_KEYS = (
+    "server",
+    "upstreams",
+    "models",
+    "batches",
+    "web_search",
+    "clients",
+    "limits",
+    "auth",
+    "telemetry",
+)
 # the client of the keys of server.api_keys_env (and of every request when no key is set)
 ANONYMOUS = "anonymous"
 _TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")  # what a bearer token may hold
@@ -108,6 +120,7 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
     limits = _limits(src, data.get("limits", {}), env)
     auth = _auth(src, data.get("auth", {}), env, clients)
     _check_forwarding(src, clients, auth)
+    telemetry = _telemetry(src, data["telemetry"], env) if "telemetry" in data else None
     return Config(
         server=server,
         upstreams=upstreams,
@@ -117,8 +130,39 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         clients=clients,
         limits=limits,
         auth=auth,
+        telemetry=telemetry,
         source=src,
     )
+
+
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
+def _telemetry(src: str, table: Any, env: Mapping[str, str]) -> TelemetryConfig:
+    tel = check_table(src, "telemetry", table, knobs(TelemetryConfig))
+    for module in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"):
+        if not _has(module):
+            raise ConfigError(
+                f"{src}: telemetry: needs the OpenTelemetry SDK and its OTLP exporter "
+                "(pip install 'llm-gateway[otel]')"
+            )
+    headers: list[tuple[str, str]] = []
+    if tel["headers_env"] is not None:
+        raw = _env(env, src, "telemetry.headers_env", tel["headers_env"])
+        for part in raw.split(","):
+            name, eq, value = part.partition("=")
+            if not eq or not name.strip() or not _TOKEN_CHARS.fullmatch(name.strip()):
+                # the value may hold a key: not echoed
+                raise ConfigError(
+                    f"{src}: telemetry.headers_env: {tel['headers_env']} must hold "
+                    "name=value pairs separated by commas"
+                )
+            headers.append((name.strip(), value.strip()))
+    return TelemetryConfig(**tel, headers=tuple(headers))
 
 
 def _keys(env: Mapping[str, str], src: str, where: str, name: str) -> tuple[str, ...]:

@@ -713,6 +713,44 @@ class WebSearchConfig:
 
 
 @dataclass(frozen=True)
+class TelemetryConfig:
+    """``[telemetry]``: OpenTelemetry over OTLP/HTTP (gateway/ops/telemetry.py)."""
+
+    otlp_endpoint: str = _knob(
+        fmt="http_base",
+        doc="an OTLP/HTTP collector's base URL (`/v1/traces`, `/v1/metrics`, `/v1/logs` "
+        "are appended); the gateway's spans and metrics go there, and so does the OTLP "
+        "its clients send to the gateway",
+    )
+    service_name: str = _knob("llm-gateway", doc="the `service.name` resource attribute")
+    headers_env: str | None = _knob(
+        None,
+        doc="env var holding headers for the collector, `k1=v1,k2=v2` (e.g. its key)",
+    )
+    sample_ratio: float = _knob(
+        1.0,
+        ge=0,
+        le=1,
+        doc="share of new traces recorded (a client's sampled `traceparent` is followed)",
+    )
+    export_timeout: float = _knob(
+        10.0, gt=0, le=60, doc="seconds one export to the collector may take"
+    )
+    max_queue_spans: int = _knob(
+        2048, gt=0, doc="spans waiting for export at most; past it new ones are dropped"
+    )
+    export_interval: float = _knob(
+        60.0, gt=0, le=3600, doc="seconds between two exports of the metrics"
+    )
+    max_forward_bytes: int = _knob(
+        4 * 1024 * 1024,
+        gt=0,
+        doc="largest OTLP body a client may send to `/v1/{metrics,logs,traces}`; larger: 413",
+    )
+    headers: tuple[tuple[str, str], ...] = _not_toml((), secret=True)
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig
     upstreams: Mapping[str, UpstreamConfig]
@@ -722,6 +760,7 @@ class Config:
     clients: tuple[ClientConfig, ...] = ()
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    telemetry: TelemetryConfig | None = None  # None: no [telemetry] table
     source: str = "<built-in default>"
     # set by --workers in each worker process (not TOML knobs): prometheus multiprocess
     # directory and SO_REUSEPORT on the listening socket
@@ -739,6 +778,7 @@ TABLES: dict[str, type] = {
     "clients[]": ClientConfig,
     "limits": LimitsConfig,
     "auth": AuthConfig,
+    "telemetry": TelemetryConfig,
 }
 
 

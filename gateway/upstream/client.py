@@ -51,6 +51,7 @@ disconnect and stops generating; only a body read to its end goes back to the po
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
@@ -60,6 +61,7 @@ import structlog
 from gateway import errors
 from gateway.errors import upstream_map
 from gateway.ops.config import UpstreamConfig
+from gateway.ops.telemetry import CURRENT, Telemetry
 from gateway.text import ids
 from gateway.text.redact import Redactor, secrets_of
 from gateway.upstream import discovery
@@ -109,6 +111,7 @@ class UpstreamResponse:
         "_stream",
         "_trial",
         "progress",
+        "traced",
     )
 
     def __init__(
@@ -120,8 +123,11 @@ class UpstreamResponse:
         request_id: str | None,
         replica: Replica | None = None,
         trial: bool = False,
+        traced: tuple[Telemetry, Any, float] | None = None,
     ) -> None:
         self._resp = resp
+        # the attempt's span (gateway/ops/telemetry.py), ended with the reply: None when off
+        self.traced = traced
         self._replica = replica  # its in-flight count is ours until the response is left
         # sent to a replica that was out: it is back in only once this reply ends whole
         self._trial = trial
@@ -202,6 +208,10 @@ class UpstreamResponse:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        traced, self.traced = self.traced, None
+        if traced is not None:
+            failed = "lost" if self._lost else type(exc).__name__ if exc is not None else None
+            traced[0].upstream_ended(traced[1], traced[2], failed)
         replica, self._replica = self._replica, None
         if replica is not None:
             # a connection the replica lost in the body ejects it, as one lost before the head
@@ -363,6 +373,7 @@ class UpstreamClient:
         at_root: bool = False,
         request_id: str | None = None,
         session: str | None = None,
+        model: str | None = None,
     ) -> UpstreamResponse:
         """Send and wait for a 2xx response's head; anything else raises a GatewayError.
 
@@ -371,6 +382,8 @@ class UpstreamClient:
         ``session`` (opaque) keeps a session's requests on one replica; None: the least
         busy one. A failure before the reply's head is sent to the next replica, at most
         ``replicas.attempts`` in all, within the head timeout of the first.
+        With telemetry on, each attempt is a span (``model``: the upstream's, its name) whose
+        context goes to the replica as ``traceparent``.
         """
         assert self.members.started_up, "UpstreamClient used before start()"
         head_timeout, body_timeout = self._stream_timeouts if stream else self._buffered_timeouts
@@ -384,6 +397,9 @@ class UpstreamClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + head_timeout
         failing = _Failing(path, body)
+        telemetry = CURRENT.get()
+        traced: tuple[Telemetry, Any, float] | None = None
+        trace = b""
         for n, replica in enumerate(attempts):
             last = n == len(attempts) - 1
             remaining = deadline - loop.time()
@@ -398,6 +414,11 @@ class UpstreamClient:
             target = (paths[1] if at_root else paths[0]) + path
             trial = replica.failures > 0  # judged by its whole reply, not by its head
             self.members.started(replica)
+            if telemetry is not None:
+                span, trace = telemetry.upstream_span(
+                    model, self.name, self.cfg.kind, replica.base_url, n
+                )
+                traced = (telemetry, span, time.perf_counter())
             try:
                 resp = await self._send(
                     pool,
@@ -409,10 +430,15 @@ class UpstreamClient:
                     stream=stream,
                     log_id=request_id,
                     provable=method == "POST" and path == PROVABLE_PATH,
+                    trace=trace,
                 )
             except BaseException as exc:
                 self.members.finished(replica)
                 mapped = map_failure(exc, "head", stream)
+                if traced is not None:
+                    traced[0].upstream_ended(
+                        traced[1], traced[2], mapped[2] if mapped else "cancelled"
+                    )
                 if mapped is None:  # cancelled: nothing learnt about the replica
                     replica.trial = False
                     raise
@@ -430,9 +456,17 @@ class UpstreamClient:
                     replicas.succeeded(replica)
                 self.members.count(replica, "ok")
                 return UpstreamResponse(
-                    resp, self, stream=stream, request_id=request_id, replica=replica, trial=trial
+                    resp,
+                    self,
+                    stream=stream,
+                    request_id=request_id,
+                    replica=replica,
+                    trial=trial,
+                    traced=traced,
                 )
             self.members.finished(replica)
+            if traced is not None:
+                traced[0].upstream_ended(traced[1], traced[2], str(resp.status))
             poison = False
             if resp.status >= 500:
                 poison = failing.on(replicas, replica, "head", resp.status)
@@ -470,6 +504,7 @@ class UpstreamClient:
         stream: bool,
         log_id: str | None,
         provable: bool = False,
+        trace: bytes = b"",
     ) -> Response:
         """One replica's reply head; a connection that ended before the upstream saw the
         request (``_retried_here``) is tried once more on the same pool, a reply refused as
@@ -489,6 +524,7 @@ class UpstreamClient:
                     log_id=log_id,
                     provable=provable,
                     fresh=fresh,
+                    headers=trace,
                 )
             except BaseException as exc:
                 mapped = None if retried else map_failure(exc, "head", stream)

@@ -260,6 +260,7 @@ class Pool:
         log_id: str | None = None,
         provable: bool = False,
         fresh: bool = False,
+        headers: bytes = b"",
     ) -> Response:
         """Send one request and wait for the reply's final head (after any 1xx).
 
@@ -274,6 +275,7 @@ class Pool:
         upstream that does not echo the header, a request whose body is not ``provable``: a
         chat completion the upstream's ``body_proof`` names). ``fresh``: a new connection
         whatever the state (the send again of a reply refused on a reused one).
+        ``headers``: more header lines, each ending in CRLF (a ``traceparent``).
         """
         if method != "POST" and method != "GET":
             raise ValueError("the gateway sends GET and POST only")  # a HEAD reply has no body
@@ -290,6 +292,8 @@ class Pool:
         head = self._head(method, target)
         if request_id is not None:
             head += b"X-Request-Id: " + request_id + b"\r\n"
+        if headers:
+            head += headers
         if not keep:
             head += b"Connection: close\r\n"
         if body is None:

@@ -84,6 +84,7 @@ async def send(
             at_root=at_root,
             request_id=request_id,
             session=session,
+            model=route.upstream_model,
         )
     except errors.GatewayError as err:
         metrics.upstream_requests.labels(route.name, client.name, _outcome_code(err)).inc()

@@ -85,8 +85,10 @@ from aiohttp import web
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from gateway.http.managed_settings import TELEMETRY_ENV  # noqa: E402
 from tests.conftest import llama_config  # noqa: E402
 from tests.logs import access_lines  # noqa: E402
+from tests.otlp_collector import Collector  # noqa: E402
 from tests.pdfs import make_pdf  # noqa: E402
 from tests.procs import Proc, free_port, start_gateway, wait_http  # noqa: E402
 
@@ -249,7 +251,7 @@ def _routes(mode: str, work: Path) -> list[tuple[str, str]]:
         return [(MODEL, f"cc-tool:{pdf}")]
     if mode in ("think", "think-updates"):
         return [(MODEL, "think-tool:Read:" + json.dumps({"file_path": hello}))]
-    if mode == "tool":
+    if mode in ("tool", "telemetry"):
         return [(MODEL, f"cc-tool:{hello}")]
     if mode in LOCAL_MODES:
         return [(MODEL, f"{mode}:{hello}")]
@@ -293,6 +295,11 @@ def main() -> int:
     home.mkdir()
     work.mkdir()
     stopper = []
+    collector = None
+    if mode == "telemetry":  # a collector for the gateway's OTLP and the OTLP it forwards
+        collector = Collector()
+        collector.start()
+        stopper.append(collector.stop)
     stub_url = searxng_url = None
     searches = None
     model: str | None = MODEL
@@ -324,6 +331,8 @@ def main() -> int:
             cfg += LIMITED_CLIENT
         if mode == "no-model":
             model = None
+        if collector is not None:
+            cfg += f'\n[telemetry]\notlp_endpoint = "{collector.url}"\nexport_interval = 1\n'
         allowed = "Read,WebSearch" if mode in WEBSEARCH_MODES else "Read"
         args = ["--allowedTools", allowed, "--max-turns", "4"]
         if mode == "limited":
@@ -348,6 +357,13 @@ def main() -> int:
         env["ANTHROPIC_MODEL"] = model
     if mode == "limited":  # its own retry, honouring retry-after
         env["CLAUDE_CODE_MAX_RETRIES"] = "3"
+    if collector is not None:  # what the gateway's managed settings push (docs/telemetry.md)
+        del env["DISABLE_TELEMETRY"]
+        env.update(TELEMETRY_ENV)
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"{url}/llm"
+        env["OTEL_BSP_SCHEDULE_DELAY"] = "200"
+        env["OTEL_METRIC_EXPORT_INTERVAL"] = "1000"
+        env["OTEL_LOGS_EXPORT_INTERVAL"] = "200"
     if mode in ("compact-effort", "compact-bare"):  # a model that takes per-turn effort
         env["CLAUDE_CODE_MODEL_CAPABILITIES"] = "per_turn_effort"
     if mode == "think-updates":  # what 2.1.332 sends when its connector-text experiment is on
@@ -401,6 +417,9 @@ def main() -> int:
         gateway.stop()
         for stop in stopper:
             stop()
+    spans = []
+    if collector is not None:  # the gateway's spans flushed as it stopped
+        spans = [vars(span) for span in collector.spans()]
     access = access_lines(gateway.output())
     shutil.rmtree(tmp, ignore_errors=True)
     Path(out_path).write_text(
@@ -421,6 +440,7 @@ def main() -> int:
                 "steps": steps,
                 "searches": searches,
                 "spent": recorder.spent,
+                "spans": spans,
             }
         )
     )

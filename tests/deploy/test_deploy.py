@@ -115,6 +115,7 @@ def _knobs_in(data: dict[str, Any]) -> set[str]:
         knobs |= {f"clients[].{k}" for k in table}
     knobs |= {f"limits.{k}" for k in data.get("limits", {})}
     knobs |= {f"auth.{k}" for k in data.get("auth", {})}
+    knobs |= {f"telemetry.{k}" for k in data.get("telemetry", {})}
     return knobs
 
 
@@ -153,6 +154,7 @@ def test_example_config_with_every_commented_knob_switched_on_loads() -> None:
         "ALICE_KEY",
         "GATEWAY_REDIS_URL",
         "GATEWAY_OIDC_SECRET",
+        "OTEL_COLLECTOR_HEADERS",
     }
     cfg = parse_with_env(text, str(EXAMPLE))
     assert cfg.server.api_keys == ("test-secret",)
@@ -191,6 +193,8 @@ def test_example_config_comments_every_knob() -> None:
                 if line.startswith("[limits]")
                 else "auth"
                 if line.startswith("[auth]")
+                else "telemetry"
+                if line.startswith("[telemetry]")
                 else "server"
             )
             continue
@@ -230,6 +234,7 @@ def _first_values(data: dict[str, Any]) -> dict[str, Any]:
     tables += [("clients[]", t) for t in data.get("clients", [])]
     tables += [("limits", data.get("limits", {}))]
     tables += [("auth", data.get("auth", {}))]
+    tables += [("telemetry", data.get("telemetry", {}))]
     shown: dict[str, Any] = {}
     for prefix, table in tables:
         for key, value in table.items():

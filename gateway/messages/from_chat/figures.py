@@ -39,6 +39,7 @@ class Figures:
         "decoded",
         "dropped_tool_deltas",
         "inline_thinking",
+        "message_id",
         "model",
         "on_end",
         "orphan_close",
@@ -74,6 +75,7 @@ class Figures:
         self.cache_read = 0  # of usage's input, the tokens read from the engine's cache
         self.web_searches = 0  # usage.server_tool_use.web_search_requests
         self.stop_reason: str | None = None
+        self.message_id: str | None = None  # the reply's id, as the client got it
         self.ttft: float | None = None
         self.decode = 0.0  # seconds from each round's first token to its last chunk
         self.decoded = 0  # output tokens after each round's first
@@ -97,6 +99,7 @@ class Figures:
     def add_message(self, message: dict[str, Any]) -> None:
         """A whole reply's stop reason and usage (a buffered one, or a stream's folded)."""
         self.stop_reason = message.get("stop_reason") or None
+        self.message_id = message.get("id")
         usage = message["usage"]
         self.cache_read = cached = usage.get("cache_read_input_tokens", 0)
         self.usage = (usage["input_tokens"] + cached, usage["output_tokens"])

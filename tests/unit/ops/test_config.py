@@ -322,3 +322,12 @@ def test_batches_without_client_keys_warn_at_start() -> None:
     assert start_warnings(keyed, batches=True) == [
         w for w in start_warnings(keyed, batches=True) if w[0] == "signing_key_ephemeral"
     ]
+
+
+def test_telemetry_is_absent_unless_configured_and_its_headers_are_read() -> None:
+    assert config.parse(tomllib.loads(GOOD), "t", {}).telemetry is None
+    text = GOOD + '\n[telemetry]\notlp_endpoint = "http://127.0.0.1:4318"\nheaders_env = "H"\n'
+    cfg = config.parse(tomllib.loads(text), "t", {"H": "authorization=Bearer k, x-team = a"})
+    assert cfg.telemetry is not None
+    assert cfg.telemetry.headers == (("authorization", "Bearer k"), ("x-team", "a"))
+    assert cfg.telemetry.sample_ratio == 1.0 and cfg.telemetry.service_name == "llm-gateway"

@@ -162,7 +162,9 @@ def _get(url: str, timeout: float = 10) -> bytes:
         return resp.read()
 
 
-def _post(url: str, body: dict[str, Any], timeout: float = 60) -> int:
+def _post(
+    url: str, body: dict[str, Any], timeout: float = 60, headers: dict[str, str] | None = None
+) -> int:
     req = urllib.request.Request(
         url,
         data=json.dumps(body).encode(),
@@ -171,6 +173,7 @@ def _post(url: str, body: dict[str, Any], timeout: float = 60) -> int:
             "content-type": "application/json",
             "anthropic-version": "2023-06-01",
             "x-api-key": TEAM_KEY,
+            **(headers or {}),
         },
     )
     try:
@@ -192,6 +195,8 @@ def _traffic_round(base: str) -> None:
     assert _post(chat, {"model": "demo", "max_tokens": 16, "messages": HI}) == 200
     assert _post(chat, {"model": "demo", "max_tokens": 16, "messages": HI, "stream": True}) == 200
     assert _post(msgs, {**demo, "model": "not-configured"}) == 404
+    # the team's key is a trusted proxy's (claude gateway): it names a developer
+    assert _post(msgs, demo, headers={"x-claude-gateway-user-id": "dev-1"}) == 200
     assert _post(chat, {"model": "not-configured", "messages": HI}) == 404
     assert _post(msgs, {**demo, "model": "m-status:500"}) >= 500
     assert _post(msgs, {**demo, "model": "m-inband-error", "stream": True}) == 200
@@ -240,7 +245,8 @@ health_timeout = 1
     text += '\n[[models]]\nname = "m-queued"\nupstream = "stub"\nupstream_model = "delay:300"\n'
     text += "max_concurrency = 1\nqueue_timeout = 10\n"
     text += f'\n[web_search]\nsearxng_url = "{searxng_url}"\ntimeout = 5\n'
-    return text + '\n[[clients]]\nname = "team"\nkey_env = "TEAM_KEY"\n'
+    text += '\n[[clients]]\nname = "team"\nkey_env = "TEAM_KEY"\nforwards_identity = true\n'
+    return text + '\n[auth]\ntrusted_forwarders = ["127.0.0.0/8"]\n'
 
 
 class _Prometheus:

@@ -65,7 +65,7 @@ from gateway.messages.from_chat.tables import (
 from gateway.messages.session_key import session_key
 from gateway.messages.stream.pump import Cut, Timing, pump
 from gateway.messages.stream.translator import StreamTranslator
-from gateway.messages.to_chat.translate import to_chat
+from gateway.messages.to_chat.translate import offered_tools, to_chat
 from gateway.ops.budget import Budget, Lease
 from gateway.ops.config import ModelRoute
 from gateway.ops.metrics import Metrics
@@ -540,10 +540,10 @@ async def count_input_tokens(
 
 def _tool_names(req: dict[str, Any]) -> tuple[str, ...]:
     """The names of the tools the request offers (what a call written as text may name)."""
-    tools = req.get("tools") or ()
     if req.get("tool_choice", {}).get("type") == "none":
         return ()
-    return tuple(t["name"] for t in tools if isinstance(t.get("name"), str))
+    # a deferred tool not loaded yet is not offered: a call to it stays text
+    return tuple(t["name"] for t in offered_tools(req) if isinstance(t.get("name"), str))
 
 
 def _stops(req: dict[str, Any]) -> tuple[str, ...]:

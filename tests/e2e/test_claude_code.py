@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 import pytest
 
@@ -147,6 +148,18 @@ def test_claude_code_web_search_is_refused_and_the_session_goes_on(tmp_path) -> 
             t["type"] == "function" and t["function"]["name"] != "web_search" for t in body["tools"]
         )
         assert "Perform a web search" not in json.dumps(body["messages"])
+    # 2.1.332 sends a tool marked defer_loading ("DeferredToolPlaceholder", never to be
+    # called): no tool_reference loads it, so the engine is never offered it
+    # called), and WebSearch deferred too: each is offered only once a tool_reference in the
+    # conversation loaded it (ToolSearch's result loads WebSearch)
+    for body, up in zip([b for b in sent if b not in side], upstream, strict=True):
+        deferred = {t["name"] for t in body["tools"] if t.get("defer_loading") is True}
+        loaded = set(re.findall(r'"tool_name": "([^"]+)"', json.dumps(body["messages"])))
+        offered = {t["function"]["name"] for t in up["tools"]}
+        assert "DeferredToolPlaceholder" in deferred - offered, (deferred, offered)
+        assert deferred & offered == deferred & loaded, (deferred, loaded, offered)
+    assert "WebSearch" in offered  # the last request: ToolSearch had loaded it
+    assert all("defer_loading" not in t["function"] for b in upstream for t in b["tools"])
     # Claude Code passed the refusal to the model as WebSearch's result; the stub answered
     result = next(b for b in sent[-1]["messages"][-1]["content"] if b["type"] == "tool_result")
     assert result["is_error"] is True and "tools.0" in json.dumps(result["content"])

@@ -47,6 +47,24 @@ def test_claude_code_one_turn_against_real_upstream(tmp_path, tiny_model) -> Non
     assert all(a["stream"] for a in posts[streamed[0] :]), posts
 
 
+@pytest.mark.llamacpp
+def test_claude_code_resumed_session_reads_its_prompt_from_the_engine_cache(
+    tmp_path, tiny_model
+) -> None:
+    """Issue 35: a resumed session (``--continue``) must not re-prefill its whole prompt. A
+    full Claude Code session (its tools and system prompt, ~23k tokens of the tiny model) on a
+    real llama.cpp, then ``Go on`` resumed: the resumed step's prompt comes from the engine's
+    cache but for the new exchange (measured with 2.1.197, ``CLAUDE_CODE_BIN``: 365 tokens
+    prefilled, 45,810 read from the cache; the installed 2.1.332 by default)."""
+    run = run_claude_code(tmp_path, "llama-resume", "Say hi", timeout=600)
+    steps = run["steps"]
+    assert [s["exit_code"] for s in steps] == [0, 0], claude_code_brief(run)
+    first, resumed = (s["result"]["usage"] for s in steps)
+    assert first["input_tokens"] > 10_000, first  # the whole prompt, prefilled once
+    assert resumed["cache_read_input_tokens"] >= first["input_tokens"], resumed
+    assert resumed["input_tokens"] < first["input_tokens"] // 10, (first, resumed)
+
+
 def test_claude_code_tool_round_trip_in_full_mode(tmp_path) -> None:
     run = run_claude_code(tmp_path, "tool", "Read the file hello.txt and tell me what it says")
     assert run["exit_code"] == 0, run

@@ -12,7 +12,9 @@ scan is certain of its place, else the decoded body encoded again
 is forwarded. A session key (the client's header, ``user``, the chat's stable prefix:
 :mod:`gateway.openai.session_scan`) is made only for an upstream of several replicas
 balanced by affinity, the one place it is read.
-Replies come back byte for byte except ``model`` (see :mod:`gateway.openai.relay`). Streams are
+Replies come back byte for byte except ``model`` (see :mod:`gateway.openai.relay`), and, on a
+chat route whose upstream has ``passthrough_text_tool_calls``, tool calls the engine wrote as
+text (:mod:`gateway.openai.text_calls`). Streams are
 relayed as they come, each write awaited; a failure after the first byte ends the
 stream with the dialect's error event (the stream's lifecycle, shared with the Messages
 API, is :mod:`gateway.http.streaming`). An error the upstream reports in-band (a 200
@@ -36,12 +38,13 @@ from gateway.http.body import read_json
 from gateway.http.keys import CLIENT, METRICS, REQUEST_ID, SECRETS, STREAM, UPSTREAM_CALLS
 from gateway.http.tenancy import record_passthrough
 from gateway.messages.session_key import SESSION_HEADER
-from gateway.openai.apis import RESPONSES, OpenAIApi
+from gateway.openai.apis import CHAT, RESPONSES, OpenAIApi
 from gateway.openai.forward import model_span, splice
 from gateway.openai.inband import InbandErrors
 from gateway.openai.relay import ModelRewriter, Relay
 from gateway.openai.responses_index import ResponsesIndexer
 from gateway.openai.session_scan import session_key
+from gateway.openai.text_calls import ChatTextCalls, offered_names
 from gateway.ops.config import ModelRoute
 from gateway.tenancy import limits
 from gateway.tenancy.fair import engine_priority
@@ -107,6 +110,12 @@ async def _forward(
     session = _session(request, client, body)
     data = raw.pop()
     upstream = route.upstream
+    # tool calls written as text, parsed where the route asks for it (else bytes relayed)
+    names = (
+        offered_names(body)
+        if api is CHAT and upstream.text_tool_calls and upstream.passthrough_text_tool_calls
+        else ()
+    )
     # the client's weight as the engine's priority (send_priority): the body encoded again
     span = (
         model_span(data, body["model"], stream=api.streams and "stream" in body)
@@ -145,6 +154,8 @@ async def _forward(
                     secrets=request.app[SECRETS],
                 )
                 reply = inband.body(rewrite(data))  # an error body raises, scrubbed
+                if names:
+                    reply = ChatTextCalls(names).body(reply)
                 usage = api.dialect.usage(data)
                 metrics.count_tokens(route.name, usage)
                 record_passthrough(request, route.name, usage)
@@ -166,7 +177,7 @@ async def _forward(
                     api.dialect,
                     hosts=client.hosts,
                     secrets=request.app[SECRETS],
-                    indexer=_indexer(api, route),
+                    indexer=ChatTextCalls(names).event if names else _indexer(api, route),
                 ),
                 t0,
                 charge,

@@ -56,11 +56,16 @@ from gateway.messages.from_chat.aggregate import aggregate
 from gateway.messages.from_chat.figures import Figures
 from gateway.messages.from_chat.message import from_chat
 from gateway.messages.from_chat.signatures import restorable, restore_reasoning
-from gateway.messages.from_chat.tables import LOCAL_STOP_KINDS, hides_thinking, shows_thinking
+from gateway.messages.from_chat.tables import (
+    LOCAL_STOP_KINDS,
+    hides_thinking,
+    shows_thinking,
+    shows_updates,
+)
 from gateway.messages.session_key import session_key
 from gateway.messages.stream.pump import Cut, Timing, pump
 from gateway.messages.stream.translator import StreamTranslator
-from gateway.messages.to_chat.translate import to_chat
+from gateway.messages.to_chat.translate import offered_tools, to_chat
 from gateway.ops.budget import Budget, Lease
 from gateway.ops.config import ModelRoute
 from gateway.ops.metrics import Metrics
@@ -139,7 +144,7 @@ async def restore(deps: MessagesDeps, req: dict[str, Any], lease: Lease) -> None
     OpenSSL let go of the GIL; what a thread can restore is bounded by the same caps).
     Replayed web search results are opened too (:func:`web_search.open_history`)."""
     web_search.open_history(req, deps.opening_keys)
-    blocks = restorable(req)
+    blocks = restorable(req, notes=shows_updates(req))
     if not blocks:
         return
     keys = deps.opening_keys
@@ -386,6 +391,7 @@ class Call:
             hosts=self.client.hosts,
             secrets=deps.upstreams.secrets,
             hide_thinking=hides_thinking(self.req),
+            show_updates=shows_updates(self.req),
             show_thinking=shows_thinking(self.req),
             normaliser=self.normaliser(),
             keep_streamed=self.route.upstream.max_continuations > 0,
@@ -450,6 +456,7 @@ class Call:
             on_repaired=count("repaired"),
             normaliser=normaliser,
             hide_thinking=hides_thinking(self.req),
+            show_updates=shows_updates(self.req),
             show_thinking=shows_thinking(self.req),
             on_reasoning_hidden=hidden,
             hosts=self.client.hosts,
@@ -548,10 +555,10 @@ async def count_input_tokens(
 
 def _tool_names(req: dict[str, Any]) -> tuple[str, ...]:
     """The names of the tools the request offers (what a call written as text may name)."""
-    tools = req.get("tools") or ()
     if req.get("tool_choice", {}).get("type") == "none":
         return ()
-    return tuple(t["name"] for t in tools if isinstance(t.get("name"), str))
+    # a deferred tool not loaded yet is not offered: a call to it stays text
+    return tuple(t["name"] for t in offered_tools(req) if isinstance(t.get("name"), str))
 
 
 def _stops(req: dict[str, Any]) -> tuple[str, ...]:

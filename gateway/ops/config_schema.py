@@ -132,6 +132,12 @@ class UpstreamConfig:
         doc="tool calls written as text in the model's native format become `tool_use` "
         "blocks (for offered tools); false: content is never read for calls",
     )
+    passthrough_text_tool_calls: bool = _knob(
+        False,
+        doc="with `text_tool_calls`, the OpenAI chat pass-through parses them too: "
+        "`message.tool_calls` / `tool_calls` deltas and `finish_reason: tool_calls` (off: "
+        "replies are relayed as bytes, never decoded)",
+    )
     # gateway/tenancy/fair.py engine_priority
     send_priority: bool = _knob(
         False,

@@ -36,6 +36,10 @@ context_management, output_config, metadata and cache_control. The work director
                ``#fail``: the SearXNG stand-in answers 500.
 ``pdf``        ``tiny-demo`` -> ``cc-tool`` on doc.pdf.
 ``think``      ``tiny-demo`` -> ``think-tool:Read``: reasoning with each turn (``REASONING_<n>``).
+``llama-resume``  ``llama``'s turn, then ``Go on`` with ``--continue``: each step's result
+               has the engine's usage (``cache_read_input_tokens``: the prompt it reused).
+``resume``     ``think``'s turn (reasoning, Read, answer), then ``Go on`` with ``--continue``:
+               the resumed session's first request must extend the last one's prompt.
 ``think-updates``  the same, with ``thinking.display: "updates"`` forced through
                ``CLAUDE_CODE_EXTRA_BODY`` (2.1.332 sends ``omitted`` unless an experiment is on).
 
@@ -92,7 +96,11 @@ from tests.otlp_collector import Collector  # noqa: E402
 from tests.pdfs import make_pdf  # noqa: E402
 from tests.procs import Proc, free_port, start_gateway, wait_http  # noqa: E402
 
-CLAUDE = REPO / "tests" / "clients" / "node_modules" / ".bin" / "claude"
+# CLAUDE_CODE_BIN: another Claude Code binary (an older version, e.g. 2.1.197's native one)
+CLAUDE = Path(
+    os.environ.get("CLAUDE_CODE_BIN")
+    or REPO / "tests" / "clients" / "node_modules" / ".bin" / "claude"
+)
 FILE_TEXT = "hello from the file 42"
 PDF_LINES = ["Quarterly report of the PDF 77", "Revenue rose by 12 percent."]
 MODEL = "tiny-demo"
@@ -100,6 +108,8 @@ EXPLORE_PROMPT = "Read hello.txt and report what it says."
 LOCAL_MODES = ("text-tool", "broken-args", "inline-think")
 SESSION_MODES = ("compact", "compact-effort", "compact-bare")
 WEBSEARCH_SESSION = "websearch-session"
+RESUME = "resume"
+LLAMA_RESUME = "llama-resume"
 WEBSEARCH_MODES = ("websearch", WEBSEARCH_SESSION, "websearch-fail")
 LIMITED_CLIENT = """
 [[clients]]
@@ -112,6 +122,8 @@ requests_per_minute = 60
 def _steps(mode: str, prompt: str, args: list[str]) -> list[list[str]]:
     """The ``claude`` argument lists to run, in order: one for a single-run mode."""
     out = ["--output-format", "json"]
+    if mode in (RESUME, LLAMA_RESUME):
+        return [["-p", prompt, *args, *out], ["-p", "Go on", "--continue", *args, *out]]
     if mode == WEBSEARCH_SESSION:
         return [
             ["-p", prompt, *args, *out],
@@ -249,8 +261,11 @@ def _routes(mode: str, work: Path) -> list[tuple[str, str]]:
         return [(MODEL, "cc-steps:" + json.dumps(steps)), ("claude-*", "ok")]
     if mode == "pdf":
         return [(MODEL, f"cc-tool:{pdf}")]
-    if mode in ("think", "think-updates"):
-        return [(MODEL, "think-tool:Read:" + json.dumps({"file_path": hello}))]
+    if mode in ("think", "think-updates", RESUME):
+        return [
+            (MODEL, "think-tool:Read:" + json.dumps({"file_path": hello})),
+            ("claude-*", "chat"),
+        ]
     if mode in ("tool", "telemetry"):
         return [(MODEL, f"cc-tool:{hello}")]
     if mode in LOCAL_MODES:
@@ -303,15 +318,17 @@ def main() -> int:
     stub_url = searxng_url = None
     searches = None
     model: str | None = MODEL
-    if mode == "llama":
+    if mode in ("llama", LLAMA_RESUME):
         from gateway.demo.llama import LlamaServer
         from gateway.demo.tinymodel import ensure_model
 
         model_path, _ = ensure_model(str(tmp / "model"))
-        llama = LlamaServer(model_path, ctx_size=16384, parallel=1, threads=1, alias="demo")
+        # a resumed session: Claude Code's whole prompt (its tools, its system prompt), as used
+        ctx = 131072 if mode == LLAMA_RESUME else 16384
+        llama = LlamaServer(model_path, ctx_size=ctx, parallel=1, threads=1, alias="demo")
         cfg = llama_config(llama.start(timeout=60), name=MODEL)
         stopper.append(llama.stop)
-        args = ["--bare", "--tools", ""]
+        args = ["--max-turns", "8"] if mode == LLAMA_RESUME else ["--bare", "--tools", ""]
     else:
         (work / "hello.txt").write_text(FILE_TEXT + "\n")
         (work / "doc.pdf").write_bytes(make_pdf([PDF_LINES]))
@@ -384,7 +401,9 @@ def main() -> int:
                 text=True,
             )
             try:  # a hung run still reports what it sent (exit_code None)
-                stdout, stderr = claude.communicate(timeout=150 if mode == "llama" else 90)
+                stdout, stderr = claude.communicate(
+                    timeout=150 if mode in ("llama", LLAMA_RESUME) else 90
+                )
             except subprocess.TimeoutExpired:
                 claude.kill()
                 stdout, stderr = claude.communicate()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 import pytest
 
@@ -44,6 +45,24 @@ def test_claude_code_one_turn_against_real_upstream(tmp_path, tiny_model) -> Non
     assert len(streamed) == 1 and posts[streamed[0]]["query"] == "beta"  # names only
     # a non-streaming request after the stream would be Claude Code's fallback
     assert all(a["stream"] for a in posts[streamed[0] :]), posts
+
+
+@pytest.mark.llamacpp
+def test_claude_code_resumed_session_reads_its_prompt_from_the_engine_cache(
+    tmp_path, tiny_model
+) -> None:
+    """Issue 35: a resumed session (``--continue``) must not re-prefill its whole prompt. A
+    full Claude Code session (its tools and system prompt, ~23k tokens of the tiny model) on a
+    real llama.cpp, then ``Go on`` resumed: the resumed step's prompt comes from the engine's
+    cache but for the new exchange (measured with 2.1.197, ``CLAUDE_CODE_BIN``: 365 tokens
+    prefilled, 45,810 read from the cache; the installed 2.1.332 by default)."""
+    run = run_claude_code(tmp_path, "llama-resume", "Say hi", timeout=600)
+    steps = run["steps"]
+    assert [s["exit_code"] for s in steps] == [0, 0], claude_code_brief(run)
+    first, resumed = (s["result"]["usage"] for s in steps)
+    assert first["input_tokens"] > 10_000, first  # the whole prompt, prefilled once
+    assert resumed["cache_read_input_tokens"] >= first["input_tokens"], resumed
+    assert resumed["input_tokens"] < first["input_tokens"] // 10, (first, resumed)
 
 
 def test_claude_code_tool_round_trip_in_full_mode(tmp_path) -> None:
@@ -147,6 +166,18 @@ def test_claude_code_web_search_is_refused_and_the_session_goes_on(tmp_path) -> 
             t["type"] == "function" and t["function"]["name"] != "web_search" for t in body["tools"]
         )
         assert "Perform a web search" not in json.dumps(body["messages"])
+    # 2.1.332 sends a tool marked defer_loading ("DeferredToolPlaceholder", never to be
+    # called): no tool_reference loads it, so the engine is never offered it
+    # called), and WebSearch deferred too: each is offered only once a tool_reference in the
+    # conversation loaded it (ToolSearch's result loads WebSearch)
+    for body, up in zip([b for b in sent if b not in side], upstream, strict=True):
+        deferred = {t["name"] for t in body["tools"] if t.get("defer_loading") is True}
+        loaded = set(re.findall(r'"tool_name": "([^"]+)"', json.dumps(body["messages"])))
+        offered = {t["function"]["name"] for t in up["tools"]}
+        assert "DeferredToolPlaceholder" in deferred - offered, (deferred, offered)
+        assert deferred & offered == deferred & loaded, (deferred, loaded, offered)
+    assert "WebSearch" in offered  # the last request: ToolSearch had loaded it
+    assert all("defer_loading" not in t["function"] for b in upstream for t in b["tools"])
     # Claude Code passed the refusal to the model as WebSearch's result; the stub answered
     result = next(b for b in sent[-1]["messages"][-1]["content"] if b["type"] == "tool_result")
     assert result["is_error"] is True and "tools.0" in json.dumps(result["content"])
@@ -186,8 +217,9 @@ def test_claude_code_thinking_tool_loop_keeps_the_reasoning(
 ) -> None:
     """Claude Code 2.1.332 asks for adaptive thinking with ``display: "omitted"`` (``"updates"``
     when its connector-text experiment is on; forced here through ``CLAUDE_CODE_EXTRA_BODY``),
-    gets empty signed thinking blocks and replays them as ``{"thinking": "", "signature"}``. The
-    signature carries the reasoning sealed, so the upstream gets turn 1's reasoning back."""
+    gets signed thinking blocks, empty (or, for ``"updates"``, showing the progress note the
+    reasoning ends on), and replays them as they came. The signature carries the reasoning
+    sealed, so the upstream gets turn 1's reasoning back."""
     run = run_claude_code(tmp_path, mode, "Read the file hello.txt and tell me what it says")
     assert run["exit_code"] == 0, claude_code_brief(run)
     assert run["file_text"] in run["result"]["result"]
@@ -196,7 +228,9 @@ def test_claude_code_thinking_tool_loop_keeps_the_reasoning(
     first, second = claude_code_sent(run)
     assert first["thinking"] == {"type": "adaptive", "display": display}
     replayed = next(m for m in second["messages"] if m["role"] == "assistant")["content"]
-    assert replayed[0]["type"] == "thinking" and replayed[0]["thinking"] == ""
+    # "updates" shows the progress note the reasoning ends on; "omitted" shows nothing
+    note = "I need Read before I can answer." if display == "updates" else ""
+    assert replayed[0]["type"] == "thinking" and replayed[0]["thinking"] == note
     assert replayed[0]["signature"] and replayed[1]["type"] == "tool_use"
     assistant = next(
         m for m in run["upstream_requests"][1]["body"]["messages"] if m["role"] == "assistant"

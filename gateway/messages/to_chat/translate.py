@@ -28,6 +28,11 @@ Protocol facts relied on:
   ``prompt_progress.total``, the prompt's token count.
 - A system turn may set this turn's ``output_config`` fields (:mod:`.turn_control`): the
   merged output_config is what is translated.
+- A tool with ``defer_loading: true`` is not in the model's context until a tool search
+  loads it: a ``tool_reference`` naming it in a ``tool_result`` of the conversation (Claude
+  Code's ToolSearch returns them). Until then it is not offered upstream at all (a small
+  model calls whatever it is offered, placeholders included); once loaded it is an ordinary
+  function, ``defer_loading`` left out. A ``tool_choice`` naming it loads it too.
 - An upstream that cannot take images or ``tool_reference`` parts
   (:mod:`gateway.local.capabilities`) gets them as text (``as_text``, see
   :mod:`.chat_turns`). One that ignores a named ``tool_choice`` object
@@ -57,7 +62,7 @@ from gateway.text import jsonutil
 if TYPE_CHECKING:
     from gateway.ops.config import ModelRoute
 
-__all__ = ["to_chat"]
+__all__ = ["offered_tools", "to_chat"]
 
 # THE allow-list: every top-level field read here; anything else is dropped and counted.
 _TRANSLATED = frozenset(
@@ -145,7 +150,8 @@ def to_chat(
 
 def _tools(req: Mapping[str, Any], out: dict[str, Any], named_choice: bool = True) -> None:
     functions: list[dict[str, Any]] = []
-    for tool in req.get("tools") or ():
+    choice = req.get("tool_choice")
+    for tool in offered_tools(req):
         if is_custom_tool(tool):
             schema = tool["input_schema"]
             fn: dict[str, Any] = {"name": tool["name"]}
@@ -159,13 +165,10 @@ def _tools(req: Mapping[str, Any], out: dict[str, Any], named_choice: bool = Tru
             fn = web_search_function(tool)
         else:  # validated: an Anthropic-defined client tool (other server tools were refused)
             fn = to_function(tool)
-        if tool.get("defer_loading") is not None:
-            fn["defer_loading"] = tool["defer_loading"]
         functions.append({"type": "function", "function": fn})
     if not functions:
         return  # an empty tools list is refused by some servers
     out["tools"] = functions
-    choice = req.get("tool_choice")
     if choice is None:
         return
     kind = choice["type"]
@@ -180,6 +183,37 @@ def _tools(req: Mapping[str, Any], out: dict[str, Any], named_choice: bool = Tru
         out["tool_choice"] = _TOOL_CHOICE[kind]
     if choice.get("disable_parallel_tool_use") is True and kind != "none":
         out["parallel_tool_calls"] = False
+
+
+def offered_tools(req: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The request's tools the model is offered, in order: a deferred one
+    (``defer_loading: true``) only once the conversation has loaded it (:func:`_loaded`)."""
+    tools = req.get("tools") or ()
+    if not any(tool.get("defer_loading") is True for tool in tools):
+        return list(tools)
+    loaded = _loaded(req, req.get("tool_choice"))
+    return [t for t in tools if t.get("defer_loading") is not True or t.get("name") in loaded]
+
+
+def _loaded(req: Mapping[str, Any], choice: Mapping[str, Any] | None) -> set[str]:
+    """The names of the tools the conversation has loaded: every ``tool_reference`` in a
+    ``tool_result`` (what a tool search returns), and the tool ``tool_choice`` names. One
+    walk of the user turns, made only when some tool is deferred."""
+    names: set[str] = set()
+    if choice is not None and choice.get("type") == "tool":
+        names.add(choice["name"])
+    for turn in req["messages"]:
+        content = turn["content"]
+        if turn["role"] != "user" or isinstance(content, str):
+            continue
+        for block in content:
+            inner = block.get("content") if block["type"] == "tool_result" else None
+            if not inner or isinstance(inner, str):
+                continue
+            for item in inner:
+                if item["type"] == "tool_reference":
+                    names.add(item.get("tool_name", item.get("name")))
+    return names
 
 
 def _with_examples(description: str | None, examples: list[Any] | None) -> str | None:

@@ -146,7 +146,7 @@ def test_every_client_type_is_in_the_table() -> None:
 
 def test_tool_options_never_reach_the_upstream() -> None:
     """cache_control, strict, allowed_callers, input_examples tune Anthropic's serving;
-    defer_loading is forwarded as for custom tools."""
+    defer_loading is the gateway's to apply (a deferred tool goes up once loaded, as any)."""
     tool = {
         "type": "bash_20250124",
         "name": "bash",
@@ -154,11 +154,11 @@ def test_tool_options_never_reach_the_upstream() -> None:
         "strict": True,
         "allowed_callers": ["direct"],
         "input_examples": [{"command": "ls"}],
-        "defer_loading": True,
+        "defer_loading": False,
     }
     (fn,) = _functions(tool)
-    assert fn["parameters"] == BASH and fn["defer_loading"] is True
-    assert set(fn) == {"name", "description", "parameters", "defer_loading"}
+    assert fn["parameters"] == BASH
+    assert set(fn) == {"name", "description", "parameters"}
 
 
 def test_client_and_custom_tools_keep_their_order_and_tool_choice_names_a_client_tool() -> None:

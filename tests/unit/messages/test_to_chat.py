@@ -254,3 +254,67 @@ def test_cited_text_blocks_are_joined_as_written(
     }
     body = to_chat(validate_messages(req), _route())
     assert body["messages"][1] == {"role": "assistant", "content": content}
+
+
+# --- deferred tools (defer_loading: true) ---------------------------------------------------
+
+_PLAIN = {"name": "Read", "input_schema": {"type": "object"}}
+
+
+def _deferred(name: str) -> dict[str, Any]:
+    return {"name": name, "input_schema": {"type": "object"}, "defer_loading": True}
+
+
+def _loading(*names: str, short: bool = False) -> list[dict[str, Any]]:
+    """A ToolSearch turn whose result loads ``names`` (``short``: the ``name`` form)."""
+    key = "name" if short else "tool_name"
+    refs = [{"type": "tool_reference", key: n} for n in names]
+    return [
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "t1", "content": refs}],
+        },
+    ]
+
+
+DEFERRAL = [
+    ("nothing loaded", [], None, ["Read"]),
+    ("one loaded", _loading("a"), None, ["Read", "a"]),
+    ("short reference form", _loading("b", short=True), None, ["Read", "b"]),
+    ("both loaded", _loading("b", "a"), None, ["Read", "a", "b"]),
+    ("tool_choice names it", [], {"type": "tool", "name": "b"}, ["Read", "b"]),
+    ("a reference to an unknown tool", _loading("zz"), None, ["Read"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "history", "choice", "offered"), DEFERRAL, ids=[d[0] for d in DEFERRAL]
+)
+def test_a_deferred_tool_is_offered_once_a_reference_loads_it(
+    name: str, history: list[Any], choice: Any, offered: list[str]
+) -> None:
+    req: dict[str, Any] = {
+        "model": "m",
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "q"}, *history, {"role": "user", "content": "go"}],
+        "tools": [_PLAIN, _deferred("a"), _deferred("b")],
+    }
+    if choice is not None:
+        req["tool_choice"] = choice
+    body = to_chat(validate_messages(req), _route("llamacpp"))
+    assert [t["function"]["name"] for t in body["tools"]] == offered
+    assert all("defer_loading" not in t["function"] for t in body["tools"])
+
+
+def test_only_deferred_tools_and_none_loaded_offers_no_tools() -> None:
+    req = {
+        "model": "m",
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "q"}],
+        "tools": [_deferred("a")],
+    }
+    assert "tools" not in to_chat(validate_messages(req), _route())

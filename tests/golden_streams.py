@@ -47,7 +47,6 @@ def translator_for(meta: dict[str, Any]) -> StreamTranslator:
         input_tokens=meta.get("input_tokens", 0),
         hosts=meta.get("hosts", ()),
         hide_thinking=meta.get("hide_thinking", False),
-        show_updates=tables.shows_updates({"thinking": meta.get("thinking")}),
         show_thinking=tables.shows_thinking({"thinking": meta.get("thinking")}),
         normaliser=normaliser(meta),
     )

@@ -952,8 +952,7 @@ class Stub:
         turn (``REASONING_1``...), so a test can see which reasoning came back upstream."""
         _, name, args = model.split(":", 2)
         turn = 1 + sum(1 for m in body["messages"] if m.get("role") == "assistant")
-        # two paragraphs: display "updates" shows the last one, the signature keeps both
-        reasoning = f"REASONING_{turn}: a tool is due.\n\nI need {name} before I can answer."
+        reasoning = f"REASONING_{turn}: I need {name} before I can answer."
         last = last_turn(body["messages"])
         if last.get("role") == "tool":
             text = "The tool said: " + _tool_text(last, as_json=True).strip()[:200]

@@ -56,12 +56,7 @@ from gateway.messages.from_chat.aggregate import aggregate
 from gateway.messages.from_chat.figures import Figures
 from gateway.messages.from_chat.message import from_chat
 from gateway.messages.from_chat.signatures import restorable, restore_reasoning
-from gateway.messages.from_chat.tables import (
-    LOCAL_STOP_KINDS,
-    hides_thinking,
-    shows_thinking,
-    shows_updates,
-)
+from gateway.messages.from_chat.tables import LOCAL_STOP_KINDS, hides_thinking, shows_thinking
 from gateway.messages.session_key import session_key
 from gateway.messages.stream.pump import Cut, Timing, pump
 from gateway.messages.stream.translator import StreamTranslator
@@ -144,7 +139,7 @@ async def restore(deps: MessagesDeps, req: dict[str, Any], lease: Lease) -> None
     OpenSSL let go of the GIL; what a thread can restore is bounded by the same caps).
     Replayed web search results are opened too (:func:`web_search.open_history`)."""
     web_search.open_history(req, deps.opening_keys)
-    blocks = restorable(req, notes=shows_updates(req))
+    blocks = restorable(req)
     if not blocks:
         return
     keys = deps.opening_keys
@@ -391,7 +386,6 @@ class Call:
             hosts=self.client.hosts,
             secrets=deps.upstreams.secrets,
             hide_thinking=hides_thinking(self.req),
-            show_updates=shows_updates(self.req),
             show_thinking=shows_thinking(self.req),
             normaliser=self.normaliser(),
             keep_streamed=self.route.upstream.max_continuations > 0,
@@ -456,7 +450,6 @@ class Call:
             on_repaired=count("repaired"),
             normaliser=normaliser,
             hide_thinking=hides_thinking(self.req),
-            show_updates=shows_updates(self.req),
             show_thinking=shows_thinking(self.req),
             on_reasoning_hidden=hidden,
             hosts=self.client.hosts,

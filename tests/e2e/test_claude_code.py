@@ -217,9 +217,8 @@ def test_claude_code_thinking_tool_loop_keeps_the_reasoning(
 ) -> None:
     """Claude Code 2.1.332 asks for adaptive thinking with ``display: "omitted"`` (``"updates"``
     when its connector-text experiment is on; forced here through ``CLAUDE_CODE_EXTRA_BODY``),
-    gets signed thinking blocks, empty (or, for ``"updates"``, showing the progress note the
-    reasoning ends on), and replays them as they came. The signature carries the reasoning
-    sealed, so the upstream gets turn 1's reasoning back."""
+    gets empty signed thinking blocks and replays them as ``{"thinking": "", "signature"}``. The
+    signature carries the reasoning sealed, so the upstream gets turn 1's reasoning back."""
     run = run_claude_code(tmp_path, mode, "Read the file hello.txt and tell me what it says")
     assert run["exit_code"] == 0, claude_code_brief(run)
     assert run["file_text"] in run["result"]["result"]
@@ -228,9 +227,7 @@ def test_claude_code_thinking_tool_loop_keeps_the_reasoning(
     first, second = claude_code_sent(run)
     assert first["thinking"] == {"type": "adaptive", "display": display}
     replayed = next(m for m in second["messages"] if m["role"] == "assistant")["content"]
-    # "updates" shows the progress note the reasoning ends on; "omitted" shows nothing
-    note = "I need Read before I can answer." if display == "updates" else ""
-    assert replayed[0]["type"] == "thinking" and replayed[0]["thinking"] == note
+    assert replayed[0]["type"] == "thinking" and replayed[0]["thinking"] == ""
     assert replayed[0]["signature"] and replayed[1]["type"] == "tool_use"
     assistant = next(
         m for m in run["upstream_requests"][1]["body"]["messages"] if m["role"] == "assistant"

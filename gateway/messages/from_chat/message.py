@@ -37,7 +37,6 @@ from gateway import errors
 from gateway.local.normalise import CALL_PIECE, THINKING_PIECE, ContentNormaliser
 from gateway.local.tool_args import RepairBudget, repair_arguments
 from gateway.messages.from_chat import signatures, tables
-from gateway.messages.from_chat.updates import progress_update
 from gateway.text import ids
 from gateway.text.redact import NO_SECRETS, Redactor
 
@@ -57,7 +56,6 @@ def from_chat(
     on_repaired: Callable[[], None] | None = None,
     normaliser: ContentNormaliser | None = None,
     hide_thinking: bool = False,
-    show_updates: bool = False,
     show_thinking: bool = True,
     on_reasoning_hidden: Callable[[], None] | None = None,
     hosts: Sequence[str] = (),
@@ -71,8 +69,7 @@ def from_chat(
     calls may spend together (None: a fresh one; the caller's, to read what it refused).
     Without ``show_thinking`` (no thinking was asked for) reasoning gets no block at all and
     ``on_reasoning_hidden`` is called; with ``hide_thinking`` (display "omitted") its block
-    has only the signature, and with ``show_updates`` (display "updates") the short progress
-    note its reasoning ends on (:func:`.updates.progress_update`). Raises
+    has only the signature. Raises
     :class:`errors.UpstreamError` for an in-band error object (scrubbed of ``hosts``
     and ``secrets``) and :class:`errors.StreamProcessingError` (500) for anything
     that is not a completion with a choice.
@@ -124,7 +121,7 @@ def from_chat(
         parts = [part for part in parts if part[0] != "thinking"]
         if on_reasoning_hidden is not None:
             on_reasoning_hidden()
-    content = _blocks(parts, signing_key, hide_thinking, show_updates)
+    content = _blocks(parts, signing_key, hide_thinking)
     has_tools = any(block["type"] == "tool_use" for block in content)
     if not content:
         # Never an empty content array: one empty text block says "nothing was said".
@@ -148,7 +145,7 @@ def from_chat(
 
 
 def _blocks(
-    parts: list[tuple[str, Any]], signing_key: bytes, hide_thinking: bool, show_updates: bool
+    parts: list[tuple[str, Any]], signing_key: bytes, hide_thinking: bool
 ) -> list[dict[str, Any]]:
     """Content blocks from ordered parts, adjacent text (or thinking) joined into one block,
     as the stream's blocks are."""
@@ -164,7 +161,7 @@ def _blocks(
             content.append(
                 {
                     "type": "thinking",
-                    "thinking": _shown(value, hide_thinking, show_updates),
+                    "thinking": "" if hide_thinking else value,
                     "signature": signatures.seal(signing_key, value),
                 }
             )
@@ -173,13 +170,6 @@ def _blocks(
         else:
             content.append(value)
     return content
-
-
-def _shown(reasoning: str, hide_thinking: bool, show_updates: bool) -> str:
-    """What a thinking block shows of its reasoning (``thinking.display``)."""
-    if show_updates:
-        return progress_update(reasoning)
-    return "" if hide_thinking else reasoning
 
 
 def _is_error_object(completion: Mapping[str, Any]) -> bool:

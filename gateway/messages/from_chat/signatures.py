@@ -48,7 +48,6 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from gateway.errors import InvalidRequest, Overloaded, RequestTooLarge
-from gateway.messages.from_chat.updates import UPDATE_CHARS, is_update_of
 
 __all__ = [
     "MAX_EXPANSION",
@@ -202,19 +201,14 @@ def open_bounded(keys: bytes | Sequence[bytes], signature: str, limit: int) -> s
 Restorable = tuple[int, int, dict[str, Any]]
 
 
-def restorable(req: Mapping[str, Any], *, notes: bool = False) -> list[Restorable]:
-    """The replayed thinking blocks that left their text out and carry a signature; with
-    ``notes`` (``thinking.display: "updates"``) also those whose text may be the progress
-    note of their reasoning (:mod:`.updates`: no longer than one)."""
+def restorable(req: Mapping[str, Any]) -> list[Restorable]:
+    """The replayed thinking blocks that left their text out and carry a signature."""
     found: list[Restorable] = []
     for i, turn in enumerate(req["messages"]):
         if turn["role"] != "assistant" or isinstance(turn["content"], str):
             continue
         for j, block in enumerate(turn["content"]):
-            if block["type"] != "thinking" or not block.get("signature"):
-                continue
-            text = block["thinking"]
-            if not text or (notes and len(text) <= UPDATE_CHARS):
+            if block["type"] == "thinking" and not block["thinking"] and block.get("signature"):
                 found.append((i, j, block))
     return found
 
@@ -235,9 +229,7 @@ def restore_reasoning(
     holds (in place: the request is the gateway's own parse of the body); a signature that
     does not open is refused as the API refuses one (400 naming the block's signature). A
     block that carries its text keeps it, whatever its signature: clients replay histories
-    recorded elsewhere, and the text is what the model is shown; except a progress note
-    (``blocks`` from ``restorable(req, notes=True)``) that is exactly the note of the
-    reasoning its signature holds: that block gets the reasoning back.
+    recorded elsewhere, and the text is what the model is shown.
 
     Every expansion is bounded by the request (each refusal names the block's signature):
     one signature restores at most :data:`MAX_EXPANSION` times its length (400); all of a
@@ -255,36 +247,17 @@ def restore_reasoning(
         if take is not None and not take(bound):
             raise Overloaded(RESTORE_BUSY)
         try:
-            if block["thinking"]:  # a progress note ("updates"): restored only if it is ours
-                reasoning = _open_note(keys, signature, left, block["thinking"])
-            else:
-                reasoning = _open_one(keys, signature, left, path, max_bytes)
+            reasoning = _open_one(keys, signature, left, path, max_bytes)
         except BaseException:
             if give is not None:
                 give(bound)
             raise
-        if reasoning is None:
-            if give is not None:
-                give(bound)
-            continue
         size = len(reasoning.encode("utf-8")) if not reasoning.isascii() else len(reasoning)
         if give is not None:
             give(bound - size)
         restored += size
         block["thinking"] = reasoning
     return restored
-
-
-def _open_note(keys: bytes | Sequence[bytes], signature: str, left: int, note: str) -> str | None:
-    """The reasoning behind a replayed progress note, or None (the block keeps its text) when
-    the signature is not ours, holds too much, or its reasoning gives another note."""
-    try:
-        reasoning = open_bounded(keys, signature, left)
-    except TooMuchReasoning:
-        return None
-    if reasoning is None or not is_update_of(note, reasoning):
-        return None
-    return reasoning
 
 
 def _open_one(

@@ -136,8 +136,7 @@ _HIDDEN_DISPLAYS = frozenset(("omitted", "updates"))
 
 
 def hides_thinking(req: Mapping[str, Any]) -> bool:
-    """``thinking.display`` is ``"omitted"`` (or the ``"updates"`` beta): reasoning stays hidden
-    (for ``"updates"`` the block shows a short progress note instead: :func:`shows_updates`).
+    """``thinking.display`` is ``"omitted"`` (or the ``"updates"`` beta): reasoning stays hidden.
 
     Anthropic then returns each thinking block with an empty ``thinking`` and only its
     signature; streamed, the block opens and closes with a ``signature_delta`` and no
@@ -148,17 +147,6 @@ def hides_thinking(req: Mapping[str, Any]) -> bool:
         thinking is not None
         and isinstance(thinking, _MAPPING)
         and thinking.get("display") in _HIDDEN_DISPLAYS
-    )
-
-
-def shows_updates(req: Mapping[str, Any]) -> bool:
-    """``thinking.display`` is ``"updates"``: each (hidden) thinking block shows the short
-    progress note its reasoning ends on (:mod:`.updates`)."""
-    thinking = req.get("thinking")
-    return (
-        thinking is not None
-        and isinstance(thinking, _MAPPING)
-        and thinking.get("display") == "updates"
     )
 
 

@@ -8,9 +8,7 @@ Gateway decisions:
 
 - A thinking block always ends with one ``signature_delta`` (the text streamed in it,
   sealed: see :mod:`.signatures`), on the failure path too: partial thinking is still the
-  gateway's. Its text is kept while it is open, whether it is shown or not. With
-  ``thinking.display: "updates"`` one ``thinking_delta`` holding the block's progress note
-  (:func:`~gateway.messages.from_chat.updates.progress_update`) comes just before it.
+  gateway's. Its text is kept while it is open, whether it is shown or not.
 - A text block that ends while a tail that may begin a stop sequence is held back
   (:class:`~gateway.messages.stream.stops.StopMatcher`) sends that tail first: it was no stop.
 - A tool block's contents are :class:`~gateway.messages.stream.tool_blocks.ToolBlocks`'s; when
@@ -25,7 +23,6 @@ caller's ``out`` list.
 from __future__ import annotations
 
 from gateway.messages.from_chat import signatures
-from gateway.messages.from_chat.updates import progress_update
 from gateway.messages.stream import frames
 from gateway.messages.stream.stops import StopMatcher
 from gateway.messages.stream.tool_blocks import NONE, TEXT, THINKING, TOOL, StreamedCall, ToolBlocks
@@ -34,28 +31,10 @@ from gateway.messages.stream.tool_blocks import NONE, TEXT, THINKING, TOOL, Stre
 class Blocks:
     """The blocks of one streamed message; ``kind`` is the open one's (``NONE``: none)."""
 
-    __slots__ = (
-        "_key",
-        "_stops",
-        "_tools",
-        "_updates",
-        "head",
-        "index",
-        "kind",
-        "next_index",
-        "thinking",
-    )
+    __slots__ = ("_key", "_stops", "_tools", "head", "index", "kind", "next_index", "thinking")
 
-    def __init__(
-        self,
-        signing_key: bytes,
-        stops: StopMatcher | None,
-        tools: ToolBlocks,
-        *,
-        updates: bool = False,
-    ) -> None:
+    def __init__(self, signing_key: bytes, stops: StopMatcher | None, tools: ToolBlocks) -> None:
         self._key = signing_key
-        self._updates = updates  # thinking.display "updates": a thinking block ends on its note
         self._stops = stops
         self._tools = tools
         self.kind = NONE
@@ -81,12 +60,7 @@ class Blocks:
             # the block ends: the held tail was not a stop sequence after all
             out.append(self.head + frames.jstr(self._stops.take_held()) + frames.DELTA_END)
         elif kind == THINKING:
-            reasoning = "".join(self.thinking)
-            if self._updates:
-                note = progress_update(reasoning)
-                if note:
-                    out.append(self.head + frames.jstr(note) + frames.DELTA_END)
-            signature = signatures.seal(self._key, reasoning)
+            signature = signatures.seal(self._key, "".join(self.thinking))
             out.append(
                 frames.CBD
                 + b"%d" % self.index

@@ -197,7 +197,6 @@ class StreamTranslator:
         hosts: Sequence[str] = (),
         secrets: Redactor = NO_SECRETS,
         hide_thinking: bool = False,
-        show_updates: bool = False,
         show_thinking: bool = True,
         normaliser: ContentNormaliser | None = None,
         keep_streamed: bool = False,
@@ -242,8 +241,7 @@ class StreamTranslator:
         self.ended_by_done = False  # the upstream's [DONE] ended it (its body ends next)
         # the open block
         self._tools = ToolBlocks()  # the tool calls: tool_use blocks' contents
-        # thinking.display "updates": each thinking block ends on its progress note
-        self._blocks = Blocks(signing_key, self._stops, self._tools, updates=show_updates)
+        self._blocks = Blocks(signing_key, self._stops, self._tools)
         # what local engines leave in content (inline <think>, tool calls written as text)
         self.normaliser = normaliser  # kept for the caller's counts once the stream ends
         self._norm = normaliser  # None once its content has ended

@@ -59,7 +59,6 @@ def _run(case: Path, **kwargs: Any) -> dict[str, Any]:
         signing_key=KEY,
         message_id=MESSAGE_ID,
         hide_thinking=tables.hides_thinking(request),
-        show_updates=tables.shows_updates(request),
         show_thinking=tables.shows_thinking(request),
         **kwargs,
     )

@@ -17,9 +17,7 @@ from typing import Any
 
 import pytest
 
-from gateway.messages.from_chat import tables
 from gateway.messages.from_chat.signatures import restorable, restore_reasoning, seal
-from gateway.messages.from_chat.updates import progress_update
 from gateway.messages.request.validate import validate_messages
 from gateway.messages.to_chat.translate import to_chat
 from gateway.ops.config import ModelRoute, UpstreamConfig
@@ -108,18 +106,17 @@ def _resumed(turn: list[dict[str, Any]], thinking: str) -> list[dict[str, Any]]:
 
 def _chat(req: dict[str, Any]) -> dict[str, Any]:
     valid = validate_messages(req)
-    restore_reasoning(valid, KEY, blocks=restorable(valid, notes=tables.shows_updates(valid)))
+    restore_reasoning(valid, KEY, blocks=restorable(valid))
     return to_chat(valid, _route())
 
 
 # How Claude Code replays the first turn's thinking: as it came (2.1.197: the text; 2.1.332:
-# empty, display "omitted", or the progress note, display "updates"), sealed in the signature.
-NOTE = progress_update(REASONING)
+# empty, display "omitted" or "updates", which hide it alike), sealed in the signature.
 REPLAYS = [
     ("text", REASONING, REASONING),
     ("omitted", "", ""),
     ("text then omitted", REASONING, ""),
-    ("updates", NOTE, NOTE),
+    ("updates", "", ""),
 ]
 
 

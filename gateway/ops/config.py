@@ -43,6 +43,7 @@ from gateway.ops.config_schema import (
     ModelRoute,
     ServerConfig,
     UpstreamConfig,
+    WebFetchConfig,
     WebSearchConfig,
     find_route,
     knobs,
@@ -75,7 +76,17 @@ __all__ = [
     "with_overrides",
 ]
 
-_TOP_KEYS = ("server", "upstreams", "models", "batches", "web_search", "clients", "limits", "auth")
+_TOP_KEYS = (
+    "server",
+    "upstreams",
+    "models",
+    "batches",
+    "web_search",
+    "web_fetch",
+    "clients",
+    "limits",
+    "auth",
+)
 # the client of the keys of server.api_keys_env (and of every request when no key is set)
 ANONYMOUS = "anonymous"
 _TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")  # what a bearer token may hold
@@ -104,6 +115,9 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         web_search = WebSearchConfig(
             **check_table(src, "web_search", data["web_search"], knobs(WebSearchConfig))
         )
+    web_fetch = WebFetchConfig(
+        **check_table(src, "web_fetch", data.get("web_fetch", {}), knobs(WebFetchConfig))
+    )
     clients = _clients(src, data.get("clients", []), env, server)
     limits = _limits(src, data.get("limits", {}), env)
     auth = AuthConfig(**check_table(src, "auth", data.get("auth", {}), knobs(AuthConfig)))
@@ -113,6 +127,7 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         models=models,
         batches=batches,
         web_search=web_search,
+        web_fetch=web_fetch,
         clients=clients,
         limits=limits,
         auth=auth,

@@ -19,6 +19,7 @@ key that does not depend on another key:
 from __future__ import annotations
 
 import functools
+import ipaddress
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
@@ -103,6 +104,13 @@ def _sha256_hex(value: str) -> str:
     return value.lower()
 
 
+def _cidr(value: str) -> str:
+    try:
+        return str(ipaddress.ip_network(value.strip(), strict=False))
+    except ValueError:
+        raise ValueError("must be an IP network in CIDR form (127.0.0.0/8, fd00::/8)") from None
+
+
 FORMATS: dict[str, Format] = {
     "http_url": Format("an http(s) URL", _http_url),
     "http_base": Format(
@@ -123,6 +131,7 @@ FORMATS: dict[str, Format] = {
     ),
     "client_name": Format("1 to 64 letters, digits, `.`, `_`, `-` (a metric label)", _client_name),
     "sha256_hex": Format("64 hex digits", _sha256_hex, echo=False),
+    "cidr": Format("an IP network in CIDR form (`10.0.0.0/8`, `fd00::/8`)", _cidr),
 }
 
 # ---------------------------------------------------------------- declaring a key

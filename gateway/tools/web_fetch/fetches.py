@@ -203,8 +203,8 @@ class Fetches:
             out = await self._pdfs.to_text(req, find_pdfs(req["messages"]))
         except InvalidRequest:  # not a PDF the workers can read, or out of CPU time
             raise FetchRefused("unsupported_content_type") from None
-        block = out["messages"][0]["content"][0]
-        return str(block.get("text") or "")
+        # the document, its source now the text (gateway/messages/documents/pdf_text.py)
+        return str(out["messages"][0]["content"][0]["source"]["data"])
 
     def _citable(self, text: str, title: str | None, index: int) -> None:
         self.quotes.add(

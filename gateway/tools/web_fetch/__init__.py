@@ -9,9 +9,11 @@ out: per call of the model's ``web_fetch(url)``, a ``server_tool_use`` block and
 - :mod:`.fetches`: one request's fetches (limit, URL context, filters, documents);
 - :mod:`.context`: the URLs the conversation holds, the only ones fetched;
 - :mod:`.service`: the process's fetcher, its policy from the config, metrics, logs;
-- :mod:`.net`: the safe fetcher (addresses checked once and connected to, redirects
-  checked and counted, bounded in time, bytes and concurrency);
-- :mod:`.extract`: HTML to readable text.
+- :mod:`.net`: one fetch, safe against the gateway's own network (addresses checked once,
+  connections pinned to them, redirects checked again, every byte and second bounded);
+- :mod:`.addresses`: which addresses a fetch may reach; :mod:`.inflate`: a body's
+  ``Content-Encoding`` undone under a cap;
+- :mod:`.extract`: a fetched page's readable text (HTML through selectolax/lexbor, text as is).
 
 The wire surface the layers below read (validation, replay into chat turns) is
 :mod:`gateway.messages.fetch_blocks`. The domain filters are web search's

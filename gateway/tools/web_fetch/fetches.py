@@ -47,9 +47,6 @@ from gateway.tools.web_search.hosts import host_and_path
 __all__ = ["CHARS_PER_TOKEN", "Fetches", "sentences"]
 
 CHARS_PER_TOKEN = 4
-_MAX_URL_CHARS = 2048  # the fetcher's default; a longer URL is url_too_long
-_HTML = frozenset({"text/html", "application/xhtml+xml"})
-_TEXT = frozenset({"application/json", "application/xml", "application/javascript"})
 _PDF = "application/pdf"
 _SENTENCE = re.compile(r"[^.!?\n]+[.!?]*")
 _MAX_CITABLE = 2000  # sentences of one document offered for citations, at most
@@ -130,7 +127,11 @@ class Fetches:
             code = refused.code if refused.code in blocks.ERROR_CODES else "unavailable"
             self._service.count(self._model, code, time.perf_counter() - began)
             self._service.failures.warn(
-                code, host=_host(url), request_id=self._request_id, model=self._model
+                refused.reason,
+                error_code=code,
+                host=_host(url),
+                request_id=self._request_id,
+                model=self._model,
             )
             return self._error(code)
         self._service.count(self._model, "ok", time.perf_counter() - began)
@@ -143,7 +144,7 @@ class Fetches:
             return "max_uses_exceeded"
         if not isinstance(url, str) or not url.strip():
             return "invalid_tool_input"
-        if len(url) > _MAX_URL_CHARS:
+        if len(url) > self._service.fetcher.policy.max_url_chars:
             return "url_too_long"
         if url_key(url) is None:
             return "invalid_tool_input"
@@ -158,11 +159,11 @@ class Fetches:
     async def _fetch(self, url: str) -> tuple[dict[str, Any], str]:
         fetched = await self._service.fetcher.fetch(url)
         if fetched.url != url and not self._keep(fetched.url):
-            raise FetchRefused("url_not_allowed")
+            raise FetchRefused("url_not_allowed", "redirect_off_domains")
         limit = min(self.max_chars, self.chars_left)
-        media = fetched.media_type.lower()
+        kind = fetched.kind
         title: str | None = None
-        if media == _PDF:
+        if kind == "pdf":
             source = {
                 "type": "base64",
                 "media_type": _PDF,
@@ -170,12 +171,10 @@ class Fetches:
             }
             text = (await self._pdf_text(source))[:limit]
         else:
-            if media in _HTML:
+            if kind == "html":  # the fetcher passes HTML, text and PDF only
                 title, text = html_text(fetched.body, fetched.charset, max_chars=limit)
-            elif media.startswith("text/") or media in _TEXT or media.endswith("+json"):
-                text = plain_text(fetched.body, fetched.charset, max_chars=limit)
             else:
-                raise FetchRefused("unsupported_content_type")
+                text = plain_text(fetched.body, fetched.charset, max_chars=limit)
             text = text[:limit]
             source = {"type": "text", "media_type": "text/plain", "data": text}
         self.chars_left -= len(text)
@@ -197,12 +196,12 @@ class Fetches:
     async def _pdf_text(self, source: dict[str, Any]) -> str:
         """A fetched PDF's text, read by the gateway's PDF workers (as a user's PDF is)."""
         if self._pdfs is None:
-            raise FetchRefused("unsupported_content_type")
+            raise FetchRefused("unsupported_content_type", "no_pdf_workers")
         req = {"messages": [{"role": "user", "content": [{"type": "document", "source": source}]}]}
         try:
             out = await self._pdfs.to_text(req, find_pdfs(req["messages"]))
         except InvalidRequest:  # not a PDF the workers can read, or out of CPU time
-            raise FetchRefused("unsupported_content_type") from None
+            raise FetchRefused("unsupported_content_type", "pdf_unreadable") from None
         # the document, its source now the text (gateway/messages/documents/pdf_text.py)
         return str(out["messages"][0]["content"][0]["source"]["data"])
 

@@ -5,12 +5,15 @@ Made once at app start when ``[web_fetch] enabled``; each request's fetches are 
 :class:`~gateway.tools.web_fetch.fetches.Fetches` over it. The policy's ``protected``
 endpoints are the gateway's own listeners and every upstream's and the search backend's
 ``host:port``: never fetched, even inside ``allowed_networks`` (a model must not reach the
-engines behind the gateway, nor the gateway itself, through a page).
+engines behind the gateway, nor the gateway itself, through a page). A name among them is
+resolved once as the app starts (an upstream that a DNS name finds elsewhere later is not
+covered; list its network outside ``allowed_networks``).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
@@ -26,6 +29,22 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def _endpoints(config: Config) -> Iterator[tuple[str, int]]:
+    """(ip, port) of every endpoint of ``config``'s (a name resolved once, at start)."""
+    for host, port in _named_endpoints(config):
+        try:
+            yield str(ipaddress.ip_address(host.strip("[]"))), port
+            continue
+        except ValueError:
+            pass
+        try:
+            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError):
+            continue  # a name that does not resolve now: nothing there to reach either
+        for *_, sockaddr in found[:16]:
+            yield str(ipaddress.ip_address(str(sockaddr[0]).split("%")[0])), port
+
+
+def _named_endpoints(config: Config) -> Iterator[tuple[str, int]]:
     server = config.server
     for host, port in ((server.host, server.port), (server.metrics_host, server.metrics_port)):
         if port:

@@ -41,6 +41,11 @@ def _tool(kind: str = V1, **fields: Any) -> dict[str, Any]:
     return {"type": kind, "name": "web_fetch", **fields}
 
 
+def _refs(kind: str, *names: str) -> dict[str, Any]:
+    """A ``url_sources`` tool filter naming ``names``."""
+    return {"type": kind, "tools": [{"type": "tool_reference", "name": n} for n in names]}
+
+
 # --- the tool's definition ------------------------------------------------------------------
 
 VALID = [

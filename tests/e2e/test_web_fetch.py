@@ -18,11 +18,14 @@ response validation; later turns carry the fetched document upstream unchanged.
 
 from __future__ import annotations
 
+import base64
 import json
+import sys
 import threading
 import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -43,7 +46,8 @@ from tests import sdk
 from tests.anthropic_stream_check import check_stream
 from tests.conftest import clear_stub, stub_requests
 from tests.pdfs import make_pdf
-from tests.procs import start_gateway
+from tests.procs import Proc, free_port, start_gateway, wait_http
+from tests.searxng_stub import HOSTS, slug
 
 pytestmark = pytest.mark.e2e
 
@@ -72,6 +76,7 @@ ROUTES = {
     "wf": "fetch",
     "wf-quote": "fetch-quote",
     "wf-chat": "chat",
+    "wf-search": "fetch-search",
 }
 
 
@@ -108,7 +113,21 @@ def pages() -> Iterator[str]:
         thread.join(timeout=5)
 
 
-def config(stub_url: str, pages: str) -> str:
+@pytest.fixture(scope="module")
+def searxng() -> Iterator[str]:
+    """The SearXNG stand-in (tests/searxng_stub.py): its base URL."""
+    port = free_port()
+    proc = Proc(
+        [sys.executable, str(Path(__file__).resolve().parents[1] / "searxng_stub.py"), str(port)]
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc.popen)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.stop()
+
+
+def config(stub_url: str, pages: str, searxng: str) -> str:
     text = f"""
 [server]
 host = "127.0.0.1"
@@ -125,6 +144,10 @@ idle_timeout = 3
 enabled = true
 allowed_networks = ["127.0.0.0/8"]
 fetch_timeout = 5
+fetch_connect_timeout = 2
+
+[web_search]
+searxng_url = "{searxng}"
 """
     routes = {**ROUTES, "wf-secret": f"fetch-url:{pages}/secret"}
     for name, scenario in routes.items():
@@ -136,8 +159,10 @@ fetch_timeout = 5
 
 
 @pytest.fixture(scope="module")
-def gateway(stub_url: str, pages: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, url = start_gateway(config(stub_url, pages), tmp_path_factory.mktemp("wf"))
+def gateway(
+    stub_url: str, pages: str, searxng: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    proc, url = start_gateway(config(stub_url, pages, searxng), tmp_path_factory.mktemp("wf"))
     try:
         yield url + "/llm"
     finally:
@@ -296,8 +321,20 @@ def test_a_pdf_goes_to_the_client_whole_and_to_the_model_as_text(
     _, fetched = check_fetched(msg, url)
     source = fetched.content.source
     assert source.type == "base64" and source.media_type == "application/pdf"
-    assert source.data == __import__("base64").b64encode(PAGES["/paper.pdf"][1]).decode()
+    assert source.data == base64.b64encode(PAGES["/paper.pdf"][1]).decode()
     assert PDF_LINE in _tool_message(stub_requests(stub_url)[-1]["body"])["content"]
+    # the next turn: the PDF replayed, read again by the PDF workers for the model
+    clear_stub(stub_url)
+    history = [b.model_dump(exclude_none=True) for b in msg.content]
+    messages = [
+        *ask(f"Read {url}"),
+        {"role": "assistant", "content": history},
+        {"role": "user", "content": "and?"},
+    ]
+    _create(client, stream, model="wf-chat", messages=messages, tools=[tool()])
+    (upstream,) = stub_requests(stub_url)
+    assert PDF_LINE in _tool_message(upstream["body"])["content"]
+    assert _Pages.seen == ["/paper.pdf"]
 
 
 def test_an_unreadable_content_type_is_an_error_result(
@@ -358,3 +395,65 @@ def test_a_tool_defined_wrongly_is_a_400_naming_the_field(
             tools=[tool(**{field: value})],  # type: ignore[list-item]
         )
     assert path in caught.value.message
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "http://169.254.169.254/latest/meta-data/",  # a cloud metadata service
+        "http://10.0.0.1/",  # a private network not in allowed_networks
+        "GATEWAY/health",  # the gateway's own port, inside allowed_networks
+        "STUB/models",  # the upstream's port, inside allowed_networks
+    ],
+)
+def test_an_address_the_policy_refuses_is_not_accessible(
+    client: anthropic.Anthropic, gateway: str, stub_url: str, where: str
+) -> None:
+    url = where.replace("GATEWAY", gateway.removesuffix("/llm")).replace(
+        "STUB", stub_url.removesuffix("/v1")
+    )
+    msg = client.messages.create(
+        model="wf", max_tokens=300, messages=ask(f"Read {url} now"), tools=[tool()]
+    )
+    result = msg.content[1]
+    assert isinstance(result, WebFetchToolResultBlock)
+    assert isinstance(result.content, WebFetchToolResultErrorBlock), result.content
+    assert result.content.error_code == "url_not_accessible"
+    assert msg.usage.server_tool_use is not None
+    assert msg.usage.server_tool_use.web_fetch_requests == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_one_loop_runs_a_search_then_a_fetch_of_its_result(
+    client: anthropic.Anthropic, stub_url: str, stream: bool
+) -> None:
+    """Both tools in one request: the search's result URL is in context for the fetch (it
+    names a host that is not reachable here, so the fetch itself fails, but never as
+    ``url_not_in_prior_context``)."""
+    query = "local gateways"
+    msg = _create(
+        client,
+        stream,
+        model="wf-search",
+        messages=ask(query),
+        tools=[{"type": "web_search_20250305", "name": "web_search"}, tool()],
+    )
+    kinds = [b.type for b in msg.content]
+    assert kinds == [
+        "server_tool_use",
+        "web_search_tool_result",
+        "server_tool_use",
+        "web_fetch_tool_result",
+        "text",
+    ], kinds
+    search, fetch = msg.content[0], msg.content[2]
+    assert isinstance(search, ServerToolUseBlock) and search.name == "web_search"
+    assert isinstance(fetch, ServerToolUseBlock) and fetch.name == "web_fetch"
+    assert fetch.input == {"url": f"https://{HOSTS[0]}/{slug(query)}/1"}
+    result = msg.content[3]
+    assert isinstance(result, WebFetchToolResultBlock)
+    if isinstance(result.content, WebFetchToolResultErrorBlock):
+        assert result.content.error_code != "url_not_in_prior_context"
+    assert msg.usage.server_tool_use is not None
+    assert msg.usage.server_tool_use.web_search_requests == 1
+    assert len(stub_requests(stub_url)) == 3  # one loop: search round, fetch round, answer

@@ -47,9 +47,8 @@ from gateway.local.capabilities import LEARNED, Learned, held, may_fall_back, na
 from gateway.local.capabilities import text_only as route_text_only
 from gateway.local.normalise import ContentNormaliser
 from gateway.local.tool_args import RepairBudget
-from gateway.messages import fetch_blocks
+from gateway.messages import fetch_blocks, tokens
 from gateway.messages import search_blocks as web_search
-from gateway.messages import tokens
 from gateway.messages.continuation import relay
 from gateway.messages.documents import pdf_text as documents
 from gateway.messages.documents.pdf_pool import PdfPool

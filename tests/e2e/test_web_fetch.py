@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import sys
 import threading
 import urllib.request
@@ -45,6 +46,7 @@ from anthropic.types import (
 from tests import sdk
 from tests.anthropic_stream_check import check_stream
 from tests.conftest import clear_stub, stub_requests
+from tests.node import CLIENTS, ts_sdk_ready
 from tests.pdfs import make_pdf
 from tests.procs import Proc, free_port, start_gateway, wait_http
 from tests.searxng_stub import HOSTS, slug
@@ -457,3 +459,58 @@ def test_one_loop_runs_a_search_then_a_fetch_of_its_result(
     assert msg.usage.server_tool_use is not None
     assert msg.usage.server_tool_use.web_search_requests == 1
     assert len(stub_requests(stub_url)) == 3  # one loop: search round, fetch round, answer
+
+
+@pytest.mark.parametrize("citations", [False, True])
+def test_ts_sdk_parses_every_block(gateway: str, pages: str, citations: bool) -> None:
+    """MessageStream.finalMessage() and messages.create() give the same blocks; the
+    stream's server_tool_use input is rebuilt from its input_json_delta, a citation folded
+    into its text block."""
+    ts_sdk_ready()
+    url = f"{pages}/notes.txt"
+    spec = json.dumps(tool("web_fetch_20260318", citations={"enabled": citations}))
+    proc = subprocess.run(
+        ["node", str(CLIENTS / "ts_web_fetch.mjs"), gateway, "wf-quote", f"Read {url}", spec],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=CLIENTS,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert lines, proc.stdout + proc.stderr
+    out = json.loads(lines[-1])
+    assert "fatal" not in out, out
+    assert out["createdKind"] == "object"
+    line = PLAIN.splitlines()[0]
+    for reply in (out["stream"], out["created"]):
+        use, result, *texts = reply["content"]
+        assert use["type"] == "server_tool_use" and use["name"] == "web_fetch"
+        assert use["input"] == {"url": url}
+        assert result["type"] == "web_fetch_tool_result" and result["tool_use_id"] == use["id"]
+        fetched = result["content"]
+        assert fetched["type"] == "web_fetch_result" and fetched["url"] == url
+        assert fetched["content"]["source"] == {
+            "type": "text",
+            "media_type": "text/plain",
+            "data": PLAIN,
+        }
+        assert "".join(t["text"] for t in texts) == f"The page says: {line} That is all."
+        cited = [t for t in texts if t.get("citations")]
+        if citations:
+            assert [t["text"] for t in cited] == [line]
+            assert cited[0]["citations"][0]["type"] == "char_location"
+        else:
+            assert not cited
+        assert reply["usage"]["server_tool_use"]["web_fetch_requests"] == 1
+    assert _same_but_ids(out["stream"]["content"]) == _same_but_ids(out["created"]["content"])
+
+
+def _same_but_ids(content: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Blocks without what differs between two replies: ids and the fetch's time."""
+    out = []
+    for block in content:
+        block = {k: v for k, v in block.items() if k not in ("id", "tool_use_id")}
+        if isinstance(block.get("content"), dict):
+            block["content"] = {k: v for k, v in block["content"].items() if k != "retrieved_at"}
+        out.append(block)
+    return out

@@ -46,6 +46,7 @@ from anthropic.types import (
 from tests import sdk
 from tests.anthropic_stream_check import check_stream
 from tests.conftest import clear_stub, stub_requests
+from tests.logs import wait_for_line
 from tests.node import CLIENTS, ts_sdk_ready
 from tests.pdfs import make_pdf
 from tests.procs import Proc, free_port, start_gateway, wait_http
@@ -161,14 +162,19 @@ searxng_url = "{searxng}"
 
 
 @pytest.fixture(scope="module")
-def gateway(
+def gateway_proc(
     stub_url: str, pages: str, searxng: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
+) -> Iterator[tuple[Proc, str]]:
     proc, url = start_gateway(config(stub_url, pages, searxng), tmp_path_factory.mktemp("wf"))
     try:
-        yield url + "/llm"
+        yield proc, url + "/llm"
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(gateway_proc: tuple[Proc, str]) -> str:
+    return gateway_proc[1]
 
 
 @pytest.fixture
@@ -514,3 +520,27 @@ def _same_but_ids(content: list[dict[str, Any]]) -> list[dict[str, Any]]:
             block["content"] = {k: v for k, v in block["content"].items() if k != "retrieved_at"}
         out.append(block)
     return out
+
+
+def test_a_failed_fetch_logs_its_host_never_its_path_or_query(
+    client: anthropic.Anthropic, gateway_proc: tuple[Proc, str], pages: str
+) -> None:
+    """(The page server's 404: a cause no other test here has, so no line of it within the
+    second before holds this one back.)"""
+    proc = gateway_proc[0]
+    url = f"{pages}/private/path?token=sekrit-value"
+    msg = client.messages.create(
+        model="wf", max_tokens=300, messages=ask(f"Read {url}"), tools=[tool()]
+    )
+    result = msg.content[1]
+    assert isinstance(result, WebFetchToolResultBlock)
+    assert isinstance(result.content, WebFetchToolResultErrorBlock)
+    line = wait_for_line(
+        proc.output,
+        lambda ln: ln.get("event") == "web_fetch_failure" and ln.get("cause") == "http_4xx",
+        "the fetch's failure line",
+    )
+    assert line["error_code"] == "url_not_accessible" and line["host"] == "127.0.0.1"
+    assert _Pages.seen == ["/private/path?token=sekrit-value"]
+    out = proc.output()
+    assert "sekrit-value" not in out and "/private/path" not in out

@@ -29,6 +29,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     _HAS_BROTLI = False
 
 MAX_CODINGS = 2
+_STAGE = 64 * 1024  # bytes of a middle stage handed on at a time
 ACCEPT_ENCODING = "gzip, deflate, br" if _HAS_BROTLI else "gzip, deflate"
 
 
@@ -62,15 +63,17 @@ class _Identity:
 
 
 class _Zlib:
-    """gzip (members in a row) or deflate (zlib format, or raw when the header is not)."""
+    """gzip (members in a row) or deflate (zlib format, or raw when the header is not).
+    Input that a capped call left unread is kept and read first by the next call."""
 
-    __slots__ = ("_d", "_gzip", "_head", "_wbits")
+    __slots__ = ("_d", "_gzip", "_head", "_pending", "_wbits")
 
     def __init__(self, gzip: bool) -> None:
         self._gzip = gzip
         self._wbits = 16 + zlib.MAX_WBITS if gzip else zlib.MAX_WBITS
         self._d: Any = None
         self._head = b""
+        self._pending = b""
 
     def _start(self, data: bytes) -> bytes:
         if not self._gzip:
@@ -86,6 +89,8 @@ class _Zlib:
         return data
 
     def feed(self, data: bytes, limit: int) -> bytes:
+        if self._pending:
+            data, self._pending = self._pending + data, b""
         if self._d is None:
             data = self._start(data)
             if self._d is None:
@@ -95,81 +100,114 @@ class _Zlib:
             while data:
                 d = self._d
                 out += d.decompress(data, limit + 1 - len(out))
-                if len(out) > limit:
-                    return bytes(out)
                 if d.unconsumed_tail:
                     data = d.unconsumed_tail
-                    continue
-                if d.eof and d.unused_data:
+                elif d.eof and d.unused_data:
                     if not self._gzip:
                         raise BadEncoding("data after the deflate stream")
                     data = d.unused_data  # the next gzip member
                     self._d = zlib.decompressobj(self._wbits)
-                    continue
-                break
+                else:
+                    break
+                if len(out) > limit:
+                    self._pending = data
+                    break
         except zlib.error:
             raise BadEncoding("corrupt compressed data") from None
         return bytes(out)
 
     def flush(self, limit: int) -> bytes:
+        out = bytearray()
+        while self._pending and len(out) <= limit:
+            out += self.feed(b"", limit - len(out))
+        if len(out) > limit:
+            return bytes(out)
         if self._d is None:
             if self._head:
                 raise BadEncoding("truncated compressed data")
             return b""
-        try:
-            out = self._d.flush(limit + 1) if not self._d.eof else b""
-        except zlib.error:
-            raise BadEncoding("corrupt compressed data") from None
         if not self._d.eof:
             raise BadEncoding("truncated compressed data")
-        return out
+        return bytes(out)
 
 
 class _Brotli:
-    __slots__ = ("_d",)
+    """brotli's output limit is a floor where its buffer stops growing, not a ceiling: what
+    one call produced past ``limit + 1`` is kept for the next."""
+
+    __slots__ = ("_d", "_spill")
 
     def __init__(self) -> None:
         assert _brotli is not None
         self._d = _brotli.Decompressor()
+        self._spill = b""
 
     def feed(self, data: bytes, limit: int) -> bytes:
-        out = bytearray()
+        out = bytearray(self._spill)
+        self._spill = b""
+        d = self._d
         try:
-            out += self._d.process(data, output_buffer_limit=limit + 1)
-            while len(out) <= limit and not self._d.can_accept_more_data():
-                out += self._d.process(b"", output_buffer_limit=limit + 1 - len(out))
+            while len(out) <= limit and not d.can_accept_more_data():
+                out += d.process(b"", output_buffer_limit=limit + 1 - len(out))
+            if data:
+                if len(out) > limit:  # the caller stops here (or drains before more input)
+                    raise BadEncoding("input while output is pending")
+                out += d.process(data, output_buffer_limit=limit + 1 - len(out))
+                while len(out) <= limit and not d.can_accept_more_data():
+                    out += d.process(b"", output_buffer_limit=limit + 1 - len(out))
         except _brotli.error:  # type: ignore[union-attr]
             raise BadEncoding("corrupt brotli data") from None
+        if len(out) > limit + 1:
+            self._spill = bytes(out[limit + 1 :])
+            del out[limit + 1 :]
         return bytes(out)
 
     def flush(self, limit: int) -> bytes:
-        if not self._d.is_finished():
+        out = self.feed(b"", limit)
+        if len(out) <= limit and not self._d.is_finished():
             raise BadEncoding("truncated brotli data")
-        return b""
+        return out
 
 
 class _Chain:
-    """Codings applied in order (``gzip, br``: gzip first) undone in reverse."""
+    """Codings applied in order (``gzip, br``: gzip first) undone in reverse. A stage's
+    output is taken :data:`_STAGE` bytes at a time (the decoders keep what a capped call left
+    unread), so a stage in the middle is bounded by the cap of the last one."""
 
     __slots__ = ("_steps",)
 
     def __init__(self, steps: list[Decoder]) -> None:
         self._steps = steps  # innermost (last applied) first
 
-    def feed(self, data: bytes, limit: int) -> bytes:
-        for step in self._steps:
-            data = step.feed(data, limit)
-            if len(data) > limit:  # a stage past the cap is too large (and not read further)
+    def _through(self, i: int, data: bytes, limit: int, final: bool) -> bytes:
+        """``data`` through steps ``i`` and on, at most ``limit + 1`` bytes out; ``final``:
+        the input ended, flush the steps."""
+        if i == len(self._steps):
+            return data
+        step = self._steps[i]
+        last = i + 1 == len(self._steps)
+        out = bytearray()
+        piece = step.feed(data, limit if last else _STAGE)
+        while True:
+            out += self._through(i + 1, piece, limit - len(out), False) if piece else b""
+            if len(out) > limit or not piece:
                 break
-        return data
+            piece = step.feed(b"", limit - len(out) if last else _STAGE)  # what was left unread
+        while final and len(out) <= limit:  # a flush is capped too: repeat until empty
+            rest = step.flush(limit - len(out) if last else _STAGE)
+            if last:
+                out += rest
+                break
+            out += self._through(i + 1, rest, limit - len(out), not rest)
+            if not rest:
+                break
+        return bytes(out)
+
+    def feed(self, data: bytes, limit: int) -> bytes:
+        return self._through(0, data, limit, False)
 
     def flush(self, limit: int) -> bytes:
-        data = b""
-        for step in self._steps:
-            data = (step.feed(data, limit) if data else b"") + step.flush(limit)
-            if len(data) > limit:
-                break
-        return data
+        return self._through(0, b"", limit, True)
 
 
 def _one(coding: str) -> Decoder:

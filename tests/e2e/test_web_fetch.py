@@ -544,3 +544,29 @@ def test_a_failed_fetch_logs_its_host_never_its_path_or_query(
     assert _Pages.seen == ["/private/path?token=sekrit-value"]
     out = proc.output()
     assert "sekrit-value" not in out and "/private/path" not in out
+
+
+def test_max_content_tokens_cuts_the_document(client: anthropic.Anthropic, pages: str) -> None:
+    url = f"{pages}/notes.txt"
+    msg = client.messages.create(
+        model="wf", max_tokens=300, messages=ask(f"Read {url}"), tools=[tool(max_content_tokens=5)]
+    )
+    _, fetched = check_fetched(msg, url)
+    assert fetched.content.source.data == PLAIN[:20]  # 4 characters a token
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [{"blocked_domains": ["127.0.0.1"]}, {"allowed_domains": ["example.com"]}],
+)
+def test_the_domain_filters_refuse_before_any_connection(
+    client: anthropic.Anthropic, pages: str, filters: dict[str, Any]
+) -> None:
+    msg = client.messages.create(
+        model="wf", max_tokens=300, messages=ask(f"Read {pages}/page.html"), tools=[tool(**filters)]
+    )
+    result = msg.content[1]
+    assert isinstance(result, WebFetchToolResultBlock)
+    assert isinstance(result.content, WebFetchToolResultErrorBlock)
+    assert result.content.error_code == "url_not_allowed"
+    assert _Pages.seen == []

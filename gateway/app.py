@@ -68,6 +68,7 @@ from gateway.http.keys import (
     STATE,
     UPSTREAM_CALLS,
     UPSTREAMS,
+    WEB_FETCH,
     WEB_SEARCH,
     WINDOWS,
     AppState,
@@ -84,6 +85,7 @@ from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
 from gateway.tenancy.clients import Tenants
 from gateway.tenancy.counters import CounterStore, LocalStore
+from gateway.tools.web_fetch.service import WebFetchService
 from gateway.tools.web_search.searxng import Searxng
 from gateway.upstream import fleet, window_watch
 from gateway.upstream.known import known_secrets
@@ -230,6 +232,14 @@ async def _web_search_ctx(app: web.Application) -> AsyncIterator[None]:
         await backend.close()
 
 
+async def _web_fetch_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The web fetcher's connections, closed with the app."""
+    yield
+    service = app[WEB_FETCH]
+    if service is not None:
+        await service.close()
+
+
 async def _pdf_pool_ctx(app: web.Application) -> AsyncIterator[None]:
     """The PDF worker processes (started on first use) are stopped with the app."""
     yield
@@ -330,6 +340,7 @@ def build_app(
         run_off_loop=(decoder.run if config.server.decode_offload_bytes else None),
     )
     app[WEB_SEARCH] = Searxng(config.web_search, metrics) if config.web_search is not None else None
+    app[WEB_FETCH] = WebFetchService(config, metrics) if config.web_fetch.enabled else None
     app[STATE] = AppState(tenants=Tenants(config), decoding=decoding, memory=memory)
     app[COUNTERS] = _counters(config, metrics)
     for model in config.models.values():
@@ -438,6 +449,7 @@ def build_app(
     app.cleanup_ctx.append(_loop_lag_ctx)
     app.cleanup_ctx.append(_pdf_pool_ctx)
     app.cleanup_ctx.append(_web_search_ctx)
+    app.cleanup_ctx.append(_web_fetch_ctx)
     app.cleanup_ctx.append(decoder_ctx)
     app.cleanup_ctx.append(_counters_ctx)
     return app

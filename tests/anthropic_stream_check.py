@@ -21,7 +21,13 @@ SSE decoders of the SDKs: ``anthropic/_streaming.py``, ``@anthropic-ai/sdk/core/
   no deltas; ``message_delta.usage`` may end with ``server_tool_use: {web_search_requests}``;
   a text block may get ``citations_delta`` events whose ``citation`` is an object with the
   API's keys for its type (``web_search_result_location``: ``url``, ``title``,
-  ``encrypted_index``, ``cited_text``);
+  ``encrypted_index``, ``cited_text``; ``char_location``: ``cited_text``,
+  ``document_index``, ``document_title``, ``start_char_index``, ``end_char_index``);
+- web fetch likewise: ``server_tool_use`` named ``web_fetch``, then a
+  ``web_fetch_tool_result`` complete at its start, content a ``{type: "web_fetch_result",
+  url, retrieved_at, content: document}`` (its source ``text``/``text/plain`` or
+  ``base64``/``application/pdf``) or a ``web_fetch_tool_result_error``; the usage's
+  ``server_tool_use`` holds ``web_fetch_requests`` beside ``web_search_requests``;
 - a completed stream: one ``message_delta`` after the last block stop, its usage carrying
   only ``output_tokens``; every tool block's ``partial_json`` pieces join to a JSON object;
 - an error stream: no block left open, exactly one ``error`` event, then ``message_stop``;
@@ -60,11 +66,35 @@ _DELTA_FOR = {
     "tool_use": {"input_json_delta": "partial_json"},
     "server_tool_use": {"input_json_delta": "partial_json"},
     "web_search_tool_result": {},  # complete at content_block_start
+    "web_fetch_tool_result": {},  # complete at content_block_start
 }
 _RESULT_KEYS = ["type", "url", "title", "encrypted_content", "page_age"]
 _CITATION_KEYS = {  # anthropic/types/citations_web_search_result_location.py (SDK 2.15)
     "web_search_result_location": {"type", "url", "title", "encrypted_index", "cited_text"},
+    # anthropic/types/citation_char_location.py: a fetched document's (or a user document's)
+    "char_location": {
+        "type",
+        "cited_text",
+        "document_index",
+        "document_title",
+        "start_char_index",
+        "end_char_index",
+    },
 }
+WEB_FETCH_ERROR_CODES = frozenset(
+    {
+        "invalid_tool_input",
+        "url_too_long",
+        "url_not_allowed",
+        "url_not_in_prior_context",
+        "url_not_accessible",
+        "unsupported_content_type",
+        "too_many_requests",
+        "max_uses_exceeded",
+        "unavailable",
+        "content_too_large",
+    }
+)  # anthropic/types/web_fetch_tool_result_error_code.py (SDK 2.15)
 WEB_SEARCH_ERROR_CODES = frozenset(
     {
         "invalid_tool_input",
@@ -163,10 +193,13 @@ def _check_shell(n: int, block: Any) -> str:
     elif kind == "server_tool_use":
         ok = (list(block) == ["type", "id", "name", "input"] and block["input"] == {}
               and isinstance(block["id"], str) and block["id"].startswith("srvtoolu_")
-              and block["name"] == "web_search")  # fmt: skip
+              and block["name"] in ("web_search", "web_fetch"))  # fmt: skip
     elif kind == "web_search_tool_result":
         ok = (list(block) == ["type", "tool_use_id", "content"]
               and _web_search_content_ok(block["content"]))  # fmt: skip
+    elif kind == "web_fetch_tool_result":
+        ok = (list(block) == ["type", "tool_use_id", "content"]
+              and _web_fetch_content_ok(block["content"]))  # fmt: skip
     else:
         ok = False
     if not ok:
@@ -186,6 +219,30 @@ def _web_search_content_ok(content: Any) -> bool:
         and all(isinstance(r[k], str) and r[k] for k in ("url", "title", "encrypted_content"))
         and (r["page_age"] is None or isinstance(r["page_age"], str))
         for r in content
+    )
+
+
+def _web_fetch_content_ok(content: Any) -> bool:
+    """A ``web_fetch_result`` {url, retrieved_at, content: document} or an error."""
+    if not isinstance(content, dict):
+        return False
+    if content.get("type") == "web_fetch_tool_result_error":
+        return (list(content) == ["type", "error_code"]
+                and content["error_code"] in WEB_FETCH_ERROR_CODES)  # fmt: skip
+    if list(content) != ["type", "url", "retrieved_at", "content"]:
+        return False
+    doc = content["content"]
+    source = doc.get("source") if isinstance(doc, dict) else None
+    return (
+        content["type"] == "web_fetch_result"
+        and isinstance(content["url"], str)
+        and isinstance(content["retrieved_at"], str)
+        and doc.get("type") == "document"
+        and isinstance(source, dict)
+        and list(source) == ["type", "media_type", "data"]
+        and (source["type"], source["media_type"])
+        in (("text", "text/plain"), ("base64", "application/pdf"))
+        and isinstance(source["data"], str)
     )
 
 
@@ -222,8 +279,11 @@ def check_stream(raw: bytes) -> list[dict[str, Any]]:
             block = ev["content_block"]
             if open_kind == "server_tool_use":
                 server_ids.add(block["id"])
-            if open_kind == "web_search_tool_result" and block["tool_use_id"] not in server_ids:
-                _fail(n, f"web_search_tool_result for {block['tool_use_id']!r}, no such search")
+            if (
+                open_kind in ("web_search_tool_result", "web_fetch_tool_result")
+                and block["tool_use_id"] not in server_ids
+            ):
+                _fail(n, f"{open_kind} for {block['tool_use_id']!r}, no such call")
         elif etype == "content_block_delta":
             if open_kind is None or ev["index"] != next_index:
                 _fail(n, f"delta for index {ev['index']} which is not the open block")
@@ -238,7 +298,15 @@ def check_stream(raw: bytes) -> list[dict[str, Any]]:
                 if (
                     kind not in _CITATION_KEYS
                     or set(citation) != _CITATION_KEYS[kind]
-                    or not all(isinstance(citation[k], str) and citation[k] for k in citation)
+                    or not all(
+                        (isinstance(citation[k], str) and citation[k])
+                        or (
+                            kind == "char_location"
+                            and k != "cited_text"
+                            and (type(citation[k]) is int or citation[k] is None)
+                        )
+                        for k in citation
+                    )
                 ):
                     _fail(n, f"citation {citation!r}")
             elif not isinstance(delta[fields[dtype]], str):
@@ -295,6 +363,7 @@ def _check_message_delta(n: int, ev: dict[str, Any]) -> None:
     server = usage.pop("server_tool_use", None)
     if server is not None and not (
             isinstance(server, dict) and "web_search_requests" in server
+            and "web_fetch_requests" in server
             and all(type(v) is int and v >= 0 for v in server.values())):  # fmt: skip
         _fail(n, f"message_delta.usage.server_tool_use {server!r}")
     if list(usage) not in _DELTA_USAGE_KEYS:

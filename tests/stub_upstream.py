@@ -78,6 +78,17 @@ streamed; the turn is what follows the last ``role: "user"`` message):
     search-quote    the answer quotes the first result's snippet verbatim (the SearXNG stub's
                     ``Snippet 1 about ...``): ``According to <URL>: <snippet> That is all.``
 
+Web fetch (the gateway's ``web_fetch`` server tool, #36): a request that offers a function
+named ``web_fetch`` to a model whose name starts with ``fetch`` is one turn of a fetching
+model: while no ``web_fetch`` call has a ``tool`` answer, a call of ``web_fetch`` with
+``{"url": <the first URL of the last user text>}`` (arguments in 3 pieces); then text:
+``Fetched: <the first line of the document's text after the tool message's header>``.
+
+    fetch-url:URL   the call fetches URL instead (e.g. one the conversation does not hold)
+    fetch-quote     the answer quotes the document's first line verbatim:
+                    ``The page says: <line> That is all.``
+    fetch-search    a web_search first (as ``search``), then a fetch of its first result URL
+
 Local engines without their parsers (Claude Code tests; ``LocalEngine`` below). Each
 answers a tool's result with text holding it: ``The file says: <its content>``:
 
@@ -370,6 +381,37 @@ def search_turn(messages: list[dict]) -> dict:
         "searches": len(texts),
         "search_texts": texts,
         "client_results": len(answers) - len(texts),
+    }
+
+
+def offers_function(body: Any, name: str) -> bool:
+    """Whether the request offers the model a function named ``name``."""
+    tools = body.get("tools") if isinstance(body, dict) else None
+    return any(
+        isinstance(t, dict)
+        and isinstance(t.get("function"), dict)
+        and t["function"].get("name") == name
+        for t in tools or ()
+    )
+
+
+def fetch_turn(messages: list[dict]) -> dict:
+    """The current turn of a fetching model: the last user text, and the texts of the
+    ``tool`` answers to its ``web_fetch`` and ``web_search`` calls."""
+    start = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    names = {
+        c.get("id"): (c.get("function") or {}).get("name")
+        for m in messages[start + 1 :]
+        if m.get("role") == "assistant"
+        for c in m.get("tool_calls") or ()
+    }
+    answers = [m for m in messages[start + 1 :] if m.get("role") == "tool"]
+    return {
+        "text": _tool_text(messages[start]) if start >= 0 else "",
+        "fetched": [_tool_text(m) for m in answers if names.get(m["tool_call_id"]) == "web_fetch"],
+        "searched": [
+            _tool_text(m) for m in answers if names.get(m["tool_call_id"]) == "web_search"
+        ],
     }
 
 
@@ -670,6 +712,8 @@ class Stub:
                 assert request.transport is not None
                 request.transport.abort()  # connection cut before any response byte
                 await asyncio.sleep(3600)  # the handler is cancelled with the connection
+        if model.startswith("fetch") and offers_function(body, "web_fetch"):
+            return await self.web_fetch_turn(request, body, model, stream)
         if offers_web_search(body):
             return await self.web_search_turn(request, body, model, stream)
         if model.startswith("cc-tool:"):
@@ -1041,6 +1085,39 @@ class Stub:
         quote = re.search(r"Snippet 1 about .*?\.(?=\s|$)", "\n".join(turn["search_texts"]))
         if model == "search-quote" and url and quote:
             answer = f"According to {url}: {quote.group(0)} That is all."
+        return await self._call_or_answer(request, model, stream, call=None, answer=answer)
+
+    async def web_fetch_turn(
+        self, request: web.Request, body: dict, model: str, stream: bool
+    ) -> web.StreamResponse:
+        """A fetching model's turn (see the docstring: web fetch)."""
+        turn = fetch_turn(body["messages"])
+        if model == "fetch-search" and not turn["searched"]:
+            query = json.dumps({"query": turn["text"].strip()})
+            return await self._call_or_answer(
+                request, model, stream, answer="", call=("call_search_1", "web_search", query)
+            )
+        if not turn["fetched"]:
+            if model.startswith("fetch-url:"):
+                url = model.split(":", 1)[1]
+            elif model == "fetch-search":
+                url = next(iter(_URL.findall(turn["searched"][0])), "").rstrip(".:;")
+            else:
+                url = next(iter(_URL.findall(turn["text"])), "").rstrip(".:;")
+            return await self._call_or_answer(
+                request,
+                model,
+                stream,
+                answer="",
+                pieces=3,
+                call=("call_fetch_1", "web_fetch", json.dumps({"url": url})),
+            )
+        text = turn["fetched"][-1]
+        body_text = text.split("\n\n", 1)[1] if "\n\n" in text else text
+        line = body_text.strip().splitlines()[0] if body_text.strip() else ""
+        answer = f"Fetched: {line}"
+        if model == "fetch-quote":
+            answer = f"The page says: {line} That is all."
         return await self._call_or_answer(request, model, stream, call=None, answer=answer)
 
     async def _parallel_calls(

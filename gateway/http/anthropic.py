@@ -21,10 +21,11 @@ from gateway import errors
 from gateway.http import charges, routing, streaming
 from gateway.http.admission import admitted
 from gateway.http.body import read_json
-from gateway.http.keys import CLIENT, MESSAGES, REQUEST_ID, STREAM, WEB_SEARCH
+from gateway.http.keys import CLIENT, MESSAGES, REQUEST_ID, STREAM, WEB_FETCH, WEB_SEARCH
 from gateway.http.tenancy import reply_ended
 from gateway.http.writer import StreamWriter
 from gateway.messages.call import Call, count_input_tokens, pdfs_as_text, prepare, restore
+from gateway.messages.fetch_blocks import web_fetch_tool
 from gateway.messages.reply import Reply, Rounds
 from gateway.messages.request.validate import validate_messages
 from gateway.messages.search_blocks import web_search_tool
@@ -33,9 +34,11 @@ from gateway.ops.budget import Lease
 from gateway.ops.config import ModelRoute
 from gateway.tenancy import limits
 from gateway.text import jsonutil
-from gateway.tools.web_search.loop import WebSearchReply
+from gateway.tools.rounds import ServerTool
+from gateway.tools.rounds.loop import ServerToolsReply
+from gateway.tools.web_fetch.fetches import Fetches
+from gateway.tools.web_search.citations import Quotes
 from gateway.tools.web_search.searches import Searches
-from gateway.tools.web_search.searxng import Searxng
 
 _SSE = "text/event-stream; charset=utf-8"
 
@@ -44,7 +47,9 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     t0 = time.perf_counter()
     keep: list[bytes] | None = [] if request[CLIENT].metered else None  # the body, measured
     req = validate_messages(
-        await read_json(request, keep=keep), web_search=request.app[WEB_SEARCH] is not None
+        await read_json(request, keep=keep),
+        web_search=request.app[WEB_SEARCH] is not None,
+        web_fetch=request.app[WEB_FETCH] is not None,
     )
     route = routing.resolve(request, req["model"])
     if keep is not None:  # a client with limits: charged before the upstream is called
@@ -84,15 +89,16 @@ async def _create(
 async def _prepare(
     request: web.Request, req: dict[str, Any], route: ModelRoute, t0: float, lease: Lease
 ) -> Reply:
-    """The reply to make: with web search (gateway/tools/web_search/loop.py: rounds of the
+    """The reply to make: with server tools (gateway/tools/rounds/loop.py: rounds of the
     Messages call, streamed upstream, one message to the client, buffered or streamed) when
-    the request offers the tool and the model may call it, else a plain one."""
+    the request offers web search or web fetch and the model may call them, else a plain
+    one."""
     deps = request.app[MESSAGES]
-    backend = request.app[WEB_SEARCH]
-    tool = web_search_tool(req.get("tools")) if backend is not None else None
+    search = web_search_tool(req.get("tools")) if request.app[WEB_SEARCH] is not None else None
+    fetch = web_fetch_tool(req.get("tools")) if request.app[WEB_FETCH] is not None else None
     choice = req.get("tool_choice")
     weight = request[CLIENT].weight  # the engine's priority, where send_priority is on
-    if tool is None or (choice is not None and choice["type"] == "none"):
+    if (search is None and fetch is None) or (choice is not None and choice["type"] == "none"):
         return Reply(
             await prepare(deps, req, route, lease, weight=weight),
             t0=t0,
@@ -104,26 +110,42 @@ async def _prepare(
         stream=req.get("stream") is True,
         t0=t0,
         request_id=request[REQUEST_ID],
-        rounds=_searching(request, backend, tool),
+        rounds=_server_tools(request, req, search, fetch),
     )
 
 
-def _searching(
-    request: web.Request, backend: Searxng | None, tool: Mapping[str, Any]
+def _server_tools(
+    request: web.Request,
+    req: Mapping[str, Any],
+    search: Mapping[str, Any] | None,
+    fetch: Mapping[str, Any] | None,
 ) -> Callable[[Call, str | None], Rounds]:
+    """The rounds of a reply with the request's server tools: one loop runs both."""
     request_id = request[REQUEST_ID]
     deps = request.app[MESSAGES]
-    assert backend is not None
+    backend = request.app[WEB_SEARCH]
+    service = request.app[WEB_FETCH]
 
     def rounds(call: Call, session: str | None) -> Rounds:
-        return WebSearchReply(
-            deps,
-            call,
-            Searches(backend, tool, deps.signing_key, request_id=request_id),
-            tool["name"],
-            request_id=request_id,
-            session=session,
-        )
+        quotes = Quotes(deps.signing_key)  # the reply's citations, of either tool
+        tools: list[ServerTool] = []
+        if search is not None and backend is not None:
+            tools.append(
+                Searches(backend, search, deps.signing_key, request_id=request_id, quotes=quotes)
+            )
+        if fetch is not None and service is not None:
+            tools.append(
+                Fetches(
+                    service,
+                    fetch,
+                    req,
+                    quotes,
+                    model=call.route.upstream_model,
+                    pdfs=deps.pdfs,
+                    request_id=request_id,
+                )
+            )
+        return ServerToolsReply(deps, call, tools, quotes, request_id=request_id, session=session)
 
     return rounds
 
@@ -164,7 +186,10 @@ async def _stream(
 async def count_tokens(request: web.Request) -> web.Response:
     deps = request.app[MESSAGES]
     req = validate_messages(
-        await read_json(request), count_tokens=True, web_search=request.app[WEB_SEARCH] is not None
+        await read_json(request),
+        count_tokens=True,
+        web_search=request.app[WEB_SEARCH] is not None,
+        web_fetch=request.app[WEB_FETCH] is not None,
     )
     route = routing.resolve(request, req["model"])
     with deps.memory.lease() as lease:  # restored reasoning counts until it is counted

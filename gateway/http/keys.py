@@ -17,6 +17,7 @@ from gateway.tenancy.clients import Client, Tenants
 from gateway.tenancy.counters import CounterStore
 from gateway.tenancy.fair import FairQueue
 from gateway.text.redact import Redactor
+from gateway.tools.web_fetch.service import WebFetchService
 from gateway.tools.web_search.searxng import Searxng
 from gateway.upstream import UpstreamClient
 from gateway.upstream.send import Upstreams
@@ -63,6 +64,8 @@ UPSTREAM_CALLS = web.AppKey("upstream_calls", Upstreams)
 MESSAGES = web.AppKey("messages", MessagesDeps)
 # the web_search server tool's backend; None: no [web_search] table (such tools get a 400)
 WEB_SEARCH: web.AppKey[Searxng | None] = web.AppKey("web_search")
+# the web_fetch server tool's fetcher; None: `[web_fetch] enabled` is off (such tools: 400)
+WEB_FETCH: web.AppKey[WebFetchService | None] = web.AppKey("web_fetch")
 # the clients' counters (gateway/tenancy/counters.py): this process's, or Redis's
 COUNTERS = web.AppKey("counters", CounterStore)
 # Message Batches: the store and the scheduler (absent when batches are off)

@@ -47,8 +47,8 @@ from gateway.local.capabilities import LEARNED, Learned, held, may_fall_back, na
 from gateway.local.capabilities import text_only as route_text_only
 from gateway.local.normalise import ContentNormaliser
 from gateway.local.tool_args import RepairBudget
+from gateway.messages import fetch_blocks, tokens
 from gateway.messages import search_blocks as web_search
-from gateway.messages import tokens
 from gateway.messages.continuation import relay
 from gateway.messages.documents import pdf_text as documents
 from gateway.messages.documents.pdf_pool import PdfPool
@@ -124,11 +124,43 @@ class MessagesDeps:
 
 async def pdfs_as_text(deps: MessagesDeps, req: dict[str, Any]) -> dict[str, Any]:
     """The request with its PDFs as text; the extraction (CPU work, bounded) runs in the
-    PDF worker processes, and stops when the caller is cancelled (the client left)."""
+    PDF worker processes, and stops when the caller is cancelled (the client left).
+    A PDF an earlier web fetch returned (replayed ``web_fetch_tool_result``) is read the
+    same way, its text kept on the block for the translation (:data:`fetch_blocks.OPENED`)."""
+    await _fetched_pdfs_as_text(deps, req)
     where = documents.find_pdfs(req["messages"])  # a walk of user blocks, no copies
     if not where:
         return req
     return await deps.pdfs.to_text(req, where)
+
+
+async def _fetched_pdfs_as_text(deps: MessagesDeps, req: dict[str, Any]) -> None:
+    """Each replayed fetched PDF's tool message: its text read by the PDF workers (at most
+    ``MAX_PDFS`` of them; past that, or unreadable, the translation says it is a PDF)."""
+    read = 0
+    for turn in req["messages"]:
+        content = turn["content"]
+        if turn["role"] != "assistant" or isinstance(content, str):
+            continue
+        for block in content:
+            if block["type"] != "web_fetch_tool_result" or fetch_blocks.OPENED in block:
+                continue
+            result = block["content"]
+            if result["type"] != "web_fetch_result":
+                continue
+            doc = result["content"]
+            if doc["source"]["type"] != "base64" or read >= documents.MAX_PDFS:
+                continue
+            read += 1
+            one = {"messages": [{"role": "user", "content": [{**doc, "title": None}]}]}
+            try:
+                out = await deps.pdfs.to_text(one, documents.find_pdfs(one["messages"]))
+            except errors.InvalidRequest:
+                continue
+            text = out["messages"][0]["content"][0]["source"]["data"]
+            block[fetch_blocks.OPENED] = fetch_blocks.document_text(
+                result["url"], doc.get("title"), text
+            )
 
 
 async def restore(deps: MessagesDeps, req: dict[str, Any], lease: Lease) -> None:

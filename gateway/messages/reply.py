@@ -12,7 +12,7 @@ of a prepared :class:`~gateway.messages.call.Call` and::
 
 Every kind fills one :class:`~gateway.messages.from_chat.figures.Figures`, written once: a buffered
 reply when its message is made, a stream when it ends (:meth:`Reply.end`, however it ended).
-A reply with a server tool (the web search: :mod:`gateway.tools.web_search.loop`, a layer above,
+A reply with server tools (web search, web fetch: :mod:`gateway.tools.rounds.loop`, a layer above,
 so it comes in as :class:`Rounds`) runs its rounds through the same record.
 """
 

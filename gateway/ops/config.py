@@ -45,6 +45,7 @@ from gateway.ops.config_schema import (
     ServerConfig,
     TelemetryConfig,
     UpstreamConfig,
+    WebFetchConfig,
     WebSearchConfig,
     find_route,
     knobs,
@@ -83,6 +84,7 @@ _TOP_KEYS = (
     "models",
     "batches",
     "web_search",
+    "web_fetch",
     "clients",
     "limits",
     "auth",
@@ -116,6 +118,9 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         web_search = WebSearchConfig(
             **check_table(src, "web_search", data["web_search"], knobs(WebSearchConfig))
         )
+    web_fetch = WebFetchConfig(
+        **check_table(src, "web_fetch", data.get("web_fetch", {}), knobs(WebFetchConfig))
+    )
     clients = _clients(src, data.get("clients", []), env, server)
     limits = _limits(src, data.get("limits", {}), env)
     auth = _auth(src, data.get("auth", {}), env, clients)
@@ -127,6 +132,7 @@ def parse(data: Mapping[str, Any], src: str, env: Mapping[str, str]) -> Config:
         models=models,
         batches=batches,
         web_search=web_search,
+        web_fetch=web_fetch,
         clients=clients,
         limits=limits,
         auth=auth,

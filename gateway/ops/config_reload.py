@@ -80,7 +80,7 @@ def _restart_tables(started: Config, new: Config) -> tuple[str, ...]:
         out.append("upstreams")
     if _by_name(started.models) != _by_name(new.models):
         out.append("models")
-    for table in ("batches", "web_search", "limits"):
+    for table in ("batches", "web_search", "web_fetch", "limits"):
         a, b = getattr(started, table), getattr(new, table)
         if (a is None) != (b is None) or (a is not None and _values(a) != _values(b)):
             out.append(table)

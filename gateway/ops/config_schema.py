@@ -757,12 +757,54 @@ class TelemetryConfig:
 
 
 @dataclass(frozen=True)
+class WebFetchConfig:
+    """``[web_fetch]``: the web_fetch server tool, run by the gateway (gateway/tools/web_fetch/,
+    docs/web-fetch.md). Without the table a web fetch tool is a 400."""
+
+    enabled: bool = _knob(
+        False,
+        doc="run the web_fetch server tool; off: a `web_fetch_*` tool is a 400 "
+        "(not `batches.enabled` nor `auth.enabled`)",
+    )
+    allowed_networks: tuple[str, ...] = _knob(
+        (),
+        fmt="cidr",
+        types=(list,),
+        shown="none",
+        doc='CIDRs the fetcher may reach besides public addresses (`["127.0.0.0/8"]`); '
+        "every other private, loopback, link-local or reserved address is refused",
+    )
+    fetch_timeout: float = _knob(20.0, gt=0, le=300, doc="seconds one fetch may take, all in")
+    fetch_connect_timeout: float = _knob(
+        5.0, gt=0, le=60, doc="seconds to connect to a page's server"
+    )
+    max_fetches: int = _knob(
+        8, gt=0, le=100, doc="fetches in one request, at most, whatever the tool's `max_uses` says"
+    )
+    max_redirects: int = _knob(5, ge=0, le=20, doc="redirects one fetch follows, each checked")
+    max_page_bytes: int = _knob(
+        10 * 1024 * 1024,
+        gt=0,
+        le=100 * 1024 * 1024,
+        doc="largest page body read, compressed and inflated (10 MiB); larger: `content_too_large`",
+    )
+    max_content_chars: int = _knob(
+        100_000, gt=0, doc="characters of one fetched document's text the model sees"
+    )
+    max_fetched_chars: int = _knob(
+        200_000, gt=0, doc="characters of fetched text the model sees in one request"
+    )
+    max_concurrent: int = _knob(8, gt=0, le=256, doc="fetches in flight in one gateway process")
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig
     upstreams: Mapping[str, UpstreamConfig]
     models: Mapping[str, ModelRoute]
     batches: BatchesConfig = field(default_factory=BatchesConfig)
     web_search: WebSearchConfig | None = None  # None: no [web_search] table
+    web_fetch: WebFetchConfig = field(default_factory=WebFetchConfig)
     clients: tuple[ClientConfig, ...] = ()
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
@@ -781,6 +823,7 @@ TABLES: dict[str, type] = {
     "models[]": ModelRoute,
     "batches": BatchesConfig,
     "web_search": WebSearchConfig,
+    "web_fetch": WebFetchConfig,
     "clients[]": ClientConfig,
     "limits": LimitsConfig,
     "auth": AuthConfig,

@@ -375,6 +375,20 @@ WEB_SEARCH_ERROR_CODES = (
     "request_too_large",
 )
 
+# the web_fetch_tool_result_error codes (gateway/messages/fetch_blocks.py: ERROR_CODES)
+WEB_FETCH_ERROR_CODES = (
+    "invalid_tool_input",
+    "url_too_long",
+    "url_not_allowed",
+    "url_not_in_prior_context",
+    "url_not_accessible",
+    "unsupported_content_type",
+    "too_many_requests",
+    "max_uses_exceeded",
+    "unavailable",
+    "content_too_large",
+)
+
 
 class Metrics:
     """The gateway's metrics on ``registry``; attribute names are what the handlers use.
@@ -739,6 +753,25 @@ class Metrics:
                 p + "web_search_duration_seconds",
                 "Time one web search took at its backend, answer read and decoded",
                 ["backend"],
+                buckets=_LATENCY,
+                registry=r,
+            )
+        )
+        # the web_fetch server tool (gateway/tools/web_fetch/), by the reply's upstream model
+        self.web_fetches = _Memo(
+            Counter(
+                p + "web_fetches_total",
+                "Web fetches asked for by the model, by upstream model and outcome: ok, or "
+                "the web_fetch_tool_result_error code (url_not_in_prior_context, ...)",
+                ["model", "outcome"],
+                registry=r,
+            )
+        )
+        self.web_fetch_duration = _Memo(
+            Histogram(
+                p + "web_fetch_duration_seconds",
+                "Time one web fetch took, page read and its text extracted",
+                ["model"],
                 buckets=_LATENCY,
                 registry=r,
             )

@@ -1,2 +1,3 @@
-"""Server tools the gateway runs itself: web search (:mod:`.web_search`, the whole feature
-in one package) against a search engine the operator runs."""
+"""Server tools the gateway runs itself: web search (:mod:`.web_search`) against a search
+engine the operator runs, and web fetch (:mod:`.web_fetch`) of pages the conversation
+names; one rounds loop (:mod:`.rounds`) runs both."""

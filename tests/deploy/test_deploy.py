@@ -111,6 +111,7 @@ def _knobs_in(data: dict[str, Any]) -> set[str]:
         knobs |= {f"models[].{k}" for k in table}
     knobs |= {f"batches.{k}" for k in data.get("batches", {})}
     knobs |= {f"web_search.{k}" for k in data.get("web_search", {})}
+    knobs |= {f"web_fetch.{k}" for k in data.get("web_fetch", {})}
     for table in data.get("clients", []):
         knobs |= {f"clients[].{k}" for k in table}
     knobs |= {f"limits.{k}" for k in data.get("limits", {})}
@@ -187,6 +188,8 @@ def test_example_config_comments_every_knob() -> None:
                 if line.startswith("[batches]")
                 else "web_search"
                 if line.startswith("[web_search]")
+                else "web_fetch"
+                if line.startswith("[web_fetch]")
                 else "clients[]"
                 if line.startswith("[[clients]]")
                 else "limits"
@@ -221,6 +224,7 @@ ILLUSTRATED = {
     "models[].created_at",
     "models[].context_window",
     "models[].claude_code_tier",
+    "web_fetch.enabled",  # shown switched on
 }
 
 
@@ -231,6 +235,7 @@ def _first_values(data: dict[str, Any]) -> dict[str, Any]:
     tables += [("models[]", t) for t in data.get("models", [])]
     tables += [("batches", data.get("batches", {}))]
     tables += [("web_search", data.get("web_search", {}))]
+    tables += [("web_fetch", data.get("web_fetch", {}))]
     tables += [("clients[]", t) for t in data.get("clients", [])]
     tables += [("limits", data.get("limits", {}))]
     tables += [("auth", data.get("auth", {}))]

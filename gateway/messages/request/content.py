@@ -35,7 +35,7 @@ from typing import Any
 
 from gateway.errors import InvalidRequest, echo
 from gateway.messages.to_chat import turn_control
-from gateway.ops.metrics import WEB_SEARCH_ERROR_CODES
+from gateway.ops.metrics import WEB_FETCH_ERROR_CODES, WEB_SEARCH_ERROR_CODES
 
 __all__ = [
     "EFFORTS",
@@ -283,13 +283,13 @@ def _tool_use(block: Mapping[str, Any], path: str) -> None:
 
 
 def _server_tool_use(block: Mapping[str, Any], path: str) -> None:
-    """A replayed ``server_tool_use`` block: only web search runs here."""
+    """A replayed ``server_tool_use`` block: only web search and web fetch run here."""
     _tool_use(block, path)
-    if block["name"] != "web_search":
+    if block["name"] not in ("web_search", "web_fetch"):
         raise fail(
             f"{path}.name",
             f"'{echo(block['name'])}' is an Anthropic server tool "
-            "this gateway does not run; only web_search blocks can be replayed",
+            "this gateway does not run; only web_search and web_fetch blocks can be replayed",
         )
     if not _SERVER_ID.fullmatch(block["id"]):
         raise fail(f"{path}.id", f"String should match pattern '{_SERVER_ID.pattern}'")
@@ -329,6 +329,76 @@ def _web_search_tool_result(block: Mapping[str, Any], path: str) -> None:
             raise fail(f"{where}.page_age", "Input should be a valid string")
 
 
+def _web_fetch_tool_result(block: Mapping[str, Any], path: str) -> None:
+    """A replayed ``web_fetch_tool_result`` block (its ``type`` and place checked by the
+    caller)."""
+    for key in block:
+        if key not in ("type", "tool_use_id", "content", "cache_control", "caller"):
+            raise fail(f"{path}.{echo(key)}", "Extra inputs are not permitted")
+    if not isinstance(block.get("tool_use_id"), str):
+        raise fail(f"{path}.tool_use_id", "Field required")
+    where = f"{path}.content"
+    content = check_obj(block.get("content"), where)
+    kind = content.get("type")
+    if kind == "web_fetch_tool_result_error":
+        for key in content:
+            if key not in ("type", "error_code"):
+                raise fail(f"{where}.{echo(key)}", "Extra inputs are not permitted")
+        if content.get("error_code") not in WEB_FETCH_ERROR_CODES:
+            raise fail(
+                f"{where}.error_code",
+                "Input should be one of "
+                + ", ".join(f"'{c}'" for c in sorted(WEB_FETCH_ERROR_CODES)),
+            )
+        return
+    if kind != "web_fetch_result":
+        raise fail(
+            f"{where}.type", "Input should be 'web_fetch_result' or 'web_fetch_tool_result_error'"
+        )
+    for key in content:
+        if key not in ("type", "url", "retrieved_at", "content"):
+            raise fail(f"{where}.{echo(key)}", "Extra inputs are not permitted")
+    if not isinstance(content.get("url"), str):
+        raise fail(f"{where}.url", "Field required")
+    if content.get("retrieved_at") is not None and not isinstance(content["retrieved_at"], str):
+        raise fail(f"{where}.retrieved_at", "Input should be a valid string")
+    _check_document(content.get("content"), f"{where}.content")
+
+
+def _check_document(doc: Any, path: str) -> None:
+    if doc is None:
+        raise fail(path, "Field required")
+    doc = check_obj(doc, path)
+    for key in doc:
+        if key not in ("type", "source", "title", "citations", "context", "cache_control"):
+            raise fail(f"{path}.{echo(key)}", "Extra inputs are not permitted")
+    if doc.get("type") != "document":
+        raise fail(f"{path}.type", "Input should be 'document'")
+    for key in ("title", "context"):
+        if doc.get(key) is not None and not isinstance(doc[key], str):
+            raise fail(f"{path}.{key}", "Input should be a valid string")
+    citations = doc.get("citations")
+    if citations is not None:
+        check_obj(citations, f"{path}.citations")
+        if not isinstance(citations.get("enabled", False), bool):
+            raise fail(f"{path}.citations.enabled", "Input should be a valid boolean")
+    source = check_obj(doc.get("source"), f"{path}.source")
+    kind = source.get("type")
+    if kind == "text":
+        expected = "text/plain"
+    elif kind == "base64":
+        expected = "application/pdf"
+    else:
+        raise fail(f"{path}.source.type", "Input should be 'text' or 'base64'")
+    for key in source:
+        if key not in ("type", "media_type", "data"):
+            raise fail(f"{path}.source.{echo(key)}", "Extra inputs are not permitted")
+    if source.get("media_type") != expected:
+        raise fail(f"{path}.source.media_type", f"Input should be '{expected}'")
+    if not isinstance(source.get("data"), str):
+        raise fail(f"{path}.source.data", "Field required")
+
+
 def _thinking(block: Mapping[str, Any], path: str) -> None:
     check_str(block, "thinking", path)
     check_str(block, "signature", path, required=False)
@@ -348,6 +418,8 @@ _ASSISTANT_BLOCKS: Mapping[str, Callable[[Mapping[str, Any], str], None]] = {
     # a web search's blocks, replayed (gateway/messages/search_blocks.py)
     "server_tool_use": _server_tool_use,
     "web_search_tool_result": _web_search_tool_result,
+    # a web fetch's result, replayed (gateway/messages/fetch_blocks.py)
+    "web_fetch_tool_result": _web_fetch_tool_result,
 }
 _SYSTEM_BLOCKS: Mapping[str, Callable[[Mapping[str, Any], str], None]] = {"text": _text}
 
@@ -361,7 +433,8 @@ def _refusal(role: str, kind: str) -> str:
 
 
 def check_messages(messages: Any) -> None:
-    searches: set[str] = set()  # server_tool_use ids of this run of assistant turns, unanswered
+    # server_tool_use ids of this run of assistant turns, unanswered -> their result's type
+    searches: dict[str, str] = {}
     for i, msg in enumerate(check_list(messages, "messages")):
         path = f"messages.{i}"
         check_obj(msg, path)
@@ -401,15 +474,14 @@ def check_messages(messages: Any) -> None:
                 raise fail(f"{block_path}.type", _refusal(role, kind))
             check(block, block_path)
             if kind == "server_tool_use":
-                searches.add(block["id"])
-            elif kind == "web_search_tool_result":
-                if block["tool_use_id"] not in searches:
+                searches[block["id"]] = block["name"] + "_tool_result"
+            elif kind in ("web_search_tool_result", "web_fetch_tool_result"):
+                if searches.get(block["tool_use_id"]) != kind:
                     raise fail(
                         f"{block_path}.tool_use_id",
-                        "a web_search_tool_result must "
-                        "follow the server_tool_use block it answers, once",
+                        f"a {kind} must follow the server_tool_use block it answers, once",
                     )
-                searches.discard(block["tool_use_id"])
+                del searches[block["tool_use_id"]]
     if not messages:
         raise fail("messages", "List should have at least 1 item")
 

@@ -41,6 +41,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.errors import echo
+from gateway.messages.fetch_blocks import TOOL_TYPES as WEB_FETCH_TYPES
+from gateway.messages.fetch_blocks import check_tool as check_web_fetch_tool
+from gateway.messages.fetch_blocks import check_url_sources
 from gateway.messages.request.content import (
     EFFORTS,
     check_depth,
@@ -72,10 +75,11 @@ def is_custom_tool(tool: Mapping[str, Any]) -> bool:
     return kind is None or kind == "custom"
 
 
-def _tools(tools: Any, web_search: bool = False) -> set[str]:
+def _tools(tools: Any, web_search: bool = False, web_fetch: bool = False) -> set[str]:
     names: set[str] = set()
     if tools is None:
         return names
+    fetch: tuple[Mapping[str, Any], str] | None = None
     for i, tool in enumerate(check_list(tools, "tools")):
         path = f"tools.{i}"
         check_obj(tool, path)
@@ -84,6 +88,9 @@ def _tools(tools: Any, web_search: bool = False) -> set[str]:
             name = _custom_tool_name(tool, path)
         elif web_search and tool.get("type") in WEB_SEARCH_TYPES:
             name = check_web_search_tool(tool, path)
+        elif web_fetch and tool.get("type") in WEB_FETCH_TYPES:
+            name = check_web_fetch_tool(tool, path)
+            fetch = (tool, path)
         else:
             name = check_client_tool(tool, path)
         if name in names:
@@ -99,6 +106,8 @@ def _tools(tools: Any, web_search: bool = False) -> set[str]:
         if tool.get("defer_loading") is not None and not isinstance(tool["defer_loading"], bool):
             raise fail(f"{path}.defer_loading", "Input should be a valid boolean")
         _allowed_callers(tool.get("allowed_callers"), path)
+    if fetch is not None:
+        check_url_sources(fetch[0], fetch[1], names)
     return names
 
 
@@ -263,12 +272,17 @@ def _server_side_features(body: Mapping[str, Any]) -> None:
 
 
 def validate_messages(
-    body: object, *, count_tokens: bool = False, web_search: bool = False
+    body: object,
+    *,
+    count_tokens: bool = False,
+    web_search: bool = False,
+    web_fetch: bool = False,
 ) -> dict[str, Any]:
     """Return ``body`` if it is a valid Messages request, else raise InvalidRequest.
 
     ``web_search``: the gateway runs the web search tool (``[web_search]`` is configured);
-    without it, a web search tool is refused like every other server tool.
+    without it, a web search tool is refused like every other server tool. ``web_fetch``:
+    the same for the web fetch tool (``[web_fetch] enabled``).
 
     The model is only checked to be a string; routing answers 404 for unknown names.
     With ``count_tokens`` the generation-only fields are neither required nor checked.
@@ -294,7 +308,7 @@ def validate_messages(
         _generation_fields(body)
     check_messages(body["messages"])
     check_system(body.get("system"))
-    _tool_choice(body.get("tool_choice"), _tools(body.get("tools"), web_search))
+    _tool_choice(body.get("tool_choice"), _tools(body.get("tools"), web_search, web_fetch))
     _thinking_config(body.get("thinking"), None if count_tokens else body.get("max_tokens"))
     _output_config(body.get("output_config"))
     _sampling(body)

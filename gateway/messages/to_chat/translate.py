@@ -49,6 +49,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from gateway.messages import fetch_blocks
 from gateway.messages.from_chat import tables
 from gateway.messages.from_chat.tables import LOCAL_STOP_KINDS
 from gateway.messages.request.validate import is_custom_tool
@@ -163,6 +164,8 @@ def _tools(req: Mapping[str, Any], out: dict[str, Any], named_choice: bool = Tru
                 fn["strict"] = True
         elif tool.get("type") in TOOL_TYPES:  # validated: the gateway runs it (gateway/tools)
             fn = web_search_function(tool)
+        elif tool.get("type") in fetch_blocks.TOOL_TYPES:  # validated: the gateway runs it
+            fn = fetch_blocks.function(tool)
         else:  # validated: an Anthropic-defined client tool (other server tools were refused)
             fn = to_function(tool)
         functions.append({"type": "function", "function": fn})
@@ -268,7 +271,7 @@ def _ends_in_search(turn: Mapping[str, Any]) -> bool:
     return (
         isinstance(content, list)
         and bool(content)
-        and content[-1].get("type") == "web_search_tool_result"
+        and content[-1].get("type") in ("web_search_tool_result", "web_fetch_tool_result")
     )
 
 

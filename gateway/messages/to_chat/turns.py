@@ -10,8 +10,10 @@ Protocol facts relied on:
 - Prior reasoning goes back as the assistant message's ``reasoning_content``.
 - Templates expand ``tool_reference`` parts only at the start of a tool message, so each
   run of references and each run of other parts is its own tool message.
-- A replayed web search (``server_tool_use`` + ``web_search_tool_result``) is the
-  assistant's call and the ``tool`` message it got (:mod:`.web_search`).
+- A replayed web search or web fetch (``server_tool_use`` + ``web_search_tool_result`` /
+  ``web_fetch_tool_result``) is the assistant's call and the ``tool`` message it got
+  (:mod:`gateway.messages.search_blocks`, :mod:`gateway.messages.fetch_blocks`): a fetched
+  document goes upstream as the block holds it.
 - A system turn may carry nothing else than this turn's controls, or be cleared by a later
   user message (``clear_at``, :mod:`.turn_control`): no empty system message goes upstream.
 - An upstream that cannot take images or ``tool_reference`` parts gets them as text
@@ -27,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from gateway.messages import fetch_blocks
 from gateway.messages.search_blocks import OPENED, replayed_text
 from gateway.messages.to_chat import turn_control
 from gateway.text import jsonutil
@@ -221,7 +224,8 @@ def _user(group: list[Mapping[str, Any]], render: Render) -> list[Message]:
     return out
 
 
-_SEARCH_BLOCKS = frozenset({"server_tool_use", "web_search_tool_result"})
+_RESULT_BLOCKS = frozenset({"web_search_tool_result", "web_fetch_tool_result"})
+_SEARCH_BLOCKS = _RESULT_BLOCKS | {"server_tool_use"}
 
 
 def _assistant_turns(group: list[Mapping[str, Any]]) -> list[Message]:
@@ -241,7 +245,7 @@ def _assistant_turns(group: list[Mapping[str, Any]]) -> list[Message]:
         for turn in group
         if isinstance(turn["content"], list)
         for b in turn["content"]
-        if b["type"] == "web_search_tool_result"
+        if b["type"] in _RESULT_BLOCKS
     }
     for turn in group:
         if isinstance(turn["content"], str):
@@ -250,15 +254,18 @@ def _assistant_turns(group: list[Mapping[str, Any]]) -> list[Message]:
         for block in turn["content"]:
             if block["type"] == "server_tool_use" and block["id"] not in answered:
                 continue  # a search without its result: nothing the model can be shown
-            if block["type"] != "web_search_tool_result":
+            if block["type"] not in _RESULT_BLOCKS:
                 segment.append(block)
                 continue
             if segment:
                 out.append(_assistant([{"content": segment}]))
                 segment = []
-            text = block.get(OPENED)
-            if text is None:  # not opened by the caller: title and URL only
-                text = replayed_text(block, ())
+            if block["type"] == "web_fetch_tool_result":
+                text = fetch_blocks.replayed_text(block)
+            else:
+                text = block.get(OPENED)
+                if text is None:  # not opened by the caller: title and URL only
+                    text = replayed_text(block, ())
             out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
     if segment:
         out.append(_assistant([{"content": segment}]))

@@ -3,14 +3,12 @@
 What comes in: a validated Messages request offering a ``web_search_<date>`` tool (with
 ``[web_search]`` configured), prepared as a :class:`~gateway.messages.call.Call`, and the
 first round's open upstream response. What goes out: one Messages reply, streamed (the
-rounds' events rewritten into one message) or buffered (:meth:`loop.WebSearchReply.message`),
-its figures in the reply's one record. The HTTP shell (:mod:`gateway.http.anthropic`) makes
-the :class:`loop.WebSearchReply` and hands it to the :class:`~gateway.messages.reply.Reply`
-as its ``Rounds``.
+rounds' events rewritten into one message) or buffered, its figures in the reply's one
+record. The rounds are the server tools' one loop (:mod:`gateway.tools.rounds`, shared with
+web fetch): the HTTP shell (:mod:`gateway.http.anthropic`) makes its
+:class:`~gateway.tools.rounds.loop.ServerToolsReply` with this package's
+:class:`.searches.Searches` as one of its tools.
 
-- :mod:`.loop`: the rounds (the Messages call, the searches it asks for, the call again);
-- :mod:`.round_events`: each round translator's frames rewritten into the reply's one
-  stream, and the blocks kept of them (the next round's request, the buffered reply);
 - :mod:`.searches`: one request's searches (limits, text budget, filters, sealing);
 - :mod:`.searxng`: the backend, a SearXNG instance the operator runs (bounded reads);
 - :mod:`.citations`: a result's snippet quoted verbatim becomes a cited text block;

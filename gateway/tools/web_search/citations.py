@@ -8,6 +8,10 @@ search result's whole snippet, character for character (snippets shorter than
 :data:`MIN_QUOTE` are not looked for: a short phrase is not a quote). Paraphrase is never
 cited.
 
+A source may carry its own ``citation`` (a web fetch's passage,
+:mod:`gateway.tools.web_fetch.fetches`: a ``char_location`` into the fetched document): that
+is what cites it, one reply's quotes of searches and of fetches found in one pass.
+
 Streamed text is held back only while it could still be the start of a snippet (at most one
 snippet's length), so a reply that quotes nothing streams as before.
 
@@ -132,6 +136,9 @@ class Quotes:
         return None, maybe, cost
 
     def _citation(self, source: Mapping[str, Any]) -> dict[str, Any]:
+        made = source.get("citation")
+        if made is not None:  # a fetched document's passage: its citation made with it
+            return dict(made)
         cited = source["snippet"][:_CITED_TEXT]
         return {
             "type": "web_search_result_location",

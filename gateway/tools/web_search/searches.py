@@ -22,7 +22,11 @@ MAX_QUERY_CHARS = 500  # a longer query is answered with query_too_long
 
 
 class Searches:
-    """One request's searches: the limit, the text budget, the filters, the sealing."""
+    """One request's searches: the limit, the text budget, the filters, the sealing (a
+    :class:`~gateway.tools.rounds.ServerTool`)."""
+
+    result_type = "web_search_tool_result"
+    usage_key = "web_search_requests"
 
     __slots__ = (
         "_backend",
@@ -33,6 +37,7 @@ class Searches:
         "attempts",
         "chars_left",
         "limit",
+        "name",
         "quotes",
         "requests",
     )
@@ -44,8 +49,10 @@ class Searches:
         signing_key: bytes,
         *,
         request_id: str | None = None,
+        quotes: Quotes | None = None,
     ) -> None:
         config = backend.config
+        self.name = tool["name"]
         max_uses = tool.get("max_uses")
         self.limit = min(max_uses, config.max_searches) if max_uses else config.max_searches
         self.attempts = 0
@@ -56,7 +63,11 @@ class Searches:
         self._keep = DomainFilter(tool.get("allowed_domains"), tool.get("blocked_domains"))
         self._language = language(tool.get("user_location"))
         self._request_id = request_id  # for the backend's failure log lines
-        self.quotes = Quotes(signing_key)  # the results' snippets, for citations
+        # the results' snippets, for citations (the reply's, shared with its other tools)
+        self.quotes = quotes if quotes is not None else Quotes(signing_key)
+
+    def seen(self, block: Mapping[str, Any]) -> None:
+        """Another result of the reply: nothing a search needs."""
 
     async def run(self, tool_input: Mapping[str, Any]) -> tuple[Any, str]:
         """(the result block's ``content``, the tool message the model gets) for one call."""

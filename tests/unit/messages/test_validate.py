@@ -205,8 +205,8 @@ REFUSED: list[tuple[str, dict[str, Any], str, str | None]] = [
         "redacted_thinking",
     ),
     (
-        "assistant-server-tool-use",  # only web search's blocks replay (gateway/tools/)
-        _assistant({"type": "server_tool_use", "id": "s", "name": "web_fetch", "input": {}}),
+        "assistant-server-tool-use",  # only web search and web fetch blocks replay
+        _assistant({"type": "server_tool_use", "id": "s", "name": "code_execution", "input": {}}),
         f"{A0}.name",
         "web_search",
     ),

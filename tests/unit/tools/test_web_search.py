@@ -142,7 +142,7 @@ RESULT = {
 A1 = "messages.1.content"
 
 HISTORY_REFUSED = [
-    ({**USE, "name": "web_fetch"}, f"{A1}.0.name"),
+    ({**USE, "name": "code_execution"}, f"{A1}.0.name"),
     ({**USE, "id": ""}, f"{A1}.0.id"),
     ({k: v for k, v in USE.items() if k != "input"}, f"{A1}.0.input"),
     ({**RESULT, ws.OPENED: "what the model saw"}, f"{A1}.0.{ws.OPENED}"),  # never from a client

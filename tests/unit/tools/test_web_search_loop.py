@@ -1,4 +1,4 @@
-"""The web search loop in process (gateway/tools/web_search/loop.py): the gateway app against an
+"""The web search loop in process (gateway/tools/rounds/loop.py): the gateway app against an
 in-test scripted model (an OpenAI-compatible stream) and an in-test SearXNG, buffered and
 streamed; the streamed reply's events compared exactly (ids normalised)."""
 

@@ -1,10 +1,10 @@
-"""A web search reply's rounds as one stream of events, and the blocks kept of them.
+"""A server tools reply's rounds as one stream of events, and the blocks kept of them.
 
 Each round's :class:`~gateway.messages.stream.translator.StreamTranslator` output is read by
 its frames' prefixes (:mod:`gateway.messages.stream.frames`: pre-encoded, so an event is
 recognised and its index respliced without decoding it; the rest passes as it is): only
 the first round's ``message_start`` passes, block indexes continue across rounds, a call of
-the search function becomes a ``server_tool_use`` block, a round's ``message_delta`` and
+a server tool's function becomes a ``server_tool_use`` block, a round's ``message_delta`` and
 ``message_stop`` are held (its usage and stop reason are read from the translator), and
 once results with snippets came, text is split around verbatim quotes (:mod:`.citations`).
 
@@ -16,6 +16,7 @@ stream's events folded as the SDKs fold them). Pure: no I/O, no awaits.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gateway.messages import search_blocks as blocks
@@ -47,10 +48,10 @@ _ERROR = b"event: error\n"
 class RoundEvents:
     """One reply's events across its rounds (see the module docstring)."""
 
-    def __init__(self, quotes: Quotes, name: str, translator: StreamTranslator) -> None:
+    def __init__(self, quotes: Quotes, names: Iterable[str], translator: StreamTranslator) -> None:
         self._quotes = quotes
-        # a call of the search function: the end of its tool_use shell (tool_blocks.shell)
-        self._search_tail = b',"name":' + frames.jstr(name) + b',"input":{}}}'
+        # a call of a server tool's function: the end of its tool_use shell (tool_blocks.shell)
+        self._tails = {b',"name":' + frames.jstr(name) + b',"input":{}}}': name for name in names}
         self.message_id = self.model = ""
         self.stop_reason: str | None = None
         self.stop_sequence: str | None = None
@@ -70,10 +71,10 @@ class RoundEvents:
             self.output + self.round_out,
         )
 
-    def result(self, call: dict[str, Any], content: Any, text: str) -> bytes:
-        """A search's ``web_search_tool_result`` block, complete at its start (``text``:
-        the tool message the model gets, kept for the next round's request)."""
-        result = {"type": "web_search_tool_result", "tool_use_id": call["id"], "content": content}
+    def result(self, call: Mapping[str, Any], kind: str, content: Any, text: str) -> bytes:
+        """A server tool's result block (``kind``: its type), complete at its start
+        (``text``: the tool message the model gets, kept for the next round's request)."""
+        result = {"type": kind, "tool_use_id": call["id"], "content": content}
         index = self.next
         self.next += 1
         self.history.append({**result, blocks.OPENED: text})
@@ -155,11 +156,11 @@ class RoundEvents:
             block = {"type": "text", "text": ""}
         elif shell == _THINKING_SHELL:
             block = {"type": "thinking", "thinking": ""}
-        elif shell.endswith(self._search_tail):  # a call of the search function
+        elif (name := self._server_tool(shell)) is not None:  # a server tool's call
             block = {
                 "type": "server_tool_use",
                 "id": "srvtoolu_" + ids.b62(24),
-                "name": blocks.NAME,
+                "name": name,
                 "input": {},
             }
             shell = b',"content_block":' + jsonutil.dumpb(block) + b"}"
@@ -172,6 +173,13 @@ class RoundEvents:
             self.calls.append(index)
         self._blocks[index] = block
         out.append(frames.CBS + b"%d" % index + shell + b"\n\n")
+
+    def _server_tool(self, shell: bytes) -> str | None:
+        """The server tool a tool_use shell calls, or None (a client tool's)."""
+        for tail, name in self._tails.items():
+            if shell.endswith(tail):
+                return name
+        return None
 
     def _delta(self, frame: bytes, out: list[bytes]) -> None:
         comma = frame.index(b",", _CBD_LEN)
@@ -268,9 +276,9 @@ class RoundEvents:
         self.round_in = self.round_out = self.round_cache = 0
         return [self._blocks[i] for i in self.calls]
 
-    def finish(self, stop_reason: str | None, searches: int) -> bytes:
-        """The reply's ``message_delta`` (usage of every round; ``searches``: those the
-        backend answered) and ``message_stop``."""
+    def finish(self, stop_reason: str | None, counts: Mapping[str, int]) -> bytes:
+        """The reply's ``message_delta`` (usage of every round; ``counts``: the server
+        tools' requests, by their ``usage.server_tool_use`` key) and ``message_stop``."""
         held_reason, held_sequence = self.held or ("end_turn", None)
         if stop_reason is None:
             stop_reason, sequence = held_reason, held_sequence
@@ -282,7 +290,7 @@ class RoundEvents:
         if self.cache_read:
             usage["cache_read_input_tokens"] = self.cache_read
         usage["output_tokens"] = self.output
-        usage["server_tool_use"] = {"web_search_requests": searches, "web_fetch_requests": 0}
+        usage["server_tool_use"] = {"web_search_requests": 0, "web_fetch_requests": 0, **counts}
         self._usage = usage
         body = {
             "type": "message_delta",

@@ -85,7 +85,7 @@ from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
 from gateway.tenancy.clients import Tenants
 from gateway.tenancy.counters import CounterStore, LocalStore
-from gateway.tools.web_fetch.service import WebFetchService
+from gateway.tools.web_fetch.fetcher_service import WebFetchService
 from gateway.tools.web_search.searxng import Searxng
 from gateway.upstream import fleet, window_watch
 from gateway.upstream.known import known_secrets

@@ -17,7 +17,7 @@ from gateway.tenancy.clients import Client, Tenants
 from gateway.tenancy.counters import CounterStore
 from gateway.tenancy.fair import FairQueue
 from gateway.text.redact import Redactor
-from gateway.tools.web_fetch.service import WebFetchService
+from gateway.tools.web_fetch.fetcher_service import WebFetchService
 from gateway.tools.web_search.searxng import Searxng
 from gateway.upstream import UpstreamClient
 from gateway.upstream.send import Upstreams

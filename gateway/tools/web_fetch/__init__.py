@@ -8,7 +8,7 @@ out: per call of the model's ``web_fetch(url)``, a ``server_tool_use`` block and
 
 - :mod:`.fetches`: one request's fetches (limit, URL context, filters, documents);
 - :mod:`.context`: the URLs the conversation holds, the only ones fetched;
-- :mod:`.service`: the process's fetcher, its policy from the config, metrics, logs;
+- :mod:`.fetcher_service`: the process's fetcher, its policy from the config, metrics, logs;
 - :mod:`.net`: one fetch, safe against the gateway's own network (addresses checked once,
   connections pinned to them, redirects checked again, every byte and second bounded);
 - :mod:`.addresses`: which addresses a fetch may reach; :mod:`.inflate`: a body's

@@ -38,8 +38,8 @@ from gateway.messages.documents.pdf_pool import PdfPool
 from gateway.messages.documents.pdf_text import find_pdfs
 from gateway.tools.web_fetch.context import UrlContext, url_key
 from gateway.tools.web_fetch.extract import html_text, plain_text
+from gateway.tools.web_fetch.fetcher_service import WebFetchService
 from gateway.tools.web_fetch.net import FetchRefused
-from gateway.tools.web_fetch.service import WebFetchService
 from gateway.tools.web_search.citations import MIN_QUOTE, Quotes
 from gateway.tools.web_search.domains import DomainFilter
 from gateway.tools.web_search.hosts import host_and_path

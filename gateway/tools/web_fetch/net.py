@@ -376,7 +376,7 @@ class Fetcher:
                 raise FetchRefused("unsupported_content_type", "media_type", status)
         return Fetched(str(target), media_type, charset, body, hop)
 
-    async def _read(self, content: aiohttp.StreamReader, decoder: inflate.Decoder) -> bytes:
+    async def _read(self, content: aiohttp.StreamReader, decoder: inflate.Inflater) -> bytes:
         policy = self._policy
         cap = policy.max_body_bytes
         out = bytearray()

@@ -36,7 +36,10 @@ START = {
 DELTA = {
     "type": "message_delta",
     "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-    "usage": {"output_tokens": 5, "server_tool_use": {"web_search_requests": 1}},
+    "usage": {
+        "output_tokens": 5,
+        "server_tool_use": {"web_search_requests": 1, "web_fetch_requests": 0},
+    },
 }
 
 
@@ -116,7 +119,7 @@ def test_the_apis_shape_passes() -> None:
     [
         (_events(use={**USE, "input": {"query": "a"}}), "not an empty shell"),
         (_events(use={**USE, "id": "toolu_01"}), "not an empty shell"),
-        (_events(outcome={**OUTCOME, "tool_use_id": "srvtoolu_02"}), "no such search"),
+        (_events(outcome={**OUTCOME, "tool_use_id": "srvtoolu_02"}), "no such call"),
         (_events(outcome={**OUTCOME, "content": [{**RESULT, "extra": 1}]}), "not an empty shell"),
         (
             _events(

@@ -49,6 +49,7 @@ HI = [{"role": "user", "content": "hi"}]
 # the one named client all traffic comes from (the Clients row), its key on every request,
 # the scrape and the test's own reads of /metrics
 TEAM_KEY = "team-key-for-the-dashboard"
+_PAGE_URL: list[str] = ["http://127.0.0.1:9/"]  # the fixture's page server, once started
 # metric names in expressions; PromQL functions and keywords are not prefixed like this
 _NAME = re.compile(r"\b((?:llm_gateway|process|python)_[a-zA-Z0-9_]+)\b")
 _HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
@@ -209,6 +210,14 @@ def _traffic_round(base: str) -> None:
     }
     assert _post(msgs, {**search, "messages": [{"role": "user", "content": "paris"}]}) == 200
     assert _post(msgs, {**search, "messages": [{"role": "user", "content": "x #fail"}]}) == 200
+    # the web_fetch server tool: a page the user names, on a page server of its own
+    fetch = {
+        **demo,
+        "model": "m-fetch",
+        "tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}],
+        "messages": [{"role": "user", "content": f"read {_PAGE_URL[0]}"}],
+    }
+    assert _post(msgs, fetch) == 200
     # two at once on a model with one slot: one waits (the queue panels)
     with ThreadPoolExecutor(2) as pool:
         queued = list(pool.map(lambda _: _post(msgs, {**demo, "model": "m-queued"}), range(2)))
@@ -245,6 +254,9 @@ health_timeout = 1
     text += '\n[[models]]\nname = "m-queued"\nupstream = "stub"\nupstream_model = "delay:300"\n'
     text += "max_concurrency = 1\nqueue_timeout = 10\n"
     text += f'\n[web_search]\nsearxng_url = "{searxng_url}"\ntimeout = 5\n'
+    text += '\n[[models]]\nname = "m-fetch"\nupstream = "stub"\nupstream_model = "fetch"\n'
+    text += '\n[web_fetch]\nenabled = true\nallowed_networks = ["127.0.0.0/8"]\n'
+    text += "fetch_timeout = 5\n"
     text += '\n[[clients]]\nname = "team"\nkey_env = "TEAM_KEY"\nforwards_identity = true\n'
     return text + '\n[auth]\ntrusted_forwarders = ["127.0.0.0/8"]\n'
 
@@ -314,6 +326,11 @@ def scraped(
     searxng = Proc([sys.executable, str(REPO / "tests" / "searxng_stub.py"), str(searxng_port)])
     wait_http(f"http://127.0.0.1:{searxng_port}/healthz", proc=searxng.popen)
     searxng_url = f"http://127.0.0.1:{searxng_port}"
+    # a page for web_fetch: another stub, not the search backend (which is never fetched)
+    page_port = free_port()
+    page = Proc([sys.executable, str(REPO / "tests" / "searxng_stub.py"), str(page_port)])
+    wait_http(f"http://127.0.0.1:{page_port}/healthz", proc=page.popen)
+    _PAGE_URL[:] = [f"http://127.0.0.1:{page_port}/healthz"]
     gateway, base = start_gateway(
         _gateway_config(llama_server, stub_url, searxng_url), workdir, env={"TEAM_KEY": TEAM_KEY}
     )
@@ -356,6 +373,7 @@ def scraped(
         prom.proc.stop()
         gateway.stop()
         searxng.stop()
+        page.stop()
 
 
 @pytest.mark.e2e
@@ -392,6 +410,7 @@ def test_key_panels_show_the_traffic_that_flowed(scraped) -> None:
         f'sum(rate(llm_gateway_dropped_fields_total{{field="metadata"}}{rate}))': "dropped",
         f'sum(rate(llm_gateway_web_searches_total{{backend="searxng",outcome="ok"}}{rate}))': "web searches",  # noqa: E501
         f'sum(rate(llm_gateway_web_search_errors_total{{error_code="unavailable"}}{rate}))': "web search errors",  # noqa: E501
+        f'sum(rate(llm_gateway_web_fetches_total{{model="fetch",outcome="ok"}}{rate}))': "web fetches",  # noqa: E501
     }
     for expr, what in checks.items():
         got = prom.scalar(expr)
@@ -405,7 +424,15 @@ def test_key_panels_show_the_traffic_that_flowed(scraped) -> None:
             + urllib.parse.urlencode({"match[]": "llm_gateway_model_info"})
         )
     )["data"]
-    configured = ["demo", "m-dead", "m-inband-error", "m-queued", "m-search", "m-status:500"]
+    configured = [
+        "demo",
+        "m-dead",
+        "m-fetch",
+        "m-inband-error",
+        "m-queued",
+        "m-search",
+        "m-status:500",
+    ]
     assert sorted(models) == configured
     # client-chosen names never become series
     assert prom.query('{__name__=~"llm_gateway_.*", model="not-configured"}') == []

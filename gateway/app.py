@@ -439,7 +439,12 @@ def _signin_routes(
     state = app[STATE]
     p = config.server.prefix
     app[SIGNIN] = SignIn(
-        config.auth, store, lambda: state.tenants, p, config.batches.public_base_url
+        config.auth,
+        store,
+        lambda: state.tenants,
+        p,
+        config.batches.public_base_url,
+        app[METRICS],
     )
     free = RouteTag(None, needs_key=False)
     route("GET", f"{p}/.well-known/oauth-authorization-server", oauth.metadata, "oauth_meta", free)

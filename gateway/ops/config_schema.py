@@ -540,6 +540,12 @@ class ClientConfig:
     weight: float = _knob(
         1.0, gt=0, le=1000, doc="the client's share of a saturated model against others'"
     )
+    email: str = _knob(
+        "",
+        shown="unset",
+        doc="the account a developer signing in as this client sees (the token reply's "
+        "`email`: Claude Code asks to confirm it and shows it in `/status`)",
+    )
     # the key's SHA-256 (from key_env's value, or key_sha256), set by parse()
     key_digest: bytes = _not_toml(b"", secret=True)
     # key_env's value (empty with key_sha256): only for the scrubber of upstream error text

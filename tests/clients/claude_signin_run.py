@@ -79,6 +79,7 @@ upstream_model = "ok"
 [[clients]]
 name = "dev"
 key_env = "DEV_KEY"
+email = "dev@example.com"
 
 [batches]
 database = {json.dumps(str(database))}

@@ -57,10 +57,18 @@ def test_claude_code_signs_in_runs_a_prompt_and_is_refused_once_revoked(tmp_path
     assert polling["verificationUri"].endswith("/llm/oauth/device")
     assert polling["browserUrl"].endswith(f"?user_code={polling['userCode']}")
     assert login["page"] == {"status": 200, "approved": True}
+    # the token reply's email (the client's configured account): Claude Code asks the
+    # developer to confirm it before it stores the credential, and keeps it
+    confirm = next(
+        m for m in login["lines"] if isinstance(m, dict) and m.get("state") == "confirm_account"
+    )
+    assert confirm["shown"] == "dev@example.com" and confirm["shownLabel"] == "Account:"
+    assert states.index("confirm_account") < states.index("done")
     # what Claude Code kept: the gateway's endpoints (same origin), an expiry
     stored = run["stored"]
     assert stored["tokenEndpoint"] == stored["url"] + "/oauth/token"
     assert stored["revocationEndpoint"] == stored["url"] + "/oauth/revoke"
+    assert stored["email"] == "dev@example.com"
 
     prompt = run["prompt"]
     assert prompt["exit_code"] == 0, prompt

@@ -248,6 +248,16 @@ class Plan:
             r * requests + i * input_tokens + o * output_tokens for r, i, o in self.weights
         )
 
+    def reserved(self, input_tokens: int, max_tokens: int) -> tuple[int, ...]:
+        """What a request takes before its call: ``max_tokens`` from the output meters, but
+        not from the daily budget, which takes the input estimate alone (a cap refuses once
+        it is spent, not a request whose ``max_tokens`` would not fit: Claude Code asks
+        32,000 every time); its output comes off when the reply settles."""
+        needs = self.amounts(1, input_tokens, max_tokens)
+        if self.budget < 0:
+            return needs
+        return tuple(n - max_tokens if i == self.budget else n for i, n in enumerate(needs))
+
     def headers(self, reading: Reading, wall: float, *, reply: bool = True) -> dict[str, str]:
         """The ``anthropic-ratelimit-*`` headers of a reading of this plan's meters (and the
         unified ones of its daily budget; ``reply``: see :func:`unified`)."""
@@ -353,12 +363,18 @@ class Charge:
         plan = self.plan
         if not plan.counts_tokens:
             return None
+        est, cap = self.input_tokens, self.max_tokens
         if not self._ended:  # no reply: the tokens go back, the request stays counted
-            return plan.amounts(0, -self.input_tokens, -self.max_tokens)
-        if self._usage is None:
-            return None
+            return _less_request(plan, est, cap)
+        if self._usage is None:  # the estimate stands: max_tokens as the budget's output
+            if plan.budget < 0:
+                return None
+            return tuple(cap if i == plan.budget else 0 for i in range(len(plan.meters)))
         used_in, used_out = self._usage
-        return plan.amounts(0, used_in - self.input_tokens, used_out - self.max_tokens)
+        amounts = plan.amounts(0, used_in - est, used_out - cap)
+        if plan.budget < 0:
+            return amounts
+        return tuple(a + cap if i == plan.budget else a for i, a in enumerate(amounts))
 
     async def close(self, now: float | None = None) -> None:
         """Settle and return the lease; a store error is not the client's (the redis
@@ -405,7 +421,7 @@ async def admit(
         held = lease
     headers: dict[str, str] = {}
     if plan.meters:
-        needs = plan.amounts(1, input_tokens, max_tokens)
+        needs = plan.reserved(input_tokens, max_tokens)
         try:
             reading = await store.take(plan.meters, needs, now)
         except BaseException:
@@ -418,6 +434,14 @@ async def admit(
             raise plan.refusal(reading, needs, plan.headers(reading, now, reply=False), now)
         headers = plan.headers(reading, now)
     return Charge(store, plan, input_tokens, max_tokens, headers, held)
+
+
+def _less_request(plan: Plan, input_tokens: int, max_tokens: int) -> tuple[int, ...]:
+    """What a request that got no reply gives back: what it reserved, but the request."""
+    requests = plan.amounts(1, 0, 0)
+    return tuple(
+        r - n for r, n in zip(requests, plan.reserved(input_tokens, max_tokens), strict=True)
+    )
 
 
 def _without_claims(headers: dict[str, str]) -> dict[str, str]:

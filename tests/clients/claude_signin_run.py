@@ -13,6 +13,8 @@ machine without managed settings). Steps:
    ``userCode``, this script approves the code on the verification page with ``dev``'s key,
    as a developer would in the browser.
 2. ``claude -p PROMPT`` with no key in its environment: the stored sign-in is its credential.
+   Then ``claude -p PROMPT --output-format stream-json``: its ``rate_limit_event`` lines,
+   what it read of the ``anthropic-ratelimit-unified-*`` headers of ``dev``'s daily budget.
 3. The gateway revokes the stored access token (its revocation endpoint, as an operator
    would); ``claude -p`` again: refused at once (401, ``x-should-retry: false``).
 4. ``claude auth logout``: sign-out revokes the tokens at the gateway.
@@ -80,6 +82,9 @@ upstream_model = "ok"
 name = "dev"
 key_env = "DEV_KEY"
 email = "dev@example.com"
+# a daily budget the second prompt's request takes most of: Claude Code's full-mode prompt
+# is estimated at about 12,000 tokens (its bytes / 4; the first prompt's reply used 17)
+tokens_per_day = 14000
 
 [batches]
 database = {json.dumps(str(database))}
@@ -161,7 +166,7 @@ def _login(env: dict[str, str], cwd: Path, base: str) -> dict[str, Any]:
     return {"exit_code": code, "lines": seen, "stderr": proc.stderr.read()[-3000:], "page": page}
 
 
-def _run(argv: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:
+def _run(argv: list[str], env: dict[str, str], cwd: Path, keep: int = 3000) -> dict[str, Any]:
     try:
         done = subprocess.run(
             [str(CLAUDE), *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=90
@@ -177,7 +182,20 @@ def _run(argv: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:
                 result = json.loads(line)
             except ValueError:
                 pass
-    return {"exit_code": code, "stdout": out[-3000:], "stderr": err[-3000:], "result": result}
+    return {"exit_code": code, "stdout": out[-keep:], "stderr": err[-3000:], "result": result}
+
+
+def _events(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rate_limit_event lines of a stream-json run, and its exit code as the last."""
+    out: list[dict[str, Any]] = []
+    for line in run.get("stdout", "").splitlines():
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(msg, dict) and msg.get("type") == "rate_limit_event":
+            out.append(msg["rate_limit_info"])
+    return [*out, {"exit_code": run.get("exit_code")}]
 
 
 def _usage(base: str) -> int:
@@ -260,6 +278,24 @@ def main() -> int:
             ["-p", PROMPT, "--output-format", "json", "--no-session-persistence"], env, work
         )
         record["usage_dev"] = _usage(base)
+        # again, its events as JSON lines: the budget's standing (rate_limit_event). Before
+        # `auth status`: a run after it presented a refresh token the gateway had already
+        # rotated (seen with 2.1.332), which ends the sign-in as a copied token
+        record["events"] = _events(
+            _run(
+                [
+                    "-p",
+                    PROMPT,
+                    "--output-format",
+                    "stream-json",
+                    "--verbose",
+                    "--no-session-persistence",
+                ],
+                env,
+                work,
+                keep=1 << 22,
+            )
+        )
         record["status"] = _run(["auth", "status"], env, work)
         stored = _stored(home)
         record["stored"] = {k: v for k, v in stored.items() if k not in ("jwt", "idpRefreshToken")}

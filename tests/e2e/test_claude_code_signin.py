@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,18 @@ def test_claude_code_signs_in_runs_a_prompt_and_is_refused_once_revoked(tmp_path
     assert prompt["result"]["is_error"] is False
     assert prompt["result"]["result"] == "Hello from the stub."
     assert run["usage_dev"] == prompt["result"]["usage"]["output_tokens"] > 0  # the client's
+
+    # dev's daily budget, most of it taken by the second prompt's request: Claude Code read
+    # the unified headers as the notice's figures ("You've used NN% of your usage credits")
+    *events, ended = run["events"]
+    assert ended["exit_code"] == 0, run["events"]
+    assert len(events) == 1, events
+    info = events[0]
+    assert info["status"] == "allowed_warning" and info["overageStatus"] == "allowed_warning"
+    assert info["rateLimitType"] == "overage"
+    assert info["surpassedThreshold"] in (0.75, 0.95)
+    assert info["surpassedThreshold"] <= info["utilization"] < 1
+    assert info["resetsAt"] == info["overageResetsAt"] > time.time()
 
     access = run["access"]
     routes = [(a["route"], a["status"]) for a in access]

@@ -78,32 +78,35 @@ def _unified(headers: httpx.Headers | dict[str, str]) -> dict[str, str]:
     return {k.lower(): v for k, v in headers.items() if k.lower().startswith(U)}
 
 
-def _ask(base: str, key: str, max_tokens: int, **extra: object) -> httpx.Response:
+def _ask(base: str, key: str, chars: int = 2) -> httpx.Response:
     client = sdk.client(base + "/llm", api_key=key, max_retries=0)
     return client.messages.with_raw_response.create(  # type: ignore[return-value]
-        model="m-ok",
-        max_tokens=max_tokens,
-        messages=[{"role": "user", "content": "hi"}],
-        **extra,  # type: ignore[arg-type]
+        model="m-ok", max_tokens=8000, messages=_prompt(chars)
     )
 
 
-# max_tokens asked of the 10,000-token day (what the take holds until the reply settles it;
-# each reply's 17 tokens then stand): status, surpassed threshold, utilization at least
+def _prompt(chars: int) -> list[dict[str, str]]:
+    """A prompt the gateway estimates at about chars / 4 tokens (the request's bytes / 4):
+    what the budget holds until the reply settles it (the stub's reply uses 17)."""
+    return [{"role": "user", "content": "x" * chars}]
+
+
+# the prompt's size against the 10,000-token day (max_tokens is not taken from a budget):
+# status, surpassed threshold, utilization at least
 STEPS = [
-    (10, "allowed", None, 0.0),
-    (8000, "allowed_warning", "0.75", 0.80),
-    (9700, "allowed_warning", "0.95", 0.95),
-    (10, "allowed", None, 0.0),  # settled: the day is nearly whole again
+    (2, "allowed", None, 0.0),
+    (32_000, "allowed_warning", "0.75", 0.80),
+    (38_400, "allowed_warning", "0.95", 0.95),
+    (2, "allowed", None, 0.0),  # settled: the day is nearly whole again
 ]
 
 
-@pytest.mark.parametrize(("max_tokens", "status", "passed", "at_least"), STEPS)
+@pytest.mark.parametrize(("chars", "status", "passed", "at_least"), STEPS)
 def test_a_buffered_reply_reports_the_budget(
-    base: str, max_tokens: int, status: str, passed: str | None, at_least: float
+    base: str, chars: int, status: str, passed: str | None, at_least: float
 ) -> None:
     t0 = time.time()
-    raw = _ask(base, KEYS["KEY_WARN"], max_tokens)
+    raw = _ask(base, KEYS["KEY_WARN"], chars)
     h = _unified(raw.headers)
     assert h[U + "status"] == status
     assert h[U + "representative-claim"] == "overage"  # not 5h/7d: a daily budget
@@ -122,7 +125,7 @@ def test_a_buffered_reply_reports_the_budget(
 def test_a_stream_has_them_before_its_first_byte(base: str) -> None:
     client = sdk.client(base + "/llm", api_key=KEYS["KEY_WARN"], max_retries=0)
     with client.messages.with_streaming_response.create(
-        model="m-ok", max_tokens=8000, messages=[{"role": "user", "content": "hi"}], stream=True
+        model="m-ok", max_tokens=8000, messages=_prompt(32_000), stream=True
     ) as resp:
         h = _unified(resp.headers)
         assert h[U + "status"] == "allowed_warning"
@@ -135,7 +138,9 @@ def test_the_openai_pass_through_reports_them(base: str) -> None:
     client = openai.OpenAI(base_url=base + "/llm/v1", api_key=KEYS["KEY_WARN"], max_retries=0)
     try:
         raw = client.chat.completions.with_raw_response.create(
-            model="m-ok", max_tokens=8000, messages=[{"role": "user", "content": "hi"}]
+            model="m-ok",
+            max_tokens=8000,
+            messages=_prompt(32_000),  # type: ignore[arg-type]
         )
     finally:
         client.close()
@@ -272,5 +277,5 @@ def test_the_openai_sdk_does_not_retry_it_either(base: str) -> None:
 
 @pytest.mark.parametrize("key", ["KEY_RPM", "KEY_FREE"])
 def test_no_budget_no_unified_header(base: str, key: str) -> None:
-    raw = _ask(base, KEYS[key], 10)
+    raw = _ask(base, KEYS[key])
     assert raw.status_code == 200 and not _unified(raw.headers)

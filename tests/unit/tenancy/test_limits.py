@@ -37,8 +37,9 @@ REFUSALS = [
     (Client("b", input_tokens_per_minute=1000), (2000, 10), 2, "1,000 input tokens per minute", 30),
     # max_tokens 60 of 100 a minute: the second finds 40, waits (60 - 40) / (100 / 60) = 12 s
     (Client("c", output_tokens_per_minute=100), (40, 60), 1, "100 output tokens per minute", 12),
-    # 10 + 90 of 250 a day: two pass; the third finds 50, waits 50 / (250 / 86400) s
-    (Client("d", tokens_per_day=250), (40, 90), 2, "budget of 250 tokens", 17280),
+    # a day's budget takes the input estimate alone (max_tokens comes off when the reply
+    # settles): 100 of 250 a day, two pass; the third finds 50, waits 50 / (250 / 86400) s
+    (Client("d", tokens_per_day=250), (400, 90), 2, "budget of 250 tokens", 17280),
     # the longest wait names the limit: rpm is fine, output is short
     (
         Client("e", requests_per_minute=100, output_tokens_per_minute=100),
@@ -102,7 +103,7 @@ async def test_headers_of_every_limit_the_client_has() -> None:
         # the tightest token meter: output's 300 left
         "anthropic-ratelimit-tokens-limit": "600",
         "anthropic-ratelimit-tokens-remaining": "300",
-        # the day's budget, as Claude Code's gateway protocol reports a cap: 400 of 100,000
+        # the day's budget, as Claude Code's gateway protocol reports a cap: 100 of 100,000
         "anthropic-ratelimit-unified-status": "allowed",
         "anthropic-ratelimit-unified-representative-claim": "overage",
         "anthropic-ratelimit-unified-overage-status": "allowed",
@@ -114,9 +115,10 @@ async def test_headers_of_every_limit_the_client_has() -> None:
     assert _epoch(h["anthropic-ratelimit-input-tokens-reset"]) == T0 + 6
     assert _epoch(h["anthropic-ratelimit-output-tokens-reset"]) == T0 + 30
     assert h["anthropic-ratelimit-tokens-reset"] == h["anthropic-ratelimit-output-tokens-reset"]
-    # the budget full again in unix seconds: 400 of 100,000 a day refill in 345.6 s
-    assert h["anthropic-ratelimit-unified-reset"] == str(int(T0) + 346)
-    assert h["anthropic-ratelimit-unified-overage-reset"] == str(int(T0) + 346)
+    # the budget full again in unix seconds: it took the input estimate alone, 100 of
+    # 100,000 a day, which refill in 86.4 s
+    assert h["anthropic-ratelimit-unified-reset"] == str(int(T0) + 87)
+    assert h["anthropic-ratelimit-unified-overage-reset"] == str(int(T0) + 87)
 
 
 @pytest.mark.parametrize(

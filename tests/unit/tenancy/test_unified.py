@@ -130,17 +130,17 @@ async def test_an_error_after_the_take_leaves_the_claim_off() -> None:
     charge = await admit(LocalStore(), plan, 10, 10, lease="l", now=T0)
     assert charge.headers[U + "representative-claim"] == "overage"
     assert U + "representative-claim" not in charge.error_headers
-    assert charge.error_headers[U + "overage-utilization"] == "0.02"
+    assert charge.error_headers[U + "overage-utilization"] == "0.01"
 
 
 async def test_standing_reads_without_taking() -> None:
     store = LocalStore()
     plan = Plan.of(Client("s", requests_per_minute=10, tokens_per_day=1000))
-    await admit(store, plan, 100, 400, lease="l", now=T0)  # 1 request, 500 tokens
+    await admit(store, plan, 100, 400, lease="l", now=T0)  # 1 request, 100 tokens of input
     for _ in range(3):  # reading is free: the same figures each time
         h = await standing(store, plan, now=T0)
         assert h["anthropic-ratelimit-requests-remaining"] == "9"
-        assert h[U + "overage-utilization"] == "0.50"
+        assert h[U + "overage-utilization"] == "0.10"
         assert U + "representative-claim" not in h
     assert await standing(store, Plan.of(Client("none")), now=T0) == {}
 
@@ -162,3 +162,29 @@ def test_the_spent_message_says_when(retry: int, said: str) -> None:
     plan = Plan.of(Client("w", tokens_per_day=50_000))
     err = plan.spent(retry, {}, T0)
     assert f"fits again in {said} (at " in err.message
+
+
+# the request's figures (input estimate, max_tokens), how it ended (usage, or None: not
+# reported; "none": no reply), what the day's budget counts of it in the end
+BUDGET_SETTLES = [
+    ((100, 32000), (80, 500), 580),  # what was used, in and out
+    ((100, 32000), None, 32100),  # unknown: the estimate stands, max_tokens as the output
+    ((100, 32000), "none", 0),  # no reply: all of it given back
+]
+
+
+@pytest.mark.parametrize(("figures", "usage", "counted"), BUDGET_SETTLES)
+async def test_the_budget_counts_what_was_used(
+    figures: tuple[int, int], usage: tuple[int, int] | str | None, counted: int
+) -> None:
+    store = LocalStore()
+    plan = Plan.of(Client("b", tokens_per_day=100_000, output_tokens_per_minute=50_000))
+    charge = await admit(store, plan, *figures, lease="l", now=T0)
+    # taken before the call: the input alone from the budget, max_tokens from the minute's
+    assert charge.headers[U + "overage-utilization"] == "0.00"
+    assert charge.headers["anthropic-ratelimit-output-tokens-remaining"] == "18000"
+    if usage != "none":
+        charge.ended(usage if isinstance(usage, tuple) else None)
+    await charge.close(now=T0)
+    reading = await store.take(plan.meters, (0, 0), T0)
+    assert reading.remaining[plan.budget] == 100_000 - counted

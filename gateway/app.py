@@ -280,6 +280,8 @@ def build_app(
         middlewares=[gateway_middleware], client_max_size=config.server.max_body_bytes
     )
     app[CONFIG] = config
+    if config.server.tls and config.server.hsts_max_age:
+        app.on_response_prepare.append(_hsts(config.server.hsts_max_age))
     metrics = Metrics(
         defined, info_registry=info, per_worker_process=config.metrics_dir is not None
     )
@@ -456,6 +458,20 @@ def _signin_routes(
     route("GET", f"{p}{oauth.PAGE_PATH}", page.show, "oauth_page", free)
     route("POST", f"{p}{oauth.PAGE_PATH}", page.approve, "oauth_approve", free)
     app.cleanup_ctx.append(signin_ctx)
+
+
+def _hsts(
+    max_age: int,
+) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+    """The API listener serves https: every answer (a stream's too, and the sign-in page)
+    tells browsers to come back over https only (RFC 6797). Not on plain http, where a
+    browser ignores it, nor on the metrics listener, which is plain http."""
+    value = f"max-age={max_age}"
+
+    async def add(_: web.Request, response: web.StreamResponse) -> None:
+        response.headers["Strict-Transport-Security"] = value
+
+    return add
 
 
 def _counters(config: Config, metrics: Metrics) -> CounterStore:

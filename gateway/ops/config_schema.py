@@ -358,6 +358,13 @@ class ServerConfig:
     tls_key_file: str | None = _knob(
         None, doc="PEM private key of `tls_cert_file`, unencrypted (with `tls_cert_file`)"
     )
+    hsts_max_age: int = _knob(
+        31536000,
+        ge=0,
+        le=63072000,
+        doc="with TLS on, every API answer's `Strict-Transport-Security: max-age=` this many "
+        "seconds (browsers then reach the sign-in page over https only); 0: no header",
+    )
     # SHA-256 of the served leaf, lower-case hex (as Claude Code shows it); "" without TLS
     tls_fingerprint: str = _not_toml("")
     metrics_host: str = _knob(

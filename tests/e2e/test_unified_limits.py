@@ -279,3 +279,4 @@ def test_the_openai_sdk_does_not_retry_it_either(base: str) -> None:
 def test_no_budget_no_unified_header(base: str, key: str) -> None:
     raw = _ask(base, KEYS[key])
     assert raw.status_code == 200 and not _unified(raw.headers)
+    assert "strict-transport-security" not in raw.headers  # plain http: no HSTS

@@ -134,18 +134,22 @@ def test_a_stream_has_them_before_its_first_byte(base: str) -> None:
         assert b"message_stop" in b"".join(resp.iter_bytes())
 
 
-def test_the_openai_pass_through_reports_them(base: str) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_openai_pass_through_reports_them(base: str, stream: bool) -> None:
     client = openai.OpenAI(base_url=base + "/llm/v1", api_key=KEYS["KEY_WARN"], max_retries=0)
     try:
-        raw = client.chat.completions.with_raw_response.create(
+        with client.chat.completions.with_streaming_response.create(
             model="m-ok",
             max_tokens=8000,
             messages=_prompt(32_000),  # type: ignore[arg-type]
-        )
+            stream=stream,
+        ) as resp:
+            h = _unified(resp.headers)
+            resp.read()
     finally:
         client.close()
-    h = _unified(raw.headers)
     assert h[U + "status"] == "allowed_warning" and h[U + "representative-claim"] == "overage"
+    assert h[U + "overage-surpassed-threshold"] == "0.75"
 
 
 # refusals: the request, the status and error type; none of them carries the claim (a 429's

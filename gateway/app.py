@@ -299,6 +299,8 @@ def build_app(
         client_max_size=config.server.max_body_bytes,
     )
     app[CONFIG] = config
+    if config.server.tls and config.server.hsts_max_age:
+        app.on_response_prepare.append(_hsts(config.server.hsts_max_age))
     metrics = Metrics(
         defined, info_registry=info, per_worker_process=config.metrics_dir is not None
     )
@@ -476,6 +478,7 @@ def _signin_routes(
         p,
         config.batches.public_base_url,
         config.server.signing_key,
+        app[METRICS],
     )
     free = RouteTag(None, needs_key=False)
     route("GET", f"{p}/.well-known/oauth-authorization-server", oauth.metadata, "oauth_meta", free)
@@ -492,6 +495,20 @@ def _signin_routes(
         route("POST", f"{p}{oidc_page.START_PATH}", oidc_page.start, "oauth_oidc", free)
         route("GET", f"{p}{oidc_page.CALLBACK_PATH}", oidc_page.callback, "oauth_oidc_back", free)
     app.cleanup_ctx.append(signin_ctx)
+
+
+def _hsts(
+    max_age: int,
+) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+    """The API listener serves https: every answer (a stream's too, and the sign-in page)
+    tells browsers to come back over https only (RFC 6797). Not on plain http, where a
+    browser ignores it, nor on the metrics listener, which is plain http."""
+    value = f"max-age={max_age}"
+
+    async def add(_: web.Request, response: web.StreamResponse) -> None:
+        response.headers["Strict-Transport-Security"] = value
+
+    return add
 
 
 def _counters(config: Config, metrics: Metrics) -> CounterStore:

@@ -18,7 +18,10 @@ Answer: ``device_code``, ``user_code`` (``XXXX-XXXX``), ``verification_uri`` (th
   ``authorization_pending`` (keep polling), ``slow_down`` (polled sooner than the
   interval; the interval grows by 5 s, as the client's does), ``expired_token``,
   ``invalid_grant`` (no such code, or exchanged already); 200 with ``access_token``,
-  ``token_type`` Bearer, ``expires_in``, ``refresh_token`` once approved.
+  ``token_type`` Bearer, ``expires_in``, ``refresh_token`` once approved, and ``email``
+  (the protocol's extension: the account that approved the code) when the client has one
+  configured (``[[clients]] email``): Claude Code shows it, asks the developer to confirm
+  it before storing the credential, and shows it in ``/status``.
 * ``grant_type=refresh_token``, ``refresh_token``: 200 with a new pair (the old refresh token
   is spent); 401 ``invalid_grant`` for one expired, unknown, revoked or spent (a spent one
   presented again revokes its whole sign-in: it was copied). Claude Code then forgets the
@@ -120,6 +123,7 @@ async def device_authorization(request: web.Request) -> web.Response:
         return oauth_error("slow_down", 429, retry_after=cfg.poll_seconds * 12)
     if outcome != "ok":
         return oauth_error("temporarily_unavailable", 503)
+    signin.count(codes="issued")
     page = origin(request, signin.base_url) + signin.prefix + PAGE_PATH
     shown = codes.shown(user_code)
     return web.json_response(
@@ -147,16 +151,16 @@ def _issue(signin: SignIn, now: float) -> tuple[Issued, str, str]:
     return issued, access, refresh
 
 
-def _tokens(signin: SignIn, access: str, refresh: str) -> web.Response:
-    return web.json_response(
-        {
-            "access_token": access,
-            "token_type": "Bearer",
-            "expires_in": signin.cfg.access_token_seconds,
-            "refresh_token": refresh,
-        },
-        headers=_NO_STORE,
-    )
+def _tokens(signin: SignIn, access: str, refresh: str, email: str = "") -> web.Response:
+    body: dict[str, object] = {
+        "access_token": access,
+        "token_type": "Bearer",
+        "expires_in": signin.cfg.access_token_seconds,
+        "refresh_token": refresh,
+    }
+    if email:  # the protocol's extension: Claude Code asks to confirm it, shows it in /status
+        body["email"] = email
+    return web.json_response(body, headers=_NO_STORE)
 
 
 async def token(request: web.Request) -> web.Response:
@@ -176,9 +180,13 @@ async def token(request: web.Request) -> web.Response:
                 codes.digest(device_code), now, issued
             )
             if outcome != "ok":
+                if outcome == "expired_token":
+                    signin.count(codes="expired")
                 return oauth_error(outcome)
             _log.info("signin_tokens_issued", client=client)
-            return _tokens(signin, access, refresh)
+            signin.count(tokens="issued")
+            named = signin.tenants().clients.get(client or "")
+            return _tokens(signin, access, refresh, named.email if named is not None else "")
         if grant == "refresh_token":
             presented = form.get("refresh_token", "")
             if not presented:
@@ -189,10 +197,12 @@ async def token(request: web.Request) -> web.Response:
             )
             if revoked is not None:  # a spent refresh token again, or its client removed
                 signin.cache.forget_session(revoked)
+                signin.count(tokens="revoked")
                 _log.warning("signin_session_revoked", reason="refresh token reused or client gone")
             if client is None:
                 # the protocol's deprovisioning answer: the client forgets the refresh token
                 return oauth_error("invalid_grant", 401)
+            signin.count(tokens="refreshed")
             return _tokens(signin, access, refresh)
     except StoreError:
         return oauth_error("temporarily_unavailable", 503)
@@ -210,5 +220,6 @@ async def revoke(request: web.Request) -> web.Response:
         return oauth_error("temporarily_unavailable", 503)
     if session is not None:
         signin.cache.forget_session(session)
+        signin.count(tokens="revoked")
         _log.info("signin_revoked")
     return web.Response(status=200, headers=_NO_STORE)

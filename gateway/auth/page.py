@@ -194,8 +194,10 @@ async def approve(request: web.Request) -> web.Response:
                 status=503,
             )
     if not approved:
+        signin.count(codes="denied")
         _log.info("signin_refused", remote=request.remote)
         return form_page(request, signin, _prefill(typed), REJECTED, status=400)
+    signin.count(codes="approved")
     _log.info("signin_approved", client=client.name if client else None, remote=request.remote)
     return signed_in(code or "", client.name if client else "")
 

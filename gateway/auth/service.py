@@ -24,6 +24,7 @@ from gateway.auth.oidc_client import OidcClient
 from gateway.auth.oidc_state import StateKey
 from gateway.auth.throttle import Throttle
 from gateway.ops.config_schema import AuthConfig
+from gateway.ops.metrics import Metrics
 from gateway.tenancy.clients import Client, Tenants
 
 if TYPE_CHECKING:  # the SQL layer is imported only when sign-in is on
@@ -43,6 +44,10 @@ class TokenRefused(errors.AuthenticationFailed):
     should_retry = False
     default_message = _REFUSED
 
+    def __init__(self, reason: str) -> None:
+        super().__init__()
+        self.reason = reason  # llm_gateway_signin_bearer_refused_total's (metrics.py)
+
 
 class SignIn:
     __slots__ = (
@@ -50,6 +55,7 @@ class SignIn:
         "cache",
         "cfg",
         "device_throttle",
+        "metrics",
         "oidc",
         "oidc_key",
         "prefix",
@@ -66,12 +72,14 @@ class SignIn:
         prefix: str = "",
         base_url: str = "",
         signing_key: bytes = b"",
+        metrics: Metrics | None = None,
     ) -> None:
         self.cfg = cfg
         self.store = store
         self.tenants = tenants  # the current ones (a reload swaps them)
         self.prefix = prefix  # server.prefix: where the routes are
         self.base_url = base_url  # the public origin, or "": the request's own
+        self.metrics = metrics  # the sign-in's counters (None: not counted, in unit tests)
         self.cache = TokenCache(cfg.cache_seconds)
         self.throttle = Throttle(cfg.page_tries_per_minute)  # the verification page's tries
         # new device codes, counted apart: one address cannot fill max_pending_codes alone
@@ -97,16 +105,34 @@ class SignIn:
                 raise errors.GatewayError(
                     "The gateway could not check the sign-in token; try again", status=503
                 ) from None
-            if row is None or row.revoked or row.kind != "access":
-                raise TokenRefused()
+            if row is None or row.kind != "access":
+                raise self.refused("unknown")
+            if row.revoked:
+                raise self.refused("revoked")
             entry = TokenEntry(row.client, row.session, row.expires_at, now)
             self.cache.put(key, entry)
         if entry.expires_at <= time.time():
-            raise TokenRefused()
+            raise self.refused("expired")
         client = tenants.clients.get(entry.client)
         if client is None:
-            raise TokenRefused()
+            raise self.refused("client_removed")
         return client
+
+    def refused(self, reason: str) -> TokenRefused:
+        """The 401 of a bearer token not honoured, counted by ``reason``."""
+        if self.metrics is not None:
+            self.metrics.signin_refused.labels(reason).inc()
+        return TokenRefused(reason)
+
+    def count(self, codes: str | None = None, tokens: str | None = None) -> None:
+        """A device code's outcome and/or a token event (metrics.py SIGNIN_CODES,
+        SIGNIN_TOKENS)."""
+        if self.metrics is None:
+            return
+        if codes is not None:
+            self.metrics.signin_codes.labels(codes).inc()
+        if tokens is not None:
+            self.metrics.signin_tokens.labels(tokens).inc()
 
 
 SIGNIN = web.AppKey("signin", SignIn)

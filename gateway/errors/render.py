@@ -84,6 +84,8 @@ def openai_status(err: GatewayError) -> int:
 def _openai_error(err: GatewayError) -> dict[str, Any]:
     status = openai_status(err)
     etype = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    if err.error_type == "billing_error":  # a spent budget: OpenAI's quota error
+        etype = "insufficient_quota"
     return {"message": err.message, "type": etype, "param": None, "code": status}
 
 

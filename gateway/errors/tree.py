@@ -10,6 +10,7 @@ Tree::
      ├── NotFound                404 not_found_error
      ├── RequestTooLarge         413 request_too_large
      ├── RateLimited             429 rate_limit_error, with retry-after and the limits' headers
+     ├── BudgetSpent             429 billing_error, x-should-retry: false (a spent budget)
      ├── NotSupported            501 not_supported
      ├── Overloaded              529 overloaded_error, with retry-after
      └── UpstreamError           whatever the upstream said, mapped and scrubbed
@@ -174,6 +175,20 @@ class RateLimited(GatewayError):
 
     def __init__(self, message: str, *, retry_after: int, headers: Mapping[str, str]) -> None:
         super().__init__(message, retry_after=retry_after)
+        self.extra_headers = headers
+
+
+class BudgetSpent(GatewayError):
+    """A client's daily token budget is spent (gateway/tenancy/limits.py): 429
+    ``billing_error``, as the Claude Code gateway protocol answers a reached per-user cap,
+    with ``x-should-retry: false`` so that no SDK retries into it."""
+
+    status = 429
+    default_message = "Budget spent"
+    should_retry = False
+
+    def __init__(self, message: str, *, retry_after: int, headers: Mapping[str, str]) -> None:
+        super().__init__(message, retry_after=retry_after, error_type="billing_error")
         self.extra_headers = headers
 
 

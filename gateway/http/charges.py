@@ -4,6 +4,10 @@ headers (:func:`charged`), and its reply's usage settles the charge (:func:`sett
 from the Messages reply's ``Figures.on_end``: gateway/http/tenancy.py). The arithmetic is
 gateway/tenancy/limits.py.
 
+An error answered before the charge (a 400 of validation, a 403 or 404 of routing, a
+concurrency refusal) carries the meters' standing too (:func:`standing`, one take of
+nothing), so that every answer of a client with limits reports them.
+
 A request of a client without limits (``Client.metered`` False, every request of a gateway
 without ``[[clients]]``) reads that one attribute and nothing else happens.
 
@@ -27,7 +31,7 @@ from gateway.tenancy import limits
 from gateway.tenancy.counters import CountersUnavailable
 from gateway.text import ids
 
-__all__ = ["CHARGE", "admit", "batch_spender", "charged", "settle"]
+__all__ = ["CHARGE", "admit", "batch_spender", "charged", "settle", "standing"]
 
 # the request's charge against its client's limits; absent: the client has none
 CHARGE = web.RequestKey("charge", limits.Charge)
@@ -54,6 +58,9 @@ async def admit(request: web.Request, body_bytes: int, max_tokens: int) -> limit
     except errors.RateLimited:
         app[METRICS].rejected.labels(request[API], "rate_limited").inc()
         raise
+    except errors.BudgetSpent:
+        app[METRICS].rejected.labels(request[API], "budget_spent").inc()
+        raise
     except CountersUnavailable:
         if app[CONFIG].limits.on_store_error == "closed":
             app[METRICS].rejected.labels(request[API], "limits_unavailable").inc()
@@ -73,13 +80,26 @@ async def charged(
         response = await answer
     except errors.GatewayError as err:
         if err.extra_headers is None:
-            err.extra_headers = charge.headers
+            err.extra_headers = charge.error_headers
         raise
     finally:
         await charge.close()
     if not response.prepared:
         response.headers.update(charge.headers)
     return response
+
+
+async def standing(request: web.Request, err: errors.GatewayError) -> None:
+    """A client error answered before the charge (``err``, 4xx, without headers of its
+    own) gets the limits' headers of the client's meters as they stand; nothing when the
+    client has no rate limit or the store fails."""
+    client = request[CLIENT]
+    if not client.limited or err.extra_headers or not 400 <= err.status < 500:
+        return
+    try:
+        err.extra_headers = await limits.standing(request.app[COUNTERS], limits.Plan.of(client))
+    except CountersUnavailable:
+        pass
 
 
 def settle(request: web.Request) -> Callable[[Figures], None] | None:

@@ -32,6 +32,7 @@ from aiohttp import web
 
 from gateway import errors
 from gateway.auth.service import SIGNIN, TokenRefused
+from gateway.http import charges
 from gateway.http.drain import DRAINING_MESSAGE
 from gateway.http.keys import (
     API,
@@ -230,7 +231,11 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             raise errors.InvalidRequest("", "Malformed request body framing") from None
         status = response.status
     except errors.GatewayError as err:
-        response = _prepared(request) or render_error(request, err, request_id)
+        response = _prepared(request)
+        if response is None:
+            if api is not None and request[CLIENT].limited:  # its limits' headers
+                await charges.standing(request, err)
+            response = render_error(request, err, request_id)
         status = response.status
         request[ERROR] = (err.error_type, err.message if err.status < 500 else None)
         if api is not None and err.status == 400 and not isinstance(err, errors.UpstreamError):

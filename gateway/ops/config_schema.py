@@ -364,6 +364,13 @@ class ServerConfig:
     tls_key_file: str | None = _knob(
         None, doc="PEM private key of `tls_cert_file`, unencrypted (with `tls_cert_file`)"
     )
+    hsts_max_age: int = _knob(
+        31536000,
+        ge=0,
+        le=63072000,
+        doc="with TLS on, every API answer's `Strict-Transport-Security: max-age=` this many "
+        "seconds (browsers then reach the sign-in page over https only); 0: no header",
+    )
     # SHA-256 of the served leaf, lower-case hex (as Claude Code shows it); "" without TLS
     tls_fingerprint: str = _not_toml("")
     metrics_host: str = _knob(
@@ -573,6 +580,12 @@ class ClientConfig:
         shown="none",
         doc="forwarded emails (any case) whose requests are this client's, when no "
         "`forwarded_ids` names the user",
+    )
+    email: str = _knob(
+        "",
+        shown="unset",
+        doc="the account a developer signing in as this client sees (the token reply's "
+        "`email`: Claude Code asks to confirm it and shows it in `/status`)",
     )
     # the key's SHA-256 (from key_env's value, or key_sha256), set by parse()
     key_digest: bytes = _not_toml(b"", secret=True)

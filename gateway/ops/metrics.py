@@ -84,7 +84,14 @@ REJECTIONS = (
     "rate_limited",  # over one of the client's limits (429)
     "queue_timeout",  # waited queue_timeout for a slot of a saturated model (529)
     "limits_unavailable",  # the limits' store failed, on_store_error = "closed" (529)
+    "budget_spent",  # the client's daily token budget is spent (429 billing_error)
 )
+# Claude Code's sign-in (gateway/auth/): what became of device codes (issued; approved or
+# denied on the verification page; expired, as a poll heard), what happened to tokens
+# (issued for an approved code, refreshed, revoked), and why a bearer token was refused
+SIGNIN_CODES = ("issued", "approved", "denied", "expired")
+SIGNIN_TOKENS = ("issued", "refreshed", "revoked")
+BEARER_REFUSALS = ("unknown", "revoked", "expired", "client_removed")
 # how a wait for a model's slot ended (llm_gateway_model_queue_outcomes_total's outcome)
 QUEUE_OUTCOMES = ("admitted", "timed_out", "left")
 # request fields the gateway knows and does not forward; anything else counts as "other"
@@ -862,6 +869,35 @@ class Metrics:
                 registry=r,
             )
         )
+        # the sign-in (gateway/auth/): codes, tokens, refused bearers (see SIGNIN_CODES)
+        self.signin_codes = _Memo(
+            Counter(
+                p + "signin_device_codes_total",
+                "Sign-in device codes by outcome: issued, approved or denied on the "
+                "verification page, expired (a poll heard expired_token)",
+                ["outcome"],
+                registry=r,
+            )
+        )
+        self.signin_tokens = _Memo(
+            Counter(
+                p + "signin_tokens_total",
+                "Sign-in tokens: issued for an approved code, refreshed, revoked (a sign-in's "
+                "access and refresh token, at the revocation endpoint or for a reused refresh "
+                "token)",
+                ["event"],
+                registry=r,
+            )
+        )
+        self.signin_refused = _Memo(
+            Counter(
+                p + "signin_bearer_refused_total",
+                "Requests refused (401) for their sign-in bearer token: unknown, revoked, "
+                "expired, or its client no longer configured",
+                ["reason"],
+                registry=r,
+            )
+        )
         # process-wide memory budgets (gateway/ops/budget.py); budget: memory, decoding
         self.budget_held = _Memo(
             Gauge(
@@ -932,6 +968,12 @@ class Metrics:
         for budget in BUDGETS:
             self.budget_held.labels(budget)
             self.budget_sheds.labels(budget)
+        for outcome in SIGNIN_CODES:
+            self.signin_codes.labels(outcome)
+        for event in SIGNIN_TOKENS:
+            self.signin_tokens.labels(event)
+        for reason in BEARER_REFUSALS:
+            self.signin_refused.labels(reason)
 
     def add_model(
         self, model: str, upstream: str, upstream_model: str, fallbacks: tuple[str, ...] = ()

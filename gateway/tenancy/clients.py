@@ -34,6 +34,8 @@ class Client:
     output_tokens_per_minute: int = 0
     tokens_per_day: int = 0
     weight: float = 1.0
+    # the account shown to a developer who signs in as this client (gateway/auth/): "" none
+    email: str = ""
     # a rate limit or a concurrency limit: the one attribute a request of a client without
     # limits reads (gateway/http/charges.py)
     metered: bool = field(init=False, repr=False, compare=False)
@@ -74,6 +76,7 @@ class Client:
             c.output_tokens_per_minute,
             c.tokens_per_day,
             c.weight,
+            c.email,
         )
 
 

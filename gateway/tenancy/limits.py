@@ -36,6 +36,31 @@ RFC 3339 UTC time (whole seconds, rounded up) when the meter is full again. The 
 ``tokens-*`` is "the most restrictive limit in effect"; here it is the token meter (input,
 output or day) with the fewest units left, so a client with only ``tokens_per_day`` sees its
 daily budget there. Unlike the API, ``remaining`` is not rounded to the thousand.
+
+**The daily budget** (``tokens_per_day``) is also reported in the ``anthropic-ratelimit-
+unified-*`` headers of the Claude Code gateway protocol (its "Usage-limit headers": the
+contract Claude Code 2.1.332 serves at ``GET /protocol`` from ``claude gateway``), so Claude
+Code shows "You've used NN% of your usage credits" past 75 % and 95 % (:func:`unified`):
+
+* ``-status`` ``allowed``, or ``allowed_warning`` once past a threshold;
+  ``-representative-claim: overage`` (the window-agnostic claim: ``5h``/``7d`` are rolling
+  windows the client does its own time arithmetic on) and ``-overage-status`` (= status);
+* ``-overage-utilization``: the fraction of the budget in use (``tpd`` meter's
+  ``limit - remaining`` over ``limit``) with two decimals, kept below 1 while requests pass;
+* ``-overage-surpassed-threshold``: ``0.75`` or ``0.95`` once passed (what makes the client
+  show its notice); absent below 75 %;
+* ``-reset`` and ``-overage-reset``: unix seconds when the meter is full again.
+
+A request the day meter refuses has spent the budget (:meth:`Plan.spent`): ``429
+billing_error`` with ``x-should-retry: false`` (the SDKs and Claude Code do not retry it),
+``retry-after`` in seconds until the request fits again, and ``-status: rejected``,
+``-reset``/``-overage-reset`` at that time, ``-overage-utilization: 1``,
+``-overage-surpassed-threshold: 1``, ``-overage-period: daily`` and
+``-overage-disabled-reason: org_spend_cap_reached``. As the contract says, every answer
+that is not a reply (a 429 above all) leaves ``-representative-claim`` and ``-overage-status``
+off: Claude Code then prints the error's message, which says when the budget allows the
+request again and what to do. A refusal by a per-minute limit stays ``rate_limit_error``
+(retried by the clients).
 """
 
 from __future__ import annotations
@@ -50,7 +75,17 @@ from gateway import errors
 from gateway.tenancy.clients import Client
 from gateway.tenancy.counters import CounterStore, CountersUnavailable, Meter, Reading
 
-__all__ = ["LEASE_TTL", "Charge", "Plan", "admit", "input_estimate", "rfc3339"]
+__all__ = [
+    "LEASE_TTL",
+    "Charge",
+    "Plan",
+    "admit",
+    "input_estimate",
+    "rfc3339",
+    "spent_headers",
+    "standing",
+    "unified",
+]
 
 MINUTE = 60.0
 DAY = 86400.0
@@ -75,6 +110,65 @@ def _names(kind: str) -> tuple[str, str, str]:
 
 _TOKENS = _names("tokens")
 _WEIGHTS = {_REQUESTS: (1, 0, 0), _INPUT: (0, 1, 0), _OUTPUT: (0, 0, 1), _DAY: (0, 1, 1)}
+
+
+UNIFIED = "anthropic-ratelimit-unified-"
+# the thresholds whose passing the client notices (the contract's 75 % and 95 %), highest first
+THRESHOLDS = (0.95, 0.75)
+# the two headers with which a 429 would make Claude Code compose its own "You've hit your
+# limit" line, dropping the gateway's message; only replies carry them
+_CLAIMS = (UNIFIED + "representative-claim", UNIFIED + "overage-status")
+
+
+def unified(
+    limit: int, remaining: int, full_in: float, wall: float, *, reply: bool
+) -> dict[str, str]:
+    """The ``anthropic-ratelimit-unified-*`` headers of a daily budget of ``limit`` tokens
+    with ``remaining`` left, full again in ``full_in`` seconds from ``wall``. ``reply``:
+    the answer is a reply (not an error), which alone names the claim."""
+    used = max(0, limit - remaining) / limit
+    passed = next((t for t in THRESHOLDS if used >= t), None)
+    status = "allowed" if passed is None else "allowed_warning"
+    reset = str(math.ceil(wall + full_in))
+    out = {UNIFIED + "status": status}
+    if reply:
+        out[_CLAIMS[0]] = "overage"
+        out[_CLAIMS[1]] = status
+    out[UNIFIED + "reset"] = reset
+    out[UNIFIED + "overage-reset"] = reset
+    out[UNIFIED + "overage-utilization"] = f"{math.floor(min(used, 0.99) * 100) / 100:.2f}"
+    if passed is not None:
+        out[UNIFIED + "overage-surpassed-threshold"] = f"{passed:.2f}"
+    return out
+
+
+def spent_headers(retry: int, wall: float) -> dict[str, str]:
+    """The unified headers of a 429 for a spent budget, the request fitting again in
+    ``retry`` seconds (the contract's shape for a reached cap, its claim left off)."""
+    reset = str(math.ceil(wall) + retry)
+    return {
+        UNIFIED + "status": "rejected",
+        UNIFIED + "reset": reset,
+        UNIFIED + "overage-reset": reset,
+        UNIFIED + "overage-utilization": "1",
+        UNIFIED + "overage-surpassed-threshold": "1",
+        UNIFIED + "overage-period": "daily",
+        UNIFIED + "overage-disabled-reason": "org_spend_cap_reached",
+    }
+
+
+def _wait(n: int) -> str:
+    """A wait as a person reads it: seconds, minutes, or hours and minutes."""
+    if n < 120:
+        return _seconds(n)
+    minutes = math.ceil(n / 60)
+    if minutes < 120:
+        return f"{minutes} minutes"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M UTC", time.gmtime(math.ceil(t)))
 
 
 def input_estimate(body_bytes: int) -> int:
@@ -115,6 +209,8 @@ class Plan:
     # only as ``tokens-*``); the token meters' indices
     names: tuple[tuple[str, str, str] | None, ...] = ()
     tokens: tuple[int, ...] = ()
+    # the day meter's index (``tokens_per_day``, the budget of the unified headers); -1: none
+    budget: int = -1
 
     @staticmethod
     @lru_cache(maxsize=1024)  # the key set: the configured clients (of every reload seen)
@@ -139,6 +235,7 @@ class Plan:
             tuple(_WEIGHTS[k] for k in kinds),
             tuple(_names(_HEADER[k]) if k in _HEADER else None for k in kinds),
             tuple(i for i, k in enumerate(kinds) if k in _TOKEN_KINDS),
+            kinds.index(_DAY) if _DAY in kinds else -1,
         )
 
     @property
@@ -151,9 +248,25 @@ class Plan:
             r * requests + i * input_tokens + o * output_tokens for r, i, o in self.weights
         )
 
-    def headers(self, reading: Reading, wall: float) -> dict[str, str]:
-        """The ``anthropic-ratelimit-*`` headers of a reading of this plan's meters."""
+    def reserved(self, input_tokens: int, max_tokens: int) -> tuple[int, ...]:
+        """What a request takes before its call: ``max_tokens`` from the output meters, but
+        not from the daily budget, which takes the input estimate alone (a cap refuses once
+        it is spent, not a request whose ``max_tokens`` would not fit: Claude Code asks
+        32,000 every time); its output comes off when the reply settles."""
+        needs = self.amounts(1, input_tokens, max_tokens)
+        if self.budget < 0:
+            return needs
+        return tuple(n - max_tokens if i == self.budget else n for i, n in enumerate(needs))
+
+    def headers(self, reading: Reading, wall: float, *, reply: bool = True) -> dict[str, str]:
+        """The ``anthropic-ratelimit-*`` headers of a reading of this plan's meters (and the
+        unified ones of its daily budget; ``reply``: see :func:`unified`)."""
         out: dict[str, str] = {}
+        if self.budget >= 0:
+            i = self.budget
+            out = unified(
+                self.meters[i].limit, reading.remaining[i], reading.reset[i], wall, reply=reply
+            )
         remaining, reset = reading.remaining, reading.reset
         tokens = self.tokens
         tightest = min(tokens, key=remaining.__getitem__) if tokens else -1
@@ -169,16 +282,19 @@ class Plan:
         return out
 
     def refusal(
-        self, reading: Reading, needs: Sequence[int], headers: Mapping[str, str]
-    ) -> errors.RateLimited:
-        """The 429 for a refused take: it names the meter whose wait is the longest."""
+        self, reading: Reading, needs: Sequence[int], headers: Mapping[str, str], wall: float
+    ) -> errors.GatewayError:
+        """The 429 for a refused take: the spent budget's (:meth:`spent`) when the day
+        meter lacks its share, else the rate limit whose wait is the longest."""
         worst, wait = 0, -1.0
+        retry = max(1, math.ceil(reading.retry_after))
         for i, m in enumerate(self.meters):
             level = m.limit - reading.reset[i] * m.rate
             short = min(needs[i], m.limit) - level
+            if short > 0 and i == self.budget:
+                return self.spent(retry, headers, wall)
             if short > 0 and short / m.rate > wait:
                 worst, wait = i, short / m.rate
-        retry = max(1, math.ceil(reading.retry_after))
         limit = self.meters[worst].limit
         return errors.RateLimited(
             f"This request would exceed your rate limit of {limit:,} "
@@ -186,6 +302,17 @@ class Plan:
             "prompt length or max_tokens.",
             retry_after=retry,
             headers=headers,
+        )
+
+    def spent(self, retry: int, headers: Mapping[str, str], wall: float) -> errors.BudgetSpent:
+        """The 429 ``billing_error`` of a spent daily budget (not retried by the clients)."""
+        limit = self.meters[self.budget].limit
+        return errors.BudgetSpent(
+            f"Your daily budget of {limit:,} tokens on this gateway is spent \u00b7 this "
+            f"request fits again in {_wait(retry)} (at {_clock(wall + retry)}) \u00b7 "
+            "for more, ask the gateway's operator to raise your tokens_per_day.",
+            retry_after=retry,
+            headers={**headers, **spent_headers(retry, wall)},
         )
 
 
@@ -196,6 +323,7 @@ class Charge:
     __slots__ = (
         "_ended",
         "_usage",
+        "error_headers",
         "headers",
         "input_tokens",
         "lease",
@@ -218,6 +346,8 @@ class Charge:
         self.input_tokens = input_tokens
         self.max_tokens = max_tokens
         self.headers = headers  # the answer's anthropic-ratelimit-* headers
+        # an error answer's: without the unified claim (see the module docstring)
+        self.error_headers = _without_claims(headers) if plan.budget >= 0 else headers
         self.lease = lease  # the concurrency lease held, if any
         self._ended = False
         self._usage: tuple[int, int] | None = None
@@ -233,12 +363,18 @@ class Charge:
         plan = self.plan
         if not plan.counts_tokens:
             return None
+        est, cap = self.input_tokens, self.max_tokens
         if not self._ended:  # no reply: the tokens go back, the request stays counted
-            return plan.amounts(0, -self.input_tokens, -self.max_tokens)
-        if self._usage is None:
-            return None
+            return _less_request(plan, est, cap)
+        if self._usage is None:  # the estimate stands: max_tokens as the budget's output
+            if plan.budget < 0:
+                return None
+            return tuple(cap if i == plan.budget else 0 for i in range(len(plan.meters)))
         used_in, used_out = self._usage
-        return plan.amounts(0, used_in - self.input_tokens, used_out - self.max_tokens)
+        amounts = plan.amounts(0, used_in - est, used_out - cap)
+        if plan.budget < 0:
+            return amounts
+        return tuple(a + cap if i == plan.budget else a for i, a in enumerate(amounts))
 
     async def close(self, now: float | None = None) -> None:
         """Settle and return the lease; a store error is not the client's (the redis
@@ -285,19 +421,41 @@ async def admit(
         held = lease
     headers: dict[str, str] = {}
     if plan.meters:
-        needs = plan.amounts(1, input_tokens, max_tokens)
+        needs = plan.reserved(input_tokens, max_tokens)
         try:
             reading = await store.take(plan.meters, needs, now)
         except BaseException:
             if held is not None:
                 await _leave(store, plan, held)
             raise
-        headers = plan.headers(reading, now)
         if not reading.ok:
             if held is not None:
                 await _leave(store, plan, held)
-            raise plan.refusal(reading, needs, headers)
+            raise plan.refusal(reading, needs, plan.headers(reading, now, reply=False), now)
+        headers = plan.headers(reading, now)
     return Charge(store, plan, input_tokens, max_tokens, headers, held)
+
+
+def _less_request(plan: Plan, input_tokens: int, max_tokens: int) -> tuple[int, ...]:
+    """What a request that got no reply gives back: what it reserved, but the request."""
+    requests = plan.amounts(1, 0, 0)
+    return tuple(
+        r - n for r, n in zip(requests, plan.reserved(input_tokens, max_tokens), strict=True)
+    )
+
+
+def _without_claims(headers: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k not in _CLAIMS}
+
+
+async def standing(store: CounterStore, plan: Plan, now: float | None = None) -> dict[str, str]:
+    """The headers of an error answered before the take (a 400, 403 or 404): the meters as
+    they are, read by a take of nothing. Raises :class:`CountersUnavailable`."""
+    now = time.time() if now is None else now
+    if not plan.meters:
+        return {}
+    reading = await store.take(plan.meters, (0,) * len(plan.meters), now)
+    return plan.headers(reading, now, reply=False)
 
 
 async def _leave(store: CounterStore, plan: Plan, lease: str) -> None:

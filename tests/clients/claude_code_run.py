@@ -20,6 +20,11 @@ context_management, output_config, metadata and cache_control. The work director
                60, and the recorder spends that bucket just before Claude Code's first
                Messages request goes on: it is refused (429, retry-after 1) and Claude Code's
                own retry (CLAUDE_CODE_MAX_RETRIES 3 here) must get through.
+``budget``     as ``limited``, the client's limit a ``tokens_per_day`` of 20: the recorder's
+               first request spends it (the stub's reply uses 17), so Claude Code's request
+               is refused with 429 ``billing_error``, ``x-should-retry: false`` and the
+               unified headers of a spent budget, and it must stop at once (no retry,
+               though CLAUDE_CODE_MAX_RETRIES is 3) printing the gateway's message.
 ``no-model``   no model variable at all; only a ``claude-*`` route -> ``cc-tool`` on hello.txt.
 ``websearch``  ``tiny-demo`` -> ``cc-steps``: ToolSearch loads the deferred WebSearch tool, then
                WebSearch is called (Claude Code sends a side request whose only tool is the
@@ -117,6 +122,13 @@ name = "cc"
 key_env = "CC_KEY"
 requests_per_minute = 60
 """
+BUDGET_CLIENT = """
+[[clients]]
+name = "cc"
+key_env = "CC_KEY"
+tokens_per_day = 20
+"""
+SPENDING = ("limited", "budget")
 
 
 def _steps(mode: str, prompt: str, args: list[str]) -> list[list[str]]:
@@ -272,7 +284,7 @@ def _routes(mode: str, work: Path) -> list[tuple[str, str]]:
         return [(MODEL, f"{mode}:{hello}")]
     if mode in SESSION_MODES:
         return [(MODEL, "chat"), ("claude-*", "chat")]
-    if mode == "limited":
+    if mode in SPENDING:
         return [(MODEL, "chat"), ("claude-*", "chat")]
     raise SystemExit(f"unknown mode {mode!r}")
 
@@ -346,19 +358,21 @@ def main() -> int:
         cfg = _stub_config(stub_url, _routes(mode, work), searxng_url)
         if mode == "limited":  # Claude Code's key is a client's, one request a second
             cfg += LIMITED_CLIENT
+        if mode == "budget":  # ... with a daily budget the recorder spends
+            cfg += BUDGET_CLIENT
         if mode == "no-model":
             model = None
         if collector is not None:
             cfg += f'\n[telemetry]\notlp_endpoint = "{collector.url}"\nexport_interval = 1\n'
         allowed = "Read,WebSearch" if mode in WEBSEARCH_MODES else "Read"
         args = ["--allowedTools", allowed, "--max-turns", "4"]
-        if mode == "limited":
+        if mode in SPENDING:
             args = ["--bare", "--tools", ""]
     # the thinking-signature key lives in the gateway's state directory: keep it in tmp
     gateway, url = start_gateway(
         cfg, tmp, env={"STATE_DIRECTORY": str(tmp / "state"), "CC_KEY": "test-key"}
     )
-    recorder = Recorder(url, spend_first=mode == "limited")
+    recorder = Recorder(url, spend_first=mode in SPENDING)
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
@@ -372,7 +386,7 @@ def main() -> int:
     }
     if model is not None:
         env["ANTHROPIC_MODEL"] = model
-    if mode == "limited":  # its own retry, honouring retry-after
+    if mode in SPENDING:  # its own retry, honouring retry-after (none for a spent budget)
         env["CLAUDE_CODE_MAX_RETRIES"] = "3"
     if collector is not None:  # what the gateway's managed settings push (docs/telemetry.md)
         del env["DISABLE_TELEMETRY"]

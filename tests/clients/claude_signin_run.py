@@ -13,6 +13,8 @@ machine without managed settings). Steps:
    ``userCode``, this script approves the code on the verification page with ``dev``'s key,
    as a developer would in the browser.
 2. ``claude -p PROMPT`` with no key in its environment: the stored sign-in is its credential.
+   Then ``claude -p PROMPT --output-format stream-json``: its ``rate_limit_event`` lines,
+   what it read of the ``anthropic-ratelimit-unified-*`` headers of ``dev``'s daily budget.
 3. The gateway revokes the stored access token (its revocation endpoint, as an operator
    would); ``claude -p`` again: refused at once (401, ``x-should-retry: false``).
 4. ``claude auth logout``: sign-out revokes the tokens at the gateway.
@@ -80,6 +82,10 @@ upstream_model = "ok"
 [[clients]]
 name = "dev"
 key_env = "DEV_KEY"
+email = "dev@example.com"
+# a daily budget the second prompt's request takes most of: Claude Code's full-mode prompt
+# is estimated at about 12,000 tokens (its bytes / 4; the first prompt's reply used 17)
+tokens_per_day = 14000
 
 [batches]
 database = {json.dumps(str(database))}
@@ -197,6 +203,16 @@ def run_claude(
     }
 
 
+def _events(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rate_limit_event lines of a stream-json run, and its exit code as the last."""
+    out = [
+        msg["rate_limit_info"]
+        for msg in run.get("events", [])
+        if isinstance(msg, dict) and msg.get("type") == "rate_limit_event"
+    ]
+    return [*out, {"exit_code": run.get("exit_code")}]
+
+
 def _usage(base: str) -> int:
     start = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 86400))
     query = urllib.parse.urlencode({"starting_at": start, "group_by[]": "api_key_id"})
@@ -277,6 +293,23 @@ def main() -> int:
             ["-p", PROMPT, "--output-format", "json", "--no-session-persistence"], env, work
         )
         record["usage_dev"] = _usage(base)
+        # again, its events as JSON lines: the budget's standing (rate_limit_event). Before
+        # `auth status`: a run after it presented a refresh token the gateway had already
+        # rotated (seen with 2.1.332), which ends the sign-in as a copied token
+        record["events"] = _events(
+            run_claude(
+                [
+                    "-p",
+                    PROMPT,
+                    "--output-format",
+                    "stream-json",
+                    "--verbose",
+                    "--no-session-persistence",
+                ],
+                env,
+                work,
+            )
+        )
         record["status"] = run_claude(["auth", "status"], env, work)
         stored = stored_credential(home)
         record["stored"] = {k: v for k, v in stored.items() if k not in ("jwt", "idpRefreshToken")}

@@ -399,3 +399,21 @@ def test_claude_code_retries_a_rate_limited_key(tmp_path) -> None:
     assert "60 requests per minute" in ours[0]["error"]
     assert len(claude_code_sent(run)) == 2  # the same request, sent twice
     assert claude_code_sent(run)[0] == claude_code_sent(run)[1]
+
+
+def test_claude_code_stops_at_a_spent_budget(tmp_path) -> None:
+    """A client whose daily token budget is spent: Claude Code's request is refused with
+    429 ``billing_error``, ``x-should-retry: false`` and the unified headers of a spent
+    budget (no claim, so it prints the gateway's message); it does not retry (its retries are
+    3 here) and exits with that message, at once."""
+    run = run_claude_code(tmp_path, "budget", "Say hi")
+    assert run["spent"] == 1  # the recorder's one request spent the 20-token day
+    posts = claude_code_posts(run)
+    ours = posts[run["spent"] + 1 :]
+    assert [a["status"] for a in ours] == [429], claude_code_brief(run)
+    assert ours[0]["error_type"] == "billing_error"
+    assert len(claude_code_sent(run)) == 1  # sent once: no retry into the block
+    assert run["exit_code"] == 1, claude_code_brief(run)
+    assert run["result"]["is_error"] is True
+    shown = run["result"]["result"]
+    assert "daily budget of 20 tokens" in shown and "fits again in" in shown, shown

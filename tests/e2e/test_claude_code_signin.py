@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -57,16 +58,36 @@ def test_claude_code_signs_in_runs_a_prompt_and_is_refused_once_revoked(tmp_path
     assert polling["verificationUri"].endswith("/llm/oauth/device")
     assert polling["browserUrl"].endswith(f"?user_code={polling['userCode']}")
     assert login["page"] == {"status": 200, "approved": True}
+    # the token reply's email (the client's configured account): Claude Code asks the
+    # developer to confirm it before it stores the credential, and keeps it
+    confirm = next(
+        m for m in login["lines"] if isinstance(m, dict) and m.get("state") == "confirm_account"
+    )
+    assert confirm["shown"] == "dev@example.com" and confirm["shownLabel"] == "Account:"
+    assert states.index("confirm_account") < states.index("done")
     # what Claude Code kept: the gateway's endpoints (same origin), an expiry
     stored = run["stored"]
     assert stored["tokenEndpoint"] == stored["url"] + "/oauth/token"
     assert stored["revocationEndpoint"] == stored["url"] + "/oauth/revoke"
+    assert stored["email"] == "dev@example.com"
 
     prompt = run["prompt"]
     assert prompt["exit_code"] == 0, prompt
     assert prompt["result"]["is_error"] is False
     assert prompt["result"]["result"] == "Hello from the stub."
     assert run["usage_dev"] == prompt["result"]["usage"]["output_tokens"] > 0  # the client's
+
+    # dev's daily budget, most of it taken by the second prompt's request: Claude Code read
+    # the unified headers as the notice's figures ("You've used NN% of your usage credits")
+    *events, ended = run["events"]
+    assert ended["exit_code"] == 0, run["events"]
+    assert len(events) == 1, events
+    info = events[0]
+    assert info["status"] == "allowed_warning" and info["overageStatus"] == "allowed_warning"
+    assert info["rateLimitType"] == "overage"
+    assert info["surpassedThreshold"] in (0.75, 0.95)
+    assert info["surpassedThreshold"] <= info["utilization"] < 1
+    assert info["resetsAt"] == info["overageResetsAt"] > time.time()
 
     access = run["access"]
     routes = [(a["route"], a["status"]) for a in access]

@@ -25,6 +25,12 @@ from tests.batch_client import batches_toml, create, wait_ended
 from tests.conftest import stub_config
 from tests.procs import form_post, get, send_request, start_gateway
 
+SIGNIN_METRICS = (
+    ("llm_gateway_signin_device_codes_total", "outcome"),
+    ("llm_gateway_signin_tokens_total", "event"),
+    ("llm_gateway_signin_bearer_refused_total", "reason"),
+)
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 KEYS = {"alice": "alice-key-1", "bob": "bob-key-2"}
@@ -34,6 +40,7 @@ CONFIG = """
 [[clients]]
 name = "alice"
 key_env = "ALICE_KEY"
+email = "alice@example.com"
 
 [[clients]]
 name = "bob"
@@ -172,6 +179,93 @@ def test_the_whole_flow_as_a_script_runs_it(gateway: str) -> None:
     assert (status, json.loads(body)["error"]) == (401, "invalid_grant")
     # revoking what is unknown is still a 200 (RFC 7009)
     assert form_post(f"{base}/llm/oauth/revoke", {"token": "nothing"})[0] == 200
+
+
+def test_the_token_reply_names_the_clients_email(gateway: str) -> None:
+    """The protocol's ``email`` extension: the configured account of the client that
+    approved the code (Claude Code asks the developer to confirm it, then shows it in
+    /status); none for a client without one, none on a refresh."""
+    alice = _signed_in(gateway, "alice")
+    assert alice["email"] == "alice@example.com"
+    assert "email" not in _signed_in(gateway, "bob")
+    status, _, body = form_post(
+        f"{gateway}/llm/oauth/token",
+        {"grant_type": "refresh_token", "refresh_token": alice["refresh_token"]},
+    )
+    assert status == 200 and "email" not in json.loads(body)
+
+
+def _signin_counts(base: str) -> dict[tuple[str, str], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, _, raw = get(f"{base}/metrics", headers={"x-api-key": KEYS["alice"]})
+    names = dict(SIGNIN_METRICS)
+    return {
+        (s.name, s.labels[names[s.name]]): s.value
+        for f in text_string_to_metric_families(raw.decode())
+        for s in f.samples
+        if s.name in names
+    }
+
+
+def test_sign_in_metrics_count_each_step(gateway: str) -> None:
+    before = _signin_counts(gateway)
+    # every series is there from the start, at its value
+    assert len(before) == 4 + 3 + 4, sorted(before)
+    grant = _device(gateway)
+    assert _approve(gateway, grant["user_code"], "not-a-key")[0] == 400
+    assert _approve(gateway, grant["user_code"], KEYS["bob"])[0] == 200
+    status, tokens = _poll(gateway, grant["device_code"])
+    assert status == 200
+    status, _, body = form_post(
+        f"{gateway}/llm/oauth/token",
+        {"grant_type": "refresh_token", "refresh_token": tokens["refresh_token"]},
+    )
+    assert status == 200
+    fresh = json.loads(body)
+    # the old access token still works until it expires; the new one is revoked, then refused
+    assert form_post(f"{gateway}/llm/oauth/revoke", {"token": fresh["access_token"]})[0] == 200
+    bearer = {"authorization": f"Bearer {fresh['access_token']}"}
+    assert _messages(gateway, bearer)[0] == 401
+    unknown = {"authorization": "Bearer gwat_" + "A" * 43}
+    assert _messages(gateway, unknown)[0] == 401
+    after = _signin_counts(gateway)
+    moved = {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)}
+    d, t, r = (name for name, _ in SIGNIN_METRICS)
+    assert moved == {
+        (d, "issued"): 1,
+        (d, "denied"): 1,
+        (d, "approved"): 1,
+        (t, "issued"): 1,
+        (t, "refreshed"): 1,
+        (t, "revoked"): 1,
+        (r, "revoked"): 1,
+        (r, "unknown"): 1,
+    }
+
+
+def test_expiries_are_counted(stub_url: str, tmp_path: Any) -> None:
+    """A gateway whose device codes and access tokens last a second: a poll after the
+    code's second hears expired_token, a bearer after the token's is refused as expired."""
+    cfg = stub_config(stub_url, models=("ok",)) + CONFIG.replace(
+        "poll_seconds = 1", "poll_seconds = 1\ncode_seconds = 1\naccess_token_seconds = 1"
+    )
+    proc, base = start_gateway(
+        cfg + batches_toml(tmp_path / "gw.sqlite3"),
+        tmp_path,
+        env={"ALICE_KEY": KEYS["alice"], "BOB_KEY": KEYS["bob"]},
+    )
+    try:
+        tokens = _signed_in(base, "alice")
+        late = _device(base)
+        time.sleep(1.5)  # both past their second
+        assert _poll(base, late["device_code"]) == (400, _error("expired_token"))
+        assert _messages(base, {"authorization": f"Bearer {tokens['access_token']}"})[0] == 401
+        counts = _signin_counts(base)
+        assert counts[("llm_gateway_signin_device_codes_total", "expired")] == 1
+        assert counts[("llm_gateway_signin_bearer_refused_total", "expired")] == 1
+    finally:
+        proc.stop()
 
 
 def test_a_spent_refresh_token_presented_again_ends_the_sign_in(gateway: str) -> None:

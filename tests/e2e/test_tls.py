@@ -30,7 +30,7 @@ import pytest
 from tests import certs, sdk
 from tests.conftest import stub_config
 from tests.logs import log_lines, matching, wait_for_line
-from tests.procs import Proc, free_port, metric, wait_http
+from tests.procs import Proc, free_port, get, metric, wait_http
 from tests.waits import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -126,6 +126,36 @@ def test_the_sdk_over_https_buffered_and_streamed(gateway: Gateway) -> None:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert text and final.stop_reason == "end_turn"
+
+
+def test_every_https_answer_carries_hsts(gateway: Gateway) -> None:
+    """``Strict-Transport-Security`` (``server.hsts_max_age``, a year by default) on a
+    buffered reply, a stream, an error and the sign-in-free routes alike; the plain metrics
+    listener has none."""
+    hsts = "max-age=31536000"
+    client = _client(gateway)
+    ask = {"model": "m-ok", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    raw = client.messages.with_raw_response.create(**ask)  # type: ignore[arg-type]
+    assert raw.headers["strict-transport-security"] == hsts
+    with client.messages.with_streaming_response.create(**ask, stream=True) as resp:  # type: ignore[arg-type]
+        assert resp.headers["strict-transport-security"] == hsts
+        resp.read()
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        client.messages.create(**{**ask, "model": "nope"})  # type: ignore[arg-type]
+    assert caught.value.response.headers["strict-transport-security"] == hsts
+    ctx = ssl.create_default_context(cafile=str(gateway.ca))
+    conn = http.client.HTTPSConnection("127.0.0.1", gateway.port, context=ctx, timeout=10)
+    try:
+        conn.request("GET", "/health", headers={"Host": "localhost"})
+        health = conn.getresponse()
+        health.read()
+    except ssl.SSLCertVerificationError:
+        pytest.skip("the leaf names localhost only")
+    finally:
+        conn.close()
+    assert health.getheader("strict-transport-security") == hsts
+    status, headers, _ = get(gateway.ops + "/health")
+    assert status == 200 and "strict-transport-security" not in headers
 
 
 def test_the_logged_fingerprint_is_the_presented_leaf(gateway: Gateway) -> None:

@@ -29,16 +29,17 @@ async def _admit(
     )
 
 
-# client, (body bytes, max_tokens) of each request, how many pass, the refusal's limit text,
-# its retry-after
+# client, (body bytes, max_tokens) of each request, how many pass, the refusal's limit text
+# (a spent daily budget: its figure), its retry-after
 REFUSALS = [
     (Client("a", requests_per_minute=2), (40, 10), 2, "2 requests per minute", 30),
     # 2000 bytes: 500 tokens; 1000 a minute: two pass, the third waits 30 s for 500
     (Client("b", input_tokens_per_minute=1000), (2000, 10), 2, "1,000 input tokens per minute", 30),
     # max_tokens 60 of 100 a minute: the second finds 40, waits (60 - 40) / (100 / 60) = 12 s
     (Client("c", output_tokens_per_minute=100), (40, 60), 1, "100 output tokens per minute", 12),
-    # 10 + 90 of 250 a day: two pass; the third finds 50, waits 50 / (250 / 86400) s
-    (Client("d", tokens_per_day=250), (40, 90), 2, "250 tokens per day", 17280),
+    # a day's budget takes the input estimate alone (max_tokens comes off when the reply
+    # settles): 100 of 250 a day, two pass; the third finds 50, waits 50 / (250 / 86400) s
+    (Client("d", tokens_per_day=250), (400, 90), 2, "budget of 250 tokens", 17280),
     # the longest wait names the limit: rpm is fine, output is short
     (
         Client("e", requests_per_minute=100, output_tokens_per_minute=100),
@@ -57,14 +58,18 @@ async def test_take_then_refuse(
     store = LocalStore()
     for _ in range(passing):
         await _admit(store, client, *request_, now=T0)
-    with pytest.raises(errors.RateLimited) as caught:
+    # the day's budget spent is the billing error the clients do not retry; a rate limit not
+    refused = errors.BudgetSpent if client.tokens_per_day else errors.RateLimited
+    with pytest.raises(refused) as caught:
         await _admit(store, client, *request_, now=T0)
     err = caught.value
-    assert err.status == 429 and err.error_type == "rate_limit_error"
+    assert err.status == 429
+    assert err.error_type == ("billing_error" if client.tokens_per_day else "rate_limit_error")
+    assert err.headers.get("x-should-retry") == ("false" if client.tokens_per_day else None)
     assert named in err.message
     assert err.headers["retry-after"] == str(retry)
     # the wait is real: a moment before it still refused, at it the request passes
-    with pytest.raises(errors.RateLimited):
+    with pytest.raises(refused):
         await _admit(store, client, *request_, now=T0 + retry - 1.5)
     await _admit(store, client, *request_, now=T0 + retry)
 
@@ -74,7 +79,7 @@ async def test_take_then_refuse(
 )
 def test_retry_after_is_whole_seconds_at_least_one(wait: float, shown: str) -> None:
     plan = Plan.of(Client("r", requests_per_minute=60))
-    refusal = plan.refusal(Reading(False, (0,), (60.0,), wait), (1,), {})
+    refusal = plan.refusal(Reading(False, (0,), (60.0,), wait), (1,), {}, T0)
     assert refusal.headers["retry-after"] == shown
 
 
@@ -98,6 +103,11 @@ async def test_headers_of_every_limit_the_client_has() -> None:
         # the tightest token meter: output's 300 left
         "anthropic-ratelimit-tokens-limit": "600",
         "anthropic-ratelimit-tokens-remaining": "300",
+        # the day's budget, as Claude Code's gateway protocol reports a cap: 100 of 100,000
+        "anthropic-ratelimit-unified-status": "allowed",
+        "anthropic-ratelimit-unified-representative-claim": "overage",
+        "anthropic-ratelimit-unified-overage-status": "allowed",
+        "anthropic-ratelimit-unified-overage-utilization": "0.00",
     }
     # full again after what was taken refills: 1 of 10/min: 6 s; 100 of 1000/min: 6 s;
     # 300 of 600/min: 30 s
@@ -105,6 +115,10 @@ async def test_headers_of_every_limit_the_client_has() -> None:
     assert _epoch(h["anthropic-ratelimit-input-tokens-reset"]) == T0 + 6
     assert _epoch(h["anthropic-ratelimit-output-tokens-reset"]) == T0 + 30
     assert h["anthropic-ratelimit-tokens-reset"] == h["anthropic-ratelimit-output-tokens-reset"]
+    # the budget full again in unix seconds: it took the input estimate alone, 100 of
+    # 100,000 a day, which refill in 86.4 s
+    assert h["anthropic-ratelimit-unified-reset"] == str(int(T0) + 87)
+    assert h["anthropic-ratelimit-unified-overage-reset"] == str(int(T0) + 87)
 
 
 @pytest.mark.parametrize(
@@ -118,9 +132,12 @@ async def test_headers_of_every_limit_the_client_has() -> None:
 )
 async def test_only_the_limits_the_client_has_are_sent(client: Client, present: set[str]) -> None:
     charge = await _admit(LocalStore(), client, 40, 10, now=T0)
-    kinds = {k.removeprefix("anthropic-ratelimit-").rsplit("-", 1)[0] for k in charge.headers}
+    plain = [k for k in charge.headers if not k.startswith("anthropic-ratelimit-unified-")]
+    kinds = {k.removeprefix("anthropic-ratelimit-").rsplit("-", 1)[0] for k in plain}
     assert kinds == present
-    assert len(charge.headers) == 3 * len(present)
+    assert len(plain) == 3 * len(present)
+    # the unified headers: a daily budget's alone
+    assert (len(charge.headers) > len(plain)) == bool(client.tokens_per_day)
 
 
 def test_rfc3339_rounds_up_to_the_second() -> None:

@@ -171,11 +171,13 @@ async def callback(request: web.Request) -> web.Response:
             "The gateway could not record the approval. Try again.", status=503, title="Try again"
         )
     if not approved:
+        signin.count(codes="denied")
         return refusal(
             "The code is no longer waiting: it expired or was used. Start the sign-in again "
             "in your terminal.",
             status=400,
         )
+    signin.count(codes="approved")
     _log.info("signin_approved", client=client, via="oidc", remote=request.remote)
     resp = signed_in(login.user_code, client)
     resp.del_cookie(LOGIN_COOKIE, path=signin.prefix + "/oauth/device")

@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import stub_config
 from tests.oidc_provider import CLIENT_ID, SECRET, Provider, oidc_provider
-from tests.procs import form_post, free_port, post, start_gateway
+from tests.procs import form_post, free_port, get, post, start_gateway
 from tests.signin_client import device, poll
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -121,6 +121,7 @@ async def test_the_provider_signs_the_developer_in_as_the_mapped_client(
     setup: tuple[str, Provider],
 ) -> None:
     base, provider = setup
+    approved = _approved_codes(base)
     provider.set_user("alice-sub", "alice@example.com")
     grant = device(base)
     status, page, target = await _browse(base, grant["user_code"])
@@ -150,6 +151,14 @@ async def test_the_provider_signs_the_developer_in_as_the_mapped_client(
         f"{base}/llm/v1/messages", ask, {"authorization": f"Bearer {tokens['access_token']}"}
     )
     assert status == 403
+    # both approvals counted as the key form's are
+    assert _approved_codes(base) == approved + 2
+
+
+def _approved_codes(base: str) -> float:
+    _, _, raw = get(f"{base}/metrics", headers={"x-api-key": KEYS["alice"]})
+    line = 'llm_gateway_signin_device_codes_total{outcome="approved"} '
+    return next(float(x[len(line) :]) for x in raw.decode().splitlines() if x.startswith(line))
 
 
 @pytest.mark.parametrize(

@@ -170,7 +170,17 @@ def check_url(url: Any, policy: FetchPolicy) -> URL:
         raise FetchRefused("invalid_tool_input", "userinfo")
     if not 0 < port < 65536:
         raise FetchRefused("invalid_tool_input", "bad_port")
+    if _looks_like_ip(host) and _literal(host) is None:
+        # aiohttp connects to a host of digits and dots (or with a colon) without asking
+        # the resolver, so the connection would not be pinned to the checked address:
+        # only canonical literals pass (2130706433, 127.000.000.001, 1.2.3.4.5 do not)
+        raise FetchRefused("invalid_tool_input", "ip_form")
     return parsed.with_fragment(None)
+
+
+def _looks_like_ip(host: str) -> bool:
+    """aiohttp's test (``helpers.is_ip_address``) for a host it will not resolve."""
+    return ":" in host or host.replace(".", "").isdigit()
 
 
 def _literal(host: str) -> addresses.Address | None:
@@ -365,7 +375,7 @@ class Fetcher:
                     raise FetchRefused("url_not_accessible", "content_encoding", status) from None
                 if (resp.content_length or 0) > self._policy.max_wire_bytes:
                     raise FetchRefused("content_too_large", "content_length", status)
-                body = await self._read(resp.content, decoder)
+                body = await self._read(resp.content, decoder, status)
         except FetchRefused:
             raise
         except (aiohttp.ClientError, OSError, ValueError, UnicodeError):
@@ -376,7 +386,9 @@ class Fetcher:
                 raise FetchRefused("unsupported_content_type", "media_type", status)
         return Fetched(str(target), media_type, charset, body, hop)
 
-    async def _read(self, content: aiohttp.StreamReader, decoder: inflate.Decoder) -> bytes:
+    async def _read(
+        self, content: aiohttp.StreamReader, decoder: inflate.Decoder, status: int
+    ) -> bytes:
         policy = self._policy
         cap = policy.max_body_bytes
         out = bytearray()
@@ -385,15 +397,15 @@ class Fetcher:
             while chunk := await content.read(_CHUNK):
                 wire += len(chunk)
                 if wire > policy.max_wire_bytes:
-                    raise FetchRefused("content_too_large", "wire_bytes", 200)
+                    raise FetchRefused("content_too_large", "wire_bytes", status)
                 out += decoder.feed(chunk, cap - len(out))
                 if len(out) > cap:
-                    raise FetchRefused("content_too_large", "body_bytes", 200)
+                    raise FetchRefused("content_too_large", "body_bytes", status)
             out += decoder.flush(cap - len(out))
         except inflate.BadEncoding:
-            raise FetchRefused("url_not_accessible", "content_encoding", 200) from None
+            raise FetchRefused("url_not_accessible", "content_encoding", status) from None
         if len(out) > cap:
-            raise FetchRefused("content_too_large", "body_bytes", 200)
+            raise FetchRefused("content_too_large", "body_bytes", status)
         return bytes(out)
 
 

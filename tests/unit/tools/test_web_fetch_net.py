@@ -42,6 +42,12 @@ POLICY = FetchPolicy(max_url_chars=100)
         ("http://example.com/\r\nHost: evil", "invalid_tool_input"),
         ("http://example.com/\x00", "invalid_tool_input"),
         ("http://example.com/\u2028", "invalid_tool_input"),
+        # hosts aiohttp would connect to without the pinned resolver: canonical literals only
+        ("http://2130706433/", "invalid_tool_input"),
+        ("http://127.000.000.001/", "invalid_tool_input"),
+        ("http://017700000001/", "invalid_tool_input"),
+        ("http://1.2.3.4.5/", "invalid_tool_input"),
+        ("http://127.1/", "invalid_tool_input"),
     ],
 )
 def test_bad_urls_refused(url: object, code: str) -> None:

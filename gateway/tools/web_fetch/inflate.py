@@ -18,7 +18,7 @@ from __future__ import annotations
 import zlib
 from typing import Any, Protocol
 
-__all__ = ["ACCEPT_ENCODING", "MAX_CODINGS", "BadEncoding", "Decoder", "TooLarge", "decoder"]
+__all__ = ["ACCEPT_ENCODING", "MAX_CODINGS", "BadEncoding", "Inflater", "PastCap", "decoder"]
 
 try:  # optional: aiohttp[speedups] brings it; 1.2 added the output limit
     import brotli as _brotli
@@ -33,7 +33,7 @@ _STAGE = 64 * 1024  # bytes of a middle stage handed on at a time
 ACCEPT_ENCODING = "gzip, deflate, br" if _HAS_BROTLI else "gzip, deflate"
 
 
-class TooLarge(Exception):
+class PastCap(Exception):
     """The inflated body passed its cap."""
 
 
@@ -41,7 +41,7 @@ class BadEncoding(Exception):
     """A coding this module does not undo, or data that is not in it."""
 
 
-class Decoder(Protocol):
+class Inflater(Protocol):
     def feed(self, data: bytes, limit: int) -> bytes:
         """Decoded bytes of ``data``, at most ``limit + 1`` of them (the caller's cap
         check sees the one past it); raises BadEncoding."""
@@ -176,7 +176,7 @@ class _Chain:
 
     __slots__ = ("_steps",)
 
-    def __init__(self, steps: list[Decoder]) -> None:
+    def __init__(self, steps: list[Inflater]) -> None:
         self._steps = steps  # innermost (last applied) first
 
     def _through(self, i: int, data: bytes, limit: int, final: bool) -> bytes:
@@ -210,7 +210,7 @@ class _Chain:
         return self._through(0, b"", limit, True)
 
 
-def _one(coding: str) -> Decoder:
+def _one(coding: str) -> Inflater:
     if coding in ("", "identity"):
         return _Identity()
     if coding in ("gzip", "x-gzip"):
@@ -222,7 +222,7 @@ def _one(coding: str) -> Decoder:
     raise BadEncoding("unsupported content coding")
 
 
-def decoder(content_encoding: str | None) -> Decoder:
+def decoder(content_encoding: str | None) -> Inflater:
     """The decoder for a ``Content-Encoding`` header; raises BadEncoding."""
     codings = [c.strip().lower() for c in (content_encoding or "").split(",")]
     codings = [c for c in codings if c not in ("", "identity")]

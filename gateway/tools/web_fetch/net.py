@@ -80,6 +80,7 @@ _SUPPORTED = HTML_TYPES | PDF_TYPES | TEXT_TYPES
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _MAX_ADDRESSES = 16  # addresses of one name handed to the connector (all are checked)
 _CHUNK = 64 * 1024
+_MAX_HEADERS = 100  # header lines of a response, at most (with max_header_bytes: its head)
 _MAX_LOCATION = 8192  # a Location header longer than this is not followed
 # what a URL may not hold: controls, spaces and the characters that hide or break a line
 _BAD_URL = re.compile(
@@ -338,6 +339,7 @@ class Fetcher:
             ),
             max_line_size=policy.max_header_bytes,
             max_field_size=policy.max_header_bytes,
+            max_headers=_MAX_HEADERS,
             headers={
                 "User-Agent": policy.user_agent,
                 "Accept": _ACCEPT,
@@ -387,7 +389,7 @@ class Fetcher:
         return Fetched(str(target), media_type, charset, body, hop)
 
     async def _read(
-        self, content: aiohttp.StreamReader, decoder: inflate.Decoder, status: int
+        self, content: aiohttp.StreamReader, decoder: inflate.Inflater, status: int
     ) -> bytes:
         policy = self._policy
         cap = policy.max_body_bytes

@@ -373,20 +373,21 @@ async def test_a_wildcard_listener_shuts_its_port_on_every_address(site: Site) -
 
 
 @pytest.mark.parametrize(
-    "target",
+    ("target", "reason"),
     [
-        "http://169.254.169.254/latest/meta-data/",
-        "http://10.0.0.1/admin",
-        "http://[::1]/",
-        "http://internal.test/",  # a name that resolves to loopback
-        "http://127.0.0.1:{port}/secret",  # the internal site itself
-        "ftp://127.0.0.2/",
-        "http://user:pw@127.0.0.2:{port}/page",
-        "file:///etc/passwd",
+        ("http://169.254.169.254/latest/meta-data/", "address_refused"),
+        ("http://10.0.0.1/admin", "address_refused"),
+        ("http://[::1]/", "address_refused"),
+        ("http://internal.test/", "address_refused"),  # a name that resolves to loopback
+        ("http://127.0.0.1:{port}/secret", "address_refused"),  # the internal site itself
+        ("ftp://127.0.0.2/", "bad_redirect"),
+        ("http://user:pw@127.0.0.2:{port}/page", "bad_redirect"),
+        ("file:///etc/passwd", "bad_redirect"),
+        ("http://2130706433:{port}/secret", "bad_redirect"),  # would not be pinned
     ],
 )
 async def test_a_redirect_to_a_private_address_is_refused(
-    inside: tuple[Site, Site], target: str
+    inside: tuple[Site, Site], target: str, reason: str
 ) -> None:
     public, internal = inside
     only_public = FetchPolicy(allowed_networks=(ipaddress.ip_network("127.0.0.2/32"),))
@@ -394,9 +395,10 @@ async def test_a_redirect_to_a_private_address_is_refused(
     to = target.format(port=public.port)
     url = f"http://127.0.0.2:{public.port}/redirect?to={to}"
     refused = await _refused(Fetcher(only_public, resolver=dns), url)
-    assert refused.code == "url_not_accessible"
+    assert (refused.code, refused.reason) == ("url_not_accessible", reason)
     assert public.hits["/redirect"] == 1
     assert internal.hits.total() == 0
+    assert dns.lookups["internal.test"] == (1 if "internal.test" in target else 0)
 
 
 async def test_a_redirect_to_an_allowed_page_is_followed(site: Site) -> None:

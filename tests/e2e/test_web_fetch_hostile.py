@@ -274,13 +274,21 @@ async def test_a_loopback_literal_is_refused_then_fetched_when_opened(site: Site
 async def test_the_system_resolver_is_checked_too(site: Site, host: str) -> None:
     """No injected DNS: getaddrinfo's answer (/etc/hosts, inet_aton's hex forms) is what is
     checked, and what the connection is pinned to."""
-    refused = await _refused(Fetcher(FetchPolicy()), f"http://{host}:{site.port}/secret")
+    fetcher = Fetcher(FetchPolicy())
+    try:
+        refused = await _refused(fetcher, f"http://{host}:{site.port}/secret")
+    finally:
+        await fetcher.close()
     assert (refused.code, refused.reason) == ("url_not_accessible", "address_refused")
     assert site.hits.total() == 0
 
 
 async def test_a_hex_loopback_is_fetched_when_opened(site: Site) -> None:
-    fetched = await Fetcher(OPEN).fetch(f"http://0x7f.1:{site.port}/secret")
+    fetcher = Fetcher(OPEN)
+    try:
+        fetched = await fetcher.fetch(f"http://0x7f.1:{site.port}/secret")
+    finally:
+        await fetcher.close()
     assert fetched.body == SECRET
     assert site.seen_headers[-1]["Host"] == f"0x7f.1:{site.port}"
 

@@ -4,8 +4,8 @@ A fetch is a GET of an ``http(s)://`` URL, its redirects followed by hand. Each 
 
 1. the URL is checked (:func:`check_url`): at most ``max_url_chars``, ``http`` or ``https``, a
    host, no userinfo, a valid port, nothing that would break a request line;
-2. its host is resolved once (``loop.getaddrinfo`` in the loop's thread pool, bounded by
-   ``connect_timeout``; an IP literal is not resolved) and every address checked
+2. its host is resolved once (``getaddrinfo`` in the fetcher's own threads, the wait bounded
+   by ``connect_timeout``; an IP literal is not resolved) and every address checked
    (:mod:`.addresses`): one refused address refuses the hop, a mix of public and private
    answers included (a rebinding attacker's DNS sends both);
 3. the connection goes to the checked addresses and nowhere else: the hop's session resolves
@@ -38,6 +38,8 @@ it), never an address, a host or the site's text.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import ipaddress
 import re
 import socket
@@ -191,11 +193,35 @@ def _literal(host: str) -> addresses.Address | None:
         return None
 
 
-async def _system_resolve(host: str, port: int) -> list[str]:
-    infos = await asyncio.get_running_loop().getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-    )
-    return [str(info[4][0]) for info in infos]
+class _SystemResolver:
+    """getaddrinfo in threads of the fetcher's own (a lookup that hangs holds one of
+    them, not one of the loop's default executor, which other work of the gateway uses);
+    a lookup the fetch stopped waiting for still ends in its thread, at most ``workers``
+    of them at once."""
+
+    __slots__ = ("_pool", "_workers")
+
+    def __init__(self, workers: int) -> None:
+        self._workers = workers
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    async def __call__(self, host: str, port: int) -> list[str]:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self._workers, thread_name_prefix="web-fetch-dns"
+            )
+        infos = await asyncio.get_running_loop().run_in_executor(
+            self._pool,
+            functools.partial(
+                socket.getaddrinfo, host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+            ),
+        )
+        return [str(info[4][0]) for info in infos]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
 
 class _Pinned(AbstractResolver):
@@ -230,7 +256,7 @@ class _Pinned(AbstractResolver):
 class Fetcher:
     """Fetches URLs under one :class:`FetchPolicy` (see the module docstring)."""
 
-    __slots__ = ("_policy", "_resolve", "_slots")
+    __slots__ = ("_policy", "_resolve", "_slots", "_system")
 
     def __init__(
         self,
@@ -240,7 +266,10 @@ class Fetcher:
         max_concurrent: int = 8,
     ) -> None:
         self._policy = policy
-        self._resolve: Resolve = resolver or _system_resolve
+        self._system: _SystemResolver | None = None
+        if resolver is None:
+            self._system = resolver = _SystemResolver(max_concurrent)
+        self._resolve: Resolve = resolver
         self._slots = asyncio.Semaphore(max_concurrent)
 
     @property
@@ -248,9 +277,9 @@ class Fetcher:
         return self._policy
 
     async def close(self) -> None:
-        """Nothing outlives a fetch (each hop's session is closed with it); kept so the
-        app's cleanup has one call to make."""
-        return None
+        """Stops the lookup threads (each hop's session is closed with its hop)."""
+        if self._system is not None:
+            self._system.close()
 
     async def fetch(self, url: str) -> Fetched:
         """The body at ``url`` (redirects followed); raises FetchRefused."""

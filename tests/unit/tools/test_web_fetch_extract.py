@@ -86,6 +86,20 @@ DEEP = MAX_DEPTH + 10
         "<p>top</p>" + "<div/>" * DEEP + "deep",  # self-closing syntax opens an HTML element
         "<p>top</p>" + "<b><i>" * DEEP + "deep",
         "<p>top</p>" + "<table><tr><td>" * DEEP + "deep",
+        # what a loose scan would take for an end tag, or would not see as a start tag:
+        "<p>top</p>" + "<x><div></x>" * DEEP + "deep",  # </x> does not pop past a div
+        "<p>top</p>" + '<div title="a>b</div>">' * DEEP + "deep",  # ">" in a quoted value
+        "<p>top</p>" + "<!--><div>" * DEEP + "deep",  # "<!-->" is a whole comment
+        "<p>top</p>" + "<!---><div>" * DEEP + "deep",
+        "<p>top</p>" + "<div><!x</div>" * DEEP + "deep",  # a bogus comment ends at ">"
+        "<p>top</p>" + "<div><?x</div>" * DEEP + "deep",
+        "<p>top</p>" + "<div><script>s</script x>" * DEEP + "deep",  # the script ends
+        "<p>top</p>" + "<div><script-x></script-x>" * DEEP + "deep",  # not a script
+        "<p>top</p>" + '<div x"><div>' * DEEP + "deep",  # a quote in a name opens nothing
+        "<p>top</p>" + "<li><section>" * DEEP + "deep",  # li does not close past section
+        "<p>top</p>" + "<option><b>" * DEEP + "deep",  # option closes only the current node
+        "<p>top</p>" + "<div></body></html>" * DEEP + "deep",  # these pop nothing
+        "<p>top</p>" + "<div><form></form>" * DEEP + "deep",
     ],
     ids=lambda html: html[10:40],
 )
@@ -109,6 +123,12 @@ def test_nesting_past_the_limit_is_cut_there(html: str) -> None:
         "<p>" + "line<br>" * 5000 + "<img src=x><hr><input>end",
         "<svg>" + "<path d='M0'/>" * 5000 + "</svg>end",
         "<div><span>open inline</div>" * 2000 + "end",  # the close pops past the span
+        "<div title=\"a>b\" data-x='</div>'>x</div>" * 2000 + "end",
+        "<!DOCTYPE html><!-- a > b --><div>x</div>" * 2000 + "end",
+        "<script>var s = '</div>';</script><div>x</div>" * 2000 + "end",
+        "<div><b>bold</b><i>it</i><a href=x>link</a></div>" * 2000 + "end",
+        "<section><h1>t</h1><ul><li><a>x</a></li></ul></section>" * 2000 + "end",
+        "<form><input><select><option>a<option>b</select></form>" * 2000 + "end",
     ],
     ids=lambda html: html[:30],
 )

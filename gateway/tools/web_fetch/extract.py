@@ -10,12 +10,16 @@ Bounded CPU on hostile HTML. The tree-construction algorithm walks the stack of 
 elements for the block start tags ("is a ``p`` in button scope?"), so its cost grows with
 those tags times the nesting depth: 100,000 nested ``<div>`` (500 KB) take lexbor over a
 minute (nested ``<span>``, ``<b>`` or custom elements cost nothing like it). So before parsing,
-the input is cut to :data:`MAX_HTML_BYTES` and a linear scan (:func:`_nesting_cut`) follows the
+the input is cut to :data:`MAX_HTML_BYTES` and a linear scan (:func:`nesting_cut`) follows the
 nesting the parser will build: it reads tokens as the tokenizer does wherever a mistake would
 let an attacker hide a start tag or fake an end tag (comments, bogus comments, quoted
 attribute values, raw text), follows the tree builder loosely, erring towards deeper, and
 cuts the document where the depth passes :data:`MAX_DEPTH` (what lies deeper is not read).
-Real pages nest a few dozen levels. Measured on this machine (two busy cores), a 1 MiB hostile
+Real pages nest a few dozen levels. The scan is a model of the tree builder, and a model
+can be fooled (a fuzz test finds rare mixes of ``select``, ``table`` and CDATA that nest about
+one level a repetition deeper than it counts), so a hard bound stands behind it: at most
+:data:`MAX_TAGS` start tags are parsed, which bounds the depth, and so the cost, whatever the
+scan judged. Measured on this machine (two busy cores), a 1 MiB hostile
 page costs at most about 0.7 s, the scan the larger part (a Python step per tag); callers run
 :func:`html_text` in a thread.
 """
@@ -27,10 +31,19 @@ import re
 
 from selectolax.lexbor import LexborHTMLParser
 
-__all__ = ["MAX_DEPTH", "MAX_HTML_BYTES", "decode", "html_text", "plain_text"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_HTML_BYTES",
+    "MAX_TAGS",
+    "decode",
+    "html_text",
+    "nesting_cut",
+    "plain_text",
+]
 
 MAX_HTML_BYTES = 1024 * 1024  # of HTML parsed, at most
 MAX_DEPTH = 256  # nesting of elements followed, at most
+MAX_TAGS = 20_000  # start tags parsed, at most: 20,000 nested <div> cost lexbor ~0.4 s here
 
 # elements whose text is not the page's
 _HIDDEN = ["script", "style", "noscript", "template", "svg", "math", "iframe", "object", "head"]
@@ -57,6 +70,7 @@ _UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 # (``<!``, ``<?``, ``</`` and no letter: to the first ``>``); a tag with its attributes, quoted
 # values holding ``>`` included (atomic: no backtracking; an unclosed one runs to the end)
 _WS = r"[\t\n\f\r ]"
+_TAG_START = re.compile(r"<[a-zA-Z]")
 _ATTR = (
     rf"""(?>[^\t\n\f\r />][^\t\n\f\r />=]*(?:{_WS}*={_WS}*(?:"[^"]*"|'[^']*'|[^\t\n\f\r >]*))?)"""
 )
@@ -75,7 +89,8 @@ _VOID = frozenset(
     "bgsound frame image".split()
 )
 _UNCOUNTED = frozenset({"html", "head", "body"})  # opened once; their end tags pop nothing
-_FORMATTING = frozenset("a b big code em font i nobr s small strike strong tt u form".split())
+_REOPENED = frozenset("a b big code em font i nobr s small strike strong tt u".split())
+_FORMATTING = _REOPENED | {"form"}  # end tags that pop only the current node
 # the standard's "special" elements: an end tag of another name does not pop past them
 _SPECIAL = frozenset(
     "address applet area article aside base basefont bgsound blockquote body br button "
@@ -85,6 +100,13 @@ _SPECIAL = frozenset(
     "param plaintext pre script search section select source style summary table tbody td "
     "template textarea tfoot th thead title tr track ul wbr xmp mi mo mn ms mtext "
     "annotation-xml foreignobject desc".split()
+)
+# end tags that pop to their element through any other (the rest stop at a special one)
+_BLOCK_END = frozenset(
+    "address article aside blockquote button center details dialog dir div dl fieldset "
+    "figcaption figure footer header hgroup listing main menu nav ol pre search section "
+    "summary ul p li dd dt h1 h2 h3 h4 h5 h6 applet marquee object table tbody thead tfoot "
+    "tr td th caption colgroup select template".split()
 )
 # scope boundaries (and a few more: stopping early only counts deeper)
 _BOUNDARY = frozenset(
@@ -101,6 +123,28 @@ _IMPLIED = {
     "td": ("td", frozenset({"table", "html", "template", "tr"})),
     "th": ("td", frozenset({"table", "html", "template", "tr"})),
 }
+# start tags that end svg/math content (font too, with some attributes: taken as always)
+_BREAKOUT = frozenset(
+    "b big blockquote body br center code dd div dl dt em embed h1 h2 h3 h4 h5 h6 head hr i "
+    "img li listing menu meta nobr ol p pre ruby s small span strong strike sub sup table tt "
+    "u ul var font".split()
+)
+# svg and math elements whose content is HTML again (annotation-xml: with an HTML encoding)
+_INTEGRATION = {
+    "svg": frozenset({"foreignobject", "desc", "title"}),
+    "math": frozenset({"mi", "mo", "mn", "ms", "mtext"}),
+}
+_HTML_ENCODING = re.compile(
+    rf"""encoding{_WS}*={_WS}*["']?(?:text/html|application/xhtml\+xml)["'\t\n\f\r />]""",
+    re.I,
+)
+# start tags that close an open p (in button scope) first
+_CLOSES_P = frozenset(
+    "address article aside blockquote center details dialog dir div dl fieldset figcaption "
+    "figure footer form h1 h2 h3 h4 h5 h6 header hgroup hr main menu nav ol pre listing "
+    "search section summary ul xmp plaintext li dd dt".split()
+)
+_TABLE_PARTS = frozenset("tr td th tbody thead tfoot caption col colgroup".split())
 _GROUP = {name: group for name, (group, _) in _IMPLIED.items()}
 _LOOK = 16  # stack entries a tag looks at: past them, it is taken to close nothing
 
@@ -112,13 +156,27 @@ def _pop_to(stack: list[str], name: str, stop: frozenset[str], group: str | None
     for i in range(len(stack) - 1, low - 1, -1):
         entry = stack[i]
         if entry == name or (group is not None and _GROUP.get(entry) == group):
+            # a formatting element closed on the way is opened again by the next text or
+            # tag (the active formatting elements): it stays counted
+            kept = [e for e in stack[i + 1 :] if e in _REOPENED]
             del stack[i:]
+            stack += kept
             return
         if entry in stop:
             return
 
 
-def _nesting_cut(text: str, limit: int = MAX_DEPTH) -> str:
+def _tags_cut(text: str) -> str:
+    """``text`` cut before its :data:`MAX_TAGS` + 1st start tag: the hard bound, whatever
+    the nesting scan misjudges (each start tag begins ``<`` and a letter; counting each such
+    pair can only count too many)."""
+    for n, match in enumerate(_TAG_START.finditer(text)):
+        if n == MAX_TAGS:
+            return text[: match.start()]
+    return text
+
+
+def nesting_cut(text: str, limit: int = MAX_DEPTH) -> str:
     """``text`` cut where its elements' nesting passes ``limit`` (whole if it never does).
 
     Cost linear in ``text``: each tag looks at no more than :data:`_LOOK` entries of the
@@ -131,7 +189,8 @@ def _nesting_cut(text: str, limit: int = MAX_DEPTH) -> str:
     Where the tokenizer's state cannot be known without the tree (a script holding
     ``<!--`` and ``<script``, CDATA holding markup), no end tag pops anything after it."""
     stack: list[str] = []
-    foreign = 0  # svg/math elements open
+    # where svg/math content ("svg", "math") or HTML inside it ("") starts: (stack index, ns)
+    ctx: list[tuple[int, str]] = []
     trusted = True  # end tags pop
     pos = 0
     while True:
@@ -148,33 +207,63 @@ def _nesting_cut(text: str, limit: int = MAX_DEPTH) -> str:
         if name is None:
             continue
         name = name.lower()
+        ns = ctx[-1][1] if ctx else ""
+        foreign = bool(ns)
         if match.group(2):  # an end tag
             if not trusted or name in _UNCOUNTED:
                 continue
+            if foreign and name in ("p", "br"):  # they end svg/math content first
+                while ctx and ctx[-1][1]:
+                    del stack[ctx.pop()[0] :]
             if name in _FORMATTING:
                 if stack and stack[-1] == name:
                     stack.pop()
             else:
-                _pop_to(stack, name, _BOUNDARY if name in _SPECIAL else _SPECIAL)
-            if foreign:
-                foreign = stack.count("svg") + stack.count("math")
+                _pop_to(stack, name, _BOUNDARY if name in _BLOCK_END else _SPECIAL)
+            while ctx and ctx[-1][0] >= len(stack):
+                ctx.pop()
             continue
-        if name in _RAW:
-            end = _RAW_END[name].search(text, pos)
-            stop = end.start() if end else len(text)
-            if name == "script" and _ESCAPED.search(text, pos, stop):
-                trusted = False  # escaped script data may run past this end tag
-            pos = stop
-        if name in _VOID or name in _UNCOUNTED or (foreign and match.group(0).endswith("/>")):
+        if not trusted:  # the tokenizer's state is unknown: every start tag counts
+            stack.append(name)
+            if len(stack) > limit:
+                return text[: match.start()]
             continue
-        if name == "option" and stack and stack[-1] == "option":
-            stack.pop()  # an option closes the option that is the current node, only
-        implied = _IMPLIED.get(name)
-        if implied is not None:
-            _pop_to(stack, name, implied[1], implied[0])
+        if foreign:
+            if name in _BREAKOUT:  # leaves svg/math: the parser pops its elements
+                while ctx and ctx[-1][1]:
+                    del stack[ctx.pop()[0] :]
+                foreign = False
+            elif match.group(0).endswith("/>"):
+                continue  # self-closed: a foreign element holds nothing
+        if not foreign:
+            if name in _RAW:
+                end = _RAW_END[name].search(text, pos)
+                stop = end.start() if end else len(text)
+                if name == "script" and _ESCAPED.search(text, pos, stop):
+                    trusted = False  # escaped script data may run past this end tag
+                pos = stop
+            if name in _VOID or name in _UNCOUNTED:
+                continue
+            if name in _TABLE_PARTS and "table" not in stack[-_LOOK:]:
+                continue  # outside a table the parser ignores them (a far one: unsure)
+            if name == "option" and stack and stack[-1] == "option":
+                stack.pop()  # an option closes the option that is the current node, only
+            implied = _IMPLIED.get(name)
+            if implied is not None:  # first, as the parser does (an li looks for an li first)
+                _pop_to(stack, name, implied[1], implied[0])
+            if name in _CLOSES_P:  # then an open p: else a later <p> would pop more
+                _pop_to(stack, "p", _BOUNDARY)
+            if implied is not None or name in _CLOSES_P:
+                while ctx and ctx[-1][0] >= len(stack):
+                    ctx.pop()
+        if not foreign and name in ("svg", "math"):
+            ctx.append((len(stack), name))
+        elif foreign and (
+            name in _INTEGRATION[ns]
+            or (name == "annotation-xml" and _HTML_ENCODING.search(match.group(0)))
+        ):
+            ctx.append((len(stack), ""))
         stack.append(name)
-        if name in ("svg", "math"):
-            foreign += 1
         if len(stack) > limit:
             return text[: match.start()]
 
@@ -228,7 +317,7 @@ def _lines(text: str, max_chars: int) -> str:
 
 def html_text(body: bytes, charset: str | None, *, max_chars: int) -> tuple[str | None, str]:
     """(title, readable text) of an HTML page, the text at most ``max_chars`` characters."""
-    source = _nesting_cut(decode(body[:MAX_HTML_BYTES], charset, html=True))
+    source = nesting_cut(_tags_cut(decode(body[:MAX_HTML_BYTES], charset, html=True)))
     tree = LexborHTMLParser(_marked(source))
     node = tree.css_first("title")
     title = _lines(node.text(deep=True), 1000).replace("\n", " ") if node is not None else ""

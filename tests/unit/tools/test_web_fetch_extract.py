@@ -9,8 +9,18 @@ blocks, unclosed ``<p>``/``<li>``, void elements, inline SVG) are read whole.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from selectolax.lexbor import LexborHTMLParser
 
-from gateway.tools.web_fetch.extract import MAX_DEPTH, MAX_HTML_BYTES, html_text, plain_text
+from gateway.tools.web_fetch.extract import (
+    MAX_DEPTH,
+    MAX_HTML_BYTES,
+    MAX_TAGS,
+    html_text,
+    nesting_cut,
+    plain_text,
+)
 
 
 @pytest.mark.parametrize(
@@ -137,6 +147,15 @@ def test_real_shapes_are_read_whole(html: str) -> None:
     assert text.endswith("end")
 
 
+@pytest.mark.parametrize(("spans", "kept"), [(MAX_TAGS - 1, True), (MAX_TAGS, False)])
+def test_start_tags_past_max_tags_are_not_parsed(spans: int, kept: bool) -> None:
+    """The hard bound behind the nesting scan: what follows the MAX_TAGS-th start tag is
+    not parsed, however flat the page."""
+    html = "<span>x</span>" * spans + "<p>after</p>"
+    _, text = html_text(html.encode(), None, max_chars=10**7)
+    assert ("after" in text) is kept
+
+
 def test_input_past_the_cap_is_not_parsed() -> None:
     html = b"<p>" + b"a" * MAX_HTML_BYTES + b"</p><p>after the cap</p>"
     _, text = html_text(html, None, max_chars=10 * MAX_HTML_BYTES)
@@ -160,3 +179,46 @@ def test_plain_text(body: bytes, charset: str | None, text: str) -> None:
 
 def test_plain_text_max_chars() -> None:
     assert plain_text(b"x" * 10_000, None, max_chars=10) == "x" * 10
+
+
+# tokens an attacker mixes: nesting, end tags that pop or not, and every context where a
+# loose scan would misread an end tag (comments, quotes, raw text, CDATA, bogus comments)
+_PIECES = [
+    "<div>", "</div>", "<p>", "</p>", "<li>", "</li>", "<ul>", "</ul>", "<dd>", "<dt>",
+    "<b>", "</b>", "<a>", "</a>", "<x>", "</x>", "<span>", "</span>", "<section>",
+    "</section>", "<table>", "</table>", "<tr>", "<td>", "</td>", "<option>", "<select>",
+    "</select>", "<form>", "</form>", "<h1>", "</h2>", "</body>", "</html>", "<svg>",
+    "</svg>", "<path/>", "<div/>", "<math>", "<!--", "-->", "<!-->", "--!>", "<!x", "<?",
+    "</ ", "<![CDATA[", "]]>", "<script>", "</script>", "</script x>", "<style>",
+    "</style>", "<textarea>", "</textarea>", "<title>", '<i title="', "<i title='", "'",
+    '"', ">", "=", " ", "<br>", "<img>", "<template>", "</template>", "<button>", "<noscript>",
+    "</noscript>", "<plaintext>", "text",
+]  # fmt: skip
+
+
+def _depth(html: str) -> int:
+    """The deepest element of the tree lexbor builds (html is 1)."""
+    tree = LexborHTMLParser(html)
+    deepest = 0
+    for node in tree.root.traverse(include_text=False) if tree.root else ():
+        depth, parent = 0, node
+        while parent is not None and depth < 10_000:
+            depth, parent = depth + 1, parent.parent
+        deepest = max(deepest, depth)
+    return deepest
+
+
+@settings(max_examples=600, deadline=None, derandomize=True)
+@given(
+    st.lists(st.sampled_from(_PIECES), max_size=30),
+    st.lists(st.sampled_from(_PIECES), min_size=1, max_size=6),
+)
+def test_what_the_scan_lets_through_is_no_deeper_than_its_limit(
+    prefix: list[str], unit: list[str]
+) -> None:
+    """What the scan keeps nests no deeper than a constant times its limit, whatever the
+    attacker's mix: the parser's cost stays tags x depth. (The constant is 2: the parser adds
+    elements of its own, a tbody and a tr around a bare td, that the scan does not count.)
+    An attack repeats a unit, so the input is a prefix and a unit 60 times."""
+    kept = nesting_cut("".join(prefix) + "".join(unit) * 60, limit=20)
+    assert _depth(kept) <= 2 * 20 + 4

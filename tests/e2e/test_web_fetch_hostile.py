@@ -38,6 +38,8 @@ from aiohttp import web
 
 from gateway.tools.web_fetch.net import Fetcher, FetchPolicy, FetchRefused
 
+pytestmark = [pytest.mark.e2e]
+
 LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
 OPEN = FetchPolicy(allowed_networks=LOOPBACK, timeout=5.0, connect_timeout=2.0)
 SECRET = b"internal secret"

@@ -38,6 +38,8 @@ from aiohttp import web
 
 from gateway.tools.web_fetch.net import Fetcher, FetchPolicy, FetchRefused
 
+pytestmark = [pytest.mark.e2e]
+
 LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
 OPEN = FetchPolicy(allowed_networks=LOOPBACK, timeout=5.0, connect_timeout=2.0)
 SECRET = b"internal secret"
@@ -270,6 +272,29 @@ async def test_a_loopback_literal_is_refused_then_fetched_when_opened(site: Site
     )
 
 
+@pytest.mark.parametrize("host", ["localhost", "0x7f.1", "0x7f000001"])
+async def test_the_system_resolver_is_checked_too(site: Site, host: str) -> None:
+    """No injected DNS: getaddrinfo's answer (/etc/hosts, inet_aton's hex forms) is what is
+    checked, and what the connection is pinned to."""
+    fetcher = Fetcher(FetchPolicy())
+    try:
+        refused = await _refused(fetcher, f"http://{host}:{site.port}/secret")
+    finally:
+        await fetcher.close()
+    assert (refused.code, refused.reason) == ("url_not_accessible", "address_refused")
+    assert site.hits.total() == 0
+
+
+async def test_a_hex_loopback_is_fetched_when_opened(site: Site) -> None:
+    fetcher = Fetcher(OPEN)
+    try:
+        fetched = await fetcher.fetch(f"http://0x7f.1:{site.port}/secret")
+    finally:
+        await fetcher.close()
+    assert fetched.body == SECRET
+    assert site.seen_headers[-1]["Host"] == f"0x7f.1:{site.port}"
+
+
 async def test_one_private_address_among_public_ones_refuses_the_name(
     inside: tuple[Site, Site],
 ) -> None:
@@ -358,20 +383,21 @@ async def test_a_wildcard_listener_shuts_its_port_on_every_address(site: Site) -
 
 
 @pytest.mark.parametrize(
-    "target",
+    ("target", "reason"),
     [
-        "http://169.254.169.254/latest/meta-data/",
-        "http://10.0.0.1/admin",
-        "http://[::1]/",
-        "http://internal.test/",  # a name that resolves to loopback
-        "http://127.0.0.1:{port}/secret",  # the internal site itself
-        "ftp://127.0.0.2/",
-        "http://user:pw@127.0.0.2:{port}/page",
-        "file:///etc/passwd",
+        ("http://169.254.169.254/latest/meta-data/", "address_refused"),
+        ("http://10.0.0.1/admin", "address_refused"),
+        ("http://[::1]/", "address_refused"),
+        ("http://internal.test/", "address_refused"),  # a name that resolves to loopback
+        ("http://127.0.0.1:{port}/secret", "address_refused"),  # the internal site itself
+        ("ftp://127.0.0.2/", "bad_redirect"),
+        ("http://user:pw@127.0.0.2:{port}/page", "bad_redirect"),
+        ("file:///etc/passwd", "bad_redirect"),
+        ("http://2130706433:{port}/secret", "bad_redirect"),  # would not be pinned
     ],
 )
 async def test_a_redirect_to_a_private_address_is_refused(
-    inside: tuple[Site, Site], target: str
+    inside: tuple[Site, Site], target: str, reason: str
 ) -> None:
     public, internal = inside
     only_public = FetchPolicy(allowed_networks=(ipaddress.ip_network("127.0.0.2/32"),))
@@ -379,9 +405,10 @@ async def test_a_redirect_to_a_private_address_is_refused(
     to = target.format(port=public.port)
     url = f"http://127.0.0.2:{public.port}/redirect?to={to}"
     refused = await _refused(Fetcher(only_public, resolver=dns), url)
-    assert refused.code == "url_not_accessible"
+    assert (refused.code, refused.reason) == ("url_not_accessible", reason)
     assert public.hits["/redirect"] == 1
     assert internal.hits.total() == 0
+    assert dns.lookups["internal.test"] == (1 if "internal.test" in target else 0)
 
 
 async def test_a_redirect_to_an_allowed_page_is_followed(site: Site) -> None:

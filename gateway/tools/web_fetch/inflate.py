@@ -18,14 +18,7 @@ from __future__ import annotations
 import zlib
 from typing import Any, Protocol
 
-__all__ = [
-    "ACCEPT_ENCODING",
-    "MAX_CODINGS",
-    "BadEncoding",
-    "InflatedTooLarge",
-    "Inflater",
-    "decoder",
-]
+__all__ = ["ACCEPT_ENCODING", "MAX_CODINGS", "BadEncoding", "Inflater", "PastCap", "decoder"]
 
 try:  # optional: aiohttp[speedups] brings it; 1.2 added the output limit
     import brotli as _brotli
@@ -40,7 +33,7 @@ _STAGE = 64 * 1024  # bytes of a middle stage handed on at a time
 ACCEPT_ENCODING = "gzip, deflate, br" if _HAS_BROTLI else "gzip, deflate"
 
 
-class InflatedTooLarge(Exception):
+class PastCap(Exception):
     """The inflated body passed its cap."""
 
 

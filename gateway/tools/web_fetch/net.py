@@ -4,8 +4,8 @@ A fetch is a GET of an ``http(s)://`` URL, its redirects followed by hand. Each 
 
 1. the URL is checked (:func:`check_url`): at most ``max_url_chars``, ``http`` or ``https``, a
    host, no userinfo, a valid port, nothing that would break a request line;
-2. its host is resolved once (``loop.getaddrinfo`` in the loop's thread pool, bounded by
-   ``connect_timeout``; an IP literal is not resolved) and every address checked
+2. its host is resolved once (``getaddrinfo`` in the fetcher's own threads, the wait bounded
+   by ``connect_timeout``; an IP literal is not resolved) and every address checked
    (:mod:`.addresses`): one refused address refuses the hop, a mix of public and private
    answers included (a rebinding attacker's DNS sends both);
 3. the connection goes to the checked addresses and nowhere else: the hop's session resolves
@@ -38,6 +38,8 @@ it), never an address, a host or the site's text.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import ipaddress
 import re
 import socket
@@ -80,6 +82,7 @@ _SUPPORTED = HTML_TYPES | PDF_TYPES | TEXT_TYPES
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _MAX_ADDRESSES = 16  # addresses of one name handed to the connector (all are checked)
 _CHUNK = 64 * 1024
+_MAX_HEADERS = 100  # header lines of a response, at most (with max_header_bytes: its head)
 _MAX_LOCATION = 8192  # a Location header longer than this is not followed
 # what a URL may not hold: controls, spaces and the characters that hide or break a line
 _BAD_URL = re.compile(
@@ -170,7 +173,17 @@ def check_url(url: Any, policy: FetchPolicy) -> URL:
         raise FetchRefused("invalid_tool_input", "userinfo")
     if not 0 < port < 65536:
         raise FetchRefused("invalid_tool_input", "bad_port")
+    if _looks_like_ip(host) and _literal(host) is None:
+        # aiohttp connects to a host of digits and dots (or with a colon) without asking
+        # the resolver, so the connection would not be pinned to the checked address:
+        # only canonical literals pass (2130706433, 127.000.000.001, 1.2.3.4.5 do not)
+        raise FetchRefused("invalid_tool_input", "ip_form")
     return parsed.with_fragment(None)
+
+
+def _looks_like_ip(host: str) -> bool:
+    """aiohttp's test (``helpers.is_ip_address``) for a host it will not resolve."""
+    return ":" in host or host.replace(".", "").isdigit()
 
 
 def _literal(host: str) -> addresses.Address | None:
@@ -180,11 +193,35 @@ def _literal(host: str) -> addresses.Address | None:
         return None
 
 
-async def _system_resolve(host: str, port: int) -> list[str]:
-    infos = await asyncio.get_running_loop().getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-    )
-    return [str(info[4][0]) for info in infos]
+class _SystemResolver:
+    """getaddrinfo in threads of the fetcher's own (a lookup that hangs holds one of
+    them, not one of the loop's default executor, which other work of the gateway uses);
+    a lookup the fetch stopped waiting for still ends in its thread, at most ``workers``
+    of them at once."""
+
+    __slots__ = ("_pool", "_workers")
+
+    def __init__(self, workers: int) -> None:
+        self._workers = workers
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    async def __call__(self, host: str, port: int) -> list[str]:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self._workers, thread_name_prefix="web-fetch-dns"
+            )
+        infos = await asyncio.get_running_loop().run_in_executor(
+            self._pool,
+            functools.partial(
+                socket.getaddrinfo, host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+            ),
+        )
+        return [str(info[4][0]) for info in infos]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
 
 class _Pinned(AbstractResolver):
@@ -219,7 +256,7 @@ class _Pinned(AbstractResolver):
 class Fetcher:
     """Fetches URLs under one :class:`FetchPolicy` (see the module docstring)."""
 
-    __slots__ = ("_policy", "_resolve", "_slots")
+    __slots__ = ("_policy", "_resolve", "_slots", "_system")
 
     def __init__(
         self,
@@ -229,7 +266,10 @@ class Fetcher:
         max_concurrent: int = 8,
     ) -> None:
         self._policy = policy
-        self._resolve: Resolve = resolver or _system_resolve
+        self._system: _SystemResolver | None = None
+        if resolver is None:
+            self._system = resolver = _SystemResolver(max_concurrent)
+        self._resolve: Resolve = resolver
         self._slots = asyncio.Semaphore(max_concurrent)
 
     @property
@@ -237,9 +277,9 @@ class Fetcher:
         return self._policy
 
     async def close(self) -> None:
-        """Nothing outlives a fetch (each hop's session is closed with it); kept so the
-        app's cleanup has one call to make."""
-        return None
+        """Stops the lookup threads (each hop's session is closed with its hop)."""
+        if self._system is not None:
+            self._system.close()
 
     async def fetch(self, url: str) -> Fetched:
         """The body at ``url`` (redirects followed); raises FetchRefused."""
@@ -328,6 +368,7 @@ class Fetcher:
             ),
             max_line_size=policy.max_header_bytes,
             max_field_size=policy.max_header_bytes,
+            max_headers=_MAX_HEADERS,
             headers={
                 "User-Agent": policy.user_agent,
                 "Accept": _ACCEPT,
@@ -365,7 +406,7 @@ class Fetcher:
                     raise FetchRefused("url_not_accessible", "content_encoding", status) from None
                 if (resp.content_length or 0) > self._policy.max_wire_bytes:
                     raise FetchRefused("content_too_large", "content_length", status)
-                body = await self._read(resp.content, decoder)
+                body = await self._read(resp.content, decoder, status)
         except FetchRefused:
             raise
         except (aiohttp.ClientError, OSError, ValueError, UnicodeError):
@@ -376,7 +417,9 @@ class Fetcher:
                 raise FetchRefused("unsupported_content_type", "media_type", status)
         return Fetched(str(target), media_type, charset, body, hop)
 
-    async def _read(self, content: aiohttp.StreamReader, decoder: inflate.Inflater) -> bytes:
+    async def _read(
+        self, content: aiohttp.StreamReader, decoder: inflate.Inflater, status: int
+    ) -> bytes:
         policy = self._policy
         cap = policy.max_body_bytes
         out = bytearray()
@@ -385,15 +428,15 @@ class Fetcher:
             while chunk := await content.read(_CHUNK):
                 wire += len(chunk)
                 if wire > policy.max_wire_bytes:
-                    raise FetchRefused("content_too_large", "wire_bytes", 200)
+                    raise FetchRefused("content_too_large", "wire_bytes", status)
                 out += decoder.feed(chunk, cap - len(out))
                 if len(out) > cap:
-                    raise FetchRefused("content_too_large", "body_bytes", 200)
+                    raise FetchRefused("content_too_large", "body_bytes", status)
             out += decoder.flush(cap - len(out))
         except inflate.BadEncoding:
-            raise FetchRefused("url_not_accessible", "content_encoding", 200) from None
+            raise FetchRefused("url_not_accessible", "content_encoding", status) from None
         if len(out) > cap:
-            raise FetchRefused("content_too_large", "body_bytes", 200)
+            raise FetchRefused("content_too_large", "body_bytes", status)
         return bytes(out)
 
 

@@ -42,6 +42,12 @@ POLICY = FetchPolicy(max_url_chars=100)
         ("http://example.com/\r\nHost: evil", "invalid_tool_input"),
         ("http://example.com/\x00", "invalid_tool_input"),
         ("http://example.com/\u2028", "invalid_tool_input"),
+        # hosts aiohttp would connect to without the pinned resolver: canonical literals only
+        ("http://2130706433/", "invalid_tool_input"),
+        ("http://127.000.000.001/", "invalid_tool_input"),
+        ("http://017700000001/", "invalid_tool_input"),
+        ("http://1.2.3.4.5/", "invalid_tool_input"),
+        ("http://127.1/", "invalid_tool_input"),
     ],
 )
 def test_bad_urls_refused(url: object, code: str) -> None:
@@ -74,17 +80,17 @@ def test_fetched_kind() -> None:
 
 
 def _feed_all(decoder: inflate.Inflater, data: bytes, cap: int, step: int = 4096) -> bytes:
-    """Feeds ``data`` in chunks as the fetcher does; raises InflatedTooLarge past ``cap``."""
+    """Feeds ``data`` in chunks as the fetcher does; raises PastCap past ``cap``."""
     out = bytearray()
     for i in range(0, len(data), step):
         got = decoder.feed(data[i : i + step], cap - len(out))
         assert len(got) <= cap - len(out) + 1, "a decoder returned more than the cap allows"
         out += got
         if len(out) > cap:
-            raise inflate.InflatedTooLarge
+            raise inflate.PastCap
     out += decoder.flush(cap - len(out))
     if len(out) > cap:
-        raise inflate.InflatedTooLarge
+        raise inflate.PastCap
     return bytes(out)
 
 
@@ -102,7 +108,7 @@ def test_gzip_bomb_never_inflates_past_the_cap() -> None:
     decoder = inflate.decoder("gzip")
     out = decoder.feed(bomb, 1000)
     assert len(out) == 1001
-    with pytest.raises(inflate.InflatedTooLarge):
+    with pytest.raises(inflate.PastCap):
         _feed_all(inflate.decoder("gzip"), bomb, 64 * 1024)
 
 
@@ -123,7 +129,7 @@ def test_gzip_bomb_never_inflates_past_the_cap() -> None:
 def test_codings_undone(coding: str, encode: object) -> None:
     body = bytes(range(256)) * 40
     assert _feed_all(inflate.decoder(coding), encode(body), len(body), step=7) == body  # type: ignore[operator]
-    with pytest.raises(inflate.InflatedTooLarge):
+    with pytest.raises(inflate.PastCap):
         _feed_all(inflate.decoder(coding), encode(body), len(body) - 1, step=7)  # type: ignore[operator]
 
 
@@ -132,7 +138,7 @@ def test_brotli_when_installed() -> None:
     body = b"hello brotli " * 1000
     assert _feed_all(inflate.decoder("br"), brotli.compress(body), len(body)) == body
     bomb = brotli.compress(b"\0" * (64 << 20))
-    with pytest.raises(inflate.InflatedTooLarge):
+    with pytest.raises(inflate.PastCap):
         _feed_all(inflate.decoder("br"), bomb, 1 << 20)
 
 

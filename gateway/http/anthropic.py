@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -68,7 +69,7 @@ async def _create(
         request[STREAM] = reply.stream
         async with admitted(request, route, _failure(reply) if reply.stream else None) as slot:
             try:
-                await reply.send(session_key(request.headers.get(SESSION_HEADER), req))
+                await reply.send(partial(session_key, request.headers.get(SESSION_HEADER), req))
             except errors.GatewayError as err:
                 await slot.failed(err)  # a stream opened while waiting for the slot ends
                 raise

@@ -25,7 +25,14 @@ from gateway.http.body import read_json
 from gateway.http.keys import CLIENT, MESSAGES, REQUEST_ID, STREAM, WEB_SEARCH
 from gateway.http.tenancy import reply_ended
 from gateway.http.writer import StreamWriter
-from gateway.messages.call import Call, count_input_tokens, pdfs_as_text, prepare, restore
+from gateway.messages.call import (
+    Call,
+    MessagesDeps,
+    count_input_tokens,
+    pdfs_as_text,
+    prepare,
+    restore,
+)
 from gateway.messages.reply import Reply, Rounds
 from gateway.messages.request.validate import validate_messages
 from gateway.messages.search_blocks import web_search_tool
@@ -63,8 +70,9 @@ async def _create(
     charge: limits.Charge | None,
 ) -> web.StreamResponse:
     # what the request restores from signatures counts until its reply has ended
-    with request.app[MESSAGES].memory.lease() as lease:
-        reply = await _prepare(request, req, route, t0, lease)
+    deps = request.app[MESSAGES]
+    with deps.memory.lease() as lease:
+        reply = await _prepare(request, deps, req, route, t0, lease)
         reply.figures.on_end = reply_ended(request)
         request[STREAM] = reply.stream
         async with admitted(request, route, _failure(reply) if reply.stream else None) as slot:
@@ -83,12 +91,16 @@ async def _create(
 
 
 async def _prepare(
-    request: web.Request, req: dict[str, Any], route: ModelRoute, t0: float, lease: Lease
+    request: web.Request,
+    deps: MessagesDeps,
+    req: dict[str, Any],
+    route: ModelRoute,
+    t0: float,
+    lease: Lease,
 ) -> Reply:
     """The reply to make: with web search (gateway/tools/web_search/loop.py: rounds of the
     Messages call, streamed upstream, one message to the client, buffered or streamed) when
     the request offers the tool and the model may call it, else a plain one."""
-    deps = request.app[MESSAGES]
     backend = request.app[WEB_SEARCH]
     tool = web_search_tool(req.get("tools")) if backend is not None else None
     choice = req.get("tool_choice")

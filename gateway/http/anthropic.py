@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -24,7 +25,14 @@ from gateway.http.body import read_json
 from gateway.http.keys import CLIENT, MESSAGES, REQUEST_ID, STREAM, WEB_FETCH, WEB_SEARCH
 from gateway.http.tenancy import reply_ended
 from gateway.http.writer import StreamWriter
-from gateway.messages.call import Call, count_input_tokens, pdfs_as_text, prepare, restore
+from gateway.messages.call import (
+    Call,
+    MessagesDeps,
+    count_input_tokens,
+    pdfs_as_text,
+    prepare,
+    restore,
+)
 from gateway.messages.fetch_blocks import web_fetch_tool
 from gateway.messages.reply import Reply, Rounds
 from gateway.messages.request.validate import validate_messages
@@ -67,13 +75,14 @@ async def _create(
     charge: limits.Charge | None,
 ) -> web.StreamResponse:
     # what the request restores from signatures counts until its reply has ended
-    with request.app[MESSAGES].memory.lease() as lease:
-        reply = await _prepare(request, req, route, t0, lease)
+    deps = request.app[MESSAGES]
+    with deps.memory.lease() as lease:
+        reply = await _prepare(request, deps, req, route, t0, lease)
         reply.figures.on_end = reply_ended(request, req)
         request[STREAM] = reply.stream
         async with admitted(request, route, _failure(reply) if reply.stream else None) as slot:
             try:
-                await reply.send(session_key(request.headers.get(SESSION_HEADER), req))
+                await reply.send(partial(session_key, request.headers.get(SESSION_HEADER), req))
             except errors.GatewayError as err:
                 await slot.failed(err)  # a stream opened while waiting for the slot ends
                 raise
@@ -87,13 +96,17 @@ async def _create(
 
 
 async def _prepare(
-    request: web.Request, req: dict[str, Any], route: ModelRoute, t0: float, lease: Lease
+    request: web.Request,
+    deps: MessagesDeps,
+    req: dict[str, Any],
+    route: ModelRoute,
+    t0: float,
+    lease: Lease,
 ) -> Reply:
     """The reply to make: with server tools (gateway/tools/rounds/loop.py: rounds of the
     Messages call, streamed upstream, one message to the client, buffered or streamed) when
     the request offers web search or web fetch and the model may call them, else a plain
     one."""
-    deps = request.app[MESSAGES]
     search = web_search_tool(req.get("tools")) if request.app[WEB_SEARCH] is not None else None
     fetch = web_fetch_tool(req.get("tools")) if request.app[WEB_FETCH] is not None else None
     choice = req.get("tool_choice")

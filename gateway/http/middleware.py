@@ -180,9 +180,11 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
     metrics = app[METRICS]
     status = 500
     response: web.StreamResponse | None = None
+    config = app[CONFIG]
+    state = app[STATE]
     try:
-        server = app[CONFIG].server
-        tenants = app[STATE].tenants
+        server = config.server
+        tenants = state.tenants
         client = tenants.identify(presented)
         if client is not None and tenants.forwarding.active:
             client = _forwarded(request, tenants, client, metrics)
@@ -205,14 +207,14 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
                 client = ANONYMOUS_CLIENT  # an operational route: nobody in particular
         request[CLIENT] = client
         if api is not None:
-            if app[STATE].draining:
+            if state.draining:
                 metrics.rejected.labels(api, "draining").inc()
                 raise errors.Overloaded(DRAINING_MESSAGE)
             length = request.content_length
             limit = (
                 server.max_body_bytes
                 if route != "batches_create"
-                else app[CONFIG].batches.max_body_bytes
+                else config.batches.max_body_bytes
             )
             if length is not None and length > limit:
                 metrics.rejected.labels(api, "body_too_large").inc()
@@ -261,7 +263,7 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             # a buffered reply: sent here, bounded by write_timeout, so that a client that
             # stops reading is dropped (and its access line says so) as a stream's would be
             response.headers["request-id"] = request_id
-            if not await send_buffered(request, response, app[CONFIG].server.write_timeout):
+            if not await send_buffered(request, response, config.server.write_timeout):
                 status = 499
         duration = time.perf_counter() - start
         model = request[MODEL]
@@ -269,7 +271,7 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         if api is not None:
             metrics.requests.labels(api, model, str(status), stream).inc()
             metrics.request_duration.labels(api, model, stream).observe(duration)
-            if len(app[STATE].tenants.clients) > 1:  # named clients: their own series
+            if len(state.tenants.clients) > 1:  # named clients: their own series
                 metrics.client_requests.labels(request[CLIENT].name, model, str(status)).inc()
         if tag.logged:
             error = request[ERROR]

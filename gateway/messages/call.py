@@ -234,6 +234,8 @@ class Call:
     """One Messages request made ready for its upstream, and how its reply is read back."""
 
     __slots__ = (
+        "_session",
+        "_session_of",
         "as_text",
         "client",
         "deps",
@@ -241,7 +243,6 @@ class Call:
         "payload",
         "req",
         "route",
-        "session",
         "stops",
         "stream",
         "upstream_stream",
@@ -260,7 +261,8 @@ class Call:
         self.weight = weight
         self.stream = req.get("stream") is True
         self.stops = _stops(req)
-        self.session: str | None = None
+        self._session: str | None = None
+        self._session_of: Callable[[], str] | None = None
         self._bind(route, deps.metrics.drop_field)
 
     def _bind(self, route: ModelRoute, on_drop: Callable[[str], None] | None = None) -> None:
@@ -327,8 +329,23 @@ class Call:
             self.route,
         )
 
+    @property
+    def session(self) -> str:
+        """The request's session key (:func:`~gateway.messages.session_key.session_key`),
+        made the first time it is asked for: only an upstream with several replicas and
+        affinity reads it."""
+        session = self._session
+        if session is None:
+            of = self._session_of
+            session = self._session = of() if of is not None else session_key(None, self.req)
+        return session
+
     async def send(
-        self, request_id: str | None, session: str | None = None, *, fall_back: bool = True
+        self,
+        request_id: str | None,
+        session: str | Callable[[], str] | None = None,
+        *,
+        fall_back: bool = True,
     ) -> UpstreamResponse:
         """Call the upstream (counted); a failure raises its GatewayError. A refusal of
         content the route may send as text is answered by one more call with it as text.
@@ -337,14 +354,16 @@ class Call:
         ``fall_back=False``: not (a later call of a reply part of which the client already
         has, e.g. a web search's next round: another model would finish it).
 
-        ``session``: the request's session key (:func:`~gateway.messages.session_key.session_key`
-        of the client's session header); None: made from the request alone."""
-        if session is None:
-            session = session_key(None, self.req)
-        self.session = session
+        ``session``: the request's session key (:attr:`session`), or what makes it when an
+        upstream needs it (the client's session header and request: a hash of a prompt's
+        prefix is not made for one replica); None: made from the request alone."""
+        if session is None or isinstance(session, str):
+            self._session, self._session_of = session, None
+        else:
+            self._session, self._session_of = None, session
         telemetry = CURRENT.get()
-        if telemetry is not None:
-            telemetry.annotate({"gateway.session": session})
+        if telemetry is not None:  # a span wants the key: made now (telemetry on only)
+            telemetry.annotate({"gateway.session": self.session})
         try:
             return await self._send_or_as_text(request_id)
         except errors.GatewayError as err:
@@ -402,7 +421,7 @@ class Call:
             stream=self.upstream_stream,
             max_tokens=self.req.get("max_tokens"),
             request_id=request_id,
-            session=self.session,
+            session=self.session if self.client.replicas.keyed else None,
         )
 
     def translator(self) -> StreamTranslator:

@@ -110,8 +110,10 @@ class Reply:
         self._translator: StreamTranslator | None = None
         self._timing: Timing | None = None
 
-    async def send(self, session: str | None = None) -> None:
-        """Call the upstream (a fallback may answer: the reply is then its)."""
+    async def send(self, session: str | Callable[[], str] | None = None) -> None:
+        """Call the upstream (a fallback may answer: the reply is then its). ``session``:
+        the request's session key or what makes it where the upstream needs one (see
+        :meth:`Call.send`)."""
         call = self.call
         self._up = await call.send(self.request_id, session)
         figures = self.figures

@@ -177,6 +177,12 @@ class Replicas:
         # (a poison request); oldest first, at most POISON_MEMORY, each for BACKOFF_MAX
         self._failed_requests: dict[bytes, tuple[int | None, float]] = {}
 
+    @property
+    def keyed(self) -> bool:
+        """Whether :meth:`order` reads a request's session key (several replicas, affinity):
+        a caller makes the key only then."""
+        return self.balance == "affinity" and len(self.all) > 1
+
     def order(self, key: str | bytes | None) -> list[Replica]:
         """The replicas to try for a request, best first (see the module docstring)."""
         replicas = self.all

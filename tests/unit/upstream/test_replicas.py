@@ -255,3 +255,26 @@ def test_any_session_header_is_a_key(header: str) -> None:
     # the bytes of a key are the key (every process, and the tests' predictions, agree)
     raw = session_key(header, {}).encode("utf-8", "surrogatepass")
     assert rendezvous(raw, URLS) == rendezvous(session_key(header, {}), URLS)
+
+
+@pytest.mark.parametrize(
+    ("replicas", "balance", "keyed"),
+    [
+        (1, "affinity", False),
+        (3, "affinity", True),
+        (3, "least_busy", False),
+        (3, "round_robin", False),
+    ],
+)
+def test_a_session_key_is_asked_for_only_where_the_order_reads_it(
+    replicas: int, balance: str, keyed: bool
+) -> None:
+    """Callers make the key (a prompt prefix's hash) only when ``keyed``: elsewhere every
+    key gives the order no key gives."""
+    keys = [None, *KEYS[:20]]
+    made = [Replicas(URLS[:replicas], balance=balance) for _ in keys]
+    for reps in made:  # some load, so least_busy has an order of its own
+        reps.all[-1].in_flight = 2
+    orders = [[r.index for r in reps.order(key)] for reps, key in zip(made, keys, strict=True)]
+    assert made[0].keyed is keyed
+    assert (len({tuple(o) for o in orders}) > 1) is keyed

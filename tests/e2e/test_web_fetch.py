@@ -88,6 +88,12 @@ class _Pages(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         type(self).seen.append(self.path)
+        if self.path.startswith("/hop?to="):  # a redirect to the URL after "to="
+            self.send_response(302)
+            self.send_header("Location", self.path.removeprefix("/hop?to="))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         page = PAGES.get(self.path)
         if page is None:
             self.send_error(404)
@@ -102,18 +108,32 @@ class _Pages(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="module")
-def pages() -> Iterator[str]:
-    """The page server: its base URL; ``_Pages.seen`` lists the paths it was asked for."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Pages)
+class _OtherPages(_Pages):
+    seen: list[str] = []
+
+
+def _serve(host: str, handler: type[_Pages]) -> Iterator[str]:
+    server = ThreadingHTTPServer((host, 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"http://{host}:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def pages() -> Iterator[str]:
+    """The page server: its base URL; ``_Pages.seen`` lists the paths it was asked for."""
+    yield from _serve("127.0.0.1", _Pages)
+
+
+@pytest.fixture(scope="module")
+def other_pages() -> Iterator[str]:
+    """A second page server, another host (127.0.0.2); ``_OtherPages.seen`` its requests."""
+    yield from _serve("127.0.0.2", _OtherPages)
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +201,7 @@ def gateway(gateway_proc: tuple[Proc, str]) -> str:
 def client(gateway: str, stub_url: str) -> anthropic.Anthropic:
     clear_stub(stub_url)
     _Pages.seen.clear()
+    _OtherPages.seen.clear()
     return sdk.client(gateway, api_key="k", max_retries=0, _strict_response_validation=True)
 
 
@@ -570,3 +591,35 @@ def test_the_domain_filters_refuse_before_any_connection(
     assert isinstance(result.content, WebFetchToolResultErrorBlock)
     assert result.content.error_code == "url_not_allowed"
     assert _Pages.seen == []
+
+
+@pytest.mark.parametrize(
+    ("filters", "code"),
+    [
+        ({"allowed_domains": ["127.0.0.1"]}, "url_not_allowed"),
+        ({"blocked_domains": ["127.0.0.2"]}, "url_not_allowed"),
+        ({"allowed_domains": ["127.0.0.1", "127.0.0.2"]}, None),  # the control: it is fetched
+    ],
+)
+def test_a_redirect_off_the_domain_filters_is_never_requested(
+    client: anthropic.Anthropic,
+    pages: str,
+    other_pages: str,
+    filters: dict[str, Any],
+    code: str | None,
+) -> None:
+    url = f"{pages}/hop?to={other_pages}/page.html"
+    msg = client.messages.create(
+        model="wf", max_tokens=300, messages=ask(f"Read {url}"), tools=[tool(**filters)]
+    )
+    result = msg.content[1]
+    assert isinstance(result, WebFetchToolResultBlock)
+    assert _Pages.seen == ["/hop?to=" + other_pages + "/page.html"]
+    if code is None:
+        assert isinstance(result.content, WebFetchBlock)
+        assert result.content.url == f"{other_pages}/page.html"
+        assert _OtherPages.seen == ["/page.html"]
+    else:
+        assert isinstance(result.content, WebFetchToolResultErrorBlock)
+        assert result.content.error_code == code
+        assert _OtherPages.seen == []

@@ -30,11 +30,12 @@ import ipaddress
 import socket
 import zlib
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 
 import pytest
 from aiohttp import web
+from yarl import URL
 
 from gateway.tools.web_fetch.net import Fetcher, FetchPolicy, FetchRefused
 
@@ -206,9 +207,11 @@ async def inside() -> AsyncIterator[tuple[Site, Site]]:
             await runner.cleanup()
 
 
-async def _refused(fetcher: Fetcher, url: str) -> FetchRefused:
+async def _refused(
+    fetcher: Fetcher, url: str, allow: Callable[[URL], bool] | None = None
+) -> FetchRefused:
     with pytest.raises(FetchRefused) as refused:
-        await fetcher.fetch(url)
+        await fetcher.fetch(url, allow)
     return refused.value
 
 
@@ -409,6 +412,32 @@ async def test_a_redirect_to_a_private_address_is_refused(
     assert public.hits["/redirect"] == 1
     assert internal.hits.total() == 0
     assert dns.lookups["internal.test"] == (1 if "internal.test" in target else 0)
+
+
+@pytest.mark.parametrize(
+    ("path", "redirects"),
+    [("/redirect?to=http://127.0.0.1:{port}/page", 1), ("/page", 0)],
+    ids=["redirect", "first-url"],
+)
+async def test_a_hop_the_caller_refuses_is_never_requested(
+    inside: tuple[Site, Site], path: str, redirects: int
+) -> None:
+    """``allow`` (the tool's domain filters) is asked before each hop: a redirect to a host
+    it refuses is ``url_not_allowed`` and that host sees no request."""
+    public, other = inside
+    asked: list[str] = []
+
+    def allow(url: object) -> bool:
+        asked.append(str(url))
+        return str(url).startswith("http://127.0.0.2:")
+
+    host = "127.0.0.2" if redirects else "127.0.0.1"
+    url = f"http://{host}:{public.port}" + path.format(port=public.port)
+    refused = await _refused(Fetcher(OPEN), url, allow)
+    assert refused.code == "url_not_allowed"
+    assert other.hits.total() == 0
+    assert public.hits["/redirect"] == redirects
+    assert len(asked) == redirects + 1 and asked[-1] == f"http://127.0.0.1:{public.port}/page"
 
 
 async def test_a_redirect_to_an_allowed_page_is_followed(site: Site) -> None:

@@ -10,8 +10,9 @@ than the fetcher allows (``url_too_long``); the conversation does not hold it
 ``blocked_domains`` refuse its host (``url_not_allowed``, web search's
 :class:`~gateway.tools.web_search.domains.DomainFilter`); the request's text budget is spent
 (``content_too_large``). Then the fetcher (:mod:`.net`) fetches it, checking every address
-and redirect (its refusals carry their own codes), and the final URL is checked against the
-domain filters again (a redirect off the allowed domains is ``url_not_allowed``).
+and redirect (its refusals carry their own codes) and asking the domain filters about each
+redirect's target before requesting it (one off the allowed domains is ``url_not_allowed``,
+and is never requested).
 
 HTML becomes its readable text and title (:mod:`.extract`), other text is decoded as is, a
 PDF goes to the client whole (base64) and to the model as the text the gateway's PDF
@@ -157,9 +158,9 @@ class Fetches:
         return None
 
     async def _fetch(self, url: str) -> tuple[dict[str, Any], str]:
-        fetched = await self._service.fetcher.fetch(url)
-        if fetched.url != url and not self._keep(fetched.url):
-            raise FetchRefused("url_not_allowed", "redirect_off_domains")
+        # the domain filters judge every hop before it is requested: a redirect off the
+        # allowed domains is url_not_allowed, and its target never sees a request
+        fetched = await self._service.fetcher.fetch(url, allow=lambda hop: self._keep(str(hop)))
         limit = min(self.max_chars, self.chars_left)
         kind = fetched.kind
         title: str | None = None

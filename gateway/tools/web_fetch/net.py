@@ -15,6 +15,10 @@ A fetch is a GET of an ``http(s)://`` URL, its redirects followed by hand. Each 
 4. a redirect's target (``Location`` joined to the hop's URL) is a new hop, checked from
    scratch; ``max_redirects`` hops past the first, the next is refused.
 
+A caller's ``allow`` (the tool's domain filters) is asked about each hop's URL before its
+name is resolved: a URL it refuses is ``url_not_allowed`` and never requested, a redirect's
+target included.
+
 Each hop has its own session and connector (``force_close``: no connection outlives its hop,
 no pool another fetch could pick a connection from), no cookie jar (a cookie set by one site
 is never sent on), no proxy from the environment (``trust_env=False``) and aiohttp's
@@ -281,10 +285,13 @@ class Fetcher:
         if self._system is not None:
             self._system.close()
 
-    async def fetch(self, url: str) -> Fetched:
-        """The body at ``url`` (redirects followed); raises FetchRefused."""
+    async def fetch(self, url: str, allow: Callable[[URL], bool] | None = None) -> Fetched:
+        """The body at ``url`` (redirects followed); raises FetchRefused. ``allow``, if
+        given, is asked about each hop's URL before the hop (False: ``url_not_allowed``)."""
         policy = self._policy
         target = check_url(url, policy)
+        if allow is not None and not allow(target):
+            raise FetchRefused("url_not_allowed", "domain_filter")
         try:
             async with asyncio.timeout(policy.queue_timeout):
                 await self._slots.acquire()
@@ -292,15 +299,17 @@ class Fetcher:
             raise FetchRefused("too_many_requests", "busy") from None
         try:
             async with asyncio.timeout(policy.timeout):
-                return await self._follow(target)
+                return await self._follow(target, allow)
         except TimeoutError:
             raise FetchRefused("url_not_accessible", "timeout") from None
         finally:
             self._slots.release()
 
-    async def _follow(self, target: URL) -> Fetched:
+    async def _follow(self, target: URL, allow: Callable[[URL], bool] | None) -> Fetched:
         policy = self._policy
         for hop in range(policy.max_redirects + 1):
+            if hop and allow is not None and not allow(target):
+                raise FetchRefused("url_not_allowed", "redirect_off_domains")
             found = await self._addresses(target)
             result = await self._hop(target, found, hop)
             if isinstance(result, Fetched):

@@ -60,7 +60,7 @@ from typing import Any
 from gateway.demo import bpe, toolcall
 
 # Bump whenever the bytes written change, so cached copies are rebuilt.
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 4
 MODEL_NAME = "llm-gateway-tiny-demo"
 
 REASONING_TEXT = "The user sent a message, so I will reply with the one sentence that I know."
@@ -145,7 +145,7 @@ and messages[-1]['role'] in ['user', 'system'] -%}
 {{- '<tool_response>\\n' + text_of(message['content']) + '\\n</tool_response>' -}}
 {%- else -%}
 {{- text_of(message['content']) -}}
-{%- if calling and loop.last -%}{{- demo_call(tools) -}}{%- endif -%}
+{%- if calling and loop.last -%}{{- demo_call(tools, text_of(message['content'])) -}}{%- endif -%}
 {%- endif -%}
 {{- '<|im_end|>\\n' -}}
 {%- endif -%}

@@ -6,7 +6,9 @@ character, and one attention head copies it back out:
 
 * the template (:data:`TEMPLATE_MACRO`, Jinja rendered by llama.cpp) picks the call: a tool named
   ``Bash`` with ``{"command": "echo demo-tool-loop", ...}``, else the first tool with its
-  required parameters filled (``"demo"``, ``1``, ``true``, ``[]``, ``{}`` by JSON type). It writes
+  required parameters filled (``"demo"``, ``1``, ``true``, ``[]``, ``{}`` by JSON type; a
+  required ``url`` string gets the first ``http(s)://`` URL of the last user message, if it
+  holds a short plain one: :func:`first_url`, so ``web_fetch`` reads a page). It writes
   ``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`` as :data:`N_SLOTS` tokens,
   ``<|c|>`` for each character ``c`` (one special token per printable ASCII character and the
   newline) and then :data:`STOP` up to the end, at the end of the last user turn;
@@ -65,10 +67,58 @@ def code(token_text: str) -> int:
     return 0 if token_text == STOP else ord(token_text[2:-2])
 
 
+URL_SCAN = 4000  # characters of the last user message searched for a URL
+MAX_URL = 160  # a longer URL is not copied (the call must fit in N_SLOTS)
+URL_TRAILING = ".,;:!?"  # dropped from a URL's end (up to three): the sentence's, not the URL's
+# the characters a copied URL may hold: RFC 3986's, less the quote and the backslash (so the
+# call's JSON needs no escape and every character has a copy token)
+URL_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~:/?#[]@!$&()*+,;=%"
+
+
+def first_url(text: str) -> str | None:
+    """The URL the template copies into a ``url`` argument: the first ``http(s)://`` word of
+    the first :data:`URL_SCAN` characters of ``text`` (up to three of :data:`URL_TRAILING`
+    dropped from its end), if it is at most :data:`MAX_URL` characters of :data:`URL_CHARS`.
+    Mirrors the macro's ``demo_url``."""
+    for word in text[:URL_SCAN].replace("\n", " ").replace("\t", " ").split(" "):
+        if not word.startswith(("http://", "https://")):
+            continue
+        for _ in range(3):
+            if word[-1] in URL_TRAILING:
+                word = word[:-1]
+        if 8 < len(word) <= MAX_URL and set(word) <= set(URL_CHARS):
+            return word
+    return None
+
+
 # The call is chosen and written here. `ns.fresh`: no tool result since the last assistant turn.
 TEMPLATE_MACRO = (
     """\
-{%- macro demo_call(tools) -%}
+{%- macro demo_url(text) -%}
+{%- set found = namespace(url='') -%}
+{%- for word in text[:"""
+    + str(URL_SCAN)
+    + """].replace('\\n', ' ').replace('\\t', ' ').split(' ') -%}
+{%- if not found.url and (word.startswith('http://') or word.startswith('https://')) -%}
+{%- set w = namespace(url=word, ok=true) -%}
+{%- for _ in range(3) -%}
+{%- if w.url[w.url | length - 1] in '"""
+    + URL_TRAILING
+    + """' -%}{%- set w.url = w.url[:w.url | length - 1] -%}{%- endif -%}
+{%- endfor -%}
+{%- for i in range(w.url | length) -%}
+{%- if w.url[i] not in '"""
+    + URL_CHARS
+    + """' -%}{%- set w.ok = false -%}{%- endif -%}
+{%- endfor -%}
+{%- if w.ok and w.url | length <= """
+    + str(MAX_URL)
+    + """ and w.url | length > 8 -%}{%- set found.url = w.url -%}{%- endif -%}
+{%- endif -%}
+{%- endfor -%}
+{{- found.url -}}
+{%- endmacro -%}
+{%- macro demo_call(tools, text) -%}
 {%- set ns = namespace(name='', args='') -%}
 {%- for tool in tools -%}
 {%- if not ns.name and tool['function']['name'] == 'Bash' -%}
@@ -88,6 +138,8 @@ TEMPLATE_MACRO = (
 {%- set value = {'string': '"demo"', 'integer': '1', 'number': '1', 'boolean': 'true', \
 'array': '[]', 'object': '{}'}[kind] if kind in ['string', 'integer', 'number', 'boolean', \
 'array', 'object'] else 'null' -%}
+{%- set url = demo_url(text) if key == 'url' and kind == 'string' else '' -%}
+{%- set value = (url | tojson) if url else value -%}
 {%- set ns.args = ns.args + (', ' if ns.args else '') + (key | tojson) + ': ' + value -%}
 {%- endfor -%}
 {%- set ns.args = '{' + ns.args + '}' -%}
@@ -109,9 +161,10 @@ TEMPLATE_MACRO = (
 )
 
 
-def demo_call(tools: list[dict[str, Any]]) -> tuple[str, dict[str, Any]] | None:
-    """(name, arguments) of the call the template writes for these OpenAI-style tools; None
-    when it writes none (no tools, or a call too long for the slots). Mirrors the macro."""
+def demo_call(tools: list[dict[str, Any]], text: str = "") -> tuple[str, dict[str, Any]] | None:
+    """(name, arguments) of the call the template writes for these OpenAI-style tools and the
+    last user message's ``text``; None when it writes none (no tools, or a call too long for
+    the slots). Mirrors the macro."""
     if not tools:
         return None
     names = [tool["function"]["name"] for tool in tools]
@@ -131,10 +184,11 @@ def demo_call(tools: list[dict[str, Any]]) -> tuple[str, dict[str, Any]] | None:
             "array": [],
             "object": {},
         }
-        args = {
-            key: fill.get((props.get(key) or {}).get("type", ""))
-            for key in params.get("required", [])
-        }
+        args = {}
+        for key in params.get("required", []):
+            kind = (props.get(key) or {}).get("type", "")
+            url = first_url(text) if key == "url" and kind == "string" else None
+            args[key] = url or fill.get(kind)
     if len(call_text(name, args)) >= N_SLOTS:
         return None
     return name, args

@@ -220,3 +220,52 @@ def test_the_copied_slot_outscores_every_other_within_reach():
 def test_copy_distance_counts_the_slots_and_the_tail():
     assert tinymodel.count_tokens(tinymodel._CALL_TAIL) == 9
     assert tinymodel.copy_distance() == toolcall.N_SLOTS + 9 - 1
+
+
+FETCH = {
+    "type": "function",
+    "function": {
+        "name": "web_fetch",
+        "parameters": {
+            "type": "object",
+            "properties": {"url": {"type": "string"}},
+            "required": ["url"],
+        },
+    },
+}
+LONG = "http://example.com/" + "a" * toolcall.MAX_URL
+
+
+@pytest.mark.parametrize(
+    ("text", "url"),
+    [
+        ("Read http://127.0.0.1:8000/page.html please", "http://127.0.0.1:8000/page.html"),
+        ("see https://example.com/a?b=1&c=(2)#x.", "https://example.com/a?b=1&c=(2)#x"),
+        ("two:\nhttps://a.example/one, https://b.example/two", "https://a.example/one"),
+        ('quoted "http://q.example/x" then http://ok.example/', "http://ok.example/"),
+        ("non-ASCII http://ex\u00e4mple.com/ only", "demo"),
+        (f"too long {LONG}", "demo"),
+        ("ftp://example.com/ and http:// alone", "demo"),
+        ("no URL here", "demo"),
+        (" " * toolcall.URL_SCAN + "http://late.example/", "demo"),  # past the scanned part
+    ],
+)
+def test_a_url_parameter_gets_the_first_url_of_the_last_user_message(text, url):
+    assert toolcall.demo_call([FETCH], text) == ("web_fetch", {"url": url})
+    messages = [
+        {"role": "user", "content": "earlier http://old.example/ turn"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [{"type": "text", "text": text}]},
+    ]
+    copied = _copied(_render(messages, [FETCH]))
+    assert copied == toolcall.call_text("web_fetch", {"url": url})
+
+
+def test_only_a_string_url_parameter_is_filled():
+    number = json.loads(json.dumps(FETCH))
+    number["function"]["parameters"]["properties"]["url"] = {"type": "integer"}
+    text = "Read http://127.0.0.1/page"
+    assert toolcall.demo_call([number], text) == ("web_fetch", {"url": 1})
+    assert _copied(_render([{"role": "user", "content": text}], [number])) == (
+        toolcall.call_text("web_fetch", {"url": 1})
+    )

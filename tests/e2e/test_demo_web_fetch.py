@@ -152,4 +152,5 @@ def test_without_a_url_in_the_message_nothing_is_fetched(demo: str) -> None:
     result = blocks[1]
     assert isinstance(result, WebFetchToolResultBlock)
     assert result.content.type == "web_fetch_tool_result_error"
+    assert result.content.error_code == "invalid_tool_input"  # the call carried "demo"
     assert _Page.seen == []

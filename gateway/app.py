@@ -263,7 +263,7 @@ def _registries(
     ``metrics_dir`` and /metrics serves all workers' sums, whichever worker answers. No
     process or GC collector there: each would describe only the worker answering the scrape
     (its counters seen as resets); the workers write their process figures themselves
-    (``metrics.WorkerProcess``) and the python_gc_* series are left out.
+    (``metrics_workers.WorkerProcess``) and the python_gc_* series are left out.
     """
     if config.metrics_dir is None:
         reg = registry if registry is not None else default_registry()

@@ -13,7 +13,8 @@ import re
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
-from gateway.ops.metrics import Metrics, _Memo
+from gateway.ops.metric_kinds import Memo
+from gateway.ops.metrics import Metrics
 from tests.procs import REPO
 
 TABLE = REPO / "grafana" / "METRICS.md"
@@ -29,7 +30,7 @@ def _defined() -> dict[str, tuple[str, tuple[str, ...]]]:
     found = [*vars(metrics).values(), metrics.process.cpu, *metrics.process.gauges.values()]
     out = {}
     for obj in found:
-        metric = obj.metric if isinstance(obj, _Memo) else obj
+        metric = obj.metric if isinstance(obj, Memo) else obj
         if isinstance(metric, MetricWrapperBase):
             name = metric._name + _SUFFIX.get(metric._type, "")
             labels = metric._labelnames

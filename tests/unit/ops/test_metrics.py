@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from gateway.ops import metrics
+from gateway.ops.metric_kinds import Memo
 
 BOUNDS = (0.001, 0.01, 0.1, 1.0, 10.0)
 # each bound itself (le is "less than or equal"), either side of it, zero, negative, huge
@@ -18,7 +18,7 @@ AMOUNTS = [b + d for b in BOUNDS for d in (-1e-9, 0.0, 1e-9)] + [0.0, -1.0, 1e9,
 def _exposition(observe_via_memo: bool) -> bytes:
     registry = CollectorRegistry()
     hist = Histogram("h", "h", ["model"], buckets=BOUNDS, registry=registry)
-    child = metrics._Memo(hist).labels("m") if observe_via_memo else hist.labels("m")
+    child = Memo(hist).labels("m") if observe_via_memo else hist.labels("m")
     for amount in AMOUNTS:
         child.observe(amount)
     return generate_latest(registry)
@@ -30,7 +30,7 @@ def test_same_buckets_count_and_sum_as_prometheus_client() -> None:
 
 
 def test_the_child_is_memoised_and_keeps_the_childs_other_methods() -> None:
-    memo = metrics._Memo(Histogram("g", "g", ["model"], registry=CollectorRegistry()))
+    memo = Memo(Histogram("g", "g", ["model"], registry=CollectorRegistry()))
     child = memo.labels("m")
     assert memo.labels("m") is child
     assert child.child is memo.metric.labels("m")
@@ -59,7 +59,7 @@ COUNT_AND_LEVEL = [
 def _after(kind: type, ops: list[tuple[str, tuple[float, ...]]], via_memo: bool) -> bytes:
     registry = CollectorRegistry()
     metric = kind("m", "m", ["model"], registry=registry)
-    child = metrics._Memo(metric).labels("a") if via_memo else metric.labels("a")
+    child = Memo(metric).labels("a") if via_memo else metric.labels("a")
     for name, args in ops:
         getattr(child, name)(*args)
     return generate_latest(registry)
@@ -76,7 +76,7 @@ def test_counter_and_gauge_children_write_what_prometheus_client_writes(
 def test_counter_and_gauge_children_skip_prometheus_clients_checks(kind: type) -> None:
     """The memoised child's inc is the value's, not the metric's (which checks its type and
     looks for an exemplar on every call)."""
-    memo = metrics._Memo(kind("c", "c", ["model"], registry=CollectorRegistry()))
+    memo = Memo(kind("c", "c", ["model"], registry=CollectorRegistry()))
     child = memo.labels("a")
     calls: list[str] = []
     real = type(child.child)._raise_if_not_observable
@@ -94,6 +94,6 @@ def test_counter_and_gauge_children_skip_prometheus_clients_checks(kind: type) -
 
 
 def test_a_counter_child_refuses_a_negative_amount() -> None:
-    child = metrics._Memo(Counter("c", "c", ["model"], registry=CollectorRegistry())).labels("a")
+    child = Memo(Counter("c", "c", ["model"], registry=CollectorRegistry())).labels("a")
     with pytest.raises(ValueError):
         child.inc(-1)

@@ -1,0 +1,175 @@
+"""The metric kinds the gateway declares its families with, and their hot-path children.
+
+:class:`Memo` wraps a prometheus-client metric and caches its ``labels()`` children by
+label values; the children it hands out (:class:`_Observer`, :class:`_Count`,
+:class:`_Level`) write straight to the child's own value, per-process or ``--workers``'
+multiprocess alike. The gateway asks for the same few children on every request, so
+this is the per-request cost of every metric (docs/performance.md).
+
+:class:`Families` declares families on one registry with the ``llm_gateway_`` prefix,
+each wrapped in a :class:`Memo`: what gateway/ops/metrics.py builds ``Metrics`` with.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.values import MutexValue
+
+# how a gauge's values from --workers' live (or all) workers combine into one series
+Mode = Literal["livesum", "livemax", "livemin", "max"]
+
+
+def _adder(value: Any) -> Callable[[float], None]:
+    """What adds to a metric child's ``value``: its own ``inc``, or for the per-process
+    value (not ``--workers``' multiprocess one) the same sum under the same lock, taken by
+    ``acquire``/``release``: a ``with`` on a lock costs twice that, and the gateway adds to
+    a value about twenty times a request."""
+    if type(value) is not MutexValue:
+        return value.inc  # type: ignore[no-any-return]
+    acquire = value._lock.acquire
+    release = value._lock.release
+
+    def add(amount: float) -> None:
+        acquire()
+        try:
+            value._value += amount
+        finally:
+            release()
+
+    return add
+
+
+class _Observer:
+    """A histogram child whose ``observe`` finds the bucket by bisection.
+
+    prometheus-client's ``observe`` walks the bounds in Python (up to 16 steps here) and
+    checks the metric's type again; this one does what it does, in one C call, on the
+    child's own values (per-process or multiprocess alike). Everything else is the child's.
+    """
+
+    __slots__ = ("_bounds", "_buckets", "_sum", "child")
+
+    def __init__(self, child: Histogram) -> None:
+        self.child = child
+        self._bounds = list(child._upper_bounds)  # ends with +Inf: every amount has a bucket
+        self._buckets = [_adder(b) for b in child._buckets]
+        self._sum = _adder(child._sum)
+
+    def observe(self, amount: float) -> None:
+        self._sum(amount)
+        self._buckets[bisect_left(self._bounds, amount)](1)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.child, name)
+
+
+class _Count:
+    """A counter child whose ``inc`` goes straight to the child's value.
+
+    prometheus-client's ``inc`` checks the metric's type again and for an exemplar on every
+    call; the gateway counts a dozen times a request. The value is the child's own (its lock,
+    per-process or multiprocess alike); everything else is the child's.
+    """
+
+    __slots__ = ("_add", "child")
+
+    def __init__(self, child: Counter) -> None:
+        self.child = child
+        self._add = _adder(child._value)
+
+    def inc(self, amount: float = 1) -> None:
+        if amount < 0:
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        self._add(amount)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.child, name)
+
+
+class _Level:
+    """A gauge child whose ``inc``, ``dec`` and ``set`` go straight to the child's value
+    (as :class:`_Count`; no gauge here is in ``mostrecent`` mode, which needs a timestamp)."""
+
+    __slots__ = ("_add", "_value", "child")
+
+    def __init__(self, child: Gauge) -> None:
+        self.child = child
+        self._value = child._value
+        self._add = _adder(child._value)
+
+    def inc(self, amount: float = 1) -> None:
+        self._add(amount)
+
+    def dec(self, amount: float = 1) -> None:
+        self._add(-amount)
+
+    def set(self, value: float) -> None:
+        self._value.set(float(value))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.child, name)
+
+
+class Memo:
+    """A metric whose ``labels()`` children are cached by label values.
+
+    prometheus-client validates and locks on every ``labels()`` call (several us); the
+    gateway asks for the same few children on every request. Label values are bounded
+    (config values, fixed enums, status codes), so the cache is too.
+    """
+
+    __slots__ = ("_children", "metric")
+
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def labels(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self.metric.labels(*values)
+            if isinstance(child, Histogram):
+                child = _Observer(child)
+            elif isinstance(child, Counter):
+                child = _Count(child)
+            elif isinstance(child, Gauge) and not child._is_most_recent:
+                child = _Level(child)
+            self._children[values] = child
+        return child
+
+    def remove(self, *values: str) -> None:
+        """Stop exposing one child's series (a replica that left)."""
+        if self._children.pop(values, None) is not None:
+            self.metric.remove(*values)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.metric, name)
+
+
+class Families:
+    """Declares metric families on ``registry``, their names prefixed with ``prefix``,
+    each one wrapped in a :class:`Memo` (labels as a sequence of label names)."""
+
+    def __init__(self, registry: CollectorRegistry, prefix: str) -> None:
+        self.registry = registry
+        self.prefix = prefix
+
+    def counter(self, name: str, doc: str, labels: Sequence[str]) -> Memo:
+        return Memo(Counter(self.prefix + name, doc, labels, registry=self.registry))
+
+    def histogram(
+        self, name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]
+    ) -> Memo:
+        return Memo(
+            Histogram(self.prefix + name, doc, labels, buckets=buckets, registry=self.registry)
+        )
+
+    def gauge(self, name: str, doc: str, labels: Sequence[str], mode: Mode) -> Memo:
+        """``mode``: the multiprocess mode, which matters only with ``--workers``."""
+        return Memo(
+            Gauge(self.prefix + name, doc, labels, registry=self.registry, multiprocess_mode=mode)
+        )

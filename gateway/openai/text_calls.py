@@ -254,10 +254,7 @@ class ResponsesTextCalls:
                     self._made[item_id] = []
                 event["delta"] = self._take(item_id, norm.feed(delta))
         elif kind == "response.output_text.done" and item_id in self._norms:
-            rest = self._take(item_id, self._norms.pop(item_id).flush())
-            if rest:  # what the normaliser held turned out to be text
-                extra = {k: v for k, v in event.items() if k not in ("text", "type")}
-                out.insert(0, {**extra, "delta": rest, "type": "response.output_text.delta"})
+            out = self._held(item_id, self._norms.pop(item_id), event) + out
             event["text"] = "".join(self._texts[item_id])
         elif kind == "response.content_part.done" and item_id in self._texts:
             part = event.get("part")
@@ -266,6 +263,9 @@ class ResponsesTextCalls:
         elif kind == "response.output_item.done":
             item = event.get("item")
             if _is_message(item) and item.get("id") in self._texts:
+                norm = self._norms.pop(item["id"], None)
+                if norm is not None:  # no output_text.done came: what it held is sent now
+                    out = self._held(item["id"], norm, event) + out
                 out += self._call_events(item, event.get("output_index"))
         elif kind in ("response.completed", "response.incomplete", "response.failed"):
             response = event.get("response")
@@ -276,6 +276,20 @@ class ResponsesTextCalls:
                 e["sequence_number"] = self._seq
                 self._seq += 1
         return out
+
+    def _held(
+        self, item_id: str, norm: ContentNormaliser, event: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """The end of a message's text: what the normaliser held, as a last delta event
+        (when any of it is text; its calls are kept for after the message)."""
+        rest = self._take(item_id, norm.flush())
+        if not rest:
+            return []
+        at: dict[str, Any] = {
+            k: event[k] for k in ("item_id", "output_index", "content_index") if k in event
+        }
+        at.setdefault("item_id", item_id)
+        return [{"type": "response.output_text.delta", **at, "delta": rest, "logprobs": []}]
 
     def _take(self, item_id: str, pieces: list[tuple[int, Any]]) -> str:
         text, calls = self._split(pieces)

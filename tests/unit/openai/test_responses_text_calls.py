@@ -155,3 +155,16 @@ def test_buffered_reply_gets_a_function_call_item_after_its_message() -> None:
 )
 def test_offered_response_names(body: dict[str, Any], names: tuple[str, ...]) -> None:
     assert offered_response_names(body) == names
+
+
+@pytest.mark.parametrize("content", [CONTENT, "Looks like <tool but is not"])
+def test_a_message_ended_without_its_text_done_event_still_gets_all(content: str) -> None:
+    events = [
+        e for e in _events(content, 3, indexed=True) if e["type"] != "response.output_text.done"
+    ]
+    out = _run(events)
+    deltas = [e for e in out if e["type"] == "response.output_text.delta"]
+    text = "".join(e["delta"] for e in deltas)
+    calls = [e for e in out if e["type"] == "response.function_call_arguments.done"]
+    assert (text, len(calls)) == (("Let me look.", 1) if content == CONTENT else (content, 0))
+    assert all(e["item_id"] == "m1" and e["output_index"] == 0 for e in deltas)

@@ -600,8 +600,14 @@ def response_object(model: str, status: str, output: list, usage: dict | None) -
 def responses_script(model: str, body: dict) -> tuple[list[bytes], dict]:
     """(stream frames, buffered body) of ``/v1/responses``: vLLM's named events, each
     ``event: <type>`` with the event's JSON (``type`` last, as pydantic writes it); no
-    ``[DONE]``."""
-    text = "".join(TEXT)
+    ``[DONE]``. ``text-tool:PATH``: the message is a Read of PATH written as Hermes text,
+    in 7-character deltas, as an engine without its tool parser writes it."""
+    pieces = list(TEXT)
+    if model.startswith("text-tool:"):
+        call = json.dumps({"name": "Read", "arguments": {"file_path": model.split(":", 1)[1]}})
+        whole = f"I'll read it.\n<tool_call>\n{call}\n</tool_call>"
+        pieces = [whole[i : i + 7] for i in range(0, len(whole), 7)]
+    text = "".join(pieces)
     part = {"annotations": [], "text": "", "type": "output_text", "logprobs": []}
     message = {
         "id": "msg_stub",
@@ -628,7 +634,7 @@ def responses_script(model: str, body: dict) -> tuple[list[bytes], dict]:
         ),
         event("response.content_part.added", **at, part=part),
     ]
-    frames += [event("response.output_text.delta", **at, delta=t, logprobs=[]) for t in TEXT]
+    frames += [event("response.output_text.delta", **at, delta=t, logprobs=[]) for t in pieces]
     frames += [
         event("response.output_text.done", **at, text=text, logprobs=[]),
         event("response.content_part.done", **at, part={**part, "text": text}),

@@ -13,8 +13,8 @@ is forwarded. A session key (the client's header, ``user``, the chat's stable pr
 :mod:`gateway.openai.session_scan`) is made only for an upstream of several replicas
 balanced by affinity, the one place it is read.
 Replies come back byte for byte except ``model`` (see :mod:`gateway.openai.relay`), and, on a
-chat route whose upstream has ``passthrough_text_tool_calls``, tool calls the engine wrote as
-text (:mod:`gateway.openai.text_calls`). Streams are
+chat or Responses route whose upstream has ``passthrough_text_tool_calls``, tool calls the
+engine wrote as text (:mod:`gateway.openai.text_calls`). Streams are
 relayed as they come, each write awaited; a failure after the first byte ends the
 stream with the dialect's error event (the stream's lifecycle, shared with the Messages
 API, is :mod:`gateway.http.streaming`). An error the upstream reports in-band (a 200
@@ -41,10 +41,15 @@ from gateway.messages.session_key import SESSION_HEADER
 from gateway.openai.apis import CHAT, RESPONSES, OpenAIApi
 from gateway.openai.forward import model_span, splice
 from gateway.openai.inband import InbandErrors
-from gateway.openai.relay import ModelRewriter, Relay
+from gateway.openai.relay import Indexer, ModelRewriter, Relay
 from gateway.openai.responses_index import ResponsesIndexer
 from gateway.openai.session_scan import session_key
-from gateway.openai.text_calls import ChatTextCalls, offered_names
+from gateway.openai.text_calls import (
+    ChatTextCalls,
+    ResponsesTextCalls,
+    offered_names,
+    offered_response_names,
+)
 from gateway.ops.config import ModelRoute
 from gateway.tenancy import limits
 from gateway.tenancy.fair import engine_priority
@@ -111,11 +116,12 @@ async def _forward(
     data = raw.pop()
     upstream = route.upstream
     # tool calls written as text, parsed where the route asks for it (else bytes relayed)
-    names = (
-        offered_names(body)
-        if api is CHAT and upstream.text_tool_calls and upstream.passthrough_text_tool_calls
-        else ()
-    )
+    names: tuple[str, ...] = ()
+    if upstream.text_tool_calls and upstream.passthrough_text_tool_calls:
+        if api is CHAT:
+            names = offered_names(body)
+        elif api is RESPONSES:
+            names = offered_response_names(body)
     # the client's weight as the engine's priority (send_priority): the body encoded again
     span = (
         model_span(data, body["model"], stream=api.streams and "stream" in body)
@@ -155,7 +161,7 @@ async def _forward(
                 )
                 reply = inband.body(rewrite(data))  # an error body raises, scrubbed
                 if names:
-                    reply = ChatTextCalls(names).body(reply)
+                    reply = _text_calls(api, names).body(reply)
                 usage = api.dialect.usage(data)
                 metrics.count_tokens(route.name, usage)
                 record_passthrough(request, route.name, usage)
@@ -177,7 +183,7 @@ async def _forward(
                     api.dialect,
                     hosts=client.hosts,
                     secrets=request.app[SECRETS],
-                    indexer=ChatTextCalls(names).event if names else _indexer(api, route),
+                    indexer=_stream_indexer(api, route, names),
                 ),
                 t0,
                 charge,
@@ -249,6 +255,29 @@ def _session(request: web.Request, client: UpstreamClient, body: dict[str, Any])
     if len(replicas.all) < 2 or replicas.balance != "affinity":
         return None
     return session_key(request.headers.get(SESSION_HEADER), body)
+
+
+def _text_calls(api: OpenAIApi, names: tuple[str, ...]) -> ChatTextCalls | ResponsesTextCalls:
+    return ResponsesTextCalls(names) if api is RESPONSES else ChatTextCalls(names)
+
+
+def _stream_indexer(api: OpenAIApi, route: ModelRoute, names: tuple[str, ...]) -> Indexer | None:
+    """What each decoded event of a stream goes through: the text calls' rewrite where the
+    route asks for it, then llama.cpp's Responses indices; None: bytes relayed."""
+    indexer = _indexer(api, route)
+    if not names:
+        return indexer
+    if api is not RESPONSES:
+        return ChatTextCalls(names).event
+    calls = ResponsesTextCalls(names)
+    if indexer is None:
+        return calls.event
+    fill = indexer
+
+    def both(event: dict[str, Any]) -> list[dict[str, Any]]:
+        return [fill(e) for e in calls.event(event)]
+
+    return both
 
 
 def _indexer(api: OpenAIApi, route: ModelRoute) -> ResponsesIndexer | None:

@@ -37,6 +37,10 @@ from gateway.text import jsonutil
 from gateway.text.redact import NO_SECRETS, Redactor
 from gateway.text.sse import MAX_EVENT_BYTES, SSEDecoder, SSEEventTooLarge
 
+# what a stream's decoded events go through, where one is set: an event in, the event
+# (changed in place or not) or the events that go out in its place
+Indexer = Callable[[dict[str, Any]], "dict[str, Any] | list[dict[str, Any]]"]
+
 __all__ = [
     "CHAT_CHUNKS",
     "COMPLETION_CHUNKS",
@@ -288,7 +292,7 @@ class Relay:
         *,
         hosts: Sequence[str] = (),
         secrets: Redactor = NO_SECRETS,
-        indexer: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        indexer: Indexer | None = None,
     ) -> None:
         self._rewrite = rewrite
         # events re-encoded with what the SDKs need (llama.cpp's Responses stream): every
@@ -363,29 +367,40 @@ class Relay:
         if not self.done and self._ended(block):
             self.done = True
 
-    def _index(self, data: bytes) -> bytes:
+    def _index(self, name: bytes, data: bytes) -> list[tuple[bytes, bytes]]:
+        """One event through the indexer: the (name, data) of each event it gives back
+        (a named event's new siblings named by their ``type``)."""
         assert self._indexer is not None
         try:
             event = jsonutil.loads(data)
         except ValueError:
-            return data
+            return [(name, data)]
         if not isinstance(event, dict):
-            return data
-        return jsonutil.dumpb(self._indexer(event))
+            return [(name, data)]
+        out = self._indexer(event)
+        if isinstance(out, dict):
+            return [(name, jsonutil.dumpb(out))]
+        return [
+            (
+                name if e is event or not name else str(e.get("type", "")).encode(),
+                jsonutil.dumpb(e),
+            )
+            for e in out
+        ]
 
     def _events(self, events: list[tuple[bytes, bytes]]) -> bytes:
         """Decoded events framed again (an error scrubbed), then observed like a block."""
         frames = []
         for name, payload in events:
             data = self._rewrite(payload)
-            if self._indexer is not None:
-                data = self._index(data)
-            scrubbed = (
-                self._inband.event(name, data)
-                if name == b"error" or suspect(b"data: " + data)
-                else None
-            )
-            frames.append(scrubbed or _frame(name, data))
+            pairs = [(name, data)] if self._indexer is None else self._index(name, data)
+            for name_, data_ in pairs:
+                scrubbed = (
+                    self._inband.event(name_, data_)
+                    if name_ == b"error" or suspect(b"data: " + data_)
+                    else None
+                )
+                frames.append(scrubbed or _frame(name_, data_))
         block = b"".join(frames)
         self._observe(block)
         return self._secrets.redact_bytes(block)

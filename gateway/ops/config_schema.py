@@ -134,9 +134,10 @@ class UpstreamConfig:
     )
     passthrough_text_tool_calls: bool = _knob(
         False,
-        doc="with `text_tool_calls`, the OpenAI chat pass-through parses them too: "
-        "`message.tool_calls` / `tool_calls` deltas and `finish_reason: tool_calls` (off: "
-        "replies are relayed as bytes, never decoded)",
+        doc="with `text_tool_calls`, the OpenAI pass-through parses them too: on chat "
+        "`message.tool_calls` / `tool_calls` deltas and `finish_reason: tool_calls`, on "
+        "`/v1/responses` `function_call` output items (off: replies are relayed as bytes, "
+        "never decoded)",
     )
     # gateway/tenancy/fair.py engine_priority
     send_priority: bool = _knob(

@@ -1,7 +1,7 @@
 """Claude Code signs in to the gateway (the protocol's device flow), inside a loopback-only
 network namespace, then runs a prompt with the credential it stored.
 
-    unshare -n python tests/clients/claude_signin_run.py OUT.json
+    unshare -n python tests/clients/claude_signin_run.py OUT.json [telemetry]
 
 The gateway (``[auth]`` on, one named client ``dev``, an admin key for the usage report) sits
 in front of the scripted stub; ``$HOME/.claude/settings.json`` holds ``forceLoginMethod:
@@ -18,6 +18,11 @@ machine without managed settings). Steps:
 3. The gateway revokes the stored access token (its revocation endpoint, as an operator
    would); ``claude -p`` again: refused at once (401, ``x-should-retry: false``).
 4. ``claude auth logout``: sign-out revokes the tokens at the gateway.
+
+With ``telemetry``: the gateway has ``[telemetry]`` (a collector written in tests) and serves
+managed settings; after the sign-in, one ``claude -p`` with no OpenTelemetry variable of its own
+but the export intervals, then sign-out. The record has what the collector received of
+Claude Code's own OTLP (forwarded by the gateway with the client's name) instead of steps 2-3.
 
 Writes one JSON object to OUT.json: each step's exit code, stdout and stderr (the login's
 JSON lines parsed), the page's answer, the usage report of ``dev``, and the gateway's
@@ -45,6 +50,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tests.logs import access_lines  # noqa: E402
+from tests.otlp_collector import Collector, value_of  # noqa: E402
 from tests.procs import Proc, free_port, send_request, start_gateway, wait_http  # noqa: E402
 
 CLAUDE = REPO / "tests" / "clients" / "node_modules" / ".bin" / "claude"
@@ -55,13 +61,17 @@ PROMPT = "Say hi"
 QUESTIONS = ("url_input", "trust_prompt", "confirm_account")
 
 
-def _config(stub_url: str, database: Path) -> str:
+def _config(stub_url: str, database: Path, collector: str | None = None) -> str:
+    telemetry = (
+        f'\n[telemetry]\notlp_endpoint = "{collector}"\nexport_interval = 1\n' if collector else ""
+    )
     return f"""
 [server]
 host = "127.0.0.1"
 port = 8080
 prefix = "/llm"
 admin_keys_env = "ADMIN_KEYS"
+{telemetry}
 
 [upstreams.stub]
 base_url = "{stub_url}/v1"
@@ -252,6 +262,7 @@ def revoke(base: str, token: str) -> int:
 
 def main() -> int:
     out_path = sys.argv[1]
+    telemetry = sys.argv[2:] == ["telemetry"]
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     tmp = Path(tempfile.mkdtemp(prefix="cc-signin-"))
     home, work = tmp / "home", tmp / "work"
@@ -261,10 +272,17 @@ def main() -> int:
     stub = Proc([sys.executable, str(REPO / "tests" / "stub_upstream.py"), str(port)])
     record: dict[str, Any] = {}
     gateway = None
+    collector = Collector() if telemetry else None
     try:
+        if collector is not None:
+            collector.start()
         wait_http(f"http://127.0.0.1:{port}/health")
         gateway, base = start_gateway(
-            _config(f"http://127.0.0.1:{port}", tmp / "gw.sqlite3"),
+            _config(
+                f"http://127.0.0.1:{port}",
+                tmp / "gw.sqlite3",
+                collector.url if collector is not None else None,
+            ),
             tmp,
             env={
                 "STATE_DIRECTORY": str(tmp / "state"),
@@ -286,6 +304,9 @@ def main() -> int:
             "CLAUDE_CODE_MAX_RETRIES": "0",
         }
         record["login"] = login(env, work, base)
+        if collector is not None:
+            record.update(_telemetry_steps(env, work, collector))
+            return 0
         record["credentials"] = sorted(
             str(p.relative_to(home)) for p in (home / ".claude").rglob("*") if p.is_file()
         )
@@ -325,10 +346,51 @@ def main() -> int:
         if gateway is not None:
             gateway.stop()
             record["access"] = access_lines(gateway.output())
+        if collector is not None:
+            collector.stop()
         stub.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    Path(out_path).write_text(json.dumps(record, indent=1))
+        Path(out_path).write_text(json.dumps(record, indent=1))
     return 0
+
+
+def _forwarded(collector: Collector) -> list[dict[str, Any]]:
+    """The resources of Claude Code's OTLP the collector got (the gateway's own excluded)."""
+    out = []
+    for signal, lists in (
+        ("metrics", "resource_metrics"),
+        ("logs", "resource_logs"),
+        ("traces", "resource_spans"),
+    ):
+        for message in collector.of(signal):
+            for item in getattr(message, lists):
+                attrs = {kv.key: value_of(kv.value) for kv in item.resource.attributes}
+                if attrs.get("service.name") != "llm-gateway":
+                    out.append({"signal": signal, **attrs})
+    return out
+
+
+def _telemetry_steps(env: dict[str, str], work: Path, collector: Collector) -> dict[str, Any]:
+    """Signed in, no OpenTelemetry variable but the export intervals: whatever switches
+    Claude Code's telemetry on and where it goes comes from the gateway's managed settings;
+    its exports carry no header this script gave it."""
+    quick = {
+        **{k: v for k, v in env.items() if k != "DISABLE_TELEMETRY"},
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+        "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+        "OTEL_LOGS_EXPORT_INTERVAL": "200",
+    }
+    prompt = run_claude(
+        ["-p", PROMPT, "--output-format", "json", "--no-session-persistence"], quick, work
+    )
+    deadline = time.monotonic() + 20  # the gateway forwards as it receives
+    while time.monotonic() < deadline and not _forwarded(collector):
+        time.sleep(0.2)
+    return {
+        "prompt": prompt,
+        "forwarded": _forwarded(collector),
+        "logout": run_claude(["auth", "logout"], env, work),
+    }
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from tests.node import CLAUDE, CLIENTS
 pytestmark = [pytest.mark.e2e, pytest.mark.clients, pytest.mark.timeout(400)]
 
 
-def _run(tmp_path: Path) -> dict:
+def _run(tmp_path: Path, *mode: str) -> dict:
     missing = []
     if not CLAUDE.exists():
         missing.append("Claude Code (cd tests/clients && npm ci)")
@@ -38,7 +38,7 @@ def _run(tmp_path: Path) -> dict:
         pytest.skip("; ".join(missing))
     out = tmp_path / "signin.json"
     proc = subprocess.run(
-        ["unshare", "-n", sys.executable, str(CLIENTS / "claude_signin_run.py"), str(out)],
+        ["unshare", "-n", sys.executable, str(CLIENTS / "claude_signin_run.py"), str(out), *mode],
         capture_output=True,
         text=True,
         timeout=380,
@@ -119,3 +119,22 @@ def test_claude_code_signs_in_runs_a_prompt_and_is_refused_once_revoked(tmp_path
     assert run["logout"]["exit_code"] == 0
     revokes = [a["status"] for a in access if a["route"] == "oauth_revoke"]
     assert len(revokes) >= 2 and set(revokes) == {200}
+
+
+def test_a_signed_in_claude_codes_telemetry_reaches_the_collector_as_its_client(
+    tmp_path: Path,
+) -> None:
+    """Signed in, with no OpenTelemetry variable of its own: the gateway's managed settings
+    switch its telemetry on, and Claude Code sends its OTLP to the gateway it signed in to
+    with its sign-in bearer (as its 2.1.332 binary does for a gateway session), so the gateway
+    forwards it under the client ``dev``; no key and no header was given to it."""
+    run = _run(tmp_path, "telemetry")
+    assert run["login"]["exit_code"] == 0, run["login"]
+    assert run["prompt"]["exit_code"] == 0, run["prompt"]
+    forwarded = run["forwarded"]
+    assert {f["signal"] for f in forwarded} == {"metrics", "logs", "traces"}, forwarded
+    assert all(f["service.name"] == "claude-code" for f in forwarded)
+    assert all(f["gateway.client.name"] == f["enduser.id"] == "dev" for f in forwarded)
+    otlp = [a["status"] for a in run["access"] if a["route"] == "otlp"]
+    assert otlp and set(otlp) == {200}, otlp
+    assert ("managed_settings", 200) in [(a["route"], a["status"]) for a in run["access"]]

@@ -3,6 +3,7 @@ TypeScript SDK scripts and Claude Code."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -45,20 +46,34 @@ def run_ts(base: str, model: str, mode: str = "ok") -> dict:
 CLAUDE = CLIENTS / "node_modules" / ".bin" / "claude"
 
 
-def run_claude_code(tmp_path: Path, mode: str, prompt: str, timeout: float = 280) -> dict:
-    """Claude Code (``claude -p``) driven by tests/clients/claude_code_run.py in ``mode``, in a
-    loopback-only network namespace; -> the run's record (exit code, result, access lines,
-    what Claude Code and the upstream were sent). Skips (fails under CI) without Claude Code,
-    root or unshare."""
+def need_claude_code(*more: str | None, demo: bool = False) -> None:
+    """Skip (fail under CI) unless Claude Code, root and ``unshare`` (its loopback-only network
+    namespace) are here, and with ``demo`` the demo extra; ``more``: what else a test found
+    missing (None: present)."""
     missing = []
     if not CLAUDE.exists():
         missing.append("Claude Code (cd tests/clients && npm ci)")
     if os.geteuid() != 0 or not shutil.which("unshare"):
         missing.append("root and unshare, for a loopback-only network namespace")
+    if demo:
+        missing += [
+            f"{m} (pip install '.[demo]')"
+            for m in ("xllamacpp", "gguf", "numpy")
+            if importlib.util.find_spec(m) is None
+        ]
+    missing += [m for m in more if m is not None]
     if missing:
         if os.environ.get("CI"):
             pytest.fail("; ".join(missing))
         pytest.skip("; ".join(missing))
+
+
+def run_claude_code(tmp_path: Path, mode: str, prompt: str, timeout: float = 280) -> dict:
+    """Claude Code (``claude -p``) driven by tests/clients/claude_code_run.py in ``mode``, in a
+    loopback-only network namespace; -> the run's record (exit code, result, access lines,
+    what Claude Code and the upstream were sent). Skips (fails under CI) without Claude Code,
+    root or unshare."""
+    need_claude_code()
     out = tmp_path / "cc.json"
     proc = subprocess.run(
         [

@@ -19,10 +19,7 @@ its stream-json events show the call, the command's output and the text answer a
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,29 +28,18 @@ import pytest
 
 from gateway.demo.tinymodel import ANSWER_TEXT
 from gateway.demo.toolcall import BASH_ARGUMENTS
+from tests.node import need_claude_code
 
 pytestmark = [pytest.mark.e2e, pytest.mark.clients, pytest.mark.llamacpp, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
-CLAUDE = REPO / "tests" / "clients" / "node_modules" / ".bin" / "claude"
 FIRST_TURN_SECONDS = 15  # a cold first answer (the README says 1-2 s on two cores)
 LATER_TURN_SECONDS = 5
 
 
 @pytest.fixture(scope="module")
 def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    missing = []
-    if not CLAUDE.exists():
-        missing.append("Claude Code (cd tests/clients && npm ci)")
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        missing.append("root and unshare, for a loopback-only network namespace")
-    for module in ("xllamacpp", "gguf", "numpy"):
-        if importlib.util.find_spec(module) is None:
-            missing.append(f"{module} (pip install '.[demo]')")
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail("; ".join(missing))
-        pytest.skip("; ".join(missing))
+    need_claude_code(demo=True)
     out = tmp_path_factory.mktemp("cc-demo") / "report.json"
     proc = subprocess.run(
         [

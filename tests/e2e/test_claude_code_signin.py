@@ -12,8 +12,6 @@ and ``claude -p`` is refused at once; then ``claude auth logout``.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
@@ -21,21 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.node import CLAUDE, CLIENTS
+from tests.node import CLIENTS, need_claude_code
 
 pytestmark = [pytest.mark.e2e, pytest.mark.clients, pytest.mark.timeout(400)]
 
 
 def _run(tmp_path: Path, *mode: str) -> dict:
-    missing = []
-    if not CLAUDE.exists():
-        missing.append("Claude Code (cd tests/clients && npm ci)")
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        missing.append("root and unshare, for a loopback-only network namespace")
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail("; ".join(missing))
-        pytest.skip("; ".join(missing))
+    need_claude_code()
     out = tmp_path / "signin.json"
     proc = subprocess.run(
         ["unshare", "-n", sys.executable, str(CLIENTS / "claude_signin_run.py"), str(out), *mode],

@@ -14,10 +14,7 @@ its own default model (no route here) and assume a window of 1M for an id it doe
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import shutil
 import subprocess
 import sys
 
@@ -25,7 +22,7 @@ import pytest
 
 from gateway.demo.tinymodel import ANSWER_TEXT
 from gateway.demo.toolcall import BASH_ARGUMENTS
-from tests.node import CLAUDE, CLIENTS
+from tests.node import CLIENTS, need_claude_code
 
 pytestmark = [pytest.mark.e2e, pytest.mark.clients, pytest.mark.llamacpp, pytest.mark.timeout(500)]
 
@@ -35,20 +32,7 @@ SLOT_CONTEXT = 32_768  # the runner's llama.cpp: 65,536 tokens over 2 slots
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    missing = []
-    if not CLAUDE.exists():
-        missing.append("Claude Code (cd tests/clients && npm ci)")
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        missing.append("root and unshare, for a loopback-only network namespace")
-    missing += [
-        f"{m} (pip install '.[demo]')"
-        for m in ("xllamacpp", "gguf", "numpy")
-        if importlib.util.find_spec(m) is None
-    ]
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail("; ".join(missing))
-        pytest.skip("; ".join(missing))
+    need_claude_code(demo=True)
     out = tmp_path_factory.mktemp("cc-signin-llama") / "run.json"
     proc = subprocess.run(
         ["unshare", "-n", sys.executable, str(CLIENTS / "claude_signin_llama_run.py"), str(out)],

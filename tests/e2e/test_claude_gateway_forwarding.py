@@ -13,14 +13,12 @@ spoof and stays that client's.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from tests.node import CLAUDE, CLIENTS
+from tests.node import CLIENTS, need_claude_code
 from tests.pg import unavailable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.clients, pytest.mark.timeout(400)]
@@ -28,17 +26,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.clients, pytest.mark.timeout(400)]
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    missing = []
-    if not CLAUDE.exists():
-        missing.append("Claude Code (cd tests/clients && npm ci)")
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        missing.append("root and unshare, for a loopback-only network namespace")
-    if (pg := unavailable()) is not None:
-        missing.append(pg)
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail("; ".join(missing))
-        pytest.skip("; ".join(missing))
+    need_claude_code(unavailable())
     out = tmp_path_factory.mktemp("cc-gateway") / "run.json"
     proc = subprocess.run(
         ["unshare", "-n", sys.executable, str(CLIENTS / "claude_gateway_run.py"), str(out)],

@@ -52,6 +52,8 @@ context_management, output_config, metadata and cache_control. The work director
                ``Go on`` and ``And then?`` with ``--continue``, as ``websearch-session``.
                Output adds ``pages``: the requests the page server received (path,
                user agent), and ``page_url``.
+``webfetch-preflight``  one run as ``webfetch-session``'s first, without
+               ``skipWebFetchPreflight``: the domain lookup fails offline, so does the fetch.
 ``pdf``        ``tiny-demo`` -> ``cc-tool`` on doc.pdf.
 ``think``      ``tiny-demo`` -> ``think-tool:Read``: reasoning with each turn (``REASONING_<n>``).
 ``llama-resume``  ``llama``'s turn, then ``Go on`` with ``--continue``: each step's result
@@ -132,6 +134,7 @@ RESUME = "resume"
 LLAMA_RESUME = "llama-resume"
 WEBSEARCH_MODES = ("websearch", WEBSEARCH_SESSION, "websearch-fail")
 WEBFETCH_SESSION = "webfetch-session"
+WEBFETCH_MODES = (WEBFETCH_SESSION, "webfetch-preflight")
 PAGE_PATH = "/notes/release.html"
 PAGE_SENTENCE = "The heron release ships on the ninth of Quintember."
 PAGE_HTML = f"""<!doctype html>
@@ -322,7 +325,7 @@ class PageServer:
 def _routes(mode: str, work: Path, page_url: str = "") -> list[tuple[str, str]]:
     """(route name, stub scenario) per ``[[models]]`` entry, in config order."""
     hello, pdf = str(work / "hello.txt"), str(work / "doc.pdf")
-    if mode == WEBFETCH_SESSION:
+    if mode in WEBFETCH_MODES:
         steps = [
             ["ToolSearch", {"query": "select:WebFetch"}],
             ["WebFetch", {"url": page_url, "prompt": FETCH_PROMPT}],
@@ -428,9 +431,10 @@ def main() -> int:
             stopper.append(searx.stop)
             wait_http(f"http://127.0.0.1:{sport}/healthz")
             searxng_url = f"http://127.0.0.1:{sport}"
-        if mode == WEBFETCH_SESSION:
+        if mode in WEBFETCH_MODES:
             pages = PageServer(tmp)
             stopper.append(pages.stop)
+        if mode == WEBFETCH_SESSION:
             # no preflight: the domain lookup on api.anthropic.com cannot work offline
             (home / ".claude").mkdir()
             settings = {"skipWebFetchPreflight": True}
@@ -446,7 +450,7 @@ def main() -> int:
         if collector is not None:
             cfg += f'\n[telemetry]\notlp_endpoint = "{collector.url}"\nexport_interval = 1\n'
         allowed = "Read,WebSearch" if mode in WEBSEARCH_MODES else "Read"
-        if mode == WEBFETCH_SESSION:
+        if mode in WEBFETCH_MODES:
             allowed = "Read,WebFetch"
         args = ["--allowedTools", allowed, "--max-turns", "4"]
         if mode in SPENDING:

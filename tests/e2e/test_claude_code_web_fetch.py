@@ -103,3 +103,22 @@ def test_claude_code_web_fetch_runs_through_the_gateway(tmp_path) -> None:
     assert "Go on" in json.dumps(main[-2]["messages"])
     assert "And then?" in json.dumps(main[-1]["messages"])
     assert len(run["pages"]) == 1
+
+
+def test_claude_code_web_fetch_needs_the_preflight_skipped_offline(tmp_path) -> None:
+    """Without ``skipWebFetchPreflight`` 2.1.332 first asks api.anthropic.com whether it may
+    fetch the host; offline that fails, so the page is never asked for and no side request
+    is sent: the setting is what lets the session above fetch."""
+    run = run_claude_code(
+        tmp_path, "webfetch-preflight", "When does the heron release ship? Fetch the notes."
+    )
+    assert run["exit_code"] == 0, claude_code_brief(run)
+    assert run["pages"] == []
+    sent = claude_code_sent(run)
+    assert not [b for b in sent if run["page_sentence"] in json.dumps(b)]
+    assert all(b["model"] != "claude-haiku-4-5" for b in sent)
+    # WebFetch's result, as the main model quoted it: the lookup failed
+    assert run["result"]["result"] == (
+        "The tool said: Unable to verify if domain 127.0.0.1 is safe to fetch. This may be due"
+        " to network restrictions or enterprise security policies blocking claude.ai."
+    )

@@ -39,6 +39,21 @@ context_management, output_config, metadata and cache_control. The work director
                below) and ``searches``: the requests the SearXNG stand-in received.
 ``websearch-fail``  one run as ``websearch-session``'s first, the WebSearch query ending in
                ``#fail``: the SearXNG stand-in answers 500.
+``webfetch-session``  ``tiny-demo`` -> ``cc-steps``: ToolSearch loads the deferred WebFetch
+               tool, then WebFetch is called on ``PAGE_PATH`` of a page server inside the
+               namespace (HTTPS on 127.0.0.1: 2.1.332 turns an ``http:`` URL into ``https:``
+               before it fetches; its certificate signed by a throwaway CA that Claude Code
+               trusts through ``NODE_EXTRA_CA_CERTS``) with ``FETCH_PROMPT``. The user settings
+               carry ``skipWebFetchPreflight: true``: else Claude Code first asks
+               api.anthropic.com's ``/api/web/domain_info`` for the host, which fails offline
+               and fails the fetch. Claude Code fetches the page itself, then hands its text
+               and the prompt to the small, fast model in a side request (``claude-*`` ->
+               ``ok``); its answer is WebFetch's result, which the main model quotes. Then
+               ``Go on`` and ``And then?`` with ``--continue``, as ``websearch-session``.
+               Output adds ``pages``: the requests the page server received (path,
+               user agent), and ``page_url``.
+``webfetch-preflight``  one run as ``webfetch-session``'s first, without
+               ``skipWebFetchPreflight``: the domain lookup fails offline, so does the fetch.
 ``pdf``        ``tiny-demo`` -> ``cc-tool`` on doc.pdf.
 ``think``      ``tiny-demo`` -> ``think-tool:Read``: reasoning with each turn (``REASONING_<n>``).
 ``llama-resume``  ``llama``'s turn, then ``Go on`` with ``--continue``: each step's result
@@ -78,9 +93,11 @@ access-log lines and (stub modes) the requests the stub received.
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -116,6 +133,15 @@ WEBSEARCH_SESSION = "websearch-session"
 RESUME = "resume"
 LLAMA_RESUME = "llama-resume"
 WEBSEARCH_MODES = ("websearch", WEBSEARCH_SESSION, "websearch-fail")
+WEBFETCH_SESSION = "webfetch-session"
+WEBFETCH_MODES = (WEBFETCH_SESSION, "webfetch-preflight")
+PAGE_PATH = "/notes/release.html"
+PAGE_SENTENCE = "The heron release ships on the ninth of Quintember."
+PAGE_HTML = f"""<!doctype html>
+<html><head><title>Release notes</title></head>
+<body><h1>Release notes</h1><p>{PAGE_SENTENCE}</p><p>Nothing else changed.</p></body></html>
+"""
+FETCH_PROMPT = "When does the heron release ship?"
 LIMITED_CLIENT = """
 [[clients]]
 name = "cc"
@@ -136,7 +162,7 @@ def _steps(mode: str, prompt: str, args: list[str]) -> list[list[str]]:
     out = ["--output-format", "json"]
     if mode in (RESUME, LLAMA_RESUME):
         return [["-p", prompt, *args, *out], ["-p", "Go on", "--continue", *args, *out]]
-    if mode == WEBSEARCH_SESSION:
+    if mode in (WEBSEARCH_SESSION, WEBFETCH_SESSION):
         return [
             ["-p", prompt, *args, *out],
             ["-p", "Go on", "--continue", *args, *out],
@@ -159,8 +185,9 @@ class Recorder:
     """A pass-through proxy in front of the gateway, on its own thread and event loop, that
     keeps each request's method, path and JSON body and relays the reply as it comes."""
 
-    def __init__(self, target: str, spend_first: bool = False) -> None:
+    def __init__(self, target: str, spend_first: bool = False, keep_if: str = "") -> None:
         self.target = target
+        self._keep_if = keep_if  # a request whose body holds this text keeps its reply too
         self.requests: list[dict] = []
         # ``limited`` mode: before Claude Code's first Messages request goes on, spend its
         # client's requests_per_minute bucket, so that request is refused (429)
@@ -219,11 +246,12 @@ class Recorder:
             "beta": request.headers.get("anthropic-beta"),
         }
         self.requests.append(record)
-        # a web search side request: its reply is kept too (text), for the tests to check
+        # a web search side request (or one holding keep_if): its reply is kept too (text)
         keep = isinstance(body, dict) and any(
             isinstance(t, dict) and str(t.get("type", "")).startswith("web_search_")
             for t in body.get("tools") or ()
         )
+        keep = keep or bool(self._keep_if and self._keep_if in raw.decode("utf-8", "replace"))
         kept: list[bytes] = []
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
         async with self._session.request(
@@ -253,9 +281,56 @@ class Recorder:
         self._thread.join(10)
 
 
-def _routes(mode: str, work: Path) -> list[tuple[str, str]]:
+class PageServer:
+    """``PAGE_HTML`` at ``PAGE_PATH`` over HTTPS on 127.0.0.1 (404 elsewhere), on a thread;
+    ``requests`` keeps each request's path and user agent."""
+
+    def __init__(self, folder: Path) -> None:
+        from tests.certs import make_ca, make_leaf
+
+        self.ca = make_ca(folder / "pki")
+        leaf = make_leaf(folder / "pki")
+        self.requests: list[dict] = []
+        seen = self.requests
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                seen.append({"path": self.path, "user_agent": self.headers.get("User-Agent")})
+                found = self.path == PAGE_PATH
+                data = PAGE_HTML.encode() if found else b"not found"
+                self.send_response(200 if found else 404)
+                kind = "text/html; charset=utf-8" if found else "text/plain"
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(leaf.cert, leaf.key)
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self._server.server_address[1]}{PAGE_PATH}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(10)
+
+
+def _routes(mode: str, work: Path, page_url: str = "") -> list[tuple[str, str]]:
     """(route name, stub scenario) per ``[[models]]`` entry, in config order."""
     hello, pdf = str(work / "hello.txt"), str(work / "doc.pdf")
+    if mode in WEBFETCH_MODES:
+        steps = [
+            ["ToolSearch", {"query": "select:WebFetch"}],
+            ["WebFetch", {"url": page_url, "prompt": FETCH_PROMPT}],
+        ]
+        return [(MODEL, "cc-steps:" + json.dumps(steps)), ("claude-*", "ok")]
     if mode == "explore":
         call = {
             "description": "Explore the file",
@@ -329,6 +404,7 @@ def main() -> int:
         stopper.append(collector.stop)
     stub_url = searxng_url = None
     searches = None
+    pages: PageServer | None = None
     model: str | None = MODEL
     if mode in ("llama", LLAMA_RESUME):
         from gateway.demo.llama import LlamaServer
@@ -355,7 +431,16 @@ def main() -> int:
             stopper.append(searx.stop)
             wait_http(f"http://127.0.0.1:{sport}/healthz")
             searxng_url = f"http://127.0.0.1:{sport}"
-        cfg = _stub_config(stub_url, _routes(mode, work), searxng_url)
+        if mode in WEBFETCH_MODES:
+            pages = PageServer(tmp)
+            stopper.append(pages.stop)
+        if mode == WEBFETCH_SESSION:
+            # no preflight: the domain lookup on api.anthropic.com cannot work offline
+            (home / ".claude").mkdir()
+            settings = {"skipWebFetchPreflight": True}
+            (home / ".claude" / "settings.json").write_text(json.dumps(settings))
+        page_url = pages.url if pages is not None else ""
+        cfg = _stub_config(stub_url, _routes(mode, work, page_url), searxng_url)
         if mode == "limited":  # Claude Code's key is a client's, one request a second
             cfg += LIMITED_CLIENT
         if mode == "budget":  # ... with a daily budget the recorder spends
@@ -365,6 +450,8 @@ def main() -> int:
         if collector is not None:
             cfg += f'\n[telemetry]\notlp_endpoint = "{collector.url}"\nexport_interval = 1\n'
         allowed = "Read,WebSearch" if mode in WEBSEARCH_MODES else "Read"
+        if mode in WEBFETCH_MODES:
+            allowed = "Read,WebFetch"
         args = ["--allowedTools", allowed, "--max-turns", "4"]
         if mode in SPENDING:
             args = ["--bare", "--tools", ""]
@@ -372,7 +459,9 @@ def main() -> int:
     gateway, url = start_gateway(
         cfg, tmp, env={"STATE_DIRECTORY": str(tmp / "state"), "CC_KEY": "test-key"}
     )
-    recorder = Recorder(url, spend_first=mode in SPENDING)
+    recorder = Recorder(
+        url, spend_first=mode in SPENDING, keep_if=PAGE_SENTENCE if pages is not None else ""
+    )
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
@@ -386,6 +475,10 @@ def main() -> int:
     }
     if model is not None:
         env["ANTHROPIC_MODEL"] = model
+    if pages is not None:  # the page server's certificate: signed by this CA
+        env["NODE_EXTRA_CA_CERTS"] = str(pages.ca)
+        # the small, fast model (its side request): else it is the main model, tiny-demo
+        env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] = "claude-haiku-4-5"
     if mode in SPENDING:  # its own retry, honouring retry-after (none for a spent budget)
         env["CLAUDE_CODE_MAX_RETRIES"] = "3"
     if collector is not None:  # what the gateway's managed settings push (docs/telemetry.md)
@@ -472,6 +565,10 @@ def main() -> int:
                 "explore_prompt": EXPLORE_PROMPT,
                 "steps": steps,
                 "searches": searches,
+                "pages": pages.requests if pages is not None else None,
+                "page_url": pages.url if pages is not None else None,
+                "page_sentence": PAGE_SENTENCE,
+                "fetch_prompt": FETCH_PROMPT,
                 "spent": recorder.spent,
                 "spans": spans,
             }

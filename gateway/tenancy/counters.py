@@ -13,6 +13,11 @@ it refills.
 
 A concurrency limit is a set of leases (one per request in flight) of at most ``limit``; a
 lease not returned within its ``ttl`` (a crashed process) lapses.
+
+A request's admission and its end are one call each (one round trip to Redis):
+:meth:`CounterStore.enter_take` takes the lease and the meters together, or nothing (a
+concurrency refusal leaves the meters as they are; a meter refusal holds no lease), and
+:meth:`CounterStore.settle_leave` settles and returns the lease.
 """
 
 from __future__ import annotations
@@ -48,6 +53,16 @@ class Reading:
     retry_after: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One concurrency lease: ``name`` held in ``key`` (of at most ``limit``) for ``ttl`` s."""
+
+    key: str
+    limit: int
+    name: str
+    ttl: float
+
+
 class CountersUnavailable(Exception):
     """The store could not answer (Redis down or slow); [limits] on_store_error decides."""
 
@@ -64,6 +79,17 @@ class CounterStore(Protocol):
 
     async def leave(self, key: str, lease: str) -> None:
         """Return the lease."""
+
+    async def enter_take(
+        self, meters: Sequence[Meter], needs: Sequence[int], now: float, lease: Lease | None
+    ) -> Reading | None:
+        """:meth:`enter` then :meth:`take` at once: None when every lease is held (no meter
+        touched); a refused reading holds no lease. ``lease`` None: a take alone."""
+
+    async def settle_leave(
+        self, meters: Sequence[Meter], amounts: Sequence[int], now: float, lease: Lease | None
+    ) -> None:
+        """:meth:`settle` (nothing when ``meters`` is empty) then :meth:`leave`."""
 
     async def close(self) -> None: ...
 
@@ -137,6 +163,34 @@ class LocalStore:
         held = self._leases.get(key)
         if held is not None:
             held.pop(lease, None)
+
+    async def enter_take(
+        self, meters: Sequence[Meter], needs: Sequence[int], now: float, lease: Lease | None
+    ) -> Reading | None:
+        # nothing awaited here yields: the two steps are atomic in this process
+        if lease is not None and not await self.enter(
+            lease.key, lease.limit, lease.name, now, lease.ttl
+        ):
+            return None
+        try:
+            got = await self.take(meters, needs, now)
+        except BaseException:
+            if lease is not None:
+                await self.leave(lease.key, lease.name)
+            raise
+        if not got.ok and lease is not None:
+            await self.leave(lease.key, lease.name)
+        return got
+
+    async def settle_leave(
+        self, meters: Sequence[Meter], amounts: Sequence[int], now: float, lease: Lease | None
+    ) -> None:
+        try:
+            if meters:
+                await self.settle(meters, amounts, now)
+        finally:
+            if lease is not None:
+                await self.leave(lease.key, lease.name)
 
     async def close(self) -> None:
         return None

@@ -4,8 +4,9 @@ headers of every answer, and the settling of what the reply really used. Pure lo
 :class:`~gateway.tenancy.counters.CounterStore`; the HTTP layer (gateway/http/charges.py)
 wires it and decides what a store error means.
 
-Per request of a client with limits, ONE ``take`` from its meters (:class:`Plan`), before the
-upstream is called:
+Per request of a client with limits, ONE take from its meters (:class:`Plan`), before the
+upstream is called, in the same store call as its concurrency lease
+(:meth:`CounterStore.enter_take`; the end's settle and lease return are one call too):
 
 * ``{client}:rpm``: 1 request (``requests_per_minute``);
 * ``{client}:itpm``: the request's input tokens, estimated (``input_tokens_per_minute``);
@@ -23,7 +24,7 @@ and both on the day meter. A request that fails before any reply gives its token
 its request). A reply whose usage is unknown (a pass-through stream without
 ``include_usage``) keeps the estimate.
 
-``max_concurrency``: one lease per request in flight (:meth:`CounterStore.enter`), held
+``max_concurrency``: one lease per request in flight (:meth:`CounterStore.enter_take`), held
 until the request ends; a lease not returned within :data:`LEASE_TTL` lapses.
 
 A refusal is ``429 rate_limit_error`` naming the limit it would exceed, with ``retry-after``
@@ -73,7 +74,7 @@ from functools import lru_cache
 
 from gateway import errors
 from gateway.tenancy.clients import Client
-from gateway.tenancy.counters import CounterStore, CountersUnavailable, Meter, Reading
+from gateway.tenancy.counters import CounterStore, CountersUnavailable, Lease, Meter, Reading
 
 __all__ = [
     "LEASE_TTL",
@@ -339,7 +340,7 @@ class Charge:
         input_tokens: int,
         max_tokens: int,
         headers: dict[str, str],
-        lease: str | None,
+        lease: Lease | None,
     ) -> None:
         self.store = store
         self.plan = plan
@@ -381,18 +382,19 @@ class Charge:
         store logs it)."""
         now = time.time() if now is None else now
         amounts = self.settlement()
+        lease, self.lease = self.lease, None
+        meters: tuple[Meter, ...] = ()
+        if amounts is not None and any(amounts):
+            meters = self.plan.meters
+        else:
+            amounts = ()
+        if not meters and lease is None:
+            return
         try:
-            if amounts is not None and any(amounts):
-                await self.store.settle(self.plan.meters, amounts, now)
+            await self.store.settle_leave(meters, amounts, now, lease)
         except CountersUnavailable:
-            pass
-        finally:
-            if self.lease is not None:
-                lease, self.lease = self.lease, None
-                try:
-                    await self.store.leave(f"{self.plan.client}:concurrency", lease)
-                except CountersUnavailable:
-                    pass
+            if lease is not None:  # the settle is lost; the lease goes back if it can
+                await _leave(self.store, lease)
 
 
 async def admit(
@@ -408,29 +410,28 @@ async def admit(
     to close when it ends. Raises :class:`~gateway.errors.RateLimited` when a limit refuses
     it (nothing taken), :class:`CountersUnavailable` when the store fails (nothing held)."""
     now = time.time() if now is None else now
-    held: str | None = None
+    held: Lease | None = None
     if plan.max_concurrency:
-        key = f"{plan.client}:concurrency"
-        if not await store.enter(key, plan.max_concurrency, lease, now, LEASE_TTL):
-            raise errors.RateLimited(
-                f"This request would exceed your limit of {plan.max_concurrency} "
-                "concurrent requests. Retry after 1 second.",
-                retry_after=1,
-                headers={},
-            )
-        held = lease
+        held = Lease(f"{plan.client}:concurrency", plan.max_concurrency, lease, LEASE_TTL)
+    if held is None and not plan.meters:
+        return Charge(store, plan, input_tokens, max_tokens, {}, None)
+    needs = plan.reserved(input_tokens, max_tokens)
+    try:
+        reading = await store.enter_take(plan.meters, needs, now, held)
+    except BaseException:
+        if held is not None:  # a reply lost after the script ran: the lease goes back
+            await _leave(store, held)
+        raise
+    if reading is None:
+        raise errors.RateLimited(
+            f"This request would exceed your limit of {plan.max_concurrency} "
+            "concurrent requests. Retry after 1 second.",
+            retry_after=1,
+            headers={},
+        )
     headers: dict[str, str] = {}
     if plan.meters:
-        needs = plan.reserved(input_tokens, max_tokens)
-        try:
-            reading = await store.take(plan.meters, needs, now)
-        except BaseException:
-            if held is not None:
-                await _leave(store, plan, held)
-            raise
         if not reading.ok:
-            if held is not None:
-                await _leave(store, plan, held)
             raise plan.refusal(reading, needs, plan.headers(reading, now, reply=False), now)
         headers = plan.headers(reading, now)
     return Charge(store, plan, input_tokens, max_tokens, headers, held)
@@ -458,9 +459,9 @@ async def standing(store: CounterStore, plan: Plan, now: float | None = None) ->
     return plan.headers(reading, now, reply=False)
 
 
-async def _leave(store: CounterStore, plan: Plan, lease: str) -> None:
+async def _leave(store: CounterStore, lease: Lease) -> None:
     try:
-        await store.leave(f"{plan.client}:concurrency", lease)
+        await store.leave(lease.key, lease.name)
     except CountersUnavailable:
         pass
 

@@ -2,8 +2,10 @@
 
 The arithmetic is :class:`~gateway.tenancy.counters.LocalStore`'s, run server-side as one Lua
 script per operation, so a take over several meters is atomic across processes (Redis runs a
-script alone). Levels and stamps travel as ``%.17g`` text, which both Lua and Python read back
-to the same double, and the reading is computed in Python from the levels the script returns,
+script alone). A request costs two round trips: :meth:`RedisCounters.enter_take` (the lease
+and the meters in one script) before its call and :meth:`RedisCounters.settle_leave` after.
+Levels and stamps travel as ``%.17g`` text, which both Lua and Python read back to the same
+double, and the reading is computed in Python from the levels the script returns,
 with the same function LocalStore uses: the two stores answer alike to the last bit.
 
 Keys: ``llmgw:m:<meter key>`` a hash ``{l: level, t: stamp}``; ``llmgw:c:<key>`` a sorted set
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.tenancy.counters import Meter, Reading, reading
+from gateway.tenancy.counters import Lease, Meter, Reading, reading
 from gateway.tenancy.resp import (
     Arg,
     Redis,
@@ -111,6 +113,63 @@ return 1
 )
 
 
+# KEYS: meters, then the lease set if any; ARGV: now, the number of meters, limit, period,
+# need per meter, then the lease's limit, name and ttl -> {-1}: every lease held (nothing
+# touched); else _TAKE's reply, the lease added when the take passed
+_ENTER_TAKE = Script(
+    _LEVEL
+    + """
+local now, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local leases = KEYS[n + 1]
+local climit = tonumber(ARGV[3 * n + 3])
+if leases and redis.call('ZCARD', leases) >= climit then
+  redis.call('ZREMRANGEBYSCORE', leases, '-inf', string.format('%.17g', now))
+  if redis.call('ZCARD', leases) >= climit then return {-1} end
+end
+local levels, stamps, out, ok = {}, {}, {}, 1
+for i = 1, n do
+  local limit, period = tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1])
+  local need = tonumber(ARGV[3 * i + 2])
+  levels[i], stamps[i] = level(KEYS[i], limit, limit / period, now)
+  if levels[i] < math.min(need, limit) then ok = 0 end
+end
+for i = 1, n do
+  if ok == 1 then
+    local limit, period = tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1])
+    levels[i] = levels[i] - tonumber(ARGV[3 * i + 2])
+    store(KEYS[i], levels[i], stamps[i], limit, limit / period, period)
+  end
+  out[i + 1] = string.format('%.17g', levels[i])
+end
+out[1] = ok
+if ok == 1 and leases then
+  local ttl = tonumber(ARGV[3 * n + 5])
+  redis.call('ZADD', leases, string.format('%.17g', now + ttl), ARGV[3 * n + 4])
+  local want = math.ceil(ttl * 1000) + 1000
+  if redis.call('PTTL', leases) < want then redis.call('PEXPIRE', leases, want) end
+end
+return out
+"""
+)
+
+# KEYS: meters, then the lease set if any; ARGV: now, the number of meters, limit, period,
+# amount per meter, then the lease's name
+_SETTLE_LEAVE = Script(
+    _LEVEL
+    + """
+local now, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+for i = 1, n do
+  local limit, period = tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1])
+  local rate = limit / period
+  local lv, stamp = level(KEYS[i], limit, rate, now)
+  store(KEYS[i], math.min(limit, lv - tonumber(ARGV[3 * i + 2])), stamp, limit, rate, period)
+end
+if KEYS[n + 1] then redis.call('ZREM', KEYS[n + 1], ARGV[3 * n + 3]) end
+return 1
+"""
+)
+
+
 def _num(text: str) -> float:
     return float(text)
 
@@ -164,8 +223,48 @@ class RedisCounters:
             args += (got[1], got[2], bulk(int(n)))
         return keys + args
 
+    def _leased_parts(
+        self,
+        meters: Sequence[Meter],
+        amounts: Sequence[int],
+        now: float,
+        lease: Lease | None,
+        lease_args: tuple[Arg, ...],
+    ) -> tuple[int, list[bytes]]:
+        """The merged scripts' key count and parts: the meters' keys, the lease set's, then
+        now, the meter count, the meters' arguments and ``lease_args``."""
+        parts = self._meter_parts(meters, amounts, now)
+        n = len(meters)
+        keys, args = parts[:n], parts[n:]
+        if lease is None:
+            return n, [*keys, args[0], bulk(n), *args[1:]]
+        tail = [bulk(a) for a in lease_args]
+        return n + 1, [*keys, bulk(PREFIX + "c:" + lease.key), args[0], bulk(n), *args[1:], *tail]
+
+    async def enter_take(
+        self, meters: Sequence[Meter], needs: Sequence[int], now: float, lease: Lease | None
+    ) -> Reading | None:
+        extra: tuple[Arg, ...] = ()
+        if lease is not None:
+            extra = (lease.limit, lease.name, repr(float(lease.ttl)))
+        nkeys, parts = self._leased_parts(meters, needs, now, lease, extra)
+        reply = await self._run(_ENTER_TAKE, nkeys, parts)
+        if reply == [-1]:
+            return None
+        return self._reading(reply, meters, needs)
+
+    async def settle_leave(
+        self, meters: Sequence[Meter], amounts: Sequence[int], now: float, lease: Lease | None
+    ) -> None:
+        extra: tuple[Arg, ...] = () if lease is None else (lease.name,)
+        nkeys, parts = self._leased_parts(meters, amounts, now, lease, extra)
+        await self._run(_SETTLE_LEAVE, nkeys, parts)
+
     async def take(self, meters: Sequence[Meter], needs: Sequence[int], now: float) -> Reading:
         reply = await self._run(_TAKE, len(meters), self._meter_parts(meters, needs, now))
+        return self._reading(reply, meters, needs)
+
+    def _reading(self, reply: Reply, meters: Sequence[Meter], needs: Sequence[int]) -> Reading:
         try:
             assert isinstance(reply, list) and len(reply) == len(meters) + 1
             levels = [_num(x.decode()) for x in reply[1:]]  # type: ignore[union-attr]

@@ -12,6 +12,7 @@ never naming the URL or its password.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
@@ -22,7 +23,15 @@ from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from gateway.ops.metrics import STORE_ERRORS, Metrics
-from gateway.tenancy.counters import CounterStore, CountersUnavailable, LocalStore, Meter
+from gateway.tenancy.clients import Client
+from gateway.tenancy.counters import (
+    CounterStore,
+    CountersUnavailable,
+    Lease,
+    LocalStore,
+    Meter,
+)
+from gateway.tenancy.limits import Plan, admit
 from gateway.tenancy.redis_counters import PREFIX, RedisCounters
 from gateway.tenancy.resp import Redis, StoreFailed, parse_url
 from gateway.tenancy.store_errors import StoreErrors
@@ -88,6 +97,27 @@ class Enter:
 @dataclass(frozen=True)
 class Leave:
     lease: str
+
+
+@dataclass(frozen=True)
+class EnterTake:
+    """A lease (``lease`` None: none) and a take at once; ``ok`` None: all leases held."""
+
+    lease: str | None
+    meters: tuple[Meter, ...]
+    needs: tuple[int, ...]
+    now: float
+    ok: bool | None
+    remaining: tuple[int, ...] = ()
+    limit: int = 2
+
+
+@dataclass(frozen=True)
+class SettleLeave:
+    meters: tuple[Meter, ...]
+    amounts: tuple[int, ...]
+    now: float
+    lease: str | None
 
 
 CASES: dict[str, list[Any]] = {
@@ -160,6 +190,35 @@ CASES: dict[str, list[Any]] = {
         Enter("d", 9, False),
         Enter("d", 10, True),  # b lapsed
     ],
+    "enter_take: a concurrency refusal leaves the meters untouched": [
+        EnterTake("a", (M,), (1,), 0, True, (2,), limit=1),
+        EnterTake("b", (M,), (1,), 0, None, limit=1),
+        Take((M,), (1,), 0, True, (1,)),  # b took nothing
+        SettleLeave((), (), 0, "a"),
+        EnterTake("b", (M,), (1,), 0, True, (0,), limit=1),
+    ],
+    "enter_take: a meter refusal holds no lease": [
+        EnterTake("a", (M,), (3,), 0, True, (0,)),
+        EnterTake("b", (M, T), (1, 1), 0, False, (0, 100)),
+        Take((T,), (100,), 0, True, (0,)),  # T was not touched by the refusal
+        Enter("c", 0, True),  # b holds nothing: one of two free
+        Enter("d", 0, False),
+    ],
+    "enter_take without a lease is a take; with no meters, a lease": [
+        EnterTake(None, (M,), (2,), 0, True, (1,)),
+        EnterTake(None, (M,), (2,), 0, False, (1,)),
+        EnterTake("a", (), (), 0, True, (), limit=1),
+        EnterTake("b", (), (), 0, None, limit=1),
+    ],
+    "settle_leave settles and returns the lease": [
+        EnterTake("a", (M,), (1,), 0, True, (2,), limit=1),
+        SettleLeave((M,), (2,), 0, "a"),
+        Take((M,), (1,), 0, False, (0,)),
+        Enter("b", 0, True, limit=1),
+        SettleLeave((M,), (-3,), 0, None),  # a settle alone
+        Take((M,), (3,), 0, True, (0,)),
+        Enter("c", 0, False, limit=1),  # b still held
+    ],
     "a limit of one": [
         Enter("a", 0, True, limit=1),
         Enter("b", 0, False, limit=1),
@@ -171,9 +230,9 @@ CASES: dict[str, list[Any]] = {
 
 def _keyed(step: Any, tag: str) -> Any:
     """The step with its meters keyed for this case (Redis keeps state between cases)."""
-    if isinstance(step, Take | Settle):
+    if isinstance(step, Take | Settle | EnterTake | SettleLeave):
         meters = tuple(Meter(f"{tag}:{m.limit}", m.limit, m.period) for m in step.meters)
-        return type(step)(meters, *list(vars(step).values())[1:])
+        return dataclasses.replace(step, meters=meters)
     return step
 
 
@@ -193,6 +252,17 @@ async def test_contract(store: CounterStore, name: str) -> None:
                 assert got.reset == pytest.approx(step.reset), where
         elif isinstance(step, Settle):
             await store.settle(step.meters, step.amounts, step.now)
+        elif isinstance(step, EnterTake):
+            lease = None if step.lease is None else Lease(f"{tag}:c", step.limit, step.lease, 10)
+            reading = await store.enter_take(step.meters, step.needs, step.now, lease)
+            if step.ok is None:
+                assert reading is None, where
+            else:
+                assert reading is not None, where
+                assert (reading.ok, reading.remaining) == (step.ok, step.remaining), where
+        elif isinstance(step, SettleLeave):
+            lease = None if step.lease is None else Lease(f"{tag}:c", 1, step.lease, 10)
+            await store.settle_leave(step.meters, step.amounts, step.now, lease)
         elif isinstance(step, Enter):
             ok = await store.enter(f"{tag}:c", step.limit, step.lease, step.now, step.ttl)
             assert ok is step.ok, where
@@ -219,6 +289,42 @@ async def test_both_stores_answer_alike_to_the_last_bit(redis_server: RedisServe
 
 
 # --- what only the Redis store has ------------------------------------------------------
+
+
+async def _calls(server: RedisServer) -> int:
+    """The scripts clients ran on the server (INFO commandstats' EVALSHA and EVAL: the
+    commands a script runs are counted too, under their own names)."""
+    text = (await _raw(server, "INFO", "commandstats")).decode()
+    return sum(
+        int(line.split("calls=")[1].split(",")[0])
+        for line in text.splitlines()
+        if line.startswith(("cmdstat_evalsha:", "cmdstat_eval:"))
+    )
+
+
+@pytest.mark.parametrize("concurrency", [0, 2])
+async def test_a_request_costs_two_round_trips(redis_server: RedisServer, concurrency: int) -> None:
+    """Admission (lease and meters) is one script, the end (settle and lease) another: two
+    commands per request, where enter, take, settle and leave were four."""
+    client = Client(
+        f"trips{next(_seq)}",
+        max_concurrency=concurrency,
+        requests_per_minute=10,
+        output_tokens_per_minute=1000,
+    )
+    plan = Plan.of(client)
+    store = RedisCounters(redis_server.url, TIMEOUT)
+    try:
+        await store.ping()  # connected, scripts loaded by a first request
+        await (await admit(store, plan, 40, 100, lease="warm", now=0)).close(now=0)
+        before = await _calls(redis_server)
+        charge = await admit(store, plan, 40, 100, lease="one", now=0)
+        charge.ended((10, 20))
+        await charge.close(now=0)
+        assert await _calls(redis_server) - before == 2
+        assert await _raw(redis_server, "ZCARD", f"{PREFIX}c:{plan.client}:concurrency") == 0
+    finally:
+        await store.close()
 
 
 async def _raw(server: RedisServer, *args: str) -> Any:

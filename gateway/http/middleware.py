@@ -273,24 +273,22 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             metrics.request_duration.labels(api, model, stream).observe(duration)
             if len(state.tenants.clients) > 1:  # named clients: their own series
                 metrics.client_requests.labels(request[CLIENT].name, model, str(status)).inc()
-        if tag.logged:
+        if tag.logged and log.logs_access():
             error = request[ERROR]
-            redact = app[SECRETS]
-            query = request.rel_url.raw_query_string
-            log.access(
-                log.Access(
-                    request_id,
-                    route,
-                    status,
-                    method=request.method,
-                    model=model or None,
-                    upstream=request[UPSTREAM],
-                    duration_ms=round(duration * 1000, 3),
-                    stream=request[STREAM],
-                    query=redact(_query_names(query)) or None if query else None,
-                    error_type=error[0] if error else None,
-                    error=redact(error[1]) if error and error[1] is not None else None,
-                )
+            raw_query = request.rel_url.raw_query_string
+            query = app[SECRETS](_query_names(raw_query)) or None if raw_query else None
+            log.access_line(
+                request_id,
+                route,
+                status,
+                request.method,
+                model or None,
+                request[UPSTREAM],
+                round(duration * 1000, 3),
+                request[STREAM],
+                query,
+                error[0] if error else None,
+                app[SECRETS](error[1]) if error and error[1] is not None else None,
             )
     if not response.prepared:
         response.headers["request-id"] = request_id

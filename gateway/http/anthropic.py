@@ -22,7 +22,7 @@ from gateway import errors
 from gateway.http import charges, routing, streaming
 from gateway.http.admission import admitted
 from gateway.http.body import read_json
-from gateway.http.keys import CLIENT, MESSAGES, REQUEST_ID, STREAM, WEB_FETCH, WEB_SEARCH
+from gateway.http.keys import CLIENT, MESSAGES, OUTCOME, REQUEST_ID, WEB_FETCH, WEB_SEARCH
 from gateway.http.tenancy import reply_ended
 from gateway.http.writer import StreamWriter
 from gateway.messages.call import (
@@ -79,7 +79,7 @@ async def _create(
     with deps.memory.lease() as lease:
         reply = await _prepare(request, deps, req, route, t0, lease)
         reply.figures.on_end = reply_ended(request, req)
-        request[STREAM] = reply.stream
+        request[OUTCOME].stream = reply.stream
         async with admitted(request, route, _failure(reply) if reply.stream else None) as slot:
             try:
                 await reply.send(partial(session_key, request.headers.get(SESSION_HEADER), req))

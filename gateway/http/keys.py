@@ -99,17 +99,27 @@ OPENAI_PATHS = web.AppKey("openai_paths", frozenset[bytes])
 OPS_APP: web.AppKey[web.Application | None] = web.AppKey("ops_app")
 
 
+class Outcome:
+    """What a request came to, filled in by the middleware and the handlers and read at its
+    end (its metrics, its access line): one object per request, set once, where a key each
+    cost a request's ``__setitem__`` apiece."""
+
+    __slots__ = ("error", "model", "stream", "upstream")
+
+    def __init__(self) -> None:
+        self.model = ""  # the routed alias (config value, safe as a label)
+        self.upstream: str | None = None
+        self.stream = False
+        self.error: tuple[str, str | None] | None = None  # (error.type, client-safe message)
+
+
 # per-request state, set by the middleware and the handlers
 API = web.RequestKey("api", str)  # metrics.APIS (messages, chat, ...), or "" for others
 REQUEST_ID = web.RequestKey("request_id", str)
-MODEL = web.RequestKey("model", str)  # the routed alias (config value, safe as a label)
-UPSTREAM: web.RequestKey[str | None] = web.RequestKey("upstream")
-STREAM = web.RequestKey("stream", bool)
 STREAM_RESPONSE = web.RequestKey("stream_response", web.StreamResponse)
 # the client's key as presented (x-api-key, else a bearer token), read once by the middleware
 CLIENT_KEY: web.RequestKey[bytes | None] = web.RequestKey("client_key")
 # who the key belongs to (gateway/tenancy/clients.py), set by the middleware on every request
 CLIENT = web.RequestKey("client", Client)
-# (error.type, client-safe message or None)
-ERROR: web.RequestKey[tuple[str, str | None] | None] = web.RequestKey("error")
+OUTCOME = web.RequestKey("outcome", Outcome)
 OPENAI_ERRORS = web.RequestKey("openai_errors", bool)  # render errors in OpenAI's shape

@@ -39,17 +39,15 @@ from gateway.http.keys import (
     CLIENT,
     CLIENT_KEY,
     CONFIG,
-    ERROR,
     METRICS,
-    MODEL,
     OPENAI_ERRORS,
+    OUTCOME,
     REQUEST_ID,
     ROUTE_TAGS,
     SECRETS,
     STATE,
-    STREAM,
     STREAM_RESPONSE,
-    UPSTREAM,
+    Outcome,
     RouteTag,
 )
 from gateway.http.protocol import RequestBodyTimeout
@@ -166,12 +164,9 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
     request[OPENAI_ERRORS] = tag.openai
     request[REQUEST_ID] = request_id
     presented = request[CLIENT_KEY] = credential(request)
-    # what the handlers fill in, defaulted here so that reading it is a plain lookup
-    # (a request's .get() is Mapping's, a try/except around __getitem__)
-    request[MODEL] = ""
-    request[UPSTREAM] = None
-    request[STREAM] = False
-    request[ERROR] = None
+    # what the handlers fill in (model, upstream, stream, error), defaulted here so that
+    # reading it is a plain lookup (a request's .get() is Mapping's, a try/except)
+    request[OUTCOME] = outcome = Outcome()
     request[CLIENT] = ANONYMOUS_CLIENT
     # request_id is the only context variable bound anywhere, and every request binds it
     # first: requests on one keep-alive connection share a task, and the new id replaces
@@ -239,7 +234,7 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
                 await charges.standing(request, err)
             response = render_error(request, err, request_id)
         status = response.status
-        request[ERROR] = (err.error_type, err.message if err.status < 500 else None)
+        outcome.error = (err.error_type, err.message if err.status < 500 else None)
         if api is not None and err.status == 400 and not isinstance(err, errors.UpstreamError):
             metrics.rejected.labels(api, "invalid_request").inc()
     except web.HTTPException as exc:  # a redirect, answered by aiohttp as it is
@@ -266,31 +261,29 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             if not await send_buffered(request, response, config.server.write_timeout):
                 status = 499
         duration = time.perf_counter() - start
-        model = request[MODEL]
-        stream = "true" if request[STREAM] else "false"
+        model = outcome.model
+        stream = "true" if outcome.stream else "false"
         if api is not None:
             metrics.requests.labels(api, model, str(status), stream).inc()
             metrics.request_duration.labels(api, model, stream).observe(duration)
             if len(state.tenants.clients) > 1:  # named clients: their own series
                 metrics.client_requests.labels(request[CLIENT].name, model, str(status)).inc()
-        if tag.logged:
-            error = request[ERROR]
-            redact = app[SECRETS]
-            query = request.rel_url.raw_query_string
-            log.access(
-                log.Access(
-                    request_id,
-                    route,
-                    status,
-                    method=request.method,
-                    model=model or None,
-                    upstream=request[UPSTREAM],
-                    duration_ms=round(duration * 1000, 3),
-                    stream=request[STREAM],
-                    query=redact(_query_names(query)) or None if query else None,
-                    error_type=error[0] if error else None,
-                    error=redact(error[1]) if error and error[1] is not None else None,
-                )
+        if tag.logged and log.logs_access():
+            error = outcome.error
+            raw_query = request.rel_url.raw_query_string
+            query = app[SECRETS](_query_names(raw_query)) or None if raw_query else None
+            log.access_line(
+                request_id,
+                route,
+                status,
+                request.method,
+                model or None,
+                outcome.upstream,
+                round(duration * 1000, 3),
+                outcome.stream,
+                query,
+                error[0] if error else None,
+                app[SECRETS](error[1]) if error and error[1] is not None else None,
             )
     if not response.prepared:
         response.headers["request-id"] = request_id

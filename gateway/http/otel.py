@@ -26,7 +26,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway import errors
-from gateway.http.keys import CLIENT, MODEL, REQUEST_ID, ROUTE_TAGS
+from gateway.http.keys import CLIENT, OUTCOME, REQUEST_ID, ROUTE_TAGS
 from gateway.messages.from_chat.figures import Figures
 from gateway.ops.telemetry import CURRENT, Telemetry
 
@@ -104,7 +104,8 @@ def _ended(
     if client is not None:
         span.set_attribute("gateway.client", client.name)
     attributes: dict[str, Any] = {"gateway.api": api}
-    model = request.get(MODEL) or ""
+    outcome = request.get(OUTCOME)
+    model = outcome.model if outcome is not None else ""
     operation = "chat" if api == "messages" else _OPERATIONS.get(api)
     if operation is not None:
         attributes["gen_ai.operation.name"] = operation

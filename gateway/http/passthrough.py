@@ -35,7 +35,7 @@ from gateway import errors
 from gateway.http import charges, routing, streaming
 from gateway.http.admission import admitted
 from gateway.http.body import read_json
-from gateway.http.keys import CLIENT, METRICS, REQUEST_ID, SECRETS, STREAM, UPSTREAM_CALLS
+from gateway.http.keys import CLIENT, METRICS, OUTCOME, REQUEST_ID, SECRETS, UPSTREAM_CALLS
 from gateway.http.tenancy import record_passthrough
 from gateway.messages.session_key import SESSION_HEADER
 from gateway.openai.apis import CHAT, RESPONSES, OpenAIApi
@@ -109,7 +109,7 @@ async def _forward(
     charge: limits.Charge | None,
 ) -> web.StreamResponse:
     stream = api.streams and body.get("stream") is True
-    request[STREAM] = stream
+    request[OUTCOME].stream = stream
     ups = request.app[UPSTREAM_CALLS]
     client = ups.client(route)
     session = _session(request, client, body)

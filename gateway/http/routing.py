@@ -16,8 +16,7 @@ from gateway.http.keys import (
     CLIENT,
     CONFIG,
     METRICS,
-    MODEL,
-    UPSTREAM,
+    OUTCOME,
 )
 from gateway.ops.config import ModelRoute, find_route
 
@@ -36,6 +35,7 @@ def resolve(request: web.Request, model: object, *, openai: bool = False) -> Mod
         request.app[METRICS].rejected.labels(request[API], "model_denied").inc()
         shown = errors.echo(model, 256)
         raise errors.PermissionDenied(f"This API key may not use the model {shown}")
-    request[MODEL] = route.name
-    request[UPSTREAM] = route.upstream.name
+    outcome = request[OUTCOME]
+    outcome.model = route.name
+    outcome.upstream = route.upstream.name
     return route

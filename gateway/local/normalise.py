@@ -29,7 +29,7 @@ from typing import Any
 from gateway.local.text_tools import TextToolCall, TextToolCalls
 from gateway.local.think import InlineThinking, Phase
 
-__all__ = ["CALL_PIECE", "TEXT_PIECE", "THINKING_PIECE", "ContentNormaliser"]
+__all__ = ["CALL_PIECE", "TEXT_PIECE", "THINKING_PIECE", "ContentNormaliser", "LazyNormaliser"]
 
 THINKING_PIECE, TEXT_PIECE, CALL_PIECE = 0, 1, 2
 
@@ -207,3 +207,29 @@ class ContentNormaliser:
             out.append((TEXT_PIECE, body))
             return
         out.append((TEXT_PIECE, text))
+
+
+class LazyNormaliser:
+    """A buffered reply's :class:`ContentNormaliser`, built only where the whole content
+    needs one: with no tool offered (or text calls off), a content the normaliser would
+    return as one text piece of itself (the engine sent its reasoning in a field of its
+    own, or no ``<`` where only "auto" inline reasoning is looked for) costs no normaliser.
+    :attr:`built` is the one made (None: none was needed; nothing was found, nothing to
+    count)."""
+
+    __slots__ = ("built", "thinking", "tool_names")
+
+    def __init__(self, *, thinking: str = "auto", tool_names: Collection[str] = ()) -> None:
+        self.thinking = thinking
+        self.tool_names = tool_names
+        self.built: ContentNormaliser | None = None
+
+    def for_whole(self, text: str, *, reasoning: bool) -> ContentNormaliser | None:
+        """The normaliser for the whole content ``text`` (``reasoning``: the reply carries
+        reasoning in a field of its own), or None where it would change nothing."""
+        if not self.tool_names and (
+            self.thinking == "off" or reasoning or (self.thinking == "auto" and "<" not in text)
+        ):
+            return None
+        self.built = ContentNormaliser(thinking=self.thinking, tool_names=self.tool_names)
+        return self.built

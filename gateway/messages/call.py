@@ -45,7 +45,7 @@ import structlog
 from gateway import errors
 from gateway.local.capabilities import LEARNED, Learned, held, may_fall_back, named_tool_choice
 from gateway.local.capabilities import text_only as route_text_only
-from gateway.local.normalise import ContentNormaliser
+from gateway.local.normalise import ContentNormaliser, LazyNormaliser
 from gateway.local.tool_args import RepairBudget
 from gateway.messages import fetch_blocks, tokens
 from gateway.messages import search_blocks as web_search
@@ -490,7 +490,13 @@ class Call:
         def hidden() -> None:
             figures.reasoning_hidden += 1
 
-        normaliser = self.normaliser()
+        upstream = self.route.upstream
+        names = _tool_names(self.req) if upstream.text_tool_calls else ()
+        lazy = (
+            LazyNormaliser(thinking=upstream.inline_thinking, tool_names=names)
+            if upstream.inline_thinking != "off" or names
+            else None
+        )
         budget = RepairBudget()
         message = from_chat(
             completion,
@@ -499,7 +505,7 @@ class Call:
             signing_key=deps.signing_key,
             on_bad_tool_args=count("unrepairable"),
             on_repaired=count("repaired"),
-            normaliser=normaliser,
+            normaliser=lazy,
             hide_thinking=hides_thinking(self.req),
             show_thinking=shows_thinking(self.req),
             on_reasoning_hidden=hidden,
@@ -507,6 +513,7 @@ class Call:
             secrets=deps.upstreams.secrets,
             repair_budget=budget,
         )
+        normaliser = lazy.built if lazy is not None else None
         figures.add_fixes(
             **fixed,
             normaliser=normaliser,

@@ -201,43 +201,95 @@ def access(rec: Access) -> None:
 
     The line is shaped like every other (``event``, ``pid``, ``level``, ``timestamp``
     beside the fields); the request id is in the record instead of merged from
-    contextvars. A structlog call here cost three times the JSON encoding itself. The
-    usual line (no ``extra``) is spliced into a template, each value encoded as the JSON
-    encoder would (:func:`access_fields` is the line it equals, byte for byte); the
-    values of a small set (method, route, model, upstream, error type) are encoded once.
+    contextvars. A structlog call here cost three times the JSON encoding itself. A line
+    with ``extra`` is :func:`access_fields`'s JSON; the usual one is :func:`access_line`'s.
     """
     if _LEVEL > logging.INFO:
         return
-    duration = rec.duration_ms
-    if (
-        rec.extra
-        or type(rec.status) is not int
-        or type(rec.stream) is not bool
-        or type(duration) is not float
-        or not 0.001 <= duration < 1e15
-    ):
+    if rec.extra:
         _OUT.write(_INFO + jsonutil.dumpb(access_fields(rec)) + b"\n")
         return
-    query, error = rec.query, rec.error
+    access_line(
+        rec.request_id,
+        rec.route,
+        rec.status,
+        rec.method,
+        rec.model,
+        rec.upstream,
+        rec.duration_ms,
+        rec.stream,
+        rec.query,
+        rec.error_type,
+        rec.error,
+    )
+
+
+def access_line(
+    request_id: str,
+    route: str,
+    status: int,
+    method: str | None,
+    model: str | None,
+    upstream: str | None,
+    duration_ms: float,
+    stream: bool,
+    query: str | None,
+    error_type: str | None,
+    error: str | None,
+) -> None:
+    """:func:`access` for a line with no ``extra``, its fields as arguments (the request
+    path's: no record is built). The values are spliced into a template, each encoded as
+    the JSON encoder would (:func:`access_fields` is the line it equals, byte for byte);
+    the values of a small set (method, route, model, upstream, error type) are encoded
+    once. Nothing is written below the info level."""
+    if _LEVEL > logging.INFO:
+        return
+    if (
+        type(status) is not int
+        or type(stream) is not bool
+        or type(duration_ms) is not float
+        or not 0.001 <= duration_ms < 1e15
+    ):
+        rec = Access(
+            request_id,
+            route,
+            status,
+            method,
+            model,
+            upstream,
+            duration_ms,
+            stream,
+            query,
+            error_type,
+            error,
+        )
+        _OUT.write(_INFO + jsonutil.dumpb(access_fields(rec)) + b"\n")
+        return
     _OUT.write(
         _INFO
         + _ACCESS_LINE
         % (
-            jsonutil.dumpb(rec.request_id),
-            _known(rec.method),
-            _known(rec.route),
-            _known(rec.model),
-            _known(rec.upstream),
-            rec.status,
-            repr(duration).encode(),
-            b"true" if rec.stream else b"false",
+            jsonutil.dumpb(request_id),
+            _known(method),
+            _known(route),
+            _known(model),
+            _known(upstream),
+            status,
+            repr(duration_ms).encode(),
+            b"true" if stream else b"false",
             b"null" if query is None else jsonutil.dumpb(query),
-            _known(rec.error_type),
+            _known(error_type),
             b"null" if error is None else jsonutil.dumpb(error),
             _PID,
             _timestamp().encode(),
         )
     )
+
+
+def logs_access() -> bool:
+    """Access lines are written (the level is info or below): a caller may skip making
+    their fields otherwise."""
+    return _LEVEL <= logging.INFO
 
 
 _ACCESS_LINE = (

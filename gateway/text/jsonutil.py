@@ -186,21 +186,33 @@ def loads(data: bytes | bytearray | str) -> Any:
     ValueError) naming the path for what no request may hold."""
     if type(data) is bytearray:  # ujson before 5.8 takes str and bytes only
         data = bytes(data)
-    _settle()
-    try:
-        value = ujson.loads(data)
-    except (ValueError, OverflowError) as exc:  # ujson.JSONDecodeError is a ValueError
-        text = str(exc)
-        if "depth limit" in text:
-            raise JSONInputError("", f"nesting deeper than {MAX_NESTING} levels") from None
-        if "digits" in text:
-            raise JSONInputError("", f"a number has more than {_INT_DIGITS} digits") from None
-        raise ValueError(text) from None
-    finally:
-        _unsettle()
+    if len(data) <= _INT_DIGITS:
+        # no number in it can pass the digit limit, and a decode this small allocates too
+        # little for a collection to matter: no settings to change (most requests' bodies)
+        try:
+            value = ujson.loads(data)
+        except (ValueError, OverflowError) as exc:
+            raise _decode_error(exc) from None
+    else:
+        _settle()
+        try:
+            value = ujson.loads(data)
+        except (ValueError, OverflowError) as exc:  # ujson.JSONDecodeError is a ValueError
+            raise _decode_error(exc) from None
+        finally:
+            _unsettle()
     if _suspect(value):
         raise _first_problem(value)
     return value
+
+
+def _decode_error(exc: BaseException) -> ValueError:
+    text = str(exc)
+    if "depth limit" in text:
+        return JSONInputError("", f"nesting deeper than {MAX_NESTING} levels")
+    if "digits" in text:
+        return JSONInputError("", f"a number has more than {_INT_DIGITS} digits")
+    return ValueError(text)
 
 
 def loads_upstream(data: bytes | str) -> Any:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gateway import errors
-from gateway.local.normalise import CALL_PIECE, THINKING_PIECE, ContentNormaliser
+from gateway.local.normalise import CALL_PIECE, THINKING_PIECE, ContentNormaliser, LazyNormaliser
 from gateway.local.tool_args import RepairBudget, repair_arguments
 from gateway.messages.from_chat import signatures, tables
 from gateway.text import ids
@@ -54,7 +54,7 @@ def from_chat(
     message_id: str | None = None,
     on_bad_tool_args: Callable[[], None] | None = None,
     on_repaired: Callable[[], None] | None = None,
-    normaliser: ContentNormaliser | None = None,
+    normaliser: ContentNormaliser | LazyNormaliser | None = None,
     hide_thinking: bool = False,
     show_thinking: bool = True,
     on_reasoning_hidden: Callable[[], None] | None = None,
@@ -87,11 +87,13 @@ def from_chat(
     parts: list[tuple[str, Any]] = []
     budget = repair_budget or RepairBudget()  # the repairs of this reply's calls, together
     reasoning = _reasoning(message)
+    text = _text(message)
+    if isinstance(normaliser, LazyNormaliser):  # built only if the content needs it
+        normaliser = normaliser.for_whole(text, reasoning=bool(reasoning)) if text else None
     if reasoning:
         parts.append(("thinking", reasoning))
         if normaliser is not None and normaliser.reasoning_parsed():
             normaliser = None  # the engine parses reasoning: content is text (as streamed)
-    text = _text(message)
     if text and normaliser is None:
         parts.append(("text", text))
     elif text and normaliser is not None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gateway.local.normalise import ContentNormaliser
+from gateway.local.normalise import ContentNormaliser, LazyNormaliser
 from gateway.local.tool_args import repair_arguments
 from gateway.messages.from_chat.aggregate import aggregate
 from gateway.messages.from_chat.message import from_chat
@@ -194,3 +194,42 @@ def test_a_reply_with_parsed_reasoning_keeps_its_content_as_text(
         ("thinking", "r"),
         ("text", text),
     ]
+
+
+# (inline thinking mode, tools offered, reasoning field, content, a normaliser is built)
+_LAZY_CASES = [
+    ("auto", (), None, "plain words", False),
+    ("auto", (), "r", "<think>x</think>y", False),  # the engine parses reasoning
+    ("auto", (), None, "<think>x</think>y", True),
+    ("auto", (), None, "a</think>b", True),  # an orphan close: counted
+    ("opened", (), None, "x</think>y", True),
+    ("off", (), None, "<think>x</think>y", False),
+    ("off", ("get",), None, '<tool_call>{"name": "get", "arguments": {}}</tool_call>', True),
+    ("auto", ("get",), "r", "plain", True),
+    ("auto", (), None, "", False),
+]
+
+
+@pytest.mark.parametrize(("mode", "tools", "reasoning", "content", "built"), _LAZY_CASES)
+def test_lazy_normaliser_as_eager(
+    mode: str, tools: tuple[str, ...], reasoning: str | None, content: str, built: bool
+) -> None:
+    """A buffered reply's normaliser is built only where the content needs one, and the
+    message and what is counted are those of one built up front."""
+    msg: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning:
+        msg["reasoning_content"] = reasoning
+    completion = {"choices": [{"index": 0, "finish_reason": "stop", "message": msg}]}
+
+    def run(norm: Any) -> dict[str, Any]:
+        return from_chat(
+            completion, model="m", signing_key=b"k", message_id="msg_1", normaliser=norm
+        )
+
+    eager = ContentNormaliser(thinking=mode, tool_names=tools)
+    lazy = LazyNormaliser(thinking=mode, tool_names=tools)
+    assert _blank_ids(run(lazy)) == _blank_ids(run(eager))
+    assert (lazy.built is not None) is built
+    got = lazy.built
+    found = (got.thinking_found, got.orphan_close, got.calls_found) if got else (False, False, 0)
+    assert found == (eager.thinking_found, eager.orphan_close, eager.calls_found)

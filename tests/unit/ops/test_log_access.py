@@ -25,6 +25,21 @@ BASE = {
 }
 
 
+_ORDER = (
+    "request_id",
+    "route",
+    "status",
+    "method",
+    "model",
+    "upstream",
+    "duration_ms",
+    "stream",
+    "query",
+    "error_type",
+    "error",
+)
+
+
 @pytest.mark.parametrize(
     "change",
     [
@@ -52,8 +67,23 @@ def test_an_access_line_is_its_fields_json(
     monkeypatch.setattr(log, "_LEVEL", 20)
     log.access(rec)
     log.access(rec)  # a second time: the kept encodings
+    if not rec.extra:  # the request path's call: the fields as arguments, no record
+        log.access_line(*(getattr(rec, f) for f in _ORDER))
     expected = jsonutil.dumpb(log.access_fields(rec)) + b"\n"
     lines = out.getvalue().splitlines(keepends=True)
-    assert len(lines) == 2
+    assert len(lines) == (2 if rec.extra else 3)
     for line in lines:
         assert _TIMESTAMP.sub(b"", line) == _TIMESTAMP.sub(b"", expected)
+
+
+@pytest.mark.parametrize(("level", "written"), [(10, True), (20, True), (30, False)])
+def test_access_lines_follow_the_level(
+    level: int, written: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = io.BytesIO()
+    monkeypatch.setattr(log, "_OUT", out)
+    monkeypatch.setattr(log, "_LEVEL", level)
+    assert log.logs_access() is written
+    log.access_line(*(BASE.get(f) for f in _ORDER))  # type: ignore[arg-type]
+    log.access(log.Access(**BASE))  # type: ignore[arg-type]
+    assert len(out.getvalue().splitlines()) == (2 if written else 0)

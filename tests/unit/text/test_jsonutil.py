@@ -58,14 +58,17 @@ def test_interleaved_decodes_in_threads_restore_the_interpreters_settings(
     seen: dict[str, int] = {}
 
     def fake_loads(data: str) -> Any:  # holds the decode open until released
-        inside[data].set()
-        assert go[data].wait(10)
-        seen[data] = sys.get_int_max_str_digits()
+        name = data[0]
+        inside[name].set()
+        assert go[name].wait(10)
+        seen[name] = sys.get_int_max_str_digits()
         return []
 
     monkeypatch.setattr(jsonutil.ujson, "loads", fake_loads)
     before = (sys.get_int_max_str_digits(), gc.isenabled())
-    threads = {name: threading.Thread(target=jsonutil.loads, args=(name,)) for name in ("a", "b")}
+    threads = {
+        name: threading.Thread(target=jsonutil.loads, args=(name * 700,)) for name in ("a", "b")
+    }
     threads["a"].start()
     assert inside["a"].wait(10)
     threads["b"].start()
@@ -75,6 +78,31 @@ def test_interleaved_decodes_in_threads_restore_the_interpreters_settings(
     go["b"].set()
     threads["b"].join(10)
     assert seen == {"a": 640, "b": 640}
+    assert (sys.get_int_max_str_digits(), gc.isenabled()) == before
+
+
+# (a body, what it decodes to or the error's text): a body of at most 640 bytes is decoded
+# without lowering the digit limit (no number in it can pass it), a longer one with it
+DIGIT_BODIES = [
+    (b"9" * 640, int("9" * 640)),
+    (b"[" + b"9" * 638 + b"]", [int("9" * 638)]),
+    (b"[" + b"9" * 641 + b"]", "a number has more than 640 digits"),
+    (b'{"a":' + b"1" * 639 + b"}", {"a": int("1" * 639)}),  # 645 bytes: the long path
+    (b'{"a":' + b"1" * 641 + b"}", "a number has more than 640 digits"),
+    (b'{"a": 1, "b": [2.5, "x"]}', {"a": 1, "b": [2.5, "x"]}),
+    (b'{"a": NaN}', "a: "),
+    (b"[" * 10 + b"]", "Unexpected character"),
+]
+
+
+@pytest.mark.parametrize(("body", "want"), DIGIT_BODIES)
+def test_short_and_long_bodies_decode_alike(body: bytes, want: Any) -> None:
+    before = (sys.get_int_max_str_digits(), gc.isenabled())
+    if isinstance(want, str):
+        with pytest.raises(ValueError, match=want):
+            jsonutil.loads(body)
+    else:
+        assert jsonutil.loads(body) == want
     assert (sys.get_int_max_str_digits(), gc.isenabled()) == before
 
 

@@ -54,7 +54,7 @@ class Reading:
 
 
 @dataclass(frozen=True, slots=True)
-class Lease:
+class SlotLease:
     """One concurrency lease: ``name`` held in ``key`` (of at most ``limit``) for ``ttl`` s."""
 
     key: str
@@ -81,13 +81,13 @@ class CounterStore(Protocol):
         """Return the lease."""
 
     async def enter_take(
-        self, meters: Sequence[Meter], needs: Sequence[int], now: float, lease: Lease | None
+        self, meters: Sequence[Meter], needs: Sequence[int], now: float, lease: SlotLease | None
     ) -> Reading | None:
         """:meth:`enter` then :meth:`take` at once: None when every lease is held (no meter
         touched); a refused reading holds no lease. ``lease`` None: a take alone."""
 
     async def settle_leave(
-        self, meters: Sequence[Meter], amounts: Sequence[int], now: float, lease: Lease | None
+        self, meters: Sequence[Meter], amounts: Sequence[int], now: float, lease: SlotLease | None
     ) -> None:
         """:meth:`settle` (nothing when ``meters`` is empty) then :meth:`leave`."""
 
@@ -165,7 +165,7 @@ class LocalStore:
             held.pop(lease, None)
 
     async def enter_take(
-        self, meters: Sequence[Meter], needs: Sequence[int], now: float, lease: Lease | None
+        self, meters: Sequence[Meter], needs: Sequence[int], now: float, lease: SlotLease | None
     ) -> Reading | None:
         # nothing awaited here yields: the two steps are atomic in this process
         if lease is not None and not await self.enter(
@@ -183,7 +183,7 @@ class LocalStore:
         return got
 
     async def settle_leave(
-        self, meters: Sequence[Meter], amounts: Sequence[int], now: float, lease: Lease | None
+        self, meters: Sequence[Meter], amounts: Sequence[int], now: float, lease: SlotLease | None
     ) -> None:
         try:
             if meters:

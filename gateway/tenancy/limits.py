@@ -74,7 +74,7 @@ from functools import lru_cache
 
 from gateway import errors
 from gateway.tenancy.clients import Client
-from gateway.tenancy.counters import CounterStore, CountersUnavailable, Lease, Meter, Reading
+from gateway.tenancy.counters import CounterStore, CountersUnavailable, Meter, Reading, SlotLease
 
 __all__ = [
     "LEASE_TTL",
@@ -340,7 +340,7 @@ class Charge:
         input_tokens: int,
         max_tokens: int,
         headers: dict[str, str],
-        lease: Lease | None,
+        lease: SlotLease | None,
     ) -> None:
         self.store = store
         self.plan = plan
@@ -410,9 +410,9 @@ async def admit(
     to close when it ends. Raises :class:`~gateway.errors.RateLimited` when a limit refuses
     it (nothing taken), :class:`CountersUnavailable` when the store fails (nothing held)."""
     now = time.time() if now is None else now
-    held: Lease | None = None
+    held: SlotLease | None = None
     if plan.max_concurrency:
-        held = Lease(f"{plan.client}:concurrency", plan.max_concurrency, lease, LEASE_TTL)
+        held = SlotLease(f"{plan.client}:concurrency", plan.max_concurrency, lease, LEASE_TTL)
     if held is None and not plan.meters:
         return Charge(store, plan, input_tokens, max_tokens, {}, None)
     needs = plan.reserved(input_tokens, max_tokens)
@@ -459,7 +459,7 @@ async def standing(store: CounterStore, plan: Plan, now: float | None = None) ->
     return plan.headers(reading, now, reply=False)
 
 
-async def _leave(store: CounterStore, lease: Lease) -> None:
+async def _leave(store: CounterStore, lease: SlotLease) -> None:
     try:
         await store.leave(lease.key, lease.name)
     except CountersUnavailable:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.tenancy.counters import Lease, Meter, Reading, reading
+from gateway.tenancy.counters import Meter, Reading, SlotLease, reading
 from gateway.tenancy.resp import (
     Arg,
     Redis,
@@ -228,7 +228,7 @@ class RedisCounters:
         meters: Sequence[Meter],
         amounts: Sequence[int],
         now: float,
-        lease: Lease | None,
+        lease: SlotLease | None,
         lease_args: tuple[Arg, ...],
     ) -> tuple[int, list[bytes]]:
         """The merged scripts' key count and parts: the meters' keys, the lease set's, then
@@ -242,7 +242,7 @@ class RedisCounters:
         return n + 1, [*keys, bulk(PREFIX + "c:" + lease.key), args[0], bulk(n), *args[1:], *tail]
 
     async def enter_take(
-        self, meters: Sequence[Meter], needs: Sequence[int], now: float, lease: Lease | None
+        self, meters: Sequence[Meter], needs: Sequence[int], now: float, lease: SlotLease | None
     ) -> Reading | None:
         extra: tuple[Arg, ...] = ()
         if lease is not None:
@@ -254,7 +254,7 @@ class RedisCounters:
         return self._reading(reply, meters, needs)
 
     async def settle_leave(
-        self, meters: Sequence[Meter], amounts: Sequence[int], now: float, lease: Lease | None
+        self, meters: Sequence[Meter], amounts: Sequence[int], now: float, lease: SlotLease | None
     ) -> None:
         extra: tuple[Arg, ...] = () if lease is None else (lease.name,)
         nkeys, parts = self._leased_parts(meters, amounts, now, lease, extra)

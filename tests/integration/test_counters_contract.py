@@ -27,9 +27,9 @@ from gateway.tenancy.clients import Client
 from gateway.tenancy.counters import (
     CounterStore,
     CountersUnavailable,
-    Lease,
     LocalStore,
     Meter,
+    SlotLease,
 )
 from gateway.tenancy.limits import Plan, admit
 from gateway.tenancy.redis_counters import PREFIX, RedisCounters
@@ -253,7 +253,9 @@ async def test_contract(store: CounterStore, name: str) -> None:
         elif isinstance(step, Settle):
             await store.settle(step.meters, step.amounts, step.now)
         elif isinstance(step, EnterTake):
-            lease = None if step.lease is None else Lease(f"{tag}:c", step.limit, step.lease, 10)
+            lease = (
+                None if step.lease is None else SlotLease(f"{tag}:c", step.limit, step.lease, 10)
+            )
             reading = await store.enter_take(step.meters, step.needs, step.now, lease)
             if step.ok is None:
                 assert reading is None, where
@@ -261,7 +263,7 @@ async def test_contract(store: CounterStore, name: str) -> None:
                 assert reading is not None, where
                 assert (reading.ok, reading.remaining) == (step.ok, step.remaining), where
         elif isinstance(step, SettleLeave):
-            lease = None if step.lease is None else Lease(f"{tag}:c", 1, step.lease, 10)
+            lease = None if step.lease is None else SlotLease(f"{tag}:c", 1, step.lease, 10)
             await store.settle_leave(step.meters, step.amounts, step.now, lease)
         elif isinstance(step, Enter):
             ok = await store.enter(f"{tag}:c", step.limit, step.lease, step.now, step.ttl)

@@ -37,7 +37,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gateway.errors import echo
-from gateway.messages.request.content import check_int, check_list, check_obj, fail
+from gateway.messages.request.content import (
+    check_domain_filters,
+    check_int,
+    check_list,
+    check_obj,
+    fail,
+)
 from gateway.ops.metrics import WEB_FETCH_ERROR_CODES
 
 __all__ = [
@@ -82,7 +88,6 @@ _FIELDS_BY_TYPE = {
     "web_fetch_20260309": _FIELDS | {"use_cache"},
     "web_fetch_20260318": _FIELDS | {"use_cache", "response_inclusion"},
 }
-_MAX_DOMAINS = 100
 _SOURCE_KEYS = ("user_input", "client_tool_results", "server_tool_results")
 _FILTERS = ("all", "none", "only", "except")
 
@@ -129,25 +134,7 @@ def check_tool(tool: Mapping[str, Any], path: str) -> str:
     for key in ("max_uses", "max_content_tokens"):
         if tool.get(key) is not None:
             check_int(tool[key], f"{path}.{key}", minimum=1)
-    for key in ("allowed_domains", "blocked_domains"):
-        domains = tool.get(key)
-        if domains is None:
-            continue
-        items = check_list(domains, f"{path}.{key}")
-        if len(items) > _MAX_DOMAINS:
-            raise fail(f"{path}.{key}", f"List should have at most {_MAX_DOMAINS} items")
-        for j, domain in enumerate(items):
-            if not isinstance(domain, str) or not domain or len(domain) > 253 + 1024:
-                raise fail(f"{path}.{key}.{j}", "Input should be a domain name")
-            if "://" in domain:
-                raise fail(
-                    f"{path}.{key}.{j}",
-                    "a domain is written without its scheme (example.com, not https://example.com)",
-                )
-    if tool.get("allowed_domains") is not None and tool.get("blocked_domains") is not None:
-        raise fail(
-            f"{path}.blocked_domains", "use either allowed_domains or blocked_domains, not both"
-        )
+    check_domain_filters(tool, path)
     citations = tool.get("citations")
     if citations is not None:
         check_obj(citations, f"{path}.citations")

@@ -46,7 +46,12 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from gateway.errors import echo
 from gateway.messages.from_chat.signatures import derived_keys
-from gateway.messages.request.content import check_int, check_list, check_obj, fail
+from gateway.messages.request.content import (
+    check_domain_filters,
+    check_int,
+    check_obj,
+    fail,
+)
 from gateway.ops.metrics import WEB_SEARCH_ERROR_CODES
 from gateway.text import jsonutil
 
@@ -88,7 +93,6 @@ _FIELDS = frozenset(
 )
 _FIELDS_BY_TYPE = {"web_search_20260318": _FIELDS | {"response_inclusion"}}
 _LOCATION_FIELDS = frozenset({"type", "city", "region", "country", "timezone"})
-_MAX_DOMAINS = 100  # entries per list (far above any real one; bounds the matching work)
 
 _DESCRIPTION = (
     "Search the web. Returns a list of results, each with its title, URL and a snippet of "
@@ -131,25 +135,7 @@ def check_tool(tool: Mapping[str, Any], path: str) -> str:
         raise fail(f"{path}.name", f"Input should be '{NAME}'")
     if tool.get("max_uses") is not None:
         check_int(tool["max_uses"], f"{path}.max_uses", minimum=1)
-    for key in ("allowed_domains", "blocked_domains"):
-        domains = tool.get(key)
-        if domains is None:
-            continue
-        items = check_list(domains, f"{path}.{key}")
-        if len(items) > _MAX_DOMAINS:
-            raise fail(f"{path}.{key}", f"List should have at most {_MAX_DOMAINS} items")
-        for j, domain in enumerate(items):
-            if not isinstance(domain, str) or not domain or len(domain) > 253 + 1024:
-                raise fail(f"{path}.{key}.{j}", "Input should be a domain name")
-            if "://" in domain:
-                raise fail(
-                    f"{path}.{key}.{j}",
-                    "a domain is written without its scheme (example.com, not https://example.com)",
-                )
-    if tool.get("allowed_domains") is not None and tool.get("blocked_domains") is not None:
-        raise fail(
-            f"{path}.blocked_domains", "use either allowed_domains or blocked_domains, not both"
-        )
+    check_domain_filters(tool, path)
     _check_location(tool.get("user_location"), f"{path}.user_location")
     inclusion = tool.get("response_inclusion")
     if inclusion is not None and inclusion not in ("full", "excluded"):

@@ -39,7 +39,9 @@ from gateway.ops.metrics import WEB_FETCH_ERROR_CODES, WEB_SEARCH_ERROR_CODES
 
 __all__ = [
     "EFFORTS",
+    "MAX_DOMAINS",
     "check_depth",
+    "check_domain_filters",
     "check_int",
     "check_list",
     "check_messages",
@@ -310,12 +312,7 @@ def _web_search_tool_result(block: Mapping[str, Any], path: str) -> None:
     if isinstance(content, Mapping):
         if content.get("type") != "web_search_tool_result_error":
             raise fail(f"{path}.content.type", "Input should be 'web_search_tool_result_error'")
-        if content.get("error_code") not in WEB_SEARCH_ERROR_CODES:
-            raise fail(
-                f"{path}.content.error_code",
-                "Input should be one of "
-                + ", ".join(f"'{c}'" for c in sorted(WEB_SEARCH_ERROR_CODES)),
-            )
+        _check_code(content.get("error_code"), WEB_SEARCH_ERROR_CODES, f"{path}.content")
         return
     for j, item in enumerate(check_list(content, f"{path}.content")):
         where = f"{path}.content.{j}"
@@ -344,12 +341,7 @@ def _web_fetch_tool_result(block: Mapping[str, Any], path: str) -> None:
         for key in content:
             if key not in ("type", "error_code"):
                 raise fail(f"{where}.{echo(key)}", "Extra inputs are not permitted")
-        if content.get("error_code") not in WEB_FETCH_ERROR_CODES:
-            raise fail(
-                f"{where}.error_code",
-                "Input should be one of "
-                + ", ".join(f"'{c}'" for c in sorted(WEB_FETCH_ERROR_CODES)),
-            )
+        _check_code(content.get("error_code"), WEB_FETCH_ERROR_CODES, where)
         return
     if kind != "web_fetch_result":
         raise fail(
@@ -516,3 +508,39 @@ def check_system(system: Any) -> None:
         if _block_type(block, path) != "text":
             raise fail(f"{path}.type", "system holds only text blocks")
         _text(block, path)
+
+
+def _check_code(code: Any, codes: tuple[str, ...], path: str) -> None:
+    """A replayed server tool error's ``error_code``: one the SDK types list."""
+    if code not in codes:
+        raise fail(
+            f"{path}.error_code",
+            "Input should be one of " + ", ".join(f"'{c}'" for c in sorted(codes)),
+        )
+
+
+MAX_DOMAINS = 100  # entries per filter list (far above any real one; bounds the matching work)
+
+
+def check_domain_filters(tool: Mapping[str, Any], path: str) -> None:
+    """A server tool's ``allowed_domains`` / ``blocked_domains`` (web search and web fetch
+    take the same lists): at most :data:`MAX_DOMAINS` domain names each, and not both."""
+    for key in ("allowed_domains", "blocked_domains"):
+        domains = tool.get(key)
+        if domains is None:
+            continue
+        items = check_list(domains, f"{path}.{key}")
+        if len(items) > MAX_DOMAINS:
+            raise fail(f"{path}.{key}", f"List should have at most {MAX_DOMAINS} items")
+        for j, domain in enumerate(items):
+            if not isinstance(domain, str) or not domain or len(domain) > 253 + 1024:
+                raise fail(f"{path}.{key}.{j}", "Input should be a domain name")
+            if "://" in domain:
+                raise fail(
+                    f"{path}.{key}.{j}",
+                    "a domain is written without its scheme (example.com, not https://example.com)",
+                )
+    if tool.get("allowed_domains") is not None and tool.get("blocked_domains") is not None:
+        raise fail(
+            f"{path}.blocked_domains", "use either allowed_domains or blocked_domains, not both"
+        )

@@ -54,3 +54,11 @@ def _own(config: Config) -> Iterator[str]:
         yield config.batches.database_url
     if config.web_search is not None and config.web_search.searxng_url:
         yield config.web_search.searxng_url
+    if config.auth.oidc_client_secret:
+        yield from key_forms(config.auth.oidc_client_secret)
+    if config.telemetry is not None:  # the collector's headers hold its key
+        for _, value in config.telemetry.headers:
+            token = value.rsplit(" ", 1)[-1]  # "Bearer KEY": the key alone too
+            for text in {value, token}:
+                if len(text) >= 8:
+                    yield from key_forms(text)

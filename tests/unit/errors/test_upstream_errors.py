@@ -10,6 +10,7 @@ other upstream's key and host, a client's key, the signing key, its URL, a file 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from typing import Any
 
@@ -323,3 +324,34 @@ def test_named_clients_and_admin_keys_are_scrubbed_and_a_reload_adopts_new_ones(
     # the reloaded config's keys, in the same object every holder already has
     redactor.adopt(known_secrets(parsed([{"name": "carol", "key_env": "CAROL"}])))
     assert redactor(quoted) == f"keys {named} [redacted] [redacted]"
+
+
+def test_the_oidc_secret_and_the_collectors_key_are_scrubbed() -> None:
+    url = "http://10.1.2.3:8000/v1"
+    oidc, collector = "oidc-secret-8d2f41c9", "otlp-key-5a7e0b13"
+    cfg = config.parse(
+        {
+            "upstreams": {"u": {"base_url": url}},
+            "models": [{"name": "m", "upstream": "u", "upstream_model": "m"}],
+            "auth": {
+                "oidc_issuer": "https://idp.example.com",
+                "oidc_client_id": "gw",
+                "oidc_client_secret_env": "OIDC",
+            },
+        },
+        "test.toml",
+        {"OIDC": oidc},
+    )
+    assert known_secrets(cfg)(f"secret {oidc}") == "secret [redacted]"
+    if importlib.util.find_spec("opentelemetry.sdk") is None:
+        pytest.skip("the otel extra (pip install '.[otel]')")
+    cfg = config.parse(
+        {
+            "upstreams": {"u": {"base_url": url}},
+            "models": [{"name": "m", "upstream": "u", "upstream_model": "m"}],
+            "telemetry": {"otlp_endpoint": "http://127.0.0.1:4318", "headers_env": "OTLP"},
+        },
+        "test.toml",
+        {"OTLP": f"authorization=Bearer {collector},x-tenant=t1"},
+    )
+    assert known_secrets(cfg)(f"header {collector}") == "header [redacted]"

@@ -14,6 +14,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from gateway import errors
 from gateway.batches.store import BatchRow
+from gateway.http import batch_create
 from gateway.http import batches as api
 from gateway.http.keys import CONFIG
 from gateway.ops import config
@@ -87,7 +88,7 @@ BAD = [
 @pytest.mark.parametrize(("body", "path"), [c[1:] for c in BAD], ids=[c[0] for c in BAD])
 def test_a_bad_create_is_a_400_naming_the_field(body: Any, path: str) -> None:
     with pytest.raises(errors.InvalidRequest) as caught:
-        api.parse_create(CFG, copy.deepcopy(body))  # it drops each request it reads
+        batch_create.parse_create(CFG, copy.deepcopy(body))  # it drops each request it reads
     assert caught.value.path == path
     assert caught.value.status == 400 and caught.value.message.startswith(path)
 
@@ -100,7 +101,7 @@ def test_a_good_create_keeps_each_request_under_its_route() -> None:
             _item("c" * 64),
         ]
     }
-    out = api.parse_create(CFG, body)
+    out = batch_create.parse_create(CFG, body)
     assert [(c, m) for c, m, _ in out] == [("a-1", "m"), ("B_2", "claude-*"), ("c" * 64, "m")]
     assert jsonutil.loads(out[1][2])["model"] == "claude-opus-5"  # the client's name is kept
 
@@ -184,7 +185,7 @@ async def test_a_large_create_gives_the_event_loop_a_turn_between_slices(
     )
     ticks = 0
     seen: list[int] = []
-    real = api.validate_messages
+    real = batch_create.validate_messages
 
     def spy(params: Any) -> Any:
         seen.append(ticks)
@@ -196,12 +197,12 @@ async def test_a_large_create_gives_the_event_loop_a_turn_between_slices(
             ticks += 1
             await asyncio.sleep(0)
 
-    monkeypatch.setattr(api, "validate_messages", spy)
-    n = 4 * api.PARSE_SLICE
+    monkeypatch.setattr(batch_create, "validate_messages", spy)
+    n = 4 * batch_create.PARSE_SLICE
     body = {"requests": [_item(str(i)) for i in range(n)]}
     task = asyncio.create_task(ticker())
     await asyncio.sleep(0)
-    out = await api._parse_create(cfg, body)
+    out = await batch_create.parse_create_async(cfg, body)
     task.cancel()
     assert len(out) == n and out[-1][0] == str(n - 1)
     assert len(set(seen)) >= 4  # the ticker ran between slices
@@ -219,7 +220,7 @@ async def _parse_raw(
     request = make_mocked_request("POST", "/", app=_app(cfg))
     with (budget or Budget(1 << 30)).lease() as lease:
         assert lease.take(len(raw))  # the body, as read_bytes counts it
-        out = await api._parse_body(request, cfg, bytearray(raw), lease)
+        out = await batch_create.parse_body(request, cfg, bytearray(raw), lease)
         return out, lease.held - len(raw)
 
 
@@ -261,7 +262,7 @@ async def test_any_create_is_answered_as_its_whole_decode_is(template: bytes) ->
     )
     raw = template % items
     try:
-        expected: Any = api.parse_create(CFG, jsonutil.loads(raw))
+        expected: Any = batch_create.parse_create(CFG, jsonutil.loads(raw))
     except jsonutil.JSONInputError as exc:
         expected = ("400", exc.path)
     except ValueError:
@@ -279,7 +280,7 @@ async def test_a_create_holds_its_requests_in_the_memory_budget() -> None:
     body = {"requests": [_item(str(i)) for i in range(3)]}
     raw = json.dumps(body).encode()
     out, held = await _parse_raw(CFG, raw)
-    assert len(out) == 3 and held == sum(len(p) for _, _, p in out) + 3 * api._ENTRY_BYTES
+    assert len(out) == 3 and held == sum(len(p) for _, _, p in out) + 3 * batch_create._ENTRY_BYTES
     budget = Budget(len(raw) + held - 1)
     with budget.lease() as other:
         assert other.take(1)

@@ -68,10 +68,12 @@ from gateway.http.keys import (
     STATE,
     UPSTREAM_CALLS,
     UPSTREAMS,
+    VIEW,
     WEB_FETCH,
     WEB_SEARCH,
     WINDOWS,
     AppState,
+    AppView,
     RouteTag,
 )
 from gateway.http.middleware import gateway_middleware
@@ -102,6 +104,18 @@ _log = log.get("gateway.app")
 _OPS = RouteTag(None, needs_key=False, logged=False)
 
 
+def _view(app: web.Application) -> None:
+    """The application's :class:`AppView` (what the request path reads, as attributes), held
+    by its middleware and filled when it starts."""
+    view = app[VIEW] = AppView()
+
+    async def fill(app: web.Application) -> None:
+        view.fill(app, app.get(usage_api.USAGE))
+
+    app.on_startup.append(fill)
+    app.middlewares.append(gateway_middleware(view))
+
+
 def _ops_routes(
     app: web.Application,
     exposed: CollectorRegistry,
@@ -130,7 +144,8 @@ def _ops_app(api: web.Application, exposed: CollectorRegistry) -> web.Applicatio
     """The metrics listener's own small application (``server.metrics_port``): ``/metrics``,
     ``/health`` and ``/ready`` and nothing else, rendered by the same middleware, sharing
     the API application's config, metrics and state."""
-    app = web.Application(middlewares=[gateway_middleware])
+    app = web.Application()
+    _view(app)
     app[CONFIG] = api[CONFIG]
     app[METRICS] = api[METRICS]
     app[STATE] = api[STATE]
@@ -293,11 +308,10 @@ def build_app(
 
         traced = start(config.telemetry, version=__version__)
     app = web.Application(
-        middlewares=[gateway_middleware]
-        if traced is None
-        else [http_telemetry.middleware(traced), gateway_middleware],
+        middlewares=[] if traced is None else [http_telemetry.middleware(traced)],
         client_max_size=config.server.max_body_bytes,
     )
+    _view(app)
     app[CONFIG] = config
     if config.server.tls and config.server.hsts_max_age:
         app.on_response_prepare.append(_hsts(config.server.hsts_max_age))

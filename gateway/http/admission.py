@@ -34,9 +34,8 @@ from collections.abc import Callable
 from aiohttp import web
 
 from gateway import errors
-from gateway.http.charges import CHARGE
 from gateway.http.drain import DRAINING_MESSAGE, DrainHandle, drainable
-from gateway.http.keys import API, CLIENT, CONFIG, METRICS, STATE
+from gateway.http.keys import Exchange
 from gateway.http.writer import PING, StreamWriter
 from gateway.ops.config import ModelRoute
 from gateway.tenancy.fair import FairQueue, Waiter
@@ -56,21 +55,37 @@ class admitted:
     generator context manager: it runs on every request.
     """
 
-    __slots__ = ("_fail", "_name", "_request", "_state", "_timeout", "_waiter", "writer")
+    __slots__ = (
+        "_exchange",
+        "_fail",
+        "_name",
+        "_request",
+        "_state",
+        "_timeout",
+        "_waiter",
+        "writer",
+    )
 
-    def __init__(self, request: web.Request, route: ModelRoute, fail: Fail | None = None) -> None:
-        state = request.app[STATE]
+    def __init__(
+        self,
+        request: web.Request,
+        exchange: Exchange,
+        route: ModelRoute,
+        fail: Fail | None = None,
+    ) -> None:
+        state = exchange.app.state
         in_flight = state.in_flight
         now = in_flight.get(route.name, 0)
         self._state = state
         self._request = request
+        self._exchange = exchange
         self._name = route.name
         # the stream opened while waiting (the handler's stream goes on in it); None: not
         self.writer: StreamWriter | None = None
         self._waiter: Waiter[asyncio.Future[None]] | None = None
         if route.max_concurrency and now >= route.max_concurrency:
             if not route.queue_timeout:
-                request.app[METRICS].rejected.labels(request[API], "overloaded").inc()
+                exchange.app.metrics.rejected.labels(exchange.api, "overloaded").inc()
                 raise errors.Overloaded(retry_after=1)
             self._fail = fail
             self._timeout = route.queue_timeout
@@ -79,17 +94,18 @@ class admitted:
         in_flight[route.name] = now + 1
 
     def _join(self, route: ModelRoute) -> None:
-        request = self._request
+        exchange = self._exchange
         queue = self._state.queues.get(route.name)
         if queue is None:
             queue = self._state.queues[route.name] = FairQueue()
-        client = request[CLIENT]
+        client = exchange.client
         waiter = queue.join(client.name, client.weight, asyncio.get_running_loop().create_future())
+        metrics = exchange.app.metrics
         if waiter is None:  # the queue is full
-            request.app[METRICS].rejected.labels(request[API], "overloaded").inc()
+            metrics.rejected.labels(exchange.api, "overloaded").inc()
             raise errors.Overloaded(retry_after=1)
         self._waiter = waiter
-        request.app[METRICS].queue_length.labels(route.name).set(len(queue))
+        metrics.queue_length.labels(route.name).set(len(queue))
 
     async def __aenter__(self) -> admitted:
         if self._waiter is not None:
@@ -109,7 +125,7 @@ class admitted:
             waiter = queue.next()
             while waiter is not None and waiter.item.done():
                 waiter = queue.next()
-            self._request.app[METRICS].queue_length.labels(self._name).set(len(queue))
+            self._exchange.app.metrics.queue_length.labels(self._name).set(len(queue))
             if waiter is not None:
                 waiter.item.set_result(None)
                 return
@@ -119,9 +135,9 @@ class admitted:
         waiter = self._waiter
         assert waiter is not None
         request = self._request
-        app = request.app
+        exchange = self._exchange
         route_timeout = self._timeout
-        server = app[CONFIG].server
+        server = exchange.app.config.server
         queue = self._state.queues[self._name]
         future = waiter.item
         t0 = time.monotonic()
@@ -131,7 +147,9 @@ class admitted:
             if self._fail is not None and server.ping_interval < route_timeout:
                 await asyncio.wait((future,), timeout=server.ping_interval)
                 if not future.done():
-                    self.writer = await _open(request, server.write_timeout, server.ping_interval)
+                    self.writer = await _open(
+                        request, exchange, server.write_timeout, server.ping_interval
+                    )
                     handle = drainable(request)
             if not future.done():
                 await asyncio.wait((future,), timeout=max(deadline - time.monotonic(), 0.0))
@@ -148,24 +166,24 @@ class admitted:
         finally:
             if handle is not None:
                 handle.release()
-        metrics = app[METRICS]
+        metrics = exchange.app.metrics
         waited = time.monotonic() - t0
         if not future.done():
             self._leave(queue, "timed_out")
-            metrics.rejected.labels(request[API], "queue_timeout").inc()
+            metrics.rejected.labels(exchange.api, "queue_timeout").inc()
             err = errors.Overloaded(retry_after=1)
             await self._end_stream(err)
             raise err
         self._waiter = None  # admitted: the slot was handed over
         metrics.queue_outcomes.labels(self._name, "admitted").inc()
-        metrics.queue_wait.labels(self._name, request[CLIENT].name).observe(waited)
+        metrics.queue_wait.labels(self._name, exchange.client.name).observe(waited)
 
     def _leave(self, queue: FairQueue[asyncio.Future[None]], outcome: str) -> None:
         """Leave the queue; a slot handed over in the meantime goes on to the next."""
         waiter = self._waiter
         assert waiter is not None
         self._waiter = None
-        metrics = self._request.app[METRICS]
+        metrics = self._exchange.app.metrics
         metrics.queue_outcomes.labels(self._name, outcome).inc()
         if waiter.item.done():  # handed a slot it will not use
             self._release()
@@ -192,8 +210,10 @@ class admitted:
         await self._end_stream(err)
 
 
-async def _open(request: web.Request, write_timeout: float, ping_interval: float) -> StreamWriter:
-    charge = request.get(CHARGE)  # a limited client's: its ratelimit headers on the stream
+async def _open(
+    request: web.Request, exchange: Exchange, write_timeout: float, ping_interval: float
+) -> StreamWriter:
+    charge = exchange.charge  # a limited client's: its ratelimit headers on the stream
     writer = await StreamWriter.open(
         request,
         content_type=_SSE,

@@ -22,7 +22,7 @@ from gateway import errors
 from gateway.http import charges, routing, streaming
 from gateway.http.admission import admitted
 from gateway.http.body import read_json
-from gateway.http.keys import CLIENT, MESSAGES, OUTCOME, REQUEST_ID, WEB_FETCH, WEB_SEARCH
+from gateway.http.keys import EXCHANGE, Exchange
 from gateway.http.tenancy import reply_ended
 from gateway.http.writer import StreamWriter
 from gateway.messages.call import (
@@ -53,34 +53,39 @@ _SSE = "text/event-stream; charset=utf-8"
 
 async def create_message(request: web.Request) -> web.StreamResponse:
     t0 = time.perf_counter()
-    keep: list[bytes] | None = [] if request[CLIENT].metered else None  # the body, measured
+    exchange = request[EXCHANGE]
+    app = exchange.app
+    keep: list[bytes] | None = [] if exchange.client.metered else None  # the body, measured
     req = validate_messages(
-        await read_json(request, keep=keep),
-        web_search=request.app[WEB_SEARCH] is not None,
-        web_fetch=request.app[WEB_FETCH] is not None,
+        await read_json(request, exchange, keep=keep),
+        web_search=app.web_search is not None,
+        web_fetch=app.web_fetch is not None,
     )
-    route = routing.resolve(request, req["model"])
+    route = routing.resolve(exchange, req["model"])
     if keep is not None:  # a client with limits: charged before the upstream is called
-        charge = await charges.admit(request, len(keep.pop()), req["max_tokens"])
+        charge = await charges.admit(exchange, len(keep.pop()), req["max_tokens"])
         if charge is not None:
-            return await charges.charged(charge, _create(request, req, route, t0, charge))
-    return await _create(request, req, route, t0, None)
+            return await charges.charged(charge, _create(request, exchange, req, route, t0, charge))
+    return await _create(request, exchange, req, route, t0, None)
 
 
 async def _create(
     request: web.Request,
+    exchange: Exchange,
     req: dict[str, Any],
     route: ModelRoute,
     t0: float,
     charge: limits.Charge | None,
 ) -> web.StreamResponse:
     # what the request restores from signatures counts until its reply has ended
-    deps = request.app[MESSAGES]
+    deps = exchange.app.messages
+    assert deps is not None  # the API application's
     with deps.memory.lease() as lease:
-        reply = await _prepare(request, deps, req, route, t0, lease)
-        reply.figures.on_end = reply_ended(request, req)
-        request[OUTCOME].stream = reply.stream
-        async with admitted(request, route, _failure(reply) if reply.stream else None) as slot:
+        reply = await _prepare(exchange, deps, req, route, t0, lease)
+        reply.figures.on_end = reply_ended(request, exchange, req)
+        exchange.stream = reply.stream
+        fail = _failure(reply) if reply.stream else None
+        async with admitted(request, exchange, route, fail) as slot:
             try:
                 await reply.send(partial(session_key, request.headers.get(SESSION_HEADER), req))
             except errors.GatewayError as err:
@@ -88,15 +93,15 @@ async def _create(
                 raise
             async with reply:
                 if reply.stream:
-                    return await _stream(request, reply, charge, slot.writer)
+                    return await _stream(request, exchange, reply, charge, slot.writer)
                 body = jsonutil.dumpb(await reply.buffered())
     return web.Response(
-        body=body, content_type="application/json", headers={"request-id": request[REQUEST_ID]}
+        body=body, content_type="application/json", headers={"request-id": exchange.request_id}
     )
 
 
 async def _prepare(
-    request: web.Request,
+    exchange: Exchange,
     deps: MessagesDeps,
     req: dict[str, Any],
     route: ModelRoute,
@@ -107,37 +112,38 @@ async def _prepare(
     Messages call, streamed upstream, one message to the client, buffered or streamed) when
     the request offers web search or web fetch and the model may call them, else a plain
     one."""
-    search = web_search_tool(req.get("tools")) if request.app[WEB_SEARCH] is not None else None
-    fetch = web_fetch_tool(req.get("tools")) if request.app[WEB_FETCH] is not None else None
+    app = exchange.app
+    search = web_search_tool(req.get("tools")) if app.web_search is not None else None
+    fetch = web_fetch_tool(req.get("tools")) if app.web_fetch is not None else None
     choice = req.get("tool_choice")
-    weight = request[CLIENT].weight  # the engine's priority, where send_priority is on
+    weight = exchange.client.weight  # the engine's priority, where send_priority is on
     if (search is None and fetch is None) or (choice is not None and choice["type"] == "none"):
         return Reply(
             await prepare(deps, req, route, lease, weight=weight),
             t0=t0,
-            request_id=request[REQUEST_ID],
+            request_id=exchange.request_id,
         )
     call = await prepare(deps, {**req, "stream": True}, route, lease, weight=weight)
     return Reply(
         call,
         stream=req.get("stream") is True,
         t0=t0,
-        request_id=request[REQUEST_ID],
-        rounds=_server_tools(request, req, search, fetch),
+        request_id=exchange.request_id,
+        rounds=_server_tools(exchange, deps, req, search, fetch),
     )
 
 
 def _server_tools(
-    request: web.Request,
+    exchange: Exchange,
+    deps: MessagesDeps,
     req: Mapping[str, Any],
     search: Mapping[str, Any] | None,
     fetch: Mapping[str, Any] | None,
 ) -> Callable[[Call, str | None], Rounds]:
     """The rounds of a reply with the request's server tools: one loop runs both."""
-    request_id = request[REQUEST_ID]
-    deps = request.app[MESSAGES]
-    backend = request.app[WEB_SEARCH]
-    service = request.app[WEB_FETCH]
+    request_id = exchange.request_id
+    backend = exchange.app.web_search
+    service = exchange.app.web_fetch
 
     def rounds(call: Call, session: str | None) -> Rounds:
         quotes = Quotes(deps.signing_key)  # the reply's citations, of either tool
@@ -175,6 +181,7 @@ def _failure(reply: Reply) -> Callable[[errors.GatewayError], bytes]:
 
 async def _stream(
     request: web.Request,
+    exchange: Exchange,
     reply: Reply,
     charge: limits.Charge | None,
     writer: StreamWriter | None = None,
@@ -184,6 +191,7 @@ async def _stream(
     while the request waited for its slot."""
     async with streaming.RelayedStream(
         request,
+        exchange,
         "messages",
         reply.call.route,
         reply.source,
@@ -197,20 +205,23 @@ async def _stream(
 
 
 async def count_tokens(request: web.Request) -> web.Response:
-    deps = request.app[MESSAGES]
+    exchange = request[EXCHANGE]
+    app = exchange.app
+    deps = app.messages
+    assert deps is not None  # the API application's
     req = validate_messages(
-        await read_json(request),
+        await read_json(request, exchange),
         count_tokens=True,
-        web_search=request.app[WEB_SEARCH] is not None,
-        web_fetch=request.app[WEB_FETCH] is not None,
+        web_search=app.web_search is not None,
+        web_fetch=app.web_fetch is not None,
     )
-    route = routing.resolve(request, req["model"])
+    route = routing.resolve(exchange, req["model"])
     with deps.memory.lease() as lease:  # restored reasoning counts until it is counted
         await restore(deps, req, lease)
         req = await pdfs_as_text(deps, req)
-        async with admitted(request, route):
-            count, exact = await count_input_tokens(deps, req, route, request[REQUEST_ID])
-    headers = {"request-id": request[REQUEST_ID]}
+        async with admitted(request, exchange, route):
+            count, exact = await count_input_tokens(deps, req, route, exchange.request_id)
+    headers = {"request-id": exchange.request_id}
     if not exact:
         headers["x-token-count-estimated"] = "true"
     return web.Response(

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from gateway import errors
 from gateway.http.body import decode_json
-from gateway.http.keys import CLIENT
+from gateway.http.keys import EXCHANGE
 from gateway.messages.request.validate import validate_messages
 from gateway.messages.search_blocks import TOOL_TYPES as WEB_SEARCH_TYPES
 from gateway.ops.budget import Lease
@@ -198,7 +198,8 @@ async def parse_body(
     counted in ``lease`` as it is encoded; a body of another shape is decoded whole, as
     it always was, and answered as it always was."""
     held = lease.held
-    client = request.get(CLIENT, ANONYMOUS_CLIENT)  # set by the middleware
+    exchange = request.get(EXCHANGE)  # set by the middleware
+    client = exchange.client if exchange is not None else ANONYMOUS_CLIENT
     try:
         items = ArrayItems(
             raw, "requests", max_values=MAX_BATCH_VALUES, max_item_values=jsonutil.MAX_VALUES

@@ -55,10 +55,9 @@ from gateway.http.batch_create import parse_body
 from gateway.http.body import read_bytes
 from gateway.http.keys import (
     BATCH_STORE,
-    CLIENT_KEY,
     CONFIG,
+    EXCHANGE,
     METRICS,
-    REQUEST_ID,
     ROUTE_TAGS,
     SCHEDULER,
     STATE,
@@ -84,7 +83,7 @@ def owner_of(request: web.Request) -> str:
     "" when keys are not in use."""
     if not request.app[STATE].tenants.keyed:
         return ""
-    return owner_id(hashlib.sha256(request[CLIENT_KEY] or b"").digest())
+    return owner_id(hashlib.sha256(request[EXCHANGE].client_key or b"").digest())
 
 
 def rfc3339(t: float | None) -> str | None:
@@ -138,7 +137,7 @@ def _json(request: web.Request, body: Any, status: int = 200) -> web.Response:
         body=jsonutil.dumpb(body),
         status=status,
         content_type="application/json",
-        headers={"request-id": request[REQUEST_ID]},
+        headers={"request-id": request[EXCHANGE].request_id},
     )
 
 

@@ -38,9 +38,11 @@ from typing import Any
 from aiohttp import web
 
 from gateway import errors
-from gateway.http.decoder import DECODER
-from gateway.http.keys import API, CONFIG, METRICS, STATE
+from gateway.http.decoder import DECODER, Decoder
+from gateway.http.keys import CONFIG, EXCHANGE, METRICS, Exchange
 from gateway.ops.budget import Lease
+from gateway.ops.config import Config
+from gateway.ops.metrics import Metrics
 from gateway.text import jsonutil
 
 __all__ = ["decode_json", "read_bytes", "read_json"]
@@ -50,6 +52,7 @@ BUSY_MESSAGE = "Overloaded: too many large request bodies are being received at 
 
 async def read_json(
     request: web.Request,
+    exchange: Exchange,
     *,
     max_bytes: int | None = None,
     max_values: int = jsonutil.MAX_VALUES,
@@ -60,16 +63,17 @@ async def read_json(
     ``max_bytes`` (default ``server.max_body_bytes``) and ``max_values`` are the route's own
     bounds where it has larger ones (a message batch). The body's bytes are appended to
     ``keep`` when given (the pass-through forwards them rather than encode the body again)."""
-    app = request.app
-    limit = app[CONFIG].server.max_body_bytes if max_bytes is None else max_bytes
+    app = exchange.app
+    config = app.config
+    limit = config.server.max_body_bytes if max_bytes is None else max_bytes
     chunks: list[bytes] = []
-    with app[STATE].decoding.lease() as held:  # this body's bytes, counted in the budget
-        await _receive(request, held, limit, chunks.append)
+    with app.state.decoding.lease() as held:  # this body's bytes, counted in the budget
+        await _receive(request, held, limit, chunks.append, app.metrics, exchange.api)
         raw = b"".join(chunks)
         chunks.clear()
         if keep is not None:
             keep.append(raw)
-        return await decode_json(request, raw, max_values)
+        return await _decode(config, app.decoder, app.metrics, exchange.api, raw, max_values)
 
 
 async def read_bytes(request: web.Request, lease: Lease, max_bytes: int) -> bytearray:
@@ -77,20 +81,26 @@ async def read_bytes(request: web.Request, lease: Lease, max_bytes: int) -> byte
     as it keeps the bytes); the same 413 and 529 as :func:`read_json`. One buffer grown in
     place (no list of chunks joined into a second copy)."""
     buf = bytearray()
-    await _receive(request, lease, max_bytes, buf.extend)
+    exchange = request[EXCHANGE]
+    await _receive(request, lease, max_bytes, buf.extend, exchange.app.metrics, exchange.api)
     return buf
 
 
 async def _receive(
-    request: web.Request, held: Lease, limit: int, keep: Callable[[bytes], object]
+    request: web.Request,
+    held: Lease,
+    limit: int,
+    keep: Callable[[bytes], object],
+    metrics: Metrics,
+    api: str,
 ) -> None:
     while chunk := await request.content.readany():
         size = len(chunk)
         if held.held + size > limit:
-            _reject(request, "body_too_large")
+            _reject(metrics, api, "body_too_large")
             raise errors.RequestTooLarge(f"Request exceeds the maximum size of {limit} bytes")
         if not held.take(size):
-            _reject(request, "overloaded")
+            _reject(metrics, api, "overloaded")
             raise errors.Overloaded(BUSY_MESSAGE)
         keep(chunk)
 
@@ -98,11 +108,25 @@ async def _receive(
 async def decode_json(request: web.Request, raw: bytes | bytearray, max_values: int) -> Any:
     """``raw`` decoded strictly (in the child past ``server.decode_offload_bytes``); raises
     the error to answer instead."""
-    offload = request.app[CONFIG].server.decode_offload_bytes
-    if offload and len(raw) > offload:
-        return await _decode_in_child(request, raw, max_values)
+    app = request.app
+    exchange = request.get(EXCHANGE)
+    api = exchange.api if exchange is not None else ""
+    return await _decode(app[CONFIG], app.get(DECODER), app.get(METRICS), api, raw, max_values)
+
+
+async def _decode(
+    config: Config,
+    decoder: Decoder | None,
+    metrics: Metrics | None,
+    api: str,
+    raw: bytes | bytearray,
+    max_values: int,
+) -> Any:
+    offload = config.server.decode_offload_bytes
+    if offload and len(raw) > offload and decoder is not None:
+        return await _decode_in_child(decoder, metrics, api, raw, max_values)
     if jsonutil.too_many_values(raw, max_values):
-        _reject(request, "body_too_large")
+        _reject(metrics, api, "body_too_large")
         raise errors.RequestTooLarge(f"Request body holds more than {max_values} JSON values")
     try:
         return jsonutil.loads(raw)
@@ -112,19 +136,22 @@ async def decode_json(request: web.Request, raw: bytes | bytearray, max_values: 
         raise errors.InvalidRequest("", "request body is not valid JSON") from None
 
 
-async def _decode_in_child(request: web.Request, raw: bytes | bytearray, max_values: int) -> Any:
-    outcome = await request.app[DECODER].decode(raw, max_values)
+async def _decode_in_child(
+    decoder: Decoder, metrics: Metrics | None, api: str, raw: bytes | bytearray, max_values: int
+) -> Any:
+    outcome = await decoder.decode(raw, max_values)
     del raw
     match outcome:
         case ("ok", bytes() as packed):
             return marshal.loads(packed)
         case ("too_many",):
-            _reject(request, "body_too_large")
+            _reject(metrics, api, "body_too_large")
             raise errors.RequestTooLarge(f"Request body holds more than {max_values} JSON values")
         case ("invalid", str() as path, str() as why):
             raise errors.InvalidRequest(path, why)
     raise errors.InvalidRequest("", "request body is not valid JSON")
 
 
-def _reject(request: web.Request, reason: str) -> None:
-    request.app[METRICS].rejected.labels(request[API], reason).inc()
+def _reject(metrics: Metrics | None, api: str, reason: str) -> None:
+    if metrics is not None:
+        metrics.rejected.labels(api, reason).inc()

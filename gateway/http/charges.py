@@ -25,16 +25,14 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from gateway import errors
-from gateway.http.keys import API, CLIENT, CONFIG, COUNTERS, METRICS, STATE
+from gateway.http.keys import COUNTERS, STATE, Exchange
 from gateway.messages.from_chat.figures import Figures
 from gateway.tenancy import limits
 from gateway.tenancy.counters import CountersUnavailable
 from gateway.text import ids
 
-__all__ = ["CHARGE", "admit", "batch_spender", "charged", "settle", "standing"]
+__all__ = ["admit", "batch_spender", "charged", "settle", "standing"]
 
-# the request's charge against its client's limits; absent: the client has none
-CHARGE = web.RequestKey("charge", limits.Charge)
 UNAVAILABLE_MESSAGE = "Overloaded: the rate limit counters are unavailable; retry shortly"
 # a concurrency lease's name: this process's random prefix and a sequence (unique across
 # the replicas sharing a store, without a random draw per request)
@@ -42,31 +40,34 @@ _LEASES = ids.b62(12) + ":"
 _SEQUENCE = itertools.count()
 
 
-async def admit(request: web.Request, body_bytes: int, max_tokens: int) -> limits.Charge | None:
-    """Charge the request to its client (``request[CLIENT].metered``); None when the store
-    failed and ``on_store_error`` is ``open``. Raises the 429 (or the 529) to answer."""
-    app = request.app
-    plan = limits.Plan.of(request[CLIENT])
+async def admit(exchange: Exchange, body_bytes: int, max_tokens: int) -> limits.Charge | None:
+    """Charge the request to its client (``exchange.client.metered``); None when the store
+    failed and ``on_store_error`` is ``open``. Raises the 429 (or the 529) to answer. The
+    charge is kept as the exchange's (``exchange.charge``)."""
+    app = exchange.app
+    plan = limits.Plan.of(exchange.client)
+    counters = app.counters
+    assert counters is not None  # the API application's
     try:
         charge = await limits.admit(
-            app[COUNTERS],
+            counters,
             plan,
             limits.input_estimate(body_bytes),
             max_tokens,
             lease=f"{_LEASES}{next(_SEQUENCE)}",
         )
     except errors.RateLimited:
-        app[METRICS].rejected.labels(request[API], "rate_limited").inc()
+        app.metrics.rejected.labels(exchange.api, "rate_limited").inc()
         raise
     except errors.BudgetSpent:
-        app[METRICS].rejected.labels(request[API], "budget_spent").inc()
+        app.metrics.rejected.labels(exchange.api, "budget_spent").inc()
         raise
     except CountersUnavailable:
-        if app[CONFIG].limits.on_store_error == "closed":
-            app[METRICS].rejected.labels(request[API], "limits_unavailable").inc()
+        if app.config.limits.on_store_error == "closed":
+            app.metrics.rejected.labels(exchange.api, "limits_unavailable").inc()
             raise errors.Overloaded(UNAVAILABLE_MESSAGE, retry_after=1) from None
         return None
-    request[CHARGE] = charge
+    exchange.charge = charge
     return charge
 
 
@@ -89,23 +90,26 @@ async def charged(
     return response
 
 
-async def standing(request: web.Request, err: errors.GatewayError) -> None:
+async def standing(exchange: Exchange, err: errors.GatewayError) -> None:
     """A client error answered before the charge (``err``, 4xx, without headers of its
     own) gets the limits' headers of the client's meters as they stand; nothing when the
     client has no rate limit or the store fails."""
-    client = request[CLIENT]
+    client = exchange.client
+    counters = exchange.app.counters
     if not client.limited or err.extra_headers or not 400 <= err.status < 500:
         return
+    if counters is None:
+        return
     try:
-        err.extra_headers = await limits.standing(request.app[COUNTERS], limits.Plan.of(client))
+        err.extra_headers = await limits.standing(counters, limits.Plan.of(client))
     except CountersUnavailable:
         pass
 
 
-def settle(request: web.Request) -> Callable[[Figures], None] | None:
+def settle(exchange: Exchange) -> Callable[[Figures], None] | None:
     """What a Messages reply's ``Figures.on_end`` calls for this request's charge; None: the
     request has none."""
-    charge = request.get(CHARGE)
+    charge = exchange.charge
     if charge is None:
         return None
 

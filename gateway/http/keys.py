@@ -5,17 +5,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
+from gateway.http.decoder import DECODER, Decoder
 from gateway.messages.call import MessagesDeps
 from gateway.ops.budget import Budget
 from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics
-from gateway.tenancy.clients import Client, Tenants
+from gateway.tenancy.clients import ANONYMOUS_CLIENT, Client, Tenants
 from gateway.tenancy.counters import CounterStore
 from gateway.tenancy.fair import FairQueue
+from gateway.tenancy.limits import Charge
 from gateway.text.redact import Redactor
 from gateway.tools.web_fetch.fetcher_service import WebFetchService
 from gateway.tools.web_search.searxng import Searxng
@@ -99,27 +101,103 @@ OPENAI_PATHS = web.AppKey("openai_paths", frozenset[bytes])
 OPS_APP: web.AppKey[web.Application | None] = web.AppKey("ops_app")
 
 
-class Outcome:
-    """What a request came to, filled in by the middleware and the handlers and read at its
-    end (its metrics, its access line): one object per request, set once, where a key each
-    cost a request's ``__setitem__`` apiece."""
+class AppView:
+    """What the request path reads from the application, as attributes: a handler reads
+    ``request[EXCHANGE].app.metrics`` where ``request.app[METRICS]`` cost three Python calls
+    (aiohttp's ``request.app``, its match info's ``current_app`` and ``Application.__getitem__``)
+    each time, about forty a Messages request.
 
-    __slots__ = ("error", "model", "stream", "upstream")
+    Made empty with the application (the middleware holds it) and filled from the
+    application's keys when it starts (:meth:`fill`, an ``on_startup`` hook), after
+    everything that sets them (the app's assembly, a test replacing a store) and before the
+    first request; the keys stay the source of truth for set-up code."""
 
-    def __init__(self) -> None:
+    __slots__ = (
+        "config",
+        "counters",
+        "decoder",
+        "messages",
+        "metrics",
+        "secrets",
+        "state",
+        "tags",
+        "telemetry",
+        "upstream_calls",
+        "usage",
+        "web_fetch",
+        "web_search",
+    )
+
+    config: Config
+    counters: CounterStore | None
+    decoder: Decoder | None
+    messages: MessagesDeps | None
+    metrics: Metrics
+    secrets: Redactor
+    state: AppState
+    tags: dict[str, RouteTag]
+    telemetry: bool
+    upstream_calls: Upstreams | None
+    usage: Any  # the usage report's recorder (gateway/http/usage_api.py), None without one
+    web_fetch: WebFetchService | None
+    web_search: Searxng | None
+
+    def fill(self, app: web.Application, usage: Any = None) -> None:
+        self.config = app[CONFIG]
+        self.metrics = app[METRICS]
+        self.state = app[STATE]
+        self.secrets = app[SECRETS]
+        self.tags = app[ROUTE_TAGS]
+        self.messages = app.get(MESSAGES)
+        self.counters = app.get(COUNTERS)
+        self.decoder = app.get(DECODER)
+        self.upstream_calls = app.get(UPSTREAM_CALLS)
+        self.web_search = app.get(WEB_SEARCH)
+        self.web_fetch = app.get(WEB_FETCH)
+        self.usage = usage
+        self.telemetry = self.config.telemetry is not None
+
+
+VIEW = web.AppKey("view", AppView)
+
+
+class Exchange:
+    """One request's record, set by the middleware and the handlers and read at its end
+    (its metrics, its access line): who sent it, what it was routed to, what it came to.
+    One object per request, stored under one key (:data:`EXCHANGE`), where a key apiece
+    cost a request's ``__setitem__`` and ``__getitem__`` (Python calls) each time."""
+
+    __slots__ = (
+        "api",
+        "app",
+        "charge",
+        "client",
+        "client_key",
+        "error",
+        "model",
+        "openai",
+        "request_id",
+        "stream",
+        "stream_response",
+        "upstream",
+    )
+
+    def __init__(self, app: AppView, request_id: str, api: str, openai: bool) -> None:
+        self.app = app
+        self.request_id = request_id
+        self.api = api  # metrics.APIS (messages, chat, ...), or "" for others
+        self.openai = openai  # render errors in OpenAI's shape
+        # the client's key as presented (x-api-key, else a bearer token)
+        self.client_key: bytes | None = None
+        # who the key belongs to (gateway/tenancy/clients.py)
+        self.client: Client = ANONYMOUS_CLIENT
         self.model = ""  # the routed alias (config value, safe as a label)
         self.upstream: str | None = None
         self.stream = False
         self.error: tuple[str, str | None] | None = None  # (error.type, client-safe message)
+        # a stream started: its status is sent, so no error response can follow
+        self.stream_response: web.StreamResponse | None = None
+        self.charge: Charge | None = None  # a limited client's charge (gateway/http/charges.py)
 
 
-# per-request state, set by the middleware and the handlers
-API = web.RequestKey("api", str)  # metrics.APIS (messages, chat, ...), or "" for others
-REQUEST_ID = web.RequestKey("request_id", str)
-STREAM_RESPONSE = web.RequestKey("stream_response", web.StreamResponse)
-# the client's key as presented (x-api-key, else a bearer token), read once by the middleware
-CLIENT_KEY: web.RequestKey[bytes | None] = web.RequestKey("client_key")
-# who the key belongs to (gateway/tenancy/clients.py), set by the middleware on every request
-CLIENT = web.RequestKey("client", Client)
-OUTCOME = web.RequestKey("outcome", Outcome)
-OPENAI_ERRORS = web.RequestKey("openai_errors", bool)  # render errors in OpenAI's shape
+EXCHANGE = web.RequestKey("exchange", Exchange)

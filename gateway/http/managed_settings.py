@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
-from gateway.http.keys import CLIENT, CONFIG, WINDOWS
+from gateway.http.keys import CONFIG, EXCHANGE, WINDOWS
 from gateway.ops.config import Config, ModelRoute
 from gateway.ops.config_schema import is_pattern
 from gateway.tenancy.clients import Client
@@ -140,7 +140,7 @@ async def managed_settings(request: web.Request) -> web.Response:
     app = request.app
     config = app[CONFIG]
     base = f"{request.scheme}://{request.host}{config.server.prefix}" if config.telemetry else ""
-    settings = settings_for(request[CLIENT], config, app[WINDOWS].of, base)
+    settings = settings_for(request[EXCHANGE].client, config, app[WINDOWS].of, base)
     check = checksum(settings)
     etag = f'"{check}"'
     headers = {"ETag": etag, "Cache-Control": "private"}

@@ -26,30 +26,17 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from gateway import errors
 from gateway.auth.service import SIGNIN, TokenRefused
 from gateway.http import charges
 from gateway.http.drain import DRAINING_MESSAGE
-from gateway.http.keys import (
-    API,
-    CLIENT,
-    CLIENT_KEY,
-    CONFIG,
-    METRICS,
-    OPENAI_ERRORS,
-    OUTCOME,
-    REQUEST_ID,
-    ROUTE_TAGS,
-    SECRETS,
-    STATE,
-    STREAM_RESPONSE,
-    Outcome,
-    RouteTag,
-)
+from gateway.http.keys import EXCHANGE, AppView, Exchange, RouteTag
 from gateway.http.protocol import RequestBodyTimeout
 from gateway.http.writer import ClientGone, send_buffered
 from gateway.ops import log
@@ -100,7 +87,8 @@ def credential(request: web.Request) -> bytes | None:
 
 
 def render_error(request: web.Request, err: errors.GatewayError, request_id: str) -> web.Response:
-    if request.get(OPENAI_ERRORS, False):
+    exchange = request.get(EXCHANGE)
+    if exchange is not None and exchange.openai:
         return web.Response(
             status=errors.openai_status(err),
             body=errors.openai_body(err),
@@ -127,13 +115,15 @@ def _from_http_exception(exc: web.HTTPException) -> errors.GatewayError:
     return errors.GatewayError(exc.reason, status=exc.status)
 
 
-def _prepared(request: web.Request) -> web.StreamResponse | None:
+def _prepared(exchange: Exchange) -> web.StreamResponse | None:
     """A stream already started: its status is sent, so no error response can follow."""
-    resp = request.get(STREAM_RESPONSE)
+    resp = exchange.stream_response
     return resp if resp is not None and resp.prepared else None
 
 
-def _forwarded(request: web.Request, tenants: Tenants, client: Client, metrics: Metrics) -> Client:
+def _forwarded(
+    request: web.Request, exchange: Exchange, tenants: Tenants, client: Client, metrics: Metrics
+) -> Client:
     """The client a request is for when a trusted proxy names its developer
     (gateway/tenancy/forwarding.py); else the key's own."""
     name, outcome = tenants.forwarding.resolve(
@@ -148,50 +138,48 @@ def _forwarded(request: web.Request, tenants: Tenants, client: Client, metrics: 
     if outcome is not Forwarded.NAMED or name == client.name:
         return client
     # batches made for a named developer are that client's, as with a sign-in token's
-    request[CLIENT_KEY] = signin_key(name)
+    exchange.client_key = signin_key(name)
     return tenants.clients[name]
 
 
-@web.middleware
-async def gateway_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+def gateway_middleware(view: AppView) -> Middleware:
+    """The middleware of an application whose :class:`AppView` is ``view`` (a partial: no
+    frame of its own between aiohttp and the request's)."""
+    return web.middleware(partial(_handle, view))  # type: ignore[arg-type]
+
+
+async def _handle(view: AppView, request: web.Request, handler: Handler) -> web.StreamResponse:
     start = time.perf_counter()
     request_id = _request_id(request)
     route = _route_name(request)
-    app = request.app
-    tag = app[ROUTE_TAGS].get(route, _UNTAGGED)
+    tag = view.tags.get(route, _UNTAGGED)
     api = tag.api
-    request[API] = api or ""
-    request[OPENAI_ERRORS] = tag.openai
-    request[REQUEST_ID] = request_id
-    presented = request[CLIENT_KEY] = credential(request)
-    # what the handlers fill in (model, upstream, stream, error), defaulted here so that
-    # reading it is a plain lookup (a request's .get() is Mapping's, a try/except)
-    request[OUTCOME] = outcome = Outcome()
-    request[CLIENT] = ANONYMOUS_CLIENT
+    request[EXCHANGE] = exchange = Exchange(view, request_id, api or "", tag.openai)
+    presented = exchange.client_key = credential(request)
     # request_id is the only context variable bound anywhere, and every request binds it
     # first: requests on one keep-alive connection share a task, and the new id replaces
     # the old one, so nothing needs clearing
     structlog.contextvars.bind_contextvars(request_id=request_id)
-    metrics = app[METRICS]
+    metrics = view.metrics
     status = 500
     response: web.StreamResponse | None = None
-    config = app[CONFIG]
-    state = app[STATE]
+    config = view.config
+    state = view.state
     try:
         server = config.server
         tenants = state.tenants
         client = tenants.identify(presented)
         if client is not None and tenants.forwarding.active:
-            client = _forwarded(request, tenants, client, metrics)
+            client = _forwarded(request, exchange, tenants, client, metrics)
         if client is None:
             refused: TokenRefused | None = None
-            if presented is not None and (signin := app.get(SIGNIN)) is not None:
+            if presented is not None and (signin := request.app.get(SIGNIN)) is not None:
                 try:  # no key: perhaps a signed-in developer's bearer
                     client = await signin.identify(presented, tenants)
                     # a named client's token owns batches as that client (one key each);
                     # server.api_keys_env's keys are many: such a token owns its own
                     if client is not None and client is not ANONYMOUS_CLIENT:
-                        request[CLIENT_KEY] = signin_key(client.name)
+                        exchange.client_key = signin_key(client.name)
                 except TokenRefused as exc:
                     refused = exc
             if client is None:
@@ -200,7 +188,7 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
                         metrics.rejected.labels(api, "auth").inc()
                     raise refused or errors.AuthenticationFailed()
                 client = ANONYMOUS_CLIENT  # an operational route: nobody in particular
-        request[CLIENT] = client
+        exchange.client = client
         if api is not None:
             if state.draining:
                 metrics.rejected.labels(api, "draining").inc()
@@ -228,13 +216,13 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             raise errors.InvalidRequest("", "Malformed request body framing") from None
         status = response.status
     except errors.GatewayError as err:
-        response = _prepared(request)
+        response = _prepared(exchange)
         if response is None:
-            if api is not None and request[CLIENT].limited:  # its limits' headers
-                await charges.standing(request, err)
+            if api is not None and exchange.client.limited:  # its limits' headers
+                await charges.standing(exchange, err)
             response = render_error(request, err, request_id)
         status = response.status
-        outcome.error = (err.error_type, err.message if err.status < 500 else None)
+        exchange.error = (err.error_type, err.message if err.status < 500 else None)
         if api is not None and err.status == 400 and not isinstance(err, errors.UpstreamError):
             metrics.rejected.labels(api, "invalid_request").inc()
     except web.HTTPException as exc:  # a redirect, answered by aiohttp as it is
@@ -242,15 +230,15 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         status = exc.status
         raise
     except (ClientGone, ConnectionError):  # the client left: its access line says 499
-        response = _prepared(request) or web.Response(status=499)
+        response = _prepared(exchange) or web.Response(status=499)
         status = response.status if response.prepared else 499
     except Exception:
         _log.exception("unhandled_error", route=route)
-        response = _prepared(request) or render_error(request, errors.GatewayError(), request_id)
+        response = _prepared(exchange) or render_error(request, errors.GatewayError(), request_id)
         status = response.status
     finally:
         if response is None:  # cancelled: the client went away
-            prepared = _prepared(request)
+            prepared = _prepared(exchange)
             status = prepared.status if prepared is not None else 499
         elif (
             not response.prepared and status != 499 and not isinstance(response, web.HTTPException)
@@ -261,29 +249,29 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             if not await send_buffered(request, response, config.server.write_timeout):
                 status = 499
         duration = time.perf_counter() - start
-        model = outcome.model
-        stream = "true" if outcome.stream else "false"
+        model = exchange.model
+        stream = "true" if exchange.stream else "false"
         if api is not None:
             metrics.requests.labels(api, model, str(status), stream).inc()
             metrics.request_duration.labels(api, model, stream).observe(duration)
             if len(state.tenants.clients) > 1:  # named clients: their own series
-                metrics.client_requests.labels(request[CLIENT].name, model, str(status)).inc()
+                metrics.client_requests.labels(exchange.client.name, model, str(status)).inc()
         if tag.logged and log.logs_access():
-            error = outcome.error
+            error = exchange.error
             raw_query = request.rel_url.raw_query_string
-            query = app[SECRETS](_query_names(raw_query)) or None if raw_query else None
+            query = view.secrets(_query_names(raw_query)) or None if raw_query else None
             log.access_line(
                 request_id,
                 route,
                 status,
                 request.method,
                 model or None,
-                outcome.upstream,
+                exchange.upstream,
                 round(duration * 1000, 3),
-                outcome.stream,
+                exchange.stream,
                 query,
                 error[0] if error else None,
-                app[SECRETS](error[1]) if error and error[1] is not None else None,
+                view.secrets(error[1]) if error and error[1] is not None else None,
             )
     if not response.prepared:
         response.headers["request-id"] = request_id

@@ -19,7 +19,7 @@ from datetime import datetime
 from aiohttp import web
 
 from gateway import errors
-from gateway.http.keys import CLIENT, CONFIG, OPENAI_ERRORS, WINDOWS
+from gateway.http.keys import CONFIG, EXCHANGE, WINDOWS
 from gateway.http.managed_settings import output_cap
 from gateway.ops.config import ModelRoute, find_route
 from gateway.ops.config_schema import is_pattern
@@ -68,7 +68,7 @@ def _limit(request: web.Request) -> int:
 async def list_models(request: web.Request) -> web.Response:
     # A pattern route (``claude-*``) is no model id a client could pick from a list.
     # A client with a models list sees only what it may use.
-    client = request[CLIENT]
+    client = request[EXCHANGE].client
     routes = [
         r
         for r in request.app[CONFIG].models.values()
@@ -102,11 +102,11 @@ async def list_models(request: web.Request) -> web.Response:
 async def get_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model_id"]
     route = find_route(request.app[CONFIG].models, model_id)
-    if route is not None and not request[CLIENT].may_use(model_id, route.name):
+    if route is not None and not request[EXCHANGE].client.may_use(model_id, route.name):
         route = None  # not this client's: as unknown as a model nobody serves
     if route is None:
         if "anthropic-version" not in request.headers:
-            request[OPENAI_ERRORS] = True
+            request[EXCHANGE].openai = True
             raise errors.NotFound(f"The model `{errors.echo(model_id, 256)}` does not exist")
         raise errors.NotFound(f"model: {errors.echo(model_id, 256)}")
     if "anthropic-version" not in request.headers:

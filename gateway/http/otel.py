@@ -26,7 +26,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway import errors
-from gateway.http.keys import CLIENT, OUTCOME, REQUEST_ID, ROUTE_TAGS
+from gateway.http.keys import EXCHANGE, ROUTE_TAGS, Exchange
 from gateway.messages.from_chat.figures import Figures
 from gateway.ops.telemetry import CURRENT, Telemetry
 
@@ -95,17 +95,17 @@ def middleware(telemetry: Telemetry) -> Any:
 def _ended(
     telemetry: Telemetry, request: web.Request, span: Any, api: str, status: int, seconds: float
 ) -> None:
-    client = request.get(CLIENT)
+    exchange = request.get(EXCHANGE)
+    client = exchange.client if exchange is not None else None
     span.set_attribute("http.request.method", request.method)
     resource = request.match_info.route.resource
     span.set_attribute("http.route", resource.canonical if resource is not None else "")
     span.set_attribute("http.response.status_code", status)
-    span.set_attribute("gateway.request_id", request.get(REQUEST_ID, ""))
+    span.set_attribute("gateway.request_id", exchange.request_id if exchange is not None else "")
     if client is not None:
         span.set_attribute("gateway.client", client.name)
     attributes: dict[str, Any] = {"gateway.api": api}
-    outcome = request.get(OUTCOME)
-    model = outcome.model if outcome is not None else ""
+    model = exchange.model if exchange is not None else ""
     operation = "chat" if api == "messages" else _OPERATIONS.get(api)
     if operation is not None:
         attributes["gen_ai.operation.name"] = operation
@@ -121,7 +121,9 @@ def _ended(
     telemetry.request_ended(span, seconds, attributes)
 
 
-def reply_ended(request: web.Request, req: dict[str, Any]) -> Callable[[Figures], None] | None:
+def reply_ended(
+    request: web.Request, exchange: Exchange, req: dict[str, Any]
+) -> Callable[[Figures], None] | None:
     """The telemetry part of a Messages reply's ``Figures.on_end``: its request params now,
     its figures at the end; None when the request has no span."""
     span = request.get(SPAN)
@@ -129,7 +131,7 @@ def reply_ended(request: web.Request, req: dict[str, Any]) -> Callable[[Figures]
         return None
     telemetry = request.app[TELEMETRY]
     telemetry.request_params(span, req)
-    client = request[CLIENT].name
+    client = exchange.client.name
 
     def ended(figures: Figures) -> None:
         telemetry.reply_ended(
@@ -171,7 +173,7 @@ async def otlp_sink(request: web.Request) -> web.Response:
     if len(body) > limit:
         raise errors.RequestTooLarge(f"Request exceeds the maximum size of {limit} bytes")
     kind = request.content_type
-    name = request[CLIENT].name
+    name = request[EXCHANGE].client.name
     if kind == _PROTOBUF:
         out = with_identity_protobuf(signal, body, name)
         reply = b""  # an empty Export*ServiceResponse

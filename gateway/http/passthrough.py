@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -35,7 +36,7 @@ from gateway import errors
 from gateway.http import charges, routing, streaming
 from gateway.http.admission import admitted
 from gateway.http.body import read_json
-from gateway.http.keys import CLIENT, METRICS, OUTCOME, REQUEST_ID, SECRETS, UPSTREAM_CALLS
+from gateway.http.keys import EXCHANGE, Exchange
 from gateway.http.tenancy import record_passthrough
 from gateway.messages.session_key import SESSION_HEADER
 from gateway.openai.apis import CHAT, RESPONSES, OpenAIApi
@@ -64,30 +65,27 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def handler(api: OpenAIApi) -> Handler:
-    """The aiohttp handler of one pass-through route."""
-
-    async def pass_through(request: web.Request) -> web.StreamResponse:
-        return await _pass_through(request, api)
-
-    return pass_through
+    """The aiohttp handler of one pass-through route (a partial: no frame of its own)."""
+    return partial(_pass_through, api=api)
 
 
 async def _pass_through(request: web.Request, api: OpenAIApi) -> web.StreamResponse:
     t0 = time.perf_counter()
+    exchange = request[EXCHANGE]
     raw: list[bytes] = []
-    body = await read_json(request, keep=raw)
+    body = await read_json(request, exchange, keep=raw)
     if not isinstance(body, dict):
         raise errors.InvalidRequest("", "request body must be a JSON object")
     if not isinstance(body.get("model"), str):
         raise errors.InvalidRequest("model", "required, a string")
-    route = routing.resolve(request, body["model"], openai=True)
-    if request[CLIENT].metered:  # a client with limits: charged before the upstream is called
-        charge = await charges.admit(request, len(raw[0]), _max_tokens(body))
+    route = routing.resolve(exchange, body["model"], openai=True)
+    if exchange.client.metered:  # a client with limits: charged before the upstream is called
+        charge = await charges.admit(exchange, len(raw[0]), _max_tokens(body))
         if charge is not None:
             return await charges.charged(
-                charge, _forward(request, api, raw, body, route, t0, charge)
+                charge, _forward(request, exchange, api, raw, body, route, t0, charge)
             )
-    return await _forward(request, api, raw, body, route, t0, None)
+    return await _forward(request, exchange, api, raw, body, route, t0, None)
 
 
 def _max_tokens(body: dict[str, Any]) -> int:
@@ -101,6 +99,7 @@ def _max_tokens(body: dict[str, Any]) -> int:
 
 async def _forward(
     request: web.Request,
+    exchange: Exchange,
     api: OpenAIApi,
     raw: list[bytes],
     body: dict[str, Any],
@@ -109,8 +108,10 @@ async def _forward(
     charge: limits.Charge | None,
 ) -> web.StreamResponse:
     stream = api.streams and body.get("stream") is True
-    request[OUTCOME].stream = stream
-    ups = request.app[UPSTREAM_CALLS]
+    exchange.stream = stream
+    app = exchange.app
+    ups = app.upstream_calls
+    assert ups is not None  # the API application's
     client = ups.client(route)
     session = _session(request, client, body)
     data = raw.pop()
@@ -131,24 +132,24 @@ async def _forward(
     if span is None:  # the bytes do not say for certain where model is: encoded again
         body["model"] = route.upstream_model
         if upstream.send_priority:
-            body["priority"] = engine_priority(request[CLIENT].weight, upstream.kind)
+            body["priority"] = engine_priority(exchange.client.weight, upstream.kind)
         payload = jsonutil.dumpb(body)
         del body
     else:
         del body  # before the copy: a large body is held as bytes only
         payload = splice(data, span, route.upstream_model)
     del data  # held once, as the payload, while the upstream answers
-    metrics = request.app[METRICS]
+    metrics = app.metrics
     metrics.overhead.labels(api.name).observe(time.perf_counter() - t0)
     rewrite = ModelRewriter(route.upstream_model, route.name)
-    async with admitted(request, route):
+    async with admitted(request, exchange, route):
         up = await send(
             ups,
             route,
             api.path,
             payload,
             stream=stream,
-            request_id=request[REQUEST_ID],
+            request_id=exchange.request_id,
             session=session,
         )
         async with up:
@@ -157,24 +158,25 @@ async def _forward(
                 inband = InbandErrors(
                     responses=api.dialect.responses,
                     hosts=client.hosts,
-                    secrets=request.app[SECRETS],
+                    secrets=app.secrets,
                 )
                 reply = inband.body(rewrite(data))  # an error body raises, scrubbed
                 if names:
                     reply = _text_calls(api, names).body(reply)
                 usage = api.dialect.usage(data)
                 metrics.count_tokens(route.name, usage)
-                record_passthrough(request, route.name, usage)
+                record_passthrough(request, exchange, route.name, usage)
                 if charge is not None:
                     charge.ended(usage)
                 return web.Response(
                     body=reply,
                     status=200,
                     content_type="application/json",
-                    headers={"request-id": request[REQUEST_ID]},
+                    headers={"request-id": exchange.request_id},
                 )
             return await _relay(
                 request,
+                exchange,
                 api,
                 route,
                 up,
@@ -182,7 +184,7 @@ async def _forward(
                     rewrite,
                     api.dialect,
                     hosts=client.hosts,
-                    secrets=request.app[SECRETS],
+                    secrets=app.secrets,
                     indexer=_stream_indexer(api, route, names),
                 ),
                 t0,
@@ -192,6 +194,7 @@ async def _forward(
 
 async def _relay(
     request: web.Request,
+    exchange: Exchange,
     api: OpenAIApi,
     route: ModelRoute,
     up: UpstreamResponse,
@@ -201,15 +204,16 @@ async def _relay(
 ) -> web.StreamResponse:
     headers = None if charge is None else charge.headers
     try:
-        return await _relayed(request, api, route, up, relay, t0, headers)
+        return await _relayed(request, exchange, api, route, up, relay, t0, headers)
     finally:  # however the stream ended: what it used, as far as the upstream said
-        record_passthrough(request, route.name, relay.usage)
+        record_passthrough(request, exchange, route.name, relay.usage)
         if charge is not None:
             charge.ended(relay.usage)  # None (no include_usage): the estimate stands
 
 
 async def _relayed(
     request: web.Request,
+    exchange: Exchange,
     api: OpenAIApi,
     route: ModelRoute,
     up: UpstreamResponse,
@@ -217,9 +221,10 @@ async def _relayed(
     t0: float,
     headers: Mapping[str, str] | None,
 ) -> web.StreamResponse:
-    metrics = request.app[METRICS]
+    metrics = exchange.app.metrics
     async with streaming.RelayedStream(
         request,
+        exchange,
         api.name,
         route,
         relay,

@@ -8,34 +8,26 @@ The concurrency gate is :mod:`gateway.http.admission`, the SIGTERM drain of live
 
 from __future__ import annotations
 
-from aiohttp import web
-
 from gateway import errors
-from gateway.http.keys import (
-    API,
-    CLIENT,
-    CONFIG,
-    METRICS,
-    OUTCOME,
-)
+from gateway.http.keys import Exchange
 from gateway.ops.config import ModelRoute, find_route
 
 
-def resolve(request: web.Request, model: object, *, openai: bool = False) -> ModelRoute:
+def resolve(exchange: Exchange, model: object, *, openai: bool = False) -> ModelRoute:
     """The route for a client's model name (exact, else a ``*`` pattern); unknown -> 404,
     outside the client's ``models`` list -> 403 ``permission_error``."""
-    route = find_route(request.app[CONFIG].models, model) if isinstance(model, str) else None
+    app = exchange.app
+    route = find_route(app.config.models, model) if isinstance(model, str) else None
     if route is None:
-        request.app[METRICS].rejected.labels(request[API], "unknown_model").inc()
+        app.metrics.rejected.labels(exchange.api, "unknown_model").inc()
         shown = errors.echo(model, 256)  # client input, echoed back: short, encodable
         if openai:
             raise errors.NotFound(f"The model `{shown}` does not exist")
         raise errors.NotFound(f"model: {shown}")
-    if not request[CLIENT].may_use(model, route.name):  # type: ignore[arg-type]
-        request.app[METRICS].rejected.labels(request[API], "model_denied").inc()
+    if not exchange.client.may_use(model, route.name):  # type: ignore[arg-type]
+        app.metrics.rejected.labels(exchange.api, "model_denied").inc()
         shown = errors.echo(model, 256)
         raise errors.PermissionDenied(f"This API key may not use the model {shown}")
-    outcome = request[OUTCOME]
-    outcome.model = route.name
-    outcome.upstream = route.upstream.name
+    exchange.model = route.name
+    exchange.upstream = route.upstream.name
     return route

@@ -4,7 +4,7 @@ A stream to a client (Anthropic Messages events from :mod:`gateway.http.anthropi
 OpenAI pass-through's relayed events from :mod:`gateway.http.passthrough`) goes through
 :class:`RelayedStream`, an async context manager around the caller's pump::
 
-    async with RelayedStream(request, api, route, source, content_type=...) as stream:
+    async with RelayedStream(request, exchange, api, route, source, content_type=...) as stream:
         ...  # the hot path: read upstream, translate or relay, await stream.writer.write()
     return stream.writer.response
 
@@ -41,7 +41,7 @@ from aiohttp import web
 
 from gateway import errors
 from gateway.http.drain import DRAINING_MESSAGE, DrainHandle, drainable
-from gateway.http.keys import CONFIG, METRICS
+from gateway.http.keys import Exchange
 from gateway.http.writer import PING, ClientGone, StreamWriter
 from gateway.ops.config import ModelRoute
 from gateway.text.sse import SSEEventTooLarge
@@ -100,6 +100,7 @@ class RelayedStream:
         "_model",
         "_ping_frame",
         "_request",
+        "_server",
         "_source",
         "writer",
     )
@@ -109,6 +110,7 @@ class RelayedStream:
     def __init__(
         self,
         request: web.Request,
+        exchange: Exchange,
         api: str,
         route: ModelRoute,
         source: Source,
@@ -130,12 +132,13 @@ class RelayedStream:
         self._content_type = content_type
         self._ping_frame = ping_frame
         self._end_hook = end  # records the stream's figures, given its termination reason
-        self._metrics = request.app[METRICS]
+        self._metrics = exchange.app.metrics
+        self._server = exchange.app.config.server
         self._headers = headers  # more response headers (a limited client's ratelimit ones)
 
     async def __aenter__(self) -> RelayedStream:
         if not hasattr(self, "writer"):
-            server = self._request.app[CONFIG].server
+            server = self._server
             self.writer = await StreamWriter.open(
                 self._request,
                 content_type=self._content_type,

@@ -17,9 +17,10 @@ from typing import Any
 from aiohttp import web
 
 from gateway.http import charges, otel
-from gateway.http.keys import CLIENT, CONFIG, METRICS, STATE
-from gateway.http.usage_api import USAGE
+from gateway.http.keys import METRICS, STATE, AppState, Exchange
+from gateway.http.usage_api import USAGE, UsageRecorder
 from gateway.messages.from_chat.figures import Figures
+from gateway.ops.metrics import Metrics
 from gateway.tenancy.clients import Client
 
 __all__ = ["batch_reply_ended", "per_client", "record_passthrough", "reply_ended"]
@@ -28,29 +29,35 @@ __all__ = ["batch_reply_ended", "per_client", "record_passthrough", "reply_ended
 Record = Callable[[str, int, int, int, int], None]
 
 
-def per_client(app: web.Application) -> bool:
+def per_client(state: AppState) -> bool:
     """Whether named clients are configured (the per-client series are counted then)."""
-    return len(app[STATE].tenants.clients) > 1
+    return len(state.tenants.clients) > 1
 
 
-def _record(app: web.Application, client: Client) -> Record | None:
-    recorder = app.get(USAGE)
-    metrics = app[METRICS] if per_client(app) else None
-    if recorder is None and metrics is None:
+def _record(
+    recorder: UsageRecorder | None, metrics: Metrics, state: AppState, client: Client
+) -> Record | None:
+    metrics_or_none = metrics if per_client(state) else None
+    if recorder is None and metrics_or_none is None:
         return None
     name = client.name
 
     def record(model: str, uncached: int, cache_read: int, output: int, searches: int) -> None:
         if recorder is not None:
             recorder.add(name, model, uncached, cache_read, output, searches)
-        if metrics is not None:
-            tokens = metrics.client_tokens
+        if metrics_or_none is not None:
+            tokens = metrics_or_none.client_tokens
             tokens.labels(name, model, "input").inc(uncached)
             tokens.labels(name, model, "output").inc(output)
             if cache_read:
                 tokens.labels(name, model, "cache_read").inc(cache_read)
 
     return record
+
+
+def _record_of(exchange: Exchange) -> Record | None:
+    app = exchange.app
+    return _record(app.usage, app.metrics, app.state, exchange.client)
 
 
 def _on_end(record: Record | None) -> Callable[[Figures], None] | None:
@@ -67,19 +74,27 @@ def _on_end(record: Record | None) -> Callable[[Figures], None] | None:
 
 
 def reply_ended(
-    request: web.Request, req: dict[str, Any] | None = None
+    request: web.Request, exchange: Exchange, req: dict[str, Any] | None = None
 ) -> Callable[[Figures], None] | None:
     """The ``Figures.on_end`` of the request's Messages reply (its charge settled, its usage
     recorded, its span and GenAI metrics written when telemetry is on: ``req``, the
     validated request, gives the span its request params), or None when there is nothing
     to do."""
+    app = exchange.app
+    if (  # the usual request: nothing to settle, record or trace
+        exchange.charge is None
+        and app.usage is None
+        and not app.telemetry
+        and not per_client(app.state)
+    ):
+        return None
     ends = [
         end
         for end in (
-            charges.settle(request),
-            _on_end(_record(request.app, request[CLIENT])),
-            otel.reply_ended(request, req)
-            if req is not None and request.app[CONFIG].telemetry is not None
+            charges.settle(exchange),
+            _on_end(_record_of(exchange)),
+            otel.reply_ended(request, exchange, req)
+            if req is not None and exchange.app.telemetry
             else None,
         )
         if end is not None
@@ -98,19 +113,23 @@ def batch_reply_ended(app: web.Application) -> Callable[[str], Callable[[Figures
     """For the batch scheduler: a batch owner -> its requests' ``Figures.on_end``."""
 
     def ended(owner: str) -> Callable[[Figures], None] | None:
-        return _on_end(_record(app, app[STATE].tenants.by_owner(owner)))
+        state = app[STATE]
+        client = state.tenants.by_owner(owner)
+        return _on_end(_record(app.get(USAGE), app[METRICS], state, client))
 
     return ended
 
 
-def record_passthrough(request: web.Request, model: str, usage: tuple[int, int] | None) -> None:
+def record_passthrough(
+    request: web.Request, exchange: Exchange, model: str, usage: tuple[int, int] | None
+) -> None:
     """An OpenAI pass-through reply's (prompt, completion) tokens, as the upstream reported
     them (its prompt counted as uncached input: the pass-through does not read the cached
     part)."""
-    if request.app[CONFIG].telemetry is not None:
+    if exchange.app.telemetry:
         otel.passthrough_ended(request, usage)
     if usage is None:
         return
-    record = _record(request.app, request[CLIENT])
+    record = _record_of(exchange)
     if record is not None:
         record(model, usage[0], 0, usage[1], 0)

@@ -29,7 +29,7 @@ import structlog
 from aiohttp import web
 
 from gateway import errors
-from gateway.http.keys import CLIENT_KEY, STATE
+from gateway.http.keys import EXCHANGE, STATE
 from gateway.tenancy.usage import UsageAggregate
 from gateway.tenancy.usage_report import parse_query, report
 from gateway.text import jsonutil
@@ -118,7 +118,7 @@ async def usage_ctx(app: web.Application) -> AsyncIterator[None]:
 def _admin(request: web.Request) -> None:
     """An admin key was presented, else the 401 (no key, or one nobody has) or the 403 (a
     client's key)."""
-    presented = request[CLIENT_KEY]
+    presented = request[EXCHANGE].client_key
     tenants = request.app[STATE].tenants
     if tenants.is_admin(presented):
         return

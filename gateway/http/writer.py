@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from gateway.http import compat
-from gateway.http.keys import REQUEST_ID, STREAM_RESPONSE
+from gateway.http.keys import EXCHANGE
 
 PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 _FRAMING = compat.WRITE_FRAMING
@@ -72,18 +72,19 @@ class StreamWriter:
         ping_frame: bytes = PING,
         headers: Mapping[str, str] | None = None,
     ) -> StreamWriter:
+        exchange = request[EXCHANGE]
         resp = web.StreamResponse(
             status=200,
             headers={
                 "Content-Type": content_type,
                 "Cache-Control": "no-cache",
                 "X-Accel-Buffering": "no",
-                "request-id": request[REQUEST_ID],
+                "request-id": exchange.request_id,
             },
         )
         if headers:
             resp.headers.update(headers)
-        request[STREAM_RESPONSE] = resp  # the middleware must not render errors after this
+        exchange.stream_response = resp  # the middleware must not render errors after this
         try:
             await resp.prepare(request)
         except (ConnectionError, RuntimeError) as exc:
@@ -156,6 +157,17 @@ class StreamWriter:
             pass
 
 
+# room past this is not compared with the head's size: a buffered reply's headers are the
+# gateway's own (ids, content types, the limits' numbers), about 1 KB at most
+_SMALL_HEAD = 16384
+
+
+def _head(resp: web.StreamResponse) -> int:
+    """The response head's size, about (aiohttp adds the status line and a few headers:
+    ``_FRAMING`` allows for them)."""
+    return sum(len(k) + len(v) + 4 for k, v in resp.headers.items())
+
+
 async def send_buffered(
     request: web.Request, resp: web.StreamResponse, write_timeout: float
 ) -> bool:
@@ -176,8 +188,8 @@ async def send_buffered(
     ):
         size = transport.get_write_buffer_size()
         low, high = transport.get_write_buffer_limits()  # type: ignore[attr-defined]
-        head = sum(len(k) + len(v) + 4 for k, v in resp.headers.items())  # + what aiohttp adds
-        if size <= low and size + len(body) + head + _FRAMING < high:
+        room = high - size - len(body) - _FRAMING
+        if size <= low and room > 0 and (room > _SMALL_HEAD or _head(resp) < room):
             try:
                 await resp.prepare(request)
                 await resp.write_eof()

@@ -265,20 +265,21 @@ def access_line(
         )
         _OUT.write(_INFO + jsonutil.dumpb(access_fields(rec)) + b"\n")
         return
+    known = _KNOWN.get  # a value seen before: its JSON without a call of ours
     _OUT.write(
         _INFO
         + _ACCESS_LINE
         % (
             jsonutil.dumpb(request_id),
-            _known(method),
-            _known(route),
-            _known(model),
-            _known(upstream),
+            known(method) or _known(method),  # type: ignore[arg-type]
+            known(route) or _known(route),
+            known(model) or _known(model),  # type: ignore[arg-type]
+            known(upstream) or _known(upstream),  # type: ignore[arg-type]
             status,
             repr(duration_ms).encode(),
             b"true" if stream else b"false",
             b"null" if query is None else jsonutil.dumpb(query),
-            _known(error_type),
+            known(error_type) or _known(error_type),  # type: ignore[arg-type]
             b"null" if error is None else jsonutil.dumpb(error),
             _PID,
             _timestamp().encode(),

@@ -759,13 +759,13 @@ def test_middleware_renders_an_unencodable_message_in_each_shape() -> None:
     text/plain 500. Both shapes render it as JSON."""
     from aiohttp.test_utils import make_mocked_request
 
-    from gateway.http.keys import API
+    from gateway.http.keys import EXCHANGE, AppView, Exchange
     from gateway.http.middleware import render_error
 
     err = errors.NotFound("The model `\ud800` does not exist")
     for api, key in (("chat", "message"), ("messages", "message")):
         request = make_mocked_request("POST", "/llm/v1/x")
-        request[API] = api
+        request[EXCHANGE] = Exchange(AppView(), "req_1", api, api == "chat")
         response = render_error(request, err, "req_1")
         assert response.status == 404 and response.content_type == "application/json"
         assert isinstance(response.body, bytes)

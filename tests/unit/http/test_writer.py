@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.http.keys import REQUEST_ID
+from gateway.http.keys import EXCHANGE, AppView, Exchange
 from gateway.http.writer import ClientGone, StreamWriter, send_buffered
 
 _WRITE_TIMEOUT = 0.2
@@ -64,7 +64,7 @@ async def test_fast_path_write_that_pauses_the_transport_still_times_out() -> No
     outcome: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        request[REQUEST_ID] = "req_test"
+        request[EXCHANGE] = Exchange(AppView(), "req_test", "", False)
         transport = request.transport
         assert transport is not None
         transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
@@ -113,7 +113,7 @@ async def test_closing_a_stream_to_a_client_that_stopped_reading_is_bounded() ->
     outcome: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        request[REQUEST_ID] = "req_test"
+        request[EXCHANGE] = Exchange(AppView(), "req_test", "", False)
         transport = request.transport
         assert transport is not None
         transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)

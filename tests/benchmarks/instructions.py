@@ -2,6 +2,7 @@
 
     python -m tests.benchmarks.instructions [--targets gateway,floor,relay] [--requests 300]
         [--warmup 100] [--concurrency 1] [--api anthropic|openai|both] [--stream]
+    python -m tests.benchmarks.instructions --check [--regress-us N]   # CI: .ci/run
 
 CPU time on a shared 2-core machine moves by about ±15% between runs; the instructions a
 process executes do not (repeat runs agree within about 0.5%). Each target is started under
@@ -10,8 +11,12 @@ requests (``callgrind_control -i on`` / ``off``), and stopped; the figure is the
 counted divided by the requests. Batches are off in the gateway's config here (its scheduler
 sleeps between polls, and a timer firing inside the window would be counted).
 
-Used to measure each cut on the request path before and after (docs/performance.md). Needs
-valgrind (Debian's package). Loopback only; every process started is ended by its PID.
+Used to measure each cut on the request path before and after (docs/performance.md), and by
+CI (``--check``): the ratios gateway ÷ lean floor (buffered Messages) and pass-through ÷ bare
+relay must stay within :data:`LIMITS`; being counts, not times, they catch a smaller step
+than the CPU guard (tests/benchmarks/guard.py) can on a noisy machine. ``--regress-us N``
+shows it failing. Needs valgrind (Debian's package). Loopback only; every process started is
+ended by its PID.
 """
 
 from __future__ import annotations
@@ -34,6 +39,14 @@ from tests.procs import wait_http
 HOST = bench_run.HOST
 _TOTALS = re.compile(rb"^(?:totals|summary): (\d+)", re.M)
 
+# ratio -> (limit, today's ratio when the limit was set): what ``--check`` fails past. The
+# instructions a request costs move by under 1% between runs (the CPU guard's ratios by
+# about 15%), so the limits sit about 15% above today's: a step of 1.2x is caught.
+LIMITS: dict[str, tuple[float, float]] = {
+    "gateway ÷ floor": (1.60, 1.40),
+    "pass-through ÷ relay": (1.15, 0.97),
+}
+
 
 def _valgrind_args(out: Path) -> list[str]:
     return [
@@ -46,20 +59,23 @@ def _valgrind_args(out: Path) -> list[str]:
 
 
 class _Target:
-    def __init__(self, bench: bench_run.Bench, name: str) -> None:
+    def __init__(self, bench: bench_run.Bench, name: str, regress_us: float = 0.0) -> None:
         self.name = name
         self.port = bench_run.free_port()
         self.out = bench.tmp / f"callgrind.{name}.out"
         if name == "gateway":
-            args = [sys.executable, "-m", "gateway", "--config", str(bench.cfg)]
+            # with regress_us: the gateway with a middleware burning that much CPU per
+            # request (tests/benchmarks/regressed.py), to see --check fail
+            module = ["tests.benchmarks.regressed", str(regress_us)] if regress_us else ["gateway"]
+            args = [sys.executable, "-m", *module, "--config", str(bench.cfg)]
             args += ["--port", str(self.port)]
             env = {
                 "BENCH_GATEWAY_KEYS": bench_run.API_KEY,
                 "XDG_STATE_HOME": str(bench.tmp / "state"),
             }
         else:
-            module = {"floor": "lean_floor", "relay": "bare_relay"}[name]
-            args = [sys.executable, "-m", f"tests.benchmarks.{module}", str(self.port)]
+            floor = {"floor": "lean_floor", "relay": "bare_relay"}[name]
+            args = [sys.executable, "-m", f"tests.benchmarks.{floor}", str(self.port)]
             args.append(bench.stub_url)
             env = {}
         self.log = open(bench.tmp / f"{name}.callgrind.log", "wb")  # closed in stop()
@@ -114,12 +130,13 @@ async def _count(
     warmup: int,
     concurrency: int,
     stream: bool,
+    regress_us: float = 0.0,
 ) -> dict[str, float]:
     figures: dict[str, float] = {}
     for api in apis:
         if (name == "floor" and api == "openai") or (name == "relay" and api == "anthropic"):
             continue
-        target = _Target(bench, name)
+        target = _Target(bench, name, regress_us)
         _PORTS[name] = target.port
         try:
             raw = _request(bench, name, api, stream)
@@ -147,7 +164,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--stream", action="store_true")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="all three targets, both APIs; exit 1 when a ratio passes its limit (LIMITS)",
+    )
+    ap.add_argument(
+        "--regress-us",
+        type=float,
+        default=0.0,
+        help="the gateway burns this much CPU per request (under valgrind: ~50x fewer "
+        "instructions than natively), to see --check fail",
+    )
     args = ap.parse_args(argv)
+    if args.check:
+        args.targets, args.api, args.stream = "gateway,floor,relay", "both", False
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
         return 2
@@ -169,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                         warmup=args.warmup,
                         concurrency=args.concurrency,
                         stream=args.stream,
+                        regress_us=args.regress_us,
                     )
                 )
             )
@@ -176,15 +208,23 @@ def main(argv: list[str] | None = None) -> int:
         bench.close()
     for key, value in figures.items():
         print(f"{key:32} {value / 1000:9.1f} K instructions/request")
+    ratios: dict[str, float] = {}
     floor = figures.get("floor anthropic" + (" stream" if args.stream else ""))
     gw = figures.get("gateway anthropic" + (" stream" if args.stream else ""))
     if floor and gw:
-        print(f"{'gateway ÷ floor':32} {gw / floor:9.2f}")
+        ratios["gateway ÷ floor"] = gw / floor
     relay, pt = figures.get("relay openai"), figures.get("gateway openai")
     if relay and pt:
-        print(f"{'pass-through ÷ relay':32} {pt / relay:9.2f}")
+        ratios["pass-through ÷ relay"] = pt / relay
+    failed = False
+    for key, ratio in ratios.items():
+        limit, then = LIMITS[key]
+        over = args.check and ratio > limit
+        failed |= over
+        verdict = f"  limit {limit:.2f} (today {then:.2f}): {'OVER' if over else 'ok'}"
+        print(f"{key:32} {ratio:9.2f}{verdict if args.check else ''}")
     print(f"({time.perf_counter() - t0:.0f} s; callgrind's files in {bench.tmp})")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

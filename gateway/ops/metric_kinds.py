@@ -110,6 +110,15 @@ class _Level:
     def set(self, value: float) -> None:
         self._value.set(float(value))
 
+    def read_from(self, read: Callable[[], float]) -> bool:
+        """Show ``read()`` at scrape time, when the value is this process's own: True, and
+        whoever changes the figure need not ``set`` it. Under ``--workers`` the scrape reads
+        the multiprocess files, not this process: False, the caller keeps setting it."""
+        if type(self._value) is not MutexValue:
+            return False
+        self.child.set_function(read)
+        return True
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.child, name)
 

@@ -270,18 +270,21 @@ class Metrics:
             "requests_total",
             "Requests answered, by API, model alias, HTTP status and stream",
             ["api", "model", "code", "stream"],
+            one_writer=True,
         )
         self.request_duration = f.histogram(
             "request_duration_seconds",
             "Time from request arrival to the last byte sent",
             ["api", "model", "stream"],
             _LATENCY,
+            one_writer=True,
         )
         self.ttft = f.histogram(
             "time_to_first_token_seconds",
             "Time from request arrival to the first content token sent to the client",
             ["api", "model"],
             _TTFT,
+            one_writer=True,
         )
         self.inter_chunk = f.histogram(
             "inter_chunk_latency_seconds",
@@ -294,28 +297,33 @@ class Metrics:
             "Mean decode time per output token after the first, per stream",
             ["model"],
             _TOKEN,
+            one_writer=True,
         )
         self.overhead = f.histogram(
             "overhead_seconds",
             "Gateway's own time per request: parse, validate and translate, excluding upstream",
             ["api"],
             _OVERHEAD,
+            one_writer=True,
         )
         self.upstream_requests = f.counter(
             "upstream_requests_total",
             "Upstream calls by outcome: HTTP status, connect_error or timeout before headers",
             ["model", "upstream", "code"],
+            one_writer=True,
         )
         self.upstream_headers = f.histogram(
             "upstream_response_headers_seconds",
             "Time from sending the upstream request to its response headers",
             ["model", "upstream"],
             _LATENCY,
+            one_writer=True,
         )
         self.tokens = f.counter(
             "tokens_total",
             "Tokens reported in upstream usage, by type input or output",
             ["model", "type"],
+            one_writer=True,
         )
 
     def _clients(self, f: Families) -> None:
@@ -326,6 +334,7 @@ class Metrics:
             "client_requests_total",
             "Requests answered per client, by model alias and HTTP status",
             ["client", "model", "code"],
+            one_writer=True,
         )
         # requests carrying a proxy's identity headers (gateway/tenancy/forwarding.py), by
         # what became of them: named, unnamed (the forwarder's own), ignored (untrusted)
@@ -349,16 +358,22 @@ class Metrics:
             "stream_terminations_total",
             "Streams ended, by how they ended",
             ["api", "model", "reason"],
+            one_writer=True,
         )
         self.stop_reasons = f.counter(
             "stop_reasons_total",
             "Anthropic stop_reason of finished replies",
             ["model", "stop_reason"],
+            one_writer=True,
         )
         # multiprocess_mode only matters with --workers (prometheus multiprocess mode):
         # live workers' values are summed (in flight) or maxed (lag, constant-1 info)
         self.in_flight = f.gauge(
-            "streams_in_flight", "Streams being relayed to clients now", ["api", "model"], "livesum"
+            "streams_in_flight",
+            "Streams being relayed to clients now",
+            ["api", "model"],
+            "livesum",
+            one_writer=True,
         )
         self.rejected = f.counter(
             "rejected_total",
@@ -396,6 +411,7 @@ class Metrics:
             "Replies whose upstream reasoned although no thinking was asked for; the "
             "reasoning was not shown",
             ["model"],
+            one_writer=True,
         )
         self.capability_fallbacks = f.counter(
             "capability_fallbacks_total",
@@ -444,6 +460,7 @@ class Metrics:
             "Requests on the upstream replica now, from the send until the reply is read",
             ["upstream", "replica"],
             "livesum",
+            one_writer=True,
         )
         self.upstream_replica_healthy = f.gauge(
             "upstream_replica_healthy",
@@ -456,6 +473,7 @@ class Metrics:
             "Attempts sent to each replica, by outcome: ok (it answered, 2xx-4xx), status_5xx, "
             "connect_error, timeout, bad_response",
             ["upstream", "replica", "outcome"],
+            one_writer=True,
         )
         # the fleet (gateway/upstream/discovery.py, fleet.py): ``replica`` of a DNS-found
         # replica is the name's host:port and a slot number (#0, #1, ...; at most twice

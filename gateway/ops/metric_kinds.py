@@ -27,6 +27,7 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -256,19 +257,17 @@ class Memo:
     family is written from the event loop's thread only (module docstring).
     """
 
-    __slots__ = ("_children", "metric", "one_writer")
+    __slots__ = ("labels", "metric", "one_writer")
 
     def __init__(self, metric: Any, one_writer: bool = False) -> None:
         self.metric = metric
         self.one_writer = one_writer
-        self._children: dict[tuple[str, ...], Any] = {}
+        # labels(*values): the child for those label values, made at the first call. The
+        # cache is functools' C one (unbounded: the label values are): a hit runs no Python.
+        self.labels: Callable[..., Any] = lru_cache(maxsize=None)(self._make)
 
-    def labels(self, *values: str) -> Any:
-        child = self._children.get(values)
-        if child is None:
-            child = self._wrap(self.metric.labels(*values))
-            self._children[values] = child
-        return child
+    def _make(self, *values: str) -> Any:
+        return self._wrap(self.metric.labels(*values))
 
     def _wrap(self, child: Any) -> Any:
         if isinstance(child, Histogram):
@@ -289,9 +288,11 @@ class Memo:
         return child if _strays is None else _Checked(child, self.metric._name)
 
     def remove(self, *values: str) -> None:
-        """Stop exposing one child's series (a replica that left)."""
-        if self._children.pop(values, None) is not None:
+        """Stop exposing one child's series (a replica that left). The cache forgets every
+        child (it cannot drop one): the others are made again, on the same values."""
+        if values in self.metric._metrics:
             self.metric.remove(*values)
+            self.labels.cache_clear()  # type: ignore[attr-defined]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.metric, name)

@@ -4,6 +4,7 @@ one-writer child written from a second thread is told."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -172,3 +173,39 @@ def test_a_one_writer_child_written_from_a_second_thread_is_told() -> None:
     del strays[before:]  # told: not the suite's stray (tests/conftest.py)
     assert told == ["one written from elsewhere"]
     assert one.labels("a")._value.get() == 2 and locked.labels("a")._value.get() == 2
+
+
+def test_a_memoised_child_is_found_without_running_python() -> None:
+    memo = Memo(Counter("c", "c", ["model", "code"], registry=CollectorRegistry()))
+    child = memo.labels("a", "200")
+    calls: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        again = memo.labels("a", "200")
+    finally:
+        sys.setprofile(None)
+    assert again is child
+    assert calls == []
+
+
+def test_removing_a_child_drops_its_series_only() -> None:
+    registry = CollectorRegistry()
+    memo = Memo(Counter("c", "c", ["replica"], registry=registry))
+    memo.labels("a").inc()
+    memo.labels("b").inc(2)
+    memo.remove("a")
+    memo.remove("a")  # gone already: nothing to do
+    memo.remove("never")
+    exposition = generate_latest(registry)
+    assert b'replica="a"' not in exposition
+    assert b'c_total{replica="b"} 2.0' in exposition
+    memo.labels("b").inc()
+    memo.labels("a").inc()  # back, from zero
+    exposition = generate_latest(registry)
+    assert b'c_total{replica="b"} 3.0' in exposition
+    assert b'c_total{replica="a"} 1.0' in exposition

@@ -255,7 +255,6 @@ class Metrics:
         self.registry = registry
         self.process = WorkerProcess(registry) if per_worker_process else None
         self._reply_series: dict[tuple[str, str], ReplySeries] = {}
-        self._answers: dict[tuple[str, str, int, str], tuple[Any, Any]] = {}
         f = Families(registry, PREFIX)
         self._requests(f)
         self._clients(f)
@@ -736,20 +735,6 @@ class Metrics:
         if series is None:
             series = self._reply_series[(api, model)] = ReplySeries(self, api, model)
         return series
-
-    def answered(self, api: str, model: str, code: int, stream: str, seconds: float) -> None:
-        """One request answered: ``requests`` and ``request_duration``, as
-        ``requests.labels(api, model, str(code), stream).inc()`` and
-        ``request_duration.labels(api, model, stream).observe(seconds)`` do, the two children
-        kept for the combination (one dict lookup; for the middleware)."""
-        pair = self._answers.get((api, model, code, stream))
-        if pair is None:
-            pair = self._answers[(api, model, code, stream)] = (
-                self.requests.labels(api, model, str(code), stream),
-                self.request_duration.labels(api, model, stream),
-            )
-        pair[0].inc()
-        pair[1].observe(seconds)
 
     def count_tokens(self, model: str, usage: tuple[int, int] | None) -> None:
         """Count a reply's (input, output) tokens, buffered or streamed, for every API."""

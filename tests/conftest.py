@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gateway.ops.metric_kinds import check_writers
 from tests import pg, sdk
 from tests.procs import REPO, Proc, free_port, start_gateway, wait_http
 
@@ -19,6 +20,19 @@ from tests.procs import REPO, Proc, free_port, start_gateway, wait_http
 def _close_sdk_clients() -> Iterator[None]:
     yield
     sdk.close_all()
+
+
+# one-writer metric children (gateway/ops/metric_kinds.py) made in this process tell a write
+# from a second thread: the test that made one fails
+_METRIC_STRAYS = check_writers()
+
+
+@pytest.fixture(autouse=True)
+def _metrics_written_from_one_thread() -> Iterator[None]:
+    yield
+    strays = list(_METRIC_STRAYS)
+    _METRIC_STRAYS.clear()
+    assert not strays, f"one-writer metrics written from a second thread: {strays}"
 
 
 @pytest.fixture(scope="session")

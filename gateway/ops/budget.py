@@ -24,7 +24,9 @@ held in a budget (a lone body or batch of any size gets through, as before: the 
 are their own knobs); otherwise a take that would pass a budget's limit is refused, counted
 in ``llm_gateway_memory_budget_sheds_total{budget}``, and the caller answers 529
 ``overloaded_error`` with ``retry-after``, which every SDK retries.
-``llm_gateway_memory_budget_bytes{budget}`` is what is held now.
+``llm_gateway_memory_budget_bytes{budget}`` is what is held now: read at scrape time from
+the budget itself (nothing is published per take), or under ``--workers`` (the multiprocess
+files) set on every change.
 
 Takes may come from a worker thread (signatures opened off the event loop), so the count
 is under a lock (one for both budgets); a lease released while its thread still runs takes
@@ -34,6 +36,7 @@ nothing more.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
@@ -48,6 +51,8 @@ MIB = 1024 * 1024
 class _Gauge(Protocol):
     def set(self, value: float) -> None: ...
 
+    def read_from(self, read: Callable[[], float]) -> bool: ...
+
 
 class _Counter(Protocol):
     def inc(self, amount: float = 1) -> None: ...
@@ -57,7 +62,7 @@ class Budget:
     """Bytes held at once across the process, at most ``limit`` (but see :class:`Lease`);
     a take counts in ``parent`` too, and must fit there as well."""
 
-    __slots__ = ("_chain", "_lock", "held", "held_gauge", "limit", "parent", "sheds")
+    __slots__ = ("_chain", "_lock", "_published", "held", "held_gauge", "limit", "parent", "sheds")
 
     def __init__(
         self,
@@ -70,10 +75,17 @@ class Budget:
         self.limit = limit
         self.held = 0
         self.parent = parent
-        self.held_gauge = held_gauge
         self.sheds = sheds
         self._lock: threading.Lock = parent._lock if parent is not None else threading.Lock()
         self._chain: tuple[Budget, ...] = (self, *(parent._chain if parent else ()))
+        if held_gauge is not None and held_gauge.read_from(self._held):
+            held_gauge = None  # read at scrape time: nothing to set
+        self.held_gauge = held_gauge
+        # the gauges set on every change (--workers' only): the chain's that are not read
+        self._published = tuple(b for b in self._chain if b.held_gauge is not None)
+
+    def _held(self) -> float:
+        return self.held
 
     def lease(self) -> Lease:
         return Lease(self)
@@ -92,7 +104,8 @@ class Budget:
             for budget in self._chain:
                 budget.held += size
             lease.held += size
-            self._publish()
+            if self._published:
+                self._publish()
             return True
         finally:
             lock.release()
@@ -103,7 +116,8 @@ class Budget:
             for budget in self._chain:
                 budget.held -= size
             lease.held -= size
-            self._publish()
+            if self._published:
+                self._publish()
 
     def _release(self, lease: Lease) -> None:
         lock = self._lock
@@ -115,14 +129,14 @@ class Budget:
             for budget in self._chain:
                 budget.held -= lease.held
             lease.held = 0
-            self._publish()
+            if self._published:
+                self._publish()
         finally:
             lock.release()
 
     def _publish(self) -> None:
-        for budget in self._chain:
-            if budget.held_gauge is not None:
-                budget.held_gauge.set(budget.held)
+        for budget in self._published:
+            budget.held_gauge.set(budget.held)  # type: ignore[union-attr]
 
 
 class Lease:
@@ -152,7 +166,7 @@ class Lease:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.release()
+        self._budget._release(self)  # as release(), a call fewer
 
 
 def budgets(

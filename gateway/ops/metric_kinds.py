@@ -6,14 +6,28 @@ label values; the children it hands out (:class:`_Observer`, :class:`_Count`,
 multiprocess alike. The gateway asks for the same few children on every request, so
 this is the per-request cost of every metric (docs/performance.md).
 
+One writer: a family declared ``one_writer=True`` is written only from the event loop's
+thread (never from ``asyncio.to_thread``, an executor, or another thread of any kind), and
+its per-process children (:class:`_OneCount`, :class:`_OneLevel`, :class:`_OneObserver`)
+add to the value without its lock: a lock only orders writers, and a scrape (any thread)
+reads a float that is whole before or after a write. The rule is the declaring code's to
+keep; it holds for the families written per request (the middleware, a reply's
+:class:`~gateway.messages.from_chat.figures.Figures`, the upstream call). Families written
+from a thread too (the memory budgets, taken from signature restores off the loop) keep the
+lock. Under ``--workers`` every child keeps the multiprocess value's own ``inc``.
+:func:`check_writers` (the test suite turns it on) makes the one-writer children made
+afterwards note any write from a thread other than their first writer's.
+
 :class:`Families` declares families on one registry with the ``llm_gateway_`` prefix,
 each wrapped in a :class:`Memo`: what gateway/ops/metrics.py builds ``Metrics`` with.
 """
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -110,8 +124,128 @@ class _Level:
     def set(self, value: float) -> None:
         self._value.set(float(value))
 
+    def read_from(self, read: Callable[[], float]) -> bool:
+        """Show ``read()`` at scrape time, when the value is this process's own: True, and
+        whoever changes the figure need not ``set`` it. Under ``--workers`` the scrape reads
+        the multiprocess files, not this process: False, the caller keeps setting it."""
+        if type(self._value) is not MutexValue:
+            return False
+        self.child.set_function(read)
+        return True
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.child, name)
+
+
+class _OneObserver:
+    """:class:`_Observer` for a one-writer family's per-process child: no lock (module
+    docstring)."""
+
+    __slots__ = ("_bounds", "_buckets", "_sum", "child")
+
+    def __init__(self, child: Histogram) -> None:
+        self.child = child
+        self._bounds = list(child._upper_bounds)
+        self._buckets = list(child._buckets)
+        self._sum = child._sum
+
+    def observe(self, amount: float) -> None:
+        self._sum._value += amount
+        self._buckets[bisect_left(self._bounds, amount)]._value += 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.child, name)
+
+
+class _OneCount:
+    """:class:`_Count` for a one-writer family's per-process child: no lock."""
+
+    __slots__ = ("_value", "child")
+
+    def __init__(self, child: Counter) -> None:
+        self.child = child
+        self._value = child._value
+
+    def inc(self, amount: float = 1) -> None:
+        if amount < 0:
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        self._value._value += amount
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.child, name)
+
+
+class _OneLevel:
+    """:class:`_Level` for a one-writer family's per-process child: no lock."""
+
+    __slots__ = ("_value", "child")
+
+    def __init__(self, child: Gauge) -> None:
+        self.child = child
+        self._value = child._value
+
+    def inc(self, amount: float = 1) -> None:
+        self._value._value += amount
+
+    def dec(self, amount: float = 1) -> None:
+        self._value._value -= amount
+
+    def set(self, value: float) -> None:
+        self._value._value = float(value)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.child, name)
+
+
+# the writes from a second thread that checked one-writer children saw (check_writers)
+_strays: list[str] | None = None
+
+
+def check_writers() -> list[str]:
+    """From now on, one-writer children are made checked: each write from a thread other
+    than the child's first writer appends a line to the list returned (the same list on
+    every call). For the test suite; a checked child costs a thread lookup per write."""
+    global _strays
+    if _strays is None:
+        _strays = []
+    return _strays
+
+
+class _Checked:
+    """A one-writer child (:class:`_OneCount`, ...) whose writes check their thread."""
+
+    __slots__ = ("_inner", "_name", "_writer")
+
+    def __init__(self, inner: Any, name: str) -> None:
+        self._inner = inner
+        self._name = name
+        self._writer: int | None = None
+
+    def _check(self) -> None:
+        me = threading.get_ident()
+        if self._writer is None:
+            self._writer = me
+        elif me != self._writer and _strays is not None:
+            _strays.append(f"{self._name} written from {threading.current_thread().name}")
+
+    def inc(self, amount: float = 1) -> None:
+        self._check()
+        self._inner.inc(amount)
+
+    def dec(self, amount: float = 1) -> None:
+        self._check()
+        self._inner.dec(amount)
+
+    def set(self, value: float) -> None:
+        self._check()
+        self._inner.set(value)
+
+    def observe(self, amount: float) -> None:
+        self._check()
+        self._inner.observe(amount)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 class Memo:
@@ -119,32 +253,46 @@ class Memo:
 
     prometheus-client validates and locks on every ``labels()`` call (several us); the
     gateway asks for the same few children on every request. Label values are bounded
-    (config values, fixed enums, status codes), so the cache is too.
+    (config values, fixed enums, status codes), so the cache is too. ``one_writer``: the
+    family is written from the event loop's thread only (module docstring).
     """
 
-    __slots__ = ("_children", "metric")
+    __slots__ = ("labels", "metric", "one_writer")
 
-    def __init__(self, metric: Any) -> None:
+    def __init__(self, metric: Any, one_writer: bool = False) -> None:
         self.metric = metric
-        self._children: dict[tuple[str, ...], Any] = {}
+        self.one_writer = one_writer
+        # labels(*values): the child for those label values, made at the first call. The
+        # cache is functools' C one (unbounded: the label values are): a hit runs no Python.
+        self.labels: Callable[..., Any] = lru_cache(maxsize=None)(self._make)
 
-    def labels(self, *values: str) -> Any:
-        child = self._children.get(values)
-        if child is None:
-            child = self.metric.labels(*values)
-            if isinstance(child, Histogram):
-                child = _Observer(child)
-            elif isinstance(child, Counter):
-                child = _Count(child)
-            elif isinstance(child, Gauge) and not child._is_most_recent:
-                child = _Level(child)
-            self._children[values] = child
+    def _make(self, *values: str) -> Any:
+        return self._wrap(self.metric.labels(*values))
+
+    def _wrap(self, child: Any) -> Any:
+        if isinstance(child, Histogram):
+            if self.one_writer and type(child._sum) is MutexValue:
+                return self._checked(_OneObserver(child))
+            return _Observer(child)
+        if isinstance(child, Counter):
+            if self.one_writer and type(child._value) is MutexValue:
+                return self._checked(_OneCount(child))
+            return _Count(child)
+        if isinstance(child, Gauge) and not child._is_most_recent:
+            if self.one_writer and type(child._value) is MutexValue:
+                return self._checked(_OneLevel(child))
+            return _Level(child)
         return child
 
+    def _checked(self, child: Any) -> Any:
+        return child if _strays is None else _Checked(child, self.metric._name)
+
     def remove(self, *values: str) -> None:
-        """Stop exposing one child's series (a replica that left)."""
-        if self._children.pop(values, None) is not None:
+        """Stop exposing one child's series (a replica that left). The cache forgets every
+        child (it cannot drop one): the others are made again, on the same values."""
+        if values in self.metric._metrics:
             self.metric.remove(*values)
+            self.labels.cache_clear()  # type: ignore[attr-defined]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.metric, name)
@@ -158,18 +306,31 @@ class Families:
         self.registry = registry
         self.prefix = prefix
 
-    def counter(self, name: str, doc: str, labels: Sequence[str]) -> Memo:
-        return Memo(Counter(self.prefix + name, doc, labels, registry=self.registry))
+    def counter(
+        self, name: str, doc: str, labels: Sequence[str], *, one_writer: bool = False
+    ) -> Memo:
+        """``one_writer``: written from the event loop's thread only (module docstring)."""
+        return Memo(Counter(self.prefix + name, doc, labels, registry=self.registry), one_writer)
 
     def histogram(
-        self, name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]
+        self,
+        name: str,
+        doc: str,
+        labels: Sequence[str],
+        buckets: Sequence[float],
+        *,
+        one_writer: bool = False,
     ) -> Memo:
         return Memo(
-            Histogram(self.prefix + name, doc, labels, buckets=buckets, registry=self.registry)
+            Histogram(self.prefix + name, doc, labels, buckets=buckets, registry=self.registry),
+            one_writer,
         )
 
-    def gauge(self, name: str, doc: str, labels: Sequence[str], mode: Mode) -> Memo:
+    def gauge(
+        self, name: str, doc: str, labels: Sequence[str], mode: Mode, *, one_writer: bool = False
+    ) -> Memo:
         """``mode``: the multiprocess mode, which matters only with ``--workers``."""
         return Memo(
-            Gauge(self.prefix + name, doc, labels, registry=self.registry, multiprocess_mode=mode)
+            Gauge(self.prefix + name, doc, labels, registry=self.registry, multiprocess_mode=mode),
+            one_writer,
         )

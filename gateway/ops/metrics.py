@@ -30,6 +30,8 @@ compute ``rate()``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info, disable_created_metrics
 
 from gateway import __version__
@@ -252,6 +254,7 @@ class Metrics:
     ) -> None:
         self.registry = registry
         self.process = WorkerProcess(registry) if per_worker_process else None
+        self._reply_series: dict[tuple[str, str], ReplySeries] = {}
         f = Families(registry, PREFIX)
         self._requests(f)
         self._clients(f)
@@ -270,18 +273,21 @@ class Metrics:
             "requests_total",
             "Requests answered, by API, model alias, HTTP status and stream",
             ["api", "model", "code", "stream"],
+            one_writer=True,
         )
         self.request_duration = f.histogram(
             "request_duration_seconds",
             "Time from request arrival to the last byte sent",
             ["api", "model", "stream"],
             _LATENCY,
+            one_writer=True,
         )
         self.ttft = f.histogram(
             "time_to_first_token_seconds",
             "Time from request arrival to the first content token sent to the client",
             ["api", "model"],
             _TTFT,
+            one_writer=True,
         )
         self.inter_chunk = f.histogram(
             "inter_chunk_latency_seconds",
@@ -294,28 +300,33 @@ class Metrics:
             "Mean decode time per output token after the first, per stream",
             ["model"],
             _TOKEN,
+            one_writer=True,
         )
         self.overhead = f.histogram(
             "overhead_seconds",
             "Gateway's own time per request: parse, validate and translate, excluding upstream",
             ["api"],
             _OVERHEAD,
+            one_writer=True,
         )
         self.upstream_requests = f.counter(
             "upstream_requests_total",
             "Upstream calls by outcome: HTTP status, connect_error or timeout before headers",
             ["model", "upstream", "code"],
+            one_writer=True,
         )
         self.upstream_headers = f.histogram(
             "upstream_response_headers_seconds",
             "Time from sending the upstream request to its response headers",
             ["model", "upstream"],
             _LATENCY,
+            one_writer=True,
         )
         self.tokens = f.counter(
             "tokens_total",
             "Tokens reported in upstream usage, by type input or output",
             ["model", "type"],
+            one_writer=True,
         )
 
     def _clients(self, f: Families) -> None:
@@ -326,6 +337,7 @@ class Metrics:
             "client_requests_total",
             "Requests answered per client, by model alias and HTTP status",
             ["client", "model", "code"],
+            one_writer=True,
         )
         # requests carrying a proxy's identity headers (gateway/tenancy/forwarding.py), by
         # what became of them: named, unnamed (the forwarder's own), ignored (untrusted)
@@ -349,16 +361,22 @@ class Metrics:
             "stream_terminations_total",
             "Streams ended, by how they ended",
             ["api", "model", "reason"],
+            one_writer=True,
         )
         self.stop_reasons = f.counter(
             "stop_reasons_total",
             "Anthropic stop_reason of finished replies",
             ["model", "stop_reason"],
+            one_writer=True,
         )
         # multiprocess_mode only matters with --workers (prometheus multiprocess mode):
         # live workers' values are summed (in flight) or maxed (lag, constant-1 info)
         self.in_flight = f.gauge(
-            "streams_in_flight", "Streams being relayed to clients now", ["api", "model"], "livesum"
+            "streams_in_flight",
+            "Streams being relayed to clients now",
+            ["api", "model"],
+            "livesum",
+            one_writer=True,
         )
         self.rejected = f.counter(
             "rejected_total",
@@ -396,6 +414,7 @@ class Metrics:
             "Replies whose upstream reasoned although no thinking was asked for; the "
             "reasoning was not shown",
             ["model"],
+            one_writer=True,
         )
         self.capability_fallbacks = f.counter(
             "capability_fallbacks_total",
@@ -444,6 +463,7 @@ class Metrics:
             "Requests on the upstream replica now, from the send until the reply is read",
             ["upstream", "replica"],
             "livesum",
+            one_writer=True,
         )
         self.upstream_replica_healthy = f.gauge(
             "upstream_replica_healthy",
@@ -456,6 +476,7 @@ class Metrics:
             "Attempts sent to each replica, by outcome: ok (it answered, 2xx-4xx), status_5xx, "
             "connect_error, timeout, bad_response",
             ["upstream", "replica", "outcome"],
+            one_writer=True,
         )
         # the fleet (gateway/upstream/discovery.py, fleet.py): ``replica`` of a DNS-found
         # replica is the name's host:port and a slot number (#0, #1, ...; at most twice
@@ -708,6 +729,13 @@ class Metrics:
         for outcome in QUEUE_OUTCOMES:
             self.queue_outcomes.labels(model, outcome)
 
+    def reply_series(self, api: str, model: str) -> ReplySeries:
+        """The series ``model``'s replies on ``api`` write, kept (:class:`ReplySeries`)."""
+        series = self._reply_series.get((api, model))
+        if series is None:
+            series = self._reply_series[(api, model)] = ReplySeries(self, api, model)
+        return series
+
     def count_tokens(self, model: str, usage: tuple[int, int] | None) -> None:
         """Count a reply's (input, output) tokens, buffered or streamed, for every API."""
         if usage is not None:
@@ -731,3 +759,92 @@ class Metrics:
     def drop_field(self, name: str) -> None:
         """Count a dropped request field; unknown names (client input) count as ``other``."""
         self.dropped_fields.labels(name if name in DROPPED_FIELDS else "other").inc()
+
+
+class ReplySeries:
+    """The series one (api, model)'s replies write
+    (:meth:`~gateway.messages.from_chat.figures.Figures.write`), in one call: each child is
+    resolved at its first write and kept, so that a reply costs attribute loads rather than a
+    ``labels()`` call a series. Nothing is created before it is written (the exposition is
+    what the ``labels()`` calls would make). The families are never ``remove``d from."""
+
+    __slots__ = (
+        "_api",
+        "_ends",
+        "_hidden",
+        "_input",
+        "_metrics",
+        "_model",
+        "_output",
+        "_overhead",
+        "_stops",
+        "_tpot",
+        "_ttft",
+    )
+
+    def __init__(self, metrics: Metrics, api: str, model: str) -> None:
+        self._metrics = metrics
+        self._api = api
+        self._model = model
+        self._overhead: Any = None
+        self._ttft: Any = None
+        self._tpot: Any = None
+        self._hidden: Any = None
+        self._input: Any = None
+        self._output: Any = None
+        self._stops: dict[str, Any] = {}
+        self._ends: dict[str, Any] = {}
+
+    def write(
+        self,
+        *,
+        overhead: float | None,
+        ttft: float | None,
+        tpot: float | None,
+        reasoning_hidden: int,
+        stop_reason: str | None,
+        termination: str | None,
+        usage: tuple[int, int] | None,
+    ) -> None:
+        """A reply's figures; None (or 0, or "") is nothing to write: ``overhead``,
+        ``ttft``, ``tpot`` (seconds), ``reasoning_hidden`` (rounds), ``stop_reason``,
+        ``termination`` (a stream's), ``usage`` ((input, output) tokens)."""
+        m = self._metrics
+        if overhead is not None:
+            child = self._overhead
+            if child is None:
+                child = self._overhead = m.overhead.labels(self._api)
+            child.observe(overhead)
+        if ttft is not None:
+            child = self._ttft
+            if child is None:
+                child = self._ttft = m.ttft.labels(self._api, self._model)
+            child.observe(ttft)
+        if tpot is not None:
+            child = self._tpot
+            if child is None:
+                child = self._tpot = m.tpot.labels(self._model)
+            child.observe(tpot)
+        if reasoning_hidden:
+            child = self._hidden
+            if child is None:
+                child = self._hidden = m.reasoning_hidden.labels(self._model)
+            child.inc(reasoning_hidden)
+        if stop_reason:
+            child = self._stops.get(stop_reason)
+            if child is None:
+                child = self._stops[stop_reason] = m.stop_reasons.labels(self._model, stop_reason)
+            child.inc()
+        if termination is not None:
+            child = self._ends.get(termination)
+            if child is None:
+                child = self._ends[termination] = m.terminations.labels(
+                    self._api, self._model, termination
+                )
+            child.inc()
+        if usage is not None:
+            if self._input is None:
+                self._input = m.tokens.labels(self._model, "input")
+                self._output = m.tokens.labels(self._model, "output")
+            self._input.inc(usage[0])
+            self._output.inc(usage[1])

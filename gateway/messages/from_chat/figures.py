@@ -164,13 +164,16 @@ class Figures:
             return
         self.written = True
         model = self.model
-        if self.overhead is not None:
-            metrics.overhead.labels(self.api).observe(self.overhead)
-        if self.streamed:
-            if self.ttft is not None:
-                metrics.ttft.labels(self.api, model).observe(self.ttft)
-            if self.decoded:
-                metrics.tpot.labels(model).observe(self.decode / self.decoded)
+        streamed = self.streamed
+        metrics.reply_series(self.api, model).write(
+            overhead=self.overhead,
+            ttft=self.ttft if streamed else None,
+            tpot=self.decode / self.decoded if streamed and self.decoded else None,
+            reasoning_hidden=self.reasoning_hidden,
+            stop_reason=self.stop_reason,
+            termination=self.termination,
+            usage=self.usage,
+        )
         if self.dropped_tool_deltas:
             _log.warning("tool_arguments_dropped", model=model, count=self.dropped_tool_deltas)
             metrics.tool_arg_errors.labels(model).inc(self.dropped_tool_deltas)
@@ -182,13 +185,6 @@ class Figures:
             or self.orphan_close
         ):
             self._write_fixes(metrics)
-        if self.reasoning_hidden:
-            metrics.reasoning_hidden.labels(model).inc(self.reasoning_hidden)
-        if self.stop_reason:
-            metrics.stop_reasons.labels(model, self.stop_reason).inc()
-        if self.termination is not None:
-            metrics.terminations.labels(self.api, model, self.termination).inc()
-        metrics.count_tokens(model, self.usage)
         if self.on_end is not None:
             self.on_end(self)
 

@@ -148,3 +148,36 @@ def test_the_budgets_publish_what_they_hold_and_shed() -> None:
     assert value("llm_gateway_memory_budget_bytes", "decoding") == 0
     assert value("llm_gateway_memory_budget_sheds_total", "memory") == 1
     assert value("llm_gateway_memory_budget_sheds_total", "decoding") == 1
+
+
+class _Gauge:
+    """A held gauge: read at scrape time (``reads``) or, like --workers', set on change."""
+
+    def __init__(self, reads: bool) -> None:
+        self.reads = reads
+        self.read: Any = None
+        self.sets: list[float] = []
+
+    def set(self, value: float) -> None:
+        self.sets.append(value)
+
+    def read_from(self, read: Any) -> bool:
+        if self.reads:
+            self.read = read
+        return self.reads
+
+
+def test_a_read_gauge_is_never_set_and_a_multiprocess_one_on_every_change() -> None:
+    read, written = _Gauge(reads=True), _Gauge(reads=False)
+    outer = Budget(1000, held_gauge=read)
+    inner = Budget(100, outer, held_gauge=written)
+    with inner.lease() as lease:
+        assert lease.take(60)
+        assert read.read() == 60
+        lease.give(10)
+        assert read.read() == 50
+    assert read.read() == 0 and read.sets == []
+    assert written.sets == [60, 50, 0]
+    with outer.lease() as lease:
+        assert lease.take(7)  # not in inner: its gauge is not set
+    assert written.sets == [60, 50, 0]

@@ -365,7 +365,19 @@ class Call:
         if telemetry is not None:  # a span wants the key: made now (telemetry on only)
             telemetry.annotate({"gateway.session": self.session})
         try:
-            return await self._send_or_as_text(request_id)
+            try:  # the route's upstream (inline: no coroutine layer per request)
+                return await send(
+                    self.deps.upstreams,
+                    self.route,
+                    "/chat/completions",
+                    self.payload,
+                    stream=self.upstream_stream,
+                    max_tokens=self.req.get("max_tokens"),
+                    request_id=request_id,
+                    session=self.session if self.client.replicas.keyed else None,
+                )
+            except errors.GatewayError as refused:
+                return await self._as_text(request_id, refused)
         except errors.GatewayError as err:
             if not fall_back or not self.route.fallback_routes or not falls_over(err):
                 raise
@@ -403,11 +415,14 @@ class Call:
         try:
             return await self._send(request_id)
         except errors.GatewayError as err:
-            if err.refused is None or not fall_back(
-                self.deps, self.route, self.as_text, err, self.payload
-            ):
-                raise
-            refused = err.refused
+            return await self._as_text(request_id, err)
+
+    async def _as_text(self, request_id: str | None, err: errors.GatewayError) -> UpstreamResponse:
+        """After the call failed with ``err``: a refusal of content the route may send as
+        text is answered by one more call with it as text; anything else raises ``err``."""
+        refused = err.refused
+        if refused is None or not fall_back(self.deps, self.route, self.as_text, err, self.payload):
+            raise err
         self.as_text = self.as_text | {refused}
         self.payload = self._translate(self.route, self.upstream_stream, self.as_text)
         return await self._send(request_id)

@@ -419,19 +419,36 @@ class UpstreamClient:
                     model, self.name, self.cfg.kind, replica.base_url, n
                 )
                 traced = (telemetry, span, time.perf_counter())
+            attempt_timeout = remaining if n else head_timeout
+            provable = method == "POST" and path == PROVABLE_PATH
             try:
-                resp = await self._send(
-                    pool,
-                    method,
-                    target,
-                    data,
-                    head_timeout=remaining if n else head_timeout,
-                    body_timeout=body_timeout,
-                    stream=stream,
-                    log_id=request_id,
-                    provable=method == "POST" and path == PROVABLE_PATH,
-                    trace=trace,
-                )
+                try:  # the first send on this replica (see _send_again for the second)
+                    resp = await pool.request(
+                        method,
+                        target,
+                        data,
+                        head_timeout=attempt_timeout,
+                        body_timeout=body_timeout,
+                        stream=stream,
+                        request_id=_attempt_id(),
+                        log_id=request_id,
+                        provable=provable,
+                        headers=trace,
+                    )
+                except BaseException as first:
+                    resp = await self._send_again(
+                        first,
+                        pool,
+                        method,
+                        target,
+                        data,
+                        head_timeout=attempt_timeout,
+                        body_timeout=body_timeout,
+                        stream=stream,
+                        log_id=request_id,
+                        provable=provable,
+                        trace=trace,
+                    )
             except BaseException as exc:
                 self.members.finished(replica)
                 mapped = map_failure(exc, "head", stream)
@@ -492,8 +509,9 @@ class UpstreamClient:
         if self._metrics is not None:
             self._metrics.upstream_retries.labels(self.name).inc()
 
-    async def _send(
+    async def _send_again(
         self,
+        first: BaseException,
         pool: Pool,
         method: str,
         target: str,
@@ -506,32 +524,27 @@ class UpstreamClient:
         provable: bool = False,
         trace: bytes = b"",
     ) -> Response:
-        """One replica's reply head; a connection that ended before the upstream saw the
-        request (``_retried_here``) is tried once more on the same pool, a reply refused as
-        another request's on a fresh connection. Each send is an attempt with an id of its
-        own. ``provable``: a chat completion, whose body may name its request."""
-        fresh = retried = False
-        while True:
-            try:
-                return await pool.request(
-                    method,
-                    target,
-                    data,
-                    head_timeout=head_timeout,
-                    body_timeout=body_timeout,
-                    stream=stream,
-                    request_id=_attempt_id(),
-                    log_id=log_id,
-                    provable=provable,
-                    fresh=fresh,
-                    headers=trace,
-                )
-            except BaseException as exc:
-                mapped = None if retried else map_failure(exc, "head", stream)
-                if mapped is None or mapped[2] not in self._retried_here:
-                    raise
-                fresh = mapped[2] == "misrouted"
-                retried = True
+        """After a replica's first send failed with ``first``: a connection that ended before
+        the upstream saw the request (``_retried_here``) is tried once more on the same pool, a
+        reply refused as another request's on a fresh connection; anything else raises
+        ``first``. Each send is an attempt with an id of its own. ``provable``: a chat
+        completion, whose body may name its request."""
+        mapped = map_failure(first, "head", stream)
+        if mapped is None or mapped[2] not in self._retried_here:
+            raise first
+        return await pool.request(
+            method,
+            target,
+            data,
+            head_timeout=head_timeout,
+            body_timeout=body_timeout,
+            stream=stream,
+            request_id=_attempt_id(),
+            log_id=log_id,
+            provable=provable,
+            fresh=mapped[2] == "misrouted",
+            headers=trace,
+        )
 
     async def _error_status(
         self, resp: Response, request_id: str | None, max_tokens: int | None

@@ -497,14 +497,7 @@ class Call:
 
     def _from_chat(self, completion: Any, figures: Figures) -> dict[str, Any]:
         deps = self.deps
-        fixed = {"repaired": 0, "unrepairable": 0}
-
-        def count(key: str) -> Callable[[], None]:
-            return lambda: fixed.__setitem__(key, fixed[key] + 1)
-
-        def hidden() -> None:
-            figures.reasoning_hidden += 1
-
+        fixes = _Fixes(figures)
         upstream = self.route.upstream
         names = _tool_names(self.req) if upstream.text_tool_calls else ()
         lazy = (
@@ -518,24 +511,46 @@ class Call:
             model=self.req["model"],
             stop_sequences=self.stops,
             signing_key=deps.signing_key,
-            on_bad_tool_args=count("unrepairable"),
-            on_repaired=count("repaired"),
+            on_bad_tool_args=fixes.count_unrepairable,
+            on_repaired=fixes.count_repaired,
             normaliser=lazy,
             hide_thinking=hides_thinking(self.req),
             show_thinking=shows_thinking(self.req),
-            on_reasoning_hidden=hidden,
+            on_reasoning_hidden=fixes.count_hidden,
             hosts=self.client.hosts,
             secrets=deps.upstreams.secrets,
             repair_budget=budget,
         )
         normaliser = lazy.built if lazy is not None else None
         figures.add_fixes(
-            **fixed,
+            repaired=fixes.repaired,
+            unrepairable=fixes.unrepairable,
             normaliser=normaliser,
             over_budget=budget.refused,
             text_calls=normaliser.calls_found if normaliser is not None else 0,
         )
         return message
+
+
+class _Fixes:
+    """What one buffered reply's translation fixed, counted as it goes (one object, not a
+    closure per counter)."""
+
+    __slots__ = ("figures", "repaired", "unrepairable")
+
+    def __init__(self, figures: Figures) -> None:
+        self.figures = figures
+        self.repaired = 0
+        self.unrepairable = 0
+
+    def count_repaired(self) -> None:
+        self.repaired += 1
+
+    def count_unrepairable(self) -> None:
+        self.unrepairable += 1
+
+    def count_hidden(self) -> None:
+        self.figures.reasoning_hidden += 1
 
 
 # what the upstream answers when it cannot take the request now, here (as the client's retries
@@ -621,6 +636,8 @@ async def count_input_tokens(
 
 def _tool_names(req: dict[str, Any]) -> tuple[str, ...]:
     """The names of the tools the request offers (what a call written as text may name)."""
+    if not req.get("tools"):
+        return ()
     if req.get("tool_choice", {}).get("type") == "none":
         return ()
     # a deferred tool not loaded yet is not offered: a call to it stays text

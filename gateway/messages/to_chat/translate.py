@@ -191,8 +191,13 @@ def _tools(req: Mapping[str, Any], out: dict[str, Any], named_choice: bool = Tru
 def offered_tools(req: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The request's tools the model is offered, in order: a deferred one
     (``defer_loading: true``) only once the conversation has loaded it (:func:`_loaded`)."""
-    tools = req.get("tools") or ()
-    if not any(tool.get("defer_loading") is True for tool in tools):
+    tools = req.get("tools")
+    if not tools:
+        return []
+    for tool in tools:
+        if tool.get("defer_loading") is True:
+            break
+    else:
         return list(tools)
     loaded = _loaded(req, req.get("tool_choice"))
     return [t for t in tools if t.get("defer_loading") is not True or t.get("name") in loaded]

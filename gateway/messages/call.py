@@ -55,7 +55,7 @@ from gateway.messages.documents.pdf_pool import PdfPool
 from gateway.messages.from_chat.aggregate import aggregate
 from gateway.messages.from_chat.figures import Figures
 from gateway.messages.from_chat.message import from_chat
-from gateway.messages.from_chat.signatures import restorable, restore_reasoning
+from gateway.messages.from_chat.signatures import Restorable, restorable, restore_reasoning
 from gateway.messages.from_chat.tables import LOCAL_STOP_KINDS, hides_thinking, shows_thinking
 from gateway.messages.session_key import session_key
 from gateway.messages.stream.pump import Cut, Timing, pump
@@ -127,17 +127,23 @@ async def pdfs_as_text(deps: MessagesDeps, req: dict[str, Any]) -> dict[str, Any
     PDF worker processes, and stops when the caller is cancelled (the client left).
     A PDF an earlier web fetch returned (replayed ``web_fetch_tool_result``) is read the
     same way, its text kept on the block for the translation (:data:`fetch_blocks.OPENED`)."""
-    await _fetched_pdfs_as_text(deps, req)
+    fetched = _fetched_pdfs(req)
+    if fetched:
+        await _fetched_pdfs_as_text(deps, fetched)
     where = documents.find_pdfs(req["messages"])  # a walk of user blocks, no copies
     if not where:
         return req
     return await deps.pdfs.to_text(req, where)
 
 
-async def _fetched_pdfs_as_text(deps: MessagesDeps, req: dict[str, Any]) -> None:
-    """Each replayed fetched PDF's tool message: its text read by the PDF workers (at most
-    ``MAX_PDFS`` of them; past that, or unreadable, the translation says it is a PDF)."""
-    read = 0
+# a replayed fetched PDF: its block, the fetch's result and the document in it
+_Fetched = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
+
+
+def _fetched_pdfs(req: dict[str, Any]) -> list[_Fetched]:
+    """The replayed fetched PDFs not read yet (at most ``MAX_PDFS``): one walk of the
+    assistant turns, nothing awaited."""
+    found: list[_Fetched] = []
     for turn in req["messages"]:
         content = turn["content"]
         if turn["role"] != "assistant" or isinstance(content, str):
@@ -149,18 +155,33 @@ async def _fetched_pdfs_as_text(deps: MessagesDeps, req: dict[str, Any]) -> None
             if result["type"] != "web_fetch_result":
                 continue
             doc = result["content"]
-            if doc["source"]["type"] != "base64" or read >= documents.MAX_PDFS:
+            if doc["source"]["type"] != "base64" or len(found) >= documents.MAX_PDFS:
                 continue
-            read += 1
-            one = {"messages": [{"role": "user", "content": [{**doc, "title": None}]}]}
-            try:
-                out = await deps.pdfs.to_text(one, documents.find_pdfs(one["messages"]))
-            except errors.InvalidRequest:
-                continue
-            text = out["messages"][0]["content"][0]["source"]["data"]
-            block[fetch_blocks.OPENED] = fetch_blocks.document_text(
-                result["url"], doc.get("title"), text
-            )
+            found.append((block, result, doc))
+    return found
+
+
+async def _fetched_pdfs_as_text(deps: MessagesDeps, fetched: list[_Fetched]) -> None:
+    """Each replayed fetched PDF's tool message: its text read by the PDF workers (past
+    ``MAX_PDFS`` of them, or unreadable, the translation says it is a PDF)."""
+    for block, result, doc in fetched:
+        one = {"messages": [{"role": "user", "content": [{**doc, "title": None}]}]}
+        try:
+            out = await deps.pdfs.to_text(one, documents.find_pdfs(one["messages"]))
+        except errors.InvalidRequest:
+            continue
+        text = out["messages"][0]["content"][0]["source"]["data"]
+        block[fetch_blocks.OPENED] = fetch_blocks.document_text(
+            result["url"], doc.get("title"), text
+        )
+
+
+def _to_restore(deps: MessagesDeps, req: dict[str, Any]) -> list[Restorable]:
+    """Replayed web search results opened (:func:`web_search.open_history`); the replayed
+    thinking blocks whose reasoning :func:`restore` puts back (nothing awaited)."""
+    keys = deps.opening_keys
+    web_search.open_history(req, keys)
+    return restorable(req)
 
 
 async def restore(deps: MessagesDeps, req: dict[str, Any], lease: Lease) -> None:
@@ -170,10 +191,14 @@ async def restore(deps: MessagesDeps, req: dict[str, Any], lease: Lease) -> None
     :data:`_OFF_LOOP_SIGNATURES` characters of signatures it runs in a thread (zlib and
     OpenSSL let go of the GIL; what a thread can restore is bounded by the same caps).
     Replayed web search results are opened too (:func:`web_search.open_history`)."""
-    web_search.open_history(req, deps.opening_keys)
-    blocks = restorable(req)
-    if not blocks:
-        return
+    blocks = _to_restore(deps, req)
+    if blocks:
+        await _restore(deps, req, lease, blocks)
+
+
+async def _restore(
+    deps: MessagesDeps, req: dict[str, Any], lease: Lease, blocks: list[Restorable]
+) -> None:
     keys = deps.opening_keys
 
     def take(size: int) -> bool:
@@ -223,11 +248,24 @@ async def prepare(
     payload is built. ``weight``: the client's, sent as the engine's priority where the
     upstream says so (``send_priority``)."""
     if lease is not None:
-        await restore(deps, req, lease)
-        return Call(deps, await pdfs_as_text(deps, req), route, weight)
+        blocks = _to_restore(deps, req)
+        if blocks:
+            await _restore(deps, req, lease, blocks)
+        if _holds_pdfs(req):
+            req = await pdfs_as_text(deps, req)
+        return Call(deps, req, route, weight)
     with deps.memory.lease() as own:
-        await restore(deps, req, own)
-        return Call(deps, await pdfs_as_text(deps, req), route, weight)
+        blocks = _to_restore(deps, req)
+        if blocks:
+            await _restore(deps, req, own, blocks)
+        if _holds_pdfs(req):
+            req = await pdfs_as_text(deps, req)
+        return Call(deps, req, route, weight)
+
+
+def _holds_pdfs(req: dict[str, Any]) -> bool:
+    """Whether :func:`pdfs_as_text` has a PDF to read (else it is not awaited at all)."""
+    return bool(_fetched_pdfs(req)) or bool(documents.find_pdfs(req["messages"]))
 
 
 class Call:
@@ -302,7 +340,8 @@ class Call:
                     keep_billing_header=self.deps.keep_billing_header,
                     on_drop=on_drop,
                     as_text=as_text,
-                    named_choice=named_tool_choice(route),
+                    # read only for a tool_choice (a route's setting: two calls otherwise)
+                    named_choice=req.get("tool_choice") is None or named_tool_choice(route),
                 ),
                 route,
             )

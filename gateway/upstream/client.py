@@ -396,7 +396,7 @@ class UpstreamClient:
             raise unreachable("no_replicas")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + head_timeout
-        failing = _Failing(path, body)
+        failing: _Failing | None = None  # made at the first failure
         telemetry = CURRENT.get()
         traced: tuple[Telemetry, Any, float] | None = None
         trace = b""
@@ -460,6 +460,8 @@ class UpstreamClient:
                     replica.trial = False
                     raise
                 err, phase, cause = mapped
+                if failing is None:
+                    failing = _Failing(path, body)
                 poison = cause != "pool_timeout" and failing.on(replicas, replica, phase)
                 self.members.count(replica, _outcome(err))
                 if not isinstance(exc, ProtocolError):  # the pool has logged that one
@@ -486,6 +488,8 @@ class UpstreamClient:
                 traced[0].upstream_ended(traced[1], traced[2], str(resp.status))
             poison = False
             if resp.status >= 500:
+                if failing is None:
+                    failing = _Failing(path, body)
                 poison = failing.on(replicas, replica, "head", resp.status)
                 self.members.count(replica, "status_5xx")
             else:  # it answered: alive, whatever it thought of the request

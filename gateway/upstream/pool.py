@@ -67,6 +67,9 @@ OnKeepalive = Callable[[bool], None]
 # the anomalies that say a reply on a reused connection answered another request: nothing has
 # reached the client, and a fresh connection gets the request its own reply
 MISROUTED = frozenset(("request_id_mismatch", "request_id_missing"))
+# the verdicts a reply gives, read once (an Enum member read from its class costs a call)
+_ECHO = Event.ECHO
+_NO_ECHO = Event.NO_ECHO
 
 
 class Response:
@@ -109,7 +112,7 @@ class Response:
         self._expect = None
         conn = self._conn
         if ok:
-            self._pool.observe(Event.ECHO)
+            self._pool.observe(_ECHO)
         elif conn.must_echo:
             kind = "request_id_mismatch" if b'"id"' in data[:256] else "request_id_missing"
             self._settled = True
@@ -117,7 +120,7 @@ class Response:
             self._pool.release(conn)
             raise exc
         else:
-            self._pool.observe(Event.NO_ECHO)
+            self._pool.observe(_NO_ECHO)
 
     async def read(self, limit: int = 0, *, cap: int = 0) -> bytes:
         """The whole body: at most ``limit`` bytes when given; past ``cap``, TooLarge."""
@@ -331,9 +334,9 @@ class Pool:
         if request_id is not None:
             self._echoes = conn.echoed
             if conn.echoed:
-                self.observe(Event.ECHO)
+                self.observe(_ECHO)
             elif body_id is None:
-                self.observe(Event.NO_ECHO)
+                self.observe(_NO_ECHO)
             # else: the body decides (Response), or an error reply that names nothing: no count
         return Response(self, conn)
 

@@ -67,6 +67,10 @@ TRANSITIONS: dict[tuple[ReuseState, Event], tuple[ReuseState, str]] = {
 }
 
 
+_ECHO = Event.ECHO
+_TRUSTED = ReuseState.TRUSTED
+
+
 class Reuse:
     """One upstream's keep-alive decision (``mode`` one of :data:`MODES`)."""
 
@@ -86,7 +90,7 @@ class Reuse:
     @property
     def keepalive(self) -> bool:
         """May a request now go out on a reused (or reusable) connection?"""
-        return self.mode != "never" and self.state is ReuseState.TRUSTED
+        return self.mode != "never" and self.state is _TRUSTED
 
     @property
     def must_echo(self) -> bool:
@@ -98,6 +102,9 @@ class Reuse:
         if self.mode != "auto":
             return False
         before = self.state
+        if event is _ECHO and before is _TRUSTED:  # the steady state: no table (Enum hashes)
+            self.streak += 1
+            return False
         state, streak = TRANSITIONS[(before, event)]
         if streak == "+1":
             self.streak += 1

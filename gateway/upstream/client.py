@@ -190,7 +190,9 @@ class UpstreamResponse:
     async def read(self) -> bytes:
         """The whole body; past the upstream's ``max_response_bytes``, a 500."""
         try:
-            body = await self._resp.read(cap=self._cap)
+            body = self._resp.read_now(self._cap)  # all in with the head: no wait
+            if body is None:
+                body = await self._resp.read(cap=self._cap)
         except BaseException as exc:
             self._lost = _lost(exc)
             with Failures(self._client.report, "body", self._request_id, self._stream):

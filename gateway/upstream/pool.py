@@ -122,6 +122,21 @@ class Response:
         else:
             self._pool.observe(_NO_ECHO)
 
+    def read_now(self, cap: int = 0) -> bytes | None:
+        """:meth:`read` without a wait when the whole body is in already (a buffered reply
+        that came with its head); None: :meth:`read` it."""
+        conn = self._conn
+        if cap and conn.length > cap:
+            raise TooLarge("reply larger than the cap")
+        body = conn.whole()
+        if body is None:
+            return None
+        if cap and len(body) > cap:
+            raise TooLarge("reply larger than the cap")
+        if self._expect is not None:
+            self._proved(body, bool(verdict(body, self._expect, final=True)))
+        return body
+
     async def read(self, limit: int = 0, *, cap: int = 0) -> bytes:
         """The whole body: at most ``limit`` bytes when given; past ``cap``, TooLarge."""
         conn = self._conn

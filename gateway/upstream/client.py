@@ -210,6 +210,11 @@ class UpstreamResponse:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.leave(exc)
+
+    def leave(self, exc: BaseException | None = None) -> None:
+        """What leaving the ``async with`` does (``exc``: what it was left with), for a
+        holder that leaves it from its own ``__aexit__`` (no coroutine of this one)."""
         traced, self.traced = self.traced, None
         if traced is not None:
             failed = "lost" if self._lost else type(exc).__name__ if exc is not None else None

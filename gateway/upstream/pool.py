@@ -320,7 +320,7 @@ class Pool:
         else:
             head += b"Content-Length: %d\r\n\r\n" % len(body)
             data = head + body if len(body) < 16384 else (head, body)
-        conn = await self._acquire(head_timeout, reuse=keep)
+        conn = self._idle_now(keep) or await self._acquire(head_timeout, reuse=keep)
         try:
             # The echo is required on a reused connection only: there a reply without it could
             # be one a previous request left behind. The first reply on a new connection is
@@ -363,6 +363,21 @@ class Pool:
                 self._close_idle()
             if self._on_keepalive is not None:
                 self._on_keepalive(on)
+
+    def _idle_now(self, reuse: bool) -> Connection | None:
+        """A free slot and an idle connection taken at once (no coroutine), when there are
+        both and no waiter is ahead; None: :meth:`_acquire` waits or connects."""
+        if (
+            not reuse
+            or self._closed
+            or not self._idle
+            or (self._limit and (self._busy >= self._limit or self._waiters))
+        ):
+            return None
+        conn = self._idle_connection()
+        if conn is not None:
+            self._busy += 1
+        return conn
 
     async def _acquire(self, wait: float, *, reuse: bool = True) -> Connection:
         """A slot, then an idle connection or a new one.

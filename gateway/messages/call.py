@@ -301,7 +301,7 @@ class Call:
         self.stops = _stops(req)
         self._session: str | None = None
         self._session_of: Callable[[], str] | None = None
-        self._bind(route, deps.metrics.drop_field)
+        self._bind(route, deps.upstreams.metrics.drop_field)
 
     def _bind(self, route: ModelRoute, on_drop: Callable[[str], None] | None = None) -> None:
         """Make the call ``route``'s: its upstream, its model, what it takes (a

@@ -157,7 +157,7 @@ class Reply:
         else:
             message = await self._buffered_rounds(self._rounds)
         figures.add_message(message)
-        figures.write(self.call.deps.metrics)
+        figures.write(self.call.deps.upstreams.metrics)
         return message
 
     async def _buffered_rounds(self, rounds: Rounds) -> dict[str, Any]:

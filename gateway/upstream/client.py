@@ -302,10 +302,8 @@ class UpstreamClient:
             self._headers["Authorization"] = f"Bearer {cfg.api_key}"
         self.members = Members(cfg, make_pool=self._pool, metrics=metrics, resolve=resolve)
         self.discover = self.members.discover
-
-    @property
-    def replicas(self) -> Replicas:
-        return self.members.replicas
+        # the members' replicas (made once with them; a plain attribute: read per request)
+        self.replicas: Replicas = self.members.replicas
 
     @property
     def hosts(self) -> tuple[str, ...]:

@@ -128,11 +128,14 @@ def from_chat(
     if "tool_calls" in message or "function_call" in message:
         for block in _tool_uses(message, budget, on_bad_tool_args, on_repaired):
             parts.append(("tool_use", block))
-    if not show_thinking and any(kind == "thinking" for kind, _ in parts):
-        # no thinking was asked for: none is shown, as the API shows none (counted)
-        parts = [part for part in parts if part[0] != "thinking"]
-        if on_reasoning_hidden is not None:
-            on_reasoning_hidden()
+    if not show_thinking:
+        for part_kind, _ in parts:
+            if part_kind == "thinking":
+                # no thinking was asked for: none is shown, as the API shows none (counted)
+                parts = [part for part in parts if part[0] != "thinking"]
+                if on_reasoning_hidden is not None:
+                    on_reasoning_hidden()
+                break
     content = _blocks(parts, signing_key, hide_thinking)
     has_tools = False
     for block in content:

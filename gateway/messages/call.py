@@ -298,7 +298,7 @@ class Call:
         self.req = req
         self.weight = weight
         self.stream = req.get("stream") is True
-        self.stops = _stops(req)
+        self.stops = _stops(req) if "stop_sequences" in req else ()
         self._session: str | None = None
         self._session_of: Callable[[], str] | None = None
         self._bind(route, deps.upstreams.metrics.drop_field)
@@ -538,7 +538,12 @@ class Call:
         deps = self.deps
         fixes = _Fixes(figures)
         upstream = self.route.upstream
-        names = _tool_names(self.req) if upstream.text_tool_calls else ()
+        req = self.req
+        names = _tool_names(req) if upstream.text_tool_calls and req.get("tools") else ()
+        if "thinking" in req or "chat_template_kwargs" in req:
+            hide, show = hides_thinking(req), shows_thinking(req)
+        else:  # neither asked for: what both say then, without their calls
+            hide = show = False
         lazy = (
             LazyNormaliser(thinking=upstream.inline_thinking, tool_names=names)
             if upstream.inline_thinking != "off" or names
@@ -553,8 +558,8 @@ class Call:
             on_bad_tool_args=fixes.count_unrepairable,
             on_repaired=fixes.count_repaired,
             normaliser=lazy,
-            hide_thinking=hides_thinking(self.req),
-            show_thinking=shows_thinking(self.req),
+            hide_thinking=hide,
+            show_thinking=show,
             on_reasoning_hidden=fixes.count_hidden,
             hosts=self.client.hosts,
             secrets=deps.upstreams.secrets,

@@ -111,6 +111,7 @@ class UpstreamResponse:
         "_stream",
         "_trial",
         "progress",
+        "status",
         "traced",
     )
 
@@ -126,6 +127,7 @@ class UpstreamResponse:
         traced: tuple[Telemetry, Any, float] | None = None,
     ) -> None:
         self._resp = resp
+        self.status: int = resp.status  # the reply's final head's (fixed once it is in)
         # the attempt's span (gateway/ops/telemetry.py), ended with the reply: None when off
         self.traced = traced
         self._replica = replica  # its in-flight count is ours until the response is left
@@ -143,10 +145,6 @@ class UpstreamResponse:
         # comments and bare framing do not count, so a trickle of them cannot keep a
         # stream open forever.
         self.progress = resp.progress
-
-    @property
-    def status(self) -> int:
-        return self._resp.status
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive; timeouts and cuts raise GatewayErrors.

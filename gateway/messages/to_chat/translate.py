@@ -131,7 +131,8 @@ def to_chat(
             out["stream_options"] = options
             if route.upstream.kind == "llamacpp":
                 out["return_progress"] = True
-    _tools(req, out, named_choice)
+    if req.get("tools"):  # else no function: nothing to send (tool_choice neither)
+        _tools(req, out, named_choice)
     for key in _AS_IS:
         if key in req and req[key] is not None:
             out[key] = req[key]

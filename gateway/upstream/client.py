@@ -398,14 +398,14 @@ class UpstreamClient:
             self.report("connect", "no_replicas", request_id)
             raise unreachable("no_replicas")
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + head_timeout
+        deadline = loop.time() + head_timeout  # the later attempts' (the first has all of it)
         failing: _Failing | None = None  # made at the first failure
         telemetry = CURRENT.get()
         traced: tuple[Telemetry, Any, float] | None = None
         trace = b""
         for n, replica in enumerate(attempts):
             last = n == len(attempts) - 1
-            remaining = deadline - loop.time()
+            remaining = deadline - loop.time() if n else head_timeout
             if n and remaining <= 0:
                 break
             pool = self.members.pools.get(replica.index)
@@ -422,7 +422,6 @@ class UpstreamClient:
                     model, self.name, self.cfg.kind, replica.base_url, n
                 )
                 traced = (telemetry, span, time.perf_counter())
-            attempt_timeout = remaining if n else head_timeout
             provable = method == "POST" and path == PROVABLE_PATH
             try:
                 try:  # the first send on this replica (see _send_again for the second)
@@ -430,7 +429,7 @@ class UpstreamClient:
                         method,
                         target,
                         data,
-                        head_timeout=attempt_timeout,
+                        head_timeout=remaining,
                         body_timeout=body_timeout,
                         stream=stream,
                         request_id=_attempt_id(),
@@ -445,7 +444,7 @@ class UpstreamClient:
                         method,
                         target,
                         data,
-                        head_timeout=attempt_timeout,
+                        head_timeout=remaining,
                         body_timeout=body_timeout,
                         stream=stream,
                         log_id=request_id,

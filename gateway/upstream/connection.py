@@ -454,8 +454,18 @@ class Connection(asyncio.Protocol):
             self._mark = self._last_byte
 
     async def read_head(self) -> None:
-        while self._phase == _HEAD:
-            await self._wait()
+        loop = self._loop
+        while self._phase == _HEAD:  # _wait, inline: no coroutine of its own per head
+            due = self._mark + self._span
+            if loop.time() >= due:
+                raise TimeoutError
+            waiter = self._waiter = loop.create_future()
+            if self._timer is None:
+                self._timer = loop.call_at(due, self._on_timer)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
         if self._exc is not None and not self.status:
             raise self._exc
 

@@ -332,20 +332,18 @@ class Call:
         on_drop: Callable[[str], None] | None = None,
     ) -> bytes:
         req = self.req
-        return jsonutil.dumpb(
-            self._prioritised(
-                to_chat(
-                    req if upstream_stream == self.stream else {**req, "stream": True},
-                    route,
-                    keep_billing_header=self.deps.keep_billing_header,
-                    on_drop=on_drop,
-                    as_text=as_text,
-                    # read only for a tool_choice (a route's setting: two calls otherwise)
-                    named_choice=req.get("tool_choice") is None or named_tool_choice(route),
-                ),
-                route,
-            )
+        out = to_chat(
+            req if upstream_stream == self.stream else {**req, "stream": True},
+            route,
+            keep_billing_header=self.deps.keep_billing_header,
+            on_drop=on_drop,
+            as_text=as_text,
+            # read only for a tool_choice (a route's setting: two calls otherwise)
+            named_choice=req.get("tool_choice") is None or named_tool_choice(route),
         )
+        if self.weight is not None:  # else _prioritised adds nothing
+            out = self._prioritised(out, route)
+        return jsonutil.dumpb(out)
 
     def _prioritised(self, out: dict[str, Any], route: ModelRoute) -> dict[str, Any]:
         """The client's weight as the engine's ``priority`` (``upstreams.NAME.send_priority``)."""

@@ -247,25 +247,35 @@ async def prepare(
     holds until the reply has ended; without one, in a lease of its own until the upstream
     payload is built. ``weight``: the client's, sent as the engine's priority where the
     upstream says so (``send_priority``)."""
+    replayed = _replays_blocks(req["messages"])
     if lease is not None:
-        blocks = _to_restore(deps, req)
+        blocks = _to_restore(deps, req) if replayed else None
         if blocks:
             await _restore(deps, req, lease, blocks)
-        if _holds_pdfs(req):
+        if _holds_pdfs(req, replayed):
             req = await pdfs_as_text(deps, req)
         return Call(deps, req, route, weight)
     with deps.memory.lease() as own:
-        blocks = _to_restore(deps, req)
+        blocks = _to_restore(deps, req) if replayed else None
         if blocks:
             await _restore(deps, req, own, blocks)
-        if _holds_pdfs(req):
+        if _holds_pdfs(req, replayed):
             req = await pdfs_as_text(deps, req)
         return Call(deps, req, route, weight)
 
 
-def _holds_pdfs(req: dict[str, Any]) -> bool:
+def _replays_blocks(messages: list[dict[str, Any]]) -> bool:
+    """Whether an assistant turn holds blocks: where replayed reasoning, search results
+    and fetched PDFs are (none of their walks is needed otherwise); stops at the first."""
+    for turn in messages:
+        if turn["role"] == "assistant" and not isinstance(turn["content"], str):
+            return True
+    return False
+
+
+def _holds_pdfs(req: dict[str, Any], replayed: bool) -> bool:
     """Whether :func:`pdfs_as_text` has a PDF to read (else it is not awaited at all)."""
-    return bool(_fetched_pdfs(req)) or bool(documents.find_pdfs(req["messages"]))
+    return (replayed and bool(_fetched_pdfs(req))) or bool(documents.find_pdfs(req["messages"]))
 
 
 class Call:

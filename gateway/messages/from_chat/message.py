@@ -147,7 +147,7 @@ def from_chat(
         content.append({"type": "text", "text": ""})
 
     finish = choice.get("finish_reason")
-    matched = tables.matched_stop_sequence(choice, stop_sequences)
+    matched = tables.matched_stop_sequence(choice, stop_sequences) if stop_sequences else None
     # A buffered reply is finished: a missing finish_reason means a natural end.
     reason = tables.stop_reason(finish if isinstance(finish, str) else "stop", matched, has_tools)
     usage = tables.usage_from_chat(completion.get("usage"), completion.get("timings"))

@@ -432,7 +432,7 @@ class UpstreamClient:
                         head_timeout=remaining,
                         body_timeout=body_timeout,
                         stream=stream,
-                        request_id=_attempt_id(),
+                        request_id=ids.new_upstream_request_id().encode("ascii"),
                         log_id=request_id,
                         provable=provable,
                         headers=trace,

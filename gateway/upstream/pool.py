@@ -307,7 +307,7 @@ class Pool:
                 body_id = proof[0] + request_id
         named = request_id is not None and (body_id is not None or self._echoes)
         keep = not fresh and reuse.keepalive and (named or not reuse.must_echo)
-        head = self._head(method, target)
+        head = self._heads.get((method, target)) or self._head(method, target)
         if request_id is not None:
             head += b"X-Request-Id: " + request_id + b"\r\n"
         if headers:
@@ -349,7 +349,8 @@ class Pool:
         if request_id is not None:
             self._echoes = conn.echoed
             if conn.echoed:
-                self.observe(_ECHO)
+                if reuse.observe(_ECHO):  # what observe() does, one call less per reply
+                    self._switched()
             elif body_id is None:
                 self.observe(_NO_ECHO)
             # else: the body decides (Response), or an error reply that names nothing: no count
@@ -358,11 +359,15 @@ class Pool:
     def observe(self, event: Event) -> None:
         """One reply's verdict (or an anomaly) for :class:`Reuse`."""
         if self.reuse.observe(event):
-            on = self.reuse.keepalive
-            if not on:
-                self._close_idle()
-            if self._on_keepalive is not None:
-                self._on_keepalive(on)
+            self._switched()
+
+    def _switched(self) -> None:
+        """Keep-alive was turned on or off (:meth:`observe`)."""
+        on = self.reuse.keepalive
+        if not on:
+            self._close_idle()
+        if self._on_keepalive is not None:
+            self._on_keepalive(on)
 
     def _idle_now(self, reuse: bool) -> Connection | None:
         """A free slot and an idle connection taken at once (no coroutine), when there are

@@ -526,7 +526,9 @@ class Call:
             t1 = time.perf_counter()
             message = aggregate(events)
         else:
-            raw = await up.read()
+            raw = up.read_ready()  # a body that came with its head: no wait
+            if raw is None:
+                raw = await up.read()
             t1 = time.perf_counter()
             off_loop = self.deps.loads_off_loop
             try:  # a large body decodes in the decoder child, not on the loop

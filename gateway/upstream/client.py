@@ -185,12 +185,27 @@ class UpstreamResponse:
         if replica is not None:
             self._client.members.finished(replica, errors.UpstreamUnavailable())
 
+    def read_ready(self) -> bytes | None:
+        """:meth:`read` without a wait (no coroutine): the whole body when it is all in
+        already (it came with the head); None: await :meth:`read`."""
+        try:
+            body = self._resp.read_now(self._cap)
+        except BaseException as exc:
+            self._lost = _lost(exc)
+            with Failures(self._client.report, "body", self._request_id, self._stream):
+                raise
+            raise  # not reached: the map raises whatever it is given
+        if body is not None:
+            self._done = True
+        return body
+
     async def read(self) -> bytes:
         """The whole body; past the upstream's ``max_response_bytes``, a 500."""
+        body = self.read_ready()
+        if body is not None:
+            return body
         try:
-            body = self._resp.read_now(self._cap)  # all in with the head: no wait
-            if body is None:
-                body = await self._resp.read(cap=self._cap)
+            body = await self._resp.read(cap=self._cap)
         except BaseException as exc:
             self._lost = _lost(exc)
             with Failures(self._client.report, "body", self._request_id, self._stream):

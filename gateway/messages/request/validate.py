@@ -311,7 +311,9 @@ def validate_messages(
     if not count_tokens:
         _generation_fields(body)
     check_messages(body["messages"])
-    check_system(body.get("system"))
+    system = body.get("system")
+    if system is not None and type(system) is not str:  # else nothing to check
+        check_system(system)
     # The optional fields, each checked only when the body has it (a null is as absent),
     # in this order (the first failing check names the error).
     if "tool_choice" in body or "tools" in body:

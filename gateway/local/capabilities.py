@@ -112,7 +112,8 @@ _SET_NO_LIMIT = 1024  # routes remembered (a config's; a reloaded one's replace 
 
 def text_only(route: ModelRoute, learned: Learned) -> frozenset[str]:
     """The content the route's upstream gets as text: set "no", or learnt refused."""
-    refused = learned.refused(route.name)
+    # nothing learnt for the route (the usual case): no call to Learned.refused
+    refused = learned.refused(route.name) if route.name in learned._refused else None
     if not refused:
         known = _SET_NO.get(id(route))
         if known is not None and known[0] is route:

@@ -55,7 +55,7 @@ from gateway.messages.documents.pdf_pool import PdfPool
 from gateway.messages.from_chat.aggregate import aggregate
 from gateway.messages.from_chat.figures import Figures
 from gateway.messages.from_chat.message import from_chat
-from gateway.messages.from_chat.signatures import restorable, restore_reasoning
+from gateway.messages.from_chat.signatures import Restorable, restorable, restore_reasoning
 from gateway.messages.from_chat.tables import LOCAL_STOP_KINDS, hides_thinking, shows_thinking
 from gateway.messages.session_key import session_key
 from gateway.messages.stream.pump import Cut, Timing, pump
@@ -127,17 +127,23 @@ async def pdfs_as_text(deps: MessagesDeps, req: dict[str, Any]) -> dict[str, Any
     PDF worker processes, and stops when the caller is cancelled (the client left).
     A PDF an earlier web fetch returned (replayed ``web_fetch_tool_result``) is read the
     same way, its text kept on the block for the translation (:data:`fetch_blocks.OPENED`)."""
-    await _fetched_pdfs_as_text(deps, req)
+    fetched = _fetched_pdfs(req)
+    if fetched:
+        await _fetched_pdfs_as_text(deps, fetched)
     where = documents.find_pdfs(req["messages"])  # a walk of user blocks, no copies
     if not where:
         return req
     return await deps.pdfs.to_text(req, where)
 
 
-async def _fetched_pdfs_as_text(deps: MessagesDeps, req: dict[str, Any]) -> None:
-    """Each replayed fetched PDF's tool message: its text read by the PDF workers (at most
-    ``MAX_PDFS`` of them; past that, or unreadable, the translation says it is a PDF)."""
-    read = 0
+# a replayed fetched PDF: its block, the fetch's result and the document in it
+_Fetched = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
+
+
+def _fetched_pdfs(req: dict[str, Any]) -> list[_Fetched]:
+    """The replayed fetched PDFs not read yet (at most ``MAX_PDFS``): one walk of the
+    assistant turns, nothing awaited."""
+    found: list[_Fetched] = []
     for turn in req["messages"]:
         content = turn["content"]
         if turn["role"] != "assistant" or isinstance(content, str):
@@ -149,18 +155,33 @@ async def _fetched_pdfs_as_text(deps: MessagesDeps, req: dict[str, Any]) -> None
             if result["type"] != "web_fetch_result":
                 continue
             doc = result["content"]
-            if doc["source"]["type"] != "base64" or read >= documents.MAX_PDFS:
+            if doc["source"]["type"] != "base64" or len(found) >= documents.MAX_PDFS:
                 continue
-            read += 1
-            one = {"messages": [{"role": "user", "content": [{**doc, "title": None}]}]}
-            try:
-                out = await deps.pdfs.to_text(one, documents.find_pdfs(one["messages"]))
-            except errors.InvalidRequest:
-                continue
-            text = out["messages"][0]["content"][0]["source"]["data"]
-            block[fetch_blocks.OPENED] = fetch_blocks.document_text(
-                result["url"], doc.get("title"), text
-            )
+            found.append((block, result, doc))
+    return found
+
+
+async def _fetched_pdfs_as_text(deps: MessagesDeps, fetched: list[_Fetched]) -> None:
+    """Each replayed fetched PDF's tool message: its text read by the PDF workers (past
+    ``MAX_PDFS`` of them, or unreadable, the translation says it is a PDF)."""
+    for block, result, doc in fetched:
+        one = {"messages": [{"role": "user", "content": [{**doc, "title": None}]}]}
+        try:
+            out = await deps.pdfs.to_text(one, documents.find_pdfs(one["messages"]))
+        except errors.InvalidRequest:
+            continue
+        text = out["messages"][0]["content"][0]["source"]["data"]
+        block[fetch_blocks.OPENED] = fetch_blocks.document_text(
+            result["url"], doc.get("title"), text
+        )
+
+
+def _to_restore(deps: MessagesDeps, req: dict[str, Any]) -> list[Restorable]:
+    """Replayed web search results opened (:func:`web_search.open_history`); the replayed
+    thinking blocks whose reasoning :func:`restore` puts back (nothing awaited)."""
+    keys = deps.opening_keys
+    web_search.open_history(req, keys)
+    return restorable(req)
 
 
 async def restore(deps: MessagesDeps, req: dict[str, Any], lease: Lease) -> None:
@@ -170,10 +191,14 @@ async def restore(deps: MessagesDeps, req: dict[str, Any], lease: Lease) -> None
     :data:`_OFF_LOOP_SIGNATURES` characters of signatures it runs in a thread (zlib and
     OpenSSL let go of the GIL; what a thread can restore is bounded by the same caps).
     Replayed web search results are opened too (:func:`web_search.open_history`)."""
-    web_search.open_history(req, deps.opening_keys)
-    blocks = restorable(req)
-    if not blocks:
-        return
+    blocks = _to_restore(deps, req)
+    if blocks:
+        await _restore(deps, req, lease, blocks)
+
+
+async def _restore(
+    deps: MessagesDeps, req: dict[str, Any], lease: Lease, blocks: list[Restorable]
+) -> None:
     keys = deps.opening_keys
 
     def take(size: int) -> bool:
@@ -222,12 +247,35 @@ async def prepare(
     holds until the reply has ended; without one, in a lease of its own until the upstream
     payload is built. ``weight``: the client's, sent as the engine's priority where the
     upstream says so (``send_priority``)."""
+    replayed = _replays_blocks(req["messages"])
     if lease is not None:
-        await restore(deps, req, lease)
-        return Call(deps, await pdfs_as_text(deps, req), route, weight)
+        blocks = _to_restore(deps, req) if replayed else None
+        if blocks:
+            await _restore(deps, req, lease, blocks)
+        if _holds_pdfs(req, replayed):
+            req = await pdfs_as_text(deps, req)
+        return Call(deps, req, route, weight)
     with deps.memory.lease() as own:
-        await restore(deps, req, own)
-        return Call(deps, await pdfs_as_text(deps, req), route, weight)
+        blocks = _to_restore(deps, req) if replayed else None
+        if blocks:
+            await _restore(deps, req, own, blocks)
+        if _holds_pdfs(req, replayed):
+            req = await pdfs_as_text(deps, req)
+        return Call(deps, req, route, weight)
+
+
+def _replays_blocks(messages: list[dict[str, Any]]) -> bool:
+    """Whether an assistant turn holds blocks: where replayed reasoning, search results
+    and fetched PDFs are (none of their walks is needed otherwise); stops at the first."""
+    for turn in messages:
+        if turn["role"] == "assistant" and not isinstance(turn["content"], str):
+            return True
+    return False
+
+
+def _holds_pdfs(req: dict[str, Any], replayed: bool) -> bool:
+    """Whether :func:`pdfs_as_text` has a PDF to read (else it is not awaited at all)."""
+    return (replayed and bool(_fetched_pdfs(req))) or bool(documents.find_pdfs(req["messages"]))
 
 
 class Call:
@@ -260,10 +308,10 @@ class Call:
         self.req = req
         self.weight = weight
         self.stream = req.get("stream") is True
-        self.stops = _stops(req)
+        self.stops = _stops(req) if "stop_sequences" in req else ()
         self._session: str | None = None
         self._session_of: Callable[[], str] | None = None
-        self._bind(route, deps.metrics.drop_field)
+        self._bind(route, deps.upstreams.metrics.drop_field)
 
     def _bind(self, route: ModelRoute, on_drop: Callable[[str], None] | None = None) -> None:
         """Make the call ``route``'s: its upstream, its model, what it takes (a
@@ -294,19 +342,18 @@ class Call:
         on_drop: Callable[[str], None] | None = None,
     ) -> bytes:
         req = self.req
-        return jsonutil.dumpb(
-            self._prioritised(
-                to_chat(
-                    req if upstream_stream == self.stream else {**req, "stream": True},
-                    route,
-                    keep_billing_header=self.deps.keep_billing_header,
-                    on_drop=on_drop,
-                    as_text=as_text,
-                    named_choice=named_tool_choice(route),
-                ),
-                route,
-            )
+        out = to_chat(
+            req if upstream_stream == self.stream else {**req, "stream": True},
+            route,
+            keep_billing_header=self.deps.keep_billing_header,
+            on_drop=on_drop,
+            as_text=as_text,
+            # read only for a tool_choice (a route's setting: two calls otherwise)
+            named_choice=req.get("tool_choice") is None or named_tool_choice(route),
         )
+        if self.weight is not None:  # else _prioritised adds nothing
+            out = self._prioritised(out, route)
+        return jsonutil.dumpb(out)
 
     def _prioritised(self, out: dict[str, Any], route: ModelRoute) -> dict[str, Any]:
         """The client's weight as the engine's ``priority`` (``upstreams.NAME.send_priority``)."""
@@ -365,7 +412,19 @@ class Call:
         if telemetry is not None:  # a span wants the key: made now (telemetry on only)
             telemetry.annotate({"gateway.session": self.session})
         try:
-            return await self._send_or_as_text(request_id)
+            try:  # the route's upstream (inline: no coroutine layer per request)
+                return await send(
+                    self.deps.upstreams,
+                    self.route,
+                    "/chat/completions",
+                    self.payload,
+                    stream=self.upstream_stream,
+                    max_tokens=self.req.get("max_tokens"),
+                    request_id=request_id,
+                    session=self.session if self.client.replicas.keyed else None,
+                )
+            except errors.GatewayError as refused:
+                return await self._as_text(request_id, refused)
         except errors.GatewayError as err:
             if not fall_back or not self.route.fallback_routes or not falls_over(err):
                 raise
@@ -403,11 +462,14 @@ class Call:
         try:
             return await self._send(request_id)
         except errors.GatewayError as err:
-            if err.refused is None or not fall_back(
-                self.deps, self.route, self.as_text, err, self.payload
-            ):
-                raise
-            refused = err.refused
+            return await self._as_text(request_id, err)
+
+    async def _as_text(self, request_id: str | None, err: errors.GatewayError) -> UpstreamResponse:
+        """After the call failed with ``err``: a refusal of content the route may send as
+        text is answered by one more call with it as text; anything else raises ``err``."""
+        refused = err.refused
+        if refused is None or not fall_back(self.deps, self.route, self.as_text, err, self.payload):
+            raise err
         self.as_text = self.as_text | {refused}
         self.payload = self._translate(self.route, self.upstream_stream, self.as_text)
         return await self._send(request_id)
@@ -464,7 +526,9 @@ class Call:
             t1 = time.perf_counter()
             message = aggregate(events)
         else:
-            raw = await up.read()
+            raw = up.read_ready()  # a body that came with its head: no wait
+            if raw is None:
+                raw = await up.read()
             t1 = time.perf_counter()
             off_loop = self.deps.loads_off_loop
             try:  # a large body decodes in the decoder child, not on the loop
@@ -482,16 +546,14 @@ class Call:
 
     def _from_chat(self, completion: Any, figures: Figures) -> dict[str, Any]:
         deps = self.deps
-        fixed = {"repaired": 0, "unrepairable": 0}
-
-        def count(key: str) -> Callable[[], None]:
-            return lambda: fixed.__setitem__(key, fixed[key] + 1)
-
-        def hidden() -> None:
-            figures.reasoning_hidden += 1
-
+        fixes = _Fixes(figures)
         upstream = self.route.upstream
-        names = _tool_names(self.req) if upstream.text_tool_calls else ()
+        req = self.req
+        names = _tool_names(req) if upstream.text_tool_calls and req.get("tools") else ()
+        if "thinking" in req or "chat_template_kwargs" in req:
+            hide, show = hides_thinking(req), shows_thinking(req)
+        else:  # neither asked for: what both say then, without their calls
+            hide = show = False
         lazy = (
             LazyNormaliser(thinking=upstream.inline_thinking, tool_names=names)
             if upstream.inline_thinking != "off" or names
@@ -503,24 +565,46 @@ class Call:
             model=self.req["model"],
             stop_sequences=self.stops,
             signing_key=deps.signing_key,
-            on_bad_tool_args=count("unrepairable"),
-            on_repaired=count("repaired"),
+            on_bad_tool_args=fixes.count_unrepairable,
+            on_repaired=fixes.count_repaired,
             normaliser=lazy,
-            hide_thinking=hides_thinking(self.req),
-            show_thinking=shows_thinking(self.req),
-            on_reasoning_hidden=hidden,
+            hide_thinking=hide,
+            show_thinking=show,
+            on_reasoning_hidden=fixes.count_hidden,
             hosts=self.client.hosts,
             secrets=deps.upstreams.secrets,
             repair_budget=budget,
         )
         normaliser = lazy.built if lazy is not None else None
         figures.add_fixes(
-            **fixed,
+            repaired=fixes.repaired,
+            unrepairable=fixes.unrepairable,
             normaliser=normaliser,
             over_budget=budget.refused,
             text_calls=normaliser.calls_found if normaliser is not None else 0,
         )
         return message
+
+
+class _Fixes:
+    """What one buffered reply's translation fixed, counted as it goes (one object, not a
+    closure per counter)."""
+
+    __slots__ = ("figures", "repaired", "unrepairable")
+
+    def __init__(self, figures: Figures) -> None:
+        self.figures = figures
+        self.repaired = 0
+        self.unrepairable = 0
+
+    def count_repaired(self) -> None:
+        self.repaired += 1
+
+    def count_unrepairable(self) -> None:
+        self.unrepairable += 1
+
+    def count_hidden(self) -> None:
+        self.figures.reasoning_hidden += 1
 
 
 # what the upstream answers when it cannot take the request now, here (as the client's retries
@@ -606,6 +690,8 @@ async def count_input_tokens(
 
 def _tool_names(req: dict[str, Any]) -> tuple[str, ...]:
     """The names of the tools the request offers (what a call written as text may name)."""
+    if not req.get("tools"):
+        return ()
     if req.get("tool_choice", {}).get("type") == "none":
         return ()
     # a deferred tool not loaded yet is not offered: a call to it stays text

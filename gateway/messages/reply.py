@@ -135,8 +135,8 @@ class Reply:
         if up is None or self._taken:
             return
         if self._rounds is not None:  # the stream never opened: drop the upstream's
-            exc_type = exc = tb = None
-        await up.__aexit__(exc_type, exc, tb)
+            exc = None
+        up.leave(exc)
 
     @property
     def source(self) -> StreamTranslator | Rounds:
@@ -157,7 +157,7 @@ class Reply:
         else:
             message = await self._buffered_rounds(self._rounds)
         figures.add_message(message)
-        figures.write(self.call.deps.metrics)
+        figures.write(self.call.deps.upstreams.metrics)
         return message
 
     async def _buffered_rounds(self, rounds: Rounds) -> dict[str, Any]:

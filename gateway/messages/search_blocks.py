@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -257,18 +257,13 @@ def replayed_text(block: Mapping[str, Any], keys: Sequence[bytes]) -> str:
     return results_text(results)
 
 
-def _result_blocks(req: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
-    for turn in req.get("messages") or ():
-        if turn.get("role") != "assistant" or isinstance(turn.get("content"), str):
-            continue
-        for block in turn.get("content") or ():
-            if block.get("type") == "web_search_tool_result":
-                yield block
-
-
 def open_history(req: Mapping[str, Any], keys: Sequence[bytes]) -> None:
     """Open each replayed ``web_search_tool_result`` block of a validated request: its tool
     message text is kept on the block (``OPENED``) for :mod:`.to_chat`."""
-    for block in _result_blocks(req):
-        if OPENED not in block:
-            block[OPENED] = replayed_text(block, keys)
+    for turn in req.get("messages") or ():  # a loop, not a generator: most find none
+        content = turn.get("content")
+        if turn.get("role") != "assistant" or isinstance(content, str):
+            continue
+        for block in content or ():
+            if block.get("type") == "web_search_tool_result" and OPENED not in block:
+                block[OPENED] = replayed_text(block, keys)

@@ -67,6 +67,7 @@ class _Characters:
 
 _characters = _Characters()
 os.register_at_fork(after_in_child=_characters.reset)
+_take = _characters.take  # the ids below call it straight (one call less per id)
 
 
 def b62(n: int) -> str:
@@ -76,15 +77,15 @@ def b62(n: int) -> str:
 
 def new_request_id() -> str:
     """A request's id when the client sent no usable ``x-request-id``."""
-    return "req_" + b62(24)
+    return "req_" + _take(24)
 
 
 def new_message_id() -> str:
-    return "msg_" + b62(24)
+    return "msg_" + _take(24)
 
 
 def new_tool_use_id() -> str:
-    return "toolu_" + b62(24)
+    return "toolu_" + _take(24)
 
 
 class _UpstreamIds:

@@ -111,6 +111,7 @@ class UpstreamResponse:
         "_stream",
         "_trial",
         "progress",
+        "status",
         "traced",
     )
 
@@ -126,6 +127,7 @@ class UpstreamResponse:
         traced: tuple[Telemetry, Any, float] | None = None,
     ) -> None:
         self._resp = resp
+        self.status: int = resp.status  # the reply's final head's (fixed once it is in)
         # the attempt's span (gateway/ops/telemetry.py), ended with the reply: None when off
         self.traced = traced
         self._replica = replica  # its in-flight count is ours until the response is left
@@ -143,10 +145,6 @@ class UpstreamResponse:
         # comments and bare framing do not count, so a trickle of them cannot keep a
         # stream open forever.
         self.progress = resp.progress
-
-    @property
-    def status(self) -> int:
-        return self._resp.status
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive; timeouts and cuts raise GatewayErrors.
@@ -187,8 +185,25 @@ class UpstreamResponse:
         if replica is not None:
             self._client.members.finished(replica, errors.UpstreamUnavailable())
 
+    def read_ready(self) -> bytes | None:
+        """:meth:`read` without a wait (no coroutine): the whole body when it is all in
+        already (it came with the head); None: await :meth:`read`."""
+        try:
+            body = self._resp.read_now(self._cap)
+        except BaseException as exc:
+            self._lost = _lost(exc)
+            with Failures(self._client.report, "body", self._request_id, self._stream):
+                raise
+            raise  # not reached: the map raises whatever it is given
+        if body is not None:
+            self._done = True
+        return body
+
     async def read(self) -> bytes:
         """The whole body; past the upstream's ``max_response_bytes``, a 500."""
+        body = self.read_ready()
+        if body is not None:
+            return body
         try:
             body = await self._resp.read(cap=self._cap)
         except BaseException as exc:
@@ -208,6 +223,11 @@ class UpstreamResponse:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.leave(exc)
+
+    def leave(self, exc: BaseException | None = None) -> None:
+        """What leaving the ``async with`` does (``exc``: what it was left with), for a
+        holder that leaves it from its own ``__aexit__`` (no coroutine of this one)."""
         traced, self.traced = self.traced, None
         if traced is not None:
             failed = "lost" if self._lost else type(exc).__name__ if exc is not None else None
@@ -295,10 +315,8 @@ class UpstreamClient:
             self._headers["Authorization"] = f"Bearer {cfg.api_key}"
         self.members = Members(cfg, make_pool=self._pool, metrics=metrics, resolve=resolve)
         self.discover = self.members.discover
-
-    @property
-    def replicas(self) -> Replicas:
-        return self.members.replicas
+        # the members' replicas (made once with them; a plain attribute: read per request)
+        self.replicas: Replicas = self.members.replicas
 
     @property
     def hosts(self) -> tuple[str, ...]:
@@ -395,14 +413,14 @@ class UpstreamClient:
             self.report("connect", "no_replicas", request_id)
             raise unreachable("no_replicas")
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + head_timeout
-        failing = _Failing(path, body)
+        deadline = loop.time() + head_timeout  # the later attempts' (the first has all of it)
+        failing: _Failing | None = None  # made at the first failure
         telemetry = CURRENT.get()
         traced: tuple[Telemetry, Any, float] | None = None
         trace = b""
         for n, replica in enumerate(attempts):
             last = n == len(attempts) - 1
-            remaining = deadline - loop.time()
+            remaining = deadline - loop.time() if n else head_timeout
             if n and remaining <= 0:
                 break
             pool = self.members.pools.get(replica.index)
@@ -419,19 +437,35 @@ class UpstreamClient:
                     model, self.name, self.cfg.kind, replica.base_url, n
                 )
                 traced = (telemetry, span, time.perf_counter())
+            provable = method == "POST" and path == PROVABLE_PATH
             try:
-                resp = await self._send(
-                    pool,
-                    method,
-                    target,
-                    data,
-                    head_timeout=remaining if n else head_timeout,
-                    body_timeout=body_timeout,
-                    stream=stream,
-                    log_id=request_id,
-                    provable=method == "POST" and path == PROVABLE_PATH,
-                    trace=trace,
-                )
+                try:  # the first send on this replica (see _send_again for the second)
+                    resp = await pool.request(
+                        method,
+                        target,
+                        data,
+                        head_timeout=remaining,
+                        body_timeout=body_timeout,
+                        stream=stream,
+                        request_id=ids.new_upstream_request_id().encode("ascii"),
+                        log_id=request_id,
+                        provable=provable,
+                        headers=trace,
+                    )
+                except BaseException as first:
+                    resp = await self._send_again(
+                        first,
+                        pool,
+                        method,
+                        target,
+                        data,
+                        head_timeout=remaining,
+                        body_timeout=body_timeout,
+                        stream=stream,
+                        log_id=request_id,
+                        provable=provable,
+                        trace=trace,
+                    )
             except BaseException as exc:
                 self.members.finished(replica)
                 mapped = map_failure(exc, "head", stream)
@@ -443,6 +477,8 @@ class UpstreamClient:
                     replica.trial = False
                     raise
                 err, phase, cause = mapped
+                if failing is None:
+                    failing = _Failing(path, body)
                 poison = cause != "pool_timeout" and failing.on(replicas, replica, phase)
                 self.members.count(replica, _outcome(err))
                 if not isinstance(exc, ProtocolError):  # the pool has logged that one
@@ -469,6 +505,8 @@ class UpstreamClient:
                 traced[0].upstream_ended(traced[1], traced[2], str(resp.status))
             poison = False
             if resp.status >= 500:
+                if failing is None:
+                    failing = _Failing(path, body)
                 poison = failing.on(replicas, replica, "head", resp.status)
                 self.members.count(replica, "status_5xx")
             else:  # it answered: alive, whatever it thought of the request
@@ -492,8 +530,9 @@ class UpstreamClient:
         if self._metrics is not None:
             self._metrics.upstream_retries.labels(self.name).inc()
 
-    async def _send(
+    async def _send_again(
         self,
+        first: BaseException,
         pool: Pool,
         method: str,
         target: str,
@@ -506,32 +545,27 @@ class UpstreamClient:
         provable: bool = False,
         trace: bytes = b"",
     ) -> Response:
-        """One replica's reply head; a connection that ended before the upstream saw the
-        request (``_retried_here``) is tried once more on the same pool, a reply refused as
-        another request's on a fresh connection. Each send is an attempt with an id of its
-        own. ``provable``: a chat completion, whose body may name its request."""
-        fresh = retried = False
-        while True:
-            try:
-                return await pool.request(
-                    method,
-                    target,
-                    data,
-                    head_timeout=head_timeout,
-                    body_timeout=body_timeout,
-                    stream=stream,
-                    request_id=_attempt_id(),
-                    log_id=log_id,
-                    provable=provable,
-                    fresh=fresh,
-                    headers=trace,
-                )
-            except BaseException as exc:
-                mapped = None if retried else map_failure(exc, "head", stream)
-                if mapped is None or mapped[2] not in self._retried_here:
-                    raise
-                fresh = mapped[2] == "misrouted"
-                retried = True
+        """After a replica's first send failed with ``first``: a connection that ended before
+        the upstream saw the request (``_retried_here``) is tried once more on the same pool, a
+        reply refused as another request's on a fresh connection; anything else raises
+        ``first``. Each send is an attempt with an id of its own. ``provable``: a chat
+        completion, whose body may name its request."""
+        mapped = map_failure(first, "head", stream)
+        if mapped is None or mapped[2] not in self._retried_here:
+            raise first
+        return await pool.request(
+            method,
+            target,
+            data,
+            head_timeout=head_timeout,
+            body_timeout=body_timeout,
+            stream=stream,
+            request_id=_attempt_id(),
+            log_id=log_id,
+            provable=provable,
+            fresh=mapped[2] == "misrouted",
+            headers=trace,
+        )
 
     async def _error_status(
         self, resp: Response, request_id: str | None, max_tokens: int | None

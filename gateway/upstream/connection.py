@@ -454,30 +454,50 @@ class Connection(asyncio.Protocol):
             self._mark = self._last_byte
 
     async def read_head(self) -> None:
-        while self._phase == _HEAD:
-            await self._wait()
+        loop = self._loop
+        while self._phase == _HEAD:  # _wait, inline: no coroutine of its own per head
+            due = self._mark + self._span
+            if loop.time() >= due:
+                raise TimeoutError
+            waiter = self._waiter = loop.create_future()
+            if self._timer is None:
+                self._timer = loop.call_at(due, self._on_timer)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
         if self._exc is not None and not self.status:
             raise self._exc
 
     async def readany(self) -> bytes:
         while True:
-            chunks = self._chunks
-            if chunks:
-                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-                self._chunks = []
-                self._buffered = 0
-                if self._paused:
-                    self._paused = False
-                    # the upstream was held back by us: its silence since is not its own
-                    self._last_byte = self._loop.time()
-                    if self.transport is not None and not self.closed:
-                        self.transport.resume_reading()
-                return data
+            if self._chunks:
+                return self._take()
             if self._exc is not None:
                 raise self._exc
             if self._eof:
                 return b""
             await self._wait()
+
+    def _take(self) -> bytes:
+        chunks = self._chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self._chunks = []
+        self._buffered = 0
+        if self._paused:
+            self._paused = False
+            # the upstream was held back by us: its silence since is not its own
+            self._last_byte = self._loop.time()
+            if self.transport is not None and not self.closed:
+                self.transport.resume_reading()
+        return data
+
+    def whole(self) -> bytes | None:
+        """The rest of the body when all of it is in (what :meth:`readany` calls would return
+        joined, without a wait); None: more is to come, or the reply failed (read on)."""
+        if not self._eof or self._exc is not None:
+            return None
+        return self._take() if self._chunks else b""
 
     @property
     def complete(self) -> bool:

@@ -67,6 +67,9 @@ OnKeepalive = Callable[[bool], None]
 # the anomalies that say a reply on a reused connection answered another request: nothing has
 # reached the client, and a fresh connection gets the request its own reply
 MISROUTED = frozenset(("request_id_mismatch", "request_id_missing"))
+# the verdicts a reply gives, read once (an Enum member read from its class costs a call)
+_ECHO = Event.ECHO
+_NO_ECHO = Event.NO_ECHO
 
 
 class Response:
@@ -109,7 +112,7 @@ class Response:
         self._expect = None
         conn = self._conn
         if ok:
-            self._pool.observe(Event.ECHO)
+            self._pool.observe(_ECHO)
         elif conn.must_echo:
             kind = "request_id_mismatch" if b'"id"' in data[:256] else "request_id_missing"
             self._settled = True
@@ -117,7 +120,22 @@ class Response:
             self._pool.release(conn)
             raise exc
         else:
-            self._pool.observe(Event.NO_ECHO)
+            self._pool.observe(_NO_ECHO)
+
+    def read_now(self, cap: int = 0) -> bytes | None:
+        """:meth:`read` without a wait when the whole body is in already (a buffered reply
+        that came with its head); None: :meth:`read` it."""
+        conn = self._conn
+        if cap and conn.length > cap:
+            raise TooLarge("reply larger than the cap")
+        body = conn.whole()
+        if body is None:
+            return None
+        if cap and len(body) > cap:
+            raise TooLarge("reply larger than the cap")
+        if self._expect is not None:
+            self._proved(body, bool(verdict(body, self._expect, final=True)))
+        return body
 
     async def read(self, limit: int = 0, *, cap: int = 0) -> bytes:
         """The whole body: at most ``limit`` bytes when given; past ``cap``, TooLarge."""
@@ -289,7 +307,7 @@ class Pool:
                 body_id = proof[0] + request_id
         named = request_id is not None and (body_id is not None or self._echoes)
         keep = not fresh and reuse.keepalive and (named or not reuse.must_echo)
-        head = self._head(method, target)
+        head = self._heads.get((method, target)) or self._head(method, target)
         if request_id is not None:
             head += b"X-Request-Id: " + request_id + b"\r\n"
         if headers:
@@ -302,7 +320,7 @@ class Pool:
         else:
             head += b"Content-Length: %d\r\n\r\n" % len(body)
             data = head + body if len(body) < 16384 else (head, body)
-        conn = await self._acquire(head_timeout, reuse=keep)
+        conn = self._idle_now(keep) or await self._acquire(head_timeout, reuse=keep)
         try:
             # The echo is required on a reused connection only: there a reply without it could
             # be one a previous request left behind. The first reply on a new connection is
@@ -331,20 +349,40 @@ class Pool:
         if request_id is not None:
             self._echoes = conn.echoed
             if conn.echoed:
-                self.observe(Event.ECHO)
+                if reuse.observe(_ECHO):  # what observe() does, one call less per reply
+                    self._switched()
             elif body_id is None:
-                self.observe(Event.NO_ECHO)
+                self.observe(_NO_ECHO)
             # else: the body decides (Response), or an error reply that names nothing: no count
         return Response(self, conn)
 
     def observe(self, event: Event) -> None:
         """One reply's verdict (or an anomaly) for :class:`Reuse`."""
         if self.reuse.observe(event):
-            on = self.reuse.keepalive
-            if not on:
-                self._close_idle()
-            if self._on_keepalive is not None:
-                self._on_keepalive(on)
+            self._switched()
+
+    def _switched(self) -> None:
+        """Keep-alive was turned on or off (:meth:`observe`)."""
+        on = self.reuse.keepalive
+        if not on:
+            self._close_idle()
+        if self._on_keepalive is not None:
+            self._on_keepalive(on)
+
+    def _idle_now(self, reuse: bool) -> Connection | None:
+        """A free slot and an idle connection taken at once (no coroutine), when there are
+        both and no waiter is ahead; None: :meth:`_acquire` waits or connects."""
+        if (
+            not reuse
+            or self._closed
+            or not self._idle
+            or (self._limit and (self._busy >= self._limit or self._waiters))
+        ):
+            return None
+        conn = self._idle_connection()
+        if conn is not None:
+            self._busy += 1
+        return conn
 
     async def _acquire(self, wait: float, *, reuse: bool = True) -> Connection:
         """A slot, then an idle connection or a new one.

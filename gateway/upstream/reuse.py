@@ -67,15 +67,21 @@ TRANSITIONS: dict[tuple[ReuseState, Event], tuple[ReuseState, str]] = {
 }
 
 
+_ECHO = Event.ECHO
+_TRUSTED = ReuseState.TRUSTED
+
+
 class Reuse:
     """One upstream's keep-alive decision (``mode`` one of :data:`MODES`)."""
 
-    __slots__ = ("mode", "proof", "state", "streak")
+    __slots__ = ("_state", "keepalive", "mode", "must_echo", "proof", "streak")
 
     def __init__(self, mode: str = "auto", *, proof: int | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"keepalive mode must be one of {', '.join(MODES)}")
         self.mode = mode
+        # Must a reply on a reused connection carry its request's id (auto, trusted)?
+        self.must_echo = mode == "auto"
         self.proof = PROOF if proof is None else proof
         self.streak = 0
         self.state = ReuseState.TRUSTED if mode == "always" else ReuseState.PROBING
@@ -84,20 +90,23 @@ class Reuse:
         return f"<Reuse {self.mode} {self.state.value} {self.streak}/{self.proof}>"
 
     @property
-    def keepalive(self) -> bool:
-        """May a request now go out on a reused (or reusable) connection?"""
-        return self.mode != "never" and self.state is ReuseState.TRUSTED
+    def state(self) -> ReuseState:
+        return self._state
 
-    @property
-    def must_echo(self) -> bool:
-        """Must a reply on a reused connection carry its request's id (auto, trusted)?"""
-        return self.mode == "auto"
+    @state.setter
+    def state(self, state: ReuseState) -> None:
+        self._state = state
+        # May a request now go out on a reused (or reusable) connection? (read per request)
+        self.keepalive = self.mode != "never" and state is _TRUSTED
 
     def observe(self, event: Event) -> bool:
         """Feed one event; True when keep-alive was turned on or off by it."""
         if self.mode != "auto":
             return False
-        before = self.state
+        before = self._state
+        if event is _ECHO and before is _TRUSTED:  # the steady state: no table (Enum hashes)
+            self.streak += 1
+            return False
         state, streak = TRANSITIONS[(before, event)]
         if streak == "+1":
             self.streak += 1

@@ -76,9 +76,14 @@ def from_chat(
     """
     if not isinstance(completion, _MAPPING):
         raise errors.StreamProcessingError()
-    if _is_error_object(completion):
-        raise errors.from_inband(completion, hosts=hosts, secrets=secrets)
-    choice = _first_choice(completion)
+    choices = completion.get("choices")
+    choice: Mapping[str, Any]
+    if type(choices) is list and choices and type(choices[0]) is dict:
+        choice = choices[0]  # the usual completion: no calls to find out
+    else:
+        if choices is None and _is_error_object(completion):
+            raise errors.from_inband(completion, hosts=hosts, secrets=secrets)
+        choice = _first_choice(completion)
     message = choice.get("message")
     if not isinstance(message, _MAPPING):
         raise errors.StreamProcessingError()
@@ -86,8 +91,12 @@ def from_chat(
     # (kind, value) in order: "thinking" and "text" strings, "tool_use" blocks
     parts: list[tuple[str, Any]] = []
     budget = repair_budget or RepairBudget()  # the repairs of this reply's calls, together
-    reasoning = _reasoning(message)
-    text = _text(message)
+    reasoning = (
+        _reasoning(message) if "reasoning_content" in message or "reasoning" in message else ""
+    )
+    text = message.get("content")
+    if type(text) is not str or not text:
+        text = _text(message)
     if isinstance(normaliser, LazyNormaliser):  # built only if the content needs it
         normaliser = normaliser.for_whole(text, reasoning=bool(reasoning)) if text else None
     if reasoning:
@@ -116,21 +125,29 @@ def from_chat(
                 )
             else:
                 parts.append(("thinking" if kind == THINKING_PIECE else "text", value))
-    tool_uses = _tool_uses(message, budget, on_bad_tool_args, on_repaired)
-    parts.extend(("tool_use", block) for block in tool_uses)
-    if not show_thinking and any(kind == "thinking" for kind, _ in parts):
-        # no thinking was asked for: none is shown, as the API shows none (counted)
-        parts = [part for part in parts if part[0] != "thinking"]
-        if on_reasoning_hidden is not None:
-            on_reasoning_hidden()
+    if "tool_calls" in message or "function_call" in message:
+        for block in _tool_uses(message, budget, on_bad_tool_args, on_repaired):
+            parts.append(("tool_use", block))
+    if not show_thinking:
+        for part_kind, _ in parts:
+            if part_kind == "thinking":
+                # no thinking was asked for: none is shown, as the API shows none (counted)
+                parts = [part for part in parts if part[0] != "thinking"]
+                if on_reasoning_hidden is not None:
+                    on_reasoning_hidden()
+                break
     content = _blocks(parts, signing_key, hide_thinking)
-    has_tools = any(block["type"] == "tool_use" for block in content)
+    has_tools = False
+    for block in content:
+        if block["type"] == "tool_use":
+            has_tools = True
+            break
     if not content:
         # Never an empty content array: one empty text block says "nothing was said".
         content.append({"type": "text", "text": ""})
 
     finish = choice.get("finish_reason")
-    matched = tables.matched_stop_sequence(choice, stop_sequences)
+    matched = tables.matched_stop_sequence(choice, stop_sequences) if stop_sequences else None
     # A buffered reply is finished: a missing finish_reason means a natural end.
     reason = tables.stop_reason(finish if isinstance(finish, str) else "stop", matched, has_tools)
     usage = tables.usage_from_chat(completion.get("usage"), completion.get("timings"))

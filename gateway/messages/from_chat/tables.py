@@ -82,17 +82,18 @@ def usage_from_chat(usage: Any, timings: Any = None) -> Usage | None:
     """
     if not isinstance(usage, _MAPPING):
         return None
-    prompt = _count(usage.get("prompt_tokens"))
-    cached = _cached(usage, timings)
+    reported: Any = usage.get("prompt_tokens")
+    # counts: ints, not bools, not negative (as _is_count), read inline: per reply
+    counted = type(reported) is int and reported >= 0
+    prompt: int = reported if counted else 0
+    cached = (
+        _cached(usage, timings) if timings is not None or "prompt_tokens_details" in usage else None
+    )
     if cached is not None:
         cached = min(cached, prompt)
         prompt -= cached
-    return Usage(
-        prompt,
-        _count(usage.get("completion_tokens")),
-        cached,
-        _is_count(usage.get("prompt_tokens")),
-    )
+    output: Any = usage.get("completion_tokens")
+    return Usage(prompt, output if type(output) is int and output >= 0 else 0, cached, counted)
 
 
 def anthropic_usage(usage: Usage | None) -> dict[str, int]:
@@ -125,11 +126,6 @@ def _cached(usage: Mapping[str, Any], timings: Any) -> int | None:
 
 def _is_count(value: Any) -> bool:
     return type(value) is int and value >= 0
-
-
-def _count(value: Any) -> int:
-    # bool is an int subclass: `true` is not a token count
-    return value if type(value) is int and value >= 0 else 0
 
 
 _HIDDEN_DISPLAYS = frozenset(("omitted", "updates"))

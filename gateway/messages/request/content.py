@@ -40,6 +40,7 @@ from gateway.ops.metrics import WEB_FETCH_ERROR_CODES, WEB_SEARCH_ERROR_CODES
 __all__ = [
     "EFFORTS",
     "MAX_DOMAINS",
+    "MAX_INT",
     "check_depth",
     "check_domain_filters",
     "check_int",
@@ -428,10 +429,10 @@ def check_messages(messages: Any) -> None:
     # server_tool_use ids of this run of assistant turns, unanswered -> their result's type
     searches: dict[str, str] = {}
     for i, msg in enumerate(check_list(messages, "messages")):
-        path = f"messages.{i}"
-        check_obj(msg, path)
+        if type(msg) is not dict:
+            check_obj(msg, f"messages.{i}")
         role = msg.get("role")
-        if role != "assistant":
+        if role != "assistant" and searches:
             searches.clear()
         if role == "user":
             allowed = _USER_BLOCKS
@@ -440,16 +441,17 @@ def check_messages(messages: Any) -> None:
         elif role == "system":
             allowed = _SYSTEM_BLOCKS
         elif role is None:
-            raise fail(f"{path}.role", "Field required")
+            raise fail(f"messages.{i}.role", "Field required")
         else:
-            raise fail(f"{path}.role", "Input should be 'user', 'assistant' or 'system'")
+            raise fail(f"messages.{i}.role", "Input should be 'user', 'assistant' or 'system'")
         if role == "system":
-            _turn_controls(msg, path)
-        elif msg.get("clear_at") is not None:
-            raise fail(f"{path}.clear_at", "only permitted on role 'system' messages")
+            _turn_controls(msg, f"messages.{i}")
+        elif "clear_at" in msg and msg["clear_at"] is not None:
+            raise fail(f"messages.{i}.clear_at", "only permitted on role 'system' messages")
         content = msg.get("content")
         if isinstance(content, str):
-            continue
+            continue  # the usual text turn: no path made
+        path = f"messages.{i}"
         if content is None:
             if turn_control.is_control_entry(msg):
                 continue

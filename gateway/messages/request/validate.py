@@ -46,6 +46,7 @@ from gateway.messages.fetch_blocks import check_tool as check_web_fetch_tool
 from gateway.messages.fetch_blocks import check_url_sources
 from gateway.messages.request.content import (
     EFFORTS,
+    MAX_INT,
     check_depth,
     check_int,
     check_list,
@@ -239,18 +240,21 @@ def _generation_fields(body: Mapping[str, Any]) -> None:
     max_tokens = body.get("max_tokens")
     if max_tokens is None:
         raise fail("max_tokens", "Field required")
-    check_int(max_tokens, "max_tokens", minimum=1)
+    if type(max_tokens) is not int or not 1 <= max_tokens <= MAX_INT:  # else it is fine
+        check_int(max_tokens, "max_tokens", minimum=1)
     stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
+    if stream is not None and stream is not True and stream is not False:
         raise fail("stream", "Input should be a valid boolean")
-    stops = body.get("stop_sequences")
-    if stops is not None and not isinstance(stops, str):
-        for i, stop in enumerate(check_list(stops, "stop_sequences")):
-            if not isinstance(stop, str):
-                raise fail(f"stop_sequences.{i}", "Input should be a valid string")
-    metadata = body.get("metadata")
-    if metadata is not None:
-        check_str(check_obj(metadata, "metadata"), "user_id", "metadata", required=False)
+    if "stop_sequences" in body:
+        stops = body["stop_sequences"]
+        if stops is not None and not isinstance(stops, str):
+            for i, stop in enumerate(check_list(stops, "stop_sequences")):
+                if not isinstance(stop, str):
+                    raise fail(f"stop_sequences.{i}", "Input should be a valid string")
+    if "metadata" in body:
+        metadata = body["metadata"]
+        if metadata is not None:
+            check_str(check_obj(metadata, "metadata"), "user_id", "metadata", required=False)
 
 
 # The SDKs' thread fallback: on a 400 whose error.details.error_code is this, Python's
@@ -289,7 +293,7 @@ def validate_messages(
     """
     if not isinstance(body, dict):
         raise fail("", "request body must be a JSON object")
-    if body.get("thread") is not None:
+    if "thread" in body and body["thread"] is not None:
         # first: a thread's `continue` turn carries only the new messages, and whatever else
         # might be wrong with it, the SDK's fallback must see this error to resend in full
         raise fail(
@@ -307,17 +311,28 @@ def validate_messages(
     if not count_tokens:
         _generation_fields(body)
     check_messages(body["messages"])
-    check_system(body.get("system"))
-    _tool_choice(body.get("tool_choice"), _tools(body.get("tools"), web_search, web_fetch))
-    _thinking_config(body.get("thinking"), None if count_tokens else body.get("max_tokens"))
-    _output_config(body.get("output_config"))
-    _sampling(body)
-    _server_side_features(body)
-    kwargs = body.get("chat_template_kwargs")
-    if kwargs is not None:
-        check_obj(kwargs, "chat_template_kwargs")
-        check_depth(kwargs, "chat_template_kwargs")  # forwarded as it is
-    cfm = body.get("continue_final_message")
-    if cfm is not None and not isinstance(cfm, bool):
-        raise fail("continue_final_message", "Input should be a valid boolean")
+    system = body.get("system")
+    if system is not None and type(system) is not str:  # else nothing to check
+        check_system(system)
+    # The optional fields, each checked only when the body has it (a null is as absent),
+    # in this order (the first failing check names the error).
+    if "tool_choice" in body or "tools" in body:
+        _tool_choice(body.get("tool_choice"), _tools(body.get("tools"), web_search, web_fetch))
+    if "thinking" in body:
+        _thinking_config(body["thinking"], None if count_tokens else body.get("max_tokens"))
+    if "output_config" in body:
+        _output_config(body["output_config"])
+    if "temperature" in body or "top_p" in body or "top_k" in body:
+        _sampling(body)
+    if "mcp_servers" in body or "container" in body:
+        _server_side_features(body)
+    if "chat_template_kwargs" in body:
+        kwargs = body["chat_template_kwargs"]
+        if kwargs is not None:
+            check_obj(kwargs, "chat_template_kwargs")
+            check_depth(kwargs, "chat_template_kwargs")  # forwarded as it is
+    if "continue_final_message" in body:
+        cfm = body["continue_final_message"]
+        if cfm is not None and not isinstance(cfm, bool):
+            raise fail("continue_final_message", "Input should be a valid boolean")
     return body

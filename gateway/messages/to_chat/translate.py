@@ -57,7 +57,7 @@ from gateway.messages.search_blocks import TOOL_TYPES
 from gateway.messages.search_blocks import function as web_search_function
 from gateway.messages.to_chat import turn_control
 from gateway.messages.to_chat.client_tools import to_function
-from gateway.messages.to_chat.turns import Render, messages
+from gateway.messages.to_chat.turns import PLAIN, Render, messages
 from gateway.text import jsonutil
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ def to_chat(
 
     ``as_text``: the capabilities (``images``, ``tool_references``) whose content goes as
     text; ``named_choice``: whether ``tool_choice`` may name a tool in the object form."""
-    render = Render("images" in as_text, "tool_references" in as_text)
+    render = Render("images" in as_text, "tool_references" in as_text) if as_text else PLAIN
     out: dict[str, Any] = {
         "model": route.upstream_model,
         "messages": messages(req, keep_billing_header, render),
@@ -131,9 +131,10 @@ def to_chat(
             out["stream_options"] = options
             if route.upstream.kind == "llamacpp":
                 out["return_progress"] = True
-    _tools(req, out, named_choice)
+    if req.get("tools"):  # else no function: nothing to send (tool_choice neither)
+        _tools(req, out, named_choice)
     for key in _AS_IS:
-        if req.get(key) is not None:
+        if key in req and req[key] is not None:
             out[key] = req[key]
     _output_config(req, out)
     _template_kwargs(req, out, route.upstream.kind)
@@ -191,8 +192,13 @@ def _tools(req: Mapping[str, Any], out: dict[str, Any], named_choice: bool = Tru
 def offered_tools(req: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The request's tools the model is offered, in order: a deferred one
     (``defer_loading: true``) only once the conversation has loaded it (:func:`_loaded`)."""
-    tools = req.get("tools") or ()
-    if not any(tool.get("defer_loading") is True for tool in tools):
+    tools = req.get("tools")
+    if not tools:
+        return []
+    for tool in tools:
+        if tool.get("defer_loading") is True:
+            break
+    else:
         return list(tools)
     loaded = _loaded(req, req.get("tool_choice"))
     return [t for t in tools if t.get("defer_loading") is not True or t.get("name") in loaded]
@@ -280,7 +286,7 @@ def _prefill(req: Mapping[str, Any], out: dict[str, Any]) -> None:
     if cont is None:
         turns = req["messages"]
         last = turns[-1] if turns else None
-        if last is not None and turn_control.is_control_entry(last):
+        if last is not None and last["role"] == "system" and turn_control.is_control_entry(last):
             last = next((t for t in reversed(turns) if not turn_control.is_control_entry(t)), None)
         cont = last is not None and last["role"] == "assistant" and not _ends_in_search(last)
         if not cont:

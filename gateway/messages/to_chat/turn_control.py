@@ -63,8 +63,14 @@ def output_config(req: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The output_config in force for the reply: the top-level one with the current turn's
     per-turn fields over it (``req`` must be validated)."""
     top = req.get("output_config")
+    turns = req["messages"]
+    for turn in turns:
+        if turn["role"] == "system":
+            break
+    else:  # per-turn fields are a system turn's: none, the top-level one is in force
+        return top
     per_turn: dict[str, Any] = {}
-    for turn in req["messages"]:
+    for turn in turns:
         if _new_prompt(turn):
             per_turn = {}
         elif turn["role"] == "system" and has_fields(turn.get("output_config")):

@@ -212,15 +212,21 @@ def _user(group: list[Mapping[str, Any]], render: Render) -> list[Message]:
     for turn in group:
         content = turn["content"]
         if isinstance(content, str):
-            parts.append(_text_part(content))
+            parts.append({"type": "text", "text": content})  # _text_part, inline
             continue
         for block in content:
-            if block["type"] == "tool_result":
+            kind = block["type"]
+            if kind == "tool_result":
                 out.extend(_tool_messages(block, render))
+            elif kind == "text":  # the usual block: what _parts makes of it, inline
+                parts.append({"type": "text", "text": block["text"]})
             else:
                 parts.extend(_parts(block, render))
     if parts:
-        out.append({"role": "user", "content": _collapse(parts)})
+        # one text part (the usual turn) is its text: what _collapse says, without the call
+        one = parts[0] if len(parts) == 1 else None
+        text = one["text"] if one is not None and one["type"] == "text" else _collapse(parts)
+        out.append({"role": "user", "content": text})
     return out
 
 

@@ -37,6 +37,7 @@ from tests.benchmarks import run as bench_run
 from tests.procs import wait_http
 
 HOST = bench_run.HOST
+_EXTRA: list[str] = os.environ.get("CALLGRIND_EXTRA", "").split()
 _TOTALS = re.compile(rb"^(?:totals|summary): (\d+)", re.M)
 
 # ratio -> (limit, today's ratio when the limit was set): what ``--check`` fails past. The
@@ -55,6 +56,7 @@ def _valgrind_args(out: Path) -> list[str]:
         "--instr-atstart=no",
         f"--callgrind-out-file={out}",
         "--dump-instr=no",
+        *_EXTRA,
     ]
 
 

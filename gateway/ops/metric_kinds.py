@@ -193,6 +193,11 @@ class _OneLevel:
     def set(self, value: float) -> None:
         self._value._value = float(value)
 
+    def read_from(self, read: Callable[[], float]) -> bool:
+        """:meth:`_Level.read_from`; this child's value is always this process's own."""
+        self.child.set_function(read)
+        return True
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.child, name)
 

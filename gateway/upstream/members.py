@@ -79,6 +79,11 @@ class Members:
         self._leaving: dict[int, Replica] = {}
         self._resolve_failing = False
         self._started_up = False
+        # replica index -> its requests_total children by outcome, and its in-flight child
+        # where that is written per request (under --workers; else read at scrape time):
+        # made once, kept until its series go (Memo's cache is cleared when any leaves)
+        self._requests: dict[int, dict[str, Any]] = {}
+        self._in_flight: dict[int, Any] = {}
         if metrics is not None:
             for replica in self.replicas.all:
                 self._replica_series(replica)
@@ -88,10 +93,14 @@ class Members:
 
     def _replica_series(self, replica: Replica) -> None:
         m = self._metrics
-        m.upstream_replica_in_flight.labels(self.name, replica.label)
+        in_flight = m.upstream_replica_in_flight.labels(self.name, replica.label)
+        if not in_flight.read_from(lambda: replica.in_flight):
+            self._in_flight[replica.index] = in_flight
         m.upstream_replica_healthy.labels(self.name, replica.label).set(1)
-        for outcome in REPLICA_OUTCOMES:
-            m.upstream_replica_requests.labels(self.name, replica.label, outcome)
+        self._requests[replica.index] = {
+            outcome: m.upstream_replica_requests.labels(self.name, replica.label, outcome)
+            for outcome in REPLICA_OUTCOMES
+        }
         if self.cfg.health_interval:
             for outcome in PROBE_OUTCOMES:
                 m.upstream_probes.labels(self.name, replica.label, outcome)
@@ -267,6 +276,8 @@ class Members:
         pool = self.pools.pop(replica.index, None)
         self.targets.pop(replica.index, None)
         self._slots.pop(replica.index, None)
+        self._requests.pop(replica.index, None)
+        self._in_flight.pop(replica.index, None)
         self._drop_series(replica)
         if pool is not None:
             task = asyncio.get_running_loop().create_task(pool.close())
@@ -296,20 +307,23 @@ class Members:
 
     def count(self, replica: Replica, outcome: str) -> None:
         """One request's outcome on ``replica`` (one of ``REPLICA_OUTCOMES``)."""
-        if self._series(replica):
-            self._metrics.upstream_replica_requests.labels(self.name, replica.label, outcome).inc()
+        requests = self._requests.get(replica.index)  # none once its series are gone
+        if requests is not None:
+            requests[outcome].inc()
 
     def started(self, replica: Replica) -> None:
         self.replicas.started(replica)
-        if self._metrics is not None:
-            self._metrics.upstream_replica_in_flight.labels(self.name, replica.label).inc()
+        in_flight = self._in_flight.get(replica.index)
+        if in_flight is not None:
+            in_flight.inc()
 
     def finished(self, replica: Replica, exc: BaseException | None = None) -> None:
         """A request's in-flight count on ``replica`` ends; a body that failed in a way the
         replica is to blame for (a timeout, a lost connection) ejects it."""
         self.replicas.finished(replica)
-        if self._metrics is not None:
-            self._metrics.upstream_replica_in_flight.labels(self.name, replica.label).dec()
+        in_flight = self._in_flight.get(replica.index)
+        if in_flight is not None:
+            in_flight.dec()
         if isinstance(exc, errors.UpstreamTimeout | errors.UpstreamUnavailable):
             self.replicas.failed(replica, "request")  # it had taken the request
         if replica.in_flight <= 0 and replica.index in self._leaving:

@@ -305,6 +305,64 @@ async def test_churn_keeps_the_labels_bounded() -> None:
         await client.close()
 
 
+async def test_replica_series_follow_the_replicas_through_a_leave() -> None:
+    """The per-request series (in flight, requests by outcome) of the replicas that stay
+    are still the exposed ones after another's series are removed; the one that left and the
+    newcomer on its slot do not share a series."""
+    metrics = Metrics(CollectorRegistry())
+    resolver = Resolver(["10.0.0.1", "10.0.0.2"])
+    client = UpstreamClient(_dns_cfg(max_replicas=2), metrics=metrics, resolve=resolver)
+    members = client.members
+    await client.start()
+
+    def in_flight(label: str) -> float | None:
+        return _value(
+            metrics, "llm_gateway_upstream_replica_in_flight", upstream="fleet", replica=label
+        )
+
+    def ok(label: str) -> float | None:
+        return _value(
+            metrics,
+            "llm_gateway_upstream_replica_requests_total",
+            upstream="fleet",
+            replica=label,
+            outcome="ok",
+        )
+
+    try:
+        one, two = client.replicas.all
+        members.started(one)
+        members.started(two)
+        members.count(two, "ok")
+        assert (in_flight(one.label), in_flight(two.label), ok(two.label)) == (1, 1, 1)
+        members.finished(one)
+        resolver.answer = ["10.0.0.2", "10.0.0.3"]
+        await members.resolve_now()  # one leaves (its series go), a newcomer takes its slot
+        members.count(two, "ok")
+        members.finished(two)
+        assert (in_flight(two.label), ok(two.label)) == (0, 2)
+        members.count(one, "ok")  # a late outcome of the one that left writes nothing
+        three = client.replicas.all[1]
+        assert three.label == one.label  # the newcomer holds the freed slot
+        assert (in_flight(three.label), ok(three.label)) == (0, 0)
+        members.started(three)
+        members.count(three, "status_5xx")
+        assert in_flight(three.label) == 1
+        assert (
+            _value(
+                metrics,
+                "llm_gateway_upstream_replica_requests_total",
+                upstream="fleet",
+                replica=three.label,
+                outcome="status_5xx",
+            )
+            == 1
+        )
+        members.finished(three)
+    finally:
+        await client.close()
+
+
 async def test_no_address_at_start_is_a_529_until_one_resolves() -> None:
     resolver = Resolver(socket.gaierror(-2, "Name or service not known"))
     client = UpstreamClient(_dns_cfg(), resolve=resolver)

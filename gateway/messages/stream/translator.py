@@ -69,7 +69,7 @@ Transitions (``State``; every ``_on_*`` method names the states it accepts and r
 ``IllegalTransition`` otherwise)::
 
     method          PRE_START          BLOCK_OPEN                     FINISHED/ERRORED
-    _on_chunk       -> BLOCK_OPEN      BLOCK_OPEN                     raise
+    a chunk         -> BLOCK_OPEN      BLOCK_OPEN                     raise
     _on_text etc.   raise              BLOCK_OPEN                     raise
                                        -> FINISHED (_on_text: a stop sequence matched)
     _on_done        -> ERRORED         -> FINISHED (finish seen)      raise
@@ -432,8 +432,34 @@ class StreamTranslator:
                 )
             )
             return
-        try:
-            self._on_chunk(chunk, out)
+        try:  # the chunk, read here (no call of its own: once per chunk)
+            if self.state is not _BLOCK_OPEN:  # the common case checked inline
+                self._expect(_LIVE, "chunk")
+            usage = chunk.get("usage")  # (vLLM's and SGLang's: on every chunk)
+            if usage is not None:
+                counts = tables.usage_from_chat(usage, chunk.get("timings"))
+                if counts is not None:
+                    self._usage_seen = True
+                    if counts.prompt_tokens:
+                        self.input_tokens = counts.input_tokens
+                        self.cache_read = counts.cache_read
+                        self._prompt_reported = counts.prompt_reported
+                    self.output_tokens = counts.output_tokens
+            if self.state is _PRE_START:
+                progress = chunk.get("prompt_progress")  # llama.cpp with return_progress
+                if type(progress) is dict and type(progress.get("total")) is int:
+                    self.input_tokens = progress["total"]
+                self._start(out)
+            choices = chunk.get("choices")
+            if not choices:
+                return
+            if type(choices) is not list:
+                raise Malformed
+            for choice in choices:
+                if type(choice) is not dict:
+                    raise Malformed
+                if choice.get("index", 0) == 0:  # the gateway never asks for n > 1
+                    self._on_choice(choice, out)
         except Malformed:
             self._fail_into(out, errors.StreamProcessingError(), "malformed_chunk")
 
@@ -472,35 +498,6 @@ class StreamTranslator:
         out: list[bytes] = []
         self._fail_into(out, err, reason)
         return b"".join(out)
-
-    def _on_chunk(self, chunk: dict[str, Any], out: list[bytes]) -> None:
-        if self.state is not _BLOCK_OPEN:  # the common case checked inline: once per chunk
-            self._expect(_LIVE, "chunk")
-        usage = chunk.get("usage")
-        if usage is not None:
-            counts = tables.usage_from_chat(usage, chunk.get("timings"))
-            if counts is not None:
-                self._usage_seen = True
-                if counts.prompt_tokens:
-                    self.input_tokens = counts.input_tokens
-                    self.cache_read = counts.cache_read
-                    self._prompt_reported = counts.prompt_reported
-                self.output_tokens = counts.output_tokens
-        if self.state is _PRE_START:
-            progress = chunk.get("prompt_progress")  # llama.cpp with return_progress
-            if type(progress) is dict and type(progress.get("total")) is int:
-                self.input_tokens = progress["total"]
-            self._start(out)
-        choices = chunk.get("choices")
-        if not choices:
-            return
-        if type(choices) is not list:
-            raise Malformed
-        for choice in choices:
-            if type(choice) is not dict:
-                raise Malformed
-            if choice.get("index", 0) == 0:  # the gateway never asks for n > 1
-                self._on_choice(choice, out)
 
     def _on_choice(self, choice: dict[str, Any], out: list[bytes]) -> None:
         delta = choice.get("delta")
@@ -574,7 +571,11 @@ class StreamTranslator:
                 self._norm = None  # what it holds comes after the stop
                 self._end(out)
             return
-        out.append(blocks.head + frames.jstr(text) + frames.DELTA_END)
+        try:  # frames.jstr, inline: once per delta
+            body = jsonutil.dumpb_str(text)
+        except UnicodeEncodeError:
+            body = jsonutil.dumpb(frames.clean(text))
+        out.append(blocks.head + body + frames.DELTA_END)
 
     def _on_pieces(self, pieces: list[tuple[int, Any]], out: list[bytes]) -> bool:
         """The normaliser's pieces of content, in order; False once the message ended."""

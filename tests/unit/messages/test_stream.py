@@ -225,7 +225,7 @@ def _in_state(state: State) -> StreamTranslator:
 
 
 HANDLERS = {
-    "_on_chunk": (lambda t: t._on_chunk({"choices": []}, []), {State.PRE_START, State.BLOCK_OPEN}),
+    "a chunk": (lambda t: t._payload(b'{"choices": []}', []), {State.PRE_START, State.BLOCK_OPEN}),
     "_on_done": (lambda t: t._on_done(), {State.PRE_START, State.BLOCK_OPEN}),
     "_on_eof": (lambda t: t._on_eof(), {State.PRE_START, State.BLOCK_OPEN}),
     "_on_failure": (

@@ -78,7 +78,7 @@ class Members:
         self._slots: dict[int, int] = {}
         self._leaving: dict[int, Replica] = {}
         self._resolve_failing = False
-        self._started_up = False
+        self.started_up = False  # between start() and close() (an attribute: read per request)
         # replica index -> its requests_total children by outcome, and its in-flight child
         # where that is written per request (under --workers; else read at scrape time):
         # made once, kept until its series go (Memo's cache is cleared when any leaves)
@@ -119,14 +119,10 @@ class Members:
         for outcome in PROBE_OUTCOMES if self.cfg.health_interval else ():
             m.upstream_probes.remove(self.name, replica.label, outcome)
 
-    @property
-    def started_up(self) -> bool:
-        return self._started_up
-
     async def start(self) -> None:
         """Open a pool per replica; under ``discover = "dns"``, resolve the name first (a
         failure or no address leaves no replica: requests get a 529 until one resolves)."""
-        self._started_up = True
+        self.started_up = True
         self.pools = {r.index: self._make_pool(r, None) for r in self.replicas.all}
         if self.discover:
             await self.resolve_now()
@@ -134,7 +130,7 @@ class Members:
             await self.probe_all()
 
     async def close(self) -> None:
-        self._started_up = False
+        self.started_up = False
         pools, self.pools = self.pools, {}
         self._leaving.clear()
         for pool in pools.values():
@@ -244,7 +240,7 @@ class Members:
         self._slots[replica.index] = slot
         self._addresses[address] = replica
         self.targets[replica.index] = _paths(replica.base_url)
-        if self._started_up:
+        if self.started_up:
             self.pools[replica.index] = self._make_pool(replica, address)
         self._members_changed()
         if self._metrics is not None:
@@ -294,7 +290,7 @@ class Members:
     def _series(self, replica: Replica) -> bool:
         """Whether ``replica``'s metric series may be written: not once it has left and its
         series are gone (its slot's label may be another replica's by then)."""
-        return self._metrics is not None and (replica.index in self.pools or not self._started_up)
+        return self._metrics is not None and (replica.index in self.pools or not self.started_up)
 
     def _health_changed(self, replica: Replica, healthy: bool) -> None:
         if self._series(replica):

@@ -70,6 +70,9 @@ class Usage(NamedTuple):
         return self.input_tokens + (self.cache_read or 0)
 
 
+_new_tuple = tuple.__new__
+
+
 def usage_from_chat(usage: Any, timings: Any = None) -> Usage | None:
     """THE usage table: an OpenAI usage object (and llama.cpp's ``timings`` beside it) ->
     :class:`Usage`; None when there is no usage object.
@@ -93,7 +96,10 @@ def usage_from_chat(usage: Any, timings: Any = None) -> Usage | None:
         cached = min(cached, prompt)
         prompt -= cached
     output: Any = usage.get("completion_tokens")
-    return Usage(prompt, output if type(output) is int and output >= 0 else 0, cached, counted)
+    # Usage(...) made without its Python __new__ (per reply, per chunk where usage streams)
+    return _new_tuple(
+        Usage, (prompt, output if type(output) is int and output >= 0 else 0, cached, counted)
+    )
 
 
 def anthropic_usage(usage: Usage | None) -> dict[str, int]:

@@ -320,7 +320,7 @@ class Members:
         in_flight = self._in_flight.get(replica.index)
         if in_flight is not None:
             in_flight.dec()
-        if isinstance(exc, errors.UpstreamTimeout | errors.UpstreamUnavailable):
+        if exc is not None and isinstance(exc, errors.UpstreamTimeout | errors.UpstreamUnavailable):
             self.replicas.failed(replica, "request")  # it had taken the request
         if replica.in_flight <= 0 and replica.index in self._leaving:
             self._retire(replica)

@@ -91,8 +91,9 @@ def from_chat(
     # (kind, value) in order: "thinking" and "text" strings, "tool_use" blocks
     parts: list[tuple[str, Any]] = []
     budget = repair_budget or RepairBudget()  # the repairs of this reply's calls, together
+    # (vLLM sends "reasoning_content": null and "tool_calls": [] with every answer)
     reasoning = (
-        _reasoning(message) if "reasoning_content" in message or "reasoning" in message else ""
+        _reasoning(message) if message.get("reasoning_content") or message.get("reasoning") else ""
     )
     text = message.get("content")
     if type(text) is not str or not text:
@@ -125,7 +126,7 @@ def from_chat(
                 )
             else:
                 parts.append(("thinking" if kind == THINKING_PIECE else "text", value))
-    if "tool_calls" in message or "function_call" in message:
+    if message.get("tool_calls") or message.get("function_call") is not None:
         for block in _tool_uses(message, budget, on_bad_tool_args, on_repaired):
             parts.append(("tool_use", block))
     if not show_thinking:

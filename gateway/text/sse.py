@@ -26,6 +26,9 @@ from __future__ import annotations
 
 __all__ = ["SSEDecoder", "SSEEventTooLarge", "encode_event"]
 
+# A byte string is looked for with ``find``, not ``in``: CPython 3.11's ``bytes in bytes``
+# first reads its operand as an int, raising (and clearing) a TypeError with a formatted
+# message each time, at twice find's time; the decoder looks once or twice per event.
 _LF = b"\n"
 _CR = b"\r"
 _DATA = b"data"
@@ -61,7 +64,7 @@ class SSEDecoder:
         if not chunk:
             return []
         if (
-            _CR not in chunk
+            chunk.find(_CR) < 0
             and not self._line
             and not self._data
             and not self._event
@@ -79,7 +82,7 @@ class SSEDecoder:
         rest = parts.pop()
         out: list[bytes] = []
         for event in parts:
-            if event[:6] == b"data: " and _LF not in event:
+            if event[:6] == b"data: " and event.find(_LF) < 0:
                 if len(event) - 5 > self._max:
                     raise SSEEventTooLarge("SSE event exceeds the size limit")
                 if len(event) > 6:
@@ -97,7 +100,7 @@ class SSEDecoder:
             self._skip_lf = False
             if chunk[:1] == _LF:
                 chunk = chunk[1:]
-        if _CR in chunk:
+        if chunk.find(_CR) >= 0:
             # A trailing CR ends its line now; remember it so a LF that opens the next
             # chunk is not read as a second (blank) line.
             self._skip_lf = chunk[-1:] == _CR

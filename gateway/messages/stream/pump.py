@@ -162,7 +162,7 @@ def _until_failure(payloads: list[bytes]) -> tuple[list[bytes], bytes | None]:
     """The payloads before the first in-band 5xx error, and that error's payload (None:
     there is none; "error" was in the chunk for another reason)."""
     for n, payload in enumerate(payloads):
-        if _ERROR_KEY in payload and _server_error(payload):
+        if payload.find(_ERROR_KEY) >= 0 and _server_error(payload):  # (find: see text/sse.py)
             return payloads[:n], payload
     return payloads, None
 

@@ -8,6 +8,7 @@ import threading
 from typing import Any
 
 import pytest
+import ujson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,6 +37,30 @@ def test_same_bytes_as_dumpb(text: str) -> None:
 @given(st.text(alphabet=st.characters(max_codepoint=0x10FFFF, exclude_categories=["Cs"])))
 def test_same_bytes_for_any_text(text: str) -> None:
     assert jsonutil.dumpb_str(text) == jsonutil.dumpb(text)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"z": "ünï / </script> <&>", "a": [1, 2.5, None, True, {"k": "\u2028"}], "": {}},
+        ["slash / ", 1e300, -0.0, 2**63, "😀"],
+        "plain",
+    ],
+)
+def test_the_flags_by_position_are_the_keywords(value: Any) -> None:
+    """dumps gives ujson its flags by position: they must mean the keywords they stand for
+    (a ujson that moved them would fail here)."""
+    want = ujson.dumps(value, ensure_ascii=False, escape_forward_slashes=False, allow_nan=False)
+    assert jsonutil.dumps(value) == want
+    assert jsonutil.dumpb(value) == want.encode()
+
+
+@pytest.mark.parametrize("value", [float("nan"), [float("inf")], b"bytes"])
+def test_what_the_keywords_refuse_the_flags_refuse(value: Any) -> None:
+    with pytest.raises((OverflowError, TypeError)) as kw:
+        ujson.dumps(value, ensure_ascii=False, escape_forward_slashes=False, allow_nan=False)
+    with pytest.raises(kw.type):
+        jsonutil.dumpb(value)
 
 
 @pytest.mark.parametrize("text", ["\ud800", "a\udfffb"])

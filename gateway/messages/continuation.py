@@ -385,7 +385,7 @@ class Continued:
         return self._rewrite(payload)
 
     def _rewrite(self, payload: bytes) -> bytes:
-        if b'"usage"' not in payload:
+        if payload.find(b'"usage"') < 0:  # (find, not in: see gateway/text/sse.py)
             return payload
         try:
             chunk = jsonutil.loads_upstream(payload)
@@ -450,7 +450,7 @@ class Regenerated(Continued):
 
     def _splice(self, payload: bytes) -> bytes | None:
         if self._first is not None:
-            if b'"tool_calls"' in payload:
+            if payload.find(b'"tool_calls"') >= 0:
                 payload = self._map_calls(payload)
             return self._rewrite(payload)
         try:
@@ -541,7 +541,7 @@ class Regenerated(Continued):
 
 def _role_only(payload: bytes) -> bool:
     """A first chunk carrying only the assistant role (and empty content)."""
-    if b'"role"' not in payload:
+    if payload.find(b'"role"') < 0:
         return False
     try:
         chunk = jsonutil.loads_upstream(payload)

@@ -237,7 +237,7 @@ async def _relayed(
         timed = False  # time to first token observed
         async for chunk in up.chunks():
             out = relay.feed(chunk)
-            if out and _EVENT in out:
+            if out and out.find(_EVENT) >= 0:  # find(), not ``in``: see inband.suspect
                 progress()  # events, not blank lines or comments, keep it alive
             if not timed and relay.first_token:
                 timed = True

@@ -62,7 +62,7 @@ def model_span(raw: bytes, alias: str, *, stream: bool = True) -> tuple[int, int
         return None
     if (
         raw.find(b"\\") >= 0
-        and b"\\u00" in raw  # memchr first: most bodies have no escape
+        and raw.find(b"\\u00") >= 0  # memchr first: most bodies have no escape
         and _ESCAPED_LETTER.search(raw) is not None
     ):
         return None

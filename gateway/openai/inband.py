@@ -47,10 +47,14 @@ _DONE = b"[DONE]"
 def suspect(block: bytes) -> bool:
     """Whether ``block`` (whole events, or one event's data) may report an error: only those
     are decoded (see the module doc)."""
-    if NEEDLE in block or _ESCAPE in block:
+    # find(), not ``in``: on bytes ``in`` first tries its operand as an int and raises and
+    # clears a TypeError inside (about 2 K instructions a test on Python 3.11)
+    if block.find(NEEDLE) >= 0 or block.find(_ESCAPE) >= 0:
         return True
     # one search for what chunk streams never hold, the two spellings only where found
-    if b"event:" in block and (b"event: error" in block or b"event:error" in block):
+    if block.find(b"event:") >= 0 and (
+        block.find(b"event: error") >= 0 or block.find(b"event:error") >= 0
+    ):
         return True
     data = block.count(b"data:")
     objects = block.count(b"data: {")

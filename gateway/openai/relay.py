@@ -63,16 +63,16 @@ class ModelRewriter:
         """Whole SSE events at once; None when one needs :meth:`__call__` (another name
         or spelling of ``model``). Each event names its model at most once, and the
         compact pair cannot occur inside a JSON string, so every match is one."""
-        if self._needle in data:
+        if data.find(self._needle) >= 0:  # find(), not ``in``: see inband.suspect
             return data.replace(self._needle, self._compact)
-        if b'"model"' not in data:
+        if data.find(b'"model"') < 0:
             return data
         return None
 
     def __call__(self, payload: bytes) -> bytes:
-        if self._needle in payload:
+        if payload.find(self._needle) >= 0:
             return payload.replace(self._needle, self._compact, 1)
-        if b'"model"' not in payload:
+        if payload.find(b'"model"') < 0:
             return payload
         try:
             obj = jsonutil.loads_upstream(payload)
@@ -161,7 +161,7 @@ class Dialect:
                 if payload[i : i + 1] != b'"':
                     return True
                 i = payload.find(key, i)
-        return self._token_marker is not None and self._token_marker in payload
+        return self._token_marker is not None and payload.find(self._token_marker) >= 0
 
     def usage(self, payload: bytes) -> tuple[int, int] | None:
         """(prompt, completion) tokens of the last usage in a body or a block of events.
@@ -320,7 +320,7 @@ class Relay:
             self._framed_cr = True  # event by event to the end
         if self._decoder is None:
             data = self._tail + chunk if self._tail else chunk
-            if b"\r" not in chunk:
+            if chunk.find(b"\r") < 0:
                 end = data.rfind(b"\n\n") + 2
                 if end == 1:  # no whole event yet
                     if len(data) > MAX_EVENT_BYTES:
@@ -335,7 +335,7 @@ class Relay:
                     out = self._inband.block(out) if suspect(out) else out
                     return self._secrets.redact_bytes(out)
             self._tail = b""
-            self._framed_cr = b"\r" in chunk
+            self._framed_cr = chunk.find(b"\r") >= 0
             self._decoder = SSEDecoder()
             chunk = data
         out = self._events(self._decoder.feed_named(chunk))

@@ -294,11 +294,15 @@ class Bench:
     def request(self, target: str, api: str, model: str, stream: bool) -> tuple[int, bytes]:
         """(port, raw request bytes) for ``target`` speaking ``api``."""
         if api == "anthropic":
+            # thinking asked for, as the floor always shows it: the same blocks and events
+            # out of both (without it the gateway hides the engine's reasoning, as the API
+            # would, and its first delta comes only after the reasoning has ended)
             body = {
                 "model": model,
-                "max_tokens": 1024,
+                "max_tokens": 2048,
                 "stream": stream,
                 "system": "You are a concise assistant.",
+                "thinking": {"type": "enabled", "budget_tokens": 1024},
                 "messages": [{"role": "user", "content": "Say hello to the benchmark."}],
             }
         else:
@@ -317,7 +321,7 @@ class Bench:
             if api == "anthropic":  # the same conversation as the stub is sent it
                 body = {
                     "model": model,
-                    "max_tokens": 1024,
+                    "max_tokens": 2048,
                     "stream": stream,
                     "messages": [
                         {"role": "system", "content": body["system"]},

@@ -115,12 +115,13 @@ class _Target:
 
 
 def _request(bench: bench_run.Bench, target: str, api: str, stream: bool) -> bytes:
-    model = "bench:16:0"
+    model = _MODEL[0]
     bench.servers[target] = (None, _PORTS[target])  # type: ignore[assignment]
     return bench.request(target, api, model, stream)[1]
 
 
 _PORTS: dict[str, int] = {}
+_MODEL = ["bench:16:0"]  # the stub's reply shape (tests/benchmarks/stub_fast.py): --model
 
 
 async def _count(
@@ -166,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--model", default="bench:16:0", help="bench:N:MS, N chunks MS ms apart")
     ap.add_argument(
         "--check",
         action="store_true",
@@ -179,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         "instructions than natively), to see --check fail",
     )
     args = ap.parse_args(argv)
+    _MODEL[0] = args.model
     if args.check:
+        args.model = _MODEL[0] = "bench:16:0"
         args.targets, args.api, args.stream = "gateway,floor,relay", "both", False
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind is not installed (apt-get install valgrind)", file=sys.stderr)

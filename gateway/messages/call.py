@@ -412,17 +412,8 @@ class Call:
         if telemetry is not None:  # a span wants the key: made now (telemetry on only)
             telemetry.annotate({"gateway.session": self.session})
         try:
-            try:  # the route's upstream (inline: no coroutine layer per request)
-                return await send(
-                    self.deps.upstreams,
-                    self.route,
-                    "/chat/completions",
-                    self.payload,
-                    stream=self.upstream_stream,
-                    max_tokens=self.req.get("max_tokens"),
-                    request_id=request_id,
-                    session=self.session if self.client.replicas.keyed else None,
-                )
+            try:  # the route's upstream
+                return await self._send(request_id)
             except errors.GatewayError as refused:
                 return await self._as_text(request_id, refused)
         except errors.GatewayError as err:
@@ -474,8 +465,9 @@ class Call:
         self.payload = self._translate(self.route, self.upstream_stream, self.as_text)
         return await self._send(request_id)
 
-    async def _send(self, request_id: str | None) -> UpstreamResponse:
-        return await send(
+    def _send(self, request_id: str | None) -> Awaitable[UpstreamResponse]:
+        """The upstream call's coroutine (a plain method: no coroutine layer of its own)."""
+        return send(
             self.deps.upstreams,
             self.route,
             "/chat/completions",

@@ -376,7 +376,9 @@ class Connection(asyncio.Protocol):
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def _wait(self) -> None:
+    def _waiter_now(self) -> asyncio.Future[None]:
+        """The future a read waits on until bytes arrive (the lazy timer armed for its
+        deadline); TimeoutError when the deadline has passed."""
         loop = self._loop
         due = self._mark + self._span
         if loop.time() >= due:
@@ -384,6 +386,10 @@ class Connection(asyncio.Protocol):
         waiter = self._waiter = loop.create_future()
         if self._timer is None:
             self._timer = loop.call_at(due, self._on_timer)
+        return waiter
+
+    async def _wait(self) -> None:
+        waiter = self._waiter_now()
         try:
             await waiter
         finally:
@@ -454,14 +460,8 @@ class Connection(asyncio.Protocol):
             self._mark = self._last_byte
 
     async def read_head(self) -> None:
-        loop = self._loop
-        while self._phase == _HEAD:  # _wait, inline: no coroutine of its own per head
-            due = self._mark + self._span
-            if loop.time() >= due:
-                raise TimeoutError
-            waiter = self._waiter = loop.create_future()
-            if self._timer is None:
-                self._timer = loop.call_at(due, self._on_timer)
+        while self._phase == _HEAD:  # _wait's body here: no coroutine of its own per head
+            waiter = self._waiter_now()
             try:
                 await waiter
             finally:

@@ -64,7 +64,17 @@ class CuttingProxy:
         try:
             self._loop.run_forever()
         finally:
+            # stop accepting and let the last accepted connections start before the close
+            # (tests/otlp_collector.py says why), then end the streams still being forwarded:
+            # each handler closes its writer
+            for sock in server.sockets:
+                self._loop.remove_reader(sock.fileno())
+            self._loop.run_until_complete(asyncio.sleep(0.05))
             server.close()
+            handlers = asyncio.all_tasks(self._loop)
+            for task in handlers:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*handlers, return_exceptions=True))
             self._loop.run_until_complete(server.wait_closed())
             self._loop.close()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +64,7 @@ class Collector:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._runner: web.AppRunner | None = None
+        self._listener = socket.socket()
 
     @property
     def url(self) -> str:
@@ -75,8 +77,15 @@ class Collector:
 
     def stop(self) -> None:
         async def down() -> None:
-            if self._runner is not None:
-                await self._runner.cleanup()
+            if self._runner is None:
+                return
+            # Stop accepting, let the connections accepted last reach the server, then shut
+            # it down. Closing the listener at once (what cleanup() does) loses them: on
+            # Python 3.11 a connection whose accept task runs after the close is never
+            # closed, nor is one that joins aiohttp's server while its shutdown runs.
+            asyncio.get_running_loop().remove_reader(self._listener.fileno())
+            await asyncio.sleep(0.05)
+            await self._runner.cleanup()
 
         asyncio.run_coroutine_threadsafe(down(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -88,9 +97,9 @@ class Collector:
         app.router.add_post("/v1/{signal:(?:traces|metrics|logs)}", self._take)
         self._runner = web.AppRunner(app, access_log=None)
         self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        self._loop.run_until_complete(site.start())
-        self.port = self._runner.addresses[0][1]
+        self._listener.bind(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._loop.run_until_complete(web.SockSite(self._runner, self._listener).start())
         self._ready.set()
         try:
             self._loop.run_forever()

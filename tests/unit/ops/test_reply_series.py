@@ -1,4 +1,4 @@
-"""A reply's figures written through the kept children (ops/metrics.py ReplySeries) make the
+"""A reply's figures written through the kept children (ops/reply_series.py ReplySeries) make the
 exposition the labels() calls make: the same values, and no series created before it is
 written."""
 

@@ -78,7 +78,7 @@ from gateway.http.keys import (
 )
 from gateway.http.middleware import gateway_middleware
 from gateway.http.tenancy import batch_reply_ended
-from gateway.messages.call import MessagesDeps
+from gateway.messages.deps import MessagesDeps
 from gateway.messages.documents.pdf_pool import PdfPool
 from gateway.openai.apis import APIS as OPENAI_APIS
 from gateway.ops import log

@@ -62,7 +62,8 @@ import structlog
 
 from gateway import errors
 from gateway.batches.store import BatchStore, Claimed, StoreError
-from gateway.messages.call import MessagesDeps, prepare
+from gateway.messages.call import prepare
+from gateway.messages.deps import MessagesDeps
 from gateway.messages.from_chat.figures import Figures
 from gateway.messages.reply import Reply
 from gateway.messages.request.validate import validate_messages

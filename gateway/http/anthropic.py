@@ -25,15 +25,10 @@ from gateway.http.body import read_json
 from gateway.http.keys import EXCHANGE, Exchange
 from gateway.http.tenancy import reply_ended
 from gateway.http.writer import StreamWriter
-from gateway.messages.call import (
-    Call,
-    MessagesDeps,
-    count_input_tokens,
-    pdfs_as_text,
-    prepare,
-    restore,
-)
+from gateway.messages.call import Call, count_input_tokens, prepare
+from gateway.messages.deps import MessagesDeps
 from gateway.messages.fetch_blocks import web_fetch_tool
+from gateway.messages.ready import pdfs_as_text, restore
 from gateway.messages.reply import Reply, Rounds
 from gateway.messages.request.validate import validate_messages
 from gateway.messages.search_blocks import web_search_tool

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aiohttp import web
 
 from gateway.http.decoder import DECODER, Decoder
-from gateway.messages.call import MessagesDeps
+from gateway.messages.deps import MessagesDeps
 from gateway.ops.budget import Budget
 from gateway.ops.config import Config
 from gateway.ops.metrics import Metrics

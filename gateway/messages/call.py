@@ -29,208 +29,56 @@ keeps the ``model`` the client asked for. Counted in ``llm_gateway_fallbacks_tot
 fallback}``. Nothing falls back once a byte has been read: a cut stream is continued on the
 route that began it (gateway/messages/continuation.py), never on another model.
 
-Nothing here knows HTTP: what the call needs comes in as :class:`MessagesDeps`.
+Nothing here knows HTTP: what the call needs comes in as
+:class:`~gateway.messages.deps.MessagesDeps`. Before the call, :func:`prepare` makes the request
+ready (:mod:`gateway.messages.ready`: replayed reasoning restored, PDFs made text).
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from gateway import errors
-from gateway.local.capabilities import LEARNED, Learned, held, may_fall_back, named_tool_choice
+from gateway.local.capabilities import held, may_fall_back, named_tool_choice
 from gateway.local.capabilities import text_only as route_text_only
 from gateway.local.normalise import ContentNormaliser, LazyNormaliser
 from gateway.local.tool_args import RepairBudget
-from gateway.messages import fetch_blocks, tokens
-from gateway.messages import search_blocks as web_search
+from gateway.messages import tokens
 from gateway.messages.continuation import relay
-from gateway.messages.documents import pdf_text as documents
-from gateway.messages.documents.pdf_pool import PdfPool
+from gateway.messages.deps import MessagesDeps
 from gateway.messages.from_chat.aggregate import aggregate
 from gateway.messages.from_chat.figures import Figures
 from gateway.messages.from_chat.message import from_chat
-from gateway.messages.from_chat.signatures import Restorable, restorable, restore_reasoning
 from gateway.messages.from_chat.tables import LOCAL_STOP_KINDS, hides_thinking, shows_thinking
+from gateway.messages.ready import make_ready
 from gateway.messages.session_key import session_key
 from gateway.messages.stream.pump import Cut, Timing, pump
 from gateway.messages.stream.translator import StreamTranslator
 from gateway.messages.to_chat.translate import offered_tools, to_chat
-from gateway.ops.budget import Budget, Lease
+from gateway.ops.budget import Lease
 from gateway.ops.config import ModelRoute
-from gateway.ops.metrics import Metrics
 from gateway.ops.telemetry import CURRENT
 from gateway.tenancy.fair import engine_priority
 from gateway.text import ids, jsonutil
 from gateway.text.refusals import echoed
 from gateway.text.sse import SSEEventTooLarge
 from gateway.upstream.client import UpstreamClient, UpstreamResponse
-from gateway.upstream.send import Upstreams, send
+from gateway.upstream.send import send
 
 __all__ = [
     "Call",
     "Cut",
-    "MessagesDeps",
     "Timing",
     "count_input_tokens",
     "prepare",
     "pump",
-    "restore",
 ]
 
 _log = structlog.get_logger("gateway.messages")
-
-
-@dataclass(frozen=True, slots=True)
-class MessagesDeps:
-    """What a Messages call needs from the process: upstreams (clients, metrics, secrets), the
-    key that seals and opens thinking signatures, and the billing-header switch."""
-
-    upstreams: Upstreams
-    signing_key: bytes
-    keep_billing_header: bool = False
-    # keys replaced by signing_key: signatures made under them still open (a key rotation)
-    previous_signing_keys: tuple[bytes, ...] = ()
-    # what routes' upstreams refused (process-wide by default)
-    learned: Learned = LEARNED
-    # request bodies being decoded (server.max_decoding_bytes, gateway/http/body.py), within
-    # memory (server.memory_budget_mb): what requests in flight hold, the reasoning they
-    # restore from signatures among it (gateway/ops/budget.py)
-    decoding: Budget = field(default_factory=lambda: Budget(64 * 1024 * 1024))
-    memory: Budget = field(default_factory=lambda: Budget(512 * 1024 * 1024))
-    max_restored_bytes: int = 4 * 1024 * 1024  # server.max_restored_reasoning_bytes
-    # the worker processes that read PDFs (server.pdf_workers and its CPU budgets)
-    pdfs: PdfPool = field(default_factory=PdfPool)
-    # a buffered upstream reply past decode_offload_bytes is decoded by loads_off_loop (the
-    # decoder child, gateway/http/decoder.py); None: every reply on the loop
-    decode_offload_bytes: int = 0
-    loads_off_loop: Callable[[bytes], Awaitable[Any]] | None = None
-    # fn(*args) in the decoder child: count_tokens' JSON past decode_offload_bytes
-    run_off_loop: Callable[..., Awaitable[Any]] | None = None
-
-    @property
-    def opening_keys(self) -> tuple[bytes, ...]:
-        return (self.signing_key, *self.previous_signing_keys)
-
-    @property
-    def metrics(self) -> Metrics:
-        return self.upstreams.metrics
-
-
-async def pdfs_as_text(deps: MessagesDeps, req: dict[str, Any]) -> dict[str, Any]:
-    """The request with its PDFs as text; the extraction (CPU work, bounded) runs in the
-    PDF worker processes, and stops when the caller is cancelled (the client left).
-    A PDF an earlier web fetch returned (replayed ``web_fetch_tool_result``) is read the
-    same way, its text kept on the block for the translation (:data:`fetch_blocks.OPENED`)."""
-    fetched = _fetched_pdfs(req)
-    if fetched:
-        await _fetched_pdfs_as_text(deps, fetched)
-    where = documents.find_pdfs(req["messages"])  # a walk of user blocks, no copies
-    if not where:
-        return req
-    return await deps.pdfs.to_text(req, where)
-
-
-# a replayed fetched PDF: its block, the fetch's result and the document in it
-_Fetched = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
-
-
-def _fetched_pdfs(req: dict[str, Any]) -> list[_Fetched]:
-    """The replayed fetched PDFs not read yet (at most ``MAX_PDFS``): one walk of the
-    assistant turns, nothing awaited."""
-    found: list[_Fetched] = []
-    for turn in req["messages"]:
-        content = turn["content"]
-        if turn["role"] != "assistant" or isinstance(content, str):
-            continue
-        for block in content:
-            if block["type"] != "web_fetch_tool_result" or fetch_blocks.OPENED in block:
-                continue
-            result = block["content"]
-            if result["type"] != "web_fetch_result":
-                continue
-            doc = result["content"]
-            if doc["source"]["type"] != "base64" or len(found) >= documents.MAX_PDFS:
-                continue
-            found.append((block, result, doc))
-    return found
-
-
-async def _fetched_pdfs_as_text(deps: MessagesDeps, fetched: list[_Fetched]) -> None:
-    """Each replayed fetched PDF's tool message: its text read by the PDF workers (past
-    ``MAX_PDFS`` of them, or unreadable, the translation says it is a PDF)."""
-    for block, result, doc in fetched:
-        one = {"messages": [{"role": "user", "content": [{**doc, "title": None}]}]}
-        try:
-            out = await deps.pdfs.to_text(one, documents.find_pdfs(one["messages"]))
-        except errors.InvalidRequest:
-            continue
-        text = out["messages"][0]["content"][0]["source"]["data"]
-        block[fetch_blocks.OPENED] = fetch_blocks.document_text(
-            result["url"], doc.get("title"), text
-        )
-
-
-def _to_restore(deps: MessagesDeps, req: dict[str, Any]) -> list[Restorable]:
-    """Replayed web search results opened (:func:`web_search.open_history`); the replayed
-    thinking blocks whose reasoning :func:`restore` puts back (nothing awaited)."""
-    keys = deps.opening_keys
-    web_search.open_history(req, keys)
-    return restorable(req)
-
-
-async def restore(deps: MessagesDeps, req: dict[str, Any], lease: Lease) -> None:
-    """Restore replayed reasoning from its signatures (:func:`restore_reasoning`), bounded
-    per request and counted in ``lease`` (:data:`RESTORED_COPIES` times: reserved before a
-    signature is opened, what it did not use given back). Opening and inflating is CPU work: past
-    :data:`_OFF_LOOP_SIGNATURES` characters of signatures it runs in a thread (zlib and
-    OpenSSL let go of the GIL; what a thread can restore is bounded by the same caps).
-    Replayed web search results are opened too (:func:`web_search.open_history`)."""
-    blocks = _to_restore(deps, req)
-    if blocks:
-        await _restore(deps, req, lease, blocks)
-
-
-async def _restore(
-    deps: MessagesDeps, req: dict[str, Any], lease: Lease, blocks: list[Restorable]
-) -> None:
-    keys = deps.opening_keys
-
-    def take(size: int) -> bool:
-        return lease.take(RESTORED_COPIES * size)
-
-    def give(size: int) -> None:
-        lease.give(RESTORED_COPIES * size)
-
-    if sum(len(block["signature"]) for _, _, block in blocks) <= _OFF_LOOP_SIGNATURES:
-        restore_reasoning(
-            req, keys, max_bytes=deps.max_restored_bytes, take=take, give=give, blocks=blocks
-        )
-        return
-    await asyncio.to_thread(
-        restore_reasoning,
-        req,
-        keys,
-        max_bytes=deps.max_restored_bytes,
-        take=take,
-        give=give,
-        blocks=blocks,
-    )
-
-
-# Copies of restored reasoning a request holds until its reply ends: the text in the request
-# (kept: a fallback route or a refused image translates it again) and in the upstream payload.
-RESTORED_COPIES = 2
-
-
-# Signature characters opened on the event loop, at most: 64 K of signature restores at most
-# 2 MiB (MAX_EXPANSION), a few milliseconds of inflating; more goes to a thread.
-_OFF_LOOP_SIGNATURES = 64 * 1024
 
 
 async def prepare(
@@ -241,41 +89,17 @@ async def prepare(
     *,
     weight: float | None = None,
 ) -> Call:
-    """A validated request's replayed reasoning restored and its PDFs made text, ready.
+    """A validated request's replayed reasoning restored and its PDFs made text
+    (:func:`~gateway.messages.ready.make_ready`), made a :class:`Call`.
 
     The restored reasoning counts in ``lease`` (of ``deps.memory``), which the caller
     holds until the reply has ended; without one, in a lease of its own until the upstream
     payload is built. ``weight``: the client's, sent as the engine's priority where the
     upstream says so (``send_priority``)."""
-    replayed = _replays_blocks(req["messages"])
     if lease is not None:
-        blocks = _to_restore(deps, req) if replayed else None
-        if blocks:
-            await _restore(deps, req, lease, blocks)
-        if _holds_pdfs(req, replayed):
-            req = await pdfs_as_text(deps, req)
-        return Call(deps, req, route, weight)
+        return Call(deps, await make_ready(deps, req, lease), route, weight)
     with deps.memory.lease() as own:
-        blocks = _to_restore(deps, req) if replayed else None
-        if blocks:
-            await _restore(deps, req, own, blocks)
-        if _holds_pdfs(req, replayed):
-            req = await pdfs_as_text(deps, req)
-        return Call(deps, req, route, weight)
-
-
-def _replays_blocks(messages: list[dict[str, Any]]) -> bool:
-    """Whether an assistant turn holds blocks: where replayed reasoning, search results
-    and fetched PDFs are (none of their walks is needed otherwise); stops at the first."""
-    for turn in messages:
-        if turn["role"] == "assistant" and not isinstance(turn["content"], str):
-            return True
-    return False
-
-
-def _holds_pdfs(req: dict[str, Any], replayed: bool) -> bool:
-    """Whether :func:`pdfs_as_text` has a PDF to read (else it is not awaited at all)."""
-    return (replayed and bool(_fetched_pdfs(req))) or bool(documents.find_pdfs(req["messages"]))
+        return Call(deps, await make_ready(deps, req, own), route, weight)
 
 
 class Call:

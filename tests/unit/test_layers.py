@@ -88,7 +88,7 @@ def test_no_import_runs_upward() -> None:
 @pytest.mark.parametrize("package", ["messages", "upstream", "batches", "local", "openai"])
 def test_the_http_shell_is_not_imported_from_below(package: str) -> None:
     """The messages core, the upstream client and batches know nothing of aiohttp's server
-    side: what they need is passed in (gateway/messages/call.py, gateway/upstream/send.py)."""
+    side: what they need is passed in (gateway/messages/deps.py, gateway/upstream/send.py)."""
     for path in (GATEWAY / package).rglob("*.py"):
         for imported, line in _imports(path):
             assert _layer(imported) not in ("http", "app"), f"{path}:{line} {imported}"

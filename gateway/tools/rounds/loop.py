@@ -49,9 +49,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from gateway import errors
-from gateway.messages.call import Call, MessagesDeps, Timing, restore
+from gateway.messages.call import Call, Timing
 from gateway.messages.continuation import relay
+from gateway.messages.deps import MessagesDeps
 from gateway.messages.from_chat.figures import Figures
+from gateway.messages.ready import restore
 from gateway.messages.stream import frames
 from gateway.ops.config import ModelRoute
 from gateway.tools.rounds import ServerTool

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from gateway import errors
 from gateway.local.capabilities import Learned, held
 from gateway.messages import call as messages_call
-from gateway.messages.call import MessagesDeps
+from gateway.messages.deps import MessagesDeps
 from gateway.messages.request.validate import validate_messages
 from gateway.ops.config import ModelRoute, UpstreamConfig
 from gateway.ops.metrics import Metrics

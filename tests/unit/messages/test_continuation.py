@@ -847,7 +847,8 @@ async def test_a_prefilled_stream_cut_is_continued_as_one_turn(
 
 def _real_call(max_continuations: int) -> Any:
     """A Messages call on a route with ``max_continuations`` (gateway/messages/call.py)."""
-    from gateway.messages.call import Call, MessagesDeps
+    from gateway.messages.call import Call
+    from gateway.messages.deps import MessagesDeps
     from gateway.messages.request.validate import validate_messages
     from gateway.ops.config import ModelRoute, UpstreamConfig
     from gateway.text.redact import NO_SECRETS

@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from gateway import errors
 from gateway.messages import call as messages_call
-from gateway.messages.call import MessagesDeps, falls_over
+from gateway.messages.call import falls_over
+from gateway.messages.deps import MessagesDeps
 from gateway.ops import config
 from gateway.ops.metrics import Metrics
 from gateway.text.redact import NO_SECRETS

@@ -292,11 +292,12 @@ async def test_prepare_counts_the_restored_reasoning_in_the_callers_lease(
     the upstream payload) in the memory budget, in the caller's lease until the caller
     releases it (the reply has ended), or in prepare's own until the call is built; a
     529 when they do not fit; large signature sets are opened in a thread, same bounds."""
-    from gateway.messages import call
+    from gateway.messages import call, ready
+    from gateway.messages.deps import MessagesDeps
 
     seen: list[int] = []
     budget = Budget(10 << 20)
-    deps = call.MessagesDeps(
+    deps = MessagesDeps(
         upstreams=None,
         signing_key=KEY,
         memory=budget,  # type: ignore[arg-type]
@@ -308,17 +309,17 @@ async def test_prepare_counts_the_restored_reasoning_in_the_callers_lease(
             seen.append(budget.held)
 
     monkeypatch.setattr(call, "Call", _Call)
-    monkeypatch.setattr(call, "_OFF_LOOP_SIGNATURES", 0)  # through the thread
+    monkeypatch.setattr(ready, "_OFF_LOOP_SIGNATURES", 0)  # through the thread
     sig = seal(KEY, "c" * (1 << 20))
 
     def req() -> dict[str, Any]:
         return _history(*({"type": "thinking", "thinking": "", "signature": sig} for _ in range(2)))
 
     await call.prepare(deps, req(), None)  # type: ignore[arg-type]
-    assert seen == [call.RESTORED_COPIES * (2 << 20)] and budget.held == 0
+    assert seen == [ready.RESTORED_COPIES * (2 << 20)] and budget.held == 0
     with budget.lease() as lease:
         await call.prepare(deps, req(), None, lease)  # type: ignore[arg-type]
-        assert budget.held == lease.held == call.RESTORED_COPIES * (2 << 20)
+        assert budget.held == lease.held == ready.RESTORED_COPIES * (2 << 20)
     assert budget.held == 0
     with budget.lease() as other:
         assert other.take(7 << 20)

@@ -24,7 +24,7 @@ __all__ = ["EVENTS_PER_STEP", "Body", "Cut", "Timing", "pump"]
 class Body(Protocol):
     """What :func:`pump` reads of a streamed reply: an upstream response
     (:class:`gateway.upstream.client.UpstreamResponse`) or a continuation's view of one
-    (:class:`gateway.messages.continuation.Continued`)."""
+    (:class:`gateway.messages.stream.splice.Continued`)."""
 
     def progress(self) -> None:
         """Bytes that carried an event arrived: the stream's idle timeout restarts."""

@@ -15,8 +15,9 @@ from prometheus_client import CollectorRegistry
 from gateway import errors
 from gateway.local.normalise import ContentNormaliser
 from gateway.messages import continuation
-from gateway.messages.continuation import Continued, continuation_payload, relay
+from gateway.messages.continuation import continuation_payload, relay
 from gateway.messages.stream.pump import Timing
+from gateway.messages.stream.splice import Continued
 from gateway.messages.stream.translator import StreamTranslator
 from gateway.ops.metrics import Metrics
 from tests.anthropic_stream_check import check_stream

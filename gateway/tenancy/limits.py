@@ -39,29 +39,8 @@ output or day) with the fewest units left, so a client with only ``tokens_per_da
 daily budget there. Unlike the API, ``remaining`` is not rounded to the thousand.
 
 **The daily budget** (``tokens_per_day``) is also reported in the ``anthropic-ratelimit-
-unified-*`` headers of the Claude Code gateway protocol (its "Usage-limit headers": the
-contract Claude Code 2.1.332 serves at ``GET /protocol`` from ``claude gateway``), so Claude
-Code shows "You've used NN% of your usage credits" past 75 % and 95 % (:func:`unified`):
-
-* ``-status`` ``allowed``, or ``allowed_warning`` once past a threshold;
-  ``-representative-claim: overage`` (the window-agnostic claim: ``5h``/``7d`` are rolling
-  windows the client does its own time arithmetic on) and ``-overage-status`` (= status);
-* ``-overage-utilization``: the fraction of the budget in use (``tpd`` meter's
-  ``limit - remaining`` over ``limit``) with two decimals, kept below 1 while requests pass;
-* ``-overage-surpassed-threshold``: ``0.75`` or ``0.95`` once passed (what makes the client
-  show its notice); absent below 75 %;
-* ``-reset`` and ``-overage-reset``: unix seconds when the meter is full again.
-
-A request the day meter refuses has spent the budget (:meth:`Plan.spent`): ``429
-billing_error`` with ``x-should-retry: false`` (the SDKs and Claude Code do not retry it),
-``retry-after`` in seconds until the request fits again, and ``-status: rejected``,
-``-reset``/``-overage-reset`` at that time, ``-overage-utilization: 1``,
-``-overage-surpassed-threshold: 1``, ``-overage-period: daily`` and
-``-overage-disabled-reason: org_spend_cap_reached``. As the contract says, every answer
-that is not a reply (a 429 above all) leaves ``-representative-claim`` and ``-overage-status``
-off: Claude Code then prints the error's message, which says when the budget allows the
-request again and what to do. A refusal by a per-minute limit stays ``rate_limit_error``
-(retried by the clients).
+unified-*`` headers Claude Code reads (gateway/tenancy/unified.py), and a request the day
+meter refuses has spent the budget (:meth:`Plan.spent`: ``429 billing_error``, not retried).
 """
 
 from __future__ import annotations
@@ -75,6 +54,7 @@ from functools import lru_cache
 from gateway import errors
 from gateway.tenancy.clients import Client
 from gateway.tenancy.counters import CounterStore, CountersUnavailable, Meter, Reading, SlotLease
+from gateway.tenancy.unified import spent_headers, unified, without_claims
 
 __all__ = [
     "LEASE_TTL",
@@ -83,9 +63,7 @@ __all__ = [
     "admit",
     "input_estimate",
     "rfc3339",
-    "spent_headers",
     "standing",
-    "unified",
 ]
 
 MINUTE = 60.0
@@ -111,51 +89,6 @@ def _names(kind: str) -> tuple[str, str, str]:
 
 _TOKENS = _names("tokens")
 _WEIGHTS = {_REQUESTS: (1, 0, 0), _INPUT: (0, 1, 0), _OUTPUT: (0, 0, 1), _DAY: (0, 1, 1)}
-
-
-UNIFIED = "anthropic-ratelimit-unified-"
-# the thresholds whose passing the client notices (the contract's 75 % and 95 %), highest first
-THRESHOLDS = (0.95, 0.75)
-# the two headers with which a 429 would make Claude Code compose its own "You've hit your
-# limit" line, dropping the gateway's message; only replies carry them
-_CLAIMS = (UNIFIED + "representative-claim", UNIFIED + "overage-status")
-
-
-def unified(
-    limit: int, remaining: int, full_in: float, wall: float, *, reply: bool
-) -> dict[str, str]:
-    """The ``anthropic-ratelimit-unified-*`` headers of a daily budget of ``limit`` tokens
-    with ``remaining`` left, full again in ``full_in`` seconds from ``wall``. ``reply``:
-    the answer is a reply (not an error), which alone names the claim."""
-    used = max(0, limit - remaining) / limit
-    passed = next((t for t in THRESHOLDS if used >= t), None)
-    status = "allowed" if passed is None else "allowed_warning"
-    reset = str(math.ceil(wall + full_in))
-    out = {UNIFIED + "status": status}
-    if reply:
-        out[_CLAIMS[0]] = "overage"
-        out[_CLAIMS[1]] = status
-    out[UNIFIED + "reset"] = reset
-    out[UNIFIED + "overage-reset"] = reset
-    out[UNIFIED + "overage-utilization"] = f"{math.floor(min(used, 0.99) * 100) / 100:.2f}"
-    if passed is not None:
-        out[UNIFIED + "overage-surpassed-threshold"] = f"{passed:.2f}"
-    return out
-
-
-def spent_headers(retry: int, wall: float) -> dict[str, str]:
-    """The unified headers of a 429 for a spent budget, the request fitting again in
-    ``retry`` seconds (the contract's shape for a reached cap, its claim left off)."""
-    reset = str(math.ceil(wall) + retry)
-    return {
-        UNIFIED + "status": "rejected",
-        UNIFIED + "reset": reset,
-        UNIFIED + "overage-reset": reset,
-        UNIFIED + "overage-utilization": "1",
-        UNIFIED + "overage-surpassed-threshold": "1",
-        UNIFIED + "overage-period": "daily",
-        UNIFIED + "overage-disabled-reason": "org_spend_cap_reached",
-    }
 
 
 def _wait(n: int) -> str:
@@ -348,7 +281,7 @@ class Charge:
         self.max_tokens = max_tokens
         self.headers = headers  # the answer's anthropic-ratelimit-* headers
         # an error answer's: without the unified claim (see the module docstring)
-        self.error_headers = _without_claims(headers) if plan.budget >= 0 else headers
+        self.error_headers = without_claims(headers) if plan.budget >= 0 else headers
         self.lease = lease  # the concurrency lease held, if any
         self._ended = False
         self._usage: tuple[int, int] | None = None
@@ -443,10 +376,6 @@ def _less_request(plan: Plan, input_tokens: int, max_tokens: int) -> tuple[int, 
     return tuple(
         r - n for r, n in zip(requests, plan.reserved(input_tokens, max_tokens), strict=True)
     )
-
-
-def _without_claims(headers: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k not in _CLAIMS}
 
 
 async def standing(store: CounterStore, plan: Plan, now: float | None = None) -> dict[str, str]:

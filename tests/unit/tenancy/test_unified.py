@@ -8,7 +8,8 @@ import pytest
 from gateway import errors
 from gateway.tenancy.clients import Client
 from gateway.tenancy.counters import LocalStore, Reading
-from gateway.tenancy.limits import Plan, admit, spent_headers, standing, unified
+from gateway.tenancy.limits import Plan, admit, standing
+from gateway.tenancy.unified import spent_headers, unified
 
 T0 = 1_700_000_000.0
 U = "anthropic-ratelimit-unified-"

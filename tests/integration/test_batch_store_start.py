@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from gateway import __main__ as cli
+from gateway import stores
 from gateway.ops import config, config_schema
 
 GOOD = """
@@ -67,7 +67,7 @@ def test_the_location_is_explicit_only_when_the_config_names_it(tmp_path: Path) 
 
 def test_the_default_folder_is_made_0700_and_the_store_opened(tmp_path: Path) -> None:
     folder = tmp_path / "deep" / "state"
-    store, off = cli.open_batch_store(_batches({"STATE_DIRECTORY": str(folder)}))
+    store, off = stores.open_batch_store(_batches({"STATE_DIRECTORY": str(folder)}))
     try:
         assert off is None
         assert (folder / "batches.sqlite3").is_file()
@@ -93,7 +93,7 @@ def test_a_default_location_that_cannot_be_kept_turns_batches_off(
         server=config.load(None, {}).server, upstreams={}, models={}, batches=_batches(env)
     )
     with capture_logs() as logs:
-        assert cli._open_batch_store(cfg) is None
+        assert stores.start_batch_store(cfg) is None
     [warning] = [e for e in logs if e["event"] == "batches_disabled"]
     assert warning["log_level"] == "warning"
     assert warning["folder"] == (str(folder) if folder else None)
@@ -112,7 +112,7 @@ def test_an_explicit_location_that_cannot_be_opened_stops_the_start(tmp_path: Pa
         batches=_batches({}, f'database = "{db}"'),
     )
     with capture_logs() as logs, pytest.raises(SystemExit) as stop:
-        cli._open_batch_store(cfg)
+        stores.start_batch_store(cfg)
     assert stop.value.code == 1
     [error] = [e for e in logs if e["event"] == "batch_store_failed"]
     assert str(db.parent) in error["detail"]
@@ -125,13 +125,15 @@ def test_an_explicit_location_is_not_created(tmp_path: Path) -> None:
     from gateway.batches.store import StoreError
 
     with pytest.raises(StoreError, match="does not exist"):
-        cli.open_batch_store(_batches({}, f'database = "{db}"'))
+        stores.open_batch_store(_batches({}, f'database = "{db}"'))
     assert not db.parent.exists()
 
 
 def test_batches_off_by_config_open_nothing(tmp_path: Path) -> None:
     folder = tmp_path / "sd"
-    assert cli.open_batch_store(_batches({"STATE_DIRECTORY": str(folder)}, "enabled = false")) == (
+    assert stores.open_batch_store(
+        _batches({"STATE_DIRECTORY": str(folder)}, "enabled = false")
+    ) == (
         None,
         None,
     )

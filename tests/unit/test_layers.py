@@ -36,6 +36,7 @@ LAYERS = {
     "auth": 6.5,  # Claude Code's sign-in: tokens in the batches' database, wired by http
     "http": 7,
     "app": 8,
+    "stores": 8.5,  # the state stores start-up opens (gateway/stores.py)
     "__main__": 9,
 }
 

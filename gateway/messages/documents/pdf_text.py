@@ -45,8 +45,6 @@ import io
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pypdf import PdfReader
-
 from gateway.errors import InvalidRequest
 
 __all__ = [
@@ -206,6 +204,10 @@ def pdf_text(data: str, path: str, max_chars: int = MAX_TEXT_CHARS) -> str:
 
 
 def _extract(raw: bytes, path: str, max_chars: int) -> str:
+    # imported here: this module's finding and bounding run in the gateway's process, which
+    # never parses a PDF (14 MB of its idle memory); the PDF workers import pypdf at start
+    from pypdf import PdfReader
+
     reader = PdfReader(io.BytesIO(raw))
     if reader.is_encrypted:
         # An owner password alone (printing or copying restricted) still opens with "".

@@ -388,13 +388,6 @@ class Connection(asyncio.Protocol):
             self._timer = loop.call_at(due, self._on_timer)
         return waiter
 
-    async def _wait(self) -> None:
-        waiter = self._waiter_now()
-        try:
-            await waiter
-        finally:
-            self._waiter = None
-
     def _on_timer(self) -> None:
         self._timer = None
         waiter = self._waiter
@@ -460,7 +453,7 @@ class Connection(asyncio.Protocol):
             self._mark = self._last_byte
 
     async def read_head(self) -> None:
-        while self._phase == _HEAD:  # _wait's body here: no coroutine of its own per head
+        while self._phase == _HEAD:  # the wait inline: no coroutine of its own per head
             waiter = self._waiter_now()
             try:
                 await waiter
@@ -477,7 +470,11 @@ class Connection(asyncio.Protocol):
                 raise self._exc
             if self._eof:
                 return b""
-            await self._wait()
+            waiter = self._waiter_now()  # the wait inline: no coroutine of its own per read
+            try:
+                await waiter
+            finally:
+                self._waiter = None
 
     def _take(self) -> bytes:
         chunks = self._chunks

@@ -29,7 +29,7 @@ import asyncio
 import collections
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -87,11 +87,13 @@ class Response:
         # the completion id the body must open with before any of it is handed on
         self._expect = conn.body_id if conn.proof_due else None
 
-    async def readany(self) -> bytes:
-        """The next body bytes as they arrive; b"" at the end."""
+    def readany(self) -> Awaitable[bytes]:
+        """The next body bytes as they arrive; b"" at the end. The connection's own
+        awaitable once the body has shown whose it is: no coroutine of its own per read
+        (one a streamed chunk)."""
         if self._expect is not None:
-            return await self._first()
-        return await self._conn.readany()
+            return self._first()
+        return self._conn.readany()
 
     async def _first(self) -> bytes:
         """A body's first bytes, held until they show whose reply this is."""

@@ -97,6 +97,7 @@ async def feed(
     transport = FakeTransport()
     conn.connection_made(transport)  # type: ignore[arg-type]
     conn.send(_REQUEST, head_timeout=within, body_timeout=within, stream=stream, request_id=RID)
+    await asyncio.sleep(0)  # a pass's later writes wait for its end (gateway/ops/coalesce.py)
     assert transport.calls == [("write", _REQUEST)]
     for piece in pieces:
         conn.data_received(piece)

@@ -55,7 +55,7 @@ from aiohttp.streams import StreamReader
 from gateway import errors
 from gateway.http import compat
 from gateway.http.listener import Listener, bind
-from gateway.ops import log
+from gateway.ops import coalesce, log
 from gateway.ops.config_schema import ServerConfig
 from gateway.ops.metrics import Metrics
 from gateway.text import ids
@@ -163,6 +163,7 @@ class GatewayProtocol(web.RequestHandler):
         "_deadline",
         "_failed",
         "_openai",
+        "_out",
         "_phase",
         "_policy",
         "_timer",
@@ -193,12 +194,16 @@ class GatewayProtocol(web.RequestHandler):
         self._body: StreamReader | None = None  # the body being received
         self._failed = False  # the body broke or timed out: close after the answer
         self._counted = False
+        self._out = coalesce.for_loop(loop)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._counted = True
         self._policy.metrics.client_connections.inc()
         self._policy.on_open()
-        super().connection_made(transport)
+        # every byte aiohttp writes for an answer leaves at the end of the loop's pass,
+        # with the pass's other writes (gateway/ops/coalesce.py)
+        held = coalesce.HeldTransport(transport, self._out)  # type: ignore[arg-type]
+        super().connection_made(held)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._deadline = 0.0

@@ -54,6 +54,7 @@ from typing import Protocol
 
 import httptools
 
+from gateway.ops import coalesce
 from gateway.upstream.exceptions import BrokenResponse, Disconnected, ProtocolError
 
 HEAD_LIMIT = 64 * 1024
@@ -115,6 +116,7 @@ class Connection(asyncio.Protocol):
         "_loop",
         "_mark",
         "_must_echo",
+        "_out",
         "_parser",
         "_paused",
         "_phase",
@@ -145,6 +147,7 @@ class Connection(asyncio.Protocol):
     def __init__(self, pool: Owner) -> None:
         self._pool = pool
         self._loop = pool.loop
+        self._out = coalesce.for_loop(pool.loop)
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
@@ -442,10 +445,9 @@ class Connection(asyncio.Protocol):
         self.reusable = reusable
         self.sent += 1
         assert self.transport is not None
-        if isinstance(data, tuple):
-            self.transport.writelines(data)
-        else:
-            self.transport.write(data)
+        # sent at the end of the loop's pass with its other writes: the engine's server
+        # wakes once for them all (gateway/ops/coalesce.py)
+        self._out.write(self.transport, data)
 
     def progress(self) -> None:
         """The bytes read so far carried an event: a stream's idle time restarts from them."""

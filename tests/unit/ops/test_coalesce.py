@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -195,18 +196,14 @@ async def test_past_the_hold_limit_what_is_held_goes_at_once() -> None:
 async def test_each_loop_has_its_own_coalescer_and_a_closed_loop_is_not_kept() -> None:
     mine = coalesce.for_loop(asyncio.get_running_loop())
     assert coalesce.for_loop(asyncio.get_running_loop()) is mine
-
-    def other() -> Coalescer:
-        loop = asyncio.new_event_loop()
-        try:
-            return coalesce.for_loop(loop)
-        finally:
-            loop.close()
-
-    theirs = other()
+    loop = asyncio.new_event_loop()
+    theirs = coalesce.for_loop(loop)
     assert theirs is not mine
+    gone = weakref.ref(loop)
+    loop.close()
+    del loop
     gc.collect()
-    assert all(not loop.is_closed() for loop in list(coalesce._BY_LOOP))
+    assert gone() is None  # the table keeps no loop alive (its coalescer holds none)
 
 
 @pytest.mark.parametrize("busy", [False, True])

@@ -66,28 +66,7 @@ class _GuardBench(bench_run.Bench):
     def start(self, name: str) -> bench_run.Proc:
         if name != "gateway" or not self.regress_us:
             return super().start(name)
-        port = bench_run.free_port()
-        args = [
-            sys.executable,
-            "-m",
-            "tests.benchmarks.regressed",
-            str(self.regress_us),
-            "--config",
-            str(self.cfg),
-            "--port",
-            str(port),
-        ]
-        env = {"BENCH_GATEWAY_KEYS": bench_run.API_KEY, "XDG_STATE_HOME": str(self.tmp / "state")}
-        proc = bench_run.Proc(
-            name,
-            args,
-            core=self.server_core,
-            logdir=self.tmp,
-            env=env,
-            health=f"http://{bench_run.HOST}:{port}/health",
-        )
-        self.servers[name] = (proc, port)
-        return proc
+        return self.start_gateway(name, ["-m", "tests.benchmarks.regressed", str(self.regress_us)])
 
 
 async def _measure(bench: _GuardBench) -> dict[str, float]:

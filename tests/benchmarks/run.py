@@ -237,13 +237,10 @@ class Bench:
 
     # server processes, started on demand, restarted for clean memory figures
     def start(self, name: str) -> Proc:
-        port = free_port()
         if name == "gateway":
-            args = [sys.executable, "-m", "gateway", "--config", str(self.cfg), "--port", str(port)]
-            # its own state directory: the signing key and the batch database (batches on,
-            # as by default, the scheduler polling its store)
-            env = {"BENCH_GATEWAY_KEYS": API_KEY, "XDG_STATE_HOME": str(self.tmp / "state")}
-        elif name == "router":
+            return self.start_gateway(name, ["-m", "gateway"])
+        port = free_port()
+        if name == "router":
             args = [
                 sys.executable,
                 "-m",
@@ -261,11 +258,24 @@ class Bench:
                 "--prometheus-port",
                 str(free_port()),
             ]
-            env = {}
         else:
             module = {"floor": "lean_floor", "relay": "bare_relay"}[name]
             args = [sys.executable, "-m", f"tests.benchmarks.{module}", str(port), self.stub_url]
-            env = {}
+        return self._spawn(name, args, port, {})
+
+    def start_gateway(self, name: str, runner: list[str]) -> Proc:
+        """The gateway as ``name``, run by ``runner``: ``["-m", "gateway"]``, or a module that
+        changes it and then runs it (``["-m", "tests.benchmarks.regressed", "100"]``)."""
+        port = free_port()
+        args = [sys.executable, *runner, "--config", str(self.cfg), "--port", str(port)]
+        # its own state directory: the signing key and the batch database (batches on, as by
+        # default, the scheduler polling its store)
+        state = self.tmp / ("state" if name == "gateway" else f"state-{name}")
+        return self._spawn(
+            name, args, port, {"BENCH_GATEWAY_KEYS": API_KEY, "XDG_STATE_HOME": str(state)}
+        )
+
+    def _spawn(self, name: str, args: list[str], port: int, env: dict[str, str]) -> Proc:
         proc = Proc(
             name,
             args,

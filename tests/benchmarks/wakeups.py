@@ -51,20 +51,7 @@ class _Bench(bench_run.Bench):
     def start(self, name: str) -> bench_run.Proc:
         if name != "uncoalesced":
             return super().start(name)
-        port = bench_run.free_port()
-        args = [sys.executable, "-m", "tests.benchmarks.uncoalesced"]
-        args += ["--config", str(self.cfg), "--port", str(port)]
-        env = {"BENCH_GATEWAY_KEYS": bench_run.API_KEY, "XDG_STATE_HOME": str(self.tmp / "st")}
-        proc = bench_run.Proc(
-            name,
-            args,
-            core=self.server_core,
-            logdir=self.tmp,
-            env=env,
-            health=f"http://{bench_run.HOST}:{port}/health",
-        )
-        self.servers[name] = (proc, port)
-        return proc
+        return self.start_gateway(name, ["-m", "tests.benchmarks.uncoalesced"])
 
 
 async def _one(bench: _Bench, target: str, conc: int, count: int) -> dict[str, float]:

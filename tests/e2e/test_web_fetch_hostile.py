@@ -24,6 +24,7 @@ short here, and each waiting loop has a count.
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import gzip
 import ipaddress
@@ -190,17 +191,29 @@ async def site() -> AsyncIterator[Site]:
 
 @pytest.fixture
 async def inside() -> AsyncIterator[tuple[Site, Site]]:
-    """Two sites on one port: a "public" one on 127.0.0.2, an "internal" one on 127.0.0.1."""
-    public, internal = Site(), Site()
-    runners = []
+    """Two sites on one port: a "public" one on 127.0.0.2, an "internal" one on 127.0.0.1.
+
+    The port is the one the system gives 127.0.0.2; the same number on 127.0.0.1 may be taken
+    (another test's listener, a connection's local port), so another pair is tried then."""
+    for attempt in range(20):
+        public, internal = Site(), Site()
+        runners: list[web.AppRunner] = []
+        try:
+            for host, s in (("127.0.0.2", public), ("127.0.0.1", internal)):
+                runner = web.AppRunner(s.app())
+                await runner.setup()
+                runners.append(runner)
+                await web.TCPSite(runner, host, public.port).start()
+                s.port = runner.addresses[0][1]
+                public.port = s.port
+        except OSError as exc:
+            for runner in runners:
+                await runner.cleanup()
+            if exc.errno != errno.EADDRINUSE or attempt == 19:
+                raise
+            continue
+        break
     try:
-        for host, s in (("127.0.0.2", public), ("127.0.0.1", internal)):
-            runner = web.AppRunner(s.app())
-            await runner.setup()
-            runners.append(runner)
-            await web.TCPSite(runner, host, public.port).start()
-            s.port = runner.addresses[0][1]
-            public.port = s.port
         yield public, internal
     finally:
         for runner in runners:

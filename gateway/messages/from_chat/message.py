@@ -182,7 +182,7 @@ def _blocks(
                 {
                     "type": "thinking",
                     "thinking": "" if hide_thinking else value,
-                    "signature": signatures.seal(signing_key, value),
+                    "signature": signatures.signature(signing_key, value, hide_thinking),
                 }
             )
         elif kind == "text":

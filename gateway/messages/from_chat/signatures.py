@@ -6,18 +6,33 @@ and Claude Code replays ``{"thinking": "", "signature": ...}``), and the model s
 its earlier reasoning. This gateway's signature does the same for OpenAI-compatible
 upstreams, which take prior reasoning back as ``reasoning_content``:
 
+Where the block's text is hidden from the client (``thinking.display`` ``"omitted"`` or
+``"updates"``), its signature is sealed, :func:`seal`: the reasoning encrypted.
+
     signature = base64( 0x01 | nonce (12 bytes) | AES-256-GCM( zlib(reasoning) ) )
     signature = base64( 0x02 | nonce (12 bytes) | AES-256-GCM( reasoning ) )
 
-(``0x02`` for reasoning under :data:`_PLAIN_BELOW` bytes, which deflate barely shrinks: a
-deflate stream's set-up was most of a short block's sealing cost.)
+Where the block shows its text (the default), the client already holds the reasoning, and
+encrypting it again would hide nothing: its signature is signed, :func:`sign`, a keyed hash
+(BLAKE2b, 16 bytes) over the reasoning it carries, as protocol.md's decision puts it (an
+HMAC of the thinking text under a per-deployment key):
 
-under keys derived (HKDF-SHA256) from ``server.signing_key_env``. The nonce is a keyed
-hash of the sealed bytes (the synthetic-IV construction): the same reasoning always gets
-the same signature (golden files stay exact, a replayed history stays byte-identical for
-the upstream's prefix cache), and a nonce repeats only with its plaintext, which reveals
-nothing but that equality. GCM authenticates it:
-a signature that was not made under this key, or was altered, does not open, and the
+    signature = base64( 0x03 | tag (16 bytes) | reasoning )
+    signature = base64( 0x04 | tag (16 bytes) | zlib(reasoning) )
+
+(``0x02`` and ``0x03`` for reasoning under :data:`_PLAIN_BELOW` bytes, which deflate barely
+shrinks: a deflate stream's set-up was most of a short block's sealing cost.) Signing costs a
+fifth of sealing where it counts: one request at a time, where every library a reply touches
+comes back to a cold cache, a sealed signature cost 25-30 µs of CPU a reply (OpenSSL's
+AES-GCM and HMAC behind ``cryptography`` and ``hashlib``) and a signed one 5 µs
+(docs/performance.md).
+
+Both under keys derived (HKDF-SHA256) from ``server.signing_key_env``. A sealed signature's
+nonce is a keyed hash of the sealed bytes (the synthetic-IV construction): the same
+reasoning always gets the same signature (golden files stay exact, a replayed history stays
+byte-identical for the upstream's prefix cache), and a nonce repeats only with its
+plaintext, which reveals nothing but that equality. GCM authenticates it, the tag a signed
+one: a signature that was not made under this key, or was altered, does not open, and the
 request is refused as the API refuses an invalid signature. A signature is made once per
 thinking block (at its end), never per token.
 
@@ -60,10 +75,15 @@ __all__ = [
     "restorable",
     "restore_reasoning",
     "seal",
+    "sign",
+    "signature",
 ]
 
-_VERSION = b"\x01"  # zlib-compressed reasoning
-_PLAIN = b"\x02"  # the reasoning as is
+_VERSION = b"\x01"  # zlib-compressed reasoning, sealed
+_PLAIN = b"\x02"  # the reasoning as is, sealed
+_SIGNED_PACKED = b"\x04"  # zlib-compressed reasoning, signed
+_SIGNED_PLAIN = b"\x03"  # the reasoning as is, signed
+_TAG = 16
 _PLAIN_BELOW = 512
 _NONCE = 12
 _AAD = b"llm-gateway thinking block"
@@ -107,28 +127,69 @@ def _keys(key: bytes) -> tuple[AESGCM, Any]:
     return derived_keys(key, _THINKING)
 
 
+# signing key -> the keyed BLAKE2b that signs shown thinking (its own HKDF purpose)
+_MACS: dict[bytes, Any] = {}
+_SIGNING = b"llm-gateway thinking signature v2 (signed)"
+
+
+def _mac(key: bytes) -> Any:
+    mac = _MACS.get(key)
+    if mac is None:
+        if len(_MACS) > 8:
+            _MACS.clear()
+        derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_SIGNING).derive(key)
+        mac = _MACS[key] = hashlib.blake2b(key=derived, digest_size=_TAG)
+    return mac
+
+
 def _cipher(key: bytes) -> AESGCM:
     return _keys(key)[0]
 
 
+def signature(key: bytes, reasoning: str, hidden: bool) -> str:
+    """A thinking block's signature: :func:`seal` when its text is ``hidden`` from the
+    client, else :func:`sign`."""
+    return seal(key, reasoning) if hidden else sign(key, reasoning)
+
+
+def _pack(text: bytes) -> bytes:
+    # a 4 KiB window and memLevel 4: zlib.compress's defaults set up ~256 KiB of state
+    # per call, for about the same size on reasoning-sized text; any zlib stream opens
+    # with the default decompressor
+    deflate = zlib.compressobj(6, zlib.DEFLATED, 12, 4)
+    packed = deflate.compress(text) + deflate.flush()
+    # a looping model's reasoning deflates past MAX_EXPANSION: zeros after the stream
+    # (an opener reads to the stream's end and ignores them) keep the signature at least
+    # len(text) / MAX_EXPANSION characters, so it opens wherever the ratio is checked
+    floor = -(-len(text) // MAX_EXPANSION)
+    if len(packed) < floor:
+        packed += bytes(floor - len(packed))
+    return packed
+
+
+def sign(key: bytes, reasoning: str) -> str:
+    """The signature of a thinking block whose text the client sees: its reasoning (compressed
+    when long) under a keyed hash, not encrypted."""
+    text = reasoning.encode("utf-8")
+    if len(text) < _PLAIN_BELOW:
+        version, packed = _SIGNED_PLAIN, text
+    else:
+        version, packed = _SIGNED_PACKED, _pack(text)
+    tag = _mac(key).copy()
+    tag.update(version)
+    tag.update(packed)
+    return base64.b64encode(version + tag.digest() + packed).decode("ascii")
+
+
 def seal(key: bytes, reasoning: str) -> str:
-    """The signature of a thinking block: its reasoning, compressed and sealed."""
+    """The signature of a thinking block whose text is hidden: its reasoning, compressed and
+    sealed."""
     cipher, mac = _keys(key)
     text = reasoning.encode("utf-8")
     if len(text) < _PLAIN_BELOW:
         version, packed = _PLAIN, text
     else:
-        # a 4 KiB window and memLevel 4: zlib.compress's defaults set up ~256 KiB of state
-        # per call, for about the same size on reasoning-sized text; any zlib stream opens
-        # with the default decompressor
-        deflate = zlib.compressobj(6, zlib.DEFLATED, 12, 4)
-        version, packed = _VERSION, deflate.compress(text) + deflate.flush()
-        # a looping model's reasoning deflates past MAX_EXPANSION: zeros after the stream
-        # (an opener reads to the stream's end and ignores them) keep the signature at least
-        # len(text) / MAX_EXPANSION characters, so it opens wherever the ratio is checked
-        floor = -(-len(text) // MAX_EXPANSION)
-        if len(packed) < floor:
-            packed += bytes(floor - len(packed))
+        version, packed = _VERSION, _pack(text)
     nonce_mac = mac.copy()
     nonce_mac.update(version + packed)  # the version is sealed with it: never swapped
     nonce = nonce_mac.digest()[:_NONCE]
@@ -162,20 +223,16 @@ def open_bounded(keys: bytes | Sequence[bytes], signature: str, limit: int) -> s
     except (binascii.Error, ValueError):
         return None
     version = raw[:1]
-    if len(raw) < 1 + _NONCE + 16 or version not in (_VERSION, _PLAIN):
+    if version in (_SIGNED_PLAIN, _SIGNED_PACKED):
+        packed = _verified(keys, raw) if len(raw) >= 1 + _TAG else None
+    elif version in (_VERSION, _PLAIN) and len(raw) >= 1 + _NONCE + 16:
+        packed = _decrypted(keys, raw)
+    else:
         return None
-    aad = _AAD if version == _VERSION else _AAD + version  # 0x01 predates the version in it
-    packed = None
-    for key in (keys,) if isinstance(keys, bytes) else keys:
-        try:
-            packed = _cipher(key).decrypt(raw[1 : 1 + _NONCE], raw[1 + _NONCE :], aad)
-            break
-        except InvalidTag:
-            continue
     if packed is None:
         return None
     limit = min(limit, MAX_REASONING_BYTES, MAX_EXPANSION * len(signature))
-    if version == _PLAIN:
+    if version in (_PLAIN, _SIGNED_PLAIN):
         if len(packed) > limit:
             raise TooMuchReasoning
         try:
@@ -195,6 +252,30 @@ def open_bounded(keys: bytes | Sequence[bytes], signature: str, limit: int) -> s
         return text.decode("utf-8")
     except UnicodeDecodeError:
         return None
+
+
+def _decrypted(keys: bytes | Sequence[bytes], raw: bytes) -> bytes | None:
+    """A sealed signature's packed reasoning, under the first key that opens it."""
+    version = raw[:1]
+    aad = _AAD if version == _VERSION else _AAD + version  # 0x01 predates the version in it
+    for key in (keys,) if isinstance(keys, bytes) else keys:
+        try:
+            return _cipher(key).decrypt(raw[1 : 1 + _NONCE], raw[1 + _NONCE :], aad)
+        except InvalidTag:
+            continue
+    return None
+
+
+def _verified(keys: bytes | Sequence[bytes], raw: bytes) -> bytes | None:
+    """A signed signature's packed reasoning, when one key's tag is the one it carries."""
+    version, tag, packed = raw[:1], raw[1 : 1 + _TAG], raw[1 + _TAG :]
+    for key in (keys,) if isinstance(keys, bytes) else keys:
+        mac = _mac(key).copy()
+        mac.update(version)
+        mac.update(packed)
+        if hmac.compare_digest(mac.digest(), tag):
+            return packed
+    return None
 
 
 # (message index, block index, the block) of a thinking block to restore

@@ -31,10 +31,27 @@ from gateway.messages.stream.tool_blocks import NONE, TEXT, THINKING, TOOL, Stre
 class Blocks:
     """The blocks of one streamed message; ``kind`` is the open one's (``NONE``: none)."""
 
-    __slots__ = ("_key", "_stops", "_tools", "head", "index", "kind", "next_index", "thinking")
+    __slots__ = (
+        "_hidden",
+        "_key",
+        "_stops",
+        "_tools",
+        "head",
+        "index",
+        "kind",
+        "next_index",
+        "thinking",
+    )
 
-    def __init__(self, signing_key: bytes, stops: StopMatcher | None, tools: ToolBlocks) -> None:
+    def __init__(
+        self,
+        signing_key: bytes,
+        stops: StopMatcher | None,
+        tools: ToolBlocks,
+        hidden: bool = False,
+    ) -> None:
         self._key = signing_key
+        self._hidden = hidden  # thinking.display hides the text: signatures sealed
         self._stops = stops
         self._tools = tools
         self.kind = NONE
@@ -60,7 +77,7 @@ class Blocks:
             # the block ends: the held tail was not a stop sequence after all
             out.append(self.head + frames.jstr(self._stops.take_held()) + frames.DELTA_END)
         elif kind == THINKING:
-            signature = signatures.seal(self._key, "".join(self.thinking))
+            signature = signatures.signature(self._key, "".join(self.thinking), self._hidden)
             out.append(
                 frames.CBD
                 + b"%d" % self.index

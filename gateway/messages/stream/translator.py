@@ -241,7 +241,7 @@ class StreamTranslator:
         self.ended_by_done = False  # the upstream's [DONE] ended it (its body ends next)
         # the open block
         self._tools = ToolBlocks()  # the tool calls: tool_use blocks' contents
-        self._blocks = Blocks(signing_key, self._stops, self._tools)
+        self._blocks = Blocks(signing_key, self._stops, self._tools, hide_thinking)
         # what local engines leave in content (inline <think>, tool calls written as text)
         self.normaliser = normaliser  # kept for the caller's counts once the stream ends
         self._norm = normaliser  # None once its content has ended

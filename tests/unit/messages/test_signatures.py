@@ -1,4 +1,5 @@
-"""Thinking signatures carry the reasoning, sealed: what opens, what does not, what is restored."""
+"""Thinking signatures carry the reasoning, sealed (hidden thinking) or signed (shown): what
+opens, what does not, what is restored."""
 
 from __future__ import annotations
 
@@ -16,25 +17,56 @@ from gateway.messages.from_chat.signatures import (
     open_signature,
     restore_reasoning,
     seal,
+    sign,
 )
 from gateway.ops.budget import Budget
 
 KEY = b"k" * 32
+MAKERS = pytest.mark.parametrize("make", [seal, sign], ids=["sealed", "signed"])
 
 
+@MAKERS
 @pytest.mark.parametrize(
     "text", ["", "Think.", "ünïcødé ✓ 思考", "x" * 200_000, "line\nbreaks\r\nand \u2028 separators"]
 )
-def test_seal_opens_to_the_same_text(text: str) -> None:
-    sig = seal(KEY, text)
+def test_a_signature_opens_to_the_same_text(make: Any, text: str) -> None:
+    sig = make(KEY, text)
     assert open_signature(KEY, sig) == text
-    assert sig == seal(KEY, text)  # deterministic: golden files and prefix caches stay exact
-    assert seal(KEY, text + ".") != sig
+    assert sig == make(KEY, text)  # deterministic: golden files and prefix caches stay exact
+    assert make(KEY, text + ".") != sig
 
 
-def test_long_reasoning_is_compressed() -> None:
+@MAKERS
+def test_long_reasoning_is_compressed(make: Any) -> None:
     text = "The user wants the weather, so I call the tool. " * 400
-    assert len(seal(KEY, text)) < len(text) // 10
+    assert len(make(KEY, text)) < len(text) // 10
+
+
+@pytest.mark.parametrize(("hidden", "versions"), [(True, b"\x02\x01"), (False, b"\x03\x04")])
+def test_hidden_thinking_is_sealed_and_shown_thinking_signed(hidden: bool, versions: bytes) -> None:
+    """The client sees a shown block's text: its signature carries it under a keyed hash only
+    (what protocol.md decides). A hidden block's (display "omitted" or "updates") is
+    encrypted: the client cannot read the reasoning out of it."""
+    short, long = "the secret plan", "the secret plan, at length. " * 40
+    for text, version in ((short, versions[:1]), (long, versions[1:])):
+        raw = base64.b64decode(signatures.signature(KEY, text, hidden))
+        assert raw[:1] == version
+        assert open_signature(KEY, base64.b64encode(raw).decode()) == text
+        readable = raw + (zlib.decompressobj().decompress(raw[17:]) if version == b"\x04" else b"")
+        assert (b"secret plan" in readable) is not hidden
+
+
+def test_short_shown_reasoning_is_signed_as_is_and_its_version_cannot_be_swapped() -> None:
+    short, long = "Think briefly.", "Think at length. " * 100
+    raw_short = base64.b64decode(sign(KEY, short))
+    raw_long = base64.b64decode(sign(KEY, long))
+    assert raw_short[:1] == b"\x03" and raw_long[:1] == b"\x04"
+    assert raw_short == b"\x03" + raw_short[1:17] + short.encode()  # tag, then the text
+    for raw in (raw_short, raw_long):  # the version is under the tag with the text
+        for other in (b"\x01", b"\x02", b"\x03", b"\x04"):
+            if other != raw[:1]:
+                swapped = base64.b64encode(other + raw[1:]).decode()
+                assert open_signature(KEY, swapped) is None
 
 
 def test_short_reasoning_is_sealed_as_is_and_its_version_cannot_be_swapped() -> None:
@@ -70,7 +102,14 @@ def _tampered(sig: str, at: int) -> str:
 
 
 GOOD = seal(KEY, "secret reasoning")
+SIGNED = sign(KEY, "secret reasoning")
 NOT_OURS = [
+    ("signed under another key", sign(b"another key", "secret reasoning"), KEY),
+    ("signed: version byte", _tampered(SIGNED, 0), KEY),
+    ("signed: tag", _tampered(SIGNED, 3), KEY),
+    ("signed: text", _tampered(SIGNED, -1), KEY),
+    ("signed: text cut", base64.b64encode(base64.b64decode(SIGNED)[:-1]).decode(), KEY),
+    ("signed: tag cut", base64.b64encode(base64.b64decode(SIGNED)[:10]).decode(), KEY),
     ("other key", seal(b"another key", "secret reasoning"), KEY),
     ("version byte", _tampered(GOOD, 0), KEY),
     ("nonce", _tampered(GOOD, 5), KEY),
@@ -89,11 +128,12 @@ def test_what_is_not_ours_does_not_open(sig: str, key: bytes) -> None:
     assert open_signature(key, sig) is None
 
 
-def test_inflation_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+@MAKERS
+def test_inflation_is_bounded(make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Even a validly sealed bomb (it would take the key) inflates only so far."""
     monkeypatch.setattr(signatures, "MAX_REASONING_BYTES", 1000)
-    assert open_signature(KEY, seal(KEY, "a" * 5000)) is None
-    assert open_signature(KEY, seal(KEY, "a" * 999)) == "a" * 999
+    assert open_signature(KEY, make(KEY, "a" * 5000)) is None
+    assert open_signature(KEY, make(KEY, "a" * 999)) == "a" * 999
 
 
 def _history(*assistant_blocks: dict[str, Any]) -> dict[str, Any]:
@@ -187,15 +227,16 @@ def test_deflate_ratios_behind_the_expansion_bound() -> None:
     assert len(LOOP * 20_000) / len(_bomb(KEY, LOOP * 20_000)) > 100
 
 
-def test_seal_keeps_its_signatures_within_the_expansion_bound() -> None:
+@MAKERS
+def test_signatures_stay_within_the_expansion_bound(make: Any) -> None:
     """A looping model's reasoning deflates past MAX_EXPANSION: its signature is padded (zeros
     after the deflate stream), so it opens wherever the bound is checked."""
     for text in ("a" * (1 << 20), LOOP * 20_000, "x" * 600):
-        sig = seal(KEY, text)
+        sig = make(KEY, text)
         assert len(text) <= signatures.MAX_EXPANSION * len(sig)
         assert open_signature(KEY, sig) == text
     prose = "Find the file, read it, then answer. " * 3  # short: no padding needed or added
-    assert len(seal(KEY, prose)) < 4 * len(prose)
+    assert len(make(KEY, prose)) < 4 * len(prose)
 
 
 def test_a_small_signature_cannot_restore_megabytes() -> None:
@@ -334,6 +375,7 @@ async def test_prepare_counts_the_restored_reasoning_in_the_callers_lease(
 OLD, NEW = b"o" * 32, b"n" * 32
 
 
+@MAKERS
 @pytest.mark.parametrize(
     ("made_under", "keys", "opens"),
     [
@@ -344,9 +386,9 @@ OLD, NEW = b"o" * 32, b"n" * 32
     ],
 )
 def test_signatures_open_under_any_key_in_force(
-    made_under: bytes, keys: tuple[bytes, ...], opens: bool
+    make: Any, made_under: bytes, keys: tuple[bytes, ...], opens: bool
 ) -> None:
-    sig = seal(made_under, "step one")
+    sig = make(made_under, "step one")
     assert open_signature(keys, sig) == ("step one" if opens else None)
     req = {
         "messages": [

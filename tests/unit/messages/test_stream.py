@@ -125,7 +125,7 @@ def test_thinking_signature_is_the_shared_table_over_the_whole_text() -> None:
     t.feed(_chunk({"reasoning_content": "ab"}))
     t.feed(_chunk({"reasoning": "c"}))
     out = t.feed(_chunk({"content": "x"}))
-    sig = signatures.seal(KEY, "abc")
+    sig = signatures.sign(KEY, "abc")  # shown: signed
     assert (b'"delta":{"type":"signature_delta","signature":' + jsonutil.dumpb(sig) + b"}}") in out
     assert signatures.open_signature(KEY, sig) == "abc"
     assert out.index(b"signature_delta") < out.index(b"content_block_stop")

@@ -267,7 +267,7 @@ async def _handle(view: AppView, request: web.Request, handler: Handler) -> web.
                 request.method,
                 model or None,
                 exchange.upstream,
-                round(duration * 1000, 3),
+                duration * 1000,  # written to the microsecond
                 exchange.stream,
                 query,
                 error[0] if error else None,

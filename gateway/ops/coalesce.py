@@ -44,10 +44,13 @@ HOLD_LIMIT = 64 * 1024  # bytes held for one connection before they go at once
 class Coalescer:
     """The writes of one event loop's pass (see the module docstring)."""
 
-    __slots__ = ("_busy", "_held", "_open", "_writes")
+    __slots__ = ("_busy", "_held", "_loop", "_open", "_writes")
 
-    def __init__(self) -> None:
-        # no reference to the loop: the loop is the key of the table this is kept in
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        # a weak reference to the loop: the loop is the key of the table this is kept in.
+        # Without one, the running loop (CPython 3.11's get_running_loop makes a getpid
+        # system call each time)
+        self._loop = weakref.ref(loop) if loop is not None else None
         # (transport, bytes | (bytes, ...)) for a bare transport; (HeldTransport, None)
         self._held: list[tuple[Any, Any]] = []
         self._open = False  # this pass has written: its end is scheduled
@@ -63,7 +66,8 @@ class Coalescer:
             return False
         self._open = True
         self._writes = 1
-        asyncio.get_running_loop().call_soon(self._flush)
+        loop = self._loop() if self._loop is not None else None
+        (loop or asyncio.get_running_loop()).call_soon(self._flush)
         return not self._busy
 
     def write(self, transport: asyncio.WriteTransport, data: bytes | tuple[bytes, ...]) -> None:
@@ -108,7 +112,7 @@ def for_loop(loop: asyncio.AbstractEventLoop) -> Coalescer:
     """The loop's coalescer (one per event loop; looked up per connection, not per write)."""
     out = _BY_LOOP.get(loop)
     if out is None:
-        out = _BY_LOOP[loop] = Coalescer()
+        out = _BY_LOOP[loop] = Coalescer(loop)
     return out
 
 

@@ -257,7 +257,7 @@ def access_line(
             method,
             model,
             upstream,
-            duration_ms,
+            round(duration_ms, 3) if type(duration_ms) is float else duration_ms,
             stream,
             query,
             error_type,
@@ -276,7 +276,7 @@ def access_line(
             known(model) or _known(model),  # type: ignore[arg-type]
             known(upstream) or _known(upstream),  # type: ignore[arg-type]
             status,
-            repr(duration_ms).encode(),
+            _millis(duration_ms),
             b"true" if stream else b"false",
             b"null" if query is None else jsonutil.dumpb(query),
             known(error_type) or _known(error_type),  # type: ignore[arg-type]
@@ -285,6 +285,21 @@ def access_line(
             _timestamp().encode(),
         )
     )
+
+
+def _millis(duration_ms: float) -> bytes:
+    """``duration_ms`` to the microsecond, as the JSON encoder writes the rounded float (the
+    fewest digits, at least one after the point), made with integer formatting only: a
+    float's ``round(x, 3)`` and ``repr`` cost 3-4 µs a line where requests come one at a time
+    and their code is cold."""
+    ms, frac = divmod(round(duration_ms * 1000), 1000)
+    if not frac:
+        return b"%d.0" % ms
+    if frac % 10:
+        return b"%d.%03d" % (ms, frac)
+    if frac % 100:
+        return b"%d.%02d" % (ms, frac // 10)
+    return b"%d.%d" % (ms, frac // 100)
 
 
 def logs_access() -> bool:

@@ -52,6 +52,11 @@ _ORDER = (
         {"duration_ms": 0.0},
         {"duration_ms": 0.001},
         {"duration_ms": 123456789.125},
+        {"duration_ms": 1.5},
+        {"duration_ms": 100.0},
+        {"duration_ms": 12.34},
+        {"duration_ms": 0.05},
+        {"duration_ms": 7.007},
         {"duration_ms": 1e16},
         {"extra": {"batch_id": "msgbatch_1", "attempt": 2}},
         {"extra": {"status": 201}},  # an extra field replaces one in its place

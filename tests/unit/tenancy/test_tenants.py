@@ -57,6 +57,20 @@ def test_identify(anon: bool, clients: bool, presented: bytes | None, expected: 
     client = tenants.identify(presented)
     assert (client.name if client is not None else None) == expected
     assert tenants.keyed == (anon or clients)
+    assert tenants.identify(presented) is client  # the second time from the seen keys
+
+
+def test_only_known_keys_are_remembered() -> None:
+    """A known key is looked up without hashing the next time; an unknown one is never kept,
+    so random keys from a hostile caller cannot grow the table."""
+    tenants = Tenants(_cfg(anon=True, clients=True))
+    for i in range(1000):
+        assert tenants.identify(b"guess-%d" % i) is None
+    assert tenants._seen == {}
+    alice = tenants.identify(b"key-a")
+    assert alice is not None and tenants._seen == {b"key-a": alice}
+    assert tenants.identify(b"key-a") is alice
+    assert tenants.identify(b"key-a\0") is None and len(tenants._seen) == 1
 
 
 def test_clients_and_owners() -> None:

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import re
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,7 +67,26 @@ MAX_HEADERS = 128
 
 _HEAD, _BODY = "head", "body"  # what the connection's deadline is for
 # The start of a request line: method and path (no query); anchored at a chunk's start.
-_REQUEST_LINE = re.compile(rb"[A-Z]{1,16} ([^ ?#\r\n]{1,512})")
+_PATH_ENDS = (b" ", b"?", b"#", b"\r", b"\n")
+
+
+def request_path(data: bytes) -> bytes | None:
+    """The path of the request line ``data`` opens with (``METHOD /path[?query] ...``, the
+    method 1-16 capital letters), at most 512 bytes of it; None when it opens with none.
+    Found with ``find``: the regular expression it replaced was the one a request ran, and
+    its engine's code was cold by the next request where they come one at a time."""
+    space = data.find(b" ", 1, 17)
+    if space < 0:
+        return None
+    method = data[:space]
+    if not (method.isalpha() and method.isupper()):
+        return None
+    path = data[space + 1 : space + 513]
+    for end in _PATH_ENDS:
+        at = path.find(end)
+        if at >= 0:
+            path = path[:at]
+    return path or None
 
 
 class RequestBodyTimeout(Exception):
@@ -218,9 +236,9 @@ class GatewayProtocol(web.RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         if not self._busy and data:
-            line = _REQUEST_LINE.match(data)
-            if line is not None:
-                self._openai = line[1] in self._policy.openai_paths
+            path = request_path(data)
+            if path is not None:
+                self._openai = path in self._policy.openai_paths
             if not self._deadline:
                 self._arm(_HEAD, self._policy.server.request_head_timeout)
         super().data_received(data)

@@ -11,6 +11,8 @@ import asyncio
 import inspect
 import json
 import logging
+import random
+import re
 import tomllib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,7 +29,13 @@ from structlog.testing import capture_logs
 from gateway.app import build_app
 from gateway.http.keys import METRICS
 from gateway.http.middleware import _query_names
-from gateway.http.protocol import RequestBodyTimeout, classify, listen, message_for
+from gateway.http.protocol import (
+    RequestBodyTimeout,
+    classify,
+    listen,
+    message_for,
+    request_path,
+)
 from gateway.http.writer import ClientGone
 from gateway.ops import config, log
 from gateway.ops.metrics import CLIENT_HTTP_ERRORS
@@ -361,3 +369,44 @@ async def test_metrics_on_the_api_listener_needs_a_key_when_keys_are_set(served)
         b"Authorization: Bearer sk-unit\r\n\r\n",
     )
     assert keyed.startswith(b"HTTP/1.1 200") and b"llm_gateway_build_info" in keyed
+
+
+# what request_path replaced, kept as the reference it must agree with
+_REQUEST_LINE = re.compile(rb"[A-Z]{1,16} ([^ ?#\r\n]{1,512})")
+
+REQUEST_LINES = [
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /llm/v1/messages?beta=true HTTP/1.1\r\n",
+    b"GET /v1/models#frag HTTP/1.1\r\n",
+    b"GET /v1/models\r\n",
+    b"GET /a\nb",
+    b"POST /v1/chat/comp",  # the line cut short: what has arrived
+    b"PROPPATCHPROPPATC /x HTTP/1.1",  # a 17-letter method
+    b"PROPPATCHPROPPATH /x HTTP/1.1",  # 16 letters... and 17 again
+    b"MKCALENDARMKCALE /x HTTP/1.1",  # 16
+    b"post /v1/messages HTTP/1.1",
+    b"P0ST /v1/messages HTTP/1.1",
+    b" /v1/messages HTTP/1.1",
+    b"GET  /double-space HTTP/1.1",
+    b"GET ?only-query HTTP/1.1",
+    b"GET /" + b"x" * 600 + b" HTTP/1.1",
+    b"GET /caf\xc3\xa9 HTTP/1.1",
+    b"",
+    b"GET",
+    b"GET ",
+]
+
+
+@pytest.mark.parametrize("data", REQUEST_LINES)
+def test_request_path_is_what_the_request_line_pattern_matched(data: bytes) -> None:
+    line = _REQUEST_LINE.match(data)
+    assert request_path(data) == (line[1] if line is not None else None)
+
+
+def test_request_path_agrees_on_random_lines() -> None:
+    rng = random.Random(7)
+    alphabet = b"GETPOSgetp /?#\r\n\x00\xff-v1"
+    for _ in range(20_000):
+        data = bytes(rng.choice(alphabet) for _ in range(rng.randrange(0, 24)))
+        line = _REQUEST_LINE.match(data)
+        assert request_path(data) == (line[1] if line is not None else None), data

@@ -124,6 +124,7 @@ class Connection(asyncio.Protocol):
         "_span",
         "_stream_span",
         "_timer",
+        "_timer_due",
         "_until_close",
         "_waiter",
         "body_id",
@@ -154,6 +155,7 @@ class Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_due = 0.0  # when the armed timer fires
         self._mark = 0.0
         self._span = 0.0
         self._body_span = 0.0
@@ -387,8 +389,12 @@ class Connection(asyncio.Protocol):
         if loop.time() >= due:
             raise TimeoutError
         waiter = self._waiter = loop.create_future()
-        if self._timer is None:
+        timer = self._timer
+        if timer is None or self._timer_due > due:  # none, or one that would fire late
+            if timer is not None:
+                timer.cancel()
             self._timer = loop.call_at(due, self._on_timer)
+            self._timer_due = due
         return waiter
 
     def _on_timer(self) -> None:
@@ -401,6 +407,7 @@ class Connection(asyncio.Protocol):
             waiter.set_exception(TimeoutError())
         else:
             self._timer = self._loop.call_at(due, self._on_timer)
+            self._timer_due = due
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -549,9 +556,11 @@ class Connection(asyncio.Protocol):
         return ProtocolError(kind)
 
     def park(self) -> None:
-        """Between requests (idle in the pool): no timer runs, any byte is an anomaly."""
+        """Between requests (idle in the pool): any byte is an anomaly. The timer is left
+        armed: it fires once at the last request's deadline and finds nobody waiting, or the
+        next request, due later, keeps it (:meth:`_waiter_now`): no timer made and cancelled
+        per request."""
         self._phase = _IDLE
-        self._cancel_timer()
 
     def abort(self) -> None:
         if not self.closed:

@@ -555,3 +555,40 @@ async def test_a_body_past_its_content_length_never_reaches_the_next_request(
         assert first in (b"ok", b"refused")
         assert await pool_get(pool) == b"mine"  # a fresh connection, never the stray bytes
         assert srv.connections == 2
+
+
+async def test_a_kept_connection_keeps_its_timer_and_an_earlier_deadline_re_arms_it(
+    pools: Any,
+) -> None:
+    """A parked connection's timer stays armed (no timer made and cancelled per request); a
+    later request whose deadline comes sooner than that timer's gets one of its own, so it
+    times out on time, not at the earlier request's deadline."""
+
+    async def handler(
+        srv: Upstream, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        for _ in range(2):
+            await srv.read_request(reader)
+            writer.write(http_reply())
+        await srv.read_request(reader)
+        await srv.wait_client_close(reader)  # the third is never answered
+
+    async with Upstream(handler) as srv:
+        pool = pools(srv.url)
+        for _ in range(2):
+            resp = await pool.request("GET", "/", None, head_timeout=30.0, body_timeout=30.0)
+            assert await resp.read() == b"ok"
+            resp.release()
+            if _ == 0:
+                (conn,) = pool._idle
+                first = conn._timer
+                assert first is not None  # left armed while the connection is parked
+        assert pool._idle[0] is conn and conn._timer is first  # the same timer, kept
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(
+                pool.request("GET", "/", None, head_timeout=0.2, body_timeout=5.0), 2.0
+            )
+        assert 0.19 <= loop.time() - start < 0.2 + LATE
+        assert first.cancelled()

@@ -33,9 +33,9 @@ from tests.benchmarks import run as bench_run
 
 # figure -> (limit, today's ratio when the limit was set): gateway ÷ floor, CPU.
 LIMITS: dict[str, tuple[float, float]] = {
-    "anthropic buffered c1, CPU/request": (1.8, 1.37),
+    "anthropic buffered c1, CPU/request": (1.7, 1.30),  # 1.28-1.32 seen
     # c16 moved by up to 0.5 while every write woke a halted peer (gateway/ops/coalesce.py)
-    "anthropic buffered c16, CPU/request": (1.8, 1.29),
+    "anthropic buffered c16, CPU/request": (1.6, 1.16),  # 1.12-1.20 seen
     "anthropic stream paced, CPU/1k chunks": (1.45, 1.01),
     "anthropic stream bulk, CPU/1k chunks": (1.8, 1.31),
     "openai pass-through c16, CPU/request vs relay": (1.55, 1.07),  # 1.00-1.13 seen

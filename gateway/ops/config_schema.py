@@ -401,7 +401,7 @@ class ServerConfig:
     )
     signing_key_env: str | None = _knob(
         None,
-        doc="env var holding the key that seals thinking signatures; unset: a key kept "
+        doc="env var holding the key that signs and seals thinking signatures; unset: a key kept "
         "in the state directory",
     )
     signing_key: bytes = _not_toml(b"", secret=True)

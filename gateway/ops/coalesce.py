@@ -22,10 +22,11 @@ its access line and metrics), and a loaded loop sends each pass's writes togethe
 What it costs. A held write leaves at the start of the loop's next pass, after the callbacks
 already queued and one poll that does not wait: under a millisecond at 16 requests at once.
 One ``call_soon`` per pass that writes, and so one more poll when nothing else is queued
-(about 9 K instructions per buffered request at one at a time: 758 K -> 767 K). Several
-writes to one client connection in a pass leave as one system call. Nothing is held past
-:data:`HOLD_LIMIT` bytes a connection (then what is held goes at once), so a transport's
-write buffer and its backpressure see what is written as before, one pass late at most.
+(about 9-12 K instructions per buffered request at one at a time: 758 K -> 767-770 K when
+it came). Several writes to one client connection in a pass leave as one system call.
+Nothing is held past :data:`HOLD_LIMIT` bytes a connection (then what is held goes at once),
+so a transport's write buffer and its backpressure see what is written as before, one pass
+late at most.
 
 Order. Writes to one connection keep their order; a close asked for while writes are held
 happens after them; an abort drops them (as it drops the transport's own buffer). A write to
@@ -73,12 +74,10 @@ class Coalescer:
     def write(self, transport: asyncio.WriteTransport, data: bytes | tuple[bytes, ...]) -> None:
         """Write ``data`` (bytes, or a tuple written as one ``writelines``), now or at the
         end of the pass (:meth:`now`)."""
-        if not self.now():
-            self._held.append((transport, data))
-        elif isinstance(data, tuple):
-            transport.writelines(data)
+        if self.now():
+            _put(transport, data)
         else:
-            transport.write(data)
+            self._held.append((transport, data))
 
     def hold(self, transport: HeldTransport) -> None:
         self._held.append((transport, None))
@@ -95,12 +94,16 @@ class Coalescer:
                 if data is None:
                     transport.send_held()
                 elif not transport.is_closing():
-                    if type(data) is tuple:
-                        transport.writelines(data)
-                    else:
-                        transport.write(data)
+                    _put(transport, data)
             except (RuntimeError, OSError):  # closed meanwhile: its protocol is told
                 continue
+
+
+def _put(transport: asyncio.WriteTransport, data: bytes | tuple[bytes, ...]) -> None:
+    if isinstance(data, tuple):
+        transport.writelines(data)
+    else:
+        transport.write(data)
 
 
 _BY_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Coalescer] = (

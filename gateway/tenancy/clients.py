@@ -96,7 +96,8 @@ def signin_key(name: str) -> bytes:
 
 
 class Tenants:
-    """Keys -> clients, for one config. Immutable: a reload builds a new one."""
+    """Keys -> clients, for one config. Its tables do not change (only the keys already
+    matched are remembered, :meth:`identify`): a reload builds a new one."""
 
     __slots__ = (
         "_by_digest",

@@ -182,7 +182,7 @@ def _blocks(
                 {
                     "type": "thinking",
                     "thinking": "" if hide_thinking else value,
-                    "signature": signatures.signature(signing_key, value, hide_thinking),
+                    "signature": signatures.for_block(signing_key, value, hide_thinking),
                 }
             )
         elif kind == "text":

@@ -71,12 +71,12 @@ __all__ = [
     "MAX_RESTORED_CHARS",
     "Restorable",
     "TooMuchReasoning",
+    "for_block",
     "open_signature",
     "restorable",
     "restore_reasoning",
     "seal",
     "sign",
-    "signature",
 ]
 
 _VERSION = b"\x01"  # zlib-compressed reasoning, sealed
@@ -146,7 +146,7 @@ def _cipher(key: bytes) -> AESGCM:
     return _keys(key)[0]
 
 
-def signature(key: bytes, reasoning: str, hidden: bool) -> str:
+def for_block(key: bytes, reasoning: str, hidden: bool) -> str:
     """A thinking block's signature: :func:`seal` when its text is ``hidden`` from the
     client, else :func:`sign`."""
     return seal(key, reasoning) if hidden else sign(key, reasoning)

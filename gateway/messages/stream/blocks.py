@@ -77,7 +77,7 @@ class Blocks:
             # the block ends: the held tail was not a stop sequence after all
             out.append(self.head + frames.jstr(self._stops.take_held()) + frames.DELTA_END)
         elif kind == THINKING:
-            signature = signatures.signature(self._key, "".join(self.thinking), self._hidden)
+            signature = signatures.for_block(self._key, "".join(self.thinking), self._hidden)
             out.append(
                 frames.CBD
                 + b"%d" % self.index

@@ -49,7 +49,7 @@ def test_hidden_thinking_is_sealed_and_shown_thinking_signed(hidden: bool, versi
     encrypted: the client cannot read the reasoning out of it."""
     short, long = "the secret plan", "the secret plan, at length. " * 40
     for text, version in ((short, versions[:1]), (long, versions[1:])):
-        raw = base64.b64decode(signatures.signature(KEY, text, hidden))
+        raw = base64.b64decode(signatures.for_block(KEY, text, hidden))
         assert raw[:1] == version
         assert open_signature(KEY, base64.b64encode(raw).decode()) == text
         readable = raw + (zlib.decompressobj().decompress(raw[17:]) if version == b"\x04" else b"")
